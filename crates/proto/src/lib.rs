@@ -1,0 +1,1 @@
+//! remora-proto (being built).

@@ -1,0 +1,1 @@
+//! remora-rpcgen (being built).

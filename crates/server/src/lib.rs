@@ -1,0 +1,1 @@
+//! remora-server (being built).

@@ -1,0 +1,223 @@
+//! The XDR encoder: big-endian, 4-byte aligned, with zero-copy chunks for large payloads.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::{Error, Result, padding};
+
+/// `opaque<>` payloads held in [`Bytes`] at least this long are not copied into the encoder's
+/// buffer: they are kept as their own chunk and sent with vectored I/O.
+pub const ZERO_COPY_THRESHOLD: usize = 16 * 1024;
+
+const ZEROS: [u8; 4] = [0; 4];
+
+/// Builds an XDR byte stream as a list of chunks.
+///
+/// Small items are appended to an internal buffer. A large [`Bytes`] payload passed to
+/// [`Encoder::put_opaque_bytes`] becomes a chunk of its own, shared rather than copied.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    chunks: Vec<Bytes>,
+    buf: BytesMut,
+    len: usize,
+}
+
+impl Encoder {
+    /// An empty encoder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty encoder whose buffer has room for `cap` bytes.
+    pub fn with_capacity(cap: usize) -> Self {
+        Self {
+            chunks: Vec::new(),
+            buf: BytesMut::with_capacity(cap),
+            len: 0,
+        }
+    }
+
+    /// Total number of bytes encoded so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing has been encoded yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends raw bytes that are already XDR-encoded (a multiple of four long).
+    pub fn put_raw(&mut self, raw: &[u8]) {
+        self.buf.put_slice(raw);
+        self.len += raw.len();
+    }
+
+    /// Encodes an `unsigned int`.
+    #[inline]
+    pub fn put_u32(&mut self, v: u32) {
+        self.buf.put_u32(v);
+        self.len += 4;
+    }
+
+    /// Encodes an `int`.
+    #[inline]
+    pub fn put_i32(&mut self, v: i32) {
+        self.buf.put_i32(v);
+        self.len += 4;
+    }
+
+    /// Encodes an `unsigned hyper`.
+    #[inline]
+    pub fn put_u64(&mut self, v: u64) {
+        self.buf.put_u64(v);
+        self.len += 8;
+    }
+
+    /// Encodes a `hyper`.
+    #[inline]
+    pub fn put_i64(&mut self, v: i64) {
+        self.buf.put_i64(v);
+        self.len += 8;
+    }
+
+    /// Encodes a `float` (IEEE 754 single precision).
+    #[inline]
+    pub fn put_f32(&mut self, v: f32) {
+        self.put_u32(v.to_bits());
+    }
+
+    /// Encodes a `double` (IEEE 754 double precision).
+    #[inline]
+    pub fn put_f64(&mut self, v: f64) {
+        self.put_u64(v.to_bits());
+    }
+
+    /// Encodes a `bool` as 0 or 1.
+    #[inline]
+    pub fn put_bool(&mut self, v: bool) {
+        self.put_u32(u32::from(v));
+    }
+
+    /// Encodes the presence flag of optional data (`*`): 1 when present, 0 when absent.
+    #[inline]
+    pub fn put_option_flag(&mut self, present: bool) {
+        self.put_bool(present);
+    }
+
+    fn put_pad(&mut self, len: usize) {
+        let pad = padding(len);
+        self.buf.put_slice(&ZEROS[..pad]);
+        self.len += pad;
+    }
+
+    /// Encodes fixed-length opaque data `opaque x[n]`: the bytes, then zero padding.
+    pub fn put_fixed_opaque(&mut self, data: &[u8]) {
+        self.buf.put_slice(data);
+        self.len += data.len();
+        self.put_pad(data.len());
+    }
+
+    /// Encodes a length prefix for a variable-length item after checking it against `max`.
+    pub fn put_len(&mut self, len: usize, max: u32) -> Result<()> {
+        if len > max as usize {
+            return Err(Error::EncodeTooLong {
+                len: len as u64,
+                max: u64::from(max),
+            });
+        }
+        self.put_u32(len as u32);
+        Ok(())
+    }
+
+    /// Encodes variable-length opaque data `opaque x<max>` from a slice (copied).
+    pub fn put_opaque(&mut self, data: &[u8], max: u32) -> Result<()> {
+        self.put_len(data.len(), max)?;
+        self.put_fixed_opaque(data);
+        Ok(())
+    }
+
+    /// Encodes variable-length opaque data `opaque x<max>` from [`Bytes`]. Payloads of at least
+    /// [`ZERO_COPY_THRESHOLD`] bytes are shared, not copied.
+    pub fn put_opaque_bytes(&mut self, data: &Bytes, max: u32) -> Result<()> {
+        if data.len() < ZERO_COPY_THRESHOLD {
+            return self.put_opaque(data, max);
+        }
+        self.put_len(data.len(), max)?;
+        if !self.buf.is_empty() {
+            self.chunks.push(self.buf.split().freeze());
+        }
+        self.chunks.push(data.clone());
+        self.len += data.len();
+        self.put_pad(data.len());
+        Ok(())
+    }
+
+    /// Encodes a string `string x<max>`.
+    pub fn put_string(&mut self, s: &str, max: u32) -> Result<()> {
+        self.put_opaque(s.as_bytes(), max)
+    }
+
+    /// Encodes a variable-length array `T x<max>`, each element with `f`.
+    pub fn put_array<T>(
+        &mut self,
+        items: &[T],
+        max: u32,
+        mut f: impl FnMut(&mut Self, &T) -> Result<()>,
+    ) -> Result<()> {
+        self.put_len(items.len(), max)?;
+        items.iter().try_for_each(|item| f(self, item))
+    }
+
+    /// Encodes a fixed-length array `T x[n]`, each element with `f`.
+    pub fn put_fixed_array<T>(
+        &mut self,
+        items: &[T],
+        n: usize,
+        mut f: impl FnMut(&mut Self, &T) -> Result<()>,
+    ) -> Result<()> {
+        if items.len() != n {
+            return Err(Error::FixedLengthMismatch {
+                expected: n,
+                actual: items.len(),
+            });
+        }
+        items.iter().try_for_each(|item| f(self, item))
+    }
+
+    /// Encodes optional data `T *x`: the presence flag, then the value with `f` if present.
+    pub fn put_option<T>(
+        &mut self,
+        item: Option<&T>,
+        f: impl FnOnce(&mut Self, &T) -> Result<()>,
+    ) -> Result<()> {
+        self.put_option_flag(item.is_some());
+        match item {
+            Some(v) => f(self, v),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends encoding and returns the chunks, in order. Their total length is [`Encoder::len`].
+    pub fn finish(mut self) -> Vec<Bytes> {
+        if !self.buf.is_empty() {
+            self.chunks.push(self.buf.split().freeze());
+        }
+        self.chunks
+    }
+
+    /// Ends encoding and returns one contiguous buffer (copying any shared chunks). Meant for
+    /// small messages and tests; the record writer uses [`Encoder::finish`].
+    pub fn to_bytes(self) -> Bytes {
+        let mut chunks = self.finish();
+        match chunks.len() {
+            0 => Bytes::new(),
+            1 => chunks.pop().unwrap_or_default(),
+            _ => {
+                let total = chunks.iter().map(Bytes::len).sum();
+                let mut out = BytesMut::with_capacity(total);
+                chunks.iter().for_each(|c| out.put_slice(c));
+                out.freeze()
+            }
+        }
+    }
+}
