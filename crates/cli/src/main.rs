@@ -1,1 +1,221 @@
-fn main() {}
+//! `remora`: the command-line front end. Each subcommand is a thin layer over a library crate.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use remora_oncrpc::Endpoint;
+
+mod info;
+
+/// Remora: use a GPU that sits somewhere else as if it were local.
+///
+/// `remora serve` runs on the GPU host; programs reach it over ONC RPC on a Unix socket or TCP.
+#[derive(Debug, Parser)]
+#[command(name = "remora", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the local GPUs to Remora clients.
+    ///
+    /// With no --listen, listens on a Unix socket in the user's runtime directory
+    /// ($XDG_RUNTIME_DIR/remora/remora.sock, else /tmp/remora-$UID/remora.sock). TCP is used
+    /// only when asked for, e.g. --listen tcp://127.0.0.1:7446. Stop with Ctrl-C or SIGTERM:
+    /// calls in flight finish first. Log level: REMORA_LOG (e.g. REMORA_LOG=debug).
+    Serve {
+        /// Where to listen: tcp://HOST:PORT or unix:///PATH. Repeat for several listeners.
+        #[arg(long, value_name = "URL")]
+        listen: Vec<Endpoint>,
+        /// GPUs to expose, by the real driver's ordinal, in the order clients will see them
+        /// (e.g. --devices 1,0). Default: all.
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        devices: Option<Vec<i32>>,
+        /// Register with rpcbind when one runs (clients can then find the TCP port by
+        /// program number). The server works without rpcbind.
+        #[arg(long)]
+        rpcbind: bool,
+        /// Largest record a client may send, in bytes (default 128 MiB + 4 KiB).
+        #[arg(long, value_name = "BYTES")]
+        max_record_size: Option<usize>,
+    },
+    /// Ask a server who it is: protocol revision, host, driver and GPUs.
+    Info {
+        /// The server: tcp://HOST:PORT or unix:///PATH (default: the local default socket).
+        #[arg(long, value_name = "URL")]
+        server: Option<Endpoint>,
+    },
+    /// Generate a Rust crate (types, client, server trait) from an ONC RPC .x file.
+    ///
+    /// The crate depends on Remora's XDR and ONC RPC runtime crates by path. Procedures whose
+    /// declaration is preceded by a /* @oneway */ comment become one-way (no reply).
+    Rpcgen {
+        /// The RPCL (.x) file.
+        file: PathBuf,
+        /// Directory to write the crate into (created; refused if it holds other files).
+        #[arg(short, long, value_name = "DIR")]
+        output: PathBuf,
+        /// Path of a Remora source tree whose crates/xdr and crates/oncrpc the crate uses
+        /// (default: the tree this remora was built from).
+        #[arg(long, value_name = "PATH")]
+        runtime: Option<PathBuf>,
+        /// Define a preprocessor symbol for #if/#ifdef in the .x (NAME or NAME=VALUE).
+        #[arg(short = 'D', value_name = "NAME[=VALUE]")]
+        define: Vec<String>,
+    },
+    /// Benchmark programs (not tests); results are ratios against a baseline run alongside.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Remora's ONC RPC against rpcgen/libtirpc: null-call round trip and 1 MiB / 64 MiB echo
+    /// over TCP and Unix sockets on loopback.
+    Rpc {
+        /// Directory holding the libtirpc peers (rpctest_server, rpctest_client) built by
+        /// crates/rpctest/c/build.sh; built into a temporary directory when omitted.
+        #[arg(long, value_name = "DIR")]
+        c_peers: Option<PathBuf>,
+        /// Number of null calls per measurement.
+        #[arg(long, default_value_t = 20_000)]
+        null_calls: u32,
+        /// Write the results as JSON to this file as well as printing a table.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
+    /// Serve rpctest.x on one endpoint until killed (used by `bench rpc`).
+    #[command(hide = true)]
+    RpcServer {
+        #[arg(long, value_name = "URL")]
+        listen: Endpoint,
+    },
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("REMORA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn serve(config: remora_server::ServeConfig) -> Result<()> {
+    let running = remora_server::start(config).context("remora serve could not start")?;
+    for endpoint in running.endpoints() {
+        println!("remora serve: listening on {endpoint}");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .context("cannot install the Ctrl-C/SIGTERM handler")?;
+    let _ = rx.recv();
+    eprintln!("remora serve: shutting down (letting calls in flight finish)");
+    running.shutdown();
+    Ok(())
+}
+
+fn rpcgen(file: PathBuf, output: PathBuf, runtime: Option<PathBuf>, define: Vec<String>) -> Result<()> {
+    let mut options = remora_rpcgen::CrateOptions::new(&file, &output);
+    if let Some(runtime) = runtime {
+        options = options.runtime(runtime);
+    }
+    for d in &define {
+        let (name, value) = d.split_once('=').unwrap_or((d.as_str(), "1"));
+        if name.is_empty() {
+            bail!("-D needs a name, as in -D NAME or -D NAME=VALUE");
+        }
+        options = options.define(name, value);
+    }
+    let report = remora_rpcgen::generate_crate(&options).map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!("{report}");
+    Ok(())
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Serve { listen, devices, rpcbind, max_record_size } => {
+            init_logging("info");
+            serve(remora_server::ServeConfig { listen, devices, rpcbind, max_record_size })
+        }
+        Command::Info { server } => {
+            init_logging("warn");
+            info::run(&server.unwrap_or_else(remora_server::default_endpoint))
+        }
+        Command::Rpcgen { file, output, runtime, define } => {
+            init_logging("warn");
+            rpcgen(file, output, runtime, define)
+        }
+        Command::Bench(BenchCommand::Rpc { c_peers, null_calls, json }) => {
+            init_logging("warn");
+            let exe = std::env::current_exe().context("cannot find the remora executable")?;
+            let report = remora_rpctest::bench::run(&remora_rpctest::bench::Options {
+                c_peers,
+                null_calls,
+                server_command: vec![exe.into(), "bench".into(), "rpc-server".into()],
+            })?;
+            println!("{}", report.table());
+            if let Some(path) = json {
+                std::fs::write(&path, report.json())
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                println!("results written to {}", path.display());
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::RpcServer { listen }) => {
+            init_logging("warn");
+            remora_rpctest::bench::serve_forever(&listen)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("remora: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_parses_several_listeners_and_devices() {
+        let cli = Cli::try_parse_from([
+            "remora",
+            "serve",
+            "--listen",
+            "tcp://127.0.0.1:7446",
+            "--listen",
+            "unix:///tmp/x.sock",
+            "--devices",
+            "1,0",
+        ])
+        .unwrap();
+        let Command::Serve { listen, devices, .. } = cli.command else { panic!() };
+        assert_eq!(listen.len(), 2);
+        assert_eq!(devices, Some(vec![1, 0]));
+    }
+
+    #[test]
+    fn bad_listen_url_is_a_clear_error() {
+        let err = Cli::try_parse_from(["remora", "serve", "--listen", "http://x"]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("tcp://") && msg.contains("unix://"), "{msg}");
+    }
+}

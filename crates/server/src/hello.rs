@@ -1,0 +1,145 @@
+//! The HELLO handshake: protocol negotiation, server identity, and the GPU list.
+
+use remora_oncrpc::{CallContext, ProcResult};
+use remora_proto::remora::{
+    DeviceInfo, DriverOk, DriverReport, HelloArgs, HelloRefused, HelloReply, HelloWelcome,
+    REMORA_CAP_ONEWAY, REMORA_MAX_NAME, REMORA_MAX_REASON, REMORA_PROTOCOL_REVISION,
+    RemoraV1Server,
+};
+
+use crate::driver::Inventory;
+
+/// The server's version string as HELLO reports it.
+pub const SERVER_VERSION: &str = concat!("remora ", env!("CARGO_PKG_VERSION"));
+
+/// Revisions this server speaks.
+const MIN_REVISION: u32 = 1;
+const MAX_REVISION: u32 = REMORA_PROTOCOL_REVISION as u32;
+
+/// Capability bits this server supports.
+const SERVER_CAPABILITIES: u64 = REMORA_CAP_ONEWAY as u64;
+
+/// Answers `REMORA_NULL` and `REMORA_HELLO`.
+#[derive(Debug, Clone)]
+pub struct HelloService {
+    hostname: String,
+    driver: DriverReport,
+}
+
+fn truncate(mut s: String, max: i64) -> String {
+    let max = usize::try_from(max).unwrap_or(0);
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+impl HelloService {
+    /// A HELLO service that reports `inventory`.
+    pub fn new(inventory: &Inventory) -> Self {
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "unknown".to_owned());
+        let driver = match inventory {
+            Inventory::Ok { driver_version, devices } => DriverReport::DriverOk(DriverOk {
+                driver_version: *driver_version,
+                devices: devices
+                    .iter()
+                    .map(|d| DeviceInfo {
+                        ordinal: d.ordinal,
+                        name: truncate(d.name.clone(), REMORA_MAX_NAME),
+                        uuid: d.uuid,
+                        total_memory: d.total_memory,
+                        compute_major: d.compute_major,
+                        compute_minor: d.compute_minor,
+                        multiprocessor_count: d.multiprocessor_count,
+                        pci_bus_id: truncate(d.pci_bus_id.clone(), REMORA_MAX_NAME),
+                    })
+                    .collect(),
+            }),
+            Inventory::NotFound(reason) => {
+                DriverReport::DriverNotFound(truncate(reason.clone(), REMORA_MAX_REASON))
+            }
+            Inventory::InitFailed(reason) => {
+                DriverReport::DriverInitFailed(truncate(reason.clone(), REMORA_MAX_REASON))
+            }
+        };
+        Self { hostname: truncate(hostname, REMORA_MAX_NAME), driver }
+    }
+
+    /// Negotiates with a client's HELLO arguments.
+    pub fn answer(&self, args: &HelloArgs) -> HelloReply {
+        let low = args.min_revision.max(MIN_REVISION);
+        let high = args.max_revision.min(MAX_REVISION);
+        if args.min_revision > args.max_revision || low > high {
+            return HelloReply::False(HelloRefused {
+                min_revision: MIN_REVISION,
+                max_revision: MAX_REVISION,
+                reason: format!(
+                    "no common protocol revision: the client speaks {}..={}, this server \
+                     ({SERVER_VERSION}) speaks {MIN_REVISION}..={MAX_REVISION}; upgrade the older side",
+                    args.min_revision, args.max_revision
+                ),
+            });
+        }
+        HelloReply::True(HelloWelcome {
+            revision: high,
+            server_version: SERVER_VERSION.to_owned(),
+            hostname: self.hostname.clone(),
+            capabilities: args.capabilities & SERVER_CAPABILITIES,
+            driver: self.driver.clone(),
+        })
+    }
+}
+
+impl RemoraV1Server for HelloService {
+    fn remora_null(&self, _ctx: &CallContext) -> ProcResult<()> {
+        Ok(())
+    }
+
+    fn remora_hello(&self, ctx: &CallContext, args: HelloArgs) -> ProcResult<HelloReply> {
+        tracing::info!(client = %args.client_name, peer = ?ctx.peer, "HELLO");
+        Ok(self.answer(&args))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(min: u32, max: u32, caps: u64) -> HelloArgs {
+        HelloArgs { min_revision: min, max_revision: max, client_name: "test".into(), capabilities: caps }
+    }
+
+    #[test]
+    fn negotiates_highest_common_revision_and_capabilities() {
+        let svc = HelloService::new(&Inventory::NotFound("no driver here".into()));
+        let HelloReply::True(w) = svc.answer(&args(1, 7, 0xff)) else { panic!("refused") };
+        assert_eq!(w.revision, MAX_REVISION);
+        assert_eq!(w.capabilities, SERVER_CAPABILITIES);
+        assert_eq!(w.server_version, SERVER_VERSION);
+        assert!(matches!(w.driver, DriverReport::DriverNotFound(ref r) if r == "no driver here"));
+    }
+
+    #[test]
+    fn refuses_disjoint_revisions_with_a_reason() {
+        let svc = HelloService::new(&Inventory::NotFound(String::new()));
+        let HelloReply::False(r) = svc.answer(&args(MAX_REVISION + 1, MAX_REVISION + 3, 0)) else {
+            panic!("accepted")
+        };
+        assert_eq!((r.min_revision, r.max_revision), (MIN_REVISION, MAX_REVISION));
+        assert!(r.reason.contains("no common protocol revision"), "{}", r.reason);
+    }
+
+    #[test]
+    fn long_strings_are_cut_to_their_bounds() {
+        let svc = HelloService::new(&Inventory::InitFailed("é".repeat(2000)));
+        let HelloReply::True(w) = svc.answer(&args(1, 1, 0)) else { panic!("refused") };
+        let DriverReport::DriverInitFailed(reason) = w.driver else { panic!("wrong arm") };
+        assert!(reason.len() <= REMORA_MAX_REASON as usize);
+    }
+}
