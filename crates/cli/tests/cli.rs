@@ -1,0 +1,166 @@
+//! End-to-end tests of the `remora` binary: serve, info, rpcgen, and their errors.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const REMORA: &str = env!("CARGO_BIN_EXE_remora");
+
+/// A `remora serve` child process; killed on drop.
+struct Serve {
+    child: Child,
+    endpoints: Vec<String>,
+}
+
+impl Serve {
+    fn start(listen: &[&str]) -> Serve {
+        let mut cmd = Command::new(REMORA);
+        cmd.arg("serve").env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1");
+        for l in listen {
+            cmd.args(["--listen", l]);
+        }
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut endpoints = Vec::new();
+        while endpoints.len() < listen.len() {
+            let mut line = String::new();
+            assert!(reader.read_line(&mut line).unwrap() > 0, "serve exited early");
+            if let Some(url) = line.trim().strip_prefix("remora serve: listening on ") {
+                endpoints.push(url.to_owned());
+            }
+        }
+        Serve { child, endpoints }
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn info(url: &str) -> std::process::Output {
+    Command::new(REMORA).args(["info", "--server", url]).output().unwrap()
+}
+
+#[test]
+fn serve_answers_info_on_unix_and_tcp_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("remora.sock");
+    let unix = format!("unix://{}", sock.display());
+    let serve = Serve::start(&[&unix, "tcp://127.0.0.1:0"]);
+    assert_eq!(serve.endpoints[0], unix);
+    assert!(serve.endpoints[1].starts_with("tcp://127.0.0.1:"), "{:?}", serve.endpoints);
+    assert!(!serve.endpoints[1].ends_with(":0"), "port 0 must be resolved");
+    for url in serve.endpoints.clone() {
+        let out = info(&url);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "info {url}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("protocol revision 1"), "{stdout}");
+        assert!(stdout.contains(&format!("server        {url}")), "{stdout}");
+        assert!(stdout.contains("capabilities  oneway"), "{stdout}");
+        // No driver here: zero GPUs and the reason, naming the library it tried.
+        assert!(stdout.contains("driver        none: could not load the CUDA driver"), "{stdout}");
+        assert!(stdout.contains("/nonexistent/libcuda.so.1"), "{stdout}");
+        assert!(stdout.contains("GPUs          0"), "{stdout}");
+    }
+    let status = serve.terminate();
+    assert!(status.success(), "serve exited with {status}");
+    assert!(!sock.exists(), "the socket file is removed on shutdown");
+}
+
+#[test]
+fn info_without_a_server_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = info(&format!("unix://{}", dir.path().join("none.sock").display()));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is `remora serve` running"), "{stderr}");
+}
+
+#[test]
+fn serve_rejects_a_bad_url_with_the_expected_forms() {
+    let out = Command::new(REMORA).args(["serve", "--listen", "127.0.0.1:80"]).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("tcp://") && stderr.contains("unix://"), "{stderr}");
+}
+
+#[test]
+fn serve_rejects_a_malformed_device_list() {
+    let out = Command::new(REMORA)
+        .args(["serve", "--devices", "x"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--devices"));
+}
+
+#[test]
+fn rpcgen_writes_a_crate_and_protects_foreign_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("calc.x");
+    std::fs::write(
+        &x,
+        "struct pair { int a; int b; };\n\
+         program CALC_PROG { version CALC_V1 { int ADD(pair) = 1; } = 1; } = 0x20000099;\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("calc");
+    let out = Command::new(REMORA)
+        .args(["rpcgen", x.to_str().unwrap(), "-o", out_dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cargo_toml = std::fs::read_to_string(out_dir.join("Cargo.toml")).unwrap();
+    assert!(cargo_toml.contains("remora-oncrpc"), "{cargo_toml}");
+    let lib = std::fs::read_to_string(out_dir.join("src/lib.rs")).unwrap();
+    assert!(lib.contains("pub struct Pair"), "{lib}");
+    assert!(lib.contains("CalcV1Client"), "{lib}");
+    // Regenerating over our own output is fine.
+    let again = Command::new(REMORA)
+        .args(["rpcgen", x.to_str().unwrap(), "-o", out_dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    // A directory with someone else's files is refused, and nothing in it is touched.
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "mine").unwrap();
+    let out = Command::new(REMORA)
+        .args(["rpcgen", x.to_str().unwrap(), "-o", foreign.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read_to_string(foreign.join("notes.txt")).unwrap(), "mine");
+    assert!(!Path::new(&foreign.join("Cargo.toml")).exists());
+}
+
+#[test]
+fn rpcgen_reports_spec_errors_with_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("bad.x");
+    std::fs::write(&x, "struct s {\n  int a\n};\n").unwrap();
+    let out = Command::new(REMORA)
+        .args(["rpcgen", x.to_str().unwrap(), "-o", dir.path().join("o").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.x:3:1"), "{stderr}");
+}
