@@ -295,6 +295,10 @@ pub enum Credential {
     None,
     /// AUTH_SYS, parsed.
     Sys(AuthSys),
+    /// Any other flavour, sent as is. Only for clients talking to servers that accept other
+    /// flavours: the [`Server`](crate::Server) of this crate answers AUTH_REJECTEDCRED and
+    /// never hands this variant to a service.
+    Raw(OpaqueAuth),
 }
 
 impl Credential {
@@ -303,6 +307,7 @@ impl Credential {
         match self {
             Self::None => Ok(OpaqueAuth::NONE),
             Self::Sys(sys) => sys.to_opaque_auth(),
+            Self::Raw(raw) => OpaqueAuth::new(raw.flavor, raw.body.clone()),
         }
     }
 }
@@ -326,7 +331,7 @@ mod tests {
         #[rustfmt::skip]
         let expected: &[u8] = &[
             0, 0, 0, 1,             // flavor AUTH_SYS
-            0, 0, 0, 36,            // body length
+            0, 0, 0, 32,            // body length: 4 + 8 + 4 + 4 + 12
             1, 2, 3, 4,             // stamp
             0, 0, 0, 3, b'b', b'o', b'x', 0, // machinename
             0, 0, 0x03, 0xe8,       // uid 1000
