@@ -134,7 +134,10 @@ impl Client {
         let reader = stream.try_clone()?;
         let control = stream.try_clone()?;
         let mut enc = Encoder::new();
-        let cred = config.credential.to_opaque_auth().map_err(RpcError::Encode)?;
+        let cred = config
+            .credential
+            .to_opaque_auth()
+            .map_err(RpcError::Encode)?;
         xdr::XdrEncode::encode(&cred, &mut enc).map_err(RpcError::Encode)?;
         xdr::XdrEncode::encode(&OpaqueAuth::NONE, &mut enc).map_err(RpcError::Encode)?;
         let seed = std::time::SystemTime::now()
@@ -389,7 +392,11 @@ impl Inner {
                 }
             } else {
                 st = match remaining {
-                    Some(r) => cv.wait_timeout(st, r).unwrap_or_else(PoisonError::into_inner).0,
+                    Some(r) => {
+                        cv.wait_timeout(st, r)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0
+                    }
                     None => cv.wait(st).unwrap_or_else(PoisonError::into_inner),
                 };
             }

@@ -27,7 +27,9 @@ pub enum Endpoint {
 
 /// Why an endpoint string could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid endpoint {input:?}: {reason}; expected tcp://HOST:PORT (IPv6: tcp://[::1]:PORT) or unix:///ABSOLUTE/PATH")]
+#[error(
+    "invalid endpoint {input:?}: {reason}; expected tcp://HOST:PORT (IPv6: tcp://[::1]:PORT) or unix:///ABSOLUTE/PATH"
+)]
 pub struct EndpointParseError {
     /// The string given.
     pub input: String,
@@ -65,7 +67,9 @@ impl FromStr for Endpoint {
             Ok(Endpoint::Tcp(rest.to_owned()))
         } else if let Some(path) = s.strip_prefix("unix://") {
             if !path.starts_with('/') {
-                return Err(err("the socket path must be absolute (three slashes: unix:///path)"));
+                return Err(err(
+                    "the socket path must be absolute (three slashes: unix:///path)",
+                ));
             }
             if path.len() == 1 {
                 return Err(err("empty socket path"));

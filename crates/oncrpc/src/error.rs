@@ -20,7 +20,9 @@ pub enum RpcError {
     )]
     ConnectionLost,
     /// The connection could not be established.
-    #[error("cannot connect to {endpoint}: {source}; check that the server is running and the address is right")]
+    #[error(
+        "cannot connect to {endpoint}: {source}; check that the server is running and the address is right"
+    )]
     Connect {
         /// The endpoint, as text.
         endpoint: String,
@@ -141,7 +143,9 @@ pub enum RpcError {
     #[error("cannot encode the arguments: {0}; the value does not fit its XDR declaration")]
     Encode(#[source] xdr::Error),
     /// The reply's header was malformed (the connection itself stays usable).
-    #[error("malformed reply header from the server: {0}; the server does not speak ONC RPC correctly")]
+    #[error(
+        "malformed reply header from the server: {0}; the server does not speak ONC RPC correctly"
+    )]
     MalformedReply(#[source] xdr::Error),
     /// An I/O error other than a lost connection (for example setting a socket option).
     #[error("I/O error: {0}")]
@@ -157,4 +161,7 @@ pub enum RpcError {
         /// The configured maximum.
         max: usize,
     },
+    /// The server could not bind an endpoint or start.
+    #[error(transparent)]
+    Server(#[from] crate::ServerError),
 }

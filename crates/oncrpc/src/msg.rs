@@ -392,11 +392,15 @@ mod tests {
         let cases: Vec<(RpcMsg, Vec<u8>)> = vec![
             (
                 RpcMsg::accepted(7, AcceptStat::Success),
-                vec![0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                vec![
+                    0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                ],
             ),
             (
                 RpcMsg::accepted(7, AcceptStat::ProgUnavail),
-                vec![0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                vec![
+                    0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+                ],
             ),
             (
                 RpcMsg::accepted(7, AcceptStat::ProgMismatch { low: 1, high: 3 }),
@@ -407,19 +411,27 @@ mod tests {
             ),
             (
                 RpcMsg::accepted(7, AcceptStat::ProcUnavail),
-                vec![0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3],
+                vec![
+                    0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3,
+                ],
             ),
             (
                 RpcMsg::accepted(7, AcceptStat::GarbageArgs),
-                vec![0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4],
+                vec![
+                    0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4,
+                ],
             ),
             (
                 RpcMsg::accepted(7, AcceptStat::SystemErr),
-                vec![0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5],
+                vec![
+                    0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5,
+                ],
             ),
             (
                 RpcMsg::denied(7, RejectedReply::RpcMismatch { low: 2, high: 2 }),
-                vec![0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 2],
+                vec![
+                    0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 2,
+                ],
             ),
             (
                 RpcMsg::denied(7, RejectedReply::AuthError(AuthStat::RejectedCred)),
@@ -436,7 +448,9 @@ mod tests {
     fn unknown_discriminants_rejected() {
         let bad_type = [0, 0, 0, 1, 0, 0, 0, 2];
         let bad_reply_stat = [0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 9];
-        let bad_accept = [0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6];
+        let bad_accept = [
+            0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 6,
+        ];
         let bad_reject = [0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 2];
         let bad_auth_stat = [0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 99];
         for (raw, name) in [

@@ -323,7 +323,10 @@ pub fn write_record<W: Write + ?Sized>(
     write_all_vectored(w, &mut slices)
 }
 
-fn write_all_vectored<W: Write + ?Sized>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+fn write_all_vectored<W: Write + ?Sized>(
+    w: &mut W,
+    mut bufs: &mut [IoSlice<'_>],
+) -> io::Result<()> {
     // Drop leading empty slices so that a zero-length write really means "no progress".
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
@@ -386,7 +389,10 @@ mod tests {
 
     #[test]
     fn golden_single_fragment() {
-        assert_eq!(frame(&[1, 2, 3, 4], MAX_FRAGMENT_SIZE), [0x80, 0, 0, 4, 1, 2, 3, 4]);
+        assert_eq!(
+            frame(&[1, 2, 3, 4], MAX_FRAGMENT_SIZE),
+            [0x80, 0, 0, 4, 1, 2, 3, 4]
+        );
         assert_eq!(frame(&[], MAX_FRAGMENT_SIZE), [0x80, 0, 0, 0]);
     }
 
@@ -400,10 +406,15 @@ mod tests {
         write_record(&mut out, &chunks, 3).unwrap();
         assert_eq!(
             out,
-            [0, 0, 0, 3, 1, 2, 3, 0, 0, 0, 3, 4, 5, 6, 0x80, 0, 0, 2, 7, 8]
+            [
+                0, 0, 0, 3, 1, 2, 3, 0, 0, 0, 3, 4, 5, 6, 0x80, 0, 0, 2, 7, 8
+            ]
         );
         let mut r = RecordReader::new(&out[..], 100);
-        assert_eq!(&r.read_record().unwrap().unwrap()[..], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(
+            &r.read_record().unwrap().unwrap()[..],
+            &[1, 2, 3, 4, 5, 6, 7, 8]
+        );
         assert!(r.read_record().unwrap().is_none());
     }
 

@@ -78,8 +78,14 @@ impl PortMapper {
 
     /// Calls PMAPPROC_NULL (a ping).
     pub fn null(&self) -> Result<(), RpcError> {
-        self.client
-            .call(PMAP_PROG, PMAP_VERS, PMAPPROC_NULL, None, |_| Ok(()), |_| Ok(()))
+        self.client.call(
+            PMAP_PROG,
+            PMAP_VERS,
+            PMAPPROC_NULL,
+            None,
+            |_| Ok(()),
+            |_| Ok(()),
+        )
     }
 
     /// PMAPPROC_SET: registers `mapping`; false if the portmapper refused (for example a

@@ -61,7 +61,7 @@ impl Default for ServerConfig {
 #[non_exhaustive]
 pub enum ServerError {
     /// [`Server::listen`] was never called.
-    #[error("the server has no endpoint to listen on: call Server::listen first")]
+    #[error("the server has no endpoint to listen on: call Server::listen before Server::start")]
     NoEndpoints,
     /// Binding or listening on an endpoint failed.
     #[error("cannot listen on {endpoint}: {source}")]
@@ -73,9 +73,7 @@ pub enum ServerError {
         source: io::Error,
     },
     /// Another process is listening on the Unix socket path.
-    #[error(
-        "another server is already listening on {0}: stop it or choose another socket path"
-    )]
+    #[error("another server is already listening on {0}: stop it or choose another socket path")]
     UnixSocketInUse(PathBuf),
     /// The Unix socket path exists and is not a socket; it is left alone.
     #[error("{0} exists and is not a socket: remove it or choose another socket path")]
@@ -113,26 +111,29 @@ impl fmt::Debug for Registry {
     }
 }
 
-/// Builder of an ONC RPC server: register services, add endpoints, then [`Server::start`].
+/// Builder of an ONC RPC server: register services, bind endpoints, then [`Server::start`].
 ///
 /// ```no_run
 /// # use std::sync::Arc;
-/// # use remora_oncrpc::{Server, Endpoint, Service};
+/// # use remora_oncrpc::{Server, ServerConfig, Endpoint, Service};
 /// # fn svc() -> Arc<dyn Service> { unimplemented!() }
-/// let handle = Server::new()
-///     .register(svc())
-///     .listen("tcp://127.0.0.1:0".parse().unwrap())
-///     .listen("unix:///tmp/remora.sock".parse().unwrap())
-///     .start()
-///     .unwrap();
+/// # fn main() -> Result<(), remora_oncrpc::RpcError> {
+/// let handle = Server::builder(ServerConfig::default())
+///     .service(svc())
+///     .listen(&"tcp://127.0.0.1:0".parse().unwrap())?
+///     .listen(&"unix:///tmp/remora.sock".parse().unwrap())?
+///     .start()?;
 /// println!("listening on {:?}", handle.local_endpoints());
 /// handle.shutdown();
+/// # Ok(()) }
 /// ```
 #[derive(Debug, Default)]
 pub struct Server {
     config: ServerConfig,
     registry: Registry,
-    endpoints: Vec<Endpoint>,
+    bound: Vec<(Listener, Endpoint)>,
+    /// Unix socket files bound by this builder, removed if it is dropped unstarted.
+    unix_paths: Vec<PathBuf>,
 }
 
 impl Server {
@@ -141,92 +142,81 @@ impl Server {
         Self::default()
     }
 
-    /// A server with `config`.
-    pub fn with_config(config: ServerConfig) -> Self {
-        Self {
-            config,
-            ..Self::default()
-        }
-    }
-
-    /// Replaces the configuration.
-    pub fn config(mut self, config: ServerConfig) -> Self {
-        self.config = config;
-        self
+    /// A server with `config` and no services.
+    pub fn builder(config: ServerConfig) -> Self {
+        let mut server = Self::default();
+        server.config = config;
+        server
     }
 
     /// Registers a service (one program version). Several versions of one program may be
     /// registered; registering the same program and version again replaces the service.
-    pub fn register(mut self, service: Arc<dyn Service>) -> Self {
+    pub fn service(mut self, service: Arc<dyn Service>) -> Self {
         self.registry.add(service);
         self
     }
 
-    /// Adds an endpoint to listen on (`tcp://HOST:0` picks a free port).
-    pub fn listen(mut self, endpoint: Endpoint) -> Self {
-        self.endpoints.push(endpoint);
-        self
+    /// Binds `endpoint` now (`tcp://HOST:0` picks a free port; a stale Unix socket file with
+    /// nothing listening is replaced). Serving starts with [`Server::start`].
+    pub fn listen(mut self, endpoint: &Endpoint) -> Result<Self, RpcError> {
+        let (listener, actual) = bind(endpoint)?;
+        if let Endpoint::Unix(p) = &actual {
+            self.unix_paths.push(p.clone());
+        }
+        self.bound.push((listener, actual));
+        Ok(self)
     }
 
-    /// Binds every endpoint and starts serving. On error nothing keeps running.
-    pub fn start(self) -> Result<ServerHandle, ServerError> {
-        if self.endpoints.is_empty() {
-            return Err(ServerError::NoEndpoints);
+    /// Starts serving on every bound endpoint.
+    pub fn start(mut self) -> Result<ServerHandle, RpcError> {
+        if self.bound.is_empty() {
+            return Err(ServerError::NoEndpoints.into());
         }
-        let mut listeners = Vec::new();
-        let mut local = Vec::new();
-        let mut unix_paths = Vec::new();
-        let cleanup = |paths: &[PathBuf]| {
-            for p in paths {
-                let _ = std::fs::remove_file(p);
-            }
-        };
-        for ep in &self.endpoints {
-            match bind(ep) {
-                Ok((l, actual)) => {
-                    if let Endpoint::Unix(p) = &actual {
-                        unix_paths.push(p.clone());
-                    }
-                    listeners.push(l);
-                    local.push(actual);
-                }
-                Err(e) => {
-                    cleanup(&unix_paths);
-                    return Err(e);
-                }
-            }
-        }
-        let (wake_rx, wake_tx) = UnixStream::pair()?;
+        let (wake_rx, wake_tx) = UnixStream::pair().map_err(ServerError::Io)?;
+        let bound = std::mem::take(&mut self.bound);
+        let unix_paths = std::mem::take(&mut self.unix_paths);
         let shared = Arc::new(Shared {
-            config: self.config,
-            registry: self.registry,
+            config: std::mem::take(&mut self.config),
+            registry: std::mem::take(&mut self.registry),
             shutting_down: AtomicBool::new(false),
             conns: Mutex::new(ConnTable::default()),
         });
-        let mut accept_threads = Vec::new();
-        for (listener, ep) in listeners.into_iter().zip(&local) {
-            let shared = Arc::clone(&shared);
-            let wake = wake_rx.try_clone()?;
-            let name = format!("oncrpc-accept {ep}");
-            let h = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || accept_loop(listener, wake, shared))?;
-            accept_threads.push(h);
-        }
-        tracing::info!(endpoints = ?local, services = ?shared.registry, "ONC RPC server started");
-        Ok(ServerHandle {
-            shared,
-            accept_threads,
+        let local: Vec<Endpoint> = bound.iter().map(|(_, e)| e.clone()).collect();
+        let mut handle = ServerHandle {
+            shared: Arc::clone(&shared),
+            accept_threads: Vec::new(),
             local,
             unix_paths,
             wake_tx,
-            _wake_rx: wake_rx,
-            rpcbind_registered: Vec::new(),
+            _wake_rx: wake_rx.try_clone().map_err(ServerError::Io)?,
+            rpcbind_registered: Mutex::new(Vec::new()),
             stopped: false,
-        })
+        };
+        for (listener, ep) in bound {
+            let shared = Arc::clone(&shared);
+            let wake = wake_rx.try_clone().map_err(ServerError::Io)?;
+            let h = std::thread::Builder::new()
+                .name(format!("oncrpc-accept {ep}"))
+                .spawn(move || accept_loop(listener, wake, shared))
+                .map_err(ServerError::Io)?;
+            // On error, dropping `handle` stops the threads started so far.
+            handle.accept_threads.push(h);
+        }
+        tracing::info!(endpoints = ?handle.local, services = ?shared.registry, "ONC RPC server started");
+        Ok(handle)
     }
 }
 
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.bound.clear();
+        for p in &self.unix_paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[derive(Debug)]
 enum Listener {
     Tcp(TcpListener),
     Unix(UnixListener),
@@ -241,7 +231,11 @@ impl AsFd for Listener {
     }
 }
 
-fn bind(ep: &Endpoint) -> Result<(Listener, Endpoint), ServerError> {
+fn bind(ep: &Endpoint) -> Result<(Listener, Endpoint), RpcError> {
+    bind_inner(ep).map_err(RpcError::from)
+}
+
+fn bind_inner(ep: &Endpoint) -> Result<(Listener, Endpoint), ServerError> {
     let bind_err = |source| ServerError::Bind {
         endpoint: ep.to_string(),
         source,
@@ -433,7 +427,7 @@ pub struct ServerHandle {
     unix_paths: Vec<PathBuf>,
     wake_tx: UnixStream,
     _wake_rx: UnixStream,
-    rpcbind_registered: Vec<(u32, u32)>,
+    rpcbind_registered: Mutex<Vec<(u32, u32)>>,
     stopped: bool,
 }
 
@@ -449,8 +443,8 @@ impl fmt::Debug for ServerHandle {
 impl ServerHandle {
     /// The endpoints actually listened on, in the order given to [`Server::listen`]: TCP
     /// endpoints carry the bound address and port (the real port when port 0 was asked).
-    pub fn local_endpoints(&self) -> &[Endpoint] {
-        &self.local
+    pub fn local_endpoints(&self) -> Vec<Endpoint> {
+        self.local.clone()
     }
 
     /// Number of connections being served now.
@@ -462,7 +456,7 @@ impl ServerHandle {
     /// to 127.0.0.1:111), mapping it to the port of the first TCP endpoint. The mappings are
     /// removed at shutdown. When rpcbind is not reachable this logs a warning and returns the
     /// error; the server keeps serving either way.
-    pub fn register_rpcbind(&mut self) -> Result<(), RpcError> {
+    pub fn register_rpcbind(&self) -> Result<(), RpcError> {
         let Some(port) = self.local.iter().find_map(|e| match e {
             Endpoint::Tcp(a) => a.parse::<SocketAddr>().ok().map(|a| a.port()),
             Endpoint::Unix(_) => None,
@@ -491,12 +485,12 @@ impl ServerHandle {
                 ok = pm.set(&m)?;
             }
             if ok {
-                self.rpcbind_registered.push((prog, vers));
+                lock(&self.rpcbind_registered).push((prog, vers));
             } else {
                 tracing::warn!(prog, vers, port, "rpcbind refused the registration");
             }
         }
-        tracing::info!(port, registered = ?self.rpcbind_registered, "registered with rpcbind");
+        tracing::info!(port, registered = ?lock(&self.rpcbind_registered), "registered with rpcbind");
         Ok(())
     }
 
@@ -531,10 +525,11 @@ impl ServerHandle {
         for p in &self.unix_paths {
             let _ = std::fs::remove_file(p);
         }
-        if !self.rpcbind_registered.is_empty()
+        let registered = std::mem::take(&mut *lock(&self.rpcbind_registered));
+        if !registered.is_empty()
             && let Ok(pm) = rpcbind::PortMapper::connect_local()
         {
-            for (prog, vers) in self.rpcbind_registered.drain(..) {
+            for (prog, vers) in registered {
                 let _ = pm.unset(prog, vers);
             }
         }

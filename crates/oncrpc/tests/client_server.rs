@@ -288,12 +288,33 @@ fn every_accept_error_maps_to_its_rpc_error() {
                 |d| d.get_i32(),
             )
             .unwrap_err();
-        assert!(matches!(e, RpcError::GarbageArgs { procedure: ADD, .. }), "{e}");
+        assert!(
+            matches!(e, RpcError::GarbageArgs { procedure: ADD, .. }),
+            "{e}"
+        );
         let e = unit(PROG, 1, FAIL).unwrap_err();
-        assert!(matches!(e, RpcError::SystemErr { procedure: FAIL, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                RpcError::SystemErr {
+                    procedure: FAIL,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         // A panicking handler becomes SYSTEM_ERR and the connection survives.
         let e = unit(PROG, 1, PANIC).unwrap_err();
-        assert!(matches!(e, RpcError::SystemErr { procedure: PANIC, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                RpcError::SystemErr {
+                    procedure: PANIC,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         // Result decode errors: wrong type, and trailing bytes.
         let e = c
             .call(
@@ -310,7 +331,13 @@ fn every_accept_error_maps_to_its_rpc_error() {
             )
             .unwrap_err();
         assert!(
-            matches!(e, RpcError::Decode { source: xdr::Error::UnexpectedEof { .. }, .. }),
+            matches!(
+                e,
+                RpcError::Decode {
+                    source: xdr::Error::UnexpectedEof { .. },
+                    ..
+                }
+            ),
             "{e}"
         );
         let e = c
@@ -324,12 +351,25 @@ fn every_accept_error_maps_to_its_rpc_error() {
             )
             .unwrap_err();
         assert!(
-            matches!(e, RpcError::Decode { source: xdr::Error::TrailingBytes(8), .. }),
+            matches!(
+                e,
+                RpcError::Decode {
+                    source: xdr::Error::TrailingBytes(8),
+                    ..
+                }
+            ),
             "{e}"
         );
         // Argument encoding errors never reach the wire.
         let e = c
-            .call(PROG, 1, ECHO, None, |e| e.put_opaque(b"12345", 4), |_| Ok(()))
+            .call(
+                PROG,
+                1,
+                ECHO,
+                None,
+                |e| e.put_opaque(b"12345", 4),
+                |_| Ok(()),
+            )
             .unwrap_err();
         assert!(matches!(e, RpcError::Encode(_)), "{e}");
         assert_eq!(add(&c, 1, 2).unwrap(), 3);
@@ -348,7 +388,12 @@ fn auth_errors_map_to_auth_error() {
         let c = Client::connect_with(&s.endpoint, cfg).unwrap();
         let e = add(&c, 1, 1).unwrap_err();
         assert!(
-            matches!(e, RpcError::AuthError { stat: AuthStat::RejectedCred }),
+            matches!(
+                e,
+                RpcError::AuthError {
+                    stat: AuthStat::RejectedCred
+                }
+            ),
             "{e}"
         );
         assert!(e.to_string().contains("AUTH_REJECTEDCRED"));
@@ -359,7 +404,15 @@ fn auth_errors_map_to_auth_error() {
         };
         let c = Client::connect_with(&s.endpoint, cfg).unwrap();
         let e = add(&c, 1, 1).unwrap_err();
-        assert!(matches!(e, RpcError::AuthError { stat: AuthStat::BadCred }), "{e}");
+        assert!(
+            matches!(
+                e,
+                RpcError::AuthError {
+                    stat: AuthStat::BadCred
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("AUTH_BADCRED"));
     }
 }
@@ -379,7 +432,9 @@ fn rpc_mismatch_from_real_server() {
     }
 }
 
-fn whoami(c: &Client) -> (Option<(u32, u32, String, Vec<u32>)>, u32, Option<(i32, u32)>) {
+type SysCred = (u32, u32, String, Vec<u32>);
+
+fn whoami(c: &Client) -> (Option<SysCred>, u32, Option<(i32, u32)>) {
     c.call(
         PROG,
         1,
@@ -517,23 +572,23 @@ fn pending_calls_fail_when_server_goes_away() {
 fn one_listener_on_several_endpoints() {
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let handle = Server::new()
-        .register(Arc::new(TestService { version: 1, log }))
-        .listen("tcp://127.0.0.1:0".parse().unwrap())
-        .listen(Endpoint::Unix(dir.path().join("a.sock")))
-        .listen("tcp://[::1]:0".parse().unwrap())
-        .start();
-    let handle = match handle {
-        Ok(h) => h,
-        Err(ServerError::Bind { endpoint, .. }) if endpoint.contains("::1") => {
-            eprintln!("skipping IPv6 endpoint: no IPv6 loopback");
+    let builder = Server::builder(ServerConfig::default())
+        .service(Arc::new(TestService { version: 1, log }))
+        .listen(&"tcp://127.0.0.1:0".parse().unwrap())
+        .unwrap()
+        .listen(&Endpoint::Unix(dir.path().join("a.sock")))
+        .unwrap();
+    let builder = match builder.listen(&"tcp://[::1]:0".parse().unwrap()) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("skipping the IPv6 endpoint: {e}");
             return;
         }
-        Err(e) => panic!("{e}"),
     };
+    let handle = builder.start().unwrap();
     assert_eq!(handle.local_endpoints().len(), 3);
     for ep in handle.local_endpoints() {
-        let c = Client::connect(ep).unwrap();
+        let c = Client::connect(&ep).unwrap();
         assert_eq!(add(&c, 2, 2).unwrap(), 4, "{ep}");
     }
 }
@@ -542,38 +597,55 @@ fn one_listener_on_several_endpoints() {
 fn unix_socket_file_handling() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.sock");
+    let ep = Endpoint::Unix(path.clone());
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let svc = || Arc::new(TestService {
-        version: 1,
-        log: Arc::clone(&log),
-    });
+    let svc = || {
+        Arc::new(TestService {
+            version: 1,
+            log: Arc::clone(&log),
+        })
+    };
     // A stale socket file (nothing listening) is replaced.
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     assert!(path.exists());
     let h = Server::new()
-        .register(svc())
-        .listen(Endpoint::Unix(path.clone()))
+        .service(svc())
+        .listen(&ep)
+        .unwrap()
         .start()
         .unwrap();
     // A live socket is left alone.
-    let e = Server::new()
-        .register(svc())
-        .listen(Endpoint::Unix(path.clone()))
-        .start()
-        .unwrap_err();
-    assert!(matches!(e, ServerError::UnixSocketInUse(_)), "{e}");
+    let e = Server::new().service(svc()).listen(&ep).unwrap_err();
+    assert!(
+        matches!(e, RpcError::Server(ServerError::UnixSocketInUse(_))),
+        "{e}"
+    );
+    assert!(e.to_string().contains("already listening"));
     h.shutdown();
+    assert!(!path.exists());
+    // A builder dropped before start removes the socket file it bound.
+    drop(Server::new().listen(&ep).unwrap());
     assert!(!path.exists());
     // A regular file is not removed.
     std::fs::write(&path, b"data").unwrap();
-    let e = Server::new()
-        .register(svc())
-        .listen(Endpoint::Unix(path.clone()))
-        .start()
-        .unwrap_err();
-    assert!(matches!(e, ServerError::NotASocket(_)), "{e}");
+    let e = Server::new().service(svc()).listen(&ep).unwrap_err();
+    assert!(
+        matches!(e, RpcError::Server(ServerError::NotASocket(_))),
+        "{e}"
+    );
     assert!(path.exists());
-    assert!(matches!(Server::new().start(), Err(ServerError::NoEndpoints)));
+    assert!(matches!(
+        Server::new().start(),
+        Err(RpcError::Server(ServerError::NoEndpoints))
+    ));
+    // A TCP port in use is a clear bind error.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = Endpoint::from(l.local_addr().unwrap());
+    let e = Server::new().listen(&taken).unwrap_err();
+    assert!(
+        matches!(e, RpcError::Server(ServerError::Bind { .. })),
+        "{e}"
+    );
 }
 
 #[test]
@@ -636,12 +708,14 @@ fn null_call_latency() {
         let s = start(t);
         let c = Client::connect(&s.endpoint).unwrap();
         for _ in 0..1000 {
-            c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(())).unwrap();
+            c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(()))
+                .unwrap();
         }
         let n = 20_000;
         let t0 = Instant::now();
         for _ in 0..n {
-            c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(())).unwrap();
+            c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(()))
+                .unwrap();
         }
         let per = t0.elapsed() / n;
         println!("{t:?}: null call round trip {per:?}");

@@ -4,7 +4,9 @@ use proptest::prelude::*;
 use remora_oncrpc::fuzzing::{FUZZ_PROGRAM, deframe, dispatch};
 
 fn record(payload: &[u8]) -> Vec<u8> {
-    let mut v = (0x8000_0000u32 | payload.len() as u32).to_be_bytes().to_vec();
+    let mut v = (0x8000_0000u32 | payload.len() as u32)
+        .to_be_bytes()
+        .to_vec();
     v.extend_from_slice(payload);
     v
 }

@@ -62,7 +62,8 @@ fn server_record_length_0x7fffffff() {
     for t in BOTH {
         let s = start(t);
         let mut raw = Raw::connect(&s.endpoint);
-        raw.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1]).unwrap();
+        raw.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1])
+            .unwrap();
         // Rejected at the header, before reading further: the connection closes at once.
         assert!(raw.closed_within(Duration::from_secs(3)));
         still_serving(&s.endpoint);
@@ -128,7 +129,9 @@ fn server_reply_message_closes_connection() {
         let s = start(t);
         let mut raw = Raw::connect(&s.endpoint);
         // A REPLY (SUCCESS) sent to the server.
-        raw.send_record(&[0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        raw.send_record(&[
+            0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ]);
         assert!(raw.closed_within(Duration::from_secs(3)));
         still_serving(&s.endpoint);
     }
@@ -178,7 +181,9 @@ fn server_closes_stalled_connection_after_stall_timeout() {
 // ---- client side, against scripted fake servers ----
 
 /// A fake server on TCP loopback running `script` on its one connection.
-fn fake_server(script: impl FnOnce(TcpStream) + Send + 'static) -> (Endpoint, thread::JoinHandle<()>) {
+fn fake_server(
+    script: impl FnOnce(TcpStream) + Send + 'static,
+) -> (Endpoint, thread::JoinHandle<()>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = Endpoint::from(l.local_addr().unwrap());
     let h = thread::spawn(move || {
@@ -272,7 +277,10 @@ fn client_unknown_discriminants_in_reply() {
     // A message of unknown type is dropped; the good reply after it is delivered.
     assert_eq!(call_u32(&c, t).unwrap(), 3);
     let e = call_u32(&c, t).unwrap_err();
-    assert!(matches!(e, RpcError::RpcMismatch { low: 2, high: 2 }), "{e}");
+    assert!(
+        matches!(e, RpcError::RpcMismatch { low: 2, high: 2 }),
+        "{e}"
+    );
     h.join().unwrap();
 }
 
@@ -295,7 +303,10 @@ fn client_peer_closes_mid_record() {
     assert!(matches!(e, RpcError::ConnectionLost), "{e}");
     h.join().unwrap();
     let t0 = Instant::now();
-    assert!(matches!(call_u32(&c, Duration::from_secs(5)), Err(RpcError::ConnectionLost)));
+    assert!(matches!(
+        call_u32(&c, Duration::from_secs(5)),
+        Err(RpcError::ConnectionLost)
+    ));
     assert!(t0.elapsed() < Duration::from_millis(100));
 }
 
@@ -332,10 +343,19 @@ fn client_rejects_oversized_reply() {
     let c = Client::connect_with(&ep, cfg).unwrap();
     let e = call_u32(&c, Duration::from_secs(5)).unwrap_err();
     assert!(
-        matches!(e, RpcError::RecordTooLarge { size: 0x7fff_ffff, max: 0x10_0000 }),
+        matches!(
+            e,
+            RpcError::RecordTooLarge {
+                size: 0x7fff_ffff,
+                max: 0x10_0000
+            }
+        ),
         "{e}"
     );
-    assert!(matches!(call_u32(&c, Duration::from_secs(5)), Err(RpcError::ConnectionLost)));
+    assert!(matches!(
+        call_u32(&c, Duration::from_secs(5)),
+        Err(RpcError::ConnectionLost)
+    ));
     drop(c);
     h.join().unwrap();
 }

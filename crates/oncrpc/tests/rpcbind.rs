@@ -11,7 +11,9 @@ fn portmapper() -> Option<PortMapper> {
     match PortMapper::connect_local().and_then(|pm| pm.null().map(|()| pm)) {
         Ok(pm) => Some(pm),
         Err(e) => {
-            eprintln!("SKIPPED: no rpcbind reachable on 127.0.0.1:111 ({e}); start it with `rpcbind -w`");
+            eprintln!(
+                "SKIPPED: no rpcbind reachable on 127.0.0.1:111 ({e}); start it with `rpcbind -w`"
+            );
             None
         }
     }

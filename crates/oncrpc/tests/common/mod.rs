@@ -143,16 +143,17 @@ pub fn start_with(t: Transport, config: ServerConfig) -> TestServer {
         Transport::Unix => Endpoint::Unix(dir.path().join("rpc.sock")),
     };
     let log = Arc::new(Mutex::new(Vec::new()));
-    let handle = Server::with_config(config)
-        .register(Arc::new(TestService {
+    let handle = Server::builder(config)
+        .service(Arc::new(TestService {
             version: 1,
             log: Arc::clone(&log),
         }))
-        .register(Arc::new(TestService {
+        .service(Arc::new(TestService {
             version: 3,
             log: Arc::clone(&log),
         }))
-        .listen(ep)
+        .listen(&ep)
+        .unwrap()
         .start()
         .unwrap();
     let endpoint = handle.local_endpoints()[0].clone();
@@ -187,7 +188,9 @@ impl Raw {
 
     /// Sends `payload` as one record.
     pub fn send_record(&mut self, payload: &[u8]) {
-        let mut buf = (0x8000_0000u32 | payload.len() as u32).to_be_bytes().to_vec();
+        let mut buf = (0x8000_0000u32 | payload.len() as u32)
+            .to_be_bytes()
+            .to_vec();
         buf.extend_from_slice(payload);
         self.write_all(&buf).unwrap();
     }
