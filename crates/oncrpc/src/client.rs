@@ -1,0 +1,501 @@
+//! The client runtime: pipelined calls over one connection, leader/follower reading.
+//!
+//! Calls from many threads share one connection. Each call registers a slot under its XID
+//! in the pending table, then writes its record (one lock, one vectored write sequence per
+//! record). There is no reader thread: the first waiting caller that finds nobody reading
+//! becomes the *leader* and reads replies, storing other callers' replies in their slots and
+//! waking them; when its own reply arrives (or its deadline passes) it hands the leader role
+//! to another waiting caller. A lone caller therefore reads its own reply with no thread hop.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use remora_xdr::{Bytes, Decoder, Encoder, XdrDecode};
+
+use crate::auth::{Credential, OpaqueAuth};
+use crate::endpoint::{Endpoint, Stream};
+use crate::error::RpcError;
+use crate::msg::{
+    AcceptStat, MSG_CALL, MSG_REPLY, MsgBody, RPC_VERSION, RejectedReply, ReplyBody, RpcMsg,
+};
+use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_record};
+use crate::xdr;
+
+/// Default maximum record size: 128 MiB plus 4 KiB of headers.
+pub const DEFAULT_MAX_RECORD_SIZE: usize = 128 * 1024 * 1024 + 4096;
+
+/// Default per-call timeout, as libtirpc's.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25);
+
+/// Settings of a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Timeout of calls made with `timeout: None`.
+    pub default_timeout: Duration,
+    /// Credential sent with every call (AUTH_NONE by default).
+    pub credential: Credential,
+    /// Largest reply record accepted; a larger one closes the connection.
+    pub max_record_size: usize,
+    /// Largest fragment sent; larger call records are split.
+    pub max_fragment_size: usize,
+    /// Bound on establishing a TCP connection (`None`: the system's).
+    pub connect_timeout: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            default_timeout: DEFAULT_TIMEOUT,
+            credential: Credential::None,
+            max_record_size: DEFAULT_MAX_RECORD_SIZE,
+            max_fragment_size: MAX_FRAGMENT_SIZE,
+            connect_timeout: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// A connection to an ONC RPC server; cheap to clone, usable from many threads at once
+/// (calls are pipelined and matched by XID).
+///
+/// The connection closes when the last clone is dropped or [`Client::close`] is called.
+/// Once the connection is lost every call fails at once with [`RpcError::ConnectionLost`];
+/// connect again to recover.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoint: Endpoint,
+    config: ClientConfig,
+    /// Pre-encoded credential and verifier, appended to every call header.
+    auth: Bytes,
+    next_xid: AtomicU32,
+    writer: Mutex<Stream>,
+    reader: Mutex<ReaderState>,
+    state: Mutex<State>,
+    /// A handle used only to shut the socket down.
+    control: Stream,
+}
+
+struct ReaderState {
+    records: RecordReader<Stream>,
+    timeout: Option<Duration>,
+}
+
+#[derive(Default)]
+struct State {
+    pending: HashMap<u32, Slot>,
+    leader: bool,
+    dead: bool,
+}
+
+struct Slot {
+    reply: Option<Bytes>,
+    cv: Arc<Condvar>,
+}
+
+enum Lead {
+    Mine(Bytes),
+    Deadline,
+    Dead(RpcError),
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("endpoint", &self.inner.endpoint)
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects to `endpoint` with the default [`ClientConfig`] (AUTH_NONE, 25 s timeout).
+    pub fn connect(endpoint: &Endpoint) -> Result<Client, RpcError> {
+        Self::connect_with(endpoint, ClientConfig::default())
+    }
+
+    /// Connects to `endpoint` with `config`.
+    pub fn connect_with(endpoint: &Endpoint, config: ClientConfig) -> Result<Client, RpcError> {
+        let connect_err = |source| RpcError::Connect {
+            endpoint: endpoint.to_string(),
+            source,
+        };
+        let stream = Stream::connect(endpoint, config.connect_timeout).map_err(connect_err)?;
+        let reader = stream.try_clone()?;
+        let control = stream.try_clone()?;
+        let mut enc = Encoder::new();
+        let cred = config
+            .credential
+            .to_opaque_auth()
+            .map_err(RpcError::Encode)?;
+        xdr::XdrEncode::encode(&cred, &mut enc).map_err(RpcError::Encode)?;
+        xdr::XdrEncode::encode(&OpaqueAuth::NONE, &mut enc).map_err(RpcError::Encode)?;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
+            .unwrap_or(0)
+            ^ std::process::id().rotate_left(8);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                endpoint: endpoint.clone(),
+                auth: enc.to_bytes(),
+                next_xid: AtomicU32::new(seed),
+                writer: Mutex::new(stream),
+                reader: Mutex::new(ReaderState {
+                    records: RecordReader::new(reader, config.max_record_size),
+                    timeout: None,
+                }),
+                state: Mutex::new(State::default()),
+                control,
+                config,
+            }),
+        })
+    }
+
+    /// The endpoint this client connected to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.inner.endpoint
+    }
+
+    /// The client's settings.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.config
+    }
+
+    /// Whether the connection is still usable (no loss detected yet).
+    pub fn is_connected(&self) -> bool {
+        !lock(&self.inner.state).dead
+    }
+
+    /// Closes the connection: pending and later calls fail with
+    /// [`RpcError::ConnectionLost`].
+    pub fn close(&self) {
+        self.inner.fail_all();
+    }
+
+    fn encode_call(
+        &self,
+        xid: u32,
+        program: u32,
+        version: u32,
+        procedure: u32,
+        args: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
+    ) -> Result<Vec<Bytes>, RpcError> {
+        let mut enc = Encoder::with_capacity(256);
+        enc.put_u32(xid);
+        enc.put_u32(MSG_CALL);
+        enc.put_u32(RPC_VERSION);
+        enc.put_u32(program);
+        enc.put_u32(version);
+        enc.put_u32(procedure);
+        enc.put_raw(&self.inner.auth);
+        args(&mut enc).map_err(RpcError::Encode)?;
+        Ok(enc.finish())
+    }
+
+    /// Calls `procedure`, encoding the arguments with `args` and decoding the result with
+    /// `result` (trailing bytes are rejected). `timeout` of `None` uses the client's default.
+    ///
+    /// Many threads may call at once; their calls are pipelined on the connection.
+    pub fn call<R>(
+        &self,
+        program: u32,
+        version: u32,
+        procedure: u32,
+        timeout: Option<Duration>,
+        args: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
+        result: impl FnOnce(&mut Decoder) -> xdr::Result<R>,
+    ) -> Result<R, RpcError> {
+        let timeout = timeout.unwrap_or(self.inner.config.default_timeout);
+        let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
+        let chunks = self.encode_call(xid, program, version, procedure, args)?;
+        let cv = Arc::new(Condvar::new());
+        {
+            let mut st = lock(&self.inner.state);
+            if st.dead {
+                return Err(RpcError::ConnectionLost);
+            }
+            st.pending.insert(
+                xid,
+                Slot {
+                    reply: None,
+                    cv: Arc::clone(&cv),
+                },
+            );
+        }
+        if let Err(e) = self.inner.send(&chunks) {
+            lock(&self.inner.state).pending.remove(&xid);
+            return Err(e);
+        }
+        let record = self.inner.wait(xid, &cv, timeout)?;
+        decode_reply(record, program, version, procedure, result)
+    }
+
+    /// Sends a one-way call: no reply is awaited (if the server replies anyway, the reply is
+    /// dropped). One-way calls are written in order with all other calls of this client.
+    pub fn call_oneway(
+        &self,
+        program: u32,
+        version: u32,
+        procedure: u32,
+        args: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
+    ) -> Result<(), RpcError> {
+        let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
+        let chunks = self.encode_call(xid, program, version, procedure, args)?;
+        if lock(&self.inner.state).dead {
+            return Err(RpcError::ConnectionLost);
+        }
+        self.inner.send(&chunks)
+    }
+}
+
+fn decode_reply<R>(
+    record: Bytes,
+    program: u32,
+    version: u32,
+    procedure: u32,
+    result: impl FnOnce(&mut Decoder) -> xdr::Result<R>,
+) -> Result<R, RpcError> {
+    let mut dec = Decoder::new(record);
+    let msg = RpcMsg::decode(&mut dec).map_err(RpcError::MalformedReply)?;
+    let body = match msg.body {
+        MsgBody::Reply(body) => body,
+        MsgBody::Call(_) => {
+            return Err(RpcError::MalformedReply(xdr::Error::UnknownDiscriminant {
+                type_name: "msg_type",
+                value: i64::from(MSG_CALL),
+            }));
+        }
+    };
+    match body {
+        ReplyBody::Accepted(a) => match a.stat {
+            AcceptStat::Success => {
+                let decode_err = |source| RpcError::Decode {
+                    program,
+                    version,
+                    procedure,
+                    source,
+                };
+                let r = result(&mut dec).map_err(decode_err)?;
+                dec.finish().map_err(decode_err)?;
+                Ok(r)
+            }
+            AcceptStat::ProgUnavail => Err(RpcError::ProgUnavail { program }),
+            AcceptStat::ProgMismatch { low, high } => Err(RpcError::ProgMismatch {
+                program,
+                version,
+                low,
+                high,
+            }),
+            AcceptStat::ProcUnavail => Err(RpcError::ProcUnavail {
+                program,
+                version,
+                procedure,
+            }),
+            AcceptStat::GarbageArgs => Err(RpcError::GarbageArgs {
+                program,
+                version,
+                procedure,
+            }),
+            AcceptStat::SystemErr => Err(RpcError::SystemErr {
+                program,
+                version,
+                procedure,
+            }),
+        },
+        ReplyBody::Denied(RejectedReply::RpcMismatch { low, high }) => {
+            Err(RpcError::RpcMismatch { low, high })
+        }
+        ReplyBody::Denied(RejectedReply::AuthError(stat)) => Err(RpcError::AuthError { stat }),
+    }
+}
+
+impl Inner {
+    fn send(&self, chunks: &[Bytes]) -> Result<(), RpcError> {
+        let res = {
+            let mut w = lock(&self.writer);
+            write_record(&mut *w, chunks, self.config.max_fragment_size)
+        };
+        res.map_err(|e| {
+            tracing::debug!(endpoint = %self.endpoint, error = %e, "RPC client: write failed; connection lost");
+            self.fail_all();
+            RpcError::ConnectionLost
+        })
+    }
+
+    /// Marks the connection dead, wakes every waiter and shuts the socket down.
+    fn fail_all(&self) {
+        let mut st = lock(&self.state);
+        if !st.dead {
+            st.dead = true;
+            let _ = self.control.shutdown(Shutdown::Both);
+        }
+        for slot in st.pending.values() {
+            slot.cv.notify_one();
+        }
+    }
+
+    fn wait(&self, xid: u32, cv: &Condvar, timeout: Duration) -> Result<Bytes, RpcError> {
+        let start = Instant::now();
+        let deadline = start.checked_add(timeout);
+        let mut st = lock(&self.state);
+        loop {
+            let slot = st.pending.get_mut(&xid);
+            if let Some(rec) = slot.and_then(|s| s.reply.take()) {
+                st.pending.remove(&xid);
+                return Ok(rec);
+            }
+            if st.dead {
+                st.pending.remove(&xid);
+                return Err(RpcError::ConnectionLost);
+            }
+            let now = Instant::now();
+            let remaining = deadline.map(|d| d.saturating_duration_since(now));
+            if remaining == Some(Duration::ZERO) {
+                st.pending.remove(&xid);
+                return Err(RpcError::Timeout { timeout });
+            }
+            if !st.leader {
+                st.leader = true;
+                drop(st);
+                let res = self.lead(xid, deadline);
+                st = lock(&self.state);
+                st.leader = false;
+                // Hand the reader role to a caller still waiting for its reply.
+                if let Some(next) = st
+                    .pending
+                    .iter()
+                    .find(|(k, s)| **k != xid && s.reply.is_none())
+                {
+                    next.1.cv.notify_one();
+                }
+                match res {
+                    Lead::Mine(rec) => {
+                        st.pending.remove(&xid);
+                        return Ok(rec);
+                    }
+                    Lead::Deadline => {}
+                    Lead::Dead(e) => {
+                        st.pending.remove(&xid);
+                        return Err(e);
+                    }
+                }
+            } else {
+                st = match remaining {
+                    Some(r) => {
+                        cv.wait_timeout(st, r)
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .0
+                    }
+                    None => cv.wait(st).unwrap_or_else(PoisonError::into_inner),
+                };
+            }
+        }
+    }
+
+    /// Reads replies until `xid`'s arrives, the deadline passes or the connection fails.
+    fn lead(&self, xid: u32, deadline: Option<Instant>) -> Lead {
+        let mut rd = lock(&self.reader);
+        loop {
+            let remaining = match deadline {
+                Some(d) => {
+                    let r = d.saturating_duration_since(Instant::now());
+                    if r.is_zero() {
+                        return Lead::Deadline;
+                    }
+                    Some(r)
+                }
+                None => None,
+            };
+            if let Err(e) = rd.adjust_timeout(remaining) {
+                tracing::debug!(error = %e, "RPC client: cannot set the read timeout");
+                self.fail_all();
+                return Lead::Dead(RpcError::Io(e));
+            }
+            match rd.records.read_record() {
+                Ok(Some(rec)) => {
+                    if rec.len() < 8 {
+                        tracing::warn!(
+                            endpoint = %self.endpoint,
+                            len = rec.len(),
+                            "RPC client: record too short for a reply header; dropped"
+                        );
+                        continue;
+                    }
+                    let rxid = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
+                    let mtype = u32::from_be_bytes([rec[4], rec[5], rec[6], rec[7]]);
+                    if mtype != MSG_REPLY {
+                        if mtype == MSG_CALL {
+                            tracing::warn!(endpoint = %self.endpoint, xid = rxid, "RPC client: protocol error: the server sent a CALL message to the client; dropped");
+                        } else {
+                            tracing::warn!(endpoint = %self.endpoint, xid = rxid, msg_type = mtype, "RPC client: message of unknown type dropped");
+                        }
+                        continue;
+                    }
+                    if rxid == xid {
+                        return Lead::Mine(rec);
+                    }
+                    let mut st = lock(&self.state);
+                    match st.pending.get_mut(&rxid) {
+                        Some(slot) => {
+                            slot.reply = Some(rec);
+                            slot.cv.notify_one();
+                        }
+                        None => {
+                            tracing::debug!(endpoint = %self.endpoint, xid = rxid, "RPC client: reply with unknown XID (timed out or one-way call) dropped");
+                        }
+                    }
+                }
+                Ok(None) => {
+                    tracing::debug!(endpoint = %self.endpoint, "RPC client: server closed the connection");
+                    self.fail_all();
+                    return Lead::Dead(RpcError::ConnectionLost);
+                }
+                Err(e) if e.is_timeout() => {}
+                Err(RecordError::TooLarge { declared, max }) => {
+                    tracing::warn!(endpoint = %self.endpoint, declared, max, "RPC client: reply record too large; closing the connection");
+                    self.fail_all();
+                    return Lead::Dead(RpcError::RecordTooLarge {
+                        size: declared,
+                        max,
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!(endpoint = %self.endpoint, error = %e, "RPC client: connection lost while reading");
+                    self.fail_all();
+                    return Lead::Dead(RpcError::ConnectionLost);
+                }
+            }
+        }
+    }
+}
+
+impl ReaderState {
+    /// Sets the socket read timeout to about `remaining`, skipping the system call when the
+    /// current setting is close enough (a slightly early wake-up just loops).
+    fn adjust_timeout(&mut self, remaining: Option<Duration>) -> std::io::Result<()> {
+        let keep = match (self.timeout, remaining) {
+            (None, None) => true,
+            (Some(cur), Some(rem)) => {
+                let slack = Duration::from_millis(1) + rem / 1000;
+                cur <= rem + slack && cur >= rem / 2
+            }
+            _ => false,
+        };
+        if !keep {
+            self.records.get_ref().set_read_timeout(remaining)?;
+            self.timeout = remaining;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,220 @@
+//! Transport endpoints (`tcp://HOST:PORT`, `unix:///PATH`) and the stream type over them.
+
+use std::fmt;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Where a client connects or a server listens: `tcp://HOST:PORT` or `unix:///PATH`.
+///
+/// ```
+/// use remora_oncrpc::Endpoint;
+/// let e: Endpoint = "tcp://[::1]:5000".parse().unwrap();
+/// assert_eq!(e, Endpoint::Tcp("[::1]:5000".into()));
+/// let u: Endpoint = "unix:///run/remora.sock".parse().unwrap();
+/// assert_eq!(u.to_string(), "unix:///run/remora.sock");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    /// A TCP address, `HOST:PORT` (IPv6 hosts in brackets).
+    Tcp(String),
+    /// A Unix-domain stream socket path.
+    Unix(PathBuf),
+}
+
+/// Why an endpoint string could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid endpoint {input:?}: {reason}; expected tcp://HOST:PORT (IPv6: tcp://[::1]:PORT) or unix:///ABSOLUTE/PATH"
+)]
+pub struct EndpointParseError {
+    /// The string given.
+    pub input: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+impl FromStr for Endpoint {
+    type Err = EndpointParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = |reason| EndpointParseError {
+            input: s.to_owned(),
+            reason,
+        };
+        if let Some(rest) = s.strip_prefix("tcp://") {
+            let (host, port) = rest.rsplit_once(':').ok_or_else(|| err("missing :PORT"))?;
+            if host.is_empty() {
+                return Err(err("missing host"));
+            }
+            port.parse::<u16>()
+                .map_err(|_| err("port must be a number from 0 to 65535"))?;
+            if host.starts_with('[') != host.ends_with(']') {
+                return Err(err("unbalanced brackets around an IPv6 address"));
+            }
+            if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+                inner
+                    .parse::<std::net::Ipv6Addr>()
+                    .map_err(|_| err("bracketed host is not an IPv6 address"))?;
+            } else if host.contains(':') {
+                return Err(err("IPv6 addresses must be in brackets"));
+            } else if host.contains('/') || host.contains(char::is_whitespace) {
+                return Err(err("host contains '/' or whitespace"));
+            }
+            Ok(Endpoint::Tcp(rest.to_owned()))
+        } else if let Some(path) = s.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                return Err(err(
+                    "the socket path must be absolute (three slashes: unix:///path)",
+                ));
+            }
+            if path.len() == 1 {
+                return Err(err("empty socket path"));
+            }
+            Ok(Endpoint::Unix(PathBuf::from(path)))
+        } else {
+            Err(err("unknown scheme"))
+        }
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Tcp(addr) => write!(f, "tcp://{addr}"),
+            Endpoint::Unix(path) => write!(f, "unix://{}", path.display()),
+        }
+    }
+}
+
+impl From<SocketAddr> for Endpoint {
+    fn from(addr: SocketAddr) -> Self {
+        Endpoint::Tcp(addr.to_string())
+    }
+}
+
+/// A connected stream socket, TCP or Unix.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// Connects to `endpoint`, with `timeout` bounding each TCP connection attempt.
+    pub(crate) fn connect(endpoint: &Endpoint, timeout: Option<Duration>) -> io::Result<Stream> {
+        match endpoint {
+            Endpoint::Tcp(addr) => {
+                let mut last = None;
+                for a in addr.to_socket_addrs()? {
+                    let res = match timeout {
+                        Some(t) if !t.is_zero() => TcpStream::connect_timeout(&a, t),
+                        _ => TcpStream::connect(a),
+                    };
+                    match res {
+                        Ok(s) => {
+                            s.set_nodelay(true)?;
+                            return Ok(Stream::Tcp(s));
+                        }
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| {
+                    io::Error::new(io::ErrorKind::NotFound, "host name resolved to no address")
+                }))
+            }
+            Endpoint::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
+        }
+    }
+
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    pub(crate) fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.shutdown(how),
+            Stream::Unix(s) => s.shutdown(how),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_display() {
+        for (s, e) in [
+            ("tcp://127.0.0.1:111", Endpoint::Tcp("127.0.0.1:111".into())),
+            ("tcp://localhost:0", Endpoint::Tcp("localhost:0".into())),
+            ("tcp://[::1]:5000", Endpoint::Tcp("[::1]:5000".into())),
+            ("unix:///tmp/x.sock", Endpoint::Unix("/tmp/x.sock".into())),
+        ] {
+            let parsed: Endpoint = s.parse().unwrap();
+            assert_eq!(parsed, e);
+            assert_eq!(parsed.to_string(), s);
+        }
+    }
+
+    #[test]
+    fn parse_errors_say_what_is_expected() {
+        for (s, reason) in [
+            ("127.0.0.1:111", "unknown scheme"),
+            ("tcp://127.0.0.1", "missing :PORT"),
+            ("tcp://:80", "missing host"),
+            ("tcp://h:99999", "port must be"),
+            ("tcp://::1:80", "IPv6 addresses must be in brackets"),
+            ("tcp://[zz]:80", "not an IPv6"),
+            ("tcp://[::1:80", "unbalanced"),
+            ("unix://relative/x", "must be absolute"),
+            ("unix:///", "empty socket path"),
+        ] {
+            let e = s.parse::<Endpoint>().unwrap_err();
+            assert!(e.reason.contains(reason), "{s}: {e}");
+            assert!(e.to_string().contains("expected tcp://HOST:PORT"));
+        }
+    }
+}

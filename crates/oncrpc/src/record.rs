@@ -1,0 +1,635 @@
+//! Record marking for stream transports (RFC 5531 §11).
+//!
+//! A record is sent as one or more fragments, each preceded by a 4-byte big-endian header
+//! whose high bit marks the last fragment and whose low 31 bits give the fragment length.
+//!
+//! * [`RecordReader`] reassembles records under a maximum record size. Its buffer grows only
+//!   as bytes actually arrive: a declared fragment length is never used to pre-allocate, and a
+//!   header that would take the record past the maximum is an error before anything more is
+//!   read. It is resumable: a read timeout mid-record keeps the partial state and the next
+//!   call continues where the last one stopped.
+//! * [`write_record`] sends a record given as a list of [`Bytes`] chunks with vectored
+//!   writes, without copying the payload, splitting it into fragments when it is larger than
+//!   the maximum fragment size.
+
+use std::io::{self, IoSlice, Read, Write};
+
+use remora_xdr::{Bytes, BytesMut};
+
+/// Largest fragment length the header can express (2^31 - 1), the default maximum fragment
+/// size of the writer.
+pub const MAX_FRAGMENT_SIZE: usize = 0x7FFF_FFFF;
+
+const LAST_FRAGMENT: u32 = 0x8000_0000;
+
+/// Size of the reader's read-ahead buffer; also the first step of growth of a record buffer.
+const READ_AHEAD: usize = 8 * 1024;
+
+/// Why a record could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecordError {
+    /// The underlying read failed. If the kind is `WouldBlock` or `TimedOut` the reader's
+    /// state is intact and reading can be retried.
+    #[error("I/O error while reading a record: {0}")]
+    Io(#[from] io::Error),
+    /// A fragment header declared a record larger than the maximum. The stream cannot be
+    /// resynchronised: close it.
+    #[error(
+        "record of at least {declared} bytes exceeds the maximum record size of {max} bytes; \
+         raise the maximum record size if such records are expected"
+    )]
+    TooLarge {
+        /// Bytes the record would have (bytes so far plus the declared fragment).
+        declared: u64,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The peer closed the stream in the middle of a record.
+    #[error("peer closed the connection in the middle of a record ({received} bytes received)")]
+    TruncatedRecord {
+        /// Record bytes received before the end of the stream (headers excluded).
+        received: usize,
+    },
+    /// An earlier error left the stream in an unknown state.
+    #[error("the record stream is unusable after an earlier error")]
+    Poisoned,
+}
+
+impl RecordError {
+    /// Whether this is a read timeout after which the reader can simply be called again.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Io(e) if is_timeout_kind(e.kind()))
+    }
+}
+
+pub(crate) fn is_timeout_kind(kind: io::ErrorKind) -> bool {
+    matches!(kind, io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
+}
+
+/// Reads records from a byte stream, reassembling fragments.
+#[derive(Debug)]
+pub struct RecordReader<R> {
+    inner: R,
+    max_record: usize,
+    /// Read-ahead buffer, `ahead[pos..end]` not consumed yet.
+    ahead: Box<[u8]>,
+    pos: usize,
+    end: usize,
+    /// Bytes of the record being assembled.
+    record: BytesMut,
+    hdr: [u8; 4],
+    hdr_len: usize,
+    /// Whether the current fragment's header has been read and its body is being read.
+    in_fragment: bool,
+    frag_left: usize,
+    frag_last: bool,
+    /// Whether any byte (header included) of the current record has arrived.
+    in_record: bool,
+    poisoned: bool,
+    total_read: u64,
+}
+
+impl<R: Read> RecordReader<R> {
+    /// A reader over `inner` accepting records of at most `max_record_size` bytes (headers
+    /// excluded).
+    pub fn new(inner: R, max_record_size: usize) -> Self {
+        Self {
+            inner,
+            max_record: max_record_size,
+            ahead: vec![0; READ_AHEAD].into_boxed_slice(),
+            pos: 0,
+            end: 0,
+            record: BytesMut::new(),
+            hdr: [0; 4],
+            hdr_len: 0,
+            in_fragment: false,
+            frag_left: 0,
+            frag_last: false,
+            in_record: false,
+            poisoned: false,
+            total_read: 0,
+        }
+    }
+
+    /// The underlying stream.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// The underlying stream, mutably (for writing replies on the same stream).
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+
+    /// The maximum record size.
+    pub fn max_record_size(&self) -> usize {
+        self.max_record
+    }
+
+    /// Whether part of a record has been received (a read timeout now is a stall, not idleness).
+    pub fn in_record(&self) -> bool {
+        self.in_record || self.pos < self.end
+    }
+
+    /// Total bytes read from the stream so far (progress counter).
+    pub fn bytes_read(&self) -> u64 {
+        self.total_read
+    }
+
+    /// Bytes currently held for the partial record (reassembled data only).
+    pub fn buffered_record_bytes(&self) -> usize {
+        self.record.len()
+    }
+
+    fn read_inner(&mut self, buf_is_ahead: bool, want: usize) -> io::Result<usize> {
+        loop {
+            let res = if buf_is_ahead {
+                self.inner.read(&mut self.ahead[..])
+            } else {
+                let old = self.record.len();
+                self.record.resize(old + want, 0);
+                let r = self.inner.read(&mut self.record[old..]);
+                let got = *r.as_ref().unwrap_or(&0);
+                self.record.truncate(old + got);
+                r
+            };
+            match res {
+                Ok(n) => {
+                    self.total_read += n as u64;
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Fills the read-ahead buffer (it must be empty). Returns false at end of stream.
+    fn fill_ahead(&mut self) -> io::Result<bool> {
+        debug_assert_eq!(self.pos, self.end);
+        let n = self.read_inner(true, 0)?;
+        self.pos = 0;
+        self.end = n;
+        Ok(n > 0)
+    }
+
+    fn eof_error(&mut self) -> RecordError {
+        self.poisoned = true;
+        RecordError::TruncatedRecord {
+            received: self.record.len(),
+        }
+    }
+
+    /// Reads the next record. `Ok(None)` means the peer closed the stream cleanly between
+    /// records. A timeout (`WouldBlock`/`TimedOut`) leaves the partial record in place: call
+    /// again to continue. Any other error leaves the reader unusable.
+    pub fn read_record(&mut self) -> Result<Option<Bytes>, RecordError> {
+        if self.poisoned {
+            return Err(RecordError::Poisoned);
+        }
+        match self.read_record_inner() {
+            Err(RecordError::Io(e)) if !is_timeout_kind(e.kind()) => {
+                self.poisoned = true;
+                Err(RecordError::Io(e))
+            }
+            Err(e @ RecordError::TooLarge { .. }) => {
+                self.poisoned = true;
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    fn read_record_inner(&mut self) -> Result<Option<Bytes>, RecordError> {
+        loop {
+            if !self.in_fragment {
+                while self.hdr_len < 4 {
+                    if self.pos == self.end && !self.fill_ahead()? {
+                        if self.hdr_len == 0 && !self.in_record {
+                            return Ok(None);
+                        }
+                        return Err(self.eof_error());
+                    }
+                    let take = (4 - self.hdr_len).min(self.end - self.pos);
+                    self.hdr[self.hdr_len..self.hdr_len + take]
+                        .copy_from_slice(&self.ahead[self.pos..self.pos + take]);
+                    self.hdr_len += take;
+                    self.pos += take;
+                    self.in_record = true;
+                }
+                let h = u32::from_be_bytes(self.hdr);
+                let len = (h & !LAST_FRAGMENT) as usize;
+                let total = self.record.len() as u64 + len as u64;
+                if total > self.max_record as u64 {
+                    return Err(RecordError::TooLarge {
+                        declared: total,
+                        max: self.max_record,
+                    });
+                }
+                self.hdr_len = 0;
+                self.in_fragment = true;
+                self.frag_left = len;
+                self.frag_last = h & LAST_FRAGMENT != 0;
+            }
+            // Fast path: a whole single-fragment record already in the read-ahead buffer.
+            if self.frag_last
+                && self.record.is_empty()
+                && self.end - self.pos >= self.frag_left
+                && self.frag_left < READ_AHEAD
+            {
+                let out = Bytes::copy_from_slice(&self.ahead[self.pos..self.pos + self.frag_left]);
+                self.pos += self.frag_left;
+                self.frag_left = 0;
+                self.in_fragment = false;
+                self.in_record = false;
+                return Ok(Some(out));
+            }
+            while self.frag_left > 0 {
+                if self.pos < self.end {
+                    let take = self.frag_left.min(self.end - self.pos);
+                    self.record
+                        .extend_from_slice(&self.ahead[self.pos..self.pos + take]);
+                    self.pos += take;
+                    self.frag_left -= take;
+                } else if self.frag_left >= READ_AHEAD {
+                    // Large fragment: read straight into the record buffer, growing it
+                    // geometrically with what has arrived, never by the declared length.
+                    let want = self.frag_left.min(self.record.len().max(READ_AHEAD));
+                    let n = self.read_inner(false, want)?;
+                    if n == 0 {
+                        return Err(self.eof_error());
+                    }
+                    self.frag_left -= n;
+                } else if !self.fill_ahead()? {
+                    return Err(self.eof_error());
+                }
+            }
+            self.in_fragment = false;
+            if self.frag_last {
+                self.in_record = false;
+                return Ok(Some(self.record.split().freeze()));
+            }
+        }
+    }
+}
+
+fn fragment_header(len: usize, last: bool) -> [u8; 4] {
+    let mut h = len as u32;
+    if last {
+        h |= LAST_FRAGMENT;
+    }
+    h.to_be_bytes()
+}
+
+/// Writes one record made of `chunks` (in order) to `w`, as fragments of at most
+/// `max_fragment` bytes (clamped to 1..=[`MAX_FRAGMENT_SIZE`]), with vectored writes. The
+/// chunks are not copied. Partial writes are resumed.
+pub fn write_record<W: Write + ?Sized>(
+    w: &mut W,
+    chunks: &[Bytes],
+    max_fragment: usize,
+) -> io::Result<()> {
+    let max_fragment = max_fragment.clamp(1, MAX_FRAGMENT_SIZE);
+    let total: usize = chunks.iter().map(Bytes::len).sum();
+    let nfrags = total.div_ceil(max_fragment).max(1);
+    let mut headers: Vec<[u8; 4]> = Vec::with_capacity(nfrags);
+    let mut left = total;
+    for i in 0..nfrags {
+        let len = left.min(max_fragment);
+        headers.push(fragment_header(len, i + 1 == nfrags));
+        left -= len;
+    }
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(chunks.len() + nfrags);
+    let mut frag = 0;
+    slices.push(IoSlice::new(&headers[0]));
+    // Bytes the current fragment can still take.
+    let mut frag_room = total.min(max_fragment);
+    for chunk in chunks {
+        let mut rest: &[u8] = chunk;
+        while !rest.is_empty() {
+            if frag_room == 0 {
+                frag += 1;
+                slices.push(IoSlice::new(&headers[frag]));
+                let remaining = total - frag * max_fragment;
+                frag_room = remaining.min(max_fragment);
+            }
+            let take = rest.len().min(frag_room);
+            slices.push(IoSlice::new(&rest[..take]));
+            rest = &rest[take..];
+            frag_room -= take;
+        }
+    }
+    write_all_vectored(w, &mut slices)
+}
+
+fn write_all_vectored<W: Write + ?Sized>(
+    w: &mut W,
+    mut bufs: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    // Drop leading empty slices so that a zero-length write really means "no progress".
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "failed to write the whole record",
+                ));
+            }
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    w.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// A stream that hands out scripted read results.
+    struct Script {
+        steps: VecDeque<io::Result<Vec<u8>>>,
+    }
+
+    impl Script {
+        fn new(steps: Vec<io::Result<Vec<u8>>>) -> Self {
+            Self {
+                steps: steps.into(),
+            }
+        }
+    }
+
+    impl Read for Script {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.steps.pop_front() {
+                None => Ok(0),
+                Some(Err(e)) => Err(e),
+                Some(Ok(mut data)) => {
+                    let n = data.len().min(buf.len());
+                    buf[..n].copy_from_slice(&data[..n]);
+                    if n < data.len() {
+                        data.drain(..n);
+                        self.steps.push_front(Ok(data));
+                    }
+                    Ok(n)
+                }
+            }
+        }
+    }
+
+    fn frame(data: &[u8], frag: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_record(&mut out, &[Bytes::copy_from_slice(data)], frag).unwrap();
+        out
+    }
+
+    #[test]
+    fn golden_single_fragment() {
+        assert_eq!(
+            frame(&[1, 2, 3, 4], MAX_FRAGMENT_SIZE),
+            [0x80, 0, 0, 4, 1, 2, 3, 4]
+        );
+        assert_eq!(frame(&[], MAX_FRAGMENT_SIZE), [0x80, 0, 0, 0]);
+    }
+
+    #[test]
+    fn writer_splits_fragments_across_chunks() {
+        let chunks = [
+            Bytes::from_static(&[1, 2, 3]),
+            Bytes::from_static(&[4, 5, 6, 7, 8]),
+        ];
+        let mut out = Vec::new();
+        write_record(&mut out, &chunks, 3).unwrap();
+        assert_eq!(
+            out,
+            [
+                0, 0, 0, 3, 1, 2, 3, 0, 0, 0, 3, 4, 5, 6, 0x80, 0, 0, 2, 7, 8
+            ]
+        );
+        let mut r = RecordReader::new(&out[..], 100);
+        assert_eq!(
+            &r.read_record().unwrap().unwrap()[..],
+            &[1, 2, 3, 4, 5, 6, 7, 8]
+        );
+        assert!(r.read_record().unwrap().is_none());
+    }
+
+    /// A writer that accepts at most a few bytes per call, to exercise partial writes.
+    struct Trickle(Vec<u8>);
+    impl Write for Trickle {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = buf.len().min(3);
+            self.0.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+            let first = bufs.iter().find(|b| !b.is_empty());
+            first.map_or(Ok(0), |b| self.write(b))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn writer_handles_partial_writes() {
+        let data: Vec<u8> = (0..100).collect();
+        let chunks = [
+            Bytes::copy_from_slice(&data[..10]),
+            Bytes::new(),
+            Bytes::copy_from_slice(&data[10..]),
+        ];
+        let mut t = Trickle(Vec::new());
+        write_record(&mut t, &chunks, 7).unwrap();
+        let mut r = RecordReader::new(&t.0[..], 1000);
+        assert_eq!(&r.read_record().unwrap().unwrap()[..], &data[..]);
+    }
+
+    #[test]
+    fn libtirpc_sized_fragments_reassemble() {
+        // libtirpc sends records in fragments of 65,532 bytes (its 64 KiB buffer less the header).
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        let wire = frame(&data, 65_532);
+        assert_eq!(&wire[..4], &[0, 0, 0xff, 0xfc]);
+        let mut r = RecordReader::new(&wire[..], 1 << 20);
+        let rec = r.read_record().unwrap().unwrap();
+        assert_eq!(&rec[..], &data[..]);
+        assert!(r.read_record().unwrap().is_none());
+    }
+
+    #[test]
+    fn zero_length_fragments() {
+        let mut wire = vec![0, 0, 0, 0, 0, 0, 0, 2, 9, 9, 0, 0, 0, 0, 0x80, 0, 0, 0];
+        wire.extend([0x80, 0, 0, 0]); // an empty record
+        let mut r = RecordReader::new(&wire[..], 100);
+        assert_eq!(&r.read_record().unwrap().unwrap()[..], &[9, 9]);
+        assert!(r.read_record().unwrap().unwrap().is_empty());
+        assert!(r.read_record().unwrap().is_none());
+    }
+
+    #[test]
+    fn several_records_back_to_back() {
+        let mut wire = frame(b"abcd", 100);
+        wire.extend(frame(b"efgh", 2));
+        wire.extend(frame(&[5; 20_000], 9_000));
+        let mut r = RecordReader::new(&wire[..], 100_000);
+        assert_eq!(&r.read_record().unwrap().unwrap()[..], b"abcd");
+        assert_eq!(&r.read_record().unwrap().unwrap()[..], b"efgh");
+        assert_eq!(&r.read_record().unwrap().unwrap()[..], &[5; 20_000][..]);
+        assert!(r.read_record().unwrap().is_none());
+    }
+
+    #[test]
+    fn truncated_record() {
+        for cut in [1, 3, 4, 6] {
+            let wire = frame(&[1, 2, 3, 4], 100);
+            let mut r = RecordReader::new(&wire[..cut], 100);
+            assert!(
+                matches!(r.read_record(), Err(RecordError::TruncatedRecord { .. })),
+                "cut at {cut}"
+            );
+            assert!(matches!(r.read_record(), Err(RecordError::Poisoned)));
+        }
+        // A non-last fragment followed by EOF.
+        let wire = [0, 0, 0, 2, 1, 2];
+        let mut r = RecordReader::new(&wire[..], 100);
+        assert!(matches!(
+            r.read_record(),
+            Err(RecordError::TruncatedRecord { received: 2 })
+        ));
+    }
+
+    #[test]
+    fn huge_length_rejected_cheaply() {
+        let wire = [0xff, 0xff, 0xff, 0xff, 1, 2, 3, 4];
+        let mut r = RecordReader::new(&wire[..], 1 << 20);
+        assert!(matches!(
+            r.read_record(),
+            Err(RecordError::TooLarge {
+                declared: 0x7fff_ffff,
+                max: 0x10_0000
+            })
+        ));
+        assert_eq!(r.buffered_record_bytes(), 0);
+        assert_eq!(r.bytes_read(), 8);
+        // Fragments adding up past the maximum are rejected at the header that crosses it.
+        let mut wire = frame(&[0; 60], 30);
+        wire.truncate(4 + 30 + 4);
+        let mut r = RecordReader::new(&wire[..], 50);
+        assert!(matches!(
+            r.read_record(),
+            Err(RecordError::TooLarge { declared: 60, .. })
+        ));
+    }
+
+    #[test]
+    fn huge_declared_length_costs_nothing_until_data_arrives() {
+        // Within the maximum, a 2^31-1 declared fragment only grows the buffer with data.
+        let mut wire = vec![0xff, 0xff, 0xff, 0xff];
+        wire.extend(vec![7u8; 100]);
+        let mut r = RecordReader::new(&wire[..], usize::MAX);
+        assert!(matches!(
+            r.read_record(),
+            Err(RecordError::TruncatedRecord { received: 100 })
+        ));
+    }
+
+    #[test]
+    fn peer_closes_mid_record() {
+        let mut wire = frame(&[3; 50_000], 65_532);
+        wire.truncate(30_000);
+        let mut r = RecordReader::new(&wire[..], 1 << 20);
+        assert!(matches!(
+            r.read_record(),
+            Err(RecordError::TruncatedRecord { received: 29_996 })
+        ));
+    }
+
+    #[test]
+    fn resumes_after_timeout() {
+        let data: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+        let wire = frame(&data, 16_000);
+        let timeout = || io::Error::new(io::ErrorKind::WouldBlock, "timeout");
+        let steps = vec![
+            Ok(wire[..2].to_vec()),
+            Err(timeout()),
+            Ok(wire[2..10].to_vec()),
+            Err(io::Error::new(io::ErrorKind::TimedOut, "timeout")),
+            Err(io::Error::new(io::ErrorKind::Interrupted, "eintr")),
+            Ok(wire[10..16_005].to_vec()),
+            Err(timeout()),
+            Ok(wire[16_005..30_000].to_vec()),
+            Err(timeout()),
+            Ok(wire[30_000..].to_vec()),
+        ];
+        let mut r = RecordReader::new(Script::new(steps), 1 << 20);
+        let mut timeouts = 0;
+        let rec = loop {
+            match r.read_record() {
+                Ok(Some(rec)) => break rec,
+                Err(e) if e.is_timeout() => {
+                    assert!(r.in_record());
+                    timeouts += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(timeouts, 4);
+        assert_eq!(&rec[..], &data[..]);
+        assert!(!r.in_record());
+        assert!(r.read_record().unwrap().is_none());
+    }
+
+    #[test]
+    fn timeout_between_records_is_not_in_record() {
+        let wire = frame(b"abcd", 100);
+        let steps = vec![
+            Err(io::Error::new(io::ErrorKind::WouldBlock, "t")),
+            Ok(wire.clone()),
+        ];
+        let mut r = RecordReader::new(Script::new(steps), 100);
+        let e = r.read_record().unwrap_err();
+        assert!(e.is_timeout());
+        assert!(!r.in_record());
+        assert_eq!(&r.read_record().unwrap().unwrap()[..], b"abcd");
+    }
+
+    #[test]
+    fn hard_error_poisons() {
+        let steps = vec![Err(io::Error::new(io::ErrorKind::ConnectionReset, "reset"))];
+        let mut r = RecordReader::new(Script::new(steps), 100);
+        assert!(matches!(r.read_record(), Err(RecordError::Io(_))));
+        assert!(matches!(r.read_record(), Err(RecordError::Poisoned)));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn roundtrip_any_fragmentation(
+            records in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..3000), 1..5),
+            frag in 1usize..5000,
+        ) {
+            let mut wire = Vec::new();
+            for rec in &records {
+                write_record(&mut wire, &[Bytes::copy_from_slice(rec)], frag).unwrap();
+            }
+            let mut r = RecordReader::new(&wire[..], 10_000);
+            for rec in &records {
+                let got = r.read_record().unwrap().unwrap();
+                proptest::prop_assert_eq!(&got[..], &rec[..]);
+            }
+            proptest::prop_assert!(r.read_record().unwrap().is_none());
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(raw in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            let mut r = RecordReader::new(&raw[..], 64);
+            for _ in 0..10 {
+                if r.read_record().is_err() { break; }
+            }
+        }
+    }
+}

@@ -1,0 +1,778 @@
+//! The server runtime: one thread per listener, one thread per connection, no async runtime.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use remora_xdr::{Bytes, Decoder, Encoder, XdrDecode, XdrEncode};
+
+use crate::auth::{AUTH_NONE, AUTH_SYS, AuthStat, AuthSys, Credential, OpaqueAuth};
+use crate::endpoint::{Endpoint, Stream};
+use crate::msg::{AcceptStat, MSG_CALL, MSG_REPLY, RPC_VERSION, RejectedReply, RpcMsg};
+use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_record};
+use crate::rpcbind;
+use crate::{CallContext, Dispatch, Peer, RpcError, Service, xdr};
+
+/// Stack size of connection threads: decoding deeply nested data recurses.
+const CONN_STACK_SIZE: usize = 8 * 1024 * 1024;
+
+/// Settings of a [`Server`]; the defaults suit trusted and untrusted clients alike.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest call record accepted (headers excluded); a client declaring more is
+    /// disconnected before more of its data is read. Default 128 MiB + 4 KiB.
+    pub max_record_size: usize,
+    /// Most connections served at once; further ones are accepted and closed at once.
+    /// Default 1024.
+    pub max_connections: usize,
+    /// Longest time a partially received record may go without new bytes; the connection
+    /// is closed after. Default 30 s.
+    pub stall_timeout: Duration,
+    /// Longest time a connection may sit idle between records (`None`: forever, the default).
+    pub idle_timeout: Option<Duration>,
+    /// Largest fragment sent in replies. Default 2^31 - 1.
+    pub max_fragment_size: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_record_size: crate::client::DEFAULT_MAX_RECORD_SIZE,
+            max_connections: 1024,
+            stall_timeout: Duration::from_secs(30),
+            idle_timeout: None,
+            max_fragment_size: MAX_FRAGMENT_SIZE,
+        }
+    }
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// [`Server::listen`] was never called.
+    #[error("the server has no endpoint to listen on: call Server::listen before Server::start")]
+    NoEndpoints,
+    /// Binding or listening on an endpoint failed.
+    #[error("cannot listen on {endpoint}: {source}")]
+    Bind {
+        /// The endpoint, as text.
+        endpoint: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// Another process is listening on the Unix socket path.
+    #[error("another server is already listening on {0}: stop it or choose another socket path")]
+    UnixSocketInUse(PathBuf),
+    /// The Unix socket path exists and is not a socket; it is left alone.
+    #[error("{0} exists and is not a socket: remove it or choose another socket path")]
+    NotASocket(PathBuf),
+    /// An I/O error while setting the server up.
+    #[error("I/O error while starting the server: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// The registered services, by program then version.
+#[derive(Clone, Default)]
+pub(crate) struct Registry {
+    programs: BTreeMap<u32, BTreeMap<u32, Arc<dyn Service>>>,
+}
+
+impl Registry {
+    pub(crate) fn add(&mut self, svc: Arc<dyn Service>) {
+        self.programs
+            .entry(svc.program())
+            .or_default()
+            .insert(svc.version(), svc);
+    }
+
+    fn pairs(&self) -> Vec<(u32, u32)> {
+        self.programs
+            .iter()
+            .flat_map(|(p, vs)| vs.keys().map(move |v| (*p, *v)))
+            .collect()
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.pairs()).finish()
+    }
+}
+
+/// Builder of an ONC RPC server: register services, bind endpoints, then [`Server::start`].
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use remora_oncrpc::{Server, ServerConfig, Endpoint, Service};
+/// # fn svc() -> Arc<dyn Service> { unimplemented!() }
+/// # fn main() -> Result<(), remora_oncrpc::RpcError> {
+/// let handle = Server::builder(ServerConfig::default())
+///     .service(svc())
+///     .listen(&"tcp://127.0.0.1:0".parse().unwrap())?
+///     .listen(&"unix:///tmp/remora.sock".parse().unwrap())?
+///     .start()?;
+/// println!("listening on {:?}", handle.local_endpoints());
+/// handle.shutdown();
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Default)]
+pub struct Server {
+    config: ServerConfig,
+    registry: Registry,
+    bound: Vec<(Listener, Endpoint)>,
+    /// Unix socket files bound by this builder, removed if it is dropped unstarted.
+    unix_paths: Vec<PathBuf>,
+}
+
+impl Server {
+    /// A server with the default [`ServerConfig`] and no services.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A server with `config` and no services.
+    pub fn builder(config: ServerConfig) -> Self {
+        let mut server = Self::default();
+        server.config = config;
+        server
+    }
+
+    /// Registers a service (one program version). Several versions of one program may be
+    /// registered; registering the same program and version again replaces the service.
+    pub fn service(mut self, service: Arc<dyn Service>) -> Self {
+        self.registry.add(service);
+        self
+    }
+
+    /// Binds `endpoint` now (`tcp://HOST:0` picks a free port; a stale Unix socket file with
+    /// nothing listening is replaced). Serving starts with [`Server::start`].
+    pub fn listen(mut self, endpoint: &Endpoint) -> Result<Self, RpcError> {
+        let (listener, actual) = bind(endpoint)?;
+        if let Endpoint::Unix(p) = &actual {
+            self.unix_paths.push(p.clone());
+        }
+        self.bound.push((listener, actual));
+        Ok(self)
+    }
+
+    /// Starts serving on every bound endpoint.
+    pub fn start(mut self) -> Result<ServerHandle, RpcError> {
+        if self.bound.is_empty() {
+            return Err(ServerError::NoEndpoints.into());
+        }
+        let (wake_rx, wake_tx) = UnixStream::pair().map_err(ServerError::Io)?;
+        let bound = std::mem::take(&mut self.bound);
+        let unix_paths = std::mem::take(&mut self.unix_paths);
+        let shared = Arc::new(Shared {
+            config: std::mem::take(&mut self.config),
+            registry: std::mem::take(&mut self.registry),
+            shutting_down: AtomicBool::new(false),
+            conns: Mutex::new(ConnTable::default()),
+        });
+        let local: Vec<Endpoint> = bound.iter().map(|(_, e)| e.clone()).collect();
+        let mut handle = ServerHandle {
+            shared: Arc::clone(&shared),
+            accept_threads: Vec::new(),
+            local,
+            unix_paths,
+            wake_tx,
+            _wake_rx: wake_rx.try_clone().map_err(ServerError::Io)?,
+            rpcbind_registered: Mutex::new(Vec::new()),
+            stopped: false,
+        };
+        for (listener, ep) in bound {
+            let shared = Arc::clone(&shared);
+            let wake = wake_rx.try_clone().map_err(ServerError::Io)?;
+            let h = std::thread::Builder::new()
+                .name(format!("oncrpc-accept {ep}"))
+                .spawn(move || accept_loop(listener, wake, shared))
+                .map_err(ServerError::Io)?;
+            // On error, dropping `handle` stops the threads started so far.
+            handle.accept_threads.push(h);
+        }
+        tracing::info!(endpoints = ?handle.local, services = ?shared.registry, "ONC RPC server started");
+        Ok(handle)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.bound.clear();
+        for p in &self.unix_paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l) => l.as_fd(),
+        }
+    }
+}
+
+fn bind(ep: &Endpoint) -> Result<(Listener, Endpoint), RpcError> {
+    bind_inner(ep).map_err(RpcError::from)
+}
+
+fn bind_inner(ep: &Endpoint) -> Result<(Listener, Endpoint), ServerError> {
+    let bind_err = |source| ServerError::Bind {
+        endpoint: ep.to_string(),
+        source,
+    };
+    match ep {
+        Endpoint::Tcp(addr) => {
+            let addr: SocketAddr = addr
+                .to_socket_addrs()
+                .map_err(bind_err)?
+                .next()
+                .ok_or_else(|| {
+                    bind_err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "host name resolved to no address",
+                    ))
+                })?;
+            let sock = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )
+            .map_err(bind_err)?;
+            sock.set_reuse_address(true).map_err(bind_err)?;
+            sock.set_tcp_nodelay(true).map_err(bind_err)?;
+            sock.bind(&addr.into()).map_err(bind_err)?;
+            sock.listen(1024).map_err(bind_err)?;
+            let l: TcpListener = sock.into();
+            l.set_nonblocking(true).map_err(bind_err)?;
+            let actual = l.local_addr().map_err(bind_err)?;
+            Ok((Listener::Tcp(l), Endpoint::from(actual)))
+        }
+        Endpoint::Unix(path) => {
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                if !meta.file_type().is_socket() {
+                    return Err(ServerError::NotASocket(path.clone()));
+                }
+                match UnixStream::connect(path) {
+                    Ok(_) => return Err(ServerError::UnixSocketInUse(path.clone())),
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        tracing::info!(path = %path.display(), "removing stale Unix socket file");
+                        std::fs::remove_file(path).map_err(bind_err)?;
+                    }
+                    Err(e) => return Err(bind_err(e)),
+                }
+            }
+            let l = UnixListener::bind(path).map_err(bind_err)?;
+            l.set_nonblocking(true).map_err(bind_err)?;
+            Ok((Listener::Unix(l), ep.clone()))
+        }
+    }
+}
+
+struct Shared {
+    config: ServerConfig,
+    registry: Registry,
+    shutting_down: AtomicBool,
+    conns: Mutex<ConnTable>,
+}
+
+#[derive(Default)]
+struct ConnTable {
+    next_id: u64,
+    /// Handles used to wake connection threads at shutdown.
+    streams: HashMap<u64, Stream>,
+    threads: HashMap<u64, JoinHandle<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn accept_loop(listener: Listener, wake: UnixStream, shared: Arc<Shared>) {
+    use rustix::event::{PollFd, PollFlags, poll};
+    loop {
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut fds = [
+            PollFd::new(&listener, PollFlags::IN),
+            PollFd::new(&wake, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                tracing::error!(error = %e, "ONC RPC server: poll failed; accept loop stops");
+                return;
+            }
+        }
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        let accepted = match &listener {
+            Listener::Tcp(l) => l.accept().and_then(|(s, addr)| {
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                Ok((Stream::Tcp(s), Peer::Tcp(addr)))
+            }),
+            Listener::Unix(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                let peer = match rustix::net::sockopt::socket_peercred(&s) {
+                    Ok(c) => Peer::Unix {
+                        pid: c.pid.as_raw_pid(),
+                        uid: c.uid.as_raw(),
+                        gid: c.gid.as_raw(),
+                    },
+                    Err(_) => Peer::Unknown,
+                };
+                Ok((Stream::Unix(s), peer))
+            }),
+        };
+        match accepted {
+            Ok((stream, peer)) => spawn_connection(&shared, stream, peer),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "ONC RPC server: accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
+    let mut table = lock(&shared.conns);
+    // Reap threads that have finished.
+    let done: Vec<u64> = table
+        .threads
+        .iter()
+        .filter(|(_, h)| h.is_finished())
+        .map(|(id, _)| *id)
+        .collect();
+    for id in done {
+        if let Some(h) = table.threads.remove(&id) {
+            let _ = h.join();
+        }
+    }
+    if table.streams.len() >= shared.config.max_connections {
+        tracing::warn!(%peer, max = shared.config.max_connections, "ONC RPC server: too many connections; new connection closed");
+        let _ = stream.shutdown(Shutdown::Both);
+        return;
+    }
+    let control = match stream.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "ONC RPC server: cannot clone the connection's socket; closed");
+            return;
+        }
+    };
+    let id = table.next_id;
+    table.next_id += 1;
+    let shared2 = Arc::clone(shared);
+    let res = std::thread::Builder::new()
+        .name(format!("oncrpc-conn-{id}"))
+        .stack_size(CONN_STACK_SIZE)
+        .spawn(move || {
+            tracing::debug!(%peer, "ONC RPC server: connection accepted");
+            serve_connection(
+                stream,
+                &peer,
+                &shared2.registry,
+                &shared2.config,
+                &shared2.shutting_down,
+            );
+            let mut table = lock(&shared2.conns);
+            if let Some(s) = table.streams.remove(&id) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            tracing::debug!(%peer, "ONC RPC server: connection closed");
+        });
+    match res {
+        Ok(h) => {
+            table.streams.insert(id, control);
+            table.threads.insert(id, h);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "ONC RPC server: cannot spawn a connection thread; connection closed");
+            let _ = control.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// A running server. Dropping it shuts the server down as [`ServerHandle::shutdown`] does.
+pub struct ServerHandle {
+    shared: Arc<Shared>,
+    accept_threads: Vec<JoinHandle<()>>,
+    local: Vec<Endpoint>,
+    unix_paths: Vec<PathBuf>,
+    wake_tx: UnixStream,
+    _wake_rx: UnixStream,
+    rpcbind_registered: Mutex<Vec<(u32, u32)>>,
+    stopped: bool,
+}
+
+impl fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("endpoints", &self.local)
+            .field("services", &self.shared.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerHandle {
+    /// The endpoints actually listened on, in the order given to [`Server::listen`]: TCP
+    /// endpoints carry the bound address and port (the real port when port 0 was asked).
+    pub fn local_endpoints(&self) -> Vec<Endpoint> {
+        self.local.clone()
+    }
+
+    /// Number of connections being served now.
+    pub fn connection_count(&self) -> usize {
+        lock(&self.shared.conns).streams.len()
+    }
+
+    /// Registers every served program version with the local rpcbind (PMAP v2 SET over TCP
+    /// to 127.0.0.1:111), mapping it to the port of the first TCP endpoint. The mappings are
+    /// removed at shutdown. When rpcbind is not reachable this logs a warning and returns the
+    /// error; the server keeps serving either way.
+    pub fn register_rpcbind(&self) -> Result<(), RpcError> {
+        let Some(port) = self.local.iter().find_map(|e| match e {
+            Endpoint::Tcp(a) => a.parse::<SocketAddr>().ok().map(|a| a.port()),
+            Endpoint::Unix(_) => None,
+        }) else {
+            tracing::warn!("rpcbind registration skipped: the server has no TCP endpoint");
+            return Ok(());
+        };
+        let pm = match rpcbind::PortMapper::connect_local() {
+            Ok(pm) => pm,
+            Err(e) => {
+                tracing::warn!(error = %e, "rpcbind is not reachable on 127.0.0.1:111; the server keeps serving but is not registered (start rpcbind to register)");
+                return Err(e);
+            }
+        };
+        for (prog, vers) in self.shared.registry.pairs() {
+            let m = rpcbind::Mapping {
+                prog,
+                vers,
+                prot: rpcbind::IPPROTO_TCP,
+                port: u32::from(port),
+            };
+            let mut ok = pm.set(&m)?;
+            if !ok {
+                // A stale mapping from an earlier run: replace it.
+                pm.unset(prog, vers)?;
+                ok = pm.set(&m)?;
+            }
+            if ok {
+                lock(&self.rpcbind_registered).push((prog, vers));
+            } else {
+                tracing::warn!(prog, vers, port, "rpcbind refused the registration");
+            }
+        }
+        tracing::info!(port, registered = ?lock(&self.rpcbind_registered), "registered with rpcbind");
+        Ok(())
+    }
+
+    /// Shuts the server down gracefully: stops accepting, lets calls being served finish and
+    /// send their replies, closes every connection, joins every thread, removes the Unix
+    /// socket files and the rpcbind registrations.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        let _ = (&self.wake_tx).write_all(&[1]);
+        for h in self.accept_threads.drain(..) {
+            let _ = h.join();
+        }
+        let threads: Vec<JoinHandle<()>> = {
+            let mut table = lock(&self.shared.conns);
+            for s in table.streams.values() {
+                // Wakes a thread blocked reading; a reply being written still goes out.
+                let _ = s.shutdown(Shutdown::Read);
+            }
+            table.threads.drain().map(|(_, h)| h).collect()
+        };
+        for h in threads {
+            let _ = h.join();
+        }
+        for p in &self.unix_paths {
+            let _ = std::fs::remove_file(p);
+        }
+        let registered = std::mem::take(&mut *lock(&self.rpcbind_registered));
+        if !registered.is_empty()
+            && let Ok(pm) = rpcbind::PortMapper::connect_local()
+        {
+            for (prog, vers) in registered {
+                let _ = pm.unset(prog, vers);
+            }
+        }
+        tracing::info!(endpoints = ?self.local, "ONC RPC server stopped");
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A byte stream a connection can be served over: sockets, or in-memory streams in tests.
+pub(crate) trait Transport: Read + Write {
+    /// Sets the read timeout; in-memory streams ignore it.
+    fn set_read_timeout(&mut self, _timeout: Option<Duration>) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<T: Transport + ?Sized> Transport for &mut T {
+    fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        (**self).set_read_timeout(timeout)
+    }
+}
+
+impl Transport for Stream {
+    fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        Stream::set_read_timeout(self, timeout)
+    }
+}
+
+/// Serves one connection until the peer closes it, an error occurs, a timeout expires or
+/// the server shuts down. Calls are processed in order.
+pub(crate) fn serve_connection<S: Transport>(
+    mut stream: S,
+    peer: &Peer,
+    registry: &Registry,
+    config: &ServerConfig,
+    shutting_down: &AtomicBool,
+) {
+    let tick = match config.idle_timeout {
+        Some(idle) => idle.min(config.stall_timeout),
+        None => config.stall_timeout,
+    };
+    let tick = tick.max(Duration::from_millis(1));
+    if let Err(e) = stream.set_read_timeout(Some(tick)) {
+        tracing::warn!(%peer, error = %e, "ONC RPC server: cannot set the read timeout; connection closed");
+        return;
+    }
+    let mut reader = RecordReader::new(stream, config.max_record_size);
+    let mut last_progress = Instant::now();
+    let mut seen = 0u64;
+    loop {
+        if shutting_down.load(Ordering::Relaxed) {
+            return;
+        }
+        match reader.read_record() {
+            Ok(Some(record)) => {
+                last_progress = Instant::now();
+                seen = reader.bytes_read();
+                match process_call(record, peer, registry) {
+                    Outcome::Reply(chunks) => {
+                        if let Err(e) =
+                            write_record(reader.get_mut(), &chunks, config.max_fragment_size)
+                        {
+                            tracing::debug!(%peer, error = %e, "ONC RPC server: cannot send a reply; connection closed");
+                            return;
+                        }
+                    }
+                    Outcome::NoReply => {}
+                    Outcome::Close => return,
+                }
+            }
+            Ok(None) => return,
+            Err(e) if e.is_timeout() => {
+                let now = Instant::now();
+                if reader.bytes_read() != seen {
+                    // Bytes arrived during this read, then nothing for a whole tick.
+                    seen = reader.bytes_read();
+                    last_progress = now.checked_sub(tick).unwrap_or(now);
+                }
+                let quiet = now.saturating_duration_since(last_progress);
+                if reader.in_record() {
+                    if quiet >= config.stall_timeout {
+                        tracing::warn!(%peer, stalled = ?quiet, buffered = reader.buffered_record_bytes(), "ONC RPC server: partial record stalled past stall_timeout; connection closed");
+                        return;
+                    }
+                } else if config.idle_timeout.is_some_and(|idle| quiet >= idle) {
+                    tracing::debug!(%peer, "ONC RPC server: idle timeout; connection closed");
+                    return;
+                }
+            }
+            Err(RecordError::TooLarge { declared, max }) => {
+                tracing::warn!(%peer, declared, max, "ONC RPC server: call record exceeds max_record_size; connection closed");
+                return;
+            }
+            Err(RecordError::TruncatedRecord { received }) => {
+                tracing::debug!(%peer, received, "ONC RPC server: peer closed the connection mid-record");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "ONC RPC server: read failed; connection closed");
+                return;
+            }
+        }
+    }
+}
+
+/// What to do after a record.
+pub(crate) enum Outcome {
+    Reply(Vec<Bytes>),
+    NoReply,
+    Close,
+}
+
+fn reply_header(msg: &RpcMsg) -> Outcome {
+    let mut enc = Encoder::with_capacity(32);
+    match msg.encode(&mut enc) {
+        Ok(()) => Outcome::Reply(enc.finish()),
+        Err(_) => Outcome::Close,
+    }
+}
+
+fn accepted(xid: u32, stat: AcceptStat) -> Outcome {
+    reply_header(&RpcMsg::accepted(xid, stat))
+}
+
+fn auth_error(xid: u32, stat: AuthStat) -> Outcome {
+    reply_header(&RpcMsg::denied(xid, RejectedReply::AuthError(stat)))
+}
+
+fn read_auth(dec: &mut Decoder) -> Result<OpaqueAuth, AuthOrGarbage> {
+    OpaqueAuth::decode(dec).map_err(|e| match e {
+        xdr::Error::LengthExceedsBound { .. } => AuthOrGarbage::Auth,
+        _ => AuthOrGarbage::Garbage,
+    })
+}
+
+enum AuthOrGarbage {
+    Auth,
+    Garbage,
+}
+
+/// Turns one call record into the reply to send (or none).
+pub(crate) fn process_call(record: Bytes, peer: &Peer, registry: &Registry) -> Outcome {
+    let mut dec = Decoder::new(record);
+    let Ok(xid) = dec.get_u32() else {
+        tracing::warn!(%peer, "ONC RPC server: record too short to hold an XID; connection closed");
+        return Outcome::Close;
+    };
+    let garbage = |what: &str| {
+        tracing::debug!(%peer, xid, what, "ONC RPC server: undecodable call header; GARBAGE_ARGS");
+        accepted(xid, AcceptStat::GarbageArgs)
+    };
+    match dec.get_u32() {
+        Ok(MSG_CALL) => {}
+        Ok(MSG_REPLY) => {
+            tracing::warn!(%peer, xid, "ONC RPC server: protocol error: a REPLY message was sent to the server; connection closed");
+            return Outcome::Close;
+        }
+        Ok(_) => return garbage("unknown msg_type"),
+        Err(_) => return garbage("msg_type"),
+    }
+    let Ok(rpcvers) = dec.get_u32() else {
+        return garbage("rpcvers");
+    };
+    if rpcvers != RPC_VERSION {
+        tracing::debug!(%peer, xid, rpcvers, "ONC RPC server: wrong RPC version; RPC_MISMATCH");
+        return reply_header(&RpcMsg::denied(
+            xid,
+            RejectedReply::RpcMismatch {
+                low: RPC_VERSION,
+                high: RPC_VERSION,
+            },
+        ));
+    }
+    let (Ok(program), Ok(version), Ok(procedure)) = (dec.get_u32(), dec.get_u32(), dec.get_u32())
+    else {
+        return garbage("prog/vers/proc");
+    };
+    let cred = match read_auth(&mut dec) {
+        Ok(c) => c,
+        Err(AuthOrGarbage::Auth) => return auth_error(xid, AuthStat::BadCred),
+        Err(AuthOrGarbage::Garbage) => return garbage("credential"),
+    };
+    match read_auth(&mut dec) {
+        Ok(_) => {}
+        Err(AuthOrGarbage::Auth) => return auth_error(xid, AuthStat::BadVerf),
+        Err(AuthOrGarbage::Garbage) => return garbage("verifier"),
+    }
+    let credential = match cred.flavor {
+        AUTH_NONE => Credential::None,
+        AUTH_SYS => match AuthSys::from_body(cred.body) {
+            Ok(sys) => Credential::Sys(sys),
+            Err(e) => {
+                tracing::debug!(%peer, xid, error = %e, "ONC RPC server: malformed AUTH_SYS credential; AUTH_BADCRED");
+                return auth_error(xid, AuthStat::BadCred);
+            }
+        },
+        flavor => {
+            tracing::debug!(%peer, xid, flavor, "ONC RPC server: unsupported credential flavour; AUTH_REJECTEDCRED");
+            return auth_error(xid, AuthStat::RejectedCred);
+        }
+    };
+    let Some(versions) = registry.programs.get(&program) else {
+        tracing::debug!(%peer, xid, program, "ONC RPC server: unknown program; PROG_UNAVAIL");
+        return accepted(xid, AcceptStat::ProgUnavail);
+    };
+    let Some(service) = versions.get(&version) else {
+        let low = versions.keys().next().copied().unwrap_or(0);
+        let high = versions.keys().next_back().copied().unwrap_or(0);
+        tracing::debug!(%peer, xid, program, version, "ONC RPC server: unknown version; PROG_MISMATCH");
+        return accepted(xid, AcceptStat::ProgMismatch { low, high });
+    };
+    let ctx = CallContext {
+        xid,
+        program,
+        version,
+        procedure,
+        credential,
+        peer: peer.clone(),
+    };
+    let mut reply = Encoder::with_capacity(256);
+    if RpcMsg::accepted(xid, AcceptStat::Success)
+        .encode(&mut reply)
+        .is_err()
+    {
+        return Outcome::Close;
+    }
+    let dispatched = catch_unwind(AssertUnwindSafe(|| {
+        service.dispatch(&ctx, &mut dec, &mut reply)
+    }));
+    match dispatched {
+        Ok(Dispatch::Success) => Outcome::Reply(reply.finish()),
+        Ok(Dispatch::NoReply) => Outcome::NoReply,
+        Ok(Dispatch::ProcUnavail) => accepted(xid, AcceptStat::ProcUnavail),
+        Ok(Dispatch::GarbageArgs) => accepted(xid, AcceptStat::GarbageArgs),
+        Ok(Dispatch::SystemErr) => accepted(xid, AcceptStat::SystemErr),
+        Err(_) => {
+            tracing::error!(%peer, xid, program, version, procedure, "ONC RPC server: the procedure panicked; SYSTEM_ERR");
+            accepted(xid, AcceptStat::SystemErr)
+        }
+    }
+}
