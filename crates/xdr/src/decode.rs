@@ -171,7 +171,7 @@ impl Decoder {
 
     /// Decodes fixed-length opaque data of `n` bytes as a zero-copy [`Bytes`] slice.
     pub fn get_fixed_opaque_bytes(&mut self, n: usize) -> Result<Bytes> {
-        let total = n.checked_add(padding(n)).unwrap_or(usize::MAX);
+        let total = n.saturating_add(padding(n));
         let remaining = self.remaining();
         if total > remaining {
             return Err(Error::UnexpectedEof {
