@@ -81,11 +81,7 @@ pub(crate) fn render(server: &Endpoint, reply: &HelloReply) -> Result<String> {
                 )?;
             }
         }
-        other => {
-            let reason = match other {
-                DriverReport::DriverNotFound(r) | DriverReport::DriverInitFailed(r) => r.as_str(),
-                _ => "unknown",
-            };
+        DriverReport::Default { value: reason, .. } => {
             writeln!(out, "driver        none: {reason}")?;
             writeln!(out, "GPUs          0")?;
         }

@@ -1,1 +1,109 @@
-//! remora-proto (being built).
+//! The Remora wire protocol.
+//!
+//! `x/remora.x` is the single source of truth; `build.rs` compiles it with
+//! `remora-rpcgen` into [`remora`]: Rust types with XDR encoding, the typed client
+//! [`remora::RemoraV1Client`], the server trait [`remora::RemoraV1Server`] and its dispatcher
+//! [`remora::RemoraV1Service`]. Nothing generated is committed. `docs/protocol.md` describes
+//! the protocol for implementers in other languages.
+#![forbid(unsafe_code)]
+
+/// Generated from `x/remora.x`.
+pub mod remora {
+    include!(concat!(env!("OUT_DIR"), "/remora.rs"));
+}
+
+/// The `remora.x` source, for tools that want to show or ship it.
+pub const REMORA_X: &str = include_str!("../x/remora.x");
+
+#[cfg(test)]
+mod tests {
+    use remora_xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
+
+    use super::remora::*;
+
+    #[test]
+    fn program_number_is_in_the_user_range() {
+        assert!((0x2000_0000..=0x3FFF_FFFF).contains(&REMORA_PROG));
+        assert_eq!(REMORA_V1, 1);
+    }
+
+    #[test]
+    fn hello_args_golden_bytes() {
+        let args = HelloArgs {
+            min_revision: 1,
+            max_revision: 2,
+            client_name: "ab".into(),
+            capabilities: 1,
+        };
+        let mut enc = Encoder::new();
+        args.encode(&mut enc).unwrap();
+        let bytes = enc.to_bytes();
+        assert_eq!(
+            &bytes[..],
+            &[0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+        );
+        let mut dec = Decoder::new(bytes);
+        assert_eq!(HelloArgs::decode(&mut dec).unwrap(), args);
+        dec.finish().unwrap();
+    }
+
+    #[test]
+    fn hello_reply_roundtrips_every_arm() {
+        let device = DeviceInfo {
+            ordinal: 0,
+            name: "NVIDIA H100 80GB HBM3".into(),
+            uuid: [7; 16],
+            total_memory: 85_520_809_984,
+            compute_major: 9,
+            compute_minor: 0,
+            multiprocessor_count: 132,
+            pci_bus_id: "0000:3B:00.0".into(),
+        };
+        let replies = [
+            HelloReply::True(HelloWelcome {
+                revision: 1,
+                server_version: "remora 0.1.0".into(),
+                hostname: "gpu1".into(),
+                capabilities: 1,
+                driver: DriverReport::DriverOk(DriverOk {
+                    driver_version: 13000,
+                    devices: vec![device],
+                }),
+            }),
+            HelloReply::True(HelloWelcome {
+                revision: 1,
+                server_version: "remora 0.1.0".into(),
+                hostname: "cpu1".into(),
+                capabilities: 0,
+                driver: DriverReport::Default {
+                    discriminant: DriverStatus::DriverNotFound,
+                    value: "no libcuda.so.1".into(),
+                },
+            }),
+            HelloReply::False(HelloRefused {
+                min_revision: 1,
+                max_revision: 1,
+                reason: "too new".into(),
+            }),
+        ];
+        for reply in replies {
+            let mut enc = Encoder::new();
+            reply.encode(&mut enc).unwrap();
+            let mut dec = Decoder::new(enc.to_bytes());
+            assert_eq!(HelloReply::decode(&mut dec).unwrap(), reply);
+            dec.finish().unwrap();
+        }
+    }
+
+    #[test]
+    fn bounds_from_remora_x_are_enforced() {
+        let args = HelloArgs {
+            min_revision: 1,
+            max_revision: 1,
+            client_name: "x".repeat(REMORA_MAX_NAME as usize + 1),
+            capabilities: 0,
+        };
+        let mut enc = Encoder::new();
+        assert!(args.encode(&mut enc).is_err(), "an over-long name must not encode");
+    }
+}

@@ -2,7 +2,7 @@
 
 use remora_oncrpc::{CallContext, ProcResult};
 use remora_proto::remora::{
-    DeviceInfo, DriverOk, DriverReport, HelloArgs, HelloRefused, HelloReply, HelloWelcome,
+    DeviceInfo, DriverOk, DriverReport, DriverStatus, HelloArgs, HelloRefused, HelloReply, HelloWelcome,
     REMORA_CAP_ONEWAY, REMORA_MAX_NAME, REMORA_MAX_REASON, REMORA_PROTOCOL_REVISION,
     RemoraV1Server,
 };
@@ -61,12 +61,14 @@ impl HelloService {
                     })
                     .collect(),
             }),
-            Inventory::NotFound(reason) => {
-                DriverReport::DriverNotFound(truncate(reason.clone(), REMORA_MAX_REASON))
-            }
-            Inventory::InitFailed(reason) => {
-                DriverReport::DriverInitFailed(truncate(reason.clone(), REMORA_MAX_REASON))
-            }
+            Inventory::NotFound(reason) => DriverReport::Default {
+                discriminant: DriverStatus::DriverNotFound,
+                value: truncate(reason.clone(), REMORA_MAX_REASON),
+            },
+            Inventory::InitFailed(reason) => DriverReport::Default {
+                discriminant: DriverStatus::DriverInitFailed,
+                value: truncate(reason.clone(), REMORA_MAX_REASON),
+            },
         };
         Self { hostname: truncate(hostname, REMORA_MAX_NAME), driver }
     }
@@ -122,7 +124,11 @@ mod tests {
         assert_eq!(w.revision, MAX_REVISION);
         assert_eq!(w.capabilities, SERVER_CAPABILITIES);
         assert_eq!(w.server_version, SERVER_VERSION);
-        assert!(matches!(w.driver, DriverReport::DriverNotFound(ref r) if r == "no driver here"));
+        assert!(matches!(
+            w.driver,
+            DriverReport::Default { discriminant: DriverStatus::DriverNotFound, ref value }
+                if value == "no driver here"
+        ));
     }
 
     #[test]
@@ -139,7 +145,10 @@ mod tests {
     fn long_strings_are_cut_to_their_bounds() {
         let svc = HelloService::new(&Inventory::InitFailed("é".repeat(2000)));
         let HelloReply::True(w) = svc.answer(&args(1, 1, 0)) else { panic!("refused") };
-        let DriverReport::DriverInitFailed(reason) = w.driver else { panic!("wrong arm") };
-        assert!(reason.len() <= REMORA_MAX_REASON as usize);
+        let DriverReport::Default { discriminant: DriverStatus::DriverInitFailed, value } = w.driver
+        else {
+            panic!("wrong arm")
+        };
+        assert!(value.len() <= REMORA_MAX_REASON as usize);
     }
 }
