@@ -136,6 +136,12 @@ pub(crate) enum Def {
         pos: Pos,
         value: Value,
     },
+    /// `const NAME = "text";` (rpcgen passes these through to C).
+    StrConst {
+        name: String,
+        pos: Pos,
+        text: String,
+    },
     Enum {
         name: String,
         pos: Pos,
@@ -165,6 +171,7 @@ impl Def {
     pub(crate) fn name(&self) -> &str {
         match self {
             Def::Const { name, .. }
+            | Def::StrConst { name, .. }
             | Def::Enum { name, .. }
             | Def::Struct { name, .. }
             | Def::Union { name, .. }
@@ -176,6 +183,7 @@ impl Def {
     pub(crate) fn pos(&self) -> Pos {
         match self {
             Def::Const { pos, .. }
+            | Def::StrConst { pos, .. }
             | Def::Enum { pos, .. }
             | Def::Struct { pos, .. }
             | Def::Union { pos, .. }
@@ -187,6 +195,7 @@ impl Def {
     pub(crate) fn set_name(&mut self, new: String) {
         match self {
             Def::Const { name, .. }
+            | Def::StrConst { name, .. }
             | Def::Enum { name, .. }
             | Def::Struct { name, .. }
             | Def::Union { name, .. }

@@ -123,6 +123,7 @@ impl<'a> Gen<'a> {
                     }
                 }
                 Def::Program(p) => g.add_symbol(&p.name, p.pos, Symbol::Program(p.pos))?,
+                Def::StrConst { name, pos, .. } => g.add_symbol(name, *pos, Symbol::Program(*pos))?,
                 _ => g.add_symbol(def.name(), def.pos(), Symbol::Type(def))?,
             }
         }
@@ -202,11 +203,14 @@ impl<'a> Gen<'a> {
                 return self.err(v.pos, format!("expected a constant, but '{name}' is a type"));
             }
             Some(Symbol::Program(_)) => {
-                return self.err(v.pos, format!("expected a constant, but '{name}' is a program"));
+                return self.err(v.pos, format!("expected a number, but '{name}' is a program or string constant"));
             }
             Some(Symbol::Member(..)) => 0,
             None if name == "TRUE" => 1,
             None if name == "FALSE" => 0,
+            // From the C RPC headers that rpcgen output includes.
+            None if name == "MAXNETNAMELEN" => 255,
+            None if name == "MAX_NETOBJ_SZ" => 1024,
             None => {
                 return self.err(
                     v.pos,
@@ -583,6 +587,11 @@ impl<'a> Gen<'a> {
                 } => self.gen_union(name, *pos, disc, arms, default.as_ref())?,
                 Def::Typedef { name, pos, decl } => self.gen_typedef(name, *pos, decl)?,
                 Def::Program(p) => self.gen_program(p)?,
+                Def::StrConst { name, pos, text } => {
+                    let rust = upper(name);
+                    self.claim("value", &rust, name, *pos)?;
+                    self.line(&format!("/// `const {name}`.\n{ALLOW}\npub const {rust}: &str = \"{text}\";"));
+                }
             }
         }
         Ok(self.out)

@@ -11,8 +11,15 @@ pub(crate) enum Tok {
     /// An unsigned integer literal; `hex` records how it was written.
     Num { value: u64, hex: bool },
     Punct(char),
+    /// A string literal (only meaningful as a `const` value).
+    Str(String),
     /// A `#` line, without the `#`, comments removed and continuations joined.
     Directive(String),
+    /// A `%#include` pass-through line naming a C header (the header's path).
+    PassInclude(String),
+    /// Start and end of the types imported from a sibling `.x` file.
+    ImportStart,
+    ImportEnd,
     Eof,
 }
 
@@ -22,7 +29,10 @@ impl fmt::Display for Tok {
             Tok::Ident(s) => write!(f, "identifier '{s}'"),
             Tok::Num { value, .. } => write!(f, "number {value}"),
             Tok::Punct(c) => write!(f, "'{c}'"),
+            Tok::Str(s) => write!(f, "string \"{s}\""),
             Tok::Directive(d) => write!(f, "directive '#{}'", d.trim()),
+            Tok::PassInclude(h) => write!(f, "'%#include {h}'"),
+            Tok::ImportStart | Tok::ImportEnd => f.write_str("imported definitions"),
             Tok::Eof => f.write_str("end of input"),
         }
     }
@@ -47,6 +57,8 @@ struct Lexer<'a> {
     file: u32,
     line_start: bool,
     oneway: bool,
+    /// Values of `%#define NAME value` lines seen so far.
+    pass_defines: std::collections::HashMap<String, i64>,
 }
 
 impl Lexer<'_> {
@@ -176,8 +188,50 @@ impl Lexer<'_> {
                     }
                 }
                 b'%' if self.line_start => {
-                    // rpcgen pass-through line: meaningful to C output only.
-                    self.line_comment();
+                    // rpcgen pass-through line: meaningful to C output only, except that a
+                    // `%#include` of a header generated from a sibling `.x` file imports it.
+                    let pos = self.pos();
+                    self.bump();
+                    let text = self.directive()?;
+                    let t = text.trim();
+                    if let Some(rest) = t.strip_prefix('#').map(str::trim_start) {
+                        if let Some(def) = rest.strip_prefix("define") {
+                            // `%#define NAME 1024` (or an integer expression over earlier
+                            // ones): a C constant the file may use as a bound; it becomes a
+                            // `const`.
+                            let def = def.trim();
+                            let end = def
+                                .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+                                .unwrap_or(def.len());
+                            let (name, body) = (&def[..end], def[end..].trim());
+                            let ident = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+                            let value = crate::pp::eval_simple(body, &self.pass_defines);
+                            if let (true, Some(value)) = (ident && !body.starts_with('('), value) {
+                                if let Ok(v) = u64::try_from(value) {
+                                    self.pass_defines.insert(name.to_owned(), value);
+                                    for tok in [
+                                        Tok::Ident("const".into()),
+                                        Tok::Ident(name.into()),
+                                        Tok::Punct('='),
+                                        Tok::Num { value: v, hex: body.starts_with("0x") },
+                                        Tok::Punct(';'),
+                                    ] {
+                                        out.push(Token { tok, pos, oneway: false });
+                                    }
+                                }
+                            }
+                        }
+                        if let Some(h) = rest.strip_prefix("include") {
+                            let h = h.trim();
+                            if h.len() > 2 {
+                                out.push(Token {
+                                    tok: Tok::PassInclude(h[1..h.len() - 1].to_owned()),
+                                    pos,
+                                    oneway: false,
+                                });
+                            }
+                        }
+                    }
                 }
                 b'#' if self.line_start => {
                     let pos = self.pos();
@@ -203,6 +257,27 @@ impl Lexer<'_> {
                         Tok::Ident(String::from_utf8_lossy(&self.src[from..self.i]).into_owned())
                     } else if c.is_ascii_digit() {
                         self.number()?
+                    } else if c == b'"' {
+                        self.bump();
+                        let from = self.i;
+                        loop {
+                            match self.peek(0) {
+                                None | Some(b'\n') => {
+                                    return Err((pos, "unterminated string literal: expected '\"'".to_owned()));
+                                }
+                                Some(b'"') => break,
+                                Some(b'\\') => {
+                                    self.bump();
+                                    self.bump();
+                                }
+                                Some(_) => {
+                                    self.bump();
+                                }
+                            }
+                        }
+                        let text = String::from_utf8_lossy(&self.src[from..self.i]).into_owned();
+                        self.bump();
+                        Tok::Str(text)
                     } else if PUNCT.as_bytes().contains(&c) {
                         self.bump();
                         Tok::Punct(char::from(c))
@@ -269,6 +344,7 @@ fn lex_with(src: &str, file: u32, line_start: bool) -> Result<Vec<Token>, (Pos, 
         file,
         line_start,
         oneway: false,
+        pass_defines: std::collections::HashMap::new(),
     }
     .run()
 }
@@ -315,7 +391,8 @@ mod tests {
     #[test]
     fn directives_and_positions() {
         let t = lex("  #define X 1 /* c */ \\\n  + 2\nfoo", 3).unwrap();
-        assert_eq!(t[0].tok, Tok::Directive("define X 1   + 2".into()));
+        let Tok::Directive(d) = &t[0].tok else { panic!("not a directive") };
+        assert_eq!(d.split_whitespace().collect::<Vec<_>>(), ["define", "X", "1", "+", "2"]);
         assert_eq!(t[1].tok, Tok::Ident("foo".into()));
         assert_eq!((t[1].pos.file, t[1].pos.line, t[1].pos.col), (3, 3, 1));
     }

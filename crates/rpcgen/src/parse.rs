@@ -27,6 +27,8 @@ pub(crate) struct Parser<'a> {
     defs: Vec<Def>,
     /// Names of the enclosing definitions and fields, for synthesised names.
     ctx: Vec<String>,
+    /// Inside definitions imported through `%#include`: programs are skipped.
+    importing: usize,
 }
 
 /// Parses a whole specification.
@@ -37,11 +39,59 @@ pub(crate) fn parse(toks: &[Token], files: &Files) -> Result<Vec<Def>> {
         files,
         defs: Vec::new(),
         ctx: Vec::new(),
+        importing: 0,
     };
     while !p.at_eof() {
         p.definition()?;
     }
-    Ok(p.defs)
+    let mut defs = p.defs;
+    // rpcgen's built-in `netobj` (from <rpc/xdr.h>): `opaque<MAX_NETOBJ_SZ>`, 1024 bytes.
+    if !defs.iter().any(|d| d.name() == "netobj") {
+        if let Some(t) = toks.iter().find(|t| t.tok == Tok::Ident("netobj".into())) {
+            let pos = t.pos;
+            defs.insert(
+                0,
+                Def::Typedef {
+                    name: "netobj".into(),
+                    pos,
+                    decl: Decl {
+                        name: "netobj".into(),
+                        pos,
+                        ty: BaseType::Opaque,
+                        ty_pos: pos,
+                        shape: Shape::Var(Some(Value {
+                            kind: ValueKind::Lit { value: 1024, hex: false },
+                            pos,
+                        })),
+                    },
+                },
+            );
+        }
+    }
+    // rpcgen's built-in `des_block` (from <rpc/auth.h>): 8 opaque bytes on the wire.
+    if !defs.iter().any(|d| d.name() == "des_block") {
+        if let Some(t) = toks.iter().find(|t| t.tok == Tok::Ident("des_block".into())) {
+            let pos = t.pos;
+            defs.insert(
+                0,
+                Def::Typedef {
+                    name: "des_block".into(),
+                    pos,
+                    decl: Decl {
+                        name: "des_block".into(),
+                        pos,
+                        ty: BaseType::Opaque,
+                        ty_pos: pos,
+                        shape: Shape::Fixed(Value {
+                            kind: ValueKind::Lit { value: 8, hex: false },
+                            pos,
+                        }),
+                    },
+                },
+            );
+        }
+    }
+    Ok(defs)
 }
 
 impl Parser<'_> {
@@ -149,6 +199,19 @@ impl Parser<'_> {
 
     fn definition(&mut self) -> Result<()> {
         let t = self.peek().clone();
+        match t.tok {
+            Tok::ImportStart => {
+                self.bump();
+                self.importing += 1;
+                return Ok(());
+            }
+            Tok::ImportEnd => {
+                self.bump();
+                self.importing = self.importing.saturating_sub(1);
+                return Ok(());
+            }
+            _ => {}
+        }
         let Tok::Ident(kw) = &t.tok else {
             return self.unexpected(
                 "a definition ('const', 'enum', 'struct', 'union', 'typedef' or 'program')",
@@ -159,6 +222,12 @@ impl Parser<'_> {
                 self.bump();
                 let (name, pos) = self.ident("a constant name after 'const'")?;
                 self.expect_punct('=', &format!("after constant name '{name}'"))?;
+                if let Tok::Str(text) = self.peek().tok.clone() {
+                    self.bump();
+                    self.expect_punct(';', &format!("after the value of constant '{name}'"))?;
+                    self.defs.push(Def::StrConst { name, pos, text });
+                    return Ok(());
+                }
                 let value = self.value(&format!("a number or constant name as the value of '{name}'"))?;
                 self.expect_punct(';', &format!("after the value of constant '{name}'"))?;
                 self.defs.push(Def::Const { name, pos, value });
@@ -182,6 +251,10 @@ impl Parser<'_> {
                     ';',
                     &format!("after the declaration of typedef '{}'", decl.name),
                 )?;
+                if decl.shape == Shape::Plain && decl.ty == BaseType::Named(decl.name.clone()) {
+                    // `typedef struct { ... } name;`: the inline type already took the name.
+                    return Ok(());
+                }
                 self.defs.push(Def::Typedef {
                     name: decl.name.clone(),
                     pos: decl.pos,
@@ -191,7 +264,9 @@ impl Parser<'_> {
             "program" => {
                 self.bump();
                 let p = self.program()?;
-                self.defs.push(Def::Program(p));
+                if self.importing == 0 {
+                    self.defs.push(Def::Program(p));
+                }
             }
             "quadruple" => return self.err(t.pos, "'quadruple' (128-bit floating point) is not supported"),
             _ => {

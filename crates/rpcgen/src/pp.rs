@@ -18,6 +18,9 @@ pub(crate) struct Preprocessor {
     out: Vec<Token>,
     /// Virtual files (tests and in-memory sources), looked up before the file system.
     virtual_files: HashMap<PathBuf, String>,
+    /// Files being read (include stack) and files already imported through `%#include`.
+    active: Vec<PathBuf>,
+    imported: HashSet<PathBuf>,
 }
 
 struct Cond {
@@ -44,6 +47,8 @@ impl Preprocessor {
                 .collect(),
             out: Vec::new(),
             virtual_files,
+            active: Vec::new(),
+            imported: HashSet::new(),
         }
     }
 
@@ -93,6 +98,8 @@ impl Preprocessor {
             included_from,
         });
         let tokens = lex(&text, index).map_err(|(p, m)| self.files.diag(p, m))?;
+        self.active.push(path.to_path_buf());
+        self.imported.insert(path.to_path_buf());
         let mut conds: Vec<Cond> = Vec::new();
         for token in tokens {
             let active = conds.last().is_none_or(|c| c.active);
@@ -100,6 +107,9 @@ impl Preprocessor {
                 Tok::Eof => break,
                 Tok::Directive(ref text) => {
                     self.directive(text, token.pos, &mut conds, path, depth)?;
+                }
+                Tok::PassInclude(ref header) if active => {
+                    self.pass_include(header, token.pos, path, depth)?;
                 }
                 Tok::Ident(ref name) if active && self.defines.contains_key(name) => {
                     let mut hide = HashSet::new();
@@ -115,6 +125,30 @@ impl Preprocessor {
                 "unterminated conditional directive: expected '#endif' before end of file",
             ));
         }
+        self.active.pop();
+        Ok(())
+    }
+
+    /// `%#include <dir/NAME.h>` or `%#include "NAME.h"`: when `NAME.x` sits next to the
+    /// including file, C users get its types from the header rpcgen generated from it, so its
+    /// constants and types (not its programs) are imported.
+    fn pass_include(&mut self, header: &str, pos: Pos, path: &Path, depth: usize) -> Result<()> {
+        let Some(stem) = Path::new(header).file_stem() else {
+            return Ok(());
+        };
+        if Path::new(header).extension().is_none_or(|e| e != "h") {
+            return Ok(());
+        }
+        let parent = path.parent().unwrap_or(Path::new(""));
+        let sibling = parent.join(stem).with_extension("x");
+        let known = self.virtual_files.contains_key(&sibling) || sibling.is_file();
+        if !known || self.imported.contains(&sibling) || self.active.contains(&sibling) || depth + 1 >= MAX_INCLUDE_DEPTH {
+            return Ok(());
+        }
+        let display = sibling.display().to_string();
+        self.out.push(Token { tok: Tok::ImportStart, pos, oneway: false });
+        self.file(&sibling, display, Some(pos), depth + 1)?;
+        self.out.push(Token { tok: Tok::ImportEnd, pos, oneway: false });
         Ok(())
     }
 
@@ -527,4 +561,23 @@ impl ExprParser<'_> {
             t => Err(format!("expected a value, found '{t}'")),
         }
     }
+}
+
+/// Evaluates an integer expression whose identifiers must all be in `known`.
+pub(crate) fn eval_simple(text: &str, known: &HashMap<String, i64>) -> Option<i64> {
+    let toks = expr_tokens(text).ok()?;
+    if toks.is_empty() {
+        return None;
+    }
+    let mut subst = Vec::with_capacity(toks.len());
+    for t in toks {
+        if single_ident(&t).is_some() {
+            subst.push(known.get(&t)?.to_string());
+        } else {
+            subst.push(t);
+        }
+    }
+    let mut p = ExprParser { toks: &subst, i: 0 };
+    let v = p.ternary().ok()?;
+    (p.i == subst.len()).then_some(v)
 }
