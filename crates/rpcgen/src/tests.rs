@@ -23,3 +23,190 @@ fn smoke() {
     assert!(c.contains("pub struct S"));
     assert!(c.contains("enc.put_opaque_bytes(&self.b, 16)?;"));
 }
+
+#[test]
+fn syntax_error_names_file_line_col_and_expectation() {
+    assert_eq!(
+        gen_err("struct s {\n    int len\n};"),
+        "t.x:3:1: expected ';' after declaration of field 'len', found '}'"
+    );
+    assert_eq!(
+        gen_err("const A = ;"),
+        "t.x:1:11: expected a number or constant name as the value of 'A', found ';'"
+    );
+    assert_eq!(
+        gen_err("blah x;"),
+        "t.x:1:1: expected a definition ('const', 'enum', 'struct', 'union', 'typedef' or 'program'), found identifier 'blah'"
+    );
+    assert_eq!(
+        gen_err("struct s { int struct; };"),
+        "t.x:1:16: expected a name in field of struct 's', found keyword 'struct'"
+    );
+    assert_eq!(
+        gen_err("struct s { string name; };"),
+        "t.x:1:12: 'string' needs a maximum size: expected 'string name<N>' or 'string name<>'"
+    );
+}
+
+#[test]
+fn quadruple_is_rejected() {
+    assert_eq!(
+        gen_err("struct s { quadruple q; };"),
+        "t.x:1:12: 'quadruple' (128-bit floating point) is not supported"
+    );
+}
+
+#[test]
+fn semantic_errors() {
+    assert_eq!(gen_err("struct s { foo f; };"), "t.x:1:12: undefined type 'foo'");
+    assert_eq!(
+        gen_err("const A = 1;\nstruct A { int x; };"),
+        "t.x:2:8: duplicate definition of 'A' (first defined at t.x:1:7)"
+    );
+    assert_eq!(
+        gen_err("struct s { opaque d<-1>; };"),
+        "t.x:1:21: the maximum size of 'd' must not be negative, found -1"
+    );
+    assert_eq!(
+        gen_err("const BIG = 0x100000000;\nstruct s { int a[BIG]; };"),
+        "t.x:2:18: the size of 'a' must fit in an unsigned 32-bit integer, found 4294967296"
+    );
+    assert_eq!(
+        gen_err("union u switch (int d) { case 1: int a; case 1: void; };"),
+        "t.x:1:46: duplicate case label 1 in union 'u' (first at t.x:1:31)"
+    );
+    assert_eq!(
+        gen_err("struct s { int x; t y; };\nconst t = 3;"),
+        "t.x:1:19: expected a type, but 't' is a constant"
+    );
+    assert_eq!(
+        gen_err("struct s { int a<N>; };"),
+        "t.x:1:18: undefined constant 'N': expected a number, a 'const' or an enum value"
+    );
+    assert_eq!(
+        gen_err("enum e { A = 1 };\nunion u switch (e d) { case 2: void; };"),
+        "t.x:2:29: case label 2 in union 'u' is not a value of enum 'e'"
+    );
+    assert_eq!(
+        gen_err("union u switch (string d<>) { case 1: void; };"),
+        "t.x:1:17: a union discriminant must be int, unsigned int, bool or an enum, found string"
+    );
+    assert_eq!(
+        gen_err("struct s { s inner; };"),
+        "t.x:1:12: type 's' contains itself without indirection (s -> s); use an optional '*' or a variable-length array to break the cycle"
+    );
+}
+
+#[test]
+fn oneway_must_return_void() {
+    assert_eq!(
+        gen_err("program P { version V {\n /* @oneway */ int F(int) = 1; } = 1; } = 1;"),
+        "t.x:2:16: one-way procedure 'F' must return void, found int"
+    );
+    let c = gen_ok("program P { version V {\n // @oneway\n void F(int) = 1;\n void G(int) = 2; } = 1; } = 1;");
+    let flat: String = c.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(".call_oneway( P, V, F,"), "{c}");
+    assert!(c.contains("::remora_oncrpc::Dispatch::NoReply"));
+    assert_eq!(c.matches("call_oneway").count(), 1);
+}
+
+#[test]
+fn program_errors() {
+    assert_eq!(
+        gen_err("program P { version V { void A(void) = 1; void B(void) = 1; } = 1; } = 1;"),
+        "t.x:1:58: procedure number 1 of version 'V' is already used (at t.x:1:30)"
+    );
+    assert_eq!(
+        gen_err("program P { version V { void A(void, int) = 1; } = 1; } = 1;"),
+        "t.x:1:32: 'void' must be the only argument of procedure 'A'"
+    );
+}
+
+#[test]
+fn rust_name_collisions_are_errors() {
+    assert_eq!(
+        gen_err("struct foo_bar { int x; };\nstruct FooBar { int y; };"),
+        "t.x:2:8: 'FooBar' becomes the Rust name `FooBar`, which is already used for 'foo_bar' (at t.x:1:8); rename one of them"
+    );
+    assert_eq!(
+        gen_err("struct s { int a_b; int aB; };"),
+        "t.x:1:25: 'aB' becomes the Rust name `a_b`, which is already used for 'a_b' (at t.x:1:16); rename one of them"
+    );
+    assert!(
+        gen_err("program P { version V { void NEW(void) = 1; } = 1; } = 1;")
+            .contains("becomes the Rust name `new`")
+    );
+}
+
+#[test]
+fn preprocessor_conditionals_and_defines() {
+    let g = Generator::new().define("FEATURE", Some("2"));
+    let c = g
+        .generate_str(
+            "t.x",
+            "#if FEATURE == 2 && !defined(NOPE)\nconst A = 1;\n#elif 1\nconst B = 1;\n#else\nconst C = 1;\n#endif\n#if (0 || FEATURE > 1) && UNDEF == 0\nconst D = FEATURE;\n#endif\n",
+        )
+        .unwrap();
+    assert!(c.contains("pub const A: u32 = 1;"));
+    assert!(!c.contains("pub const B"));
+    assert!(!c.contains("pub const C"));
+    assert!(c.contains("pub const D: u32 = 2;"));
+    assert_eq!(
+        gen_err("#ifdef X\nconst A = 1;\n"),
+        "t.x:1:1: unterminated conditional directive: expected '#endif' before end of file"
+    );
+    assert_eq!(gen_err("#endif\n"), "t.x:1:1: '#endif' without a matching '#if'");
+    assert!(gen_err("#frobnicate\n").starts_with("t.x:1:1: unknown preprocessor directive '#frobnicate'"));
+    assert!(Generator::new().define_arg("A=1").is_ok());
+    assert!(Generator::new().define_arg("1A").is_err());
+}
+
+#[test]
+fn include_errors_name_the_chain() {
+    let g = Generator::new()
+        .virtual_file("dir/a.x", "#include \"b.x\"\n")
+        .virtual_file("dir/b.x", "const OK = 1;\n\nstruct s { int x };\n");
+    let e = g.generate_file("dir/a.x").unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "dir/b.x:3:18: expected ';' after declaration of field 'x', found '}'\n    included from dir/a.x:1"
+    );
+    let g = Generator::new().virtual_file("a.x", "#include \"missing.x\"\n");
+    let e = g.generate_file("a.x").unwrap_err().to_string();
+    assert!(e.starts_with("a.x:1:1: cannot read included file 'missing.x'"), "{e}");
+    let g = Generator::new().virtual_file("a.x", "#include \"a.x\"\n");
+    let e = g.generate_file("a.x").unwrap_err().to_string();
+    assert!(e.contains("nests too deeply"), "{e}");
+}
+
+#[test]
+fn constants_and_labels() {
+    let c = gen_ok(
+        "const H = 0x20; const O = 010; const N = -5; const R = H;\n\
+         enum e { A = N, B = O };\n\
+         union u switch (e d) { case A: int x; case B: void; };\n\
+         union v switch (int d) { case -5: void; case R: void; case 0: void; default: int y; };\n\
+         union w switch (bool b) { case TRUE: int x; };\n\
+         struct s { opaque a[H]; int b<R>; };",
+    );
+    assert!(c.contains("pub const H: u32 = 0x20;"));
+    assert!(c.contains("pub const O: u32 = 8;"));
+    assert!(c.contains("pub const N: i32 = -5;"));
+    assert!(c.contains("A = -5,"));
+    assert!(c.contains("CaseNeg5"));
+    assert!(c.contains("Default { discriminant: i32, value: i32 }"));
+    assert!(c.contains("True(i32)"));
+    assert!(c.contains("[u8; 32]"));
+    let flat: String = c.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains("enc.put_array( &self.b, R, |enc, x|"), "{c}");
+}
+
+#[test]
+fn anonymous_inline_types_get_names() {
+    let c = gen_ok(
+        "struct outer { struct { int a; } inner; enum { X, Y } kind; union switch (int d) { case 0: void; } u; };",
+    );
+    assert!(c.contains("pub struct OuterInner"));
+    assert!(c.contains("pub enum OuterKind"));
+    assert!(c.contains("pub enum OuterU"));
+}
