@@ -10,7 +10,8 @@ use crate::names::{camel, snake, type_name, upper};
 
 /// Attributes put on every generated item, so generated code is warning-free under rustc and
 /// `clippy -D warnings` wherever it is included.
-const ALLOW: &str = "#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]";
+const ALLOW: &str =
+    "#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]";
 
 const X: &str = "::remora_xdr";
 const RPC: &str = "::remora_oncrpc";
@@ -115,7 +116,9 @@ impl<'a> Gen<'a> {
         };
         for def in defs {
             match def {
-                Def::Const { name, pos, value } => g.add_symbol(name, *pos, Symbol::Const(value))?,
+                Def::Const { name, pos, value } => {
+                    g.add_symbol(name, *pos, Symbol::Const(value))?
+                }
                 Def::Enum { members, .. } => {
                     g.add_symbol(def.name(), def.pos(), Symbol::Type(def))?;
                     for (i, m) in members.iter().enumerate() {
@@ -123,7 +126,9 @@ impl<'a> Gen<'a> {
                     }
                 }
                 Def::Program(p) => g.add_symbol(&p.name, p.pos, Symbol::Program(p.pos))?,
-                Def::StrConst { name, pos, .. } => g.add_symbol(name, *pos, Symbol::Program(*pos))?,
+                Def::StrConst { name, pos, .. } => {
+                    g.add_symbol(name, *pos, Symbol::Program(*pos))?
+                }
                 _ => g.add_symbol(def.name(), def.pos(), Symbol::Type(def))?,
             }
         }
@@ -180,7 +185,10 @@ impl<'a> Gen<'a> {
             return Ok(*x);
         }
         if depth > 200 {
-            return self.err(v.pos, format!("constant '{name}' is defined in terms of itself"));
+            return self.err(
+                v.pos,
+                format!("constant '{name}' is defined in terms of itself"),
+            );
         }
         let value = match self.symbols.get(name) {
             Some(Symbol::Const(inner)) => self.eval_depth(inner, depth + 1)?,
@@ -200,10 +208,16 @@ impl<'a> Gen<'a> {
                 }
             }
             Some(Symbol::Type(_)) => {
-                return self.err(v.pos, format!("expected a constant, but '{name}' is a type"));
+                return self.err(
+                    v.pos,
+                    format!("expected a constant, but '{name}' is a type"),
+                );
             }
             Some(Symbol::Program(_)) => {
-                return self.err(v.pos, format!("expected a number, but '{name}' is a program or string constant"));
+                return self.err(
+                    v.pos,
+                    format!("expected a number, but '{name}' is a program or string constant"),
+                );
             }
             Some(Symbol::Member(..)) => 0,
             None if name == "TRUE" => 1,
@@ -214,7 +228,9 @@ impl<'a> Gen<'a> {
             None => {
                 return self.err(
                     v.pos,
-                    format!("undefined constant '{name}': expected a number, a 'const' or an enum value"),
+                    format!(
+                        "undefined constant '{name}': expected a number, a 'const' or an enum value"
+                    ),
                 );
             }
         };
@@ -229,7 +245,10 @@ impl<'a> Gen<'a> {
             return self.err(v.pos, format!("{what} must not be negative, found {n}"));
         }
         u32::try_from(n).or_else(|_| {
-            self.err(v.pos, format!("{what} must fit in an unsigned 32-bit integer, found {n}"))
+            self.err(
+                v.pos,
+                format!("{what} must fit in an unsigned 32-bit integer, found {n}"),
+            )
         })
     }
 
@@ -243,7 +262,9 @@ impl<'a> Gen<'a> {
                     return Ok(format!("{X}::UNBOUNDED"));
                 }
                 match &v.kind {
-                    ValueKind::Name(name) if matches!(self.symbols.get(name), Some(Symbol::Const(_))) => {
+                    ValueKind::Name(name)
+                        if matches!(self.symbols.get(name), Some(Symbol::Const(_))) =>
+                    {
                         Ok(upper(name))
                     }
                     _ => Ok(n.to_string()),
@@ -258,7 +279,10 @@ impl<'a> Gen<'a> {
         let key = (ns.to_owned(), rust.to_owned());
         if let Some((other, opos)) = self.claimed.get(&key) {
             let msg = if other == c_name {
-                format!("'{c_name}' is defined twice (first at {})", self.files.describe(*opos))
+                format!(
+                    "'{c_name}' is defined twice (first at {})",
+                    self.files.describe(*opos)
+                )
             } else {
                 format!(
                     "'{c_name}' becomes the Rust name `{rust}`, which is already used for '{other}' (at {}); rename one of them",
@@ -325,12 +349,18 @@ impl<'a> Gen<'a> {
     }
 
     fn is_typedef(&self, name: &str) -> bool {
-        matches!(self.symbols.get(name), Some(Symbol::Type(Def::Typedef { .. })))
+        matches!(
+            self.symbols.get(name),
+            Some(Symbol::Type(Def::Typedef { .. }))
+        )
     }
 
     /// Encodes one element of type `ty` (no shape) at `p`.
     fn enc_base(&self, ty: &BaseType, p: &Place) -> EncExpr {
-        let inf = |code: String| EncExpr { code, fallible: false };
+        let inf = |code: String| EncExpr {
+            code,
+            fallible: false,
+        };
         match ty {
             BaseType::Int => inf(format!("enc.put_i32({})", p.val)),
             BaseType::UInt => inf(format!("enc.put_u32({})", p.val)),
@@ -340,9 +370,7 @@ impl<'a> Gen<'a> {
             BaseType::Double => inf(format!("enc.put_f64({})", p.val)),
             BaseType::Bool => inf(format!("enc.put_bool({})", p.val)),
             BaseType::Char | BaseType::Short => inf(format!("enc.put_i32(i32::from({}))", p.val)),
-            BaseType::UChar | BaseType::UShort => {
-                inf(format!("enc.put_u32(u32::from({}))", p.val))
-            }
+            BaseType::UChar | BaseType::UShort => inf(format!("enc.put_u32(u32::from({}))", p.val)),
             BaseType::Named(n) if self.is_typedef(n) => EncExpr {
                 code: format!("encode_{}({}, enc)", snake_fn(n), p.rf),
                 fallible: true,
@@ -377,7 +405,10 @@ impl<'a> Gen<'a> {
 
     /// Encodes a whole declaration at `p`, applying its bound.
     fn enc_decl(&self, d: &Decl, p: &Place) -> Result<EncExpr> {
-        let fallible = |code: String| EncExpr { code, fallible: true };
+        let fallible = |code: String| EncExpr {
+            code,
+            fallible: true,
+        };
         Ok(match (&d.shape, &d.ty) {
             (Shape::Plain, ty) => self.enc_base(ty, p),
             (Shape::Fixed(_), BaseType::Opaque) => EncExpr {
@@ -409,7 +440,10 @@ impl<'a> Gen<'a> {
             }
             (Shape::Optional, ty) => {
                 let el = self.enc_base(ty, &Place::reference("x")).result();
-                fallible(format!("enc.put_option({}.as_deref(), |enc, x| {el})", p.recv))
+                fallible(format!(
+                    "enc.put_option({}.as_deref(), |enc, x| {el})",
+                    p.recv
+                ))
             }
         })
     }
@@ -427,7 +461,10 @@ impl<'a> Gen<'a> {
         Ok(match (&d.shape, &d.ty) {
             (Shape::Plain, ty) => self.dec_base(ty),
             (Shape::Fixed(n), BaseType::Opaque) => {
-                format!("dec.get_fixed_opaque::<{}>()", self.bound(n, &self.size_what(d))?)
+                format!(
+                    "dec.get_fixed_opaque::<{}>()",
+                    self.bound(n, &self.size_what(d))?
+                )
             }
             (Shape::Fixed(n), ty) => format!(
                 "dec.get_fixed_array::<_, {}>(|dec| {})",
@@ -435,10 +472,16 @@ impl<'a> Gen<'a> {
                 self.dec_base(ty)
             ),
             (Shape::Var(b), BaseType::Opaque) => {
-                format!("dec.get_opaque({})", self.bound_text(b, &self.bound_what(d))?)
+                format!(
+                    "dec.get_opaque({})",
+                    self.bound_text(b, &self.bound_what(d))?
+                )
             }
             (Shape::Var(b), BaseType::String) => {
-                format!("dec.get_string({})", self.bound_text(b, &self.bound_what(d))?)
+                format!(
+                    "dec.get_string({})",
+                    self.bound_text(b, &self.bound_what(d))?
+                )
             }
             (Shape::Var(b), ty) => format!(
                 "dec.get_array({}, |dec| {})",
@@ -455,9 +498,7 @@ impl<'a> Gen<'a> {
     fn decl_default(&self, d: &Decl) -> bool {
         match &d.shape {
             Shape::Var(_) | Shape::Optional => true,
-            Shape::Fixed(n) => {
-                self.eval(n).is_ok_and(|n| n <= 32) && self.base_default(&d.ty)
-            }
+            Shape::Fixed(n) => self.eval(n).is_ok_and(|n| n <= 32) && self.base_default(&d.ty),
             Shape::Plain => self.base_default(&d.ty),
         }
     }
@@ -543,7 +584,10 @@ impl<'a> Gen<'a> {
         }
         let mut done = HashSet::new();
         for def in self.defs {
-            if matches!(def, Def::Struct { .. } | Def::Union { .. } | Def::Typedef { .. }) {
+            if matches!(
+                def,
+                Def::Struct { .. } | Def::Union { .. } | Def::Typedef { .. }
+            ) {
                 visit(self, def.name(), &mut Vec::new(), &mut done)?;
             }
         }
@@ -558,7 +602,9 @@ impl<'a> Gen<'a> {
     }
 
     pub(crate) fn generate(mut self) -> Result<String> {
-        self.line(&format!("#[allow(unused_imports)]\nuse {X}::{{XdrDecode as _, XdrEncode as _}};"));
+        self.line(&format!(
+            "#[allow(unused_imports)]\nuse {X}::{{XdrDecode as _, XdrEncode as _}};"
+        ));
         for def in self.defs {
             match def {
                 Def::Struct { fields, .. } => fields.iter().try_for_each(|f| self.check_decl(f))?,
@@ -590,7 +636,9 @@ impl<'a> Gen<'a> {
                 Def::StrConst { name, pos, text } => {
                     let rust = upper(name);
                     self.claim("value", &rust, name, *pos)?;
-                    self.line(&format!("/// `const {name}`.\n{ALLOW}\npub const {rust}: &str = \"{text}\";"));
+                    self.line(&format!(
+                        "/// `const {name}`.\n{ALLOW}\npub const {rust}: &str = \"{text}\";"
+                    ));
                 }
             }
         }
@@ -610,18 +658,25 @@ impl<'a> Gen<'a> {
         } else if (i128::from(i64::MIN)..0).contains(&v) {
             "i64"
         } else {
-            return self.err(value.pos, format!("constant '{name}' = {v} does not fit in 64 bits"));
+            return self.err(
+                value.pos,
+                format!("constant '{name}' = {v} does not fit in 64 bits"),
+            );
         };
         let text = match value.kind {
             ValueKind::Lit { hex: true, .. } if v >= 0 => format!("{v:#x}"),
             _ => v.to_string(),
         };
-        self.line(&format!("/// `const {name}`.\n{ALLOW}\npub const {rust}: {ty} = {text};"));
+        self.line(&format!(
+            "/// `const {name}`.\n{ALLOW}\npub const {rust}: {ty} = {text};"
+        ));
         Ok(())
     }
 
     fn gen_enum(&mut self, def: &'a Def) -> Result<()> {
-        let Def::Enum { name, pos, members } = def else { return Ok(()) };
+        let Def::Enum { name, pos, members } = def else {
+            return Ok(());
+        };
         let rust = type_name(name);
         self.claim("type", &rust, name, *pos)?;
         let ns = format!("variant {rust}");
@@ -635,18 +690,33 @@ impl<'a> Gen<'a> {
                 pos: m.pos,
             })?;
             let Ok(v) = i32::try_from(v) else {
-                return self.err(m.pos, format!("value {v} of enumerator '{}' does not fit in a 32-bit int", m.name));
+                return self.err(
+                    m.pos,
+                    format!(
+                        "value {v} of enumerator '{}' does not fit in a 32-bit int",
+                        m.name
+                    ),
+                );
             };
             if let Some(first) = seen.get(&v) {
                 // A second name for a value: an associated constant.
                 let c = upper(&m.name);
                 self.claim(&ns, &c, &m.name, m.pos)?;
-                let _ = writeln!(aliases, "/// `{}` = {v}, same as [`Self::{first}`].\npub const {c}: Self = Self::{first};", m.name);
+                let _ = writeln!(
+                    aliases,
+                    "/// `{}` = {v}, same as [`Self::{first}`].\npub const {c}: Self = Self::{first};",
+                    m.name
+                );
                 continue;
             }
             let var = camel(&m.name);
             self.claim(&ns, &var, &m.name, m.pos)?;
-            let _ = writeln!(variants, "/// `{}` = {v}\n{}{var} = {v},", m.name, if i == 0 { "#[default] " } else { "" });
+            let _ = writeln!(
+                variants,
+                "/// `{}` = {v}\n{}{var} = {v},",
+                m.name,
+                if i == 0 { "#[default] " } else { "" }
+            );
             let _ = writeln!(arms, "{v} => Ok(Self::{var}),");
             seen.insert(v, var);
         }
@@ -675,11 +745,25 @@ impl<'a> Gen<'a> {
         for f in fields {
             let fname = snake(&f.name);
             self.claim(&ns, &fname, &f.name, f.pos)?;
-            let _ = writeln!(decls, "/// `{}`\npub {fname}: {},", f.name, self.decl_rust(f)?);
-            let _ = writeln!(enc, "{}", self.enc_decl(f, &Place::field(&format!("self.{fname}")))?.stmt());
+            let _ = writeln!(
+                decls,
+                "/// `{}`\npub {fname}: {},",
+                f.name,
+                self.decl_rust(f)?
+            );
+            let _ = writeln!(
+                enc,
+                "{}",
+                self.enc_decl(f, &Place::field(&format!("self.{fname}")))?
+                    .stmt()
+            );
             let _ = writeln!(dec, "{fname}: {}?,", self.dec_decl(f)?);
         }
-        let default = if fields.iter().all(|f| self.decl_default(f)) { ", Default" } else { "" };
+        let default = if fields.iter().all(|f| self.decl_default(f)) {
+            ", Default"
+        } else {
+            ""
+        };
         self.line(&format!(
             "/// XDR `struct {name}`.\n{ALLOW}\n#[derive(Debug, Clone, PartialEq{default})]\npub struct {rust} {{\n{decls}}}\n\
              {ALLOW}\nimpl {X}::XdrEncode for {rust} {{\n fn encode(&self, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n{enc} Ok(())\n}}\n}}\n\
@@ -800,12 +884,18 @@ impl<'a> Gen<'a> {
                         Disc::Bool => "TRUE or FALSE".to_owned(),
                         Disc::Enum(e) => format!("a value of enum '{e}'"),
                     };
-                    return self.err(label.pos, format!("case label {v} in union '{name}' is not {expected}"));
+                    return self.err(
+                        label.pos,
+                        format!("case label {v} in union '{name}' is not {expected}"),
+                    );
                 }
                 if let Some(first) = seen.get(&v) {
                     return self.err(
                         label.pos,
-                        format!("duplicate case label {v} in union '{name}' (first at {})", self.files.describe(*first)),
+                        format!(
+                            "duplicate case label {v} in union '{name}' (first at {})",
+                            self.files.describe(*first)
+                        ),
                     );
                 }
                 seen.insert(v, label.pos);
@@ -816,16 +906,28 @@ impl<'a> Gen<'a> {
                 };
                 self.claim(&ns, &var, &label_text, label.pos)?;
                 let lit = disc_literal(&kind, v);
-                let pat = if kind == Disc::Bool { lit.clone() } else { v.to_string() };
+                let pat = if kind == Disc::Bool {
+                    lit.clone()
+                } else {
+                    v.to_string()
+                };
                 match &payload {
                     Some(ty) => {
-                        let _ = writeln!(variants, "/// `case {label_text}: {}`\n{var}({ty}),", arm.decl.name);
+                        let _ = writeln!(
+                            variants,
+                            "/// `case {label_text}: {}`\n{var}({ty}),",
+                            arm.decl.name
+                        );
                         let _ = writeln!(
                             enc_arms,
                             "Self::{var}(v) => {{ {put}({lit}); {} }}",
                             self.enc_decl(&arm.decl, &Place::reference("v"))?.stmt()
                         );
-                        let _ = writeln!(dec_arms, "{pat} => {}.map(Self::{var}),", self.dec_decl(&arm.decl)?);
+                        let _ = writeln!(
+                            dec_arms,
+                            "{pat} => {}.map(Self::{var}),",
+                            self.dec_decl(&arm.decl)?
+                        );
                     }
                     None => {
                         let _ = writeln!(variants, "/// `case {label_text}: void`\n{var},");
@@ -848,14 +950,27 @@ impl<'a> Gen<'a> {
             Some(d) => {
                 self.claim(&ns, "Default", "default", d.pos)?;
                 if d.ty == BaseType::Void {
-                    let _ = writeln!(variants, "/// `default: void`\nDefault {{ discriminant: {disc_ty} }},");
-                    let _ = writeln!(enc_arms, "Self::Default {{ discriminant }} => {{ {disc_put_default} }}");
+                    let _ = writeln!(
+                        variants,
+                        "/// `default: void`\nDefault {{ discriminant: {disc_ty} }},"
+                    );
+                    let _ = writeln!(
+                        enc_arms,
+                        "Self::Default {{ discriminant }} => {{ {disc_put_default} }}"
+                    );
                     if !all_bool {
-                        let _ = writeln!(dec_arms, "_ => Ok(Self::Default {{ discriminant: {disc_from_wire} }}),");
+                        let _ = writeln!(
+                            dec_arms,
+                            "_ => Ok(Self::Default {{ discriminant: {disc_from_wire} }}),"
+                        );
                     }
                 } else {
                     let ty = self.decl_rust(d)?;
-                    let _ = writeln!(variants, "/// `default: {}`\nDefault {{ discriminant: {disc_ty}, value: {ty} }},", d.name);
+                    let _ = writeln!(
+                        variants,
+                        "/// `default: {}`\nDefault {{ discriminant: {disc_ty}, value: {ty} }},",
+                        d.name
+                    );
                     let _ = writeln!(
                         enc_arms,
                         "Self::Default {{ discriminant, value }} => {{ {disc_put_default} {} }}",
@@ -871,7 +986,11 @@ impl<'a> Gen<'a> {
                 }
             }
             None if !all_bool => {
-                let wire = if kind == Disc::Bool { "i64::from(u8::from(disc))" } else { "i64::from(disc)" };
+                let wire = if kind == Disc::Bool {
+                    "i64::from(u8::from(disc))"
+                } else {
+                    "i64::from(disc)"
+                };
                 let _ = writeln!(
                     dec_arms,
                     "_ => Err({X}::Error::UnknownDiscriminant {{ type_name: \"{rust}\", value: {wire} }}),"
@@ -897,7 +1016,11 @@ impl<'a> Gen<'a> {
         self.claim("value", &format!("decode_{f}"), name, pos)?;
         let ty = self.decl_rust(decl)?;
         let enc = self.enc_decl(decl, &Place::reference("v"))?;
-        let body = if enc.fallible { enc.code } else { format!("{};\nOk(())", enc.code) };
+        let body = if enc.fallible {
+            enc.code
+        } else {
+            format!("{};\nOk(())", enc.code)
+        };
         let dec = self.dec_decl(decl)?;
         self.line(&format!(
             "/// XDR `typedef {name}`.\n{ALLOW}\npub type {rust} = {ty};\n\
@@ -924,14 +1047,22 @@ impl<'a> Gen<'a> {
             );
         }
         self.claim("value", &rust, c_name, pos)?;
-        self.number_consts.insert(rust.clone(), (n, c_name.to_owned(), pos));
-        self.line(&format!("/// {what} `{c_name}`.\n{ALLOW}\npub const {rust}: u32 = {n};"));
+        self.number_consts
+            .insert(rust.clone(), (n, c_name.to_owned(), pos));
+        self.line(&format!(
+            "/// {what} `{c_name}`.\n{ALLOW}\npub const {rust}: u32 = {n};"
+        ));
         Ok(rust)
     }
 
     fn proc_number(&self, v: &Value, what: &str) -> Result<u32> {
         let n = self.eval(v)?;
-        u32::try_from(n).or_else(|_| self.err(v.pos, format!("{what} must fit in an unsigned 32-bit integer, found {n}")))
+        u32::try_from(n).or_else(|_| {
+            self.err(
+                v.pos,
+                format!("{what} must fit in an unsigned 32-bit integer, found {n}"),
+            )
+        })
     }
 
     fn gen_program(&mut self, p: &Program) -> Result<()> {
@@ -939,9 +1070,17 @@ impl<'a> Gen<'a> {
         let pconst = self.number_const(&p.name, p.pos, pnum, "Program number")?;
         let mut vnums: HashMap<u32, Pos> = HashMap::new();
         for v in &p.versions {
-            let vnum = self.proc_number(&v.number, &format!("the number of version '{}'", v.name))?;
+            let vnum =
+                self.proc_number(&v.number, &format!("the number of version '{}'", v.name))?;
             if let Some(prev) = vnums.insert(vnum, v.pos) {
-                return self.err(v.number.pos, format!("version number {vnum} of program '{}' is already used (at {})", p.name, self.files.describe(prev)));
+                return self.err(
+                    v.number.pos,
+                    format!(
+                        "version number {vnum} of program '{}' is already used (at {})",
+                        p.name,
+                        self.files.describe(prev)
+                    ),
+                );
             }
             let vconst = self.number_const(&v.name, v.pos, vnum, "Version number")?;
             let base = type_name(&v.name);
@@ -953,19 +1092,41 @@ impl<'a> Gen<'a> {
             }
             let method_ns = format!("method {client}");
             for reserved in ["new", "with_timeout", "rpc", "timeout"] {
-                self.claim(&method_ns, reserved, &format!("the client's own method `{reserved}`"), v.pos)?;
+                self.claim(
+                    &method_ns,
+                    reserved,
+                    &format!("the client's own method `{reserved}`"),
+                    v.pos,
+                )?;
             }
             let mut pnums: HashMap<u32, Pos> = HashMap::new();
             let mut client_methods = String::new();
             let mut trait_methods = String::new();
             let mut dispatch = String::new();
             for pr in &v.procs {
-                let n = self.proc_number(&pr.number, &format!("the number of procedure '{}'", pr.name))?;
+                let n = self.proc_number(
+                    &pr.number,
+                    &format!("the number of procedure '{}'", pr.name),
+                )?;
                 if let Some(prev) = pnums.insert(n, pr.pos) {
-                    return self.err(pr.number.pos, format!("procedure number {n} of version '{}' is already used (at {})", v.name, self.files.describe(prev)));
+                    return self.err(
+                        pr.number.pos,
+                        format!(
+                            "procedure number {n} of version '{}' is already used (at {})",
+                            v.name,
+                            self.files.describe(prev)
+                        ),
+                    );
                 }
                 if pr.oneway && pr.result.ty != BaseType::Void {
-                    return self.err(pr.result.ty_pos, format!("one-way procedure '{}' must return void, found {}", pr.name, pr.result.ty.describe()));
+                    return self.err(
+                        pr.result.ty_pos,
+                        format!(
+                            "one-way procedure '{}' must return void, found {}",
+                            pr.name,
+                            pr.result.ty.describe()
+                        ),
+                    );
                 }
                 let pc = self.number_const(&pr.name, pr.pos, n, "Procedure number")?;
                 let method = snake(&pr.name);
@@ -988,7 +1149,11 @@ impl<'a> Gen<'a> {
                     let ty = self.decl_rust(a)?;
                     let _ = write!(params_ref, ", {an}: &{ty}");
                     let _ = write!(params_owned, ", {an}: {ty}");
-                    let _ = writeln!(enc_stmts, "{}", self.enc_decl(a, &Place::reference(an))?.stmt());
+                    let _ = writeln!(
+                        enc_stmts,
+                        "{}",
+                        self.enc_decl(a, &Place::reference(an))?.stmt()
+                    );
                     let _ = writeln!(
                         dec_stmts,
                         "let Ok({an}) = {} else {{ return {RPC}::Dispatch::GarbageArgs; }};",
@@ -997,7 +1162,11 @@ impl<'a> Gen<'a> {
                 }
                 let args_closure = match pr.args.len() {
                     0 => "|_| Ok(())".to_owned(),
-                    1 => format!("|enc| {}", self.enc_decl(&pr.args[0], &Place::reference("arg"))?.result()),
+                    1 => format!(
+                        "|enc| {}",
+                        self.enc_decl(&pr.args[0], &Place::reference("arg"))?
+                            .result()
+                    ),
                     _ => format!("|enc| {{\n{enc_stmts}Ok(())\n}}"),
                 };
                 let (ret, result_closure, enc_result) = if pr.result.ty == BaseType::Void {
@@ -1013,8 +1182,20 @@ impl<'a> Gen<'a> {
                     "/// `{} {}({}) = {n}`{}",
                     pr.result.ty.describe().trim_matches('\''),
                     pr.name,
-                    if pr.args.is_empty() { "void".to_owned() } else { pr.args.iter().map(|a| a.ty.describe().trim_matches('\'').to_owned()).collect::<Vec<_>>().join(", ") },
-                    if pr.oneway { " (one-way: no reply is awaited)" } else { "" }
+                    if pr.args.is_empty() {
+                        "void".to_owned()
+                    } else {
+                        pr.args
+                            .iter()
+                            .map(|a| a.ty.describe().trim_matches('\'').to_owned())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    },
+                    if pr.oneway {
+                        " (one-way: no reply is awaited)"
+                    } else {
+                        ""
+                    }
                 );
                 let call_args: String = arg_names.iter().map(|a| format!(", {a}")).collect();
                 if pr.oneway {
@@ -1055,7 +1236,10 @@ impl<'a> Gen<'a> {
             if !pnums.contains_key(&0) {
                 let _ = writeln!(dispatch, "0 => {RPC}::Dispatch::Success,");
             }
-            let title = format!("version `{}` ({vnum}) of program `{}` ({pnum})", v.name, p.name);
+            let title = format!(
+                "version `{}` ({vnum}) of program `{}` ({pnum})",
+                v.name, p.name
+            );
             self.line(&format!(
                 "/// Client for {title}.\n{ALLOW}\n#[derive(Debug, Clone)]\npub struct {client} {{\n rpc: {RPC}::Client,\n timeout: Option<::std::time::Duration>,\n}}\n\
                  {ALLOW}\nimpl {client} {{\n/// The program number.\npub const PROGRAM: u32 = {pconst};\n/// The version number.\npub const VERSION: u32 = {vconst};\n\
@@ -1101,7 +1285,11 @@ fn disc_literal(kind: &Disc, v: i128) -> String {
 pub(crate) fn format_source(source_name: &str, code: &str) -> Result<String> {
     let file = syn::parse_file(code)
         .map_err(|e| Error::Internal(format!("generated code does not parse: {e}\n{code}")))?;
-    Ok(format!("{}{}", header(source_name), prettyplease::unparse(&file)))
+    Ok(format!(
+        "{}{}",
+        header(source_name),
+        prettyplease::unparse(&file)
+    ))
 }
 
 /// The first line of every generated file.

@@ -90,7 +90,13 @@ pub fn default_runtime() -> PathBuf {
 fn package_name(stem: &str) -> String {
     let mut s: String = stem
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
     s = s.trim_matches('-').to_owned();
     if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
@@ -162,7 +168,9 @@ pub fn generate_crate(opts: &CrateOptions) -> Result<CrateReport> {
         Some(n) => {
             if n.is_empty()
                 || !n.starts_with(|c: char| c.is_ascii_alphabetic())
-                || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                || !n
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
             {
                 return Err(Error::Options(format!(
                     "invalid crate name '{n}': expected letters, digits, '-' and '_', starting with a letter"

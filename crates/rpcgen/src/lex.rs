@@ -9,7 +9,10 @@ use crate::error::Pos;
 pub(crate) enum Tok {
     Ident(String),
     /// An unsigned integer literal; `hex` records how it was written.
-    Num { value: u64, hex: bool },
+    Num {
+        value: u64,
+        hex: bool,
+    },
     Punct(char),
     /// A string literal (only meaningful as a `const` value).
     Str(String),
@@ -157,7 +160,10 @@ impl Lexer<'_> {
     fn number(&mut self) -> Result<Tok, (Pos, String)> {
         let start = self.pos();
         let from = self.i;
-        while self.peek(0).is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_') {
+        while self
+            .peek(0)
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_')
+        {
             self.bump();
         }
         let text = std::str::from_utf8(&self.src[from..self.i]).unwrap_or("");
@@ -168,8 +174,7 @@ impl Lexer<'_> {
 
     fn run(mut self) -> Result<Vec<Token>, (Pos, String)> {
         let mut out = Vec::new();
-        loop {
-            let Some(c) = self.peek(0) else { break };
+        while let Some(c) = self.peek(0) {
             match c {
                 b'\n' => {
                     self.bump();
@@ -204,20 +209,30 @@ impl Lexer<'_> {
                                 .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
                                 .unwrap_or(def.len());
                             let (name, body) = (&def[..end], def[end..].trim());
-                            let ident = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+                            let ident =
+                                name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
                             let value = crate::pp::eval_simple(body, &self.pass_defines);
-                            if let (true, Some(value)) = (ident && !body.starts_with('('), value) {
-                                if let Ok(v) = u64::try_from(value) {
-                                    self.pass_defines.insert(name.to_owned(), value);
-                                    for tok in [
-                                        Tok::Ident("const".into()),
-                                        Tok::Ident(name.into()),
-                                        Tok::Punct('='),
-                                        Tok::Num { value: v, hex: body.starts_with("0x") },
-                                        Tok::Punct(';'),
-                                    ] {
-                                        out.push(Token { tok, pos, oneway: false });
-                                    }
+                            if ident
+                                && !def[end..].starts_with('(')
+                                && let Some(value) = value
+                                && let Ok(v) = u64::try_from(value)
+                            {
+                                self.pass_defines.insert(name.to_owned(), value);
+                                for tok in [
+                                    Tok::Ident("const".into()),
+                                    Tok::Ident(name.into()),
+                                    Tok::Punct('='),
+                                    Tok::Num {
+                                        value: v,
+                                        hex: body.starts_with("0x"),
+                                    },
+                                    Tok::Punct(';'),
+                                ] {
+                                    out.push(Token {
+                                        tok,
+                                        pos,
+                                        oneway: false,
+                                    });
                                 }
                             }
                         }
@@ -263,7 +278,10 @@ impl Lexer<'_> {
                         loop {
                             match self.peek(0) {
                                 None | Some(b'\n') => {
-                                    return Err((pos, "unterminated string literal: expected '\"'".to_owned()));
+                                    return Err((
+                                        pos,
+                                        "unterminated string literal: expected '\"'".to_owned(),
+                                    ));
                                 }
                                 Some(b'"') => break,
                                 Some(b'\\') => {
@@ -376,7 +394,10 @@ mod tests {
                 Tok::Ident("const".into()),
                 Tok::Ident("A".into()),
                 Tok::Punct('='),
-                Tok::Num { value: 16, hex: true },
+                Tok::Num {
+                    value: 16,
+                    hex: true
+                },
                 Tok::Punct(';'),
                 Tok::Ident("int".into()),
                 Tok::Ident("b".into()),
@@ -391,8 +412,13 @@ mod tests {
     #[test]
     fn directives_and_positions() {
         let t = lex("  #define X 1 /* c */ \\\n  + 2\nfoo", 3).unwrap();
-        let Tok::Directive(d) = &t[0].tok else { panic!("not a directive") };
-        assert_eq!(d.split_whitespace().collect::<Vec<_>>(), ["define", "X", "1", "+", "2"]);
+        let Tok::Directive(d) = &t[0].tok else {
+            panic!("not a directive")
+        };
+        assert_eq!(
+            d.split_whitespace().collect::<Vec<_>>(),
+            ["define", "X", "1", "+", "2"]
+        );
         assert_eq!(t[1].tok, Tok::Ident("foo".into()));
         assert_eq!((t[1].pos.file, t[1].pos.line, t[1].pos.col), (3, 3, 1));
     }

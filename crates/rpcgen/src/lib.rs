@@ -7,13 +7,11 @@
 //! From a `build.rs`:
 //!
 //! ```no_run
-//! // build.rs
-//! fn main() {
-//!     remora_rpcgen::Generator::new()
-//!         .define("REMORA", None)
-//!         .compile_to_out_dir("proto/gpu.x")
-//!         .unwrap_or_else(|e| panic!("{e}"));
-//! }
+//! // build.rs: `fn main() { ... }`
+//! remora_rpcgen::Generator::new()
+//!     .define("REMORA", None)
+//!     .compile_to_out_dir("proto/gpu.x")
+//!     .unwrap_or_else(|e| panic!("{e}"));
 //! ```
 //!
 //! ```ignore
@@ -67,6 +65,24 @@
 //! /* @oneway */ void GPU_LOG(string<>) = 9;
 //! ```
 //!
+//! ## Compatibility with C rpcgen inputs
+//!
+//! So that files written for C rpcgen (such as Debian's `/usr/include/rpcsvc/*.x`) generate
+//! without edits:
+//!
+//! * `%#define NAME value` pass-through lines whose value is an integer expression over
+//!   earlier ones become `const`s (C code sees them as macros, and files use them as bounds).
+//! * `%#include <dir/NAME.h>` / `%#include "NAME.h"`, when `NAME.x` sits next to the including
+//!   file, imports that file's constants and types (not its programs): C users get them from
+//!   the header rpcgen generated from it.
+//! * `const NAME = "text";` becomes `pub const NAME: &str`.
+//! * The C RPC library's `netobj` (`opaque<1024>`), `des_block` (`opaque[8]`),
+//!   `MAXNETNAMELEN` (255) and `MAX_NETOBJ_SZ` (1024) are built in when used and not
+//!   defined.
+//!
+//! Generate such files with `-D RPC_HDR` (what `rpcgen -h` defines) when their types sit in
+//! `#ifdef RPC_HDR` blocks.
+//!
 //! # Type mapping
 //!
 //! | RPCL | Rust | encoded with |
@@ -110,6 +126,9 @@
 //!   `Case0`/`CaseNeg1` for literals, `True`/`False` for bool.
 //! * Per version `V`: `VClient`, `VServer` (trait), `VService<S>`.
 //! * Two C names that convert to the same Rust name are an error naming both.
+//! * Every generated item carries `#[allow(dead_code, missing_docs, unreachable_pub,
+//!   non_camel_case_types, clippy::all)]`, so the code is warning-free wherever it is
+//!   `include!`d (inner attributes cannot be used in an included file).
 //!
 //! # Generated client and server
 //!
@@ -228,9 +247,10 @@ impl Generator {
         let (files, tokens) = pp.run(path, path.display().to_string())?;
         let defs = parse::parse(&tokens, &files)?;
         let code = generate::Gen::new(&files, &defs)?.generate()?;
-        let name = path
-            .file_name()
-            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
         let code = generate::format_source(&name, &code)?;
         let mut sources: Vec<PathBuf> = Vec::new();
         for f in files.files {

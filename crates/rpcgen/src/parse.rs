@@ -1,14 +1,33 @@
 //! The recursive-descent parser for RPCL (RFC 5531 section 12, RFC 4506 section 6, rpcgen
 //! extensions).
 
-use crate::ast::{Arm, BaseType, Decl, Def, Member, Proc, Program, Shape, Value, ValueKind, Version};
+use crate::ast::{
+    Arm, BaseType, Decl, Def, Member, Proc, Program, Shape, Value, ValueKind, Version,
+};
 use crate::error::{Files, Pos, Result};
 use crate::lex::{Tok, Token};
 
 /// Keywords that cannot name anything.
 const KEYWORDS: &[&str] = &[
-    "bool", "case", "const", "default", "double", "quadruple", "enum", "float", "hyper", "int",
-    "opaque", "string", "struct", "switch", "typedef", "union", "unsigned", "void", "program",
+    "bool",
+    "case",
+    "const",
+    "default",
+    "double",
+    "quadruple",
+    "enum",
+    "float",
+    "hyper",
+    "int",
+    "opaque",
+    "string",
+    "struct",
+    "switch",
+    "typedef",
+    "union",
+    "unsigned",
+    "void",
+    "program",
     "version",
 ];
 
@@ -45,52 +64,10 @@ pub(crate) fn parse(toks: &[Token], files: &Files) -> Result<Vec<Def>> {
         p.definition()?;
     }
     let mut defs = p.defs;
-    // rpcgen's built-in `netobj` (from <rpc/xdr.h>): `opaque<MAX_NETOBJ_SZ>`, 1024 bytes.
-    if !defs.iter().any(|d| d.name() == "netobj") {
-        if let Some(t) = toks.iter().find(|t| t.tok == Tok::Ident("netobj".into())) {
-            let pos = t.pos;
-            defs.insert(
-                0,
-                Def::Typedef {
-                    name: "netobj".into(),
-                    pos,
-                    decl: Decl {
-                        name: "netobj".into(),
-                        pos,
-                        ty: BaseType::Opaque,
-                        ty_pos: pos,
-                        shape: Shape::Var(Some(Value {
-                            kind: ValueKind::Lit { value: 1024, hex: false },
-                            pos,
-                        })),
-                    },
-                },
-            );
-        }
-    }
-    // rpcgen's built-in `des_block` (from <rpc/auth.h>): 8 opaque bytes on the wire.
-    if !defs.iter().any(|d| d.name() == "des_block") {
-        if let Some(t) = toks.iter().find(|t| t.tok == Tok::Ident("des_block".into())) {
-            let pos = t.pos;
-            defs.insert(
-                0,
-                Def::Typedef {
-                    name: "des_block".into(),
-                    pos,
-                    decl: Decl {
-                        name: "des_block".into(),
-                        pos,
-                        ty: BaseType::Opaque,
-                        ty_pos: pos,
-                        shape: Shape::Fixed(Value {
-                            kind: ValueKind::Lit { value: 8, hex: false },
-                            pos,
-                        }),
-                    },
-                },
-            );
-        }
-    }
+    // rpcgen's built-in types from <rpc/xdr.h> and <rpc/auth.h>, when used but not defined:
+    // `netobj` is `opaque<MAX_NETOBJ_SZ>` (1024), `des_block` is 8 opaque bytes.
+    builtin(&mut defs, toks, "netobj", |v| Shape::Var(Some(v)), 1024);
+    builtin(&mut defs, toks, "des_block", Shape::Fixed, 8);
     Ok(defs)
 }
 
@@ -228,7 +205,9 @@ impl Parser<'_> {
                     self.defs.push(Def::StrConst { name, pos, text });
                     return Ok(());
                 }
-                let value = self.value(&format!("a number or constant name as the value of '{name}'"))?;
+                let value = self.value(&format!(
+                    "a number or constant name as the value of '{name}'"
+                ))?;
                 self.expect_punct(';', &format!("after the value of constant '{name}'"))?;
                 self.defs.push(Def::Const { name, pos, value });
             }
@@ -268,7 +247,12 @@ impl Parser<'_> {
                     self.defs.push(Def::Program(p));
                 }
             }
-            "quadruple" => return self.err(t.pos, "'quadruple' (128-bit floating point) is not supported"),
+            "quadruple" => {
+                return self.err(
+                    t.pos,
+                    "'quadruple' (128-bit floating point) is not supported",
+                );
+            }
             _ => {
                 return self.unexpected(
                     "a definition ('const', 'enum', 'struct', 'union', 'typedef' or 'program')",
@@ -288,9 +272,12 @@ impl Parser<'_> {
                     if self.is_punct('}') && !members.is_empty() {
                         break;
                     }
-                    let (mname, mpos) = self.ident(&format!("an enumerator name in enum '{name}'"))?;
+                    let (mname, mpos) =
+                        self.ident(&format!("an enumerator name in enum '{name}'"))?;
                     let value = if self.eat_punct('=') {
-                        Some(self.value(&format!("a number or constant name as the value of '{mname}'"))?)
+                        Some(self.value(&format!(
+                            "a number or constant name as the value of '{mname}'"
+                        ))?)
                     } else {
                         None
                     };
@@ -317,12 +304,12 @@ impl Parser<'_> {
                 while !self.is_punct('}') || fields.is_empty() {
                     let d = self.declaration(&format!("field of struct '{name}'"), false)?;
                     if d.ty == BaseType::Void {
-                        return self.err(d.ty_pos, format!("struct '{name}' cannot have a 'void' field"));
+                        return self.err(
+                            d.ty_pos,
+                            format!("struct '{name}' cannot have a 'void' field"),
+                        );
                     }
-                    self.expect_punct(
-                        ';',
-                        &format!("after declaration of field '{}'", d.name),
-                    )?;
+                    self.expect_punct(';', &format!("after declaration of field '{}'", d.name))?;
                     fields.push(d);
                 }
                 self.bump();
@@ -342,26 +329,39 @@ impl Parser<'_> {
                     if self.is_kw("case") {
                         let mut labels = Vec::new();
                         while self.eat_kw("case") {
-                            labels.push(self.value(&format!("a case label (number or constant) in union '{name}'"))?);
+                            labels.push(self.value(&format!(
+                                "a case label (number or constant) in union '{name}'"
+                            ))?);
                             self.expect_punct(':', "after case label")?;
                         }
                         let decl = self.declaration(&format!("arm of union '{name}'"), false)?;
-                        self.expect_punct(';', &format!("after declaration of union arm '{}'", arm_name(&decl)))?;
+                        self.expect_punct(
+                            ';',
+                            &format!("after declaration of union arm '{}'", arm_name(&decl)),
+                        )?;
                         arms.push(Arm { labels, decl });
                     } else if self.is_kw("default") {
                         let dpos = self.bump().pos;
                         if default.is_some() {
-                            return self.err(dpos, format!("union '{name}' has more than one 'default' arm"));
+                            return self.err(
+                                dpos,
+                                format!("union '{name}' has more than one 'default' arm"),
+                            );
                         }
                         self.expect_punct(':', "after 'default'")?;
-                        let decl = self.declaration(&format!("default arm of union '{name}'"), false)?;
-                        self.expect_punct(';', &format!("after declaration of union arm '{}'", arm_name(&decl)))?;
+                        let decl =
+                            self.declaration(&format!("default arm of union '{name}'"), false)?;
+                        self.expect_punct(
+                            ';',
+                            &format!("after declaration of union arm '{}'", arm_name(&decl)),
+                        )?;
                         default = Some(decl);
                     } else if self.is_punct('}') && (!arms.is_empty() || default.is_some()) {
                         self.bump();
                         break;
                     } else {
-                        return self.unexpected(&format!("'case', 'default' or '}}' in union '{name}'"));
+                        return self
+                            .unexpected(&format!("'case', 'default' or '}}' in union '{name}'"));
                     }
                 }
                 Ok(Def::Union {
@@ -403,7 +403,10 @@ impl Parser<'_> {
             "uint64_t" | "u_int64_t" | "u_quad_t" | "u_longlong_t" => base(BaseType::UHyper),
             "float" => base(BaseType::Float),
             "double" => base(BaseType::Double),
-            "quadruple" => self.err(t.pos, "'quadruple' (128-bit floating point) is not supported"),
+            "quadruple" => self.err(
+                t.pos,
+                "'quadruple' (128-bit floating point) is not supported",
+            ),
             "bool" => base(BaseType::Bool),
             "char" | "int8_t" => base(BaseType::Char),
             "u_char" | "uint8_t" | "u_int8_t" => base(BaseType::UChar),
@@ -441,13 +444,22 @@ impl Parser<'_> {
                     )),
                 }
             }
-            w if KEYWORDS.contains(&w) => self.err(t.pos, format!("expected a type in {context}, found keyword '{w}'")),
+            w if KEYWORDS.contains(&w) => self.err(
+                t.pos,
+                format!("expected a type in {context}, found keyword '{w}'"),
+            ),
             _ => base(BaseType::Named(word.clone())),
         }
     }
 
     /// Turns a type specifier into a base type, naming and emitting any inline definition.
-    fn resolve_spec(&mut self, spec: Spec, decl_name: &str, typedef: bool, plain: bool) -> BaseType {
+    fn resolve_spec(
+        &mut self,
+        spec: Spec,
+        decl_name: &str,
+        typedef: bool,
+        plain: bool,
+    ) -> BaseType {
         match spec {
             Spec::Base(b) => b,
             Spec::Inline(mut def, named) => {
@@ -496,7 +508,9 @@ impl Parser<'_> {
             let v = if self.is_punct('>') {
                 None
             } else {
-                Some(self.value(&format!("a maximum size (number or constant) or '>' for '{name}'"))?)
+                Some(self.value(&format!(
+                    "a maximum size (number or constant) or '>' for '{name}'"
+                ))?)
             };
             self.expect_punct('>', &format!("after the maximum size of '{name}'"))?;
             Shape::Var(v)
@@ -549,7 +563,13 @@ impl Parser<'_> {
             }
             _ => (String::new(), ty_pos),
         };
-        check_shape(self.files, &ty, ty_pos, &shape, if name.is_empty() { context } else { &name })?;
+        check_shape(
+            self.files,
+            &ty,
+            ty_pos,
+            &shape,
+            if name.is_empty() { context } else { &name },
+        )?;
         Ok(Decl {
             name,
             pos,
@@ -598,7 +618,8 @@ impl Parser<'_> {
 
     fn procedure(&mut self, version: &str) -> Result<Proc> {
         let oneway = self.peek().oneway;
-        let result = self.proc_type(&format!("a procedure's result type in version '{version}'"))?;
+        let result =
+            self.proc_type(&format!("a procedure's result type in version '{version}'"))?;
         // In `type name (`, the "name" parsed with the type is the procedure name.
         let (name, pos) = if result.name.is_empty() {
             self.ident("a procedure name")?
@@ -616,7 +637,10 @@ impl Parser<'_> {
             let a = self.proc_type(&format!("the arguments of procedure '{name}'"))?;
             if a.ty == BaseType::Void {
                 if !args.is_empty() || self.is_punct(',') {
-                    return self.err(a.ty_pos, format!("'void' must be the only argument of procedure '{name}'"));
+                    return self.err(
+                        a.ty_pos,
+                        format!("'void' must be the only argument of procedure '{name}'"),
+                    );
                 }
             } else {
                 args.push(a);
@@ -640,8 +664,49 @@ impl Parser<'_> {
     }
 }
 
+fn builtin(
+    defs: &mut Vec<Def>,
+    toks: &[Token],
+    name: &str,
+    shape: impl Fn(Value) -> Shape,
+    size: i128,
+) {
+    if !defs.iter().any(|d| d.name() == name)
+        && let Some(t) = toks
+            .iter()
+            .find(|t| matches!(&t.tok, Tok::Ident(s) if s == name))
+    {
+        let pos = t.pos;
+        let value = Value {
+            kind: ValueKind::Lit {
+                value: size,
+                hex: false,
+            },
+            pos,
+        };
+        defs.insert(
+            0,
+            Def::Typedef {
+                name: name.into(),
+                pos,
+                decl: Decl {
+                    name: name.into(),
+                    pos,
+                    ty: BaseType::Opaque,
+                    ty_pos: pos,
+                    shape: shape(value),
+                },
+            },
+        );
+    }
+}
+
 fn arm_name(d: &Decl) -> String {
-    if d.name.is_empty() { "void".to_owned() } else { d.name.clone() }
+    if d.name.is_empty() {
+        "void".to_owned()
+    } else {
+        d.name.clone()
+    }
 }
 
 /// Checks that `opaque`/`string` appear only with the shapes they allow.

@@ -142,13 +142,25 @@ impl Preprocessor {
         let parent = path.parent().unwrap_or(Path::new(""));
         let sibling = parent.join(stem).with_extension("x");
         let known = self.virtual_files.contains_key(&sibling) || sibling.is_file();
-        if !known || self.imported.contains(&sibling) || self.active.contains(&sibling) || depth + 1 >= MAX_INCLUDE_DEPTH {
+        if !known
+            || self.imported.contains(&sibling)
+            || self.active.contains(&sibling)
+            || depth + 1 >= MAX_INCLUDE_DEPTH
+        {
             return Ok(());
         }
         let display = sibling.display().to_string();
-        self.out.push(Token { tok: Tok::ImportStart, pos, oneway: false });
+        self.out.push(Token {
+            tok: Tok::ImportStart,
+            pos,
+            oneway: false,
+        });
         self.file(&sibling, display, Some(pos), depth + 1)?;
-        self.out.push(Token { tok: Tok::ImportEnd, pos, oneway: false });
+        self.out.push(Token {
+            tok: Tok::ImportEnd,
+            pos,
+            oneway: false,
+        });
         Ok(())
     }
 
@@ -308,7 +320,9 @@ impl Preprocessor {
                 if depth + 1 >= MAX_INCLUDE_DEPTH {
                     return Err(self.files.diag(
                         pos,
-                        format!("'#include \"{file}\"' nests too deeply (is there an include cycle?)"),
+                        format!(
+                            "'#include \"{file}\"' nests too deeply (is there an include cycle?)"
+                        ),
                     ));
                 }
                 let parent = path.parent().unwrap_or(Path::new(""));
@@ -345,7 +359,8 @@ impl Preprocessor {
 
     /// Evaluates a `#if` expression.
     fn eval(&self, text: &str, pos: Pos, what: &str) -> Result<i64> {
-        let toks = expr_tokens(text).map_err(|m| self.files.diag(pos, format!("in {what}: {m}")))?;
+        let toks =
+            expr_tokens(text).map_err(|m| self.files.diag(pos, format!("in {what}: {m}")))?;
         let toks = self
             .expand_expr(toks, &mut HashSet::new(), 0)
             .map_err(|m| self.files.diag(pos, format!("in {what}: {m}")))?;
@@ -394,9 +409,18 @@ impl Preprocessor {
                     }
                 };
                 if single_ident(name).is_none() {
-                    return Err(format!("expected a macro name after 'defined', found '{name}'"));
+                    return Err(format!(
+                        "expected a macro name after 'defined', found '{name}'"
+                    ));
                 }
-                out.push(if self.defines.contains_key(name) { "1" } else { "0" }.to_owned());
+                out.push(
+                    if self.defines.contains_key(name) {
+                        "1"
+                    } else {
+                        "0"
+                    }
+                    .to_owned(),
+                );
                 i = next;
                 continue;
             }
@@ -491,8 +515,7 @@ impl ExprParser<'_> {
 
     fn binary(&mut self, min: u8) -> Result<i64, String> {
         let mut lhs = self.unary()?;
-        loop {
-            let Some(op) = self.peek() else { break };
+        while let Some(op) = self.peek() {
             let prec = match op {
                 "||" => 1,
                 "&&" => 2,
@@ -556,8 +579,9 @@ impl ExprParser<'_> {
                 self.i += 1;
                 Ok(v)
             }
-            t if t.starts_with(|c: char| c.is_ascii_digit()) => crate::lex::parse_number(t)
-                .map(|(v, _)| v.cast_signed()),
+            t if t.starts_with(|c: char| c.is_ascii_digit()) => {
+                crate::lex::parse_number(t).map(|(v, _)| v.cast_signed())
+            }
             t => Err(format!("expected a value, found '{t}'")),
         }
     }
