@@ -19,9 +19,9 @@ pub(crate) fn run(server: &Endpoint) -> Result<()> {
     let reply = client
         .remora_hello(&HelloArgs {
             min_revision: 1,
-            max_revision: REMORA_PROTOCOL_REVISION as u32,
+            max_revision: REMORA_PROTOCOL_REVISION,
             client_name: concat!("remora info ", env!("CARGO_PKG_VERSION")).into(),
-            capabilities: REMORA_CAP_ONEWAY as u64,
+            capabilities: u64::from(REMORA_CAP_ONEWAY),
         })
         .with_context(|| format!("HELLO to {server} failed"))?;
     print!("{}", render(server, &reply)?);
@@ -56,15 +56,28 @@ pub(crate) fn render(server: &Endpoint, reply: &HelloReply) -> Result<String> {
         ),
     };
     let mut out = String::new();
-    let caps = if welcome.capabilities & REMORA_CAP_ONEWAY as u64 != 0 { "oneway" } else { "none" };
+    let caps = if welcome.capabilities & u64::from(REMORA_CAP_ONEWAY) != 0 {
+        "oneway"
+    } else {
+        "none"
+    };
     writeln!(out, "server        {server}")?;
-    writeln!(out, "version       {} (protocol revision {})", welcome.server_version, welcome.revision)?;
+    writeln!(
+        out,
+        "version       {} (protocol revision {})",
+        welcome.server_version, welcome.revision
+    )?;
     writeln!(out, "host          {}", welcome.hostname)?;
     writeln!(out, "capabilities  {caps}")?;
     match &welcome.driver {
         DriverReport::DriverOk(ok) => {
             let v = ok.driver_version;
-            writeln!(out, "driver        CUDA {}.{} ({v})", v / 1000, (v % 1000) / 10)?;
+            writeln!(
+                out,
+                "driver        CUDA {}.{} ({v})",
+                v / 1000,
+                (v % 1000) / 10
+            )?;
             writeln!(out, "GPUs          {}", ok.devices.len())?;
             for d in &ok.devices {
                 writeln!(

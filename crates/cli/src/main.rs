@@ -100,7 +100,10 @@ enum BenchCommand {
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("REMORA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 fn serve(config: remora_server::ServeConfig) -> Result<()> {
@@ -119,38 +122,77 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
     Ok(())
 }
 
-fn rpcgen(file: PathBuf, output: PathBuf, runtime: Option<PathBuf>, define: Vec<String>) -> Result<()> {
+fn rpcgen(
+    file: PathBuf,
+    output: PathBuf,
+    runtime: Option<PathBuf>,
+    define: Vec<String>,
+) -> Result<()> {
     let mut options = remora_rpcgen::CrateOptions::new(&file, &output);
     if let Some(runtime) = runtime {
         options = options.runtime(runtime);
     }
     for d in &define {
-        let (name, value) = d.split_once('=').unwrap_or((d.as_str(), "1"));
+        let (name, value) = match d.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (d.as_str(), None),
+        };
         if name.is_empty() {
             bail!("-D needs a name, as in -D NAME or -D NAME=VALUE");
         }
         options = options.define(name, value);
     }
     let report = remora_rpcgen::generate_crate(&options).map_err(|e| anyhow::anyhow!("{e}"))?;
-    println!("{report}");
+    println!(
+        "generated crate {} in {} (runtime: {})",
+        report.crate_name,
+        report.dir.display(),
+        report.runtime.display()
+    );
+    for path in &report.written {
+        println!("  wrote {}", path.display());
+    }
+    println!(
+        "build it with: cargo build --manifest-path {}",
+        report.dir.join("Cargo.toml").display()
+    );
     Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Serve { listen, devices, rpcbind, max_record_size } => {
+        Command::Serve {
+            listen,
+            devices,
+            rpcbind,
+            max_record_size,
+        } => {
             init_logging("info");
-            serve(remora_server::ServeConfig { listen, devices, rpcbind, max_record_size })
+            serve(remora_server::ServeConfig {
+                listen,
+                devices,
+                rpcbind,
+                max_record_size,
+            })
         }
         Command::Info { server } => {
             init_logging("warn");
             info::run(&server.unwrap_or_else(remora_server::default_endpoint))
         }
-        Command::Rpcgen { file, output, runtime, define } => {
+        Command::Rpcgen {
+            file,
+            output,
+            runtime,
+            define,
+        } => {
             init_logging("warn");
             rpcgen(file, output, runtime, define)
         }
-        Command::Bench(BenchCommand::Rpc { c_peers, null_calls, json }) => {
+        Command::Bench(BenchCommand::Rpc {
+            c_peers,
+            null_calls,
+            json,
+        }) => {
             init_logging("warn");
             let exe = std::env::current_exe().context("cannot find the remora executable")?;
             let report = remora_rpctest::bench::run(&remora_rpctest::bench::Options {
@@ -207,7 +249,12 @@ mod tests {
             "1,0",
         ])
         .unwrap();
-        let Command::Serve { listen, devices, .. } = cli.command else { panic!() };
+        let Command::Serve {
+            listen, devices, ..
+        } = cli.command
+        else {
+            panic!()
+        };
         assert_eq!(listen.len(), 2);
         assert_eq!(devices, Some(vec![1, 0]));
     }

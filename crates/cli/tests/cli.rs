@@ -16,16 +16,24 @@ struct Serve {
 impl Serve {
     fn start(listen: &[&str]) -> Serve {
         let mut cmd = Command::new(REMORA);
-        cmd.arg("serve").env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1");
+        cmd.arg("serve")
+            .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1");
         for l in listen {
             cmd.args(["--listen", l]);
         }
-        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         let mut reader = BufReader::new(child.stdout.take().unwrap());
         let mut endpoints = Vec::new();
         while endpoints.len() < listen.len() {
             let mut line = String::new();
-            assert!(reader.read_line(&mut line).unwrap() > 0, "serve exited early");
+            assert!(
+                reader.read_line(&mut line).unwrap() > 0,
+                "serve exited early"
+            );
             if let Some(url) = line.trim().strip_prefix("remora serve: listening on ") {
                 endpoints.push(url.to_owned());
             }
@@ -55,7 +63,10 @@ impl Drop for Serve {
 }
 
 fn info(url: &str) -> std::process::Output {
-    Command::new(REMORA).args(["info", "--server", url]).output().unwrap()
+    Command::new(REMORA)
+        .args(["info", "--server", url])
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -65,17 +76,31 @@ fn serve_answers_info_on_unix_and_tcp_and_stops_on_sigterm() {
     let unix = format!("unix://{}", sock.display());
     let serve = Serve::start(&[&unix, "tcp://127.0.0.1:0"]);
     assert_eq!(serve.endpoints[0], unix);
-    assert!(serve.endpoints[1].starts_with("tcp://127.0.0.1:"), "{:?}", serve.endpoints);
-    assert!(!serve.endpoints[1].ends_with(":0"), "port 0 must be resolved");
+    assert!(
+        serve.endpoints[1].starts_with("tcp://127.0.0.1:"),
+        "{:?}",
+        serve.endpoints
+    );
+    assert!(
+        !serve.endpoints[1].ends_with(":0"),
+        "port 0 must be resolved"
+    );
     for url in serve.endpoints.clone() {
         let out = info(&url);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "info {url}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "info {url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(stdout.contains("protocol revision 1"), "{stdout}");
         assert!(stdout.contains(&format!("server        {url}")), "{stdout}");
         assert!(stdout.contains("capabilities  oneway"), "{stdout}");
         // No driver here: zero GPUs and the reason, naming the library it tried.
-        assert!(stdout.contains("driver        none: could not load the CUDA driver"), "{stdout}");
+        assert!(
+            stdout.contains("driver        none: could not load the CUDA driver"),
+            "{stdout}"
+        );
         assert!(stdout.contains("/nonexistent/libcuda.so.1"), "{stdout}");
         assert!(stdout.contains("GPUs          0"), "{stdout}");
     }
@@ -87,7 +112,10 @@ fn serve_answers_info_on_unix_and_tcp_and_stops_on_sigterm() {
 #[test]
 fn info_without_a_server_says_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
-    let out = info(&format!("unix://{}", dir.path().join("none.sock").display()));
+    let out = info(&format!(
+        "unix://{}",
+        dir.path().join("none.sock").display()
+    ));
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is `remora serve` running"), "{stderr}");
@@ -95,10 +123,16 @@ fn info_without_a_server_says_what_to_do() {
 
 #[test]
 fn serve_rejects_a_bad_url_with_the_expected_forms() {
-    let out = Command::new(REMORA).args(["serve", "--listen", "127.0.0.1:80"]).output().unwrap();
+    let out = Command::new(REMORA)
+        .args(["serve", "--listen", "127.0.0.1:80"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("tcp://") && stderr.contains("unix://"), "{stderr}");
+    assert!(
+        stderr.contains("tcp://") && stderr.contains("unix://"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -123,10 +157,19 @@ fn rpcgen_writes_a_crate_and_protects_foreign_directories() {
     .unwrap();
     let out_dir = dir.path().join("calc");
     let out = Command::new(REMORA)
-        .args(["rpcgen", x.to_str().unwrap(), "-o", out_dir.to_str().unwrap()])
+        .args([
+            "rpcgen",
+            x.to_str().unwrap(),
+            "-o",
+            out_dir.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let cargo_toml = std::fs::read_to_string(out_dir.join("Cargo.toml")).unwrap();
     assert!(cargo_toml.contains("remora-oncrpc"), "{cargo_toml}");
     let lib = std::fs::read_to_string(out_dir.join("src/lib.rs")).unwrap();
@@ -134,20 +177,37 @@ fn rpcgen_writes_a_crate_and_protects_foreign_directories() {
     assert!(lib.contains("CalcV1Client"), "{lib}");
     // Regenerating over our own output is fine.
     let again = Command::new(REMORA)
-        .args(["rpcgen", x.to_str().unwrap(), "-o", out_dir.to_str().unwrap()])
+        .args([
+            "rpcgen",
+            x.to_str().unwrap(),
+            "-o",
+            out_dir.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
     // A directory with someone else's files is refused, and nothing in it is touched.
     let foreign = dir.path().join("foreign");
     std::fs::create_dir(&foreign).unwrap();
     std::fs::write(foreign.join("notes.txt"), "mine").unwrap();
     let out = Command::new(REMORA)
-        .args(["rpcgen", x.to_str().unwrap(), "-o", foreign.to_str().unwrap()])
+        .args([
+            "rpcgen",
+            x.to_str().unwrap(),
+            "-o",
+            foreign.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert_eq!(std::fs::read_to_string(foreign.join("notes.txt")).unwrap(), "mine");
+    assert_eq!(
+        std::fs::read_to_string(foreign.join("notes.txt")).unwrap(),
+        "mine"
+    );
     assert!(!Path::new(&foreign.join("Cargo.toml")).exists());
 }
 
@@ -157,7 +217,12 @@ fn rpcgen_reports_spec_errors_with_position() {
     let x = dir.path().join("bad.x");
     std::fs::write(&x, "struct s {\n  int a\n};\n").unwrap();
     let out = Command::new(REMORA)
-        .args(["rpcgen", x.to_str().unwrap(), "-o", dir.path().join("o").to_str().unwrap()])
+        .args([
+            "rpcgen",
+            x.to_str().unwrap(),
+            "-o",
+            dir.path().join("o").to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -40,7 +40,9 @@ mod tests {
         let bytes = enc.to_bytes();
         assert_eq!(
             &bytes[..],
-            &[0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+            &[
+                0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 0, 0, 0, 0, 1
+            ]
         );
         let mut dec = Decoder::new(bytes);
         assert_eq!(HelloArgs::decode(&mut dec).unwrap(), args);
@@ -104,6 +106,9 @@ mod tests {
             capabilities: 0,
         };
         let mut enc = Encoder::new();
-        assert!(args.encode(&mut enc).is_err(), "an over-long name must not encode");
+        assert!(
+            args.encode(&mut enc).is_err(),
+            "an over-long name must not encode"
+        );
     }
 }

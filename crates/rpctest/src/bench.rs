@@ -90,14 +90,19 @@ impl RustServer {
             .stdout(Stdio::piped())
             .spawn()
             .with_context(|| format!("cannot start {}", program.to_string_lossy()))?;
-        let stdout = child.stdout.take().context("no stdout from the Rust server")?;
+        let stdout = child
+            .stdout
+            .take()
+            .context("no stdout from the Rust server")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
         let Some(url) = line.trim().strip_prefix("LISTENING ") else {
             let _ = child.kill();
             bail!("the Rust rpctest server said {line:?}, expected LISTENING <url>");
         };
-        let endpoint = url.parse().map_err(|e| anyhow::anyhow!("bad endpoint {url}: {e}"))?;
+        let endpoint = url
+            .parse()
+            .map_err(|e| anyhow::anyhow!("bad endpoint {url}: {e}"))?;
         Ok(Self { child, endpoint })
     }
 }
@@ -113,10 +118,16 @@ impl Drop for RustServer {
 /// This is the body of the hidden `remora bench rpc-server` command.
 pub fn serve_forever(listen: &Endpoint) -> Result<()> {
     let handle = remora_oncrpc::Server::builder(remora_oncrpc::ServerConfig::default())
-        .service(std::sync::Arc::new(crate::rpctest::RpctestV1Service::new(crate::RtService)))
+        .service(std::sync::Arc::new(crate::rpctest::RpctestV1Service::new(
+            crate::RtService,
+        )))
         .listen(listen)?
         .start()?;
-    let endpoint = handle.local_endpoints().into_iter().next().context("no endpoint bound")?;
+    let endpoint = handle
+        .local_endpoints()
+        .into_iter()
+        .next()
+        .context("no endpoint bound")?;
     println!("LISTENING {endpoint}");
     loop {
         std::thread::park();
@@ -149,7 +160,10 @@ fn time_rust_echo(client: &RpctestV1Client, bytes: usize, n: u32) -> Result<f64>
 fn time_c(peers: &CPeers, addr: &str, args: &[&str]) -> Result<f64> {
     let out = peers.run_client(addr, args)?;
     if !out.status.success() {
-        bail!("rpctest_client {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "rpctest_client {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |name: &str| -> Option<f64> {
@@ -175,7 +189,11 @@ pub fn run(opts: &Options) -> Result<Report> {
     };
     let sockdir = tempfile::tempdir()?;
     let transports: [(&'static str, Endpoint, String); 2] = [
-        ("tcp", Endpoint::Tcp("127.0.0.1:0".into()), "tcp:127.0.0.1:0".into()),
+        (
+            "tcp",
+            Endpoint::Tcp("127.0.0.1:0".into()),
+            "tcp:127.0.0.1:0".into(),
+        ),
         (
             "unix",
             Endpoint::Unix(sockdir.path().join("remora.sock")),
@@ -193,12 +211,18 @@ pub fn run(opts: &Options) -> Result<Report> {
             .with_context(|| format!("cannot connect to {}", rust_server.endpoint))?;
         let client = RpctestV1Client::new(rpc).with_timeout(Duration::from_secs(120));
         let caddr = c_server.address().to_owned();
-        let plan: [(&'static str, usize, u32); 3] =
-            [("null", 0, opts.null_calls), ("echo", echo_1m, 200), ("echo", echo_64m, 4)];
+        let plan: [(&'static str, usize, u32); 3] = [
+            ("null", 0, opts.null_calls),
+            ("echo", echo_1m, 200),
+            ("echo", echo_64m, 4),
+        ];
         for (op, bytes, iters) in plan {
             let (mut ours_s, mut theirs_s) = (Vec::new(), Vec::new());
             for round in 0..ROUNDS {
-                eprintln!("[{transport}] {op} {bytes} B x{iters}, round {}/{ROUNDS}", round + 1);
+                eprintln!(
+                    "[{transport}] {op} {bytes} B x{iters}, round {}/{ROUNDS}",
+                    round + 1
+                );
                 let iters_s = iters.to_string();
                 let bytes_s = bytes.to_string();
                 if op == "null" {
@@ -206,7 +230,11 @@ pub fn run(opts: &Options) -> Result<Report> {
                     theirs_s.push(time_c(&peers, &caddr, &["bench", "null", &iters_s])?);
                 } else {
                     ours_s.push(time_rust_echo(&client, bytes, iters)?);
-                    theirs_s.push(time_c(&peers, &caddr, &["bench", "echo", &bytes_s, &iters_s])?);
+                    theirs_s.push(time_c(
+                        &peers,
+                        &caddr,
+                        &["bench", "echo", &bytes_s, &iters_s],
+                    )?);
                 }
             }
             entries.push(Entry {
@@ -221,12 +249,17 @@ pub fn run(opts: &Options) -> Result<Report> {
         drop(rust_server);
         drop(c_server);
     }
-    Ok(Report { entries, meta: metadata() })
+    Ok(Report {
+        entries,
+        meta: metadata(),
+    })
 }
 
 fn command_output(cmd: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(cmd).args(args).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 fn metadata() -> Vec<(&'static str, String)> {
@@ -240,12 +273,26 @@ fn metadata() -> Vec<(&'static str, String)> {
         })
         .unwrap_or_else(|| "unknown".into());
     vec![
-        ("date", command_output("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default()),
+        (
+            "date",
+            command_output("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]).unwrap_or_default(),
+        ),
         ("host", command_output("hostname", &[]).unwrap_or_default()),
         ("cpu", cpu),
-        ("cores", std::thread::available_parallelism().map_or(0, |n| n.get()).to_string()),
-        ("kernel", command_output("uname", &["-r"]).unwrap_or_default()),
-        ("commit", command_output("git", &["rev-parse", "--short=12", "HEAD"]).unwrap_or_default()),
+        (
+            "cores",
+            std::thread::available_parallelism()
+                .map_or(0, |n| n.get())
+                .to_string(),
+        ),
+        (
+            "kernel",
+            command_output("uname", &["-r"]).unwrap_or_default(),
+        ),
+        (
+            "commit",
+            command_output("git", &["rev-parse", "--short=12", "HEAD"]).unwrap_or_default(),
+        ),
         ("remora", env!("CARGO_PKG_VERSION").to_owned()),
     ]
 }
@@ -280,12 +327,22 @@ impl Report {
         );
         for e in &self.entries {
             let (ours, theirs) = if e.op == "null" {
-                (format!("{:.1} us", e.remora_s * 1e6), format!("{:.1} us", e.tirpc_s * 1e6))
+                (
+                    format!("{:.1} us", e.remora_s * 1e6),
+                    format!("{:.1} us", e.tirpc_s * 1e6),
+                )
             } else {
                 let mibs = |s: f64| e.bytes as f64 / s / f64::from(1u32 << 20);
-                (format!("{:.0} MiB/s", mibs(e.remora_s)), format!("{:.0} MiB/s", mibs(e.tirpc_s)))
+                (
+                    format!("{:.0} MiB/s", mibs(e.remora_s)),
+                    format!("{:.0} MiB/s", mibs(e.tirpc_s)),
+                )
             };
-            let payload = if e.bytes == 0 { "-".into() } else { format!("{} KiB", e.bytes >> 10) };
+            let payload = if e.bytes == 0 {
+                "-".into()
+            } else {
+                format!("{} KiB", e.bytes >> 10)
+            };
             let _ = writeln!(
                 out,
                 "{:<6} {:<6} {:>10} {:>14} {:>14} {:>9.2}x",
@@ -324,7 +381,11 @@ impl Report {
                 e.tirpc_s,
                 e.speedup()
             );
-            out.push_str(if i + 1 < self.entries.len() { ",\n" } else { "\n" });
+            out.push_str(if i + 1 < self.entries.len() {
+                ",\n"
+            } else {
+                "\n"
+            });
         }
         out.push_str("  ]\n}\n");
         out

@@ -58,17 +58,26 @@ impl CPeers {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        Ok(Self { dir: temp.path().to_owned(), _temp: Some(temp) })
+        Ok(Self {
+            dir: temp.path().to_owned(),
+            _temp: Some(temp),
+        })
     }
 
     /// Uses peers already built into `dir`.
     pub fn existing(dir: &Path) -> Result<Self> {
         for bin in ["rpctest_server", "rpctest_client"] {
             if !dir.join(bin).is_file() {
-                bail!("{} has no {bin}; build it with crates/rpctest/c/build.sh DIR", dir.display());
+                bail!(
+                    "{} has no {bin}; build it with crates/rpctest/c/build.sh DIR",
+                    dir.display()
+                );
             }
         }
-        Ok(Self { dir: dir.to_owned(), _temp: None })
+        Ok(Self {
+            dir: dir.to_owned(),
+            _temp: None,
+        })
     }
 
     /// Starts the C server on `addr` (`tcp:127.0.0.1:0` or `unix:PATH`) and returns it with
@@ -80,9 +89,14 @@ impl CPeers {
             .stderr(Stdio::inherit())
             .spawn()
             .context("cannot start rpctest_server")?;
-        let stdout = child.stdout.take().context("no stdout from rpctest_server")?;
+        let stdout = child
+            .stdout
+            .take()
+            .context("no stdout from rpctest_server")?;
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).context("reading rpctest_server's port")?;
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .context("reading rpctest_server's port")?;
         let port = line
             .strip_prefix("LISTENING ")
             .and_then(|p| p.trim().parse::<u16>().ok())

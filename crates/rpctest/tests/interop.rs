@@ -39,15 +39,24 @@ fn rust_server(endpoint: Endpoint) -> ServerHandle {
 }
 
 fn endpoints(dir: &tempfile::TempDir) -> [Endpoint; 2] {
-    [Endpoint::Tcp("127.0.0.1:0".into()), Endpoint::Unix(dir.path().join("rt.sock"))]
+    [
+        Endpoint::Tcp("127.0.0.1:0".into()),
+        Endpoint::Unix(dir.path().join("rt.sock")),
+    ]
 }
 
 fn pattern(len: usize) -> Bytes {
-    (0..len).map(|i| (i * 7 + (i >> 13)) as u8).collect::<Vec<u8>>().into()
+    (0..len)
+        .map(|i| (i * 7 + (i >> 13)) as u8)
+        .collect::<Vec<u8>>()
+        .into()
 }
 
 fn list(values: &[i32]) -> IntList {
-    values.iter().rev().fold(None, |next, &value| Some(Box::new(IntNode { value, next })))
+    values
+        .iter()
+        .rev()
+        .fold(None, |next, &value| Some(Box::new(IntNode { value, next })))
 }
 
 fn list_values(mut l: &IntList) -> Vec<i32> {
@@ -65,22 +74,37 @@ fn rust_client_checks(endpoint: &Endpoint) {
     let c = RpctestV1Client::new(rpc).with_timeout(Duration::from_secs(120));
     c.rt_null().expect("null");
     assert_eq!(c.rt_add(&40, &2).unwrap(), 42);
-    assert_eq!(c.rt_add(&i32::MAX, &1).unwrap(), i32::MIN, "wrapping add on both sides");
-    assert_eq!(&c.rt_echo(&Bytes::from_static(b"hello")).unwrap()[..], b"hello");
+    assert_eq!(
+        c.rt_add(&i32::MAX, &1).unwrap(),
+        i32::MIN,
+        "wrapping add on both sides"
+    );
+    assert_eq!(
+        &c.rt_echo(&Bytes::from_static(b"hello")).unwrap()[..],
+        b"hello"
+    );
 
     let shapes = [
         Shape::ShapeCircle(2.5),
-        Shape::ShapeRect(RectDims { width: 3.0, height: -4.25 }),
+        Shape::ShapeRect(RectDims {
+            width: 3.0,
+            height: -4.25,
+        }),
         Shape::ShapePolygon(vec![Point { x: 1, y: 2 }, Point { x: -3, y: 4 }]),
         Shape::ShapePoint(vec![Point { x: 5, y: -6 }]),
-        Shape::Default(ShapeKind::ShapeNone),
+        Shape::Default {
+            discriminant: ShapeKind::ShapeNone,
+        },
     ];
     for s in shapes {
         assert_eq!(c.rt_shape_echo(&s).unwrap(), s);
     }
 
     let l = list(&[10, 20, 30, 40, 50]);
-    assert_eq!(list_values(&c.rt_list_reverse(&l).unwrap()), [50, 40, 30, 20, 10]);
+    assert_eq!(
+        list_values(&c.rt_list_reverse(&l).unwrap()),
+        [50, 40, 30, 20, 10]
+    );
     assert_eq!(c.rt_list_sum(&l).unwrap(), 150);
     assert_eq!(c.rt_list_reverse(&None).unwrap(), None);
 
@@ -97,7 +121,9 @@ fn rust_client_checks(endpoint: &Endpoint) {
     };
     assert_eq!(c.rt_arrays_echo(&a).unwrap(), a);
 
-    let n = NameList { names: vec!["alpha".into(), String::new(), "gamma-delta".into()] };
+    let n = NameList {
+        names: vec!["alpha".into(), String::new(), "gamma-delta".into()],
+    };
     assert_eq!(c.rt_names_echo(&n).unwrap(), n);
 
     let big = pattern(BIG);
@@ -109,7 +135,10 @@ fn rust_client_checks(endpoint: &Endpoint) {
 fn rust_client_to_c_server() {
     let Some(peers) = peers() else { return };
     let dir = tempfile::tempdir().unwrap();
-    for addr in ["tcp:127.0.0.1:0".to_owned(), format!("unix:{}", dir.path().join("c.sock").display())] {
+    for addr in [
+        "tcp:127.0.0.1:0".to_owned(),
+        format!("unix:{}", dir.path().join("c.sock").display()),
+    ] {
         let server = peers.start_server(&addr).expect("start the C server");
         rust_client_checks(&server.endpoint());
     }
@@ -122,14 +151,19 @@ fn c_client_to_rust_server() {
     for endpoint in endpoints(&dir) {
         let server = rust_server(endpoint);
         let addr = endpoint_to_c(&server.local_endpoints()[0]);
-        let out = peers.run_client(&addr, &["check", "64"]).expect("run the C client");
+        let out = peers
+            .run_client(&addr, &["check", "64"])
+            .expect("run the C client");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
             "C client against the Rust server at {addr} failed:\n{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(stdout.contains("ok echo_big") && stdout.contains("13 of 13 checks ok"), "{stdout}");
+        assert!(
+            stdout.contains("ok echo_big") && stdout.contains("13 of 13 checks ok"),
+            "{stdout}"
+        );
         server.shutdown();
     }
 }
@@ -154,18 +188,38 @@ fn rpcinfo_pings_the_rust_server() {
         return;
     };
     let server = rust_server(Endpoint::Tcp("127.0.0.1:0".into()));
-    let Endpoint::Tcp(addr) = &server.local_endpoints()[0] else { unreachable!() };
+    let Endpoint::Tcp(addr) = &server.local_endpoints()[0] else {
+        unreachable!()
+    };
     let port = addr.rsplit_once(':').unwrap().1.to_owned();
     let out = std::process::Command::new(rpcinfo)
-        .args(["-n", &port, "-t", "127.0.0.1", &RPCTEST_PROG.to_string(), "1"])
+        .args([
+            "-n",
+            &port,
+            "-t",
+            "127.0.0.1",
+            &RPCTEST_PROG.to_string(),
+            "1",
+        ])
         .output()
         .expect("run rpcinfo");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "rpcinfo failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "rpcinfo failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("version 1 ready and waiting"), "{stdout}");
     // A version the server does not have: rpcinfo reports the mismatch.
     let out = std::process::Command::new(rpcinfo)
-        .args(["-n", &port, "-t", "127.0.0.1", &RPCTEST_PROG.to_string(), "7"])
+        .args([
+            "-n",
+            &port,
+            "-t",
+            "127.0.0.1",
+            &RPCTEST_PROG.to_string(),
+            "7",
+        ])
         .output()
         .expect("run rpcinfo");
     assert!(!out.status.success(), "rpcinfo accepted version 7");

@@ -79,7 +79,10 @@ pub fn probe_library(path: &str) -> Inventory {
         }
     };
     match Driver::new(&lib).and_then(|d| d.inventory()) {
-        Ok((driver_version, devices)) => Inventory::Ok { driver_version, devices },
+        Ok((driver_version, devices)) => Inventory::Ok {
+            driver_version,
+            devices,
+        },
         Err(reason) => Inventory::InitFailed(reason),
     }
 }
@@ -148,7 +151,9 @@ impl Driver {
         });
         let label = if known {
             // SAFETY: checked non-null above; the driver's error names are static C strings.
-            unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+            unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
         } else {
             "unknown error".to_owned()
         };
@@ -165,16 +170,22 @@ impl Driver {
     fn string(&self, what: &str, f: FnDeviceString, dev: c_int) -> Result<String, String> {
         let mut buf = [0 as c_char; 256];
         // SAFETY: the driver writes at most `len` bytes, NUL-terminated, into `buf`.
-        self.check(what, unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, dev) })?;
+        self.check(what, unsafe {
+            f(buf.as_mut_ptr(), buf.len() as c_int, dev)
+        })?;
         buf[buf.len() - 1] = 0;
         // SAFETY: `buf` is NUL-terminated (forced above) and lives for this call.
-        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
     }
 
     fn attribute(&self, attr: c_int, dev: c_int) -> Result<c_int, String> {
         let mut v: c_int = 0;
         // SAFETY: cuDeviceGetAttribute writes one int for a valid attribute and device.
-        self.check("cuDeviceGetAttribute", unsafe { (self.device_get_attribute)(&mut v, attr, dev) })?;
+        self.check("cuDeviceGetAttribute", unsafe {
+            (self.device_get_attribute)(&mut v, attr, dev)
+        })?;
         Ok(v)
     }
 
@@ -187,13 +198,19 @@ impl Driver {
         for ordinal in 0..count {
             let mut dev: c_int = 0;
             // SAFETY: cuDeviceGet writes one CUdevice (an int) for a valid ordinal.
-            self.check("cuDeviceGet", unsafe { (self.device_get)(&mut dev, ordinal) })?;
+            self.check("cuDeviceGet", unsafe {
+                (self.device_get)(&mut dev, ordinal)
+            })?;
             let mut total: usize = 0;
             // SAFETY: cuDeviceTotalMem writes one size_t.
-            self.check("cuDeviceTotalMem", unsafe { (self.device_total_mem)(&mut total, dev) })?;
+            self.check("cuDeviceTotalMem", unsafe {
+                (self.device_total_mem)(&mut total, dev)
+            })?;
             let mut uuid = [0u8; 16];
             // SAFETY: CUuuid is 16 bytes; the driver writes exactly that.
-            self.check("cuDeviceGetUuid", unsafe { (self.device_get_uuid)(&mut uuid, dev) })?;
+            self.check("cuDeviceGetUuid", unsafe {
+                (self.device_get_uuid)(&mut uuid, dev)
+            })?;
             devices.push(GpuInfo {
                 ordinal,
                 name: self.string("cuDeviceGetName", self.device_get_name, dev)?,
@@ -212,8 +229,17 @@ impl Driver {
 
 /// Keeps only the devices whose real ordinals are listed in `selection` (in that order) and
 /// renumbers them from 0, as the client will see them. Unknown ordinals are an error.
-pub fn select_devices(inventory: Inventory, selection: Option<&[i32]>) -> Result<Inventory, String> {
-    let (Inventory::Ok { driver_version, devices }, Some(selection)) = (&inventory, selection)
+pub fn select_devices(
+    inventory: Inventory,
+    selection: Option<&[i32]>,
+) -> Result<Inventory, String> {
+    let (
+        Inventory::Ok {
+            driver_version,
+            devices,
+        },
+        Some(selection),
+    ) = (&inventory, selection)
     else {
         return Ok(inventory);
     };
@@ -226,9 +252,15 @@ pub fn select_devices(inventory: Inventory, selection: Option<&[i32]>) -> Result
                 devices.len()
             ));
         };
-        chosen.push(GpuInfo { ordinal: new as i32, ..dev.clone() });
+        chosen.push(GpuInfo {
+            ordinal: new as i32,
+            ..dev.clone()
+        });
     }
-    Ok(Inventory::Ok { driver_version: *driver_version, devices: chosen })
+    Ok(Inventory::Ok {
+        driver_version: *driver_version,
+        devices: chosen,
+    })
 }
 
 #[cfg(test)]
@@ -270,14 +302,20 @@ mod tests {
 
     #[test]
     fn device_selection_renumbers_and_rejects_unknown() {
-        let inv = Inventory::Ok { driver_version: 13000, devices: vec![gpu(0), gpu(1), gpu(2)] };
+        let inv = Inventory::Ok {
+            driver_version: 13000,
+            devices: vec![gpu(0), gpu(1), gpu(2)],
+        };
         let Ok(Inventory::Ok { devices, .. }) = select_devices(inv.clone(), Some(&[2, 0])) else {
             panic!("selection failed")
         };
-        assert_eq!(devices.iter().map(|d| (d.ordinal, d.name.as_str())).collect::<Vec<_>>(), [
-            (0, "gpu2"),
-            (1, "gpu0")
-        ]);
+        assert_eq!(
+            devices
+                .iter()
+                .map(|d| (d.ordinal, d.name.as_str()))
+                .collect::<Vec<_>>(),
+            [(0, "gpu2"), (1, "gpu0")]
+        );
         let err = select_devices(inv, Some(&[5])).unwrap_err();
         assert!(err.contains("GPU 5"), "{err}");
     }

@@ -2,8 +2,8 @@
 
 use remora_oncrpc::{CallContext, ProcResult};
 use remora_proto::remora::{
-    DeviceInfo, DriverOk, DriverReport, DriverStatus, HelloArgs, HelloRefused, HelloReply, HelloWelcome,
-    REMORA_CAP_ONEWAY, REMORA_MAX_NAME, REMORA_MAX_REASON, REMORA_PROTOCOL_REVISION,
+    DeviceInfo, DriverOk, DriverReport, DriverStatus, HelloArgs, HelloRefused, HelloReply,
+    HelloWelcome, REMORA_CAP_ONEWAY, REMORA_MAX_NAME, REMORA_MAX_REASON, REMORA_PROTOCOL_REVISION,
     RemoraV1Server,
 };
 
@@ -14,7 +14,7 @@ pub const SERVER_VERSION: &str = concat!("remora ", env!("CARGO_PKG_VERSION"));
 
 /// Revisions this server speaks.
 const MIN_REVISION: u32 = 1;
-const MAX_REVISION: u32 = REMORA_PROTOCOL_REVISION as u32;
+const MAX_REVISION: u32 = REMORA_PROTOCOL_REVISION;
 
 /// Capability bits this server supports.
 const SERVER_CAPABILITIES: u64 = REMORA_CAP_ONEWAY as u64;
@@ -26,8 +26,8 @@ pub struct HelloService {
     driver: DriverReport,
 }
 
-fn truncate(mut s: String, max: i64) -> String {
-    let max = usize::try_from(max).unwrap_or(0);
+fn truncate(mut s: String, max: u32) -> String {
+    let max = max as usize;
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {
@@ -45,7 +45,10 @@ impl HelloService {
             .map(|s| s.trim().to_owned())
             .unwrap_or_else(|_| "unknown".to_owned());
         let driver = match inventory {
-            Inventory::Ok { driver_version, devices } => DriverReport::DriverOk(DriverOk {
+            Inventory::Ok {
+                driver_version,
+                devices,
+            } => DriverReport::DriverOk(DriverOk {
                 driver_version: *driver_version,
                 devices: devices
                     .iter()
@@ -70,7 +73,10 @@ impl HelloService {
                 value: truncate(reason.clone(), REMORA_MAX_REASON),
             },
         };
-        Self { hostname: truncate(hostname, REMORA_MAX_NAME), driver }
+        Self {
+            hostname: truncate(hostname, REMORA_MAX_NAME),
+            driver,
+        }
     }
 
     /// Negotiates with a client's HELLO arguments.
@@ -114,13 +120,20 @@ mod tests {
     use super::*;
 
     fn args(min: u32, max: u32, caps: u64) -> HelloArgs {
-        HelloArgs { min_revision: min, max_revision: max, client_name: "test".into(), capabilities: caps }
+        HelloArgs {
+            min_revision: min,
+            max_revision: max,
+            client_name: "test".into(),
+            capabilities: caps,
+        }
     }
 
     #[test]
     fn negotiates_highest_common_revision_and_capabilities() {
         let svc = HelloService::new(&Inventory::NotFound("no driver here".into()));
-        let HelloReply::True(w) = svc.answer(&args(1, 7, 0xff)) else { panic!("refused") };
+        let HelloReply::True(w) = svc.answer(&args(1, 7, 0xff)) else {
+            panic!("refused")
+        };
         assert_eq!(w.revision, MAX_REVISION);
         assert_eq!(w.capabilities, SERVER_CAPABILITIES);
         assert_eq!(w.server_version, SERVER_VERSION);
@@ -137,15 +150,27 @@ mod tests {
         let HelloReply::False(r) = svc.answer(&args(MAX_REVISION + 1, MAX_REVISION + 3, 0)) else {
             panic!("accepted")
         };
-        assert_eq!((r.min_revision, r.max_revision), (MIN_REVISION, MAX_REVISION));
-        assert!(r.reason.contains("no common protocol revision"), "{}", r.reason);
+        assert_eq!(
+            (r.min_revision, r.max_revision),
+            (MIN_REVISION, MAX_REVISION)
+        );
+        assert!(
+            r.reason.contains("no common protocol revision"),
+            "{}",
+            r.reason
+        );
     }
 
     #[test]
     fn long_strings_are_cut_to_their_bounds() {
         let svc = HelloService::new(&Inventory::InitFailed("é".repeat(2000)));
-        let HelloReply::True(w) = svc.answer(&args(1, 1, 0)) else { panic!("refused") };
-        let DriverReport::Default { discriminant: DriverStatus::DriverInitFailed, value } = w.driver
+        let HelloReply::True(w) = svc.answer(&args(1, 1, 0)) else {
+            panic!("refused")
+        };
+        let DriverReport::Default {
+            discriminant: DriverStatus::DriverInitFailed,
+            value,
+        } = w.driver
         else {
             panic!("wrong arm")
         };

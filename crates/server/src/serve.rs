@@ -52,7 +52,9 @@ fn default_socket_dir() -> PathBuf {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("remora"),
         _ => {
             use std::os::unix::fs::MetadataExt;
-            let uid = std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(0);
+            let uid = std::fs::metadata("/proc/self")
+                .map(|m| m.uid())
+                .unwrap_or(0);
             PathBuf::from(format!("/tmp/remora-{uid}"))
         }
     }
@@ -60,13 +62,24 @@ fn default_socket_dir() -> PathBuf {
 
 fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let Endpoint::Unix(path) = endpoint else { return Ok(()) };
-    let Some(dir) = path.parent() else { return Ok(()) };
+    let Endpoint::Unix(path) = endpoint else {
+        return Ok(());
+    };
+    let Some(dir) = path.parent() else {
+        return Ok(());
+    };
     if dir.as_os_str().is_empty() || dir.exists() {
         return Ok(());
     }
-    let err = |source| ServeError::SocketDir { path: dir.to_owned(), source };
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(err)?;
+    let err = |source| ServeError::SocketDir {
+        path: dir.to_owned(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(err)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)
 }
 
@@ -98,8 +111,15 @@ pub fn start(config: ServeConfig) -> Result<Running, ServeError> {
     let inventory = driver::select_devices(driver::probe(), config.devices.as_deref())
         .map_err(ServeError::Devices)?;
     match &inventory {
-        Inventory::Ok { driver_version, devices } => {
-            tracing::info!(driver_version, devices = devices.len(), "CUDA driver loaded")
+        Inventory::Ok {
+            driver_version,
+            devices,
+        } => {
+            tracing::info!(
+                driver_version,
+                devices = devices.len(),
+                "CUDA driver loaded"
+            )
         }
         Inventory::NotFound(reason) | Inventory::InitFailed(reason) => {
             tracing::warn!("serving zero GPUs: {reason}")
@@ -113,30 +133,35 @@ pub fn start_with_inventory(
     config: ServeConfig,
     inventory: Inventory,
 ) -> Result<Running, ServeError> {
-    let listen = if config.listen.is_empty() { vec![default_endpoint()] } else { config.listen };
+    let listen = if config.listen.is_empty() {
+        vec![default_endpoint()]
+    } else {
+        config.listen
+    };
     let mut server_config = ServerConfig::default();
     if let Some(max) = config.max_record_size {
         server_config.max_record_size = max;
     }
-    let mut builder = Server::builder(server_config)
-        .service(Arc::new(RemoraV1Service::new(HelloService::new(&inventory))));
+    let mut builder = Server::builder(server_config).service(Arc::new(RemoraV1Service::new(
+        HelloService::new(&inventory),
+    )));
     for endpoint in &listen {
         ensure_socket_dir(endpoint)?;
-        if let Endpoint::Tcp(addr) = endpoint {
-            if !is_loopback(addr) {
-                tracing::warn!(
-                    "listening on {endpoint}, which is not a loopback address: Remora has no \
-                     authentication yet, so expose it only on a trusted network"
-                );
-            }
+        if let Endpoint::Tcp(addr) = endpoint
+            && !is_loopback(addr)
+        {
+            tracing::warn!(
+                "listening on {endpoint}, which is not a loopback address: Remora has no \
+                 authentication yet, so expose it only on a trusted network"
+            );
         }
         builder = builder.listen(endpoint)?;
     }
     let handle = builder.start()?;
-    if config.rpcbind {
-        if let Err(e) = handle.register_rpcbind() {
-            tracing::warn!("not registered with rpcbind ({e}); clients must name the port");
-        }
+    if config.rpcbind
+        && let Err(e) = handle.register_rpcbind()
+    {
+        tracing::warn!("not registered with rpcbind ({e}); clients must name the port");
     }
     for endpoint in handle.local_endpoints() {
         tracing::info!("listening on {endpoint}");
