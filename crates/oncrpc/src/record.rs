@@ -25,6 +25,9 @@ const LAST_FRAGMENT: u32 = 0x8000_0000;
 /// Size of the reader's read-ahead buffer; also the first step of growth of a record buffer.
 const READ_AHEAD: usize = 8 * 1024;
 
+/// Records at least this large leave their buffer for reuse by the next large record.
+const RECYCLE_MIN: usize = 256 * 1024;
+
 /// Why a record could not be read.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -76,8 +79,13 @@ pub struct RecordReader<R> {
     ahead: Box<[u8]>,
     pos: usize,
     end: usize,
-    /// Bytes of the record being assembled.
+    /// The record being assembled: `record[..filled]` is data; `record[filled..]` is zeroed
+    /// spare space that the next reads fill (see [`RecordReader::ensure_spare`]).
     record: BytesMut,
+    filled: usize,
+    /// The last large record handed out. Once every handle to it is dropped, its buffer (already
+    /// initialised, pages already mapped) is reused for the next large record without zeroing.
+    recycle: Option<Bytes>,
     hdr: [u8; 4],
     hdr_len: usize,
     /// Whether the current fragment's header has been read and its body is being read.
@@ -101,6 +109,8 @@ impl<R: Read> RecordReader<R> {
             pos: 0,
             end: 0,
             record: BytesMut::new(),
+            filled: 0,
+            recycle: None,
             hdr: [0; 4],
             hdr_len: 0,
             in_fragment: false,
@@ -139,7 +149,7 @@ impl<R: Read> RecordReader<R> {
 
     /// Bytes currently held for the partial record (reassembled data only).
     pub fn buffered_record_bytes(&self) -> usize {
-        self.record.len()
+        self.filled
     }
 
     fn read_inner(&mut self, buf_is_ahead: bool, want: usize) -> io::Result<usize> {
@@ -147,11 +157,12 @@ impl<R: Read> RecordReader<R> {
             let res = if buf_is_ahead {
                 self.inner.read(&mut self.ahead[..])
             } else {
-                let old = self.record.len();
-                self.record.resize(old + want, 0);
-                let r = self.inner.read(&mut self.record[old..]);
-                let got = *r.as_ref().unwrap_or(&0);
-                self.record.truncate(old + got);
+                self.ensure_spare();
+                let window = (self.record.len() - self.filled).min(want);
+                let r = self
+                    .inner
+                    .read(&mut self.record[self.filled..self.filled + window]);
+                self.filled += *r.as_ref().unwrap_or(&0);
                 r
             };
             match res {
@@ -162,6 +173,37 @@ impl<R: Read> RecordReader<R> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Makes sure `record` has spare space past `filled` for a direct read.
+    ///
+    /// The buffer grows geometrically (doubling, at least [`READ_AHEAD`] bytes) with what has
+    /// *arrived*, never with what a header declares, and never past the maximum record size or
+    /// the end of a last fragment. `BytesMut::resize` first reclaims the allocation of earlier
+    /// records once their `Bytes` are dropped, so a steady stream of large records reuses one
+    /// buffer whose pages are already mapped; the new space is zeroed once, not once per read.
+    fn ensure_spare(&mut self) {
+        if self.record.len() > self.filled {
+            return;
+        }
+        let mut grow = self
+            .filled
+            .max(READ_AHEAD)
+            .min(self.max_record - self.filled);
+        if self.frag_last {
+            grow = grow.min(self.frag_left);
+        }
+        self.record.resize(self.filled + grow.max(1), 0);
+    }
+
+    /// At the start of a large record, takes back the previous large record's buffer if
+    /// nobody holds it any more.
+    fn try_recycle(&mut self) {
+        if let Some(old) = self.recycle.take()
+            && let Ok(buf) = old.try_into_mut()
+        {
+            self.record = buf;
         }
     }
 
@@ -177,7 +219,7 @@ impl<R: Read> RecordReader<R> {
     fn eof_error(&mut self) -> RecordError {
         self.poisoned = true;
         RecordError::TruncatedRecord {
-            received: self.record.len(),
+            received: self.filled,
         }
     }
 
@@ -220,12 +262,15 @@ impl<R: Read> RecordReader<R> {
                 }
                 let h = u32::from_be_bytes(self.hdr);
                 let len = (h & !LAST_FRAGMENT) as usize;
-                let total = self.record.len() as u64 + len as u64;
+                let total = self.filled as u64 + len as u64;
                 if total > self.max_record as u64 {
                     return Err(RecordError::TooLarge {
                         declared: total,
                         max: self.max_record,
                     });
+                }
+                if self.filled == 0 && len >= READ_AHEAD {
+                    self.try_recycle();
                 }
                 self.hdr_len = 0;
                 self.in_fragment = true;
@@ -234,7 +279,7 @@ impl<R: Read> RecordReader<R> {
             }
             // Fast path: a whole single-fragment record already in the read-ahead buffer.
             if self.frag_last
-                && self.record.is_empty()
+                && self.filled == 0
                 && self.end - self.pos >= self.frag_left
                 && self.frag_left < READ_AHEAD
             {
@@ -248,14 +293,20 @@ impl<R: Read> RecordReader<R> {
             while self.frag_left > 0 {
                 if self.pos < self.end {
                     let take = self.frag_left.min(self.end - self.pos);
-                    self.record
-                        .extend_from_slice(&self.ahead[self.pos..self.pos + take]);
+                    let src = &self.ahead[self.pos..self.pos + take];
+                    if self.record.len() - self.filled >= take {
+                        self.record[self.filled..self.filled + take].copy_from_slice(src);
+                    } else {
+                        self.record.truncate(self.filled);
+                        self.record.extend_from_slice(src);
+                    }
+                    self.filled += take;
                     self.pos += take;
                     self.frag_left -= take;
                 } else if self.frag_left >= READ_AHEAD {
                     // Large fragment: read straight into the record buffer, growing it
                     // geometrically with what has arrived, never by the declared length.
-                    let want = self.frag_left.min(self.record.len().max(READ_AHEAD));
+                    let want = self.frag_left;
                     let n = self.read_inner(false, want)?;
                     if n == 0 {
                         return Err(self.eof_error());
@@ -268,7 +319,15 @@ impl<R: Read> RecordReader<R> {
             self.in_fragment = false;
             if self.frag_last {
                 self.in_record = false;
-                return Ok(Some(self.record.split().freeze()));
+                self.record.truncate(self.filled);
+                self.filled = 0;
+                let out = self.record.split().freeze();
+                // Drop the empty remainder so that `out` can become the buffer's only owner.
+                self.record = BytesMut::new();
+                if out.len() >= RECYCLE_MIN {
+                    self.recycle = Some(out.clone());
+                }
+                return Ok(Some(out));
             }
         }
     }
