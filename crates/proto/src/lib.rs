@@ -8,6 +8,13 @@
 #![forbid(unsafe_code)]
 
 /// Generated from `x/remora.x`.
+#[allow(
+    dead_code,
+    missing_docs,
+    unreachable_pub,
+    non_camel_case_types,
+    clippy::all
+)]
 pub mod remora {
     include!(concat!(env!("OUT_DIR"), "/remora.rs"));
 }

@@ -8,10 +8,12 @@ use crate::ast::{BaseType, Decl, Def, Program, Shape, Value, ValueKind};
 use crate::error::{Error, Files, Pos, Result};
 use crate::names::{camel, snake, type_name, upper};
 
-/// Attributes put on every generated item, so generated code is warning-free under rustc and
-/// `clippy -D warnings` wherever it is included.
-const ALLOW: &str =
-    "#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]";
+/// The lints generated code may trip (unused items, undocumented fields, C-style names that
+/// could not be converted, clippy's style lints). Put `#[allow(..)]` with these on the module
+/// that `include!`s generated code; `remora rpcgen` puts `#![allow(..)]` at the top of the
+/// crate it writes.
+pub const ALLOWED_LINTS: &str =
+    "dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all";
 
 const X: &str = "::remora_xdr";
 const RPC: &str = "::remora_oncrpc";
@@ -637,7 +639,7 @@ impl<'a> Gen<'a> {
                     let rust = upper(name);
                     self.claim("value", &rust, name, *pos)?;
                     self.line(&format!(
-                        "/// `const {name}`.\n{ALLOW}\npub const {rust}: &str = \"{text}\";"
+                        "/// `const {name}`.\npub const {rust}: &str = \"{text}\";"
                     ));
                 }
             }
@@ -668,7 +670,7 @@ impl<'a> Gen<'a> {
             _ => v.to_string(),
         };
         self.line(&format!(
-            "/// `const {name}`.\n{ALLOW}\npub const {rust}: {ty} = {text};"
+            "/// `const {name}`.\npub const {rust}: {ty} = {text};"
         ));
         Ok(())
     }
@@ -721,16 +723,16 @@ impl<'a> Gen<'a> {
             seen.insert(v, var);
         }
         self.line(&format!(
-            "/// XDR `enum {name}`.\n{ALLOW}\n#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]\n#[repr(i32)]\npub enum {rust} {{\n{variants}}}"
+            "/// XDR `enum {name}`.\n#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]\n#[repr(i32)]\npub enum {rust} {{\n{variants}}}"
         ));
         if !aliases.is_empty() {
-            self.line(&format!("{ALLOW}\nimpl {rust} {{\n{aliases}}}"));
+            self.line(&format!("impl {rust} {{\n{aliases}}}"));
         }
         self.line(&format!(
-            "{ALLOW}\nimpl ::core::convert::TryFrom<i32> for {rust} {{\n type Error = {X}::Error;\n fn try_from(v: i32) -> Result<Self, {X}::Error> {{\n match v {{\n{arms} _ => Err({X}::Error::UnknownDiscriminant {{ type_name: \"{rust}\", value: i64::from(v) }}),\n}}\n}}\n}}\n\
-             {ALLOW}\nimpl ::core::convert::From<{rust}> for i32 {{\n fn from(v: {rust}) -> i32 {{ v as i32 }}\n}}\n\
-             {ALLOW}\nimpl {X}::XdrEncode for {rust} {{\n fn encode(&self, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n enc.put_i32(*self as i32);\n Ok(())\n}}\n}}\n\
-             {ALLOW}\nimpl {X}::XdrDecode for {rust} {{\n fn decode(dec: &mut {X}::Decoder) -> {X}::Result<Self> {{\n Self::try_from(dec.get_i32()?)\n}}\n}}"
+            "impl ::core::convert::TryFrom<i32> for {rust} {{\n type Error = {X}::Error;\n fn try_from(v: i32) -> Result<Self, {X}::Error> {{\n match v {{\n{arms} _ => Err({X}::Error::UnknownDiscriminant {{ type_name: \"{rust}\", value: i64::from(v) }}),\n}}\n}}\n}}\n\
+             impl ::core::convert::From<{rust}> for i32 {{\n fn from(v: {rust}) -> i32 {{ v as i32 }}\n}}\n\
+             impl {X}::XdrEncode for {rust} {{\n fn encode(&self, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n enc.put_i32(*self as i32);\n Ok(())\n}}\n}}\n\
+             impl {X}::XdrDecode for {rust} {{\n fn decode(dec: &mut {X}::Decoder) -> {X}::Result<Self> {{\n Self::try_from(dec.get_i32()?)\n}}\n}}"
         ));
         Ok(())
     }
@@ -765,9 +767,9 @@ impl<'a> Gen<'a> {
             ""
         };
         self.line(&format!(
-            "/// XDR `struct {name}`.\n{ALLOW}\n#[derive(Debug, Clone, PartialEq{default})]\npub struct {rust} {{\n{decls}}}\n\
-             {ALLOW}\nimpl {X}::XdrEncode for {rust} {{\n fn encode(&self, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n{enc} Ok(())\n}}\n}}\n\
-             {ALLOW}\nimpl {X}::XdrDecode for {rust} {{\n fn decode(dec: &mut {X}::Decoder) -> {X}::Result<Self> {{\n Ok(Self {{\n{dec}}})\n}}\n}}"
+            "/// XDR `struct {name}`.\n#[derive(Debug, Clone, PartialEq{default})]\npub struct {rust} {{\n{decls}}}\n\
+             impl {X}::XdrEncode for {rust} {{\n fn encode(&self, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n{enc} Ok(())\n}}\n}}\n\
+             impl {X}::XdrDecode for {rust} {{\n fn decode(dec: &mut {X}::Decoder) -> {X}::Result<Self> {{\n Ok(Self {{\n{dec}}})\n}}\n}}"
         ));
         Ok(())
     }
@@ -999,9 +1001,9 @@ impl<'a> Gen<'a> {
             None => {}
         }
         self.line(&format!(
-            "/// XDR `union {name} switch ({} {})`.\n{ALLOW}\n#[derive(Debug, Clone, PartialEq)]\npub enum {rust} {{\n{variants}}}\n\
-             {ALLOW}\nimpl {X}::XdrEncode for {rust} {{\n fn encode(&self, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n match self {{\n{enc_arms}}}\n Ok(())\n}}\n}}\n\
-             {ALLOW}\nimpl {X}::XdrDecode for {rust} {{\n fn decode(dec: &mut {X}::Decoder) -> {X}::Result<Self> {{\n let disc = {get};\n match disc {{\n{dec_arms}}}\n}}\n}}",
+            "/// XDR `union {name} switch ({} {})`.\n#[derive(Debug, Clone, PartialEq)]\npub enum {rust} {{\n{variants}}}\n\
+             impl {X}::XdrEncode for {rust} {{\n fn encode(&self, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n match self {{\n{enc_arms}}}\n Ok(())\n}}\n}}\n\
+             impl {X}::XdrDecode for {rust} {{\n fn decode(dec: &mut {X}::Decoder) -> {X}::Result<Self> {{\n let disc = {get};\n match disc {{\n{dec_arms}}}\n}}\n}}",
             disc.ty.describe().trim_matches('\''),
             disc.name
         ));
@@ -1023,9 +1025,9 @@ impl<'a> Gen<'a> {
         };
         let dec = self.dec_decl(decl)?;
         self.line(&format!(
-            "/// XDR `typedef {name}`.\n{ALLOW}\npub type {rust} = {ty};\n\
-             /// Encodes a [`{rust}`], applying the typedef's bounds.\n{ALLOW}\npub fn encode_{f}(v: &{rust}, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n{body}\n}}\n\
-             /// Decodes a [`{rust}`], applying the typedef's bounds.\n{ALLOW}\npub fn decode_{f}(dec: &mut {X}::Decoder) -> {X}::Result<{rust}> {{\n{dec}\n}}"
+            "/// XDR `typedef {name}`.\npub type {rust} = {ty};\n\
+             /// Encodes a [`{rust}`], applying the typedef's bounds.\npub fn encode_{f}(v: &{rust}, enc: &mut {X}::Encoder) -> {X}::Result<()> {{\n{body}\n}}\n\
+             /// Decodes a [`{rust}`], applying the typedef's bounds.\npub fn decode_{f}(dec: &mut {X}::Decoder) -> {X}::Result<{rust}> {{\n{dec}\n}}"
         ));
         Ok(())
     }
@@ -1050,7 +1052,7 @@ impl<'a> Gen<'a> {
         self.number_consts
             .insert(rust.clone(), (n, c_name.to_owned(), pos));
         self.line(&format!(
-            "/// {what} `{c_name}`.\n{ALLOW}\npub const {rust}: u32 = {n};"
+            "/// {what} `{c_name}`.\npub const {rust}: u32 = {n};"
         ));
         Ok(rust)
     }
@@ -1241,16 +1243,16 @@ impl<'a> Gen<'a> {
                 v.name, p.name
             );
             self.line(&format!(
-                "/// Client for {title}.\n{ALLOW}\n#[derive(Debug, Clone)]\npub struct {client} {{\n rpc: {RPC}::Client,\n timeout: Option<::std::time::Duration>,\n}}\n\
-                 {ALLOW}\nimpl {client} {{\n/// The program number.\npub const PROGRAM: u32 = {pconst};\n/// The version number.\npub const VERSION: u32 = {vconst};\n\
+                "/// Client for {title}.\n#[derive(Debug, Clone)]\npub struct {client} {{\n rpc: {RPC}::Client,\n timeout: Option<::std::time::Duration>,\n}}\n\
+                 impl {client} {{\n/// The program number.\npub const PROGRAM: u32 = {pconst};\n/// The version number.\npub const VERSION: u32 = {vconst};\n\
                  /// A client making calls over `rpc` with the connection's default timeout.\npub fn new(rpc: {RPC}::Client) -> Self {{ Self {{ rpc, timeout: None }} }}\n\
                  /// Uses `timeout` for every call instead of the connection's default.\npub fn with_timeout(mut self, timeout: ::std::time::Duration) -> Self {{ self.timeout = Some(timeout); self }}\n\
                  /// The underlying connection.\npub fn rpc(&self) -> &{RPC}::Client {{ &self.rpc }}\n\
                  /// The per-call timeout, if set.\npub fn timeout(&self) -> Option<::std::time::Duration> {{ self.timeout }}\n{client_methods}}}\n\
-                 /// Server side of {title}: implement it and serve it with [`{service}`].\n{ALLOW}\npub trait {server}: Send + Sync + 'static {{\n{trait_methods}}}\n\
-                 /// Adapts a [`{server}`] to [`{RPC}::Service`]: decodes arguments, calls the handler, encodes the result.\n{ALLOW}\n#[derive(Debug, Clone)]\npub struct {service}<S> {{\n inner: S,\n}}\n\
-                 {ALLOW}\nimpl<S: {server}> {service}<S> {{\n/// Wraps a handler.\npub fn new(inner: S) -> Self {{ Self {{ inner }} }}\n/// The handler.\npub fn inner(&self) -> &S {{ &self.inner }}\n/// Unwraps the handler.\npub fn into_inner(self) -> S {{ self.inner }}\n}}\n\
-                 {ALLOW}\nimpl<S: {server}> {RPC}::Service for {service}<S> {{\n fn program(&self) -> u32 {{ {pconst} }}\n fn version(&self) -> u32 {{ {vconst} }}\n\
+                 /// Server side of {title}: implement it and serve it with [`{service}`].\npub trait {server}: Send + Sync + 'static {{\n{trait_methods}}}\n\
+                 /// Adapts a [`{server}`] to [`{RPC}::Service`]: decodes arguments, calls the handler, encodes the result.\n#[derive(Debug, Clone)]\npub struct {service}<S> {{\n inner: S,\n}}\n\
+                 impl<S: {server}> {service}<S> {{\n/// Wraps a handler.\npub fn new(inner: S) -> Self {{ Self {{ inner }} }}\n/// The handler.\npub fn inner(&self) -> &S {{ &self.inner }}\n/// Unwraps the handler.\npub fn into_inner(self) -> S {{ self.inner }}\n}}\n\
+                 impl<S: {server}> {RPC}::Service for {service}<S> {{\n fn program(&self) -> u32 {{ {pconst} }}\n fn version(&self) -> u32 {{ {vconst} }}\n\
                  fn dispatch(&self, ctx: &{RPC}::CallContext, dec: &mut {X}::Decoder, enc: &mut {X}::Encoder) -> {RPC}::Dispatch {{\n\
                  fn proc_error_dispatch(e: &{RPC}::ProcError) -> {RPC}::Dispatch {{\n match e {{\n {RPC}::ProcError::GarbageArgs => {RPC}::Dispatch::GarbageArgs,\n _ => {RPC}::Dispatch::SystemErr,\n}}\n}}\n\
                  let _ = &enc;\n match ctx.procedure {{\n{dispatch} _ => {RPC}::Dispatch::ProcUnavail,\n}}\n}}\n}}"

@@ -267,7 +267,10 @@ fn crate_doc(file_name: &str, crate_name: &str, code: &str) -> String {
                 .join(", ")
         ));
     }
-    doc.push('\n');
+    doc.push_str(&format!(
+        "#![allow({})]\n\n",
+        crate::generate::ALLOWED_LINTS
+    ));
     doc
 }
 

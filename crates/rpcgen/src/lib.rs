@@ -126,9 +126,10 @@
 //!   `Case0`/`CaseNeg1` for literals, `True`/`False` for bool.
 //! * Per version `V`: `VClient`, `VServer` (trait), `VService<S>`.
 //! * Two C names that convert to the same Rust name are an error naming both.
-//! * Every generated item carries `#[allow(dead_code, missing_docs, unreachable_pub,
-//!   non_camel_case_types, clippy::all)]`, so the code is warning-free wherever it is
-//!   `include!`d (inner attributes cannot be used in an included file).
+//! * Generated code may trip `dead_code`, `missing_docs`, `unreachable_pub`,
+//!   `non_camel_case_types` and clippy's style lints ([`ALLOWED_LINTS`]). Put
+//!   `#[allow(..)]` with them on the module that `include!`s the code (an included file cannot
+//!   carry inner attributes); crates written by `remora rpcgen` start with `#![allow(..)]`.
 //!
 //! # Generated client and server
 //!
@@ -168,6 +169,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 pub use error::{Diagnostic, Error, Result};
+pub use generate::ALLOWED_LINTS;
 pub use krate::{CrateOptions, CrateReport, default_runtime, generate_crate};
 
 /// How every generated file starts; used to recognise our own output.

@@ -21,6 +21,13 @@ mod service;
 pub use service::RtService;
 
 /// Code generated from `x/rpctest.x` by `remora-rpcgen` at build time.
+#[allow(
+    dead_code,
+    missing_docs,
+    unreachable_pub,
+    non_camel_case_types,
+    clippy::all
+)]
 pub mod rpctest {
     include!(concat!(env!("OUT_DIR"), "/rpctest.rs"));
 }

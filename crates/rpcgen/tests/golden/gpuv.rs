@@ -3,25 +3,18 @@
 #[allow(unused_imports)]
 use ::remora_xdr::{XdrDecode as _, XdrEncode as _};
 /// `const GPUV_MAX_NAME`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_MAX_NAME: u32 = 64;
 /// `const GPUV_MAX_DEVICES`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_MAX_DEVICES: u32 = 0x10;
 /// `const GPUV_MAX_DATA`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_MAX_DATA: u32 = 1048576;
 /// `const GPUV_NEG`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_NEG: i32 = -2;
 /// `const GPUV_OCTAL`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_OCTAL: u32 = 493;
 /// `const GPUV_ALIAS`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_ALIAS: u32 = 64;
 /// XDR `enum gpuv_status`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 #[repr(i32)]
 pub enum GpuvStatus {
@@ -35,12 +28,10 @@ pub enum GpuvStatus {
     /// `GPUV_ERR_UNKNOWN` = -1
     GpuvErrUnknown = -1,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl GpuvStatus {
     /// `GPUV_SUCCESS` = 0, same as [`Self::GpuvOk`].
     pub const GPUV_SUCCESS: Self = Self::GpuvOk;
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::core::convert::TryFrom<i32> for GpuvStatus {
     type Error = ::remora_xdr::Error;
     fn try_from(v: i32) -> Result<Self, ::remora_xdr::Error> {
@@ -58,27 +49,23 @@ impl ::core::convert::TryFrom<i32> for GpuvStatus {
         }
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::core::convert::From<GpuvStatus> for i32 {
     fn from(v: GpuvStatus) -> i32 {
         v as i32
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for GpuvStatus {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(*self as i32);
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for GpuvStatus {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Self::try_from(dec.get_i32()?)
     }
 }
 /// XDR `enum mem_kind`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 #[repr(i32)]
 pub enum MemKind {
@@ -92,7 +79,6 @@ pub enum MemKind {
     /// `MEM_PINNED` = 6
     MemPinned = 6,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::core::convert::TryFrom<i32> for MemKind {
     type Error = ::remora_xdr::Error;
     fn try_from(v: i32) -> Result<Self, ::remora_xdr::Error> {
@@ -110,30 +96,25 @@ impl ::core::convert::TryFrom<i32> for MemKind {
         }
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::core::convert::From<MemKind> for i32 {
     fn from(v: MemKind) -> i32 {
         v as i32
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for MemKind {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(*self as i32);
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for MemKind {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Self::try_from(dec.get_i32()?)
     }
 }
 /// XDR `typedef gpuv_name`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type GpuvName = String;
 /// Encodes a [`GpuvName`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_gpuv_name(
     v: &GpuvName,
     enc: &mut ::remora_xdr::Encoder,
@@ -141,17 +122,14 @@ pub fn encode_gpuv_name(
     enc.put_string(v, GPUV_MAX_NAME)
 }
 /// Decodes a [`GpuvName`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_gpuv_name(
     dec: &mut ::remora_xdr::Decoder,
 ) -> ::remora_xdr::Result<GpuvName> {
     dec.get_string(GPUV_MAX_NAME)
 }
 /// XDR `typedef gpuv_uuid`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type GpuvUuid = [u8; 16];
 /// Encodes a [`GpuvUuid`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_gpuv_uuid(
     v: &GpuvUuid,
     enc: &mut ::remora_xdr::Encoder,
@@ -160,17 +138,14 @@ pub fn encode_gpuv_uuid(
     Ok(())
 }
 /// Decodes a [`GpuvUuid`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_gpuv_uuid(
     dec: &mut ::remora_xdr::Decoder,
 ) -> ::remora_xdr::Result<GpuvUuid> {
     dec.get_fixed_opaque::<16>()
 }
 /// XDR `typedef gpuv_ptr`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type GpuvPtr = u64;
 /// Encodes a [`GpuvPtr`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_gpuv_ptr(
     v: &GpuvPtr,
     enc: &mut ::remora_xdr::Encoder,
@@ -179,17 +154,14 @@ pub fn encode_gpuv_ptr(
     Ok(())
 }
 /// Decodes a [`GpuvPtr`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_gpuv_ptr(
     dec: &mut ::remora_xdr::Decoder,
 ) -> ::remora_xdr::Result<GpuvPtr> {
     dec.get_u64()
 }
 /// XDR `typedef gpuv_blob`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type GpuvBlob = ::remora_xdr::Bytes;
 /// Encodes a [`GpuvBlob`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_gpuv_blob(
     v: &GpuvBlob,
     enc: &mut ::remora_xdr::Encoder,
@@ -197,17 +169,14 @@ pub fn encode_gpuv_blob(
     enc.put_opaque_bytes(v, ::remora_xdr::UNBOUNDED)
 }
 /// Decodes a [`GpuvBlob`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_gpuv_blob(
     dec: &mut ::remora_xdr::Decoder,
 ) -> ::remora_xdr::Result<GpuvBlob> {
     dec.get_opaque(::remora_xdr::UNBOUNDED)
 }
 /// XDR `typedef gpuv_names`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type GpuvNames = Vec<GpuvName>;
 /// Encodes a [`GpuvNames`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_gpuv_names(
     v: &GpuvNames,
     enc: &mut ::remora_xdr::Encoder,
@@ -215,14 +184,12 @@ pub fn encode_gpuv_names(
     enc.put_array(v, GPUV_MAX_DEVICES, |enc, x| encode_gpuv_name(x, enc))
 }
 /// Decodes a [`GpuvNames`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_gpuv_names(
     dec: &mut ::remora_xdr::Decoder,
 ) -> ::remora_xdr::Result<GpuvNames> {
     dec.get_array(GPUV_MAX_DEVICES, |dec| decode_gpuv_name(dec))
 }
 /// XDR `struct device_props`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DeviceProps {
     /// `name`
@@ -266,7 +233,6 @@ pub struct DeviceProps {
     /// `type`
     pub r#type: String,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for DeviceProps {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         encode_gpuv_name(&self.name, enc)?;
@@ -313,7 +279,6 @@ impl ::remora_xdr::XdrEncode for DeviceProps {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for DeviceProps {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self {
@@ -341,7 +306,6 @@ impl ::remora_xdr::XdrDecode for DeviceProps {
     }
 }
 /// XDR `struct mem_info`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MemInfo {
     /// `base`
@@ -351,7 +315,6 @@ pub struct MemInfo {
     /// `kind`
     pub kind: MemKind,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for MemInfo {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         encode_gpuv_ptr(&self.base, enc)?;
@@ -360,7 +323,6 @@ impl ::remora_xdr::XdrEncode for MemInfo {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for MemInfo {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self {
@@ -371,7 +333,6 @@ impl ::remora_xdr::XdrDecode for MemInfo {
     }
 }
 /// XDR `struct device_entry`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DeviceEntry {
     /// `ordinal`
@@ -381,7 +342,6 @@ pub struct DeviceEntry {
     /// `next`
     pub next: Option<Box<DeviceEntry>>,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for DeviceEntry {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(self.ordinal);
@@ -390,7 +350,6 @@ impl ::remora_xdr::XdrEncode for DeviceEntry {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for DeviceEntry {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self {
@@ -401,7 +360,6 @@ impl ::remora_xdr::XdrDecode for DeviceEntry {
     }
 }
 /// XDR `union alloc_result switch (gpuv_status status)`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum AllocResult {
     /// `case GPUV_OK: ptr`
@@ -413,7 +371,6 @@ pub enum AllocResult {
     /// `default: reason`
     Default { discriminant: GpuvStatus, value: String },
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for AllocResult {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         match self {
@@ -431,7 +388,6 @@ impl ::remora_xdr::XdrEncode for AllocResult {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for AllocResult {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         let disc = dec.get_i32()?;
@@ -449,7 +405,6 @@ impl ::remora_xdr::XdrDecode for AllocResult {
     }
 }
 /// XDR `union opt_value switch (bool present)`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum OptValue {
     /// `case TRUE: value`
@@ -457,7 +412,6 @@ pub enum OptValue {
     /// `case FALSE: void`
     False,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for OptValue {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         match self {
@@ -470,7 +424,6 @@ impl ::remora_xdr::XdrEncode for OptValue {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for OptValue {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         let disc = dec.get_bool()?;
@@ -481,7 +434,6 @@ impl ::remora_xdr::XdrDecode for OptValue {
     }
 }
 /// XDR `struct by_int_error_info`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ByIntErrorInfo {
     /// `code`
@@ -489,7 +441,6 @@ pub struct ByIntErrorInfo {
     /// `msg`
     pub msg: String,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for ByIntErrorInfo {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(self.code);
@@ -497,7 +448,6 @@ impl ::remora_xdr::XdrEncode for ByIntErrorInfo {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for ByIntErrorInfo {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self {
@@ -507,7 +457,6 @@ impl ::remora_xdr::XdrDecode for ByIntErrorInfo {
     }
 }
 /// XDR `union by_int switch (int kind)`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum ByInt {
     /// `case 0: small`
@@ -519,7 +468,6 @@ pub enum ByInt {
     /// `case GPUV_MAX_NAME: void`
     GpuvMaxName,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for ByInt {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         match self {
@@ -540,7 +488,6 @@ impl ::remora_xdr::XdrEncode for ByInt {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for ByInt {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         let disc = dec.get_i32()?;
@@ -559,7 +506,6 @@ impl ::remora_xdr::XdrDecode for ByInt {
     }
 }
 /// XDR `enum by_uint_color`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 #[repr(i32)]
 pub enum ByUintColor {
@@ -569,7 +515,6 @@ pub enum ByUintColor {
     /// `COLOR_GREEN` = 7
     ColorGreen = 7,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::core::convert::TryFrom<i32> for ByUintColor {
     type Error = ::remora_xdr::Error;
     fn try_from(v: i32) -> Result<Self, ::remora_xdr::Error> {
@@ -585,27 +530,23 @@ impl ::core::convert::TryFrom<i32> for ByUintColor {
         }
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::core::convert::From<ByUintColor> for i32 {
     fn from(v: ByUintColor) -> i32 {
         v as i32
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for ByUintColor {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(*self as i32);
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for ByUintColor {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Self::try_from(dec.get_i32()?)
     }
 }
 /// XDR `union by_uint switch (unsigned int k)`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum ByUint {
     /// `case 3: color`
@@ -613,7 +554,6 @@ pub enum ByUint {
     /// `default: void`
     Default { discriminant: u32 },
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for ByUint {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         match self {
@@ -628,7 +568,6 @@ impl ::remora_xdr::XdrEncode for ByUint {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for ByUint {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         let disc = dec.get_u32()?;
@@ -643,7 +582,6 @@ impl ::remora_xdr::XdrDecode for ByUint {
     }
 }
 /// XDR `union launch_args_stream_opt switch (int has)`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum LaunchArgsStreamOpt {
     /// `case 1: stream`
@@ -651,7 +589,6 @@ pub enum LaunchArgsStreamOpt {
     /// `default: void`
     Default { discriminant: i32 },
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for LaunchArgsStreamOpt {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         match self {
@@ -666,7 +603,6 @@ impl ::remora_xdr::XdrEncode for LaunchArgsStreamOpt {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for LaunchArgsStreamOpt {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         let disc = dec.get_i32()?;
@@ -681,7 +617,6 @@ impl ::remora_xdr::XdrDecode for LaunchArgsStreamOpt {
     }
 }
 /// XDR `struct launch_args`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchArgs {
     /// `func`
@@ -697,7 +632,6 @@ pub struct LaunchArgs {
     /// `stream_opt`
     pub stream_opt: LaunchArgsStreamOpt,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for LaunchArgs {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         encode_gpuv_ptr(&self.func, enc)?;
@@ -723,7 +657,6 @@ impl ::remora_xdr::XdrEncode for LaunchArgs {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for LaunchArgs {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self {
@@ -737,7 +670,6 @@ impl ::remora_xdr::XdrDecode for LaunchArgs {
     }
 }
 /// XDR `struct point`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Point {
     /// `x`
@@ -745,7 +677,6 @@ pub struct Point {
     /// `y`
     pub y: i32,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for Point {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(self.x);
@@ -753,7 +684,6 @@ impl ::remora_xdr::XdrEncode for Point {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for Point {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self {
@@ -763,10 +693,8 @@ impl ::remora_xdr::XdrDecode for Point {
     }
 }
 /// XDR `typedef device_list`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type DeviceList = Option<Box<DeviceEntry>>;
 /// Encodes a [`DeviceList`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_device_list(
     v: &DeviceList,
     enc: &mut ::remora_xdr::Encoder,
@@ -774,14 +702,12 @@ pub fn encode_device_list(
     enc.put_option(v.as_deref(), |enc, x| x.encode(enc))
 }
 /// Decodes a [`DeviceList`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_device_list(
     dec: &mut ::remora_xdr::Decoder,
 ) -> ::remora_xdr::Result<DeviceList> {
     dec.get_option(|dec| DeviceEntry::decode(dec).map(Box::new))
 }
 /// XDR `struct device_reply`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DeviceReply {
     /// `status`
@@ -791,7 +717,6 @@ pub struct DeviceReply {
     /// `results`
     pub results: Vec<AllocResult>,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for DeviceReply {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         self.status.encode(enc)?;
@@ -800,7 +725,6 @@ impl ::remora_xdr::XdrEncode for DeviceReply {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for DeviceReply {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self {
@@ -812,46 +736,33 @@ impl ::remora_xdr::XdrDecode for DeviceReply {
     }
 }
 /// Program number `GPUV_PROG`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_PROG: u32 = 537171576;
 /// Version number `GPUV_V1`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_V1: u32 = 1;
 /// Procedure number `GPUV_NULL`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_NULL: u32 = 0;
 /// Procedure number `GPUV_LIST_DEVICES`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_LIST_DEVICES: u32 = 1;
 /// Procedure number `GPUV_MALLOC`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_MALLOC: u32 = 2;
 /// Procedure number `GPUV_FREE`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_FREE: u32 = 3;
 /// Procedure number `GPUV_MEMCPY_DTOH`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_MEMCPY_DTOH: u32 = 4;
 /// Procedure number `GPUV_MEMCPY_HTOD`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_MEMCPY_HTOD: u32 = 5;
 /// Procedure number `GPUV_LAUNCH`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_LAUNCH: u32 = 6;
 /// Procedure number `GPUV_NAME`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_NAME: u32 = 7;
 /// Procedure number `GPUV_PROBE`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_PROBE: u32 = 8;
 /// Client for version `GPUV_V1` (1) of program `GPUV_PROG` (537171576).
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone)]
 pub struct GpuvV1Client {
     rpc: ::remora_oncrpc::Client,
     timeout: Option<::std::time::Duration>,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl GpuvV1Client {
     /// The program number.
     pub const PROGRAM: u32 = GPUV_PROG;
@@ -1010,7 +921,6 @@ impl GpuvV1Client {
     }
 }
 /// Server side of version `GPUV_V1` (1) of program `GPUV_PROG` (537171576): implement it and serve it with [`GpuvV1Service`].
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub trait GpuvV1Server: Send + Sync + 'static {
     /// `void GPUV_NULL(void) = 0`
     fn gpuv_null(
@@ -1070,12 +980,10 @@ pub trait GpuvV1Server: Send + Sync + 'static {
     ) -> ::remora_oncrpc::ProcResult<OptValue>;
 }
 /// Adapts a [`GpuvV1Server`] to [`::remora_oncrpc::Service`]: decodes arguments, calls the handler, encodes the result.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone)]
 pub struct GpuvV1Service<S> {
     inner: S,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl<S: GpuvV1Server> GpuvV1Service<S> {
     /// Wraps a handler.
     pub fn new(inner: S) -> Self {
@@ -1090,7 +998,6 @@ impl<S: GpuvV1Server> GpuvV1Service<S> {
         self.inner
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl<S: GpuvV1Server> ::remora_oncrpc::Service for GpuvV1Service<S> {
     fn program(&self) -> u32 {
         GPUV_PROG
@@ -1275,22 +1182,17 @@ impl<S: GpuvV1Server> ::remora_oncrpc::Service for GpuvV1Service<S> {
     }
 }
 /// Version number `GPUV_V2`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_V2: u32 = 2;
 /// Procedure number `GPUV_LOG`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_LOG: u32 = 9;
 /// Procedure number `GPUV_QUERY`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_QUERY: u32 = 10;
 /// Client for version `GPUV_V2` (2) of program `GPUV_PROG` (537171576).
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone)]
 pub struct GpuvV2Client {
     rpc: ::remora_oncrpc::Client,
     timeout: Option<::std::time::Duration>,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl GpuvV2Client {
     /// The program number.
     pub const PROGRAM: u32 = GPUV_PROG;
@@ -1344,7 +1246,6 @@ impl GpuvV2Client {
     }
 }
 /// Server side of version `GPUV_V2` (2) of program `GPUV_PROG` (537171576): implement it and serve it with [`GpuvV2Service`].
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub trait GpuvV2Server: Send + Sync + 'static {
     /// `device_reply GPUV_LIST_DEVICES(void) = 1`
     fn gpuv_list_devices(
@@ -1365,12 +1266,10 @@ pub trait GpuvV2Server: Send + Sync + 'static {
     ) -> ::remora_oncrpc::ProcResult<ByInt>;
 }
 /// Adapts a [`GpuvV2Server`] to [`::remora_oncrpc::Service`]: decodes arguments, calls the handler, encodes the result.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone)]
 pub struct GpuvV2Service<S> {
     inner: S,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl<S: GpuvV2Server> GpuvV2Service<S> {
     /// Wraps a handler.
     pub fn new(inner: S) -> Self {
@@ -1385,7 +1284,6 @@ impl<S: GpuvV2Server> GpuvV2Service<S> {
         self.inner
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl<S: GpuvV2Server> ::remora_oncrpc::Service for GpuvV2Service<S> {
     fn program(&self) -> u32 {
         GPUV_PROG
@@ -1460,22 +1358,17 @@ impl<S: GpuvV2Server> ::remora_oncrpc::Service for GpuvV2Service<S> {
     }
 }
 /// Program number `GPUV_CALLBACK_PROG`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_CALLBACK_PROG: u32 = 537171577;
 /// Version number `GPUV_CALLBACK_V1`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_CALLBACK_V1: u32 = 1;
 /// Procedure number `GPUV_EVENT`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const GPUV_EVENT: u32 = 1;
 /// Client for version `GPUV_CALLBACK_V1` (1) of program `GPUV_CALLBACK_PROG` (537171577).
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone)]
 pub struct GpuvCallbackV1Client {
     rpc: ::remora_oncrpc::Client,
     timeout: Option<::std::time::Duration>,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl GpuvCallbackV1Client {
     /// The program number.
     pub const PROGRAM: u32 = GPUV_CALLBACK_PROG;
@@ -1520,7 +1413,6 @@ impl GpuvCallbackV1Client {
     }
 }
 /// Server side of version `GPUV_CALLBACK_V1` (1) of program `GPUV_CALLBACK_PROG` (537171577): implement it and serve it with [`GpuvCallbackV1Service`].
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub trait GpuvCallbackV1Server: Send + Sync + 'static {
     /// `void GPUV_EVENT(int, hyper) = 1`
     fn gpuv_event(
@@ -1531,12 +1423,10 @@ pub trait GpuvCallbackV1Server: Send + Sync + 'static {
     ) -> ::remora_oncrpc::ProcResult<()>;
 }
 /// Adapts a [`GpuvCallbackV1Server`] to [`::remora_oncrpc::Service`]: decodes arguments, calls the handler, encodes the result.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone)]
 pub struct GpuvCallbackV1Service<S> {
     inner: S,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl<S: GpuvCallbackV1Server> GpuvCallbackV1Service<S> {
     /// Wraps a handler.
     pub fn new(inner: S) -> Self {
@@ -1551,7 +1441,6 @@ impl<S: GpuvCallbackV1Server> GpuvCallbackV1Service<S> {
         self.inner
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl<S: GpuvCallbackV1Server> ::remora_oncrpc::Service for GpuvCallbackV1Service<S> {
     fn program(&self) -> u32 {
         GPUV_CALLBACK_PROG

@@ -3,13 +3,10 @@
 #[allow(unused_imports)]
 use ::remora_xdr::{XdrDecode as _, XdrEncode as _};
 /// `const COMMON_MAX`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const COMMON_MAX: u32 = 32;
 /// XDR `typedef common_name`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type CommonName = String;
 /// Encodes a [`CommonName`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_common_name(
     v: &CommonName,
     enc: &mut ::remora_xdr::Encoder,
@@ -17,20 +14,16 @@ pub fn encode_common_name(
     enc.put_string(v, COMMON_MAX)
 }
 /// Decodes a [`CommonName`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_common_name(
     dec: &mut ::remora_xdr::Decoder,
 ) -> ::remora_xdr::Result<CommonName> {
     dec.get_string(COMMON_MAX)
 }
 /// `const HAVE_SIZE`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const HAVE_SIZE: u32 = 8;
 /// `const SIZE_UNDEFINED`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub const SIZE_UNDEFINED: u32 = 1;
 /// XDR `enum Color_Kind`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 #[repr(i32)]
 pub enum ColorKind {
@@ -42,12 +35,10 @@ pub enum ColorKind {
     /// `BLUE` = 16
     Blue = 16,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ColorKind {
     /// `ALSO_BLUE` = 16, same as [`Self::Blue`].
     pub const ALSO_BLUE: Self = Self::Blue;
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::core::convert::TryFrom<i32> for ColorKind {
     type Error = ::remora_xdr::Error;
     fn try_from(v: i32) -> Result<Self, ::remora_xdr::Error> {
@@ -64,27 +55,23 @@ impl ::core::convert::TryFrom<i32> for ColorKind {
         }
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::core::convert::From<ColorKind> for i32 {
     fn from(v: ColorKind) -> i32 {
         v as i32
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for ColorKind {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(*self as i32);
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for ColorKind {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Self::try_from(dec.get_i32()?)
     }
 }
 /// XDR `struct naming`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Naming {
     /// `type`
@@ -102,7 +89,6 @@ pub struct Naming {
     /// `free`
     pub free: String,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for Naming {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(self.r#type);
@@ -115,7 +101,6 @@ impl ::remora_xdr::XdrEncode for Naming {
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for Naming {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self {
@@ -130,30 +115,25 @@ impl ::remora_xdr::XdrDecode for Naming {
     }
 }
 /// XDR `struct option`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct XdrOption {
     /// `x`
     pub x: i32,
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrEncode for XdrOption {
     fn encode(&self, enc: &mut ::remora_xdr::Encoder) -> ::remora_xdr::Result<()> {
         enc.put_i32(self.x);
         Ok(())
     }
 }
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 impl ::remora_xdr::XdrDecode for XdrOption {
     fn decode(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Self> {
         Ok(Self { x: dec.get_i32()? })
     }
 }
 /// XDR `typedef counts`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type Counts = Vec<i32>;
 /// Encodes a [`Counts`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_counts(
     v: &Counts,
     enc: &mut ::remora_xdr::Encoder,
@@ -168,15 +148,12 @@ pub fn encode_counts(
     )
 }
 /// Decodes a [`Counts`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_counts(dec: &mut ::remora_xdr::Decoder) -> ::remora_xdr::Result<Counts> {
     dec.get_array(::remora_xdr::UNBOUNDED, |dec| dec.get_i32())
 }
 /// XDR `typedef naming_ptr`.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub type NamingPtr = Option<Box<Naming>>;
 /// Encodes a [`NamingPtr`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn encode_naming_ptr(
     v: &NamingPtr,
     enc: &mut ::remora_xdr::Encoder,
@@ -184,7 +161,6 @@ pub fn encode_naming_ptr(
     enc.put_option(v.as_deref(), |enc, x| x.encode(enc))
 }
 /// Decodes a [`NamingPtr`], applying the typedef's bounds.
-#[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
 pub fn decode_naming_ptr(
     dec: &mut ::remora_xdr::Decoder,
 ) -> ::remora_xdr::Result<NamingPtr> {
