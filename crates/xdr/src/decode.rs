@@ -92,9 +92,14 @@ impl Decoder {
         Ok(out)
     }
 
-    /// Skips the zero padding after `len` bytes of opaque data.
+    /// Skips the padding after `len` bytes of opaque data; it must be zero (RFC 4506 §3), so
+    /// that every value has exactly one encoding.
     fn skip_pad(&mut self, len: usize) -> Result<()> {
-        self.take(padding(len)).map(|_| ())
+        if self.take(padding(len))?.iter().all(|&b| b == 0) {
+            Ok(())
+        } else {
+            Err(Error::NonZeroPadding)
+        }
     }
 
     /// Decodes an `unsigned int`.
@@ -178,6 +183,12 @@ impl Decoder {
                 needed: total,
                 remaining,
             });
+        }
+        if self.buf[self.pos + n..self.pos + total]
+            .iter()
+            .any(|&b| b != 0)
+        {
+            return Err(Error::NonZeroPadding);
         }
         let out = self.buf.slice(self.pos..self.pos + n);
         self.pos += total;

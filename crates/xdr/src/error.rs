@@ -59,6 +59,9 @@ pub enum Error {
         /// The value on the wire.
         value: i64,
     },
+    /// The padding after opaque data or a string was not zero, as RFC 4506 §3 requires.
+    #[error("XDR padding bytes must be zero")]
+    NonZeroPadding,
     /// Bytes were left after the last item: the message is malformed.
     #[error("{0} trailing bytes after the XDR data")]
     TrailingBytes(usize),

@@ -255,6 +255,16 @@ mod tests {
     }
 
     #[test]
+    fn nonzero_padding_rejected() {
+        let mut d = Decoder::from_slice(&[0, 0, 0, 1, b'a', 0, 1, 0]);
+        assert_eq!(d.get_string(UNBOUNDED), Err(Error::NonZeroPadding));
+        let mut d = Decoder::from_slice(&[0, 0, 0, 1, 7, 0, 0, 9]);
+        assert_eq!(d.get_opaque(UNBOUNDED), Err(Error::NonZeroPadding));
+        let mut d = Decoder::from_slice(&[1, 2, 3, 4]);
+        assert_eq!(d.get_fixed_opaque::<3>(), Err(Error::NonZeroPadding));
+    }
+
+    #[test]
     fn trailing_bytes_rejected() {
         assert_eq!(
             decode_all::<u32>(Bytes::from_static(&[0, 0, 0, 1, 0])),
