@@ -229,3 +229,64 @@ fn rpcgen_reports_spec_errors_with_position() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("bad.x:3:1"), "{stderr}");
 }
+
+#[test]
+fn default_listener_is_a_private_unix_socket_in_the_runtime_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let runtime = tempfile::tempdir().unwrap();
+    let mut child = Command::new(REMORA)
+        .arg("serve")
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let sock = runtime.path().join("remora/remora.sock");
+    assert_eq!(
+        line.trim(),
+        format!("remora serve: listening on unix://{}", sock.display())
+    );
+    let mode = std::fs::metadata(runtime.path().join("remora"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let out = Command::new(REMORA)
+        .arg("info")
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn a_default_socket_dir_open_to_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let runtime = tempfile::tempdir().unwrap();
+    let dir = runtime.path().join("remora");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new(REMORA)
+        .arg("serve")
+        .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("mode 0700") && stderr.contains("--listen"),
+        "{stderr}"
+    );
+}

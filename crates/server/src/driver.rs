@@ -72,9 +72,15 @@ pub fn probe_library(path: &str) -> Inventory {
     let lib = match unsafe { Library::new(path) } {
         Ok(lib) => lib,
         Err(e) => {
+            let mut detail = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                detail = format!("{detail}: {s}");
+                source = s.source();
+            }
             return Inventory::NotFound(format!(
-                "could not load the CUDA driver {path}: {e}. Install the NVIDIA driver, or set \
-                 REMORA_REAL_LIBCUDA to its path"
+                "could not load the CUDA driver {path} ({detail}). Install the NVIDIA driver, \
+                 or set REMORA_REAL_LIBCUDA to its path"
             ));
         }
     };

@@ -61,20 +61,45 @@ fn default_socket_dir() -> PathBuf {
 }
 
 fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let Endpoint::Unix(path) = endpoint else {
         return Ok(());
     };
     let Some(dir) = path.parent() else {
         return Ok(());
     };
-    if dir.as_os_str().is_empty() || dir.exists() {
-        return Ok(());
-    }
     let err = |source| ServeError::SocketDir {
         path: dir.to_owned(),
         source,
     };
+    if dir == default_socket_dir() {
+        // The default directory may sit in /tmp, where another user could have made it first:
+        // use it only if it is ours and closed to others.
+        match std::fs::symlink_metadata(dir) {
+            Ok(meta) => {
+                let me = std::fs::metadata("/proc/self")
+                    .map(|m| m.uid())
+                    .unwrap_or(u32::MAX);
+                if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+                    return Err(err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!(
+                            "it must be a directory owned by uid {me} with mode 0700 (it is \
+                             owned by uid {} with mode {:o}); remove it, or choose a socket \
+                             with --listen unix:///PATH",
+                            meta.uid(),
+                            meta.mode() & 0o7777
+                        ),
+                    )));
+                }
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(e)),
+        }
+    } else if dir.as_os_str().is_empty() || dir.exists() {
+        return Ok(());
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
