@@ -230,14 +230,20 @@ fn rpcgen_reports_spec_errors_with_position() {
     assert!(stderr.contains("bad.x:3:1"), "{stderr}");
 }
 
+/// `remora serve` with no --listen, its runtime directory at `runtime`, and no driver.
+fn serve_in(runtime: &Path) -> Command {
+    let mut cmd = Command::new(REMORA);
+    cmd.arg("serve")
+        .env("XDG_RUNTIME_DIR", runtime)
+        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1");
+    cmd
+}
+
 #[test]
 fn default_listener_is_a_private_unix_socket_in_the_runtime_dir() {
     use std::os::unix::fs::PermissionsExt;
     let runtime = tempfile::tempdir().unwrap();
-    let mut child = Command::new(REMORA)
-        .arg("serve")
-        .env("XDG_RUNTIME_DIR", runtime.path())
-        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+    let mut child = serve_in(runtime.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
