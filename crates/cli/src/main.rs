@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use remora_oncrpc::Endpoint;
 
 mod info;
+mod run;
 
 /// Remora: use a GPU that sits somewhere else as if it were local.
 ///
@@ -68,6 +69,26 @@ enum Command {
         #[arg(short = 'D', value_name = "NAME[=VALUE]")]
         define: Vec<String>,
     },
+    /// Run a program against a Remora server through Remora's libcuda.so.1.
+    ///
+    /// The program loads the shim instead of NVIDIA's driver (it is put first on
+    /// LD_LIBRARY_PATH) and reaches the server named by --server. With no --server, an embedded
+    /// `remora serve` runs on a private Unix socket for the duration of the command. The exit
+    /// status is the program's.
+    Run {
+        /// The server: tcp://HOST:PORT or unix:///PATH (default: start an embedded one).
+        #[arg(long, value_name = "URL")]
+        server: Option<Endpoint>,
+        /// The shim library (default: libcuda.so beside this executable, or REMORA_SHIM).
+        #[arg(long, value_name = "PATH")]
+        shim: Option<PathBuf>,
+        /// An extra argument for the embedded server (repeatable), e.g. --serve-arg=--devices=1.
+        #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+        serve_arg: Vec<std::ffi::OsString>,
+        /// The program and its arguments, after --.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Benchmark programs (not tests); results are ratios against a baseline run alongside.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -117,7 +138,7 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
     })
     .context("cannot install the Ctrl-C/SIGTERM handler")?;
     let _ = rx.recv();
-    eprintln!("remora serve: shutting down (letting calls in flight finish)");
+    tracing::info!("shutting down (letting calls in flight finish)");
     running.shutdown();
     Ok(())
 }
@@ -178,6 +199,25 @@ fn run(cli: Cli) -> Result<()> {
         Command::Info { server } => {
             init_logging("warn");
             info::run(&server.unwrap_or_else(remora_server::default_endpoint))
+        }
+        Command::Run {
+            server,
+            shim,
+            serve_arg,
+            command,
+        } => {
+            init_logging("warn");
+            let status = run::run(run::RunOptions {
+                server,
+                shim,
+                serve_args: serve_arg,
+                command,
+            })?;
+            use std::os::unix::process::ExitStatusExt;
+            let code = status
+                .code()
+                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+            std::process::exit(code);
         }
         Command::Rpcgen {
             file,

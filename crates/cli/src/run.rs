@@ -1,0 +1,195 @@
+//! `remora run`: run a program against a Remora server through the shim `libcuda.so.1`.
+//!
+//! ```text
+//! remora run [--server URL] -- ./app args…
+//!   ├─ no --server: starts `remora serve` (this executable, without the shim) on a private
+//!   │  Unix socket for the duration of the command
+//!   ├─ makes a private directory holding `libcuda.so.1` → the shim, first on LD_LIBRARY_PATH
+//!   └─ runs the program with REMORA_SERVER=URL, returns its exit status
+//! ```
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use remora_oncrpc::Endpoint;
+
+/// The file name cargo gives the shim cdylib (`[lib] name = "cuda"`).
+const SHIM_FILE: &str = "libcuda.so";
+
+/// What `remora run` was asked to do.
+#[derive(Debug)]
+pub(crate) struct RunOptions {
+    pub(crate) server: Option<Endpoint>,
+    pub(crate) shim: Option<PathBuf>,
+    pub(crate) serve_args: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
+}
+
+/// Finds the shim: `--shim`, else `REMORA_SHIM`, else beside this executable.
+fn find_shim(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(path) = explicit {
+        return Ok(path.to_owned());
+    }
+    if let Some(path) = std::env::var_os("REMORA_SHIM") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("cannot find the remora executable")?;
+    let dir = exe
+        .parent()
+        .context("the remora executable has no directory")?;
+    for candidate in [dir.join(SHIM_FILE), dir.join("libcuda.so.1")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "cannot find Remora's {SHIM_FILE} beside {} (build it with `cargo build --release \
+         -p remora-shim`), or name it with --shim PATH or REMORA_SHIM",
+        exe.display()
+    )
+}
+
+/// An embedded `remora serve` child; stopped (SIGTERM, then kill) on drop.
+struct EmbeddedServer {
+    child: Child,
+}
+
+impl EmbeddedServer {
+    fn start(socket: &Path, extra: &[OsString]) -> Result<(Self, Endpoint)> {
+        let exe = std::env::current_exe().context("cannot find the remora executable")?;
+        let endpoint = Endpoint::Unix(socket.to_owned());
+        let mut child = Command::new(exe)
+            .arg("serve")
+            .arg("--listen")
+            .arg(endpoint.to_string())
+            .args(extra)
+            // The server uses the real driver: never the shim.
+            .env_remove("LD_PRELOAD")
+            .env_remove("REMORA_SERVER")
+            // Quiet by default: the program's own output is what matters; warnings still show.
+            .env(
+                "REMORA_LOG",
+                std::env::var_os("REMORA_LOG").unwrap_or_else(|| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("cannot start the embedded remora serve")?;
+        let stdout = child.stdout.take().context("no stdout from remora serve")?;
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line).unwrap_or(0);
+            if n == 0 {
+                let status = child.wait().ok();
+                bail!("the embedded remora serve exited before listening ({status:?})");
+            }
+            if line.contains("listening on") {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("the embedded remora serve did not start listening within 60 s");
+            }
+        }
+        // Keep draining its stdout so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            while reader.read_line(&mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+        });
+        Ok((Self { child }, endpoint))
+    }
+}
+
+impl Drop for EmbeddedServer {
+    fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the command; returns its exit status.
+pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
+    let Some((program, args)) = opts.command.split_first() else {
+        bail!("nothing to run: give the program after --, as in `remora run -- ./app`");
+    };
+    let shim = find_shim(opts.shim.as_deref())?;
+    let shim = shim
+        .canonicalize()
+        .with_context(|| format!("the shim {} does not exist", shim.display()))?;
+    let private = tempfile::Builder::new()
+        .prefix("remora-run-")
+        .tempdir()
+        .context("cannot create a private directory")?;
+    let libdir = private.path().join("lib");
+    std::fs::create_dir(&libdir)?;
+    std::os::unix::fs::symlink(&shim, libdir.join("libcuda.so.1"))?;
+    std::os::unix::fs::symlink(&shim, libdir.join("libcuda.so"))?;
+
+    let (_server, endpoint) = match opts.server {
+        Some(endpoint) => (None, endpoint),
+        None => {
+            let (server, endpoint) =
+                EmbeddedServer::start(&private.path().join("remora.sock"), &opts.serve_args)?;
+            (Some(server), endpoint)
+        }
+    };
+
+    let mut library_path = OsString::from(&libdir);
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        library_path.push(":");
+        library_path.push(old);
+    }
+    let status = Command::new(program)
+        .args(args)
+        .env("LD_LIBRARY_PATH", library_path)
+        .env("REMORA_SERVER", endpoint.to_string())
+        .status()
+        .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
+    Ok(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_program_is_a_clear_error() {
+        let err = run(RunOptions {
+            server: None,
+            shim: Some("/nonexistent".into()),
+            serve_args: vec![],
+            command: vec![],
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("remora run -- ./app"), "{err}");
+    }
+
+    #[test]
+    fn missing_shim_is_a_clear_error() {
+        let err = run(RunOptions {
+            server: None,
+            shim: Some("/nonexistent/libcuda.so".into()),
+            serve_args: vec![],
+            command: vec!["true".into()],
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/libcuda.so"), "{err}");
+    }
+}
