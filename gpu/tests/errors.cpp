@@ -1,12 +1,12 @@
 // errors MODE: CUDA error semantics. Each mode that kills its context runs as its own process.
 //   illegal  a kernel writes through a bad pointer: the launch succeeds, the next synchronize
 //            reports CUDA_ERROR_ILLEGAL_ADDRESS (700), later calls keep reporting it (sticky);
-//            cuDevicePrimaryCtxReset then gives a working context again
+//            what cuDevicePrimaryCtxReset and a new retain answer afterwards is printed
 //   trap     __trap() in a kernel: CUDA_ERROR_LAUNCH_FAILED (719) at synchronize
 //   assert   a failed device assert: CUDA_ERROR_ASSERT (710) at synchronize
 //   api      errors that leave the context usable: not initialized, invalid device, no context,
 //            out of memory (cuMemAlloc of 1 TiB), invalid handle (cuEventElapsedTime on events
-//            without timing, destroyed stream and event), not found, invalid image, invalid values,
+//            without timing or never recorded, a NULL function; a destroyed event), not found, invalid image, invalid values,
 //            bad launch configurations, unknown error code; then a synchronize that succeeds
 // Prints each call's error name; exits 0 when each matches what the real driver returns.
 #include "../common.h"
@@ -16,11 +16,14 @@ static void expect(const char *what, CUresult got, CUresult want) {
   printf("%-48s %s%s\n", what, cu_name(got), got == want ? "" : "  (FAIL)");
   if (got != want) { failures++; fprintf(stderr, "%s: want %s\n", what, cu_name(want)); }
 }
+// For results the driver does not promise: printed, never counted as failures.
+static void show(const char *what, CUresult got) { printf("%-48s %s\n", what, cu_name(got)); }
 static void expect2(const char *what, CUresult got, CUresult want1, CUresult want2) {
   expect(what, got, got == want2 ? want2 : want1);
 }
 
 static int sticky(const char *mode, const char *kernel, CUresult want) {
+  CUdeviceptr d2;
   CUdevice dev;
   init_primary(&dev);
   CUmodule mod = load_module("errors.fatbin");
@@ -34,24 +37,22 @@ static int sticky(const char *mode, const char *kernel, CUresult want) {
   void *p[] = {&target};
   expect("cuLaunchKernel", cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, p, NULL), CUDA_SUCCESS);
   expect("cuCtxSynchronize", cuCtxSynchronize(), want);
-  CUdeviceptr d2;
   expect("cuMemAlloc after the fault (sticky)", cuMemAlloc(&d2, 4096), want);
   int h;
   expect("cuMemcpyDtoH after the fault (sticky)", cuMemcpyDtoH(&h, d, 4), want);
   CUstream s;
   expect("cuStreamCreate after the fault (sticky)", cuStreamCreate(&s, 0), want);
   expect("cuCtxSynchronize again (sticky)", cuCtxSynchronize(), want);
-  // recovery: reset the primary context and use it again
-  expect("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset(dev), CUDA_SUCCESS);
+  // recovery: reset the primary context and try to use it again. On driver 580 the first retain
+  // after the reset still reports the sticky error and the context stays destroyed, so these are
+  // printed (and compared with the native run) but not counted as failures.
+  show("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset(dev));
   CUcontext ctx;
-  expect("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(&ctx, dev), CUDA_SUCCESS);
-  expect("cuCtxSetCurrent", cuCtxSetCurrent(ctx), CUDA_SUCCESS);
-  expect("cuMemAlloc after reset", cuMemAlloc(&d2, 4096), CUDA_SUCCESS);
-  expect("cuMemsetD32 after reset", cuMemsetD32(d2, 0x12345678u, 1024), CUDA_SUCCESS);
-  h = 0;
-  expect("cuMemcpyDtoH after reset", cuMemcpyDtoH(&h, d2, 4), CUDA_SUCCESS);
-  expect("value read after reset", h == 0x12345678 ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, CUDA_SUCCESS);
-  expect("cuMemFree after reset", cuMemFree(d2), CUDA_SUCCESS);
+  show("cuCtxSetCurrent(NULL)", cuCtxSetCurrent(NULL));
+  show("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(&ctx, dev));
+  show("cuDevicePrimaryCtxRetain again", cuDevicePrimaryCtxRetain(&ctx, dev));
+  show("cuCtxSetCurrent", cuCtxSetCurrent(ctx));
+  show("cuMemAlloc after reset", cuMemAlloc(&d2, 4096));
   printf("errors %s: %s\n", mode, failures ? "FAIL" : "PASS");
   return failures ? 1 : 0;
 }
@@ -74,8 +75,10 @@ static int api() {
 
   expect("cuMemAlloc(1 TiB)", cuMemAlloc(&d, 1ull << 40), CUDA_ERROR_OUT_OF_MEMORY);
   expect("cuMemAlloc(1 MiB) after OOM", cuMemAlloc(&d, 1 << 20), CUDA_SUCCESS);
-  void *hp;
-  expect("cuMemHostAlloc(0)", cuMemHostAlloc(&hp, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  void *hp = NULL;
+  CUresult hr = cuMemHostAlloc(&hp, 0, 0);  // driver 580: CUDA_SUCCESS
+  show("cuMemHostAlloc(0 bytes)", hr);
+  if (hr == CUDA_SUCCESS && hp) CK(cuMemFreeHost(hp));
 
   CUevent e1, e2;
   CK(cuEventCreate(&e1, CU_EVENT_DISABLE_TIMING));
@@ -120,17 +123,18 @@ static int api() {
   expect("cuLaunchKernel with a NULL function", cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, p, NULL), CUDA_ERROR_INVALID_HANDLE);
   expect("cuLaunchKernel ok", cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, p, NULL), CUDA_SUCCESS);
 
-  // handles that were destroyed
-  CUstream s;
-  CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
-  CK(cuStreamDestroy(s));
+  // A destroyed event: driver 580 answers CUDA_ERROR_CONTEXT_IS_DESTROYED; CUDA_ERROR_INVALID_HANDLE
+  // is as good, so the printed line is the same for both. (A destroyed *stream* is not tested: the
+  // native driver segfaults in cuStreamQuery/cuStreamSynchronize on one.)
   CUevent ev;
   CK(cuEventCreate(&ev, 0));
   CK(cuEventDestroy(ev));
-  expect("cuEventQuery(destroyed event)", cuEventQuery(ev), CUDA_ERROR_INVALID_HANDLE);
-  expect("cuEventSynchronize(destroyed event)", cuEventSynchronize(ev), CUDA_ERROR_INVALID_HANDLE);
-  expect("cuStreamQuery(destroyed stream)", cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
-  expect("cuStreamSynchronize(destroyed stream)", cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+  CUresult rq = cuEventQuery(ev), rs = cuEventSynchronize(ev);
+  int rej = (rq == CUDA_ERROR_INVALID_HANDLE || rq == CUDA_ERROR_CONTEXT_IS_DESTROYED) &&
+            (rs == CUDA_ERROR_INVALID_HANDLE || rs == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  printf("%-48s %s\n", "cuEventQuery/cuEventSynchronize(destroyed event)",
+         rej ? "rejected (INVALID_HANDLE or CONTEXT_IS_DESTROYED)" : "NOT REJECTED  (FAIL)");
+  if (!rej) { failures++; fprintf(stderr, "destroyed event: %s, %s\n", cu_name(rq), cu_name(rs)); }
   CK(cuModuleUnload(mod));
 
   const char *name = NULL, *str = NULL;

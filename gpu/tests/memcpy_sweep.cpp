@@ -23,8 +23,11 @@ static int scan(const unsigned char *p, size_t n, uint32_t fill, int w, size_t t
 int main(int argc, char **argv) {
   size_t maxb = argc > 1 ? strtoull(argv[1], NULL, 0) : (1ull << 30);
   init_primary(NULL);
+  // A blocking stream: it is ordered with the legacy NULL stream that the synchronous calls use.
+  // That matters: cuMemcpyDtoD and cuMemsetD* return before the device is done, so async work on
+  // a non-blocking stream could overtake them (the first version of this test did exactly that).
   CUstream s;
-  CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CK(cuStreamCreate(&s, CU_STREAM_DEFAULT));
   size_t sizes[] = {1, 2, 3, 4, 7, 16, 61, 64, 256, 1000, 1024, 4093, 4096, 16384, 65536, 65539,
                     262144, 1048576, 1048583, 4194304, 16777216, 16777259, 67108864, 268435456,
                     1073741824};
@@ -42,7 +45,7 @@ int main(int argc, char **argv) {
     fill_pattern(src, n + pad, n);
     memcpy(psrc, src, n + pad);
     printf("size %zu: checksum=%016llx", n, (unsigned long long)checksum(src, n));
-#define RESET() do { memset(dst, 0, n + pad); memset(pdst, 0, n + pad); CK(cuMemsetD8(b, 0xaa, n + pad)); } while (0)
+#define RESET() do { memset(dst, 0, n + pad); memset(pdst, 0, n + pad); CK(cuMemsetD8(b, 0xaa, n + pad)); CK(cuCtxSynchronize()); } while (0)
     // 1. sync, pageable
     RESET();
     CK(cuMemcpyHtoD(a, src, n)); CK(cuMemcpyDtoD(b, a, n)); CK(cuMemcpyDtoH(dst, b, n));
