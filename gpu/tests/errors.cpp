@@ -6,8 +6,9 @@
 //   assert   a failed device assert: CUDA_ERROR_ASSERT (710) at synchronize
 //   api      errors that leave the context usable: not initialized, invalid device, no context,
 //            out of memory (cuMemAlloc of 1 TiB), invalid handle (cuEventElapsedTime on events
-//            without timing or never recorded, a NULL function; a destroyed event), not found, invalid image, invalid values,
-//            bad launch configurations, unknown error code; then a synchronize that succeeds
+//            without timing or never recorded, a NULL function), not found, invalid image,
+//            invalid values, bad launch configurations, unknown error code; then a synchronize
+//            that succeeds. (Destroyed streams/events are use-after-free natively: see api().)
 // Prints each call's error name; exits 0 when each matches what the real driver returns.
 #include "../common.h"
 
@@ -123,18 +124,9 @@ static int api() {
   expect("cuLaunchKernel with a NULL function", cuLaunchKernel(NULL, 1, 1, 1, 32, 1, 1, 0, NULL, p, NULL), CUDA_ERROR_INVALID_HANDLE);
   expect("cuLaunchKernel ok", cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, p, NULL), CUDA_SUCCESS);
 
-  // A destroyed event: driver 580 answers CUDA_ERROR_CONTEXT_IS_DESTROYED; CUDA_ERROR_INVALID_HANDLE
-  // is as good, so the printed line is the same for both. (A destroyed *stream* is not tested: the
-  // native driver segfaults in cuStreamQuery/cuStreamSynchronize on one.)
-  CUevent ev;
-  CK(cuEventCreate(&ev, 0));
-  CK(cuEventDestroy(ev));
-  CUresult rq = cuEventQuery(ev), rs = cuEventSynchronize(ev);
-  int rej = (rq == CUDA_ERROR_INVALID_HANDLE || rq == CUDA_ERROR_CONTEXT_IS_DESTROYED) &&
-            (rs == CUDA_ERROR_INVALID_HANDLE || rs == CUDA_ERROR_CONTEXT_IS_DESTROYED);
-  printf("%-48s %s\n", "cuEventQuery/cuEventSynchronize(destroyed event)",
-         rej ? "rejected (INVALID_HANDLE or CONTEXT_IS_DESTROYED)" : "NOT REJECTED  (FAIL)");
-  if (!rej) { failures++; fprintf(stderr, "destroyed event: %s, %s\n", cu_name(rq), cu_name(rs)); }
+  // Destroyed handles are not tested: on driver 580 cuStreamQuery/cuStreamSynchronize on a
+  // destroyed stream segfault, and cuEventQuery on a destroyed event answers
+  // CUDA_ERROR_CONTEXT_IS_DESTROYED in one run and segfaults in the next (use after free).
   CK(cuModuleUnload(mod));
 
   const char *name = NULL, *str = NULL;
