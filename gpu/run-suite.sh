@@ -4,89 +4,245 @@
 #   gpu/run-suite.sh BIN_DIR OUT_DIR
 #
 # BIN_DIR holds a release `remora` built on the development machine (the GPU host has no Rust
-# toolchain). OUT_DIR receives suite.json and suite.md.
+# toolchain); it may lack `remora` entirely, in which case only the native half runs. OUT_DIR
+# receives suite.json, suite.md, bench.json and outputs/ (every run's stdout and stderr).
+# REMORA_COMMIT (env) is recorded in suite.json. REMORA_SUITE_ONLY="prog ..." limits the programs.
 #
-# Steps, as the project requires of this script:
-#   1. build the GPU test programs with the host's nvcc;
-#   2. run each natively and under Remora;
-#   3. compare their outputs;
-#   4. run the benchmarks.
-# Today Remora serves the HELLO handshake only (the CUDA driver shim is issue 3), so the one
-# "program" is the device inventory: nvidia-smi natively against `remora info` through a real
-# `remora serve`. CUDA programs join this script as the shim lands.
+# Steps:
+#   1. build the GPU test programs and kernel images with the host's nvcc (gpu/build.sh);
+#   2. run each natively (twice: the two outputs must be identical) and, when `remora run`
+#      exists, under `remora run --server unix://...`, `--server tcp://...` (one `remora serve`
+#      listening on both) and plain `remora run` (embedded server); also the device inventory,
+#      nvidia-smi against `remora info`;
+#   3. compare each remoted stdout and exit status with the native one, byte for byte;
+#   4. run bench/driver_bench natively and remoted, and write remoted/native ratios;
+#   5. write suite.json and bench.json and print "N passed, M failed, K skipped".
 set -uo pipefail
-bin=$(cd "${1:?usage: run-suite.sh BIN_DIR OUT_DIR}" && pwd)
-out=${2:?usage: run-suite.sh BIN_DIR OUT_DIR}
-mkdir -p "$out"
+usage="usage: run-suite.sh BIN_DIR OUT_DIR"
+bin=$(cd "${1:?$usage}" && pwd)
+out=${2:?$usage}
+mkdir -p "$out/outputs"
+out=$(cd "$out" && pwd)
+src=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
-trap 'kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
+serve_pid=
+cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+limit=${REMORA_SUITE_TIMEOUT:-300}   # seconds per program run
 
-pass=0; fail=0
-result() { # name status detail
-  if [ "$2" = ok ]; then pass=$((pass+1)); else fail=$((fail+1)); fi
-  printf '%-28s %s %s\n' "$1" "$2" "$3"
-  results+=("{\"test\":\"$1\",\"status\":\"$2\",\"detail\":\"${3//\"/\'}\"}")
+pass=0; fail=0; skip=0; results=()
+json_str() { printf '%s' "$1" | tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g'; }
+result() { # program mode status detail
+  case $3 in pass) pass=$((pass+1));; fail) fail=$((fail+1));; *) skip=$((skip+1));; esac
+  printf '%-22s %-9s %-7s %s\n' "$1" "$2" "$3" "$4"
+  results+=("{\"program\":\"$(json_str "$1")\",\"mode\":\"$2\",\"status\":\"$3\",\"detail\":\"$(json_str "$4")\"}")
 }
-results=()
 
 echo "== 1. build GPU test programs"
-if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
-  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-  echo "nvcc: $($nvcc --version | tail -n 1)"
+build="$work/build"
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+built=0
+if [ -x "$nvcc" ] || command -v "$nvcc" >/dev/null; then
+  echo "nvcc: $("$nvcc" --version | tail -n 1)"
+  if NVCC="$nvcc" "$src/build.sh" "$build" > "$out/outputs/build.log" 2>&1; then
+    built=1; echo "built into $build"
+  else
+    echo "BUILD FAILED:"; tail -n 30 "$out/outputs/build.log"
+  fi
 else
   echo "nvcc not found"
 fi
-echo "(no CUDA test programs yet: the driver shim is issue 3)"
 
-echo "== 2. native vs Remora: device inventory"
+echo "== 2. Remora"
+have_remora=0; have_run=0; sock=; tcp=
+if [ -x "$bin/remora" ]; then
+  have_remora=1
+  echo "remora: $("$bin/remora" --version 2>&1)"
+  if "$bin/remora" run --help > "$work/run-help.txt" 2>&1; then
+    have_run=1; echo "remora run: available"
+  else
+    echo "remora run: NOT AVAILABLE (\`remora run --help\` failed): the remoted runs are marked skipped"
+  fi
+  sock="$work/remora.sock"
+  "$bin/remora" serve --listen "unix://$sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2> "$work/serve.err" &
+  serve_pid=$!
+  for _ in $(seq 100); do [ "$(grep -c 'listening on' "$work/serve.out")" -ge 2 ] && break; sleep 0.1; done
+  tcp=$(grep -o 'tcp://[0-9.:]*' "$work/serve.out" | head -n 1)
+  echo "serve: unix://$sock and $tcp"
+else
+  echo "no $bin/remora: native runs only; the remoted runs are marked skipped"
+fi
+
+echo "== 3. device inventory: nvidia-smi against remora info"
 nvidia-smi --query-gpu=index,name,uuid,memory.total,pci.bus_id --format=csv,noheader > "$work/native.csv" 2>&1
 native_rc=$?
 cat "$work/native.csv"
-sock="$work/remora.sock"
-"$bin/remora" serve --listen "unix://$sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2> "$work/serve.err" &
-serve_pid=$!
-for _ in $(seq 100); do [ "$(grep -c 'listening on' "$work/serve.out")" -ge 2 ] && break; sleep 0.1; done
-tcp=$(grep -o 'tcp://[0-9.:]*' "$work/serve.out" | head -n 1)
-"$bin/remora" info --server "unix://$sock" > "$work/info-unix.txt" 2>&1; info_rc=$?
-"$bin/remora" info --server "$tcp" > "$work/info-tcp.txt" 2>&1; info_tcp_rc=$?
-cat "$work/info-unix.txt"
-
-echo "== 3. compare"
-if [ $native_rc -ne 0 ]; then
-  result inventory fail "nvidia-smi failed: $(head -c 200 "$work/native.csv")"
-elif [ $info_rc -ne 0 ] || [ $info_tcp_rc -ne 0 ]; then
-  result inventory fail "remora info failed: $(head -c 300 "$work/info-unix.txt")"
+if [ $have_remora = 0 ]; then
+  result inventory remora skipped "no remora binary in $bin"
 else
-  ok=1
-  native_count=$(grep -c . "$work/native.csv")
-  remote_count=$(awk '/^GPUs/ {print $2}' "$work/info-unix.txt")
-  [ "$native_count" = "$remote_count" ] || { ok=0; echo "count differs: native $native_count, remora $remote_count"; }
-  while IFS=, read -r idx name uuid mem bus; do
-    name=$(echo "$name" | xargs); uuid=$(echo "$uuid" | xargs | tr 'A-F' 'a-f'); bus=$(echo "$bus" | xargs)
-    bus_short=${bus#0000}; bus_short=${bus_short#:}
-    line=$(grep "^  \[$(echo "$idx" | xargs)\]" "$work/info-unix.txt")
-    echo "$line" | grep -qF "$name" || { ok=0; echo "GPU $idx name differs: $name"; }
-    echo "$line" | grep -qiF "$uuid" || { ok=0; echo "GPU $idx uuid differs: $uuid"; }
-    echo "$line" | grep -qiF "$bus_short" || { ok=0; echo "GPU $idx PCI bus id differs: $bus"; }
-  done < "$work/native.csv"
-  cmp -s <(sed 1d "$work/info-unix.txt") <(sed 1d "$work/info-tcp.txt") || { ok=0; echo "unix and tcp answers differ"; }
-  if [ $ok = 1 ]; then result inventory ok "$native_count GPU(s) match nvidia-smi over unix and tcp"; else result inventory fail "mismatch, see log"; fi
+  "$bin/remora" info --server "unix://$sock" > "$work/info-unix.txt" 2>&1; info_rc=$?
+  "$bin/remora" info --server "$tcp" > "$work/info-tcp.txt" 2>&1; info_tcp_rc=$?
+  cat "$work/info-unix.txt"
+  if [ $native_rc -ne 0 ]; then
+    result inventory remora fail "nvidia-smi failed: $(head -c 200 "$work/native.csv")"
+  elif [ $info_rc -ne 0 ] || [ $info_tcp_rc -ne 0 ]; then
+    result inventory remora fail "remora info failed: $(head -c 300 "$work/info-unix.txt")"
+  else
+    ok=1
+    native_count=$(grep -c . "$work/native.csv")
+    remote_count=$(awk '/^GPUs/ {print $2}' "$work/info-unix.txt")
+    [ "$native_count" = "$remote_count" ] || { ok=0; echo "count differs: native $native_count, remora $remote_count"; }
+    while IFS=, read -r idx name uuid mem bus; do
+      name=$(echo "$name" | xargs); uuid=$(echo "$uuid" | xargs | tr 'A-F' 'a-f'); bus=$(echo "$bus" | xargs)
+      bus_short=${bus#0000}; bus_short=${bus_short#:}
+      line=$(grep "^  \[$(echo "$idx" | xargs)\]" "$work/info-unix.txt")
+      echo "$line" | grep -qF "$name" || { ok=0; echo "GPU $idx name differs: $name"; }
+      echo "$line" | grep -qiF "$uuid" || { ok=0; echo "GPU $idx uuid differs: $uuid"; }
+      echo "$line" | grep -qiF "$bus_short" || { ok=0; echo "GPU $idx PCI bus id differs: $bus"; }
+    done < "$work/native.csv"
+    cmp -s <(sed 1d "$work/info-unix.txt") <(sed 1d "$work/info-tcp.txt") || { ok=0; echo "unix and tcp answers differ"; }
+    if [ $ok = 1 ]; then result inventory remora pass "$native_count GPU(s) match nvidia-smi over unix and tcp"
+    else result inventory remora fail "mismatch, see log"; fi
+  fi
+  cp "$work/info-unix.txt" "$out/remora-info.txt"
 fi
-grep -i 'driver' "$work/info-unix.txt" | head -n 1
+cp "$work/native.csv" "$out/nvidia-smi.csv"
 
-echo "== 4. benchmarks"
-echo "(GPU benchmarks arrive with the driver shim; the RPC benchmark runs on the development machine: remora bench rpc)"
+# Runs one program under a mode; stdout to $o.out, stderr to $o.err, exit status to $o.rc.
+run_mode() { # mode tag prog args...
+  local mode=$1 tag=$2; shift 2
+  local o="$out/outputs/$tag.$mode"
+  case $mode in
+    native|native2) timeout "$limit" "$@" > "$o.out" 2> "$o.err" ;;
+    unix) timeout "$limit" "$bin/remora" run --server "unix://$sock" -- "$@" > "$o.out" 2> "$o.err" ;;
+    tcp) timeout "$limit" "$bin/remora" run --server "$tcp" -- "$@" > "$o.out" 2> "$o.err" ;;
+    embedded) timeout "$limit" "$bin/remora" run -- "$@" > "$o.out" 2> "$o.err" ;;
+  esac
+  echo $? > "$o.rc"
+}
+
+echo "== 4. programs: native (twice) and remoted, outputs compared byte for byte"
+export REMORA_GPU_KERNELS="$build"  # the programs find their kernel images here (see common.h)
+programs=("vecadd cubin" "vecadd ptx" "vecadd fatbin" "vecadd library" "multikernel" "streams_events"
+          "memcpy_sweep" "occupancy" "cluster" "multithread" "errors illegal" "errors trap"
+          "errors assert" "errors api" "devprintf")
+remote_modes=(unix tcp embedded)
+for p in "${programs[@]}"; do
+  read -r prog args <<< "$p"
+  if [ -n "${REMORA_SUITE_ONLY:-}" ] && ! [[ " $REMORA_SUITE_ONLY " == *" $prog "* ]]; then continue; fi
+  tag=${p// /-}
+  if [ $built = 0 ]; then
+    result "$p" native fail "build failed"
+    for m in "${remote_modes[@]}"; do result "$p" "$m" skipped "build failed"; done
+    continue
+  fi
+  # shellcheck disable=SC2086
+  run_mode native "$tag" "$build/$prog" $args
+  # shellcheck disable=SC2086
+  run_mode native2 "$tag" "$build/$prog" $args
+  o="$out/outputs/$tag"
+  rc=$(cat "$o.native.rc"); rc2=$(cat "$o.native2.rc")
+  native_ok=0
+  if [ "$rc" != 0 ] || [ "$rc2" != 0 ]; then
+    result "$p" native fail "exit $rc/$rc2: $( (grep -h FAIL "$o.native.out" "$o.native.err"; cat "$o.native.err") | head -n 1)"
+  elif ! cmp -s "$o.native.out" "$o.native2.out"; then
+    result "$p" native fail "not deterministic: two native runs differ"
+  else
+    native_ok=1
+    result "$p" native pass "$(tail -n 1 "$o.native.out")"
+  fi
+  for m in "${remote_modes[@]}"; do
+    if [ $have_run = 0 ]; then result "$p" "$m" skipped "remora run not available"; continue; fi
+    if [ $native_ok = 0 ]; then result "$p" "$m" skipped "no native reference"; continue; fi
+    # shellcheck disable=SC2086
+    run_mode "$m" "$tag" "$build/$prog" $args
+    rrc=$(cat "$o.$m.rc")
+    if [ "$rrc" != 0 ]; then
+      result "$p" "$m" fail "exit $rrc: $(grep -m1 -h 'FAIL\|rror' "$o.$m.out" "$o.$m.err" | head -n 1)"
+    elif ! cmp -s "$o.native.out" "$o.$m.out"; then
+      result "$p" "$m" fail "stdout differs from native: $(diff "$o.native.out" "$o.$m.out" | sed -n 2p)"
+    else
+      result "$p" "$m" pass "identical to native"
+    fi
+  done
+done
+
+echo "== 5. benchmarks"
+bench_modes=(native)
+[ $have_run = 1 ] && bench_modes+=(unix tcp)
+if [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_ONLY " == *" driver_bench "* ]]; }; then
+  for m in "${bench_modes[@]}"; do
+    run_mode "$m" driver_bench "$build/driver_bench" ${REMORA_BENCH_SCALE:-1}
+    o="$out/outputs/driver_bench.$m"
+    if [ "$(cat "$o.rc")" = 0 ] && python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$o.out" 2>/dev/null; then
+      result driver_bench "$m" pass "valid JSON"
+    else
+      result driver_bench "$m" fail "exit $(cat "$o.rc"): $(head -c 200 "$o.err")"
+    fi
+  done
+  [ $have_run = 0 ] && { result driver_bench unix skipped "remora run not available"; result driver_bench tcp skipped "remora run not available"; }
+  python3 - "$out" "${bench_modes[@]}" <<'PY' || echo "bench.json: python3 failed"
+import json, sys
+out, modes = sys.argv[1], sys.argv[2:]
+runs = {}
+for m in modes:
+    try:
+        runs[m] = json.load(open(f"{out}/outputs/driver_bench.{m}.out"))
+    except Exception as e:
+        runs[m] = {"error": str(e)}
+
+def flat(r):
+    f = {}
+    for k, v in r.items():
+        if isinstance(v, dict):
+            for kk in ("p50", "p99"):
+                if kk in v: f[f"{k}.{kk}"] = v[kk]
+        elif isinstance(v, (int, float)) and k.endswith("per_launch"):
+            f[k] = v
+    for c in r.get("memcpy", []):
+        key = f"memcpy.{c['dir']}.{c['mem']}.{c['bytes']}"
+        f[key + ".us_per_copy"] = c["us_per_copy"]
+        f[key + ".gbps"] = c["gbps"]
+    return f
+
+native = flat(runs.get("native", {})) if "error" not in runs.get("native", {"error": 1}) else {}
+ratios = {}
+for m in modes:
+    if m == "native" or "error" in runs[m]: continue
+    fm = flat(runs[m])
+    ratios[m] = {k: round(fm[k] / v, 3) for k, v in native.items() if k in fm and v}
+json.dump({"runs": runs, "ratios_remoted_over_native": ratios,
+           "note": "ratios are remoted/native: >1 is slower for times (us), <1 is slower for gbps"},
+          open(f"{out}/bench.json", "w"), indent=1)
+for m, r in ratios.items():
+    print(f"{m}: " + ", ".join(f"{k} x{v}" for k, v in r.items() if not k.startswith("memcpy") or k.endswith("gbps")))
+PY
+  echo "native: $(tr -d '\n' < "$out/outputs/driver_bench.native.out" | head -c 400)..."
+fi
 
 echo "== summary"
-echo "$pass passed, $fail failed"
+summary="$pass passed, $fail failed, $skip skipped"
+echo "$summary"
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+remora_version=null
+[ $have_remora = 1 ] && remora_version="\"$(json_str "$("$bin/remora" --version 2>&1)")\""
 {
-  printf '{\n  "date": "%s",\n  "device": "%s",\n  "driver": "%s",\n  "remora": "%s",\n  "results": [%s]\n}\n' \
-    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-    "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)" \
-    "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)" \
-    "$("$bin/remora" --version)" \
-    "$(IFS=,; echo "${results[*]}")"
+  printf '{\n  "date": "%s",\n  "device": "%s",\n  "driver": "%s",\n  "commit": "%s",\n' \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(json_str "$device")" "$(json_str "$driver")" "$(json_str "${REMORA_COMMIT:-unknown}")"
+  printf '  "remora": %s,\n  "remora_run": %s,\n' "$remora_version" "$([ $have_run = 1 ] && echo true || echo false)"
+  printf '  "summary": {"passed": %d, "failed": %d, "skipped": %d},\n' $pass $fail $skip
+  printf '  "results": [\n    %s\n  ]\n}\n' "$(IFS=$'\n'; echo "${results[*]}" | paste -sd, | sed 's/},{/},\n    {/g')"
 } > "$out/suite.json"
-cp "$work/info-unix.txt" "$out/remora-info.txt"
-cp "$work/native.csv" "$out/nvidia-smi.csv"
+{
+  echo "# GPU suite: $summary"
+  echo
+  echo "$device, driver $driver, commit ${REMORA_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo
+  echo "| program | mode | status | detail |"
+  echo "|---|---|---|---|"
+  for r in "${results[@]}"; do
+    python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("| %s | %s | %s | %s |" % (r["program"], r["mode"], r["status"], r["detail"].replace("|", "/")))' "$r" 2>/dev/null
+  done
+} > "$out/suite.md"
 [ $fail -eq 0 ]
