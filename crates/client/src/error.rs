@@ -93,9 +93,11 @@ struct Entry {
     text: CString,
 }
 
-fn table() -> &'static (Vec<(i32, &'static str, &'static str)>, HashMap<i32, Entry>) {
-    static TABLE: OnceLock<(Vec<(i32, &'static str, &'static str)>, HashMap<i32, Entry>)> =
-        OnceLock::new();
+type Row = (i32, &'static str, &'static str);
+type Table = (Vec<Row>, HashMap<i32, Entry>);
+
+fn table() -> &'static Table {
+    static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
         let mut rows = Vec::new();
         let mut map = HashMap::new();

@@ -162,10 +162,8 @@ mod tests {
     #[test]
     fn empty_layout_and_null_params() {
         // SAFETY: an empty layout reads nothing.
-        assert_eq!(
-            unsafe { pack_kernel_params(&[], std::ptr::null()) }.unwrap(),
-            Vec::<u8>::new()
-        );
+        let empty = unsafe { pack_kernel_params(&[], std::ptr::null()) };
+        assert_eq!(empty.unwrap(), Vec::<u8>::new());
         // SAFETY: a non-empty layout with null params is rejected before any read.
         let err = unsafe { pack_kernel_params(&layout(&[(0, 4)]), std::ptr::null()) };
         assert_eq!(err, Err(CuError(cu::INVALID_VALUE)));

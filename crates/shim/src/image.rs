@@ -58,7 +58,9 @@ pub unsafe fn locate(ptr: *const u8) -> CuResult<(*const u8, usize)> {
         _ => {
             // PTX: NUL-terminated text.
             // SAFETY: the caller guarantees PTX text is NUL-terminated and readable.
-            let len = unsafe { std::ffi::CStr::from_ptr(ptr.cast()) }.to_bytes().len() as u64;
+            let len = unsafe { std::ffi::CStr::from_ptr(ptr.cast()) }
+                .to_bytes()
+                .len() as u64;
             Ok((ptr, bounded(len + 1)?))
         }
     }
@@ -191,12 +193,14 @@ mod tests {
         // SAFETY: NUL-terminated.
         assert_eq!(unsafe { locate(ptx.as_ptr()) }.unwrap().1, 28);
         // SAFETY: null is rejected before any read.
-        assert_eq!(unsafe { locate(std::ptr::null()) }, Err(CuError(cu::INVALID_VALUE)));
+        let null = unsafe { locate(std::ptr::null()) };
+        assert_eq!(null, Err(CuError(cu::INVALID_VALUE)));
         let mut big = fatbin(0);
         big[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
         // SAFETY: only the header is read.
-        assert_eq!(unsafe { locate(big.as_ptr()) }, Err(CuError(cu::INVALID_IMAGE)));
-        // SAFETY: a one-byte PTX string (just the NUL) is rejected only if empty after sizing.
-        assert_eq!(unsafe { locate(b"\0".as_ptr()) }.unwrap().1, 1);
+        let huge = unsafe { locate(big.as_ptr()) };
+        assert_eq!(huge, Err(CuError(cu::INVALID_IMAGE)));
+        // SAFETY: an empty PTX string is just its NUL.
+        assert_eq!(unsafe { locate(c"".as_ptr().cast()) }.unwrap().1, 1);
     }
 }

@@ -16,8 +16,7 @@ pub const VERSION_NOT_SUFFICIENT: i32 = 2;
 pub fn resolve_name(name: &str, version: i32, flags: u64) -> Result<&'static str, i32> {
     let version = u32::try_from(version).unwrap_or(0);
     let per_thread = flags & PER_THREAD_DEFAULT_STREAM != 0;
-    let rows: Vec<&(&str, u32, bool, &str)> =
-        PROC_TABLE.iter().filter(|r| r.0 == name).collect();
+    let rows: Vec<&(&str, u32, bool, &str)> = PROC_TABLE.iter().filter(|r| r.0 == name).collect();
     if rows.is_empty() {
         return Err(SYMBOL_NOT_FOUND);
     }
@@ -27,7 +26,11 @@ pub fn resolve_name(name: &str, version: i32, flags: u64) -> Result<&'static str
             .max_by_key(|r| r.1)
             .map(|r| r.3)
     };
-    let found = if per_thread { best(true).or_else(|| best(false)) } else { best(false) };
+    let found = if per_thread {
+        best(true).or_else(|| best(false))
+    } else {
+        best(false)
+    };
     found.ok_or(VERSION_NOT_SUFFICIENT)
 }
 
@@ -47,15 +50,39 @@ mod tests {
         assert_eq!(resolve_name("cuMemAlloc", 2000, 0), Ok("cuMemAlloc"));
         assert_eq!(resolve_name("cuCtxCreate", 12000, 0), Ok("cuCtxCreate_v3"));
         assert_eq!(resolve_name("cuCtxCreate", 13000, 0), Ok("cuCtxCreate_v4"));
-        assert_eq!(resolve_name("cuEventElapsedTime", 12080, 0), Ok("cuEventElapsedTime_v2"));
-        assert_eq!(resolve_name("cuEventElapsedTime", 12000, 0), Ok("cuEventElapsedTime"));
-        assert_eq!(resolve_name("cuMemcpyHtoD", 13000, 2), Ok("cuMemcpyHtoD_v2_ptds"));
-        assert_eq!(resolve_name("cuMemcpyHtoD", 13000, 1), Ok("cuMemcpyHtoD_v2"));
-        assert_eq!(resolve_name("cuLaunchKernel", 13000, 2), Ok("cuLaunchKernel_ptsz"));
+        assert_eq!(
+            resolve_name("cuEventElapsedTime", 12080, 0),
+            Ok("cuEventElapsedTime_v2")
+        );
+        assert_eq!(
+            resolve_name("cuEventElapsedTime", 12000, 0),
+            Ok("cuEventElapsedTime")
+        );
+        assert_eq!(
+            resolve_name("cuMemcpyHtoD", 13000, 2),
+            Ok("cuMemcpyHtoD_v2_ptds")
+        );
+        assert_eq!(
+            resolve_name("cuMemcpyHtoD", 13000, 1),
+            Ok("cuMemcpyHtoD_v2")
+        );
+        assert_eq!(
+            resolve_name("cuLaunchKernel", 13000, 2),
+            Ok("cuLaunchKernel_ptsz")
+        );
         assert_eq!(resolve_name("cuInit", 13000, 2), Ok("cuInit"));
-        assert_eq!(resolve_name("cuGetProcAddress", 13000, 0), Ok("cuGetProcAddress_v2"));
-        assert_eq!(resolve_name("cuNoSuchThing", 13000, 0), Err(SYMBOL_NOT_FOUND));
-        assert_eq!(resolve_name("cuLaunchKernelEx", 11000, 0), Err(VERSION_NOT_SUFFICIENT));
+        assert_eq!(
+            resolve_name("cuGetProcAddress", 13000, 0),
+            Ok("cuGetProcAddress_v2")
+        );
+        assert_eq!(
+            resolve_name("cuNoSuchThing", 13000, 0),
+            Err(SYMBOL_NOT_FOUND)
+        );
+        assert_eq!(
+            resolve_name("cuLaunchKernelEx", 11000, 0),
+            Err(VERSION_NOT_SUFFICIENT)
+        );
     }
 
     #[test]

@@ -142,7 +142,10 @@ fn ctx_devices() -> &'static Mutex<HashMap<u64, i32>> {
 
 /// Remembers which device a context belongs to.
 pub fn note_ctx_device(ctx: u64, dev: i32) {
-    ctx_devices().lock().unwrap_or_else(|e| e.into_inner()).insert(ctx, dev);
+    ctx_devices()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(ctx, dev);
 }
 
 /// The device of a context.
@@ -162,12 +165,18 @@ fn stream_info() -> &'static Mutex<HashMap<u64, (u32, i32)>> {
 
 /// Remembers a stream's flags and priority (answered locally by cuStreamGetFlags/Priority).
 pub fn note_stream(h: u64, flags: u32, priority: i32) {
-    stream_info().lock().unwrap_or_else(|e| e.into_inner()).insert(h, (flags, priority));
+    stream_info()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(h, (flags, priority));
 }
 
 /// Forgets a stream.
 pub fn forget_stream(h: u64) {
-    stream_info().lock().unwrap_or_else(|e| e.into_inner()).remove(&h);
+    stream_info()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&h);
 }
 
 /// A stream's (flags, priority); special streams are (0, 0).
@@ -240,9 +249,18 @@ mod tests {
         assert_eq!(dec(Kind::Stream, p), Ok(1));
         assert_eq!(dec(Kind::Event, p), Err(CuError(cu::INVALID_HANDLE)));
         assert_eq!(dec(Kind::Ctx, p), Err(CuError(cu::INVALID_CONTEXT)));
-        assert_eq!(stream_ref(std::ptr::null_mut(), false), Ok(StreamRef::Legacy));
-        assert_eq!(stream_ref(std::ptr::null_mut(), true), Ok(StreamRef::PerThread));
-        assert_eq!(stream_ref(2 as *mut c_void, false), Ok(StreamRef::PerThread));
+        assert_eq!(
+            stream_ref(std::ptr::null_mut(), false),
+            Ok(StreamRef::Legacy)
+        );
+        assert_eq!(
+            stream_ref(std::ptr::null_mut(), true),
+            Ok(StreamRef::PerThread)
+        );
+        assert_eq!(
+            stream_ref(2 as *mut c_void, false),
+            Ok(StreamRef::PerThread)
+        );
         assert_eq!(stream_ref(p, false), Ok(StreamRef::Handle(1)));
     }
 
@@ -257,7 +275,9 @@ mod tests {
     fn context_stack_is_per_thread() {
         push_ctx(5);
         assert_eq!(current_ctx(), Ok(5));
-        std::thread::spawn(|| assert!(current_ctx().is_err())).join().unwrap();
+        std::thread::spawn(|| assert!(current_ctx().is_err()))
+            .join()
+            .unwrap();
         set_current(Some(6));
         assert_eq!(current_ctx(), Ok(6));
         assert_eq!(pop_ctx(), Some(6));

@@ -41,7 +41,11 @@ fn check_dev(dev: c_int) -> Result<&'static remora_client::Session, CuError> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     entry("cuDeviceGetCount", || {
-        let n = if state::init_failed() { 0 } else { state::session()?.device_count() };
+        let n = if state::init_failed() {
+            0
+        } else {
+            state::session()?.device_count()
+        };
         // SAFETY: output pointer per cuda.h.
         unsafe { put(count, n) }
     })
@@ -99,7 +103,11 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> C
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: c_int) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    value: *mut c_int,
+    attrib: c_int,
+    dev: c_int,
+) -> CUresult {
     entry("cuDeviceGetAttribute", || {
         if !(1..=1024).contains(&attrib) {
             return Err(CuError(cu::INVALID_VALUE));
@@ -122,7 +130,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: c_int)
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CUresult {
-    entry("cuDevicePrimaryCtxRelease_v2", || check_dev(dev)?.primary_ctx_release(dev))
+    entry("cuDevicePrimaryCtxRelease_v2", || {
+        check_dev(dev)?.primary_ctx_release(dev)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -132,7 +142,9 @@ pub extern "C" fn cuDevicePrimaryCtxRelease(dev: c_int) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: c_int, flags: c_uint) -> CUresult {
-    entry("cuDevicePrimaryCtxSetFlags_v2", || check_dev(dev)?.primary_ctx_set_flags(dev, flags))
+    entry("cuDevicePrimaryCtxSetFlags_v2", || {
+        check_dev(dev)?.primary_ctx_set_flags(dev, flags)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -141,7 +153,11 @@ pub extern "C" fn cuDevicePrimaryCtxSetFlags(dev: c_int, flags: c_uint) -> CUres
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: c_int, flags: *mut c_uint, active: *mut c_int) -> CUresult {
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: c_int,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
     entry("cuDevicePrimaryCtxGetState", || {
         let (f, a) = check_dev(dev)?.primary_ctx_get_state(dev)?;
         // SAFETY: output pointers per cuda.h.
@@ -154,7 +170,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: c_int, flags: *mut c_ui
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: c_int) -> CUresult {
-    entry("cuDevicePrimaryCtxReset_v2", || check_dev(dev)?.primary_ctx_reset(dev))
+    entry("cuDevicePrimaryCtxReset_v2", || {
+        check_dev(dev)?.primary_ctx_reset(dev)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -274,7 +292,11 @@ pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut Handle) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
     entry("cuCtxSetCurrent", || {
-        let h = if ctx.is_null() { None } else { Some(dec(Kind::Ctx, ctx)?) };
+        let h = if ctx.is_null() {
+            None
+        } else {
+            Some(dec(Kind::Ctx, ctx)?)
+        };
         state::set_current(h);
         Ok(())
     })
@@ -301,7 +323,11 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut c_int) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut c_int, ctx: Handle) -> CUresult {
     entry("cuCtxGetDevice_v2", || {
-        let h = if ctx.is_null() { state::current_ctx()? } else { dec(Kind::Ctx, ctx)? };
+        let h = if ctx.is_null() {
+            state::current_ctx()?
+        } else {
+            dec(Kind::Ctx, ctx)?
+        };
         let d = state::ctx_device(h)?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(device, d) }
@@ -310,13 +336,19 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut c_int, ctx: Handle) -> C
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize() -> CUresult {
-    entry("cuCtxSynchronize", || state::session()?.ctx_synchronize(state::current_ctx()?))
+    entry("cuCtxSynchronize", || {
+        state::session()?.ctx_synchronize(state::current_ctx()?)
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize_v2(ctx: Handle) -> CUresult {
     entry("cuCtxSynchronize_v2", || {
-        let h = if ctx.is_null() { state::current_ctx()? } else { dec(Kind::Ctx, ctx)? };
+        let h = if ctx.is_null() {
+            state::current_ctx()?
+        } else {
+            dec(Kind::Ctx, ctx)?
+        };
         state::session()?.ctx_synchronize(h)
     })
 }
@@ -399,7 +431,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    entry("cuGetProcAddress_v2", || proc_address(symbol, pfn, version, flags, status))
+    entry("cuGetProcAddress_v2", || {
+        proc_address(symbol, pfn, version, flags, status)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -410,7 +444,9 @@ pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
     flags: u64,
     status: *mut c_int,
 ) -> CUresult {
-    entry("cuGetProcAddress_v2_ptsz", || proc_address(symbol, pfn, version, flags, status))
+    entry("cuGetProcAddress_v2_ptsz", || {
+        proc_address(symbol, pfn, version, flags, status)
+    })
 }
 
 #[unsafe(no_mangle)]

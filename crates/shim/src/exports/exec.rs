@@ -42,17 +42,26 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleLoadFatBinary(module: *mut Handle, image: *const c_void) -> CUresult {
+pub unsafe extern "C" fn cuModuleLoadFatBinary(
+    module: *mut Handle,
+    image: *const c_void,
+) -> CUresult {
     entry("cuModuleLoadFatBinary", || load(module, image))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuModuleUnload(module: Handle) -> CUresult {
-    entry("cuModuleUnload", || state::session()?.module_unload(dec(Kind::Module, module)?))
+    entry("cuModuleUnload", || {
+        state::session()?.module_unload(dec(Kind::Module, module)?)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleGetFunction(f: *mut Handle, module: Handle, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuModuleGetFunction(
+    f: *mut Handle,
+    module: Handle,
+    name: *const c_char,
+) -> CUresult {
     entry("cuModuleGetFunction", || {
         if name.is_null() {
             return Err(CuError(cu::INVALID_VALUE));
@@ -62,7 +71,10 @@ pub unsafe extern "C" fn cuModuleGetFunction(f: *mut Handle, module: Handle, nam
             .ok_or(CuError(cu::INVALID_HANDLE))?;
         // SAFETY: NUL-terminated name per cuda.h.
         let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
-        let info = m.functions.get(name.as_ref()).ok_or(CuError(cu::NOT_FOUND))?;
+        let info = m
+            .functions
+            .get(name.as_ref())
+            .ok_or(CuError(cu::NOT_FOUND))?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(f, enc(Kind::Function, info.handle)) }
     })
@@ -96,7 +108,11 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuFuncGetAttribute(value: *mut c_int, attrib: c_int, f: Handle) -> CUresult {
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    value: *mut c_int,
+    attrib: c_int,
+    f: Handle,
+) -> CUresult {
     entry("cuFuncGetAttribute", || {
         if !(0..=20).contains(&attrib) {
             return Err(CuError(cu::INVALID_VALUE));
@@ -128,7 +144,12 @@ pub extern "C" fn cuFuncSetCacheConfig(f: Handle, config: c_uint) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuFuncGetParamInfo(f: Handle, index: usize, offset: *mut usize, size: *mut usize) -> CUresult {
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    f: Handle,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
     entry("cuFuncGetParamInfo", || {
         let info = state::session()?
             .function(dec(Kind::Function, f)?)
@@ -173,7 +194,11 @@ fn launch(l: Launch) -> CuResult<()> {
         (true, true) if info.params.is_empty() => Vec::new(),
         _ => return Err(CuError(cu::INVALID_VALUE)),
     };
-    let dim = |d: [u32; 3]| RmDim3 { x: d[0], y: d[1], z: d[2] };
+    let dim = |d: [u32; 3]| RmDim3 {
+        x: d[0],
+        y: d[1],
+        z: d[2],
+    };
     s.launch(&RmLaunchArgs {
         ctx,
         function: info.handle,
@@ -209,24 +234,60 @@ launches! {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLaunchKernel(
-    f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-    shared: c_uint, stream: Handle, params: *mut *mut c_void, extra: *mut *mut c_void,
+    f: Handle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    entry("cuLaunchKernel", || launch(Launch {
-        f, grid: [gx, gy, gz], block: [bx, by, bz], shared, stream, ptds: false, params, extra,
-        attrs: Vec::new(),
-    }))
+    entry("cuLaunchKernel", || {
+        launch(Launch {
+            f,
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+            shared,
+            stream,
+            ptds: false,
+            params,
+            extra,
+            attrs: Vec::new(),
+        })
+    })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLaunchKernel_ptsz(
-    f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-    shared: c_uint, stream: Handle, params: *mut *mut c_void, extra: *mut *mut c_void,
+    f: Handle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    entry("cuLaunchKernel_ptsz", || launch(Launch {
-        f, grid: [gx, gy, gz], block: [bx, by, bz], shared, stream, ptds: true, params, extra,
-        attrs: Vec::new(),
-    }))
+    entry("cuLaunchKernel_ptsz", || {
+        launch(Launch {
+            f,
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+            shared,
+            stream,
+            ptds: true,
+            params,
+            extra,
+            attrs: Vec::new(),
+        })
+    })
 }
 
 /// `CUlaunchAttribute`: id, padding to 8, a 64-byte value union.
@@ -257,7 +318,9 @@ fn attrs_of(cfg: &LaunchConfig) -> CuResult<Vec<RmLaunchAttr>> {
     }
     // SAFETY: `attrs` holds `num_attrs` attributes per cuda.h.
     let attrs = unsafe { std::slice::from_raw_parts(cfg.attrs, cfg.num_attrs as usize) };
-    let word = |v: &[u8; 64], i: usize| u32::from_ne_bytes([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]]);
+    let word = |v: &[u8; 64], i: usize| {
+        u32::from_ne_bytes([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]])
+    };
     let mut out = Vec::new();
     for a in attrs {
         out.push(match a.id {
@@ -283,7 +346,13 @@ fn attrs_of(cfg: &LaunchConfig) -> CuResult<Vec<RmLaunchAttr>> {
     Ok(out)
 }
 
-fn launch_ex(cfg: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void, ptds: bool) -> CuResult<()> {
+fn launch_ex(
+    cfg: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    ptds: bool,
+) -> CuResult<()> {
     if cfg.is_null() {
         return Err(CuError(cu::INVALID_VALUE));
     }
@@ -303,34 +372,72 @@ fn launch_ex(cfg: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extr
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx(cfg: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
-    entry("cuLaunchKernelEx", || launch_ex(cfg, f, params, extra, false))
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    cfg: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernelEx", || {
+        launch_ex(cfg, f, params, extra, false)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(cfg: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) -> CUresult {
-    entry("cuLaunchKernelEx_ptsz", || launch_ex(cfg, f, params, extra, true))
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    cfg: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernelEx_ptsz", || {
+        launch_ex(cfg, f, params, extra, true)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut c_int, f: Handle, block: c_int, smem: usize) -> CUresult {
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    n: *mut c_int,
+    f: Handle,
+    block: c_int,
+    smem: usize,
+) -> CUresult {
     entry("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
-        let v = state::session()?.occupancy_max_active_blocks(dec(Kind::Function, f)?, block, smem as u64, 0)?;
+        let v = state::session()?.occupancy_max_active_blocks(
+            dec(Kind::Function, f)?,
+            block,
+            smem as u64,
+            0,
+        )?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(n, v) }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut c_int, f: Handle, block: c_int, smem: usize, flags: c_uint) -> CUresult {
-    entry("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", || {
-        if flags > 1 {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        let v = state::session()?.occupancy_max_active_blocks(dec(Kind::Function, f)?, block, smem as u64, flags)?;
-        // SAFETY: output pointer per cuda.h.
-        unsafe { put(n, v) }
-    })
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    n: *mut c_int,
+    f: Handle,
+    block: c_int,
+    smem: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry(
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        || {
+            if flags > 1 {
+                return Err(CuError(cu::INVALID_VALUE));
+            }
+            let v = state::session()?.occupancy_max_active_blocks(
+                dec(Kind::Function, f)?,
+                block,
+                smem as u64,
+                flags,
+            )?;
+            // SAFETY: output pointer per cuda.h.
+            unsafe { put(n, v) }
+        },
+    )
 }
 
 fn stream_create(ps: *mut Handle, flags: c_uint, priority: c_int) -> CuResult<()> {
@@ -349,8 +456,14 @@ pub unsafe extern "C" fn cuStreamCreate(ps: *mut Handle, flags: c_uint) -> CUres
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamCreateWithPriority(ps: *mut Handle, flags: c_uint, priority: c_int) -> CUresult {
-    entry("cuStreamCreateWithPriority", || stream_create(ps, flags, priority))
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ps: *mut Handle,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    entry("cuStreamCreateWithPriority", || {
+        stream_create(ps, flags, priority)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -389,7 +502,11 @@ macro_rules! stream_fns {
 
 fn query(st: Handle, ptds: bool) -> CuResult<()> {
     let (s, h) = mapped(st, ptds)?;
-    if s.stream_query(h)? { Ok(()) } else { Err(CuError(cu::NOT_READY)) }
+    if s.stream_query(h)? {
+        Ok(())
+    } else {
+        Err(CuError(cu::NOT_READY))
+    }
 }
 
 fn wait(st: Handle, ev: Handle, flags: c_uint, ptds: bool) -> CuResult<()> {
@@ -444,19 +561,30 @@ pub unsafe extern "C" fn cuEventCreate(pe: *mut Handle, flags: c_uint) -> CUresu
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(ev: Handle) -> CUresult {
     entry("cuEventQuery", || {
-        if state::session()?.event_query(dec(Kind::Event, ev)?)? { Ok(()) } else { Err(CuError(cu::NOT_READY)) }
+        if state::session()?.event_query(dec(Kind::Event, ev)?)? {
+            Ok(())
+        } else {
+            Err(CuError(cu::NOT_READY))
+        }
     })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(ev: Handle) -> CUresult {
-    entry("cuEventSynchronize", || state::session()?.event_synchronize(dec(Kind::Event, ev)?))
+    entry("cuEventSynchronize", || {
+        state::session()?.event_synchronize(dec(Kind::Event, ev)?)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
     entry("cuEventElapsedTime_v2", || {
-        let v = state::session()?.event_elapsed_time(dec(Kind::Event, start)?, dec(Kind::Event, end)?)?;
+        let v = state::session()?
+            .event_elapsed_time(dec(Kind::Event, start)?, dec(Kind::Event, end)?)?;
         put_out(ms, v)
     })
 }
@@ -469,7 +597,9 @@ pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Ha
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventDestroy_v2(ev: Handle) -> CUresult {
-    entry("cuEventDestroy_v2", || state::session()?.event_destroy(dec(Kind::Event, ev)?))
+    entry("cuEventDestroy_v2", || {
+        state::session()?.event_destroy(dec(Kind::Event, ev)?)
+    })
 }
 
 #[unsafe(no_mangle)]

@@ -77,7 +77,11 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut DevPtr, size: *mut usize, dptr: DevPtr) -> CUresult {
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut DevPtr,
+    size: *mut usize,
+    dptr: DevPtr,
+) -> CUresult {
     entry("cuMemGetAddressRange_v2", || {
         let (s, ctx) = ctx_session()?;
         let (b, n) = match s.pointer_kind(dptr) {
@@ -102,7 +106,11 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(base: *mut DevPtr, size: *mut u
 /// RANGE_SIZE (12), MAPPED (13). Host pointers are CUDA_ERROR_INVALID_VALUE, as for memory
 /// CUDA does not know.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuPointerGetAttribute(data: *mut c_void, attribute: c_int, ptr: DevPtr) -> CUresult {
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_int,
+    ptr: DevPtr,
+) -> CUresult {
     entry("cuPointerGetAttribute", || {
         let s = state::session()?;
         let PointerKind::Device { base, size, ctx } = s.pointer_kind(ptr) else {
@@ -152,7 +160,13 @@ struct HostDst(*mut u8, usize);
 // once, by whichever thread delivers it.
 unsafe impl Send for HostDst {}
 
-fn dtoh(dst: *mut c_void, src: DevPtr, n: usize, stream: Option<(Handle, bool)>, ptds: bool) -> CuResult<()> {
+fn dtoh(
+    dst: *mut c_void,
+    src: DevPtr,
+    n: usize,
+    stream: Option<(Handle, bool)>,
+    ptds: bool,
+) -> CuResult<()> {
     let (s, ctx) = ctx_session()?;
     if n == 0 {
         return Ok(());
@@ -178,7 +192,11 @@ fn dtoh(dst: *mut c_void, src: DevPtr, n: usize, stream: Option<(Handle, bool)>,
             )
         }
         None => {
-            let h = if ptds { s.stream_handle(ctx, remora_client::StreamRef::PerThread)? } else { 1 };
+            let h = if ptds {
+                s.stream_handle(ctx, remora_client::StreamRef::PerThread)?
+            } else {
+                1
+            };
             // SAFETY: `dst` is writable for `n` bytes per cuda.h.
             let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) };
             s.memcpy_dtoh(ctx, h, src, out)
@@ -197,7 +215,13 @@ fn dtod(dst: DevPtr, src: DevPtr, n: usize, stream: Option<(Handle, bool)>) -> C
     }
 }
 
-fn memset(dst: DevPtr, value: u32, element_size: u32, count: usize, stream: Option<(Handle, bool)>) -> CuResult<()> {
+fn memset(
+    dst: DevPtr,
+    value: u32,
+    element_size: u32,
+    count: usize,
+    stream: Option<(Handle, bool)>,
+) -> CuResult<()> {
     let (s, ctx) = ctx_session()?;
     let mut args = RmMemsetArgs {
         ctx,
