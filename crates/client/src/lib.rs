@@ -1,0 +1,42 @@
+//! Remora's client: CUDA driver calls carried over ONC RPC to `remora serve`.
+//!
+//! Two layers:
+//! - [`Session`], the low-level layer the `libcuda.so.1` shim is built on: one connection,
+//!   a method per protocol procedure returning `Result<T, CuError>`, the hash-first module
+//!   load, kernel-parameter packing, asynchronous device-to-host copy bookkeeping, stream
+//!   handle mapping and the client-side reservation of device address ranges;
+//! - the safe API ([`Client`], [`Device`], [`Context`], [`DeviceBuffer`], [`Module`],
+//!   [`Function`], [`Stream`], [`Event`]): RAII wrappers that free what they own on drop.
+//!
+//! ```no_run
+//! use remora_client::{Client, Context, DeviceBuffer};
+//! let client = Client::connect("unix:///run/user/1000/remora/remora.sock")?;
+//! let device = client.device(0)?;
+//! println!("{} with {} bytes", device.name()?, device.total_memory()?);
+//! let ctx = Context::new(&device)?;
+//! let buf = DeviceBuffer::from_slice(&ctx, &[1u32, 2, 3])?;
+//! assert_eq!(buf.to_vec()?, vec![1, 2, 3]);
+//! # Ok::<(), remora_client::CuError>(())
+//! ```
+
+mod endpoint;
+mod error;
+pub mod params;
+mod safe;
+mod session;
+mod vaspace;
+
+pub use endpoint::{default_endpoint, endpoint_from_env};
+pub use error::{
+    CuError, CuResult, cu, cu_result_name, cu_result_name_c, cu_result_string, cu_result_string_c,
+    cu_results,
+};
+pub use remora_oncrpc::Endpoint;
+pub use remora_proto::remora as proto;
+pub use safe::{
+    Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,
+};
+pub use session::{
+    CopySink, DeviceHandle, FunctionInfo, LaunchAttr, ModuleInfo, PointerKind, Session,
+    SessionConfig, StreamRef,
+};

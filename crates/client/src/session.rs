@@ -1,0 +1,966 @@
+//! [`Session`]: one connection to `remora serve`, a method per protocol procedure.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use remora_oncrpc::{Client as RpcClient, ClientConfig, Endpoint};
+use remora_proto::remora::*;
+use remora_xdr::Bytes;
+use sha2::{Digest, Sha256};
+
+use crate::error::{CuError, CuResult, cu};
+use crate::vaspace::{ReserveError, VaSpace};
+
+/// A device ordinal as the server numbers them.
+pub type DeviceHandle = i32;
+
+/// Where the data of an asynchronous device-to-host copy goes once a synchronizing call
+/// delivers it. Called exactly once, with the bytes (possibly fewer than asked, on error).
+pub type CopySink = Box<dyn FnOnce(&[u8]) + Send>;
+
+/// Timeouts and names used by [`Session::connect_with`].
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Bound on establishing the connection.
+    pub connect_timeout: Duration,
+    /// Bound on the HELLO exchange.
+    pub hello_timeout: Duration,
+    /// Bound on every other call (synchronizing calls wait for kernels: keep it long).
+    pub call_timeout: Duration,
+    /// Name sent in HELLO.
+    pub client_name: String,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        let ms = |var: &str, default: u64| {
+            Duration::from_millis(
+                std::env::var(var)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(default),
+            )
+        };
+        Self {
+            connect_timeout: ms("REMORA_CONNECT_TIMEOUT_MS", 5_000),
+            hello_timeout: Duration::from_secs(10),
+            call_timeout: ms("REMORA_CALL_TIMEOUT_MS", 24 * 3600 * 1000),
+            client_name: format!("remora-client {}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// A stream as a CUDA call names it, before mapping to a protocol handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamRef {
+    /// NULL or `CU_STREAM_LEGACY`: the legacy default stream.
+    Legacy,
+    /// `CU_STREAM_PER_THREAD` (or NULL through a `_ptds`/`_ptsz` entry point).
+    PerThread,
+    /// A stream the client created.
+    Handle(RmHandle),
+}
+
+impl StreamRef {
+    /// Maps a raw `CUstream` value whose non-special values are protocol handles.
+    /// `per_thread_default` is true for the `_ptds`/`_ptsz` entry points, where NULL means
+    /// the per-thread stream.
+    pub fn from_raw(raw: u64, per_thread_default: bool) -> StreamRef {
+        match raw {
+            0 if per_thread_default => StreamRef::PerThread,
+            0 | 1 => StreamRef::Legacy,
+            2 => StreamRef::PerThread,
+            h => StreamRef::Handle(h),
+        }
+    }
+}
+
+/// A launch attribute the protocol carries.
+pub type LaunchAttr = RmLaunchAttr;
+
+/// A function of a loaded module: its handle and parameter layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionInfo {
+    /// Mangled name.
+    pub name: String,
+    /// Server handle.
+    pub handle: RmHandle,
+    /// Parameter offsets and sizes (`cuFuncGetParamInfo`).
+    pub params: Vec<RmParam>,
+    /// The module it belongs to.
+    pub module: RmHandle,
+}
+
+/// A loaded module: its handle and functions by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModuleInfo {
+    /// Server handle.
+    pub handle: RmHandle,
+    /// The context it was loaded in.
+    pub ctx: RmHandle,
+    /// Functions by mangled name.
+    pub functions: HashMap<String, Arc<FunctionInfo>>,
+}
+
+/// What a pointer is, as unified addressing sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointerKind {
+    /// Not in any device allocation of this session.
+    Host,
+    /// Inside the device allocation at `base` of `size` bytes, made in context `ctx`.
+    Device {
+        /// Base address of the allocation.
+        base: u64,
+        /// Its size in bytes.
+        size: u64,
+        /// The context that allocated it.
+        ctx: RmHandle,
+    },
+}
+
+/// One connection to `remora serve`. `Send + Sync`: calls from many threads are pipelined.
+pub struct Session {
+    rpc: RemoraV1Client,
+    welcome: HelloWelcome,
+    props: Mutex<HashMap<DeviceHandle, Arc<RmDeviceProps>>>,
+    attrs: Mutex<HashMap<(DeviceHandle, i32), i32>>,
+    modules: Mutex<HashMap<RmHandle, Arc<ModuleInfo>>>,
+    functions: Mutex<HashMap<RmHandle, Arc<FunctionInfo>>>,
+    pending: Mutex<HashMap<u64, CopySink>>,
+    next_copy_id: AtomicU64,
+    per_thread: Mutex<HashMap<(ThreadId, RmHandle), RmHandle>>,
+    va: VaSpace,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("endpoint", self.rpc.rpc().endpoint())
+            .field("revision", &self.welcome.revision)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+macro_rules! call {
+    ($self:ident . $proc:ident ( $arg:expr )) => {
+        $self
+            .rpc
+            .$proc($arg)
+            .map_err(|e| CuError::from_rpc(stringify!($proc), e))
+    };
+    ($self:ident . $proc:ident ()) => {
+        $self
+            .rpc
+            .$proc()
+            .map_err(|e| CuError::from_rpc(stringify!($proc), e))
+    };
+}
+
+fn int(r: RmIntReply) -> CuResult<i32> {
+    match r {
+        RmIntReply::Case0(v) => Ok(v),
+        RmIntReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+    }
+}
+
+fn u64r(r: RmU64Reply) -> CuResult<u64> {
+    match r {
+        RmU64Reply::Case0(v) => Ok(v),
+        RmU64Reply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+    }
+}
+
+fn handle(r: RmHandleReply) -> CuResult<RmHandle> {
+    match r {
+        RmHandleReply::Case0(v) => Ok(v),
+        RmHandleReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+    }
+}
+
+/// A union's default arm with status 0 cannot happen (0 has its own arm); be safe anyway.
+fn nonzero(code: i32) -> i32 {
+    if code == 0 { cu::UNKNOWN } else { code }
+}
+
+impl Session {
+    /// Connects to the server named by `REMORA_SERVER`, else the default endpoint.
+    pub fn from_env() -> CuResult<Session> {
+        Self::connect(&crate::endpoint::endpoint_from_env()?)
+    }
+
+    /// Connects to `endpoint` and says HELLO. An unreachable server is
+    /// CUDA_ERROR_NO_DEVICE (logged with the reason); a server that speaks no revision ≥ 2
+    /// is CUDA_ERROR_NOT_SUPPORTED.
+    pub fn connect(endpoint: &Endpoint) -> CuResult<Session> {
+        Self::connect_with(endpoint, SessionConfig::default())
+    }
+
+    /// [`Session::connect`] with explicit timeouts.
+    pub fn connect_with(endpoint: &Endpoint, config: SessionConfig) -> CuResult<Session> {
+        let rpc_config = ClientConfig {
+            connect_timeout: Some(config.connect_timeout),
+            default_timeout: config.call_timeout,
+            ..ClientConfig::default()
+        };
+        let rpc = RpcClient::connect_with(endpoint, rpc_config).map_err(|e| {
+            tracing::warn!("remora: cannot reach the Remora server at {endpoint}: {e} (set REMORA_SERVER to tcp://HOST:PORT or unix:///PATH)");
+            CuError(cu::NO_DEVICE)
+        })?;
+        let hello_client = RemoraV1Client::new(rpc.clone()).with_timeout(config.hello_timeout);
+        let reply = hello_client
+            .remora_hello(&HelloArgs {
+                min_revision: 2,
+                max_revision: REMORA_PROTOCOL_REVISION,
+                client_name: config.client_name.clone(),
+                capabilities: u64::from(REMORA_CAP_ONEWAY),
+            })
+            .map_err(|e| {
+                tracing::warn!("remora: HELLO to {endpoint} failed: {e}");
+                CuError(cu::NO_DEVICE)
+            })?;
+        let welcome = match reply {
+            HelloReply::True(w) if w.revision >= 2 => w,
+            HelloReply::True(w) => {
+                tracing::error!(
+                    "remora: server at {endpoint} negotiated revision {}, this client needs 2 or later",
+                    w.revision
+                );
+                return Err(CuError(cu::NOT_SUPPORTED));
+            }
+            HelloReply::False(r) => {
+                tracing::error!(
+                    "remora: server at {endpoint} refused HELLO (it speaks revisions {}..={}): {}",
+                    r.min_revision,
+                    r.max_revision,
+                    r.reason
+                );
+                return Err(CuError(cu::NOT_SUPPORTED));
+            }
+        };
+        if let DriverReport::Default {
+            discriminant,
+            value,
+        } = &welcome.driver
+        {
+            tracing::warn!(
+                "remora: server {} has no usable CUDA driver ({discriminant:?}): {value}",
+                welcome.hostname
+            );
+        }
+        Ok(Session {
+            rpc: RemoraV1Client::new(rpc),
+            welcome,
+            props: Mutex::default(),
+            attrs: Mutex::default(),
+            modules: Mutex::default(),
+            functions: Mutex::default(),
+            pending: Mutex::default(),
+            next_copy_id: AtomicU64::new(1),
+            per_thread: Mutex::default(),
+            va: VaSpace::default(),
+        })
+    }
+
+    /// The server's HELLO answer.
+    pub fn welcome(&self) -> &HelloWelcome {
+        &self.welcome
+    }
+
+    /// The generated protocol client, for procedures not wrapped here.
+    pub fn rpc(&self) -> &RemoraV1Client {
+        &self.rpc
+    }
+
+    /// The server's devices from HELLO (empty when it has no driver).
+    pub fn devices(&self) -> &[DeviceInfo] {
+        match &self.welcome.driver {
+            DriverReport::DriverOk(ok) => &ok.devices,
+            DriverReport::Default { .. } => &[],
+        }
+    }
+
+    /// Why the server has no devices, if it has no driver.
+    pub fn driver_problem(&self) -> Option<&str> {
+        match &self.welcome.driver {
+            DriverReport::DriverOk(_) => None,
+            DriverReport::Default { value, .. } => Some(value),
+        }
+    }
+
+    /// The server driver's version (`cuDriverGetVersion`), if it has one.
+    pub fn driver_version(&self) -> Option<i32> {
+        match &self.welcome.driver {
+            DriverReport::DriverOk(ok) => Some(ok.driver_version),
+            DriverReport::Default { .. } => None,
+        }
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> i32 {
+        self.devices().len() as i32
+    }
+
+    fn check_device(&self, dev: DeviceHandle) -> CuResult<()> {
+        if dev < 0 || dev >= self.device_count() {
+            return Err(CuError(cu::INVALID_DEVICE));
+        }
+        Ok(())
+    }
+
+    // Devices ----------------------------------------------------------------------------
+
+    /// `RM_DEVICE_GET_PROPS`, fetched once per device and cached.
+    pub fn device_props(&self, dev: DeviceHandle) -> CuResult<Arc<RmDeviceProps>> {
+        self.check_device(dev)?;
+        if let Some(p) = lock(&self.props).get(&dev) {
+            return Ok(Arc::clone(p));
+        }
+        let props = match call!(self.rm_device_get_props(&dev))? {
+            RmDevicePropsReply::Case0(p) => Arc::new(p),
+            RmDevicePropsReply::Default { discriminant } => {
+                return Err(CuError(nonzero(discriminant)));
+            }
+        };
+        lock(&self.props).insert(dev, Arc::clone(&props));
+        Ok(props)
+    }
+
+    /// A device attribute: from the cached props, else `RM_DEVICE_GET_ATTRIBUTE` (cached).
+    pub fn device_attribute(&self, dev: DeviceHandle, attribute: i32) -> CuResult<i32> {
+        let props = self.device_props(dev)?;
+        if let Some(a) = props.attributes.iter().find(|a| a.attribute == attribute) {
+            return Ok(a.value);
+        }
+        if let Some(v) = lock(&self.attrs).get(&(dev, attribute)) {
+            return Ok(*v);
+        }
+        let v = int(call!(self.rm_device_get_attribute(&RmDeviceAttrArgs {
+            attribute,
+            device: dev
+        }))?)?;
+        lock(&self.attrs).insert((dev, attribute), v);
+        Ok(v)
+    }
+
+    // Contexts -----------------------------------------------------------------------------
+
+    /// `cuDevicePrimaryCtxRetain`.
+    pub fn primary_ctx_retain(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
+        self.check_device(dev)?;
+        handle(call!(self.rm_primary_ctx_retain(&dev))?)
+    }
+
+    /// `cuDevicePrimaryCtxRelease`.
+    pub fn primary_ctx_release(&self, dev: DeviceHandle) -> CuResult<()> {
+        self.check_device(dev)?;
+        CuError::check(call!(self.rm_primary_ctx_release(&dev))?)
+    }
+
+    /// `cuDevicePrimaryCtxSetFlags`.
+    pub fn primary_ctx_set_flags(&self, dev: DeviceHandle, flags: u32) -> CuResult<()> {
+        self.check_device(dev)?;
+        CuError::check(call!(
+            self.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs { device: dev, flags })
+        )?)
+    }
+
+    /// `cuDevicePrimaryCtxGetState`: (flags, active).
+    pub fn primary_ctx_get_state(&self, dev: DeviceHandle) -> CuResult<(u32, bool)> {
+        self.check_device(dev)?;
+        match call!(self.rm_primary_ctx_get_state(&dev))? {
+            RmPrimaryStateReply::Case0(s) => Ok((s.flags, s.active != 0)),
+            RmPrimaryStateReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// `cuDevicePrimaryCtxReset`.
+    pub fn primary_ctx_reset(&self, dev: DeviceHandle) -> CuResult<()> {
+        self.check_device(dev)?;
+        CuError::check(call!(self.rm_primary_ctx_reset(&dev))?)
+    }
+
+    /// `cuCtxCreate`.
+    pub fn ctx_create(&self, flags: u32, dev: DeviceHandle) -> CuResult<RmHandle> {
+        self.check_device(dev)?;
+        handle(call!(
+            self.rm_ctx_create(&RmCtxCreateArgs { flags, device: dev })
+        )?)
+    }
+
+    /// `cuCtxDestroy`: also forgets the context's allocations and per-thread streams.
+    pub fn ctx_destroy(&self, ctx: RmHandle) -> CuResult<()> {
+        CuError::check(call!(self.rm_ctx_destroy(&ctx))?)?;
+        for base in self.va.of_context(ctx) {
+            self.va.release(base);
+        }
+        lock(&self.per_thread).retain(|(_, c), _| *c != ctx);
+        Ok(())
+    }
+
+    /// `cuCtxSynchronize` (delivers pending asynchronous copies).
+    pub fn ctx_synchronize(&self, ctx: RmHandle) -> CuResult<()> {
+        let r = call!(self.rm_ctx_synchronize(&ctx))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuCtxSetLimit`.
+    pub fn ctx_set_limit(&self, ctx: RmHandle, limit: i32, value: u64) -> CuResult<()> {
+        CuError::check(call!(self.rm_ctx_set_limit(&RmLimitArgs {
+            ctx,
+            limit,
+            value
+        }))?)
+    }
+
+    /// `cuCtxGetLimit`.
+    pub fn ctx_get_limit(&self, ctx: RmHandle, limit: i32) -> CuResult<u64> {
+        u64r(call!(self.rm_ctx_get_limit(&RmLimitArgs {
+            ctx,
+            limit,
+            value: 0
+        }))?)
+    }
+
+    // Memory -------------------------------------------------------------------------------
+
+    fn reserve_or_free(&self, ctx: RmHandle, ptr: u64, size: u64) -> CuResult<()> {
+        match self.va.reserve(ptr, size, ctx) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let why = match e {
+                    ReserveError::Collision(e) | ReserveError::Other(e) => e,
+                };
+                tracing::error!(
+                    "remora: the device allocation {ptr:#x}+{size:#x} collides with a host mapping of this process ({why}); unified addressing needs the same range free in the client, so the allocation was freed and fails with CUDA_ERROR_OUT_OF_MEMORY"
+                );
+                let _ = self.rpc.rm_mem_free(&RmPtrArgs { ctx, ptr });
+                Err(CuError(cu::OUT_OF_MEMORY))
+            }
+        }
+    }
+
+    /// `cuMemAlloc`: the device address, with the same range reserved in this process.
+    pub fn mem_alloc(&self, ctx: RmHandle, bytesize: u64) -> CuResult<u64> {
+        if bytesize == 0 {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let ptr = u64r(call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize }))?)?;
+        self.reserve_or_free(ctx, ptr, bytesize)?;
+        Ok(ptr)
+    }
+
+    /// `cuMemAllocPitch`: (pointer, pitch).
+    pub fn mem_alloc_pitch(
+        &self,
+        ctx: RmHandle,
+        width_bytes: u64,
+        height: u64,
+        element_size: u32,
+    ) -> CuResult<(u64, u64)> {
+        if width_bytes == 0 || height == 0 || ![4, 8, 16].contains(&element_size) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let a = match call!(self.rm_mem_alloc_pitch(&RmAllocPitchArgs {
+            ctx,
+            width_bytes,
+            height,
+            element_size
+        }))? {
+            RmPitchedReply::Case0(a) => a,
+            RmPitchedReply::Default { discriminant } => return Err(CuError(nonzero(discriminant))),
+        };
+        let size = a.pitch.saturating_mul(height);
+        self.reserve_or_free(ctx, a.ptr, size)?;
+        Ok((a.ptr, a.pitch))
+    }
+
+    /// `cuMemFree`: frees on the server, then releases the reservation.
+    pub fn mem_free(&self, ctx: RmHandle, ptr: u64) -> CuResult<()> {
+        CuError::check(call!(self.rm_mem_free(&RmPtrArgs { ctx, ptr }))?)?;
+        self.va.release(ptr);
+        Ok(())
+    }
+
+    /// `cuMemGetInfo`: (free, total).
+    pub fn mem_get_info(&self, ctx: RmHandle) -> CuResult<(u64, u64)> {
+        match call!(self.rm_mem_get_info(&ctx))? {
+            RmMemInfoReply::Case0(i) => Ok((i.free_bytes, i.total_bytes)),
+            RmMemInfoReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// `cuMemGetAddressRange`: (base, size).
+    pub fn mem_get_address_range(&self, ctx: RmHandle, ptr: u64) -> CuResult<(u64, u64)> {
+        match call!(self.rm_mem_get_address_range(&RmPtrArgs { ctx, ptr }))? {
+            RmRangeReply::Case0(r) => Ok((r.base, r.size)),
+            RmRangeReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// Classifies a pointer as host or device (unified addressing), locally.
+    pub fn pointer_kind(&self, ptr: u64) -> PointerKind {
+        match self.va.find(ptr) {
+            Some((base, r)) => PointerKind::Device {
+                base,
+                size: r.size,
+                ctx: r.ctx,
+            },
+            None => PointerKind::Host,
+        }
+    }
+
+    /// Maps a [`StreamRef`] to a protocol handle; the per-thread stream is created on first
+    /// use by each client thread (flags 0, priority 0).
+    ///
+    /// Approximation: CUDA's per-thread default stream synchronizes with the legacy stream
+    /// like a blocking stream and lives as long as its thread; here it is an ordinary
+    /// blocking stream created per (client thread, context) and destroyed with the context
+    /// or the session, not when the thread exits.
+    pub fn stream_handle(&self, ctx: RmHandle, s: StreamRef) -> CuResult<RmHandle> {
+        match s {
+            StreamRef::Legacy => Ok(u64::from(RM_STREAM_LEGACY)),
+            StreamRef::Handle(h) => Ok(h),
+            StreamRef::PerThread => {
+                let key = (std::thread::current().id(), ctx);
+                if let Some(h) = lock(&self.per_thread).get(&key) {
+                    return Ok(*h);
+                }
+                let h = self.stream_create(ctx, 0, 0)?;
+                lock(&self.per_thread).insert(key, h);
+                Ok(h)
+            }
+        }
+    }
+
+    /// Delivers the copies of a sync reply to their sinks, then returns its status.
+    pub fn finish_sync(&self, reply: RmSyncReply) -> CuResult<()> {
+        for c in reply.copies {
+            let sink = lock(&self.pending).remove(&c.copy_id);
+            match sink {
+                Some(sink) => sink(&c.data),
+                None => tracing::warn!(
+                    "remora: the server delivered data for unknown async copy {}",
+                    c.copy_id
+                ),
+            }
+        }
+        CuError::check(reply.status)
+    }
+
+    /// Number of asynchronous device-to-host copies not yet delivered.
+    pub fn pending_copies(&self) -> usize {
+        lock(&self.pending).len()
+    }
+
+    /// `cuMemcpyHtoD` (synchronous).
+    pub fn memcpy_htod(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        data: &[u8],
+    ) -> CuResult<()> {
+        let r = call!(self.rm_memcpy_htod(&RmHtodArgs {
+            ctx,
+            stream,
+            dst,
+            data: Bytes::copy_from_slice(data)
+        }))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuMemcpyDtoH` (synchronous) into `out`.
+    ///
+    /// The DTOH reply carries no `copies`, so when asynchronous copies are pending the
+    /// context is synchronized first to deliver them (CUDA's synchronous copy orders after
+    /// earlier work on the legacy stream).
+    pub fn memcpy_dtoh(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        out: &mut [u8],
+    ) -> CuResult<()> {
+        if self.pending_copies() > 0 {
+            self.ctx_synchronize(ctx)?;
+        }
+        let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
+            ctx,
+            stream,
+            src,
+            size: out.len() as u64,
+            copy_id: 0
+        }))?;
+        match r {
+            RmBytesReply::Case0(data) if data.len() == out.len() => {
+                out.copy_from_slice(&data);
+                Ok(())
+            }
+            RmBytesReply::Case0(data) => {
+                tracing::error!(
+                    "remora: DtoH of {} bytes returned {}",
+                    out.len(),
+                    data.len()
+                );
+                Err(CuError(cu::UNKNOWN))
+            }
+            RmBytesReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// `cuMemcpyDtoD` (synchronous).
+    pub fn memcpy_dtod(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        src: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let r = call!(self.rm_memcpy_dtod(&RmDtodArgs {
+            ctx,
+            stream,
+            dst,
+            src,
+            size
+        }))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuMemsetD8/16/32` (synchronous).
+    pub fn memset(&self, args: &RmMemsetArgs) -> CuResult<()> {
+        if ![1, 2, 4].contains(&args.element_size) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let r = call!(self.rm_memset(args))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuMemcpyHtoDAsync`: one-way, the data travels with the call.
+    pub fn memcpy_htod_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        data: &[u8],
+    ) -> CuResult<()> {
+        call!(self.rm_memcpy_htod_async(&RmHtodArgs {
+            ctx,
+            stream,
+            dst,
+            data: Bytes::copy_from_slice(data)
+        }))
+    }
+
+    /// `cuMemcpyDtoHAsync`: one-way; `sink` gets the data when a later synchronizing call's
+    /// reply carries it.
+    pub fn memcpy_dtoh_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        size: u64,
+        sink: CopySink,
+    ) -> CuResult<()> {
+        let copy_id = self.next_copy_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.pending).insert(copy_id, sink);
+        let r = call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
+            ctx,
+            stream,
+            src,
+            size,
+            copy_id
+        }));
+        if r.is_err() {
+            lock(&self.pending).remove(&copy_id);
+        }
+        r
+    }
+
+    /// `cuMemcpyDtoDAsync`: one-way.
+    pub fn memcpy_dtod_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        src: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        call!(self.rm_memcpy_dtod_async(&RmDtodArgs {
+            ctx,
+            stream,
+            dst,
+            src,
+            size
+        }))
+    }
+
+    /// `cuMemsetD*Async`: one-way.
+    pub fn memset_async(&self, args: &RmMemsetArgs) -> CuResult<()> {
+        if ![1, 2, 4].contains(&args.element_size) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        call!(self.rm_memset_async(args))
+    }
+
+    // Modules ------------------------------------------------------------------------------
+
+    /// Loads a kernel image: sends its SHA-256 first and the bytes only if the server asks
+    /// (`RM_NEED_IMAGE`). The function list and parameter layouts are cached.
+    pub fn module_load(&self, ctx: RmHandle, image: &[u8]) -> CuResult<Arc<ModuleInfo>> {
+        if image.is_empty() || image.len() > RM_MAX_IMAGE as usize {
+            return Err(CuError(cu::INVALID_IMAGE));
+        }
+        let hash: [u8; 32] = Sha256::digest(image).into();
+        let mut args = RmModuleLoadArgs {
+            ctx,
+            hash,
+            image: Bytes::new(),
+        };
+        let mut reply = call!(self.rm_module_load(&args))?;
+        if reply == RmLoadReply::RmNeedImage {
+            args.image = Bytes::copy_from_slice(image);
+            reply = call!(self.rm_module_load(&args))?;
+        }
+        let m = match reply {
+            RmLoadReply::RmLoaded(m) => m,
+            RmLoadReply::RmLoadFailed(e) => return Err(CuError(nonzero(e))),
+            RmLoadReply::RmNeedImage => {
+                tracing::error!("remora: the server asked for the image again after receiving it");
+                return Err(CuError(cu::UNKNOWN));
+            }
+        };
+        let mut functions = HashMap::new();
+        {
+            let mut by_handle = lock(&self.functions);
+            for f in m.functions {
+                let info = Arc::new(FunctionInfo {
+                    name: f.name.clone(),
+                    handle: f.function,
+                    params: f.params,
+                    module: m.module,
+                });
+                by_handle.insert(f.function, Arc::clone(&info));
+                functions.insert(f.name, info);
+            }
+        }
+        let info = Arc::new(ModuleInfo {
+            handle: m.module,
+            ctx,
+            functions,
+        });
+        lock(&self.modules).insert(m.module, Arc::clone(&info));
+        Ok(info)
+    }
+
+    /// `cuModuleUnload`; forgets the cached functions.
+    pub fn module_unload(&self, module: RmHandle) -> CuResult<()> {
+        CuError::check(call!(self.rm_module_unload(&module))?)?;
+        if let Some(m) = lock(&self.modules).remove(&module) {
+            let mut f = lock(&self.functions);
+            for info in m.functions.values() {
+                f.remove(&info.handle);
+            }
+        }
+        Ok(())
+    }
+
+    /// A loaded module, from the cache.
+    pub fn module(&self, module: RmHandle) -> Option<Arc<ModuleInfo>> {
+        lock(&self.modules).get(&module).cloned()
+    }
+
+    /// A function of a loaded module, from the cache.
+    pub fn function(&self, function: RmHandle) -> Option<Arc<FunctionInfo>> {
+        lock(&self.functions).get(&function).cloned()
+    }
+
+    /// `cuModuleGetGlobal`: (pointer, size).
+    pub fn module_get_global(&self, module: RmHandle, name: &str) -> CuResult<(u64, u64)> {
+        match call!(self.rm_module_get_global(&RmGetGlobalArgs {
+            module,
+            name: name.to_owned()
+        }))? {
+            RmGlobalReply::RmLoaded(g) => Ok((g.ptr, g.size)),
+            RmGlobalReply::Default { value, .. } => Err(CuError(nonzero(value))),
+        }
+    }
+
+    /// `cuFuncGetAttribute`.
+    pub fn func_get_attribute(&self, function: RmHandle, attribute: i32) -> CuResult<i32> {
+        int(call!(self.rm_func_get_attribute(&RmFuncAttrArgs {
+            function,
+            attribute,
+            value: 0
+        }))?)
+    }
+
+    /// `cuFuncSetAttribute`.
+    pub fn func_set_attribute(
+        &self,
+        function: RmHandle,
+        attribute: i32,
+        value: i32,
+    ) -> CuResult<()> {
+        CuError::check(call!(self.rm_func_set_attribute(&RmFuncAttrArgs {
+            function,
+            attribute,
+            value
+        }))?)
+    }
+
+    /// `cuFuncSetCacheConfig`.
+    pub fn func_set_cache_config(&self, function: RmHandle, config: u32) -> CuResult<()> {
+        CuError::check(call!(self.rm_func_set_cache_config(&RmHandleFlags {
+            handle: function,
+            flags: config
+        }))?)
+    }
+
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor(WithFlags)`.
+    pub fn occupancy_max_active_blocks(
+        &self,
+        function: RmHandle,
+        block_size: i32,
+        dynamic_smem_bytes: u64,
+        flags: u32,
+    ) -> CuResult<i32> {
+        int(call!(self.rm_occupancy_max_active_blocks(
+            &RmOccupancyArgs {
+                function,
+                block_size,
+                dynamic_smem_bytes,
+                flags
+            }
+        ))?)
+    }
+
+    /// `cuLaunchKernel`: one-way; `params` already packed (see [`crate::params`]).
+    pub fn launch(&self, args: &RmLaunchArgs) -> CuResult<()> {
+        call!(self.rm_launch_kernel(args))
+    }
+
+    // Streams and events -----------------------------------------------------------------------
+
+    /// `cuStreamCreateWithPriority`.
+    pub fn stream_create(&self, ctx: RmHandle, flags: u32, priority: i32) -> CuResult<RmHandle> {
+        handle(call!(self.rm_stream_create(&RmStreamCreateArgs {
+            ctx,
+            flags,
+            priority
+        }))?)
+    }
+
+    /// `cuStreamDestroy`.
+    pub fn stream_destroy(&self, stream: RmHandle) -> CuResult<()> {
+        CuError::check(call!(self.rm_stream_destroy(&stream))?)?;
+        lock(&self.per_thread).retain(|_, s| *s != stream);
+        Ok(())
+    }
+
+    /// `cuStreamSynchronize`.
+    pub fn stream_synchronize(&self, stream: RmHandle) -> CuResult<()> {
+        let r = call!(self.rm_stream_synchronize(&stream))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuStreamQuery`: `Ok(true)` when done, `Ok(false)` for CUDA_ERROR_NOT_READY.
+    pub fn stream_query(&self, stream: RmHandle) -> CuResult<bool> {
+        let r = call!(self.rm_stream_query(&stream))?;
+        ready(self.finish_sync(r))
+    }
+
+    /// `cuStreamWaitEvent`: one-way.
+    pub fn stream_wait_event(&self, stream: RmHandle, event: RmHandle, flags: u32) -> CuResult<()> {
+        call!(self.rm_stream_wait_event(&RmStreamWaitArgs {
+            stream,
+            event,
+            flags
+        }))
+    }
+
+    /// `cuEventCreate`.
+    pub fn event_create(&self, ctx: RmHandle, flags: u32) -> CuResult<RmHandle> {
+        handle(call!(
+            self.rm_event_create(&RmHandleFlags { handle: ctx, flags })
+        )?)
+    }
+
+    /// `cuEventDestroy`.
+    pub fn event_destroy(&self, event: RmHandle) -> CuResult<()> {
+        CuError::check(call!(self.rm_event_destroy(&event))?)
+    }
+
+    /// `cuEventRecord`: one-way.
+    pub fn event_record(&self, event: RmHandle, stream: RmHandle) -> CuResult<()> {
+        call!(self.rm_event_record(&RmEventRecordArgs { event, stream }))
+    }
+
+    /// `cuEventSynchronize`.
+    pub fn event_synchronize(&self, event: RmHandle) -> CuResult<()> {
+        let r = call!(self.rm_event_synchronize(&event))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuEventQuery`: `Ok(true)` when complete.
+    pub fn event_query(&self, event: RmHandle) -> CuResult<bool> {
+        let r = call!(self.rm_event_query(&event))?;
+        ready(self.finish_sync(r))
+    }
+
+    /// `cuEventElapsedTime` in milliseconds.
+    pub fn event_elapsed_time(&self, start: RmHandle, end: RmHandle) -> CuResult<f32> {
+        match call!(self.rm_event_elapsed_time(&RmElapsedArgs { start, end }))? {
+            RmFloatReply::Case0(v) => Ok(v),
+            RmFloatReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+}
+
+fn ready(r: CuResult<()>) -> CuResult<bool> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(CuError(cu::NOT_READY)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_mapping() {
+        assert_eq!(StreamRef::from_raw(0, false), StreamRef::Legacy);
+        assert_eq!(StreamRef::from_raw(1, false), StreamRef::Legacy);
+        assert_eq!(StreamRef::from_raw(2, false), StreamRef::PerThread);
+        assert_eq!(StreamRef::from_raw(0, true), StreamRef::PerThread);
+        assert_eq!(StreamRef::from_raw(1, true), StreamRef::Legacy);
+        assert_eq!(
+            StreamRef::from_raw(0x1234, false),
+            StreamRef::Handle(0x1234)
+        );
+    }
+
+    #[test]
+    fn session_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Session>();
+    }
+
+    #[test]
+    fn unreachable_server_is_no_device_within_the_timeout() {
+        let dir = std::env::temp_dir().join(format!("remora-none-{}", std::process::id()));
+        let start = std::time::Instant::now();
+        let err = Session::connect(&Endpoint::Unix(dir.join("absent.sock"))).unwrap_err();
+        assert_eq!(err, CuError(cu::NO_DEVICE));
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,247 @@
+//! Unified addressing on the client: device ranges reserved (PROT_NONE) in our own address
+//! space, so no host allocation can take them and any pointer can be classified.
+
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// One device allocation as the client knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Range {
+    pub(crate) size: u64,
+    pub(crate) ctx: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Allocations by base address.
+    ranges: BTreeMap<u64, Range>,
+    /// Reserved chunks of pages: start -> (end, number of allocations touching it). Device
+    /// allocations can share a page (the driver sub-allocates), so chunks are counted.
+    chunks: BTreeMap<u64, (u64, u32)>,
+}
+
+/// The device allocations of a session, by base address.
+#[derive(Debug, Default)]
+pub(crate) struct VaSpace {
+    state: Mutex<State>,
+}
+
+fn page_size() -> usize {
+    rustix::param::page_size()
+}
+
+/// Why a range could not be reserved.
+#[derive(Debug)]
+pub(crate) enum ReserveError {
+    /// Something of ours (a host mapping) already occupies part of the range.
+    Collision(rustix::io::Errno),
+    /// The kernel refused for another reason (or the range overflows).
+    Other(rustix::io::Errno),
+}
+
+fn page_span(base: u64, size: u64) -> Option<(u64, u64)> {
+    let page = page_size() as u64;
+    let start = base & !(page - 1);
+    let end = base.checked_add(size.max(1))?.checked_add(page - 1)? & !(page - 1);
+    Some((start, end))
+}
+
+/// Unmaps a chunk this module reserved.
+fn unmap(start: u64, end: u64) {
+    // SAFETY: [start, end) was mapped PROT_NONE by `VaSpace::reserve` and is used by no one;
+    // unmapping it frees only our reservation.
+    let _ = unsafe { rustix::mm::munmap(start as *mut c_void, (end - start) as usize) };
+}
+
+impl State {
+    fn overlapping(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        self.chunks
+            .range(..end)
+            .filter(|(_, (cend, _))| *cend > start)
+            .map(|(&s, &(e, _))| (s, e))
+            .collect()
+    }
+}
+
+impl VaSpace {
+    /// Reserves `[base, base + size)` (rounded out to pages) and records the allocation.
+    pub(crate) fn reserve(&self, base: u64, size: u64, ctx: u64) -> Result<(), ReserveError> {
+        let (start, end) =
+            page_span(base, size).ok_or(ReserveError::Other(rustix::io::Errno::INVAL))?;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gaps = Vec::new();
+        let mut cursor = start;
+        for (cs, ce) in st.overlapping(start, end) {
+            if cs > cursor {
+                gaps.push((cursor, cs));
+            }
+            cursor = cursor.max(ce);
+        }
+        if cursor < end {
+            gaps.push((cursor, end));
+        }
+        for (i, &(gs, ge)) in gaps.iter().enumerate() {
+            let len = (ge - gs) as usize;
+            // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping (it fails with
+            // EEXIST instead), so no memory of this process is invalidated. The range is
+            // anonymous, PROT_NONE and unbacked (MAP_NORESERVE); nothing reads or writes it.
+            let res = unsafe {
+                rustix::mm::mmap_anonymous(
+                    gs as *mut c_void,
+                    len,
+                    ProtFlags::empty(),
+                    MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED_NOREPLACE,
+                )
+            };
+            let err = match res {
+                Ok(p) if p as u64 == gs => None,
+                Ok(p) => {
+                    // A kernel without MAP_FIXED_NOREPLACE treats the address as a hint.
+                    unmap(p as u64, p as u64 + len as u64);
+                    Some(ReserveError::Collision(rustix::io::Errno::EXIST))
+                }
+                Err(e) if e == rustix::io::Errno::EXIST => Some(ReserveError::Collision(e)),
+                Err(e) => Some(ReserveError::Other(e)),
+            };
+            if let Some(err) = err {
+                for &(s, e) in &gaps[..i] {
+                    unmap(s, e);
+                }
+                return Err(err);
+            }
+        }
+        for (gs, ge) in gaps {
+            st.chunks.insert(gs, (ge, 0));
+        }
+        for (cs, _) in st.overlapping(start, end) {
+            if let Some(c) = st.chunks.get_mut(&cs) {
+                c.1 += 1;
+            }
+        }
+        st.ranges.insert(base, Range { size, ctx });
+        Ok(())
+    }
+
+    /// Forgets the allocation at `base` and releases the pages no other allocation uses.
+    pub(crate) fn release(&self, base: u64) -> Option<Range> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let r = st.ranges.remove(&base)?;
+        if let Some((start, end)) = page_span(base, r.size) {
+            for (cs, ce) in st.overlapping(start, end) {
+                let Some(c) = st.chunks.get_mut(&cs) else {
+                    continue;
+                };
+                c.1 -= 1;
+                if c.1 == 0 {
+                    st.chunks.remove(&cs);
+                    unmap(cs, ce);
+                }
+            }
+        }
+        Some(r)
+    }
+
+    /// The allocation containing `ptr`, as (base, range).
+    pub(crate) fn find(&self, ptr: u64) -> Option<(u64, Range)> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (&base, &r) = st.ranges.range(..=ptr).next_back()?;
+        (ptr < base + r.size.max(1)).then_some((base, r))
+    }
+
+    /// Every allocation of context `ctx` (for context teardown).
+    pub(crate) fn of_context(&self, ctx: u64) -> Vec<u64> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.ranges
+            .iter()
+            .filter(|(_, r)| r.ctx == ctx)
+            .map(|(&b, _)| b)
+            .collect()
+    }
+}
+
+impl Drop for VaSpace {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        for (&s, &(e, _)) in &st.chunks {
+            unmap(s, e);
+        }
+        st.chunks.clear();
+        st.ranges.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A free, page-aligned address range: map somewhere, note the address, unmap.
+    fn free_range(len: usize) -> u64 {
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE,
+            )
+        }
+        .unwrap();
+        // SAFETY: unmapping the mapping just made.
+        unsafe { rustix::mm::munmap(p, len) }.unwrap();
+        p as u64
+    }
+
+    #[test]
+    fn reserves_classifies_and_releases() {
+        let va = VaSpace::default();
+        let base = free_range(1 << 20);
+        va.reserve(base, 1 << 20, 7).unwrap();
+        assert_eq!(va.find(base + 10).map(|(b, r)| (b, r.ctx)), Some((base, 7)));
+        assert!(va.find(base + (1 << 20)).is_none());
+        assert!(va.find(base - 1).is_none());
+        // The range is ours now: reserving it again collides.
+        let other = VaSpace::default();
+        assert!(matches!(
+            other.reserve(base, 4096, 1),
+            Err(ReserveError::Collision(_))
+        ));
+        assert_eq!(va.of_context(7), vec![base]);
+        va.release(base).unwrap();
+        assert!(va.find(base).is_none());
+        // Released: it can be reserved again.
+        other.reserve(base, 4096, 1).unwrap();
+    }
+
+    #[test]
+    fn a_host_mapping_collides() {
+        let v = vec![0u8; 1 << 16];
+        let va = VaSpace::default();
+        let page = page_size() as u64;
+        let p = (v.as_ptr() as u64 + page) & !(page - 1);
+        assert!(matches!(
+            va.reserve(p, 16, 1),
+            Err(ReserveError::Collision(_))
+        ));
+    }
+
+    #[test]
+    fn sub_page_allocations_share_a_reservation() {
+        let va = VaSpace::default();
+        let base = free_range(1 << 16);
+        va.reserve(base, 256, 1).unwrap();
+        va.reserve(base + 512, 256, 1).unwrap();
+        assert_eq!(va.find(base + 600).map(|(b, _)| b), Some(base + 512));
+        // Releasing the first keeps the shared page reserved for the second.
+        va.release(base).unwrap();
+        let other = VaSpace::default();
+        assert!(matches!(
+            other.reserve(base, 16, 1),
+            Err(ReserveError::Collision(_))
+        ));
+        va.release(base + 512).unwrap();
+        other.reserve(base, 16, 1).unwrap();
+    }
+}

@@ -1,0 +1,462 @@
+//! Initialization, devices, contexts, errors, cuGetProcAddress.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use remora_client::{CuError, cu, cu_result_name_c, cu_result_string_c};
+
+use super::Handle;
+use crate::CUresult;
+use crate::state::{self, Kind, dec, enc, entry, put};
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    entry("cuInit", || {
+        if flags != 0 {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        state::init()
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+    entry("cuDriverGetVersion", || {
+        let v = state::session()
+            .ok()
+            .and_then(|s| s.driver_version())
+            .unwrap_or(13000);
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(version, v) }
+    })
+}
+
+fn check_dev(dev: c_int) -> Result<&'static remora_client::Session, CuError> {
+    let s = state::session()?;
+    if dev < 0 || dev >= s.device_count() {
+        return Err(CuError(cu::INVALID_DEVICE));
+    }
+    Ok(s)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+    entry("cuDeviceGetCount", || {
+        let n = if state::init_failed() {
+            0
+        } else {
+            state::session()?.device_count()
+        };
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(count, n) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> CUresult {
+    entry("cuDeviceGet", || {
+        check_dev(ordinal)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(device, ordinal) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: c_int) -> CUresult {
+    entry("cuDeviceGetName", || {
+        let p = check_dev(dev)?.device_props(dev)?;
+        // SAFETY: `name` is writable for `len` bytes per cuda.h.
+        unsafe { state::put_str(name, len, &p.name) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus: *mut c_char, len: c_int, dev: c_int) -> CUresult {
+    entry("cuDeviceGetPCIBusId", || {
+        let p = check_dev(dev)?.device_props(dev)?;
+        // SAFETY: `bus` is writable for `len` bytes per cuda.h.
+        unsafe { state::put_str(bus, len, &p.pci_bus_id) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: c_int) -> CUresult {
+    entry("cuDeviceGetUuid", || {
+        let p = check_dev(dev)?.device_props(dev)?;
+        // SAFETY: CUuuid is 16 bytes; output pointer per cuda.h.
+        unsafe { put(uuid, p.uuid) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: c_int) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuDeviceGetUuid(uuid, dev) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CUresult {
+    entry("cuDeviceTotalMem_v2", || {
+        let p = check_dev(dev)?.device_props(dev)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(bytes, p.total_memory as usize) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    value: *mut c_int,
+    attrib: c_int,
+    dev: c_int,
+) -> CUresult {
+    entry("cuDeviceGetAttribute", || {
+        if !(1..=1024).contains(&attrib) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let v = check_dev(dev)?.device_attribute(dev, attrib)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(value, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: c_int) -> CUresult {
+    entry("cuDevicePrimaryCtxRetain", || {
+        let h = check_dev(dev)?.primary_ctx_retain(dev)?;
+        state::note_ctx_device(h, dev);
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(pctx, enc(Kind::Ctx, h)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CUresult {
+    entry("cuDevicePrimaryCtxRelease_v2", || {
+        check_dev(dev)?.primary_ctx_release(dev)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxRelease(dev: c_int) -> CUresult {
+    cuDevicePrimaryCtxRelease_v2(dev)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags_v2(dev: c_int, flags: c_uint) -> CUresult {
+    entry("cuDevicePrimaryCtxSetFlags_v2", || {
+        check_dev(dev)?.primary_ctx_set_flags(dev, flags)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxSetFlags(dev: c_int, flags: c_uint) -> CUresult {
+    cuDevicePrimaryCtxSetFlags_v2(dev, flags)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: c_int,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
+    entry("cuDevicePrimaryCtxGetState", || {
+        let (f, a) = check_dev(dev)?.primary_ctx_get_state(dev)?;
+        // SAFETY: output pointers per cuda.h.
+        unsafe {
+            put(flags, f)?;
+            put(active, c_int::from(a))
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: c_int) -> CUresult {
+    entry("cuDevicePrimaryCtxReset_v2", || {
+        check_dev(dev)?.primary_ctx_reset(dev)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuDevicePrimaryCtxReset(dev: c_int) -> CUresult {
+    cuDevicePrimaryCtxReset_v2(dev)
+}
+
+fn ctx_create(pctx: *mut Handle, flags: c_uint, dev: c_int) -> Result<(), CuError> {
+    let h = check_dev(dev)?.ctx_create(flags, dev)?;
+    state::note_ctx_device(h, dev);
+    state::push_ctx(h);
+    // SAFETY: output pointer per cuda.h (checked by every caller's contract).
+    unsafe { put(pctx, enc(Kind::Ctx, h)) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: c_uint, dev: c_int) -> CUresult {
+    entry("cuCtxCreate_v2", || ctx_create(pctx, flags, dev))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate(pctx: *mut Handle, flags: c_uint, dev: c_int) -> CUresult {
+    entry("cuCtxCreate", || ctx_create(pctx, flags, dev))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut Handle,
+    _params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    dev: c_int,
+) -> CUresult {
+    entry("cuCtxCreate_v3", || {
+        if num_params != 0 {
+            tracing::warn!("remora: execution-affinity contexts are not supported");
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
+        ctx_create(pctx, flags, dev)
+    })
+}
+
+/// `CUctxCreateParams`.
+#[repr(C)]
+pub struct CtxCreateParams {
+    exec_affinity: *mut c_void,
+    num_exec_affinity: c_int,
+    cig: *mut c_void,
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut Handle,
+    params: *mut CtxCreateParams,
+    flags: c_uint,
+    dev: c_int,
+) -> CUresult {
+    entry("cuCtxCreate_v4", || {
+        if !params.is_null() {
+            // SAFETY: non-null params point to a CUctxCreateParams per cuda.h.
+            let p = unsafe { &*params };
+            if p.num_exec_affinity != 0 || !p.cig.is_null() {
+                tracing::warn!("remora: execution-affinity and CIG contexts are not supported");
+                return Err(CuError(cu::NOT_SUPPORTED));
+            }
+        }
+        ctx_create(pctx, flags, dev)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
+    entry("cuCtxDestroy_v2", || {
+        let h = dec(Kind::Ctx, ctx)?;
+        state::session()?.ctx_destroy(h)?;
+        state::forget_ctx(h);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxDestroy(ctx: Handle) -> CUresult {
+    cuCtxDestroy_v2(ctx)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
+    entry("cuCtxPushCurrent_v2", || {
+        state::push_ctx(dec(Kind::Ctx, ctx)?);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxPushCurrent(ctx: Handle) -> CUresult {
+    cuCtxPushCurrent_v2(ctx)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut Handle) -> CUresult {
+    entry("cuCtxPopCurrent_v2", || {
+        let h = state::pop_ctx().ok_or(CuError(cu::INVALID_CONTEXT))?;
+        if !pctx.is_null() {
+            // SAFETY: non-null output pointer per cuda.h.
+            unsafe { put(pctx, enc(Kind::Ctx, h))? };
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxPopCurrent(pctx: *mut Handle) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuCtxPopCurrent_v2(pctx) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
+    entry("cuCtxSetCurrent", || {
+        let h = if ctx.is_null() {
+            None
+        } else {
+            Some(dec(Kind::Ctx, ctx)?)
+        };
+        state::set_current(h);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut Handle) -> CUresult {
+    entry("cuCtxGetCurrent", || {
+        let p = state::current_ctx_opt().map_or(std::ptr::null_mut(), |h| enc(Kind::Ctx, h));
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(pctx, p) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut c_int) -> CUresult {
+    entry("cuCtxGetDevice", || {
+        let d = state::ctx_device(state::current_ctx()?)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(device, d) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut c_int, ctx: Handle) -> CUresult {
+    entry("cuCtxGetDevice_v2", || {
+        let h = if ctx.is_null() {
+            state::current_ctx()?
+        } else {
+            dec(Kind::Ctx, ctx)?
+        };
+        let d = state::ctx_device(h)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(device, d) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> CUresult {
+    entry("cuCtxSynchronize", || {
+        state::session()?.ctx_synchronize(state::current_ctx()?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize_v2(ctx: Handle) -> CUresult {
+    entry("cuCtxSynchronize_v2", || {
+        let h = if ctx.is_null() {
+            state::current_ctx()?
+        } else {
+            dec(Kind::Ctx, ctx)?
+        };
+        state::session()?.ctx_synchronize(h)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
+    entry("cuCtxSetLimit", || {
+        if !(0..=0x10).contains(&limit) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        state::session()?.ctx_set_limit(state::current_ctx()?, limit, value as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUresult {
+    entry("cuCtxGetLimit", || {
+        if !(0..=0x10).contains(&limit) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let v = state::session()?.ctx_get_limit(state::current_ctx()?, limit)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(value, v as usize) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorString(error: c_int, s: *mut *const c_char) -> CUresult {
+    entry("cuGetErrorString", || {
+        let text = cu_result_string_c(error).ok_or(CuError(cu::INVALID_VALUE))?;
+        // SAFETY: output pointer per cuda.h; the string is static.
+        unsafe { put(s, text.as_ptr()) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetErrorName(error: c_int, s: *mut *const c_char) -> CUresult {
+    entry("cuGetErrorName", || {
+        let name = cu_result_name_c(error).ok_or(CuError(cu::INVALID_VALUE))?;
+        // SAFETY: output pointer per cuda.h; the string is static.
+        unsafe { put(s, name.as_ptr()) }
+    })
+}
+
+fn proc_address(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> Result<(), CuError> {
+    if symbol.is_null() || pfn.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: `symbol` is a NUL-terminated string per cuda.h.
+    let name = unsafe { std::ffi::CStr::from_ptr(symbol) }.to_string_lossy();
+    let r = crate::procaddr::resolve(&name, version, flags);
+    let (addr, st) = match r {
+        Ok(a) => (a, 0),
+        Err(st) => (std::ptr::null_mut(), st),
+    };
+    // SAFETY: `pfn` is non-null and writable per cuda.h.
+    unsafe { put(pfn, addr)? };
+    if !status.is_null() {
+        // SAFETY: non-null optional output pointer per cuda.h.
+        unsafe { put(status, st)? };
+    }
+    if st != 0 {
+        tracing::debug!("remora: cuGetProcAddress({name}, {version}, {flags}) not found ({st})");
+        return Err(CuError(cu::NOT_FOUND));
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    entry("cuGetProcAddress_v2", || {
+        proc_address(symbol, pfn, version, flags, status)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    entry("cuGetProcAddress_v2_ptsz", || {
+        proc_address(symbol, pfn, version, flags, status)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    entry("cuGetProcAddress", || {
+        proc_address(symbol, pfn, version, flags, std::ptr::null_mut())
+    })
+}

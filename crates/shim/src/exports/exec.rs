@@ -1,0 +1,608 @@
+//! Modules, functions, launches, streams, events, occupancy.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use remora_client::params::{pack_extra, pack_kernel_params};
+use remora_client::proto::{RmDim3, RmLaunchArgs, RmLaunchAttr};
+use remora_client::{CuError, CuResult, StreamRef, cu};
+
+use super::{DevPtr, Handle};
+use crate::CUresult;
+use crate::state::{self, Kind, dec, enc, entry, put, stream_ref};
+
+fn load(module: *mut Handle, image: *const c_void) -> CuResult<()> {
+    if module.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: `image` is a kernel image as cuModuleLoadData documents.
+    let (p, n) = unsafe { crate::image::locate(image.cast()) }?;
+    // SAFETY: `locate` found the image to span `n` readable bytes from `p`.
+    let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+    let s = state::session()?;
+    let m = s.module_load(state::current_ctx()?, bytes)?;
+    // SAFETY: output pointer per cuda.h.
+    unsafe { put(module, enc(Kind::Module, m.handle)) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
+    entry("cuModuleLoadData", || load(module, image))
+}
+
+/// JIT options are accepted and ignored (the server's driver JITs with its defaults).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut Handle,
+    image: *const c_void,
+    _num_options: c_uint,
+    _options: *mut c_int,
+    _values: *mut *mut c_void,
+) -> CUresult {
+    entry("cuModuleLoadDataEx", || load(module, image))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(
+    module: *mut Handle,
+    image: *const c_void,
+) -> CUresult {
+    entry("cuModuleLoadFatBinary", || load(module, image))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuModuleUnload(module: Handle) -> CUresult {
+    entry("cuModuleUnload", || {
+        state::session()?.module_unload(dec(Kind::Module, module)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    f: *mut Handle,
+    module: Handle,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuModuleGetFunction", || {
+        if name.is_null() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let m = state::session()?
+            .module(dec(Kind::Module, module)?)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        // SAFETY: NUL-terminated name per cuda.h.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+        let info = m
+            .functions
+            .get(name.as_ref())
+            .ok_or(CuError(cu::NOT_FOUND))?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(f, enc(Kind::Function, info.handle)) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut DevPtr,
+    bytes: *mut usize,
+    module: Handle,
+    name: *const c_char,
+) -> CUresult {
+    entry("cuModuleGetGlobal_v2", || {
+        if name.is_null() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        // SAFETY: NUL-terminated name per cuda.h.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+        let (p, n) = state::session()?.module_get_global(dec(Kind::Module, module)?, &name)?;
+        // SAFETY: optional output pointers per cuda.h.
+        unsafe {
+            if !dptr.is_null() {
+                put(dptr, p)?;
+            }
+            if !bytes.is_null() {
+                put(bytes, n as usize)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    value: *mut c_int,
+    attrib: c_int,
+    f: Handle,
+) -> CUresult {
+    entry("cuFuncGetAttribute", || {
+        if !(0..=20).contains(&attrib) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let v = state::session()?.func_get_attribute(dec(Kind::Function, f)?, attrib)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(value, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncSetAttribute(f: Handle, attrib: c_int, value: c_int) -> CUresult {
+    entry("cuFuncSetAttribute", || {
+        if !(0..=20).contains(&attrib) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        state::session()?.func_set_attribute(dec(Kind::Function, f)?, attrib, value)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuFuncSetCacheConfig(f: Handle, config: c_uint) -> CUresult {
+    entry("cuFuncSetCacheConfig", || {
+        if config > 3 {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        state::session()?.func_set_cache_config(dec(Kind::Function, f)?, config)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetParamInfo(
+    f: Handle,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CUresult {
+    entry("cuFuncGetParamInfo", || {
+        let info = state::session()?
+            .function(dec(Kind::Function, f)?)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let p = info.params.get(index).ok_or(CuError(cu::INVALID_VALUE))?;
+        // SAFETY: optional output pointers per cuda.h.
+        unsafe {
+            if !offset.is_null() {
+                put(offset, p.offset as usize)?;
+            }
+            if !size.is_null() {
+                put(size, p.size as usize)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+struct Launch {
+    f: Handle,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: Handle,
+    ptds: bool,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    attrs: Vec<RmLaunchAttr>,
+}
+
+fn launch(l: Launch) -> CuResult<()> {
+    let s = state::session()?;
+    let ctx = state::current_ctx()?;
+    let info = s
+        .function(dec(Kind::Function, l.f)?)
+        .ok_or(CuError(cu::INVALID_HANDLE))?;
+    let params = match (l.params.is_null(), l.extra.is_null()) {
+        // SAFETY: kernelParams holds one pointer per parameter per cuda.h.
+        (false, true) => unsafe { pack_kernel_params(&info.params, l.params.cast_const().cast()) }?,
+        // SAFETY: `extra` is a CU_LAUNCH_PARAM_END-terminated array per cuda.h.
+        (true, false) => unsafe { pack_extra(l.extra.cast_const().cast()) }?,
+        (true, true) if info.params.is_empty() => Vec::new(),
+        _ => return Err(CuError(cu::INVALID_VALUE)),
+    };
+    let dim = |d: [u32; 3]| RmDim3 {
+        x: d[0],
+        y: d[1],
+        z: d[2],
+    };
+    s.launch(&RmLaunchArgs {
+        ctx,
+        function: info.handle,
+        grid: dim(l.grid),
+        block: dim(l.block),
+        shared_mem_bytes: l.shared,
+        stream: s.stream_handle(ctx, stream_ref(l.stream, l.ptds)?)?,
+        params: params.into(),
+        attrs: l.attrs,
+    })
+}
+
+macro_rules! launches {
+    ($($name:ident ptds=$ptds:expr, coop=$coop:expr;)*) => { $(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+            shared: c_uint, stream: Handle, params: *mut *mut c_void,
+        ) -> CUresult {
+            entry(stringify!($name), || launch(Launch {
+                f, grid: [gx, gy, gz], block: [bx, by, bz], shared, stream, ptds: $ptds, params,
+                extra: std::ptr::null_mut(),
+                attrs: if $coop { vec![RmLaunchAttr::RmLaunchCooperative(1)] } else { Vec::new() },
+            }))
+        }
+    )* };
+}
+
+launches! {
+    cuLaunchCooperativeKernel ptds=false, coop=true;
+    cuLaunchCooperativeKernel_ptsz ptds=true, coop=true;
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: Handle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernel", || {
+        launch(Launch {
+            f,
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+            shared,
+            stream,
+            ptds: false,
+            params,
+            extra,
+            attrs: Vec::new(),
+        })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernel_ptsz(
+    f: Handle,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernel_ptsz", || {
+        launch(Launch {
+            f,
+            grid: [gx, gy, gz],
+            block: [bx, by, bz],
+            shared,
+            stream,
+            ptds: true,
+            params,
+            extra,
+            attrs: Vec::new(),
+        })
+    })
+}
+
+/// `CUlaunchAttribute`: id, padding to 8, a 64-byte value union.
+#[repr(C)]
+pub struct LaunchAttribute {
+    id: u32,
+    pad: [u8; 4],
+    value: [u8; 64],
+}
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+pub struct LaunchConfig {
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: Handle,
+    attrs: *const LaunchAttribute,
+    num_attrs: u32,
+}
+
+fn attrs_of(cfg: &LaunchConfig) -> CuResult<Vec<RmLaunchAttr>> {
+    if cfg.num_attrs == 0 {
+        return Ok(Vec::new());
+    }
+    if cfg.attrs.is_null() || cfg.num_attrs > 64 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: `attrs` holds `num_attrs` attributes per cuda.h.
+    let attrs = unsafe { std::slice::from_raw_parts(cfg.attrs, cfg.num_attrs as usize) };
+    let word = |v: &[u8; 64], i: usize| {
+        u32::from_ne_bytes([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]])
+    };
+    let mut out = Vec::new();
+    for a in attrs {
+        out.push(match a.id {
+            0 => continue, // CU_LAUNCH_ATTRIBUTE_IGNORE
+            2 => RmLaunchAttr::RmLaunchCooperative(word(&a.value, 0) as i32),
+            4 => RmLaunchAttr::RmLaunchClusterDimension(RmDim3 {
+                x: word(&a.value, 0),
+                y: word(&a.value, 1),
+                z: word(&a.value, 2),
+            }),
+            5 => RmLaunchAttr::RmLaunchClusterScheduling(word(&a.value, 0) as i32),
+            8 => RmLaunchAttr::RmLaunchPriority(word(&a.value, 0) as i32),
+            1 | 3 | 6 | 7 | 9..=32 => {
+                tracing::warn!("remora: launch attribute {} is not supported yet", a.id);
+                return Err(CuError(cu::NOT_SUPPORTED));
+            }
+            _ => return Err(CuError(cu::INVALID_VALUE)),
+        });
+    }
+    if out.len() > 8 {
+        return Err(CuError(cu::NOT_SUPPORTED));
+    }
+    Ok(out)
+}
+
+fn launch_ex(
+    cfg: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    ptds: bool,
+) -> CuResult<()> {
+    if cfg.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: a valid CUlaunchConfig per cuda.h.
+    let cfg = unsafe { &*cfg };
+    launch(Launch {
+        f,
+        grid: cfg.grid,
+        block: cfg.block,
+        shared: cfg.shared,
+        stream: cfg.stream,
+        ptds,
+        params,
+        extra,
+        attrs: attrs_of(cfg)?,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    cfg: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernelEx", || {
+        launch_ex(cfg, f, params, extra, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    cfg: *const LaunchConfig,
+    f: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    entry("cuLaunchKernelEx_ptsz", || {
+        launch_ex(cfg, f, params, extra, true)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
+    n: *mut c_int,
+    f: Handle,
+    block: c_int,
+    smem: usize,
+) -> CUresult {
+    entry("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
+        let v = state::session()?.occupancy_max_active_blocks(
+            dec(Kind::Function, f)?,
+            block,
+            smem as u64,
+            0,
+        )?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(n, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+    n: *mut c_int,
+    f: Handle,
+    block: c_int,
+    smem: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry(
+        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+        || {
+            if flags > 1 {
+                return Err(CuError(cu::INVALID_VALUE));
+            }
+            let v = state::session()?.occupancy_max_active_blocks(
+                dec(Kind::Function, f)?,
+                block,
+                smem as u64,
+                flags,
+            )?;
+            // SAFETY: output pointer per cuda.h.
+            unsafe { put(n, v) }
+        },
+    )
+}
+
+fn stream_create(ps: *mut Handle, flags: c_uint, priority: c_int) -> CuResult<()> {
+    if flags > 1 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let h = state::session()?.stream_create(state::current_ctx()?, flags, priority)?;
+    state::note_stream(h, flags, priority);
+    // SAFETY: output pointer per cuda.h.
+    unsafe { put(ps, enc(Kind::Stream, h)) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(ps: *mut Handle, flags: c_uint) -> CUresult {
+    entry("cuStreamCreate", || stream_create(ps, flags, 0))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ps: *mut Handle,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
+    entry("cuStreamCreateWithPriority", || {
+        stream_create(ps, flags, priority)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy_v2(st: Handle) -> CUresult {
+    entry("cuStreamDestroy_v2", || {
+        let h = dec(Kind::Stream, st)?;
+        state::session()?.stream_destroy(h)?;
+        state::forget_stream(h);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuStreamDestroy(st: Handle) -> CUresult {
+    cuStreamDestroy_v2(st)
+}
+
+fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static remora_client::Session, u64)> {
+    let s = state::session()?;
+    let r = stream_ref(st, ptds)?;
+    let h = match r {
+        StreamRef::Handle(h) => h,
+        _ => s.stream_handle(state::current_ctx()?, r)?,
+    };
+    Ok((s, h))
+}
+
+macro_rules! stream_fns {
+    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            entry(stringify!($name), || $body)
+        }
+    )* };
+}
+
+fn query(st: Handle, ptds: bool) -> CuResult<()> {
+    let (s, h) = mapped(st, ptds)?;
+    if s.stream_query(h)? {
+        Ok(())
+    } else {
+        Err(CuError(cu::NOT_READY))
+    }
+}
+
+fn wait(st: Handle, ev: Handle, flags: c_uint, ptds: bool) -> CuResult<()> {
+    if flags > 1 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let (s, h) = mapped(st, ptds)?;
+    s.stream_wait_event(h, dec(Kind::Event, ev)?, flags)
+}
+
+fn props(st: Handle, ptds: bool) -> CuResult<(u32, i32)> {
+    state::stream_props(stream_ref(st, ptds)?)
+}
+
+fn record(ev: Handle, st: Handle, ptds: bool) -> CuResult<()> {
+    let e = dec(Kind::Event, ev)?;
+    let (s, h) = mapped(st, ptds)?;
+    s.event_record(e, h)
+}
+
+fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
+    // SAFETY: output pointer per cuda.h (null rejected by `put`).
+    unsafe { put(p, v) }
+}
+
+stream_fns! {
+    cuStreamSynchronize(st: Handle) => { let (s, h) = mapped(st, false)?; s.stream_synchronize(h) };
+    cuStreamSynchronize_ptsz(st: Handle) => { let (s, h) = mapped(st, true)?; s.stream_synchronize(h) };
+    cuStreamQuery(st: Handle) => query(st, false);
+    cuStreamQuery_ptsz(st: Handle) => query(st, true);
+    cuStreamWaitEvent(st: Handle, ev: Handle, flags: c_uint) => wait(st, ev, flags, false);
+    cuStreamWaitEvent_ptsz(st: Handle, ev: Handle, flags: c_uint) => wait(st, ev, flags, true);
+    cuStreamGetPriority(st: Handle, p: *mut c_int) => put_out(p, props(st, false)?.1);
+    cuStreamGetPriority_ptsz(st: Handle, p: *mut c_int) => put_out(p, props(st, true)?.1);
+    cuStreamGetFlags(st: Handle, f: *mut c_uint) => put_out(f, props(st, false)?.0);
+    cuStreamGetFlags_ptsz(st: Handle, f: *mut c_uint) => put_out(f, props(st, true)?.0);
+    cuEventRecord(ev: Handle, st: Handle) => record(ev, st, false);
+    cuEventRecord_ptsz(ev: Handle, st: Handle) => record(ev, st, true);
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(pe: *mut Handle, flags: c_uint) -> CUresult {
+    entry("cuEventCreate", || {
+        if flags & !0xF != 0 {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let h = state::session()?.event_create(state::current_ctx()?, flags)?;
+        put_out(pe, enc(Kind::Event, h))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventQuery(ev: Handle) -> CUresult {
+    entry("cuEventQuery", || {
+        if state::session()?.event_query(dec(Kind::Event, ev)?)? {
+            Ok(())
+        } else {
+            Err(CuError(cu::NOT_READY))
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventSynchronize(ev: Handle) -> CUresult {
+    entry("cuEventSynchronize", || {
+        state::session()?.event_synchronize(dec(Kind::Event, ev)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
+    entry("cuEventElapsedTime_v2", || {
+        let v = state::session()?
+            .event_elapsed_time(dec(Kind::Event, start)?, dec(Kind::Event, end)?)?;
+        put_out(ms, v)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    // SAFETY: same contract.
+    unsafe { cuEventElapsedTime_v2(ms, start, end) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy_v2(ev: Handle) -> CUresult {
+    entry("cuEventDestroy_v2", || {
+        state::session()?.event_destroy(dec(Kind::Event, ev)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuEventDestroy(ev: Handle) -> CUresult {
+    cuEventDestroy_v2(ev)
+}

@@ -1,0 +1,277 @@
+//! Memory: allocation, copies, memsets, pointer attributes.
+
+use std::ffi::{c_int, c_uint, c_void};
+
+use remora_client::proto::RmMemsetArgs;
+use remora_client::{CuError, CuResult, PointerKind, cu};
+
+use super::{DevPtr, Handle};
+use crate::CUresult;
+use crate::state::{self, Kind, enc, entry, put, stream_ref};
+
+fn ctx_session() -> CuResult<(&'static remora_client::Session, u64)> {
+    Ok((state::session()?, state::current_ctx()?))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut DevPtr, bytesize: usize) -> CUresult {
+    entry("cuMemAlloc_v2", || {
+        if dptr.is_null() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let (s, ctx) = ctx_session()?;
+        let p = s.mem_alloc(ctx, bytesize as u64)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(dptr, p) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut DevPtr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult {
+    entry("cuMemAllocPitch_v2", || {
+        if dptr.is_null() || pitch.is_null() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let (s, ctx) = ctx_session()?;
+        let (p, pt) = s.mem_alloc_pitch(ctx, width as u64, height as u64, element_size)?;
+        // SAFETY: output pointers per cuda.h.
+        unsafe {
+            put(dptr, p)?;
+            put(pitch, pt as usize)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFree_v2(dptr: DevPtr) -> CUresult {
+    entry("cuMemFree_v2", || {
+        if dptr == 0 {
+            return Ok(());
+        }
+        let s = state::session()?;
+        let ctx = match s.pointer_kind(dptr) {
+            PointerKind::Device { ctx, .. } => ctx,
+            PointerKind::Host => state::current_ctx()?,
+        };
+        s.mem_free(ctx, dptr)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    entry("cuMemGetInfo_v2", || {
+        let (s, ctx) = ctx_session()?;
+        let (f, t) = s.mem_get_info(ctx)?;
+        // SAFETY: output pointers per cuda.h.
+        unsafe {
+            put(free, f as usize)?;
+            put(total, t as usize)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAddressRange_v2(
+    base: *mut DevPtr,
+    size: *mut usize,
+    dptr: DevPtr,
+) -> CUresult {
+    entry("cuMemGetAddressRange_v2", || {
+        let (s, ctx) = ctx_session()?;
+        let (b, n) = match s.pointer_kind(dptr) {
+            PointerKind::Device { base, size, .. } => (base, size),
+            PointerKind::Host => s.mem_get_address_range(ctx, dptr)?,
+        };
+        // SAFETY: optional output pointers per cuda.h.
+        unsafe {
+            if !base.is_null() {
+                put(base, b)?;
+            }
+            if !size.is_null() {
+                put(size, n as usize)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Pointer attributes answered from unified addressing: CONTEXT (1), MEMORY_TYPE (2),
+/// DEVICE_POINTER (3), IS_MANAGED (8), DEVICE_ORDINAL (9), RANGE_START_ADDR (11),
+/// RANGE_SIZE (12), MAPPED (13). Host pointers are CUDA_ERROR_INVALID_VALUE, as for memory
+/// CUDA does not know.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttribute(
+    data: *mut c_void,
+    attribute: c_int,
+    ptr: DevPtr,
+) -> CUresult {
+    entry("cuPointerGetAttribute", || {
+        let s = state::session()?;
+        let PointerKind::Device { base, size, ctx } = s.pointer_kind(ptr) else {
+            return Err(CuError(cu::INVALID_VALUE));
+        };
+        // SAFETY: `data` points to storage of the attribute's type per cuda.h.
+        unsafe {
+            match attribute {
+                1 => put(data.cast::<Handle>(), enc(Kind::Ctx, ctx)),
+                2 => put(data.cast::<c_uint>(), 2), // CU_MEMORYTYPE_DEVICE
+                3 => put(data.cast::<DevPtr>(), ptr),
+                8 => put(data.cast::<c_uint>(), 0),
+                9 => put(data.cast::<c_int>(), state::ctx_device(ctx)?),
+                11 => put(data.cast::<DevPtr>(), base),
+                12 => put(data.cast::<usize>(), size as usize),
+                13 => put(data.cast::<c_uint>(), 1),
+                0..=32 => Err(CuError(cu::NOT_SUPPORTED)),
+                _ => Err(CuError(cu::INVALID_VALUE)),
+            }
+        }
+    })
+}
+
+fn htod(dst: DevPtr, src: *const c_void, n: usize, stream: Option<(Handle, bool)>) -> CuResult<()> {
+    let (s, ctx) = ctx_session()?;
+    if n == 0 {
+        return Ok(());
+    }
+    if src.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: `src` is readable for `n` bytes per cuda.h; the slice is used only here.
+    let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) };
+    match stream {
+        Some((st, ptds)) => {
+            let h = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
+            s.memcpy_htod_async(ctx, h, dst, data)
+        }
+        None => s.memcpy_htod(ctx, 1, dst, data),
+    }
+}
+
+/// A host destination that a later synchronizing call fills.
+struct HostDst(*mut u8, usize);
+// SAFETY: the destination stays valid until the copy is delivered, per CUDA's contract for
+// asynchronous copies (the program may not touch it before synchronizing); it is written
+// once, by whichever thread delivers it.
+unsafe impl Send for HostDst {}
+
+fn dtoh(
+    dst: *mut c_void,
+    src: DevPtr,
+    n: usize,
+    stream: Option<(Handle, bool)>,
+    ptds: bool,
+) -> CuResult<()> {
+    let (s, ctx) = ctx_session()?;
+    if n == 0 {
+        return Ok(());
+    }
+    if dst.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    match stream {
+        Some((st, p)) => {
+            let h = s.stream_handle(ctx, stream_ref(st, p)?)?;
+            let out = HostDst(dst.cast(), n);
+            s.memcpy_dtoh_async(
+                ctx,
+                h,
+                src,
+                n as u64,
+                Box::new(move |data: &[u8]| {
+                    let out = out;
+                    let k = data.len().min(out.1);
+                    // SAFETY: see HostDst: writable for `out.1` bytes until delivered.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), out.0, k) };
+                }),
+            )
+        }
+        None => {
+            let h = if ptds {
+                s.stream_handle(ctx, remora_client::StreamRef::PerThread)?
+            } else {
+                1
+            };
+            // SAFETY: `dst` is writable for `n` bytes per cuda.h.
+            let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) };
+            s.memcpy_dtoh(ctx, h, src, out)
+        }
+    }
+}
+
+fn dtod(dst: DevPtr, src: DevPtr, n: usize, stream: Option<(Handle, bool)>) -> CuResult<()> {
+    let (s, ctx) = ctx_session()?;
+    match stream {
+        Some((st, ptds)) => {
+            let h = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
+            s.memcpy_dtod_async(ctx, h, dst, src, n as u64)
+        }
+        None => s.memcpy_dtod(ctx, 1, dst, src, n as u64),
+    }
+}
+
+fn memset(
+    dst: DevPtr,
+    value: u32,
+    element_size: u32,
+    count: usize,
+    stream: Option<(Handle, bool)>,
+) -> CuResult<()> {
+    let (s, ctx) = ctx_session()?;
+    let mut args = RmMemsetArgs {
+        ctx,
+        stream: 1,
+        dst,
+        value,
+        element_size,
+        count: count as u64,
+    };
+    match stream {
+        Some((st, ptds)) => {
+            args.stream = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
+            s.memset_async(&args)
+        }
+        None => s.memset(&args),
+    }
+}
+
+macro_rules! copies {
+    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            entry(stringify!($name), || $body)
+        }
+    )* };
+}
+
+copies! {
+    cuMemcpyHtoD_v2(dst: DevPtr, src: *const c_void, n: usize) => htod(dst, src, n, None);
+    cuMemcpyHtoD_v2_ptds(dst: DevPtr, src: *const c_void, n: usize) => htod(dst, src, n, None);
+    cuMemcpyHtoDAsync_v2(dst: DevPtr, src: *const c_void, n: usize, st: Handle) => htod(dst, src, n, Some((st, false)));
+    cuMemcpyHtoDAsync_v2_ptsz(dst: DevPtr, src: *const c_void, n: usize, st: Handle) => htod(dst, src, n, Some((st, true)));
+    cuMemcpyDtoH_v2(dst: *mut c_void, src: DevPtr, n: usize) => dtoh(dst, src, n, None, false);
+    cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: DevPtr, n: usize) => dtoh(dst, src, n, None, true);
+    cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: DevPtr, n: usize, st: Handle) => dtoh(dst, src, n, Some((st, false)), false);
+    cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: DevPtr, n: usize, st: Handle) => dtoh(dst, src, n, Some((st, true)), true);
+    cuMemcpyDtoD_v2(dst: DevPtr, src: DevPtr, n: usize) => dtod(dst, src, n, None);
+    cuMemcpyDtoD_v2_ptds(dst: DevPtr, src: DevPtr, n: usize) => dtod(dst, src, n, None);
+    cuMemcpyDtoDAsync_v2(dst: DevPtr, src: DevPtr, n: usize, st: Handle) => dtod(dst, src, n, Some((st, false)));
+    cuMemcpyDtoDAsync_v2_ptsz(dst: DevPtr, src: DevPtr, n: usize, st: Handle) => dtod(dst, src, n, Some((st, true)));
+    cuMemsetD8_v2(dst: DevPtr, v: u8, n: usize) => memset(dst, v.into(), 1, n, None);
+    cuMemsetD8_v2_ptds(dst: DevPtr, v: u8, n: usize) => memset(dst, v.into(), 1, n, None);
+    cuMemsetD16_v2(dst: DevPtr, v: u16, n: usize) => memset(dst, v.into(), 2, n, None);
+    cuMemsetD16_v2_ptds(dst: DevPtr, v: u16, n: usize) => memset(dst, v.into(), 2, n, None);
+    cuMemsetD32_v2(dst: DevPtr, v: u32, n: usize) => memset(dst, v, 4, n, None);
+    cuMemsetD32_v2_ptds(dst: DevPtr, v: u32, n: usize) => memset(dst, v, 4, n, None);
+    cuMemsetD8Async(dst: DevPtr, v: u8, n: usize, st: Handle) => memset(dst, v.into(), 1, n, Some((st, false)));
+    cuMemsetD8Async_ptsz(dst: DevPtr, v: u8, n: usize, st: Handle) => memset(dst, v.into(), 1, n, Some((st, true)));
+    cuMemsetD16Async(dst: DevPtr, v: u16, n: usize, st: Handle) => memset(dst, v.into(), 2, n, Some((st, false)));
+    cuMemsetD16Async_ptsz(dst: DevPtr, v: u16, n: usize, st: Handle) => memset(dst, v.into(), 2, n, Some((st, true)));
+    cuMemsetD32Async(dst: DevPtr, v: u32, n: usize, st: Handle) => memset(dst, v, 4, n, Some((st, false)));
+    cuMemsetD32Async_ptsz(dst: DevPtr, v: u32, n: usize, st: Handle) => memset(dst, v, 4, n, Some((st, true)));
+}

@@ -1,0 +1,18 @@
+//! The implemented driver entry points. Their contracts are those of CUDA 13.0's `cuda.h`:
+//! pointers are valid as it documents (null output pointers are rejected).
+#![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
+
+mod core;
+mod exec;
+mod mem;
+
+pub use self::core::*;
+pub use exec::*;
+pub use mem::*;
+
+use std::ffi::c_void;
+
+/// `CUcontext`, `CUmodule`, `CUfunction`, `CUstream`, `CUevent`.
+pub type Handle = *mut c_void;
+/// `CUdeviceptr`.
+pub type DevPtr = u64;

@@ -1,0 +1,17 @@
+//! Logging: tracing to stderr, filtered by `REMORA_LOG` (default `warn`).
+
+use std::sync::Once;
+
+/// Installs the subscriber once (a host program's own subscriber wins).
+pub(crate) fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("REMORA_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .try_init();
+    });
+}

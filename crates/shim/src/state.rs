@@ -1,0 +1,286 @@
+//! Shim state: the session (made by cuInit), the per-thread context stack, handle encoding.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use remora_client::{CuError, CuResult, Session, StreamRef, cu};
+
+/// Handle kinds, in the low byte of every handle the shim gives out, so handles are never
+/// NULL, never `CU_STREAM_LEGACY`/`CU_STREAM_PER_THREAD`, and a handle of the wrong kind is
+/// caught.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// CUcontext
+    Ctx = 0x11,
+    /// CUmodule
+    Module = 0x22,
+    /// CUfunction
+    Function = 0x33,
+    /// CUstream
+    Stream = 0x44,
+    /// CUevent
+    Event = 0x55,
+}
+
+/// A protocol handle as the pointer-typed CUDA handle.
+pub fn enc(kind: Kind, h: u64) -> *mut c_void {
+    ((h << 8) | kind as u64) as usize as *mut c_void
+}
+
+/// A CUDA handle back to the protocol handle, checking its kind.
+pub fn dec(kind: Kind, p: *mut c_void) -> CuResult<u64> {
+    let v = p as usize as u64;
+    if v & 0xFF != kind as u64 || v >> 8 == 0 {
+        return Err(CuError(if kind == Kind::Ctx {
+            cu::INVALID_CONTEXT
+        } else {
+            cu::INVALID_HANDLE
+        }));
+    }
+    Ok(v >> 8)
+}
+
+/// A `CUstream` to a [`StreamRef`].
+pub fn stream_ref(p: *mut c_void, per_thread_default: bool) -> CuResult<StreamRef> {
+    match p as usize {
+        0..=2 => Ok(StreamRef::from_raw(p as usize as u64, per_thread_default)),
+        _ => Ok(StreamRef::Handle(dec(Kind::Stream, p)?)),
+    }
+}
+
+static SESSION: OnceLock<Result<Arc<Session>, i32>> = OnceLock::new();
+
+/// Connects once; the outcome is kept (a later cuInit returns the same result).
+pub fn init() -> CuResult<()> {
+    crate::log::init();
+    let r = SESSION.get_or_init(|| match Session::from_env() {
+        Ok(s) => {
+            if s.device_count() == 0 {
+                tracing::warn!(
+                    "remora: the server has no usable GPU: {}; cuInit returns CUDA_ERROR_NO_DEVICE",
+                    s.driver_problem().unwrap_or("it reports 0 devices")
+                );
+            }
+            Ok(Arc::new(s))
+        }
+        Err(e) => {
+            tracing::warn!("remora: cuInit failed ({e}); no GPU is available through Remora");
+            Err(e.code())
+        }
+    });
+    match r {
+        Ok(s) if s.device_count() == 0 => Err(CuError(cu::NO_DEVICE)),
+        Ok(_) => Ok(()),
+        Err(code) => Err(CuError(*code)),
+    }
+}
+
+/// The session, if cuInit connected one.
+pub fn session() -> CuResult<&'static Session> {
+    match SESSION.get() {
+        None => Err(CuError(cu::NOT_INITIALIZED)),
+        Some(Ok(s)) => Ok(s),
+        Some(Err(code)) => Err(CuError(*code)),
+    }
+}
+
+/// Whether cuInit has run and failed (device queries then report 0 devices).
+pub fn init_failed() -> bool {
+    matches!(SESSION.get(), Some(Err(_)))
+}
+
+thread_local! {
+    static CTX_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's current context.
+pub fn current_ctx() -> CuResult<u64> {
+    CTX_STACK
+        .with(|s| s.borrow().last().copied())
+        .ok_or(CuError(cu::INVALID_CONTEXT))
+}
+
+/// The current context, or none.
+pub fn current_ctx_opt() -> Option<u64> {
+    CTX_STACK.with(|s| s.borrow().last().copied())
+}
+
+/// Pushes a context on this thread's stack.
+pub fn push_ctx(ctx: u64) {
+    CTX_STACK.with(|s| s.borrow_mut().push(ctx));
+}
+
+/// Pops this thread's current context.
+pub fn pop_ctx() -> Option<u64> {
+    CTX_STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// cuCtxSetCurrent: replaces the top (NULL unbinds it).
+pub fn set_current(ctx: Option<u64>) {
+    CTX_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        if let Some(c) = ctx {
+            s.push(c);
+        }
+    });
+}
+
+/// Removes `ctx` from this thread's stack (it was destroyed).
+pub fn forget_ctx(ctx: u64) {
+    CTX_STACK.with(|s| s.borrow_mut().retain(|c| *c != ctx));
+}
+
+fn ctx_devices() -> &'static Mutex<HashMap<u64, i32>> {
+    static M: OnceLock<Mutex<HashMap<u64, i32>>> = OnceLock::new();
+    M.get_or_init(Mutex::default)
+}
+
+/// Remembers which device a context belongs to.
+pub fn note_ctx_device(ctx: u64, dev: i32) {
+    ctx_devices()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(ctx, dev);
+}
+
+/// The device of a context.
+pub fn ctx_device(ctx: u64) -> CuResult<i32> {
+    ctx_devices()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&ctx)
+        .copied()
+        .ok_or(CuError(cu::INVALID_CONTEXT))
+}
+
+fn stream_info() -> &'static Mutex<HashMap<u64, (u32, i32)>> {
+    static M: OnceLock<Mutex<HashMap<u64, (u32, i32)>>> = OnceLock::new();
+    M.get_or_init(Mutex::default)
+}
+
+/// Remembers a stream's flags and priority (answered locally by cuStreamGetFlags/Priority).
+pub fn note_stream(h: u64, flags: u32, priority: i32) {
+    stream_info()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(h, (flags, priority));
+}
+
+/// Forgets a stream.
+pub fn forget_stream(h: u64) {
+    stream_info()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&h);
+}
+
+/// A stream's (flags, priority); special streams are (0, 0).
+pub fn stream_props(s: StreamRef) -> CuResult<(u32, i32)> {
+    match s {
+        StreamRef::Handle(h) => stream_info()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&h)
+            .copied()
+            .ok_or(CuError(cu::INVALID_HANDLE)),
+        _ => Ok((0, 0)),
+    }
+}
+
+/// Runs an export body: panics become CUDA_ERROR_UNKNOWN, errors their code.
+pub fn entry(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
+    tracing::trace!("{name}");
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => cu::SUCCESS,
+        Ok(Err(e)) => {
+            tracing::debug!("{name} -> {e}");
+            e.code()
+        }
+        Err(_) => {
+            tracing::error!("remora: {name} panicked; returning CUDA_ERROR_UNKNOWN");
+            cu::UNKNOWN
+        }
+    }
+}
+
+/// Writes `v` to an output pointer.
+///
+/// # Safety
+/// `p` is null (rejected with CUDA_ERROR_INVALID_VALUE) or valid for a write of `T`.
+pub unsafe fn put<T>(p: *mut T, v: T) -> CuResult<()> {
+    if p.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: non-null and valid for writes by the caller's contract; unaligned is allowed.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+/// Copies a string with NUL into a caller buffer of `len` bytes, truncating.
+///
+/// # Safety
+/// `p` is null (rejected) or valid for writes of `len` bytes.
+pub unsafe fn put_str(p: *mut std::ffi::c_char, len: i32, s: &str) -> CuResult<()> {
+    if p.is_null() || len <= 0 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let n = s.len().min(len as usize - 1);
+    // SAFETY: `p` is writable for `len` bytes and `n + 1 <= len`.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), p.cast::<u8>(), n);
+        *p.add(n) = 0;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_round_trip_and_check_their_kind() {
+        let p = enc(Kind::Stream, 1);
+        assert!(p as usize > 2);
+        assert_eq!(dec(Kind::Stream, p), Ok(1));
+        assert_eq!(dec(Kind::Event, p), Err(CuError(cu::INVALID_HANDLE)));
+        assert_eq!(dec(Kind::Ctx, p), Err(CuError(cu::INVALID_CONTEXT)));
+        assert_eq!(
+            stream_ref(std::ptr::null_mut(), false),
+            Ok(StreamRef::Legacy)
+        );
+        assert_eq!(
+            stream_ref(std::ptr::null_mut(), true),
+            Ok(StreamRef::PerThread)
+        );
+        assert_eq!(
+            stream_ref(2 as *mut c_void, false),
+            Ok(StreamRef::PerThread)
+        );
+        assert_eq!(stream_ref(p, false), Ok(StreamRef::Handle(1)));
+    }
+
+    #[test]
+    fn panics_do_not_cross_the_boundary() {
+        assert_eq!(entry("test", || panic!("boom")), cu::UNKNOWN);
+        assert_eq!(entry("test", || Err(CuError(5))), 5);
+        assert_eq!(entry("test", || Ok(())), 0);
+    }
+
+    #[test]
+    fn context_stack_is_per_thread() {
+        push_ctx(5);
+        assert_eq!(current_ctx(), Ok(5));
+        std::thread::spawn(|| assert!(current_ctx().is_err()))
+            .join()
+            .unwrap();
+        set_current(Some(6));
+        assert_eq!(current_ctx(), Ok(6));
+        assert_eq!(pop_ctx(), Some(6));
+        assert!(current_ctx().is_err());
+    }
+}
