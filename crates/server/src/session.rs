@@ -74,6 +74,9 @@ pub(crate) enum Scope {
     Stream(u64),
 }
 
+/// `(backend function, backend context, parameter layout)`.
+pub(crate) type FunctionTarget = (u64, u64, Arc<[(u32, u32)]>);
+
 /// The resource table of a session.
 #[derive(Default)]
 pub(crate) struct SessionState {
@@ -153,7 +156,7 @@ impl SessionState {
     }
 
     /// `(backend function, backend context, parameter layout)` of function handle `h`.
-    pub(crate) fn function(&self, h: u64) -> CuResult<(u64, u64, Arc<[(u32, u32)]>)> {
+    pub(crate) fn function(&self, h: u64) -> CuResult<FunctionTarget> {
         match self.get(h)? {
             Resource::Function {
                 raw, ctx, params, ..

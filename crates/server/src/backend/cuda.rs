@@ -136,9 +136,13 @@ struct LaunchConfig {
 macro_rules! call {
     ($t:expr, $field:ident ( $($arg:expr),* )) => {
         match $t.$field {
-            // SAFETY (for every use): the arguments follow the entry point's cuda.h contract;
-            // each call site documents the pointers it passes.
-            Some(f) => check(unsafe { f($($arg),*) }),
+            Some(f) => {
+                // SAFETY: `f` has the cuda.h 13.0 prototype of this entry point (see
+                // Table::resolve); the arguments follow its contract: every call site's
+                // SAFETY note says which pointers it passes and what they point to.
+                let rc = unsafe { f($($arg),*) };
+                check(rc)
+            }
             None => {
                 tracing::warn!(entry_point = stringify!($field), "the CUDA driver lacks this entry point: CUDA_ERROR_NOT_SUPPORTED");
                 Err(NOT_SUPPORTED)

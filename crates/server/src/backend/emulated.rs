@@ -314,15 +314,15 @@ impl Backend for EmulatedBackend {
     fn device_attribute(&self, attr: i32, dev: i32) -> CuResult<i32> {
         self.check_dev(dev)?;
         Ok(match attr {
-            1 | 2 | 3 => 1024,  // max threads per block, block dim x / y
-            4 => 64,            // block dim z
-            5 | 6 | 7 => 65535, // grid dims
-            8 => 48 * 1024,     // shared memory per block
-            10 => 32,           // warp size
-            16 => 1,            // multiprocessors
-            41 => 1,            // unified addressing
-            75 => 9,            // compute capability major
-            76 => 0,            // compute capability minor
+            1..=3 => 1024,  // max threads per block, block dim x / y
+            4 => 64,        // block dim z
+            5..=7 => 65535, // grid dims
+            8 => 48 * 1024, // shared memory per block
+            10 => 32,       // warp size
+            16 => 1,        // multiprocessors
+            41 => 1,        // unified addressing
+            75 => 9,        // compute capability major
+            76 => 0,        // compute capability minor
             a if (1..=200).contains(&a) => 0,
             _ => return Err(INVALID_VALUE),
         })
@@ -505,7 +505,7 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
-        if !matches!(elem, 1 | 2 | 4) || dst % u64::from(elem) != 0 {
+        if !matches!(elem, 1 | 2 | 4) || !dst.is_multiple_of(u64::from(elem)) {
             return Err(INVALID_VALUE);
         }
         let len = count.checked_mul(u64::from(elem)).ok_or(INVALID_VALUE)?;
