@@ -44,6 +44,11 @@ enum Command {
         /// Largest record a client may send, in bytes (default 128 MiB + 4 KiB).
         #[arg(long, value_name = "BYTES")]
         max_record_size: Option<usize>,
+        /// What executes the CUDA calls: `cuda`, the real driver (default), or `emulated`, a
+        /// TEST backend for machines without a GPU (host memory, no kernel launches; never for
+        /// real work).
+        #[arg(long, value_name = "BACKEND", default_value = "cuda", value_parser = ["cuda", "emulated"])]
+        backend: String,
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
@@ -187,6 +192,7 @@ fn run(cli: Cli) -> Result<()> {
             devices,
             rpcbind,
             max_record_size,
+            backend,
         } => {
             init_logging("info");
             serve(remora_server::ServeConfig {
@@ -194,6 +200,12 @@ fn run(cli: Cli) -> Result<()> {
                 devices,
                 rpcbind,
                 max_record_size,
+                backend: if backend == "emulated" {
+                    remora_server::BackendChoice::Emulated
+                } else {
+                    remora_server::BackendChoice::Cuda
+                },
+                module_cache_bytes: None,
             })
         }
         Command::Info { server } => {

@@ -143,6 +143,7 @@ pub fn dispatch(data: &[u8]) -> usize {
     serve_connection(
         &mut stream,
         &Peer::Unknown,
+        0,
         registry(),
         &config,
         &AtomicBool::new(false),

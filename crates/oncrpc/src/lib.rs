@@ -58,7 +58,7 @@ pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
 pub use client::{Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT};
 pub use endpoint::{Endpoint, EndpointParseError};
 pub use error::RpcError;
-pub use server::{Server, ServerConfig, ServerError, ServerHandle};
+pub use server::{DeferredReply, Server, ServerConfig, ServerError, ServerHandle};
 
 /// Who is on the other end of a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +105,48 @@ pub struct CallContext {
     pub credential: Credential,
     /// The connection's peer.
     pub peer: Peer,
+    /// Identifies the connection the call arrived on, unique for the server's lifetime;
+    /// [`Service::connection_closed`] names it when the connection ends.
+    pub connection: u64,
+    /// Where a deferred reply is written; `None` when the transport cannot share its writer.
+    pub(crate) reply_sink: Option<server::ReplySink>,
+}
+
+impl CallContext {
+    /// A context for calling a service outside a server (tests, in-process use): connection
+    /// 0, no deferred replies.
+    pub fn detached(
+        xid: u32,
+        program: u32,
+        version: u32,
+        procedure: u32,
+        credential: Credential,
+        peer: Peer,
+    ) -> Self {
+        Self {
+            xid,
+            program,
+            version,
+            procedure,
+            credential,
+            peer,
+            connection: 0,
+            reply_sink: None,
+        }
+    }
+
+    /// Takes over the reply to this call: the handler then returns
+    /// [`ProcError::Deferred`] (or [`Dispatch::Deferred`]) and the connection goes on with its
+    /// next calls, while the returned [`DeferredReply`] sends the SUCCESS reply later, from
+    /// any thread. `None` when the connection cannot defer (answer inline then).
+    ///
+    /// A `DeferredReply` dropped without [`DeferredReply::reply`] answers SYSTEM_ERR, so a
+    /// caller is never left waiting.
+    pub fn defer(&self) -> Option<DeferredReply> {
+        self.reply_sink
+            .as_ref()
+            .map(|sink| DeferredReply::new(self.xid, sink.clone()))
+    }
 }
 
 /// How a dispatched call ended; the server runtime turns it into the reply.
@@ -120,6 +162,9 @@ pub enum Dispatch {
     GarbageArgs,
     /// Reply SYSTEM_ERR.
     SystemErr,
+    /// Send nothing now: the handler took a [`DeferredReply`] (see [`CallContext::defer`])
+    /// that replies later.
+    Deferred,
 }
 
 impl From<ProcError> for Dispatch {
@@ -127,6 +172,7 @@ impl From<ProcError> for Dispatch {
         match e {
             ProcError::GarbageArgs => Dispatch::GarbageArgs,
             ProcError::SystemErr => Dispatch::SystemErr,
+            ProcError::Deferred => Dispatch::Deferred,
         }
     }
 }
@@ -141,6 +187,9 @@ pub enum ProcError {
     /// Reply SYSTEM_ERR.
     #[error("system error")]
     SystemErr,
+    /// Reply later: the handler holds a [`DeferredReply`] from [`CallContext::defer`].
+    #[error("the reply is deferred")]
+    Deferred,
 }
 
 /// Result of a procedure handler.
@@ -158,4 +207,11 @@ pub trait Service: Send + Sync + 'static {
     /// `reply` already holds the reply header; it is discarded unless this returns
     /// [`Dispatch::Success`]. A panic is caught and answered SYSTEM_ERR.
     fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch;
+
+    /// Called once when connection `connection` (see [`CallContext::connection`]) has ended,
+    /// on that connection's thread, before its socket is closed: release what the connection
+    /// owned. Deferred replies sent from here still reach the peer if it is listening.
+    fn connection_closed(&self, connection: u64) {
+        let _ = connection;
+    }
 }

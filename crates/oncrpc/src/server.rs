@@ -397,6 +397,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
             serve_connection(
                 stream,
                 &peer,
+                id,
                 &shared2.registry,
                 &shared2.config,
                 &shared2.shutting_down,
@@ -549,11 +550,21 @@ pub(crate) trait Transport: Read + Write {
     fn set_read_timeout(&mut self, _timeout: Option<Duration>) -> io::Result<()> {
         Ok(())
     }
+
+    /// A second handle that writes to the same peer, shared by the connection thread and
+    /// deferred replies; `None` (in-memory streams) disables deferred replies.
+    fn shared_writer(&self) -> Option<Box<dyn Write + Send>> {
+        None
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
     fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         (**self).set_read_timeout(timeout)
+    }
+
+    fn shared_writer(&self) -> Option<Box<dyn Write + Send>> {
+        (**self).shared_writer()
     }
 }
 
@@ -561,13 +572,150 @@ impl Transport for Stream {
     fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         Stream::set_read_timeout(self, timeout)
     }
+
+    fn shared_writer(&self) -> Option<Box<dyn Write + Send>> {
+        self.try_clone()
+            .ok()
+            .map(|s| Box::new(s) as Box<dyn Write + Send>)
+    }
+}
+
+/// The writing half of a connection, shared by its thread and its deferred replies. Every
+/// reply is written whole under the lock, so replies never interleave. `None` once the
+/// connection has ended: later replies are dropped.
+#[derive(Clone)]
+pub(crate) struct ReplySink {
+    writer: Arc<Mutex<Option<Box<dyn Write + Send>>>>,
+    max_fragment_size: usize,
+}
+
+impl fmt::Debug for ReplySink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplySink").finish_non_exhaustive()
+    }
+}
+
+impl ReplySink {
+    fn send(&self, chunks: &[Bytes]) -> io::Result<()> {
+        let mut guard = lock(&self.writer);
+        match guard.as_mut() {
+            Some(w) => write_record(w, chunks, self.max_fragment_size),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the connection has ended",
+            )),
+        }
+    }
+
+    fn close(&self) {
+        lock(&self.writer).take();
+    }
+}
+
+/// The reply to a call whose handler deferred it ([`CallContext::defer`]). Send it with
+/// [`DeferredReply::reply`] from any thread; dropped unsent, it answers SYSTEM_ERR.
+#[derive(Debug)]
+pub struct DeferredReply {
+    xid: u32,
+    sink: Option<ReplySink>,
+}
+
+impl DeferredReply {
+    pub(crate) fn new(xid: u32, sink: ReplySink) -> Self {
+        Self {
+            xid,
+            sink: Some(sink),
+        }
+    }
+
+    /// The XID of the call this answers.
+    pub fn xid(&self) -> u32 {
+        self.xid
+    }
+
+    /// Sends the SUCCESS reply with the results `encode` writes. If `encode` fails the call is
+    /// answered SYSTEM_ERR instead and its error returned. Fails when the connection has
+    /// ended or the write fails (the reply is then lost, as the peer is gone).
+    pub fn reply(
+        mut self,
+        encode: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
+    ) -> Result<(), RpcError> {
+        let Some(sink) = self.sink.take() else {
+            return Ok(());
+        };
+        let mut enc = Encoder::with_capacity(256);
+        let encoded = RpcMsg::accepted(self.xid, AcceptStat::Success)
+            .encode(&mut enc)
+            .and_then(|()| encode(&mut enc));
+        if let Err(e) = encoded {
+            let _ = Self::send_stat(&sink, self.xid, AcceptStat::SystemErr);
+            return Err(RpcError::Encode(e));
+        }
+        sink.send(&enc.finish()).map_err(RpcError::from)
+    }
+
+    fn send_stat(sink: &ReplySink, xid: u32, stat: AcceptStat) -> io::Result<()> {
+        let mut enc = Encoder::with_capacity(32);
+        RpcMsg::accepted(xid, stat)
+            .encode(&mut enc)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        sink.send(&enc.finish())
+    }
+}
+
+impl Drop for DeferredReply {
+    fn drop(&mut self) {
+        if let Some(sink) = self.sink.take() {
+            tracing::warn!(
+                xid = self.xid,
+                "ONC RPC server: a deferred reply was dropped unsent; SYSTEM_ERR"
+            );
+            let _ = Self::send_stat(&sink, self.xid, AcceptStat::SystemErr);
+        }
+    }
 }
 
 /// Serves one connection until the peer closes it, an error occurs, a timeout expires or
-/// the server shuts down. Calls are processed in order.
+/// the server shuts down. Calls are processed in order. When it ends, every service hears of
+/// it ([`Service::connection_closed`]).
 pub(crate) fn serve_connection<S: Transport>(
+    stream: S,
+    peer: &Peer,
+    connection: u64,
+    registry: &Registry,
+    config: &ServerConfig,
+    shutting_down: &AtomicBool,
+) {
+    let sink = stream.shared_writer().map(|w| ReplySink {
+        writer: Arc::new(Mutex::new(Some(w))),
+        max_fragment_size: config.max_fragment_size,
+    });
+    serve_records(
+        stream,
+        peer,
+        connection,
+        sink.as_ref(),
+        registry,
+        config,
+        shutting_down,
+    );
+    for versions in registry.programs.values() {
+        for service in versions.values() {
+            if catch_unwind(AssertUnwindSafe(|| service.connection_closed(connection))).is_err() {
+                tracing::error!(%peer, connection, "ONC RPC server: connection_closed panicked");
+            }
+        }
+    }
+    if let Some(sink) = sink {
+        sink.close();
+    }
+}
+
+fn serve_records<S: Transport>(
     mut stream: S,
     peer: &Peer,
+    connection: u64,
+    sink: Option<&ReplySink>,
     registry: &Registry,
     config: &ServerConfig,
     shutting_down: &AtomicBool,
@@ -592,11 +740,15 @@ pub(crate) fn serve_connection<S: Transport>(
             Ok(Some(record)) => {
                 last_progress = Instant::now();
                 seen = reader.bytes_read();
-                match process_call(record, peer, registry) {
+                match process_call(record, peer, connection, sink, registry) {
                     Outcome::Reply(chunks) => {
-                        if let Err(e) =
-                            write_record(reader.get_mut(), &chunks, config.max_fragment_size)
-                        {
+                        let sent = match sink {
+                            Some(sink) => sink.send(&chunks),
+                            None => {
+                                write_record(reader.get_mut(), &chunks, config.max_fragment_size)
+                            }
+                        };
+                        if let Err(e) = sent {
                             tracing::debug!(%peer, error = %e, "ONC RPC server: cannot send a reply; connection closed");
                             return;
                         }
@@ -676,7 +828,13 @@ enum AuthOrGarbage {
 }
 
 /// Turns one call record into the reply to send (or none).
-pub(crate) fn process_call(record: Bytes, peer: &Peer, registry: &Registry) -> Outcome {
+pub(crate) fn process_call(
+    record: Bytes,
+    peer: &Peer,
+    connection: u64,
+    sink: Option<&ReplySink>,
+    registry: &Registry,
+) -> Outcome {
     let mut dec = Decoder::new(record);
     let Ok(xid) = dec.get_u32() else {
         tracing::warn!(%peer, "ONC RPC server: record too short to hold an XID; connection closed");
@@ -753,6 +911,8 @@ pub(crate) fn process_call(record: Bytes, peer: &Peer, registry: &Registry) -> O
         procedure,
         credential,
         peer: peer.clone(),
+        connection,
+        reply_sink: sink.cloned(),
     };
     let mut reply = Encoder::with_capacity(256);
     if RpcMsg::accepted(xid, AcceptStat::Success)
@@ -766,7 +926,7 @@ pub(crate) fn process_call(record: Bytes, peer: &Peer, registry: &Registry) -> O
     }));
     match dispatched {
         Ok(Dispatch::Success) => Outcome::Reply(reply.finish()),
-        Ok(Dispatch::NoReply) => Outcome::NoReply,
+        Ok(Dispatch::NoReply) | Ok(Dispatch::Deferred) => Outcome::NoReply,
         Ok(Dispatch::ProcUnavail) => accepted(xid, AcceptStat::ProcUnavail),
         Ok(Dispatch::GarbageArgs) => accepted(xid, AcceptStat::GarbageArgs),
         Ok(Dispatch::SystemErr) => accepted(xid, AcceptStat::SystemErr),

@@ -1254,7 +1254,7 @@ impl<'a> Gen<'a> {
                  impl<S: {server}> {service}<S> {{\n/// Wraps a handler.\npub fn new(inner: S) -> Self {{ Self {{ inner }} }}\n/// The handler.\npub fn inner(&self) -> &S {{ &self.inner }}\n/// Unwraps the handler.\npub fn into_inner(self) -> S {{ self.inner }}\n}}\n\
                  impl<S: {server}> {RPC}::Service for {service}<S> {{\n fn program(&self) -> u32 {{ {pconst} }}\n fn version(&self) -> u32 {{ {vconst} }}\n\
                  fn dispatch(&self, ctx: &{RPC}::CallContext, dec: &mut {X}::Decoder, enc: &mut {X}::Encoder) -> {RPC}::Dispatch {{\n\
-                 fn proc_error_dispatch(e: &{RPC}::ProcError) -> {RPC}::Dispatch {{\n match e {{\n {RPC}::ProcError::GarbageArgs => {RPC}::Dispatch::GarbageArgs,\n _ => {RPC}::Dispatch::SystemErr,\n}}\n}}\n\
+                 fn proc_error_dispatch(e: &{RPC}::ProcError) -> {RPC}::Dispatch {{\n {RPC}::Dispatch::from(e.clone())\n}}\n\
                  let _ = &enc;\n match ctx.procedure {{\n{dispatch} _ => {RPC}::Dispatch::ProcUnavail,\n}}\n}}\n}}"
             ));
         }

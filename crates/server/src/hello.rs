@@ -1,10 +1,8 @@
 //! The HELLO handshake: protocol negotiation, server identity, and the GPU list.
 
-use remora_oncrpc::{CallContext, ProcResult};
 use remora_proto::remora::{
     DeviceInfo, DriverOk, DriverReport, DriverStatus, HelloArgs, HelloRefused, HelloReply,
     HelloWelcome, REMORA_CAP_ONEWAY, REMORA_MAX_NAME, REMORA_MAX_REASON, REMORA_PROTOCOL_REVISION,
-    RemoraV1Server,
 };
 
 use crate::driver::Inventory;
@@ -101,17 +99,6 @@ impl HelloService {
             capabilities: args.capabilities & SERVER_CAPABILITIES,
             driver: self.driver.clone(),
         })
-    }
-}
-
-impl RemoraV1Server for HelloService {
-    fn remora_null(&self, _ctx: &CallContext) -> ProcResult<()> {
-        Ok(())
-    }
-
-    fn remora_hello(&self, ctx: &CallContext, args: HelloArgs) -> ProcResult<HelloReply> {
-        tracing::info!(client = %args.client_name, peer = ?ctx.peer, "HELLO");
-        Ok(self.answer(&args))
     }
 }
 

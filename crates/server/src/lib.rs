@@ -1,17 +1,28 @@
 //! `remora serve`: the GPU-side server of Remora.
 //!
 //! ```text
-//! client ──ONC RPC──► remora-oncrpc Server ──► RemoraV1Service<Hello> ──► Inventory
-//!                                                                  (real libcuda.so.1)
+//! client ──ONC RPC──► remora-oncrpc Server ──► RemoraService ──► Executor ──► Backend
+//!                     (one thread per          (sessions, one     (CudaBackend: the real
+//!                      connection, deferred     per connection)    libcuda.so.1; or the
+//!                      replies)                                    EmulatedBackend, for tests)
 //! ```
 //!
-//! Today the server answers `REMORA_NULL` and `REMORA_HELLO` (protocol negotiation, server
-//! identity and the GPU list). The CUDA driver-API executor arrives with issue 3 and plugs in
-//! beside the HELLO service.
+//! The server answers `REMORA_NULL`, `REMORA_HELLO` (protocol negotiation, server identity
+//! and the GPU list) and every CUDA driver procedure of `remora.x` revision 2.
 
+pub mod backend;
 pub mod driver;
+mod executor;
 mod hello;
+mod module_cache;
 mod serve;
+mod session;
 
+pub use backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig, LiveCounts};
+pub use executor::Executor;
 pub use hello::{HelloService, SERVER_VERSION};
-pub use serve::{Running, ServeConfig, ServeError, default_endpoint, start, start_with_inventory};
+pub use module_cache::DEFAULT_CACHE_BYTES;
+pub use serve::{
+    BackendChoice, RemoraService, Running, ServeConfig, ServeError, default_endpoint, inventory_of,
+    start, start_with_backend, start_with_inventory,
+};

@@ -3,11 +3,62 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use remora_oncrpc::{Endpoint, Server, ServerConfig, ServerHandle};
+use remora_oncrpc::{CallContext, Dispatch, Endpoint, Server, ServerConfig, ServerHandle, Service};
 use remora_proto::remora::RemoraV1Service;
+use remora_xdr::{Decoder, Encoder};
 
-use crate::driver::{self, Inventory};
+use crate::backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig};
+use crate::driver::{self, GpuInfo, Inventory};
+use crate::executor::Executor;
 use crate::hello::HelloService;
+
+/// Which backend executes the CUDA calls.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The real CUDA driver (zero devices when it is missing).
+    #[default]
+    Cuda,
+    /// The emulated TEST backend: host memory, no kernels. For CI and tests only.
+    Emulated,
+}
+
+/// The `remora.x` service: the generated dispatcher over the [`Executor`], plus the session
+/// cleanup when a connection ends.
+pub struct RemoraService {
+    service: RemoraV1Service<Executor>,
+}
+
+impl RemoraService {
+    /// Serves `executor`.
+    pub fn new(executor: Executor) -> Self {
+        Self {
+            service: RemoraV1Service::new(executor),
+        }
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &Executor {
+        self.service.inner()
+    }
+}
+
+impl Service for RemoraService {
+    fn program(&self) -> u32 {
+        self.service.program()
+    }
+
+    fn version(&self) -> u32 {
+        self.service.version()
+    }
+
+    fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch {
+        self.service.dispatch(ctx, args, reply)
+    }
+
+    fn connection_closed(&self, connection: u64) {
+        self.service.inner().close_session(connection);
+    }
+}
 
 /// What `remora serve` was asked to do.
 #[derive(Debug, Clone, Default)]
@@ -20,6 +71,10 @@ pub struct ServeConfig {
     pub rpcbind: bool,
     /// Largest record a client may send, in bytes; `None` keeps the runtime's default.
     pub max_record_size: Option<usize>,
+    /// The backend; the emulated one is a test backend, used only when asked for.
+    pub backend: BackendChoice,
+    /// Bound of the server-wide kernel image cache; `None`: [`crate::DEFAULT_CACHE_BYTES`].
+    pub module_cache_bytes: Option<u64>,
 }
 
 /// Why the server could not start.
@@ -112,6 +167,7 @@ fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
 pub struct Running {
     handle: ServerHandle,
     inventory: Inventory,
+    service: Arc<RemoraService>,
 }
 
 impl Running {
@@ -125,14 +181,33 @@ impl Running {
         &self.inventory
     }
 
+    /// The executor (tests inspect its sessions).
+    pub fn executor(&self) -> &Executor {
+        self.service.executor()
+    }
+
+    /// Number of connections being served now.
+    pub fn connection_count(&self) -> usize {
+        self.handle.connection_count()
+    }
+
     /// Stops accepting, lets calls in flight finish, and joins every thread.
     pub fn shutdown(self) {
         self.handle.shutdown();
     }
 }
 
-/// Probes the driver, then starts serving.
+/// Probes the driver (or sets up the emulated test backend), then starts serving.
 pub fn start(config: ServeConfig) -> Result<Running, ServeError> {
+    if config.backend == BackendChoice::Emulated {
+        let devices = config.devices.as_ref().map_or(1, |d| d.len().max(1));
+        let backend = Arc::new(EmulatedBackend::new(EmulatedConfig {
+            devices,
+            ..EmulatedConfig::default()
+        }));
+        let inventory = inventory_of(&*backend);
+        return start_with_backend(config, backend, inventory);
+    }
     let inventory = driver::select_devices(driver::probe(), config.devices.as_deref())
         .map_err(ServeError::Devices)?;
     match &inventory {
@@ -150,14 +225,65 @@ pub fn start(config: ServeConfig) -> Result<Running, ServeError> {
             tracing::warn!("serving zero GPUs: {reason}")
         }
     }
-    start_with_inventory(config, inventory)
+    let backend = match (&inventory, CudaBackend::load(config.devices.as_deref())) {
+        (Inventory::Ok { .. }, Ok(b)) => b,
+        (Inventory::Ok { .. }, Err(reason)) => {
+            tracing::warn!(
+                "the CUDA executor is unavailable ({reason}); CUDA calls answer CUDA_ERROR_NO_DEVICE"
+            );
+            CudaBackend::unavailable()
+        }
+        _ => CudaBackend::unavailable(),
+    };
+    start_with_backend(config, Arc::new(backend), inventory)
 }
 
-/// Starts serving with an inventory the caller already has (tests use this).
+/// What a backend's devices look like to HELLO.
+pub fn inventory_of(backend: &dyn Backend) -> Inventory {
+    let count = backend.device_count().unwrap_or(0);
+    let devices = (0..count)
+        .filter_map(|ordinal| {
+            let p = backend.device_props(ordinal).ok()?;
+            let attr = |a: i32| {
+                p.attributes
+                    .iter()
+                    .find(|(k, _)| *k == a)
+                    .map_or(0, |(_, v)| *v)
+            };
+            Some(GpuInfo {
+                ordinal,
+                name: p.name.clone(),
+                uuid: p.uuid,
+                total_memory: p.total_memory,
+                compute_major: attr(75),
+                compute_minor: attr(76),
+                multiprocessor_count: attr(16),
+                pci_bus_id: p.pci_bus_id.clone(),
+            })
+        })
+        .collect();
+    Inventory::Ok {
+        driver_version: backend.driver_version().unwrap_or(0),
+        devices,
+    }
+}
+
+/// Starts serving with an inventory the caller already has and no CUDA executor behind it
+/// (HELLO tests use this): CUDA calls answer CUDA_ERROR_NO_DEVICE.
 pub fn start_with_inventory(
     config: ServeConfig,
     inventory: Inventory,
 ) -> Result<Running, ServeError> {
+    start_with_backend(config, Arc::new(CudaBackend::unavailable()), inventory)
+}
+
+/// Starts serving with `backend` executing the CUDA calls and `inventory` reported by HELLO.
+pub fn start_with_backend(
+    config: ServeConfig,
+    backend: Arc<dyn Backend>,
+    inventory: Inventory,
+) -> Result<Running, ServeError> {
+    tracing::info!(backend = backend.kind(), "CUDA executor ready");
     let listen = if config.listen.is_empty() {
         vec![default_endpoint()]
     } else {
@@ -167,9 +293,16 @@ pub fn start_with_inventory(
     if let Some(max) = config.max_record_size {
         server_config.max_record_size = max;
     }
-    let mut builder = Server::builder(server_config).service(Arc::new(RemoraV1Service::new(
+    let executor = Executor::new(
+        backend,
         HelloService::new(&inventory),
-    )));
+        config
+            .module_cache_bytes
+            .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
+    );
+    let service = Arc::new(RemoraService::new(executor));
+    let mut builder =
+        Server::builder(server_config).service(Arc::clone(&service) as Arc<dyn Service>);
     for endpoint in &listen {
         ensure_socket_dir(endpoint)?;
         if let Endpoint::Tcp(addr) = endpoint
@@ -191,7 +324,11 @@ pub fn start_with_inventory(
     for endpoint in handle.local_endpoints() {
         tracing::info!("listening on {endpoint}");
     }
-    Ok(Running { handle, inventory })
+    Ok(Running {
+        handle,
+        inventory,
+        service,
+    })
 }
 
 fn is_loopback(addr: &str) -> bool {

@@ -1014,12 +1014,7 @@ impl<S: GpuvV1Server> ::remora_oncrpc::Service for GpuvV1Service<S> {
         fn proc_error_dispatch(
             e: &::remora_oncrpc::ProcError,
         ) -> ::remora_oncrpc::Dispatch {
-            match e {
-                ::remora_oncrpc::ProcError::GarbageArgs => {
-                    ::remora_oncrpc::Dispatch::GarbageArgs
-                }
-                _ => ::remora_oncrpc::Dispatch::SystemErr,
-            }
+            ::remora_oncrpc::Dispatch::from(e.clone())
         }
         let _ = &enc;
         match ctx.procedure {
@@ -1300,12 +1295,7 @@ impl<S: GpuvV2Server> ::remora_oncrpc::Service for GpuvV2Service<S> {
         fn proc_error_dispatch(
             e: &::remora_oncrpc::ProcError,
         ) -> ::remora_oncrpc::Dispatch {
-            match e {
-                ::remora_oncrpc::ProcError::GarbageArgs => {
-                    ::remora_oncrpc::Dispatch::GarbageArgs
-                }
-                _ => ::remora_oncrpc::Dispatch::SystemErr,
-            }
+            ::remora_oncrpc::Dispatch::from(e.clone())
         }
         let _ = &enc;
         match ctx.procedure {
@@ -1457,12 +1447,7 @@ impl<S: GpuvCallbackV1Server> ::remora_oncrpc::Service for GpuvCallbackV1Service
         fn proc_error_dispatch(
             e: &::remora_oncrpc::ProcError,
         ) -> ::remora_oncrpc::Dispatch {
-            match e {
-                ::remora_oncrpc::ProcError::GarbageArgs => {
-                    ::remora_oncrpc::Dispatch::GarbageArgs
-                }
-                _ => ::remora_oncrpc::Dispatch::SystemErr,
-            }
+            ::remora_oncrpc::Dispatch::from(e.clone())
         }
         let _ = &enc;
         match ctx.procedure {

@@ -1,0 +1,908 @@
+//! The real CUDA driver backend: `libcuda.so.1` (or `REMORA_REAL_LIBCUDA`) is `dlopen`ed, `cuInit`
+//! called, and every entry point resolved through the driver's own `cuGetProcAddress_v2` for
+//! CUDA 13.0 (falling back to `dlsym` of the versioned name). A missing entry point answers
+//! `CUDA_ERROR_NOT_SUPPORTED` with a warning naming it. Without a driver the backend reports
+//! zero devices and answers `CUDA_ERROR_NO_DEVICE`.
+
+use std::cell::Cell;
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use libloading::Library;
+use remora_proto::remora::RmLaunchAttr;
+
+use super::status::*;
+use super::{Backend, CuResult, DeviceProps, FunctionInfo, LaunchSpec, LoadedModule, StagedCopy};
+
+type Ptr = *mut c_void;
+type Res = c_int;
+
+/// The CUDA version whose entry-point ABI is requested from `cuGetProcAddress`.
+const CUDA_VERSION: c_int = 13000;
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: c_uint = 2;
+/// `CUDA_ERROR_INVALID_VALUE` as cuFuncGetParamInfo returns it past the last parameter.
+const PARAM_INFO_END: Res = 1;
+
+macro_rules! driver_table {
+    ($($field:ident = $name:literal / $fallback:literal : fn($($arg:ty),*);)*) => {
+        /// Entry points of the real driver; `None` where the driver lacks one.
+        #[derive(Default)]
+        struct Table {
+            $($field: Option<unsafe extern "C" fn($($arg),*) -> Res>,)*
+        }
+
+        impl Table {
+            fn resolve(mut lookup: impl FnMut(&str, &str) -> Option<Ptr>) -> Self {
+                Self {
+                    $($field: lookup($name, $fallback).map(|p| {
+                        // SAFETY: `p` is the driver's entry point for `$name` at CUDA 13.0
+                        // (or the versioned symbol `$fallback`), whose C prototype in cuda.h
+                        // 13.0 is exactly the declared signature; function and data pointers
+                        // have the same size on every platform CUDA supports.
+                        unsafe { std::mem::transmute::<Ptr, unsafe extern "C" fn($($arg),*) -> Res>(p) }
+                    }),)*
+                }
+            }
+        }
+    };
+}
+
+driver_table! {
+    driver_get_version = "cuDriverGetVersion" / "cuDriverGetVersion": fn(*mut c_int);
+    device_get_count = "cuDeviceGetCount" / "cuDeviceGetCount": fn(*mut c_int);
+    device_get = "cuDeviceGet" / "cuDeviceGet": fn(*mut c_int, c_int);
+    device_get_name = "cuDeviceGetName" / "cuDeviceGetName": fn(*mut c_char, c_int, c_int);
+    device_total_mem = "cuDeviceTotalMem" / "cuDeviceTotalMem_v2": fn(*mut usize, c_int);
+    device_get_uuid = "cuDeviceGetUuid" / "cuDeviceGetUuid_v2": fn(*mut [u8; 16], c_int);
+    device_get_pci_bus_id = "cuDeviceGetPCIBusId" / "cuDeviceGetPCIBusId": fn(*mut c_char, c_int, c_int);
+    device_get_attribute = "cuDeviceGetAttribute" / "cuDeviceGetAttribute": fn(*mut c_int, c_int, c_int);
+    primary_retain = "cuDevicePrimaryCtxRetain" / "cuDevicePrimaryCtxRetain": fn(*mut Ptr, c_int);
+    primary_release = "cuDevicePrimaryCtxRelease" / "cuDevicePrimaryCtxRelease_v2": fn(c_int);
+    primary_set_flags = "cuDevicePrimaryCtxSetFlags" / "cuDevicePrimaryCtxSetFlags_v2": fn(c_int, c_uint);
+    primary_get_state = "cuDevicePrimaryCtxGetState" / "cuDevicePrimaryCtxGetState": fn(c_int, *mut c_uint, *mut c_int);
+    ctx_create = "cuCtxCreate" / "cuCtxCreate_v4": fn(*mut Ptr, Ptr, c_uint, c_int);
+    ctx_destroy = "cuCtxDestroy" / "cuCtxDestroy_v2": fn(Ptr);
+    ctx_set_current = "cuCtxSetCurrent" / "cuCtxSetCurrent": fn(Ptr);
+    ctx_synchronize = "cuCtxSynchronize" / "cuCtxSynchronize": fn();
+    ctx_set_limit = "cuCtxSetLimit" / "cuCtxSetLimit": fn(c_int, usize);
+    ctx_get_limit = "cuCtxGetLimit" / "cuCtxGetLimit": fn(*mut usize, c_int);
+    mem_alloc = "cuMemAlloc" / "cuMemAlloc_v2": fn(*mut u64, usize);
+    mem_alloc_pitch = "cuMemAllocPitch" / "cuMemAllocPitch_v2": fn(*mut u64, *mut usize, usize, usize, c_uint);
+    mem_free = "cuMemFree" / "cuMemFree_v2": fn(u64);
+    mem_get_info = "cuMemGetInfo" / "cuMemGetInfo_v2": fn(*mut usize, *mut usize);
+    mem_host_alloc = "cuMemHostAlloc" / "cuMemHostAlloc": fn(*mut Ptr, usize, c_uint);
+    mem_free_host = "cuMemFreeHost" / "cuMemFreeHost": fn(Ptr);
+    memcpy_htod = "cuMemcpyHtoD" / "cuMemcpyHtoD_v2": fn(u64, *const c_void, usize);
+    memcpy_dtoh = "cuMemcpyDtoH" / "cuMemcpyDtoH_v2": fn(Ptr, u64, usize);
+    memcpy_dtod = "cuMemcpyDtoD" / "cuMemcpyDtoD_v2": fn(u64, u64, usize);
+    memcpy_htod_async = "cuMemcpyHtoDAsync" / "cuMemcpyHtoDAsync_v2": fn(u64, *const c_void, usize, Ptr);
+    memcpy_dtoh_async = "cuMemcpyDtoHAsync" / "cuMemcpyDtoHAsync_v2": fn(Ptr, u64, usize, Ptr);
+    memcpy_dtod_async = "cuMemcpyDtoDAsync" / "cuMemcpyDtoDAsync_v2": fn(u64, u64, usize, Ptr);
+    memset_d8 = "cuMemsetD8" / "cuMemsetD8_v2": fn(u64, u8, usize);
+    memset_d16 = "cuMemsetD16" / "cuMemsetD16_v2": fn(u64, u16, usize);
+    memset_d32 = "cuMemsetD32" / "cuMemsetD32_v2": fn(u64, u32, usize);
+    memset_d8_async = "cuMemsetD8Async" / "cuMemsetD8Async": fn(u64, u8, usize, Ptr);
+    memset_d16_async = "cuMemsetD16Async" / "cuMemsetD16Async": fn(u64, u16, usize, Ptr);
+    memset_d32_async = "cuMemsetD32Async" / "cuMemsetD32Async": fn(u64, u32, usize, Ptr);
+    module_load_data = "cuModuleLoadData" / "cuModuleLoadData": fn(*mut Ptr, *const c_void);
+    module_unload = "cuModuleUnload" / "cuModuleUnload": fn(Ptr);
+    module_get_global = "cuModuleGetGlobal" / "cuModuleGetGlobal_v2": fn(*mut u64, *mut usize, Ptr, *const c_char);
+    module_get_function_count = "cuModuleGetFunctionCount" / "cuModuleGetFunctionCount": fn(*mut c_uint, Ptr);
+    module_enumerate_functions = "cuModuleEnumerateFunctions" / "cuModuleEnumerateFunctions": fn(*mut Ptr, c_uint, Ptr);
+    func_get_name = "cuFuncGetName" / "cuFuncGetName": fn(*mut *const c_char, Ptr);
+    func_get_param_info = "cuFuncGetParamInfo" / "cuFuncGetParamInfo": fn(Ptr, usize, *mut usize, *mut usize);
+    func_get_attribute = "cuFuncGetAttribute" / "cuFuncGetAttribute": fn(*mut c_int, c_int, Ptr);
+    func_set_attribute = "cuFuncSetAttribute" / "cuFuncSetAttribute": fn(Ptr, c_int, c_int);
+    func_set_cache_config = "cuFuncSetCacheConfig" / "cuFuncSetCacheConfig": fn(Ptr, c_int);
+    occupancy = "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" / "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags": fn(*mut c_int, Ptr, c_int, usize, c_uint);
+    launch_kernel = "cuLaunchKernel" / "cuLaunchKernel": fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr, *mut Ptr);
+    launch_kernel_ex = "cuLaunchKernelEx" / "cuLaunchKernelEx": fn(*const LaunchConfig, Ptr, *mut Ptr, *mut Ptr);
+    stream_create = "cuStreamCreateWithPriority" / "cuStreamCreateWithPriority": fn(*mut Ptr, c_uint, c_int);
+    stream_destroy = "cuStreamDestroy" / "cuStreamDestroy_v2": fn(Ptr);
+    stream_synchronize = "cuStreamSynchronize" / "cuStreamSynchronize": fn(Ptr);
+    stream_query = "cuStreamQuery" / "cuStreamQuery": fn(Ptr);
+    stream_wait_event = "cuStreamWaitEvent" / "cuStreamWaitEvent": fn(Ptr, Ptr, c_uint);
+    event_create = "cuEventCreate" / "cuEventCreate": fn(*mut Ptr, c_uint);
+    event_destroy = "cuEventDestroy" / "cuEventDestroy_v2": fn(Ptr);
+    event_record = "cuEventRecord" / "cuEventRecord": fn(Ptr, Ptr);
+    event_synchronize = "cuEventSynchronize" / "cuEventSynchronize": fn(Ptr);
+    event_query = "cuEventQuery" / "cuEventQuery": fn(Ptr);
+    event_elapsed = "cuEventElapsedTime" / "cuEventElapsedTime": fn(*mut f32, Ptr, Ptr);
+}
+
+/// `CUlaunchAttribute` (cuda.h 13.0): a 4-byte id, 4 bytes of padding, a 64-byte value union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LaunchAttribute {
+    id: c_uint,
+    pad: [u8; 4],
+    value: [u32; 16],
+}
+
+/// `CUlaunchConfig` (cuda.h 13.0).
+#[repr(C)]
+struct LaunchConfig {
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared_mem_bytes: c_uint,
+    stream: Ptr,
+    attrs: *mut LaunchAttribute,
+    num_attrs: c_uint,
+}
+
+/// Calls a driver entry point, or answers NOT_SUPPORTED when the driver lacks it.
+macro_rules! call {
+    ($t:expr, $field:ident ( $($arg:expr),* )) => {
+        match $t.$field {
+            Some(f) => {
+                // SAFETY: `f` has the cuda.h 13.0 prototype of this entry point (see
+                // Table::resolve); the arguments follow its contract: every call site's
+                // SAFETY note says which pointers it passes and what they point to.
+                let rc = unsafe { f($($arg),*) };
+                check(rc)
+            }
+            None => {
+                tracing::warn!(entry_point = stringify!($field), "the CUDA driver lacks this entry point: CUDA_ERROR_NOT_SUPPORTED");
+                Err(NOT_SUPPORTED)
+            }
+        }
+    };
+}
+
+fn check(rc: Res) -> CuResult<()> {
+    if rc == SUCCESS { Ok(()) } else { Err(rc) }
+}
+
+fn ptr(v: u64) -> Ptr {
+    v as usize as Ptr
+}
+
+struct Driver {
+    t: Table,
+    /// Visible ordinal → the driver's CUdevice.
+    devices: Vec<c_int>,
+    /// Keeps the entry points valid.
+    _lib: Library,
+}
+
+// SAFETY: the table holds plain function pointers into the driver, which is thread-safe
+// (CUDA driver entry points may be called from any thread); the Library is only kept alive.
+unsafe impl Send for Driver {}
+// SAFETY: as above; nothing in Driver is mutated after construction.
+unsafe impl Sync for Driver {}
+
+/// Bumped whenever a context is destroyed, so threads re-make theirs current.
+static CTX_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The context this thread made current, and the generation it was made in.
+    static CURRENT: Cell<(u64, u64)> = const { Cell::new((0, u64::MAX)) };
+}
+
+impl Driver {
+    /// Makes `ctx` current on this thread unless it already is.
+    fn enter(&self, ctx: u64) -> CuResult<()> {
+        let generation = CTX_GENERATION.load(Ordering::Acquire);
+        if CURRENT.with(Cell::get) == (ctx, generation) {
+            return Ok(());
+        }
+        // SAFETY: cuCtxSetCurrent takes a context value the driver gave us.
+        call!(self.t, ctx_set_current(ptr(ctx)))?;
+        CURRENT.with(|c| c.set((ctx, generation)));
+        Ok(())
+    }
+
+    fn dev(&self, ordinal: i32) -> CuResult<c_int> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i).copied())
+            .ok_or(INVALID_DEVICE)
+    }
+
+    fn string(
+        &self,
+        f: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res>,
+        dev: c_int,
+    ) -> CuResult<String> {
+        let f = f.ok_or(NOT_SUPPORTED)?;
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the driver writes at most `len` bytes, NUL-terminated, into `buf`.
+        check(unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, dev) })?;
+        buf[255] = 0;
+        // SAFETY: `buf` is NUL-terminated (forced above) and outlives the borrow.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+}
+
+/// The real CUDA driver.
+pub struct CudaBackend {
+    driver: Option<Arc<Driver>>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("loaded", &self.driver.is_some())
+            .finish()
+    }
+}
+
+type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> Res;
+
+impl CudaBackend {
+    /// A backend with no driver: zero devices, every call `CUDA_ERROR_NO_DEVICE`.
+    pub fn unavailable() -> Self {
+        Self { driver: None }
+    }
+
+    /// Loads the driver named by `REMORA_REAL_LIBCUDA` (default `libcuda.so.1`) and exposes the
+    /// real devices `selection` (all when `None`) renumbered from 0. On failure returns the
+    /// reason; callers fall back to [`CudaBackend::unavailable`].
+    pub fn load(selection: Option<&[i32]>) -> Result<Self, String> {
+        let path = std::env::var("REMORA_REAL_LIBCUDA")
+            .unwrap_or_else(|_| crate::driver::DEFAULT_DRIVER_LIBRARY.into());
+        // SAFETY: loading NVIDIA's driver (or the operator's replacement) runs initialisers
+        // designed to run in any process.
+        let lib = unsafe { Library::new(&path) }.map_err(|e| format!("cannot load {path}: {e}"))?;
+        // SAFETY: cuInit has the prototype CUresult cuInit(unsigned int).
+        let init = unsafe { lib.get::<unsafe extern "C" fn(c_uint) -> Res>(b"cuInit\0") }
+            .map(|s| *s)
+            .map_err(|e| format!("{path} has no cuInit: {e}"))?;
+        // SAFETY: cuGetProcAddress_v2 has the prototype declared by GetProcAddress (cuda.h 13.0).
+        let gpa = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress_v2\0") }
+            .map(|s| *s)
+            .ok();
+        // SAFETY: cuInit(0) takes no pointers.
+        let rc = unsafe { init(0) };
+        if rc != SUCCESS {
+            return Err(format!("cuInit failed with CUDA error {rc}"));
+        }
+        let t = Table::resolve(|name, fallback| {
+            let cname = CString::new(name).ok()?;
+            if let Some(gpa) = gpa {
+                let mut f: Ptr = std::ptr::null_mut();
+                let mut status: c_int = 0;
+                // SAFETY: `cname` is NUL-terminated; the driver writes one pointer to `f` and
+                // one int to `status` (flags 0 = CU_GET_PROC_ADDRESS_DEFAULT).
+                let rc = unsafe { gpa(cname.as_ptr(), &mut f, CUDA_VERSION, 0, &mut status) };
+                if rc == SUCCESS && !f.is_null() {
+                    return Some(f);
+                }
+            }
+            let sym = format!("{fallback}\0");
+            // SAFETY: the symbol is only read as an address here; its type is fixed by the table.
+            unsafe { lib.get::<Ptr>(sym.as_bytes()) }
+                .ok()
+                .map(|s| *s)
+                .filter(|p| !p.is_null())
+        });
+        let mut count: c_int = 0;
+        call!(t, device_get_count(&mut count))
+            .map_err(|e| format!("cuDeviceGetCount failed: {e}"))?;
+        let ordinals: Vec<i32> = match selection {
+            Some(sel) => sel.to_vec(),
+            None => (0..count).collect(),
+        };
+        let mut devices = Vec::with_capacity(ordinals.len());
+        for o in ordinals {
+            let mut d: c_int = 0;
+            // SAFETY: cuDeviceGet writes one CUdevice.
+            call!(t, device_get(&mut d, o)).map_err(|e| format!("cuDeviceGet({o}) failed: {e}"))?;
+            devices.push(d);
+        }
+        Ok(Self {
+            driver: Some(Arc::new(Driver {
+                t,
+                devices,
+                _lib: lib,
+            })),
+        })
+    }
+
+    fn d(&self) -> CuResult<&Driver> {
+        self.driver.as_deref().ok_or(NO_DEVICE)
+    }
+
+    fn in_ctx(&self, ctx: u64) -> CuResult<&Driver> {
+        let d = self.d()?;
+        d.enter(ctx)?;
+        Ok(d)
+    }
+}
+
+/// A device-to-host copy into pinned staging memory, completed when its event is.
+struct CudaStaged {
+    driver: Arc<Driver>,
+    ctx: u64,
+    host: Ptr,
+    size: usize,
+    event: Ptr,
+}
+
+// SAFETY: the staging buffer is owned by this object alone; the driver handles may be used from
+// any thread (the context is made current before each use).
+unsafe impl Send for CudaStaged {}
+
+impl StagedCopy for CudaStaged {
+    fn query(&self) -> CuResult<bool> {
+        self.driver.enter(self.ctx)?;
+        // SAFETY: `event` is an event this object created and has not destroyed.
+        match call!(self.driver.t, event_query(self.event)) {
+            Ok(()) => Ok(true),
+            Err(NOT_READY) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn wait(&self) -> CuResult<()> {
+        self.driver.enter(self.ctx)?;
+        // SAFETY: as in query.
+        call!(self.driver.t, event_synchronize(self.event))
+    }
+
+    fn data(&self) -> &[u8] {
+        // SAFETY: `host` points to `size` bytes of pinned memory owned by this object (from
+        // cuMemHostAlloc); callers read it only after the copy completed.
+        unsafe { std::slice::from_raw_parts(self.host as *const u8, self.size) }
+    }
+}
+
+impl Drop for CudaStaged {
+    fn drop(&mut self) {
+        let _ = self.wait();
+        // SAFETY: the event and the pinned buffer were created by this object and are freed
+        // once, after the copy into the buffer has completed (waited above).
+        let _ = call!(self.driver.t, event_destroy(self.event));
+        // SAFETY: as above.
+        let _ = call!(self.driver.t, mem_free_host(self.host));
+    }
+}
+
+struct EmptyCopy;
+
+impl StagedCopy for EmptyCopy {
+    fn query(&self) -> CuResult<bool> {
+        Ok(true)
+    }
+    fn wait(&self) -> CuResult<()> {
+        Ok(())
+    }
+    fn data(&self) -> &[u8] {
+        &[]
+    }
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn driver_version(&self) -> CuResult<i32> {
+        let d = self.d()?;
+        let mut v = 0;
+        // SAFETY: writes one int.
+        call!(d.t, driver_get_version(&mut v))?;
+        Ok(v)
+    }
+
+    fn device_count(&self) -> CuResult<i32> {
+        Ok(self.driver.as_ref().map_or(0, |d| d.devices.len() as i32))
+    }
+
+    fn device_props(&self, dev: i32) -> CuResult<DeviceProps> {
+        let d = self.d()?;
+        let cu = d.dev(dev)?;
+        let mut total: usize = 0;
+        // SAFETY: writes one size_t.
+        call!(d.t, device_total_mem(&mut total, cu))?;
+        let mut uuid = [0u8; 16];
+        // SAFETY: CUuuid is 16 bytes.
+        call!(d.t, device_get_uuid(&mut uuid, cu))?;
+        let mut attributes = Vec::new();
+        for attr in 1..=200 {
+            let mut v: c_int = 0;
+            // SAFETY: writes one int; unknown attributes fail with INVALID_VALUE.
+            if call!(d.t, device_get_attribute(&mut v, attr, cu)).is_ok() {
+                attributes.push((attr, v));
+            }
+        }
+        Ok(DeviceProps {
+            name: d.string(d.t.device_get_name, cu)?,
+            uuid,
+            total_memory: total as u64,
+            pci_bus_id: d.string(d.t.device_get_pci_bus_id, cu)?,
+            attributes,
+        })
+    }
+
+    fn device_attribute(&self, attr: i32, dev: i32) -> CuResult<i32> {
+        let d = self.d()?;
+        let mut v: c_int = 0;
+        // SAFETY: writes one int.
+        call!(d.t, device_get_attribute(&mut v, attr, d.dev(dev)?))?;
+        Ok(v)
+    }
+
+    fn primary_ctx_retain(&self, dev: i32) -> CuResult<u64> {
+        let d = self.d()?;
+        let mut c: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one CUcontext.
+        call!(d.t, primary_retain(&mut c, d.dev(dev)?))?;
+        Ok(c as usize as u64)
+    }
+
+    fn primary_ctx_release(&self, dev: i32) -> CuResult<()> {
+        let d = self.d()?;
+        CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: takes a device ordinal.
+        call!(d.t, primary_release(d.dev(dev)?))
+    }
+
+    fn primary_ctx_set_flags(&self, dev: i32, flags: u32) -> CuResult<()> {
+        let d = self.d()?;
+        // SAFETY: plain values.
+        call!(d.t, primary_set_flags(d.dev(dev)?, flags))
+    }
+
+    fn primary_ctx_get_state(&self, dev: i32) -> CuResult<(u32, i32)> {
+        let d = self.d()?;
+        let (mut flags, mut active) = (0u32, 0i32);
+        // SAFETY: writes one unsigned int and one int.
+        call!(d.t, primary_get_state(d.dev(dev)?, &mut flags, &mut active))?;
+        Ok((flags, active))
+    }
+
+    fn ctx_create(&self, flags: u32, dev: i32) -> CuResult<u64> {
+        let d = self.d()?;
+        let mut c: Ptr = std::ptr::null_mut();
+        // SAFETY: cuCtxCreate_v4 writes one CUcontext; ctxCreateParams may be NULL.
+        call!(
+            d.t,
+            ctx_create(&mut c, std::ptr::null_mut(), flags, d.dev(dev)?)
+        )?;
+        // cuCtxCreate makes the new context current; forget what this thread had.
+        CURRENT.with(|cur| cur.set((0, u64::MAX)));
+        Ok(c as usize as u64)
+    }
+
+    fn ctx_destroy(&self, ctx: u64) -> CuResult<()> {
+        let d = self.d()?;
+        CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: a context this backend created.
+        call!(d.t, ctx_destroy(ptr(ctx)))
+    }
+
+    fn ctx_synchronize(&self, ctx: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: no arguments; the context is current.
+        call!(d.t, ctx_synchronize())
+    }
+
+    fn ctx_set_limit(&self, ctx: u64, limit: i32, value: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: plain values.
+        call!(d.t, ctx_set_limit(limit, value as usize))
+    }
+
+    fn ctx_get_limit(&self, ctx: u64, limit: i32) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut v: usize = 0;
+        // SAFETY: writes one size_t.
+        call!(d.t, ctx_get_limit(&mut v, limit))?;
+        Ok(v as u64)
+    }
+
+    fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut p: u64 = 0;
+        // SAFETY: writes one CUdeviceptr.
+        call!(
+            d.t,
+            mem_alloc(&mut p, usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?)
+        )?;
+        Ok(p)
+    }
+
+    fn mem_alloc_pitch(
+        &self,
+        ctx: u64,
+        width: u64,
+        height: u64,
+        elem: u32,
+    ) -> CuResult<(u64, u64)> {
+        let d = self.in_ctx(ctx)?;
+        let (mut p, mut pitch) = (0u64, 0usize);
+        // SAFETY: writes one CUdeviceptr and one size_t.
+        call!(
+            d.t,
+            mem_alloc_pitch(&mut p, &mut pitch, width as usize, height as usize, elem)
+        )?;
+        Ok((p, pitch as u64))
+    }
+
+    fn mem_free(&self, ctx: u64, p: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: an allocation of this session (checked by the caller).
+        call!(d.t, mem_free(p))
+    }
+
+    fn mem_get_info(&self, ctx: u64) -> CuResult<(u64, u64)> {
+        let d = self.in_ctx(ctx)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: writes two size_t.
+        call!(d.t, mem_get_info(&mut free, &mut total))?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        let src = data.as_ptr().cast::<c_void>();
+        match stream {
+            // SAFETY: `data` is valid for its length; the destination range was checked
+            // against the session's allocations. From pageable memory the async form returns
+            // only once the bytes are staged, so `data` may be freed after the call.
+            Some(s) => call!(d.t, memcpy_htod_async(dst, src, data.len(), ptr(s))),
+            // SAFETY: as above.
+            None => call!(d.t, memcpy_htod(dst, src, data.len())),
+        }
+    }
+
+    fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: `dst` is writable for its length; the source range was checked.
+        call!(d.t, memcpy_dtoh(dst.as_mut_ptr().cast(), src, dst.len()))
+    }
+
+    fn memcpy_dtoh_async(
+        &self,
+        ctx: u64,
+        stream: u64,
+        src: u64,
+        size: usize,
+    ) -> CuResult<Box<dyn StagedCopy>> {
+        let driver = Arc::clone(self.driver.as_ref().ok_or(NO_DEVICE)?);
+        driver.enter(ctx)?;
+        if size == 0 {
+            return Ok(Box::new(EmptyCopy));
+        }
+        let mut host: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one host pointer to `size` bytes of pinned memory.
+        call!(driver.t, mem_host_alloc(&mut host, size, 0))?;
+        let mut event: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one CUevent.
+        if let Err(e) = call!(driver.t, event_create(&mut event, EVENT_DISABLE_TIMING)) {
+            // SAFETY: frees the buffer allocated just above, unused.
+            let _ = call!(driver.t, mem_free_host(host));
+            return Err(e);
+        }
+        let staged = CudaStaged {
+            driver: Arc::clone(&driver),
+            ctx,
+            host,
+            size,
+            event,
+        };
+        // SAFETY: `host` holds `size` bytes and lives until `staged` is dropped, which waits
+        // for the copy first; the source range was checked by the caller.
+        call!(driver.t, memcpy_dtoh_async(host, src, size, ptr(stream)))?;
+        // SAFETY: the event and stream are live.
+        call!(driver.t, event_record(event, ptr(stream)))?;
+        Ok(Box::new(staged))
+    }
+
+    fn memcpy_dtod(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        src: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        match stream {
+            // SAFETY: both ranges were checked against the session's allocations.
+            Some(s) => call!(d.t, memcpy_dtod_async(dst, src, size as usize, ptr(s))),
+            // SAFETY: as above.
+            None => call!(d.t, memcpy_dtod(dst, src, size as usize)),
+        }
+    }
+
+    fn memset(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        value: u32,
+        elem: u32,
+        count: u64,
+    ) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        let n = count as usize;
+        // SAFETY (all arms): the range dst..dst+count*elem was checked by the caller.
+        match (elem, stream) {
+            (1, None) => call!(d.t, memset_d8(dst, value as u8, n)),
+            (2, None) => call!(d.t, memset_d16(dst, value as u16, n)),
+            (4, None) => call!(d.t, memset_d32(dst, value, n)),
+            (1, Some(s)) => call!(d.t, memset_d8_async(dst, value as u8, n, ptr(s))),
+            (2, Some(s)) => call!(d.t, memset_d16_async(dst, value as u16, n, ptr(s))),
+            (4, Some(s)) => call!(d.t, memset_d32_async(dst, value, n, ptr(s))),
+            _ => Err(INVALID_VALUE),
+        }
+    }
+
+    fn module_load(&self, ctx: u64, image: &[u8]) -> CuResult<LoadedModule> {
+        let d = self.in_ctx(ctx)?;
+        if image.is_empty() {
+            return Err(INVALID_IMAGE);
+        }
+        // cuModuleLoadData reads a NUL-terminated PTX or a self-describing fatbin/cubin; a
+        // NUL is appended so that text images are terminated.
+        let mut owned = Vec::with_capacity(image.len() + 1);
+        owned.extend_from_slice(image);
+        owned.push(0);
+        let mut m: Ptr = std::ptr::null_mut();
+        // SAFETY: `owned` is a readable image terminated by a NUL; writes one CUmodule.
+        call!(d.t, module_load_data(&mut m, owned.as_ptr().cast()))?;
+        let functions = list_functions(d, m).inspect_err(|_| {
+            // SAFETY: unloads the module loaded above.
+            let _ = call!(d.t, module_unload(m));
+        })?;
+        Ok(LoadedModule {
+            raw: m as usize as u64,
+            functions,
+        })
+    }
+
+    fn module_unload(&self, ctx: u64, module: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: a module this session loaded.
+        call!(d.t, module_unload(ptr(module)))
+    }
+
+    fn module_get_global(&self, ctx: u64, module: u64, name: &str) -> CuResult<(u64, u64)> {
+        let d = self.in_ctx(ctx)?;
+        let cname = CString::new(name).map_err(|_| INVALID_VALUE)?;
+        let (mut p, mut size) = (0u64, 0usize);
+        // SAFETY: `cname` is NUL-terminated; writes one CUdeviceptr and one size_t.
+        call!(
+            d.t,
+            module_get_global(&mut p, &mut size, ptr(module), cname.as_ptr())
+        )?;
+        Ok((p, size as u64))
+    }
+
+    fn func_get_attribute(&self, ctx: u64, func: u64, attr: i32) -> CuResult<i32> {
+        let d = self.in_ctx(ctx)?;
+        let mut v: c_int = 0;
+        // SAFETY: writes one int; `func` is a function of this session.
+        call!(d.t, func_get_attribute(&mut v, attr, ptr(func)))?;
+        Ok(v)
+    }
+
+    fn func_set_attribute(&self, ctx: u64, func: u64, attr: i32, value: i32) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: plain values and a function of this session.
+        call!(d.t, func_set_attribute(ptr(func), attr, value))
+    }
+
+    fn func_set_cache_config(&self, ctx: u64, func: u64, config: u32) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: as above.
+        call!(d.t, func_set_cache_config(ptr(func), config as c_int))
+    }
+
+    fn occupancy_max_active_blocks(
+        &self,
+        ctx: u64,
+        func: u64,
+        block_size: i32,
+        smem: u64,
+        flags: u32,
+    ) -> CuResult<i32> {
+        let d = self.in_ctx(ctx)?;
+        let mut v: c_int = 0;
+        // SAFETY: writes one int.
+        call!(
+            d.t,
+            occupancy(&mut v, ptr(func), block_size, smem as usize, flags)
+        )?;
+        Ok(v)
+    }
+
+    fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // An 8-byte aligned copy of the parameters; kernelParams[i] points at parameter i.
+        let mut aligned = vec![0u64; spec.params.len().div_ceil(8)];
+        let base = aligned.as_mut_ptr().cast::<u8>();
+        // SAFETY: `aligned` holds at least params.len() bytes and does not overlap `params`.
+        unsafe { std::ptr::copy_nonoverlapping(spec.params.as_ptr(), base, spec.params.len()) };
+        let mut args: Vec<Ptr> = spec
+            .layout
+            .iter()
+            // SAFETY: the executor checked offset + size <= params.len() for every parameter.
+            .map(|&(off, _)| unsafe { base.add(off as usize) }.cast::<c_void>())
+            .collect();
+        let args_ptr = if args.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            args.as_mut_ptr()
+        };
+        if spec.attrs.is_empty() {
+            // SAFETY: `args` and `aligned` outlive the call, which copies the parameter values.
+            return call!(
+                d.t,
+                launch_kernel(
+                    ptr(spec.function),
+                    spec.grid[0],
+                    spec.grid[1],
+                    spec.grid[2],
+                    spec.block[0],
+                    spec.block[1],
+                    spec.block[2],
+                    spec.shared_mem_bytes,
+                    ptr(spec.stream),
+                    args_ptr,
+                    std::ptr::null_mut()
+                )
+            );
+        }
+        let mut attrs: Vec<LaunchAttribute> = spec
+            .attrs
+            .iter()
+            .map(|a| {
+                let mut v = LaunchAttribute {
+                    id: 0,
+                    pad: [0; 4],
+                    value: [0; 16],
+                };
+                match a {
+                    RmLaunchAttr::RmLaunchCooperative(x) => (v.id, v.value[0]) = (2, *x as u32),
+                    RmLaunchAttr::RmLaunchClusterDimension(c) => {
+                        v.id = 4;
+                        v.value[..3].copy_from_slice(&[c.x, c.y, c.z]);
+                    }
+                    RmLaunchAttr::RmLaunchClusterScheduling(x) => {
+                        (v.id, v.value[0]) = (5, *x as u32)
+                    }
+                    RmLaunchAttr::RmLaunchPriority(x) => (v.id, v.value[0]) = (8, *x as u32),
+                }
+                v
+            })
+            .collect();
+        let config = LaunchConfig {
+            grid: spec.grid,
+            block: spec.block,
+            shared_mem_bytes: spec.shared_mem_bytes,
+            stream: ptr(spec.stream),
+            attrs: attrs.as_mut_ptr(),
+            num_attrs: attrs.len() as c_uint,
+        };
+        // SAFETY: `config`, `attrs`, `args` and `aligned` outlive the call.
+        call!(
+            d.t,
+            launch_kernel_ex(&config, ptr(spec.function), args_ptr, std::ptr::null_mut())
+        )
+    }
+
+    fn stream_create(&self, ctx: u64, flags: u32, priority: i32) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut s: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one CUstream.
+        call!(d.t, stream_create(&mut s, flags, priority))?;
+        Ok(s as usize as u64)
+    }
+
+    fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: a stream of this session.
+        call!(d.t, stream_destroy(ptr(stream)))
+    }
+
+    fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: a stream of this session or CU_STREAM_LEGACY.
+        call!(d.t, stream_synchronize(ptr(stream)))
+    }
+
+    fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: as above.
+        call!(d.t, stream_query(ptr(stream)))
+    }
+
+    fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, flags: u32) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: a stream and an event of this session.
+        call!(d.t, stream_wait_event(ptr(stream), ptr(event), flags))
+    }
+
+    fn event_create(&self, ctx: u64, flags: u32) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut e: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one CUevent.
+        call!(d.t, event_create(&mut e, flags))?;
+        Ok(e as usize as u64)
+    }
+
+    fn event_destroy(&self, ctx: u64, event: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: an event of this session.
+        call!(d.t, event_destroy(ptr(event)))
+    }
+
+    fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: an event and a stream of this session.
+        call!(d.t, event_record(ptr(event), ptr(stream)))
+    }
+
+    fn event_synchronize(&self, ctx: u64, event: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: an event of this session.
+        call!(d.t, event_synchronize(ptr(event)))
+    }
+
+    fn event_query(&self, ctx: u64, event: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: as above.
+        call!(d.t, event_query(ptr(event)))
+    }
+
+    fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32> {
+        let d = self.in_ctx(ctx)?;
+        let mut ms = 0f32;
+        // SAFETY: writes one float; both events belong to this session.
+        call!(d.t, event_elapsed(&mut ms, ptr(start), ptr(end)))?;
+        Ok(ms)
+    }
+}
+
+/// Every function of a module with its parameter layout.
+fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
+    let mut count: c_uint = 0;
+    // SAFETY: writes one unsigned int.
+    call!(d.t, module_get_function_count(&mut count, m))?;
+    let count = count.min(remora_proto::remora::RM_MAX_FUNCTIONS);
+    let mut funcs: Vec<Ptr> = vec![std::ptr::null_mut(); count as usize];
+    if count > 0 {
+        // SAFETY: `funcs` has room for `count` CUfunction values.
+        call!(
+            d.t,
+            module_enumerate_functions(funcs.as_mut_ptr(), count, m)
+        )?;
+    }
+    let mut out = Vec::with_capacity(funcs.len());
+    for f in funcs {
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: writes a pointer to a NUL-terminated name owned by the driver.
+        call!(d.t, func_get_name(&mut name, f))?;
+        let name = if name.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null, NUL-terminated, valid while the module is loaded.
+            unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        let mut params = Vec::new();
+        for i in 0..remora_proto::remora::RM_MAX_PARAM_COUNT as usize {
+            let (mut off, mut size) = (0usize, 0usize);
+            // SAFETY: writes two size_t; fails with INVALID_VALUE past the last parameter.
+            match call!(d.t, func_get_param_info(f, i, &mut off, &mut size)) {
+                Ok(()) => params.push((off as u32, size as u32)),
+                Err(PARAM_INFO_END) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        out.push(FunctionInfo {
+            name,
+            raw: f as usize as u64,
+            params,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,715 @@
+//! **Test backend**: emulates CUDA devices in host memory so that the executor, sessions and
+//! protocol can be tested on machines without a GPU (CI). It is chosen only by
+//! `remora serve --backend emulated` or by tests, never as a fallback, and never stands in for
+//! the real GPU path.
+//!
+//! What it does: device memory is host memory at addresses from `0x2000_0000_0000` up (a range
+//! a client can reserve); copies and memsets have their CUDA semantics; work completes when it
+//! is issued, so streams are trivially ordered; events record host-clock timestamps; modules
+//! accept any image and list functions only for the tiny test format below; kernel launches
+//! fail with `CUDA_ERROR_NOT_SUPPORTED`.
+//!
+//! Test module format (UTF-8 text): a first line `REMORA-EMU-MODULE`, then lines
+//! `func NAME SIZE,SIZE,...` (parameters, each aligned to its size up to 8) and
+//! `global NAME BYTES`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::status::*;
+use super::{
+    Backend, CuResult, DeviceProps, FunctionInfo, LEGACY_STREAM, LaunchSpec, LoadedModule,
+    StagedCopy,
+};
+
+/// First line of the emulated test module format.
+pub const EMU_MODULE_MAGIC: &str = "REMORA-EMU-MODULE";
+
+/// Where emulated device memory starts.
+pub const EMU_MEMORY_BASE: u64 = 0x2000_0000_0000;
+
+/// How the emulated devices look.
+#[derive(Debug, Clone)]
+pub struct EmulatedConfig {
+    /// Number of devices.
+    pub devices: usize,
+    /// Memory per device, bytes.
+    pub memory_per_device: u64,
+    /// How long every synchronize call blocks (to test that blocking calls do not stall
+    /// the connection).
+    pub sync_delay: Duration,
+}
+
+impl Default for EmulatedConfig {
+    fn default() -> Self {
+        Self {
+            devices: 1,
+            memory_per_device: 1 << 30,
+            sync_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// Live objects, for tests that check that sessions free everything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveCounts {
+    /// Device allocations (module globals excluded).
+    pub allocations: usize,
+    /// Contexts made by `ctx_create`.
+    pub contexts: usize,
+    /// Sum of the primary contexts' reference counts.
+    pub primary_refs: usize,
+    /// Loaded modules.
+    pub modules: usize,
+    /// Streams.
+    pub streams: usize,
+    /// Events.
+    pub events: usize,
+}
+
+struct Alloc {
+    dev: i32,
+    data: Vec<u8>,
+    global: bool,
+}
+
+#[derive(Default)]
+struct Primary {
+    refs: usize,
+    flags: u32,
+    handle: u64,
+}
+
+struct EmuModule {
+    globals: HashMap<String, (u64, u64)>,
+}
+
+#[derive(Default)]
+struct State {
+    next_handle: u64,
+    next_addr: u64,
+    allocs: BTreeMap<u64, Alloc>,
+    used: HashMap<i32, u64>,
+    /// Context handle → device.
+    contexts: HashMap<u64, i32>,
+    created: usize,
+    primary: HashMap<i32, Primary>,
+    modules: HashMap<u64, EmuModule>,
+    functions: HashMap<u64, Vec<(u32, u32)>>,
+    streams: HashMap<u64, u64>,
+    events: HashMap<u64, Option<Instant>>,
+    limits: HashMap<(u64, i32), u64>,
+}
+
+/// The emulated **test** backend (see the module documentation).
+pub struct EmulatedBackend {
+    config: EmulatedConfig,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for EmulatedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmulatedBackend")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn align_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+impl EmulatedBackend {
+    /// A test backend with `config`.
+    pub fn new(config: EmulatedConfig) -> Self {
+        tracing::warn!(
+            devices = config.devices,
+            "using the EMULATED test backend: no GPU is used, kernels cannot run"
+        );
+        Self {
+            config,
+            state: Mutex::new(State {
+                next_handle: 0x1000,
+                next_addr: EMU_MEMORY_BASE,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// What is alive now.
+    pub fn live(&self) -> LiveCounts {
+        let st = self.lock();
+        LiveCounts {
+            allocations: st.allocs.values().filter(|a| !a.global).count(),
+            contexts: st.created,
+            primary_refs: st.primary.values().map(|p| p.refs).sum(),
+            modules: st.modules.len(),
+            streams: st.streams.len(),
+            events: st.events.len(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn check_dev(&self, dev: i32) -> CuResult<()> {
+        if dev < 0 || dev as usize >= self.config.devices {
+            return Err(INVALID_DEVICE);
+        }
+        Ok(())
+    }
+
+    fn pause(&self) {
+        if !self.config.sync_delay.is_zero() {
+            std::thread::sleep(self.config.sync_delay);
+        }
+    }
+}
+
+impl State {
+    fn handle(&mut self) -> u64 {
+        self.next_handle += 0x10;
+        self.next_handle
+    }
+
+    fn ctx(&self, ctx: u64) -> CuResult<i32> {
+        self.contexts.get(&ctx).copied().ok_or(INVALID_HANDLE)
+    }
+
+    fn stream(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        self.ctx(ctx)?;
+        if stream == LEGACY_STREAM || stream == 0 || self.streams.get(&stream) == Some(&ctx) {
+            Ok(())
+        } else {
+            Err(INVALID_HANDLE)
+        }
+    }
+
+    fn alloc(&mut self, dev: i32, size: u64, limit: u64, global: bool) -> CuResult<u64> {
+        if size == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let used = self.used.entry(dev).or_default();
+        if size > limit.saturating_sub(*used) {
+            return Err(OUT_OF_MEMORY);
+        }
+        let data = vec![0u8; usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?];
+        *used += size;
+        let ptr = self.next_addr;
+        // Leave a gap so that off-by-one accesses land outside every allocation.
+        self.next_addr = align_up(ptr + size, 0x1000) + 0x1000;
+        self.allocs.insert(ptr, Alloc { dev, data, global });
+        Ok(ptr)
+    }
+
+    fn free(&mut self, ptr: u64) -> CuResult<()> {
+        let a = self.allocs.remove(&ptr).ok_or(INVALID_VALUE)?;
+        if let Some(u) = self.used.get_mut(&a.dev) {
+            *u -= a.data.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// The bytes `[ptr, ptr + len)` of one allocation.
+    fn range(&mut self, ptr: u64, len: u64) -> CuResult<&mut [u8]> {
+        let (base, a) = self
+            .allocs
+            .range_mut(..=ptr)
+            .next_back()
+            .ok_or(INVALID_VALUE)?;
+        let off = ptr - base;
+        let end = off.checked_add(len).ok_or(INVALID_VALUE)?;
+        if end > a.data.len() as u64 {
+            return Err(INVALID_VALUE);
+        }
+        Ok(&mut a.data[off as usize..end as usize])
+    }
+}
+
+struct ReadyCopy(Vec<u8>);
+
+impl StagedCopy for ReadyCopy {
+    fn query(&self) -> CuResult<bool> {
+        Ok(true)
+    }
+    fn wait(&self) -> CuResult<()> {
+        Ok(())
+    }
+    fn data(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Parses the test module format: `(functions, globals)`.
+type ParsedModule = (Vec<(String, Vec<(u32, u32)>)>, Vec<(String, u64)>);
+
+fn parse_module(image: &[u8]) -> CuResult<ParsedModule> {
+    let Ok(text) = std::str::from_utf8(image) else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let mut lines = text.lines();
+    if lines.next() != Some(EMU_MODULE_MAGIC) {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let (mut funcs, mut globals) = (Vec::new(), Vec::new());
+    for line in lines {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next()) {
+            (Some("func"), Some(name), sizes) => {
+                let mut params = Vec::new();
+                let mut offset = 0u32;
+                for s in sizes.unwrap_or("").split(',').filter(|s| !s.is_empty()) {
+                    let size: u32 = s.parse().map_err(|_| INVALID_IMAGE)?;
+                    if size == 0 || size > 4096 {
+                        return Err(INVALID_IMAGE);
+                    }
+                    offset = align_up(u64::from(offset), u64::from(size.min(8))) as u32;
+                    params.push((offset, size));
+                    offset += size;
+                }
+                funcs.push((name.to_owned(), params));
+            }
+            (Some("global"), Some(name), Some(size)) => {
+                globals.push((name.to_owned(), size.parse().map_err(|_| INVALID_IMAGE)?));
+            }
+            (None, ..) => {}
+            _ => return Err(INVALID_IMAGE),
+        }
+    }
+    Ok((funcs, globals))
+}
+
+impl Backend for EmulatedBackend {
+    fn kind(&self) -> &'static str {
+        "emulated"
+    }
+
+    fn driver_version(&self) -> CuResult<i32> {
+        Ok(13000)
+    }
+
+    fn device_count(&self) -> CuResult<i32> {
+        Ok(self.config.devices as i32)
+    }
+
+    fn device_props(&self, dev: i32) -> CuResult<DeviceProps> {
+        self.check_dev(dev)?;
+        let mut uuid = *b"remora-emulated-";
+        uuid[15] = dev as u8;
+        let attributes = [1, 2, 3, 4, 5, 6, 7, 8, 10, 16, 41, 75, 76]
+            .into_iter()
+            .map(|a| Ok((a, self.device_attribute(a, dev)?)))
+            .collect::<CuResult<Vec<_>>>()?;
+        Ok(DeviceProps {
+            name: "Remora emulated device".into(),
+            uuid,
+            total_memory: self.config.memory_per_device,
+            pci_bus_id: format!("0000:{:02x}:00.0", dev),
+            attributes,
+        })
+    }
+
+    fn device_attribute(&self, attr: i32, dev: i32) -> CuResult<i32> {
+        self.check_dev(dev)?;
+        Ok(match attr {
+            1..=3 => 1024,  // max threads per block, block dim x / y
+            4 => 64,        // block dim z
+            5..=7 => 65535, // grid dims
+            8 => 48 * 1024, // shared memory per block
+            10 => 32,       // warp size
+            16 => 1,        // multiprocessors
+            41 => 1,        // unified addressing
+            75 => 9,        // compute capability major
+            76 => 0,        // compute capability minor
+            a if (1..=200).contains(&a) => 0,
+            _ => return Err(INVALID_VALUE),
+        })
+    }
+
+    fn primary_ctx_retain(&self, dev: i32) -> CuResult<u64> {
+        self.check_dev(dev)?;
+        let mut st = self.lock();
+        let h = match st.primary.get(&dev).map(|p| p.handle) {
+            Some(h) if h != 0 => h,
+            _ => {
+                let h = st.handle();
+                st.contexts.insert(h, dev);
+                h
+            }
+        };
+        let p = st.primary.entry(dev).or_default();
+        p.handle = h;
+        p.refs += 1;
+        Ok(h)
+    }
+
+    fn primary_ctx_release(&self, dev: i32) -> CuResult<()> {
+        self.check_dev(dev)?;
+        let mut st = self.lock();
+        let p = st.primary.entry(dev).or_default();
+        if p.refs == 0 {
+            return Err(INVALID_CONTEXT_PRIMARY);
+        }
+        p.refs -= 1;
+        Ok(())
+    }
+
+    fn primary_ctx_set_flags(&self, dev: i32, flags: u32) -> CuResult<()> {
+        self.check_dev(dev)?;
+        self.lock().primary.entry(dev).or_default().flags = flags;
+        Ok(())
+    }
+
+    fn primary_ctx_get_state(&self, dev: i32) -> CuResult<(u32, i32)> {
+        self.check_dev(dev)?;
+        let st = self.lock();
+        Ok(st
+            .primary
+            .get(&dev)
+            .map_or((0, 0), |p| (p.flags, i32::from(p.refs > 0))))
+    }
+
+    fn ctx_create(&self, _flags: u32, dev: i32) -> CuResult<u64> {
+        self.check_dev(dev)?;
+        let mut st = self.lock();
+        let h = st.handle();
+        st.contexts.insert(h, dev);
+        st.created += 1;
+        Ok(h)
+    }
+
+    fn ctx_destroy(&self, ctx: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        if st.primary.values().any(|p| p.handle == ctx) {
+            return Err(INVALID_CONTEXT);
+        }
+        st.contexts.remove(&ctx).ok_or(INVALID_HANDLE)?;
+        st.created -= 1;
+        Ok(())
+    }
+
+    fn ctx_synchronize(&self, ctx: u64) -> CuResult<()> {
+        self.lock().ctx(ctx)?;
+        self.pause();
+        Ok(())
+    }
+
+    fn ctx_set_limit(&self, ctx: u64, limit: i32, value: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        if !(0..=6).contains(&limit) {
+            return Err(UNSUPPORTED_LIMIT);
+        }
+        st.limits.insert((ctx, limit), value);
+        Ok(())
+    }
+
+    fn ctx_get_limit(&self, ctx: u64, limit: i32) -> CuResult<u64> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        if !(0..=6).contains(&limit) {
+            return Err(UNSUPPORTED_LIMIT);
+        }
+        Ok(st.limits.get(&(ctx, limit)).copied().unwrap_or(1024))
+    }
+
+    fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64> {
+        let mut st = self.lock();
+        let dev = st.ctx(ctx)?;
+        st.alloc(dev, size, self.config.memory_per_device, false)
+    }
+
+    fn mem_alloc_pitch(
+        &self,
+        ctx: u64,
+        width: u64,
+        height: u64,
+        elem: u32,
+    ) -> CuResult<(u64, u64)> {
+        if !matches!(elem, 4 | 8 | 16) || width == 0 || height == 0 {
+            return Err(INVALID_VALUE);
+        }
+        let pitch = align_up(width, 512);
+        let size = pitch.checked_mul(height).ok_or(INVALID_VALUE)?;
+        Ok((self.mem_alloc(ctx, size)?, pitch))
+    }
+
+    fn mem_free(&self, ctx: u64, ptr: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        match st.allocs.get(&ptr) {
+            Some(a) if !a.global => st.free(ptr),
+            _ => Err(INVALID_VALUE),
+        }
+    }
+
+    fn mem_get_info(&self, ctx: u64) -> CuResult<(u64, u64)> {
+        let st = self.lock();
+        let dev = st.ctx(ctx)?;
+        let used = st.used.get(&dev).copied().unwrap_or(0);
+        let total = self.config.memory_per_device;
+        Ok((total - used, total))
+    }
+
+    fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
+        st.range(dst, data.len() as u64)?.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        dst.copy_from_slice(st.range(src, dst.len() as u64)?);
+        Ok(())
+    }
+
+    fn memcpy_dtoh_async(
+        &self,
+        ctx: u64,
+        stream: u64,
+        src: u64,
+        size: usize,
+    ) -> CuResult<Box<dyn StagedCopy>> {
+        let mut st = self.lock();
+        st.stream(ctx, stream)?;
+        Ok(Box::new(ReadyCopy(st.range(src, size as u64)?.to_vec())))
+    }
+
+    fn memcpy_dtod(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        src: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
+        let bytes = st.range(src, size)?.to_vec();
+        st.range(dst, size)?.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn memset(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        value: u32,
+        elem: u32,
+        count: u64,
+    ) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
+        if !matches!(elem, 1 | 2 | 4) || !dst.is_multiple_of(u64::from(elem)) {
+            return Err(INVALID_VALUE);
+        }
+        let len = count.checked_mul(u64::from(elem)).ok_or(INVALID_VALUE)?;
+        let bytes = value.to_le_bytes();
+        for chunk in st.range(dst, len)?.chunks_mut(elem as usize) {
+            chunk.copy_from_slice(&bytes[..elem as usize]);
+        }
+        Ok(())
+    }
+
+    fn module_load(&self, ctx: u64, image: &[u8]) -> CuResult<LoadedModule> {
+        if image.is_empty() {
+            return Err(INVALID_IMAGE);
+        }
+        let (funcs, globals) = parse_module(image)?;
+        let mut st = self.lock();
+        let dev = st.ctx(ctx)?;
+        let mut module = EmuModule {
+            globals: HashMap::new(),
+        };
+        for (name, size) in globals {
+            let ptr = st.alloc(dev, size.max(1), self.config.memory_per_device, true)?;
+            module.globals.insert(name, (ptr, size));
+        }
+        let raw = st.handle();
+        let functions = funcs
+            .into_iter()
+            .map(|(name, params)| {
+                let f = st.handle();
+                st.functions.insert(f, params.clone());
+                FunctionInfo {
+                    name,
+                    raw: f,
+                    params,
+                }
+            })
+            .collect();
+        st.modules.insert(raw, module);
+        Ok(LoadedModule { raw, functions })
+    }
+
+    fn module_unload(&self, ctx: u64, module: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        let m = st.modules.remove(&module).ok_or(INVALID_HANDLE)?;
+        for (ptr, _) in m.globals.into_values() {
+            st.free(ptr)?;
+        }
+        Ok(())
+    }
+
+    fn module_get_global(&self, ctx: u64, module: u64, name: &str) -> CuResult<(u64, u64)> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        let m = st.modules.get(&module).ok_or(INVALID_HANDLE)?;
+        m.globals.get(name).copied().ok_or(NOT_FOUND)
+    }
+
+    fn func_get_attribute(&self, ctx: u64, func: u64, attr: i32) -> CuResult<i32> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        st.functions.get(&func).ok_or(INVALID_HANDLE)?;
+        match attr {
+            0 => Ok(1024), // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+            1..=10 => Ok(0),
+            _ => Err(INVALID_VALUE),
+        }
+    }
+
+    fn func_set_attribute(&self, ctx: u64, func: u64, attr: i32, _value: i32) -> CuResult<()> {
+        self.func_get_attribute(ctx, func, attr).map(|_| ())
+    }
+
+    fn func_set_cache_config(&self, ctx: u64, func: u64, config: u32) -> CuResult<()> {
+        self.func_get_attribute(ctx, func, 0)?;
+        if config > 4 {
+            return Err(INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    fn occupancy_max_active_blocks(
+        &self,
+        ctx: u64,
+        func: u64,
+        block_size: i32,
+        _dynamic_smem: u64,
+        _flags: u32,
+    ) -> CuResult<i32> {
+        self.func_get_attribute(ctx, func, 0)?;
+        if !(1..=1024).contains(&block_size) {
+            return Err(INVALID_VALUE);
+        }
+        Ok((2048 / block_size).min(32))
+    }
+
+    fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
+        let st = self.lock();
+        st.stream(ctx, spec.stream)?;
+        st.functions.get(&spec.function).ok_or(INVALID_HANDLE)?;
+        tracing::warn!(
+            "emulated test backend: kernel launches are not supported (CUDA_ERROR_NOT_SUPPORTED)"
+        );
+        Err(NOT_SUPPORTED)
+    }
+
+    fn stream_create(&self, ctx: u64, _flags: u32, _priority: i32) -> CuResult<u64> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        let h = st.handle();
+        st.streams.insert(h, ctx);
+        Ok(h)
+    }
+
+    fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        st.streams.remove(&stream).map(|_| ()).ok_or(INVALID_HANDLE)
+    }
+
+    fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        self.lock().stream(ctx, stream)?;
+        self.pause();
+        Ok(())
+    }
+
+    fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        self.lock().stream(ctx, stream)
+    }
+
+    fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, _flags: u32) -> CuResult<()> {
+        let st = self.lock();
+        st.stream(ctx, stream)?;
+        st.events.get(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+    }
+
+    fn event_create(&self, ctx: u64, _flags: u32) -> CuResult<u64> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        let h = st.handle();
+        st.events.insert(h, None);
+        Ok(h)
+    }
+
+    fn event_destroy(&self, ctx: u64, event: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        st.events.remove(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+    }
+
+    fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream)?;
+        let e = st.events.get_mut(&event).ok_or(INVALID_HANDLE)?;
+        *e = Some(Instant::now());
+        Ok(())
+    }
+
+    fn event_synchronize(&self, ctx: u64, event: u64) -> CuResult<()> {
+        self.event_query(ctx, event)?;
+        self.pause();
+        Ok(())
+    }
+
+    fn event_query(&self, ctx: u64, event: u64) -> CuResult<()> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        st.events.get(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+    }
+
+    fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        let (Some(Some(a)), Some(Some(b))) = (st.events.get(&start), st.events.get(&end)) else {
+            return Err(INVALID_HANDLE);
+        };
+        let ms = if b >= a {
+            b.duration_since(*a).as_secs_f64() * 1e3
+        } else {
+            -(a.duration_since(*b).as_secs_f64() * 1e3)
+        };
+        Ok(ms as f32)
+    }
+}
+
+/// `CUDA_ERROR_INVALID_CONTEXT`.
+const INVALID_CONTEXT: i32 = 201;
+/// `CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE`'s neighbour for a release without a retain:
+/// the driver answers `CUDA_ERROR_INVALID_CONTEXT`.
+const INVALID_CONTEXT_PRIMARY: i32 = INVALID_CONTEXT;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_test_module_format() {
+        let (f, g) = parse_module(b"REMORA-EMU-MODULE\nfunc k 4,8,1,8\nglobal g 16\n").unwrap();
+        assert_eq!(f, [("k".into(), vec![(0, 4), (8, 8), (16, 1), (24, 8)])]);
+        assert_eq!(g, [("g".into(), 16)]);
+        assert_eq!(parse_module(b"\x7fELF...").unwrap(), (vec![], vec![]));
+        assert_eq!(
+            parse_module(b"REMORA-EMU-MODULE\nbogus\n"),
+            Err(INVALID_IMAGE)
+        );
+    }
+}

@@ -1,0 +1,247 @@
+//! What the executor needs from a GPU: the [`Backend`] trait and its two implementations,
+//! [`CudaBackend`] (the real driver) and [`EmulatedBackend`] (a test backend for machines
+//! without a GPU, chosen only by `remora serve --backend emulated` or by tests).
+//!
+//! Every backend object (context, module, function, stream, event) is a raw `u64` here: the
+//! driver's pointer for the real backend. These values never reach the wire; the session table
+//! maps them to per-session handles.
+
+use remora_proto::remora::RmLaunchAttr;
+
+pub mod cuda;
+pub mod emulated;
+
+pub use cuda::CudaBackend;
+pub use emulated::{EmulatedBackend, EmulatedConfig, LiveCounts};
+
+/// `Err` carries a non-zero `CUresult`.
+pub type CuResult<T> = Result<T, i32>;
+
+/// `CUresult` values the server produces itself.
+pub mod status {
+    /// `CUDA_SUCCESS`.
+    pub const SUCCESS: i32 = 0;
+    /// `CUDA_ERROR_INVALID_VALUE`.
+    pub const INVALID_VALUE: i32 = 1;
+    /// `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub const OUT_OF_MEMORY: i32 = 2;
+    /// `CUDA_ERROR_NO_DEVICE`.
+    pub const NO_DEVICE: i32 = 100;
+    /// `CUDA_ERROR_INVALID_DEVICE`.
+    pub const INVALID_DEVICE: i32 = 101;
+    /// `CUDA_ERROR_INVALID_IMAGE`.
+    pub const INVALID_IMAGE: i32 = 200;
+    /// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
+    pub const UNSUPPORTED_LIMIT: i32 = 215;
+    /// `CUDA_ERROR_INVALID_HANDLE`.
+    pub const INVALID_HANDLE: i32 = 400;
+    /// `CUDA_ERROR_NOT_FOUND`.
+    pub const NOT_FOUND: i32 = 500;
+    /// `CUDA_ERROR_NOT_READY`.
+    pub const NOT_READY: i32 = 600;
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS`.
+    pub const ILLEGAL_ADDRESS: i32 = 700;
+    /// `CUDA_ERROR_LAUNCH_FAILED`.
+    pub const LAUNCH_FAILED: i32 = 719;
+    /// `CUDA_ERROR_NOT_SUPPORTED`.
+    pub const NOT_SUPPORTED: i32 = 801;
+
+    /// Errors after which the CUDA context is unusable: CUDA keeps returning them, so the
+    /// session does too.
+    pub fn is_sticky(code: i32) -> bool {
+        matches!(code, 214 | 700 | 710 | 714..=719)
+    }
+}
+
+/// The backend value of the CUDA legacy default stream (`CU_STREAM_LEGACY`).
+pub const LEGACY_STREAM: u64 = 1;
+
+/// Everything the client caches about a device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceProps {
+    /// Marketing name.
+    pub name: String,
+    /// Device UUID.
+    pub uuid: [u8; 16],
+    /// Total memory, bytes.
+    pub total_memory: u64,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// `(CUdevice_attribute, value)` for every attribute the driver answers.
+    pub attributes: Vec<(i32, i32)>,
+}
+
+/// One function of a loaded module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionInfo {
+    /// Mangled name.
+    pub name: String,
+    /// Backend value (`CUfunction`).
+    pub raw: u64,
+    /// `(offset, size)` of each parameter.
+    pub params: Vec<(u32, u32)>,
+}
+
+/// A loaded module and its functions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadedModule {
+    /// Backend value (`CUmodule`).
+    pub raw: u64,
+    /// Its functions.
+    pub functions: Vec<FunctionInfo>,
+}
+
+/// A kernel launch, with its parameters already checked against the function's layout.
+#[derive(Debug)]
+pub struct LaunchSpec<'a> {
+    /// Backend function.
+    pub function: u64,
+    /// Grid dimensions.
+    pub grid: [u32; 3],
+    /// Block dimensions.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block.
+    pub shared_mem_bytes: u32,
+    /// Backend stream ([`LEGACY_STREAM`] for the legacy stream).
+    pub stream: u64,
+    /// Packed parameter bytes (8-byte aligned copy).
+    pub params: &'a [u8],
+    /// `(offset, size)` of each parameter inside `params`; every range is in bounds.
+    pub layout: &'a [(u32, u32)],
+    /// Launch attributes (cuLaunchKernelEx when not empty).
+    pub attrs: &'a [RmLaunchAttr],
+}
+
+/// An asynchronous device-to-host copy into a server-side staging buffer.
+pub trait StagedCopy: Send {
+    /// `Ok(true)` when the copy has completed, `Ok(false)` while in flight.
+    fn query(&self) -> CuResult<bool>;
+    /// Blocks until the copy has completed.
+    fn wait(&self) -> CuResult<()>;
+    /// The copied bytes; meaningful once [`StagedCopy::query`] says complete.
+    fn data(&self) -> &[u8];
+}
+
+/// The executor's view of a GPU driver. Device ordinals are the ones clients see (after
+/// `--devices`); every call that works in a context takes it explicitly and the backend makes it
+/// current on the calling thread when needed. Implementations must be callable from several
+/// threads at once.
+pub trait Backend: Send + Sync + 'static {
+    /// A short name for logs ("cuda", "emulated").
+    fn kind(&self) -> &'static str;
+    /// `cuDriverGetVersion`.
+    fn driver_version(&self) -> CuResult<i32>;
+    /// Number of visible devices.
+    fn device_count(&self) -> CuResult<i32>;
+    /// Everything about a device.
+    fn device_props(&self, dev: i32) -> CuResult<DeviceProps>;
+    /// `cuDeviceGetAttribute`.
+    fn device_attribute(&self, attr: i32, dev: i32) -> CuResult<i32>;
+
+    /// `cuDevicePrimaryCtxRetain`.
+    fn primary_ctx_retain(&self, dev: i32) -> CuResult<u64>;
+    /// `cuDevicePrimaryCtxRelease`.
+    fn primary_ctx_release(&self, dev: i32) -> CuResult<()>;
+    /// `cuDevicePrimaryCtxSetFlags`.
+    fn primary_ctx_set_flags(&self, dev: i32, flags: u32) -> CuResult<()>;
+    /// `cuDevicePrimaryCtxGetState`: `(flags, active)`.
+    fn primary_ctx_get_state(&self, dev: i32) -> CuResult<(u32, i32)>;
+    /// `cuCtxCreate`.
+    fn ctx_create(&self, flags: u32, dev: i32) -> CuResult<u64>;
+    /// `cuCtxDestroy`.
+    fn ctx_destroy(&self, ctx: u64) -> CuResult<()>;
+    /// `cuCtxSynchronize` (blocks).
+    fn ctx_synchronize(&self, ctx: u64) -> CuResult<()>;
+    /// `cuCtxSetLimit`.
+    fn ctx_set_limit(&self, ctx: u64, limit: i32, value: u64) -> CuResult<()>;
+    /// `cuCtxGetLimit`.
+    fn ctx_get_limit(&self, ctx: u64, limit: i32) -> CuResult<u64>;
+
+    /// `cuMemAlloc`.
+    fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64>;
+    /// `cuMemAllocPitch`: `(ptr, pitch)`.
+    fn mem_alloc_pitch(&self, ctx: u64, width: u64, height: u64, elem: u32)
+    -> CuResult<(u64, u64)>;
+    /// `cuMemFree`.
+    fn mem_free(&self, ctx: u64, ptr: u64) -> CuResult<()>;
+    /// `cuMemGetInfo`: `(free, total)`.
+    fn mem_get_info(&self, ctx: u64) -> CuResult<(u64, u64)>;
+    /// `cuMemcpyHtoD` (`stream` `None`) or `cuMemcpyHtoDAsync`.
+    fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()>;
+    /// `cuMemcpyDtoH` (blocks).
+    fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()>;
+    /// `cuMemcpyDtoHAsync` into a staging buffer.
+    fn memcpy_dtoh_async(
+        &self,
+        ctx: u64,
+        stream: u64,
+        src: u64,
+        size: usize,
+    ) -> CuResult<Box<dyn StagedCopy>>;
+    /// `cuMemcpyDtoD` (`stream` `None`) or `cuMemcpyDtoDAsync`.
+    fn memcpy_dtod(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        src: u64,
+        size: u64,
+    ) -> CuResult<()>;
+    /// `cuMemsetD8/16/32` (`stream` `None`) or their async forms; `elem` is 1, 2 or 4.
+    fn memset(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        value: u32,
+        elem: u32,
+        count: u64,
+    ) -> CuResult<()>;
+
+    /// `cuModuleLoadData` plus the function list with parameter layouts.
+    fn module_load(&self, ctx: u64, image: &[u8]) -> CuResult<LoadedModule>;
+    /// `cuModuleUnload`.
+    fn module_unload(&self, ctx: u64, module: u64) -> CuResult<()>;
+    /// `cuModuleGetGlobal`: `(ptr, size)`.
+    fn module_get_global(&self, ctx: u64, module: u64, name: &str) -> CuResult<(u64, u64)>;
+    /// `cuFuncGetAttribute`.
+    fn func_get_attribute(&self, ctx: u64, func: u64, attr: i32) -> CuResult<i32>;
+    /// `cuFuncSetAttribute`.
+    fn func_set_attribute(&self, ctx: u64, func: u64, attr: i32, value: i32) -> CuResult<()>;
+    /// `cuFuncSetCacheConfig`.
+    fn func_set_cache_config(&self, ctx: u64, func: u64, config: u32) -> CuResult<()>;
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
+    fn occupancy_max_active_blocks(
+        &self,
+        ctx: u64,
+        func: u64,
+        block_size: i32,
+        dynamic_smem: u64,
+        flags: u32,
+    ) -> CuResult<i32>;
+    /// `cuLaunchKernel` / `cuLaunchKernelEx`.
+    fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()>;
+
+    /// `cuStreamCreateWithPriority`.
+    fn stream_create(&self, ctx: u64, flags: u32, priority: i32) -> CuResult<u64>;
+    /// `cuStreamDestroy`.
+    fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()>;
+    /// `cuStreamSynchronize` (blocks).
+    fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()>;
+    /// `cuStreamQuery` (`Err(NOT_READY)` while busy).
+    fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()>;
+    /// `cuStreamWaitEvent`.
+    fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, flags: u32) -> CuResult<()>;
+    /// `cuEventCreate`.
+    fn event_create(&self, ctx: u64, flags: u32) -> CuResult<u64>;
+    /// `cuEventDestroy`.
+    fn event_destroy(&self, ctx: u64, event: u64) -> CuResult<()>;
+    /// `cuEventRecord`.
+    fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()>;
+    /// `cuEventSynchronize` (blocks).
+    fn event_synchronize(&self, ctx: u64, event: u64) -> CuResult<()>;
+    /// `cuEventQuery` (`Err(NOT_READY)` while pending).
+    fn event_query(&self, ctx: u64, event: u64) -> CuResult<()>;
+    /// `cuEventElapsedTime`, milliseconds.
+    fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32>;
+}

@@ -1,0 +1,979 @@
+//! The CUDA executor: answers every procedure of `remora.x` for each client session, through a
+//! [`Backend`].
+//!
+//! One-way calls never reply: their errors are kept by the session and returned by the next
+//! synchronizing call. Calls that can block for long (context, stream and event synchronize,
+//! synchronous device-to-host copies) run on a per-session waiter thread and reply through a
+//! deferred reply, so the connection goes on with other client threads' calls meanwhile.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use remora_oncrpc::{CallContext, ProcError, ProcResult};
+use remora_proto::remora::*;
+use remora_xdr::XdrEncode;
+use sha2::{Digest, Sha256};
+
+use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, SUCCESS};
+use crate::backend::{Backend, CuResult, LaunchSpec};
+use crate::hello::HelloService;
+use crate::module_cache::ModuleCache;
+use crate::session::{PendingCopy, Range, Resource, Scope, Session, SessionState};
+
+/// `CUDA_ERROR_INVALID_CONTEXT`.
+const INVALID_CONTEXT: i32 = 201;
+/// `CUDA_ERROR_UNKNOWN`, used if a backend ever reports failure as 0.
+const UNKNOWN: i32 = 999;
+
+fn nz(e: i32) -> i32 {
+    if e == SUCCESS { UNKNOWN } else { e }
+}
+
+fn code(r: CuResult<()>) -> i32 {
+    r.err().map_or(SUCCESS, nz)
+}
+
+fn truncate(mut s: String, max: u32) -> String {
+    let max = max as usize;
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+macro_rules! reply_fn {
+    ($name:ident, $ty:ident, $val:ty) => {
+        fn $name(r: CuResult<$val>) -> $ty {
+            match r {
+                Ok(v) => $ty::Case0(v),
+                Err(e) => $ty::Default {
+                    discriminant: nz(e),
+                },
+            }
+        }
+    };
+}
+reply_fn!(int_reply, RmIntReply, i32);
+reply_fn!(u64_reply, RmU64Reply, u64);
+reply_fn!(handle_reply, RmHandleReply, u64);
+reply_fn!(float_reply, RmFloatReply, f32);
+reply_fn!(bytes_reply, RmBytesReply, remora_xdr::Bytes);
+
+struct Inner {
+    backend: Arc<dyn Backend>,
+    hello: HelloService,
+    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    cache: ModuleCache,
+}
+
+/// Serves `remora.x`: HELLO plus the CUDA driver procedures, one session per connection.
+pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("backend", &self.inner.backend.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Executor {
+    /// An executor over `backend`, answering HELLO with `hello`, with a module cache of
+    /// `cache_bytes`.
+    pub fn new(backend: Arc<dyn Backend>, hello: HelloService, cache_bytes: u64) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                backend,
+                hello,
+                sessions: Mutex::new(HashMap::new()),
+                cache: ModuleCache::new(cache_bytes),
+            }),
+        }
+    }
+
+    /// Number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.inner.sessions().len()
+    }
+
+    /// Number of objects in the module cache.
+    pub fn cached_modules(&self) -> usize {
+        self.inner.cache.len()
+    }
+
+    fn session(&self, call: &CallContext) -> Arc<Session> {
+        Arc::clone(
+            self.inner
+                .sessions()
+                .entry(call.connection)
+                .or_insert_with(|| Arc::new(Session::new(call.connection))),
+        )
+    }
+
+    /// Runs a one-way call: its error is kept for the next synchronizing call.
+    fn oneway(
+        &self,
+        call: &CallContext,
+        what: &str,
+        f: impl FnOnce(&Inner, &Session) -> CuResult<()>,
+    ) -> ProcResult<()> {
+        let session = self.session(call);
+        if let Err(e) = f(&self.inner, &session) {
+            tracing::debug!(
+                connection = call.connection,
+                error = e,
+                "{what} failed; deferred"
+            );
+            session.lock().defer_error(nz(e));
+        }
+        Ok(())
+    }
+
+    /// Runs `job` on a waiter thread and replies from there, or inline when the connection
+    /// cannot defer or the session's waiters are all busy.
+    fn blocking<T: XdrEncode + Send + 'static>(
+        &self,
+        call: &CallContext,
+        job: impl FnOnce(&Inner, &Session) -> T + Send + 'static,
+    ) -> ProcResult<T> {
+        let session = self.session(call);
+        if session.reserve_waiter() {
+            if let Some(reply) = call.defer() {
+                let inner = Arc::clone(&self.inner);
+                let sess = Arc::clone(&session);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("remora-wait-{}", call.connection))
+                    .spawn(move || {
+                        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            job(&inner, &sess)
+                        }));
+                        sess.release_waiter();
+                        match out {
+                            Ok(v) => {
+                                if let Err(e) = reply.reply(|enc| v.encode(enc)) {
+                                    tracing::debug!(error = %e, "deferred reply not delivered");
+                                }
+                            }
+                            Err(_) => {
+                                tracing::error!("a blocking call panicked; SYSTEM_ERR");
+                                drop(reply);
+                            }
+                        }
+                    });
+                return match spawned {
+                    Ok(h) => {
+                        session.add_waiter(h);
+                        Err(ProcError::Deferred)
+                    }
+                    Err(e) => {
+                        // The closure (and the deferred reply inside it) is gone: it answered
+                        // SYSTEM_ERR.
+                        session.release_waiter();
+                        tracing::error!(error = %e, "cannot spawn a waiter thread");
+                        Err(ProcError::Deferred)
+                    }
+                };
+            }
+            session.release_waiter();
+        }
+        Ok(job(&self.inner, &session))
+    }
+}
+
+impl Inner {
+    fn sessions(&self) -> MutexGuard<'_, HashMap<u64, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sync_reply(&self, st: &mut SessionState, own: CuResult<()>, scope: Scope) -> RmSyncReply {
+        let mut status = st.sync_status(own.map_err(nz));
+        let copies = st.collect(scope, &mut status);
+        RmSyncReply { status, copies }
+    }
+
+    fn release_primary(&self, st: &mut SessionState, dev: i32, all: bool) -> CuResult<()> {
+        let (h, refs) = *st.primary.get(&dev).ok_or(INVALID_CONTEXT)?;
+        if refs > 1 && !all {
+            st.primary.insert(dev, (h, refs - 1));
+            return Ok(());
+        }
+        st.drop_ctx_resources(&*self.backend, h);
+        st.remove(h);
+        st.primary.remove(&dev);
+        self.backend.primary_ctx_release(dev)
+    }
+
+    fn load(&self, st_session: &Session, ctx: u64, image: &[u8]) -> RmLoadReply {
+        let raw_ctx = match st_session.lock().ctx(ctx) {
+            Ok(c) => c,
+            Err(e) => return RmLoadReply::RmLoadFailed(e),
+        };
+        let loaded = match self.backend.module_load(raw_ctx, image) {
+            Ok(m) => m,
+            Err(e) => return RmLoadReply::RmLoadFailed(nz(e)),
+        };
+        let mut st = st_session.lock();
+        let module = st.insert(Resource::Module {
+            raw: loaded.raw,
+            ctx,
+        });
+        if loaded.functions.len() > RM_MAX_FUNCTIONS as usize {
+            tracing::warn!(
+                functions = loaded.functions.len(),
+                "module lists more functions than the protocol carries; the rest are left out"
+            );
+        }
+        let functions = loaded
+            .functions
+            .into_iter()
+            .take(RM_MAX_FUNCTIONS as usize)
+            .map(|f| {
+                let mut params = f.params;
+                params.truncate(RM_MAX_PARAM_COUNT as usize);
+                let handle = st.insert(Resource::Function {
+                    raw: f.raw,
+                    ctx,
+                    module,
+                    params: params.clone().into(),
+                });
+                RmFunction {
+                    name: f.name,
+                    function: handle,
+                    params: params
+                        .into_iter()
+                        .map(|(offset, size)| RmParam { offset, size })
+                        .collect(),
+                }
+            })
+            .collect();
+        RmLoadReply::RmLoaded(RmModule { module, functions })
+    }
+}
+
+impl RemoraV1Server for Executor {
+    fn remora_null(&self, _call: &CallContext) -> ProcResult<()> {
+        Ok(())
+    }
+
+    fn remora_hello(&self, call: &CallContext, args: HelloArgs) -> ProcResult<HelloReply> {
+        tracing::info!(client = %args.client_name, peer = ?call.peer, connection = call.connection, "HELLO");
+        Ok(self.inner.hello.answer(&args))
+    }
+
+    // Devices --------------------------------------------------------------------------------
+
+    fn rm_device_get_count(&self, _call: &CallContext) -> ProcResult<RmIntReply> {
+        Ok(int_reply(self.inner.backend.device_count()))
+    }
+
+    fn rm_device_get_props(&self, _call: &CallContext, dev: i32) -> ProcResult<RmDevicePropsReply> {
+        Ok(match self.inner.backend.device_props(dev) {
+            Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
+                name: truncate(p.name, REMORA_MAX_NAME),
+                uuid: p.uuid,
+                total_memory: p.total_memory,
+                pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
+                attributes: p
+                    .attributes
+                    .into_iter()
+                    .take(RM_MAX_ATTRIBUTES as usize)
+                    .map(|(attribute, value)| RmAttribute { attribute, value })
+                    .collect(),
+            }),
+            Err(e) => RmDevicePropsReply::Default {
+                discriminant: nz(e),
+            },
+        })
+    }
+
+    fn rm_device_get_attribute(
+        &self,
+        _call: &CallContext,
+        a: RmDeviceAttrArgs,
+    ) -> ProcResult<RmIntReply> {
+        Ok(int_reply(
+            self.inner.backend.device_attribute(a.attribute, a.device),
+        ))
+    }
+
+    // Contexts -------------------------------------------------------------------------------
+
+    fn rm_primary_ctx_retain(&self, call: &CallContext, dev: i32) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        if let Some((h, refs)) = st.primary.get(&dev).copied() {
+            st.primary.insert(dev, (h, refs + 1));
+            return Ok(RmHandleReply::Case0(h));
+        }
+        Ok(handle_reply(
+            self.inner.backend.primary_ctx_retain(dev).map(|raw| {
+                let h = st.insert(Resource::Context {
+                    raw,
+                    device: dev,
+                    primary: true,
+                });
+                st.primary.insert(dev, (h, 1));
+                h
+            }),
+        ))
+    }
+
+    fn rm_primary_ctx_release(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        Ok(code(self.inner.release_primary(&mut st, dev, false)))
+    }
+
+    fn rm_primary_ctx_set_flags(
+        &self,
+        _call: &CallContext,
+        a: RmPrimaryFlagsArgs,
+    ) -> ProcResult<CuResult_> {
+        Ok(code(
+            self.inner.backend.primary_ctx_set_flags(a.device, a.flags),
+        ))
+    }
+
+    fn rm_primary_ctx_get_state(
+        &self,
+        _call: &CallContext,
+        dev: i32,
+    ) -> ProcResult<RmPrimaryStateReply> {
+        Ok(match self.inner.backend.primary_ctx_get_state(dev) {
+            Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
+            Err(e) => RmPrimaryStateReply::Default {
+                discriminant: nz(e),
+            },
+        })
+    }
+
+    fn rm_primary_ctx_reset(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
+        // The primary context is shared by every session of this server: resetting it for
+        // real would destroy other clients' memory. This session's part of it is released.
+        let session = self.session(call);
+        let mut st = session.lock();
+        if !st.primary.contains_key(&dev) {
+            return Ok(code(
+                self.inner.backend.device_attribute(1, dev).map(|_| ()),
+            ));
+        }
+        Ok(code(self.inner.release_primary(&mut st, dev, true)))
+    }
+
+    fn rm_ctx_create(&self, call: &CallContext, a: RmCtxCreateArgs) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let r = self.inner.backend.ctx_create(a.flags, a.device);
+        let mut st = session.lock();
+        Ok(handle_reply(r.map(|raw| {
+            st.insert(Resource::Context {
+                raw,
+                device: a.device,
+                primary: false,
+            })
+        })))
+    }
+
+    fn rm_ctx_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let raw = match st.get(h) {
+            Ok(Resource::Context {
+                raw,
+                primary: false,
+                ..
+            }) => *raw,
+            Ok(Resource::Context { primary: true, .. }) => return Ok(INVALID_CONTEXT),
+            _ => return Ok(INVALID_HANDLE),
+        };
+        st.drop_ctx_resources(&*self.inner.backend, h);
+        st.remove(h);
+        Ok(code(self.inner.backend.ctx_destroy(raw)))
+    }
+
+    fn rm_ctx_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+        self.blocking(call, move |inner, session| {
+            let own = session.lock().ctx(h);
+            let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
+            let mut st = session.lock();
+            inner.sync_reply(&mut st, own, Scope::Context(h))
+        })
+    }
+
+    fn rm_ctx_set_limit(&self, call: &CallContext, a: RmLimitArgs) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        Ok(code(raw.and_then(|c| {
+            self.inner.backend.ctx_set_limit(c, a.limit, a.value)
+        })))
+    }
+
+    fn rm_ctx_get_limit(&self, call: &CallContext, a: RmLimitArgs) -> ProcResult<RmU64Reply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        Ok(u64_reply(raw.and_then(|c| {
+            self.inner.backend.ctx_get_limit(c, a.limit)
+        })))
+    }
+
+    // Memory ---------------------------------------------------------------------------------
+
+    fn rm_mem_alloc(&self, call: &CallContext, a: RmAllocArgs) -> ProcResult<RmU64Reply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        let r = raw.and_then(|c| self.inner.backend.mem_alloc(c, a.bytesize));
+        if let Ok(ptr) = r {
+            session.lock().ranges.insert(
+                ptr,
+                Range {
+                    size: a.bytesize,
+                    ctx: a.ctx,
+                    module: None,
+                },
+            );
+        }
+        Ok(u64_reply(r))
+    }
+
+    fn rm_mem_alloc_pitch(
+        &self,
+        call: &CallContext,
+        a: RmAllocPitchArgs,
+    ) -> ProcResult<RmPitchedReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        let r = raw.and_then(|c| {
+            self.inner
+                .backend
+                .mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
+        });
+        Ok(match r {
+            Ok((ptr, pitch)) => {
+                session.lock().ranges.insert(
+                    ptr,
+                    Range {
+                        size: pitch.saturating_mul(a.height),
+                        ctx: a.ctx,
+                        module: None,
+                    },
+                );
+                RmPitchedReply::Case0(RmPitched { ptr, pitch })
+            }
+            Err(e) => RmPitchedReply::Default {
+                discriminant: nz(e),
+            },
+        })
+    }
+
+    fn rm_mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = match st.ranges.get(&a.ptr).copied() {
+            Some(r @ Range { module: None, .. }) => st.ctx(r.ctx),
+            _ => Err(INVALID_VALUE),
+        };
+        let r = r.and_then(|c| self.inner.backend.mem_free(c, a.ptr));
+        if r.is_ok() {
+            st.ranges.remove(&a.ptr);
+        }
+        Ok(code(r))
+    }
+
+    fn rm_mem_get_info(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmMemInfoReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(h);
+        Ok(match raw.and_then(|c| self.inner.backend.mem_get_info(c)) {
+            Ok((free_bytes, total_bytes)) => RmMemInfoReply::Case0(RmMemInfo {
+                free_bytes,
+                total_bytes,
+            }),
+            Err(e) => RmMemInfoReply::Default {
+                discriminant: nz(e),
+            },
+        })
+    }
+
+    fn rm_mem_get_address_range(
+        &self,
+        call: &CallContext,
+        a: RmPtrArgs,
+    ) -> ProcResult<RmRangeReply> {
+        let session = self.session(call);
+        let st = session.lock();
+        Ok(match st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr)) {
+            Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
+            Err(e) => RmRangeReply::Default {
+                discriminant: nz(e),
+            },
+        })
+    }
+
+    fn rm_memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = {
+            let st = session.lock();
+            st.check_range(a.dst, a.data.len() as u64)
+                .and_then(|()| st.ctx(a.ctx))
+        };
+        let own = raw.and_then(|c| self.inner.backend.memcpy_htod(c, None, a.dst, &a.data));
+        let mut st = session.lock();
+        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+    }
+
+    fn rm_memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmBytesReply> {
+        self.blocking(call, move |inner, session| {
+            let raw = {
+                let st = session.lock();
+                st.check_range(a.src, a.size)
+                    .and_then(|()| st.ctx(a.ctx))
+                    .and_then(|c| {
+                        if a.size > u64::from(RM_MAX_COPY) {
+                            Err(INVALID_VALUE)
+                        } else {
+                            Ok(c)
+                        }
+                    })
+            };
+            let r = raw.and_then(|c| {
+                let mut buf = vec![0u8; a.size as usize];
+                inner.backend.memcpy_dtoh(c, &mut buf, a.src)?;
+                Ok(remora_xdr::Bytes::from(buf))
+            });
+            let mut st = session.lock();
+            let status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            if status == SUCCESS {
+                bytes_reply(r)
+            } else {
+                bytes_reply(Err(status))
+            }
+        })
+    }
+
+    fn rm_memcpy_dtod(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = {
+            let st = session.lock();
+            st.check_range(a.dst, a.size)
+                .and_then(|()| st.check_range(a.src, a.size))
+                .and_then(|()| st.ctx(a.ctx))
+        };
+        let own = raw.and_then(|c| {
+            self.inner
+                .backend
+                .memcpy_dtod(c, None, a.dst, a.src, a.size)
+        });
+        let mut st = session.lock();
+        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+    }
+
+    fn rm_memset(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = memset_target(&session.lock(), &a);
+        let own = raw.and_then(|(c, _)| {
+            self.inner
+                .backend
+                .memset(c, None, a.dst, a.value, a.element_size, a.count)
+        });
+        let mut st = session.lock();
+        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+    }
+
+    fn rm_memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_MEMCPY_HTOD_ASYNC", |inner, session| {
+            let (c, s) = {
+                let st = session.lock();
+                st.check_range(a.dst, a.data.len() as u64)?;
+                (st.ctx(a.ctx)?, st.stream(a.stream)?)
+            };
+            inner.backend.memcpy_htod(c, Some(s), a.dst, &a.data)
+        })
+    }
+
+    fn rm_memcpy_dtoh_async(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_MEMCPY_DTOH_ASYNC", |inner, session| {
+            let (c, s) = {
+                let st = session.lock();
+                st.check_range(a.src, a.size)?;
+                if a.size > u64::from(RM_MAX_COPY) {
+                    return Err(INVALID_VALUE);
+                }
+                (st.ctx(a.ctx)?, st.stream(a.stream)?)
+            };
+            let copy = inner
+                .backend
+                .memcpy_dtoh_async(c, s, a.src, a.size as usize)?;
+            let stream = if a.stream == 0 {
+                u64::from(RM_STREAM_LEGACY)
+            } else {
+                a.stream
+            };
+            session.lock().pending.push(PendingCopy {
+                copy_id: a.copy_id,
+                ctx: a.ctx,
+                stream,
+                copy,
+            });
+            Ok(())
+        })
+    }
+
+    fn rm_memcpy_dtod_async(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_MEMCPY_DTOD_ASYNC", |inner, session| {
+            let (c, s) = {
+                let st = session.lock();
+                st.check_range(a.dst, a.size)?;
+                st.check_range(a.src, a.size)?;
+                (st.ctx(a.ctx)?, st.stream(a.stream)?)
+            };
+            inner.backend.memcpy_dtod(c, Some(s), a.dst, a.src, a.size)
+        })
+    }
+
+    fn rm_memset_async(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_MEMSET_ASYNC", |inner, session| {
+            let (c, s) = memset_target(&session.lock(), &a)?;
+            inner
+                .backend
+                .memset(c, Some(s), a.dst, a.value, a.element_size, a.count)
+        })
+    }
+
+    // Modules and functions -----------------------------------------------------------------
+
+    fn rm_module_load(&self, call: &CallContext, a: RmModuleLoadArgs) -> ProcResult<RmLoadReply> {
+        let session = self.session(call);
+        if let Err(e) = session.lock().ctx(a.ctx) {
+            return Ok(RmLoadReply::RmLoadFailed(e));
+        }
+        let image = if a.image.is_empty() {
+            match self.inner.cache.get(&a.hash) {
+                Some(image) => image,
+                None => return Ok(RmLoadReply::RmNeedImage),
+            }
+        } else {
+            let digest: [u8; 32] = Sha256::digest(&a.image).into();
+            if digest != a.hash {
+                tracing::warn!(
+                    connection = call.connection,
+                    "RM_MODULE_LOAD: the image does not match its SHA-256"
+                );
+                return Ok(RmLoadReply::RmLoadFailed(INVALID_VALUE));
+            }
+            self.inner.cache.insert(a.hash, a.image.clone());
+            a.image
+        };
+        Ok(self.inner.load(&session, a.ctx, &image))
+    }
+
+    fn rm_module_unload(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let (raw, ctx) = match st.get(h) {
+            Ok(Resource::Module { raw, ctx }) => (*raw, *ctx),
+            _ => return Ok(INVALID_HANDLE),
+        };
+        let raw_ctx = match st.ctx(ctx) {
+            Ok(c) => c,
+            Err(e) => return Ok(e),
+        };
+        let r = self.inner.backend.module_unload(raw_ctx, raw);
+        st.remove(h);
+        st.remove_module_children(h);
+        st.ranges.retain(|_, g| g.module != Some(h));
+        Ok(code(r))
+    }
+
+    fn rm_module_get_global(
+        &self,
+        call: &CallContext,
+        a: RmGetGlobalArgs,
+    ) -> ProcResult<RmGlobalReply> {
+        let session = self.session(call);
+        let found = {
+            let st = session.lock();
+            match st.get(a.module) {
+                Ok(Resource::Module { raw, ctx }) => st.ctx(*ctx).map(|c| (*raw, *ctx, c)),
+                _ => Err(INVALID_HANDLE),
+            }
+        };
+        let r = found.and_then(|(raw, ctx, c)| {
+            let (ptr, size) = self.inner.backend.module_get_global(c, raw, &a.name)?;
+            session.lock().ranges.entry(ptr).or_insert(Range {
+                size,
+                ctx,
+                module: Some(a.module),
+            });
+            Ok((ptr, size))
+        });
+        Ok(match r {
+            Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
+            Err(e) => RmGlobalReply::Default {
+                discriminant: RmLoadStatus::RmLoadFailed,
+                value: nz(e),
+            },
+        })
+    }
+
+    fn rm_func_get_attribute(
+        &self,
+        call: &CallContext,
+        a: RmFuncAttrArgs,
+    ) -> ProcResult<RmIntReply> {
+        let session = self.session(call);
+        let f = session.lock().function(a.function);
+        Ok(int_reply(f.and_then(|(raw, c, _)| {
+            self.inner.backend.func_get_attribute(c, raw, a.attribute)
+        })))
+    }
+
+    fn rm_func_set_attribute(
+        &self,
+        call: &CallContext,
+        a: RmFuncAttrArgs,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let f = session.lock().function(a.function);
+        Ok(code(f.and_then(|(raw, c, _)| {
+            self.inner
+                .backend
+                .func_set_attribute(c, raw, a.attribute, a.value)
+        })))
+    }
+
+    fn rm_func_set_cache_config(
+        &self,
+        call: &CallContext,
+        a: RmHandleFlags,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let f = session.lock().function(a.handle);
+        Ok(code(f.and_then(|(raw, c, _)| {
+            self.inner.backend.func_set_cache_config(c, raw, a.flags)
+        })))
+    }
+
+    fn rm_occupancy_max_active_blocks(
+        &self,
+        call: &CallContext,
+        a: RmOccupancyArgs,
+    ) -> ProcResult<RmIntReply> {
+        let session = self.session(call);
+        let f = session.lock().function(a.function);
+        Ok(int_reply(f.and_then(|(raw, c, _)| {
+            self.inner.backend.occupancy_max_active_blocks(
+                c,
+                raw,
+                a.block_size,
+                a.dynamic_smem_bytes,
+                a.flags,
+            )
+        })))
+    }
+
+    // Launches -------------------------------------------------------------------------------
+
+    fn rm_launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_LAUNCH_KERNEL", |inner, session| {
+            let (func, c, s, layout) = {
+                let st = session.lock();
+                let (func, fctx, layout) = st.function(a.function)?;
+                let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
+                (func, c, st.stream(a.stream)?, layout)
+            };
+            let needed = layout
+                .iter()
+                .map(|&(o, s)| u64::from(o) + u64::from(s))
+                .max()
+                .unwrap_or(0);
+            if (a.params.len() as u64) < needed {
+                return Err(INVALID_VALUE);
+            }
+            inner.backend.launch(
+                c,
+                &LaunchSpec {
+                    function: func,
+                    grid: [a.grid.x, a.grid.y, a.grid.z],
+                    block: [a.block.x, a.block.y, a.block.z],
+                    shared_mem_bytes: a.shared_mem_bytes,
+                    stream: s,
+                    params: &a.params,
+                    layout: &layout,
+                    attrs: &a.attrs,
+                },
+            )
+        })
+    }
+
+    // Streams and events ----------------------------------------------------------------------
+
+    fn rm_stream_create(
+        &self,
+        call: &CallContext,
+        a: RmStreamCreateArgs,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        let r = raw.and_then(|c| self.inner.backend.stream_create(c, a.flags, a.priority));
+        let mut st = session.lock();
+        Ok(handle_reply(r.map(|raw| {
+            st.insert(Resource::Stream { raw, ctx: a.ctx })
+        })))
+    }
+
+    fn rm_stream_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let (raw, ctx) = match st.get(h) {
+            Ok(Resource::Stream { raw, ctx }) => (*raw, *ctx),
+            _ => return Ok(INVALID_HANDLE),
+        };
+        let r = st
+            .ctx(ctx)
+            .and_then(|c| self.inner.backend.stream_destroy(c, raw));
+        st.remove(h);
+        Ok(code(r))
+    }
+
+    fn rm_stream_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+        self.blocking(call, move |inner, session| {
+            let target = stream_target(&session.lock(), h);
+            let own = target.and_then(|(c, s)| inner.backend.stream_synchronize(c, s));
+            let scope = Scope::Stream(if h == 0 {
+                u64::from(RM_STREAM_LEGACY)
+            } else {
+                h
+            });
+            let mut st = session.lock();
+            inner.sync_reply(&mut st, own, scope)
+        })
+    }
+
+    fn rm_stream_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let target = stream_target(&session.lock(), h);
+        let own = target.and_then(|(c, s)| self.inner.backend.stream_query(c, s));
+        let mut st = session.lock();
+        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+    }
+
+    fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_STREAM_WAIT_EVENT", |inner, session| {
+            let ((c, s), (e, _)) = {
+                let st = session.lock();
+                (stream_target(&st, a.stream)?, st.event(a.event)?)
+            };
+            inner.backend.stream_wait_event(c, s, e, a.flags)
+        })
+    }
+
+    fn rm_event_create(&self, call: &CallContext, a: RmHandleFlags) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.handle);
+        let r = raw.and_then(|c| self.inner.backend.event_create(c, a.flags));
+        let mut st = session.lock();
+        Ok(handle_reply(r.map(|raw| {
+            st.insert(Resource::Event { raw, ctx: a.handle })
+        })))
+    }
+
+    fn rm_event_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = st
+            .event(h)
+            .and_then(|(e, c)| self.inner.backend.event_destroy(c, e));
+        if r.is_ok() || st.event(h).is_ok() {
+            st.remove(h);
+        }
+        Ok(code(r))
+    }
+
+    fn rm_event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_EVENT_RECORD", |inner, session| {
+            let ((e, c), s) = {
+                let st = session.lock();
+                (st.event(a.event)?, st.stream(a.stream)?)
+            };
+            inner.backend.event_record(c, e, s)
+        })
+    }
+
+    fn rm_event_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+        self.blocking(call, move |inner, session| {
+            let ev = session.lock().event(h);
+            let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
+            let mut st = session.lock();
+            inner.sync_reply(&mut st, own, Scope::Finished)
+        })
+    }
+
+    fn rm_event_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let ev = session.lock().event(h);
+        let own = ev.and_then(|(e, c)| self.inner.backend.event_query(c, e));
+        let mut st = session.lock();
+        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+    }
+
+    fn rm_event_elapsed_time(
+        &self,
+        call: &CallContext,
+        a: RmElapsedArgs,
+    ) -> ProcResult<RmFloatReply> {
+        let session = self.session(call);
+        let evs = {
+            let st = session.lock();
+            st.event(a.start).and_then(|s| Ok((s, st.event(a.end)?)))
+        };
+        Ok(float_reply(evs.and_then(|((s, c), (e, _))| {
+            self.inner.backend.event_elapsed(c, s, e)
+        })))
+    }
+}
+
+/// `(backend context, backend stream)` for a stream handle (0 / legacy: the legacy stream of
+/// no particular context, which then needs one of the session's contexts).
+fn stream_target(st: &SessionState, h: u64) -> CuResult<(u64, u64)> {
+    match st.get(h) {
+        Ok(Resource::Stream { raw, ctx }) => Ok((st.ctx(*ctx)?, *raw)),
+        Ok(_) => Err(INVALID_HANDLE),
+        Err(e) => {
+            if h == 0 || h == u64::from(RM_STREAM_LEGACY) {
+                let ctx = st.any_context().ok_or(INVALID_CONTEXT)?;
+                Ok((ctx, crate::backend::LEGACY_STREAM))
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+fn memset_target(st: &SessionState, a: &RmMemsetArgs) -> CuResult<(u64, u64)> {
+    if !matches!(a.element_size, 1 | 2 | 4) {
+        return Err(INVALID_VALUE);
+    }
+    let len = a
+        .count
+        .checked_mul(u64::from(a.element_size))
+        .ok_or(INVALID_VALUE)?;
+    st.check_range(a.dst, len)?;
+    Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
+}
+
+/// `cu_result` as the generated code names it.
+type CuResult_ = remora_proto::remora::CuResult;
+
+impl Executor {
+    /// Frees the session of `connection` (called when the connection ends).
+    pub fn close_session(&self, connection: u64) {
+        let session = self.inner.sessions().remove(&connection);
+        if let Some(session) = session {
+            session.close(&*self.inner.backend);
+        }
+    }
+}

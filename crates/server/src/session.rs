@@ -1,0 +1,397 @@
+//! One client connection's state: its resource table, deferred (sticky) error and pending
+//! asynchronous device-to-host copies. Handles on the wire are indices into this table, so a
+//! client can only name its own objects.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use remora_proto::remora::{RM_STREAM_LEGACY, RmCopyData};
+use remora_xdr::Bytes;
+
+use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, SUCCESS, is_sticky};
+use crate::backend::{Backend, CuResult, LEGACY_STREAM, StagedCopy};
+
+/// Most threads one session may block in synchronizing calls at once; further blocking calls
+/// run on the connection's thread.
+pub(crate) const MAX_WAITERS: usize = 4;
+
+/// A server-side object a session handle names.
+#[derive(Debug, Clone)]
+pub(crate) enum Resource {
+    Context {
+        raw: u64,
+        device: i32,
+        primary: bool,
+    },
+    Module {
+        raw: u64,
+        ctx: u64,
+    },
+    Function {
+        raw: u64,
+        ctx: u64,
+        module: u64,
+        params: Arc<[(u32, u32)]>,
+    },
+    Stream {
+        raw: u64,
+        ctx: u64,
+    },
+    Event {
+        raw: u64,
+        ctx: u64,
+    },
+}
+
+/// A device range the session may copy to or from: an allocation, or a module global.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Range {
+    pub(crate) size: u64,
+    pub(crate) ctx: u64,
+    /// The module, for a global.
+    pub(crate) module: Option<u64>,
+}
+
+/// An asynchronous device-to-host copy not yet delivered.
+pub(crate) struct PendingCopy {
+    pub(crate) copy_id: u64,
+    pub(crate) ctx: u64,
+    /// Session stream handle ([`RM_STREAM_LEGACY`] for the legacy stream).
+    pub(crate) stream: u64,
+    pub(crate) copy: Box<dyn StagedCopy>,
+}
+
+/// Which pending copies a synchronizing call guarantees complete.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scope {
+    /// Only those already finished.
+    Finished,
+    /// Every copy of this context.
+    Context(u64),
+    /// Every copy on this stream.
+    Stream(u64),
+}
+
+/// `(backend function, backend context, parameter layout)`.
+pub(crate) type FunctionTarget = (u64, u64, Arc<[(u32, u32)]>);
+
+/// The resource table of a session.
+#[derive(Default)]
+pub(crate) struct SessionState {
+    next: u64,
+    table: HashMap<u64, Resource>,
+    pub(crate) ranges: BTreeMap<u64, Range>,
+    /// Device → (context handle, this session's retain count).
+    pub(crate) primary: HashMap<i32, (u64, u32)>,
+    deferred: Option<i32>,
+    pub(crate) pending: Vec<PendingCopy>,
+}
+
+impl SessionState {
+    pub(crate) fn insert(&mut self, r: Resource) -> u64 {
+        // 0 is "none"; 1 and 2 are the special stream handles.
+        self.next = self.next.max(15) + 1;
+        self.table.insert(self.next, r);
+        self.next
+    }
+
+    pub(crate) fn get(&self, h: u64) -> CuResult<&Resource> {
+        self.table.get(&h).ok_or(INVALID_HANDLE)
+    }
+
+    pub(crate) fn remove(&mut self, h: u64) -> Option<Resource> {
+        self.table.remove(&h)
+    }
+
+    /// Removes the functions of module handle `module`.
+    pub(crate) fn remove_module_children(&mut self, module: u64) {
+        self.table
+            .retain(|_, r| !matches!(r, Resource::Function { module: m, .. } if *m == module));
+    }
+
+    /// The backend context of the session's oldest context, for calls on the legacy stream
+    /// that name no context.
+    pub(crate) fn any_context(&self) -> Option<u64> {
+        self.table
+            .iter()
+            .filter_map(|(h, r)| match r {
+                Resource::Context { raw, .. } => Some((*h, *raw)),
+                _ => None,
+            })
+            .min()
+            .map(|(_, raw)| raw)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// The backend context of context handle `h`.
+    pub(crate) fn ctx(&self, h: u64) -> CuResult<u64> {
+        match self.get(h)? {
+            Resource::Context { raw, .. } => Ok(*raw),
+            _ => Err(INVALID_HANDLE),
+        }
+    }
+
+    /// The backend stream of stream handle `h` (0 and RM_STREAM_LEGACY: the legacy stream).
+    pub(crate) fn stream(&self, h: u64) -> CuResult<u64> {
+        if h == 0 || h == u64::from(RM_STREAM_LEGACY) {
+            return Ok(LEGACY_STREAM);
+        }
+        match self.get(h)? {
+            Resource::Stream { raw, .. } => Ok(*raw),
+            _ => Err(INVALID_HANDLE),
+        }
+    }
+
+    /// `(backend event, backend context)` of event handle `h`.
+    pub(crate) fn event(&self, h: u64) -> CuResult<(u64, u64)> {
+        match self.get(h)? {
+            Resource::Event { raw, ctx } => Ok((*raw, self.ctx(*ctx)?)),
+            _ => Err(INVALID_HANDLE),
+        }
+    }
+
+    /// `(backend function, backend context, parameter layout)` of function handle `h`.
+    pub(crate) fn function(&self, h: u64) -> CuResult<FunctionTarget> {
+        match self.get(h)? {
+            Resource::Function {
+                raw, ctx, params, ..
+            } => Ok((*raw, self.ctx(*ctx)?, Arc::clone(params))),
+            _ => Err(INVALID_HANDLE),
+        }
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies inside one of the session's ranges.
+    pub(crate) fn check_range(&self, ptr: u64, len: u64) -> CuResult<()> {
+        let (base, r) = self.ranges.range(..=ptr).next_back().ok_or(INVALID_VALUE)?;
+        let end = ptr.checked_add(len).ok_or(INVALID_VALUE)?;
+        if end > base + r.size {
+            return Err(INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    /// The range holding `ptr`.
+    pub(crate) fn range_of(&self, ptr: u64) -> CuResult<(u64, Range)> {
+        match self.ranges.range(..=ptr).next_back() {
+            Some((base, r)) if ptr < base + r.size.max(1) => Ok((*base, *r)),
+            _ => Err(NOT_FOUND),
+        }
+    }
+
+    /// Keeps the error of a one-way call for the next synchronizing call (the first wins).
+    pub(crate) fn defer_error(&mut self, code: i32) {
+        if self.deferred.is_none() && code != SUCCESS {
+            self.deferred = Some(code);
+        }
+    }
+
+    /// The status a synchronizing call returns: a deferred error if there is one (kept when
+    /// CUDA keeps it sticky), else the call's own result.
+    pub(crate) fn sync_status(&mut self, own: CuResult<()>) -> i32 {
+        match self.deferred {
+            Some(e) => {
+                if !is_sticky(e) {
+                    self.deferred = None;
+                }
+                e
+            }
+            None => own.err().unwrap_or(SUCCESS),
+        }
+    }
+
+    /// Takes the pending copies complete at this point (all of `scope`'s, which the caller has
+    /// synchronized, and any other that has finished). A failed copy sets `status`.
+    pub(crate) fn collect(&mut self, scope: Scope, status: &mut i32) -> Vec<RmCopyData> {
+        let mut out = Vec::new();
+        let mut keep = Vec::with_capacity(self.pending.len());
+        for p in self.pending.drain(..) {
+            let covered = match scope {
+                Scope::Finished => false,
+                Scope::Context(ctx) => p.ctx == ctx,
+                Scope::Stream(s) => p.stream == s,
+            };
+            let done = if covered {
+                p.copy.wait().map(|()| true)
+            } else {
+                p.copy.query()
+            };
+            match done {
+                Ok(true) => out.push(RmCopyData {
+                    copy_id: p.copy_id,
+                    data: Bytes::copy_from_slice(p.copy.data()),
+                }),
+                Ok(false) => keep.push(p),
+                Err(e) => {
+                    if *status == SUCCESS {
+                        *status = e;
+                    }
+                }
+            }
+        }
+        self.pending = keep;
+        out
+    }
+
+    /// Frees everything that lives in context handle `ctx` (before the context goes).
+    pub(crate) fn drop_ctx_resources(&mut self, backend: &dyn Backend, ctx: u64) {
+        let Ok(raw_ctx) = self.ctx(ctx) else {
+            return;
+        };
+        for p in std::mem::take(&mut self.pending) {
+            if p.ctx == ctx {
+                let _ = p.copy.wait();
+            } else {
+                self.pending.push(p);
+            }
+        }
+        let mut handles: Vec<(u64, Resource)> = self
+            .table
+            .iter()
+            .filter(|(_, r)| match r {
+                Resource::Module { ctx: c, .. }
+                | Resource::Function { ctx: c, .. }
+                | Resource::Stream { ctx: c, .. }
+                | Resource::Event { ctx: c, .. } => *c == ctx,
+                Resource::Context { .. } => false,
+            })
+            .map(|(h, r)| (*h, r.clone()))
+            .collect();
+        // Events, then streams, then functions, then modules.
+        handles.sort_by_key(|(h, r)| {
+            let rank = match r {
+                Resource::Event { .. } => 0,
+                Resource::Stream { .. } => 1,
+                Resource::Function { .. } => 2,
+                _ => 3,
+            };
+            (rank, *h)
+        });
+        for (h, r) in handles {
+            self.table.remove(&h);
+            let rc = match r {
+                Resource::Event { raw, .. } => backend.event_destroy(raw_ctx, raw),
+                Resource::Stream { raw, .. } => backend.stream_destroy(raw_ctx, raw),
+                Resource::Module { raw, .. } => {
+                    self.ranges.retain(|_, g| g.module != Some(h));
+                    backend.module_unload(raw_ctx, raw)
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = rc {
+                tracing::debug!(handle = h, error = e, "cleanup: the driver refused");
+            }
+        }
+        let allocations: Vec<u64> = self
+            .ranges
+            .iter()
+            .filter(|(_, r)| r.ctx == ctx && r.module.is_none())
+            .map(|(p, _)| *p)
+            .collect();
+        for ptr in allocations {
+            self.ranges.remove(&ptr);
+            if let Err(e) = backend.mem_free(raw_ctx, ptr) {
+                tracing::debug!(ptr, error = e, "cleanup: cuMemFree refused");
+            }
+        }
+    }
+
+    /// Frees everything the session owns.
+    pub(crate) fn release_all(&mut self, backend: &dyn Backend) {
+        for p in std::mem::take(&mut self.pending) {
+            let _ = p.copy.wait();
+        }
+        let mut contexts: Vec<(u64, i32, bool, u64)> = self
+            .table
+            .iter()
+            .filter_map(|(h, r)| match r {
+                Resource::Context {
+                    raw,
+                    device,
+                    primary,
+                } => Some((*h, *device, *primary, *raw)),
+                _ => None,
+            })
+            .collect();
+        contexts.sort();
+        for (h, device, primary, raw) in contexts {
+            self.drop_ctx_resources(backend, h);
+            self.table.remove(&h);
+            let rc = if primary {
+                self.primary.remove(&device);
+                backend.primary_ctx_release(device)
+            } else {
+                backend.ctx_destroy(raw)
+            };
+            if let Err(e) = rc {
+                tracing::debug!(handle = h, error = e, "cleanup: releasing a context failed");
+            }
+        }
+        self.table.clear();
+        self.ranges.clear();
+        self.primary.clear();
+    }
+}
+
+/// A client connection's session.
+pub(crate) struct Session {
+    pub(crate) connection: u64,
+    state: Mutex<SessionState>,
+    waiters: Mutex<Vec<JoinHandle<()>>>,
+    busy_waiters: AtomicUsize,
+}
+
+impl Session {
+    pub(crate) fn new(connection: u64) -> Self {
+        Self {
+            connection,
+            state: Mutex::new(SessionState::default()),
+            waiters: Mutex::new(Vec::new()),
+            busy_waiters: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Reserves a waiter slot; `false` when [`MAX_WAITERS`] are busy.
+    pub(crate) fn reserve_waiter(&self) -> bool {
+        self.busy_waiters
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_WAITERS).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    pub(crate) fn release_waiter(&self) {
+        self.busy_waiters.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn add_waiter(&self, h: JoinHandle<()>) {
+        let mut w = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        w.retain(|h| !h.is_finished());
+        w.push(h);
+    }
+
+    /// Waits for the blocking calls in flight, then frees everything.
+    pub(crate) fn close(&self, backend: &dyn Backend) {
+        let waiters =
+            std::mem::take(&mut *self.waiters.lock().unwrap_or_else(PoisonError::into_inner));
+        for h in waiters {
+            let _ = h.join();
+        }
+        let mut st = self.lock();
+        let objects = st.len();
+        st.release_all(backend);
+        tracing::debug!(
+            connection = self.connection,
+            objects,
+            "session closed; its resources are freed"
+        );
+    }
+}
