@@ -24,10 +24,21 @@ fn driver_program_gets_no_device_through_remora_run() {
         return;
     };
     let target = Path::new(REMORA).parent().unwrap();
-    if !target.join("libcuda.so").is_file() {
-        eprintln!("SKIPPED: the shim libcuda.so is not built in {}", target.display());
+    // `cargo test` refreshes the cdylib under deps/ but may leave an older copy beside the
+    // binaries: use the newest.
+    let shim = [target.join("libcuda.so"), target.join("deps/libcuda.so")]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p);
+    let Some(shim) = shim else {
+        eprintln!(
+            "SKIPPED: the shim libcuda.so is not built in {}",
+            target.display()
+        );
         return;
-    }
+    };
+    let shim_dir = shim.parent().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let program = dir.path().join("driver_no_device");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/driver_no_device.c");
@@ -36,15 +47,21 @@ fn driver_program_gets_no_device_through_remora_run() {
         .arg(&include)
         .arg(&source)
         .arg("-L")
-        .arg(target)
+        .arg(shim_dir)
         .args(["-lcuda", "-o"])
         .arg(&program)
         .output()
         .expect("run cc");
-    assert!(cc.status.success(), "cc failed: {}", String::from_utf8_lossy(&cc.stderr));
+    assert!(
+        cc.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
 
     let mut child = Command::new(REMORA)
-        .args(["run", "--"])
+        .args(["run", "--shim"])
+        .arg(&shim)
+        .arg("--")
         .arg(&program)
         .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
         .stdout(Stdio::piped())
@@ -65,9 +82,21 @@ fn driver_program_gets_no_device_through_remora_run() {
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(status.success(), "exit {status}\nstdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stdout.contains("cuInit CUDA_ERROR_NO_DEVICE"), "{stdout}\n{stderr}");
+    assert!(
+        status.success(),
+        "exit {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("cuInit CUDA_ERROR_NO_DEVICE"),
+        "{stdout}\n{stderr}"
+    );
     // As with NVIDIA's driver after a failed cuInit.
-    assert!(stdout.contains("cuDeviceGetCount CUDA_ERROR_NOT_INITIALIZED"), "{stdout}");
-    assert!(stdout.contains("cuDriverGetVersion CUDA_SUCCESS"), "{stdout}");
+    assert!(
+        stdout.contains("cuDeviceGetCount CUDA_ERROR_NOT_INITIALIZED"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("cuDriverGetVersion CUDA_SUCCESS"),
+        "{stdout}"
+    );
 }

@@ -80,17 +80,15 @@ pub fn init() -> CuResult<()> {
 }
 
 /// The session, if cuInit connected one.
+///
+/// As with NVIDIA's driver, every call that needs the driver returns
+/// `CUDA_ERROR_NOT_INITIALIZED` until a cuInit has succeeded — also after a cuInit that failed
+/// (unreachable server, or a server with no GPU).
 pub fn session() -> CuResult<&'static Session> {
     match SESSION.get() {
-        None => Err(CuError(cu::NOT_INITIALIZED)),
-        Some(Ok(s)) => Ok(s),
-        Some(Err(code)) => Err(CuError(*code)),
+        Some(Ok(s)) if s.device_count() > 0 => Ok(s),
+        _ => Err(CuError(cu::NOT_INITIALIZED)),
     }
-}
-
-/// Whether cuInit has run and failed (device queries then report 0 devices).
-pub fn init_failed() -> bool {
-    matches!(SESSION.get(), Some(Err(_)))
 }
 
 thread_local! {

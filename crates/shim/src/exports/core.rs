@@ -41,11 +41,7 @@ fn check_dev(dev: c_int) -> Result<&'static remora_client::Session, CuError> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     entry("cuDeviceGetCount", || {
-        let n = if state::init_failed() {
-            0
-        } else {
-            state::session()?.device_count()
-        };
+        let n = state::session()?.device_count();
         // SAFETY: output pointer per cuda.h.
         unsafe { put(count, n) }
     })
