@@ -61,7 +61,15 @@ reply_fn!(int_reply, RmIntReply, i32);
 reply_fn!(u64_reply, RmU64Reply, u64);
 reply_fn!(handle_reply, RmHandleReply, u64);
 reply_fn!(float_reply, RmFloatReply, f32);
-reply_fn!(bytes_reply, RmBytesReply, remora_xdr::Bytes);
+
+fn int_pair_reply(r: CuResult<(i32, i32)>) -> RmIntPairReply {
+    match r {
+        Ok((first, second)) => RmIntPairReply::Case0(RmIntPair { first, second }),
+        Err(e) => RmIntPairReply::Default {
+            discriminant: nz(e),
+        },
+    }
+}
 
 struct Inner {
     backend: Arc<dyn Backend>,
@@ -197,16 +205,32 @@ impl Inner {
         RmSyncReply { status, copies }
     }
 
+    /// Drops one of the session's references to its primary context of `dev` (all of them
+    /// when `all`); at zero the session's context is destroyed, with everything in it.
     fn release_primary(&self, st: &mut SessionState, dev: i32, all: bool) -> CuResult<()> {
         let (h, refs) = *st.primary.get(&dev).ok_or(INVALID_CONTEXT)?;
         if refs > 1 && !all {
             st.primary.insert(dev, (h, refs - 1));
             return Ok(());
         }
+        let raw = st.ctx(h)?;
         st.drop_ctx_resources(&*self.backend, h);
         st.remove(h);
         st.primary.remove(&dev);
-        self.backend.primary_ctx_release(dev)
+        st.clear_sticky();
+        self.backend.ctx_destroy(raw)
+    }
+
+    /// Checks that `dev` names a device.
+    fn check_device(&self, dev: i32) -> CuResult<()> {
+        let n = self.backend.device_count()?;
+        if n == 0 {
+            return Err(crate::backend::status::NO_DEVICE);
+        }
+        if dev < 0 || dev >= n {
+            return Err(crate::backend::status::INVALID_DEVICE);
+        }
+        Ok(())
     }
 
     fn load(&self, st_session: &Session, ctx: u64, image: &[u8]) -> RmLoadReply {
@@ -304,6 +328,11 @@ impl RemoraV1Server for Executor {
 
     // Contexts -------------------------------------------------------------------------------
 
+    /// What the client calls the device's primary context is a context of this session's own
+    /// (cuCtxCreate on the first retain, destroyed when the session's count reaches zero, by
+    /// RM_PRIMARY_CTX_RESET or at session end). Sharing the server process's real primary
+    /// context let one client's sticky error (an illegal address in a kernel) poison every
+    /// later session: CUDA keeps such an error in the context for good.
     fn rm_primary_ctx_retain(&self, call: &CallContext, dev: i32) -> ProcResult<RmHandleReply> {
         let session = self.session(call);
         let mut st = session.lock();
@@ -311,8 +340,9 @@ impl RemoraV1Server for Executor {
             st.primary.insert(dev, (h, refs + 1));
             return Ok(RmHandleReply::Case0(h));
         }
+        let flags = st.primary_flags.get(&dev).copied().unwrap_or(0);
         Ok(handle_reply(
-            self.inner.backend.primary_ctx_retain(dev).map(|raw| {
+            self.inner.backend.ctx_create(flags, dev).map(|raw| {
                 let h = st.insert(Resource::Context {
                     raw,
                     device: dev,
@@ -330,22 +360,35 @@ impl RemoraV1Server for Executor {
         Ok(code(self.inner.release_primary(&mut st, dev, false)))
     }
 
+    /// The flags apply when the session's primary context is next created (after a reset, or
+    /// on the first retain); a context already active keeps its own.
     fn rm_primary_ctx_set_flags(
         &self,
-        _call: &CallContext,
+        call: &CallContext,
         a: RmPrimaryFlagsArgs,
     ) -> ProcResult<CuResult_> {
-        Ok(code(
-            self.inner.backend.primary_ctx_set_flags(a.device, a.flags),
-        ))
+        let r = self.inner.check_device(a.device);
+        if r.is_ok() {
+            let session = self.session(call);
+            session.lock().primary_flags.insert(a.device, a.flags);
+        }
+        Ok(code(r))
     }
 
     fn rm_primary_ctx_get_state(
         &self,
-        _call: &CallContext,
+        call: &CallContext,
         dev: i32,
     ) -> ProcResult<RmPrimaryStateReply> {
-        Ok(match self.inner.backend.primary_ctx_get_state(dev) {
+        let r = self.inner.check_device(dev).map(|()| {
+            let session = self.session(call);
+            let st = session.lock();
+            (
+                st.primary_flags.get(&dev).copied().unwrap_or(0),
+                i32::from(st.primary.contains_key(&dev)),
+            )
+        });
+        Ok(match r {
             Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
             Err(e) => RmPrimaryStateReply::Default {
                 discriminant: nz(e),
@@ -354,14 +397,12 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_primary_ctx_reset(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
-        // The primary context is shared by every session of this server: resetting it for
-        // real would destroy other clients' memory. This session's part of it is released.
+        // The session's primary context is its own: it is destroyed, with everything in it,
+        // and the next retain creates a fresh one (a sticky error goes with it).
         let session = self.session(call);
         let mut st = session.lock();
         if !st.primary.contains_key(&dev) {
-            return Ok(code(
-                self.inner.backend.device_attribute(1, dev).map(|_| ()),
-            ));
+            return Ok(code(self.inner.check_device(dev)));
         }
         Ok(code(self.inner.release_primary(&mut st, dev, true)))
     }
@@ -393,6 +434,7 @@ impl RemoraV1Server for Executor {
         };
         st.drop_ctx_resources(&*self.inner.backend, h);
         st.remove(h);
+        st.clear_sticky();
         Ok(code(self.inner.backend.ctx_destroy(raw)))
     }
 
@@ -419,6 +461,17 @@ impl RemoraV1Server for Executor {
         Ok(u64_reply(raw.and_then(|c| {
             self.inner.backend.ctx_get_limit(c, a.limit)
         })))
+    }
+
+    fn rm_ctx_get_stream_priority_range(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmIntPairReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(h);
+        let r = raw.and_then(|c| self.inner.backend.ctx_stream_priority_range(c));
+        Ok(int_pair_reply(r))
     }
 
     // Memory ---------------------------------------------------------------------------------
@@ -525,7 +578,7 @@ impl RemoraV1Server for Executor {
         Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
     }
 
-    fn rm_memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmBytesReply> {
+    fn rm_memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmDtohReply> {
         self.blocking(call, move |inner, session| {
             let raw = {
                 let st = session.lock();
@@ -545,11 +598,21 @@ impl RemoraV1Server for Executor {
                 Ok(remora_xdr::Bytes::from(buf))
             });
             let mut st = session.lock();
-            let status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
-            if status == SUCCESS {
-                bytes_reply(r)
-            } else {
-                bytes_reply(Err(status))
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            // A synchronous copy waits for the context's legacy stream: the async copies
+            // queued there before it are complete too.
+            let copies = st.collect(Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)), &mut status);
+            let data = match r {
+                Ok(data) if status == SUCCESS => data,
+                _ => remora_xdr::Bytes::new(),
+            };
+            if status != SUCCESS {
+                tracing::debug!(connection = session.connection, result = status, "RM_MEMCPY_DTOH failed");
+            }
+            RmDtohReply {
+                status,
+                data,
+                copies,
             }
         })
     }
@@ -757,6 +820,54 @@ impl RemoraV1Server for Executor {
         })))
     }
 
+    fn rm_occupancy_max_active_clusters(
+        &self,
+        call: &CallContext,
+        a: RmLaunchArgs,
+    ) -> ProcResult<RmIntReply> {
+        let session = self.session(call);
+        let target = {
+            let st = session.lock();
+            st.function(a.function).and_then(|(func, fctx, _)| {
+                let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
+                Ok((func, c, st.stream(a.stream)?))
+            })
+        };
+        Ok(int_reply(target.and_then(|(func, c, s)| {
+            self.inner.backend.occupancy_max_active_clusters(
+                c,
+                &LaunchSpec {
+                    function: func,
+                    grid: [a.grid.x, a.grid.y, a.grid.z],
+                    block: [a.block.x, a.block.y, a.block.z],
+                    shared_mem_bytes: a.shared_mem_bytes,
+                    stream: s,
+                    params: &[],
+                    layout: &[],
+                    attrs: &a.attrs,
+                },
+            )
+        })))
+    }
+
+    fn rm_occupancy_max_potential_block_size(
+        &self,
+        call: &CallContext,
+        a: RmPotentialBlockArgs,
+    ) -> ProcResult<RmIntPairReply> {
+        let session = self.session(call);
+        let f = session.lock().function(a.function);
+        Ok(int_pair_reply(f.and_then(|(raw, c, _)| {
+            self.inner.backend.occupancy_max_potential_block_size(
+                c,
+                raw,
+                a.dynamic_smem_bytes,
+                a.block_size_limit,
+                a.flags,
+            )
+        })))
+    }
+
     fn rm_occupancy_max_active_blocks(
         &self,
         call: &CallContext,
@@ -839,35 +950,40 @@ impl RemoraV1Server for Executor {
         Ok(code(r))
     }
 
-    fn rm_stream_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+    fn rm_stream_synchronize(
+        &self,
+        call: &CallContext,
+        a: RmStreamArgs,
+    ) -> ProcResult<RmSyncReply> {
         self.blocking(call, move |inner, session| {
-            let target = stream_target(&session.lock(), h);
-            let own = target.and_then(|(c, s)| inner.backend.stream_synchronize(c, s));
-            let scope = Scope::Stream(if h == 0 {
-                u64::from(RM_STREAM_LEGACY)
-            } else {
-                h
-            });
+            let target = stream_target(&session.lock(), a.ctx, a.stream);
+            let (own, scope) = match target {
+                Ok(t) => (
+                    inner.backend.stream_synchronize(t.ctx, t.stream),
+                    Scope::Stream(t.ctx_handle, t.stream_handle),
+                ),
+                Err(e) => (Err(e), Scope::Finished),
+            };
             let mut st = session.lock();
             inner.sync_reply(&mut st, own, scope)
         })
     }
 
-    fn rm_stream_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+    fn rm_stream_query(&self, call: &CallContext, a: RmStreamArgs) -> ProcResult<RmSyncReply> {
         let session = self.session(call);
-        let target = stream_target(&session.lock(), h);
-        let own = target.and_then(|(c, s)| self.inner.backend.stream_query(c, s));
+        let target = stream_target(&session.lock(), a.ctx, a.stream);
+        let own = target.and_then(|t| self.inner.backend.stream_query(t.ctx, t.stream));
         let mut st = session.lock();
         Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
     }
 
     fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
         self.oneway(call, "RM_STREAM_WAIT_EVENT", |inner, session| {
-            let ((c, s), (e, _)) = {
+            let (t, (e, _)) = {
                 let st = session.lock();
-                (stream_target(&st, a.stream)?, st.event(a.event)?)
+                (stream_target(&st, a.ctx, a.stream)?, st.event(a.event)?)
             };
-            inner.backend.stream_wait_event(c, s, e, a.flags)
+            inner.backend.stream_wait_event(t.ctx, t.stream, e, a.flags)
         })
     }
 
@@ -895,11 +1011,17 @@ impl RemoraV1Server for Executor {
 
     fn rm_event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
         self.oneway(call, "RM_EVENT_RECORD", |inner, session| {
-            let ((e, c), s) = {
+            let (e, t) = {
                 let st = session.lock();
-                (st.event(a.event)?, st.stream(a.stream)?)
+                let (e, event_ctx) = match st.get(a.event)? {
+                    Resource::Event { raw, ctx } => (*raw, *ctx),
+                    _ => return Err(INVALID_HANDLE),
+                };
+                // The legacy stream of the named context, else of the event's.
+                let ctx = if a.ctx == 0 { event_ctx } else { a.ctx };
+                (e, stream_target(&st, ctx, a.stream)?)
             };
-            inner.backend.event_record(c, e, s)
+            inner.backend.event_record(t.ctx, e, t.stream)
         })
     }
 
@@ -936,20 +1058,40 @@ impl RemoraV1Server for Executor {
     }
 }
 
-/// `(backend context, backend stream)` for a stream handle (0 / legacy: the legacy stream of
-/// no particular context, which then needs one of the session's contexts).
-fn stream_target(st: &SessionState, h: u64) -> CuResult<(u64, u64)> {
-    match st.get(h) {
-        Ok(Resource::Stream { raw, ctx }) => Ok((st.ctx(*ctx)?, *raw)),
-        Ok(_) => Err(INVALID_HANDLE),
-        Err(e) => {
-            if h == 0 || h == u64::from(RM_STREAM_LEGACY) {
-                let ctx = st.any_context().ok_or(INVALID_CONTEXT)?;
-                Ok((ctx, crate::backend::LEGACY_STREAM))
-            } else {
-                Err(e)
-            }
+/// Where a stream call runs.
+struct StreamTarget {
+    /// Backend context (made current).
+    ctx: u64,
+    /// Backend stream.
+    stream: u64,
+    /// Session handle of the context.
+    ctx_handle: u64,
+    /// Session handle of the stream (RM_STREAM_LEGACY for the legacy stream).
+    stream_handle: u64,
+}
+
+/// The context and stream a stream call names: a stream of the session runs in its own
+/// context; 0 / RM_STREAM_LEGACY is the legacy stream of context handle `ctx`.
+fn stream_target(st: &SessionState, ctx: u64, h: u64) -> CuResult<StreamTarget> {
+    if h == 0 || h == u64::from(RM_STREAM_LEGACY) {
+        if ctx == 0 {
+            return Err(INVALID_CONTEXT);
         }
+        return Ok(StreamTarget {
+            ctx: st.ctx(ctx)?,
+            stream: crate::backend::LEGACY_STREAM,
+            ctx_handle: ctx,
+            stream_handle: u64::from(RM_STREAM_LEGACY),
+        });
+    }
+    match st.get(h)? {
+        Resource::Stream { raw, ctx: owner } => Ok(StreamTarget {
+            ctx: st.ctx(*owner)?,
+            stream: *raw,
+            ctx_handle: *owner,
+            stream_handle: h,
+        }),
+        _ => Err(INVALID_HANDLE),
     }
 }
 
