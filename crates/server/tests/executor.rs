@@ -71,6 +71,22 @@ fn handle(r: RmHandleReply) -> u64 {
     }
 }
 
+fn ok_bytes(data: Bytes) -> RmDtohReply {
+    RmDtohReply {
+        status: 0,
+        data,
+        copies: Vec::new(),
+    }
+}
+
+fn failed_dtoh(status: i32) -> RmDtohReply {
+    RmDtohReply {
+        status,
+        data: Bytes::new(),
+        copies: Vec::new(),
+    }
+}
+
 fn u64v(r: RmU64Reply) -> u64 {
     match r {
         RmU64Reply::Case0(v) => v,
@@ -202,6 +218,19 @@ fn every_procedure_round_trips() {
         "primary: release, not destroy"
     );
     assert_eq!(
+        c.rm_ctx_get_stream_priority_range(&ctx).unwrap(),
+        RmIntPairReply::Case0(RmIntPair {
+            first: 0,
+            second: -5
+        })
+    );
+    assert_eq!(
+        c.rm_ctx_get_stream_priority_range(&4242).unwrap(),
+        RmIntPairReply::Default {
+            discriminant: INVALID_HANDLE
+        }
+    );
+    assert_eq!(
         c.rm_ctx_set_limit(&RmLimitArgs {
             ctx,
             limit: 1,
@@ -295,13 +324,11 @@ fn every_procedure_round_trips() {
     };
     assert_eq!(
         dtoh(a + 16, 256),
-        RmBytesReply::Case0(Bytes::from(data.clone()))
+        ok_bytes(Bytes::from(data.clone()))
     );
     assert_eq!(
         dtoh(a + 4090, 16),
-        RmBytesReply::Default {
-            discriminant: INVALID_VALUE
-        }
+        failed_dtoh(INVALID_VALUE)
     );
     assert_eq!(
         c.rm_memcpy_dtod(&RmDtodArgs {
@@ -330,7 +357,7 @@ fn every_procedure_round_trips() {
     );
     assert_eq!(
         dtoh(b, 6),
-        RmBytesReply::Case0(Bytes::from_static(&[0x01, 0xef, 0x01, 0xef, 4, 5]))
+        ok_bytes(Bytes::from_static(&[0x01, 0xef, 0x01, 0xef, 4, 5]))
     );
     assert_eq!(
         c.rm_memset(&RmMemsetArgs {
@@ -370,6 +397,7 @@ fn every_procedure_round_trips() {
         .unwrap(),
     );
     c.rm_event_record(&RmEventRecordArgs {
+        ctx,
         event: e0,
         stream: s,
     })
@@ -399,6 +427,7 @@ fn every_procedure_round_trips() {
     })
     .unwrap();
     c.rm_stream_wait_event(&RmStreamWaitArgs {
+        ctx,
         stream: s,
         event: e0,
         flags: 0,
@@ -414,16 +443,17 @@ fn every_procedure_round_trips() {
     .unwrap();
     std::thread::sleep(Duration::from_millis(20));
     c.rm_event_record(&RmEventRecordArgs {
+        ctx,
         event: e1,
         stream: s,
     })
     .unwrap();
     assert_eq!(c.rm_event_query(&e1).unwrap().status, 0);
-    let r = c.rm_stream_synchronize(&s).unwrap();
+    let r = c.rm_stream_synchronize(&RmStreamArgs { ctx, stream: s }).unwrap();
     assert_eq!(r.status, 0);
     // The async copy may have been delivered by the event query already.
     assert!(r.copies.is_empty() || r.copies[0].data == Bytes::from_static(b"async!zz"));
-    assert_eq!(c.rm_stream_query(&s).unwrap().status, 0);
+    assert_eq!(c.rm_stream_query(&RmStreamArgs { ctx, stream: s }).unwrap().status, 0);
     assert_eq!(c.rm_event_synchronize(&e1).unwrap().status, 0);
     let RmFloatReply::Case0(ms) = c
         .rm_event_elapsed_time(&RmElapsedArgs { start: e0, end: e1 })
@@ -442,7 +472,7 @@ fn every_procedure_round_trips() {
             discriminant: INVALID_HANDLE
         }
     );
-    assert_eq!(c.rm_stream_query(&4242).unwrap().status, INVALID_HANDLE);
+    assert_eq!(c.rm_stream_query(&RmStreamArgs { ctx, stream: 4242 }).unwrap().status, INVALID_HANDLE);
     assert_eq!(c.rm_event_destroy(&e0).unwrap(), 0);
     assert_eq!(c.rm_event_destroy(&e0).unwrap(), INVALID_HANDLE);
     assert_eq!(c.rm_event_destroy(&e1).unwrap(), 0);
@@ -627,7 +657,7 @@ fn async_device_to_host_copies_arrive_at_the_synchronizing_call() {
         })
         .unwrap();
     }
-    let r = c.rm_stream_synchronize(&s).unwrap();
+    let r = c.rm_stream_synchronize(&RmStreamArgs { ctx, stream: s }).unwrap();
     assert_eq!(r.status, 0);
     let got: Vec<(u64, &[u8])> = r.copies.iter().map(|c| (c.copy_id, &c.data[..])).collect();
     assert_eq!(got, [(1, &b"01234"[..]), (2, &b"56789"[..])]);
@@ -687,6 +717,7 @@ fn deferred_errors_surface_at_the_next_synchronizing_call() {
     assert_eq!(r.status, INVALID_VALUE);
     assert_eq!(sync(&c, ctx).status, 0, "reported once");
     c.rm_event_record(&RmEventRecordArgs {
+        ctx,
         event: 31337,
         stream: 0,
     })
@@ -700,11 +731,9 @@ fn deferred_errors_surface_at_the_next_synchronizing_call() {
             copy_id: 0
         })
         .unwrap(),
-        RmBytesReply::Default {
-            discriminant: INVALID_HANDLE
-        }
+        failed_dtoh(INVALID_HANDLE)
     );
-    assert_eq!(c.rm_stream_query(&0).unwrap().status, 0);
+    assert_eq!(c.rm_stream_query(&RmStreamArgs { ctx, stream: 0 }).unwrap().status, 0);
 }
 
 #[test]
@@ -735,17 +764,12 @@ fn sessions_cannot_name_each_others_objects() {
             copy_id: 0,
         })
         .unwrap();
-    assert_eq!(
-        r,
-        RmBytesReply::Default {
-            discriminant: INVALID_VALUE
-        }
-    );
+    assert_eq!(r, failed_dtoh(INVALID_VALUE));
     assert_eq!(
         c2.rm_mem_free(&RmPtrArgs { ctx: ctx2, ptr: a1 }).unwrap(),
         INVALID_VALUE
     );
-    assert_eq!(c1.rm_stream_query(&s1).unwrap().status, 0);
+    assert_eq!(c1.rm_stream_query(&RmStreamArgs { ctx: ctx1, stream: s1 }).unwrap().status, 0);
 }
 
 #[test]
@@ -792,8 +816,7 @@ fn a_dropped_connection_frees_everything_it_owned() {
             fx.backend.live(),
             LiveCounts {
                 allocations: 5,
-                contexts: 1,
-                primary_refs: 1,
+                contexts: 2,
                 modules: 1,
                 streams: 1,
                 events: 1,
