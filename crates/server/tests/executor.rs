@@ -927,3 +927,236 @@ fn the_real_driver_backend_without_a_gpu() {
         }
     }
 }
+
+#[test]
+fn each_session_has_a_primary_context_of_its_own() {
+    let fx = serve(EmulatedConfig::default());
+    let (c1, c2) = (fx.client(), fx.client());
+    let ctx1 = primary(&c1);
+    let ctx2 = primary(&c2);
+    assert_eq!(
+        fx.backend.live().contexts,
+        2,
+        "two sessions, two real contexts: a sticky error in one cannot reach the other"
+    );
+    // State and flags are the session's.
+    assert_eq!(
+        c2.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs {
+            device: 0,
+            flags: 4
+        })
+        .unwrap(),
+        0
+    );
+    assert_eq!(
+        c1.rm_primary_ctx_get_state(&0).unwrap(),
+        RmPrimaryStateReply::Case0(RmPrimaryState {
+            flags: 0,
+            active: 1
+        })
+    );
+    let fresh = fx.client();
+    assert_eq!(
+        fresh.rm_primary_ctx_get_state(&0).unwrap(),
+        RmPrimaryStateReply::Case0(RmPrimaryState {
+            flags: 0,
+            active: 0
+        })
+    );
+    assert_eq!(
+        fresh.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs {
+            device: 7,
+            flags: 0
+        })
+        .unwrap(),
+        INVALID_DEVICE
+    );
+    // Reset destroys session 1's context (and its memory); the next retain gets a new one.
+    let a = alloc(&c1, ctx1, 64);
+    assert_eq!(c1.rm_primary_ctx_reset(&0).unwrap(), 0);
+    assert_eq!(fx.backend.live().contexts, 1);
+    assert_eq!(fx.backend.live().allocations, 0);
+    assert_eq!(sync(&c1, ctx1).status, INVALID_HANDLE, "the old handle is gone");
+    let again = primary(&c1);
+    assert_ne!(again, ctx1);
+    assert_eq!(
+        c1.rm_mem_free(&RmPtrArgs { ctx: again, ptr: a }).unwrap(),
+        INVALID_VALUE
+    );
+    // Session 2 never noticed.
+    assert_eq!(sync(&c2, ctx2).status, 0);
+    // Retains are counted per session: the context goes at zero.
+    primary(&c2);
+    assert_eq!(c2.rm_primary_ctx_release(&0).unwrap(), 0);
+    assert_eq!(fx.backend.live().contexts, 2);
+    assert_eq!(c2.rm_primary_ctx_release(&0).unwrap(), 0);
+    assert_eq!(fx.backend.live().contexts, 1);
+    assert_eq!(c2.rm_primary_ctx_release(&0).unwrap(), NEED_CTX);
+}
+
+#[test]
+fn stream_calls_use_the_context_they_name() {
+    let fx = serve(EmulatedConfig::default());
+    let c = fx.client();
+    let ctx = primary(&c);
+    let own = handle(
+        c.rm_ctx_create(&RmCtxCreateArgs {
+            flags: 0,
+            device: 0,
+        })
+        .unwrap(),
+    );
+    let a = alloc(&c, own, 16);
+    c.rm_memcpy_htod_async(&RmHtodArgs {
+        ctx: own,
+        stream: 0,
+        dst: a,
+        data: Bytes::from_static(b"legacy"),
+    })
+    .unwrap();
+    c.rm_memcpy_dtoh_async(&RmDtohArgs {
+        ctx: own,
+        stream: u64::from(RM_STREAM_LEGACY),
+        src: a,
+        size: 6,
+        copy_id: 3,
+    })
+    .unwrap();
+    // Legacy-stream calls need a context.
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx: 0, stream: 0 })
+            .unwrap()
+            .status,
+        NEED_CTX
+    );
+    // A synchronous D2H copy in `own` delivers the async copy queued before it.
+    let r = c
+        .rm_memcpy_dtoh(&RmDtohArgs {
+            ctx: own,
+            stream: 0,
+            src: a,
+            size: 3,
+            copy_id: 0,
+        })
+        .unwrap();
+    assert_eq!(r.status, 0);
+    assert_eq!(&r.data[..], b"leg");
+    let got: Vec<(u64, &[u8])> = r.copies.iter().map(|c| (c.copy_id, &c.data[..])).collect();
+    assert_eq!(got, [(3, &b"legacy"[..])]);
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx, stream: 0 })
+            .unwrap()
+            .status,
+        0
+    );
+    // Events and stream waits on the legacy stream of the named context.
+    let e = handle(
+        c.rm_event_create(&RmHandleFlags {
+            handle: own,
+            flags: 0,
+        })
+        .unwrap(),
+    );
+    c.rm_event_record(&RmEventRecordArgs {
+        ctx: own,
+        event: e,
+        stream: 0,
+    })
+    .unwrap();
+    c.rm_stream_wait_event(&RmStreamWaitArgs {
+        ctx: own,
+        stream: u64::from(RM_STREAM_LEGACY),
+        event: e,
+        flags: 0,
+    })
+    .unwrap();
+    assert_eq!(
+        c.rm_stream_synchronize(&RmStreamArgs {
+            ctx: own,
+            stream: 0
+        })
+        .unwrap()
+        .status,
+        0
+    );
+    // A failed synchronous D2H copy carries no data but still reports deferred errors.
+    c.rm_event_record(&RmEventRecordArgs {
+        ctx: own,
+        event: 4242,
+        stream: 0,
+    })
+    .unwrap();
+    let r = c
+        .rm_memcpy_dtoh(&RmDtohArgs {
+            ctx: own,
+            stream: 0,
+            src: a,
+            size: 3,
+            copy_id: 0,
+        })
+        .unwrap();
+    assert_eq!(r, failed_dtoh(INVALID_HANDLE));
+}
+
+#[test]
+fn occupancy_of_clusters_and_potential_block_size() {
+    let fx = serve(EmulatedConfig::default());
+    let c = fx.client();
+    let ctx = primary(&c);
+    let m = load(&c, ctx, MODULE);
+    let f = m.functions[1].function;
+    let launch = |function: u64, cluster: u32| RmLaunchArgs {
+        ctx,
+        function,
+        grid: RmDim3 { x: 8, y: 1, z: 1 },
+        block: RmDim3 { x: 128, y: 1, z: 1 },
+        shared_mem_bytes: 0,
+        stream: 0,
+        params: Bytes::new(),
+        attrs: vec![RmLaunchAttr::RmLaunchClusterDimension(RmDim3 {
+            x: cluster,
+            y: 1,
+            z: 1,
+        })],
+    };
+    let RmIntReply::Case0(one) = c.rm_occupancy_max_active_clusters(&launch(f, 1)).unwrap()
+    else {
+        panic!()
+    };
+    let RmIntReply::Case0(two) = c.rm_occupancy_max_active_clusters(&launch(f, 2)).unwrap()
+    else {
+        panic!()
+    };
+    assert!(one > 0 && two > 0 && two <= one, "{one} {two}");
+    assert_eq!(
+        c.rm_occupancy_max_active_clusters(&launch(4242, 1)).unwrap(),
+        RmIntReply::Default {
+            discriminant: INVALID_HANDLE
+        }
+    );
+    let RmIntPairReply::Case0(p) = c
+        .rm_occupancy_max_potential_block_size(&RmPotentialBlockArgs {
+            function: f,
+            dynamic_smem_bytes: 0,
+            block_size_limit: 256,
+            flags: 0,
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(p.second, 256);
+    assert!(p.first > 0);
+    assert_eq!(
+        c.rm_occupancy_max_potential_block_size(&RmPotentialBlockArgs {
+            function: 4242,
+            dynamic_smem_bytes: 0,
+            block_size_limit: 0,
+            flags: 0,
+        })
+        .unwrap(),
+        RmIntPairReply::Default {
+            discriminant: INVALID_HANDLE
+        }
+    );
+}
