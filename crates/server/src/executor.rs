@@ -29,8 +29,22 @@ fn nz(e: i32) -> i32 {
     if e == SUCCESS { UNKNOWN } else { e }
 }
 
-fn code(r: CuResult<()>) -> i32 {
-    r.err().map_or(SUCCESS, nz)
+/// Logs a call that failed, naming the procedure and the CUresult (debug level).
+fn log_failed(what: &str, status: i32) {
+    if status != SUCCESS && status != crate::backend::status::NOT_READY {
+        tracing::debug!(
+            call = what,
+            result = status,
+            name = crate::backend::cuda::result_name(status),
+            "call failed"
+        );
+    }
+}
+
+fn code(what: &str, r: CuResult<()>) -> i32 {
+    let c = r.err().map_or(SUCCESS, nz);
+    log_failed(what, c);
+    c
 }
 
 fn truncate(mut s: String, max: u32) -> String {
@@ -47,12 +61,15 @@ fn truncate(mut s: String, max: u32) -> String {
 
 macro_rules! reply_fn {
     ($name:ident, $ty:ident, $val:ty) => {
-        fn $name(r: CuResult<$val>) -> $ty {
+        fn $name(what: &str, r: CuResult<$val>) -> $ty {
             match r {
                 Ok(v) => $ty::Case0(v),
-                Err(e) => $ty::Default {
-                    discriminant: nz(e),
-                },
+                Err(e) => {
+                    log_failed(what, nz(e));
+                    $ty::Default {
+                        discriminant: nz(e),
+                    }
+                }
             }
         }
     };
@@ -62,12 +79,15 @@ reply_fn!(u64_reply, RmU64Reply, u64);
 reply_fn!(handle_reply, RmHandleReply, u64);
 reply_fn!(float_reply, RmFloatReply, f32);
 
-fn int_pair_reply(r: CuResult<(i32, i32)>) -> RmIntPairReply {
+fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
     match r {
         Ok((first, second)) => RmIntPairReply::Case0(RmIntPair { first, second }),
-        Err(e) => RmIntPairReply::Default {
-            discriminant: nz(e),
-        },
+        Err(e) => {
+            log_failed(what, nz(e));
+            RmIntPairReply::Default {
+                discriminant: nz(e),
+            }
+        }
     }
 }
 
@@ -135,8 +155,10 @@ impl Executor {
         if let Err(e) = f(&self.inner, &session) {
             tracing::debug!(
                 connection = call.connection,
-                error = e,
-                "{what} failed; deferred"
+                call = what,
+                result = e,
+                name = crate::backend::cuda::result_name(e),
+                "one-way call failed; its error is deferred to the next synchronizing call"
             );
             session.lock().defer_error(nz(e));
         }
@@ -199,9 +221,16 @@ impl Inner {
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn sync_reply(&self, st: &mut SessionState, own: CuResult<()>, scope: Scope) -> RmSyncReply {
+    fn sync_reply(
+        &self,
+        what: &str,
+        st: &mut SessionState,
+        own: CuResult<()>,
+        scope: Scope,
+    ) -> RmSyncReply {
         let mut status = st.sync_status(own.map_err(nz));
         let copies = st.collect(scope, &mut status);
+        log_failed(what, status);
         RmSyncReply { status, copies }
     }
 
@@ -240,7 +269,10 @@ impl Inner {
         };
         let loaded = match self.backend.module_load(raw_ctx, image) {
             Ok(m) => m,
-            Err(e) => return RmLoadReply::RmLoadFailed(nz(e)),
+            Err(e) => {
+                log_failed("RM_MODULE_LOAD", nz(e));
+                return RmLoadReply::RmLoadFailed(nz(e));
+            }
         };
         let mut st = st_session.lock();
         let module = st.insert(Resource::Module {
@@ -293,27 +325,37 @@ impl RemoraV1Server for Executor {
     // Devices --------------------------------------------------------------------------------
 
     fn rm_device_get_count(&self, _call: &CallContext) -> ProcResult<RmIntReply> {
-        Ok(int_reply(self.inner.backend.device_count()))
+        Ok(int_reply(
+            "RM_DEVICE_GET_COUNT",
+            self.inner.backend.device_count(),
+        ))
     }
 
     fn rm_device_get_props(&self, _call: &CallContext, dev: i32) -> ProcResult<RmDevicePropsReply> {
-        Ok(match self.inner.backend.device_props(dev) {
-            Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
-                name: truncate(p.name, REMORA_MAX_NAME),
-                uuid: p.uuid,
-                total_memory: p.total_memory,
-                pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
-                attributes: p
-                    .attributes
-                    .into_iter()
-                    .take(RM_MAX_ATTRIBUTES as usize)
-                    .map(|(attribute, value)| RmAttribute { attribute, value })
-                    .collect(),
-            }),
-            Err(e) => RmDevicePropsReply::Default {
-                discriminant: nz(e),
+        Ok(
+            match self
+                .inner
+                .backend
+                .device_props(dev)
+                .inspect_err(|e| log_failed("RM_DEVICE_GET_PROPS", *e))
+            {
+                Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
+                    name: truncate(p.name, REMORA_MAX_NAME),
+                    uuid: p.uuid,
+                    total_memory: p.total_memory,
+                    pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
+                    attributes: p
+                        .attributes
+                        .into_iter()
+                        .take(RM_MAX_ATTRIBUTES as usize)
+                        .map(|(attribute, value)| RmAttribute { attribute, value })
+                        .collect(),
+                }),
+                Err(e) => RmDevicePropsReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_device_get_attribute(
@@ -322,6 +364,7 @@ impl RemoraV1Server for Executor {
         a: RmDeviceAttrArgs,
     ) -> ProcResult<RmIntReply> {
         Ok(int_reply(
+            "RM_DEVICE_GET_ATTRIBUTE",
             self.inner.backend.device_attribute(a.attribute, a.device),
         ))
     }
@@ -342,6 +385,7 @@ impl RemoraV1Server for Executor {
         }
         let flags = st.primary_flags.get(&dev).copied().unwrap_or(0);
         Ok(handle_reply(
+            "RM_PRIMARY_CTX_RETAIN",
             self.inner.backend.ctx_create(flags, dev).map(|raw| {
                 let h = st.insert(Resource::Context {
                     raw,
@@ -357,7 +401,10 @@ impl RemoraV1Server for Executor {
     fn rm_primary_ctx_release(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let mut st = session.lock();
-        Ok(code(self.inner.release_primary(&mut st, dev, false)))
+        Ok(code(
+            "RM_PRIMARY_CTX_RELEASE",
+            self.inner.release_primary(&mut st, dev, false),
+        ))
     }
 
     /// The flags apply when the session's primary context is next created (after a reset, or
@@ -372,7 +419,7 @@ impl RemoraV1Server for Executor {
             let session = self.session(call);
             session.lock().primary_flags.insert(a.device, a.flags);
         }
-        Ok(code(r))
+        Ok(code("RM_PRIMARY_CTX_SET_FLAGS", r))
     }
 
     fn rm_primary_ctx_get_state(
@@ -388,12 +435,14 @@ impl RemoraV1Server for Executor {
                 i32::from(st.primary.contains_key(&dev)),
             )
         });
-        Ok(match r {
-            Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
-            Err(e) => RmPrimaryStateReply::Default {
-                discriminant: nz(e),
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_PRIMARY_CTX_GET_STATE", *e)) {
+                Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
+                Err(e) => RmPrimaryStateReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_primary_ctx_reset(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
@@ -402,22 +451,28 @@ impl RemoraV1Server for Executor {
         let session = self.session(call);
         let mut st = session.lock();
         if !st.primary.contains_key(&dev) {
-            return Ok(code(self.inner.check_device(dev)));
+            return Ok(code("RM_PRIMARY_CTX_RESET", self.inner.check_device(dev)));
         }
-        Ok(code(self.inner.release_primary(&mut st, dev, true)))
+        Ok(code(
+            "RM_PRIMARY_CTX_RESET",
+            self.inner.release_primary(&mut st, dev, true),
+        ))
     }
 
     fn rm_ctx_create(&self, call: &CallContext, a: RmCtxCreateArgs) -> ProcResult<RmHandleReply> {
         let session = self.session(call);
         let r = self.inner.backend.ctx_create(a.flags, a.device);
         let mut st = session.lock();
-        Ok(handle_reply(r.map(|raw| {
-            st.insert(Resource::Context {
-                raw,
-                device: a.device,
-                primary: false,
-            })
-        })))
+        Ok(handle_reply(
+            "RM_CTX_CREATE",
+            r.map(|raw| {
+                st.insert(Resource::Context {
+                    raw,
+                    device: a.device,
+                    primary: false,
+                })
+            }),
+        ))
     }
 
     fn rm_ctx_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -435,7 +490,7 @@ impl RemoraV1Server for Executor {
         st.drop_ctx_resources(&*self.inner.backend, h);
         st.remove(h);
         st.clear_sticky();
-        Ok(code(self.inner.backend.ctx_destroy(raw)))
+        Ok(code("RM_CTX_DESTROY", self.inner.backend.ctx_destroy(raw)))
     }
 
     fn rm_ctx_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
@@ -443,24 +498,26 @@ impl RemoraV1Server for Executor {
             let own = session.lock().ctx(h);
             let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
             let mut st = session.lock();
-            inner.sync_reply(&mut st, own, Scope::Context(h))
+            inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
         })
     }
 
     fn rm_ctx_set_limit(&self, call: &CallContext, a: RmLimitArgs) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let raw = session.lock().ctx(a.ctx);
-        Ok(code(raw.and_then(|c| {
-            self.inner.backend.ctx_set_limit(c, a.limit, a.value)
-        })))
+        Ok(code(
+            "RM_CTX_SET_LIMIT",
+            raw.and_then(|c| self.inner.backend.ctx_set_limit(c, a.limit, a.value)),
+        ))
     }
 
     fn rm_ctx_get_limit(&self, call: &CallContext, a: RmLimitArgs) -> ProcResult<RmU64Reply> {
         let session = self.session(call);
         let raw = session.lock().ctx(a.ctx);
-        Ok(u64_reply(raw.and_then(|c| {
-            self.inner.backend.ctx_get_limit(c, a.limit)
-        })))
+        Ok(u64_reply(
+            "RM_CTX_GET_LIMIT",
+            raw.and_then(|c| self.inner.backend.ctx_get_limit(c, a.limit)),
+        ))
     }
 
     fn rm_ctx_get_stream_priority_range(
@@ -471,7 +528,7 @@ impl RemoraV1Server for Executor {
         let session = self.session(call);
         let raw = session.lock().ctx(h);
         let r = raw.and_then(|c| self.inner.backend.ctx_stream_priority_range(c));
-        Ok(int_pair_reply(r))
+        Ok(int_pair_reply("RM_CTX_GET_STREAM_PRIORITY_RANGE", r))
     }
 
     // Memory ---------------------------------------------------------------------------------
@@ -490,7 +547,7 @@ impl RemoraV1Server for Executor {
                 },
             );
         }
-        Ok(u64_reply(r))
+        Ok(u64_reply("RM_MEM_ALLOC", r))
     }
 
     fn rm_mem_alloc_pitch(
@@ -505,22 +562,24 @@ impl RemoraV1Server for Executor {
                 .backend
                 .mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
         });
-        Ok(match r {
-            Ok((ptr, pitch)) => {
-                session.lock().ranges.insert(
-                    ptr,
-                    Range {
-                        size: pitch.saturating_mul(a.height),
-                        ctx: a.ctx,
-                        module: None,
-                    },
-                );
-                RmPitchedReply::Case0(RmPitched { ptr, pitch })
-            }
-            Err(e) => RmPitchedReply::Default {
-                discriminant: nz(e),
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MEM_ALLOC_PITCH", *e)) {
+                Ok((ptr, pitch)) => {
+                    session.lock().ranges.insert(
+                        ptr,
+                        Range {
+                            size: pitch.saturating_mul(a.height),
+                            ctx: a.ctx,
+                            module: None,
+                        },
+                    );
+                    RmPitchedReply::Case0(RmPitched { ptr, pitch })
+                }
+                Err(e) => RmPitchedReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
@@ -534,13 +593,14 @@ impl RemoraV1Server for Executor {
         if r.is_ok() {
             st.ranges.remove(&a.ptr);
         }
-        Ok(code(r))
+        Ok(code("RM_MEM_FREE", r))
     }
 
     fn rm_mem_get_info(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmMemInfoReply> {
         let session = self.session(call);
         let raw = session.lock().ctx(h);
-        Ok(match raw.and_then(|c| self.inner.backend.mem_get_info(c)) {
+        let r = raw.and_then(|c| self.inner.backend.mem_get_info(c));
+        Ok(match r.inspect_err(|e| log_failed("RM_MEM_GET_INFO", *e)) {
             Ok((free_bytes, total_bytes)) => RmMemInfoReply::Case0(RmMemInfo {
                 free_bytes,
                 total_bytes,
@@ -558,12 +618,15 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<RmRangeReply> {
         let session = self.session(call);
         let st = session.lock();
-        Ok(match st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr)) {
-            Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
-            Err(e) => RmRangeReply::Default {
-                discriminant: nz(e),
+        let r = st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr));
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MEM_GET_ADDRESS_RANGE", *e)) {
+                Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
+                Err(e) => RmRangeReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
@@ -575,7 +638,9 @@ impl RemoraV1Server for Executor {
         };
         let own = raw.and_then(|c| self.inner.backend.memcpy_htod(c, None, a.dst, &a.data));
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMCPY_HTOD", &mut st, own, Scope::Finished))
     }
 
     fn rm_memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmDtohReply> {
@@ -601,13 +666,16 @@ impl RemoraV1Server for Executor {
             let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
             // A synchronous copy waits for the context's legacy stream: the async copies
             // queued there before it are complete too.
-            let copies = st.collect(Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)), &mut status);
+            let copies = st.collect(
+                Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)),
+                &mut status,
+            );
             let data = match r {
                 Ok(data) if status == SUCCESS => data,
                 _ => remora_xdr::Bytes::new(),
             };
             if status != SUCCESS {
-                tracing::debug!(connection = session.connection, result = status, "RM_MEMCPY_DTOH failed");
+                log_failed("RM_MEMCPY_DTOH", status);
             }
             RmDtohReply {
                 status,
@@ -631,7 +699,9 @@ impl RemoraV1Server for Executor {
                 .memcpy_dtod(c, None, a.dst, a.src, a.size)
         });
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMCPY_DTOD", &mut st, own, Scope::Finished))
     }
 
     fn rm_memset(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<RmSyncReply> {
@@ -643,7 +713,9 @@ impl RemoraV1Server for Executor {
                 .memset(c, None, a.dst, a.value, a.element_size, a.count)
         });
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMSET", &mut st, own, Scope::Finished))
     }
 
     fn rm_memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
@@ -748,7 +820,7 @@ impl RemoraV1Server for Executor {
         st.remove(h);
         st.remove_module_children(h);
         st.ranges.retain(|_, g| g.module != Some(h));
-        Ok(code(r))
+        Ok(code("RM_MODULE_UNLOAD", r))
     }
 
     fn rm_module_get_global(
@@ -773,13 +845,15 @@ impl RemoraV1Server for Executor {
             });
             Ok((ptr, size))
         });
-        Ok(match r {
-            Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
-            Err(e) => RmGlobalReply::Default {
-                discriminant: RmLoadStatus::RmLoadFailed,
-                value: nz(e),
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MODULE_GET_GLOBAL", *e)) {
+                Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
+                Err(e) => RmGlobalReply::Default {
+                    discriminant: RmLoadStatus::RmLoadFailed,
+                    value: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_func_get_attribute(
@@ -789,9 +863,10 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<RmIntReply> {
         let session = self.session(call);
         let f = session.lock().function(a.function);
-        Ok(int_reply(f.and_then(|(raw, c, _)| {
-            self.inner.backend.func_get_attribute(c, raw, a.attribute)
-        })))
+        Ok(int_reply(
+            "RM_FUNC_GET_ATTRIBUTE",
+            f.and_then(|(raw, c, _)| self.inner.backend.func_get_attribute(c, raw, a.attribute)),
+        ))
     }
 
     fn rm_func_set_attribute(
@@ -801,11 +876,14 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let f = session.lock().function(a.function);
-        Ok(code(f.and_then(|(raw, c, _)| {
-            self.inner
-                .backend
-                .func_set_attribute(c, raw, a.attribute, a.value)
-        })))
+        Ok(code(
+            "RM_FUNC_SET_ATTRIBUTE",
+            f.and_then(|(raw, c, _)| {
+                self.inner
+                    .backend
+                    .func_set_attribute(c, raw, a.attribute, a.value)
+            }),
+        ))
     }
 
     fn rm_func_set_cache_config(
@@ -815,9 +893,10 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let f = session.lock().function(a.handle);
-        Ok(code(f.and_then(|(raw, c, _)| {
-            self.inner.backend.func_set_cache_config(c, raw, a.flags)
-        })))
+        Ok(code(
+            "RM_FUNC_SET_CACHE_CONFIG",
+            f.and_then(|(raw, c, _)| self.inner.backend.func_set_cache_config(c, raw, a.flags)),
+        ))
     }
 
     fn rm_occupancy_max_active_clusters(
@@ -833,21 +912,24 @@ impl RemoraV1Server for Executor {
                 Ok((func, c, st.stream(a.stream)?))
             })
         };
-        Ok(int_reply(target.and_then(|(func, c, s)| {
-            self.inner.backend.occupancy_max_active_clusters(
-                c,
-                &LaunchSpec {
-                    function: func,
-                    grid: [a.grid.x, a.grid.y, a.grid.z],
-                    block: [a.block.x, a.block.y, a.block.z],
-                    shared_mem_bytes: a.shared_mem_bytes,
-                    stream: s,
-                    params: &[],
-                    layout: &[],
-                    attrs: &a.attrs,
-                },
-            )
-        })))
+        Ok(int_reply(
+            "RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS",
+            target.and_then(|(func, c, s)| {
+                self.inner.backend.occupancy_max_active_clusters(
+                    c,
+                    &LaunchSpec {
+                        function: func,
+                        grid: [a.grid.x, a.grid.y, a.grid.z],
+                        block: [a.block.x, a.block.y, a.block.z],
+                        shared_mem_bytes: a.shared_mem_bytes,
+                        stream: s,
+                        params: &[],
+                        layout: &[],
+                        attrs: &a.attrs,
+                    },
+                )
+            }),
+        ))
     }
 
     fn rm_occupancy_max_potential_block_size(
@@ -857,15 +939,18 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<RmIntPairReply> {
         let session = self.session(call);
         let f = session.lock().function(a.function);
-        Ok(int_pair_reply(f.and_then(|(raw, c, _)| {
-            self.inner.backend.occupancy_max_potential_block_size(
-                c,
-                raw,
-                a.dynamic_smem_bytes,
-                a.block_size_limit,
-                a.flags,
-            )
-        })))
+        Ok(int_pair_reply(
+            "RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE",
+            f.and_then(|(raw, c, _)| {
+                self.inner.backend.occupancy_max_potential_block_size(
+                    c,
+                    raw,
+                    a.dynamic_smem_bytes,
+                    a.block_size_limit,
+                    a.flags,
+                )
+            }),
+        ))
     }
 
     fn rm_occupancy_max_active_blocks(
@@ -875,15 +960,18 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<RmIntReply> {
         let session = self.session(call);
         let f = session.lock().function(a.function);
-        Ok(int_reply(f.and_then(|(raw, c, _)| {
-            self.inner.backend.occupancy_max_active_blocks(
-                c,
-                raw,
-                a.block_size,
-                a.dynamic_smem_bytes,
-                a.flags,
-            )
-        })))
+        Ok(int_reply(
+            "RM_OCCUPANCY_MAX_ACTIVE_BLOCKS",
+            f.and_then(|(raw, c, _)| {
+                self.inner.backend.occupancy_max_active_blocks(
+                    c,
+                    raw,
+                    a.block_size,
+                    a.dynamic_smem_bytes,
+                    a.flags,
+                )
+            }),
+        ))
     }
 
     // Launches -------------------------------------------------------------------------------
@@ -931,9 +1019,10 @@ impl RemoraV1Server for Executor {
         let raw = session.lock().ctx(a.ctx);
         let r = raw.and_then(|c| self.inner.backend.stream_create(c, a.flags, a.priority));
         let mut st = session.lock();
-        Ok(handle_reply(r.map(|raw| {
-            st.insert(Resource::Stream { raw, ctx: a.ctx })
-        })))
+        Ok(handle_reply(
+            "RM_STREAM_CREATE",
+            r.map(|raw| st.insert(Resource::Stream { raw, ctx: a.ctx })),
+        ))
     }
 
     fn rm_stream_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -947,7 +1036,7 @@ impl RemoraV1Server for Executor {
             .ctx(ctx)
             .and_then(|c| self.inner.backend.stream_destroy(c, raw));
         st.remove(h);
-        Ok(code(r))
+        Ok(code("RM_STREAM_DESTROY", r))
     }
 
     fn rm_stream_synchronize(
@@ -965,7 +1054,7 @@ impl RemoraV1Server for Executor {
                 Err(e) => (Err(e), Scope::Finished),
             };
             let mut st = session.lock();
-            inner.sync_reply(&mut st, own, scope)
+            inner.sync_reply("RM_STREAM_SYNCHRONIZE", &mut st, own, scope)
         })
     }
 
@@ -974,7 +1063,9 @@ impl RemoraV1Server for Executor {
         let target = stream_target(&session.lock(), a.ctx, a.stream);
         let own = target.and_then(|t| self.inner.backend.stream_query(t.ctx, t.stream));
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_STREAM_QUERY", &mut st, own, Scope::Finished))
     }
 
     fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
@@ -992,9 +1083,10 @@ impl RemoraV1Server for Executor {
         let raw = session.lock().ctx(a.handle);
         let r = raw.and_then(|c| self.inner.backend.event_create(c, a.flags));
         let mut st = session.lock();
-        Ok(handle_reply(r.map(|raw| {
-            st.insert(Resource::Event { raw, ctx: a.handle })
-        })))
+        Ok(handle_reply(
+            "RM_EVENT_CREATE",
+            r.map(|raw| st.insert(Resource::Event { raw, ctx: a.handle })),
+        ))
     }
 
     fn rm_event_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -1006,7 +1098,7 @@ impl RemoraV1Server for Executor {
         if r.is_ok() || st.event(h).is_ok() {
             st.remove(h);
         }
-        Ok(code(r))
+        Ok(code("RM_EVENT_DESTROY", r))
     }
 
     fn rm_event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
@@ -1030,7 +1122,7 @@ impl RemoraV1Server for Executor {
             let ev = session.lock().event(h);
             let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
             let mut st = session.lock();
-            inner.sync_reply(&mut st, own, Scope::Finished)
+            inner.sync_reply("RM_EVENT_SYNCHRONIZE", &mut st, own, Scope::Finished)
         })
     }
 
@@ -1039,7 +1131,9 @@ impl RemoraV1Server for Executor {
         let ev = session.lock().event(h);
         let own = ev.and_then(|(e, c)| self.inner.backend.event_query(c, e));
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_EVENT_QUERY", &mut st, own, Scope::Finished))
     }
 
     fn rm_event_elapsed_time(
@@ -1052,9 +1146,10 @@ impl RemoraV1Server for Executor {
             let st = session.lock();
             st.event(a.start).and_then(|s| Ok((s, st.event(a.end)?)))
         };
-        Ok(float_reply(evs.and_then(|((s, c), (e, _))| {
-            self.inner.backend.event_elapsed(c, s, e)
-        })))
+        Ok(float_reply(
+            "RM_EVENT_ELAPSED_TIME",
+            evs.and_then(|((s, c), (e, _))| self.inner.backend.event_elapsed(c, s, e)),
+        ))
     }
 }
 

@@ -322,14 +322,8 @@ fn every_procedure_round_trips() {
         })
         .unwrap()
     };
-    assert_eq!(
-        dtoh(a + 16, 256),
-        ok_bytes(Bytes::from(data.clone()))
-    );
-    assert_eq!(
-        dtoh(a + 4090, 16),
-        failed_dtoh(INVALID_VALUE)
-    );
+    assert_eq!(dtoh(a + 16, 256), ok_bytes(Bytes::from(data.clone())));
+    assert_eq!(dtoh(a + 4090, 16), failed_dtoh(INVALID_VALUE));
     assert_eq!(
         c.rm_memcpy_dtod(&RmDtodArgs {
             ctx,
@@ -449,11 +443,18 @@ fn every_procedure_round_trips() {
     })
     .unwrap();
     assert_eq!(c.rm_event_query(&e1).unwrap().status, 0);
-    let r = c.rm_stream_synchronize(&RmStreamArgs { ctx, stream: s }).unwrap();
+    let r = c
+        .rm_stream_synchronize(&RmStreamArgs { ctx, stream: s })
+        .unwrap();
     assert_eq!(r.status, 0);
     // The async copy may have been delivered by the event query already.
     assert!(r.copies.is_empty() || r.copies[0].data == Bytes::from_static(b"async!zz"));
-    assert_eq!(c.rm_stream_query(&RmStreamArgs { ctx, stream: s }).unwrap().status, 0);
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx, stream: s })
+            .unwrap()
+            .status,
+        0
+    );
     assert_eq!(c.rm_event_synchronize(&e1).unwrap().status, 0);
     let RmFloatReply::Case0(ms) = c
         .rm_event_elapsed_time(&RmElapsedArgs { start: e0, end: e1 })
@@ -472,7 +473,12 @@ fn every_procedure_round_trips() {
             discriminant: INVALID_HANDLE
         }
     );
-    assert_eq!(c.rm_stream_query(&RmStreamArgs { ctx, stream: 4242 }).unwrap().status, INVALID_HANDLE);
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx, stream: 4242 })
+            .unwrap()
+            .status,
+        INVALID_HANDLE
+    );
     assert_eq!(c.rm_event_destroy(&e0).unwrap(), 0);
     assert_eq!(c.rm_event_destroy(&e0).unwrap(), INVALID_HANDLE);
     assert_eq!(c.rm_event_destroy(&e1).unwrap(), 0);
@@ -657,7 +663,9 @@ fn async_device_to_host_copies_arrive_at_the_synchronizing_call() {
         })
         .unwrap();
     }
-    let r = c.rm_stream_synchronize(&RmStreamArgs { ctx, stream: s }).unwrap();
+    let r = c
+        .rm_stream_synchronize(&RmStreamArgs { ctx, stream: s })
+        .unwrap();
     assert_eq!(r.status, 0);
     let got: Vec<(u64, &[u8])> = r.copies.iter().map(|c| (c.copy_id, &c.data[..])).collect();
     assert_eq!(got, [(1, &b"01234"[..]), (2, &b"56789"[..])]);
@@ -733,7 +741,12 @@ fn deferred_errors_surface_at_the_next_synchronizing_call() {
         .unwrap(),
         failed_dtoh(INVALID_HANDLE)
     );
-    assert_eq!(c.rm_stream_query(&RmStreamArgs { ctx, stream: 0 }).unwrap().status, 0);
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx, stream: 0 })
+            .unwrap()
+            .status,
+        0
+    );
 }
 
 #[test]
@@ -769,7 +782,15 @@ fn sessions_cannot_name_each_others_objects() {
         c2.rm_mem_free(&RmPtrArgs { ctx: ctx2, ptr: a1 }).unwrap(),
         INVALID_VALUE
     );
-    assert_eq!(c1.rm_stream_query(&RmStreamArgs { ctx: ctx1, stream: s1 }).unwrap().status, 0);
+    assert_eq!(
+        c1.rm_stream_query(&RmStreamArgs {
+            ctx: ctx1,
+            stream: s1
+        })
+        .unwrap()
+        .status,
+        0
+    );
 }
 
 #[test]
@@ -964,11 +985,12 @@ fn each_session_has_a_primary_context_of_its_own() {
         })
     );
     assert_eq!(
-        fresh.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs {
-            device: 7,
-            flags: 0
-        })
-        .unwrap(),
+        fresh
+            .rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs {
+                device: 7,
+                flags: 0
+            })
+            .unwrap(),
         INVALID_DEVICE
     );
     // Reset destroys session 1's context (and its memory); the next retain gets a new one.
@@ -976,7 +998,11 @@ fn each_session_has_a_primary_context_of_its_own() {
     assert_eq!(c1.rm_primary_ctx_reset(&0).unwrap(), 0);
     assert_eq!(fx.backend.live().contexts, 1);
     assert_eq!(fx.backend.live().allocations, 0);
-    assert_eq!(sync(&c1, ctx1).status, INVALID_HANDLE, "the old handle is gone");
+    assert_eq!(
+        sync(&c1, ctx1).status,
+        INVALID_HANDLE,
+        "the old handle is gone"
+    );
     let again = primary(&c1);
     assert_ne!(again, ctx1);
     assert_eq!(
@@ -1119,17 +1145,16 @@ fn occupancy_of_clusters_and_potential_block_size() {
             z: 1,
         })],
     };
-    let RmIntReply::Case0(one) = c.rm_occupancy_max_active_clusters(&launch(f, 1)).unwrap()
-    else {
+    let RmIntReply::Case0(one) = c.rm_occupancy_max_active_clusters(&launch(f, 1)).unwrap() else {
         panic!()
     };
-    let RmIntReply::Case0(two) = c.rm_occupancy_max_active_clusters(&launch(f, 2)).unwrap()
-    else {
+    let RmIntReply::Case0(two) = c.rm_occupancy_max_active_clusters(&launch(f, 2)).unwrap() else {
         panic!()
     };
     assert!(one > 0 && two > 0 && two <= one, "{one} {two}");
     assert_eq!(
-        c.rm_occupancy_max_active_clusters(&launch(4242, 1)).unwrap(),
+        c.rm_occupancy_max_active_clusters(&launch(4242, 1))
+            .unwrap(),
         RmIntReply::Default {
             discriminant: INVALID_HANDLE
         }

@@ -178,7 +178,11 @@ macro_rules! call {
 /// from queries at trace level, as it is the normal answer while work is pending).
 fn log_failure(entry_point: &str, rc: Res) {
     if rc == NOT_READY || (rc == PARAM_INFO_END && entry_point == "func_get_param_info") {
-        tracing::trace!(entry_point, result = rc, "CUDA driver call returned non-success");
+        tracing::trace!(
+            entry_point,
+            result = rc,
+            "CUDA driver call returned non-success"
+        );
     } else {
         tracing::debug!(
             entry_point,

@@ -690,7 +690,6 @@ impl Backend for EmulatedBackend {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
