@@ -29,8 +29,22 @@ fn nz(e: i32) -> i32 {
     if e == SUCCESS { UNKNOWN } else { e }
 }
 
-fn code(r: CuResult<()>) -> i32 {
-    r.err().map_or(SUCCESS, nz)
+/// Logs a call that failed, naming the procedure and the CUresult (debug level).
+fn log_failed(what: &str, status: i32) {
+    if status != SUCCESS && status != crate::backend::status::NOT_READY {
+        tracing::debug!(
+            call = what,
+            result = status,
+            name = crate::backend::cuda::result_name(status),
+            "call failed"
+        );
+    }
+}
+
+fn code(what: &str, r: CuResult<()>) -> i32 {
+    let c = r.err().map_or(SUCCESS, nz);
+    log_failed(what, c);
+    c
 }
 
 fn truncate(mut s: String, max: u32) -> String {
@@ -47,12 +61,15 @@ fn truncate(mut s: String, max: u32) -> String {
 
 macro_rules! reply_fn {
     ($name:ident, $ty:ident, $val:ty) => {
-        fn $name(r: CuResult<$val>) -> $ty {
+        fn $name(what: &str, r: CuResult<$val>) -> $ty {
             match r {
                 Ok(v) => $ty::Case0(v),
-                Err(e) => $ty::Default {
-                    discriminant: nz(e),
-                },
+                Err(e) => {
+                    log_failed(what, nz(e));
+                    $ty::Default {
+                        discriminant: nz(e),
+                    }
+                }
             }
         }
     };
@@ -61,7 +78,18 @@ reply_fn!(int_reply, RmIntReply, i32);
 reply_fn!(u64_reply, RmU64Reply, u64);
 reply_fn!(handle_reply, RmHandleReply, u64);
 reply_fn!(float_reply, RmFloatReply, f32);
-reply_fn!(bytes_reply, RmBytesReply, remora_xdr::Bytes);
+
+fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
+    match r {
+        Ok((first, second)) => RmIntPairReply::Case0(RmIntPair { first, second }),
+        Err(e) => {
+            log_failed(what, nz(e));
+            RmIntPairReply::Default {
+                discriminant: nz(e),
+            }
+        }
+    }
+}
 
 struct Inner {
     backend: Arc<dyn Backend>,
@@ -127,8 +155,10 @@ impl Executor {
         if let Err(e) = f(&self.inner, &session) {
             tracing::debug!(
                 connection = call.connection,
-                error = e,
-                "{what} failed; deferred"
+                call = what,
+                result = e,
+                name = crate::backend::cuda::result_name(e),
+                "one-way call failed; its error is deferred to the next synchronizing call"
             );
             session.lock().defer_error(nz(e));
         }
@@ -191,22 +221,45 @@ impl Inner {
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn sync_reply(&self, st: &mut SessionState, own: CuResult<()>, scope: Scope) -> RmSyncReply {
+    fn sync_reply(
+        &self,
+        what: &str,
+        st: &mut SessionState,
+        own: CuResult<()>,
+        scope: Scope,
+    ) -> RmSyncReply {
         let mut status = st.sync_status(own.map_err(nz));
         let copies = st.collect(scope, &mut status);
+        log_failed(what, status);
         RmSyncReply { status, copies }
     }
 
+    /// Drops one of the session's references to its primary context of `dev` (all of them
+    /// when `all`); at zero the session's context is destroyed, with everything in it.
     fn release_primary(&self, st: &mut SessionState, dev: i32, all: bool) -> CuResult<()> {
         let (h, refs) = *st.primary.get(&dev).ok_or(INVALID_CONTEXT)?;
         if refs > 1 && !all {
             st.primary.insert(dev, (h, refs - 1));
             return Ok(());
         }
+        let raw = st.ctx(h)?;
         st.drop_ctx_resources(&*self.backend, h);
         st.remove(h);
         st.primary.remove(&dev);
-        self.backend.primary_ctx_release(dev)
+        st.clear_sticky();
+        self.backend.ctx_destroy(raw)
+    }
+
+    /// Checks that `dev` names a device.
+    fn check_device(&self, dev: i32) -> CuResult<()> {
+        let n = self.backend.device_count()?;
+        if n == 0 {
+            return Err(crate::backend::status::NO_DEVICE);
+        }
+        if dev < 0 || dev >= n {
+            return Err(crate::backend::status::INVALID_DEVICE);
+        }
+        Ok(())
     }
 
     fn load(&self, st_session: &Session, ctx: u64, image: &[u8]) -> RmLoadReply {
@@ -216,7 +269,10 @@ impl Inner {
         };
         let loaded = match self.backend.module_load(raw_ctx, image) {
             Ok(m) => m,
-            Err(e) => return RmLoadReply::RmLoadFailed(nz(e)),
+            Err(e) => {
+                log_failed("RM_MODULE_LOAD", nz(e));
+                return RmLoadReply::RmLoadFailed(nz(e));
+            }
         };
         let mut st = st_session.lock();
         let module = st.insert(Resource::Module {
@@ -269,27 +325,37 @@ impl RemoraV1Server for Executor {
     // Devices --------------------------------------------------------------------------------
 
     fn rm_device_get_count(&self, _call: &CallContext) -> ProcResult<RmIntReply> {
-        Ok(int_reply(self.inner.backend.device_count()))
+        Ok(int_reply(
+            "RM_DEVICE_GET_COUNT",
+            self.inner.backend.device_count(),
+        ))
     }
 
     fn rm_device_get_props(&self, _call: &CallContext, dev: i32) -> ProcResult<RmDevicePropsReply> {
-        Ok(match self.inner.backend.device_props(dev) {
-            Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
-                name: truncate(p.name, REMORA_MAX_NAME),
-                uuid: p.uuid,
-                total_memory: p.total_memory,
-                pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
-                attributes: p
-                    .attributes
-                    .into_iter()
-                    .take(RM_MAX_ATTRIBUTES as usize)
-                    .map(|(attribute, value)| RmAttribute { attribute, value })
-                    .collect(),
-            }),
-            Err(e) => RmDevicePropsReply::Default {
-                discriminant: nz(e),
+        Ok(
+            match self
+                .inner
+                .backend
+                .device_props(dev)
+                .inspect_err(|e| log_failed("RM_DEVICE_GET_PROPS", *e))
+            {
+                Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
+                    name: truncate(p.name, REMORA_MAX_NAME),
+                    uuid: p.uuid,
+                    total_memory: p.total_memory,
+                    pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
+                    attributes: p
+                        .attributes
+                        .into_iter()
+                        .take(RM_MAX_ATTRIBUTES as usize)
+                        .map(|(attribute, value)| RmAttribute { attribute, value })
+                        .collect(),
+                }),
+                Err(e) => RmDevicePropsReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_device_get_attribute(
@@ -298,12 +364,18 @@ impl RemoraV1Server for Executor {
         a: RmDeviceAttrArgs,
     ) -> ProcResult<RmIntReply> {
         Ok(int_reply(
+            "RM_DEVICE_GET_ATTRIBUTE",
             self.inner.backend.device_attribute(a.attribute, a.device),
         ))
     }
 
     // Contexts -------------------------------------------------------------------------------
 
+    /// What the client calls the device's primary context is a context of this session's own
+    /// (cuCtxCreate on the first retain, destroyed when the session's count reaches zero, by
+    /// RM_PRIMARY_CTX_RESET or at session end). Sharing the server process's real primary
+    /// context let one client's sticky error (an illegal address in a kernel) poison every
+    /// later session: CUDA keeps such an error in the context for good.
     fn rm_primary_ctx_retain(&self, call: &CallContext, dev: i32) -> ProcResult<RmHandleReply> {
         let session = self.session(call);
         let mut st = session.lock();
@@ -311,8 +383,10 @@ impl RemoraV1Server for Executor {
             st.primary.insert(dev, (h, refs + 1));
             return Ok(RmHandleReply::Case0(h));
         }
+        let flags = st.primary_flags.get(&dev).copied().unwrap_or(0);
         Ok(handle_reply(
-            self.inner.backend.primary_ctx_retain(dev).map(|raw| {
+            "RM_PRIMARY_CTX_RETAIN",
+            self.inner.backend.ctx_create(flags, dev).map(|raw| {
                 let h = st.insert(Resource::Context {
                     raw,
                     device: dev,
@@ -327,56 +401,78 @@ impl RemoraV1Server for Executor {
     fn rm_primary_ctx_release(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let mut st = session.lock();
-        Ok(code(self.inner.release_primary(&mut st, dev, false)))
+        Ok(code(
+            "RM_PRIMARY_CTX_RELEASE",
+            self.inner.release_primary(&mut st, dev, false),
+        ))
     }
 
+    /// The flags apply when the session's primary context is next created (after a reset, or
+    /// on the first retain); a context already active keeps its own.
     fn rm_primary_ctx_set_flags(
         &self,
-        _call: &CallContext,
+        call: &CallContext,
         a: RmPrimaryFlagsArgs,
     ) -> ProcResult<CuResult_> {
-        Ok(code(
-            self.inner.backend.primary_ctx_set_flags(a.device, a.flags),
-        ))
+        let r = self.inner.check_device(a.device);
+        if r.is_ok() {
+            let session = self.session(call);
+            session.lock().primary_flags.insert(a.device, a.flags);
+        }
+        Ok(code("RM_PRIMARY_CTX_SET_FLAGS", r))
     }
 
     fn rm_primary_ctx_get_state(
         &self,
-        _call: &CallContext,
+        call: &CallContext,
         dev: i32,
     ) -> ProcResult<RmPrimaryStateReply> {
-        Ok(match self.inner.backend.primary_ctx_get_state(dev) {
-            Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
-            Err(e) => RmPrimaryStateReply::Default {
-                discriminant: nz(e),
+        let r = self.inner.check_device(dev).map(|()| {
+            let session = self.session(call);
+            let st = session.lock();
+            (
+                st.primary_flags.get(&dev).copied().unwrap_or(0),
+                i32::from(st.primary.contains_key(&dev)),
+            )
+        });
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_PRIMARY_CTX_GET_STATE", *e)) {
+                Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
+                Err(e) => RmPrimaryStateReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_primary_ctx_reset(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
-        // The primary context is shared by every session of this server: resetting it for
-        // real would destroy other clients' memory. This session's part of it is released.
+        // The session's primary context is its own: it is destroyed, with everything in it,
+        // and the next retain creates a fresh one (a sticky error goes with it).
         let session = self.session(call);
         let mut st = session.lock();
         if !st.primary.contains_key(&dev) {
-            return Ok(code(
-                self.inner.backend.device_attribute(1, dev).map(|_| ()),
-            ));
+            return Ok(code("RM_PRIMARY_CTX_RESET", self.inner.check_device(dev)));
         }
-        Ok(code(self.inner.release_primary(&mut st, dev, true)))
+        Ok(code(
+            "RM_PRIMARY_CTX_RESET",
+            self.inner.release_primary(&mut st, dev, true),
+        ))
     }
 
     fn rm_ctx_create(&self, call: &CallContext, a: RmCtxCreateArgs) -> ProcResult<RmHandleReply> {
         let session = self.session(call);
         let r = self.inner.backend.ctx_create(a.flags, a.device);
         let mut st = session.lock();
-        Ok(handle_reply(r.map(|raw| {
-            st.insert(Resource::Context {
-                raw,
-                device: a.device,
-                primary: false,
-            })
-        })))
+        Ok(handle_reply(
+            "RM_CTX_CREATE",
+            r.map(|raw| {
+                st.insert(Resource::Context {
+                    raw,
+                    device: a.device,
+                    primary: false,
+                })
+            }),
+        ))
     }
 
     fn rm_ctx_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -393,7 +489,8 @@ impl RemoraV1Server for Executor {
         };
         st.drop_ctx_resources(&*self.inner.backend, h);
         st.remove(h);
-        Ok(code(self.inner.backend.ctx_destroy(raw)))
+        st.clear_sticky();
+        Ok(code("RM_CTX_DESTROY", self.inner.backend.ctx_destroy(raw)))
     }
 
     fn rm_ctx_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
@@ -401,24 +498,37 @@ impl RemoraV1Server for Executor {
             let own = session.lock().ctx(h);
             let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
             let mut st = session.lock();
-            inner.sync_reply(&mut st, own, Scope::Context(h))
+            inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
         })
     }
 
     fn rm_ctx_set_limit(&self, call: &CallContext, a: RmLimitArgs) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let raw = session.lock().ctx(a.ctx);
-        Ok(code(raw.and_then(|c| {
-            self.inner.backend.ctx_set_limit(c, a.limit, a.value)
-        })))
+        Ok(code(
+            "RM_CTX_SET_LIMIT",
+            raw.and_then(|c| self.inner.backend.ctx_set_limit(c, a.limit, a.value)),
+        ))
     }
 
     fn rm_ctx_get_limit(&self, call: &CallContext, a: RmLimitArgs) -> ProcResult<RmU64Reply> {
         let session = self.session(call);
         let raw = session.lock().ctx(a.ctx);
-        Ok(u64_reply(raw.and_then(|c| {
-            self.inner.backend.ctx_get_limit(c, a.limit)
-        })))
+        Ok(u64_reply(
+            "RM_CTX_GET_LIMIT",
+            raw.and_then(|c| self.inner.backend.ctx_get_limit(c, a.limit)),
+        ))
+    }
+
+    fn rm_ctx_get_stream_priority_range(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmIntPairReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(h);
+        let r = raw.and_then(|c| self.inner.backend.ctx_stream_priority_range(c));
+        Ok(int_pair_reply("RM_CTX_GET_STREAM_PRIORITY_RANGE", r))
     }
 
     // Memory ---------------------------------------------------------------------------------
@@ -437,7 +547,7 @@ impl RemoraV1Server for Executor {
                 },
             );
         }
-        Ok(u64_reply(r))
+        Ok(u64_reply("RM_MEM_ALLOC", r))
     }
 
     fn rm_mem_alloc_pitch(
@@ -452,22 +562,24 @@ impl RemoraV1Server for Executor {
                 .backend
                 .mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
         });
-        Ok(match r {
-            Ok((ptr, pitch)) => {
-                session.lock().ranges.insert(
-                    ptr,
-                    Range {
-                        size: pitch.saturating_mul(a.height),
-                        ctx: a.ctx,
-                        module: None,
-                    },
-                );
-                RmPitchedReply::Case0(RmPitched { ptr, pitch })
-            }
-            Err(e) => RmPitchedReply::Default {
-                discriminant: nz(e),
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MEM_ALLOC_PITCH", *e)) {
+                Ok((ptr, pitch)) => {
+                    session.lock().ranges.insert(
+                        ptr,
+                        Range {
+                            size: pitch.saturating_mul(a.height),
+                            ctx: a.ctx,
+                            module: None,
+                        },
+                    );
+                    RmPitchedReply::Case0(RmPitched { ptr, pitch })
+                }
+                Err(e) => RmPitchedReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
@@ -481,13 +593,14 @@ impl RemoraV1Server for Executor {
         if r.is_ok() {
             st.ranges.remove(&a.ptr);
         }
-        Ok(code(r))
+        Ok(code("RM_MEM_FREE", r))
     }
 
     fn rm_mem_get_info(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmMemInfoReply> {
         let session = self.session(call);
         let raw = session.lock().ctx(h);
-        Ok(match raw.and_then(|c| self.inner.backend.mem_get_info(c)) {
+        let r = raw.and_then(|c| self.inner.backend.mem_get_info(c));
+        Ok(match r.inspect_err(|e| log_failed("RM_MEM_GET_INFO", *e)) {
             Ok((free_bytes, total_bytes)) => RmMemInfoReply::Case0(RmMemInfo {
                 free_bytes,
                 total_bytes,
@@ -505,12 +618,15 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<RmRangeReply> {
         let session = self.session(call);
         let st = session.lock();
-        Ok(match st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr)) {
-            Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
-            Err(e) => RmRangeReply::Default {
-                discriminant: nz(e),
+        let r = st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr));
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MEM_GET_ADDRESS_RANGE", *e)) {
+                Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
+                Err(e) => RmRangeReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
@@ -522,10 +638,12 @@ impl RemoraV1Server for Executor {
         };
         let own = raw.and_then(|c| self.inner.backend.memcpy_htod(c, None, a.dst, &a.data));
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMCPY_HTOD", &mut st, own, Scope::Finished))
     }
 
-    fn rm_memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmBytesReply> {
+    fn rm_memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmDtohReply> {
         self.blocking(call, move |inner, session| {
             let raw = {
                 let st = session.lock();
@@ -545,11 +663,24 @@ impl RemoraV1Server for Executor {
                 Ok(remora_xdr::Bytes::from(buf))
             });
             let mut st = session.lock();
-            let status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
-            if status == SUCCESS {
-                bytes_reply(r)
-            } else {
-                bytes_reply(Err(status))
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            // A synchronous copy waits for the context's legacy stream: the async copies
+            // queued there before it are complete too.
+            let copies = st.collect(
+                Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)),
+                &mut status,
+            );
+            let data = match r {
+                Ok(data) if status == SUCCESS => data,
+                _ => remora_xdr::Bytes::new(),
+            };
+            if status != SUCCESS {
+                log_failed("RM_MEMCPY_DTOH", status);
+            }
+            RmDtohReply {
+                status,
+                data,
+                copies,
             }
         })
     }
@@ -568,7 +699,9 @@ impl RemoraV1Server for Executor {
                 .memcpy_dtod(c, None, a.dst, a.src, a.size)
         });
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMCPY_DTOD", &mut st, own, Scope::Finished))
     }
 
     fn rm_memset(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<RmSyncReply> {
@@ -580,7 +713,9 @@ impl RemoraV1Server for Executor {
                 .memset(c, None, a.dst, a.value, a.element_size, a.count)
         });
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMSET", &mut st, own, Scope::Finished))
     }
 
     fn rm_memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
@@ -685,7 +820,7 @@ impl RemoraV1Server for Executor {
         st.remove(h);
         st.remove_module_children(h);
         st.ranges.retain(|_, g| g.module != Some(h));
-        Ok(code(r))
+        Ok(code("RM_MODULE_UNLOAD", r))
     }
 
     fn rm_module_get_global(
@@ -710,13 +845,15 @@ impl RemoraV1Server for Executor {
             });
             Ok((ptr, size))
         });
-        Ok(match r {
-            Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
-            Err(e) => RmGlobalReply::Default {
-                discriminant: RmLoadStatus::RmLoadFailed,
-                value: nz(e),
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MODULE_GET_GLOBAL", *e)) {
+                Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
+                Err(e) => RmGlobalReply::Default {
+                    discriminant: RmLoadStatus::RmLoadFailed,
+                    value: nz(e),
+                },
             },
-        })
+        )
     }
 
     fn rm_func_get_attribute(
@@ -726,9 +863,10 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<RmIntReply> {
         let session = self.session(call);
         let f = session.lock().function(a.function);
-        Ok(int_reply(f.and_then(|(raw, c, _)| {
-            self.inner.backend.func_get_attribute(c, raw, a.attribute)
-        })))
+        Ok(int_reply(
+            "RM_FUNC_GET_ATTRIBUTE",
+            f.and_then(|(raw, c, _)| self.inner.backend.func_get_attribute(c, raw, a.attribute)),
+        ))
     }
 
     fn rm_func_set_attribute(
@@ -738,11 +876,14 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let f = session.lock().function(a.function);
-        Ok(code(f.and_then(|(raw, c, _)| {
-            self.inner
-                .backend
-                .func_set_attribute(c, raw, a.attribute, a.value)
-        })))
+        Ok(code(
+            "RM_FUNC_SET_ATTRIBUTE",
+            f.and_then(|(raw, c, _)| {
+                self.inner
+                    .backend
+                    .func_set_attribute(c, raw, a.attribute, a.value)
+            }),
+        ))
     }
 
     fn rm_func_set_cache_config(
@@ -752,9 +893,64 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let f = session.lock().function(a.handle);
-        Ok(code(f.and_then(|(raw, c, _)| {
-            self.inner.backend.func_set_cache_config(c, raw, a.flags)
-        })))
+        Ok(code(
+            "RM_FUNC_SET_CACHE_CONFIG",
+            f.and_then(|(raw, c, _)| self.inner.backend.func_set_cache_config(c, raw, a.flags)),
+        ))
+    }
+
+    fn rm_occupancy_max_active_clusters(
+        &self,
+        call: &CallContext,
+        a: RmLaunchArgs,
+    ) -> ProcResult<RmIntReply> {
+        let session = self.session(call);
+        let target = {
+            let st = session.lock();
+            st.function(a.function).and_then(|(func, fctx, _)| {
+                let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
+                Ok((func, c, st.stream(a.stream)?))
+            })
+        };
+        Ok(int_reply(
+            "RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS",
+            target.and_then(|(func, c, s)| {
+                self.inner.backend.occupancy_max_active_clusters(
+                    c,
+                    &LaunchSpec {
+                        function: func,
+                        grid: [a.grid.x, a.grid.y, a.grid.z],
+                        block: [a.block.x, a.block.y, a.block.z],
+                        shared_mem_bytes: a.shared_mem_bytes,
+                        stream: s,
+                        params: &[],
+                        layout: &[],
+                        attrs: &a.attrs,
+                    },
+                )
+            }),
+        ))
+    }
+
+    fn rm_occupancy_max_potential_block_size(
+        &self,
+        call: &CallContext,
+        a: RmPotentialBlockArgs,
+    ) -> ProcResult<RmIntPairReply> {
+        let session = self.session(call);
+        let f = session.lock().function(a.function);
+        Ok(int_pair_reply(
+            "RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE",
+            f.and_then(|(raw, c, _)| {
+                self.inner.backend.occupancy_max_potential_block_size(
+                    c,
+                    raw,
+                    a.dynamic_smem_bytes,
+                    a.block_size_limit,
+                    a.flags,
+                )
+            }),
+        ))
     }
 
     fn rm_occupancy_max_active_blocks(
@@ -764,15 +960,18 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<RmIntReply> {
         let session = self.session(call);
         let f = session.lock().function(a.function);
-        Ok(int_reply(f.and_then(|(raw, c, _)| {
-            self.inner.backend.occupancy_max_active_blocks(
-                c,
-                raw,
-                a.block_size,
-                a.dynamic_smem_bytes,
-                a.flags,
-            )
-        })))
+        Ok(int_reply(
+            "RM_OCCUPANCY_MAX_ACTIVE_BLOCKS",
+            f.and_then(|(raw, c, _)| {
+                self.inner.backend.occupancy_max_active_blocks(
+                    c,
+                    raw,
+                    a.block_size,
+                    a.dynamic_smem_bytes,
+                    a.flags,
+                )
+            }),
+        ))
     }
 
     // Launches -------------------------------------------------------------------------------
@@ -820,9 +1019,10 @@ impl RemoraV1Server for Executor {
         let raw = session.lock().ctx(a.ctx);
         let r = raw.and_then(|c| self.inner.backend.stream_create(c, a.flags, a.priority));
         let mut st = session.lock();
-        Ok(handle_reply(r.map(|raw| {
-            st.insert(Resource::Stream { raw, ctx: a.ctx })
-        })))
+        Ok(handle_reply(
+            "RM_STREAM_CREATE",
+            r.map(|raw| st.insert(Resource::Stream { raw, ctx: a.ctx })),
+        ))
     }
 
     fn rm_stream_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -836,38 +1036,45 @@ impl RemoraV1Server for Executor {
             .ctx(ctx)
             .and_then(|c| self.inner.backend.stream_destroy(c, raw));
         st.remove(h);
-        Ok(code(r))
+        Ok(code("RM_STREAM_DESTROY", r))
     }
 
-    fn rm_stream_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+    fn rm_stream_synchronize(
+        &self,
+        call: &CallContext,
+        a: RmStreamArgs,
+    ) -> ProcResult<RmSyncReply> {
         self.blocking(call, move |inner, session| {
-            let target = stream_target(&session.lock(), h);
-            let own = target.and_then(|(c, s)| inner.backend.stream_synchronize(c, s));
-            let scope = Scope::Stream(if h == 0 {
-                u64::from(RM_STREAM_LEGACY)
-            } else {
-                h
-            });
+            let target = stream_target(&session.lock(), a.ctx, a.stream);
+            let (own, scope) = match target {
+                Ok(t) => (
+                    inner.backend.stream_synchronize(t.ctx, t.stream),
+                    Scope::Stream(t.ctx_handle, t.stream_handle),
+                ),
+                Err(e) => (Err(e), Scope::Finished),
+            };
             let mut st = session.lock();
-            inner.sync_reply(&mut st, own, scope)
+            inner.sync_reply("RM_STREAM_SYNCHRONIZE", &mut st, own, scope)
         })
     }
 
-    fn rm_stream_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
+    fn rm_stream_query(&self, call: &CallContext, a: RmStreamArgs) -> ProcResult<RmSyncReply> {
         let session = self.session(call);
-        let target = stream_target(&session.lock(), h);
-        let own = target.and_then(|(c, s)| self.inner.backend.stream_query(c, s));
+        let target = stream_target(&session.lock(), a.ctx, a.stream);
+        let own = target.and_then(|t| self.inner.backend.stream_query(t.ctx, t.stream));
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_STREAM_QUERY", &mut st, own, Scope::Finished))
     }
 
     fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
         self.oneway(call, "RM_STREAM_WAIT_EVENT", |inner, session| {
-            let ((c, s), (e, _)) = {
+            let (t, (e, _)) = {
                 let st = session.lock();
-                (stream_target(&st, a.stream)?, st.event(a.event)?)
+                (stream_target(&st, a.ctx, a.stream)?, st.event(a.event)?)
             };
-            inner.backend.stream_wait_event(c, s, e, a.flags)
+            inner.backend.stream_wait_event(t.ctx, t.stream, e, a.flags)
         })
     }
 
@@ -876,9 +1083,10 @@ impl RemoraV1Server for Executor {
         let raw = session.lock().ctx(a.handle);
         let r = raw.and_then(|c| self.inner.backend.event_create(c, a.flags));
         let mut st = session.lock();
-        Ok(handle_reply(r.map(|raw| {
-            st.insert(Resource::Event { raw, ctx: a.handle })
-        })))
+        Ok(handle_reply(
+            "RM_EVENT_CREATE",
+            r.map(|raw| st.insert(Resource::Event { raw, ctx: a.handle })),
+        ))
     }
 
     fn rm_event_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -890,16 +1098,22 @@ impl RemoraV1Server for Executor {
         if r.is_ok() || st.event(h).is_ok() {
             st.remove(h);
         }
-        Ok(code(r))
+        Ok(code("RM_EVENT_DESTROY", r))
     }
 
     fn rm_event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
         self.oneway(call, "RM_EVENT_RECORD", |inner, session| {
-            let ((e, c), s) = {
+            let (e, t) = {
                 let st = session.lock();
-                (st.event(a.event)?, st.stream(a.stream)?)
+                let (e, event_ctx) = match st.get(a.event)? {
+                    Resource::Event { raw, ctx } => (*raw, *ctx),
+                    _ => return Err(INVALID_HANDLE),
+                };
+                // The legacy stream of the named context, else of the event's.
+                let ctx = if a.ctx == 0 { event_ctx } else { a.ctx };
+                (e, stream_target(&st, ctx, a.stream)?)
             };
-            inner.backend.event_record(c, e, s)
+            inner.backend.event_record(t.ctx, e, t.stream)
         })
     }
 
@@ -908,7 +1122,7 @@ impl RemoraV1Server for Executor {
             let ev = session.lock().event(h);
             let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
             let mut st = session.lock();
-            inner.sync_reply(&mut st, own, Scope::Finished)
+            inner.sync_reply("RM_EVENT_SYNCHRONIZE", &mut st, own, Scope::Finished)
         })
     }
 
@@ -917,7 +1131,9 @@ impl RemoraV1Server for Executor {
         let ev = session.lock().event(h);
         let own = ev.and_then(|(e, c)| self.inner.backend.event_query(c, e));
         let mut st = session.lock();
-        Ok(self.inner.sync_reply(&mut st, own, Scope::Finished))
+        Ok(self
+            .inner
+            .sync_reply("RM_EVENT_QUERY", &mut st, own, Scope::Finished))
     }
 
     fn rm_event_elapsed_time(
@@ -930,26 +1146,47 @@ impl RemoraV1Server for Executor {
             let st = session.lock();
             st.event(a.start).and_then(|s| Ok((s, st.event(a.end)?)))
         };
-        Ok(float_reply(evs.and_then(|((s, c), (e, _))| {
-            self.inner.backend.event_elapsed(c, s, e)
-        })))
+        Ok(float_reply(
+            "RM_EVENT_ELAPSED_TIME",
+            evs.and_then(|((s, c), (e, _))| self.inner.backend.event_elapsed(c, s, e)),
+        ))
     }
 }
 
-/// `(backend context, backend stream)` for a stream handle (0 / legacy: the legacy stream of
-/// no particular context, which then needs one of the session's contexts).
-fn stream_target(st: &SessionState, h: u64) -> CuResult<(u64, u64)> {
-    match st.get(h) {
-        Ok(Resource::Stream { raw, ctx }) => Ok((st.ctx(*ctx)?, *raw)),
-        Ok(_) => Err(INVALID_HANDLE),
-        Err(e) => {
-            if h == 0 || h == u64::from(RM_STREAM_LEGACY) {
-                let ctx = st.any_context().ok_or(INVALID_CONTEXT)?;
-                Ok((ctx, crate::backend::LEGACY_STREAM))
-            } else {
-                Err(e)
-            }
+/// Where a stream call runs.
+struct StreamTarget {
+    /// Backend context (made current).
+    ctx: u64,
+    /// Backend stream.
+    stream: u64,
+    /// Session handle of the context.
+    ctx_handle: u64,
+    /// Session handle of the stream (RM_STREAM_LEGACY for the legacy stream).
+    stream_handle: u64,
+}
+
+/// The context and stream a stream call names: a stream of the session runs in its own
+/// context; 0 / RM_STREAM_LEGACY is the legacy stream of context handle `ctx`.
+fn stream_target(st: &SessionState, ctx: u64, h: u64) -> CuResult<StreamTarget> {
+    if h == 0 || h == u64::from(RM_STREAM_LEGACY) {
+        if ctx == 0 {
+            return Err(INVALID_CONTEXT);
         }
+        return Ok(StreamTarget {
+            ctx: st.ctx(ctx)?,
+            stream: crate::backend::LEGACY_STREAM,
+            ctx_handle: ctx,
+            stream_handle: u64::from(RM_STREAM_LEGACY),
+        });
+    }
+    match st.get(h)? {
+        Resource::Stream { raw, ctx: owner } => Ok(StreamTarget {
+            ctx: st.ctx(*owner)?,
+            stream: *raw,
+            ctx_handle: *owner,
+            stream_handle: h,
+        }),
+        _ => Err(INVALID_HANDLE),
     }
 }
 

@@ -70,8 +70,9 @@ pub(crate) enum Scope {
     Finished,
     /// Every copy of this context.
     Context(u64),
-    /// Every copy on this stream.
-    Stream(u64),
+    /// Every copy on this stream: `(context handle, stream handle)`; for
+    /// [`RM_STREAM_LEGACY`] the copies on that context's legacy stream.
+    Stream(u64, u64),
 }
 
 /// `(backend function, backend context, parameter layout)`.
@@ -83,8 +84,11 @@ pub(crate) struct SessionState {
     next: u64,
     table: HashMap<u64, Resource>,
     pub(crate) ranges: BTreeMap<u64, Range>,
-    /// Device → (context handle, this session's retain count).
+    /// Device → (context handle, this session's retain count) of the session's own context
+    /// that stands for the device's primary context.
     pub(crate) primary: HashMap<i32, (u64, u32)>,
+    /// Device → flags from RM_PRIMARY_CTX_SET_FLAGS, applied when that context is created.
+    pub(crate) primary_flags: HashMap<i32, u32>,
     deferred: Option<i32>,
     pub(crate) pending: Vec<PendingCopy>,
 }
@@ -109,19 +113,6 @@ impl SessionState {
     pub(crate) fn remove_module_children(&mut self, module: u64) {
         self.table
             .retain(|_, r| !matches!(r, Resource::Function { module: m, .. } if *m == module));
-    }
-
-    /// The backend context of the session's oldest context, for calls on the legacy stream
-    /// that name no context.
-    pub(crate) fn any_context(&self) -> Option<u64> {
-        self.table
-            .iter()
-            .filter_map(|(h, r)| match r {
-                Resource::Context { raw, .. } => Some((*h, *raw)),
-                _ => None,
-            })
-            .min()
-            .map(|(_, raw)| raw)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -190,6 +181,15 @@ impl SessionState {
         }
     }
 
+    /// Forgets a sticky deferred error when a context of the session is destroyed or reset:
+    /// it belonged to a context that no longer exists (CUDA keeps a sticky error in the
+    /// faulting context; the driver goes on answering it for any other one still alive).
+    pub(crate) fn clear_sticky(&mut self) {
+        if self.deferred.is_some_and(is_sticky) {
+            self.deferred = None;
+        }
+    }
+
     /// The status a synchronizing call returns: a deferred error if there is one (kept when
     /// CUDA keeps it sticky), else the call's own result.
     pub(crate) fn sync_status(&mut self, own: CuResult<()>) -> i32 {
@@ -213,7 +213,9 @@ impl SessionState {
             let covered = match scope {
                 Scope::Finished => false,
                 Scope::Context(ctx) => p.ctx == ctx,
-                Scope::Stream(s) => p.stream == s,
+                Scope::Stream(ctx, s) => {
+                    p.stream == s && (s != u64::from(RM_STREAM_LEGACY) || p.ctx == ctx)
+                }
             };
             let done = if covered {
                 p.copy.wait().map(|()| true)
@@ -321,12 +323,12 @@ impl SessionState {
         for (h, device, primary, raw) in contexts {
             self.drop_ctx_resources(backend, h);
             self.table.remove(&h);
-            let rc = if primary {
+            if primary {
                 self.primary.remove(&device);
-                backend.primary_ctx_release(device)
-            } else {
-                backend.ctx_destroy(raw)
-            };
+            }
+            // The session's primary context is a context of its own too (see
+            // Executor::rm_primary_ctx_retain): both are destroyed.
+            let rc = backend.ctx_destroy(raw);
             if let Err(e) = rc {
                 tracing::debug!(handle = h, error = e, "cleanup: releasing a context failed");
             }
@@ -334,6 +336,7 @@ impl SessionState {
         self.table.clear();
         self.ranges.clear();
         self.primary.clear();
+        self.primary_flags.clear();
     }
 }
 

@@ -71,6 +71,22 @@ fn handle(r: RmHandleReply) -> u64 {
     }
 }
 
+fn ok_bytes(data: Bytes) -> RmDtohReply {
+    RmDtohReply {
+        status: 0,
+        data,
+        copies: Vec::new(),
+    }
+}
+
+fn failed_dtoh(status: i32) -> RmDtohReply {
+    RmDtohReply {
+        status,
+        data: Bytes::new(),
+        copies: Vec::new(),
+    }
+}
+
 fn u64v(r: RmU64Reply) -> u64 {
     match r {
         RmU64Reply::Case0(v) => v,
@@ -202,6 +218,19 @@ fn every_procedure_round_trips() {
         "primary: release, not destroy"
     );
     assert_eq!(
+        c.rm_ctx_get_stream_priority_range(&ctx).unwrap(),
+        RmIntPairReply::Case0(RmIntPair {
+            first: 0,
+            second: -5
+        })
+    );
+    assert_eq!(
+        c.rm_ctx_get_stream_priority_range(&4242).unwrap(),
+        RmIntPairReply::Default {
+            discriminant: INVALID_HANDLE
+        }
+    );
+    assert_eq!(
         c.rm_ctx_set_limit(&RmLimitArgs {
             ctx,
             limit: 1,
@@ -293,16 +322,8 @@ fn every_procedure_round_trips() {
         })
         .unwrap()
     };
-    assert_eq!(
-        dtoh(a + 16, 256),
-        RmBytesReply::Case0(Bytes::from(data.clone()))
-    );
-    assert_eq!(
-        dtoh(a + 4090, 16),
-        RmBytesReply::Default {
-            discriminant: INVALID_VALUE
-        }
-    );
+    assert_eq!(dtoh(a + 16, 256), ok_bytes(Bytes::from(data.clone())));
+    assert_eq!(dtoh(a + 4090, 16), failed_dtoh(INVALID_VALUE));
     assert_eq!(
         c.rm_memcpy_dtod(&RmDtodArgs {
             ctx,
@@ -330,7 +351,7 @@ fn every_procedure_round_trips() {
     );
     assert_eq!(
         dtoh(b, 6),
-        RmBytesReply::Case0(Bytes::from_static(&[0x01, 0xef, 0x01, 0xef, 4, 5]))
+        ok_bytes(Bytes::from_static(&[0x01, 0xef, 0x01, 0xef, 4, 5]))
     );
     assert_eq!(
         c.rm_memset(&RmMemsetArgs {
@@ -370,6 +391,7 @@ fn every_procedure_round_trips() {
         .unwrap(),
     );
     c.rm_event_record(&RmEventRecordArgs {
+        ctx,
         event: e0,
         stream: s,
     })
@@ -399,6 +421,7 @@ fn every_procedure_round_trips() {
     })
     .unwrap();
     c.rm_stream_wait_event(&RmStreamWaitArgs {
+        ctx,
         stream: s,
         event: e0,
         flags: 0,
@@ -414,16 +437,24 @@ fn every_procedure_round_trips() {
     .unwrap();
     std::thread::sleep(Duration::from_millis(20));
     c.rm_event_record(&RmEventRecordArgs {
+        ctx,
         event: e1,
         stream: s,
     })
     .unwrap();
     assert_eq!(c.rm_event_query(&e1).unwrap().status, 0);
-    let r = c.rm_stream_synchronize(&s).unwrap();
+    let r = c
+        .rm_stream_synchronize(&RmStreamArgs { ctx, stream: s })
+        .unwrap();
     assert_eq!(r.status, 0);
     // The async copy may have been delivered by the event query already.
     assert!(r.copies.is_empty() || r.copies[0].data == Bytes::from_static(b"async!zz"));
-    assert_eq!(c.rm_stream_query(&s).unwrap().status, 0);
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx, stream: s })
+            .unwrap()
+            .status,
+        0
+    );
     assert_eq!(c.rm_event_synchronize(&e1).unwrap().status, 0);
     let RmFloatReply::Case0(ms) = c
         .rm_event_elapsed_time(&RmElapsedArgs { start: e0, end: e1 })
@@ -442,7 +473,12 @@ fn every_procedure_round_trips() {
             discriminant: INVALID_HANDLE
         }
     );
-    assert_eq!(c.rm_stream_query(&4242).unwrap().status, INVALID_HANDLE);
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx, stream: 4242 })
+            .unwrap()
+            .status,
+        INVALID_HANDLE
+    );
     assert_eq!(c.rm_event_destroy(&e0).unwrap(), 0);
     assert_eq!(c.rm_event_destroy(&e0).unwrap(), INVALID_HANDLE);
     assert_eq!(c.rm_event_destroy(&e1).unwrap(), 0);
@@ -627,7 +663,9 @@ fn async_device_to_host_copies_arrive_at_the_synchronizing_call() {
         })
         .unwrap();
     }
-    let r = c.rm_stream_synchronize(&s).unwrap();
+    let r = c
+        .rm_stream_synchronize(&RmStreamArgs { ctx, stream: s })
+        .unwrap();
     assert_eq!(r.status, 0);
     let got: Vec<(u64, &[u8])> = r.copies.iter().map(|c| (c.copy_id, &c.data[..])).collect();
     assert_eq!(got, [(1, &b"01234"[..]), (2, &b"56789"[..])]);
@@ -687,6 +725,7 @@ fn deferred_errors_surface_at_the_next_synchronizing_call() {
     assert_eq!(r.status, INVALID_VALUE);
     assert_eq!(sync(&c, ctx).status, 0, "reported once");
     c.rm_event_record(&RmEventRecordArgs {
+        ctx,
         event: 31337,
         stream: 0,
     })
@@ -700,11 +739,14 @@ fn deferred_errors_surface_at_the_next_synchronizing_call() {
             copy_id: 0
         })
         .unwrap(),
-        RmBytesReply::Default {
-            discriminant: INVALID_HANDLE
-        }
+        failed_dtoh(INVALID_HANDLE)
     );
-    assert_eq!(c.rm_stream_query(&0).unwrap().status, 0);
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx, stream: 0 })
+            .unwrap()
+            .status,
+        0
+    );
 }
 
 #[test]
@@ -735,17 +777,20 @@ fn sessions_cannot_name_each_others_objects() {
             copy_id: 0,
         })
         .unwrap();
-    assert_eq!(
-        r,
-        RmBytesReply::Default {
-            discriminant: INVALID_VALUE
-        }
-    );
+    assert_eq!(r, failed_dtoh(INVALID_VALUE));
     assert_eq!(
         c2.rm_mem_free(&RmPtrArgs { ctx: ctx2, ptr: a1 }).unwrap(),
         INVALID_VALUE
     );
-    assert_eq!(c1.rm_stream_query(&s1).unwrap().status, 0);
+    assert_eq!(
+        c1.rm_stream_query(&RmStreamArgs {
+            ctx: ctx1,
+            stream: s1
+        })
+        .unwrap()
+        .status,
+        0
+    );
 }
 
 #[test]
@@ -792,8 +837,7 @@ fn a_dropped_connection_frees_everything_it_owned() {
             fx.backend.live(),
             LiveCounts {
                 allocations: 5,
-                contexts: 1,
-                primary_refs: 1,
+                contexts: 2,
                 modules: 1,
                 streams: 1,
                 events: 1,
@@ -903,4 +947,241 @@ fn the_real_driver_backend_without_a_gpu() {
             assert_eq!(b.mem_alloc(0, 16), Err(100));
         }
     }
+}
+
+#[test]
+fn each_session_has_a_primary_context_of_its_own() {
+    let fx = serve(EmulatedConfig::default());
+    let (c1, c2) = (fx.client(), fx.client());
+    let ctx1 = primary(&c1);
+    let ctx2 = primary(&c2);
+    assert_eq!(
+        fx.backend.live().contexts,
+        2,
+        "two sessions, two real contexts: a sticky error in one cannot reach the other"
+    );
+    // State and flags are the session's.
+    assert_eq!(
+        c2.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs {
+            device: 0,
+            flags: 4
+        })
+        .unwrap(),
+        0
+    );
+    assert_eq!(
+        c1.rm_primary_ctx_get_state(&0).unwrap(),
+        RmPrimaryStateReply::Case0(RmPrimaryState {
+            flags: 0,
+            active: 1
+        })
+    );
+    let fresh = fx.client();
+    assert_eq!(
+        fresh.rm_primary_ctx_get_state(&0).unwrap(),
+        RmPrimaryStateReply::Case0(RmPrimaryState {
+            flags: 0,
+            active: 0
+        })
+    );
+    assert_eq!(
+        fresh
+            .rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs {
+                device: 7,
+                flags: 0
+            })
+            .unwrap(),
+        INVALID_DEVICE
+    );
+    // Reset destroys session 1's context (and its memory); the next retain gets a new one.
+    let a = alloc(&c1, ctx1, 64);
+    assert_eq!(c1.rm_primary_ctx_reset(&0).unwrap(), 0);
+    assert_eq!(fx.backend.live().contexts, 1);
+    assert_eq!(fx.backend.live().allocations, 0);
+    assert_eq!(
+        sync(&c1, ctx1).status,
+        INVALID_HANDLE,
+        "the old handle is gone"
+    );
+    let again = primary(&c1);
+    assert_ne!(again, ctx1);
+    assert_eq!(
+        c1.rm_mem_free(&RmPtrArgs { ctx: again, ptr: a }).unwrap(),
+        INVALID_VALUE
+    );
+    // Session 2 never noticed.
+    assert_eq!(sync(&c2, ctx2).status, 0);
+    // Retains are counted per session: the context goes at zero.
+    primary(&c2);
+    assert_eq!(c2.rm_primary_ctx_release(&0).unwrap(), 0);
+    assert_eq!(fx.backend.live().contexts, 2);
+    assert_eq!(c2.rm_primary_ctx_release(&0).unwrap(), 0);
+    assert_eq!(fx.backend.live().contexts, 1);
+    assert_eq!(c2.rm_primary_ctx_release(&0).unwrap(), NEED_CTX);
+}
+
+#[test]
+fn stream_calls_use_the_context_they_name() {
+    let fx = serve(EmulatedConfig::default());
+    let c = fx.client();
+    let ctx = primary(&c);
+    let own = handle(
+        c.rm_ctx_create(&RmCtxCreateArgs {
+            flags: 0,
+            device: 0,
+        })
+        .unwrap(),
+    );
+    let a = alloc(&c, own, 16);
+    c.rm_memcpy_htod_async(&RmHtodArgs {
+        ctx: own,
+        stream: 0,
+        dst: a,
+        data: Bytes::from_static(b"legacy"),
+    })
+    .unwrap();
+    c.rm_memcpy_dtoh_async(&RmDtohArgs {
+        ctx: own,
+        stream: u64::from(RM_STREAM_LEGACY),
+        src: a,
+        size: 6,
+        copy_id: 3,
+    })
+    .unwrap();
+    // A synchronous D2H copy in `own` delivers the async copy queued before it.
+    let r = c
+        .rm_memcpy_dtoh(&RmDtohArgs {
+            ctx: own,
+            stream: 0,
+            src: a,
+            size: 3,
+            copy_id: 0,
+        })
+        .unwrap();
+    assert_eq!(r.status, 0);
+    assert_eq!(&r.data[..], b"leg");
+    let got: Vec<(u64, &[u8])> = r.copies.iter().map(|c| (c.copy_id, &c.data[..])).collect();
+    assert_eq!(got, [(3, &b"legacy"[..])]);
+    // Legacy-stream calls need a context.
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx: 0, stream: 0 })
+            .unwrap()
+            .status,
+        NEED_CTX
+    );
+    assert_eq!(
+        c.rm_stream_query(&RmStreamArgs { ctx, stream: 0 })
+            .unwrap()
+            .status,
+        0
+    );
+    // Events and stream waits on the legacy stream of the named context.
+    let e = handle(
+        c.rm_event_create(&RmHandleFlags {
+            handle: own,
+            flags: 0,
+        })
+        .unwrap(),
+    );
+    c.rm_event_record(&RmEventRecordArgs {
+        ctx: own,
+        event: e,
+        stream: 0,
+    })
+    .unwrap();
+    c.rm_stream_wait_event(&RmStreamWaitArgs {
+        ctx: own,
+        stream: u64::from(RM_STREAM_LEGACY),
+        event: e,
+        flags: 0,
+    })
+    .unwrap();
+    assert_eq!(
+        c.rm_stream_synchronize(&RmStreamArgs {
+            ctx: own,
+            stream: 0
+        })
+        .unwrap()
+        .status,
+        0
+    );
+    // A failed synchronous D2H copy carries no data but still reports deferred errors.
+    c.rm_event_record(&RmEventRecordArgs {
+        ctx: own,
+        event: 4242,
+        stream: 0,
+    })
+    .unwrap();
+    let r = c
+        .rm_memcpy_dtoh(&RmDtohArgs {
+            ctx: own,
+            stream: 0,
+            src: a,
+            size: 3,
+            copy_id: 0,
+        })
+        .unwrap();
+    assert_eq!(r, failed_dtoh(INVALID_HANDLE));
+}
+
+#[test]
+fn occupancy_of_clusters_and_potential_block_size() {
+    let fx = serve(EmulatedConfig::default());
+    let c = fx.client();
+    let ctx = primary(&c);
+    let m = load(&c, ctx, MODULE);
+    let f = m.functions[1].function;
+    let launch = |function: u64, cluster: u32| RmLaunchArgs {
+        ctx,
+        function,
+        grid: RmDim3 { x: 8, y: 1, z: 1 },
+        block: RmDim3 { x: 128, y: 1, z: 1 },
+        shared_mem_bytes: 0,
+        stream: 0,
+        params: Bytes::new(),
+        attrs: vec![RmLaunchAttr::RmLaunchClusterDimension(RmDim3 {
+            x: cluster,
+            y: 1,
+            z: 1,
+        })],
+    };
+    let RmIntReply::Case0(one) = c.rm_occupancy_max_active_clusters(&launch(f, 1)).unwrap() else {
+        panic!()
+    };
+    let RmIntReply::Case0(two) = c.rm_occupancy_max_active_clusters(&launch(f, 2)).unwrap() else {
+        panic!()
+    };
+    assert!(one > 0 && two > 0 && two <= one, "{one} {two}");
+    assert_eq!(
+        c.rm_occupancy_max_active_clusters(&launch(4242, 1))
+            .unwrap(),
+        RmIntReply::Default {
+            discriminant: INVALID_HANDLE
+        }
+    );
+    let RmIntPairReply::Case0(p) = c
+        .rm_occupancy_max_potential_block_size(&RmPotentialBlockArgs {
+            function: f,
+            dynamic_smem_bytes: 0,
+            block_size_limit: 256,
+            flags: 0,
+        })
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(p.second, 256);
+    assert!(p.first > 0);
+    assert_eq!(
+        c.rm_occupancy_max_potential_block_size(&RmPotentialBlockArgs {
+            function: 4242,
+            dynamic_smem_bytes: 0,
+            block_size_limit: 0,
+            flags: 0,
+        })
+        .unwrap(),
+        RmIntPairReply::Default {
+            discriminant: INVALID_HANDLE
+        }
+    );
 }

@@ -20,6 +20,24 @@ type Res = c_int;
 
 /// The CUDA version whose entry-point ABI is requested from `cuGetProcAddress`.
 const CUDA_VERSION: c_int = 13000;
+/// Entry points whose newest ABI at [`CUDA_VERSION`] differs from the prototype `cuda.h`
+/// declares under the plain name, requested at an older version instead.
+///
+/// `cuCtxSynchronize` at 13000 is `cuCtxSynchronize_v2(CUcontext)` (`PFN_cuCtxSynchronize_v13000`
+/// in cudaTypedefs.h), while the table calls the `(void)` form: called without its argument,
+/// the driver read a garbage context and answered `CUDA_ERROR_CONTEXT_IS_DESTROYED` (709) to
+/// every context synchronize of the first GPU run.
+const PINNED_VERSIONS: &[(&str, c_int)] = &[("cuCtxSynchronize", 12000)];
+/// `CU_GET_PROC_ADDRESS_LEGACY_STREAM`: the legacy default-stream forms, never `_ptds`.
+const PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+
+/// The version at which `name` is requested from `cuGetProcAddress`.
+fn requested_version(name: &str) -> c_int {
+    PINNED_VERSIONS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(CUDA_VERSION, |&(_, v)| v)
+}
 /// `CU_EVENT_DISABLE_TIMING`.
 const EVENT_DISABLE_TIMING: c_uint = 2;
 /// `CUDA_ERROR_INVALID_VALUE` as cuFuncGetParamInfo returns it past the last parameter.
@@ -58,16 +76,13 @@ driver_table! {
     device_get_uuid = "cuDeviceGetUuid" / "cuDeviceGetUuid_v2": fn(*mut [u8; 16], c_int);
     device_get_pci_bus_id = "cuDeviceGetPCIBusId" / "cuDeviceGetPCIBusId": fn(*mut c_char, c_int, c_int);
     device_get_attribute = "cuDeviceGetAttribute" / "cuDeviceGetAttribute": fn(*mut c_int, c_int, c_int);
-    primary_retain = "cuDevicePrimaryCtxRetain" / "cuDevicePrimaryCtxRetain": fn(*mut Ptr, c_int);
-    primary_release = "cuDevicePrimaryCtxRelease" / "cuDevicePrimaryCtxRelease_v2": fn(c_int);
-    primary_set_flags = "cuDevicePrimaryCtxSetFlags" / "cuDevicePrimaryCtxSetFlags_v2": fn(c_int, c_uint);
-    primary_get_state = "cuDevicePrimaryCtxGetState" / "cuDevicePrimaryCtxGetState": fn(c_int, *mut c_uint, *mut c_int);
     ctx_create = "cuCtxCreate" / "cuCtxCreate_v4": fn(*mut Ptr, Ptr, c_uint, c_int);
     ctx_destroy = "cuCtxDestroy" / "cuCtxDestroy_v2": fn(Ptr);
     ctx_set_current = "cuCtxSetCurrent" / "cuCtxSetCurrent": fn(Ptr);
     ctx_synchronize = "cuCtxSynchronize" / "cuCtxSynchronize": fn();
     ctx_set_limit = "cuCtxSetLimit" / "cuCtxSetLimit": fn(c_int, usize);
     ctx_get_limit = "cuCtxGetLimit" / "cuCtxGetLimit": fn(*mut usize, c_int);
+    ctx_get_stream_priority_range = "cuCtxGetStreamPriorityRange" / "cuCtxGetStreamPriorityRange": fn(*mut c_int, *mut c_int);
     mem_alloc = "cuMemAlloc" / "cuMemAlloc_v2": fn(*mut u64, usize);
     mem_alloc_pitch = "cuMemAllocPitch" / "cuMemAllocPitch_v2": fn(*mut u64, *mut usize, usize, usize, c_uint);
     mem_free = "cuMemFree" / "cuMemFree_v2": fn(u64);
@@ -93,10 +108,14 @@ driver_table! {
     module_enumerate_functions = "cuModuleEnumerateFunctions" / "cuModuleEnumerateFunctions": fn(*mut Ptr, c_uint, Ptr);
     func_get_name = "cuFuncGetName" / "cuFuncGetName": fn(*mut *const c_char, Ptr);
     func_get_param_info = "cuFuncGetParamInfo" / "cuFuncGetParamInfo": fn(Ptr, usize, *mut usize, *mut usize);
+    func_load = "cuFuncLoad" / "cuFuncLoad": fn(Ptr);
     func_get_attribute = "cuFuncGetAttribute" / "cuFuncGetAttribute": fn(*mut c_int, c_int, Ptr);
     func_set_attribute = "cuFuncSetAttribute" / "cuFuncSetAttribute": fn(Ptr, c_int, c_int);
     func_set_cache_config = "cuFuncSetCacheConfig" / "cuFuncSetCacheConfig": fn(Ptr, c_int);
     occupancy = "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" / "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags": fn(*mut c_int, Ptr, c_int, usize, c_uint);
+    occupancy_max_active_clusters = "cuOccupancyMaxActiveClusters" / "cuOccupancyMaxActiveClusters": fn(*mut c_int, Ptr, *const LaunchConfig);
+    occupancy_max_potential_block_size = "cuOccupancyMaxPotentialBlockSize" / "cuOccupancyMaxPotentialBlockSize": fn(*mut c_int, *mut c_int, Ptr, Ptr, usize, c_int);
+    occupancy_max_potential_block_size_with_flags = "cuOccupancyMaxPotentialBlockSizeWithFlags" / "cuOccupancyMaxPotentialBlockSizeWithFlags": fn(*mut c_int, *mut c_int, Ptr, Ptr, usize, c_int, c_uint);
     launch_kernel = "cuLaunchKernel" / "cuLaunchKernel": fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr, *mut Ptr);
     launch_kernel_ex = "cuLaunchKernelEx" / "cuLaunchKernelEx": fn(*const LaunchConfig, Ptr, *mut Ptr, *mut Ptr);
     stream_create = "cuStreamCreateWithPriority" / "cuStreamCreateWithPriority": fn(*mut Ptr, c_uint, c_int);
@@ -112,8 +131,9 @@ driver_table! {
     event_elapsed = "cuEventElapsedTime" / "cuEventElapsedTime": fn(*mut f32, Ptr, Ptr);
 }
 
-/// `CUlaunchAttribute` (cuda.h 13.0): a 4-byte id, 4 bytes of padding, a 64-byte value union.
-#[repr(C)]
+/// `CUlaunchAttribute` (cuda.h 13.0): a 4-byte id, 4 bytes of padding, a 64-byte value union
+/// (8-byte aligned: it holds pointers and 64-bit members). 72 bytes, value at offset 8.
+#[repr(C, align(8))]
 #[derive(Clone, Copy)]
 struct LaunchAttribute {
     id: c_uint,
@@ -121,7 +141,7 @@ struct LaunchAttribute {
     value: [u32; 16],
 }
 
-/// `CUlaunchConfig` (cuda.h 13.0).
+/// `CUlaunchConfig` (cuda.h 13.0): 56 bytes, `hStream` at 32, `attrs` at 40, `numAttrs` at 48.
 #[repr(C)]
 struct LaunchConfig {
     grid: [c_uint; 3],
@@ -141,6 +161,9 @@ macro_rules! call {
                 // Table::resolve); the arguments follow its contract: every call site's
                 // SAFETY note says which pointers it passes and what they point to.
                 let rc = unsafe { f($($arg),*) };
+                if rc != SUCCESS {
+                    log_failure(stringify!($field), rc);
+                }
                 check(rc)
             }
             None => {
@@ -149,6 +172,59 @@ macro_rules! call {
             }
         }
     };
+}
+
+/// Logs a failed driver call with the entry point and the CUresult (debug level; `NOT_READY`
+/// from queries at trace level, as it is the normal answer while work is pending).
+fn log_failure(entry_point: &str, rc: Res) {
+    if rc == NOT_READY || (rc == PARAM_INFO_END && entry_point == "func_get_param_info") {
+        tracing::trace!(
+            entry_point,
+            result = rc,
+            "CUDA driver call returned non-success"
+        );
+    } else {
+        tracing::debug!(
+            entry_point,
+            result = rc,
+            name = result_name(rc),
+            "CUDA driver call failed"
+        );
+    }
+}
+
+/// The `CUresult` name of the codes the executor meets most, for logs.
+pub(crate) fn result_name(rc: Res) -> &'static str {
+    match rc {
+        0 => "CUDA_SUCCESS",
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        100 => "CUDA_ERROR_NO_DEVICE",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        200 => "CUDA_ERROR_INVALID_IMAGE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        209 => "CUDA_ERROR_NO_BINARY_FOR_GPU",
+        214 => "CUDA_ERROR_ECC_UNCORRECTABLE",
+        215 => "CUDA_ERROR_UNSUPPORTED_LIMIT",
+        218 => "CUDA_ERROR_INVALID_PTX",
+        400 => "CUDA_ERROR_INVALID_HANDLE",
+        500 => "CUDA_ERROR_NOT_FOUND",
+        600 => "CUDA_ERROR_NOT_READY",
+        700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        701 => "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+        702 => "CUDA_ERROR_LAUNCH_TIMEOUT",
+        709 => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        710 => "CUDA_ERROR_ASSERT",
+        715 => "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        719 => "CUDA_ERROR_LAUNCH_FAILED",
+        720 => "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+        801 => "CUDA_ERROR_NOT_SUPPORTED",
+        912 => "CUDA_ERROR_INVALID_CLUSTER_SIZE",
+        913 => "CUDA_ERROR_FUNCTION_NOT_LOADED",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => "CUresult",
+    }
 }
 
 fn check(rc: Res) -> CuResult<()> {
@@ -267,8 +343,16 @@ impl CudaBackend {
                 let mut f: Ptr = std::ptr::null_mut();
                 let mut status: c_int = 0;
                 // SAFETY: `cname` is NUL-terminated; the driver writes one pointer to `f` and
-                // one int to `status` (flags 0 = CU_GET_PROC_ADDRESS_DEFAULT).
-                let rc = unsafe { gpa(cname.as_ptr(), &mut f, CUDA_VERSION, 0, &mut status) };
+                // one int to `status`.
+                let rc = unsafe {
+                    gpa(
+                        cname.as_ptr(),
+                        &mut f,
+                        requested_version(name),
+                        PROC_ADDRESS_LEGACY_STREAM,
+                        &mut status,
+                    )
+                };
                 if rc == SUCCESS && !f.is_null() {
                     return Some(f);
                 }
@@ -427,35 +511,6 @@ impl Backend for CudaBackend {
         Ok(v)
     }
 
-    fn primary_ctx_retain(&self, dev: i32) -> CuResult<u64> {
-        let d = self.d()?;
-        let mut c: Ptr = std::ptr::null_mut();
-        // SAFETY: writes one CUcontext.
-        call!(d.t, primary_retain(&mut c, d.dev(dev)?))?;
-        Ok(c as usize as u64)
-    }
-
-    fn primary_ctx_release(&self, dev: i32) -> CuResult<()> {
-        let d = self.d()?;
-        CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: takes a device ordinal.
-        call!(d.t, primary_release(d.dev(dev)?))
-    }
-
-    fn primary_ctx_set_flags(&self, dev: i32, flags: u32) -> CuResult<()> {
-        let d = self.d()?;
-        // SAFETY: plain values.
-        call!(d.t, primary_set_flags(d.dev(dev)?, flags))
-    }
-
-    fn primary_ctx_get_state(&self, dev: i32) -> CuResult<(u32, i32)> {
-        let d = self.d()?;
-        let (mut flags, mut active) = (0u32, 0i32);
-        // SAFETY: writes one unsigned int and one int.
-        call!(d.t, primary_get_state(d.dev(dev)?, &mut flags, &mut active))?;
-        Ok((flags, active))
-    }
-
     fn ctx_create(&self, flags: u32, dev: i32) -> CuResult<u64> {
         let d = self.d()?;
         let mut c: Ptr = std::ptr::null_mut();
@@ -494,6 +549,17 @@ impl Backend for CudaBackend {
         // SAFETY: writes one size_t.
         call!(d.t, ctx_get_limit(&mut v, limit))?;
         Ok(v as u64)
+    }
+
+    fn ctx_stream_priority_range(&self, ctx: u64) -> CuResult<(i32, i32)> {
+        let d = self.in_ctx(ctx)?;
+        let (mut least, mut greatest) = (0 as c_int, 0 as c_int);
+        // SAFETY: writes two ints.
+        call!(
+            d.t,
+            ctx_get_stream_priority_range(&mut least, &mut greatest)
+        )?;
+        Ok((least, greatest))
     }
 
     fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64> {
@@ -713,6 +779,73 @@ impl Backend for CudaBackend {
         Ok(v)
     }
 
+    fn occupancy_max_active_clusters(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<i32> {
+        let d = self.in_ctx(ctx)?;
+        let mut attrs = launch_attributes(spec.attrs);
+        let config = LaunchConfig {
+            grid: spec.grid,
+            block: spec.block,
+            shared_mem_bytes: spec.shared_mem_bytes,
+            stream: ptr(spec.stream),
+            attrs: if attrs.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                attrs.as_mut_ptr()
+            },
+            num_attrs: attrs.len() as c_uint,
+        };
+        let mut n: c_int = 0;
+        // SAFETY: writes one int; `config` and `attrs` outlive the call.
+        call!(
+            d.t,
+            occupancy_max_active_clusters(&mut n, ptr(spec.function), &config)
+        )?;
+        Ok(n)
+    }
+
+    fn occupancy_max_potential_block_size(
+        &self,
+        ctx: u64,
+        func: u64,
+        dynamic_smem: u64,
+        block_size_limit: i32,
+        flags: u32,
+    ) -> CuResult<(i32, i32)> {
+        let d = self.in_ctx(ctx)?;
+        let (mut min_grid, mut block) = (0 as c_int, 0 as c_int);
+        let smem = usize::try_from(dynamic_smem).map_err(|_| INVALID_VALUE)?;
+        if flags == 0 {
+            // SAFETY: writes two ints; a NULL blockSizeToDynamicSMemSize callback means
+            // `dynamicSMemSize` for every block size.
+            call!(
+                d.t,
+                occupancy_max_potential_block_size(
+                    &mut min_grid,
+                    &mut block,
+                    ptr(func),
+                    std::ptr::null_mut(),
+                    smem,
+                    block_size_limit
+                )
+            )?;
+        } else {
+            // SAFETY: as above, with flags.
+            call!(
+                d.t,
+                occupancy_max_potential_block_size_with_flags(
+                    &mut min_grid,
+                    &mut block,
+                    ptr(func),
+                    std::ptr::null_mut(),
+                    smem,
+                    block_size_limit,
+                    flags
+                )
+            )?;
+        }
+        Ok((min_grid, block))
+    }
+
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
         // An 8-byte aligned copy of the parameters; kernelParams[i] points at parameter i.
@@ -750,29 +883,7 @@ impl Backend for CudaBackend {
                 )
             );
         }
-        let mut attrs: Vec<LaunchAttribute> = spec
-            .attrs
-            .iter()
-            .map(|a| {
-                let mut v = LaunchAttribute {
-                    id: 0,
-                    pad: [0; 4],
-                    value: [0; 16],
-                };
-                match a {
-                    RmLaunchAttr::RmLaunchCooperative(x) => (v.id, v.value[0]) = (2, *x as u32),
-                    RmLaunchAttr::RmLaunchClusterDimension(c) => {
-                        v.id = 4;
-                        v.value[..3].copy_from_slice(&[c.x, c.y, c.z]);
-                    }
-                    RmLaunchAttr::RmLaunchClusterScheduling(x) => {
-                        (v.id, v.value[0]) = (5, *x as u32)
-                    }
-                    RmLaunchAttr::RmLaunchPriority(x) => (v.id, v.value[0]) = (8, *x as u32),
-                }
-                v
-            })
-            .collect();
+        let mut attrs = launch_attributes(spec.attrs);
         let config = LaunchConfig {
             grid: spec.grid,
             block: spec.block,
@@ -861,6 +972,30 @@ impl Backend for CudaBackend {
     }
 }
 
+/// `CUlaunchAttribute`s for the protocol's launch attributes.
+fn launch_attributes(attrs: &[RmLaunchAttr]) -> Vec<LaunchAttribute> {
+    attrs
+        .iter()
+        .map(|a| {
+            let mut v = LaunchAttribute {
+                id: 0,
+                pad: [0; 4],
+                value: [0; 16],
+            };
+            match a {
+                RmLaunchAttr::RmLaunchCooperative(x) => (v.id, v.value[0]) = (2, *x as u32),
+                RmLaunchAttr::RmLaunchClusterDimension(c) => {
+                    v.id = 4;
+                    v.value[..3].copy_from_slice(&[c.x, c.y, c.z]);
+                }
+                RmLaunchAttr::RmLaunchClusterScheduling(x) => (v.id, v.value[0]) = (5, *x as u32),
+                RmLaunchAttr::RmLaunchPriority(x) => (v.id, v.value[0]) = (8, *x as u32),
+            }
+            v
+        })
+        .collect()
+}
+
 /// Every function of a module with its parameter layout.
 fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
     let mut count: c_uint = 0;
@@ -877,6 +1012,13 @@ fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
     }
     let mut out = Vec::with_capacity(funcs.len());
     for f in funcs {
+        // With lazy loading (CUDA's default since 12.2) an enumerated function is not loaded:
+        // cuFuncGetAttribute, occupancy queries and launches would answer
+        // CUDA_ERROR_FUNCTION_NOT_LOADED. Load each one now (cuFuncLoad, CUDA 12.4+).
+        if d.t.func_load.is_some() {
+            // SAFETY: `f` is a function of the module just loaded.
+            call!(d.t, func_load(f))?;
+        }
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: writes a pointer to a NUL-terminated name owned by the driver.
         call!(d.t, func_get_name(&mut name, f))?;
@@ -905,4 +1047,45 @@ fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// Sizes and offsets as gcc computes them from cuda.h 13.0.
+    #[test]
+    fn launch_structs_match_cuda_h() {
+        assert_eq!(size_of::<LaunchAttribute>(), 72);
+        assert_eq!(align_of::<LaunchAttribute>(), 8);
+        assert_eq!(offset_of!(LaunchAttribute, value), 8);
+        assert_eq!(size_of::<LaunchConfig>(), 56);
+        assert_eq!(offset_of!(LaunchConfig, shared_mem_bytes), 24);
+        assert_eq!(offset_of!(LaunchConfig, stream), 32);
+        assert_eq!(offset_of!(LaunchConfig, attrs), 40);
+        assert_eq!(offset_of!(LaunchConfig, num_attrs), 48);
+    }
+
+    /// Regression (first GPU run): cuCtxSynchronize resolved at 13000 is
+    /// `cuCtxSynchronize_v2(CUcontext)`; the `(void)` form must be requested.
+    #[test]
+    fn ctx_synchronize_is_requested_in_its_void_form() {
+        assert!(requested_version("cuCtxSynchronize") < 13000);
+        assert_eq!(requested_version("cuMemAlloc"), CUDA_VERSION);
+    }
+
+    #[test]
+    fn attributes_are_encoded_at_their_ids() {
+        let a = launch_attributes(&[
+            RmLaunchAttr::RmLaunchClusterDimension(remora_proto::remora::RmDim3 {
+                x: 2,
+                y: 1,
+                z: 1,
+            }),
+            RmLaunchAttr::RmLaunchPriority(-3),
+        ]);
+        assert_eq!((a[0].id, &a[0].value[..3]), (4, &[2, 1, 1][..]));
+        assert_eq!((a[1].id, a[1].value[0] as i32), (8, -3));
+    }
 }

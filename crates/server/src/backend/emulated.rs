@@ -17,6 +17,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use remora_proto::remora::RmLaunchAttr;
+
 use super::status::*;
 use super::{
     Backend, CuResult, DeviceProps, FunctionInfo, LEGACY_STREAM, LaunchSpec, LoadedModule,
@@ -58,8 +60,6 @@ pub struct LiveCounts {
     pub allocations: usize,
     /// Contexts made by `ctx_create`.
     pub contexts: usize,
-    /// Sum of the primary contexts' reference counts.
-    pub primary_refs: usize,
     /// Loaded modules.
     pub modules: usize,
     /// Streams.
@@ -72,13 +72,6 @@ struct Alloc {
     dev: i32,
     data: Vec<u8>,
     global: bool,
-}
-
-#[derive(Default)]
-struct Primary {
-    refs: usize,
-    flags: u32,
-    handle: u64,
 }
 
 struct EmuModule {
@@ -94,7 +87,6 @@ struct State {
     /// Context handle → device.
     contexts: HashMap<u64, i32>,
     created: usize,
-    primary: HashMap<i32, Primary>,
     modules: HashMap<u64, EmuModule>,
     functions: HashMap<u64, Vec<(u32, u32)>>,
     streams: HashMap<u64, u64>,
@@ -143,7 +135,6 @@ impl EmulatedBackend {
         LiveCounts {
             allocations: st.allocs.values().filter(|a| !a.global).count(),
             contexts: st.created,
-            primary_refs: st.primary.values().map(|p| p.refs).sum(),
             modules: st.modules.len(),
             streams: st.streams.len(),
             events: st.events.len(),
@@ -328,49 +319,6 @@ impl Backend for EmulatedBackend {
         })
     }
 
-    fn primary_ctx_retain(&self, dev: i32) -> CuResult<u64> {
-        self.check_dev(dev)?;
-        let mut st = self.lock();
-        let h = match st.primary.get(&dev).map(|p| p.handle) {
-            Some(h) if h != 0 => h,
-            _ => {
-                let h = st.handle();
-                st.contexts.insert(h, dev);
-                h
-            }
-        };
-        let p = st.primary.entry(dev).or_default();
-        p.handle = h;
-        p.refs += 1;
-        Ok(h)
-    }
-
-    fn primary_ctx_release(&self, dev: i32) -> CuResult<()> {
-        self.check_dev(dev)?;
-        let mut st = self.lock();
-        let p = st.primary.entry(dev).or_default();
-        if p.refs == 0 {
-            return Err(INVALID_CONTEXT_PRIMARY);
-        }
-        p.refs -= 1;
-        Ok(())
-    }
-
-    fn primary_ctx_set_flags(&self, dev: i32, flags: u32) -> CuResult<()> {
-        self.check_dev(dev)?;
-        self.lock().primary.entry(dev).or_default().flags = flags;
-        Ok(())
-    }
-
-    fn primary_ctx_get_state(&self, dev: i32) -> CuResult<(u32, i32)> {
-        self.check_dev(dev)?;
-        let st = self.lock();
-        Ok(st
-            .primary
-            .get(&dev)
-            .map_or((0, 0), |p| (p.flags, i32::from(p.refs > 0))))
-    }
-
     fn ctx_create(&self, _flags: u32, dev: i32) -> CuResult<u64> {
         self.check_dev(dev)?;
         let mut st = self.lock();
@@ -382,12 +330,15 @@ impl Backend for EmulatedBackend {
 
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()> {
         let mut st = self.lock();
-        if st.primary.values().any(|p| p.handle == ctx) {
-            return Err(INVALID_CONTEXT);
-        }
         st.contexts.remove(&ctx).ok_or(INVALID_HANDLE)?;
         st.created -= 1;
         Ok(())
+    }
+
+    fn ctx_stream_priority_range(&self, ctx: u64) -> CuResult<(i32, i32)> {
+        self.lock().ctx(ctx)?;
+        // What an H100 answers: least 0, greatest -5.
+        Ok((0, -5))
     }
 
     fn ctx_synchronize(&self, ctx: u64) -> CuResult<()> {
@@ -602,6 +553,54 @@ impl Backend for EmulatedBackend {
         Ok((2048 / block_size).min(32))
     }
 
+    fn occupancy_max_active_clusters(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<i32> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        st.stream(ctx, spec.stream)?;
+        st.functions.get(&spec.function).ok_or(INVALID_HANDLE)?;
+        let threads: u64 = spec.block.iter().map(|&d| u64::from(d)).product();
+        if threads == 0 || threads > 1024 || spec.grid.contains(&0) {
+            return Err(INVALID_VALUE);
+        }
+        let cluster: u64 = spec
+            .attrs
+            .iter()
+            .find_map(|a| match a {
+                RmLaunchAttr::RmLaunchClusterDimension(c) => {
+                    Some(u64::from(c.x) * u64::from(c.y) * u64::from(c.z))
+                }
+                _ => None,
+            })
+            .unwrap_or(1);
+        if cluster == 0 || cluster > 16 {
+            return Err(INVALID_VALUE);
+        }
+        // A plausible H100-like answer: 132 SMs, 2048 threads each.
+        let blocks = 132 * (2048 / threads).min(32);
+        Ok(i32::try_from(blocks / cluster).unwrap_or(i32::MAX))
+    }
+
+    fn occupancy_max_potential_block_size(
+        &self,
+        ctx: u64,
+        func: u64,
+        _dynamic_smem: u64,
+        block_size_limit: i32,
+        _flags: u32,
+    ) -> CuResult<(i32, i32)> {
+        self.func_get_attribute(ctx, func, 0)?;
+        if block_size_limit < 0 {
+            return Err(INVALID_VALUE);
+        }
+        let block = if block_size_limit == 0 {
+            1024
+        } else {
+            block_size_limit.min(1024)
+        };
+        let per_sm = (2048 / block).clamp(1, 32);
+        Ok((132 * per_sm, block))
+    }
+
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
         let st = self.lock();
         st.stream(ctx, spec.stream)?;
@@ -690,12 +689,6 @@ impl Backend for EmulatedBackend {
         Ok(ms as f32)
     }
 }
-
-/// `CUDA_ERROR_INVALID_CONTEXT`.
-const INVALID_CONTEXT: i32 = 201;
-/// `CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE`'s neighbour for a release without a retain:
-/// the driver answers `CUDA_ERROR_INVALID_CONTEXT`.
-const INVALID_CONTEXT_PRIMARY: i32 = INVALID_CONTEXT;
 
 #[cfg(test)]
 mod tests {

@@ -138,15 +138,8 @@ pub trait Backend: Send + Sync + 'static {
     /// `cuDeviceGetAttribute`.
     fn device_attribute(&self, attr: i32, dev: i32) -> CuResult<i32>;
 
-    /// `cuDevicePrimaryCtxRetain`.
-    fn primary_ctx_retain(&self, dev: i32) -> CuResult<u64>;
-    /// `cuDevicePrimaryCtxRelease`.
-    fn primary_ctx_release(&self, dev: i32) -> CuResult<()>;
-    /// `cuDevicePrimaryCtxSetFlags`.
-    fn primary_ctx_set_flags(&self, dev: i32, flags: u32) -> CuResult<()>;
-    /// `cuDevicePrimaryCtxGetState`: `(flags, active)`.
-    fn primary_ctx_get_state(&self, dev: i32) -> CuResult<(u32, i32)>;
-    /// `cuCtxCreate`.
+    /// `cuCtxCreate`. The executor also uses it for what a client calls its primary context:
+    /// every session gets a context of its own, so a sticky error cannot spread to others.
     fn ctx_create(&self, flags: u32, dev: i32) -> CuResult<u64>;
     /// `cuCtxDestroy`.
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()>;
@@ -156,6 +149,8 @@ pub trait Backend: Send + Sync + 'static {
     fn ctx_set_limit(&self, ctx: u64, limit: i32, value: u64) -> CuResult<()>;
     /// `cuCtxGetLimit`.
     fn ctx_get_limit(&self, ctx: u64, limit: i32) -> CuResult<u64>;
+    /// `cuCtxGetStreamPriorityRange`: `(least, greatest)`.
+    fn ctx_stream_priority_range(&self, ctx: u64) -> CuResult<(i32, i32)>;
 
     /// `cuMemAlloc`.
     fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64>;
@@ -219,6 +214,18 @@ pub trait Backend: Send + Sync + 'static {
         dynamic_smem: u64,
         flags: u32,
     ) -> CuResult<i32>;
+    /// `cuOccupancyMaxActiveClusters` for a launch configuration (`spec.params` is ignored).
+    fn occupancy_max_active_clusters(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<i32>;
+    /// `cuOccupancyMaxPotentialBlockSize` without a shared-memory callback:
+    /// `(min_grid_size, block_size)`.
+    fn occupancy_max_potential_block_size(
+        &self,
+        ctx: u64,
+        func: u64,
+        dynamic_smem: u64,
+        block_size_limit: i32,
+        flags: u32,
+    ) -> CuResult<(i32, i32)>;
     /// `cuLaunchKernel` / `cuLaunchKernelEx`.
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()>;
 
