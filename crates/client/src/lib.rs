@@ -21,6 +21,8 @@
 
 mod endpoint;
 mod error;
+pub mod host;
+pub mod launch;
 pub mod params;
 mod safe;
 mod session;
