@@ -23,6 +23,7 @@ mod endpoint;
 mod error;
 pub mod host;
 pub mod launch;
+mod library;
 pub mod params;
 mod safe;
 mod session;

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{CuError, CuResult, cu};
 use crate::host::{HostMem, HostRange};
 use crate::launch::{self, LaunchLimits, OccupancyLimits, dev_attr, func_attr};
+use crate::library::Libraries;
 use crate::vaspace::{ReserveError, VaSpace};
 
 /// A device ordinal as the server numbers them.
@@ -142,31 +143,7 @@ pub struct Session {
     va: VaSpace,
     host: HostMem,
     func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
-    libraries: Mutex<Libraries>,
-}
-
-/// A library (`CUlibrary`): its image, loaded as a module per context on first use.
-#[derive(Debug)]
-struct Library {
-    image: Arc<[u8]>,
-    modules: HashMap<RmHandle, Arc<ModuleInfo>>,
-}
-
-/// Libraries and kernels: client-side ids (never server handles).
-#[derive(Debug, Default)]
-struct Libraries {
-    next_id: u64,
-    libraries: HashMap<u64, Library>,
-    /// Kernel id -> (library id, function name).
-    kernels: HashMap<u64, (u64, String)>,
-    by_name: HashMap<(u64, String), u64>,
-}
-
-impl Libraries {
-    fn next(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
+    libraries: Libraries,
 }
 
 impl std::fmt::Debug for Session {
@@ -301,7 +278,7 @@ impl Session {
             va: VaSpace::default(),
             host: HostMem::default(),
             func_attrs: Mutex::default(),
-            libraries: Mutex::default(),
+            libraries: Libraries::default(),
         })
     }
 
@@ -438,9 +415,7 @@ impl Session {
             self.va.release(base);
         }
         lock(&self.per_thread).retain(|(_, c), _| *c != ctx);
-        for lib in lock(&self.libraries).libraries.values_mut() {
-            lib.modules.remove(&ctx);
-        }
+        self.libraries.forget_ctx(ctx);
         Ok(())
     }
 
@@ -1007,71 +982,29 @@ impl Session {
         if image.is_empty() || image.len() > RM_MAX_IMAGE as usize {
             return Err(CuError(cu::INVALID_IMAGE));
         }
-        let mut modules = HashMap::new();
-        if let Some(ctx) = ctx {
-            modules.insert(ctx, self.module_load(ctx, image)?);
-        }
-        let mut libs = lock(&self.libraries);
-        let id = libs.next();
-        libs.libraries.insert(
-            id,
-            Library {
-                image: image.into(),
-                modules,
-            },
-        );
-        Ok(id)
+        let loaded = match ctx {
+            Some(ctx) => Some((ctx, self.module_load(ctx, image)?)),
+            None => None,
+        };
+        Ok(self.libraries.add(image, loaded))
     }
 
     /// The module of library `lib` in context `ctx` (`cuLibraryGetModule`), loaded on first use.
     pub fn library_module(&self, lib: u64, ctx: RmHandle) -> CuResult<Arc<ModuleInfo>> {
-        let image = {
-            let libs = lock(&self.libraries);
-            let l = libs
-                .libraries
-                .get(&lib)
-                .ok_or(CuError(cu::INVALID_HANDLE))?;
-            if let Some(m) = l.modules.get(&ctx) {
-                return Ok(Arc::clone(m));
-            }
-            Arc::clone(&l.image)
-        };
-        let m = self.module_load(ctx, &image)?;
-        let mut libs = lock(&self.libraries);
-        match libs.libraries.get_mut(&lib) {
-            Some(l) => {
-                if let Some(first) = l.modules.get(&ctx) {
-                    // Another thread loaded it meanwhile: keep the first.
-                    let first = Arc::clone(first);
-                    drop(libs);
-                    let _ = self.module_unload(m.handle);
-                    return Ok(first);
-                }
-                l.modules.insert(ctx, Arc::clone(&m));
-                Ok(m)
-            }
-            None => {
-                drop(libs);
-                let _ = self.module_unload(m.handle);
-                Err(CuError(cu::INVALID_HANDLE))
-            }
-        }
+        self.libraries.module(
+            lib,
+            ctx,
+            |image| self.module_load(ctx, image),
+            |extra| {
+                let _ = self.module_unload(extra);
+            },
+        )
     }
 
     /// `cuLibraryUnload`: unloads its modules and forgets its kernels.
     pub fn library_unload(&self, lib: u64) -> CuResult<()> {
-        let l = {
-            let mut libs = lock(&self.libraries);
-            let l = libs
-                .libraries
-                .remove(&lib)
-                .ok_or(CuError(cu::INVALID_HANDLE))?;
-            libs.kernels.retain(|_, (owner, _)| *owner != lib);
-            libs.by_name.retain(|(owner, _), _| *owner != lib);
-            l
-        };
         let mut result = Ok(());
-        for m in l.modules.values() {
+        for m in self.libraries.remove(lib)? {
             if let Err(e) = self.module_unload(m.handle) {
                 result = result.and(Err(e));
             }
@@ -1093,23 +1026,12 @@ impl Session {
         if !m.functions.contains_key(name) {
             return Err(CuError(cu::NOT_FOUND));
         }
-        let mut libs = lock(&self.libraries);
-        if let Some(id) = libs.by_name.get(&(lib, name.to_owned())) {
-            return Ok(*id);
-        }
-        let id = libs.next();
-        libs.kernels.insert(id, (lib, name.to_owned()));
-        libs.by_name.insert((lib, name.to_owned()), id);
-        Ok(id)
+        self.libraries.kernel_id(lib, name)
     }
 
     /// A kernel's (library id, function name).
     pub fn kernel(&self, kernel: u64) -> CuResult<(u64, String)> {
-        lock(&self.libraries)
-            .kernels
-            .get(&kernel)
-            .cloned()
-            .ok_or(CuError(cu::INVALID_HANDLE))
+        self.libraries.kernel(kernel)
     }
 
     /// `cuKernelGetFunction`: the kernel's function in context `ctx` (loading the library's
