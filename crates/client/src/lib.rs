@@ -21,6 +21,9 @@
 
 mod endpoint;
 mod error;
+pub mod host;
+pub mod launch;
+mod library;
 pub mod params;
 mod safe;
 mod session;

@@ -505,19 +505,23 @@ impl Stream {
 
     /// Waits for all work on the stream.
     pub fn synchronize(&self) -> CuResult<()> {
-        self.ctx.session().stream_synchronize(self.handle)
+        self.ctx
+            .session()
+            .stream_synchronize(self.ctx.inner.handle, self.handle)
     }
 
     /// Whether all work on the stream is done.
     pub fn is_done(&self) -> CuResult<bool> {
-        self.ctx.session().stream_query(self.handle)
+        self.ctx
+            .session()
+            .stream_query(self.ctx.inner.handle, self.handle)
     }
 
     /// Makes later work on this stream wait for `event`.
     pub fn wait(&self, event: &Event) -> CuResult<()> {
         self.ctx
             .session()
-            .stream_wait_event(self.handle, event.handle, 0)
+            .stream_wait_event(self.ctx.inner.handle, self.handle, event.handle, 0)
     }
 }
 
@@ -562,7 +566,9 @@ impl Event {
 
     /// Records the event on `stream` (one-way).
     pub fn record(&self, stream: &Stream) -> CuResult<()> {
-        self.ctx.session().event_record(self.handle, stream.handle)
+        self.ctx
+            .session()
+            .event_record(stream.ctx.inner.handle, self.handle, stream.handle)
     }
 
     /// Waits until the event completes.

@@ -12,6 +12,9 @@ use remora_xdr::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::error::{CuError, CuResult, cu};
+use crate::host::{HostMem, HostRange};
+use crate::launch::{self, LaunchLimits, OccupancyLimits, dev_attr, func_attr};
+use crate::library::Libraries;
 use crate::vaspace::{ReserveError, VaSpace};
 
 /// A device ordinal as the server numbers them.
@@ -86,6 +89,8 @@ pub type LaunchAttr = RmLaunchAttr;
 pub struct FunctionInfo {
     /// Mangled name.
     pub name: String,
+    /// The name with a NUL (`cuFuncGetName` hands out a pointer to it).
+    pub c_name: std::ffi::CString,
     /// Server handle.
     pub handle: RmHandle,
     /// Parameter offsets and sizes (`cuFuncGetParamInfo`).
@@ -108,8 +113,11 @@ pub struct ModuleInfo {
 /// What a pointer is, as unified addressing sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PointerKind {
-    /// Not in any device allocation of this session.
+    /// Not in any device allocation or tracked host range of this session.
     Host,
+    /// In host memory the client allocated (`cuMemHostAlloc`) or registered
+    /// (`cuMemHostRegister`).
+    HostTracked(HostRange),
     /// Inside the device allocation at `base` of `size` bytes, made in context `ctx`.
     Device {
         /// Base address of the allocation.
@@ -133,6 +141,9 @@ pub struct Session {
     next_copy_id: AtomicU64,
     per_thread: Mutex<HashMap<(ThreadId, RmHandle), RmHandle>>,
     va: VaSpace,
+    host: HostMem,
+    func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
+    libraries: Libraries,
 }
 
 impl std::fmt::Debug for Session {
@@ -265,6 +276,9 @@ impl Session {
             next_copy_id: AtomicU64::new(1),
             per_thread: Mutex::default(),
             va: VaSpace::default(),
+            host: HostMem::default(),
+            func_attrs: Mutex::default(),
+            libraries: Libraries::default(),
         })
     }
 
@@ -401,6 +415,7 @@ impl Session {
             self.va.release(base);
         }
         lock(&self.per_thread).retain(|(_, c), _| *c != ctx);
+        self.libraries.forget_ctx(ctx);
         Ok(())
     }
 
@@ -512,8 +527,16 @@ impl Session {
                 size: r.size,
                 ctx: r.ctx,
             },
-            None => PointerKind::Host,
+            None => match self.host.find(ptr) {
+                Some(r) => PointerKind::HostTracked(r),
+                None => PointerKind::Host,
+            },
         }
+    }
+
+    /// The client's host memory (`cuMemHostAlloc`, `cuMemHostRegister`).
+    pub fn host_memory(&self) -> &HostMem {
+        &self.host
     }
 
     /// Maps a [`StreamRef`] to a protocol handle; the per-thread stream is created on first
@@ -576,11 +599,8 @@ impl Session {
         self.finish_sync(r)
     }
 
-    /// `cuMemcpyDtoH` (synchronous) into `out`.
-    ///
-    /// The DTOH reply carries no `copies`, so when asynchronous copies are pending the
-    /// context is synchronized first to deliver them (CUDA's synchronous copy orders after
-    /// earlier work on the legacy stream).
+    /// `cuMemcpyDtoH` (synchronous) into `out`. Like every synchronizing call, its reply
+    /// also delivers the asynchronous copies completed by then.
     pub fn memcpy_dtoh(
         &self,
         ctx: RmHandle,
@@ -588,9 +608,6 @@ impl Session {
         src: u64,
         out: &mut [u8],
     ) -> CuResult<()> {
-        if self.pending_copies() > 0 {
-            self.ctx_synchronize(ctx)?;
-        }
         let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
             ctx,
             stream,
@@ -598,21 +615,20 @@ impl Session {
             size: out.len() as u64,
             copy_id: 0
         }))?;
-        match r {
-            RmBytesReply::Case0(data) if data.len() == out.len() => {
-                out.copy_from_slice(&data);
-                Ok(())
-            }
-            RmBytesReply::Case0(data) => {
-                tracing::error!(
-                    "remora: DtoH of {} bytes returned {}",
-                    out.len(),
-                    data.len()
-                );
-                Err(CuError(cu::UNKNOWN))
-            }
-            RmBytesReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        self.finish_sync(RmSyncReply {
+            status: r.status,
+            copies: r.copies,
+        })?;
+        if r.data.len() != out.len() {
+            tracing::error!(
+                "remora: DtoH of {} bytes returned {}",
+                out.len(),
+                r.data.len()
+            );
+            return Err(CuError(cu::UNKNOWN));
         }
+        out.copy_from_slice(&r.data);
+        Ok(())
     }
 
     /// `cuMemcpyDtoD` (synchronous).
@@ -742,6 +758,7 @@ impl Session {
             let mut by_handle = lock(&self.functions);
             for f in m.functions {
                 let info = Arc::new(FunctionInfo {
+                    c_name: std::ffi::CString::new(f.name.replace('\0', "")).unwrap_or_default(),
                     name: f.name.clone(),
                     handle: f.function,
                     params: f.params,
@@ -765,8 +782,10 @@ impl Session {
         CuError::check(call!(self.rm_module_unload(&module))?)?;
         if let Some(m) = lock(&self.modules).remove(&module) {
             let mut f = lock(&self.functions);
+            let mut attrs = lock(&self.func_attrs);
             for info in m.functions.values() {
                 f.remove(&info.handle);
+                attrs.retain(|(h, _), _| *h != info.handle);
             }
         }
         Ok(())
@@ -793,13 +812,22 @@ impl Session {
         }
     }
 
-    /// `cuFuncGetAttribute`.
+    /// `cuFuncGetAttribute`. The attributes fixed at load time (0..=7) and the two that only
+    /// `cuFuncSetAttribute` changes (8, 9) are cached.
     pub fn func_get_attribute(&self, function: RmHandle, attribute: i32) -> CuResult<i32> {
-        int(call!(self.rm_func_get_attribute(&RmFuncAttrArgs {
+        let cacheable = (0..=9).contains(&attribute);
+        if cacheable && let Some(v) = lock(&self.func_attrs).get(&(function, attribute)) {
+            return Ok(*v);
+        }
+        let v = int(call!(self.rm_func_get_attribute(&RmFuncAttrArgs {
             function,
             attribute,
             value: 0
-        }))?)
+        }))?)?;
+        if cacheable {
+            lock(&self.func_attrs).insert((function, attribute), v);
+        }
+        Ok(v)
     }
 
     /// `cuFuncSetAttribute`.
@@ -809,11 +837,14 @@ impl Session {
         attribute: i32,
         value: i32,
     ) -> CuResult<()> {
-        CuError::check(call!(self.rm_func_set_attribute(&RmFuncAttrArgs {
+        let r = CuError::check(call!(self.rm_func_set_attribute(&RmFuncAttrArgs {
             function,
             attribute,
             value
-        }))?)
+        }))?);
+        // Forget the cached value either way: the next get asks the server.
+        lock(&self.func_attrs).remove(&(function, attribute));
+        r
     }
 
     /// `cuFuncSetCacheConfig`.
@@ -842,12 +873,190 @@ impl Session {
         ))?)
     }
 
+    /// `cuOccupancyMaxActiveClusters`: `args` is the launch configuration (params unused).
+    pub fn occupancy_max_active_clusters(&self, args: &RmLaunchArgs) -> CuResult<i32> {
+        int(call!(self.rm_occupancy_max_active_clusters(args))?)
+    }
+
+    /// `cuOccupancyMaxPotentialBlockSize(WithFlags)` without a callback, on the server:
+    /// (minimum grid size, block size).
+    pub fn occupancy_max_potential_block_size(
+        &self,
+        function: RmHandle,
+        dynamic_smem_bytes: u64,
+        block_size_limit: i32,
+        flags: u32,
+    ) -> CuResult<(i32, i32)> {
+        pair(call!(self.rm_occupancy_max_potential_block_size(
+            &RmPotentialBlockArgs {
+                function,
+                dynamic_smem_bytes,
+                block_size_limit,
+                flags
+            }
+        ))?)
+    }
+
+    /// `cuOccupancyMaxPotentialBlockSize(WithFlags)` with a dynamic-shared-memory callback:
+    /// searched on the client (see [`launch::potential_block_size`]), one
+    /// `RM_OCCUPANCY_MAX_ACTIVE_BLOCKS` per block size tried.
+    pub fn occupancy_potential_block_size_with(
+        &self,
+        dev: DeviceHandle,
+        function: RmHandle,
+        smem: impl FnMut(i32) -> u64,
+        block_size_limit: i32,
+        flags: u32,
+    ) -> CuResult<(i32, i32)> {
+        let limits = OccupancyLimits {
+            device_max_threads: self.device_attribute(dev, dev_attr::MAX_THREADS_PER_BLOCK)?,
+            function_max_threads: self
+                .func_get_attribute(function, func_attr::MAX_THREADS_PER_BLOCK)?,
+            warp_size: self.device_attribute(dev, dev_attr::WARP_SIZE)?,
+            max_threads_per_sm: self
+                .device_attribute(dev, dev_attr::MAX_THREADS_PER_MULTIPROCESSOR)?,
+            sm_count: self.device_attribute(dev, dev_attr::MULTIPROCESSOR_COUNT)?,
+        };
+        launch::potential_block_size(&limits, block_size_limit, smem, |b, m| {
+            self.occupancy_max_active_blocks(function, b, m, flags)
+        })
+    }
+
+    /// `cuOccupancyAvailableDynamicSMemPerBlock`, searched with
+    /// `RM_OCCUPANCY_MAX_ACTIVE_BLOCKS` up to the function's dynamic shared memory limit.
+    pub fn occupancy_available_dynamic_smem(
+        &self,
+        function: RmHandle,
+        num_blocks: i32,
+        block_size: i32,
+    ) -> CuResult<u64> {
+        if num_blocks <= 0 || block_size <= 0 {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let cap = self.func_get_attribute(function, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
+        launch::available_dynamic_smem(num_blocks, cap.max(0) as u64, |m| {
+            self.occupancy_max_active_blocks(function, block_size, m, 0)
+        })
+    }
+
+    /// The limits a launch of `function` on device `dev` is checked against. A function limit
+    /// the server cannot answer falls back to the device's (threads) or 48 KiB (dynamic
+    /// shared memory).
+    pub fn launch_limits(&self, dev: DeviceHandle, function: RmHandle) -> CuResult<LaunchLimits> {
+        let a = |i: i32| -> CuResult<u32> { Ok(self.device_attribute(dev, i)?.max(0) as u32) };
+        let max_block = [
+            a(dev_attr::MAX_BLOCK_DIM_X)?,
+            a(dev_attr::MAX_BLOCK_DIM_X + 1)?,
+            a(dev_attr::MAX_BLOCK_DIM_X + 2)?,
+        ];
+        let max_grid = [
+            a(dev_attr::MAX_GRID_DIM_X)?,
+            a(dev_attr::MAX_GRID_DIM_X + 1)?,
+            a(dev_attr::MAX_GRID_DIM_X + 2)?,
+        ];
+        let dev_threads = a(dev_attr::MAX_THREADS_PER_BLOCK)?;
+        let max_threads = self
+            .func_get_attribute(function, func_attr::MAX_THREADS_PER_BLOCK)
+            .map_or(dev_threads, |v| v.max(0) as u32);
+        let max_dynamic_smem = self
+            .func_get_attribute(function, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            .map_or(launch::DEFAULT_MAX_DYNAMIC_SMEM, |v| v.max(0) as u32);
+        Ok(LaunchLimits {
+            max_block,
+            max_threads,
+            max_grid,
+            max_dynamic_smem,
+        })
+    }
+
     /// `cuLaunchKernel`: one-way; `params` already packed (see [`crate::params`]).
     pub fn launch(&self, args: &RmLaunchArgs) -> CuResult<()> {
         call!(self.rm_launch_kernel(args))
     }
 
+    // Libraries ----------------------------------------------------------------------------
+
+    /// `cuLibraryLoadData`: keeps a copy of the image; loads it at once in `ctx` if given
+    /// (so a bad image fails here), else in each context on first use. Returns the library id.
+    pub fn library_load(&self, ctx: Option<RmHandle>, image: &[u8]) -> CuResult<u64> {
+        if image.is_empty() || image.len() > RM_MAX_IMAGE as usize {
+            return Err(CuError(cu::INVALID_IMAGE));
+        }
+        let loaded = match ctx {
+            Some(ctx) => Some((ctx, self.module_load(ctx, image)?)),
+            None => None,
+        };
+        Ok(self.libraries.add(image, loaded))
+    }
+
+    /// The module of library `lib` in context `ctx` (`cuLibraryGetModule`), loaded on first use.
+    pub fn library_module(&self, lib: u64, ctx: RmHandle) -> CuResult<Arc<ModuleInfo>> {
+        self.libraries.module(
+            lib,
+            ctx,
+            |image| self.module_load(ctx, image),
+            |extra| {
+                let _ = self.module_unload(extra);
+            },
+        )
+    }
+
+    /// `cuLibraryUnload`: unloads its modules and forgets its kernels.
+    pub fn library_unload(&self, lib: u64) -> CuResult<()> {
+        let mut result = Ok(());
+        for m in self.libraries.remove(lib)? {
+            if let Err(e) = self.module_unload(m.handle) {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
+    /// The kernel names of library `lib` (sorted), from its module in `ctx`.
+    pub fn library_kernel_names(&self, lib: u64, ctx: RmHandle) -> CuResult<Vec<String>> {
+        let m = self.library_module(lib, ctx)?;
+        let mut names: Vec<String> = m.functions.keys().cloned().collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// `cuLibraryGetKernel`: the kernel id of `name` (the same id for the same name).
+    pub fn library_get_kernel(&self, lib: u64, name: &str, ctx: RmHandle) -> CuResult<u64> {
+        let m = self.library_module(lib, ctx)?;
+        if !m.functions.contains_key(name) {
+            return Err(CuError(cu::NOT_FOUND));
+        }
+        self.libraries.kernel_id(lib, name)
+    }
+
+    /// A kernel's (library id, function name).
+    pub fn kernel(&self, kernel: u64) -> CuResult<(u64, String)> {
+        self.libraries.kernel(kernel)
+    }
+
+    /// `cuKernelGetFunction`: the kernel's function in context `ctx` (loading the library's
+    /// module there if needed).
+    pub fn kernel_function(&self, kernel: u64, ctx: RmHandle) -> CuResult<Arc<FunctionInfo>> {
+        let (lib, name) = self.kernel(kernel)?;
+        let m = self.library_module(lib, ctx)?;
+        m.functions
+            .get(&name)
+            .cloned()
+            .ok_or(CuError(cu::NOT_FOUND))
+    }
+
+    /// `cuLibraryGetGlobal`: (pointer, size) of `name` in the library's module in `ctx`.
+    pub fn library_get_global(&self, lib: u64, name: &str, ctx: RmHandle) -> CuResult<(u64, u64)> {
+        let m = self.library_module(lib, ctx)?;
+        self.module_get_global(m.handle, name)
+    }
+
     // Streams and events -----------------------------------------------------------------------
+
+    /// `cuCtxGetStreamPriorityRange`: (least, greatest).
+    pub fn ctx_get_stream_priority_range(&self, ctx: RmHandle) -> CuResult<(i32, i32)> {
+        pair(call!(self.rm_ctx_get_stream_priority_range(&ctx))?)
+    }
 
     /// `cuStreamCreateWithPriority`.
     pub fn stream_create(&self, ctx: RmHandle, flags: u32, priority: i32) -> CuResult<RmHandle> {
@@ -865,21 +1074,28 @@ impl Session {
         Ok(())
     }
 
-    /// `cuStreamSynchronize`.
-    pub fn stream_synchronize(&self, stream: RmHandle) -> CuResult<()> {
-        let r = call!(self.rm_stream_synchronize(&stream))?;
+    /// `cuStreamSynchronize` (`RM_STREAM_LEGACY` names `ctx`'s legacy stream).
+    pub fn stream_synchronize(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<()> {
+        let r = call!(self.rm_stream_synchronize(&RmStreamArgs { ctx, stream }))?;
         self.finish_sync(r)
     }
 
     /// `cuStreamQuery`: `Ok(true)` when done, `Ok(false)` for CUDA_ERROR_NOT_READY.
-    pub fn stream_query(&self, stream: RmHandle) -> CuResult<bool> {
-        let r = call!(self.rm_stream_query(&stream))?;
+    pub fn stream_query(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<bool> {
+        let r = call!(self.rm_stream_query(&RmStreamArgs { ctx, stream }))?;
         ready(self.finish_sync(r))
     }
 
     /// `cuStreamWaitEvent`: one-way.
-    pub fn stream_wait_event(&self, stream: RmHandle, event: RmHandle, flags: u32) -> CuResult<()> {
+    pub fn stream_wait_event(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        event: RmHandle,
+        flags: u32,
+    ) -> CuResult<()> {
         call!(self.rm_stream_wait_event(&RmStreamWaitArgs {
+            ctx,
             stream,
             event,
             flags
@@ -899,8 +1115,8 @@ impl Session {
     }
 
     /// `cuEventRecord`: one-way.
-    pub fn event_record(&self, event: RmHandle, stream: RmHandle) -> CuResult<()> {
-        call!(self.rm_event_record(&RmEventRecordArgs { event, stream }))
+    pub fn event_record(&self, ctx: RmHandle, event: RmHandle, stream: RmHandle) -> CuResult<()> {
+        call!(self.rm_event_record(&RmEventRecordArgs { ctx, event, stream }))
     }
 
     /// `cuEventSynchronize`.
@@ -921,6 +1137,13 @@ impl Session {
             RmFloatReply::Case0(v) => Ok(v),
             RmFloatReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
         }
+    }
+}
+
+fn pair(r: RmIntPairReply) -> CuResult<(i32, i32)> {
+    match r {
+        RmIntPairReply::Case0(p) => Ok((p.first, p.second)),
+        RmIntPairReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
     }
 }
 

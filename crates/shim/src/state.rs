@@ -24,6 +24,29 @@ pub enum Kind {
     Stream = 0x44,
     /// CUevent
     Event = 0x55,
+    /// CUlibrary (a client-side id)
+    Library = 0x66,
+    /// CUkernel (a client-side id)
+    Kernel = 0x77,
+}
+
+/// The kind of a non-NULL handle, from its low byte.
+pub fn kind_of(p: *mut c_void) -> Option<Kind> {
+    let v = p as usize as u64;
+    if v >> 8 == 0 {
+        return None;
+    }
+    [
+        Kind::Ctx,
+        Kind::Module,
+        Kind::Function,
+        Kind::Stream,
+        Kind::Event,
+        Kind::Library,
+        Kind::Kernel,
+    ]
+    .into_iter()
+    .find(|k| v & 0xFF == *k as u64)
 }
 
 /// A protocol handle as the pointer-typed CUDA handle.
@@ -156,17 +179,47 @@ pub fn ctx_device(ctx: u64) -> CuResult<i32> {
         .ok_or(CuError(cu::INVALID_CONTEXT))
 }
 
-fn stream_info() -> &'static Mutex<HashMap<u64, (u32, i32)>> {
-    static M: OnceLock<Mutex<HashMap<u64, (u32, i32)>>> = OnceLock::new();
+/// What the shim remembers of a stream it created.
+#[derive(Debug, Clone, Copy)]
+struct StreamInfo {
+    flags: u32,
+    priority: i32,
+    ctx: u64,
+}
+
+fn stream_info() -> &'static Mutex<HashMap<u64, StreamInfo>> {
+    static M: OnceLock<Mutex<HashMap<u64, StreamInfo>>> = OnceLock::new();
     M.get_or_init(Mutex::default)
 }
 
-/// Remembers a stream's flags and priority (answered locally by cuStreamGetFlags/Priority).
-pub fn note_stream(h: u64, flags: u32, priority: i32) {
+/// Remembers a stream's flags, priority (answered locally by cuStreamGetFlags/Priority) and
+/// context.
+pub fn note_stream(h: u64, flags: u32, priority: i32, ctx: u64) {
     stream_info()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(h, (flags, priority));
+        .insert(
+            h,
+            StreamInfo {
+                flags,
+                priority,
+                ctx,
+            },
+        );
+}
+
+/// The context a stream belongs to: the stream's own for a created stream, else the calling
+/// thread's current context (the legacy and per-thread streams are the current context's).
+pub fn stream_ctx(s: StreamRef) -> CuResult<u64> {
+    if let StreamRef::Handle(h) = s
+        && let Some(i) = stream_info()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&h)
+    {
+        return Ok(i.ctx);
+    }
+    current_ctx()
 }
 
 /// Forgets a stream.
@@ -184,7 +237,7 @@ pub fn stream_props(s: StreamRef) -> CuResult<(u32, i32)> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&h)
-            .copied()
+            .map(|i| (i.flags, i.priority))
             .ok_or(CuError(cu::INVALID_HANDLE)),
         _ => Ok((0, 0)),
     }

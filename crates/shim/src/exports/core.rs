@@ -372,6 +372,26 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
 }
 
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CUresult {
+    entry("cuCtxGetStreamPriorityRange", || {
+        let (l, g) = state::session()?.ctx_get_stream_priority_range(state::current_ctx()?)?;
+        // SAFETY: optional output pointers per cuda.h.
+        unsafe {
+            if !least.is_null() {
+                put(least, l)?;
+            }
+            if !greatest.is_null() {
+                put(greatest, g)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorString(error: c_int, s: *mut *const c_char) -> CUresult {
     entry("cuGetErrorString", || {
         let text = cu_result_string_c(error).ok_or(CuError(cu::INVALID_VALUE))?;

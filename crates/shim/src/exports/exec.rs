@@ -1,14 +1,36 @@
 //! Modules, functions, launches, streams, events, occupancy.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::Arc;
 
 use remora_client::params::{pack_extra, pack_kernel_params};
 use remora_client::proto::{RmDim3, RmLaunchArgs, RmLaunchAttr};
-use remora_client::{CuError, CuResult, StreamRef, cu};
+use remora_client::{CuError, CuResult, FunctionInfo, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
 use crate::state::{self, Kind, dec, enc, entry, put, stream_ref};
+
+/// A `CUfunction`, or a `CUkernel` in its place (as CUDA accepts), to the function's info;
+/// a kernel resolves to its function in the current context.
+pub(crate) fn function_info(f: Handle) -> CuResult<(&'static Session, Arc<FunctionInfo>)> {
+    let s = state::session()?;
+    if f.is_null() {
+        return Err(CuError(cu::INVALID_HANDLE));
+    }
+    let info = match state::kind_of(f) {
+        Some(Kind::Kernel) => s.kernel_function(dec(Kind::Kernel, f)?, state::current_ctx()?)?,
+        _ => s
+            .function(dec(Kind::Function, f)?)
+            .ok_or(CuError(cu::INVALID_HANDLE))?,
+    };
+    Ok((s, info))
+}
+
+/// The protocol handle of a `CUfunction` (or `CUkernel`).
+fn func_handle(f: Handle) -> CuResult<u64> {
+    function_info(f).map(|(_, i)| i.handle)
+}
 
 fn load(module: *mut Handle, image: *const c_void) -> CuResult<()> {
     if module.is_null() {
@@ -117,7 +139,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
         if !(0..=20).contains(&attrib) {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        let v = state::session()?.func_get_attribute(dec(Kind::Function, f)?, attrib)?;
+        let v = state::session()?.func_get_attribute(func_handle(f)?, attrib)?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(value, v) }
     })
@@ -129,7 +151,7 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attrib: c_int, value: c_int) -> 
         if !(0..=20).contains(&attrib) {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        state::session()?.func_set_attribute(dec(Kind::Function, f)?, attrib, value)
+        state::session()?.func_set_attribute(func_handle(f)?, attrib, value)
     })
 }
 
@@ -139,7 +161,7 @@ pub extern "C" fn cuFuncSetCacheConfig(f: Handle, config: c_uint) -> CUresult {
         if config > 3 {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        state::session()?.func_set_cache_config(dec(Kind::Function, f)?, config)
+        state::session()?.func_set_cache_config(func_handle(f)?, config)
     })
 }
 
@@ -151,9 +173,7 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     size: *mut usize,
 ) -> CUresult {
     entry("cuFuncGetParamInfo", || {
-        let info = state::session()?
-            .function(dec(Kind::Function, f)?)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let (_, info) = function_info(f)?;
         let p = info.params.get(index).ok_or(CuError(cu::INVALID_VALUE))?;
         // SAFETY: optional output pointers per cuda.h.
         unsafe {
@@ -183,9 +203,10 @@ struct Launch {
 fn launch(l: Launch) -> CuResult<()> {
     let s = state::session()?;
     let ctx = state::current_ctx()?;
-    let info = s
-        .function(dec(Kind::Function, l.f)?)
-        .ok_or(CuError(cu::INVALID_HANDLE))?;
+    let (_, info) = function_info(l.f)?;
+    // Configuration errors are synchronous in CUDA; the launch itself is one-way.
+    let limits = s.launch_limits(state::ctx_device(ctx)?, info.handle)?;
+    remora_client::launch::validate(&limits, l.grid, l.block, l.shared)?;
     let params = match (l.params.is_null(), l.extra.is_null()) {
         // SAFETY: kernelParams holds one pointer per parameter per cuda.h.
         (false, true) => unsafe { pack_kernel_params(&info.params, l.params.cast_const().cast()) }?,
@@ -404,7 +425,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
 ) -> CUresult {
     entry("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
         let v = state::session()?.occupancy_max_active_blocks(
-            dec(Kind::Function, f)?,
+            func_handle(f)?,
             block,
             smem as u64,
             0,
@@ -429,7 +450,7 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
                 return Err(CuError(cu::INVALID_VALUE));
             }
             let v = state::session()?.occupancy_max_active_blocks(
-                dec(Kind::Function, f)?,
+                func_handle(f)?,
                 block,
                 smem as u64,
                 flags,
@@ -444,8 +465,9 @@ fn stream_create(ps: *mut Handle, flags: c_uint, priority: c_int) -> CuResult<()
     if flags > 1 {
         return Err(CuError(cu::INVALID_VALUE));
     }
-    let h = state::session()?.stream_create(state::current_ctx()?, flags, priority)?;
-    state::note_stream(h, flags, priority);
+    let ctx = state::current_ctx()?;
+    let h = state::session()?.stream_create(ctx, flags, priority)?;
+    state::note_stream(h, flags, priority, ctx);
     // SAFETY: output pointer per cuda.h.
     unsafe { put(ps, enc(Kind::Stream, h)) }
 }
@@ -481,14 +503,13 @@ pub extern "C" fn cuStreamDestroy(st: Handle) -> CUresult {
     cuStreamDestroy_v2(st)
 }
 
-fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static remora_client::Session, u64)> {
+/// A stream to (session, its context, protocol handle).
+fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static Session, u64, u64)> {
     let s = state::session()?;
     let r = stream_ref(st, ptds)?;
-    let h = match r {
-        StreamRef::Handle(h) => h,
-        _ => s.stream_handle(state::current_ctx()?, r)?,
-    };
-    Ok((s, h))
+    let ctx = state::stream_ctx(r)?;
+    let h = s.stream_handle(ctx, r)?;
+    Ok((s, ctx, h))
 }
 
 macro_rules! stream_fns {
@@ -501,8 +522,8 @@ macro_rules! stream_fns {
 }
 
 fn query(st: Handle, ptds: bool) -> CuResult<()> {
-    let (s, h) = mapped(st, ptds)?;
-    if s.stream_query(h)? {
+    let (s, ctx, h) = mapped(st, ptds)?;
+    if s.stream_query(ctx, h)? {
         Ok(())
     } else {
         Err(CuError(cu::NOT_READY))
@@ -513,8 +534,8 @@ fn wait(st: Handle, ev: Handle, flags: c_uint, ptds: bool) -> CuResult<()> {
     if flags > 1 {
         return Err(CuError(cu::INVALID_VALUE));
     }
-    let (s, h) = mapped(st, ptds)?;
-    s.stream_wait_event(h, dec(Kind::Event, ev)?, flags)
+    let (s, ctx, h) = mapped(st, ptds)?;
+    s.stream_wait_event(ctx, h, dec(Kind::Event, ev)?, flags)
 }
 
 fn props(st: Handle, ptds: bool) -> CuResult<(u32, i32)> {
@@ -523,8 +544,8 @@ fn props(st: Handle, ptds: bool) -> CuResult<(u32, i32)> {
 
 fn record(ev: Handle, st: Handle, ptds: bool) -> CuResult<()> {
     let e = dec(Kind::Event, ev)?;
-    let (s, h) = mapped(st, ptds)?;
-    s.event_record(e, h)
+    let (s, ctx, h) = mapped(st, ptds)?;
+    s.event_record(ctx, e, h)
 }
 
 fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
@@ -533,8 +554,8 @@ fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
 }
 
 stream_fns! {
-    cuStreamSynchronize(st: Handle) => { let (s, h) = mapped(st, false)?; s.stream_synchronize(h) };
-    cuStreamSynchronize_ptsz(st: Handle) => { let (s, h) = mapped(st, true)?; s.stream_synchronize(h) };
+    cuStreamSynchronize(st: Handle) => { let (s, c, h) = mapped(st, false)?; s.stream_synchronize(c, h) };
+    cuStreamSynchronize_ptsz(st: Handle) => { let (s, c, h) = mapped(st, true)?; s.stream_synchronize(c, h) };
     cuStreamQuery(st: Handle) => query(st, false);
     cuStreamQuery_ptsz(st: Handle) => query(st, true);
     cuStreamWaitEvent(st: Handle, ev: Handle, flags: c_uint) => wait(st, ev, flags, false);
@@ -605,4 +626,139 @@ pub extern "C" fn cuEventDestroy_v2(ev: Handle) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventDestroy(ev: Handle) -> CUresult {
     cuEventDestroy_v2(ev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: Handle) -> CUresult {
+    entry("cuFuncGetName", || {
+        let (_, info) = function_info(f)?;
+        // The name lives as long as the function's module stays loaded, as in CUDA.
+        put_out(name, info.c_name.as_ptr())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetModule(module: *mut Handle, f: Handle) -> CUresult {
+    entry("cuFuncGetModule", || {
+        let (_, info) = function_info(f)?;
+        put_out(module, enc(Kind::Module, info.module))
+    })
+}
+
+/// The launch configuration as the protocol carries it (no parameters).
+fn config_args(f: Handle, cfg: *const LaunchConfig) -> CuResult<RmLaunchArgs> {
+    if cfg.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: a valid CUlaunchConfig per cuda.h.
+    let cfg = unsafe { &*cfg };
+    let (s, info) = function_info(f)?;
+    let ctx = state::current_ctx()?;
+    let dim = |d: [u32; 3]| RmDim3 {
+        x: d[0],
+        y: d[1],
+        z: d[2],
+    };
+    Ok(RmLaunchArgs {
+        ctx,
+        function: info.handle,
+        grid: dim(cfg.grid),
+        block: dim(cfg.block),
+        shared_mem_bytes: cfg.shared,
+        stream: s.stream_handle(ctx, stream_ref(cfg.stream, false)?)?,
+        params: Vec::new().into(),
+        attrs: attrs_of(cfg)?,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxActiveClusters(
+    n: *mut c_int,
+    f: Handle,
+    cfg: *const LaunchConfig,
+) -> CUresult {
+    entry("cuOccupancyMaxActiveClusters", || {
+        let args = config_args(f, cfg)?;
+        let v = state::session()?.occupancy_max_active_clusters(&args)?;
+        put_out(n, v)
+    })
+}
+
+/// `CUoccupancyB2DSize`: dynamic shared memory for a block size.
+pub type B2DSize = Option<unsafe extern "C" fn(c_int) -> usize>;
+
+/// Without a callback the server answers; with one, the shim searches the block sizes itself
+/// (multiples of the warp size up to the limit), calling the callback and
+/// RM_OCCUPANCY_MAX_ACTIVE_BLOCKS for each (see `remora_client::launch::potential_block_size`).
+fn potential_block_size(
+    min_grid: *mut c_int,
+    block: *mut c_int,
+    f: Handle,
+    callback: B2DSize,
+    smem: usize,
+    limit: c_int,
+    flags: c_uint,
+) -> CuResult<()> {
+    if min_grid.is_null() || block.is_null() || flags > 1 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let (s, info) = function_info(f)?;
+    let (g, b) = match callback {
+        None => s.occupancy_max_potential_block_size(info.handle, smem as u64, limit, flags)?,
+        Some(cb) => s.occupancy_potential_block_size_with(
+            state::ctx_device(state::current_ctx()?)?,
+            info.handle,
+            // SAFETY: the program's callback, called with a block size as cuda.h documents.
+            |bs| unsafe { cb(bs) } as u64,
+            limit,
+            flags,
+        )?,
+    };
+    put_out(min_grid, g)?;
+    put_out(block, b)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
+    min_grid: *mut c_int,
+    block: *mut c_int,
+    f: Handle,
+    callback: B2DSize,
+    smem: usize,
+    limit: c_int,
+) -> CUresult {
+    entry("cuOccupancyMaxPotentialBlockSize", || {
+        potential_block_size(min_grid, block, f, callback, smem, limit, 0)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+    min_grid: *mut c_int,
+    block: *mut c_int,
+    f: Handle,
+    callback: B2DSize,
+    smem: usize,
+    limit: c_int,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuOccupancyMaxPotentialBlockSizeWithFlags", || {
+        potential_block_size(min_grid, block, f, callback, smem, limit, flags)
+    })
+}
+
+/// Searched with RM_OCCUPANCY_MAX_ACTIVE_BLOCKS (see
+/// `remora_client::launch::available_dynamic_smem`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuOccupancyAvailableDynamicSMemPerBlock(
+    out: *mut usize,
+    f: Handle,
+    num_blocks: c_int,
+    block_size: c_int,
+) -> CUresult {
+    entry("cuOccupancyAvailableDynamicSMemPerBlock", || {
+        let (s, info) = function_info(f)?;
+        let v = s.occupancy_available_dynamic_smem(info.handle, num_blocks, block_size)?;
+        put_out(out, v as usize)
+    })
 }

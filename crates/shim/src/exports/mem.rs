@@ -2,6 +2,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+use remora_client::host::HostRange;
 use remora_client::proto::RmMemsetArgs;
 use remora_client::{CuError, CuResult, PointerKind, cu};
 
@@ -57,7 +58,7 @@ pub extern "C" fn cuMemFree_v2(dptr: DevPtr) -> CUresult {
         let s = state::session()?;
         let ctx = match s.pointer_kind(dptr) {
             PointerKind::Device { ctx, .. } => ctx,
-            PointerKind::Host => state::current_ctx()?,
+            PointerKind::Host | PointerKind::HostTracked(_) => state::current_ctx()?,
         };
         s.mem_free(ctx, dptr)
     })
@@ -86,7 +87,9 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
         let (s, ctx) = ctx_session()?;
         let (b, n) = match s.pointer_kind(dptr) {
             PointerKind::Device { base, size, .. } => (base, size),
-            PointerKind::Host => s.mem_get_address_range(ctx, dptr)?,
+            PointerKind::Host | PointerKind::HostTracked(_) => {
+                s.mem_get_address_range(ctx, dptr)?
+            }
         };
         // SAFETY: optional output pointers per cuda.h.
         unsafe {
@@ -103,8 +106,10 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 
 /// Pointer attributes answered from unified addressing: CONTEXT (1), MEMORY_TYPE (2),
 /// DEVICE_POINTER (3), IS_MANAGED (8), DEVICE_ORDINAL (9), RANGE_START_ADDR (11),
-/// RANGE_SIZE (12), MAPPED (13). Host pointers are CUDA_ERROR_INVALID_VALUE, as for memory
-/// CUDA does not know.
+/// RANGE_SIZE (12), MAPPED (13); for host memory of `cuMemHostAlloc`/`cuMemHostRegister`
+/// also HOST_POINTER (4), while DEVICE_POINTER is CUDA_ERROR_NOT_SUPPORTED (the device
+/// cannot map client memory). Other host pointers are CUDA_ERROR_INVALID_VALUE, as for
+/// memory CUDA does not know.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuPointerGetAttribute(
     data: *mut c_void,
@@ -113,8 +118,10 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
 ) -> CUresult {
     entry("cuPointerGetAttribute", || {
         let s = state::session()?;
-        let PointerKind::Device { base, size, ctx } = s.pointer_kind(ptr) else {
-            return Err(CuError(cu::INVALID_VALUE));
+        let (base, size, ctx) = match s.pointer_kind(ptr) {
+            PointerKind::Device { base, size, ctx } => (base, size, ctx),
+            PointerKind::HostTracked(r) => return host_attribute(data, attribute, ptr, &r),
+            PointerKind::Host => return Err(CuError(cu::INVALID_VALUE)),
         };
         // SAFETY: `data` points to storage of the attribute's type per cuda.h.
         unsafe {
@@ -274,4 +281,190 @@ copies! {
     cuMemsetD16Async_ptsz(dst: DevPtr, v: u16, n: usize, st: Handle) => memset(dst, v.into(), 2, n, Some((st, true)));
     cuMemsetD32Async(dst: DevPtr, v: u32, n: usize, st: Handle) => memset(dst, v, 4, n, Some((st, false)));
     cuMemsetD32Async_ptsz(dst: DevPtr, v: u32, n: usize, st: Handle) => memset(dst, v, 4, n, Some((st, true)));
+}
+
+fn host_attribute(data: *mut c_void, attribute: c_int, ptr: DevPtr, r: &HostRange) -> CuResult<()> {
+    // SAFETY: `data` points to storage of the attribute's type per cuda.h.
+    unsafe {
+        match attribute {
+            1 => put(
+                data.cast::<Handle>(),
+                if r.ctx == 0 {
+                    std::ptr::null_mut()
+                } else {
+                    enc(Kind::Ctx, r.ctx)
+                },
+            ),
+            2 => put(data.cast::<c_uint>(), 1), // CU_MEMORYTYPE_HOST
+            3 => Err(no_device_mapping()),
+            4 => put(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
+            8 => put(data.cast::<c_uint>(), 0),
+            9 => put(data.cast::<c_int>(), state::ctx_device(r.ctx)?),
+            11 => put(data.cast::<DevPtr>(), r.base),
+            12 => put(data.cast::<usize>(), r.size as usize),
+            13 => put(data.cast::<c_uint>(), 1),
+            0..=32 => Err(CuError(cu::NOT_SUPPORTED)),
+            _ => Err(CuError(cu::INVALID_VALUE)),
+        }
+    }
+}
+
+fn no_device_mapping() -> CuError {
+    tracing::warn!(
+        "remora: host memory of a Remora client cannot be mapped into the remote device's address space (CU_MEMHOSTALLOC_DEVICEMAP / cuMemHostGetDevicePointer); returning CUDA_ERROR_NOT_SUPPORTED"
+    );
+    CuError(cu::NOT_SUPPORTED)
+}
+
+/// `CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED`.
+const HOST_ALLOC_FLAGS: c_uint = 0x7;
+/// `CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY`.
+const HOST_REGISTER_FLAGS: c_uint = 0xF;
+
+fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CuResult<()> {
+    if pp.is_null() || flags & !HOST_ALLOC_FLAGS != 0 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let (s, ctx) = ctx_session()?;
+    let p = s.host_memory().alloc(size as u64, flags, ctx)?;
+    // SAFETY: output pointer per cuda.h.
+    unsafe { put(pp, p as usize as *mut c_void) }
+}
+
+/// Host memory is allocated by the client (page-aligned, not pinned: copies from and to it
+/// go through the transport). PORTABLE and WRITECOMBINED are accepted; DEVICEMAP allocates,
+/// but `cuMemHostGetDevicePointer` is CUDA_ERROR_NOT_SUPPORTED.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuMemHostAlloc", || host_alloc(pp, size, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
+    entry("cuMemAllocHost_v2", || host_alloc(pp, size, 0))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) -> CUresult {
+    entry("cuMemAllocHost", || host_alloc(pp, size as usize, 0))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
+    entry("cuMemFreeHost", || {
+        state::session()?.host_memory().free(p as usize as u64)
+    })
+}
+
+fn host_register(p: *mut c_void, size: usize, flags: c_uint) -> CuResult<()> {
+    if flags & !HOST_REGISTER_FLAGS != 0 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let (s, ctx) = ctx_session()?;
+    s.host_memory()
+        .register(p as usize as u64, size as u64, flags, ctx)
+}
+
+/// The range is recorded and accepted; nothing is pinned (see cuMemHostAlloc).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresult {
+    entry("cuMemHostRegister_v2", || host_register(p, size, flags))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostRegister(p: *mut c_void, size: usize, flags: c_uint) -> CUresult {
+    entry("cuMemHostRegister", || host_register(p, size, flags))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
+    entry("cuMemHostUnregister", || {
+        state::session()?
+            .host_memory()
+            .unregister(p as usize as u64)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut c_uint, p: *mut c_void) -> CUresult {
+    entry("cuMemHostGetFlags", || {
+        let r = state::session()?
+            .host_memory()
+            .find(p as usize as u64)
+            .ok_or(CuError(cu::INVALID_VALUE))?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(flags, r.flags) }
+    })
+}
+
+fn host_device_pointer(dptr: *mut DevPtr, p: *mut c_void, flags: c_uint) -> CuResult<()> {
+    if dptr.is_null() || flags != 0 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    state::session()?
+        .host_memory()
+        .find(p as usize as u64)
+        .ok_or(CuError(cu::INVALID_VALUE))?;
+    Err(no_device_mapping())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    dptr: *mut DevPtr,
+    p: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuMemHostGetDevicePointer_v2", || {
+        host_device_pointer(dptr, p, flags)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer(
+    dptr: *mut DevPtr,
+    p: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuMemHostGetDevicePointer", || {
+        host_device_pointer(dptr, p, flags)
+    })
+}
+
+/// `cuMemcpy(Async)`: unified addressing infers the direction. A pointer in no device
+/// allocation of this session is host memory (module globals are not tracked: use the
+/// explicit copies for them).
+fn unified(dst: DevPtr, src: DevPtr, n: usize, stream: Option<(Handle, bool)>) -> CuResult<()> {
+    let s = state::session()?;
+    let dev = |p| matches!(s.pointer_kind(p), PointerKind::Device { .. });
+    match (dev(dst), dev(src)) {
+        (true, true) => dtod(dst, src, n, stream),
+        (true, false) => htod(dst, src as usize as *const c_void, n, stream),
+        (false, true) => {
+            let ptds = stream.is_some_and(|(_, p)| p);
+            dtoh(dst as usize as *mut c_void, src, n, stream, ptds)
+        }
+        (false, false) => {
+            if n > 0 {
+                if dst == 0 || src == 0 {
+                    return Err(CuError(cu::INVALID_VALUE));
+                }
+                // SAFETY: both are host buffers of `n` bytes per cuda.h; `copy` allows overlap.
+                unsafe {
+                    std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, n);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+copies! {
+    cuMemcpy(dst: DevPtr, src: DevPtr, n: usize) => unified(dst, src, n, None);
+    cuMemcpy_ptds(dst: DevPtr, src: DevPtr, n: usize) => unified(dst, src, n, None);
+    cuMemcpyAsync(dst: DevPtr, src: DevPtr, n: usize, st: Handle) => unified(dst, src, n, Some((st, false)));
+    cuMemcpyAsync_ptsz(dst: DevPtr, src: DevPtr, n: usize, st: Handle) => unified(dst, src, n, Some((st, true)));
 }

@@ -4,10 +4,12 @@
 
 mod core;
 mod exec;
+mod library;
 mod mem;
 
 pub use self::core::*;
 pub use exec::*;
+pub use library::*;
 pub use mem::*;
 
 use std::ffi::c_void;

@@ -1,0 +1,260 @@
+//! Host memory the client owns: `cuMemHostAlloc`/`cuMemAllocHost` allocations (page-aligned
+//! anonymous mappings of this process) and `cuMemHostRegister` ranges.
+//!
+//! The device cannot reach client memory, so "pinned" memory is ordinary memory here: copies
+//! from and to it go through the transport like any other host memory. The ranges are
+//! tracked so that pointer classification, `cuPointerGetAttribute`, `cuMemHostGetFlags` and
+//! `cuMemFreeHost` know them.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use remora_proto::remora::RmHandle;
+
+use crate::error::{CuError, CuResult, cu};
+
+/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
+pub const HOST_MEMORY_ALREADY_REGISTERED: i32 = 712;
+/// `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED`.
+pub const HOST_MEMORY_NOT_REGISTERED: i32 = 713;
+
+/// One tracked host range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostRange {
+    /// First byte.
+    pub base: u64,
+    /// Size in bytes as asked (an allocation of 0 bytes still owns a page).
+    pub size: u64,
+    /// `CU_MEMHOSTALLOC_*` or `CU_MEMHOSTREGISTER_*` flags.
+    pub flags: u32,
+    /// The context current when it was made (0 if none).
+    pub ctx: RmHandle,
+    /// Registered by `cuMemHostRegister` (else allocated by the client).
+    pub registered: bool,
+    mapped: u64,
+}
+
+impl HostRange {
+    fn span(&self) -> u64 {
+        self.size.max(1)
+    }
+
+    fn contains(&self, ptr: u64) -> bool {
+        ptr >= self.base && ptr - self.base < self.span()
+    }
+}
+
+/// The host ranges of a session, by base address.
+#[derive(Debug, Default)]
+pub struct HostMem {
+    ranges: Mutex<BTreeMap<u64, HostRange>>,
+}
+
+fn page_round(size: u64) -> CuResult<u64> {
+    let page = rustix::param::page_size() as u64;
+    size.max(1)
+        .checked_next_multiple_of(page)
+        .ok_or(CuError(cu::OUT_OF_MEMORY))
+}
+
+impl HostMem {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, HostRange>> {
+        self.ranges.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The range containing `ptr`.
+    pub fn find(&self, ptr: u64) -> Option<HostRange> {
+        let m = self.lock();
+        m.range(..=ptr)
+            .next_back()
+            .map(|(_, r)| *r)
+            .filter(|r| r.contains(ptr))
+    }
+
+    fn overlaps(m: &BTreeMap<u64, HostRange>, base: u64, size: u64) -> bool {
+        let end = base.saturating_add(size.max(1));
+        if m.range(base..end).next().is_some() {
+            return true;
+        }
+        m.range(..base)
+            .next_back()
+            .is_some_and(|(_, r)| r.contains(base))
+    }
+
+    /// Allocates `size` bytes of page-aligned, zero-filled host memory.
+    pub fn alloc(&self, size: u64, flags: u32, ctx: RmHandle) -> CuResult<u64> {
+        let len = page_round(size)?;
+        let len_usize = usize::try_from(len).map_err(|_| CuError(cu::OUT_OF_MEMORY))?;
+        // SAFETY: a fresh anonymous private mapping at an address of the kernel's choosing
+        // aliases nothing; it is unmapped only by `free`.
+        let p = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                len_usize,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::PRIVATE,
+            )
+        }
+        .map_err(|e| {
+            tracing::warn!("remora: host allocation of {size} bytes failed: {e}");
+            CuError(cu::OUT_OF_MEMORY)
+        })?;
+        let base = p as usize as u64;
+        self.lock().insert(
+            base,
+            HostRange {
+                base,
+                size,
+                flags,
+                ctx,
+                registered: false,
+                mapped: len,
+            },
+        );
+        Ok(base)
+    }
+
+    /// Frees an allocation made by [`HostMem::alloc`]; `ptr` must be its base.
+    pub fn free(&self, ptr: u64) -> CuResult<()> {
+        let r = {
+            let mut m = self.lock();
+            match m.get(&ptr) {
+                Some(r) if !r.registered => m.remove(&ptr),
+                _ => None,
+            }
+        }
+        .ok_or(CuError(cu::INVALID_VALUE))?;
+        // SAFETY: `r` is a mapping `alloc` made of `r.mapped` bytes at `r.base`, removed from
+        // the table above so it is unmapped once; CUDA's contract makes the caller stop using
+        // it.
+        let res = unsafe { rustix::mm::munmap(r.base as usize as *mut _, r.mapped as usize) };
+        if let Err(e) = res {
+            tracing::warn!("remora: unmapping host memory at {:#x} failed: {e}", r.base);
+        }
+        Ok(())
+    }
+
+    /// Records a registered range (`cuMemHostRegister`).
+    pub fn register(&self, ptr: u64, size: u64, flags: u32, ctx: RmHandle) -> CuResult<()> {
+        if ptr == 0 || size == 0 || ptr.checked_add(size).is_none() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let mut m = self.lock();
+        if Self::overlaps(&m, ptr, size) {
+            return Err(CuError(HOST_MEMORY_ALREADY_REGISTERED));
+        }
+        m.insert(
+            ptr,
+            HostRange {
+                base: ptr,
+                size,
+                flags,
+                ctx,
+                registered: true,
+                mapped: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// Forgets a registered range (`cuMemHostUnregister`); `ptr` must be its base.
+    pub fn unregister(&self, ptr: u64) -> CuResult<()> {
+        let mut m = self.lock();
+        match m.get(&ptr) {
+            Some(r) if r.registered => {
+                m.remove(&ptr);
+                Ok(())
+            }
+            _ => Err(CuError(HOST_MEMORY_NOT_REGISTERED)),
+        }
+    }
+
+    /// Number of tracked ranges.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no range is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        let m = self.ranges.get_mut().unwrap_or_else(|e| e.into_inner());
+        for r in m.values().filter(|r| !r.registered) {
+            // SAFETY: mappings made by `alloc`, not freed; the table is going away.
+            let _ = unsafe { rustix::mm::munmap(r.base as usize as *mut _, r.mapped as usize) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_is_page_aligned_writable_and_tracked() {
+        let h = HostMem::default();
+        let p = h.alloc(10_000, 1, 7).unwrap();
+        assert_eq!(p % rustix::param::page_size() as u64, 0);
+        // SAFETY: 10 000 bytes were just allocated at `p`.
+        unsafe {
+            let s = std::slice::from_raw_parts_mut(p as usize as *mut u8, 10_000);
+            assert!(s.iter().all(|b| *b == 0));
+            s[9_999] = 5;
+        }
+        let r = h.find(p + 9_999).unwrap();
+        assert_eq!(
+            (r.base, r.size, r.flags, r.ctx, r.registered),
+            (p, 10_000, 1, 7, false)
+        );
+        assert_eq!(h.find(p + 10_000), None);
+        assert_eq!(h.free(p + 1), Err(CuError(cu::INVALID_VALUE)));
+        h.free(p).unwrap();
+        assert_eq!(h.find(p), None);
+        assert_eq!(h.free(p), Err(CuError(cu::INVALID_VALUE)));
+    }
+
+    #[test]
+    fn zero_bytes_still_gets_a_pointer() {
+        let h = HostMem::default();
+        let p = h.alloc(0, 0, 1).unwrap();
+        assert_ne!(p, 0);
+        assert_eq!(h.find(p).map(|r| r.size), Some(0));
+        h.free(p).unwrap();
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn register_checks_overlap_and_unregister_the_base() {
+        let h = HostMem::default();
+        let buf = vec![0u8; 4096];
+        let p = buf.as_ptr() as u64;
+        assert_eq!(h.register(0, 16, 0, 1), Err(CuError(cu::INVALID_VALUE)));
+        assert_eq!(h.register(p, 0, 0, 1), Err(CuError(cu::INVALID_VALUE)));
+        h.register(p + 100, 1000, 2, 1).unwrap();
+        assert_eq!(
+            h.register(p, 200, 0, 1),
+            Err(CuError(HOST_MEMORY_ALREADY_REGISTERED))
+        );
+        assert_eq!(
+            h.register(p + 500, 10, 0, 1),
+            Err(CuError(HOST_MEMORY_ALREADY_REGISTERED))
+        );
+        h.register(p + 1100, 10, 0, 1).unwrap();
+        assert!(h.find(p + 1099).unwrap().registered);
+        assert_eq!(h.find(p + 99), None);
+        // cuMemFreeHost does not free registered memory.
+        assert_eq!(h.free(p + 100), Err(CuError(cu::INVALID_VALUE)));
+        assert_eq!(
+            h.unregister(p + 101),
+            Err(CuError(HOST_MEMORY_NOT_REGISTERED))
+        );
+        h.unregister(p + 100).unwrap();
+        h.unregister(p + 1100).unwrap();
+        assert!(h.is_empty());
+        drop(buf);
+    }
+}
