@@ -24,6 +24,31 @@ pub type DeviceHandle = i32;
 /// delivers it. Called exactly once, with the bytes (possibly fewer than asked, on error).
 pub type CopySink = Box<dyn FnOnce(&[u8]) + Send>;
 
+/// Copies larger than this travel as several calls of at most this many bytes, so that every
+/// record stays far below the server's maximum record size (128 MiB by default) and memory
+/// per call stays bounded on both sides.
+pub(crate) const COPY_CHUNK: usize = 32 << 20;
+
+/// Largest reply record the client accepts: a synchronizing reply may carry several
+/// asynchronous device-to-host copies at once.
+pub(crate) const MAX_REPLY_RECORD: usize = (1 << 30) + (1 << 16);
+
+/// Splits `len` bytes into `(offset, size)` chunks of at most [`COPY_CHUNK`].
+fn chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len.div_ceil(COPY_CHUNK).max(1)).map(move |i| {
+        let off = i * COPY_CHUNK;
+        (off, COPY_CHUNK.min(len - off))
+    })
+}
+
+/// Reassembles an asynchronous device-to-host copy sent in chunks, then hands the whole to the
+/// caller's sink once every chunk has arrived.
+struct ChunkedSink {
+    buf: Vec<u8>,
+    remaining: usize,
+    sink: Option<CopySink>,
+}
+
 /// Timeouts and names used by [`Session::connect_with`].
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
@@ -218,6 +243,7 @@ impl Session {
         let rpc_config = ClientConfig {
             connect_timeout: Some(config.connect_timeout),
             default_timeout: config.call_timeout,
+            max_record_size: MAX_REPLY_RECORD,
             ..ClientConfig::default()
         };
         let rpc = RpcClient::connect_with(endpoint, rpc_config).map_err(|e| {
@@ -590,13 +616,16 @@ impl Session {
         dst: u64,
         data: &[u8],
     ) -> CuResult<()> {
-        let r = call!(self.rm_memcpy_htod(&RmHtodArgs {
-            ctx,
-            stream,
-            dst,
-            data: Bytes::copy_from_slice(data)
-        }))?;
-        self.finish_sync(r)
+        for (off, len) in chunks(data.len()) {
+            let r = call!(self.rm_memcpy_htod(&RmHtodArgs {
+                ctx,
+                stream,
+                dst: dst + off as u64,
+                data: Bytes::copy_from_slice(&data[off..off + len])
+            }))?;
+            self.finish_sync(r)?;
+        }
+        Ok(())
     }
 
     /// `cuMemcpyDtoH` (synchronous) into `out`. Like every synchronizing call, its reply
@@ -608,26 +637,24 @@ impl Session {
         src: u64,
         out: &mut [u8],
     ) -> CuResult<()> {
-        let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
-            ctx,
-            stream,
-            src,
-            size: out.len() as u64,
-            copy_id: 0
-        }))?;
-        self.finish_sync(RmSyncReply {
-            status: r.status,
-            copies: r.copies,
-        })?;
-        if r.data.len() != out.len() {
-            tracing::error!(
-                "remora: DtoH of {} bytes returned {}",
-                out.len(),
-                r.data.len()
-            );
-            return Err(CuError(cu::UNKNOWN));
+        for (off, len) in chunks(out.len()) {
+            let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
+                ctx,
+                stream,
+                src: src + off as u64,
+                size: len as u64,
+                copy_id: 0
+            }))?;
+            self.finish_sync(RmSyncReply {
+                status: r.status,
+                copies: r.copies,
+            })?;
+            if r.data.len() != len {
+                tracing::error!("remora: DtoH of {len} bytes returned {}", r.data.len());
+                return Err(CuError(cu::UNKNOWN));
+            }
+            out[off..off + len].copy_from_slice(&r.data);
         }
-        out.copy_from_slice(&r.data);
         Ok(())
     }
 
@@ -667,17 +694,56 @@ impl Session {
         dst: u64,
         data: &[u8],
     ) -> CuResult<()> {
-        call!(self.rm_memcpy_htod_async(&RmHtodArgs {
-            ctx,
-            stream,
-            dst,
-            data: Bytes::copy_from_slice(data)
-        }))
+        for (off, len) in chunks(data.len()) {
+            call!(self.rm_memcpy_htod_async(&RmHtodArgs {
+                ctx,
+                stream,
+                dst: dst + off as u64,
+                data: Bytes::copy_from_slice(&data[off..off + len])
+            }))?;
+        }
+        Ok(())
     }
 
     /// `cuMemcpyDtoHAsync`: one-way; `sink` gets the data when a later synchronizing call's
     /// reply carries it.
     pub fn memcpy_dtoh_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        size: u64,
+        sink: CopySink,
+    ) -> CuResult<()> {
+        let total = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        if total <= COPY_CHUNK {
+            return self.memcpy_dtoh_async_one(ctx, stream, src, size, sink);
+        }
+        let n = total.div_ceil(COPY_CHUNK);
+        let state = Arc::new(Mutex::new(ChunkedSink {
+            buf: vec![0; total],
+            remaining: n,
+            sink: Some(sink),
+        }));
+        for (off, len) in chunks(total) {
+            let state = Arc::clone(&state);
+            let part: CopySink = Box::new(move |data: &[u8]| {
+                let mut st = lock(&state);
+                let end = (off + data.len()).min(st.buf.len());
+                st.buf[off..end].copy_from_slice(&data[..end - off]);
+                st.remaining -= 1;
+                if st.remaining == 0
+                    && let Some(sink) = st.sink.take()
+                {
+                    sink(&st.buf);
+                }
+            });
+            self.memcpy_dtoh_async_one(ctx, stream, src + off as u64, len as u64, part)?;
+        }
+        Ok(())
+    }
+
+    fn memcpy_dtoh_async_one(
         &self,
         ctx: RmHandle,
         stream: RmHandle,
@@ -1158,6 +1224,24 @@ fn ready(r: CuResult<()>) -> CuResult<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_split_into_bounded_chunks() {
+        assert_eq!(chunks(0).collect::<Vec<_>>(), [(0, 0)]);
+        assert_eq!(chunks(5).collect::<Vec<_>>(), [(0, 5)]);
+        assert_eq!(chunks(COPY_CHUNK).collect::<Vec<_>>(), [(0, COPY_CHUNK)]);
+        let big = 2 * COPY_CHUNK + 7;
+        let parts: Vec<_> = chunks(big).collect();
+        assert_eq!(
+            parts,
+            [
+                (0, COPY_CHUNK),
+                (COPY_CHUNK, COPY_CHUNK),
+                (2 * COPY_CHUNK, 7)
+            ]
+        );
+        assert_eq!(parts.iter().map(|p| p.1).sum::<usize>(), big);
+    }
 
     #[test]
     fn stream_mapping() {
