@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -40,6 +40,18 @@ fn chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
         (off, COPY_CHUNK.min(len - off))
     })
 }
+
+/// An asynchronous device-to-host copy whose data has not been written to its destination.
+struct PendingCopy {
+    /// Taken (set to `None`) while a reply's data is being written.
+    sink: Option<CopySink>,
+    ctx: RmHandle,
+    stream: RmHandle,
+}
+
+/// How long a synchronizing call waits for another thread to finish writing copies the
+/// server delivered in that thread's reply.
+const DELIVERY_WAIT: Duration = Duration::from_secs(60);
 
 /// Reassembles an asynchronous device-to-host copy sent in chunks, then hands the whole to the
 /// caller's sink once every chunk has arrived.
@@ -162,7 +174,11 @@ pub struct Session {
     attrs: Mutex<HashMap<(DeviceHandle, i32), i32>>,
     modules: Mutex<HashMap<RmHandle, Arc<ModuleInfo>>>,
     functions: Mutex<HashMap<RmHandle, Arc<FunctionInfo>>>,
-    pending: Mutex<HashMap<u64, CopySink>>,
+    pending: Mutex<HashMap<u64, PendingCopy>>,
+    /// Signalled whenever a pending copy has been written to its destination.
+    delivered: Condvar,
+    /// For each event: the context and stream of its last record, and the copy-id mark then.
+    event_marks: Mutex<HashMap<RmHandle, (RmHandle, RmHandle, u64)>>,
     next_copy_id: AtomicU64,
     per_thread: Mutex<HashMap<(ThreadId, RmHandle), RmHandle>>,
     va: VaSpace,
@@ -299,6 +315,8 @@ impl Session {
             modules: Mutex::default(),
             functions: Mutex::default(),
             pending: Mutex::default(),
+            delivered: Condvar::new(),
+            event_marks: Mutex::default(),
             next_copy_id: AtomicU64::new(1),
             per_thread: Mutex::default(),
             va: VaSpace::default(),
@@ -447,8 +465,10 @@ impl Session {
 
     /// `cuCtxSynchronize` (delivers pending asynchronous copies).
     pub fn ctx_synchronize(&self, ctx: RmHandle) -> CuResult<()> {
+        let mark = self.copy_mark();
         let r = call!(self.rm_ctx_synchronize(&ctx))?;
-        self.finish_sync(r)
+        self.finish_sync(r)?;
+        self.settle(mark, |p| p.ctx == ctx)
     }
 
     /// `cuCtxSetLimit`.
@@ -589,9 +609,14 @@ impl Session {
     }
 
     /// Delivers the copies of a sync reply to their sinks, then returns its status.
+    ///
+    /// A copy stays listed as pending until its bytes are written, so that another thread's
+    /// synchronizing call that covers it can wait for the write ([`Session::settle`]).
     pub fn finish_sync(&self, reply: RmSyncReply) -> CuResult<()> {
         for c in reply.copies {
-            let sink = lock(&self.pending).remove(&c.copy_id);
+            let sink = lock(&self.pending)
+                .get_mut(&c.copy_id)
+                .and_then(|p| p.sink.take());
             match sink {
                 Some(sink) => sink(&c.data),
                 None => tracing::warn!(
@@ -599,8 +624,42 @@ impl Session {
                     c.copy_id
                 ),
             }
+            lock(&self.pending).remove(&c.copy_id);
+            self.delivered.notify_all();
         }
         CuError::check(reply.status)
+    }
+
+    /// The copy-id mark: copies issued before now have smaller ids.
+    fn copy_mark(&self) -> u64 {
+        self.next_copy_id.load(Ordering::Acquire)
+    }
+
+    /// After a successful synchronizing call: waits until every copy issued before `mark`
+    /// that the call covers has been written to its destination. The server delivers each
+    /// completed copy in exactly one reply, possibly another thread's; this wait makes the data
+    /// visible to the caller no later than CUDA would.
+    fn settle(&self, mark: u64, covers: impl Fn(&PendingCopy) -> bool) -> CuResult<()> {
+        let deadline = std::time::Instant::now() + DELIVERY_WAIT;
+        let mut pending = lock(&self.pending);
+        loop {
+            if !pending.iter().any(|(id, p)| *id < mark && covers(p)) {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                tracing::error!(
+                    "remora: a synchronizing call returned but the server never delivered \
+                     the data of an asynchronous device-to-host copy it covers"
+                );
+                return Err(CuError(cu::UNKNOWN));
+            }
+            pending = self
+                .delivered
+                .wait_timeout(pending, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// Number of asynchronous device-to-host copies not yet delivered.
@@ -637,6 +696,7 @@ impl Session {
         src: u64,
         out: &mut [u8],
     ) -> CuResult<()> {
+        let mark = self.copy_mark();
         for (off, len) in chunks(out.len()) {
             let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
                 ctx,
@@ -655,7 +715,7 @@ impl Session {
             }
             out[off..off + len].copy_from_slice(&r.data);
         }
-        Ok(())
+        self.settle(mark, |p| p.ctx == ctx && p.stream == stream)
     }
 
     /// `cuMemcpyDtoD` (synchronous).
@@ -751,8 +811,15 @@ impl Session {
         size: u64,
         sink: CopySink,
     ) -> CuResult<()> {
-        let copy_id = self.next_copy_id.fetch_add(1, Ordering::Relaxed);
-        lock(&self.pending).insert(copy_id, sink);
+        let copy_id = self.next_copy_id.fetch_add(1, Ordering::AcqRel);
+        lock(&self.pending).insert(
+            copy_id,
+            PendingCopy {
+                sink: Some(sink),
+                ctx,
+                stream,
+            },
+        );
         let r = call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
             ctx,
             stream,
@@ -1142,14 +1209,21 @@ impl Session {
 
     /// `cuStreamSynchronize` (`RM_STREAM_LEGACY` names `ctx`'s legacy stream).
     pub fn stream_synchronize(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<()> {
+        let mark = self.copy_mark();
         let r = call!(self.rm_stream_synchronize(&RmStreamArgs { ctx, stream }))?;
-        self.finish_sync(r)
+        self.finish_sync(r)?;
+        self.settle(mark, |p| p.stream == stream && p.ctx == ctx)
     }
 
     /// `cuStreamQuery`: `Ok(true)` when done, `Ok(false)` for CUDA_ERROR_NOT_READY.
     pub fn stream_query(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<bool> {
+        let mark = self.copy_mark();
         let r = call!(self.rm_stream_query(&RmStreamArgs { ctx, stream }))?;
-        ready(self.finish_sync(r))
+        let done = ready(self.finish_sync(r))?;
+        if done {
+            self.settle(mark, |p| p.stream == stream && p.ctx == ctx)?;
+        }
+        Ok(done)
     }
 
     /// `cuStreamWaitEvent`: one-way.
@@ -1182,19 +1256,34 @@ impl Session {
 
     /// `cuEventRecord`: one-way.
     pub fn event_record(&self, ctx: RmHandle, event: RmHandle, stream: RmHandle) -> CuResult<()> {
+        lock(&self.event_marks).insert(event, (ctx, stream, self.copy_mark()));
         call!(self.rm_event_record(&RmEventRecordArgs { ctx, event, stream }))
+    }
+
+    /// Waits for the copies an event covers: those issued on its stream before its record.
+    fn settle_event(&self, event: RmHandle) -> CuResult<()> {
+        let mark = lock(&self.event_marks).get(&event).copied();
+        match mark {
+            Some((ctx, stream, mark)) => self.settle(mark, |p| p.stream == stream && p.ctx == ctx),
+            None => Ok(()),
+        }
     }
 
     /// `cuEventSynchronize`.
     pub fn event_synchronize(&self, event: RmHandle) -> CuResult<()> {
         let r = call!(self.rm_event_synchronize(&event))?;
-        self.finish_sync(r)
+        self.finish_sync(r)?;
+        self.settle_event(event)
     }
 
     /// `cuEventQuery`: `Ok(true)` when complete.
     pub fn event_query(&self, event: RmHandle) -> CuResult<bool> {
         let r = call!(self.rm_event_query(&event))?;
-        ready(self.finish_sync(r))
+        let done = ready(self.finish_sync(r))?;
+        if done {
+            self.settle_event(event)?;
+        }
+        Ok(done)
     }
 
     /// `cuEventElapsedTime` in milliseconds.
