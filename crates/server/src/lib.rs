@@ -23,6 +23,7 @@ pub use executor::Executor;
 pub use hello::{HelloService, SERVER_VERSION};
 pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{
-    BackendChoice, RemoraService, Running, ServeConfig, ServeError, default_endpoint, inventory_of,
-    start, start_with_backend, start_with_inventory,
+    BackendChoice, Isolation, RemoraService, Running, ServeConfig, ServeError, WORKER_GRACE,
+    WorkerConfig, default_endpoint, inventory_of, serve_worker, start, start_with_backend,
+    start_with_inventory,
 };
