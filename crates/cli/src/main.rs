@@ -49,6 +49,32 @@ enum Command {
         /// real work).
         #[arg(long, value_name = "BACKEND", default_value = "cuda", value_parser = ["cuda", "emulated"])]
         backend: String,
+        /// Where sessions run: `process`, a worker process of its own per connection (the
+        /// default with --backend cuda: a CUDA fault or crash in one session cannot reach
+        /// another), or `thread`, threads of this process (the default with the emulated
+        /// backend).
+        #[arg(long, value_name = "MODE", value_parser = ["thread", "process"])]
+        isolation: Option<String>,
+        /// Directory of the kernel image cache shared by the sessions (created 0700 if
+        /// missing; kept at exit). Default: a private temporary directory, removed at exit,
+        /// under process isolation; memory only under thread isolation.
+        #[arg(long, value_name = "DIR")]
+        module_cache: Option<PathBuf>,
+    },
+    /// Serve one session: the connection on standard input (started by `remora serve`
+    /// under process isolation).
+    #[command(hide = true)]
+    ServeWorker {
+        #[arg(long, value_name = "BACKEND", default_value = "cuda", value_parser = ["cuda", "emulated"])]
+        backend: String,
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        devices: Option<Vec<i32>>,
+        #[arg(long, value_name = "BYTES")]
+        max_record_size: Option<usize>,
+        #[arg(long, value_name = "BYTES")]
+        module_cache_bytes: Option<u64>,
+        #[arg(long, value_name = "DIR")]
+        module_cache: Option<PathBuf>,
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
@@ -132,6 +158,14 @@ fn init_logging(default: &str) {
         .init();
 }
 
+fn backend_choice(backend: &str) -> remora_server::BackendChoice {
+    if backend == "emulated" {
+        remora_server::BackendChoice::Emulated
+    } else {
+        remora_server::BackendChoice::Cuda
+    }
+}
+
 fn serve(config: remora_server::ServeConfig) -> Result<()> {
     let running = remora_server::start(config).context("remora serve could not start")?;
     for endpoint in running.endpoints() {
@@ -193,20 +227,45 @@ fn run(cli: Cli) -> Result<()> {
             rpcbind,
             max_record_size,
             backend,
+            isolation,
+            module_cache,
         } => {
             init_logging("info");
+            let exe = std::env::current_exe().context("cannot find the remora executable")?;
             serve(remora_server::ServeConfig {
                 listen,
                 devices,
                 rpcbind,
                 max_record_size,
-                backend: if backend == "emulated" {
-                    remora_server::BackendChoice::Emulated
-                } else {
-                    remora_server::BackendChoice::Cuda
-                },
+                backend: backend_choice(&backend),
                 module_cache_bytes: None,
+                module_cache_dir: module_cache,
+                isolation: isolation.map(|i| {
+                    if i == "thread" {
+                        remora_server::Isolation::Thread
+                    } else {
+                        remora_server::Isolation::Process
+                    }
+                }),
+                worker_command: Some(vec![exe.into_os_string(), "serve-worker".into()]),
             })
+        }
+        Command::ServeWorker {
+            backend,
+            devices,
+            max_record_size,
+            module_cache_bytes,
+            module_cache,
+        } => {
+            init_logging("info");
+            remora_server::serve_worker(remora_server::WorkerConfig {
+                backend: backend_choice(&backend),
+                devices,
+                max_record_size,
+                module_cache_bytes,
+                module_cache_dir: module_cache,
+            })
+            .context("remora serve-worker failed")
         }
         Command::Info { server } => {
             init_logging("warn");
@@ -309,6 +368,40 @@ mod tests {
         };
         assert_eq!(listen.len(), 2);
         assert_eq!(devices, Some(vec![1, 0]));
+    }
+
+    #[test]
+    fn serve_worker_parses_what_the_server_passes() {
+        let config = remora_server::WorkerConfig {
+            backend: remora_server::BackendChoice::Emulated,
+            devices: Some(vec![1, 0]),
+            max_record_size: Some(4096),
+            module_cache_bytes: Some(1 << 20),
+            module_cache_dir: Some("/tmp/m".into()),
+        };
+        let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
+        args.extend(config.to_args());
+        let cli = Cli::try_parse_from(args).unwrap();
+        let Command::ServeWorker {
+            backend,
+            devices,
+            max_record_size,
+            module_cache_bytes,
+            module_cache,
+        } = cli.command
+        else {
+            panic!()
+        };
+        assert_eq!(
+            remora_server::WorkerConfig {
+                backend: backend_choice(&backend),
+                devices,
+                max_record_size,
+                module_cache_bytes,
+                module_cache_dir: module_cache,
+            },
+            config
+        );
     }
 
     #[test]

@@ -58,7 +58,10 @@ pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
 pub use client::{Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT};
 pub use endpoint::{Endpoint, EndpointParseError};
 pub use error::RpcError;
-pub use server::{DeferredReply, Server, ServerConfig, ServerError, ServerHandle};
+pub use server::{
+    AcceptedConnection, ConnectionHandler, DeferredReply, Server, ServerConfig, ServerError,
+    ServerHandle,
+};
 
 /// Who is on the other end of a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, ToSocketAddrs};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -127,13 +127,82 @@ impl fmt::Debug for Registry {
 /// handle.shutdown();
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Server {
     config: ServerConfig,
     registry: Registry,
+    /// When set, accepted connections are handed to it instead of being served here.
+    handler: Option<Arc<dyn ConnectionHandler>>,
     bound: Vec<(Listener, Endpoint)>,
     /// Unix socket files bound by this builder, removed if it is dropped unstarted.
     unix_paths: Vec<PathBuf>,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("config", &self.config)
+            .field("registry", &self.registry)
+            .field("hand_off", &self.handler.is_some())
+            .field("bound", &self.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection accepted by a server that hands its connections off
+/// ([`Server::hand_off`]): the socket, who is on the other end, and whether the server is
+/// shutting down.
+pub struct AcceptedConnection {
+    stream: Stream,
+    peer: Peer,
+    id: u64,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for AcceptedConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcceptedConnection")
+            .field("peer", &self.peer)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AcceptedConnection {
+    /// Who is on the other end.
+    pub fn peer(&self) -> &Peer {
+        &self.peer
+    }
+
+    /// The connection's id, unique for the server's lifetime.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether the server has begun shutting down. The server also shuts down the reading
+    /// side of the socket then, so whoever serves it sees end of file.
+    pub fn shutting_down(&self) -> bool {
+        self.shared.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// A descriptor of the connected socket (blocking mode), e.g. to give to a child process
+    /// as its standard input. The server keeps its own descriptor of the socket until
+    /// [`ConnectionHandler::handle`] returns.
+    pub fn try_clone_fd(&self) -> io::Result<OwnedFd> {
+        match &self.stream {
+            Stream::Tcp(s) => s.as_fd().try_clone_to_owned(),
+            Stream::Unix(s) => s.as_fd().try_clone_to_owned(),
+        }
+    }
+}
+
+/// Serves connections that a server hands off instead of serving them itself
+/// ([`Server::hand_off`]), e.g. by giving each to a process of its own.
+pub trait ConnectionHandler: Send + Sync {
+    /// Serves `connection`; called on a thread of its own, which the server joins at
+    /// shutdown. The connection counts against [`ServerConfig::max_connections`] until this
+    /// returns; the server closes its socket then.
+    fn handle(&self, connection: AcceptedConnection);
 }
 
 impl Server {
@@ -154,6 +223,55 @@ impl Server {
     pub fn service(mut self, service: Arc<dyn Service>) -> Self {
         self.registry.add(service);
         self
+    }
+
+    /// Hands every accepted connection to `handler` instead of serving it with the registered
+    /// services. Everything else stays: [`ServerConfig::max_connections`] bounds the
+    /// connections being handled, and shutdown stops accepting, shuts down the reading side
+    /// of each socket and waits for every [`ConnectionHandler::handle`] to return.
+    pub fn hand_off(mut self, handler: Arc<dyn ConnectionHandler>) -> Self {
+        self.handler = Some(handler);
+        self
+    }
+
+    /// Serves one already-connected stream socket (Unix or TCP, e.g. one inherited from a
+    /// parent process) with the registered services on the calling thread, until the peer
+    /// closes it, an error or timeout ends it. Deferred replies work as on accepted
+    /// connections; the services hear [`Service::connection_closed`] for connection id 0 when
+    /// it ends. The peer is read from the socket (SO_PEERCRED, or the TCP peer address).
+    pub fn serve_fd(self, fd: OwnedFd) -> Result<(), RpcError> {
+        let domain = socket2::SockRef::from(&fd)
+            .local_addr()
+            .map_err(ServerError::Io)?
+            .domain();
+        let (stream, peer) = if domain == socket2::Domain::UNIX {
+            let s = UnixStream::from(fd);
+            s.set_nonblocking(false).map_err(ServerError::Io)?;
+            let peer = unix_peer(&s);
+            (Stream::Unix(s), peer)
+        } else if domain == socket2::Domain::IPV4 || domain == socket2::Domain::IPV6 {
+            let s = TcpStream::from(fd);
+            s.set_nonblocking(false).map_err(ServerError::Io)?;
+            let _ = s.set_nodelay(true);
+            let peer = s.peer_addr().map_or(Peer::Unknown, Peer::Tcp);
+            (Stream::Tcp(s), peer)
+        } else {
+            return Err(ServerError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "serve_fd needs a connected Unix or TCP stream socket",
+            ))
+            .into());
+        };
+        tracing::debug!(%peer, "ONC RPC server: serving an inherited connection");
+        serve_connection(
+            stream,
+            &peer,
+            0,
+            &self.registry,
+            &self.config,
+            &AtomicBool::new(false),
+        );
+        Ok(())
     }
 
     /// Binds `endpoint` now (`tcp://HOST:0` picks a free port; a stale Unix socket file with
@@ -178,6 +296,7 @@ impl Server {
         let shared = Arc::new(Shared {
             config: std::mem::take(&mut self.config),
             registry: std::mem::take(&mut self.registry),
+            handler: self.handler.take(),
             shutting_down: AtomicBool::new(false),
             conns: Mutex::new(ConnTable::default()),
         });
@@ -291,6 +410,7 @@ fn bind_inner(ep: &Endpoint) -> Result<(Listener, Endpoint), ServerError> {
 struct Shared {
     config: ServerConfig,
     registry: Registry,
+    handler: Option<Arc<dyn ConnectionHandler>>,
     shutting_down: AtomicBool,
     conns: Mutex<ConnTable>,
 }
@@ -336,14 +456,7 @@ fn accept_loop(listener: Listener, wake: UnixStream, shared: Arc<Shared>) {
             }),
             Listener::Unix(l) => l.accept().and_then(|(s, _)| {
                 s.set_nonblocking(false)?;
-                let peer = match rustix::net::sockopt::socket_peercred(&s) {
-                    Ok(c) => Peer::Unix {
-                        pid: c.pid.as_raw_pid(),
-                        uid: c.uid.as_raw(),
-                        gid: c.gid.as_raw(),
-                    },
-                    Err(_) => Peer::Unknown,
-                };
+                let peer = unix_peer(&s);
                 Ok((Stream::Unix(s), peer))
             }),
         };
@@ -357,6 +470,18 @@ fn accept_loop(listener: Listener, wake: UnixStream, shared: Arc<Shared>) {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
+    }
+}
+
+/// The kernel-recorded credentials of a Unix socket's peer.
+fn unix_peer(s: &UnixStream) -> Peer {
+    match rustix::net::sockopt::socket_peercred(s) {
+        Ok(c) => Peer::Unix {
+            pid: c.pid.as_raw_pid(),
+            uid: c.uid.as_raw(),
+            gid: c.gid.as_raw(),
+        },
+        Err(_) => Peer::Unknown,
     }
 }
 
@@ -394,14 +519,26 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
         .stack_size(CONN_STACK_SIZE)
         .spawn(move || {
             tracing::debug!(%peer, "ONC RPC server: connection accepted");
-            serve_connection(
-                stream,
-                &peer,
-                id,
-                &shared2.registry,
-                &shared2.config,
-                &shared2.shutting_down,
-            );
+            if let Some(handler) = shared2.handler.clone() {
+                let conn = AcceptedConnection {
+                    stream,
+                    peer: peer.clone(),
+                    id,
+                    shared: Arc::clone(&shared2),
+                };
+                if catch_unwind(AssertUnwindSafe(|| handler.handle(conn))).is_err() {
+                    tracing::error!(%peer, "ONC RPC server: the connection handler panicked");
+                }
+            } else {
+                serve_connection(
+                    stream,
+                    &peer,
+                    id,
+                    &shared2.registry,
+                    &shared2.config,
+                    &shared2.shutting_down,
+                );
+            }
             let mut table = lock(&shared2.conns);
             if let Some(s) = table.streams.remove(&id) {
                 let _ = s.shutdown(Shutdown::Both);

@@ -115,12 +115,23 @@ impl Executor {
     /// An executor over `backend`, answering HELLO with `hello`, with a module cache of
     /// `cache_bytes`.
     pub fn new(backend: Arc<dyn Backend>, hello: HelloService, cache_bytes: u64) -> Self {
+        Self::with_module_cache_dir(backend, hello, cache_bytes, None)
+    }
+
+    /// As [`Executor::new`], with the module cache kept in `cache_dir` as well (one file per
+    /// image, shared with the executors of other processes using the same directory).
+    pub fn with_module_cache_dir(
+        backend: Arc<dyn Backend>,
+        hello: HelloService,
+        cache_bytes: u64,
+        cache_dir: Option<std::path::PathBuf>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 backend,
                 hello,
                 sessions: Mutex::new(HashMap::new()),
-                cache: ModuleCache::new(cache_bytes),
+                cache: ModuleCache::with_dir(cache_bytes, cache_dir),
             }),
         }
     }

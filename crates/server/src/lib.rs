@@ -7,6 +7,11 @@
 //!                      replies)                                    EmulatedBackend, for tests)
 //! ```
 //!
+//! Under process isolation (the default with the CUDA driver) the listening process only
+//! accepts: each connection is served by a worker process of its own (`remora serve-worker`,
+//! [`serve_worker`]) running the same executor for that one session, so a CUDA fault or a crash
+//! stays in its session.
+//!
 //! The server answers `REMORA_NULL`, `REMORA_HELLO` (protocol negotiation, server identity
 //! and the GPU list) and every CUDA driver procedure of `remora.x` revision 2.
 
@@ -23,6 +28,7 @@ pub use executor::Executor;
 pub use hello::{HelloService, SERVER_VERSION};
 pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{
-    BackendChoice, RemoraService, Running, ServeConfig, ServeError, default_endpoint, inventory_of,
-    start, start_with_backend, start_with_inventory,
+    BackendChoice, Isolation, RemoraService, Running, ServeConfig, ServeError, WORKER_GRACE,
+    WorkerConfig, default_endpoint, inventory_of, serve_worker, start, start_with_backend,
+    start_with_inventory,
 };

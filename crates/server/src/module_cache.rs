@@ -1,11 +1,22 @@
 //! The server-wide kernel image cache, keyed by SHA-256, bounded in bytes, least recently used
 //! out first. Shared by every session, so a client that loads an image another client sent
 //! sends only its hash.
+//!
+//! Sessions in worker processes share it through a directory: one file per image, named by
+//! the hex SHA-256, written to a temporary name and renamed (so readers never see a partial
+//! file), checked against its hash when read, and bounded in total size by evicting the least
+//! recently used files (by modification time, refreshed on every use). An in-memory cache,
+//! bounded the same way, sits in front.
 
 use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
 
 use remora_xdr::Bytes;
+use sha2::{Digest, Sha256};
 
 /// Default bound of the cache: 1 GiB.
 pub const DEFAULT_CACHE_BYTES: u64 = 1 << 30;
@@ -21,13 +32,22 @@ struct State {
 pub(crate) struct ModuleCache {
     capacity: u64,
     state: Mutex<State>,
+    /// The directory shared with other processes, if any.
+    dir: Option<PathBuf>,
 }
 
 impl ModuleCache {
+    #[cfg(test)]
     pub(crate) fn new(capacity: u64) -> Self {
+        Self::with_dir(capacity, None)
+    }
+
+    /// A cache backed by `dir` (shared with other processes) when given.
+    pub(crate) fn with_dir(capacity: u64, dir: Option<PathBuf>) -> Self {
         Self {
             capacity,
             state: Mutex::new(State::default()),
+            dir,
         }
     }
 
@@ -39,8 +59,22 @@ impl ModuleCache {
         self.lock().map.len()
     }
 
-    /// The image with `hash`, marking it recently used.
+    /// The image with `hash`, marking it recently used: from memory, else from the shared
+    /// directory (checked against its hash).
     pub(crate) fn get(&self, hash: &[u8; 32]) -> Option<Bytes> {
+        if let Some(image) = self.get_memory(hash) {
+            if let Some(dir) = &self.dir {
+                touch(&dir.join(hex(hash)));
+            }
+            return Some(image);
+        }
+        let dir = self.dir.as_ref()?;
+        let image = disk_get(dir, hash)?;
+        self.insert_memory(*hash, &image);
+        Some(image)
+    }
+
+    fn get_memory(&self, hash: &[u8; 32]) -> Option<Bytes> {
         let mut st = self.lock();
         st.tick += 1;
         let tick = st.tick;
@@ -53,6 +87,18 @@ impl ModuleCache {
     /// Adds an image (whose hash the caller has verified), evicting the least recently used
     /// ones to stay within the bound. An image larger than the whole cache is not kept.
     pub(crate) fn insert(&self, hash: [u8; 32], image: Bytes) {
+        if image.len() as u64 > self.capacity {
+            return;
+        }
+        if let Some(dir) = &self.dir
+            && let Err(e) = disk_put(dir, &hash, &image, self.capacity)
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot write to the module cache directory");
+        }
+        self.insert_memory(hash, &image);
+    }
+
+    fn insert_memory(&self, hash: [u8; 32], image: &Bytes) {
         let size = image.len() as u64;
         if size > self.capacity {
             return;
@@ -74,8 +120,98 @@ impl ModuleCache {
         }
         st.total += size;
         // Keep a copy of its own, not a view that pins the whole received record.
-        st.map.insert(hash, (Bytes::copy_from_slice(&image), tick));
+        st.map.insert(hash, (Bytes::copy_from_slice(image), tick));
     }
+}
+
+fn hex(hash: &[u8; 32]) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn is_entry_name(name: &str) -> bool {
+    name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Marks a file recently used.
+fn touch(path: &Path) {
+    if let Ok(f) = std::fs::File::options().write(true).open(path) {
+        let _ = f.set_modified(SystemTime::now());
+    }
+}
+
+/// The image with `hash` from `dir`, if there and intact (a file that does not match its hash
+/// is removed).
+fn disk_get(dir: &Path, hash: &[u8; 32]) -> Option<Bytes> {
+    let path = dir.join(hex(hash));
+    let data = std::fs::read(&path).ok()?;
+    let digest: [u8; 32] = Sha256::digest(&data).into();
+    if &digest != hash {
+        tracing::warn!(path = %path.display(), "module cache file does not match its SHA-256; removed");
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
+    touch(&path);
+    Some(Bytes::from(data))
+}
+
+/// Writes the image to `dir` (temporary name, then rename), then evicts the least recently
+/// used files beyond `capacity` bytes.
+fn disk_put(dir: &Path, hash: &[u8; 32], image: &[u8], capacity: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let name = hex(hash);
+    let path = dir.join(&name);
+    if path.exists() {
+        touch(&path);
+        return Ok(());
+    }
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = std::fs::File::options()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(image))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    evict(dir, capacity, &path)
+}
+
+/// Removes the least recently used entries of `dir` until they total at most `capacity`
+/// bytes, keeping `keep` (just written).
+fn evict(dir: &Path, capacity: u64, keep: &Path) -> std::io::Result<()> {
+    let mut entries = Vec::new();
+    let mut total = 0u64;
+    for entry in std::fs::read_dir(dir)? {
+        let Ok(entry) = entry else { continue };
+        if !entry.file_name().to_str().is_some_and(is_entry_name) {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else { continue };
+        total += meta.len();
+        let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        entries.push((used, meta.len(), entry.path()));
+    }
+    entries.sort();
+    for (_, size, path) in entries {
+        if total <= capacity {
+            break;
+        }
+        if path == keep {
+            continue;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total -= size;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -93,5 +229,70 @@ mod tests {
         assert!(c.get(&[1; 32]).is_some() && c.get(&[3; 32]).is_some());
         c.insert([4; 32], Bytes::from(vec![0u8; 11]));
         assert!(c.get(&[4; 32]).is_none(), "larger than the cache");
+    }
+
+    fn image(fill: u8, len: usize) -> (Bytes, [u8; 32]) {
+        let data = vec![fill; len];
+        let hash: [u8; 32] = Sha256::digest(&data).into();
+        (Bytes::from(data), hash)
+    }
+
+    #[test]
+    fn a_directory_shares_images_between_caches_and_checks_their_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
+        let b = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
+        let (img, hash) = image(7, 30);
+        a.insert(hash, img.clone());
+        assert_eq!(
+            b.get(&hash).as_deref(),
+            Some(&img[..]),
+            "b reads what a wrote"
+        );
+        assert_eq!(b.len(), 1, "and keeps it in memory");
+        // Nothing but the entry: the temporary file was renamed.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec![hex(&hash)]);
+        // A corrupted file is refused and removed.
+        let (img2, hash2) = image(8, 30);
+        std::fs::write(dir.path().join(hex(&hash2)), b"not the image").unwrap();
+        let c = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
+        assert!(c.get(&hash2).is_none());
+        assert!(!dir.path().join(hex(&hash2)).exists());
+        c.insert(hash2, img2);
+        assert!(dir.path().join(hex(&hash2)).exists());
+    }
+
+    #[test]
+    fn the_directory_evicts_least_recently_used_files_within_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
+        let old = SystemTime::now() - std::time::Duration::from_secs(100);
+        let (i1, h1) = image(1, 40);
+        let (i2, h2) = image(2, 40);
+        let (i3, h3) = image(3, 40);
+        c.insert(h1, i1);
+        c.insert(h2, i2);
+        // h1 oldest on disk, but h2 older still once h1 is used again.
+        for (h, age) in [(h1, 50), (h2, 60)] {
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.path().join(hex(&h)))
+                .unwrap();
+            f.set_modified(old + std::time::Duration::from_secs(age))
+                .unwrap();
+        }
+        let fresh = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
+        assert!(fresh.get(&h1).is_some(), "refreshes h1");
+        fresh.insert(h3, i3);
+        assert!(dir.path().join(hex(&h1)).exists());
+        assert!(
+            !dir.path().join(hex(&h2)).exists(),
+            "h2 was least recently used"
+        );
+        assert!(dir.path().join(hex(&h3)).exists());
     }
 }

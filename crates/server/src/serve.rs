@@ -1,9 +1,17 @@
 //! Starting and stopping `remora serve`.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use remora_oncrpc::{CallContext, Dispatch, Endpoint, Server, ServerConfig, ServerHandle, Service};
+use remora_oncrpc::{
+    AcceptedConnection, CallContext, ConnectionHandler, Dispatch, Endpoint, Server, ServerConfig,
+    ServerHandle, Service,
+};
 use remora_proto::remora::RemoraV1Service;
 use remora_xdr::{Decoder, Encoder};
 
@@ -20,6 +28,17 @@ pub enum BackendChoice {
     Cuda,
     /// The emulated TEST backend: host memory, no kernels. For CI and tests only.
     Emulated,
+}
+
+/// Where sessions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Every session is a thread of the server process (a sticky CUDA error or a driver crash
+    /// in one session reaches every session). For tests and the emulated backend.
+    Thread,
+    /// Every session is a worker process of its own, started by exec for each connection:
+    /// one session's CUDA faults and crashes stay in its process.
+    Process,
 }
 
 /// The `remora.x` service: the generated dispatcher over the [`Executor`], plus the session
@@ -75,6 +94,77 @@ pub struct ServeConfig {
     pub backend: BackendChoice,
     /// Bound of the server-wide kernel image cache; `None`: [`crate::DEFAULT_CACHE_BYTES`].
     pub module_cache_bytes: Option<u64>,
+    /// Directory of the kernel image cache shared by the sessions' processes; `None`: a
+    /// private temporary directory under process isolation (removed at shutdown), memory
+    /// only under thread isolation.
+    pub module_cache_dir: Option<PathBuf>,
+    /// Threads or processes; `None`: processes for the CUDA backend, threads for the emulated
+    /// one.
+    pub isolation: Option<Isolation>,
+    /// Under process isolation, the program and leading arguments that start a worker
+    /// (e.g. `remora serve-worker`); the server appends the [`WorkerConfig`] arguments
+    /// ([`WorkerConfig::to_args`]) and gives the connection as standard input. `None`: this
+    /// executable with the argument `serve-worker`.
+    pub worker_command: Option<Vec<OsString>>,
+}
+
+impl ServeConfig {
+    /// The isolation this configuration gets.
+    pub fn effective_isolation(&self) -> Isolation {
+        self.isolation.unwrap_or(match self.backend {
+            BackendChoice::Cuda => Isolation::Process,
+            BackendChoice::Emulated => Isolation::Thread,
+        })
+    }
+}
+
+/// What a session worker (`remora serve-worker`) is told by the server that starts it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// The backend.
+    pub backend: BackendChoice,
+    /// Real GPU ordinals to expose; `None`: all.
+    pub devices: Option<Vec<i32>>,
+    /// Largest record the client may send.
+    pub max_record_size: Option<usize>,
+    /// Bound of the module cache.
+    pub module_cache_bytes: Option<u64>,
+    /// The shared module cache directory.
+    pub module_cache_dir: Option<PathBuf>,
+}
+
+impl WorkerConfig {
+    /// The command-line arguments `remora serve-worker` takes for this configuration:
+    /// `--backend cuda|emulated`, `--devices LIST`, `--max-record-size N`,
+    /// `--module-cache-bytes N`, `--module-cache DIR`.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            "--backend".into(),
+            match self.backend {
+                BackendChoice::Cuda => "cuda",
+                BackendChoice::Emulated => "emulated",
+            }
+            .into(),
+        ];
+        if let Some(devices) = &self.devices {
+            let list: Vec<String> = devices.iter().map(i32::to_string).collect();
+            args.push("--devices".into());
+            args.push(list.join(",").into());
+        }
+        if let Some(max) = self.max_record_size {
+            args.push("--max-record-size".into());
+            args.push(max.to_string().into());
+        }
+        if let Some(bytes) = self.module_cache_bytes {
+            args.push("--module-cache-bytes".into());
+            args.push(bytes.to_string().into());
+        }
+        if let Some(dir) = &self.module_cache_dir {
+            args.push("--module-cache".into());
+            args.push(dir.clone().into_os_string());
+        }
+        args
+    }
 }
 
 /// Why the server could not start.
@@ -94,6 +184,20 @@ pub enum ServeError {
     /// Listening or starting the RPC server failed.
     #[error(transparent)]
     Rpc(#[from] remora_oncrpc::RpcError),
+    /// The module cache directory could not be made.
+    #[error("cannot create the module cache directory {path}: {source}")]
+    ModuleCache {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The executable to start session workers with could not be found.
+    #[error("cannot find the remora executable to start session workers with: {0}")]
+    WorkerExe(std::io::Error),
+    /// A session worker could not get its connection from standard input.
+    #[error("the session worker has no connection on standard input: {0}")]
+    WorkerStdin(std::io::Error),
 }
 
 /// The default listener: a Unix socket in the user's runtime directory,
@@ -167,7 +271,12 @@ fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
 pub struct Running {
     handle: ServerHandle,
     inventory: Inventory,
-    service: Arc<RemoraService>,
+    /// The executor serving the sessions, under thread isolation.
+    service: Option<Arc<RemoraService>>,
+    /// The session workers, under process isolation.
+    workers: Option<Arc<Workers>>,
+    /// The module cache directory this server made, removed at shutdown.
+    cache_dir: Option<PrivateDir>,
 }
 
 impl Running {
@@ -181,9 +290,34 @@ impl Running {
         &self.inventory
     }
 
-    /// The executor (tests inspect its sessions).
-    pub fn executor(&self) -> &Executor {
-        self.service.executor()
+    /// The executor serving every session, under thread isolation (tests inspect its
+    /// sessions); `None` under process isolation, where each worker has its own.
+    pub fn executor(&self) -> Option<&Executor> {
+        self.service.as_deref().map(RemoraService::executor)
+    }
+
+    /// Where sessions run.
+    pub fn isolation(&self) -> Isolation {
+        if self.workers.is_some() {
+            Isolation::Process
+        } else {
+            Isolation::Thread
+        }
+    }
+
+    /// The process ids of the live session workers, by connection (empty under thread
+    /// isolation).
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.workers.as_ref().map_or_else(Vec::new, |w| {
+            let mut pids: Vec<u32> = w.lock().values().copied().collect();
+            pids.sort_unstable();
+            pids
+        })
+    }
+
+    /// The module cache directory shared by the workers, if any.
+    pub fn module_cache_dir(&self) -> Option<&Path> {
+        self.cache_dir.as_ref().map(|d| d.path.as_path())
     }
 
     /// Number of connections being served now.
@@ -191,25 +325,206 @@ impl Running {
         self.handle.connection_count()
     }
 
-    /// Stops accepting, lets calls in flight finish, and joins every thread.
+    /// Stops accepting, lets calls in flight finish, and joins every thread. Under process
+    /// isolation each worker sees its connection end and exits; one still running after
+    /// [`WORKER_GRACE`] gets SIGTERM, then SIGKILL after as long again. Returns once every
+    /// worker has been reaped; removes the module cache directory it made.
     pub fn shutdown(self) {
         self.handle.shutdown();
+        drop(self.cache_dir);
     }
 }
 
-/// Probes the driver (or sets up the emulated test backend), then starts serving.
+/// How long a session worker may take to finish after shutdown begins before it gets
+/// SIGTERM (and, as long again after, SIGKILL).
+pub const WORKER_GRACE: Duration = Duration::from_secs(5);
+
+/// A 0700 directory this process made, removed with its contents on drop.
+struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    fn new() -> Result<Self, ServeError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        let mut last = None;
+        for attempt in 0..16u32 {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let path = base.join(format!(
+                "remora-modules-{}-{nanos:08x}{attempt}",
+                std::process::id()
+            ));
+            // Not recursive: fails if the name exists, so the directory is ours.
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(Self { path }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(source) => return Err(ServeError::ModuleCache { path, source }),
+            }
+        }
+        Err(ServeError::ModuleCache {
+            path: base,
+            source: last.unwrap_or_else(|| std::io::Error::other("no free name")),
+        })
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// The live workers: connection id → process id.
+#[derive(Default)]
+struct Workers {
+    live: Mutex<HashMap<u64, u32>>,
+}
+
+impl Workers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u32>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Starts one worker process per accepted connection and waits for it.
+struct WorkerSpawner {
+    command: Vec<OsString>,
+    args: Vec<OsString>,
+    workers: Arc<Workers>,
+}
+
+impl ConnectionHandler for WorkerSpawner {
+    fn handle(&self, conn: AcceptedConnection) {
+        let peer = conn.peer().clone();
+        let id = conn.id();
+        let fd: OwnedFd = match conn.try_clone_fd() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::error!(%peer, error = %e, "cannot pass the connection to a session worker; closed");
+                return;
+            }
+        };
+        let Some((program, leading)) = self.command.split_first() else {
+            return;
+        };
+        let spawned = Command::new(program)
+            .args(leading)
+            .args(&self.args)
+            .stdin(Stdio::from(fd))
+            .stdout(Stdio::null())
+            .env("REMORA_SERVE_PID", std::process::id().to_string())
+            .env("REMORA_SESSION_PEER", peer.to_string())
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(%peer, error = %e, "cannot start a session worker; connection closed");
+                return;
+            }
+        };
+        let pid = child.id();
+        self.workers.lock().insert(id, pid);
+        tracing::info!(%peer, connection = id, worker_pid = pid, "session worker started");
+        let mut stopping_since: Option<Instant> = None;
+        let mut termed = false;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(%peer, worker_pid = pid, error = %e, "cannot wait for a session worker");
+                    let _ = child.kill();
+                    break child.wait().ok();
+                }
+            }
+            if conn.shutting_down() {
+                let since = *stopping_since.get_or_insert_with(Instant::now);
+                if !termed && since.elapsed() >= WORKER_GRACE {
+                    tracing::warn!(%peer, worker_pid = pid, "session worker still running after shutdown began; SIGTERM");
+                    let _ = rustix::process::kill_process(
+                        rustix::process::Pid::from_child(&child),
+                        rustix::process::Signal::TERM,
+                    );
+                    termed = true;
+                } else if termed && since.elapsed() >= 2 * WORKER_GRACE {
+                    tracing::warn!(%peer, worker_pid = pid, "session worker ignored SIGTERM; killed");
+                    let _ = child.kill();
+                    break child.wait().ok();
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.workers.lock().remove(&id);
+        use std::os::unix::process::ExitStatusExt;
+        match status {
+            Some(s) if s.success() => {
+                tracing::info!(%peer, connection = id, worker_pid = pid, "session worker finished")
+            }
+            Some(s) => match s.signal() {
+                Some(sig) if termed => {
+                    tracing::info!(%peer, worker_pid = pid, signal = sig, "session worker stopped at shutdown")
+                }
+                Some(sig) => tracing::error!(
+                    %peer, connection = id, worker_pid = pid, signal = sig,
+                    "session worker died by signal; only this session is lost"
+                ),
+                None => tracing::warn!(
+                    %peer, connection = id, worker_pid = pid, code = s.code(),
+                    "session worker exited with an error"
+                ),
+            },
+            None => {}
+        }
+    }
+}
+
+/// Probes the driver (or sets up the emulated test backend), then starts serving, with the
+/// sessions in threads or worker processes as `config` says.
 pub fn start(config: ServeConfig) -> Result<Running, ServeError> {
-    if config.backend == BackendChoice::Emulated {
-        let devices = config.devices.as_ref().map_or(1, |d| d.len().max(1));
+    match config.effective_isolation() {
+        Isolation::Thread => {
+            let (backend, inventory) = make_backend(config.backend, config.devices.as_deref())?;
+            start_with_backend(config, backend, inventory)
+        }
+        Isolation::Process => start_process_isolated(config),
+    }
+}
+
+/// The backend and what HELLO reports of it.
+fn make_backend(
+    choice: BackendChoice,
+    devices: Option<&[i32]>,
+) -> Result<(Arc<dyn Backend>, Inventory), ServeError> {
+    if choice == BackendChoice::Emulated {
+        let devices = devices.map_or(1, |d| d.len().max(1));
         let backend = Arc::new(EmulatedBackend::new(EmulatedConfig {
             devices,
             ..EmulatedConfig::default()
         }));
         let inventory = inventory_of(&*backend);
-        return start_with_backend(config, backend, inventory);
+        return Ok((backend, inventory));
     }
-    let inventory = driver::select_devices(driver::probe(), config.devices.as_deref())
-        .map_err(ServeError::Devices)?;
+    let inventory = probe_inventory(devices)?;
+    let backend = match (&inventory, CudaBackend::load(devices)) {
+        (Inventory::Ok { .. }, Ok(b)) => b,
+        (Inventory::Ok { .. }, Err(reason)) => {
+            tracing::warn!(
+                "the CUDA executor is unavailable ({reason}); CUDA calls answer CUDA_ERROR_NO_DEVICE"
+            );
+            CudaBackend::unavailable()
+        }
+        _ => CudaBackend::unavailable(),
+    };
+    Ok((Arc::new(backend), inventory))
+}
+
+/// Probes the driver, checks the device selection and logs what it found.
+fn probe_inventory(devices: Option<&[i32]>) -> Result<Inventory, ServeError> {
+    let inventory =
+        driver::select_devices(driver::probe(), devices).map_err(ServeError::Devices)?;
     match &inventory {
         Inventory::Ok {
             driver_version,
@@ -225,17 +540,160 @@ pub fn start(config: ServeConfig) -> Result<Running, ServeError> {
             tracing::warn!("serving zero GPUs: {reason}")
         }
     }
-    let backend = match (&inventory, CudaBackend::load(config.devices.as_deref())) {
-        (Inventory::Ok { .. }, Ok(b)) => b,
-        (Inventory::Ok { .. }, Err(reason)) => {
-            tracing::warn!(
-                "the CUDA executor is unavailable ({reason}); CUDA calls answer CUDA_ERROR_NO_DEVICE"
-            );
-            CudaBackend::unavailable()
-        }
-        _ => CudaBackend::unavailable(),
+    Ok(inventory)
+}
+
+/// Process isolation: this process accepts and hands every connection to a worker process.
+fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
+    // The probe checks the device selection and logs the inventory; this process never
+    // creates a context, and workers are started by exec, so its driver state reaches no one.
+    let inventory = match config.backend {
+        BackendChoice::Cuda => probe_inventory(config.devices.as_deref())?,
+        BackendChoice::Emulated => make_backend(config.backend, config.devices.as_deref())?.1,
     };
-    start_with_backend(config, Arc::new(backend), inventory)
+    let (cache_dir, owned_dir) = match &config.module_cache_dir {
+        Some(dir) => {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|source| ServeError::ModuleCache {
+                    path: dir.clone(),
+                    source,
+                })?;
+            (dir.clone(), None)
+        }
+        None => {
+            let d = PrivateDir::new()?;
+            (d.path.clone(), Some(d))
+        }
+    };
+    let command = match &config.worker_command {
+        Some(c) if !c.is_empty() => c.clone(),
+        _ => {
+            let exe = std::env::current_exe().map_err(ServeError::WorkerExe)?;
+            vec![exe.into_os_string(), "serve-worker".into()]
+        }
+    };
+    let workers = Arc::new(Workers::default());
+    let spawner = Arc::new(WorkerSpawner {
+        command,
+        args: WorkerConfig {
+            backend: config.backend,
+            devices: config.devices.clone(),
+            max_record_size: config.max_record_size,
+            module_cache_bytes: config.module_cache_bytes,
+            module_cache_dir: Some(cache_dir.clone()),
+        }
+        .to_args(),
+        workers: Arc::clone(&workers),
+    });
+    tracing::info!(module_cache = %cache_dir.display(), "process isolation: one worker process per session");
+    // The parent serves no calls; the service is registered so that rpcbind learns the
+    // program and version the workers answer.
+    let placeholder = Arc::new(RemoraService::new(Executor::new(
+        Arc::new(CudaBackend::unavailable()),
+        HelloService::new(&inventory),
+        0,
+    )));
+    let handle = listen_and_start(
+        &config,
+        Server::builder(server_config(&config))
+            .service(placeholder as Arc<dyn Service>)
+            .hand_off(spawner as Arc<dyn ConnectionHandler>),
+    )?;
+    Ok(Running {
+        handle,
+        inventory,
+        service: None,
+        workers: Some(workers),
+        cache_dir: owned_dir,
+    })
+}
+
+fn server_config(config: &ServeConfig) -> ServerConfig {
+    let mut server_config = ServerConfig::default();
+    if let Some(max) = config.max_record_size {
+        server_config.max_record_size = max;
+    }
+    server_config
+}
+
+/// Binds every endpoint of `config` (the default one when none) and starts `builder`.
+fn listen_and_start(config: &ServeConfig, mut builder: Server) -> Result<ServerHandle, ServeError> {
+    let default = [default_endpoint()];
+    let listen: &[Endpoint] = if config.listen.is_empty() {
+        &default
+    } else {
+        &config.listen
+    };
+    for endpoint in listen {
+        ensure_socket_dir(endpoint)?;
+        if let Endpoint::Tcp(addr) = endpoint
+            && !is_loopback(addr)
+        {
+            tracing::warn!(
+                "listening on {endpoint}, which is not a loopback address: Remora has no \
+                 authentication yet, so expose it only on a trusted network"
+            );
+        }
+        builder = builder.listen(endpoint)?;
+    }
+    let handle = builder.start()?;
+    if config.rpcbind
+        && let Err(e) = handle.register_rpcbind()
+    {
+        tracing::warn!("not registered with rpcbind ({e}); clients must name the port");
+    }
+    for endpoint in handle.local_endpoints() {
+        tracing::info!("listening on {endpoint}");
+    }
+    Ok(handle)
+}
+
+/// Runs one session worker (`remora serve-worker`): serves the connection on standard input
+/// with a full executor of its own until it closes. The worker dies with SIGTERM when the
+/// server thread that started it goes away.
+pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
+    use std::os::fd::AsFd;
+    // Die with the server: SIGTERM when the thread that started us ends. If the server is
+    // already gone (we were re-parented before this took effect), stop now.
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM));
+    if let Some(server) = std::env::var("REMORA_SERVE_PID")
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+        && rustix::process::getppid().map(|p| p.as_raw_nonzero().get()) != Some(server)
+    {
+        tracing::warn!("the server that started this session worker is gone; exiting");
+        return Ok(());
+    }
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(ServeError::WorkerStdin)?;
+    let (backend, inventory) = make_backend(config.backend, config.devices.as_deref())?;
+    tracing::debug!(
+        worker_pid = std::process::id(),
+        backend = backend.kind(),
+        "session worker ready"
+    );
+    let executor = Executor::with_module_cache_dir(
+        backend,
+        HelloService::new(&inventory),
+        config
+            .module_cache_bytes
+            .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
+        config.module_cache_dir.clone(),
+    );
+    let mut server_config = ServerConfig::default();
+    if let Some(max) = config.max_record_size {
+        server_config.max_record_size = max;
+    }
+    Server::builder(server_config)
+        .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
+        .serve_fd(fd)?;
+    Ok(())
 }
 
 /// What a backend's devices look like to HELLO.
@@ -277,57 +735,33 @@ pub fn start_with_inventory(
     start_with_backend(config, Arc::new(CudaBackend::unavailable()), inventory)
 }
 
-/// Starts serving with `backend` executing the CUDA calls and `inventory` reported by HELLO.
+/// Starts serving with `backend` executing the CUDA calls and `inventory` reported by HELLO,
+/// every session a thread of this process (thread isolation).
 pub fn start_with_backend(
     config: ServeConfig,
     backend: Arc<dyn Backend>,
     inventory: Inventory,
 ) -> Result<Running, ServeError> {
     tracing::info!(backend = backend.kind(), "CUDA executor ready");
-    let listen = if config.listen.is_empty() {
-        vec![default_endpoint()]
-    } else {
-        config.listen
-    };
-    let mut server_config = ServerConfig::default();
-    if let Some(max) = config.max_record_size {
-        server_config.max_record_size = max;
-    }
-    let executor = Executor::new(
+    let executor = Executor::with_module_cache_dir(
         backend,
         HelloService::new(&inventory),
         config
             .module_cache_bytes
             .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
+        config.module_cache_dir.clone(),
     );
     let service = Arc::new(RemoraService::new(executor));
-    let mut builder =
-        Server::builder(server_config).service(Arc::clone(&service) as Arc<dyn Service>);
-    for endpoint in &listen {
-        ensure_socket_dir(endpoint)?;
-        if let Endpoint::Tcp(addr) = endpoint
-            && !is_loopback(addr)
-        {
-            tracing::warn!(
-                "listening on {endpoint}, which is not a loopback address: Remora has no \
-                 authentication yet, so expose it only on a trusted network"
-            );
-        }
-        builder = builder.listen(endpoint)?;
-    }
-    let handle = builder.start()?;
-    if config.rpcbind
-        && let Err(e) = handle.register_rpcbind()
-    {
-        tracing::warn!("not registered with rpcbind ({e}); clients must name the port");
-    }
-    for endpoint in handle.local_endpoints() {
-        tracing::info!("listening on {endpoint}");
-    }
+    let handle = listen_and_start(
+        &config,
+        Server::builder(server_config(&config)).service(Arc::clone(&service) as Arc<dyn Service>),
+    )?;
     Ok(Running {
         handle,
         inventory,
-        service,
+        service: Some(service),
+        workers: None,
+        cache_dir: None,
     })
 }
 

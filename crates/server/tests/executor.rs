@@ -57,7 +57,7 @@ impl Fixture {
 
     fn wait_for_sessions(&self, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while self.running.executor().session_count() != n {
+        while self.running.executor().unwrap().session_count() != n {
             assert!(Instant::now() < deadline, "sessions never reached {n}");
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -843,7 +843,7 @@ fn a_dropped_connection_frees_everything_it_owned() {
                 events: 1,
             }
         );
-        assert_eq!(fx.running.executor().session_count(), 1);
+        assert_eq!(fx.running.executor().unwrap().session_count(), 1);
         // Dropped without releasing anything.
     }
     fx.wait_for_sessions(0);
@@ -909,7 +909,7 @@ fn the_module_cache_serves_a_second_load_by_hash() {
         .unwrap(),
         RmLoadReply::RmLoadFailed(INVALID_VALUE)
     );
-    assert_eq!(fx.running.executor().cached_modules(), 0);
+    assert_eq!(fx.running.executor().unwrap().cached_modules(), 0);
     let RmLoadReply::RmLoaded(_) = c1
         .rm_module_load(&RmModuleLoadArgs {
             ctx: ctx1,

@@ -1,0 +1,265 @@
+//! Process isolation through the `remora` binary (emulated backend, no GPU): each session has
+//! a worker process of its own, a worker killed by a signal takes only its own session, the
+//! module cache is shared by the workers, and shutdown leaves no process or directory behind.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use remora_oncrpc::xdr::Bytes;
+use remora_oncrpc::{Client, Endpoint};
+use remora_proto::remora::*;
+use sha2::{Digest, Sha256};
+
+const REMORA: &str = env!("CARGO_BIN_EXE_remora");
+const MODULE: &str = "REMORA-EMU-MODULE\nfunc axpy 4,8,8\nfunc empty\nglobal table 64\n";
+
+/// Process ids whose parent is `parent` (from /proc), zombies excluded.
+fn children(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...; comm may hold spaces.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("");
+        let ppid: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == parent && state != "Z" {
+            out.push(pid);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+    })
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+struct Serve {
+    child: Child,
+    endpoint: Endpoint,
+}
+
+impl Serve {
+    fn start(dir: &Path, extra: &[&str]) -> Serve {
+        let sock = dir.join("remora.sock");
+        let mut child = Command::new(REMORA)
+            .args(["serve", "--backend", "emulated", "--listen"])
+            .arg(format!("unix://{}", sock.display()))
+            .args(extra)
+            .env("TMPDIR", dir.join("tmp"))
+            .env("REMORA_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("listening on"), "{line}");
+        Serve {
+            child,
+            endpoint: Endpoint::Unix(sock),
+        }
+    }
+
+    fn client(&self) -> RemoraV1Client {
+        RemoraV1Client::new(Client::connect(&self.endpoint).unwrap())
+            .with_timeout(Duration::from_secs(20))
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn primary(c: &RemoraV1Client) -> u64 {
+    match c.rm_primary_ctx_retain(&0).unwrap() {
+        RmHandleReply::Case0(h) => h,
+        other => panic!("expected a context, got {other:?}"),
+    }
+}
+
+fn alloc_works(c: &RemoraV1Client, ctx: u64) -> bool {
+    matches!(
+        c.rm_mem_alloc(&RmAllocArgs {
+            ctx,
+            bytesize: 4096
+        }),
+        Ok(RmU64Reply::Case0(_))
+    )
+}
+
+fn hash() -> [u8; 32] {
+    Sha256::digest(MODULE.as_bytes()).into()
+}
+
+fn load_by_hash(c: &RemoraV1Client, ctx: u64) -> RmLoadReply {
+    c.rm_module_load(&RmModuleLoadArgs {
+        ctx,
+        hash: hash(),
+        image: Bytes::new(),
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_killed_worker_takes_only_its_own_session_and_workers_share_the_module_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    let serve = Serve::start(dir.path(), &["--isolation", "process"]);
+    let server_pid = serve.child.id();
+
+    // Session A: its own worker; it sends the image once.
+    let a = serve.client();
+    let ctx_a = primary(&a);
+    wait_until("A's worker runs", || children(server_pid).len() == 1);
+    let worker_a = children(server_pid)[0];
+    assert_eq!(load_by_hash(&a, ctx_a), RmLoadReply::RmNeedImage);
+    let loaded = a
+        .rm_module_load(&RmModuleLoadArgs {
+            ctx: ctx_a,
+            hash: hash(),
+            image: Bytes::from(MODULE.as_bytes().to_vec()),
+        })
+        .unwrap();
+    assert!(matches!(loaded, RmLoadReply::RmLoaded(_)), "{loaded:?}");
+
+    // Session B: another worker, which loads the image by its hash alone.
+    let b = serve.client();
+    let ctx_b = primary(&b);
+    wait_until("B's worker runs", || children(server_pid).len() == 2);
+    let worker_b = *children(server_pid)
+        .iter()
+        .find(|p| **p != worker_a)
+        .unwrap();
+    assert_ne!(worker_a, worker_b);
+    assert!(
+        matches!(load_by_hash(&b, ctx_b), RmLoadReply::RmLoaded(m) if m.functions.len() == 2),
+        "the module cache is shared by the workers"
+    );
+
+    // A's worker dies by SIGKILL: A's session is gone, B's goes on.
+    let killed = Command::new("kill")
+        .args(["-KILL", &worker_a.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    wait_until("A's worker is reaped", || {
+        children(server_pid) == vec![worker_b]
+    });
+    assert!(
+        a.rm_mem_alloc(&RmAllocArgs {
+            ctx: ctx_a,
+            bytesize: 1
+        })
+        .is_err()
+    );
+    assert!(alloc_works(&b, ctx_b), "B's session is untouched");
+    assert_eq!(b.rm_ctx_synchronize(&ctx_b).unwrap().status, 0);
+
+    // A new client gets a fresh worker, and the cached image.
+    let c = serve.client();
+    let ctx_c = primary(&c);
+    assert!(alloc_works(&c, ctx_c));
+    assert!(matches!(load_by_hash(&c, ctx_c), RmLoadReply::RmLoaded(_)));
+    wait_until("C's worker runs", || children(server_pid).len() == 2);
+    let workers = children(server_pid);
+    assert!(!workers.contains(&worker_a));
+
+    // Shutdown with live sessions: every worker ends, and so does the server.
+    let mut serve = serve;
+    Command::new("kill")
+        .args(["-TERM", &server_pid.to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = serve.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    for pid in workers {
+        assert!(!alive(pid), "worker {pid} outlived the server");
+    }
+    // The private module cache directory is gone.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
+    assert!(
+        log.contains("session worker died by signal") && log.contains(&worker_a.to_string()),
+        "{log}"
+    );
+    drop((a, b, c));
+}
+
+#[test]
+fn a_module_cache_directory_that_was_named_is_kept_and_threads_have_no_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    let cache = dir.path().join("modules");
+    let serve = Serve::start(
+        dir.path(),
+        &[
+            "--isolation",
+            "process",
+            "--module-cache",
+            cache.to_str().unwrap(),
+        ],
+    );
+    let a = serve.client();
+    let ctx = primary(&a);
+    let loaded = a
+        .rm_module_load(&RmModuleLoadArgs {
+            ctx,
+            hash: hash(),
+            image: Bytes::from(MODULE.as_bytes().to_vec()),
+        })
+        .unwrap();
+    assert!(matches!(loaded, RmLoadReply::RmLoaded(_)));
+    drop(a);
+    drop(serve);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&cache).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+
+    // The emulated backend defaults to threads: no worker processes.
+    let dir2 = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir2.path().join("tmp")).unwrap();
+    let serve = Serve::start(dir2.path(), &[]);
+    let c = serve.client();
+    assert!(alloc_works(&c, primary(&c)));
+    assert!(children(serve.child.id()).is_empty());
+}
