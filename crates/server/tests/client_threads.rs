@@ -18,7 +18,10 @@ fn threads_with_their_own_streams_get_their_own_async_copies() {
     let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
     let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
     let running = start_with_backend(
-        ServeConfig { listen: vec![endpoint.clone()], ..ServeConfig::default() },
+        ServeConfig {
+            listen: vec![endpoint.clone()],
+            ..ServeConfig::default()
+        },
         Arc::clone(&backend) as Arc<dyn Backend>,
         inventory_of(&*backend),
     )
@@ -33,7 +36,9 @@ fn threads_with_their_own_streams_get_their_own_async_copies() {
                 let stream = session.stream_create(ctx, 1, 0).unwrap();
                 for round in 0..40u32 {
                     let n = 1000 + (t * 997 + round * 13) as usize;
-                    let data: Vec<u8> = (0..n).map(|i| (i as u32 ^ (t << 8) ^ round) as u8).collect();
+                    let data: Vec<u8> = (0..n)
+                        .map(|i| (i as u32 ^ (t << 8) ^ round) as u8)
+                        .collect();
                     let dev = session.mem_alloc(ctx, n as u64).unwrap();
                     session.memcpy_htod_async(ctx, stream, dev, &data).unwrap();
                     let out = Arc::new(Mutex::new(Vec::new()));
@@ -44,7 +49,9 @@ fn threads_with_their_own_streams_get_their_own_async_copies() {
                             stream,
                             dev,
                             n as u64,
-                            Box::new(move |bytes: &[u8]| *sink_out.lock().unwrap() = bytes.to_vec()),
+                            Box::new(move |bytes: &[u8]| {
+                                *sink_out.lock().unwrap() = bytes.to_vec()
+                            }),
                         )
                         .unwrap();
                     session.stream_synchronize(ctx, stream).unwrap();
@@ -58,6 +65,10 @@ fn threads_with_their_own_streams_get_their_own_async_copies() {
     for t in threads {
         t.join().unwrap();
     }
-    assert!(start.elapsed() < Duration::from_secs(30), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
     running.shutdown();
 }

@@ -2,7 +2,8 @@
 """List the driver entry points that CUDA's cuda.h declares, for the Remora shim.
 
 Usage: list-entry-points.py INCLUDE_DIR > crates/shim/src/entry_points.txt
-       list-entry-points.py INCLUDE_DIR --results > crates/client/src/cu_results.txt
+       list-entry-points.py INCLUDE_DIR --results   (names from cuda.h; crates/client/src/cu_results.txt
+       itself holds the texts captured from NVIDIA's driver by gpu/tools/error_strings.c)
 
 INCLUDE_DIR holds cuda.h and cudaTypedefs.h (CUDA 13.0: the nvidia/cu13/include directory of
 NVIDIA's PyPI wheels). The output is committed; crates/shim/build.rs turns it into stubs and the
