@@ -131,6 +131,9 @@ impl Client {
             source,
         };
         let stream = Stream::connect(endpoint, config.connect_timeout).map_err(connect_err)?;
+        // A write that cannot progress for WRITE_STALL returns, so that the writer can read
+        // replies meanwhile (see `Inner::pump`).
+        stream.set_write_timeout(Some(WRITE_STALL))?;
         let reader = stream.try_clone()?;
         let control = stream.try_clone()?;
         let mut enc = Encoder::new();
@@ -320,11 +323,108 @@ fn decode_reply<R>(
     }
 }
 
+/// How long a blocked write waits before the writer reads replies instead.
+const WRITE_STALL: Duration = Duration::from_millis(2);
+
+/// The connection's writer, as the record writer sees it: a write that stalls because the
+/// socket is full lets the writing thread read replies (so that the server, which may itself be
+/// blocked writing replies to us, can go on reading our calls), then retries. Without this,
+/// many threads sending large calls while nobody reads could deadlock with the server.
+struct PumpingWriter<'a> {
+    inner: &'a Inner,
+    stream: &'a mut Stream,
+}
+
+impl std::io::Write for PumpingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_vectored(&[std::io::IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+        loop {
+            match self.stream.write_vectored(bufs) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if lock(&self.inner.state).dead {
+                        return Err(e);
+                    }
+                    self.inner.pump();
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
 impl Inner {
+    /// Reads and dispatches the replies that have arrived, unless another thread is already
+    /// the reader (then it is making progress and this one just yields briefly).
+    fn pump(&self) {
+        {
+            let mut st = lock(&self.state);
+            if st.leader || st.dead {
+                drop(st);
+                std::thread::sleep(Duration::from_micros(200));
+                return;
+            }
+            st.leader = true;
+        }
+        {
+            let mut rd = lock(&self.reader);
+            if rd.adjust_timeout(Some(Duration::from_millis(1))).is_ok() {
+                loop {
+                    match rd.records.read_record() {
+                        Ok(Some(rec)) => self.dispatch(rec),
+                        Err(e) if e.is_timeout() => break,
+                        // Anything else: leave it to the next regular reader to report.
+                        _ => break,
+                    }
+                }
+            }
+        }
+        let mut st = lock(&self.state);
+        st.leader = false;
+        if let Some((_, slot)) = st.pending.iter().find(|(_, s)| s.reply.is_none()) {
+            slot.cv.notify_one();
+        }
+    }
+
+    /// Hands a reply read by `pump` to its waiting caller.
+    fn dispatch(&self, rec: Bytes) {
+        if rec.len() < 8 {
+            return;
+        }
+        let rxid = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
+        let mtype = u32::from_be_bytes([rec[4], rec[5], rec[6], rec[7]]);
+        if mtype != MSG_REPLY {
+            tracing::warn!(endpoint = %self.endpoint, xid = rxid, msg_type = mtype, "RPC client: a message that is not a reply dropped");
+            return;
+        }
+        let mut st = lock(&self.state);
+        match st.pending.get_mut(&rxid) {
+            Some(slot) => {
+                slot.reply = Some(rec);
+                slot.cv.notify_one();
+            }
+            None => {
+                tracing::debug!(endpoint = %self.endpoint, xid = rxid, "RPC client: reply with unknown XID (timed out or one-way call) dropped");
+            }
+        }
+    }
+
     fn send(&self, chunks: &[Bytes]) -> Result<(), RpcError> {
         let res = {
             let mut w = lock(&self.writer);
-            write_record(&mut *w, chunks, self.config.max_fragment_size)
+            let mut pumping = PumpingWriter { inner: self, stream: &mut w };
+            write_record(&mut pumping, chunks, self.config.max_fragment_size)
         };
         res.map_err(|e| {
             tracing::debug!(endpoint = %self.endpoint, error = %e, "RPC client: write failed; connection lost");

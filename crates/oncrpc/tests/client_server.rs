@@ -109,6 +109,32 @@ fn local_endpoints_report_real_port() {
     assert!(addr.ip().is_loopback());
 }
 
+/// Many threads sending large calls and receiving large replies at once: a writer blocked on
+/// a full socket reads replies meanwhile, so client and server never wait on each other.
+#[test]
+fn large_calls_and_replies_from_many_threads_do_not_deadlock() {
+    for t in BOTH {
+        let s = start(t);
+        let c = Client::connect(&s.endpoint).unwrap();
+        let start = std::time::Instant::now();
+        let threads: Vec<_> = (0..8u8)
+            .map(|i| {
+                let c = c.clone();
+                thread::spawn(move || {
+                    for j in 0..12u8 {
+                        let data = Bytes::from(vec![i ^ j; (3 << 20) + usize::from(i)]);
+                        assert_eq!(echo(&c, &data).unwrap(), data);
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{t:?}: {:?}", start.elapsed());
+    }
+}
+
 #[test]
 fn pipelining_from_8_threads() {
     for t in BOTH {
