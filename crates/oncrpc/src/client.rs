@@ -423,7 +423,10 @@ impl Inner {
     fn send(&self, chunks: &[Bytes]) -> Result<(), RpcError> {
         let res = {
             let mut w = lock(&self.writer);
-            let mut pumping = PumpingWriter { inner: self, stream: &mut w };
+            let mut pumping = PumpingWriter {
+                inner: self,
+                stream: &mut w,
+            };
             write_record(&mut pumping, chunks, self.config.max_fragment_size)
         };
         res.map_err(|e| {

@@ -131,7 +131,11 @@ fn large_calls_and_replies_from_many_threads_do_not_deadlock() {
         for th in threads {
             th.join().unwrap();
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "{t:?}: {:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{t:?}: {:?}",
+            start.elapsed()
+        );
     }
 }
 

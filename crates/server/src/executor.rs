@@ -258,6 +258,9 @@ impl Inner {
         st.remove(h);
         st.primary.remove(&dev);
         st.clear_sticky();
+        if all {
+            st.reset_primaries.insert(h);
+        }
         self.backend.ctx_destroy(raw)
     }
 

@@ -11,6 +11,9 @@ use remora_proto::remora::{RM_STREAM_LEGACY, RmCopyData};
 use remora_xdr::Bytes;
 
 use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, SUCCESS, is_sticky};
+
+/// CUDA_ERROR_CONTEXT_IS_DESTROYED.
+const CONTEXT_IS_DESTROYED: i32 = 709;
 use crate::backend::{Backend, CuResult, LEGACY_STREAM, StagedCopy};
 
 /// Most threads one session may block in synchronizing calls at once; further blocking calls
@@ -91,6 +94,9 @@ pub(crate) struct SessionState {
     pub(crate) primary_flags: HashMap<i32, u32>,
     deferred: Option<i32>,
     pub(crate) pending: Vec<PendingCopy>,
+    /// Handles of primary contexts destroyed by RM_PRIMARY_CTX_RESET: using one answers
+    /// CUDA_ERROR_CONTEXT_IS_DESTROYED, as NVIDIA's driver does for a reset primary context.
+    pub(crate) reset_primaries: std::collections::HashSet<u64>,
 }
 
 impl SessionState {
@@ -121,6 +127,9 @@ impl SessionState {
 
     /// The backend context of context handle `h`.
     pub(crate) fn ctx(&self, h: u64) -> CuResult<u64> {
+        if self.reset_primaries.contains(&h) {
+            return Err(CONTEXT_IS_DESTROYED);
+        }
         match self.get(h)? {
             Resource::Context { raw, .. } => Ok(*raw),
             _ => Err(INVALID_HANDLE),
