@@ -1,25 +1,13 @@
 //! Where the client connects by default.
 
-use std::path::PathBuf;
-
 use remora_oncrpc::Endpoint;
 
 use crate::error::{CuError, cu};
 
-/// The default server endpoint, as `remora serve` listens by default:
+/// The default server endpoint, where `remora serve` listens by default:
 /// `$XDG_RUNTIME_DIR/remora/remora.sock`, or `/tmp/remora-$UID/remora.sock` without one.
 pub fn default_endpoint() -> Endpoint {
-    let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("remora"),
-        _ => {
-            use std::os::unix::fs::MetadataExt;
-            let uid = std::fs::metadata("/proc/self")
-                .map(|m| m.uid())
-                .unwrap_or(0);
-            PathBuf::from(format!("/tmp/remora-{uid}"))
-        }
-    };
-    Endpoint::Unix(dir.join("remora.sock"))
+    Endpoint::default_local()
 }
 
 /// The endpoint named by `REMORA_SERVER` (`tcp://HOST:PORT` or `unix:///PATH`), else

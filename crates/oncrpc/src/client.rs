@@ -397,15 +397,21 @@ impl Inner {
         }
     }
 
-    /// Hands a reply read by `pump` to its waiting caller.
+    /// Hands a reply read by `pump` or by a leader to its waiting caller; drops (and logs)
+    /// what is not a reply to a call in flight.
     fn dispatch(&self, rec: Bytes) {
         if rec.len() < 8 {
+            tracing::warn!(endpoint = %self.endpoint, len = rec.len(), "RPC client: record too short for a reply header; dropped");
             return;
         }
         let rxid = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
         let mtype = u32::from_be_bytes([rec[4], rec[5], rec[6], rec[7]]);
         if mtype != MSG_REPLY {
-            tracing::warn!(endpoint = %self.endpoint, xid = rxid, msg_type = mtype, "RPC client: a message that is not a reply dropped");
+            if mtype == MSG_CALL {
+                tracing::warn!(endpoint = %self.endpoint, xid = rxid, "RPC client: protocol error: the server sent a CALL message to the client; dropped");
+            } else {
+                tracing::warn!(endpoint = %self.endpoint, xid = rxid, msg_type = mtype, "RPC client: message of unknown type dropped");
+            }
             return;
         }
         let mut st = lock(&self.state);
@@ -527,37 +533,14 @@ impl Inner {
             }
             match rd.records.read_record() {
                 Ok(Some(rec)) => {
-                    if rec.len() < 8 {
-                        tracing::warn!(
-                            endpoint = %self.endpoint,
-                            len = rec.len(),
-                            "RPC client: record too short for a reply header; dropped"
-                        );
-                        continue;
-                    }
-                    let rxid = u32::from_be_bytes([rec[0], rec[1], rec[2], rec[3]]);
-                    let mtype = u32::from_be_bytes([rec[4], rec[5], rec[6], rec[7]]);
-                    if mtype != MSG_REPLY {
-                        if mtype == MSG_CALL {
-                            tracing::warn!(endpoint = %self.endpoint, xid = rxid, "RPC client: protocol error: the server sent a CALL message to the client; dropped");
-                        } else {
-                            tracing::warn!(endpoint = %self.endpoint, xid = rxid, msg_type = mtype, "RPC client: message of unknown type dropped");
-                        }
-                        continue;
-                    }
-                    if rxid == xid {
+                    // The header starts with the XID and the message type.
+                    let word = |i: usize| rec.get(i..i + 4).map(|b| [b[0], b[1], b[2], b[3]]);
+                    let mine = word(0).map(u32::from_be_bytes) == Some(xid)
+                        && word(4).map(u32::from_be_bytes) == Some(MSG_REPLY);
+                    if mine {
                         return Lead::Mine(rec);
                     }
-                    let mut st = lock(&self.state);
-                    match st.pending.get_mut(&rxid) {
-                        Some(slot) => {
-                            slot.reply = Some(rec);
-                            slot.cv.notify_one();
-                        }
-                        None => {
-                            tracing::debug!(endpoint = %self.endpoint, xid = rxid, "RPC client: reply with unknown XID (timed out or one-way call) dropped");
-                        }
-                    }
+                    self.dispatch(rec);
                 }
                 Ok(None) => {
                     tracing::debug!(endpoint = %self.endpoint, "RPC client: server closed the connection");

@@ -188,6 +188,29 @@ impl Write for Stream {
     }
 }
 
+/// The directory of Remora's default Unix socket: `$XDG_RUNTIME_DIR/remora`, or
+/// `/tmp/remora-$UID` when there is no runtime directory.
+pub fn default_socket_dir() -> std::path::PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => std::path::PathBuf::from(dir).join("remora"),
+        _ => {
+            use std::os::unix::fs::MetadataExt;
+            let uid = std::fs::metadata("/proc/self")
+                .map(|m| m.uid())
+                .unwrap_or(0);
+            std::path::PathBuf::from(format!("/tmp/remora-{uid}"))
+        }
+    }
+}
+
+impl Endpoint {
+    /// Where `remora serve` listens by default and clients look first: the Unix socket
+    /// `remora.sock` in [`default_socket_dir`].
+    pub fn default_local() -> Endpoint {
+        Endpoint::Unix(default_socket_dir().join("remora.sock"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

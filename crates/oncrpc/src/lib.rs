@@ -56,7 +56,7 @@ mod server;
 
 pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
 pub use client::{Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT};
-pub use endpoint::{Endpoint, EndpointParseError};
+pub use endpoint::{Endpoint, EndpointParseError, default_socket_dir};
 pub use error::RpcError;
 pub use server::{
     AcceptedConnection, ConnectionHandler, DeferredReply, Server, ServerConfig, ServerError,

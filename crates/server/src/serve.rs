@@ -203,20 +203,7 @@ pub enum ServeError {
 /// The default listener: a Unix socket in the user's runtime directory,
 /// `$XDG_RUNTIME_DIR/remora/remora.sock`, or `/tmp/remora-$UID/remora.sock` without one.
 pub fn default_endpoint() -> Endpoint {
-    Endpoint::Unix(default_socket_dir().join("remora.sock"))
-}
-
-fn default_socket_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("remora"),
-        _ => {
-            use std::os::unix::fs::MetadataExt;
-            let uid = std::fs::metadata("/proc/self")
-                .map(|m| m.uid())
-                .unwrap_or(0);
-            PathBuf::from(format!("/tmp/remora-{uid}"))
-        }
-    }
+    Endpoint::default_local()
 }
 
 fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
@@ -231,7 +218,7 @@ fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
         path: dir.to_owned(),
         source,
     };
-    if dir == default_socket_dir() {
+    if dir == remora_oncrpc::default_socket_dir() {
         // The default directory may sit in /tmp, where another user could have made it first:
         // use it only if it is ours and closed to others.
         match std::fs::symlink_metadata(dir) {
