@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, SUCCESS};
 use crate::backend::{Backend, CuResult, LaunchSpec};
-use crate::hello::HelloService;
+use crate::hello::{HelloService, truncate};
 use crate::module_cache::ModuleCache;
 use crate::session::{PendingCopy, Range, Resource, Scope, Session, SessionState};
 
@@ -45,18 +45,6 @@ fn code(what: &str, r: CuResult<()>) -> i32 {
     let c = r.err().map_or(SUCCESS, nz);
     log_failed(what, c);
     c
-}
-
-fn truncate(mut s: String, max: u32) -> String {
-    let max = max as usize;
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
 }
 
 macro_rules! reply_fn {

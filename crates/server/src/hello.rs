@@ -24,7 +24,8 @@ pub struct HelloService {
     driver: DriverReport,
 }
 
-fn truncate(mut s: String, max: u32) -> String {
+/// Cuts `s` to at most `max` bytes, on a character boundary (protocol strings are bounded).
+pub(crate) fn truncate(mut s: String, max: u32) -> String {
     let max = max as usize;
     if s.len() > max {
         let mut cut = max;
