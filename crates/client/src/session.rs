@@ -33,6 +33,18 @@ pub(crate) const COPY_CHUNK: usize = 32 << 20;
 /// asynchronous device-to-host copies at once.
 pub(crate) const MAX_REPLY_RECORD: usize = (1 << 30) + (1 << 16);
 
+/// How long one-way calls (launches, async copies) may wait to be written together:
+/// `REMORA_ONEWAY_BATCH_US` microseconds (default 50; 0 writes each call at once). A
+/// synchronizing call always writes the queue first, so this adds no latency to a launch
+/// followed by a synchronize.
+fn oneway_batch_delay() -> Option<Duration> {
+    let us = std::env::var("REMORA_ONEWAY_BATCH_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(50);
+    (us > 0).then(|| Duration::from_micros(us))
+}
+
 /// Splits `len` bytes into `(offset, size)` chunks of at most [`COPY_CHUNK`].
 fn chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..len.div_ceil(COPY_CHUNK).max(1)).map(move |i| {
@@ -260,6 +272,7 @@ impl Session {
             connect_timeout: Some(config.connect_timeout),
             default_timeout: config.call_timeout,
             max_record_size: MAX_REPLY_RECORD,
+            oneway_batch_delay: oneway_batch_delay(),
             ..ClientConfig::default()
         };
         let rpc = RpcClient::connect_with(endpoint, rpc_config).map_err(|e| {

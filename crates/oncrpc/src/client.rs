@@ -22,7 +22,7 @@ use crate::error::RpcError;
 use crate::msg::{
     AcceptStat, MSG_CALL, MSG_REPLY, MsgBody, RPC_VERSION, RejectedReply, ReplyBody, RpcMsg,
 };
-use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_record};
+use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_records};
 use crate::xdr;
 
 /// Default maximum record size: 128 MiB plus 4 KiB of headers.
@@ -44,6 +44,10 @@ pub struct ClientConfig {
     pub max_fragment_size: usize,
     /// Bound on establishing a TCP connection (`None`: the system's).
     pub connect_timeout: Option<Duration>,
+    /// Batch one-way calls (RFC 5531 batching): `None` writes each at once; `Some(delay)`
+    /// queues them and writes the queue in one go before the next normal call, when it grows
+    /// large, or at most about `delay` after the first queued call. Order is kept either way.
+    pub oneway_batch_delay: Option<Duration>,
 }
 
 impl Default for ClientConfig {
@@ -54,6 +58,7 @@ impl Default for ClientConfig {
             max_record_size: DEFAULT_MAX_RECORD_SIZE,
             max_fragment_size: MAX_FRAGMENT_SIZE,
             connect_timeout: Some(Duration::from_secs(10)),
+            oneway_batch_delay: None,
         }
     }
 }
@@ -76,11 +81,31 @@ struct Inner {
     auth: Bytes,
     next_xid: AtomicU32,
     writer: Mutex<Stream>,
+    /// One-way calls waiting to be written (with `oneway_batch_delay`).
+    batch: Arc<Batch>,
     reader: Mutex<ReaderState>,
     state: Mutex<State>,
     /// A handle used only to shut the socket down.
     control: Stream,
 }
+
+/// Queued one-way call records, shared with the flusher thread.
+#[derive(Default)]
+struct Batch {
+    queue: Mutex<BatchQueue>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct BatchQueue {
+    records: Vec<Vec<Bytes>>,
+    bytes: usize,
+    closed: bool,
+}
+
+/// A batch this large is written at once by the caller that fills it.
+const BATCH_MAX_RECORDS: usize = 128;
+const BATCH_MAX_BYTES: usize = 256 * 1024;
 
 struct ReaderState {
     records: RecordReader<Stream>,
@@ -148,12 +173,13 @@ impl Client {
             .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
             .unwrap_or(0)
             ^ std::process::id().rotate_left(8);
-        Ok(Client {
+        let client = Client {
             inner: Arc::new(Inner {
                 endpoint: endpoint.clone(),
                 auth: enc.to_bytes(),
                 next_xid: AtomicU32::new(seed),
                 writer: Mutex::new(stream),
+                batch: Arc::default(),
                 reader: Mutex::new(ReaderState {
                     records: RecordReader::new(reader, config.max_record_size),
                     timeout: None,
@@ -162,7 +188,15 @@ impl Client {
                 control,
                 config,
             }),
-        })
+        };
+        if let Some(delay) = client.inner.config.oneway_batch_delay {
+            let batch = Arc::clone(&client.inner.batch);
+            let inner = Arc::downgrade(&client.inner);
+            std::thread::Builder::new()
+                .name("oncrpc-batch".into())
+                .spawn(move || flusher(batch, inner, delay))?;
+        }
+        Ok(client)
     }
 
     /// The endpoint this client connected to.
@@ -258,7 +292,49 @@ impl Client {
         if lock(&self.inner.state).dead {
             return Err(RpcError::ConnectionLost);
         }
-        self.inner.send(&chunks)
+        if self.inner.config.oneway_batch_delay.is_none() {
+            return self.inner.send(&chunks);
+        }
+        let full = {
+            let mut q = lock(&self.inner.batch.queue);
+            q.bytes += chunks.iter().map(Bytes::len).sum::<usize>();
+            q.records.push(chunks);
+            if q.records.len() == 1 {
+                self.inner.batch.cv.notify_one();
+            }
+            q.records.len() >= BATCH_MAX_RECORDS || q.bytes >= BATCH_MAX_BYTES
+        };
+        if full { self.inner.send(&[]) } else { Ok(()) }
+    }
+}
+
+/// The batch flusher: writes queued one-way calls about `delay` after the first one arrives,
+/// unless a normal call or a full batch has written them already. Ends with the connection.
+fn flusher(batch: Arc<Batch>, inner: std::sync::Weak<Inner>, delay: Duration) {
+    loop {
+        {
+            let mut q = lock(&batch.queue);
+            while q.records.is_empty() && !q.closed {
+                q = batch.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+            if q.closed {
+                return;
+            }
+        }
+        std::thread::sleep(delay);
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.send(&[]).is_err() {
+            return;
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Queued one-way calls still go out; then the flusher stops.
+        let _ = self.send(&[]);
+        lock(&self.batch.queue).closed = true;
+        self.batch.cv.notify_all();
     }
 }
 
@@ -426,14 +502,27 @@ impl Inner {
         }
     }
 
+    /// Writes the queued one-way calls, then the record `chunks` (none if empty), in order.
     fn send(&self, chunks: &[Bytes]) -> Result<(), RpcError> {
         let res = {
             let mut w = lock(&self.writer);
+            let queued = {
+                let mut q = lock(&self.batch.queue);
+                q.bytes = 0;
+                std::mem::take(&mut q.records)
+            };
+            let mut records: Vec<&[Bytes]> = queued.iter().map(Vec::as_slice).collect();
+            if !chunks.is_empty() {
+                records.push(chunks);
+            }
+            if records.is_empty() {
+                return Ok(());
+            }
             let mut pumping = PumpingWriter {
                 inner: self,
                 stream: &mut w,
             };
-            write_record(&mut pumping, chunks, self.config.max_fragment_size)
+            write_records(&mut pumping, &records, self.config.max_fragment_size)
         };
         res.map_err(|e| {
             tracing::debug!(endpoint = %self.endpoint, error = %e, "RPC client: write failed; connection lost");

@@ -349,37 +349,62 @@ pub fn write_record<W: Write + ?Sized>(
     chunks: &[Bytes],
     max_fragment: usize,
 ) -> io::Result<()> {
+    write_records(w, &[chunks], max_fragment)
+}
+
+/// Writes several records back to back with as few vectored writes as possible (each record
+/// framed as [`write_record`] frames one). Used to send batched one-way calls together.
+pub fn write_records<W: Write + ?Sized>(
+    w: &mut W,
+    records: &[&[Bytes]],
+    max_fragment: usize,
+) -> io::Result<()> {
     let max_fragment = max_fragment.clamp(1, MAX_FRAGMENT_SIZE);
-    let total: usize = chunks.iter().map(Bytes::len).sum();
-    let nfrags = total.div_ceil(max_fragment).max(1);
-    let mut headers: Vec<[u8; 4]> = Vec::with_capacity(nfrags);
-    let mut left = total;
-    for i in 0..nfrags {
-        let len = left.min(max_fragment);
-        headers.push(fragment_header(len, i + 1 == nfrags));
-        left -= len;
-    }
-    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(chunks.len() + nfrags);
-    let mut frag = 0;
-    slices.push(IoSlice::new(&headers[0]));
-    // Bytes the current fragment can still take.
-    let mut frag_room = total.min(max_fragment);
-    for chunk in chunks {
-        let mut rest: &[u8] = chunk;
-        while !rest.is_empty() {
-            if frag_room == 0 {
-                frag += 1;
-                slices.push(IoSlice::new(&headers[frag]));
-                let remaining = total - frag * max_fragment;
-                frag_room = remaining.min(max_fragment);
-            }
-            let take = rest.len().min(frag_room);
-            slices.push(IoSlice::new(&rest[..take]));
-            rest = &rest[take..];
-            frag_room -= take;
+    let totals: Vec<usize> = records
+        .iter()
+        .map(|chunks| chunks.iter().map(Bytes::len).sum())
+        .collect();
+    let mut headers: Vec<[u8; 4]> = Vec::new();
+    for &total in &totals {
+        let nfrags = total.div_ceil(max_fragment).max(1);
+        let mut left = total;
+        for i in 0..nfrags {
+            let len = left.min(max_fragment);
+            headers.push(fragment_header(len, i + 1 == nfrags));
+            left -= len;
         }
     }
-    write_all_vectored(w, &mut slices)
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(headers.len() + records.len() * 2);
+    let mut next_header = headers.iter();
+    for (chunks, &total) in records.iter().zip(&totals) {
+        if let Some(h) = next_header.next() {
+            slices.push(IoSlice::new(h));
+        }
+        // Bytes the current fragment can still take, and fragments started so far.
+        let mut frag_room = total.min(max_fragment);
+        let mut frags = 1;
+        for chunk in chunks.iter() {
+            let mut rest: &[u8] = chunk;
+            while !rest.is_empty() {
+                if frag_room == 0 {
+                    if let Some(h) = next_header.next() {
+                        slices.push(IoSlice::new(h));
+                    }
+                    frag_room = (total - frags * max_fragment).min(max_fragment);
+                    frags += 1;
+                }
+                let take = rest.len().min(frag_room);
+                slices.push(IoSlice::new(&rest[..take]));
+                rest = &rest[take..];
+                frag_room -= take;
+            }
+        }
+    }
+    // writev takes at most IOV_MAX (1024) buffers at a time.
+    for group in slices.chunks_mut(512) {
+        write_all_vectored(w, group)?;
+    }
+    Ok(())
 }
 
 fn write_all_vectored<W: Write + ?Sized>(
@@ -506,6 +531,25 @@ mod tests {
         write_record(&mut t, &chunks, 7).unwrap();
         let mut r = RecordReader::new(&t.0[..], 1000);
         assert_eq!(&r.read_record().unwrap().unwrap()[..], &data[..]);
+    }
+
+    #[test]
+    fn several_records_in_one_write_read_back_in_order() {
+        let a = vec![Bytes::from_static(b"first"), Bytes::from(vec![7u8; 300])];
+        let b = vec![Bytes::from(vec![9u8; 1000])];
+        let c: Vec<Bytes> = vec![Bytes::from_static(b"x")];
+        let mut out = Vec::new();
+        write_records(&mut out, &[&a, &b, &c], 256).unwrap();
+        let mut r = RecordReader::new(&out[..], 1 << 20);
+        let first = r.read_record().unwrap().unwrap();
+        assert_eq!(&first[..5], b"first");
+        assert_eq!(first.len(), 305);
+        assert_eq!(
+            r.read_record().unwrap().unwrap(),
+            Bytes::from(vec![9u8; 1000])
+        );
+        assert_eq!(&r.read_record().unwrap().unwrap()[..], b"x");
+        assert!(r.read_record().unwrap().is_none());
     }
 
     #[test]

@@ -204,6 +204,76 @@ fn oneway_calls_are_ordered_with_normal_calls() {
     }
 }
 
+fn batching() -> ClientConfig {
+    ClientConfig {
+        oneway_batch_delay: Some(Duration::from_micros(50)),
+        ..ClientConfig::default()
+    }
+}
+
+#[test]
+fn batched_oneway_calls_keep_their_order_with_normal_calls() {
+    for t in BOTH {
+        let s = start(t);
+        let c = Client::connect_with(&s.endpoint, batching()).unwrap();
+        for i in 0..2000u32 {
+            c.call_oneway(PROG, 1, ONEWAY_PUSH, |e| {
+                e.put_u32(i);
+                Ok(())
+            })
+            .unwrap();
+            if i % 500 == 0 {
+                // A normal call in the middle writes the queue first.
+                assert_eq!(get_log(&c).len(), i as usize + 1);
+            }
+        }
+        assert_eq!(get_log(&c), (0..2000).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn batched_oneway_calls_go_out_without_a_normal_call() {
+    for t in BOTH {
+        let s = start(t);
+        let batched = Client::connect_with(&s.endpoint, batching()).unwrap();
+        for i in 0..3u32 {
+            batched
+                .call_oneway(PROG, 1, ONEWAY_PUSH, |e| {
+                    e.put_u32(i);
+                    Ok(())
+                })
+                .unwrap();
+        }
+        // Another connection watches the server: the flusher sends the queue by itself.
+        let watcher = Client::connect(&s.endpoint).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while get_log(&watcher).len() < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "{t:?}: the queued one-way calls never arrived"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(get_log(&watcher), [0, 1, 2]);
+        // Dropping the client writes what is still queued.
+        batched
+            .call_oneway(PROG, 1, ONEWAY_PUSH, |e| {
+                e.put_u32(3);
+                Ok(())
+            })
+            .unwrap();
+        drop(batched);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while get_log(&watcher).len() < 4 {
+            assert!(
+                Instant::now() < deadline,
+                "{t:?}: the last queued call was lost"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
 #[test]
 fn oneway_reply_from_server_is_dropped() {
     // A one-way call to a procedure that does reply: the reply is dropped by the client.
