@@ -20,6 +20,9 @@ use crate::hello::{HelloService, truncate};
 use crate::module_cache::ModuleCache;
 use crate::session::{PendingCopy, Range, Resource, Scope, Session, SessionState};
 
+/// How long a stream or event synchronize polls before it waits on a waiter thread.
+const SYNC_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// `CUDA_ERROR_INVALID_CONTEXT`.
 const INVALID_CONTEXT: i32 = 201;
 /// `CUDA_ERROR_UNKNOWN`, used if a backend ever reports failure as 0.
@@ -166,6 +169,36 @@ impl Executor {
 
     /// Runs `job` on a waiter thread and replies from there, or inline when the connection
     /// cannot defer or the session's waiters are all busy.
+    /// Polling, then blocking (DESIGN decision 11): polls `query` (a stream or event query)
+    /// for up to [`SYNC_POLL`]; true when the work finished within it, so that the synchronize
+    /// can be answered inline instead of through a waiter thread.
+    fn poll_briefly(&self, query: impl Fn() -> CuResult<()>) -> bool {
+        let until = std::time::Instant::now() + SYNC_POLL;
+        loop {
+            match query() {
+                Ok(()) => return true,
+                Err(crate::backend::status::NOT_READY) if std::time::Instant::now() < until => {
+                    std::hint::spin_loop();
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// Runs `job` inline when `done` (its wait would not block), else as [`Executor::blocking`].
+    fn blocking_unless<T: XdrEncode + Send + 'static>(
+        &self,
+        call: &CallContext,
+        done: bool,
+        job: impl FnOnce(&Inner, &Session) -> T + Send + 'static,
+    ) -> ProcResult<T> {
+        if done {
+            let session = self.session(call);
+            return Ok(job(&self.inner, &session));
+        }
+        self.blocking(call, job)
+    }
+
     fn blocking<T: XdrEncode + Send + 'static>(
         &self,
         call: &CallContext,
@@ -1046,7 +1079,11 @@ impl RemoraV1Server for Executor {
         call: &CallContext,
         a: RmStreamArgs,
     ) -> ProcResult<RmSyncReply> {
-        self.blocking(call, move |inner, session| {
+        let session = self.session(call);
+        let target = stream_target(&session.lock(), a.ctx, a.stream);
+        let done = target
+            .is_ok_and(|t| self.poll_briefly(|| self.inner.backend.stream_query(t.ctx, t.stream)));
+        self.blocking_unless(call, done, move |inner, session| {
             let target = stream_target(&session.lock(), a.ctx, a.stream);
             let (own, scope) = match target {
                 Ok(t) => (
@@ -1120,7 +1157,11 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_event_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        self.blocking(call, move |inner, session| {
+        let session = self.session(call);
+        let ev = session.lock().event(h);
+        let done =
+            ev.is_ok_and(|(e, c)| self.poll_briefly(|| self.inner.backend.event_query(c, e)));
+        self.blocking_unless(call, done, move |inner, session| {
             let ev = session.lock().event(h);
             let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
             let mut st = session.lock();
