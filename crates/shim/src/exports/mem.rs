@@ -134,10 +134,55 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 11 => put(data.cast::<DevPtr>(), base),
                 12 => put(data.cast::<usize>(), size as usize),
                 13 => put(data.cast::<c_uint>(), 1),
-                0..=32 => Err(CuError(cu::NOT_SUPPORTED)),
+                0..=32 => {
+                    tracing::warn!(
+                        "remora: cuPointerGetAttribute: attribute {attribute} is not supported \
+                         for device memory yet; returning CUDA_ERROR_NOT_SUPPORTED"
+                    );
+                    Err(CuError(cu::NOT_SUPPORTED))
+                }
                 _ => Err(CuError(cu::INVALID_VALUE)),
             }
         }
+    })
+}
+
+/// `cuPointerGetAttributes`: each attribute as `cuPointerGetAttribute` answers it. As in CUDA,
+/// a pointer CUDA does not know (or an attribute that does not apply) is not an error: the
+/// slot gets its null default where the attribute's type is known (context, memory type,
+/// pointers, device ordinal, range) and is left untouched otherwise.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    count: c_uint,
+    attributes: *const c_int,
+    data: *mut *mut c_void,
+    ptr: DevPtr,
+) -> CUresult {
+    entry("cuPointerGetAttributes", || {
+        if count > 0 && (attributes.is_null() || data.is_null()) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        for i in 0..count as usize {
+            // SAFETY: cuda.h: `attributes` and `data` hold `count` entries each.
+            let (attribute, slot) = unsafe { (*attributes.add(i), *data.add(i)) };
+            // SAFETY: `slot` points to storage of the attribute's type, as for the singular call.
+            match unsafe { cuPointerGetAttribute(slot, attribute, ptr) } {
+                0 => {}
+                rc if rc == cu::NOT_SUPPORTED || rc == cu::INVALID_VALUE => {
+                    let size = match attribute {
+                        2 | 9 => 4,               // CUmemorytype, device ordinal (int)
+                        1 | 3 | 4 | 11 | 12 => 8, // context, pointers, range start, range size
+                        _ => 0,
+                    };
+                    if size > 0 && !slot.is_null() {
+                        // SAFETY: `slot` holds the attribute's type, `size` bytes long.
+                        unsafe { std::ptr::write_bytes(slot.cast::<u8>(), 0, size) };
+                    }
+                }
+                rc => return Err(CuError(rc)),
+            }
+        }
+        Ok(())
     })
 }
 
