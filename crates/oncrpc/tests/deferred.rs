@@ -1,75 +1,16 @@
 //! Deferred replies: a handler hands its reply to another thread and the connection serves the
 //! next calls meanwhile; services hear when a connection ends.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use remora_oncrpc::xdr::{Decoder, Encoder};
-use remora_oncrpc::{CallContext, Client, Dispatch, Endpoint, Server, ServerConfig, Service};
+use common::deferring::{DeferringSvc as Svc, *};
+use remora_oncrpc::{Client, Endpoint, Server, ServerConfig, Service};
 
 const PROG: u32 = 0x2000_0777;
-const SLOW: u32 = 1;
-const FAST: u32 = 2;
-const DROPPED: u32 = 3;
-
-#[derive(Default)]
-struct Svc {
-    closed: Mutex<Vec<u64>>,
-    connections: Mutex<Vec<u64>>,
-    waiters: Mutex<Vec<std::thread::JoinHandle<()>>>,
-    inline: AtomicUsize,
-}
-
-impl Service for Svc {
-    fn program(&self) -> u32 {
-        PROG
-    }
-    fn version(&self) -> u32 {
-        1
-    }
-    fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch {
-        self.connections.lock().unwrap().push(ctx.connection);
-        let Ok(v) = args.get_u32() else {
-            return Dispatch::GarbageArgs;
-        };
-        match ctx.procedure {
-            SLOW => {
-                let Some(deferred) = ctx.defer() else {
-                    self.inline.fetch_add(1, Ordering::SeqCst);
-                    reply.put_u32(v);
-                    return Dispatch::Success;
-                };
-                let h = std::thread::spawn(move || {
-                    std::thread::sleep(Duration::from_millis(800));
-                    deferred
-                        .reply(|e| {
-                            e.put_u32(v + 1);
-                            Ok(())
-                        })
-                        .unwrap();
-                });
-                self.waiters.lock().unwrap().push(h);
-                Dispatch::Deferred
-            }
-            FAST => {
-                reply.put_u32(v * 2);
-                Dispatch::Success
-            }
-            DROPPED => {
-                drop(ctx.defer());
-                Dispatch::Deferred
-            }
-            _ => Dispatch::ProcUnavail,
-        }
-    }
-    fn connection_closed(&self, connection: u64) {
-        for h in std::mem::take(&mut *self.waiters.lock().unwrap()) {
-            let _ = h.join();
-        }
-        self.closed.lock().unwrap().push(connection);
-    }
-}
 
 fn call(c: &Client, proc_: u32, v: u32) -> Result<u32, remora_oncrpc::RpcError> {
     c.call(
@@ -88,7 +29,7 @@ fn call(c: &Client, proc_: u32, v: u32) -> Result<u32, remora_oncrpc::RpcError> 
 #[test]
 fn a_deferred_reply_lets_later_calls_on_the_connection_complete_first() {
     let dir = tempfile::tempdir().unwrap();
-    let svc = Arc::new(Svc::default());
+    let svc = Arc::new(Svc::new(PROG, Duration::from_millis(800)));
     let handle = Server::builder(ServerConfig::default())
         .service(Arc::clone(&svc) as Arc<dyn Service>)
         .listen(&Endpoint::Unix(dir.path().join("d.sock")))

@@ -2,72 +2,20 @@
 //! accepted connections to a handler (`Server::hand_off`), as a process-per-connection server
 //! does.
 
+mod common;
+
 use std::net::TcpListener;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use remora_oncrpc::xdr::{Decoder, Encoder};
+use common::deferring::{DeferringSvc as Svc, *};
 use remora_oncrpc::{
-    AcceptedConnection, CallContext, Client, ConnectionHandler, Dispatch, Endpoint, Peer, Server,
-    ServerConfig, Service,
+    AcceptedConnection, Client, ConnectionHandler, Endpoint, Peer, Server, ServerConfig, Service,
 };
 
 const PROG: u32 = 0x2000_0778;
-const SLOW: u32 = 1;
-const FAST: u32 = 2;
-
-#[derive(Default)]
-struct Svc {
-    closed: Mutex<Vec<u64>>,
-    peers: Mutex<Vec<Peer>>,
-    waiters: Mutex<Vec<std::thread::JoinHandle<()>>>,
-}
-
-impl Service for Svc {
-    fn program(&self) -> u32 {
-        PROG
-    }
-    fn version(&self) -> u32 {
-        1
-    }
-    fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch {
-        self.peers.lock().unwrap().push(ctx.peer.clone());
-        let Ok(v) = args.get_u32() else {
-            return Dispatch::GarbageArgs;
-        };
-        match ctx.procedure {
-            SLOW => {
-                let Some(deferred) = ctx.defer() else {
-                    return Dispatch::SystemErr;
-                };
-                let h = std::thread::spawn(move || {
-                    std::thread::sleep(Duration::from_millis(500));
-                    deferred
-                        .reply(|e| {
-                            e.put_u32(v + 1);
-                            Ok(())
-                        })
-                        .unwrap();
-                });
-                self.waiters.lock().unwrap().push(h);
-                Dispatch::Deferred
-            }
-            FAST => {
-                reply.put_u32(v * 2);
-                Dispatch::Success
-            }
-            _ => Dispatch::ProcUnavail,
-        }
-    }
-    fn connection_closed(&self, connection: u64) {
-        for h in std::mem::take(&mut *self.waiters.lock().unwrap()) {
-            let _ = h.join();
-        }
-        self.closed.lock().unwrap().push(connection);
-    }
-}
 
 fn call(c: &Client, proc_: u32, v: u32) -> Result<u32, remora_oncrpc::RpcError> {
     c.call(
@@ -85,7 +33,7 @@ fn call(c: &Client, proc_: u32, v: u32) -> Result<u32, remora_oncrpc::RpcError> 
 
 /// A deferred reply arrives after later calls, then the peer closes and `serve_fd` returns.
 fn exercise(ep: &Endpoint, accept: impl FnOnce() -> OwnedFd + Send + 'static) -> Arc<Svc> {
-    let svc = Arc::new(Svc::default());
+    let svc = Arc::new(Svc::new(PROG, Duration::from_millis(500)));
     let server = {
         let svc = Arc::clone(&svc);
         std::thread::spawn(move || {
@@ -173,7 +121,7 @@ impl ConnectionHandler for Handler {
 #[test]
 fn a_hand_off_server_bounds_connections_and_shutdown_waits_for_handlers() {
     let dir = tempfile::tempdir().unwrap();
-    let svc = Arc::new(Svc::default());
+    let svc = Arc::new(Svc::new(PROG, Duration::from_millis(500)));
     let handler = Arc::new(Handler {
         svc: Arc::clone(&svc),
         handled: Mutex::new(Vec::new()),

@@ -1,6 +1,8 @@
 //! Shared test fixtures: a test service and helpers to run it over TCP or a Unix socket.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod deferring;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
