@@ -145,6 +145,17 @@ fn serve_rejects_a_malformed_device_list() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--devices"));
 }
 
+/// Runs `remora rpcgen X -o OUT`.
+fn rpcgen(x: &Path, out: &Path) -> std::process::Output {
+    Command::new(REMORA)
+        .arg("rpcgen")
+        .arg(x)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn rpcgen_writes_a_crate_and_protects_foreign_directories() {
     let dir = tempfile::tempdir().unwrap();
@@ -156,15 +167,7 @@ fn rpcgen_writes_a_crate_and_protects_foreign_directories() {
     )
     .unwrap();
     let out_dir = dir.path().join("calc");
-    let out = Command::new(REMORA)
-        .args([
-            "rpcgen",
-            x.to_str().unwrap(),
-            "-o",
-            out_dir.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = rpcgen(&x, &out_dir);
     assert!(
         out.status.success(),
         "{}",
@@ -176,15 +179,7 @@ fn rpcgen_writes_a_crate_and_protects_foreign_directories() {
     assert!(lib.contains("pub struct Pair"), "{lib}");
     assert!(lib.contains("CalcV1Client"), "{lib}");
     // Regenerating over our own output is fine.
-    let again = Command::new(REMORA)
-        .args([
-            "rpcgen",
-            x.to_str().unwrap(),
-            "-o",
-            out_dir.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let again = rpcgen(&x, &out_dir);
     assert!(
         again.status.success(),
         "{}",
@@ -194,15 +189,7 @@ fn rpcgen_writes_a_crate_and_protects_foreign_directories() {
     let foreign = dir.path().join("foreign");
     std::fs::create_dir(&foreign).unwrap();
     std::fs::write(foreign.join("notes.txt"), "mine").unwrap();
-    let out = Command::new(REMORA)
-        .args([
-            "rpcgen",
-            x.to_str().unwrap(),
-            "-o",
-            foreign.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = rpcgen(&x, &foreign);
     assert!(!out.status.success());
     assert_eq!(
         std::fs::read_to_string(foreign.join("notes.txt")).unwrap(),
@@ -216,15 +203,7 @@ fn rpcgen_reports_spec_errors_with_position() {
     let dir = tempfile::tempdir().unwrap();
     let x = dir.path().join("bad.x");
     std::fs::write(&x, "struct s {\n  int a\n};\n").unwrap();
-    let out = Command::new(REMORA)
-        .args([
-            "rpcgen",
-            x.to_str().unwrap(),
-            "-o",
-            dir.path().join("o").to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = rpcgen(&x, &dir.path().join("o"));
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("bad.x:3:1"), "{stderr}");
