@@ -177,25 +177,34 @@ impl Drop for VaSpace {
 mod tests {
     use super::*;
 
-    /// A free, page-aligned address range: map somewhere, note the address, unmap.
+    /// A free, page-aligned address range that other threads of the test binary will not take
+    /// before the test reserves it. The kernel places new mappings top-down at the high end of
+    /// the highest hole that fits, so the test uses the low end of a freshly freed 1 GiB hole.
+    /// Tests that take address ranges run one at a time: two of them could be handed the same
+    /// freed hole.
+    static SERIAL: Mutex<()> = Mutex::new(());
+
     fn free_range(len: usize) -> u64 {
-        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing.
+        const HOLE: usize = 1 << 30;
+        assert!(len < HOLE / 2);
+        // SAFETY: a fresh anonymous, unbacked mapping at an address of the kernel's choosing.
         let p = unsafe {
             rustix::mm::mmap_anonymous(
                 std::ptr::null_mut(),
-                len,
+                HOLE,
                 ProtFlags::empty(),
-                MapFlags::PRIVATE,
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
             )
         }
         .unwrap();
         // SAFETY: unmapping the mapping just made.
-        unsafe { rustix::mm::munmap(p, len) }.unwrap();
+        unsafe { rustix::mm::munmap(p, HOLE) }.unwrap();
         p as u64
     }
 
     #[test]
     fn reserves_classifies_and_releases() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let va = VaSpace::default();
         let base = free_range(1 << 20);
         va.reserve(base, 1 << 20, 7).unwrap();
@@ -229,6 +238,7 @@ mod tests {
 
     #[test]
     fn sub_page_allocations_share_a_reservation() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let va = VaSpace::default();
         let base = free_range(1 << 16);
         va.reserve(base, 256, 1).unwrap();
