@@ -60,6 +60,11 @@ enum Command {
         /// under process isolation; memory only under thread isolation.
         #[arg(long, value_name = "DIR")]
         module_cache: Option<PathBuf>,
+        /// Log, when each connection ends, where its server thread spent its time: calls and
+        /// mean/max time per procedure, time waiting for input, time sending replies (INFO
+        /// level, on standard error). For finding bottlenecks; costs two clock reads per call.
+        #[arg(long)]
+        profile: bool,
     },
     /// Serve one session: the connection on standard input (started by `remora serve`
     /// under process isolation).
@@ -75,6 +80,8 @@ enum Command {
         module_cache_bytes: Option<u64>,
         #[arg(long, value_name = "DIR")]
         module_cache: Option<PathBuf>,
+        #[arg(long)]
+        profile: bool,
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
@@ -229,6 +236,7 @@ fn run(cli: Cli) -> Result<()> {
             backend,
             isolation,
             module_cache,
+            profile,
         } => {
             init_logging("info");
             let exe = std::env::current_exe().context("cannot find the remora executable")?;
@@ -248,6 +256,7 @@ fn run(cli: Cli) -> Result<()> {
                     }
                 }),
                 worker_command: Some(vec![exe.into_os_string(), "serve-worker".into()]),
+                profile,
             })
         }
         Command::ServeWorker {
@@ -256,6 +265,7 @@ fn run(cli: Cli) -> Result<()> {
             max_record_size,
             module_cache_bytes,
             module_cache,
+            profile,
         } => {
             init_logging("info");
             remora_server::serve_worker(remora_server::WorkerConfig {
@@ -264,6 +274,7 @@ fn run(cli: Cli) -> Result<()> {
                 max_record_size,
                 module_cache_bytes,
                 module_cache_dir: module_cache,
+                profile,
             })
             .context("remora serve-worker failed")
         }
@@ -378,6 +389,7 @@ mod tests {
             max_record_size: Some(4096),
             module_cache_bytes: Some(1 << 20),
             module_cache_dir: Some("/tmp/m".into()),
+            profile: true,
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
         args.extend(config.to_args());
@@ -388,6 +400,7 @@ mod tests {
             max_record_size,
             module_cache_bytes,
             module_cache,
+            profile,
         } = cli.command
         else {
             panic!()
@@ -399,6 +412,7 @@ mod tests {
                 max_record_size,
                 module_cache_bytes,
                 module_cache_dir: module_cache,
+                profile,
             },
             config
         );

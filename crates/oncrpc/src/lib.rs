@@ -217,4 +217,11 @@ pub trait Service: Send + Sync + 'static {
     fn connection_closed(&self, connection: u64) {
         let _ = connection;
     }
+
+    /// The name of `procedure` as the specification spells it, for logs and profiles
+    /// (`None` when unknown).
+    fn procedure_name(&self, procedure: u32) -> Option<&'static str> {
+        let _ = procedure;
+        None
+    }
 }

@@ -42,6 +42,10 @@ pub struct ServerConfig {
     pub idle_timeout: Option<Duration>,
     /// Largest fragment sent in replies. Default 2^31 - 1.
     pub max_fragment_size: usize,
+    /// Keep per-connection timing counters (time waiting for input, time in each procedure,
+    /// time sending replies) and log them at INFO level when the connection ends. Costs two
+    /// clock reads per call. Default off.
+    pub profile: bool,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +56,7 @@ impl Default for ServerConfig {
             stall_timeout: Duration::from_secs(30),
             idle_timeout: None,
             max_fragment_size: MAX_FRAGMENT_SIZE,
+            profile: false,
         }
     }
 }
@@ -869,22 +874,45 @@ fn serve_records<S: Transport>(
     let mut reader = RecordReader::new(stream, config.max_record_size);
     let mut last_progress = Instant::now();
     let mut seen = 0u64;
+    let mut profile = config.profile.then(Profile::new);
+    let _report = ProfileReport {
+        profile: &mut profile,
+        peer,
+        connection,
+        registry,
+    };
+    // The report reads `profile` when the loop ends, however it ends.
+    let profile = &mut *_report.profile;
     loop {
         if shutting_down.load(Ordering::Relaxed) {
             return;
         }
-        match reader.read_record() {
+        let read_start = profile.as_ref().map(|_| Instant::now());
+        let read = reader.read_record();
+        if let (Some(p), Some(t)) = (profile.as_mut(), read_start) {
+            p.reading += t.elapsed();
+        }
+        match read {
             Ok(Some(record)) => {
                 last_progress = Instant::now();
                 seen = reader.bytes_read();
-                match process_call(record, peer, connection, sink, registry) {
+                let key = profile.as_ref().map(|_| Profile::key(&record));
+                let outcome = process_call(record, peer, connection, sink, registry);
+                if let (Some(p), Some(k)) = (profile.as_mut(), key) {
+                    p.call(k, last_progress.elapsed());
+                }
+                match outcome {
                     Outcome::Reply(chunks) => {
+                        let send_start = profile.as_ref().map(|_| Instant::now());
                         let sent = match sink {
                             Some(sink) => sink.send(&chunks),
                             None => {
                                 write_record(reader.get_mut(), &chunks, config.max_fragment_size)
                             }
                         };
+                        if let (Some(p), Some(t)) = (profile.as_mut(), send_start) {
+                            p.replying += t.elapsed();
+                        }
                         if let Err(e) = sent {
                             tracing::debug!(%peer, error = %e, "ONC RPC server: cannot send a reply; connection closed");
                             return;
@@ -925,6 +953,101 @@ fn serve_records<S: Transport>(
                 tracing::debug!(%peer, error = %e, "ONC RPC server: read failed; connection closed");
                 return;
             }
+        }
+    }
+}
+
+/// Timing counters of one connection (see [`ServerConfig::profile`]).
+struct Profile {
+    started: Instant,
+    /// Time spent in `read_record`: waiting for input and reading it.
+    reading: Duration,
+    /// Time spent sending replies inline.
+    replying: Duration,
+    /// By (program, version, procedure): calls, total and longest time in `process_call`.
+    procs: BTreeMap<(u32, u32, u32), (u64, Duration, Duration)>,
+}
+
+impl Profile {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            reading: Duration::ZERO,
+            replying: Duration::ZERO,
+            procs: BTreeMap::new(),
+        }
+    }
+
+    /// (program, version, procedure) of a call record, read without decoding it; zeros when
+    /// the record is too short.
+    fn key(record: &[u8]) -> (u32, u32, u32) {
+        let word = |i: usize| {
+            record
+                .get(i..i + 4)
+                .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        (word(12), word(16), word(20))
+    }
+
+    fn call(&mut self, key: (u32, u32, u32), took: Duration) {
+        let e = self
+            .procs
+            .entry(key)
+            .or_insert((0, Duration::ZERO, Duration::ZERO));
+        e.0 += 1;
+        e.1 += took;
+        e.2 = e.2.max(took);
+    }
+
+    /// The report: one line per procedure, busiest first.
+    fn render(&self, registry: &Registry) -> String {
+        let wall = self.started.elapsed();
+        let busy: Duration = self.procs.values().map(|v| v.1).sum();
+        let calls: u64 = self.procs.values().map(|v| v.0).sum();
+        let mut out = format!(
+            "{calls} calls in {:.3} s: {:.3} s in procedures, {:.3} s reading input (waiting included), {:.3} s sending replies",
+            wall.as_secs_f64(),
+            busy.as_secs_f64(),
+            self.reading.as_secs_f64(),
+            self.replying.as_secs_f64()
+        );
+        let mut rows: Vec<_> = self.procs.iter().collect();
+        rows.sort_by(|a, b| b.1.1.cmp(&a.1.1));
+        for (&(prog, vers, proc_), &(n, total, max)) in rows {
+            let name = registry
+                .programs
+                .get(&prog)
+                .and_then(|v| v.get(&vers))
+                .and_then(|svc| svc.procedure_name(proc_))
+                .map_or_else(|| format!("{prog}/{vers}/{proc_}"), str::to_owned);
+            let mean_us = total.as_secs_f64() * 1e6 / n as f64;
+            out.push_str(&format!(
+                "\n  {name:<32} {n:>9} calls  mean {mean_us:>9.2} us  max {:>10.1} us  total {:>9.3} s",
+                max.as_secs_f64() * 1e6,
+                total.as_secs_f64()
+            ));
+        }
+        out
+    }
+}
+
+/// Logs a connection's profile when dropped (the connection loop has many exits).
+struct ProfileReport<'a> {
+    profile: &'a mut Option<Profile>,
+    peer: &'a Peer,
+    connection: u64,
+    registry: &'a Registry,
+}
+
+impl Drop for ProfileReport<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.profile.as_ref() {
+            tracing::info!(
+                peer = %self.peer,
+                connection = self.connection,
+                "ONC RPC server profile: {}",
+                p.render(self.registry)
+            );
         }
     }
 }
@@ -1071,5 +1194,50 @@ pub(crate) fn process_call(
             tracing::error!(%peer, xid, program, version, procedure, "ONC RPC server: the procedure panicked; SYSTEM_ERR");
             accepted(xid, AcceptStat::SystemErr)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Named;
+    impl Service for Named {
+        fn program(&self) -> u32 {
+            7
+        }
+        fn version(&self) -> u32 {
+            1
+        }
+        fn dispatch(&self, _: &CallContext, _: &mut Decoder, _: &mut Encoder) -> Dispatch {
+            Dispatch::Success
+        }
+        fn procedure_name(&self, procedure: u32) -> Option<&'static str> {
+            (procedure == 3).then_some("PING")
+        }
+    }
+
+    #[test]
+    fn profile_names_procedures_and_orders_by_total_time() {
+        let mut registry = Registry::default();
+        registry.add(Arc::new(Named));
+        let mut record = vec![0u8; 40];
+        record[12..16].copy_from_slice(&7u32.to_be_bytes());
+        record[16..20].copy_from_slice(&1u32.to_be_bytes());
+        record[20..24].copy_from_slice(&3u32.to_be_bytes());
+        let mut p = Profile::new();
+        assert_eq!(Profile::key(&record), (7, 1, 3));
+        assert_eq!(Profile::key(&record[..10]), (0, 0, 0));
+        p.call((7, 1, 3), Duration::from_micros(10));
+        p.call((7, 1, 3), Duration::from_micros(30));
+        p.call((7, 1, 9), Duration::from_millis(1));
+        let text = p.render(&registry);
+        assert!(text.starts_with("3 calls in "), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[1].trim_start().starts_with("7/1/9"), "{text}");
+        assert!(lines[2].trim_start().starts_with("PING"), "{text}");
+        assert!(lines[2].contains("mean     20.00 us"), "{text}");
+        assert!(lines[2].contains("max       30.0 us"), "{text}");
     }
 }

@@ -1104,6 +1104,7 @@ impl<'a> Gen<'a> {
             let mut pnums: HashMap<u32, Pos> = HashMap::new();
             let mut client_methods = String::new();
             let mut trait_methods = String::new();
+            let mut names = String::new();
             let mut dispatch = String::new();
             for pr in &v.procs {
                 let n = self.proc_number(
@@ -1234,9 +1235,11 @@ impl<'a> Gen<'a> {
                     trait_methods,
                     "{sig_doc}\nfn {method}(&self, ctx: &{RPC}::CallContext{params_owned}) -> {RPC}::ProcResult<{ret}>;"
                 );
+                let _ = writeln!(names, "{pc} => Some({:?}),", pr.name);
             }
             if !pnums.contains_key(&0) {
                 let _ = writeln!(dispatch, "0 => {RPC}::Dispatch::Success,");
+                let _ = writeln!(names, "0 => Some(\"NULL\"),");
             }
             let title = format!(
                 "version `{}` ({vnum}) of program `{}` ({pnum})",
@@ -1255,7 +1258,8 @@ impl<'a> Gen<'a> {
                  impl<S: {server}> {RPC}::Service for {service}<S> {{\n fn program(&self) -> u32 {{ {pconst} }}\n fn version(&self) -> u32 {{ {vconst} }}\n\
                  fn dispatch(&self, ctx: &{RPC}::CallContext, dec: &mut {X}::Decoder, enc: &mut {X}::Encoder) -> {RPC}::Dispatch {{\n\
                  fn proc_error_dispatch(e: &{RPC}::ProcError) -> {RPC}::Dispatch {{\n {RPC}::Dispatch::from(e.clone())\n}}\n\
-                 let _ = &enc;\n match ctx.procedure {{\n{dispatch} _ => {RPC}::Dispatch::ProcUnavail,\n}}\n}}\n}}"
+                 let _ = &enc;\n match ctx.procedure {{\n{dispatch} _ => {RPC}::Dispatch::ProcUnavail,\n}}\n}}\n\
+                 fn procedure_name(&self, procedure: u32) -> Option<&'static str> {{\n match procedure {{\n{names} _ => None,\n}}\n}}\n}}"
             ));
         }
         Ok(())

@@ -106,6 +106,9 @@ pub struct ServeConfig {
     /// ([`WorkerConfig::to_args`]) and gives the connection as standard input. `None`: this
     /// executable with the argument `serve-worker`.
     pub worker_command: Option<Vec<OsString>>,
+    /// Log per-connection timing counters when each connection ends
+    /// ([`ServerConfig::profile`]).
+    pub profile: bool,
 }
 
 impl ServeConfig {
@@ -131,12 +134,14 @@ pub struct WorkerConfig {
     pub module_cache_bytes: Option<u64>,
     /// The shared module cache directory.
     pub module_cache_dir: Option<PathBuf>,
+    /// Log the connection's timing counters when it ends.
+    pub profile: bool,
 }
 
 impl WorkerConfig {
     /// The command-line arguments `remora serve-worker` takes for this configuration:
     /// `--backend cuda|emulated`, `--devices LIST`, `--max-record-size N`,
-    /// `--module-cache-bytes N`, `--module-cache DIR`.
+    /// `--module-cache-bytes N`, `--module-cache DIR`, `--profile`.
     pub fn to_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "--backend".into(),
@@ -162,6 +167,9 @@ impl WorkerConfig {
         if let Some(dir) = &self.module_cache_dir {
             args.push("--module-cache".into());
             args.push(dir.clone().into_os_string());
+        }
+        if self.profile {
+            args.push("--profile".into());
         }
         args
     }
@@ -572,6 +580,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             max_record_size: config.max_record_size,
             module_cache_bytes: config.module_cache_bytes,
             module_cache_dir: Some(cache_dir.clone()),
+            profile: config.profile,
         }
         .to_args(),
         workers: Arc::clone(&workers),
@@ -604,6 +613,7 @@ fn server_config(config: &ServeConfig) -> ServerConfig {
     if let Some(max) = config.max_record_size {
         server_config.max_record_size = max;
     }
+    server_config.profile = config.profile;
     server_config
 }
 
@@ -677,6 +687,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     if let Some(max) = config.max_record_size {
         server_config.max_record_size = max;
     }
+    server_config.profile = config.profile;
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
         .serve_fd(fd)?;

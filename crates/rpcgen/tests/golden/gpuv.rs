@@ -1175,6 +1175,20 @@ impl<S: GpuvV1Server> ::remora_oncrpc::Service for GpuvV1Service<S> {
             _ => ::remora_oncrpc::Dispatch::ProcUnavail,
         }
     }
+    fn procedure_name(&self, procedure: u32) -> Option<&'static str> {
+        match procedure {
+            GPUV_NULL => Some("GPUV_NULL"),
+            GPUV_LIST_DEVICES => Some("GPUV_LIST_DEVICES"),
+            GPUV_MALLOC => Some("GPUV_MALLOC"),
+            GPUV_FREE => Some("GPUV_FREE"),
+            GPUV_MEMCPY_DTOH => Some("GPUV_MEMCPY_DTOH"),
+            GPUV_MEMCPY_HTOD => Some("GPUV_MEMCPY_HTOD"),
+            GPUV_LAUNCH => Some("GPUV_LAUNCH"),
+            GPUV_NAME => Some("GPUV_NAME"),
+            GPUV_PROBE => Some("GPUV_PROBE"),
+            _ => None,
+        }
+    }
 }
 /// Version number `GPUV_V2`.
 pub const GPUV_V2: u32 = 2;
@@ -1346,6 +1360,15 @@ impl<S: GpuvV2Server> ::remora_oncrpc::Service for GpuvV2Service<S> {
             _ => ::remora_oncrpc::Dispatch::ProcUnavail,
         }
     }
+    fn procedure_name(&self, procedure: u32) -> Option<&'static str> {
+        match procedure {
+            GPUV_LIST_DEVICES => Some("GPUV_LIST_DEVICES"),
+            GPUV_LOG => Some("GPUV_LOG"),
+            GPUV_QUERY => Some("GPUV_QUERY"),
+            0 => Some("NULL"),
+            _ => None,
+        }
+    }
 }
 /// Program number `GPUV_CALLBACK_PROG`.
 pub const GPUV_CALLBACK_PROG: u32 = 537171577;
@@ -1468,6 +1491,13 @@ impl<S: GpuvCallbackV1Server> ::remora_oncrpc::Service for GpuvCallbackV1Service
             }
             0 => ::remora_oncrpc::Dispatch::Success,
             _ => ::remora_oncrpc::Dispatch::ProcUnavail,
+        }
+    }
+    fn procedure_name(&self, procedure: u32) -> Option<&'static str> {
+        match procedure {
+            GPUV_EVENT => Some("GPUV_EVENT"),
+            0 => Some("NULL"),
+            _ => None,
         }
     }
 }
