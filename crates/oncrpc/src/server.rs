@@ -1012,7 +1012,7 @@ impl Profile {
             self.replying.as_secs_f64()
         );
         let mut rows: Vec<_> = self.procs.iter().collect();
-        rows.sort_by(|a, b| b.1.1.cmp(&a.1.1));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.1.1));
         for (&(prog, vers, proc_), &(n, total, max)) in rows {
             let name = registry
                 .programs
