@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use remora_oncrpc::Endpoint;
 
+mod bench_null;
 mod info;
 mod run;
 
@@ -145,6 +146,19 @@ enum BenchCommand {
         #[arg(long, default_value_t = 20_000)]
         null_calls: u32,
         /// Write the results as JSON to this file as well as printing a table.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
+    /// Round trip of Remora's NULL procedure (no work on the server: transport and RPC
+    /// runtime alone) against a running `remora serve`; prints p50/p99/mean/min. Needs no GPU.
+    Null {
+        /// The server: tcp://HOST:PORT or unix:///PATH (default: the local default socket).
+        #[arg(long, value_name = "URL")]
+        server: Option<Endpoint>,
+        /// Number of timed calls (a tenth as many warm-up calls go first).
+        #[arg(long, default_value_t = 100_000)]
+        calls: u32,
+        /// Write the results as JSON to this file as well.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
@@ -329,6 +343,15 @@ fn run(cli: Cli) -> Result<()> {
                 println!("results written to {}", path.display());
             }
             Ok(())
+        }
+        Command::Bench(BenchCommand::Null {
+            server,
+            calls,
+            json,
+        }) => {
+            init_logging("warn");
+            let server = server.unwrap_or_else(remora_server::default_endpoint);
+            bench_null::run(&server, calls, json.as_deref()).map(drop)
         }
         Command::Bench(BenchCommand::RpcServer { listen }) => {
             init_logging("warn");

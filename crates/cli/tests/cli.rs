@@ -275,3 +275,47 @@ fn a_default_socket_dir_open_to_others_is_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn bench_null_measures_round_trips_and_writes_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let unix = format!("unix://{}", dir.path().join("remora.sock").display());
+    let serve = Serve::start(&[&unix, "tcp://127.0.0.1:0"]);
+    for url in serve.endpoints.clone() {
+        let json = dir.path().join("null.json");
+        let out = Command::new(REMORA)
+            .args([
+                "bench", "null", "--calls", "200", "--server", &url, "--json",
+            ])
+            .arg(&json)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "bench null {url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("NULL round trip to {url}: p50 ")),
+            "{stdout}"
+        );
+        let text = std::fs::read_to_string(&json).unwrap();
+        assert!(text.contains("\"calls\": 200,"), "{text}");
+        let p50: f64 = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("\"p50_us\": "))
+            .and_then(|v| v.trim_end_matches(',').parse().ok())
+            .unwrap();
+        assert!(p50 > 0.0 && p50 < 1e6, "{text}");
+    }
+    // No server: a clear error, not a hang.
+    let out = Command::new(REMORA)
+        .args(["bench", "null", "--calls", "1", "--server"])
+        .arg(format!("unix://{}", dir.path().join("none.sock").display()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is `remora serve` running"), "{stderr}");
+}

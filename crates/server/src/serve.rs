@@ -77,6 +77,10 @@ impl Service for RemoraService {
     fn connection_closed(&self, connection: u64) {
         self.service.inner().close_session(connection);
     }
+
+    fn procedure_name(&self, procedure: u32) -> Option<&'static str> {
+        self.service.procedure_name(procedure)
+    }
 }
 
 /// What `remora serve` was asked to do.
