@@ -15,7 +15,8 @@
 #      listening on both) and plain `remora run` (embedded server); also the device inventory,
 #      nvidia-smi against `remora info`;
 #   3. compare each remoted stdout and exit status with the native one, byte for byte;
-#   4. run bench/driver_bench natively and remoted, and write remoted/native ratios;
+#   4. run bench/driver_bench natively and remoted (REMORA_BENCH_ROUNDS rounds, interleaved),
+#      `remora bench null`, and one profiled remoted run; write median remoted/native ratios;
 #   5. write suite.json and bench.json and print "N passed, M failed, K skipped".
 set -uo pipefail
 usage="usage: run-suite.sh BIN_DIR OUT_DIR"
@@ -168,28 +169,51 @@ for p in "${programs[@]}"; do
 done
 
 echo "== 5. benchmarks"
+# driver_bench runs REMORA_BENCH_ROUNDS times (default 3) in each mode, the modes interleaved
+# (native, unix, tcp, native, ...), so that drift of the machine hits every mode alike; each
+# figure is the median over the rounds, and the ratios are remoted median / native median.
+# `remora bench null` measures the bare RPC round trip; one more driver_bench run goes to a
+# `remora serve --profile` whose per-procedure timings are saved in outputs/profile.unix.txt.
 bench_modes=(native)
 [ $have_run = 1 ] && bench_modes+=(unix tcp)
+rounds=${REMORA_BENCH_ROUNDS:-3}
 if [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_ONLY " == *" driver_bench "* ]]; }; then
-  for m in "${bench_modes[@]}"; do
-    run_mode "$m" driver_bench "$build/driver_bench" ${REMORA_BENCH_SCALE:-1}
-    o="$out/outputs/driver_bench.$m"
-    if [ "$(cat "$o.rc")" = 0 ] && python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$o.out" 2>/dev/null; then
-      result driver_bench "$m" pass "valid JSON"
-    else
-      result driver_bench "$m" fail "exit $(cat "$o.rc"): $(head -c 200 "$o.err")"
-    fi
+  for r in $(seq "$rounds"); do
+    for m in "${bench_modes[@]}"; do
+      echo "driver_bench round $r/$rounds: $m"
+      run_mode "$m" "driver_bench.r$r" "$build/driver_bench" ${REMORA_BENCH_SCALE:-1}
+      o="$out/outputs/driver_bench.r$r.$m"
+      if [ "$(cat "$o.rc")" = 0 ] && python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$o.out" 2>/dev/null; then
+        result "driver_bench r$r" "$m" pass "valid JSON"
+      else
+        result "driver_bench r$r" "$m" fail "exit $(cat "$o.rc"): $(head -c 200 "$o.err")"
+      fi
+    done
   done
   [ $have_run = 0 ] && { result driver_bench unix skipped "remora run not available"; result driver_bench tcp skipped "remora run not available"; }
-  python3 - "$out" "${bench_modes[@]}" <<'PY' || echo "bench.json: python3 failed"
-import json, sys
-out, modes = sys.argv[1], sys.argv[2:]
-runs = {}
-for m in modes:
-    try:
-        runs[m] = json.load(open(f"{out}/outputs/driver_bench.{m}.out"))
-    except Exception as e:
-        runs[m] = {"error": str(e)}
+  if [ $have_remora = 1 ]; then
+    for m in unix tcp; do
+      url="unix://$sock"; [ $m = tcp ] && url=$tcp
+      if "$bin/remora" bench null --server "$url" --calls 100000 --json "$out/outputs/bench_null.$m.json" > "$out/outputs/bench_null.$m.out" 2>&1; then
+        result "bench null" "$m" pass "$(cat "$out/outputs/bench_null.$m.out" | head -n 1)"
+      else
+        result "bench null" "$m" fail "$(head -c 200 "$out/outputs/bench_null.$m.out")"
+      fi
+    done
+  fi
+  if [ $have_run = 1 ]; then
+    psock="$work/profile.sock"
+    "$bin/remora" serve --profile --listen "unix://$psock" > "$work/profile-serve.out" 2> "$out/outputs/profile.unix.txt" &
+    ppid=$!
+    for _ in $(seq 100); do grep -q 'listening on' "$work/profile-serve.out" && break; sleep 0.1; done
+    timeout "$limit" "$bin/remora" run --server "unix://$psock" -- "$build/driver_bench" ${REMORA_BENCH_SCALE:-1} > "$out/outputs/driver_bench.profiled.out" 2>&1
+    sleep 1; kill "$ppid" 2>/dev/null; wait "$ppid" 2>/dev/null
+    echo "server profile of one driver_bench run over unix:"
+    grep -A 12 'server profile' "$out/outputs/profile.unix.txt" | head -n 14
+  fi
+  python3 - "$out" "$rounds" "${bench_modes[@]}" <<'PY' || echo "bench.json: python3 failed"
+import json, statistics, sys
+out, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 
 def flat(r):
     f = {}
@@ -197,7 +221,7 @@ def flat(r):
         if isinstance(v, dict):
             for kk in ("p50", "p99"):
                 if kk in v: f[f"{k}.{kk}"] = v[kk]
-        elif isinstance(v, (int, float)) and k.endswith("per_launch"):
+        elif isinstance(v, (int, float)) and k.endswith(("per_launch", "_us")):
             f[k] = v
     for c in r.get("memcpy", []):
         key = f"memcpy.{c['dir']}.{c['mem']}.{c['bytes']}"
@@ -205,19 +229,37 @@ def flat(r):
         f[key + ".gbps"] = c["gbps"]
     return f
 
-native = flat(runs.get("native", {})) if "error" not in runs.get("native", {"error": 1}) else {}
-ratios = {}
+runs, med, spread = {}, {}, {}
 for m in modes:
-    if m == "native" or "error" in runs[m]: continue
-    fm = flat(runs[m])
-    ratios[m] = {k: round(fm[k] / v, 3) for k, v in native.items() if k in fm and v}
-json.dump({"runs": runs, "ratios_remoted_over_native": ratios,
-           "note": "ratios are remoted/native: >1 is slower for times (us), <1 is slower for gbps"},
-          open(f"{out}/bench.json", "w"), indent=1)
+    runs[m] = []
+    for r in range(1, rounds + 1):
+        try:
+            runs[m].append(json.load(open(f"{out}/outputs/driver_bench.r{r}.{m}.out")))
+        except Exception as e:
+            runs[m].append({"error": str(e)})
+    fl = [flat(x) for x in runs[m] if "error" not in x]
+    keys = set().union(*fl) if fl else set()
+    med[m] = {k: statistics.median([f[k] for f in fl if k in f]) for k in keys}
+    spread[m] = {k: [min(f[k] for f in fl if k in f), max(f[k] for f in fl if k in f)] for k in keys}
+ratios = {}
+native = med.get("native", {})
+for m in modes:
+    if m == "native": continue
+    ratios[m] = {k: round(med[m][k] / v, 3) for k, v in sorted(native.items()) if k in med[m] and v}
+null = {}
+for m in ("unix", "tcp"):
+    try: null[m] = json.load(open(f"{out}/outputs/bench_null.{m}.json"))
+    except Exception: pass
+json.dump({"rounds": rounds, "median": med, "min_max": spread, "ratios_remoted_over_native": ratios,
+           "rpc_null_round_trip": null, "runs": runs,
+           "note": "median over rounds, modes interleaved; ratios are remoted/native medians: >1 is slower for times (us), <1 is slower for gbps"},
+          open(f"{out}/bench.json", "w"), indent=1, sort_keys=True)
 for m, r in ratios.items():
     print(f"{m}: " + ", ".join(f"{k} x{v}" for k, v in r.items() if not k.startswith("memcpy") or k.endswith("gbps")))
+for m, n in null.items():
+    print(f"rpc null round trip {m}: p50 {n['p50_us']} us, p99 {n['p99_us']} us")
 PY
-  echo "native: $(tr -d '\n' < "$out/outputs/driver_bench.native.out" | head -c 400)..."
+  echo "native (round 1): $(tr -d '\n' < "$out/outputs/driver_bench.r1.native.out" | head -c 400)..."
 fi
 
 echo "== summary"

@@ -3,7 +3,9 @@
 //   alloc+free           cuMemAlloc + cuMemFree of 1 MiB p50/p99
 //   launch throughput    N empty launches (and N seven-parameter launches) then one synchronize,
 //                        microseconds per launch
+//   launch submit        the same N empty launches, time until the last cuLaunchKernel returns
 //   launch + sync        one empty launch + cuStreamSynchronize, p50/p99
+//   idle synchronize     cuCtxSynchronize with nothing queued: remoted, a full round trip
 //   memcpy               H2D/D2H, pageable/pinned (cuMemHostAlloc), 4 KiB to 512 MiB: GB/s and
 //                        microseconds per copy
 //   driver_bench [SCALE]   SCALE (default 1) divides the iteration counts, for quick runs.
@@ -66,8 +68,10 @@ int main(int argc, char **argv) {
     CK(cuCtxSynchronize());
     double s = now_us();
     for (int i = 0; i < N; i++) CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
+    double submitted = now_us();
     CK(cuCtxSynchronize());
     printf("  \"empty_launch_throughput_us_per_launch\": %.3f,\n", (now_us() - s) / N);
+    printf("  \"empty_launch_submit_us_per_launch\": %.3f,\n", (submitted - s) / N);
     CUdeviceptr p;
     CK(cuMemAlloc(&p, 64));
     int b = 2, c = 3; double d = 1.0; long long e = 5;
@@ -89,6 +93,15 @@ int main(int argc, char **argv) {
       t.push_back(now_us() - s);
     }
     pct("launch_sync_us", t);
+  }
+  { // synchronize with nothing queued
+    std::vector<double> t;
+    for (int i = 0; i < 20000 / scale; i++) {
+      double s = now_us();
+      CK(cuCtxSynchronize());
+      t.push_back(now_us() - s);
+    }
+    pct("idle_ctx_synchronize_us", t);
   }
   printf("  \"memcpy\": [\n");
   size_t sizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20, 512 << 20};
