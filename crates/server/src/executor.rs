@@ -205,46 +205,30 @@ impl Executor {
         job: impl FnOnce(&Inner, &Session) -> T + Send + 'static,
     ) -> ProcResult<T> {
         let session = self.session(call);
-        if session.reserve_waiter() {
-            if let Some(reply) = call.defer() {
-                let inner = Arc::clone(&self.inner);
-                let sess = Arc::clone(&session);
-                let spawned = std::thread::Builder::new()
-                    .name(format!("remora-wait-{}", call.connection))
-                    .spawn(move || {
-                        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            job(&inner, &sess)
-                        }));
-                        sess.release_waiter();
-                        match out {
-                            Ok(v) => {
-                                if let Err(e) = reply.reply(|enc| v.encode(enc)) {
-                                    tracing::debug!(error = %e, "deferred reply not delivered");
-                                }
-                            }
-                            Err(_) => {
-                                tracing::error!("a blocking call panicked; SYSTEM_ERR");
-                                drop(reply);
-                            }
-                        }
-                    });
-                return match spawned {
-                    Ok(h) => {
-                        session.add_waiter(h);
-                        Err(ProcError::Deferred)
+        let Some(reply) = call.defer() else {
+            return Ok(job(&self.inner, &session));
+        };
+        let inner = Arc::clone(&self.inner);
+        let sess = Arc::clone(&session);
+        let work: crate::waiters::Job = Box::new(move || {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&inner, &sess)));
+            match out {
+                Ok(v) => {
+                    if let Err(e) = reply.reply(|enc| v.encode(enc)) {
+                        tracing::debug!(error = %e, "deferred reply not delivered");
                     }
-                    Err(e) => {
-                        // The closure (and the deferred reply inside it) is gone: it answered
-                        // SYSTEM_ERR.
-                        session.release_waiter();
-                        tracing::error!(error = %e, "cannot spawn a waiter thread");
-                        Err(ProcError::Deferred)
-                    }
-                };
+                }
+                Err(_) => {
+                    tracing::error!("a blocking call panicked; SYSTEM_ERR");
+                    drop(reply);
+                }
             }
-            session.release_waiter();
+        });
+        if let Err(work) = session.waiters.submit(work) {
+            // Every waiter is busy (or none can start): wait on the connection thread.
+            work();
         }
-        Ok(job(&self.inner, &session))
+        Err(ProcError::Deferred)
     }
 }
 
@@ -529,7 +513,21 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_ctx_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        self.blocking(call, move |inner, session| {
+        // Polling first: the context is idle once its legacy stream and every stream the
+        // session made in it are; then the synchronize returns at once and is answered inline.
+        let session = self.session(call);
+        let target = {
+            let st = session.lock();
+            st.ctx(h).map(|raw| (raw, st.streams_in(h)))
+        };
+        let done = target.is_ok_and(|(raw, streams)| {
+            self.poll_briefly(|| {
+                std::iter::once(crate::backend::LEGACY_STREAM)
+                    .chain(streams.iter().copied())
+                    .try_for_each(|s| self.inner.backend.stream_query(raw, s))
+            })
+        });
+        self.blocking_unless(call, done, move |inner, session| {
             let own = session.lock().ctx(h);
             let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
             let mut st = session.lock();

@@ -22,6 +22,7 @@ mod hello;
 mod module_cache;
 mod serve;
 mod session;
+mod waiters;
 
 pub use backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig, LiveCounts};
 pub use executor::Executor;

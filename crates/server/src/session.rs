@@ -3,9 +3,7 @@
 //! client can only name its own objects.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::thread::JoinHandle;
 
 use remora_proto::remora::{RM_STREAM_LEGACY, RmCopyData};
 use remora_xdr::Bytes;
@@ -15,6 +13,7 @@ use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, SUCCESS, 
 /// CUDA_ERROR_CONTEXT_IS_DESTROYED.
 const CONTEXT_IS_DESTROYED: i32 = 709;
 use crate::backend::{Backend, CuResult, LEGACY_STREAM, StagedCopy};
+use crate::waiters::WaiterPool;
 
 /// Most threads one session may block in synchronizing calls at once; further blocking calls
 /// run on the connection's thread.
@@ -100,6 +99,17 @@ pub(crate) struct SessionState {
 }
 
 impl SessionState {
+    /// The raw streams the session created in context handle `ctx`.
+    pub(crate) fn streams_in(&self, ctx: u64) -> Vec<u64> {
+        self.table
+            .values()
+            .filter_map(|r| match r {
+                Resource::Stream { raw, ctx: c } if *c == ctx => Some(*raw),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub(crate) fn insert(&mut self, r: Resource) -> u64 {
         // 0 is "none"; 1 and 2 are the special stream handles.
         self.next = self.next.max(15) + 1;
@@ -353,8 +363,7 @@ impl SessionState {
 pub(crate) struct Session {
     pub(crate) connection: u64,
     state: Mutex<SessionState>,
-    waiters: Mutex<Vec<JoinHandle<()>>>,
-    busy_waiters: AtomicUsize,
+    pub(crate) waiters: WaiterPool,
 }
 
 impl Session {
@@ -362,8 +371,7 @@ impl Session {
         Self {
             connection,
             state: Mutex::new(SessionState::default()),
-            waiters: Mutex::new(Vec::new()),
-            busy_waiters: AtomicUsize::new(0),
+            waiters: WaiterPool::new(format!("remora-wait-{connection}"), MAX_WAITERS),
         }
     }
 
@@ -371,32 +379,9 @@ impl Session {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reserves a waiter slot; `false` when [`MAX_WAITERS`] are busy.
-    pub(crate) fn reserve_waiter(&self) -> bool {
-        self.busy_waiters
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_WAITERS).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    pub(crate) fn release_waiter(&self) {
-        self.busy_waiters.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    pub(crate) fn add_waiter(&self, h: JoinHandle<()>) {
-        let mut w = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        w.retain(|h| !h.is_finished());
-        w.push(h);
-    }
-
     /// Waits for the blocking calls in flight, then frees everything.
     pub(crate) fn close(&self, backend: &dyn Backend) {
-        let waiters =
-            std::mem::take(&mut *self.waiters.lock().unwrap_or_else(PoisonError::into_inner));
-        for h in waiters {
-            let _ = h.join();
-        }
+        self.waiters.close();
         let mut st = self.lock();
         let objects = st.len();
         st.release_all(backend);

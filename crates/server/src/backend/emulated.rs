@@ -39,7 +39,8 @@ pub struct EmulatedConfig {
     /// Memory per device, bytes.
     pub memory_per_device: u64,
     /// How long every synchronize call blocks (to test that blocking calls do not stall
-    /// the connection).
+    /// the connection). When non-zero, stream queries answer NOT_READY, as for work that is
+    /// still running, so that the server's polling hands the wait to a waiter thread.
     pub sync_delay: Duration,
 }
 
@@ -632,7 +633,12 @@ impl Backend for EmulatedBackend {
     }
 
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        self.lock().stream(ctx, stream)
+        self.lock().stream(ctx, stream)?;
+        if self.config.sync_delay.is_zero() {
+            Ok(())
+        } else {
+            Err(super::status::NOT_READY)
+        }
     }
 
     fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, _flags: u32) -> CuResult<()> {
