@@ -83,6 +83,8 @@ fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
 }
 
 struct Inner {
+    /// Time driver calls of launches (see [`Executor::set_profile`]).
+    profile: std::sync::atomic::AtomicBool,
     backend: Arc<dyn Backend>,
     hello: HelloService,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
@@ -119,12 +121,21 @@ impl Executor {
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
+                profile: std::sync::atomic::AtomicBool::new(false),
                 backend,
                 hello,
                 sessions: Mutex::new(HashMap::new()),
                 cache: ModuleCache::with_dir(cache_bytes, cache_dir),
             }),
         }
+    }
+
+    /// Measures the time kernel launches spend in the driver, per session, and logs it when
+    /// the session ends (with `remora serve --profile`, beside the RPC runtime's profile).
+    pub fn set_profile(&self, on: bool) {
+        self.inner
+            .profile
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Number of live sessions.
@@ -1025,7 +1036,11 @@ impl RemoraV1Server for Executor {
             if (a.params.len() as u64) < needed {
                 return Err(INVALID_VALUE);
             }
-            inner.backend.launch(
+            let timed = inner
+                .profile
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .then(std::time::Instant::now);
+            let r = inner.backend.launch(
                 c,
                 &LaunchSpec {
                     function: func,
@@ -1037,7 +1052,11 @@ impl RemoraV1Server for Executor {
                     layout: &layout,
                     attrs: &a.attrs,
                 },
-            )
+            );
+            if let Some(t) = timed {
+                session.count_launch(t.elapsed());
+            }
+            r
         })
     }
 
@@ -1251,6 +1270,14 @@ impl Executor {
     pub fn close_session(&self, connection: u64) {
         let session = self.inner.sessions().remove(&connection);
         if let Some(session) = session {
+            if let Some((n, total)) = session.launch_profile() {
+                tracing::info!(
+                    connection,
+                    launches = n,
+                    "session profile: {n} kernel launches, mean {:.2} us in the driver's launch call",
+                    total.as_secs_f64() * 1e6 / n as f64
+                );
+            }
             session.close(&*self.inner.backend);
         }
     }

@@ -687,6 +687,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
             .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
         config.module_cache_dir.clone(),
     );
+    executor.set_profile(config.profile);
     let mut server_config = ServerConfig::default();
     if let Some(max) = config.max_record_size {
         server_config.max_record_size = max;
@@ -753,6 +754,7 @@ pub fn start_with_backend(
             .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
         config.module_cache_dir.clone(),
     );
+    executor.set_profile(config.profile);
     let service = Arc::new(RemoraService::new(executor));
     let handle = listen_and_start(
         &config,

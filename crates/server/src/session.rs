@@ -364,6 +364,9 @@ pub(crate) struct Session {
     pub(crate) connection: u64,
     state: Mutex<SessionState>,
     pub(crate) waiters: WaiterPool,
+    /// Profiling: kernel launches and their total time in the driver, in nanoseconds.
+    launches: std::sync::atomic::AtomicU64,
+    launch_ns: std::sync::atomic::AtomicU64,
 }
 
 impl Session {
@@ -372,11 +375,33 @@ impl Session {
             connection,
             state: Mutex::new(SessionState::default()),
             waiters: WaiterPool::new(format!("remora-wait-{connection}"), MAX_WAITERS),
+            launches: Default::default(),
+            launch_ns: Default::default(),
         }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, SessionState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Profiling: counts one kernel launch that spent `took` in the driver.
+    pub(crate) fn count_launch(&self, took: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.launches.fetch_add(1, Relaxed);
+        self.launch_ns
+            .fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// Profiling: (launches, total time in the driver), when any launch was counted.
+    pub(crate) fn launch_profile(&self) -> Option<(u64, std::time::Duration)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.launches.load(Relaxed);
+        (n > 0).then(|| {
+            (
+                n,
+                std::time::Duration::from_nanos(self.launch_ns.load(Relaxed)),
+            )
+        })
     }
 
     /// Waits for the blocking calls in flight, then frees everything.

@@ -253,6 +253,9 @@ unsafe impl Sync for Driver {}
 static CTX_GENERATION: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
+    /// Scratch buffers of [`launch_with`] (parameter copy, kernelParams array).
+    static LAUNCH_BUFFERS: std::cell::RefCell<(Vec<u64>, Vec<Ptr>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
     /// The context this thread made current, and the generation it was made in.
     static CURRENT: Cell<(u64, u64)> = const { Cell::new((0, u64::MAX)) };
 }
@@ -848,55 +851,17 @@ impl Backend for CudaBackend {
 
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
-        // An 8-byte aligned copy of the parameters; kernelParams[i] points at parameter i.
-        let mut aligned = vec![0u64; spec.params.len().div_ceil(8)];
-        let base = aligned.as_mut_ptr().cast::<u8>();
-        // SAFETY: `aligned` holds at least params.len() bytes and does not overlap `params`.
-        unsafe { std::ptr::copy_nonoverlapping(spec.params.as_ptr(), base, spec.params.len()) };
-        let mut args: Vec<Ptr> = spec
-            .layout
-            .iter()
-            // SAFETY: the executor checked offset + size <= params.len() for every parameter.
-            .map(|&(off, _)| unsafe { base.add(off as usize) }.cast::<c_void>())
-            .collect();
-        let args_ptr = if args.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            args.as_mut_ptr()
-        };
-        if spec.attrs.is_empty() {
-            // SAFETY: `args` and `aligned` outlive the call, which copies the parameter values.
-            return call!(
-                d.t,
-                launch_kernel(
-                    ptr(spec.function),
-                    spec.grid[0],
-                    spec.grid[1],
-                    spec.grid[2],
-                    spec.block[0],
-                    spec.block[1],
-                    spec.block[2],
-                    spec.shared_mem_bytes,
-                    ptr(spec.stream),
-                    args_ptr,
-                    std::ptr::null_mut()
-                )
-            );
-        }
-        let mut attrs = launch_attributes(spec.attrs);
-        let config = LaunchConfig {
-            grid: spec.grid,
-            block: spec.block,
-            shared_mem_bytes: spec.shared_mem_bytes,
-            stream: ptr(spec.stream),
-            attrs: attrs.as_mut_ptr(),
-            num_attrs: attrs.len() as c_uint,
-        };
-        // SAFETY: `config`, `attrs`, `args` and `aligned` outlive the call.
-        call!(
-            d.t,
-            launch_kernel_ex(&config, ptr(spec.function), args_ptr, std::ptr::null_mut())
-        )
+        LAUNCH_BUFFERS.with(|cell| {
+            // Reused per thread: a launch allocates nothing. Launches do not nest, so the
+            // borrow cannot fail; if it ever did, fresh buffers serve.
+            let mut fresh = (Vec::new(), Vec::new());
+            let mut guard = cell.try_borrow_mut();
+            let (aligned, args) = match guard.as_deref_mut() {
+                Ok(b) => (&mut b.0, &mut b.1),
+                Err(_) => (&mut fresh.0, &mut fresh.1),
+            };
+            launch_with(d, spec, aligned, args)
+        })
     }
 
     fn stream_create(&self, ctx: u64, flags: u32, priority: i32) -> CuResult<u64> {
@@ -973,6 +938,66 @@ impl Backend for CudaBackend {
 }
 
 /// `CUlaunchAttribute`s for the protocol's launch attributes.
+/// Launches `spec` with `aligned` and `args` as scratch buffers.
+fn launch_with(
+    d: &Driver,
+    spec: &LaunchSpec<'_>,
+    aligned: &mut Vec<u64>,
+    args: &mut Vec<Ptr>,
+) -> CuResult<()> {
+    // An 8-byte aligned copy of the parameters; kernelParams[i] points at parameter i.
+    aligned.clear();
+    aligned.resize(spec.params.len().div_ceil(8), 0);
+    let base = aligned.as_mut_ptr().cast::<u8>();
+    // SAFETY: `aligned` holds at least params.len() bytes and does not overlap `params`.
+    unsafe { std::ptr::copy_nonoverlapping(spec.params.as_ptr(), base, spec.params.len()) };
+    args.clear();
+    args.extend(
+        spec.layout
+            .iter()
+            // SAFETY: the executor checked offset + size <= params.len() for every parameter.
+            .map(|&(off, _)| unsafe { base.add(off as usize) }.cast::<c_void>()),
+    );
+    let args_ptr = if args.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        args.as_mut_ptr()
+    };
+    if spec.attrs.is_empty() {
+        // SAFETY: `args` and `aligned` outlive the call, which copies the parameter values.
+        return call!(
+            d.t,
+            launch_kernel(
+                ptr(spec.function),
+                spec.grid[0],
+                spec.grid[1],
+                spec.grid[2],
+                spec.block[0],
+                spec.block[1],
+                spec.block[2],
+                spec.shared_mem_bytes,
+                ptr(spec.stream),
+                args_ptr,
+                std::ptr::null_mut()
+            )
+        );
+    }
+    let mut attrs = launch_attributes(spec.attrs);
+    let config = LaunchConfig {
+        grid: spec.grid,
+        block: spec.block,
+        shared_mem_bytes: spec.shared_mem_bytes,
+        stream: ptr(spec.stream),
+        attrs: attrs.as_mut_ptr(),
+        num_attrs: attrs.len() as c_uint,
+    };
+    // SAFETY: `config`, `attrs`, `args` and `aligned` outlive the call.
+    call!(
+        d.t,
+        launch_kernel_ex(&config, ptr(spec.function), args_ptr, std::ptr::null_mut())
+    )
+}
+
 fn launch_attributes(attrs: &[RmLaunchAttr]) -> Vec<LaunchAttribute> {
     attrs
         .iter()
