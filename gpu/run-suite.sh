@@ -173,7 +173,7 @@ echo "== 5. benchmarks"
 # (native, unix, tcp, native, ...), so that drift of the machine hits every mode alike; each
 # figure is the median over the rounds, and the ratios are remoted median / native median.
 # `remora bench null` measures the bare RPC round trip; one more driver_bench run goes to a
-# `remora serve --profile` whose per-procedure timings are saved in outputs/profile.unix.txt.
+# `remora serve --profile` whose per-procedure timings are saved in outputs/profile.{unix,tcp}.txt.
 bench_modes=(native)
 [ $have_run = 1 ] && bench_modes+=(unix tcp)
 rounds=${REMORA_BENCH_ROUNDS:-3}
@@ -202,14 +202,17 @@ if [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_ONL
     done
   fi
   if [ $have_run = 1 ]; then
-    psock="$work/profile.sock"
-    "$bin/remora" serve --profile --listen "unix://$psock" > "$work/profile-serve.out" 2> "$out/outputs/profile.unix.txt" &
-    ppid=$!
-    for _ in $(seq 100); do grep -q 'listening on' "$work/profile-serve.out" && break; sleep 0.1; done
-    timeout "$limit" "$bin/remora" run --server "unix://$psock" -- "$build/driver_bench" ${REMORA_BENCH_SCALE:-1} > "$out/outputs/driver_bench.profiled.out" 2>&1
-    sleep 1; kill "$ppid" 2>/dev/null; wait "$ppid" 2>/dev/null
-    echo "server profile of one driver_bench run over unix:"
-    grep -A 12 'server profile' "$out/outputs/profile.unix.txt" | head -n 14
+    for m in unix tcp; do
+      purl="unix://$work/profile.sock"; [ $m = tcp ] && purl=tcp://127.0.0.1:0
+      "$bin/remora" serve --profile --listen "$purl" > "$work/profile-serve.$m.out" 2> "$out/outputs/profile.$m.txt" &
+      ppid=$!
+      for _ in $(seq 100); do grep -q 'listening on' "$work/profile-serve.$m.out" && break; sleep 0.1; done
+      purl=$(grep -o '\(unix\|tcp\)://[^ ]*' "$work/profile-serve.$m.out" | head -n 1)
+      timeout "$limit" "$bin/remora" run --server "$purl" -- "$build/driver_bench" ${REMORA_BENCH_SCALE:-1} > "$out/outputs/driver_bench.profiled.$m.out" 2>&1
+      sleep 1; kill "$ppid" 2>/dev/null; wait "$ppid" 2>/dev/null
+      echo "server profile of one driver_bench run over $m:"
+      grep -A 14 'profile' "$out/outputs/profile.$m.txt" | grep -v '^--' | head -n 16
+    done
   fi
   python3 - "$out" "$rounds" "${bench_modes[@]}" <<'PY' || echo "bench.json: python3 failed"
 import json, statistics, sys
