@@ -29,7 +29,7 @@ done
 "$nvcc" -fatbin -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
   -o "$build/cluster.fatbin" "$src/tests/cluster_kernel.cu"
 "$nvcc" -fatbin "${fat[@]}" -o "$build/driver_bench.fatbin" "$src/bench/driver_bench_kernel.cu"
-for p in vecadd multikernel streams_events memcpy_sweep occupancy cluster multithread errors devprintf; do
+for p in vecadd multikernel streams_events memcpy_sweep memcpy2d3d occupancy cluster multithread errors devprintf; do
   host "$p" "$src/tests/$p.cpp"
 done
 host driver_bench "$src/bench/driver_bench.cpp"

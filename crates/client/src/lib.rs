@@ -19,6 +19,7 @@
 //! # Ok::<(), remora_client::CuError>(())
 //! ```
 
+pub mod copy3d;
 mod endpoint;
 mod error;
 pub mod host;
@@ -40,6 +41,6 @@ pub use safe::{
     Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,
 };
 pub use session::{
-    CopySink, DeviceHandle, FunctionInfo, LaunchAttr, ModuleInfo, PointerKind, Session,
-    SessionConfig, StreamRef,
+    BandSink, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, FunctionInfo, LaunchAttr,
+    ModuleInfo, PointerKind, Session, SessionConfig, StreamRef,
 };

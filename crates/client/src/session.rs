@@ -11,6 +11,7 @@ use remora_proto::remora::*;
 use remora_xdr::Bytes;
 use sha2::{Digest, Sha256};
 
+use crate::copy3d::{self, Band, Extent, Layout};
 use crate::error::{CuError, CuResult, cu};
 use crate::host::{HostMem, HostRange};
 use crate::launch::{self, LaunchLimits, OccupancyLimits, dev_attr, func_attr};
@@ -128,6 +129,92 @@ impl StreamRef {
             h => StreamRef::Handle(h),
         }
     }
+}
+
+/// Where the data of an asynchronous 2-D or 3-D copy to host memory goes: called once per
+/// band of the copy (see [`copy3d::bands`]) with the band's layout in the destination, its
+/// extent and its packed rows (fewer, or none, when the copy failed).
+pub type BandSink = Arc<dyn Fn(&Layout, &Extent, &[u8]) + Send + Sync>;
+
+/// The source of a 2-D or 3-D copy.
+#[derive(Debug)]
+pub enum CopySrc<'a> {
+    /// Device memory at `ptr`.
+    Device {
+        /// `srcDevice`.
+        ptr: u64,
+        /// Offsets, pitch and height.
+        layout: Layout,
+    },
+    /// Host memory: `base` is `srcHost` and holds at least the copy's span.
+    Host {
+        /// From `srcHost` to the end of the region.
+        base: &'a [u8],
+        /// Offsets, pitch and height.
+        layout: Layout,
+    },
+}
+
+/// The destination of a 2-D or 3-D copy.
+pub enum CopyDst<'a> {
+    /// Device memory at `ptr`.
+    Device {
+        /// `dstDevice`.
+        ptr: u64,
+        /// Offsets, pitch and height.
+        layout: Layout,
+    },
+    /// Host memory written before the call returns (synchronous copies only).
+    Host {
+        /// From `dstHost` to the end of the region.
+        base: &'a mut [u8],
+        /// Offsets, pitch and height.
+        layout: Layout,
+    },
+    /// Host memory written by `sink` when the data arrives (a synchronizing call's reply for
+    /// an asynchronous copy; before the call returns for a synchronous one).
+    Later {
+        /// Offsets, pitch and height.
+        layout: Layout,
+        /// Writes each band.
+        sink: BandSink,
+    },
+}
+
+impl std::fmt::Debug for CopyDst<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyDst::Device { ptr, layout } => f
+                .debug_struct("Device")
+                .field("ptr", ptr)
+                .field("layout", layout)
+                .finish(),
+            CopyDst::Host { base, layout } => f
+                .debug_struct("Host")
+                .field("len", &base.len())
+                .field("layout", layout)
+                .finish(),
+            CopyDst::Later { layout, .. } => {
+                f.debug_struct("Later").field("layout", layout).finish()
+            }
+        }
+    }
+}
+
+/// What a 2-D or 3-D copy is, besides its two sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copy3dParams {
+    /// The driver call (`RM_COPY_2D` copies have depth 1 and z offsets 0).
+    pub form: RmCopyForm,
+    /// The calling context.
+    pub ctx: RmHandle,
+    /// For the async forms the stream; for the synchronous ones the stream whose pending
+    /// asynchronous copies the call delivers (the legacy or the per-thread one).
+    pub stream: RmHandle,
+    /// Its size.
+    pub extent: Extent,
+    /// Peer copies: (source context, destination context).
+    pub peer: Option<(RmHandle, RmHandle)>,
 }
 
 /// A launch attribute the protocol carries.
@@ -872,6 +959,283 @@ impl Session {
         call!(self.rm_memset_async(args))
     }
 
+    // 2-D, 3-D and peer copies --------------------------------------------------------------
+
+    /// CUDA_ERROR_NOT_SUPPORTED (logged) when the server speaks a revision older than `rev`.
+    fn need_revision(&self, rev: u32, what: &str) -> CuResult<()> {
+        if self.welcome.revision >= rev {
+            return Ok(());
+        }
+        tracing::warn!(
+            "remora: {what} needs protocol revision {rev}; the server speaks {} (upgrade it); returning CUDA_ERROR_NOT_SUPPORTED",
+            self.welcome.revision
+        );
+        Err(CuError(cu::NOT_SUPPORTED))
+    }
+
+    /// Checks a 2-D or 3-D copy locally, as CUDA does synchronously: the extent does not
+    /// overflow, pitches are at least the width, host buffers hold the whole region, 2-D
+    /// copies are flat. `Ok(false)` when there is nothing to copy.
+    fn check_3d(p: &Copy3dParams, src: &CopySrc<'_>, dst: &CopyDst<'_>) -> CuResult<bool> {
+        let e = &p.extent;
+        e.bytes().ok_or(CuError(cu::INVALID_VALUE))?;
+        let (sl, dl) = (src_layout(src), dst_layout(dst));
+        if p.form != RmCopyForm::RmCopy3D && (e.depth > 1 || sl.z != 0 || dl.z != 0) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        if e.is_empty() {
+            return Ok(false);
+        }
+        sl.span(e)?;
+        let (_, dend) = dl.span(e)?;
+        if let CopySrc::Host { base, layout } = src
+            && layout.span(e)?.1 > base.len() as u64
+        {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        if let CopyDst::Host { base, .. } = dst
+            && dend > base.len() as u64
+        {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        Ok(true)
+    }
+
+    /// The wire description of band `b` of a copy; also the packed source when it is host
+    /// memory.
+    fn band_args(
+        p: &Copy3dParams,
+        src: &CopySrc<'_>,
+        dst: &CopyDst<'_>,
+        b: &Band,
+    ) -> CuResult<RmMemcpy3dArgs> {
+        let (src_ctx, dst_ctx) = p.peer.unwrap_or((0, 0));
+        let side = |ptr: Option<u64>, l: &Layout, ctx: RmHandle| match ptr {
+            Some(ptr) => {
+                let l = l.band(b);
+                RmMemcpy3dSide {
+                    kind: RmMemKind::RmMemDevice,
+                    ptr,
+                    pitch: l.pitch,
+                    height: l.height,
+                    x_bytes: l.x,
+                    y: l.y,
+                    z: l.z,
+                    ctx,
+                }
+            }
+            None => RmMemcpy3dSide {
+                kind: RmMemKind::RmMemHostPacked,
+                ptr: 0,
+                pitch: b.extent.width,
+                height: b.extent.height,
+                x_bytes: 0,
+                y: 0,
+                z: 0,
+                ctx,
+            },
+        };
+        let (src_side, data) = match src {
+            CopySrc::Device { ptr, layout } => (side(Some(*ptr), layout, src_ctx), Bytes::new()),
+            CopySrc::Host { base, layout } => (
+                side(None, layout, src_ctx),
+                Bytes::from(copy3d::pack(base, &layout.band(b), &b.extent)?),
+            ),
+        };
+        let dst_side = match dst {
+            CopyDst::Device { ptr, layout } => side(Some(*ptr), layout, dst_ctx),
+            CopyDst::Host { layout, .. } | CopyDst::Later { layout, .. } => {
+                side(None, layout, dst_ctx)
+            }
+        };
+        Ok(RmMemcpy3dArgs {
+            desc: RmMemcpy3dDesc {
+                form: p.form,
+                ctx: p.ctx,
+                stream: p.stream,
+                src: src_side,
+                dst: dst_side,
+                width_bytes: b.extent.width,
+                height: b.extent.height,
+                depth: b.extent.depth,
+            },
+            data,
+            copy_id: 0,
+        })
+    }
+
+    /// A copy from host memory to host memory, done here.
+    fn copy_3d_host(p: &Copy3dParams, src: &CopySrc<'_>, dst: CopyDst<'_>) -> CuResult<()> {
+        let CopySrc::Host { base, layout } = src else {
+            return Err(CuError(cu::INVALID_VALUE));
+        };
+        let packed = copy3d::pack(base, layout, &p.extent)?;
+        match dst {
+            CopyDst::Host { base, layout } => copy3d::unpack(&packed, base, &layout, &p.extent),
+            CopyDst::Later { layout, sink } => {
+                sink(&layout, &p.extent, &packed);
+                Ok(())
+            }
+            CopyDst::Device { .. } => Err(CuError(cu::INVALID_VALUE)),
+        }
+    }
+
+    /// `cuMemcpy2D(Unaligned)`, `cuMemcpy3D`, `cuMemcpy3DPeer` (synchronous). Host-to-host
+    /// copies are done here; others travel in bands of at most 32 MiB, host sources packed,
+    /// host destinations returned packed and scattered here. Like every synchronous copy to
+    /// host memory, it also delivers the asynchronous copies pending on `p.stream`.
+    pub fn memcpy_3d(
+        &self,
+        p: &Copy3dParams,
+        src: CopySrc<'_>,
+        mut dst: CopyDst<'_>,
+    ) -> CuResult<()> {
+        if !Self::check_3d(p, &src, &dst)? {
+            return Ok(());
+        }
+        let host_src = matches!(src, CopySrc::Host { .. });
+        let host_dst = !matches!(dst, CopyDst::Device { .. });
+        if host_src && host_dst {
+            return Self::copy_3d_host(p, &src, dst);
+        }
+        self.need_revision(3, "a 2-D or 3-D copy")?;
+        let mark = self.copy_mark();
+        for b in copy3d::bands(&p.extent, COPY_CHUNK as u64) {
+            let args = Self::band_args(p, &src, &dst, &b)?;
+            let r = if p.peer.is_some() {
+                call!(self.rm_memcpy_3_d_peer(&args))?
+            } else {
+                call!(self.rm_memcpy_3_d(&args))?
+            };
+            self.finish_sync(RmSyncReply {
+                status: r.status,
+                copies: r.copies,
+            })?;
+            let want = b.extent.bytes().unwrap_or(0);
+            match &mut dst {
+                CopyDst::Device { .. } => {}
+                _ if r.data.len() as u64 != want => {
+                    tracing::error!(
+                        "remora: a 2-D/3-D copy of {want} bytes returned {}",
+                        r.data.len()
+                    );
+                    return Err(CuError(cu::UNKNOWN));
+                }
+                CopyDst::Host { base, layout } => {
+                    copy3d::unpack(&r.data, base, &layout.band(&b), &b.extent)?;
+                }
+                CopyDst::Later { layout, sink } => sink(&layout.band(&b), &b.extent, &r.data),
+            }
+        }
+        if host_dst {
+            self.settle(mark, |q| q.ctx == p.ctx && q.stream == p.stream)?;
+        }
+        Ok(())
+    }
+
+    /// `cuMemcpy2DAsync`, `cuMemcpy3DAsync`, `cuMemcpy3DPeerAsync`: one-way, in bands like
+    /// [`Session::memcpy_3d`]. A host destination must be [`CopyDst::Later`]: its sink gets
+    /// each band when a later synchronizing call's reply carries it. Host-to-host copies are
+    /// done at once.
+    pub fn memcpy_3d_async(
+        &self,
+        p: &Copy3dParams,
+        src: CopySrc<'_>,
+        dst: CopyDst<'_>,
+    ) -> CuResult<()> {
+        if p.form == RmCopyForm::RmCopy2DUnaligned || matches!(dst, CopyDst::Host { .. }) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        if !Self::check_3d(p, &src, &dst)? {
+            return Ok(());
+        }
+        if matches!(src, CopySrc::Host { .. }) && !matches!(dst, CopyDst::Device { .. }) {
+            return Self::copy_3d_host(p, &src, dst);
+        }
+        self.need_revision(3, "a 2-D or 3-D copy")?;
+        for b in copy3d::bands(&p.extent, COPY_CHUNK as u64) {
+            let mut args = Self::band_args(p, &src, &dst, &b)?;
+            let mut issued = None;
+            if let CopyDst::Later { layout, sink } = &dst {
+                let copy_id = self.next_copy_id.fetch_add(1, Ordering::AcqRel);
+                let (sink, layout, extent) = (Arc::clone(sink), layout.band(&b), b.extent);
+                lock(&self.pending).insert(
+                    copy_id,
+                    PendingCopy {
+                        sink: Some(Box::new(move |data: &[u8]| sink(&layout, &extent, data))),
+                        ctx: p.ctx,
+                        stream: p.stream,
+                    },
+                );
+                args.copy_id = copy_id;
+                issued = Some(copy_id);
+            }
+            let r = if p.peer.is_some() {
+                call!(self.rm_memcpy_3_d_peer_async(&args))
+            } else {
+                call!(self.rm_memcpy_3_d_async(&args))
+            };
+            if r.is_err()
+                && let Some(id) = issued
+            {
+                lock(&self.pending).remove(&id);
+            }
+            r?;
+        }
+        Ok(())
+    }
+
+    fn peer_args(
+        ctx: RmHandle,
+        stream: RmHandle,
+        (dst, dst_ctx): (u64, RmHandle),
+        (src, src_ctx): (u64, RmHandle),
+        size: u64,
+    ) -> RmMemcpyPeerArgs {
+        RmMemcpyPeerArgs {
+            ctx,
+            stream,
+            dst,
+            dst_ctx,
+            src,
+            src_ctx,
+            size,
+        }
+    }
+
+    /// `cuMemcpyPeer` (synchronous): `dst` and `src` are (pointer, context); `ctx` is the
+    /// calling context.
+    pub fn memcpy_peer(
+        &self,
+        ctx: RmHandle,
+        dst: (u64, RmHandle),
+        src: (u64, RmHandle),
+        size: u64,
+    ) -> CuResult<()> {
+        self.need_revision(3, "cuMemcpyPeer")?;
+        let r = call!(self.rm_memcpy_peer(&Self::peer_args(
+            ctx,
+            u64::from(RM_STREAM_LEGACY),
+            dst,
+            src,
+            size
+        )))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuMemcpyPeerAsync`: one-way.
+    pub fn memcpy_peer_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: (u64, RmHandle),
+        src: (u64, RmHandle),
+        size: u64,
+    ) -> CuResult<()> {
+        self.need_revision(3, "cuMemcpyPeerAsync")?;
+        call!(self.rm_memcpy_peer_async(&Self::peer_args(ctx, stream, dst, src, size)))
+    }
+
     // Modules ------------------------------------------------------------------------------
 
     /// Loads a kernel image: sends its SHA-256 first and the bytes only if the server asks
@@ -1305,6 +1669,20 @@ impl Session {
             RmFloatReply::Case0(v) => Ok(v),
             RmFloatReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
         }
+    }
+}
+
+fn src_layout(src: &CopySrc<'_>) -> Layout {
+    match src {
+        CopySrc::Device { layout, .. } | CopySrc::Host { layout, .. } => *layout,
+    }
+}
+
+fn dst_layout(dst: &CopyDst<'_>) -> Layout {
+    match dst {
+        CopyDst::Device { layout, .. }
+        | CopyDst::Host { layout, .. }
+        | CopyDst::Later { layout, .. } => *layout,
     }
 }
 

@@ -15,7 +15,9 @@ use remora_xdr::XdrEncode;
 use sha2::{Digest, Sha256};
 
 use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, SUCCESS};
-use crate::backend::{Backend, CuResult, LaunchSpec};
+use crate::backend::{
+    Backend, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, LaunchSpec, StagedCopy,
+};
 use crate::hello::{HelloService, truncate};
 use crate::module_cache::ModuleCache;
 use crate::session::{PendingCopy, Range, Resource, Scope, Session, SessionState};
@@ -1211,6 +1213,306 @@ impl RemoraV1Server for Executor {
             evs.and_then(|((s, c), (e, _))| self.inner.backend.event_elapsed(c, s, e)),
         ))
     }
+
+    // 2-D, 3-D and peer copies ------------------------------------------------------------
+
+    fn rm_memcpy_3_d(&self, call: &CallContext, a: RmMemcpy3dArgs) -> ProcResult<RmDtohReply> {
+        self.copy_3d(call, a, false)
+    }
+
+    fn rm_memcpy_3_d_async(&self, call: &CallContext, a: RmMemcpy3dArgs) -> ProcResult<()> {
+        self.copy_3d_async(call, a, false)
+    }
+
+    fn rm_memcpy_3_d_peer(&self, call: &CallContext, a: RmMemcpy3dArgs) -> ProcResult<RmDtohReply> {
+        self.copy_3d(call, a, true)
+    }
+
+    fn rm_memcpy_3_d_peer_async(&self, call: &CallContext, a: RmMemcpy3dArgs) -> ProcResult<()> {
+        self.copy_3d_async(call, a, true)
+    }
+
+    fn rm_memcpy_peer(&self, call: &CallContext, a: RmMemcpyPeerArgs) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = peer_target(&session.lock(), &a);
+        let own = raw.and_then(|(c, _, dc, sc)| {
+            self.inner
+                .backend
+                .memcpy_peer(c, None, a.dst, dc, a.src, sc, a.size)
+        });
+        let mut st = session.lock();
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMCPY_PEER", &mut st, own, Scope::Finished))
+    }
+
+    fn rm_memcpy_peer_async(&self, call: &CallContext, a: RmMemcpyPeerArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_MEMCPY_PEER_ASYNC", |inner, session| {
+            let (c, s, dc, sc) = peer_target(&session.lock(), &a)?;
+            inner
+                .backend
+                .memcpy_peer(c, Some(s), a.dst, dc, a.src, sc, a.size)
+        })
+    }
+}
+
+impl Executor {
+    /// `RM_MEMCPY_3D` / `RM_MEMCPY_3D_PEER`: a synchronizing call. A copy to host memory
+    /// returns the packed bytes and, like `RM_MEMCPY_DTOH`, runs on a waiter thread and
+    /// delivers the asynchronous copies of the context's legacy stream.
+    fn copy_3d(
+        &self,
+        call: &CallContext,
+        a: RmMemcpy3dArgs,
+        peer: bool,
+    ) -> ProcResult<RmDtohReply> {
+        let what = if peer {
+            "RM_MEMCPY_3D_PEER"
+        } else {
+            "RM_MEMCPY_3D"
+        };
+        let to_host = a.desc.dst.kind == RmMemKind::RmMemHostPacked;
+        let job = move |inner: &Inner, session: &Session| {
+            let target = copy_target(&session.lock(), &a, peer, false);
+            let r = target.and_then(|(ctx, copy)| {
+                let Some(copy) = copy else {
+                    return Ok(remora_xdr::Bytes::new());
+                };
+                let mut buf = if to_host {
+                    // Bounded by copy_target (RM_MAX_COPY).
+                    vec![0u8; copy.packed_len() as usize]
+                } else {
+                    Vec::new()
+                };
+                inner
+                    .backend
+                    .memcpy_3d(ctx, None, &copy, &a.data, &mut buf)?;
+                Ok(remora_xdr::Bytes::from(buf))
+            });
+            let mut st = session.lock();
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            let scope = if to_host {
+                Scope::Stream(a.desc.ctx, u64::from(RM_STREAM_LEGACY))
+            } else {
+                Scope::Finished
+            };
+            let copies = st.collect(scope, &mut status);
+            let data = match r {
+                Ok(data) if status == SUCCESS => data,
+                _ => remora_xdr::Bytes::new(),
+            };
+            log_failed(what, status);
+            RmDtohReply {
+                status,
+                data,
+                copies,
+            }
+        };
+        if to_host {
+            self.blocking(call, job)
+        } else {
+            let session = self.session(call);
+            Ok(job(&self.inner, &session))
+        }
+    }
+
+    /// `RM_MEMCPY_3D_ASYNC` / `RM_MEMCPY_3D_PEER_ASYNC`: one-way. A copy to host memory lands
+    /// in staging memory and is delivered, tagged with its `copy_id`, by a later synchronizing
+    /// reply; one that fails is delivered empty (its error is deferred as for every one-way
+    /// call), so that the client never waits for data that will not come.
+    fn copy_3d_async(&self, call: &CallContext, a: RmMemcpy3dArgs, peer: bool) -> ProcResult<()> {
+        let what = if peer {
+            "RM_MEMCPY_3D_PEER_ASYNC"
+        } else {
+            "RM_MEMCPY_3D_ASYNC"
+        };
+        let to_host = a.desc.dst.kind == RmMemKind::RmMemHostPacked;
+        let stream_handle = match a.desc.stream {
+            0 => u64::from(RM_STREAM_LEGACY),
+            s => s,
+        };
+        self.oneway(call, what, |inner, session| {
+            let issued = (|| {
+                let (ctx, copy, stream) = {
+                    let st = session.lock();
+                    let (ctx, copy) = copy_target(&st, &a, peer, true)?;
+                    (ctx, copy, st.stream(a.desc.stream)?)
+                };
+                let Some(copy) = copy else {
+                    return Ok(None);
+                };
+                if to_host {
+                    Ok(Some(
+                        inner.backend.memcpy_3d_dtoh_async(ctx, stream, &copy)?,
+                    ))
+                } else {
+                    inner
+                        .backend
+                        .memcpy_3d(ctx, Some(stream), &copy, &a.data, &mut [])?;
+                    Ok(None)
+                }
+            })();
+            let (copy, result): (Option<Box<dyn StagedCopy>>, CuResult<()>) = match issued {
+                Ok(c) => (c, Ok(())),
+                Err(e) => (Some(Box::new(Undelivered)), Err(e)),
+            };
+            if to_host && let Some(copy) = copy {
+                session.lock().pending.push(PendingCopy {
+                    copy_id: a.copy_id,
+                    ctx: a.desc.ctx,
+                    stream: stream_handle,
+                    copy,
+                });
+            }
+            result
+        })
+    }
+}
+
+/// The data of an asynchronous copy to host memory that failed: delivered empty.
+struct Undelivered;
+
+impl StagedCopy for Undelivered {
+    fn query(&self) -> CuResult<bool> {
+        Ok(true)
+    }
+    fn wait(&self) -> CuResult<()> {
+        Ok(())
+    }
+    fn data(&self) -> &[u8] {
+        &[]
+    }
+}
+
+/// `(calling context, stream, destination context, source context)` of a peer copy, with
+/// both ranges checked against the session's allocations.
+fn peer_target(st: &SessionState, a: &RmMemcpyPeerArgs) -> CuResult<(u64, u64, u64, u64)> {
+    st.check_range(a.dst, a.size)?;
+    st.check_range(a.src, a.size)?;
+    Ok((
+        st.ctx(a.ctx)?,
+        st.stream(a.stream)?,
+        st.ctx(a.dst_ctx)?,
+        st.ctx(a.src_ctx)?,
+    ))
+}
+
+/// Checks one side of a 2-D or 3-D copy from the wire (see [`copy_target`]).
+fn copy_side(
+    st: &SessionState,
+    s: &RmMemcpy3dSide,
+    d: &RmMemcpy3dDesc,
+    peer: bool,
+    call_ctx: u64,
+) -> CuResult<CopySide> {
+    let (w, h, depth) = (d.width_bytes, d.height, d.depth);
+    let ctx = match (peer, s.ctx) {
+        (false, 0) => None,
+        (false, _) => return Err(INVALID_VALUE),
+        (true, 0) if s.kind == RmMemKind::RmMemHostPacked => Some(call_ctx),
+        (true, c) => Some(st.ctx(c)?),
+    };
+    match s.kind {
+        RmMemKind::RmMemHostPacked => {
+            // The canonical packed layout, nothing else.
+            if s.ptr != 0 || s.x_bytes != 0 || s.y != 0 || s.z != 0 || s.pitch != w || s.height != h
+            {
+                return Err(INVALID_VALUE);
+            }
+            Ok(CopySide {
+                place: CopyPlace::Host,
+                pitch: w,
+                height: h,
+                x_bytes: 0,
+                y: 0,
+                z: 0,
+                ctx,
+            })
+        }
+        RmMemKind::RmMemDevice => {
+            if s.pitch < w || (depth > 1 && s.height < h) {
+                return Err(INVALID_VALUE);
+            }
+            // Rows start at ((z + k) * height + y + r) * pitch + x, increasing in k and r: the
+            // copy touches bytes between the first row's start and the last row's end only.
+            let row = |k: u64, r: u64| -> Option<u64> {
+                s.z.checked_add(k)?
+                    .checked_mul(s.height)?
+                    .checked_add(s.y.checked_add(r)?)?
+                    .checked_mul(s.pitch)?
+                    .checked_add(s.x_bytes)
+            };
+            let first = row(0, 0).ok_or(INVALID_VALUE)?;
+            let end = row(depth - 1, h - 1)
+                .and_then(|l| l.checked_add(w))
+                .ok_or(INVALID_VALUE)?;
+            let start = s.ptr.checked_add(first).ok_or(INVALID_VALUE)?;
+            st.check_range(start, end - first)?;
+            Ok(CopySide {
+                place: CopyPlace::Device(s.ptr),
+                pitch: s.pitch,
+                height: s.height,
+                x_bytes: s.x_bytes,
+                y: s.y,
+                z: s.z,
+                ctx,
+            })
+        }
+    }
+}
+
+/// Checks a 2-D or 3-D copy from the wire and maps it onto the backend: the calling context,
+/// and the copy (`None` when the extent is empty: nothing to do). Every device range is checked
+/// against the session's allocations; a packed host side is at most `RM_MAX_COPY` bytes and
+/// the data carried must be exactly the packed source.
+fn copy_target(
+    st: &SessionState,
+    a: &RmMemcpy3dArgs,
+    peer: bool,
+    is_async: bool,
+) -> CuResult<(u64, Option<Copy3d>)> {
+    let d = &a.desc;
+    let ctx = st.ctx(d.ctx)?;
+    let form = match d.form {
+        RmCopyForm::RmCopy3D => CopyForm::ThreeD,
+        RmCopyForm::RmCopy2D => CopyForm::TwoD,
+        RmCopyForm::RmCopy2DUnaligned => CopyForm::TwoDUnaligned,
+    };
+    let two_d = form != CopyForm::ThreeD;
+    if (two_d && (peer || d.depth != 1 || d.src.z != 0 || d.dst.z != 0))
+        || (is_async && form == CopyForm::TwoDUnaligned)
+    {
+        return Err(INVALID_VALUE);
+    }
+    let host_src = d.src.kind == RmMemKind::RmMemHostPacked;
+    let host_dst = d.dst.kind == RmMemKind::RmMemHostPacked;
+    if host_src && host_dst {
+        return Err(INVALID_VALUE);
+    }
+    let total = d
+        .width_bytes
+        .checked_mul(d.height)
+        .and_then(|n| n.checked_mul(d.depth))
+        .ok_or(INVALID_VALUE)?;
+    if (host_src || host_dst) && total > u64::from(RM_MAX_COPY) {
+        return Err(INVALID_VALUE);
+    }
+    let carried = if host_src { total } else { 0 };
+    if a.data.len() as u64 != carried {
+        return Err(INVALID_VALUE);
+    }
+    if total == 0 {
+        return Ok((ctx, None));
+    }
+    let copy = Copy3d {
+        form,
+        src: copy_side(st, &d.src, d, peer, ctx)?,
+        dst: copy_side(st, &d.dst, d, peer, ctx)?,
+        width: d.width_bytes,
+        height: d.height,
+        depth: d.depth,
+    };
+    Ok((ctx, Some(copy)))
 }
 
 /// Where a stream call runs.

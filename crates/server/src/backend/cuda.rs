@@ -13,7 +13,10 @@ use libloading::Library;
 use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
-use super::{Backend, CuResult, DeviceProps, FunctionInfo, LaunchSpec, LoadedModule, StagedCopy};
+use super::{
+    Backend, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, DeviceProps, FunctionInfo,
+    LaunchSpec, LoadedModule, StagedCopy,
+};
 
 type Ptr = *mut c_void;
 type Res = c_int;
@@ -95,6 +98,15 @@ driver_table! {
     memcpy_htod_async = "cuMemcpyHtoDAsync" / "cuMemcpyHtoDAsync_v2": fn(u64, *const c_void, usize, Ptr);
     memcpy_dtoh_async = "cuMemcpyDtoHAsync" / "cuMemcpyDtoHAsync_v2": fn(Ptr, u64, usize, Ptr);
     memcpy_dtod_async = "cuMemcpyDtoDAsync" / "cuMemcpyDtoDAsync_v2": fn(u64, u64, usize, Ptr);
+    memcpy_2d = "cuMemcpy2D" / "cuMemcpy2D_v2": fn(*const Memcpy2D);
+    memcpy_2d_unaligned = "cuMemcpy2DUnaligned" / "cuMemcpy2DUnaligned_v2": fn(*const Memcpy2D);
+    memcpy_2d_async = "cuMemcpy2DAsync" / "cuMemcpy2DAsync_v2": fn(*const Memcpy2D, Ptr);
+    memcpy_3d = "cuMemcpy3D" / "cuMemcpy3D_v2": fn(*const Memcpy3D);
+    memcpy_3d_async = "cuMemcpy3DAsync" / "cuMemcpy3DAsync_v2": fn(*const Memcpy3D, Ptr);
+    memcpy_3d_peer = "cuMemcpy3DPeer" / "cuMemcpy3DPeer": fn(*const Memcpy3D);
+    memcpy_3d_peer_async = "cuMemcpy3DPeerAsync" / "cuMemcpy3DPeerAsync": fn(*const Memcpy3D, Ptr);
+    memcpy_peer = "cuMemcpyPeer" / "cuMemcpyPeer": fn(u64, Ptr, u64, Ptr, usize);
+    memcpy_peer_async = "cuMemcpyPeerAsync" / "cuMemcpyPeerAsync": fn(u64, Ptr, u64, Ptr, usize, Ptr);
     memset_d8 = "cuMemsetD8" / "cuMemsetD8_v2": fn(u64, u8, usize);
     memset_d16 = "cuMemsetD16" / "cuMemsetD16_v2": fn(u64, u16, usize);
     memset_d32 = "cuMemsetD32" / "cuMemsetD32_v2": fn(u64, u32, usize);
@@ -150,6 +162,135 @@ struct LaunchConfig {
     stream: Ptr,
     attrs: *mut LaunchAttribute,
     num_attrs: c_uint,
+}
+
+/// `CU_MEMORYTYPE_HOST`.
+const MEMORYTYPE_HOST: c_uint = 1;
+/// `CU_MEMORYTYPE_DEVICE`.
+const MEMORYTYPE_DEVICE: c_uint = 2;
+
+/// `CUDA_MEMCPY2D` (cuda.h 13.0, `CUDA_MEMCPY2D_v2`): 128 bytes on 64-bit platforms.
+#[repr(C)]
+struct Memcpy2D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_memory_type: c_uint,
+    src_host: *const c_void,
+    src_device: u64,
+    src_array: Ptr,
+    src_pitch: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_memory_type: c_uint,
+    dst_host: Ptr,
+    dst_device: u64,
+    dst_array: Ptr,
+    dst_pitch: usize,
+    width_in_bytes: usize,
+    height: usize,
+}
+
+/// `CUDA_MEMCPY3D` (cuda.h 13.0, `CUDA_MEMCPY3D_v2`), which has the layout of
+/// `CUDA_MEMCPY3D_PEER` with `reserved0`/`reserved1` (NULL) where the peer form has
+/// `srcContext`/`dstContext`: 200 bytes on 64-bit platforms.
+#[repr(C)]
+struct Memcpy3D {
+    src_x_in_bytes: usize,
+    src_y: usize,
+    src_z: usize,
+    src_lod: usize,
+    src_memory_type: c_uint,
+    src_host: *const c_void,
+    src_device: u64,
+    src_array: Ptr,
+    src_context: Ptr,
+    src_pitch: usize,
+    src_height: usize,
+    dst_x_in_bytes: usize,
+    dst_y: usize,
+    dst_z: usize,
+    dst_lod: usize,
+    dst_memory_type: c_uint,
+    dst_host: Ptr,
+    dst_device: u64,
+    dst_array: Ptr,
+    dst_context: Ptr,
+    dst_pitch: usize,
+    dst_height: usize,
+    width_in_bytes: usize,
+    height: usize,
+    depth: usize,
+}
+
+const _: () = assert!(std::mem::size_of::<Memcpy2D>() == 128);
+const _: () = assert!(std::mem::size_of::<Memcpy3D>() == 200);
+
+/// `(memory type, device pointer)` of one side; a host side uses the packed buffer.
+fn side_kind(side: &CopySide) -> (c_uint, u64) {
+    match side.place {
+        CopyPlace::Device(p) => (MEMORYTYPE_DEVICE, p),
+        CopyPlace::Host => (MEMORYTYPE_HOST, 0),
+    }
+}
+
+impl Memcpy2D {
+    fn new(c: &Copy3d, src_host: *const c_void, dst_host: Ptr) -> Self {
+        let (src_memory_type, src_device) = side_kind(&c.src);
+        let (dst_memory_type, dst_device) = side_kind(&c.dst);
+        Self {
+            src_x_in_bytes: c.src.x_bytes as usize,
+            src_y: c.src.y as usize,
+            src_memory_type,
+            src_host,
+            src_device,
+            src_array: std::ptr::null_mut(),
+            src_pitch: c.src.pitch as usize,
+            dst_x_in_bytes: c.dst.x_bytes as usize,
+            dst_y: c.dst.y as usize,
+            dst_memory_type,
+            dst_host,
+            dst_device,
+            dst_array: std::ptr::null_mut(),
+            dst_pitch: c.dst.pitch as usize,
+            width_in_bytes: c.width as usize,
+            height: c.height as usize,
+        }
+    }
+}
+
+impl Memcpy3D {
+    /// The descriptor of `c`; the contexts are set for a peer copy, else NULL (`reserved0/1`).
+    fn new(c: &Copy3d, src_host: *const c_void, dst_host: Ptr) -> Self {
+        let (src_memory_type, src_device) = side_kind(&c.src);
+        let (dst_memory_type, dst_device) = side_kind(&c.dst);
+        Self {
+            src_x_in_bytes: c.src.x_bytes as usize,
+            src_y: c.src.y as usize,
+            src_z: c.src.z as usize,
+            src_lod: 0,
+            src_memory_type,
+            src_host,
+            src_device,
+            src_array: std::ptr::null_mut(),
+            src_context: ptr(c.src.ctx.unwrap_or(0)),
+            src_pitch: c.src.pitch as usize,
+            src_height: c.src.height as usize,
+            dst_x_in_bytes: c.dst.x_bytes as usize,
+            dst_y: c.dst.y as usize,
+            dst_z: c.dst.z as usize,
+            dst_lod: 0,
+            dst_memory_type,
+            dst_host,
+            dst_device,
+            dst_array: std::ptr::null_mut(),
+            dst_context: ptr(c.dst.ctx.unwrap_or(0)),
+            dst_pitch: c.dst.pitch as usize,
+            dst_height: c.dst.height as usize,
+            width_in_bytes: c.width as usize,
+            height: c.height as usize,
+            depth: c.depth as usize,
+        }
+    }
 }
 
 /// Calls a driver entry point, or answers NOT_SUPPORTED when the driver lacks it.
@@ -463,6 +604,78 @@ impl StagedCopy for EmptyCopy {
     }
 }
 
+impl CudaBackend {
+    /// Allocates `size` bytes of pinned staging memory and an event, lets `issue` queue a copy
+    /// into it on `stream`, and records the event after it.
+    fn stage(
+        &self,
+        ctx: u64,
+        stream: u64,
+        size: usize,
+        issue: impl FnOnce(&Driver, Ptr) -> CuResult<()>,
+    ) -> CuResult<Box<dyn StagedCopy>> {
+        let driver = Arc::clone(self.driver.as_ref().ok_or(NO_DEVICE)?);
+        driver.enter(ctx)?;
+        if size == 0 {
+            return Ok(Box::new(EmptyCopy));
+        }
+        let mut host: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one host pointer to `size` bytes of pinned memory.
+        call!(driver.t, mem_host_alloc(&mut host, size, 0))?;
+        let mut event: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one CUevent.
+        if let Err(e) = call!(driver.t, event_create(&mut event, EVENT_DISABLE_TIMING)) {
+            // SAFETY: frees the buffer allocated just above, unused.
+            let _ = call!(driver.t, mem_free_host(host));
+            return Err(e);
+        }
+        let staged = CudaStaged {
+            driver: Arc::clone(&driver),
+            ctx,
+            host,
+            size,
+            event,
+        };
+        // `host` holds `size` bytes and lives until `staged` is dropped, which waits for the
+        // copy first.
+        issue(&driver, host)?;
+        // SAFETY: the event and stream are live.
+        call!(driver.t, event_record(event, ptr(stream)))?;
+        Ok(Box::new(staged))
+    }
+}
+
+/// Issues a validated 2-D or 3-D copy (see [`Copy3d`]): `src_host`/`dst_host` point to the
+/// packed host buffers of host sides (`packed_len()` bytes), else they are unused.
+fn issue_3d(
+    d: &Driver,
+    stream: Option<u64>,
+    c: &Copy3d,
+    src_host: *const c_void,
+    dst_host: Ptr,
+) -> CuResult<()> {
+    if c.is_peer() || c.form == CopyForm::ThreeD {
+        let p = Memcpy3D::new(c, src_host, dst_host);
+        // SAFETY (all arms): `p` describes ranges the executor checked against the session's
+        // allocations and host buffers of exactly the packed size, alive for the call (an
+        // asynchronous copy from pageable memory returns once the source is staged; an
+        // asynchronous copy to host memory goes to pinned staging memory that outlives it).
+        return match (c.is_peer(), stream) {
+            (true, None) => call!(d.t, memcpy_3d_peer(&p)),
+            (true, Some(s)) => call!(d.t, memcpy_3d_peer_async(&p, ptr(s))),
+            (false, None) => call!(d.t, memcpy_3d(&p)),
+            (false, Some(s)) => call!(d.t, memcpy_3d_async(&p, ptr(s))),
+        };
+    }
+    let p = Memcpy2D::new(c, src_host, dst_host);
+    // SAFETY (all arms): as above.
+    match (c.form, stream) {
+        (CopyForm::TwoDUnaligned, None) => call!(d.t, memcpy_2d_unaligned(&p)),
+        (_, None) => call!(d.t, memcpy_2d(&p)),
+        (_, Some(s)) => call!(d.t, memcpy_2d_async(&p, ptr(s))),
+    }
+}
+
 impl Backend for CudaBackend {
     fn kind(&self) -> &'static str {
         "cuda"
@@ -633,34 +846,74 @@ impl Backend for CudaBackend {
         src: u64,
         size: usize,
     ) -> CuResult<Box<dyn StagedCopy>> {
-        let driver = Arc::clone(self.driver.as_ref().ok_or(NO_DEVICE)?);
-        driver.enter(ctx)?;
-        if size == 0 {
-            return Ok(Box::new(EmptyCopy));
+        self.stage(ctx, stream, size, |d, host| {
+            // SAFETY: `host` holds `size` bytes of pinned memory that outlive the copy (see
+            // `stage`); the source range was checked by the caller.
+            call!(d.t, memcpy_dtoh_async(host, src, size, ptr(stream)))
+        })
+    }
+
+    fn memcpy_3d(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        copy: &Copy3d,
+        src_host: &[u8],
+        dst_host: &mut [u8],
+    ) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        let len = usize::try_from(copy.packed_len()).map_err(|_| INVALID_VALUE)?;
+        if (copy.src.place == CopyPlace::Host && src_host.len() != len)
+            || (copy.dst.place == CopyPlace::Host && (dst_host.len() != len || stream.is_some()))
+        {
+            return Err(INVALID_VALUE);
         }
-        let mut host: Ptr = std::ptr::null_mut();
-        // SAFETY: writes one host pointer to `size` bytes of pinned memory.
-        call!(driver.t, mem_host_alloc(&mut host, size, 0))?;
-        let mut event: Ptr = std::ptr::null_mut();
-        // SAFETY: writes one CUevent.
-        if let Err(e) = call!(driver.t, event_create(&mut event, EVENT_DISABLE_TIMING)) {
-            // SAFETY: frees the buffer allocated just above, unused.
-            let _ = call!(driver.t, mem_free_host(host));
-            return Err(e);
+        issue_3d(
+            d,
+            stream,
+            copy,
+            src_host.as_ptr().cast(),
+            dst_host.as_mut_ptr().cast(),
+        )
+    }
+
+    fn memcpy_3d_dtoh_async(
+        &self,
+        ctx: u64,
+        stream: u64,
+        copy: &Copy3d,
+    ) -> CuResult<Box<dyn StagedCopy>> {
+        if copy.dst.place != CopyPlace::Host || copy.src.place == CopyPlace::Host {
+            return Err(INVALID_VALUE);
         }
-        let staged = CudaStaged {
-            driver: Arc::clone(&driver),
-            ctx,
-            host,
-            size,
-            event,
-        };
-        // SAFETY: `host` holds `size` bytes and lives until `staged` is dropped, which waits
-        // for the copy first; the source range was checked by the caller.
-        call!(driver.t, memcpy_dtoh_async(host, src, size, ptr(stream)))?;
-        // SAFETY: the event and stream are live.
-        call!(driver.t, event_record(event, ptr(stream)))?;
-        Ok(Box::new(staged))
+        let len = usize::try_from(copy.packed_len()).map_err(|_| INVALID_VALUE)?;
+        self.stage(ctx, stream, len, |d, host| {
+            issue_3d(d, Some(stream), copy, std::ptr::null(), host)
+        })
+    }
+
+    fn memcpy_peer(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        dst_ctx: u64,
+        src: u64,
+        src_ctx: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        let n = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        match stream {
+            // SAFETY: both ranges were checked against the session's allocations; the
+            // contexts are the session's.
+            Some(s) => call!(
+                d.t,
+                memcpy_peer_async(dst, ptr(dst_ctx), src, ptr(src_ctx), n, ptr(s))
+            ),
+            // SAFETY: as above.
+            None => call!(d.t, memcpy_peer(dst, ptr(dst_ctx), src, ptr(src_ctx), n)),
+        }
     }
 
     fn memcpy_dtod(

@@ -21,8 +21,8 @@ use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
 use super::{
-    Backend, CuResult, DeviceProps, FunctionInfo, LEGACY_STREAM, LaunchSpec, LoadedModule,
-    StagedCopy,
+    Backend, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, LEGACY_STREAM, LaunchSpec,
+    LoadedModule, StagedCopy,
 };
 
 /// First line of the emulated test module format.
@@ -217,6 +217,48 @@ impl State {
             return Err(INVALID_VALUE);
         }
         Ok(&mut a.data[off as usize..end as usize])
+    }
+}
+
+impl State {
+    /// The rows of a 2-D or 3-D copy's source, packed.
+    fn gather(&mut self, copy: &Copy3d, src_host: &[u8]) -> CuResult<Vec<u8>> {
+        let len = usize::try_from(copy.packed_len()).map_err(|_| INVALID_VALUE)?;
+        match copy.src.place {
+            CopyPlace::Host if src_host.len() == len => Ok(src_host.to_vec()),
+            CopyPlace::Host => Err(INVALID_VALUE),
+            CopyPlace::Device(base) => {
+                let mut out = Vec::with_capacity(len);
+                for off in copy.row_offsets(&copy.src) {
+                    let p = base.checked_add(off).ok_or(INVALID_VALUE)?;
+                    out.extend_from_slice(self.range(p, copy.width)?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Writes packed rows to a 2-D or 3-D copy's device destination.
+    fn scatter(&mut self, copy: &Copy3d, packed: &[u8]) -> CuResult<()> {
+        let CopyPlace::Device(base) = copy.dst.place else {
+            return Err(INVALID_VALUE);
+        };
+        let width = usize::try_from(copy.width).map_err(|_| INVALID_VALUE)?;
+        let rows = packed.chunks(width.max(1));
+        for (off, row) in copy.row_offsets(&copy.dst).zip(rows) {
+            let p = base.checked_add(off).ok_or(INVALID_VALUE)?;
+            self.range(p, copy.width)?.copy_from_slice(row);
+        }
+        Ok(())
+    }
+
+    /// Checks the contexts a copy names (peer copies) and the calling context's stream.
+    fn copy_contexts(&self, ctx: u64, stream: u64, copy: &Copy3d) -> CuResult<()> {
+        self.stream(ctx, stream)?;
+        for c in [copy.src.ctx, copy.dst.ctx].into_iter().flatten() {
+            self.ctx(c)?;
+        }
+        Ok(())
     }
 }
 
@@ -441,6 +483,61 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
+        let bytes = st.range(src, size)?.to_vec();
+        st.range(dst, size)?.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn memcpy_3d(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        copy: &Copy3d,
+        src_host: &[u8],
+        dst_host: &mut [u8],
+    ) -> CuResult<()> {
+        let mut st = self.lock();
+        st.copy_contexts(ctx, stream.unwrap_or(LEGACY_STREAM), copy)?;
+        // Gathered first, so overlapping device ranges copy as from a snapshot.
+        let packed = st.gather(copy, src_host)?;
+        match copy.dst.place {
+            CopyPlace::Host if dst_host.len() == packed.len() => {
+                dst_host.copy_from_slice(&packed);
+                Ok(())
+            }
+            CopyPlace::Host => Err(INVALID_VALUE),
+            CopyPlace::Device(_) => st.scatter(copy, &packed),
+        }
+    }
+
+    fn memcpy_3d_dtoh_async(
+        &self,
+        ctx: u64,
+        stream: u64,
+        copy: &Copy3d,
+    ) -> CuResult<Box<dyn StagedCopy>> {
+        let mut st = self.lock();
+        st.copy_contexts(ctx, stream, copy)?;
+        if copy.dst.place != CopyPlace::Host {
+            return Err(INVALID_VALUE);
+        }
+        Ok(Box::new(ReadyCopy(st.gather(copy, &[])?)))
+    }
+
+    fn memcpy_peer(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        dst_ctx: u64,
+        src: u64,
+        src_ctx: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
+        st.ctx(dst_ctx)?;
+        st.ctx(src_ctx)?;
         let bytes = st.range(src, size)?.to_vec();
         st.range(dst, size)?.copy_from_slice(&bytes);
         Ok(())

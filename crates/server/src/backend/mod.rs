@@ -112,6 +112,95 @@ pub struct LaunchSpec<'a> {
     pub attrs: &'a [RmLaunchAttr],
 }
 
+/// Which driver call a 2-D or 3-D copy maps onto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyForm {
+    /// `cuMemcpy3D(Async)` (or `cuMemcpy3DPeer(Async)` for peer copies).
+    ThreeD,
+    /// `cuMemcpy2D(Async)`.
+    TwoD,
+    /// `cuMemcpy2DUnaligned` (synchronous only).
+    TwoDUnaligned,
+}
+
+/// Where one side of a 2-D or 3-D copy is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyPlace {
+    /// Device memory at this address (checked against the session's allocations).
+    Device(u64),
+    /// The packed host buffer passed next to the copy (x, y, z are 0, the pitch is the width
+    /// and the height is the copy's height).
+    Host,
+}
+
+/// One side of a 2-D or 3-D copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopySide {
+    /// Device address or packed host buffer.
+    pub place: CopyPlace,
+    /// Bytes per row.
+    pub pitch: u64,
+    /// Rows per slice (3-D only; may be 0 when the depth is 1).
+    pub height: u64,
+    /// Offset of the first byte in a row.
+    pub x_bytes: u64,
+    /// First row.
+    pub y: u64,
+    /// First slice.
+    pub z: u64,
+    /// Peer copies: the backend context of this side.
+    pub ctx: Option<u64>,
+}
+
+/// A 2-D or 3-D copy, validated by the executor: every device range it touches lies inside
+/// one allocation of the session, pitches are at least the width, and a host side's buffer
+/// holds exactly `width * height * depth` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copy3d {
+    /// The driver call.
+    pub form: CopyForm,
+    /// Source.
+    pub src: CopySide,
+    /// Destination.
+    pub dst: CopySide,
+    /// Bytes per row.
+    pub width: u64,
+    /// Rows per slice.
+    pub height: u64,
+    /// Slices.
+    pub depth: u64,
+}
+
+impl Copy3d {
+    /// Whether both sides name a context (`cuMemcpy3DPeer`).
+    pub fn is_peer(&self) -> bool {
+        self.src.ctx.is_some() || self.dst.ctx.is_some()
+    }
+
+    /// Bytes copied (the size of a packed host side). Validated not to overflow.
+    pub fn packed_len(&self) -> u64 {
+        self.width
+            .saturating_mul(self.height)
+            .saturating_mul(self.depth)
+    }
+
+    /// The offset of each row of the copy from `side`'s base, slice by slice and row by row
+    /// (the order of the packed layout). Validated not to overflow.
+    pub fn row_offsets(&self, side: &CopySide) -> impl Iterator<Item = u64> + use<> {
+        let s = *side;
+        let (height, depth) = (self.height, self.depth);
+        (0..depth).flat_map(move |k| {
+            (0..height).map(move |r| {
+                s.z.saturating_add(k)
+                    .saturating_mul(s.height)
+                    .saturating_add(s.y.saturating_add(r))
+                    .saturating_mul(s.pitch)
+                    .saturating_add(s.x_bytes)
+            })
+        })
+    }
+}
+
 /// An asynchronous device-to-host copy into a server-side staging buffer.
 pub trait StagedCopy: Send {
     /// `Ok(true)` when the copy has completed, `Ok(false)` while in flight.
@@ -180,6 +269,37 @@ pub trait Backend: Send + Sync + 'static {
         stream: Option<u64>,
         dst: u64,
         src: u64,
+        size: u64,
+    ) -> CuResult<()>;
+    /// `cuMemcpy2D/2DUnaligned/3D/3DPeer` (`stream` `None`) or the async forms. `src_host` is
+    /// the packed source when `copy.src` is [`CopyPlace::Host`] (else empty), `dst_host` the
+    /// packed destination when `copy.dst` is (synchronous copies only; else empty).
+    fn memcpy_3d(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        copy: &Copy3d,
+        src_host: &[u8],
+        dst_host: &mut [u8],
+    ) -> CuResult<()>;
+    /// `cuMemcpy2DAsync/3DAsync/3DPeerAsync` from device memory into a packed staging buffer
+    /// (`copy.dst` is [`CopyPlace::Host`]).
+    fn memcpy_3d_dtoh_async(
+        &self,
+        ctx: u64,
+        stream: u64,
+        copy: &Copy3d,
+    ) -> CuResult<Box<dyn StagedCopy>>;
+    /// `cuMemcpyPeer` (`stream` `None`) or `cuMemcpyPeerAsync`; `ctx` is the calling context.
+    #[allow(clippy::too_many_arguments)]
+    fn memcpy_peer(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        dst_ctx: u64,
+        src: u64,
+        src_ctx: u64,
         size: u64,
     ) -> CuResult<()>;
     /// `cuMemsetD8/16/32` (`stream` `None`) or their async forms; `elem` is 1, 2 or 4.
