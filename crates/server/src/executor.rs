@@ -777,17 +777,25 @@ impl RemoraV1Server for Executor {
 
     fn rm_memcpy_dtoh_async(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<()> {
         self.oneway(call, "RM_MEMCPY_DTOH_ASYNC", |inner, session| {
-            let (c, s) = {
-                let st = session.lock();
-                st.check_range(a.src, a.size)?;
-                if a.size > u64::from(RM_MAX_COPY) {
-                    return Err(INVALID_VALUE);
-                }
-                (st.ctx(a.ctx)?, st.stream(a.stream)?)
+            let issued = (|| {
+                let (c, s) = {
+                    let st = session.lock();
+                    st.check_range(a.src, a.size)?;
+                    if a.size > u64::from(RM_MAX_COPY) {
+                        return Err(INVALID_VALUE);
+                    }
+                    (st.ctx(a.ctx)?, st.stream(a.stream)?)
+                };
+                inner
+                    .backend
+                    .memcpy_dtoh_async(c, s, a.src, a.size as usize)
+            })();
+            // A copy that cannot be issued is delivered empty, so that the client does not
+            // wait for its data; its error is deferred like every one-way call's.
+            let (copy, result): (Box<dyn StagedCopy>, CuResult<()>) = match issued {
+                Ok(copy) => (copy, Ok(())),
+                Err(e) => (Box::new(Undelivered), Err(e)),
             };
-            let copy = inner
-                .backend
-                .memcpy_dtoh_async(c, s, a.src, a.size as usize)?;
             let stream = if a.stream == 0 {
                 u64::from(RM_STREAM_LEGACY)
             } else {
@@ -799,7 +807,7 @@ impl RemoraV1Server for Executor {
                 stream,
                 copy,
             });
-            Ok(())
+            result
         })
     }
 

@@ -251,6 +251,11 @@ impl SessionState {
                     if *status == SUCCESS {
                         *status = e;
                     }
+                    // Delivered empty: the client must not wait for data that will not come.
+                    out.push(RmCopyData {
+                        copy_id: p.copy_id,
+                        data: Bytes::new(),
+                    });
                 }
             }
         }

@@ -688,6 +688,22 @@ fn async_device_to_host_copies_arrive_at_the_synchronizing_call() {
         (r.copies[0].copy_id, &r.copies[0].data[..]),
         (9, &b"01"[..])
     );
+    // A copy that cannot be issued (past the allocation) is delivered empty with its error,
+    // so that the client never waits for data that will not come.
+    c.rm_memcpy_dtoh_async(&RmDtohArgs {
+        ctx,
+        stream: s,
+        src: a + 60,
+        size: 8,
+        copy_id: 10,
+    })
+    .unwrap();
+    let r = c
+        .rm_stream_synchronize(&RmStreamArgs { ctx, stream: s })
+        .unwrap();
+    assert_eq!(r.status, INVALID_VALUE);
+    let got: Vec<(u64, usize)> = r.copies.iter().map(|c| (c.copy_id, c.data.len())).collect();
+    assert_eq!(got, [(10, 0)]);
 }
 
 #[test]
