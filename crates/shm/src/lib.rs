@@ -1,0 +1,29 @@
+//! Shared-memory transport primitives for colocated clients (issue 5): a memory region made
+//! with `memfd_create` and shared by two processes, holding a request ring, a response ring
+//! and a data area.
+//!
+//! * [`Producer`]/[`Consumer`]: the two ends of a single-producer/single-consumer byte ring of length-prefixed messages (whole
+//!   ONC RPC records travel in it unchanged). The header is `#[repr(C)]`; indices are
+//!   free-running `u32` byte counters, published with Release and read with Acquire.
+//! * [`Waiter`]: polling, then blocking. A side that finds nothing to do spins for an adaptive
+//!   budget that follows the waits it has observed, then sleeps on a futex in the shared
+//!   region; the other side wakes it only when it said it sleeps.
+//! * [`Region`]: the memfd, its layout and its mapping.
+//!
+//! Nothing read from the shared memory is trusted: the peer may write any value at any time.
+//! Indices that cannot be right (more bytes in use than the ring holds, misaligned, a message
+//! longer than what is in use) make the consumer fail with [`RingError::Corrupt`]; the
+//! session is then closed. Lengths are read once and bounded before anything is copied.
+
+mod region;
+mod ring;
+mod wait;
+
+pub use region::{Layout, Region, RegionError};
+pub use ring::{Consumer, MAX_MESSAGE, Producer, RingError};
+pub use wait::{WaitOutcome, Waiter};
+
+/// Fuzzing hooks: drive a consumer with arbitrary ring contents and index values.
+pub mod fuzzing {
+    pub use crate::ring::fuzz_consumer;
+}

@@ -1,0 +1,513 @@
+//! A single-producer/single-consumer ring of length-prefixed messages in shared memory.
+//!
+//! Layout at the ring's offset: a [`RingHeader`] (four cache lines), then `capacity` bytes of
+//! message area. A message is a little-endian `u32` length, the bytes, and zero to three
+//! padding bytes up to a multiple of four; it may wrap around the end of the area. Since
+//! capacity is a power of two and every message is a multiple of four bytes, a length word
+//! never straddles the end.
+//!
+//! `tail` (written by the producer) and `head` (written by the consumer) count bytes ever
+//! written and consumed, modulo 2^32. Each side keeps its own index privately and only
+//! *reads* the other's from the shared header, so a peer scribbling on the header can lie
+//! about its own progress but cannot move ours.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::time::Duration;
+
+use crate::region::Mapping;
+use crate::wait::Waiter;
+
+/// Bytes of the ring header.
+pub(crate) const RING_HEADER: usize = 256;
+
+/// Longest message any ring takes (a ring takes at most `capacity - 4`).
+pub const MAX_MESSAGE: usize = (1 << 30) - 4;
+
+/// How long a sleeping side waits before it checks that the peer is still alive.
+const SLEEP_SLICE: Duration = Duration::from_millis(50);
+
+/// Why a ring operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RingError {
+    /// The peer wrote indices or a length that cannot be right: the session must be closed.
+    #[error("the shared ring is corrupt ({0}); the peer is faulty or hostile")]
+    Corrupt(&'static str),
+    /// The message does not fit in the ring at all.
+    #[error("a message of {len} bytes does not fit a ring of {capacity} bytes")]
+    TooLarge {
+        /// The message length.
+        len: usize,
+        /// The ring's capacity.
+        capacity: u32,
+    },
+    /// The peer is gone (the liveness check given to a blocking call said so).
+    #[error("the peer of the shared ring is gone")]
+    PeerGone,
+}
+
+#[repr(C, align(64))]
+struct Line(AtomicU32);
+
+/// The shared header of a ring. Each word sits on its own cache line, so that the producer's
+/// and the consumer's stores do not invalidate each other's lines.
+#[repr(C)]
+struct RingHeader {
+    /// Bytes ever published by the producer (Release after the bytes are written).
+    tail: Line,
+    /// Bytes ever consumed (Release after the bytes are copied out).
+    head: Line,
+    /// 1 while the consumer sleeps (or is about to) on the futex at `tail`.
+    consumer_sleeping: Line,
+    /// 1 while the producer sleeps (or is about to) on the futex at `head`, waiting for room.
+    producer_sleeping: Line,
+}
+
+const _: () = assert!(std::mem::size_of::<RingHeader>() == RING_HEADER);
+
+/// Common state of both ends: the mapping, where the ring is, and its capacity.
+#[derive(Debug)]
+struct Ends {
+    map: Arc<Mapping>,
+    off: usize,
+    capacity: u32,
+}
+
+impl Ends {
+    fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
+        assert!(capacity.is_power_of_two() && capacity >= 8);
+        assert!(off.is_multiple_of(64) && off + RING_HEADER + capacity as usize <= map.len());
+        Self { map, off, capacity }
+    }
+
+    fn header(&self) -> &RingHeader {
+        // SAFETY: `off` is 64-aligned and inside the mapping (checked in `new`); the header
+        // consists of atomics, which tolerate the peer's concurrent accesses.
+        unsafe { &*self.map.base().add(self.off).cast::<RingHeader>() }
+    }
+
+    fn area(&self) -> *mut u8 {
+        // SAFETY: the message area follows the header inside the mapping (checked in `new`).
+        unsafe { self.map.base().add(self.off + RING_HEADER) }
+    }
+
+    /// Copies `out.len()` bytes from ring position `pos` (wrapping) into `out`.
+    fn read(&self, pos: u32, out: &mut [u8]) {
+        let cap = self.capacity as usize;
+        let start = pos as usize & (cap - 1);
+        let first = out.len().min(cap - start);
+        // SAFETY: both ranges lie inside the message area (start < cap, first <= cap - start,
+        // and the rest is at most cap bytes since callers bound lengths by the capacity). The
+        // peer may write these bytes concurrently; we copy whatever is there into private
+        // memory and never read the shared bytes twice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.area().add(start), out.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(
+                self.area(),
+                out.as_mut_ptr().add(first),
+                out.len() - first,
+            );
+        }
+    }
+
+    /// Copies `data` to ring position `pos` (wrapping).
+    fn write(&self, pos: u32, data: &[u8]) {
+        let cap = self.capacity as usize;
+        let start = pos as usize & (cap - 1);
+        let first = data.len().min(cap - start);
+        // SAFETY: as in `read`; the bytes written are free space the consumer has released
+        // (the producer checked it against `head`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.area().add(start), first);
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr().add(first),
+                self.area(),
+                data.len() - first,
+            );
+        }
+    }
+}
+
+fn padded(len: usize) -> usize {
+    4 + len.next_multiple_of(4)
+}
+
+/// Sleeps on the futex word `word` while it still holds `seen`, for at most [`SLEEP_SLICE`].
+fn futex_sleep(word: &AtomicU32, seen: u32) {
+    let timeout = rustix::thread::futex::Timespec {
+        tv_sec: 0,
+        tv_nsec: SLEEP_SLICE.as_nanos() as _,
+    };
+    // Not FUTEX_PRIVATE: the word is in memory shared with another process. EAGAIN (the
+    // word changed), EINTR and ETIMEDOUT all mean: look again.
+    let _ = rustix::thread::futex::wait(
+        word,
+        rustix::thread::futex::Flags::empty(),
+        seen,
+        Some(&timeout),
+    );
+}
+
+fn futex_wake(word: &AtomicU32) {
+    let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
+}
+
+/// The producing end of a ring. One thread at a time (it is `Send`, not `Sync`).
+#[derive(Debug)]
+pub struct Producer {
+    ends: Ends,
+    /// Our own count of bytes published; the shared `tail` only mirrors it.
+    tail: u32,
+}
+
+impl Producer {
+    pub(crate) fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
+        let ends = Ends::new(map, off, capacity);
+        let tail = ends.header().tail.0.load(Ordering::Acquire);
+        Self { ends, tail }
+    }
+
+    /// The ring's capacity in bytes.
+    pub fn capacity(&self) -> u32 {
+        self.ends.capacity
+    }
+
+    /// Free bytes, or `Corrupt` when the consumer's `head` cannot be right.
+    fn free(&self) -> Result<usize, RingError> {
+        // Acquire: pairs with the consumer's Release store of `head`, so that its copy-out of
+        // the bytes it released happened before we overwrite them.
+        let head = self.ends.header().head.0.load(Ordering::Acquire);
+        let used = self.tail.wrapping_sub(head);
+        if used > self.ends.capacity || !used.is_multiple_of(4) {
+            return Err(RingError::Corrupt("the consumer index is out of range"));
+        }
+        Ok((self.ends.capacity - used) as usize)
+    }
+
+    /// Publishes one message made of `parts`, if there is room now; `Ok(false)` when full.
+    pub fn try_push(&mut self, parts: &[&[u8]]) -> Result<bool, RingError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let need = padded(len);
+        if need > self.ends.capacity as usize || len > MAX_MESSAGE {
+            return Err(RingError::TooLarge {
+                len,
+                capacity: self.ends.capacity,
+            });
+        }
+        if self.free()? < need {
+            return Ok(false);
+        }
+        let mut pos = self.tail;
+        self.ends.write(pos, &(len as u32).to_le_bytes());
+        pos = pos.wrapping_add(4);
+        for p in parts {
+            self.ends.write(pos, p);
+            pos = pos.wrapping_add(p.len() as u32);
+        }
+        let pad = need - 4 - len;
+        self.ends.write(pos, &[0u8; 3][..pad]);
+        self.tail = self.tail.wrapping_add(need as u32);
+        let h = self.ends.header();
+        // Release: the message bytes are visible before the index that publishes them (else
+        // the consumer could read a stale message).
+        h.tail.0.store(self.tail, Ordering::Release);
+        // SeqCst fence between publishing `tail` and reading `consumer_sleeping` (the
+        // consumer does the mirror image): without it both could miss the other, the
+        // consumer sleeping on a message it never sees (a lost wake-up).
+        fence(Ordering::SeqCst);
+        if h.consumer_sleeping.0.load(Ordering::Relaxed) != 0 {
+            futex_wake(&h.tail.0);
+        }
+        Ok(true)
+    }
+
+    /// Publishes one message, waiting for room (spin, then futex) while `alive()` holds.
+    pub fn push(
+        &mut self,
+        parts: &[&[u8]],
+        waiter: &mut Waiter,
+        alive: impl Fn() -> bool,
+    ) -> Result<(), RingError> {
+        let need = padded(parts.iter().map(|p| p.len()).sum());
+        waiter
+            .wait(|sleep| {
+                if sleep {
+                    let h = self.ends.header();
+                    h.producer_sleeping.0.store(1, Ordering::SeqCst);
+                    fence(Ordering::SeqCst);
+                    let head = h.head.0.load(Ordering::Acquire);
+                    let used = self.tail.wrapping_sub(head) as usize;
+                    if used <= self.ends.capacity as usize
+                        && self.ends.capacity as usize - used < need
+                    {
+                        futex_sleep(&h.head.0, head);
+                    }
+                    h.producer_sleeping.0.store(0, Ordering::Relaxed);
+                    if !alive() {
+                        return Err(RingError::PeerGone);
+                    }
+                }
+                Ok(self.try_push(parts)?.then_some(()))
+            })
+            .map(drop)
+    }
+}
+
+/// The consuming end of a ring. One thread at a time (it is `Send`, not `Sync`).
+#[derive(Debug)]
+pub struct Consumer {
+    ends: Ends,
+    /// Our own count of bytes consumed; the shared `head` only mirrors it.
+    head: u32,
+}
+
+impl Consumer {
+    pub(crate) fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
+        let ends = Ends::new(map, off, capacity);
+        let head = ends.header().head.0.load(Ordering::Acquire);
+        Self { ends, head }
+    }
+
+    /// The ring's capacity in bytes.
+    pub fn capacity(&self) -> u32 {
+        self.ends.capacity
+    }
+
+    /// Takes the next message into `out` (replacing its contents) if one is there.
+    pub fn try_pop(&mut self, out: &mut Vec<u8>) -> Result<bool, RingError> {
+        // Acquire: pairs with the producer's Release store of `tail`, so that the message
+        // bytes it published are visible before we read them.
+        let tail = self.ends.header().tail.0.load(Ordering::Acquire);
+        let used = tail.wrapping_sub(self.head);
+        if used > self.ends.capacity || !used.is_multiple_of(4) {
+            return Err(RingError::Corrupt("the producer index is out of range"));
+        }
+        if used == 0 {
+            return Ok(false);
+        }
+        if used < 4 {
+            return Err(RingError::Corrupt(
+                "a message is shorter than its length word",
+            ));
+        }
+        let mut word = [0u8; 4];
+        self.ends.read(self.head, &mut word);
+        let len = u32::from_le_bytes(word) as usize;
+        // The length is read once, into private memory, and bounded by what the producer
+        // published before anything is allocated or copied.
+        if padded(len) > used as usize {
+            return Err(RingError::Corrupt(
+                "a message is longer than what was published",
+            ));
+        }
+        out.clear();
+        out.resize(len, 0);
+        self.ends.read(self.head.wrapping_add(4), out);
+        self.head = self.head.wrapping_add(padded(len) as u32);
+        let h = self.ends.header();
+        // Release: our copy-out is complete before the producer may reuse the bytes.
+        h.head.0.store(self.head, Ordering::Release);
+        // Mirror of the producer's fence: publishing `head`, then reading whether the
+        // producer sleeps waiting for room.
+        fence(Ordering::SeqCst);
+        if h.producer_sleeping.0.load(Ordering::Relaxed) != 0 {
+            futex_wake(&h.head.0);
+        }
+        Ok(true)
+    }
+
+    /// Takes the next message, waiting (spin, then futex) while `alive()` holds.
+    pub fn pop(
+        &mut self,
+        out: &mut Vec<u8>,
+        waiter: &mut Waiter,
+        alive: impl Fn() -> bool,
+    ) -> Result<(), RingError> {
+        waiter
+            .wait(|sleep| {
+                if sleep {
+                    let h = self.ends.header();
+                    h.consumer_sleeping.0.store(1, Ordering::SeqCst);
+                    fence(Ordering::SeqCst);
+                    let tail = h.tail.0.load(Ordering::Acquire);
+                    if tail == self.head {
+                        futex_sleep(&h.tail.0, tail);
+                    }
+                    h.consumer_sleeping.0.store(0, Ordering::Relaxed);
+                    if !alive() {
+                        return Err(RingError::PeerGone);
+                    }
+                }
+                Ok(self.try_pop(out)?.then_some(()))
+            })
+            .map(drop)
+    }
+}
+
+/// Fuzzing: `data` is a script of ring operations on one 64-byte ring in private memory —
+/// pushes of arbitrary messages, arbitrary writes of the shared indices and of message bytes
+/// (what a hostile peer can do), and pops. The consumer and producer must never panic, read
+/// or write outside the ring, or allocate more than the ring holds; they may only fail with
+/// [`RingError`].
+pub fn fuzz_consumer(data: &[u8]) {
+    const CAP: u32 = 64;
+    let Ok(map) = Mapping::anonymous(4096) else {
+        return;
+    };
+    let map = Arc::new(map);
+    let mut prod = Producer::new(Arc::clone(&map), 0, CAP);
+    let mut cons = Consumer::new(Arc::clone(&map), 0, CAP);
+    let mut out = Vec::new();
+    let mut it = data.iter().copied();
+    while let Some(op) = it.next() {
+        let arg = |it: &mut dyn Iterator<Item = u8>| {
+            u32::from_le_bytes([
+                it.next().unwrap_or(0),
+                it.next().unwrap_or(0),
+                it.next().unwrap_or(0),
+                it.next().unwrap_or(0),
+            ])
+        };
+        match op % 6 {
+            0 => {
+                let n = it.next().unwrap_or(0) as usize % 80;
+                let msg: Vec<u8> = (&mut it).take(n).collect();
+                let _ = prod.try_push(&[&msg]);
+            }
+            1 => {
+                if let Ok(true) = cons.try_pop(&mut out) {
+                    assert!(out.len() <= CAP as usize);
+                }
+            }
+            2 => {
+                let v = arg(&mut it);
+                cons.ends.header().tail.0.store(v, Ordering::Release);
+            }
+            3 => {
+                let v = arg(&mut it);
+                prod.ends.header().head.0.store(v, Ordering::Release);
+            }
+            4 => {
+                let pos = it.next().unwrap_or(0) as u32;
+                let v = arg(&mut it);
+                prod.ends.write(pos & !3, &v.to_le_bytes());
+            }
+            _ => {
+                let _ = cons.try_pop(&mut out);
+                let _ = prod.try_push(&[b"abc", b"defgh"]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(cap: u32) -> (Producer, Consumer) {
+        let map = Arc::new(Mapping::anonymous(RING_HEADER + cap as usize).unwrap());
+        (
+            Producer::new(Arc::clone(&map), 0, cap),
+            Consumer::new(map, 0, cap),
+        )
+    }
+
+    #[test]
+    fn messages_wrap_around_and_keep_their_bytes() {
+        let (mut p, mut c) = pair(64);
+        let mut out = Vec::new();
+        for i in 0..200u32 {
+            let len = (i as usize * 7) % 41;
+            let msg: Vec<u8> = (0..len).map(|k| (k as u32 * 31 + i) as u8).collect();
+            assert!(p.try_push(&[&msg[..len / 2], &msg[len / 2..]]).unwrap());
+            assert!(c.try_pop(&mut out).unwrap());
+            assert_eq!(out, msg, "message {i}");
+        }
+        assert!(!c.try_pop(&mut out).unwrap());
+    }
+
+    #[test]
+    fn a_full_ring_refuses_until_the_consumer_frees_room() {
+        let (mut p, mut c) = pair(64);
+        // 4 + 28 = 32 bytes each: two fit, a third does not.
+        assert!(p.try_push(&[&[1u8; 28]]).unwrap());
+        assert!(p.try_push(&[&[2u8; 28]]).unwrap());
+        assert!(!p.try_push(&[&[3u8; 28]]).unwrap());
+        let mut out = Vec::new();
+        assert!(c.try_pop(&mut out).unwrap());
+        assert_eq!(out, [1u8; 28]);
+        assert!(p.try_push(&[&[3u8; 28]]).unwrap());
+        assert_eq!(
+            p.try_push(&[&[0u8; 61]]),
+            Err(RingError::TooLarge {
+                len: 61,
+                capacity: 64
+            })
+        );
+    }
+
+    #[test]
+    fn hostile_indices_and_lengths_are_corrupt_not_crashes() {
+        let (mut p, mut c) = pair(64);
+        let mut out = Vec::new();
+        // tail - head > size.
+        c.ends.header().tail.0.store(65, Ordering::Release);
+        assert!(matches!(c.try_pop(&mut out), Err(RingError::Corrupt(_))));
+        c.ends.header().tail.0.store(6, Ordering::Release);
+        assert!(matches!(c.try_pop(&mut out), Err(RingError::Corrupt(_))));
+        // A length word larger than what was published.
+        p.ends.write(0, &1000u32.to_le_bytes());
+        c.ends.header().tail.0.store(8, Ordering::Release);
+        assert!(matches!(c.try_pop(&mut out), Err(RingError::Corrupt(_))));
+        // A consumer index moved past the producer's.
+        p.ends.header().head.0.store(100, Ordering::Release);
+        assert!(matches!(p.try_push(&[b"x"]), Err(RingError::Corrupt(_))));
+    }
+
+    #[test]
+    fn threads_exchange_a_million_messages_with_spin_then_sleep() {
+        let (mut p, mut c) = pair(4096);
+        let n = 200_000u32;
+        let t = std::thread::spawn(move || {
+            let mut w = Waiter::new(Duration::from_micros(1), Duration::from_micros(20));
+            let mut out = Vec::new();
+            let mut sum = 0u64;
+            for i in 0..n {
+                c.pop(&mut out, &mut w, || true).unwrap();
+                assert_eq!(out.len(), (i % 100) as usize + 4);
+                assert_eq!(&out[..4], &i.to_le_bytes());
+                sum += out.len() as u64;
+            }
+            sum
+        });
+        let mut w = Waiter::new(Duration::from_micros(1), Duration::from_micros(20));
+        let mut expect = 0u64;
+        for i in 0..n {
+            let pad = vec![7u8; (i % 100) as usize];
+            p.push(&[&i.to_le_bytes(), &pad], &mut w, || true).unwrap();
+            expect += pad.len() as u64 + 4;
+        }
+        assert_eq!(t.join().unwrap(), expect);
+    }
+
+    #[test]
+    fn a_sleeping_consumer_notices_a_dead_peer() {
+        let (_p, mut c) = pair(64);
+        let mut w = Waiter::new(Duration::ZERO, Duration::ZERO);
+        let start = std::time::Instant::now();
+        let mut out = Vec::new();
+        assert_eq!(c.pop(&mut out, &mut w, || false), Err(RingError::PeerGone));
+        assert!(start.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn fuzz_script_smoke() {
+        fuzz_consumer(&[
+            0, 5, 1, 2, 3, 4, 5, 1, 2, 200, 0, 0, 0, 1, 3, 9, 9, 9, 9, 5, 4, 3, 1, 2, 3, 4, 1,
+        ]);
+        let bytes: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        fuzz_consumer(&bytes);
+    }
+}

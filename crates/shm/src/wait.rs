@@ -1,0 +1,140 @@
+//! Polling, then blocking, with a spin budget that follows the observed waits.
+
+use std::time::{Duration, Instant};
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// The condition came true while spinning.
+    Spun,
+    /// The waiter slept at least once.
+    Slept,
+}
+
+/// The adaptive spin budget of one waiting side.
+///
+/// Each wait spins while the condition is false, for at most the current budget, then
+/// blocks (the caller's `sleep`, a futex wait). The budget follows an exponentially weighted
+/// mean of how long the waits took: when answers come within `max_spin`, spinning about 1.5
+/// times the usual wait catches most of them without a sleep and a wake-up (which cost
+/// microseconds each); when they take longer, spinning is wasted CPU and the budget falls to
+/// `min_spin`. An idle side therefore costs a futex sleep, not a spinning core.
+#[derive(Debug, Clone)]
+pub struct Waiter {
+    budget: Duration,
+    mean_ns: f64,
+    min_spin: Duration,
+    max_spin: Duration,
+}
+
+impl Waiter {
+    /// A waiter spinning at most `max_spin` (and at least `min_spin`) before it sleeps.
+    pub fn new(min_spin: Duration, max_spin: Duration) -> Self {
+        let min_spin = min_spin.min(max_spin);
+        Self {
+            budget: max_spin,
+            mean_ns: 0.0,
+            min_spin,
+            max_spin,
+        }
+    }
+
+    /// The current spin budget.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// Waits until `poll` gives a value. `poll(false)` only looks; `poll(true)` may block first
+    /// (a futex wait until woken or a timeout; it may fail, e.g. when the peer is gone) and
+    /// then looks. It is called with `false` for the spin budget, then with `true`.
+    pub fn wait<T, E>(
+        &mut self,
+        mut poll: impl FnMut(bool) -> Result<Option<T>, E>,
+    ) -> Result<(T, WaitOutcome), E> {
+        let start = Instant::now();
+        let spin_until = start + self.budget;
+        let mut outcome = WaitOutcome::Spun;
+        loop {
+            let sleep = outcome == WaitOutcome::Slept;
+            if let Some(v) = poll(sleep)? {
+                self.observe(start.elapsed());
+                return Ok((v, outcome));
+            }
+            if !sleep && Instant::now() < spin_until {
+                std::hint::spin_loop();
+            } else {
+                outcome = WaitOutcome::Slept;
+            }
+        }
+    }
+
+    /// Folds one observed wait into the budget.
+    pub fn observe(&mut self, took: Duration) {
+        let t = took.as_nanos() as f64;
+        self.mean_ns = if self.mean_ns == 0.0 {
+            t
+        } else {
+            0.8 * self.mean_ns + 0.2 * t
+        };
+        let max = self.max_spin.as_nanos() as f64;
+        self.budget = if self.mean_ns <= max {
+            Duration::from_nanos((self.mean_ns * 1.5).min(max) as u64).max(self.min_spin)
+        } else {
+            self.min_spin
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_follows_short_waits_and_drops_for_long_ones() {
+        let mut w = Waiter::new(Duration::from_micros(1), Duration::from_micros(50));
+        for _ in 0..20 {
+            w.observe(Duration::from_micros(10));
+        }
+        let b = w.budget();
+        assert!(
+            b >= Duration::from_micros(14) && b <= Duration::from_micros(16),
+            "{b:?}"
+        );
+        for _ in 0..20 {
+            w.observe(Duration::from_millis(5));
+        }
+        assert_eq!(w.budget(), Duration::from_micros(1));
+        // Answers get fast again: the budget comes back.
+        for _ in 0..60 {
+            w.observe(Duration::from_micros(4));
+        }
+        assert!(w.budget() >= Duration::from_micros(5), "{:?}", w.budget());
+    }
+
+    #[test]
+    fn wait_spins_then_sleeps_until_ready() {
+        let mut w = Waiter::new(Duration::ZERO, Duration::ZERO);
+        let mut looks = 0;
+        let mut sleeps = 0;
+        let (v, how) = w
+            .wait(|sleep| -> Result<Option<u32>, ()> {
+                if sleep {
+                    sleeps += 1;
+                }
+                looks += 1;
+                Ok((looks >= 3).then_some(looks))
+            })
+            .unwrap();
+        assert_eq!((v, how), (3, WaitOutcome::Slept));
+        assert_eq!(sleeps, 2);
+        // A failing sleep ends the wait with its error.
+        let r = w.wait(|sleep| {
+            if sleep {
+                Err("gone")
+            } else {
+                Ok::<Option<()>, _>(None)
+            }
+        });
+        assert_eq!(r.unwrap_err(), "gone");
+    }
+}

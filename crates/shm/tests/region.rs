@@ -1,0 +1,66 @@
+//! A region made by one side and mapped from its descriptor by the other.
+
+use std::time::Duration;
+
+use remora_shm::{Layout, Region, RegionError, Waiter};
+
+const LAYOUT: Layout = Layout {
+    ring_capacity: 1 << 16,
+    data_size: 1 << 20,
+};
+
+#[test]
+fn both_sides_see_the_same_rings_and_data() {
+    let server = Region::create("remora-test", LAYOUT).unwrap();
+    let fd = server.fd().try_clone().unwrap();
+    let client = Region::open(fd, LAYOUT).unwrap();
+    let mut req = client.request_producer();
+    let mut req_in = server.request_consumer();
+    let mut resp = server.response_producer();
+    let mut resp_in = client.response_consumer();
+    let mut w = Waiter::new(Duration::from_micros(1), Duration::from_micros(20));
+    let mut buf = Vec::new();
+    for i in 0..1000u32 {
+        req.push(&[b"call ", &i.to_be_bytes()], &mut w, || true)
+            .unwrap();
+        req_in.pop(&mut buf, &mut w, || true).unwrap();
+        assert_eq!(&buf[5..], &i.to_be_bytes());
+        resp.push(&[&buf], &mut w, || true).unwrap();
+        resp_in.pop(&mut buf, &mut w, || true).unwrap();
+        assert_eq!(&buf[..5], b"call ");
+    }
+    // The data area is the same memory on both sides.
+    let (s, len) = server.data();
+    let (c, clen) = client.data();
+    assert_eq!(len, clen);
+    // SAFETY: both point at `len` bytes of the same live shared mapping, touched by no one else.
+    unsafe {
+        s.add(123).write(0xAB);
+        assert_eq!(c.add(123).read(), 0xAB);
+    }
+}
+
+#[test]
+fn a_descriptor_that_does_not_match_is_refused() {
+    let server = Region::create("remora-test", LAYOUT).unwrap();
+    let other = Layout {
+        ring_capacity: 1 << 17,
+        ..LAYOUT
+    };
+    let err = Region::open(server.fd().try_clone().unwrap(), other).unwrap_err();
+    assert!(matches!(err, RegionError::Mismatch(_)), "{err}");
+    // A plain memfd of the right size, unsealed and without a header.
+    let fd = rustix::fs::memfd_create("fake", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&fd, server.layout().total() as u64).unwrap();
+    let err = Region::open(fd, LAYOUT).unwrap_err();
+    assert!(err.to_string().contains("not sealed"), "{err}");
+    // Impossible layouts are refused before anything is made.
+    let bad = Layout {
+        ring_capacity: 5000,
+        data_size: 0,
+    };
+    assert!(matches!(
+        Region::create("remora-test", bad),
+        Err(RegionError::Layout(_))
+    ));
+}
