@@ -6,11 +6,13 @@ mod core;
 mod exec;
 mod library;
 mod mem;
+mod private;
 
 pub use self::core::*;
 pub use exec::*;
 pub use library::*;
 pub use mem::*;
+pub use private::*;
 
 use std::ffi::c_void;
 
