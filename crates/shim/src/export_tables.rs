@@ -162,7 +162,7 @@ fn trap_called(table: usize, slot: usize) -> i32 {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert((table, slot));
-    if first {
+    if first && crate::log::usable() {
         crate::log::init();
         let name = TABLES.get(table).map_or("?", |t| t.1);
         tracing::error!(
@@ -224,7 +224,20 @@ const fn build<const N: usize>(
 
 /// Runs a table function body: no panic crosses the ABI, errors become their code.
 fn call(table: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
-    entry(table, f)
+    entry(table, || {
+        if crate::log::usable() {
+            tracing::debug!("remora: private table call {table}");
+        }
+        f()
+    })
+}
+
+/// Logs at debug level without ever unwinding (the runtime calls some slots from exit
+/// handlers, when the log subscriber's thread-local storage is gone).
+fn note(what: &str) {
+    if crate::log::usable() {
+        let _ = std::panic::catch_unwind(|| tracing::debug!("remora: private table call {what}"));
+    }
 }
 
 // CUDART_INTERFACE ---------------------------------------------------------------------------
@@ -286,7 +299,9 @@ extern "C" fn get_module_from_cubin_ext1(
     })
 }
 
-extern "C" fn cudart_fn7(_arg: usize) -> i32 {
+/// Observed as a no-op in NVIDIA's driver as far as the runtime can tell; answers success.
+extern "C" fn cudart_fn7(arg: usize) -> i32 {
+    note(&format!("CUDART_INTERFACE fn7({arg:#x})"));
     cu::SUCCESS
 }
 
@@ -376,10 +391,12 @@ fn give_buffer(ptr: *mut *mut c_void, size: *mut usize, buf: *mut u8, reported: 
 }
 
 extern "C" fn callback_buffer_1(ptr: *mut *mut c_void, size: *mut usize) {
+    note("TOOLS_RUNTIME_CALLBACK_HOOKS buffer 1");
     give_buffer(ptr, size, HOOKS_1.0.get().cast(), 4096);
 }
 
 extern "C" fn callback_buffer_2(ptr: *mut *mut c_void, size: *mut usize) {
+    note("TOOLS_RUNTIME_CALLBACK_HOOKS buffer 2");
     give_buffer(ptr, size, HOOKS_2.0.get().cast(), 56);
 }
 
@@ -458,6 +475,7 @@ extern "C" fn cls_delete(ctx: Handle, key: *mut c_void) -> i32 {
 /// creates its state and puts it.
 extern "C" fn cls_get(value: *mut *mut c_void, ctx: Handle, key: *mut c_void) -> i32 {
     let r = std::panic::catch_unwind(|| -> CuResult<()> {
+        note("CONTEXT_LOCAL_STORAGE get");
         let h = ctx_or_current(ctx)?;
         let v = cls()
             .lock()
@@ -610,6 +628,7 @@ pub static INTEGRITY_CHECK: Slots<3> = build(
 
 /// Answers 0 ("nothing special") for any context, as NVIDIA's driver was observed to.
 extern "C" fn context_check(_ctx: Handle, result: *mut u32, _other: *mut *const c_void) -> i32 {
+    note("CONTEXT_CHECKS context_check");
     if !result.is_null() {
         // SAFETY: non-null output slot of the runtime.
         unsafe { result.write_unaligned(0) };
@@ -618,6 +637,7 @@ extern "C" fn context_check(_ctx: Handle, result: *mut u32, _other: *mut *const 
 }
 
 extern "C" fn check_3() -> u32 {
+    note("CONTEXT_CHECKS check 3");
     0
 }
 
