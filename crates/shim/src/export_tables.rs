@@ -678,7 +678,10 @@ pub fn lookup(id: &Uuid) -> Result<*const c_void, Option<&'static str>> {
 }
 
 /// `cuGetExportTable`'s body.
-pub fn get_export_table(out: *mut *const c_void, id: *const Uuid) -> CuResult<()> {
+///
+/// # Safety
+/// `out` is null or writable; `id` is null or points to 16 readable bytes (cuda.h's contract).
+pub unsafe fn get_export_table(out: *mut *const c_void, id: *const Uuid) -> CuResult<()> {
     if out.is_null() || id.is_null() {
         return Err(CuError(cu::INVALID_VALUE));
     }
@@ -734,20 +737,20 @@ mod tests {
 
     #[test]
     fn unknown_and_unserved_uuids_are_errors_with_a_null_table() {
-        let mut out = 1 as *const c_void;
+        let mut out = std::ptr::dangling::<c_void>();
         let id = [0xEE; 16];
-        assert_eq!(
-            get_export_table(&mut out, &id),
-            Err(CuError(cu::NOT_SUPPORTED))
-        );
+        // SAFETY: valid pointers.
+        let r = unsafe { get_export_table(&mut out, &id) };
+        assert_eq!(r, Err(CuError(cu::NOT_SUPPORTED)));
         assert!(out.is_null());
         assert_eq!(lookup(&TABLES[5].2), Err(Some("HEAP_ACCESS")));
-        assert_eq!(
-            get_export_table(std::ptr::null_mut(), &id),
-            Err(CuError(cu::INVALID_VALUE))
-        );
+        // SAFETY: null output is rejected.
+        let r = unsafe { get_export_table(std::ptr::null_mut(), &id) };
+        assert_eq!(r, Err(CuError(cu::INVALID_VALUE)));
         let mut out = std::ptr::null();
-        assert_eq!(get_export_table(&mut out, &TABLES[0].2), Ok(()));
+        // SAFETY: valid pointers.
+        let r = unsafe { get_export_table(&mut out, &TABLES[0].2) };
+        assert_eq!(r, Ok(()));
         assert_eq!(out, CUDART_INTERFACE.0.as_ptr().cast());
     }
 

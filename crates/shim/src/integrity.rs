@@ -51,9 +51,9 @@ impl Default for Md2 {
 
 impl Md2 {
     fn compress(&mut self, block: &[u8; 16]) {
-        for j in 0..16 {
-            self.x[16 + j] = block[j];
-            self.x[32 + j] = self.x[16 + j] ^ self.x[j];
+        for (j, &b) in block.iter().enumerate() {
+            self.x[16 + j] = b;
+            self.x[32 + j] = b ^ self.x[j];
         }
         let mut t: u8 = 0;
         for round in 0..18u8 {

@@ -9,7 +9,8 @@ use crate::state::{self, entry};
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, id: *const Uuid) -> CUresult {
-    entry("cuGetExportTable", || {
+    // SAFETY: the pointers come from the caller under cuda.h's contract.
+    entry("cuGetExportTable", || unsafe {
         crate::export_tables::get_export_table(table, id)
     })
 }
