@@ -608,6 +608,7 @@ fn integrity_inputs(version: u32, unix_seconds: u64) -> CuResult<crate::integrit
 
 extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, result: *mut [u64; 2]) -> i32 {
     call("INTEGRITY_CHECK", || {
+        tracing::debug!("remora: INTEGRITY_CHECK version {version}");
         let token = crate::integrity::token(&integrity_inputs(version, unix_seconds)?);
         // SAFETY: output slot of the runtime (null rejected by `put`).
         unsafe { put(result, token) }
