@@ -5,6 +5,8 @@
 #
 # Uses $NVCC, else nvcc on PATH, else /usr/local/cuda/bin/nvcc. Host programs are C++ linked
 # with the driver API only (-lcuda, -cudart none); kernels are separate images loaded at run time.
+# The runtime-API programs are the exception: runtime_api.cu is built with nvcc's default static
+# cudart (runtime_static) and with the shared one (runtime_shared), kernels embedded.
 # With REMORA_LINK_CHECK=1 (machines without libcuda) the host link ignores unresolved symbols.
 set -euo pipefail
 build=${1:?usage: build.sh BUILD_DIR}
@@ -33,3 +35,18 @@ for p in vecadd multikernel streams_events memcpy_sweep memcpy2d3d occupancy clu
   host "$p" "$src/tests/$p.cpp"
 done
 host driver_bench "$src/bench/driver_bench.cpp"
+# runtime-API programs: the CUDA runtime dlopens libcuda.so.1 itself (no -lcuda). The shared
+# cudart is linked from nvcc's own library directory (NVIDIA's wheels ship only
+# libcudart.so.13, without the unversioned name that -cudart shared needs), with an rpath.
+cudart_dir=
+for d in "$(dirname "$nvcc")/../lib64" "$(dirname "$nvcc")/../lib"; do
+  if ls "$d"/libcudart* >/dev/null 2>&1; then cudart_dir=$(cd "$d" && pwd); break; fi
+done
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/runtime_static" \
+  "$src/tests/runtime_api.cu"
+if [ -n "$cudart_dir" ] && [ ! -e "$cudart_dir/libcudart.so" ]; then
+  shared=(-cudart none -L"$cudart_dir" -l:libcudart.so.13 -Xlinker -rpath="$cudart_dir")
+else
+  shared=(-cudart shared ${cudart_dir:+-Xlinker -rpath="$cudart_dir"})
+fi
+"$nvcc" -O2 -std=c++17 "${fat[@]}" "${shared[@]}" -o "$build/runtime_shared" "$src/tests/runtime_api.cu"

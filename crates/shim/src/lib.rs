@@ -9,8 +9,10 @@
 //! socket of `remora serve`), `REMORA_LOG` (a tracing filter such as `warn`, `info`,
 //! `debug`; default `warn`, to stderr), `REMORA_CONNECT_TIMEOUT_MS` (default 5000).
 
+pub mod export_tables;
 pub mod exports;
 pub mod image;
+pub mod integrity;
 mod log;
 pub mod procaddr;
 pub mod state;

@@ -15,3 +15,20 @@ pub(crate) fn init() {
             .try_init();
     });
 }
+
+struct Alive;
+
+impl Drop for Alive {
+    fn drop(&mut self) {}
+}
+
+thread_local! {
+    static ALIVE: Alive = const { Alive };
+}
+
+/// Whether this thread may log: false once its thread-local storage is being destroyed (the
+/// CUDA runtime calls the driver from exit handlers, after the main thread's thread-local
+/// destructors ran, and the log subscriber's thread-local buffer is gone by then).
+pub(crate) fn usable() -> bool {
+    ALIVE.try_with(|_| ()).is_ok()
+}

@@ -244,16 +244,31 @@ pub fn stream_props(s: StreamRef) -> CuResult<(u32, i32)> {
 }
 
 /// Runs an export body: panics become CUDA_ERROR_UNKNOWN, errors their code.
+///
+/// Logging happens inside the unwind guard too: the CUDA runtime calls the driver from exit
+/// handlers, after thread-local storage (which the log subscriber uses) is gone, and a panic
+/// there must not abort the process.
 pub fn entry(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
-    tracing::trace!("{name}");
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => cu::SUCCESS,
-        Ok(Err(e)) => {
-            tracing::debug!("{name} -> {e}");
-            e.code()
+    let log = crate::log::usable();
+    let r = catch_unwind(AssertUnwindSafe(|| {
+        if log {
+            tracing::trace!("{name}");
         }
+        let r = f();
+        if let (Err(e), true) = (&r, log) {
+            tracing::debug!("{name} -> {e}");
+        }
+        r
+    }));
+    match r {
+        Ok(Ok(())) => cu::SUCCESS,
+        Ok(Err(e)) => e.code(),
         Err(_) => {
-            tracing::error!("remora: {name} panicked; returning CUDA_ERROR_UNKNOWN");
+            if log {
+                let _ = catch_unwind(|| {
+                    tracing::error!("remora: {name} panicked; returning CUDA_ERROR_UNKNOWN")
+                });
+            }
             cu::UNKNOWN
         }
     }

@@ -21,13 +21,17 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     entry("cuDriverGetVersion", || {
-        let v = state::session()
-            .ok()
-            .and_then(|s| s.driver_version())
-            .unwrap_or(13000);
         // SAFETY: output pointer per cuda.h.
-        unsafe { put(version, v) }
+        unsafe { put(version, driver_version()) }
     })
+}
+
+/// What cuDriverGetVersion answers: the server's driver version, else 13000.
+pub fn driver_version() -> c_int {
+    state::session()
+        .ok()
+        .and_then(|s| s.driver_version())
+        .unwrap_or(13000)
 }
 
 fn check_dev(dev: c_int) -> Result<&'static remora_client::Session, CuError> {
@@ -119,6 +123,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: c_int)
     entry("cuDevicePrimaryCtxRetain", || {
         let h = check_dev(dev)?.primary_ctx_retain(dev)?;
         state::note_ctx_device(h, dev);
+        crate::export_tables::note_primary(dev, h);
         // SAFETY: output pointer per cuda.h.
         unsafe { put(pctx, enc(Kind::Ctx, h)) }
     })
@@ -167,7 +172,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: c_int) -> CUresult {
     entry("cuDevicePrimaryCtxReset_v2", || {
-        check_dev(dev)?.primary_ctx_reset(dev)
+        check_dev(dev)?.primary_ctx_reset(dev)?;
+        crate::export_tables::primary_reset(dev);
+        Ok(())
     })
 }
 
@@ -245,6 +252,7 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
         let h = dec(Kind::Ctx, ctx)?;
         state::session()?.ctx_destroy(h)?;
         state::forget_ctx(h);
+        crate::export_tables::context_destroyed(h);
         Ok(())
     })
 }
@@ -433,7 +441,14 @@ fn proc_address(
         unsafe { put(status, st)? };
     }
     if st != 0 {
-        tracing::debug!("remora: cuGetProcAddress({name}, {version}, {flags}) not found ({st})");
+        tracing::info!(
+            "remora: cuGetProcAddress({name}, {version}, {flags}) misses: {}",
+            if st == crate::procaddr::VERSION_NOT_SUFFICIENT {
+                "CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT"
+            } else {
+                "CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND"
+            }
+        );
         return Err(CuError(cu::NOT_FOUND));
     }
     Ok(())

@@ -7,12 +7,14 @@ mod exec;
 mod library;
 mod mem;
 mod memcpy3d;
+mod private;
 
 pub use self::core::*;
 pub use exec::*;
 pub use library::*;
 pub use mem::*;
 pub use memcpy3d::*;
+pub use private::*;
 
 use std::ffi::c_void;
 

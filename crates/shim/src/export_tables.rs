@@ -1,0 +1,778 @@
+//! `cuGetExportTable`: the driver's private tables that the CUDA runtime (static or shared,
+//! and the static runtimes inside cuBLAS, cuFFT, …) asks for by UUID.
+//!
+//! What each table holds comes from public reverse engineering (ZLUDA's dark-API notes, the
+//! LUPINE list in the project's reference notes) and from watching CUDA 13's runtime call into
+//! this shim (`docs/export-tables.md`); the implementation is our own. A table is an array of
+//! pointer-sized slots; most begin with their own size in bytes. Every slot Remora does not
+//! implement holds a *trap*, a function that logs the table and slot by name (once) and returns
+//! `CUDA_ERROR_NOT_SUPPORTED`, so a runtime that reaches an unknown slot fails loudly instead of
+//! jumping to NULL. An unknown UUID is logged and answered `CUDA_ERROR_NOT_SUPPORTED` with a null
+//! table.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::{Mutex, OnceLock};
+
+use remora_client::{CuError, CuResult, cu};
+
+use crate::exports::Handle;
+use crate::state::{self, Kind, enc, entry, put};
+
+/// A `CUuuid`, as its 16 bytes.
+pub type Uuid = [u8; 16];
+
+/// A table as the runtime sees it: pointer-sized slots.
+#[repr(transparent)]
+pub struct Slots<const N: usize>(pub [*const c_void; N]);
+
+// SAFETY: the slots are written once at compile time and only read afterwards; they hold
+// function addresses and sizes, never pointers to mutable data.
+unsafe impl<const N: usize> Sync for Slots<N> {}
+
+/// The tables Remora knows by UUID, in the order of [`TABLES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// Module loading from fatbins, the primary context, and more.
+    CudartInterface,
+    /// The tools thread-local-storage table (size only).
+    ToolsTls,
+    /// Buffers through which tools install runtime callbacks.
+    ToolsRuntimeCallbackHooks,
+    /// Per-context storage for the runtime's own state (no size slot).
+    ContextLocalStorage,
+    /// A context-creation path that skips the runtime's hooks.
+    CtxCreateBypass,
+    /// Private heap allocation (not implemented).
+    HeapAccess,
+    /// Extended device attributes (not implemented).
+    DeviceExtendedRt,
+    /// The integrity token.
+    IntegrityCheck,
+    /// Context sanity checks.
+    ContextChecks,
+}
+
+/// (table, name, UUID, served): a table that is not served is known by name only, and its
+/// request is answered like an unknown one (but logged with its name).
+pub const TABLES: [(Table, &str, Uuid, bool); 9] = [
+    (
+        Table::CudartInterface,
+        "CUDART_INTERFACE",
+        uuid("6bd5fb6c5bf4e74a8987d93912fd9df9"),
+        true,
+    ),
+    (
+        Table::ToolsTls,
+        "TOOLS_TLS",
+        uuid("42d85a8123f6cb478298f6e78a3aecdc"),
+        true,
+    ),
+    (
+        Table::ToolsRuntimeCallbackHooks,
+        "TOOLS_RUNTIME_CALLBACK_HOOKS",
+        uuid("a094798c2e742e7493f20800200c0a66"),
+        true,
+    ),
+    (
+        Table::ContextLocalStorage,
+        "CONTEXT_LOCAL_STORAGE_INTERFACE_V0301",
+        uuid("c693336e1121df11a8c368f355d89593"),
+        true,
+    ),
+    (
+        Table::CtxCreateBypass,
+        "CTX_CREATE_BYPASS",
+        uuid("0ca50b8c1004929a89a7d0df10e77286"),
+        true,
+    ),
+    (
+        Table::HeapAccess,
+        "HEAP_ACCESS",
+        uuid("195bcbf4d67d024aacc51d29cea631ae"),
+        false,
+    ),
+    (
+        Table::DeviceExtendedRt,
+        "DEVICE_EXTENDED_RT",
+        uuid("b10541e1f7c7c74a9f64f223be99f1e2"),
+        false,
+    ),
+    (
+        Table::IntegrityCheck,
+        "INTEGRITY_CHECK",
+        uuid("d4082055bde6704b8d34ba123c66e1f2"),
+        true,
+    ),
+    (
+        Table::ContextChecks,
+        "CONTEXT_CHECKS",
+        uuid("263e88607cd2614392f6bbd5006dfa7e"),
+        true,
+    ),
+];
+
+const fn hex(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        _ => panic!("not a lowercase hex digit"),
+    }
+}
+
+/// 32 hex digits to the UUID's bytes, in the order they are written.
+pub const fn uuid(s: &str) -> Uuid {
+    let b = s.as_bytes();
+    assert!(b.len() == 32);
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        out[i] = hex(b[2 * i]) << 4 | hex(b[2 * i + 1]);
+        i += 1;
+    }
+    out
+}
+
+/// The UUID as CUDA tools print it: `{6BD5FB6C-5BF4-E74A-8987-D93912FD9DF9}`.
+pub fn format_uuid(u: &Uuid) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02X}")).collect();
+    format!(
+        "{{{}-{}-{}-{}-{}}}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+// Traps --------------------------------------------------------------------------------------
+
+/// The most slots a served table has.
+const MAX_SLOTS: usize = 16;
+
+fn trapped() -> &'static Mutex<HashSet<(usize, usize)>> {
+    static M: OnceLock<Mutex<HashSet<(usize, usize)>>> = OnceLock::new();
+    M.get_or_init(Mutex::default)
+}
+
+/// What every unimplemented slot does.
+fn trap_called(table: usize, slot: usize) -> i32 {
+    let first = trapped()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert((table, slot));
+    if first && crate::log::usable() {
+        crate::log::init();
+        let name = TABLES.get(table).map_or("?", |t| t.1);
+        tracing::error!(
+            "remora: the CUDA runtime called slot {slot} of the private driver table {name}, which Remora does not implement; returning CUDA_ERROR_NOT_SUPPORTED"
+        );
+    }
+    cu::NOT_SUPPORTED
+}
+
+extern "C" fn trap<const T: usize, const S: usize>() -> i32 {
+    // No panic can cross the ABI: `trap_called` only locks (poison-tolerant) and logs.
+    std::panic::catch_unwind(|| trap_called(T, S)).unwrap_or(cu::UNKNOWN)
+}
+
+macro_rules! traps {
+    ($t:literal) => {
+        traps!(@ $t; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+    };
+    (@ $t:literal; $($s:literal)*) => {
+        [$(trap::<$t, $s> as extern "C" fn() -> i32 as *const c_void),*]
+    };
+}
+
+const TRAPS: [[*const c_void; MAX_SLOTS]; 9] = [
+    traps!(0),
+    traps!(1),
+    traps!(2),
+    traps!(3),
+    traps!(4),
+    traps!(5),
+    traps!(6),
+    traps!(7),
+    traps!(8),
+];
+
+/// A table of `N` slots: traps everywhere, then the size in slot 0 when `sized`, then `fns`.
+const fn build<const N: usize>(
+    table: Table,
+    sized: bool,
+    fns: &[(usize, *const c_void)],
+) -> Slots<N> {
+    assert!(N <= MAX_SLOTS);
+    let mut t = [std::ptr::null::<c_void>(); N];
+    let mut i = 0;
+    while i < N {
+        t[i] = TRAPS[table as usize][i];
+        i += 1;
+    }
+    if sized {
+        t[0] = std::ptr::without_provenance(N * size_of::<usize>());
+    }
+    let mut j = 0;
+    while j < fns.len() {
+        t[fns[j].0] = fns[j].1;
+        j += 1;
+    }
+    Slots(t)
+}
+
+/// Runs a table function body: no panic crosses the ABI, errors become their code.
+fn call(table: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
+    entry(table, || {
+        if crate::log::usable() {
+            tracing::debug!("remora: private table call {table}");
+        }
+        f()
+    })
+}
+
+/// Logs at debug level without ever unwinding (the runtime calls some slots from exit
+/// handlers, when the log subscriber's thread-local storage is gone).
+fn note(what: &str) {
+    if crate::log::usable() {
+        let _ = std::panic::catch_unwind(|| tracing::debug!("remora: private table call {what}"));
+    }
+}
+
+// CUDART_INTERFACE ---------------------------------------------------------------------------
+
+fn load_image(module: *mut Handle, image: *const c_void) -> CuResult<()> {
+    if module.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: the runtime passes its registered fatbin (wrapper or container), readable for
+    // the extent its headers describe; `locate` reads only those headers.
+    let (p, n) = unsafe { crate::image::locate(image.cast()) }?;
+    // SAFETY: `locate` found the image to span `n` readable bytes from `p`.
+    let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+    let s = state::session()?;
+    let m = s.module_load(state::current_ctx()?, bytes)?;
+    tracing::debug!(
+        "remora: the CUDA runtime loaded a {n}-byte image as module {} ({} functions)",
+        m.handle,
+        m.functions.len()
+    );
+    // SAFETY: `module` is non-null and writable (the runtime's output slot).
+    unsafe { put(module, enc(Kind::Module, m.handle)) }
+}
+
+fn extra_args(name: &str, a3: *mut c_void, a4: *mut c_void, a5: c_uint) {
+    if !a3.is_null() || !a4.is_null() || a5 != 0 {
+        tracing::debug!(
+            "remora: CUDART_INTERFACE {name}: extra arguments {a3:p} {a4:p} {a5} ignored"
+        );
+    }
+}
+
+extern "C" fn get_module_from_cubin(module: *mut Handle, wrapper: *const c_void) -> i32 {
+    call("CUDART_INTERFACE get_module_from_cubin", || {
+        load_image(module, wrapper)
+    })
+}
+
+extern "C" fn primary_context(pctx: *mut Handle, dev: c_int) -> i32 {
+    call("CUDART_INTERFACE primary_context", || {
+        let h = state::session()?.primary_ctx_retain(dev)?;
+        state::note_ctx_device(h, dev);
+        note_primary(dev, h);
+        // SAFETY: output slot of the runtime (null rejected by `put`).
+        unsafe { put(pctx, enc(Kind::Ctx, h)) }
+    })
+}
+
+extern "C" fn get_module_from_cubin_ext1(
+    module: *mut Handle,
+    wrapper: *const c_void,
+    a3: *mut c_void,
+    a4: *mut c_void,
+    a5: c_uint,
+) -> i32 {
+    call("CUDART_INTERFACE get_module_from_cubin_ext1", || {
+        extra_args("get_module_from_cubin_ext1", a3, a4, a5);
+        load_image(module, wrapper)
+    })
+}
+
+/// Observed as a no-op in NVIDIA's driver as far as the runtime can tell; answers success.
+extern "C" fn cudart_fn7(arg: usize) -> i32 {
+    note(&format!("CUDART_INTERFACE fn7({arg:#x})"));
+    cu::SUCCESS
+}
+
+extern "C" fn get_module_from_cubin_ext2(
+    fatbin: *const c_void,
+    module: *mut Handle,
+    a3: *mut c_void,
+    a4: *mut c_void,
+    a5: c_uint,
+) -> i32 {
+    call("CUDART_INTERFACE get_module_from_cubin_ext2", || {
+        extra_args("get_module_from_cubin_ext2", a3, a4, a5);
+        load_image(module, fatbin)
+    })
+}
+
+/// The CUDART_INTERFACE table.
+pub static CUDART_INTERFACE: Slots<13> = build(
+    Table::CudartInterface,
+    true,
+    &[
+        (
+            1,
+            get_module_from_cubin as extern "C" fn(*mut Handle, *const c_void) -> i32
+                as *const c_void,
+        ),
+        (
+            2,
+            primary_context as extern "C" fn(*mut Handle, c_int) -> i32 as *const c_void,
+        ),
+        (
+            6,
+            get_module_from_cubin_ext1
+                as extern "C" fn(
+                    *mut Handle,
+                    *const c_void,
+                    *mut c_void,
+                    *mut c_void,
+                    c_uint,
+                ) -> i32 as *const c_void,
+        ),
+        (
+            7,
+            cudart_fn7 as extern "C" fn(usize) -> i32 as *const c_void,
+        ),
+        (
+            8,
+            get_module_from_cubin_ext2
+                as extern "C" fn(
+                    *const c_void,
+                    *mut Handle,
+                    *mut c_void,
+                    *mut c_void,
+                    c_uint,
+                ) -> i32 as *const c_void,
+        ),
+    ],
+);
+
+// TOOLS_TLS, TOOLS_RUNTIME_CALLBACK_HOOKS ------------------------------------------------------
+
+/// The TOOLS_TLS table: its size only (no tool is ever attached to a Remora client).
+pub static TOOLS_TLS: Slots<4> = build(Table::ToolsTls, true, &[]);
+
+/// A zeroed buffer handed to the runtime, which may write into it.
+#[repr(C, align(16))]
+struct Buffer<const N: usize>(std::cell::UnsafeCell<[u8; N]>);
+
+// SAFETY: Remora never reads or writes the buffer; only the runtime does, through the pointer
+// it was given, under its own synchronization.
+unsafe impl<const N: usize> Sync for Buffer<N> {}
+
+/// Reported as 4096 bytes (1024 u32 callback slots, all empty); twice that is allocated.
+static HOOKS_1: Buffer<8192> = Buffer(std::cell::UnsafeCell::new([0; 8192]));
+/// Reported as 56 bytes (14 u32); more is allocated.
+static HOOKS_2: Buffer<256> = Buffer(std::cell::UnsafeCell::new([0; 256]));
+
+fn give_buffer(ptr: *mut *mut c_void, size: *mut usize, buf: *mut u8, reported: usize) {
+    if ptr.is_null() || size.is_null() {
+        return;
+    }
+    // SAFETY: both output pointers are non-null and writable per the table's contract.
+    unsafe {
+        ptr.write_unaligned(buf.cast());
+        size.write_unaligned(reported);
+    }
+}
+
+extern "C" fn callback_buffer_1(ptr: *mut *mut c_void, size: *mut usize) {
+    note("TOOLS_RUNTIME_CALLBACK_HOOKS buffer 1");
+    give_buffer(ptr, size, HOOKS_1.0.get().cast(), 4096);
+}
+
+extern "C" fn callback_buffer_2(ptr: *mut *mut c_void, size: *mut usize) {
+    note("TOOLS_RUNTIME_CALLBACK_HOOKS buffer 2");
+    give_buffer(ptr, size, HOOKS_2.0.get().cast(), 56);
+}
+
+/// The TOOLS_RUNTIME_CALLBACK_HOOKS table.
+pub static TOOLS_RUNTIME_CALLBACK_HOOKS: Slots<7> = build(
+    Table::ToolsRuntimeCallbackHooks,
+    true,
+    &[
+        (
+            2,
+            callback_buffer_1 as extern "C" fn(*mut *mut c_void, *mut usize) as *const c_void,
+        ),
+        (
+            6,
+            callback_buffer_2 as extern "C" fn(*mut *mut c_void, *mut usize) as *const c_void,
+        ),
+    ],
+);
+
+// CONTEXT_LOCAL_STORAGE ------------------------------------------------------------------------
+
+/// `void (*)(CUcontext, void *key, void *value)`, called when the context goes away.
+pub type ClsDestructor = Option<extern "C" fn(Handle, *mut c_void, *mut c_void)>;
+
+#[derive(Clone, Copy)]
+struct ClsEntry {
+    value: usize,
+    dtor: ClsDestructor,
+}
+
+fn cls() -> &'static Mutex<HashMap<(u64, usize), ClsEntry>> {
+    static M: OnceLock<Mutex<HashMap<(u64, usize), ClsEntry>>> = OnceLock::new();
+    M.get_or_init(Mutex::default)
+}
+
+/// The protocol handle of a context argument; NULL means the current context.
+fn ctx_or_current(ctx: Handle) -> CuResult<u64> {
+    if ctx.is_null() {
+        state::current_ctx()
+    } else {
+        state::dec(Kind::Ctx, ctx)
+    }
+}
+
+extern "C" fn cls_put(
+    ctx: Handle,
+    key: *mut c_void,
+    value: *mut c_void,
+    dtor: ClsDestructor,
+) -> i32 {
+    call("CONTEXT_LOCAL_STORAGE put", || {
+        let h = ctx_or_current(ctx)?;
+        cls().lock().unwrap_or_else(|e| e.into_inner()).insert(
+            (h, key as usize),
+            ClsEntry {
+                value: value as usize,
+                dtor,
+            },
+        );
+        Ok(())
+    })
+}
+
+extern "C" fn cls_delete(ctx: Handle, key: *mut c_void) -> i32 {
+    call("CONTEXT_LOCAL_STORAGE delete", || {
+        let h = ctx_or_current(ctx)?;
+        cls()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(h, key as usize));
+        Ok(())
+    })
+}
+
+/// A missing key answers `CUDA_ERROR_INVALID_HANDLE`, as NVIDIA's driver does; the runtime then
+/// creates its state and puts it.
+extern "C" fn cls_get(value: *mut *mut c_void, ctx: Handle, key: *mut c_void) -> i32 {
+    let r = std::panic::catch_unwind(|| -> CuResult<()> {
+        note("CONTEXT_LOCAL_STORAGE get");
+        let h = ctx_or_current(ctx)?;
+        let v = cls()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(h, key as usize))
+            .map(|e| e.value)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        // SAFETY: output slot of the runtime (null rejected by `put`).
+        unsafe { put(value, v as *mut c_void) }
+    });
+    match r {
+        Ok(Ok(())) => cu::SUCCESS,
+        Ok(Err(e)) => e.code(),
+        Err(_) => cu::UNKNOWN,
+    }
+}
+
+/// The CONTEXT_LOCAL_STORAGE_INTERFACE_V0301 table (slot 0 is a function, not a size).
+pub static CONTEXT_LOCAL_STORAGE: Slots<4> = build(
+    Table::ContextLocalStorage,
+    false,
+    &[
+        (
+            0,
+            cls_put as extern "C" fn(Handle, *mut c_void, *mut c_void, ClsDestructor) -> i32
+                as *const c_void,
+        ),
+        (
+            1,
+            cls_delete as extern "C" fn(Handle, *mut c_void) -> i32 as *const c_void,
+        ),
+        (
+            2,
+            cls_get as extern "C" fn(*mut *mut c_void, Handle, *mut c_void) -> i32 as *const c_void,
+        ),
+    ],
+);
+
+fn primaries() -> &'static Mutex<HashMap<c_int, u64>> {
+    static M: OnceLock<Mutex<HashMap<c_int, u64>>> = OnceLock::new();
+    M.get_or_init(Mutex::default)
+}
+
+/// Remembers a device's primary context (from `cuDevicePrimaryCtxRetain` or the runtime's
+/// table), so that a reset can run its context-local-storage destructors.
+pub fn note_primary(dev: c_int, ctx: u64) {
+    primaries()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(dev, ctx);
+}
+
+/// `cuDevicePrimaryCtxReset`: the device's primary context is gone.
+pub fn primary_reset(dev: c_int) {
+    let ctx = primaries()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&dev);
+    if let Some(ctx) = ctx {
+        context_destroyed(ctx);
+    }
+}
+
+/// Runs (outside the lock) and forgets the destructors registered for `ctx`.
+pub fn context_destroyed(ctx: u64) {
+    let gone: Vec<(usize, ClsEntry)> = {
+        let mut m = cls().lock().unwrap_or_else(|e| e.into_inner());
+        let keys: Vec<(u64, usize)> = m.keys().filter(|k| k.0 == ctx).copied().collect();
+        keys.into_iter()
+            .filter_map(|k| m.remove(&k).map(|e| (k.1, e)))
+            .collect()
+    };
+    for (key, e) in gone {
+        if let Some(dtor) = e.dtor {
+            dtor(
+                enc(Kind::Ctx, ctx),
+                key as *mut c_void,
+                e.value as *mut c_void,
+            );
+        }
+    }
+}
+
+// CTX_CREATE_BYPASS ------------------------------------------------------------------------------
+
+extern "C" fn ctx_create_bypass(pctx: *mut Handle, flags: c_uint, dev: c_int) -> i32 {
+    // SAFETY: the same contract as cuCtxCreate_v2.
+    unsafe { crate::exports::cuCtxCreate_v2(pctx, flags, dev) }
+}
+
+/// The CTX_CREATE_BYPASS table.
+pub static CTX_CREATE_BYPASS: Slots<2> = build(
+    Table::CtxCreateBypass,
+    true,
+    &[(
+        1,
+        ctx_create_bypass as extern "C" fn(*mut Handle, c_uint, c_int) -> i32 as *const c_void,
+    )],
+);
+
+// INTEGRITY_CHECK ------------------------------------------------------------------------------
+
+unsafe extern "C" {
+    safe fn pthread_self() -> usize;
+}
+
+fn integrity_inputs(version: u32, unix_seconds: u64) -> CuResult<crate::integrity::Inputs> {
+    let s = state::session()?;
+    let mut devices = Vec::new();
+    for dev in 0..s.device_count() {
+        devices.push(crate::integrity::DeviceId {
+            uuid: s.device_props(dev)?.uuid,
+            pci_domain: s.device_attribute(dev, 50)?,
+            pci_bus: s.device_attribute(dev, 33)?,
+            pci_device: s.device_attribute(dev, 34)?,
+        });
+    }
+    Ok(crate::integrity::Inputs {
+        version,
+        unix_seconds,
+        driver_version: crate::exports::driver_version() as u32,
+        process: std::process::id(),
+        thread: pthread_self() as u32,
+        cudart_table: CUDART_INTERFACE.0.as_ptr() as u64,
+        integrity_table: INTEGRITY_CHECK.0.as_ptr() as u64,
+        function: INTEGRITY_CHECK.0[1] as u64,
+        devices,
+    })
+}
+
+extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, result: *mut [u64; 2]) -> i32 {
+    call("INTEGRITY_CHECK", || {
+        tracing::debug!("remora: INTEGRITY_CHECK version {version}");
+        let token = crate::integrity::token(&integrity_inputs(version, unix_seconds)?);
+        // SAFETY: output slot of the runtime (null rejected by `put`).
+        unsafe { put(result, token) }
+    })
+}
+
+/// The INTEGRITY_CHECK table.
+pub static INTEGRITY_CHECK: Slots<3> = build(
+    Table::IntegrityCheck,
+    true,
+    &[(
+        1,
+        integrity_check as extern "C" fn(c_uint, u64, *mut [u64; 2]) -> i32 as *const c_void,
+    )],
+);
+
+// CONTEXT_CHECKS --------------------------------------------------------------------------------
+
+/// Answers 0 ("nothing special") for any context, as NVIDIA's driver was observed to.
+extern "C" fn context_check(_ctx: Handle, result: *mut u32, _other: *mut *const c_void) -> i32 {
+    note("CONTEXT_CHECKS context_check");
+    if !result.is_null() {
+        // SAFETY: non-null output slot of the runtime.
+        unsafe { result.write_unaligned(0) };
+    }
+    cu::SUCCESS
+}
+
+extern "C" fn check_3() -> u32 {
+    note("CONTEXT_CHECKS check 3");
+    0
+}
+
+/// The CONTEXT_CHECKS table.
+pub static CONTEXT_CHECKS: Slots<4> = build(
+    Table::ContextChecks,
+    true,
+    &[
+        (
+            2,
+            context_check as extern "C" fn(Handle, *mut u32, *mut *const c_void) -> i32
+                as *const c_void,
+        ),
+        (3, check_3 as extern "C" fn() -> u32 as *const c_void),
+    ],
+);
+
+// Lookup -----------------------------------------------------------------------------------------
+
+/// The table for `id`, if Remora serves it.
+pub fn lookup(id: &Uuid) -> Result<*const c_void, Option<&'static str>> {
+    let Some(&(table, name, _, served)) = TABLES.iter().find(|t| &t.2 == id) else {
+        return Err(None);
+    };
+    if !served {
+        return Err(Some(name));
+    }
+    Ok(match table {
+        Table::CudartInterface => CUDART_INTERFACE.0.as_ptr().cast(),
+        Table::ToolsTls => TOOLS_TLS.0.as_ptr().cast(),
+        Table::ToolsRuntimeCallbackHooks => TOOLS_RUNTIME_CALLBACK_HOOKS.0.as_ptr().cast(),
+        Table::ContextLocalStorage => CONTEXT_LOCAL_STORAGE.0.as_ptr().cast(),
+        Table::CtxCreateBypass => CTX_CREATE_BYPASS.0.as_ptr().cast(),
+        Table::IntegrityCheck => INTEGRITY_CHECK.0.as_ptr().cast(),
+        Table::ContextChecks => CONTEXT_CHECKS.0.as_ptr().cast(),
+        Table::HeapAccess | Table::DeviceExtendedRt => return Err(Some(name)),
+    })
+}
+
+/// `cuGetExportTable`'s body.
+///
+/// # Safety
+/// `out` is null or writable; `id` is null or points to 16 readable bytes (cuda.h's contract).
+pub unsafe fn get_export_table(out: *mut *const c_void, id: *const Uuid) -> CuResult<()> {
+    if out.is_null() || id.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: `id` points to a CUuuid (16 bytes) per cuda.h.
+    let id = unsafe { id.read_unaligned() };
+    let found = lookup(&id);
+    let table = match found {
+        Ok(t) => {
+            let name = TABLES.iter().find(|t| t.2 == id).map_or("?", |t| t.1);
+            tracing::info!("remora: cuGetExportTable {} ({name})", format_uuid(&id));
+            t
+        }
+        Err(name) => {
+            tracing::error!(
+                "remora: cuGetExportTable {} ({}) is not implemented by the Remora shim; returning CUDA_ERROR_NOT_SUPPORTED",
+                format_uuid(&id),
+                name.unwrap_or("unknown table")
+            );
+            std::ptr::null()
+        }
+    };
+    // SAFETY: `out` is non-null and writable per cuda.h.
+    unsafe { put(out, table)? };
+    if table.is_null() {
+        return Err(CuError(cu::NOT_SUPPORTED));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_print_as_cuda_tools_print_them() {
+        assert_eq!(
+            format_uuid(&TABLES[0].2),
+            "{6BD5FB6C-5BF4-E74A-8987-D93912FD9DF9}"
+        );
+    }
+
+    #[test]
+    fn tables_have_their_size_and_traps_in_empty_slots() {
+        assert_eq!(CUDART_INTERFACE.0[0] as usize, 13 * 8);
+        assert_eq!(TOOLS_TLS.0[0] as usize, 32);
+        assert_eq!(INTEGRITY_CHECK.0[0] as usize, 24);
+        // An empty slot is a trap that fails loudly.
+        // SAFETY: slot 3 of TOOLS_TLS is `trap::<1, 3>`, a `extern "C" fn() -> i32`.
+        let f: extern "C" fn() -> i32 = unsafe { std::mem::transmute(TOOLS_TLS.0[3]) };
+        assert_eq!(f(), cu::NOT_SUPPORTED);
+        assert_eq!(f(), cu::NOT_SUPPORTED);
+    }
+
+    #[test]
+    fn unknown_and_unserved_uuids_are_errors_with_a_null_table() {
+        let mut out = std::ptr::dangling::<c_void>();
+        let id = [0xEE; 16];
+        // SAFETY: valid pointers.
+        let r = unsafe { get_export_table(&mut out, &id) };
+        assert_eq!(r, Err(CuError(cu::NOT_SUPPORTED)));
+        assert!(out.is_null());
+        assert_eq!(lookup(&TABLES[5].2), Err(Some("HEAP_ACCESS")));
+        // SAFETY: null output is rejected.
+        let r = unsafe { get_export_table(std::ptr::null_mut(), &id) };
+        assert_eq!(r, Err(CuError(cu::INVALID_VALUE)));
+        let mut out = std::ptr::null();
+        // SAFETY: valid pointers.
+        let r = unsafe { get_export_table(&mut out, &TABLES[0].2) };
+        assert_eq!(r, Ok(()));
+        assert_eq!(out, CUDART_INTERFACE.0.as_ptr().cast());
+    }
+
+    #[test]
+    fn context_local_storage_round_trips_and_runs_destructors() {
+        static CALLED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        extern "C" fn dtor(_c: Handle, _k: *mut c_void, v: *mut c_void) {
+            CALLED.store(v as usize, std::sync::atomic::Ordering::SeqCst);
+        }
+        let ctx = enc(Kind::Ctx, 77);
+        let key = 0x1000 as *mut c_void;
+        let mut v = std::ptr::null_mut();
+        assert_eq!(cls_get(&mut v, ctx, key), cu::INVALID_HANDLE);
+        assert_eq!(cls_put(ctx, key, 0x42 as *mut c_void, Some(dtor)), 0);
+        assert_eq!(cls_get(&mut v, ctx, key), 0);
+        assert_eq!(v as usize, 0x42);
+        context_destroyed(77);
+        assert_eq!(CALLED.load(std::sync::atomic::Ordering::SeqCst), 0x42);
+        assert_eq!(cls_get(&mut v, ctx, key), cu::INVALID_HANDLE);
+        assert_eq!(cls_put(ctx, key, 0x43 as *mut c_void, None), 0);
+        assert_eq!(cls_delete(ctx, key), 0);
+        assert_eq!(cls_get(&mut v, ctx, key), cu::INVALID_HANDLE);
+    }
+}
