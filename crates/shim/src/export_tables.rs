@@ -51,11 +51,13 @@ pub enum Table {
     IntegrityCheck,
     /// Context sanity checks.
     ContextChecks,
+    /// The tools' view of contexts (`ToolsContext`), asked for by cuFFT and cuBLAS.
+    ToolsContext,
 }
 
 /// (table, name, UUID, served): a table that is not served is known by name only, and its
 /// request is answered like an unknown one (but logged with its name).
-pub const TABLES: [(Table, &str, Uuid, bool); 9] = [
+pub const TABLES: [(Table, &str, Uuid, bool); 10] = [
     (
         Table::CudartInterface,
         "CUDART_INTERFACE",
@@ -110,6 +112,12 @@ pub const TABLES: [(Table, &str, Uuid, bool); 9] = [
         uuid("263e88607cd2614392f6bbd5006dfa7e"),
         true,
     ),
+    (
+        Table::ToolsContext,
+        "TOOLS_CONTEXT",
+        uuid("21318c60971432488ca641ff7324c8f2"),
+        true,
+    ),
 ];
 
 const fn hex(c: u8) -> u8 {
@@ -148,8 +156,8 @@ pub fn format_uuid(u: &Uuid) -> String {
 
 // Traps --------------------------------------------------------------------------------------
 
-/// The most slots a served table has.
-const MAX_SLOTS: usize = 16;
+/// The most slots a served table has (TOOLS_CONTEXT: a size and 94 functions).
+const MAX_SLOTS: usize = 95;
 
 fn trapped() -> &'static Mutex<HashSet<(usize, usize)>> {
     static M: OnceLock<Mutex<HashSet<(usize, usize)>>> = OnceLock::new();
@@ -179,14 +187,18 @@ extern "C" fn trap<const T: usize, const S: usize>() -> i32 {
 
 macro_rules! traps {
     ($t:literal) => {
-        traps!(@ $t; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15)
+        traps!(@ $t;
+            0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
+            32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60
+            61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89
+            90 91 92 93 94)
     };
     (@ $t:literal; $($s:literal)*) => {
         [$(trap::<$t, $s> as extern "C" fn() -> i32 as *const c_void),*]
     };
 }
 
-const TRAPS: [[*const c_void; MAX_SLOTS]; 9] = [
+const TRAPS: [[*const c_void; MAX_SLOTS]; 10] = [
     traps!(0),
     traps!(1),
     traps!(2),
@@ -196,6 +208,7 @@ const TRAPS: [[*const c_void; MAX_SLOTS]; 9] = [
     traps!(6),
     traps!(7),
     traps!(8),
+    traps!(9),
 ];
 
 /// A table of `N` slots: traps everywhere, then the size in slot 0 when `sized`, then `fns`.
@@ -363,8 +376,24 @@ pub static CUDART_INTERFACE: Slots<13> = build(
 
 // TOOLS_TLS, TOOLS_RUNTIME_CALLBACK_HOOKS ------------------------------------------------------
 
-/// The TOOLS_TLS table: its size only (no tool is ever attached to a Remora client).
-pub static TOOLS_TLS: Slots<4> = build(Table::ToolsTls, true, &[]);
+/// TOOLS_TLS slot 2: the calling thread's current context, as `cuCtxGetCurrent` answers
+/// (cuBLAS asks for it before every GEMM; public reverse-engineering notes describe it so).
+extern "C" fn tools_tls_current_context(ctx: *mut Handle) -> i32 {
+    note("TOOLS_TLS current context");
+    // SAFETY: `ctx` is the runtime's output slot; cuCtxGetCurrent rejects null.
+    unsafe { crate::exports::cuCtxGetCurrent(ctx) }
+}
+
+/// The TOOLS_TLS table: its size and the current-context query (no tool is ever attached to a
+/// Remora client).
+pub static TOOLS_TLS: Slots<4> = build(
+    Table::ToolsTls,
+    true,
+    &[(
+        2,
+        tools_tls_current_context as extern "C" fn(*mut Handle) -> i32 as *const c_void,
+    )],
+);
 
 /// A zeroed buffer handed to the runtime, which may write into it.
 #[repr(C, align(16))]
@@ -656,6 +685,27 @@ pub static CONTEXT_CHECKS: Slots<4> = build(
     ],
 );
 
+// TOOLS_CONTEXT ---------------------------------------------------------------------------------
+
+/// TOOLS_CONTEXT slot 4: a context's unique id, as `cuCtxGetId` answers (public
+/// reverse-engineering notes describe it so).
+extern "C" fn tools_context_id(ctx: Handle, id: *mut u64) -> i32 {
+    note("TOOLS_CONTEXT context id");
+    // SAFETY: `id` is the runtime's output slot; cuCtxGetId rejects null.
+    unsafe { crate::exports::cuCtxGetId(ctx, id) }
+}
+
+/// The TOOLS_CONTEXT table as CUDA 13's driver sizes it (a size and 94 slots); only the
+/// context-id query is served, every other slot is a loud trap.
+pub static TOOLS_CONTEXT: Slots<95> = build(
+    Table::ToolsContext,
+    true,
+    &[(
+        4,
+        tools_context_id as extern "C" fn(Handle, *mut u64) -> i32 as *const c_void,
+    )],
+);
+
 // Lookup -----------------------------------------------------------------------------------------
 
 /// The table for `id`, if Remora serves it.
@@ -674,6 +724,7 @@ pub fn lookup(id: &Uuid) -> Result<*const c_void, Option<&'static str>> {
         Table::CtxCreateBypass => CTX_CREATE_BYPASS.0.as_ptr().cast(),
         Table::IntegrityCheck => INTEGRITY_CHECK.0.as_ptr().cast(),
         Table::ContextChecks => CONTEXT_CHECKS.0.as_ptr().cast(),
+        Table::ToolsContext => TOOLS_CONTEXT.0.as_ptr().cast(),
         Table::HeapAccess | Table::DeviceExtendedRt => return Err(Some(name)),
     })
 }
@@ -734,6 +785,24 @@ mod tests {
         let f: extern "C" fn() -> i32 = unsafe { std::mem::transmute(TOOLS_TLS.0[3]) };
         assert_eq!(f(), cu::NOT_SUPPORTED);
         assert_eq!(f(), cu::NOT_SUPPORTED);
+        // TOOLS_CONTEXT: a size and 94 slots, as CUDA 13's driver serves it; slot 4 is the
+        // context id, the others are traps.
+        assert_eq!(TOOLS_CONTEXT.0[0] as usize, 95 * 8);
+        assert_eq!(
+            TOOLS_CONTEXT.0[4],
+            tools_context_id as extern "C" fn(Handle, *mut u64) -> i32 as *const c_void
+        );
+        // SAFETY: slot 94 of TOOLS_CONTEXT is `trap::<9, 94>`, a `extern "C" fn() -> i32`.
+        let f: extern "C" fn() -> i32 = unsafe { std::mem::transmute(TOOLS_CONTEXT.0[94]) };
+        assert_eq!(f(), cu::NOT_SUPPORTED);
+        assert_eq!(
+            lookup(&uuid("21318c60971432488ca641ff7324c8f2")),
+            Ok(TOOLS_CONTEXT.0.as_ptr().cast())
+        );
+        assert_eq!(
+            TOOLS_TLS.0[2],
+            tools_tls_current_context as extern "C" fn(*mut Handle) -> i32 as *const c_void
+        );
     }
 
     #[test]

@@ -341,6 +341,15 @@ fn child_memcpy_2d_3d_peer() {
         assert_eq!(ctx_create(&mut a, 0, 0), 0);
         assert_eq!(ctx_create(&mut b, 0, 0), 0);
         assert_eq!(set_current(a), 0);
+        // Context ids: distinct per context, the current one for NULL, stable.
+        type CtxGetId = unsafe extern "C" fn(*mut c_void, *mut u64) -> c_int;
+        let get_id: libloading::Symbol<CtxGetId> = lib.get(b"cuCtxGetId").unwrap();
+        let (mut ia, mut ib, mut icur) = (0u64, 0u64, 0u64);
+        assert_eq!(get_id(a, &mut ia), 0);
+        assert_eq!(get_id(b, &mut ib), 0);
+        assert_eq!(get_id(std::ptr::null_mut(), &mut icur), 0);
+        assert!(ia != ib && ia == icur, "{ia} {ib} {icur}");
+        assert_eq!(get_id(a, std::ptr::null_mut()), 1);
 
         // 2-D host → device with offsets and odd pitches, then device → host.
         let src = pattern(29 * 9, 1);

@@ -324,6 +324,20 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut c_int) -> CUresult {
     })
 }
 
+/// A context's unique id: Remora's handle for it, unique in the session and never reused.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetId(ctx: Handle, id: *mut u64) -> CUresult {
+    entry("cuCtxGetId", || {
+        let h = if ctx.is_null() {
+            state::current_ctx()?
+        } else {
+            dec(Kind::Ctx, ctx)?
+        };
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(id, h) }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut c_int, ctx: Handle) -> CUresult {
     entry("cuCtxGetDevice_v2", || {
