@@ -50,3 +50,12 @@ else
   shared=(-cudart shared ${cudart_dir:+-Xlinker -rpath="$cudart_dir"})
 fi
 "$nvcc" -O2 -std=c++17 "${fat[@]}" "${shared[@]}" -o "$build/runtime_shared" "$src/tests/runtime_api.cu"
+# libraries: cuBLAS, cuRAND, cuFFT, cuSOLVER linked normally (skipped when nvcc's toolkit has
+# no cuBLAS, e.g. the CUDA wheels used for link checks in CI)
+libdir=$(cd "$(dirname "$nvcc")/.." && pwd)/lib64
+if ls "$libdir"/libcublas.so* >/dev/null 2>&1; then
+  "$nvcc" -O2 -std=c++17 -o "$build/libraries" "$src/tests/libraries.cu" -L"$libdir" \
+    -lcublas -lcublasLt -lcufft -lcurand -lcusolver -Xlinker -rpath="$libdir"
+else
+  echo "libraries: no cuBLAS beside $nvcc; not built" >&2
+fi

@@ -126,7 +126,7 @@ echo "== 4. programs: native (twice) and remoted, outputs compared byte for byte
 export REMORA_GPU_KERNELS="$build"  # the programs find their kernel images here (see common.h)
 programs=("vecadd cubin" "vecadd ptx" "vecadd fatbin" "vecadd library" "multikernel" "streams_events"
           "memcpy_sweep" "memcpy2d3d" "occupancy" "cluster" "multithread" "errors illegal" "errors trap"
-          "errors assert" "errors api" "devprintf" "runtime_static" "runtime_shared")
+          "errors assert" "errors api" "devprintf" "runtime_static" "runtime_shared" "libraries")
 remote_modes=(unix tcp embedded)
 for p in "${programs[@]}"; do
   read -r prog args <<< "$p"
@@ -135,6 +135,10 @@ for p in "${programs[@]}"; do
   if [ $built = 0 ]; then
     result "$p" native fail "build failed"
     for m in "${remote_modes[@]}"; do result "$p" "$m" skipped "build failed"; done
+    continue
+  fi
+  if [ ! -x "$build/$prog" ]; then
+    for m in native "${remote_modes[@]}"; do result "$p" "$m" skipped "not built here (see outputs/build.log)"; done
     continue
   fi
   # shellcheck disable=SC2086
