@@ -434,6 +434,44 @@ fn child_memcpy_2d_3d_peer() {
         // 3-D device → host, asynchronous, delivered by the stream synchronize.
         let mut stream = std::ptr::null_mut();
         assert_eq!(stream_create(&mut stream, 0), 0);
+        // No stream is ever capturing (capture is not supported): the queries say so, after
+        // checking the handle.
+        type IsCapturing = unsafe extern "C" fn(*mut c_void, *mut c_int) -> c_int;
+        type CaptureInfoV3 = unsafe extern "C" fn(
+            *mut c_void,
+            *mut c_int,
+            *mut u64,
+            *mut *mut c_void,
+            *mut *const c_void,
+            *mut *const c_void,
+            *mut usize,
+        ) -> c_int;
+        let is_capturing: libloading::Symbol<IsCapturing> =
+            lib.get(b"cuStreamIsCapturing").unwrap();
+        let info_v3: libloading::Symbol<CaptureInfoV3> =
+            lib.get(b"cuStreamGetCaptureInfo_v3").unwrap();
+        let mut status = 7;
+        assert_eq!(is_capturing(stream, &mut status), 0);
+        assert_eq!(status, 0);
+        assert_eq!(is_capturing(std::ptr::null_mut(), &mut status), 0);
+        let (mut id, mut count) = (9u64, 9usize);
+        let mut graph = std::ptr::dangling_mut::<c_void>();
+        status = 7;
+        assert_eq!(
+            info_v3(
+                stream,
+                &mut status,
+                &mut id,
+                &mut graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut count
+            ),
+            0
+        );
+        assert_eq!((status, id, graph.is_null(), count), (0, 0, true, 0));
+        assert_eq!(is_capturing(0x1234_5600 as *mut c_void, &mut status), 400);
+        assert_eq!(is_capturing(stream, std::ptr::null_mut()), 1);
         let slab = pattern(4096, 7);
         assert_eq!(htod(dev, slab.as_ptr().cast(), 4096), 0);
         let mut host = vec![0u8; 10 * 4 * 3];

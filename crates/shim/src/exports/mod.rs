@@ -2,6 +2,7 @@
 //! pointers are valid as it documents (null output pointers are rejected).
 #![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 
+mod capture;
 mod core;
 mod exec;
 mod library;
@@ -10,6 +11,7 @@ mod memcpy3d;
 mod private;
 
 pub use self::core::*;
+pub use capture::*;
 pub use exec::*;
 pub use library::*;
 pub use mem::*;
