@@ -50,6 +50,9 @@ else
   shared=(-cudart shared ${cudart_dir:+-Xlinker -rpath="$cudart_dir"})
 fi
 "$nvcc" -O2 -std=c++17 "${fat[@]}" "${shared[@]}" -o "$build/runtime_shared" "$src/tests/runtime_api.cu"
+# device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
+  "$src/tests/device_props.cu"
 # libraries: cuBLAS, cuRAND, cuFFT, cuSOLVER linked normally (skipped when nvcc's toolkit has
 # no cuBLAS, e.g. the CUDA wheels used for link checks in CI)
 libdir=$(cd "$(dirname "$nvcc")/.." && pwd)/lib64
