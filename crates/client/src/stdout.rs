@@ -17,7 +17,9 @@ static STDOUT: Mutex<()> = Mutex::new(());
 /// would. Never panics.
 pub(crate) fn write_device_output(mut bytes: &[u8]) {
     use rustix::io::Errno;
-    let _serial = STDOUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _serial = STDOUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let fd = rustix::stdio::stdout();
     while !bytes.is_empty() {
         match rustix::io::write(fd, bytes) {
@@ -25,7 +27,10 @@ pub(crate) fn write_device_output(mut bytes: &[u8]) {
             Ok(n) => bytes = &bytes[n.min(bytes.len())..],
             Err(Errno::INTR) => {}
             Err(Errno::AGAIN) => {
-                let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::OUT)];
+                let mut fds = [rustix::event::PollFd::new(
+                    &fd,
+                    rustix::event::PollFlags::OUT,
+                )];
                 if matches!(rustix::event::poll(&mut fds, None), Err(e) if e != Errno::INTR) {
                     return;
                 }
