@@ -209,3 +209,75 @@ fn device_output_reaches_the_client_stdout_in_order_with_its_own() {
         "stdout of the client:\n{stdout}\nexpected, in order:\n{expected}"
     );
 }
+
+/// The CUDA headers (scripts/test sets REMORA_CUDA_INCLUDE) and the shim built beside the
+/// binary; `None` (with the reason printed) when missing.
+fn c_toolchain() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let Some(include) = std::env::var_os("REMORA_CUDA_INCLUDE")
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.join("cuda.h").is_file())
+    else {
+        eprintln!("SKIPPED: no CUDA 13.0 headers (set REMORA_CUDA_INCLUDE; scripts/test does)");
+        return None;
+    };
+    let target = Path::new(REMORA).parent().unwrap();
+    // `cargo test` refreshes the cdylib under deps/ but may leave an older copy beside the
+    // binaries: use the newest.
+    let shim = [target.join("libcuda.so"), target.join("deps/libcuda.so")]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p);
+    let Some(shim) = shim else {
+        eprintln!(
+            "SKIPPED: the shim libcuda.so is not built in {}",
+            target.display()
+        );
+        return None;
+    };
+    Some((include, shim))
+}
+
+#[test]
+fn a_driver_program_gets_device_output_on_its_stdout_through_the_shim() {
+    let Some((include, shim)) = c_toolchain() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let program = dir.path().join("device_printf");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/c/device_printf.c");
+    let cc = Command::new("cc")
+        .arg("-I")
+        .arg(&include)
+        .arg(&source)
+        .arg("-L")
+        .arg(shim.parent().unwrap())
+        .args(["-lcuda", "-o"])
+        .arg(&program)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let serve = Serve::start(dir.path(), "process");
+    let out = Command::new(REMORA)
+        .args(["run", "--server"])
+        .arg(serve.endpoint.to_string())
+        .arg("--shim")
+        .arg(&shim)
+        .arg("--")
+        .arg(&program)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exit {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expected = format!("host before\n{DEVICE_TEXT}host between\n{DEVICE_TEXT}host after\n");
+    assert_eq!(stdout, expected);
+}

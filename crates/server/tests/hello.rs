@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use remora_oncrpc::{Client, Endpoint, RpcError};
 use remora_proto::remora::{
-    DriverReport, HelloArgs, HelloReply, REMORA_CAP_ONEWAY, REMORA_PROG, RemoraV1Client,
+    DriverReport, HelloArgs, HelloReply, REMORA_CAP_ONEWAY, REMORA_PROG, REMORA_PROTOCOL_REVISION,
+    RemoraV1Client,
 };
 use remora_server::driver::{GpuInfo, Inventory};
 use remora_server::{ServeConfig, start_with_inventory};
