@@ -2,8 +2,8 @@
  * Device-side printf through Remora's libcuda.so.1, for CI machines without a GPU: run under
  * `remora run --server` against `remora serve --backend emulated --isolation process` with
  * REMORA_EMULATED_DEVICE_PRINTF set, every synchronize brings that text, which must appear on
- * this program's stdout between the host lines flushed before and after the call, as NVIDIA's
- * driver writes kernel printf output.
+ * this program's stdout after the host lines printed before the call, as NVIDIA's driver
+ * (which writes it through C stdout and flushes that) writes kernel printf output.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -27,8 +27,9 @@ int main(void) {
     printf("host before\n");
     fflush(stdout);
     CK(cuCtxSynchronize());
+    /* Not flushed: natively the driver appends device output to C stdout and flushes it, so
+     * this line still comes out first. */
     printf("host between\n");
-    fflush(stdout);
     CK(cuStreamSynchronize(NULL));
     printf("host after\n");
     fflush(stdout);

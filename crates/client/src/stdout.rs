@@ -1,11 +1,11 @@
 //! Device-side `printf` output from the server, written to this process's standard output.
 //!
 //! A session worker captures what the driver writes to its fd 1 and returns it in
-//! synchronizing replies (protocol revision 4). NVIDIA's driver writes that output with
-//! `write(2)` to fd 1 during the synchronizing call, bypassing C stdio's buffer; writing it the
-//! same way here, before the call returns, keeps a remoted program's output in the order it
-//! has natively (host lines the program flushed before the call come first, those it prints
-//! after come later).
+//! synchronizing replies (protocol revision 4). NVIDIA's driver (13.0, observed on an H100)
+//! writes that output through C stdio's `stdout` and flushes it during the synchronizing
+//! call, so natively the program's own buffered `printf` output comes out first, then the
+//! device's. Here the same happens: C `stdout` is flushed, then the bytes are written to fd 1
+//! directly, before the call returns.
 
 use std::sync::Mutex;
 
@@ -20,6 +20,7 @@ pub(crate) fn write_device_output(mut bytes: &[u8]) {
     let _serial = STDOUT
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    flush_c_stdout();
     let fd = rustix::stdio::stdout();
     while !bytes.is_empty() {
         match rustix::io::write(fd, bytes) {
@@ -36,6 +37,24 @@ pub(crate) fn write_device_output(mut bytes: &[u8]) {
                 }
             }
             Err(_) => return,
+        }
+    }
+}
+
+/// `fflush(stdout)`: the program's buffered C stdio output goes out before the device's, as
+/// when the driver appends to and flushes the same stream.
+fn flush_c_stdout() {
+    unsafe extern "C" {
+        static stdout: *mut std::ffi::c_void;
+        fn fflush(stream: *mut std::ffi::c_void) -> std::ffi::c_int;
+    }
+    // SAFETY: `stdout` is the C library's standard output stream pointer, set before any
+    // Rust code runs and never freed; it is read by value through a raw pointer (no
+    // reference to the static). fflush locks the stream itself and accepts it in any state.
+    unsafe {
+        let stream = (&raw const stdout).read();
+        if !stream.is_null() {
+            fflush(stream);
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Device-side `printf` output of a session worker, captured for the client.
 //!
-//! NVIDIA's driver writes what kernels `printf` to the process's standard output (fd 1) when
-//! it flushes the device's printf buffer, inside the synchronizing call that flushes it
+//! NVIDIA's driver writes what kernels `printf` to the process's standard output (C stdio's
+//! `stdout`, which it flushes, so fd 1) when it flushes the device's printf buffer, inside
+//! the synchronizing call that flushes it
 //! (context, stream and event synchronize, synchronous copies, module unload, context
 //! destroy). A session worker serves exactly one session, so everything that reaches its fd 1
 //! is that session's device output:
@@ -208,16 +209,21 @@ impl DeviceOutput {
     }
 }
 
-/// Flushes C stdio's output streams, in case the driver ever writes through its `stdout`
-/// `FILE` rather than to fd 1 directly: in a pipe that stream is fully buffered.
+/// Flushes C stdio's `stdout`. NVIDIA's driver writes device output through that stream and
+/// flushes it itself; this only makes sure nothing stays in its buffer.
 fn flush_c_stdio() {
     unsafe extern "C" {
+        static stdout: *mut std::ffi::c_void;
         fn fflush(stream: *mut std::ffi::c_void) -> std::ffi::c_int;
     }
-    // SAFETY: fflush(NULL) flushes every open output stream; it takes no pointer of ours and
-    // is thread-safe (each stream is locked by libc).
+    // SAFETY: `stdout` is the C library's standard output stream pointer, set before any
+    // Rust code runs and never freed; it is read by value through a raw pointer (no
+    // reference to the static). fflush locks the stream itself and accepts it in any state.
     unsafe {
-        fflush(std::ptr::null_mut());
+        let stream = (&raw const stdout).read();
+        if !stream.is_null() {
+            fflush(stream);
+        }
     }
 }
 
