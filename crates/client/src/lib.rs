@@ -28,6 +28,7 @@ mod library;
 pub mod params;
 mod safe;
 mod session;
+mod stdout;
 mod vaspace;
 
 pub use endpoint::{default_endpoint, endpoint_from_env};

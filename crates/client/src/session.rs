@@ -518,7 +518,9 @@ impl Session {
     /// `cuDevicePrimaryCtxRelease`.
     pub fn primary_ctx_release(&self, dev: DeviceHandle) -> CuResult<()> {
         self.check_device(dev)?;
-        CuError::check(call!(self.rm_primary_ctx_release(&dev))?)
+        let r = call!(self.rm_primary_ctx_release(&dev))?;
+        self.take_device_output();
+        CuError::check(r)
     }
 
     /// `cuDevicePrimaryCtxSetFlags`.
@@ -541,7 +543,9 @@ impl Session {
     /// `cuDevicePrimaryCtxReset`.
     pub fn primary_ctx_reset(&self, dev: DeviceHandle) -> CuResult<()> {
         self.check_device(dev)?;
-        CuError::check(call!(self.rm_primary_ctx_reset(&dev))?)
+        let r = call!(self.rm_primary_ctx_reset(&dev))?;
+        self.take_device_output();
+        CuError::check(r)
     }
 
     /// `cuCtxCreate`.
@@ -554,7 +558,9 @@ impl Session {
 
     /// `cuCtxDestroy`: also forgets the context's allocations and per-thread streams.
     pub fn ctx_destroy(&self, ctx: RmHandle) -> CuResult<()> {
-        CuError::check(call!(self.rm_ctx_destroy(&ctx))?)?;
+        let r = call!(self.rm_ctx_destroy(&ctx))?;
+        self.take_device_output();
+        CuError::check(r)?;
         for base in self.va.of_context(ctx) {
             self.va.release(base);
         }
@@ -712,8 +718,14 @@ impl Session {
     ///
     /// A copy stays listed as pending until its bytes are written, so that another thread's
     /// synchronizing call that covers it can wait for the write ([`Session::settle`]).
+    /// Device-side printf output (the entry `RM_DEVICE_OUTPUT_ID`, revision 4) is written to
+    /// this process's standard output before the call returns.
     pub fn finish_sync(&self, reply: RmSyncReply) -> CuResult<()> {
         for c in reply.copies {
+            if c.copy_id == RM_DEVICE_OUTPUT_ID {
+                crate::stdout::write_device_output(&c.data);
+                continue;
+            }
             let sink = lock(&self.pending)
                 .get_mut(&c.copy_id)
                 .and_then(|p| p.sink.take());
@@ -728,6 +740,19 @@ impl Session {
             self.delivered.notify_all();
         }
         CuError::check(reply.status)
+    }
+
+    /// After a call that makes the driver flush device-side printf output but replies only a
+    /// status (context destroy, primary context release and reset, module unload): fetches the
+    /// output captured by now and writes it to standard output (revision 4; best effort).
+    fn take_device_output(&self) {
+        if self.welcome.revision < 4 {
+            return;
+        }
+        match call!(self.rm_device_output_take()) {
+            Ok(data) => crate::stdout::write_device_output(&data),
+            Err(e) => tracing::debug!("remora: device output not fetched: {e}"),
+        }
     }
 
     /// The copy-id mark: copies issued before now have smaller ids.
@@ -1289,7 +1314,9 @@ impl Session {
 
     /// `cuModuleUnload`; forgets the cached functions.
     pub fn module_unload(&self, module: RmHandle) -> CuResult<()> {
-        CuError::check(call!(self.rm_module_unload(&module))?)?;
+        let r = call!(self.rm_module_unload(&module))?;
+        self.take_device_output();
+        CuError::check(r)?;
         if let Some(m) = lock(&self.modules).remove(&module) {
             let mut f = lock(&self.functions);
             let mut attrs = lock(&self.func_attrs);

@@ -18,6 +18,7 @@ use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, SUCCESS};
 use crate::backend::{
     Backend, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, LaunchSpec, StagedCopy,
 };
+use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
 use crate::hello::{HelloService, truncate};
 use crate::module_cache::ModuleCache;
 use crate::session::{PendingCopy, Range, Resource, Scope, Session, SessionState};
@@ -91,6 +92,9 @@ struct Inner {
     hello: HelloService,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     cache: ModuleCache,
+    /// This process's captured standard output (a session worker: one session), whose
+    /// device-side printf output synchronizing replies carry.
+    device_output: std::sync::OnceLock<Arc<DeviceOutput>>,
 }
 
 /// Serves `remora.x`: HELLO plus the CUDA driver procedures, one session per connection.
@@ -128,6 +132,7 @@ impl Executor {
                 hello,
                 sessions: Mutex::new(HashMap::new()),
                 cache: ModuleCache::with_dir(cache_bytes, cache_dir),
+                device_output: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -138,6 +143,13 @@ impl Executor {
         self.inner
             .profile
             .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Returns what `out` captures (device-side printf output) to the client in every
+    /// synchronizing reply, once it negotiated revision 4. Only for a process that serves one
+    /// session (a session worker): the output of a process cannot be told apart by session.
+    pub(crate) fn deliver_device_output(&self, out: Arc<DeviceOutput>) {
+        let _ = self.inner.device_output.set(out);
     }
 
     /// Number of live sessions.
@@ -258,9 +270,31 @@ impl Inner {
         scope: Scope,
     ) -> RmSyncReply {
         let mut status = st.sync_status(own.map_err(nz));
-        let copies = st.collect(scope, &mut status);
+        let copies = self.collect(st, scope, &mut status);
         log_failed(what, status);
         RmSyncReply { status, copies }
+    }
+
+    /// What a synchronizing reply delivers: the asynchronous copies `scope` covers
+    /// ([`SessionState::collect`]) and the device output captured by now, as the entry
+    /// `RM_DEVICE_OUTPUT_ID`. Call it after the synchronizing driver call has returned (the
+    /// driver writes the output during that call).
+    fn collect(&self, st: &mut SessionState, scope: Scope, status: &mut i32) -> Vec<RmCopyData> {
+        let mut copies = st.collect(scope, status);
+        if let Some(data) = self.take_device_output() {
+            copies.push(RmCopyData {
+                copy_id: RM_DEVICE_OUTPUT_ID,
+                data,
+            });
+        }
+        copies
+    }
+
+    /// The device output captured by now, at most `RM_MAX_DEVICE_OUTPUT` bytes.
+    fn take_device_output(&self) -> Option<remora_xdr::Bytes> {
+        self.device_output
+            .get()?
+            .take(RM_MAX_DEVICE_OUTPUT as usize)
     }
 
     /// Drops one of the session's references to its primary context of `dev` (all of them
@@ -351,7 +385,11 @@ impl RemoraV1Server for Executor {
 
     fn remora_hello(&self, call: &CallContext, args: HelloArgs) -> ProcResult<HelloReply> {
         tracing::info!(client = %args.client_name, peer = ?call.peer, connection = call.connection, "HELLO");
-        Ok(self.inner.hello.answer(&args))
+        let reply = self.inner.hello.answer(&args);
+        if let (HelloReply::True(w), Some(out)) = (&reply, self.inner.device_output.get()) {
+            out.set_deliver(w.revision >= DELIVERY_REVISION);
+        }
+        Ok(reply)
     }
 
     // Devices --------------------------------------------------------------------------------
@@ -712,7 +750,8 @@ impl RemoraV1Server for Executor {
             let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
             // A synchronous copy waits for the context's legacy stream: the async copies
             // queued there before it are complete too.
-            let copies = st.collect(
+            let copies = inner.collect(
+                &mut st,
                 Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)),
                 &mut status,
             );
@@ -777,6 +816,10 @@ impl RemoraV1Server for Executor {
 
     fn rm_memcpy_dtoh_async(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<()> {
         self.oneway(call, "RM_MEMCPY_DTOH_ASYNC", |inner, session| {
+            if a.copy_id == RM_DEVICE_OUTPUT_ID {
+                // Reserved for device output: such a copy could never be told apart.
+                return Err(INVALID_VALUE);
+            }
             let issued = (|| {
                 let (c, s) = {
                     let st = session.lock();
@@ -1262,6 +1305,12 @@ impl RemoraV1Server for Executor {
                 .memcpy_peer(c, Some(s), a.dst, dc, a.src, sc, a.size)
         })
     }
+
+    // Device-side printf output -------------------------------------------------------------
+
+    fn rm_device_output_take(&self, _call: &CallContext) -> ProcResult<RmBytes> {
+        Ok(self.inner.take_device_output().unwrap_or_default())
+    }
 }
 
 impl Executor {
@@ -1304,7 +1353,7 @@ impl Executor {
             } else {
                 Scope::Finished
             };
-            let copies = st.collect(scope, &mut status);
+            let copies = inner.collect(&mut st, scope, &mut status);
             let data = match r {
                 Ok(data) if status == SUCCESS => data,
                 _ => remora_xdr::Bytes::new(),
@@ -1340,6 +1389,9 @@ impl Executor {
             s => s,
         };
         self.oneway(call, what, |inner, session| {
+            if to_host && a.copy_id == RM_DEVICE_OUTPUT_ID {
+                return Err(INVALID_VALUE);
+            }
             let issued = (|| {
                 let (ctx, copy, stream) = {
                     let st = session.lock();

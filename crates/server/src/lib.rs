@@ -13,9 +13,12 @@
 //! stays in its session.
 //!
 //! The server answers `REMORA_NULL`, `REMORA_HELLO` (protocol negotiation, server identity
-//! and the GPU list) and every CUDA driver procedure of `remora.x` revision 2.
+//! and the GPU list) and every CUDA driver procedure of `remora.x` revision 4. Under process
+//! isolation a worker captures its standard output, where the driver writes device-side
+//! `printf`, and returns it to the client in synchronizing replies (`device_output.rs`).
 
 pub mod backend;
+mod device_output;
 pub mod driver;
 mod executor;
 mod hello;
@@ -29,7 +32,7 @@ pub use executor::Executor;
 pub use hello::{HelloService, SERVER_VERSION};
 pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{
-    BackendChoice, Isolation, RemoraService, Running, ServeConfig, ServeError, WORKER_GRACE,
-    WorkerConfig, default_endpoint, inventory_of, serve_worker, start, start_with_backend,
-    start_with_inventory,
+    BackendChoice, EMULATED_DEVICE_PRINTF_ENV, Isolation, RemoraService, Running, ServeConfig,
+    ServeError, WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of, serve_worker, start,
+    start_with_backend, start_with_inventory,
 };

@@ -16,6 +16,7 @@ use remora_proto::remora::RemoraV1Service;
 use remora_xdr::{Decoder, Encoder};
 
 use crate::backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig};
+use crate::device_output::DeviceOutput;
 use crate::driver::{self, GpuInfo, Inventory};
 use crate::executor::Executor;
 use crate::hello::HelloService;
@@ -498,13 +499,7 @@ fn make_backend(
     devices: Option<&[i32]>,
 ) -> Result<(Arc<dyn Backend>, Inventory), ServeError> {
     if choice == BackendChoice::Emulated {
-        let devices = devices.map_or(1, |d| d.len().max(1));
-        let backend = Arc::new(EmulatedBackend::new(EmulatedConfig {
-            devices,
-            ..EmulatedConfig::default()
-        }));
-        let inventory = inventory_of(&*backend);
-        return Ok((backend, inventory));
+        return Ok(emulated_backend(devices, None));
     }
     let inventory = probe_inventory(devices)?;
     let backend = match (&inventory, CudaBackend::load(devices)) {
@@ -518,6 +513,25 @@ fn make_backend(
         _ => CudaBackend::unavailable(),
     };
     Ok((Arc::new(backend), inventory))
+}
+
+/// TEST ONLY: with the emulated backend in a session worker, every context or stream
+/// synchronize writes this variable's value to the worker's fd 1, as the driver writes a
+/// kernel's printf output, so that CI can test the way device output takes to the client.
+pub const EMULATED_DEVICE_PRINTF_ENV: &str = "REMORA_EMULATED_DEVICE_PRINTF";
+
+/// The emulated test backend (`devices` only counts) and its inventory.
+fn emulated_backend(
+    devices: Option<&[i32]>,
+    device_printf: Option<Vec<u8>>,
+) -> (Arc<dyn Backend>, Inventory) {
+    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig {
+        devices: devices.map_or(1, |d| d.len().max(1)),
+        device_printf,
+        ..EmulatedConfig::default()
+    }));
+    let inventory = inventory_of(&*backend);
+    (backend, inventory)
 }
 
 /// Probes the driver, checks the device selection and logs what it found.
@@ -673,7 +687,22 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         .as_fd()
         .try_clone_to_owned()
         .map_err(ServeError::WorkerStdin)?;
-    let (backend, inventory) = make_backend(config.backend, config.devices.as_deref())?;
+    // Before the driver is loaded: what it writes to fd 1 (device-side printf) is this one
+    // session's, and goes back to its client in synchronizing replies.
+    let device_output = match DeviceOutput::capture_stdout() {
+        Ok(out) => Some(out),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot capture standard output: device printf output stays in the worker");
+            None
+        }
+    };
+    let (backend, inventory) = match config.backend {
+        BackendChoice::Emulated => emulated_backend(
+            config.devices.as_deref(),
+            std::env::var_os(EMULATED_DEVICE_PRINTF_ENV).map(|t| t.into_encoded_bytes()),
+        ),
+        BackendChoice::Cuda => make_backend(config.backend, config.devices.as_deref())?,
+    };
     tracing::debug!(
         worker_pid = std::process::id(),
         backend = backend.kind(),
@@ -688,6 +717,9 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         config.module_cache_dir.clone(),
     );
     executor.set_profile(config.profile);
+    if let Some(out) = &device_output {
+        executor.deliver_device_output(Arc::clone(out));
+    }
     let mut server_config = ServerConfig::default();
     if let Some(max) = config.max_record_size {
         server_config.max_record_size = max;
@@ -696,6 +728,12 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
         .serve_fd(fd)?;
+    if let Some(dropped) = device_output.map(|o| o.dropped()).filter(|&d| d > 0) {
+        tracing::warn!(
+            dropped,
+            "bytes of device printf output were dropped because the client did not synchronize in time"
+        );
+    }
     Ok(())
 }
 
@@ -746,6 +784,10 @@ pub fn start_with_backend(
     inventory: Inventory,
 ) -> Result<Running, ServeError> {
     tracing::info!(backend = backend.kind(), "CUDA executor ready");
+    tracing::info!(
+        "thread isolation: device-side printf output is not delivered to clients (sessions \
+         share this process's standard output); it goes to the server's standard output"
+    );
     let executor = Executor::with_module_cache_dir(
         backend,
         HelloService::new(&inventory),

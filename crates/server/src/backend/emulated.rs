@@ -42,6 +42,10 @@ pub struct EmulatedConfig {
     /// the connection). When non-zero, stream queries answer NOT_READY, as for work that is
     /// still running, so that the server's polling hands the wait to a waiter thread.
     pub sync_delay: Duration,
+    /// TEST ONLY: written to this process's fd 1 by every context and stream synchronize, as
+    /// NVIDIA's driver writes a kernel's printf output there (see
+    /// `remora_server::EMULATED_DEVICE_PRINTF_ENV`). Set only in a session worker.
+    pub device_printf: Option<Vec<u8>>,
 }
 
 impl Default for EmulatedConfig {
@@ -50,6 +54,7 @@ impl Default for EmulatedConfig {
             devices: 1,
             memory_per_device: 1 << 30,
             sync_delay: Duration::ZERO,
+            device_printf: None,
         }
     }
 }
@@ -127,6 +132,14 @@ impl EmulatedBackend {
                 next_addr: EMU_MEMORY_BASE,
                 ..State::default()
             }),
+        }
+    }
+
+    /// The test hook: writes [`EmulatedConfig::device_printf`] to fd 1 as the driver writes
+    /// device printf output, during the synchronizing call.
+    fn device_printf(&self) {
+        if let Some(text) = &self.config.device_printf {
+            crate::device_output::write_stdout(text);
         }
     }
 
@@ -387,6 +400,7 @@ impl Backend for EmulatedBackend {
     fn ctx_synchronize(&self, ctx: u64) -> CuResult<()> {
         self.lock().ctx(ctx)?;
         self.pause();
+        self.device_printf();
         Ok(())
     }
 
@@ -726,6 +740,7 @@ impl Backend for EmulatedBackend {
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
         self.lock().stream(ctx, stream)?;
         self.pause();
+        self.device_printf();
         Ok(())
     }
 

@@ -1,0 +1,302 @@
+//! Device-side `printf` output of a session worker, captured for the client.
+//!
+//! NVIDIA's driver writes what kernels `printf` to the process's standard output (C stdio's
+//! `stdout`, which it flushes, so fd 1) when it flushes the device's printf buffer, inside
+//! the synchronizing call that flushes it
+//! (context, stream and event synchronize, synchronous copies, module unload, context
+//! destroy). A session worker serves exactly one session, so everything that reaches its fd 1
+//! is that session's device output:
+//!
+//! ```text
+//!  driver ──write(1)──► pipe (1 MiB) ──reader thread──► buffer (≤ 64 MiB) ──► sync reply
+//!                                     └─ and every take ─┘                     (≤ 16 MiB)
+//! ```
+//!
+//! [`DeviceOutput::capture_stdout`] makes fd 1 the write end of a pipe (the worker logs to
+//! stderr; nothing of ours writes to stdout). A reader thread moves what arrives into a bounded
+//! in-memory buffer, so the driver never blocks on a full pipe; beyond the bound output is
+//! dropped, with one warning in the log and a marker line in the output. Each synchronizing
+//! reply takes what is there, after draining the pipe: the driver's `write` has returned by
+//! the time its synchronizing call has, so the bytes it flushed are in the pipe or already in
+//! the buffer.
+//!
+//! A session that negotiated a revision older than 4 cannot receive the output: it goes to
+//! the worker's original standard output, as before.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use remora_xdr::Bytes;
+
+/// Size asked for the pipe (`F_SETPIPE_SZ`), so that a burst does not wait for the reader.
+const PIPE_BYTES: usize = 1 << 20;
+/// Output kept for the client beyond which more is dropped.
+const BUFFER_BOUND: usize = 64 << 20;
+/// What the client reads where output was dropped.
+const DROPPED_MARKER: &[u8] =
+    b"\n[remora: device printf output dropped here: more than 64 MiB was waiting for the client]\n";
+
+/// The first protocol revision whose synchronizing replies carry device output.
+pub(crate) const DELIVERY_REVISION: u32 = 4;
+
+#[derive(Default)]
+struct State {
+    /// Output waiting for the next synchronizing reply.
+    buf: Vec<u8>,
+    /// Whether the session takes the output (revision ≥ 4); else it goes to `original`.
+    deliver: bool,
+    /// Dropping since the last marker.
+    overflowing: bool,
+    /// Bytes dropped in all.
+    dropped: u64,
+}
+
+/// Captures this process's standard output for the one session it serves.
+pub(crate) struct DeviceOutput {
+    /// Non-blocking read end of the pipe that fd 1 now writes to.
+    read: OwnedFd,
+    /// The standard output the process had before, for output no client can receive.
+    original: OwnedFd,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for DeviceOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceOutput").finish_non_exhaustive()
+    }
+}
+
+impl DeviceOutput {
+    /// Makes fd 1 the write end of a pipe and starts the reader thread. Call it before the
+    /// driver is loaded and before any other thread writes to fd 1.
+    pub(crate) fn capture_stdout() -> std::io::Result<Arc<Self>> {
+        use rustix::pipe::{PipeFlags, fcntl_setpipe_size, pipe_with};
+        let original = rustix::io::fcntl_dupfd_cloexec(rustix::stdio::stdout(), 3)?;
+        let (read, write) = pipe_with(PipeFlags::CLOEXEC)?;
+        if let Err(e) = fcntl_setpipe_size(&write, PIPE_BYTES) {
+            tracing::debug!(error = %e, "the device output pipe keeps its default size");
+        }
+        // The read end only: the driver's writes stay blocking (and complete) as on a terminal.
+        rustix::io::ioctl_fionbio(&read, true)?;
+        rustix::stdio::dup2_stdout(&write)?;
+        drop(write);
+        let out = Arc::new(Self {
+            read,
+            original,
+            state: Mutex::new(State::default()),
+        });
+        let reader = Arc::clone(&out);
+        std::thread::Builder::new()
+            .name("remora-devout".into())
+            .spawn(move || reader.run())?;
+        Ok(out)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the session takes the output (it negotiated revision ≥ 4).
+    pub(crate) fn set_deliver(&self, deliver: bool) {
+        let mut st = self.lock();
+        st.deliver = deliver;
+        if !deliver {
+            let held = std::mem::take(&mut st.buf);
+            self.pass_through(&held);
+        }
+    }
+
+    /// The reader thread: waits for output and moves it out of the pipe, so that the driver
+    /// never blocks on a full one.
+    fn run(&self) {
+        use rustix::event::{PollFd, PollFlags, poll};
+        loop {
+            let mut fds = [PollFd::new(&self.read, PollFlags::IN)];
+            match poll(&mut fds, None) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "device output reader stopped");
+                    return;
+                }
+            }
+            if !self.drain(&mut self.lock()) {
+                return;
+            }
+        }
+    }
+
+    /// Reads everything the pipe holds now into the buffer (or to the original standard
+    /// output). False once the pipe has no writer left.
+    fn drain(&self, st: &mut State) -> bool {
+        let mut chunk = [0u8; 64 << 10];
+        loop {
+            match rustix::io::read(&self.read, &mut chunk) {
+                Ok(0) => return false,
+                Ok(n) => self.keep(st, &chunk[..n]),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::AGAIN) => return true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the device output pipe");
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn keep(&self, st: &mut State, bytes: &[u8]) {
+        if !st.deliver {
+            self.pass_through(bytes);
+            return;
+        }
+        let room = BUFFER_BOUND.saturating_sub(st.buf.len()).min(bytes.len());
+        st.buf.extend_from_slice(&bytes[..room]);
+        let lost = bytes.len() - room;
+        if lost == 0 {
+            return;
+        }
+        if !st.overflowing {
+            st.overflowing = true;
+            st.buf.extend_from_slice(DROPPED_MARKER);
+            if st.dropped == 0 {
+                tracing::warn!(
+                    bound = BUFFER_BOUND,
+                    "device printf output is not being collected fast enough: dropping what \
+                     exceeds the bound (the client sees a marker line where it was dropped)"
+                );
+            }
+        }
+        st.dropped += lost as u64;
+    }
+
+    /// Writes `bytes` to the process's original standard output (best effort).
+    fn pass_through(&self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            match rustix::io::write(&self.original, bytes) {
+                Ok(0) => return,
+                Ok(n) => bytes = &bytes[n..],
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// What a synchronizing reply carries: the output captured by now, at most `max` bytes
+    /// (the rest stays for the next reply); `None` when there is none or the session does not
+    /// take it. Call it after the synchronizing driver call has returned.
+    pub(crate) fn take(&self, max: usize) -> Option<Bytes> {
+        let mut st = self.lock();
+        if !st.deliver {
+            return None;
+        }
+        flush_c_stdio();
+        self.drain(&mut st);
+        if st.buf.is_empty() {
+            return None;
+        }
+        let n = st.buf.len().min(max);
+        let out = if n == st.buf.len() {
+            std::mem::take(&mut st.buf)
+        } else {
+            st.buf.drain(..n).collect()
+        };
+        st.overflowing = false;
+        Some(Bytes::from(out))
+    }
+
+    /// Bytes dropped so far because the client did not collect them in time.
+    pub(crate) fn dropped(&self) -> u64 {
+        self.lock().dropped
+    }
+}
+
+/// Flushes C stdio's `stdout`. NVIDIA's driver writes device output through that stream and
+/// flushes it itself; this only makes sure nothing stays in its buffer.
+fn flush_c_stdio() {
+    unsafe extern "C" {
+        static stdout: *mut std::ffi::c_void;
+        fn fflush(stream: *mut std::ffi::c_void) -> std::ffi::c_int;
+    }
+    // SAFETY: `stdout` is the C library's standard output stream pointer, set before any
+    // Rust code runs and never freed; it is read by value through a raw pointer (no
+    // reference to the static). fflush locks the stream itself and accepts it in any state.
+    unsafe {
+        let stream = (&raw const stdout).read();
+        if !stream.is_null() {
+            fflush(stream);
+        }
+    }
+}
+
+/// Writes `bytes` to this process's fd 1 as NVIDIA's driver writes device output: directly,
+/// whole (partial writes and `EINTR` retried). For the emulated backend's test hook.
+pub(crate) fn write_stdout(mut bytes: &[u8]) {
+    let fd = rustix::stdio::stdout();
+    while !bytes.is_empty() {
+        match rustix::io::write(fd.as_fd(), bytes) {
+            Ok(0) => return,
+            Ok(n) => bytes = &bytes[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `DeviceOutput` over a pipe of the test's own (fd 1 untouched).
+    fn over_pipe() -> (DeviceOutput, OwnedFd) {
+        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        rustix::io::ioctl_fionbio(&read, true).unwrap();
+        let original = OwnedFd::from(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .unwrap(),
+        );
+        let out = DeviceOutput {
+            read,
+            original,
+            state: Mutex::new(State::default()),
+        };
+        (out, write)
+    }
+
+    #[test]
+    fn take_drains_the_pipe_in_order_and_bounds_each_reply() {
+        let (out, write) = over_pipe();
+        out.set_deliver(true);
+        rustix::io::write(&write, b"first ").unwrap();
+        out.drain(&mut out.lock());
+        rustix::io::write(&write, b"second").unwrap();
+        assert_eq!(out.take(8).as_deref(), Some(&b"first se"[..]));
+        assert_eq!(out.take(8).as_deref(), Some(&b"cond"[..]));
+        assert_eq!(out.take(8), None);
+    }
+
+    #[test]
+    fn output_beyond_the_bound_is_dropped_with_one_marker() {
+        let (out, _write) = over_pipe();
+        out.set_deliver(true);
+        let mut st = out.lock();
+        out.keep(&mut st, &vec![b'a'; BUFFER_BOUND - 1]);
+        out.keep(&mut st, b"bcd");
+        out.keep(&mut st, b"efg");
+        assert_eq!(st.dropped, 5);
+        assert!(st.buf.ends_with(&[b"ab", DROPPED_MARKER].concat()));
+        drop(st);
+        let all = out.take(usize::MAX).unwrap();
+        assert_eq!(all.len(), BUFFER_BOUND + DROPPED_MARKER.len());
+    }
+
+    #[test]
+    fn nothing_is_kept_for_an_older_client() {
+        let (out, write) = over_pipe();
+        rustix::io::write(&write, b"to the original stdout").unwrap();
+        out.drain(&mut out.lock());
+        assert!(out.lock().buf.is_empty());
+        out.set_deliver(true);
+        assert_eq!(out.take(16), None);
+    }
+}
