@@ -53,12 +53,18 @@ fi
 # device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
   "$src/tests/device_props.cu"
+# runtime-API samples (gpu/samples), built like any CUDA program: nvcc's default static cudart
+for p in matmul histogram lu_solve bandwidth streams_overlap; do
+  "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/$p" "$src/samples/$p.cu"
+done
 # libraries: cuBLAS, cuRAND, cuFFT, cuSOLVER linked normally (skipped when nvcc's toolkit has
 # no cuBLAS, e.g. the CUDA wheels used for link checks in CI)
 libdir=$(cd "$(dirname "$nvcc")/.." && pwd)/lib64
 if ls "$libdir"/libcublas.so* >/dev/null 2>&1; then
   "$nvcc" -O2 -std=c++17 -o "$build/libraries" "$src/tests/libraries.cu" -L"$libdir" \
     -lcublas -lcublasLt -lcufft -lcurand -lcusolver -Xlinker -rpath="$libdir"
+  "$nvcc" -O2 -std=c++17 "${fat[@]}" -o "$build/cublas_simple" "$src/samples/cublas_simple.cu" \
+    -L"$libdir" -lcublas -lcublasLt -Xlinker -rpath="$libdir"
 else
   echo "libraries: no cuBLAS beside $nvcc; not built" >&2
 fi

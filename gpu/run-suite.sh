@@ -5,7 +5,8 @@
 #
 # BIN_DIR holds a release `remora` built on the development machine (the GPU host has no Rust
 # toolchain); it may lack `remora` entirely, in which case only the native half runs. OUT_DIR
-# receives suite.json, suite.md, bench.json and outputs/ (every run's stdout and stderr).
+# receives suite.json, suite.md, timing.json (whole-program run times, remoted / native),
+# bench.json and outputs/ (every run's stdout and stderr).
 # REMORA_COMMIT (env) is recorded in suite.json. REMORA_SUITE_ONLY="prog ..." limits the programs.
 #
 # Steps:
@@ -113,6 +114,7 @@ cp "$work/native.csv" "$out/nvidia-smi.csv"
 run_mode() { # mode tag prog args...
   local mode=$1 tag=$2; shift 2
   local o="$out/outputs/$tag.$mode"
+  local t0; t0=$(date +%s.%N)
   case $mode in
     native|native2) timeout "$limit" "$@" > "$o.out" 2> "$o.err" ;;
     unix) timeout "$limit" "$bin/remora" run --server "unix://$sock" -- "$@" > "$o.out" 2> "$o.err" ;;
@@ -120,13 +122,15 @@ run_mode() { # mode tag prog args...
     embedded) timeout "$limit" "$bin/remora" run -- "$@" > "$o.out" 2> "$o.err" ;;
   esac
   echo $? > "$o.rc"
+  echo "$(date +%s.%N) $t0" | awk '{printf "%.3f\n", $1 - $2}' > "$o.time"
 }
 
 echo "== 4. programs: native (twice) and remoted, outputs compared byte for byte"
 export REMORA_GPU_KERNELS="$build"  # the programs find their kernel images here (see common.h)
 programs=("vecadd cubin" "vecadd ptx" "vecadd fatbin" "vecadd library" "multikernel" "streams_events"
           "memcpy_sweep" "memcpy2d3d" "occupancy" "cluster" "multithread" "errors illegal" "errors trap"
-          "errors assert" "errors api" "devprintf" "runtime_static" "runtime_shared" "device_props" "libraries")
+          "errors assert" "errors api" "devprintf" "runtime_static" "runtime_shared" "device_props" "libraries"
+          "matmul" "histogram" "lu_solve" "bandwidth" "streams_overlap" "cublas_simple")
 remote_modes=(unix tcp embedded)
 for p in "${programs[@]}"; do
   read -r prog args <<< "$p"
@@ -171,6 +175,31 @@ for p in "${programs[@]}"; do
     fi
   done
 done
+
+echo "== 4b. whole-program run times, remoted against native (same run)"
+python3 - "$out" <<'PY' || echo "timing.json: python3 failed"
+import glob, json, os, sys
+out = sys.argv[1]
+rows = {}
+for f in glob.glob(f"{out}/outputs/*.time"):
+    tag, mode = os.path.basename(f)[:-5].rsplit(".", 1)
+    if tag.startswith("driver_bench"):
+        continue
+    try:
+        rows.setdefault(tag, {})[mode] = float(open(f).read())
+    except ValueError:
+        pass
+table = {}
+for tag, t in sorted(rows.items()):
+    native = min(v for m, v in t.items() if m in ("native", "native2")) if "native" in t else None
+    entry = {"seconds": t}
+    if native:
+        entry["ratio"] = {m: round(v / native, 3) for m, v in t.items() if m in ("unix", "tcp", "embedded")}
+        print(f"{tag:<22} native {native:7.3f} s  " + "  ".join(f"{m} x{r}" for m, r in entry["ratio"].items()))
+    table[tag] = entry
+json.dump({"note": "wall time of each program run (process start to exit); ratio = remoted / fastest native run",
+           "programs": table}, open(f"{out}/timing.json", "w"), indent=1, sort_keys=True)
+PY
 
 echo "== 5. benchmarks"
 # driver_bench runs REMORA_BENCH_ROUNDS times (default 3) in each mode, the modes interleaved

@@ -1,5 +1,6 @@
 // matmul: tiled shared-memory matrix multiply (the CUDA samples' classic), 1024x1024 floats,
 // 10 repetitions; checks a sample of entries against the host and prints a hash of C.
+#include <cmath>
 #include <vector>
 #include "common_rt.h"
 
