@@ -42,5 +42,5 @@ pub use safe::{
 };
 pub use session::{
     BandSink, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, FunctionInfo, LaunchAttr,
-    ModuleInfo, PointerKind, Session, SessionConfig, StreamRef,
+    ModuleInfo, PointerKind, Session, SessionConfig, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

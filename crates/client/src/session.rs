@@ -21,6 +21,14 @@ use crate::vaspace::{ReserveError, VaSpace};
 /// A device ordinal as the server numbers them.
 pub type DeviceHandle = i32;
 
+/// Device attributes that advertise managed memory or coherent access to pageable host
+/// memory, which a remote GPU cannot give the client process: answered 0 (see
+/// [`Session::device_attribute`]). `CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY` (83),
+/// `PAGEABLE_MEMORY_ACCESS` (88), `CONCURRENT_MANAGED_ACCESS` (89),
+/// `PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES` (100) and
+/// `DIRECT_MANAGED_MEM_ACCESS_FROM_HOST` (101).
+pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 5] = [83, 88, 89, 100, 101];
+
 /// Where the data of an asynchronous device-to-host copy goes once a synchronizing call
 /// delivers it. Called exactly once, with the bytes (possibly fewer than asked, on error).
 pub type CopySink = Box<dyn FnOnce(&[u8]) + Send>;
@@ -491,8 +499,17 @@ impl Session {
     }
 
     /// A device attribute: from the cached props, else `RM_DEVICE_GET_ATTRIBUTE` (cached).
+    ///
+    /// Managed (unified) memory and coherent access to pageable host memory are not
+    /// supported through Remora: the attributes that advertise them
+    /// ([`UNSUPPORTED_MEMORY_ATTRIBUTES`]) answer 0 whatever the server's GPU can do, so that
+    /// well-behaved programs (and the CUDA runtime's `cudaDeviceProp.managedMemory`,
+    /// `concurrentManagedAccess`, `pageableMemoryAccess`, ...) do not try.
     pub fn device_attribute(&self, dev: DeviceHandle, attribute: i32) -> CuResult<i32> {
         let props = self.device_props(dev)?;
+        if UNSUPPORTED_MEMORY_ATTRIBUTES.contains(&attribute) {
+            return Ok(0);
+        }
         if let Some(a) = props.attributes.iter().find(|a| a.attribute == attribute) {
             return Ok(a.value);
         }

@@ -499,3 +499,81 @@ fn child_memcpy_2d_3d_peer() {
     }
     println!("CHILD-OK");
 }
+
+/// Runs child test `name` against a fresh emulated server; SKIPPED without the binary.
+fn emulated_child(name: &str) {
+    let Some(bin) = remora_bin() else {
+        println!("SKIPPED: remora binary not built (cargo build -p remora-cli)");
+        return;
+    };
+    match serve(&bin, &["--backend", "emulated"], &[]) {
+        Err(2) => println!("SKIPPED: emulated backend not available"),
+        Err(code) => panic!("remora serve --backend emulated exited with {code}"),
+        Ok(s) => {
+            let out = in_child(name, &s.1);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("CHILD-OK"),
+                "{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn emulated_managed_memory_is_not_supported() {
+    emulated_child("child_managed_memory");
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_managed_memory_is_not_supported"]
+fn child_managed_memory() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type Attr = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type AllocManaged = unsafe extern "C" fn(*mut u64, usize, c_uint) -> c_int;
+    type Prefetch = unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
+    type Advise = unsafe extern "C" fn(u64, usize, c_int, c_int) -> c_int;
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let attr: libloading::Symbol<Attr> = lib.get(b"cuDeviceGetAttribute").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let alloc: libloading::Symbol<AllocManaged> = lib.get(b"cuMemAllocManaged").unwrap();
+        let prefetch: libloading::Symbol<Prefetch> = lib.get(b"cuMemPrefetchAsync").unwrap();
+        let advise: libloading::Symbol<Advise> = lib.get(b"cuMemAdvise").unwrap();
+        assert_eq!(init(0), 0);
+        // The emulated GPU says it has managed memory (as an H100 does); the client says no.
+        for a in [83, 88, 89, 100, 101] {
+            let mut v: c_int = -1;
+            assert_eq!(attr(&mut v, a, 0), 0, "attribute {a}");
+            assert_eq!(v, 0, "attribute {a} must answer 0");
+        }
+        let mut v: c_int = -1;
+        assert_eq!(attr(&mut v, 41, 0), 0);
+        assert_eq!(v, 1, "unified addressing is still answered by the server");
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let mut p = 0u64;
+        assert_eq!(alloc(&mut p, 4096, 1), 801, "cuMemAllocManaged");
+        assert_eq!(p, 0, "nothing was allocated");
+        assert_eq!(prefetch(0x1000, 4096, 0, std::ptr::null_mut()), 801);
+        assert_eq!(advise(0x1000, 4096, 1, 0), 801);
+        // Through cuGetProcAddress too (the CUDA runtime's way in).
+        let gpa: libloading::Symbol<GetProc> = lib.get(b"cuGetProcAddress_v2").unwrap();
+        let mut f: *mut c_void = std::ptr::null_mut();
+        let mut st: c_int = -1;
+        assert_eq!(
+            gpa(c"cuMemAllocManaged".as_ptr(), &mut f, 13000, 0, &mut st),
+            0
+        );
+        let via: AllocManaged = std::mem::transmute(f);
+        assert_eq!(via(&mut p, 4096, 1), 801);
+    }
+    println!("CHILD-OK");
+}

@@ -332,7 +332,7 @@ impl Backend for EmulatedBackend {
         self.check_dev(dev)?;
         let mut uuid = *b"remora-emulated-";
         uuid[15] = dev as u8;
-        let attributes = [1, 2, 3, 4, 5, 6, 7, 8, 10, 16, 41, 75, 76]
+        let attributes = [1, 2, 3, 4, 5, 6, 7, 8, 10, 16, 41, 75, 76, 83, 89]
             .into_iter()
             .map(|a| Ok((a, self.device_attribute(a, dev)?)))
             .collect::<CuResult<Vec<_>>>()?;
@@ -357,6 +357,9 @@ impl Backend for EmulatedBackend {
             41 => 1,        // unified addressing
             75 => 9,        // compute capability major
             76 => 0,        // compute capability minor
+            // Managed memory and concurrent managed access, as an H100 answers (the client
+            // answers 0 for both: Remora does not support managed memory).
+            83 | 89 => 1,
             a if (1..=200).contains(&a) => 0,
             _ => return Err(INVALID_VALUE),
         })

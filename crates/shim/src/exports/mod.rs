@@ -5,6 +5,7 @@
 mod core;
 mod exec;
 mod library;
+mod managed;
 mod mem;
 mod memcpy3d;
 mod private;
@@ -12,6 +13,7 @@ mod private;
 pub use self::core::*;
 pub use exec::*;
 pub use library::*;
+pub use managed::*;
 pub use mem::*;
 pub use memcpy3d::*;
 pub use private::*;
