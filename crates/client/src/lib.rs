@@ -23,6 +23,7 @@ pub mod copy3d;
 mod endpoint;
 mod error;
 pub mod host;
+mod host_callbacks;
 pub mod launch;
 mod library;
 pub mod params;
@@ -35,6 +36,7 @@ pub use error::{
     CuError, CuResult, cu, cu_result_name, cu_result_name_c, cu_result_string, cu_result_string_c,
     cu_results,
 };
+pub use host_callbacks::{HostCallback, in_host_callback};
 pub use remora_oncrpc::Endpoint;
 pub use remora_proto::remora as proto;
 pub use safe::{

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use crate::copy3d::{self, Band, Extent, Layout};
 use crate::error::{CuError, CuResult, cu};
 use crate::host::{HostMem, HostRange};
+use crate::host_callbacks::{HostCallback, HostCallbacks};
 use crate::launch::{self, LaunchLimits, OccupancyLimits, dev_attr, func_attr};
 use crate::library::Libraries;
 use crate::vaspace::{ReserveError, VaSpace};
@@ -292,6 +293,7 @@ pub struct Session {
     host: HostMem,
     func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
     libraries: Libraries,
+    callbacks: Arc<HostCallbacks>,
 }
 
 impl std::fmt::Debug for Session {
@@ -431,6 +433,7 @@ impl Session {
             host: HostMem::default(),
             func_attrs: Mutex::default(),
             libraries: Libraries::default(),
+            callbacks: Arc::default(),
         })
     }
 
@@ -1618,6 +1621,36 @@ impl Session {
             self.settle(mark, |p| p.stream == stream && p.ctx == ctx)?;
         }
         Ok(done)
+    }
+
+    /// `cuLaunchHostFunc` / `cuStreamAddCallback`: `cb` runs in this process, on the
+    /// session's callback thread, when `stream` (of `ctx`) reaches this point; later work in
+    /// the stream waits until it returns. One-way, in order with launches and copies.
+    pub fn launch_host_func(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        cb: HostCallback,
+    ) -> CuResult<()> {
+        self.need_revision(4, "a host callback")?;
+        let id = self.callbacks.register(&self.rpc, cb).map_err(|e| {
+            tracing::error!("remora: cannot start the host callback thread: {e}");
+            CuError(cu::OUT_OF_MEMORY)
+        })?;
+        let r = call!(self.rm_launch_host_func(&RmHostFuncArgs {
+            ctx,
+            stream,
+            callback_id: id
+        }));
+        if r.is_err() {
+            self.callbacks.forget(id);
+        }
+        r
+    }
+
+    /// Host callbacks enqueued and not yet run.
+    pub fn host_callbacks_outstanding(&self) -> usize {
+        self.callbacks.outstanding()
     }
 
     /// `cuStreamWaitEvent`: one-way.

@@ -19,6 +19,7 @@ pub mod backend;
 pub mod driver;
 mod executor;
 mod hello;
+mod host_callbacks;
 mod module_cache;
 mod serve;
 mod session;

@@ -58,7 +58,7 @@ fn hello_reports_the_selected_gpus_over_unix_and_tcp() {
         let HelloReply::True(welcome) = hello(&endpoint, 1, 9).unwrap() else {
             panic!("refused over {endpoint}")
         };
-        assert_eq!(welcome.revision, 3);
+        assert_eq!(welcome.revision, 4);
         assert_eq!(
             welcome.capabilities,
             u64::from(REMORA_CAP_ONEWAY),
@@ -93,7 +93,7 @@ fn hello_refuses_a_client_from_the_future_and_wrong_programs_get_prog_unavail() 
     let HelloReply::False(refused) = hello(&endpoint, 5, 9).unwrap() else {
         panic!("a client speaking only revisions 5..9 was accepted")
     };
-    assert_eq!((refused.min_revision, refused.max_revision), (1, 3));
+    assert_eq!((refused.min_revision, refused.max_revision), (1, 4));
     // A program the server does not serve, and a version it does not have.
     let rpc = Client::connect(&endpoint).unwrap();
     let err = rpc

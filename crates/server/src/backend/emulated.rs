@@ -7,22 +7,27 @@
 //! a client can reserve); copies and memsets have their CUDA semantics; work completes when it
 //! is issued, so streams are trivially ordered; events record host-clock timestamps; modules
 //! accept any image and list functions only for the tiny test format below; kernel launches
-//! fail with `CUDA_ERROR_NOT_SUPPORTED`.
+//! fail with `CUDA_ERROR_NOT_SUPPORTED`. Host functions (`cuLaunchHostFunc`) run on a thread
+//! per context, in the order they were enqueued, as the driver's host-function thread runs
+//! them; the stream they were enqueued on counts as busy until each returns (its synchronize
+//! waits, its query answers NOT_READY), which is what a real stream does for the work after
+//! one. Other emulated work still completes at once.
 //!
 //! Test module format (UTF-8 text): a first line `REMORA-EMU-MODULE`, then lines
 //! `func NAME SIZE,SIZE,...` (parameters, each aligned to its size up to 8) and
 //! `global NAME BYTES`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
 use super::{
-    Backend, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, LEGACY_STREAM, LaunchSpec,
-    LoadedModule, StagedCopy,
+    Backend, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
+    LaunchSpec, LoadedModule, StagedCopy,
 };
 
 /// First line of the emulated test module format.
@@ -95,10 +100,52 @@ struct State {
     limits: HashMap<(u64, i32), u64>,
 }
 
+/// Host functions enqueued and not yet returned, by (context, stream).
+#[derive(Default)]
+struct HostPending {
+    busy: Mutex<HashMap<(u64, u64), usize>>,
+    changed: Condvar,
+}
+
+impl HostPending {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(u64, u64), usize>> {
+        self.busy.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until no host function of `ctx` (of `stream` only, if given) is pending.
+    fn wait_idle(&self, ctx: u64, stream: Option<u64>) {
+        let mut busy = self.lock();
+        while busy
+            .iter()
+            .any(|(&(c, s), &n)| n > 0 && c == ctx && stream.is_none_or(|st| st == s))
+        {
+            busy = self
+                .changed
+                .wait(busy)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn finished(&self, key: (u64, u64)) {
+        let mut busy = self.lock();
+        if let Some(n) = busy.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                busy.remove(&key);
+            }
+        }
+        drop(busy);
+        self.changed.notify_all();
+    }
+}
+
 /// The emulated **test** backend (see the module documentation).
 pub struct EmulatedBackend {
     config: EmulatedConfig,
     state: Mutex<State>,
+    /// Per context: the queue of its host-function thread.
+    host_threads: Mutex<HashMap<u64, mpsc::Sender<((u64, u64), HostFn)>>>,
+    host_pending: Arc<HostPending>,
 }
 
 impl std::fmt::Debug for EmulatedBackend {
@@ -127,7 +174,35 @@ impl EmulatedBackend {
                 next_addr: EMU_MEMORY_BASE,
                 ..State::default()
             }),
+            host_threads: Mutex::default(),
+            host_pending: Arc::default(),
         }
+    }
+
+    /// The queue of `ctx`'s host-function thread, started on first use.
+    fn host_thread(&self, ctx: u64) -> CuResult<mpsc::Sender<((u64, u64), HostFn)>> {
+        let mut threads = self
+            .host_threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = threads.get(&ctx) {
+            return Ok(tx.clone());
+        }
+        let (tx, rx) = mpsc::channel::<((u64, u64), HostFn)>();
+        let pending = Arc::clone(&self.host_pending);
+        std::thread::Builder::new()
+            .name("remora-emu-hostfn".into())
+            .spawn(move || {
+                while let Ok((key, f)) = rx.recv() {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                        tracing::error!("emulated backend: a host function panicked");
+                    }
+                    pending.finished(key);
+                }
+            })
+            .map_err(|_| OUT_OF_MEMORY)?;
+        threads.insert(ctx, tx.clone());
+        Ok(tx)
     }
 
     /// What is alive now.
@@ -378,6 +453,12 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.contexts.remove(&ctx).ok_or(INVALID_HANDLE)?;
         st.created -= 1;
+        drop(st);
+        // Its host-function thread ends once the functions already queued have run.
+        self.host_threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&ctx);
         Ok(())
     }
 
@@ -389,6 +470,7 @@ impl Backend for EmulatedBackend {
 
     fn ctx_synchronize(&self, ctx: u64) -> CuResult<()> {
         self.lock().ctx(ctx)?;
+        self.host_pending.wait_idle(ctx, None);
         self.pause();
         Ok(())
     }
@@ -728,12 +810,16 @@ impl Backend for EmulatedBackend {
 
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
         self.lock().stream(ctx, stream)?;
+        self.host_pending.wait_idle(ctx, Some(stream));
         self.pause();
         Ok(())
     }
 
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
         self.lock().stream(ctx, stream)?;
+        if self.host_pending.lock().contains_key(&(ctx, stream)) {
+            return Err(super::status::NOT_READY);
+        }
         if self.config.sync_delay.is_zero() {
             Ok(())
         } else {
@@ -793,6 +879,18 @@ impl Backend for EmulatedBackend {
             -(a.duration_since(*b).as_secs_f64() * 1e3)
         };
         Ok(ms as f32)
+    }
+
+    fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()> {
+        self.lock().stream(ctx, stream)?;
+        let tx = self.host_thread(ctx)?;
+        let key = (ctx, stream);
+        *self.host_pending.lock().entry(key).or_default() += 1;
+        if tx.send((key, f)).is_err() {
+            self.host_pending.finished(key);
+            return Err(INVALID_HANDLE);
+        }
+        Ok(())
     }
 }
 
