@@ -100,6 +100,9 @@ struct State {
     limits: HashMap<(u64, i32), u64>,
 }
 
+/// The queue of a context's host-function thread: (context, stream) and the function.
+type HostQueue = mpsc::Sender<((u64, u64), HostFn)>;
+
 /// Host functions enqueued and not yet returned, by (context, stream).
 #[derive(Default)]
 struct HostPending {
@@ -144,7 +147,7 @@ pub struct EmulatedBackend {
     config: EmulatedConfig,
     state: Mutex<State>,
     /// Per context: the queue of its host-function thread.
-    host_threads: Mutex<HashMap<u64, mpsc::Sender<((u64, u64), HostFn)>>>,
+    host_threads: Mutex<HashMap<u64, HostQueue>>,
     host_pending: Arc<HostPending>,
 }
 
@@ -180,7 +183,7 @@ impl EmulatedBackend {
     }
 
     /// The queue of `ctx`'s host-function thread, started on first use.
-    fn host_thread(&self, ctx: u64) -> CuResult<mpsc::Sender<((u64, u64), HostFn)>> {
+    fn host_thread(&self, ctx: u64) -> CuResult<HostQueue> {
         let mut threads = self
             .host_threads
             .lock()
