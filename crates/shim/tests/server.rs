@@ -651,9 +651,31 @@ fn child_host_callbacks() {
         let mut s = std::ptr::null_mut();
         assert_eq!(stream_create(&mut s, 1), 0);
         SEEN.lock().unwrap().as_mut().unwrap().count = Some(*count);
-        assert_eq!(launch(s, Some(host_fn), 1 as *mut c_void), 0);
-        assert_eq!(launch(s, Some(host_fn), 2 as *mut c_void), 0);
-        assert_eq!(add(s, Some(stream_cb), 3 as *mut c_void, 0), 0);
+        assert_eq!(
+            launch(
+                s,
+                Some(host_fn),
+                std::ptr::without_provenance_mut::<c_void>(1)
+            ),
+            0
+        );
+        assert_eq!(
+            launch(
+                s,
+                Some(host_fn),
+                std::ptr::without_provenance_mut::<c_void>(2)
+            ),
+            0
+        );
+        assert_eq!(
+            add(
+                s,
+                Some(stream_cb),
+                std::ptr::without_provenance_mut::<c_void>(3),
+                0
+            ),
+            0
+        );
         assert_eq!(stream_sync(s), 0);
         {
             let g = SEEN.lock().unwrap();
@@ -679,7 +701,12 @@ fn child_host_callbacks() {
         assert_eq!(add(s, Some(stream_cb), std::ptr::null_mut(), 1), 1);
         // The legacy stream: NULL is passed back.
         assert_eq!(
-            add(std::ptr::null_mut(), Some(stream_cb), 4 as *mut c_void, 0),
+            add(
+                std::ptr::null_mut(),
+                Some(stream_cb),
+                std::ptr::without_provenance_mut::<c_void>(4),
+                0
+            ),
             0
         );
         assert_eq!(stream_sync(std::ptr::null_mut()), 0);
