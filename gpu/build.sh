@@ -25,13 +25,13 @@ set -x
 "$nvcc" -ptx -arch=compute_80 -o "$build/vecadd.ptx" "$src/tests/vecadd_kernel.cu"
 "$nvcc" -fatbin "${fat[@]}" -o "$build/vecadd.fatbin" "$src/tests/vecadd_kernel.cu"
 # the other kernel modules: fatbins (sm_90 SASS + PTX; cluster kernels need sm_90)
-for k in multikernel streams_events occupancy multithread errors devprintf; do
+for k in multikernel streams_events occupancy multithread errors devprintf hostfunc; do
   "$nvcc" -fatbin "${fat[@]}" -o "$build/${k}.fatbin" "$src/tests/${k}_kernel.cu"
 done
 "$nvcc" -fatbin -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
   -o "$build/cluster.fatbin" "$src/tests/cluster_kernel.cu"
 "$nvcc" -fatbin "${fat[@]}" -o "$build/driver_bench.fatbin" "$src/bench/driver_bench_kernel.cu"
-for p in vecadd multikernel streams_events memcpy_sweep memcpy2d3d occupancy cluster multithread errors devprintf; do
+for p in vecadd multikernel streams_events memcpy_sweep memcpy2d3d occupancy cluster multithread errors devprintf hostfunc; do
   host "$p" "$src/tests/$p.cpp"
 done
 host driver_bench "$src/bench/driver_bench.cpp"

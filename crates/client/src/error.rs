@@ -22,6 +22,7 @@ pub mod cu {
     pub const NOT_FOUND: i32 = 500;
     pub const NOT_READY: i32 = 600;
     pub const INVALID_HANDLE: i32 = 400;
+    pub const NOT_PERMITTED: i32 = 800;
     pub const NOT_SUPPORTED: i32 = 801;
     pub const UNKNOWN: i32 = 999;
 }

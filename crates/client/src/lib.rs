@@ -23,6 +23,7 @@ pub mod copy3d;
 mod endpoint;
 mod error;
 pub mod host;
+mod host_callbacks;
 pub mod launch;
 mod library;
 pub mod params;
@@ -36,6 +37,7 @@ pub use error::{
     CuError, CuResult, cu, cu_result_name, cu_result_name_c, cu_result_string, cu_result_string_c,
     cu_results,
 };
+pub use host_callbacks::{HostCallback, in_host_callback};
 pub use remora_oncrpc::Endpoint;
 pub use remora_proto::remora as proto;
 pub use safe::{
@@ -43,5 +45,5 @@ pub use safe::{
 };
 pub use session::{
     BandSink, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, FunctionInfo, LaunchAttr,
-    ModuleInfo, PointerKind, Session, SessionConfig, StreamRef,
+    ModuleInfo, PointerKind, Session, SessionConfig, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

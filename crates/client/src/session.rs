@@ -14,12 +14,21 @@ use sha2::{Digest, Sha256};
 use crate::copy3d::{self, Band, Extent, Layout};
 use crate::error::{CuError, CuResult, cu};
 use crate::host::{HostMem, HostRange};
+use crate::host_callbacks::{HostCallback, HostCallbacks};
 use crate::launch::{self, LaunchLimits, OccupancyLimits, dev_attr, func_attr};
 use crate::library::Libraries;
 use crate::vaspace::{ReserveError, VaSpace};
 
 /// A device ordinal as the server numbers them.
 pub type DeviceHandle = i32;
+
+/// Device attributes that advertise managed memory or coherent access to pageable host
+/// memory, which a remote GPU cannot give the client process: answered 0 (see
+/// [`Session::device_attribute`]). `CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY` (83),
+/// `PAGEABLE_MEMORY_ACCESS` (88), `CONCURRENT_MANAGED_ACCESS` (89),
+/// `PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES` (100) and
+/// `DIRECT_MANAGED_MEM_ACCESS_FROM_HOST` (101).
+pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 5] = [83, 88, 89, 100, 101];
 
 /// Where the data of an asynchronous device-to-host copy goes once a synchronizing call
 /// delivers it. Called exactly once, with the bytes (possibly fewer than asked, on error).
@@ -284,6 +293,7 @@ pub struct Session {
     host: HostMem,
     func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
     libraries: Libraries,
+    callbacks: Arc<HostCallbacks>,
 }
 
 impl std::fmt::Debug for Session {
@@ -423,6 +433,7 @@ impl Session {
             host: HostMem::default(),
             func_attrs: Mutex::default(),
             libraries: Libraries::default(),
+            callbacks: Arc::default(),
         })
     }
 
@@ -491,8 +502,17 @@ impl Session {
     }
 
     /// A device attribute: from the cached props, else `RM_DEVICE_GET_ATTRIBUTE` (cached).
+    ///
+    /// Managed (unified) memory and coherent access to pageable host memory are not
+    /// supported through Remora: the attributes that advertise them
+    /// ([`UNSUPPORTED_MEMORY_ATTRIBUTES`]) answer 0 whatever the server's GPU can do, so that
+    /// well-behaved programs (and the CUDA runtime's `cudaDeviceProp.managedMemory`,
+    /// `concurrentManagedAccess`, `pageableMemoryAccess`, ...) do not try.
     pub fn device_attribute(&self, dev: DeviceHandle, attribute: i32) -> CuResult<i32> {
         let props = self.device_props(dev)?;
+        if UNSUPPORTED_MEMORY_ATTRIBUTES.contains(&attribute) {
+            return Ok(0);
+        }
         if let Some(a) = props.attributes.iter().find(|a| a.attribute == attribute) {
             return Ok(a.value);
         }
@@ -1628,6 +1648,36 @@ impl Session {
             self.settle(mark, |p| p.stream == stream && p.ctx == ctx)?;
         }
         Ok(done)
+    }
+
+    /// `cuLaunchHostFunc` / `cuStreamAddCallback`: `cb` runs in this process, on the
+    /// session's callback thread, when `stream` (of `ctx`) reaches this point; later work in
+    /// the stream waits until it returns. One-way, in order with launches and copies.
+    pub fn launch_host_func(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        cb: HostCallback,
+    ) -> CuResult<()> {
+        self.need_revision(4, "a host callback")?;
+        let id = self.callbacks.register(&self.rpc, cb).map_err(|e| {
+            tracing::error!("remora: cannot start the host callback thread: {e}");
+            CuError(cu::OUT_OF_MEMORY)
+        })?;
+        let r = call!(self.rm_launch_host_func(&RmHostFuncArgs {
+            ctx,
+            stream,
+            callback_id: id
+        }));
+        if r.is_err() {
+            self.callbacks.forget(id);
+        }
+        r
+    }
+
+    /// Host callbacks enqueued and not yet run.
+    pub fn host_callbacks_outstanding(&self) -> usize {
+        self.callbacks.outstanding()
     }
 
     /// `cuStreamWaitEvent`: one-way.

@@ -1311,6 +1311,50 @@ impl RemoraV1Server for Executor {
     fn rm_device_output_take(&self, _call: &CallContext) -> ProcResult<RmBytes> {
         Ok(self.inner.take_device_output().unwrap_or_default())
     }
+
+    // Host callbacks (see crate::host_callbacks) ---------------------------------------------
+
+    /// One-way: enqueues on the stream a host function that reports callback `callback_id`
+    /// due when the stream reaches it and blocks the stream until the client reports it done.
+    /// From here on the session's calls run on its ordered thread.
+    fn rm_launch_host_func(&self, call: &CallContext, a: RmHostFuncArgs) -> ProcResult<()> {
+        self.oneway(call, "RM_LAUNCH_HOST_FUNC", |inner, session| {
+            let t = stream_target(&session.lock(), a.ctx, a.stream)?;
+            session.ordered.start(session.connection)?;
+            let callbacks = Arc::clone(&session.callbacks);
+            // Weak: a host function the driver never runs must not keep the session alive.
+            let weak = Arc::downgrade(&self.session(call));
+            let id = a.callback_id;
+            inner.backend.launch_host_func(
+                t.ctx,
+                t.stream,
+                Box::new(move || {
+                    let status = weak.upgrade().map_or(SUCCESS, |s| s.lock().sticky_error());
+                    callbacks.reached(id, status);
+                }),
+            )
+        })
+    }
+
+    /// Answered when callbacks are due (a deferred reply), never on the ordered thread.
+    fn rm_wait_host_callbacks(&self, call: &CallContext) -> ProcResult<RmHostCallbacksReply> {
+        let session = self.session(call);
+        match call.defer() {
+            Some(reply) => {
+                session.callbacks.wait(reply);
+                Err(ProcError::Deferred)
+            }
+            None => Ok(RmHostCallbacksReply {
+                status: crate::backend::status::NOT_SUPPORTED,
+                due: Vec::new(),
+            }),
+        }
+    }
+
+    fn rm_host_callback_done(&self, call: &CallContext, id: u64) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        Ok(code("RM_HOST_CALLBACK_DONE", session.callbacks.done(id)))
+    }
 }
 
 impl Executor {
@@ -1628,6 +1672,13 @@ fn memset_target(st: &SessionState, a: &RmMemsetArgs) -> CuResult<(u64, u64)> {
 type CuResult_ = remora_proto::remora::CuResult;
 
 impl Executor {
+    /// The ordered thread of `connection`'s session, once it uses host callbacks: where its
+    /// calls other than the host-callback procedures run (see [`crate::host_callbacks`]).
+    pub(crate) fn ordered_session(&self, connection: u64) -> Option<Arc<Session>> {
+        let session = self.inner.sessions().get(&connection).map(Arc::clone)?;
+        session.ordered.is_on().then_some(session)
+    }
+
     /// Frees the session of `connection` (called when the connection ends).
     pub fn close_session(&self, connection: u64) {
         let session = self.inner.sessions().remove(&connection);

@@ -22,6 +22,7 @@ mod device_output;
 pub mod driver;
 mod executor;
 mod hello;
+mod host_callbacks;
 mod module_cache;
 mod serve;
 mod session;

@@ -45,14 +45,14 @@ pub enum Isolation {
 /// The `remora.x` service: the generated dispatcher over the [`Executor`], plus the session
 /// cleanup when a connection ends.
 pub struct RemoraService {
-    service: RemoraV1Service<Executor>,
+    service: Arc<RemoraV1Service<Executor>>,
 }
 
 impl RemoraService {
     /// Serves `executor`.
     pub fn new(executor: Executor) -> Self {
         Self {
-            service: RemoraV1Service::new(executor),
+            service: Arc::new(RemoraV1Service::new(executor)),
         }
     }
 
@@ -71,7 +71,63 @@ impl Service for RemoraService {
         self.service.version()
     }
 
+    /// Once a session has used a host callback, its calls (all but the host-callback
+    /// procedures, which the connection thread answers at once) run in order on the session's
+    /// ordered thread, and their replies are sent from there: the connection thread must stay
+    /// free to read `RM_HOST_CALLBACK_DONE` while a call waits for a stream that a host
+    /// callback blocks (see `crate::host_callbacks`).
     fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch {
+        use remora_proto::remora::{
+            REMORA_HELLO, REMORA_NULL, RM_HOST_CALLBACK_DONE, RM_WAIT_HOST_CALLBACKS,
+        };
+        let direct = matches!(
+            ctx.procedure,
+            REMORA_NULL | REMORA_HELLO | RM_WAIT_HOST_CALLBACKS | RM_HOST_CALLBACK_DONE
+        );
+        if !direct && let Some(session) = self.service.inner().ordered_session(ctx.connection) {
+            let service = Arc::clone(&self.service);
+            let call = ctx.clone();
+            let bytes = args.rest();
+            let job: crate::waiters::Job = Box::new(move || {
+                let mut dec = Decoder::new(bytes);
+                let mut enc = Encoder::new();
+                match service.dispatch(&call, &mut dec, &mut enc) {
+                    Dispatch::Success => {
+                        if let Some(d) = call.defer() {
+                            let sent = d.reply(|out| {
+                                for chunk in enc.finish() {
+                                    out.put_raw(&chunk);
+                                }
+                                Ok(())
+                            });
+                            if let Err(e) = sent {
+                                tracing::debug!(error = %e, "reply from the ordered thread not delivered");
+                            }
+                        }
+                    }
+                    // One-way, or answered through the call's own deferred reply.
+                    Dispatch::NoReply | Dispatch::Deferred => {}
+                    // Answered SYSTEM_ERR by dropping the deferred reply (the runtime's
+                    // GARBAGE_ARGS / PROC_UNAVAIL answers are not reachable from here).
+                    other => {
+                        tracing::debug!(
+                            ?other,
+                            procedure = call.procedure,
+                            "call failed on the ordered thread"
+                        );
+                        drop(call.defer());
+                    }
+                }
+            });
+            return match session.ordered.submit(job) {
+                Ok(()) => Dispatch::Deferred,
+                Err(job) => {
+                    // The ordered thread has stopped (the session is closing): run it here.
+                    job();
+                    Dispatch::Deferred
+                }
+            };
+        }
         self.service.dispatch(ctx, args, reply)
     }
 

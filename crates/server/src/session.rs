@@ -3,7 +3,7 @@
 //! client can only name its own objects.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 
 use remora_proto::remora::{RM_STREAM_LEGACY, RmCopyData};
 use remora_xdr::Bytes;
@@ -13,6 +13,7 @@ use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, SUCCESS, 
 /// CUDA_ERROR_CONTEXT_IS_DESTROYED.
 const CONTEXT_IS_DESTROYED: i32 = 709;
 use crate::backend::{Backend, CuResult, LEGACY_STREAM, StagedCopy};
+use crate::host_callbacks::HostCallbacks;
 use crate::waiters::WaiterPool;
 
 /// Most threads one session may block in synchronizing calls at once; further blocking calls
@@ -209,6 +210,11 @@ impl SessionState {
         }
     }
 
+    /// The session's sticky error, else 0 (the status a stream callback reports).
+    pub(crate) fn sticky_error(&self) -> i32 {
+        self.deferred.filter(|e| is_sticky(*e)).unwrap_or(SUCCESS)
+    }
+
     /// The status a synchronizing call returns: a deferred error if there is one (kept when
     /// CUDA keeps it sticky), else the call's own result.
     pub(crate) fn sync_status(&mut self, own: CuResult<()>) -> i32 {
@@ -364,11 +370,87 @@ impl SessionState {
     }
 }
 
+/// The session's ordered thread: once the session has used a host callback, its calls run
+/// here, in the order they arrived, instead of on the connection thread, so that the
+/// connection thread stays free to read `RM_HOST_CALLBACK_DONE` while a call waits for a
+/// stream blocked by a host callback (see [`crate::host_callbacks`]).
+#[derive(Default)]
+pub(crate) struct Ordered {
+    queue: Mutex<Option<mpsc::Sender<crate::waiters::Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl Ordered {
+    /// Whether calls go to the ordered thread.
+    pub(crate) fn is_on(&self) -> bool {
+        self.on.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Starts the ordered thread (once); later calls go through [`Ordered::submit`].
+    pub(crate) fn start(&self, connection: u64) -> CuResult<()> {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.is_some() || self.is_on() {
+            return Ok(());
+        }
+        let (tx, rx) = mpsc::channel::<crate::waiters::Job>();
+        let handle = std::thread::Builder::new()
+            .name(format!("remora-ordered-{connection}"))
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                        tracing::error!("a call panicked on the session's ordered thread");
+                    }
+                }
+            })
+            .map_err(|e| {
+                tracing::warn!(error = %e, "cannot start a session's ordered thread");
+                crate::backend::status::OUT_OF_MEMORY
+            })?;
+        *queue = Some(tx);
+        *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        // Release: a connection thread that sees `on` finds the queue set.
+        self.on.store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Queues `job` behind the calls already queued; gives it back when the thread is gone.
+    pub(crate) fn submit(&self, job: crate::waiters::Job) -> Result<(), crate::waiters::Job> {
+        let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        match queue.as_ref() {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+
+    /// Runs the queued calls, then stops the thread.
+    fn close(&self) {
+        self.queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let handle = self
+            .thread
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = handle
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+    }
+}
+
 /// A client connection's session.
 pub(crate) struct Session {
     pub(crate) connection: u64,
     state: Mutex<SessionState>,
     pub(crate) waiters: WaiterPool,
+    /// Host callbacks reached by their streams and waiting for the client.
+    pub(crate) callbacks: Arc<HostCallbacks>,
+    /// Where calls run once the session uses host callbacks.
+    pub(crate) ordered: Ordered,
     /// Profiling: kernel launches and their total time in the driver, in nanoseconds.
     launches: std::sync::atomic::AtomicU64,
     launch_ns: std::sync::atomic::AtomicU64,
@@ -380,6 +462,8 @@ impl Session {
             connection,
             state: Mutex::new(SessionState::default()),
             waiters: WaiterPool::new(format!("remora-wait-{connection}"), MAX_WAITERS),
+            callbacks: Arc::default(),
+            ordered: Ordered::default(),
             launches: Default::default(),
             launch_ns: Default::default(),
         }
@@ -409,8 +493,13 @@ impl Session {
         })
     }
 
-    /// Waits for the blocking calls in flight, then frees everything.
+    /// Releases the host functions blocked for the client, waits for the calls in flight,
+    /// then frees everything. The order matters: a call in flight (a synchronize) may wait for
+    /// a stream that a host function blocks, and streams are destroyed only after their host
+    /// functions are released.
     pub(crate) fn close(&self, backend: &dyn Backend) {
+        self.callbacks.close();
+        self.ordered.close();
         self.waiters.close();
         let mut st = self.lock();
         let objects = st.len();

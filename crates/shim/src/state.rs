@@ -250,6 +250,18 @@ pub fn stream_props(s: StreamRef) -> CuResult<(u32, i32)> {
 /// there must not abort the process.
 pub fn entry(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
     let log = crate::log::usable();
+    if remora_client::in_host_callback() {
+        // CUDA forbids CUDA calls from a host callback; here one that waited for the stream
+        // the callback blocks would never return.
+        if log {
+            let _ = catch_unwind(|| {
+                tracing::warn!(
+                    "remora: {name} called from a host callback; returning CUDA_ERROR_NOT_PERMITTED"
+                )
+            });
+        }
+        return cu::NOT_PERMITTED;
+    }
     let r = catch_unwind(AssertUnwindSafe(|| {
         if log {
             tracing::trace!("{name}");

@@ -546,3 +546,220 @@ fn child_memcpy_2d_3d_peer() {
     }
     println!("CHILD-OK");
 }
+
+/// Runs child test `name` against a fresh emulated server; SKIPPED without the binary.
+fn emulated_child(name: &str) {
+    let Some(bin) = remora_bin() else {
+        println!("SKIPPED: remora binary not built (cargo build -p remora-cli)");
+        return;
+    };
+    match serve(&bin, &["--backend", "emulated"], &[]) {
+        Err(2) => println!("SKIPPED: emulated backend not available"),
+        Err(code) => panic!("remora serve --backend emulated exited with {code}"),
+        Ok(s) => {
+            let out = in_child(name, &s.1);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("CHILD-OK"),
+                "{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn emulated_managed_memory_is_not_supported() {
+    emulated_child("child_managed_memory");
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_managed_memory_is_not_supported"]
+fn child_managed_memory() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type Attr = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type AllocManaged = unsafe extern "C" fn(*mut u64, usize, c_uint) -> c_int;
+    type Prefetch = unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
+    type Advise = unsafe extern "C" fn(u64, usize, c_int, c_int) -> c_int;
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let attr: libloading::Symbol<Attr> = lib.get(b"cuDeviceGetAttribute").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let alloc: libloading::Symbol<AllocManaged> = lib.get(b"cuMemAllocManaged").unwrap();
+        let prefetch: libloading::Symbol<Prefetch> = lib.get(b"cuMemPrefetchAsync").unwrap();
+        let advise: libloading::Symbol<Advise> = lib.get(b"cuMemAdvise").unwrap();
+        assert_eq!(init(0), 0);
+        // The emulated GPU says it has managed memory (as an H100 does); the client says no.
+        for a in [83, 88, 89, 100, 101] {
+            let mut v: c_int = -1;
+            assert_eq!(attr(&mut v, a, 0), 0, "attribute {a}");
+            assert_eq!(v, 0, "attribute {a} must answer 0");
+        }
+        let mut v: c_int = -1;
+        assert_eq!(attr(&mut v, 41, 0), 0);
+        assert_eq!(v, 1, "unified addressing is still answered by the server");
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let mut p = 0u64;
+        assert_eq!(alloc(&mut p, 4096, 1), 801, "cuMemAllocManaged");
+        assert_eq!(p, 0, "nothing was allocated");
+        assert_eq!(prefetch(0x1000, 4096, 0, std::ptr::null_mut()), 801);
+        assert_eq!(advise(0x1000, 4096, 1, 0), 801);
+        // Through cuGetProcAddress too (the CUDA runtime's way in).
+        let gpa: libloading::Symbol<GetProc> = lib.get(b"cuGetProcAddress_v2").unwrap();
+        let mut f: *mut c_void = std::ptr::null_mut();
+        let mut st: c_int = -1;
+        assert_eq!(
+            gpa(c"cuMemAllocManaged".as_ptr(), &mut f, 13000, 0, &mut st),
+            0
+        );
+        let via: AllocManaged = std::mem::transmute(f);
+        assert_eq!(via(&mut p, 4096, 1), 801);
+    }
+    println!("CHILD-OK");
+}
+
+#[test]
+fn emulated_host_callbacks() {
+    emulated_child("child_host_callbacks");
+}
+
+type HostFnC = unsafe extern "C" fn(*mut c_void);
+type StreamCbC = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void);
+
+/// What the callbacks of `child_host_callbacks` saw.
+#[derive(Default)]
+struct Seen {
+    order: Vec<u32>,
+    stream: usize,
+    status: c_int,
+    /// What a CUDA call made from inside a callback returned.
+    nested: c_int,
+    count: Option<unsafe extern "C" fn(*mut c_int) -> c_int>,
+    thread: Option<std::thread::ThreadId>,
+}
+
+static SEEN: std::sync::Mutex<Option<Seen>> = std::sync::Mutex::new(None);
+
+unsafe extern "C" fn host_fn(p: *mut c_void) {
+    std::thread::sleep(Duration::from_millis(30));
+    let mut g = SEEN.lock().unwrap();
+    let s = g.as_mut().unwrap();
+    s.order.push(p as usize as u32);
+    s.thread = Some(std::thread::current().id());
+    if let Some(count) = s.count {
+        let mut n: c_int = 0;
+        // SAFETY: cuDeviceGetCount's signature; the output is a local.
+        s.nested = unsafe { count(&mut n) };
+    }
+}
+
+unsafe extern "C" fn stream_cb(stream: *mut c_void, status: c_int, p: *mut c_void) {
+    let mut g = SEEN.lock().unwrap();
+    let s = g.as_mut().unwrap();
+    s.order.push(p as usize as u32);
+    s.stream = stream as usize;
+    s.status = status;
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_host_callbacks"]
+fn child_host_callbacks() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type StreamCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
+    type StreamSync = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type Launch = unsafe extern "C" fn(*mut c_void, Option<HostFnC>, *mut c_void) -> c_int;
+    type AddCb = unsafe extern "C" fn(*mut c_void, Option<StreamCbC>, *mut c_void, c_uint) -> c_int;
+    *SEEN.lock().unwrap() = Some(Seen::default());
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; the callbacks are the functions
+    // above, with user data that are plain numbers.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let count: libloading::Symbol<GetCount> = lib.get(b"cuDeviceGetCount").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let stream_create: libloading::Symbol<StreamCreate> = lib.get(b"cuStreamCreate").unwrap();
+        let stream_sync: libloading::Symbol<StreamSync> = lib.get(b"cuStreamSynchronize").unwrap();
+        let launch: libloading::Symbol<Launch> = lib.get(b"cuLaunchHostFunc").unwrap();
+        let add: libloading::Symbol<AddCb> = lib.get(b"cuStreamAddCallback").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let mut s = std::ptr::null_mut();
+        assert_eq!(stream_create(&mut s, 1), 0);
+        SEEN.lock().unwrap().as_mut().unwrap().count = Some(*count);
+        assert_eq!(
+            launch(
+                s,
+                Some(host_fn),
+                std::ptr::without_provenance_mut::<c_void>(1)
+            ),
+            0
+        );
+        assert_eq!(
+            launch(
+                s,
+                Some(host_fn),
+                std::ptr::without_provenance_mut::<c_void>(2)
+            ),
+            0
+        );
+        assert_eq!(
+            add(
+                s,
+                Some(stream_cb),
+                std::ptr::without_provenance_mut::<c_void>(3),
+                0
+            ),
+            0
+        );
+        assert_eq!(stream_sync(s), 0);
+        {
+            let g = SEEN.lock().unwrap();
+            let seen = g.as_ref().unwrap();
+            assert_eq!(
+                seen.order,
+                [1, 2, 3],
+                "in stream order, before the synchronize returned"
+            );
+            assert_eq!(
+                seen.stream, s as usize,
+                "the stream as the application named it"
+            );
+            assert_eq!(seen.status, 0);
+            assert_eq!(
+                seen.nested, 800,
+                "CUDA calls from a callback: CUDA_ERROR_NOT_PERMITTED"
+            );
+            assert_ne!(seen.thread, Some(std::thread::current().id()));
+        }
+        // Invalid arguments, as CUDA checks them.
+        assert_eq!(launch(s, None, std::ptr::null_mut()), 1);
+        assert_eq!(add(s, Some(stream_cb), std::ptr::null_mut(), 1), 1);
+        // The legacy stream: NULL is passed back.
+        assert_eq!(
+            add(
+                std::ptr::null_mut(),
+                Some(stream_cb),
+                std::ptr::without_provenance_mut::<c_void>(4),
+                0
+            ),
+            0
+        );
+        assert_eq!(stream_sync(std::ptr::null_mut()), 0);
+        let g = SEEN.lock().unwrap();
+        assert_eq!(g.as_ref().unwrap().order, [1, 2, 3, 4]);
+        assert_eq!(g.as_ref().unwrap().stream, 0);
+    }
+    println!("CHILD-OK");
+}

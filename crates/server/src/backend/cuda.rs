@@ -134,6 +134,7 @@ driver_table! {
     stream_destroy = "cuStreamDestroy" / "cuStreamDestroy_v2": fn(Ptr);
     stream_synchronize = "cuStreamSynchronize" / "cuStreamSynchronize": fn(Ptr);
     stream_query = "cuStreamQuery" / "cuStreamQuery": fn(Ptr);
+    launch_host_func = "cuLaunchHostFunc" / "cuLaunchHostFunc": fn(Ptr, Option<unsafe extern "C" fn(*mut c_void)>, *mut c_void);
     stream_wait_event = "cuStreamWaitEvent" / "cuStreamWaitEvent": fn(Ptr, Ptr, c_uint);
     event_create = "cuEventCreate" / "cuEventCreate": fn(*mut Ptr, c_uint);
     event_destroy = "cuEventDestroy" / "cuEventDestroy_v2": fn(Ptr);
@@ -370,6 +371,17 @@ pub(crate) fn result_name(rc: Res) -> &'static str {
 
 fn check(rc: Res) -> CuResult<()> {
     if rc == SUCCESS { Ok(()) } else { Err(rc) }
+}
+
+/// The host function the driver calls for [`Backend::launch_host_func`]: runs the boxed
+/// closure, never unwinding into the driver.
+unsafe extern "C" fn run_host_fn(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<HostFn>` leaked by `launch_host_func`; the driver calls each
+    // host function once, so the box is taken back once.
+    let f = unsafe { Box::from_raw(data.cast::<super::HostFn>()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        tracing::error!("a host function panicked on the driver's thread");
+    }
 }
 
 fn ptr(v: u64) -> Ptr {
@@ -1141,6 +1153,20 @@ impl Backend for CudaBackend {
         let d = self.in_ctx(ctx)?;
         // SAFETY: as above.
         call!(d.t, stream_query(ptr(stream)))
+    }
+
+    fn launch_host_func(&self, ctx: u64, stream: u64, f: super::HostFn) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        let data = Box::into_raw(Box::new(f)).cast::<c_void>();
+        // SAFETY: a stream of this session or CU_STREAM_LEGACY; `data` is a leaked
+        // `Box<HostFn>` that `run_host_fn` takes back exactly once, when the driver calls it.
+        let r = call!(d.t, launch_host_func(ptr(stream), Some(run_host_fn), data));
+        if r.is_err() {
+            // SAFETY: the driver refused the call, so it will never call `run_host_fn` with
+            // `data`: take the box back here instead.
+            drop(unsafe { Box::from_raw(data.cast::<super::HostFn>()) });
+        }
+        r
     }
 
     fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, flags: u32) -> CuResult<()> {

@@ -7,22 +7,27 @@
 //! a client can reserve); copies and memsets have their CUDA semantics; work completes when it
 //! is issued, so streams are trivially ordered; events record host-clock timestamps; modules
 //! accept any image and list functions only for the tiny test format below; kernel launches
-//! fail with `CUDA_ERROR_NOT_SUPPORTED`.
+//! fail with `CUDA_ERROR_NOT_SUPPORTED`. Host functions (`cuLaunchHostFunc`) run on a thread
+//! per context, in the order they were enqueued, as the driver's host-function thread runs
+//! them; the stream they were enqueued on counts as busy until each returns (its synchronize
+//! waits, its query answers NOT_READY), which is what a real stream does for the work after
+//! one. Other emulated work still completes at once.
 //!
 //! Test module format (UTF-8 text): a first line `REMORA-EMU-MODULE`, then lines
 //! `func NAME SIZE,SIZE,...` (parameters, each aligned to its size up to 8) and
 //! `global NAME BYTES`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
 use super::{
-    Backend, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, LEGACY_STREAM, LaunchSpec,
-    LoadedModule, StagedCopy,
+    Backend, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
+    LaunchSpec, LoadedModule, StagedCopy,
 };
 
 /// First line of the emulated test module format.
@@ -100,10 +105,55 @@ struct State {
     limits: HashMap<(u64, i32), u64>,
 }
 
+/// The queue of a context's host-function thread: (context, stream) and the function.
+type HostQueue = mpsc::Sender<((u64, u64), HostFn)>;
+
+/// Host functions enqueued and not yet returned, by (context, stream).
+#[derive(Default)]
+struct HostPending {
+    busy: Mutex<HashMap<(u64, u64), usize>>,
+    changed: Condvar,
+}
+
+impl HostPending {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(u64, u64), usize>> {
+        self.busy.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until no host function of `ctx` (of `stream` only, if given) is pending.
+    fn wait_idle(&self, ctx: u64, stream: Option<u64>) {
+        let mut busy = self.lock();
+        while busy
+            .iter()
+            .any(|(&(c, s), &n)| n > 0 && c == ctx && stream.is_none_or(|st| st == s))
+        {
+            busy = self
+                .changed
+                .wait(busy)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn finished(&self, key: (u64, u64)) {
+        let mut busy = self.lock();
+        if let Some(n) = busy.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                busy.remove(&key);
+            }
+        }
+        drop(busy);
+        self.changed.notify_all();
+    }
+}
+
 /// The emulated **test** backend (see the module documentation).
 pub struct EmulatedBackend {
     config: EmulatedConfig,
     state: Mutex<State>,
+    /// Per context: the queue of its host-function thread.
+    host_threads: Mutex<HashMap<u64, HostQueue>>,
+    host_pending: Arc<HostPending>,
 }
 
 impl std::fmt::Debug for EmulatedBackend {
@@ -132,6 +182,8 @@ impl EmulatedBackend {
                 next_addr: EMU_MEMORY_BASE,
                 ..State::default()
             }),
+            host_threads: Mutex::default(),
+            host_pending: Arc::default(),
         }
     }
 
@@ -141,6 +193,32 @@ impl EmulatedBackend {
         if let Some(text) = &self.config.device_printf {
             crate::device_output::write_stdout(text);
         }
+    }
+
+    /// The queue of `ctx`'s host-function thread, started on first use.
+    fn host_thread(&self, ctx: u64) -> CuResult<HostQueue> {
+        let mut threads = self
+            .host_threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(tx) = threads.get(&ctx) {
+            return Ok(tx.clone());
+        }
+        let (tx, rx) = mpsc::channel::<((u64, u64), HostFn)>();
+        let pending = Arc::clone(&self.host_pending);
+        std::thread::Builder::new()
+            .name("remora-emu-hostfn".into())
+            .spawn(move || {
+                while let Ok((key, f)) = rx.recv() {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                        tracing::error!("emulated backend: a host function panicked");
+                    }
+                    pending.finished(key);
+                }
+            })
+            .map_err(|_| OUT_OF_MEMORY)?;
+        threads.insert(ctx, tx.clone());
+        Ok(tx)
     }
 
     /// What is alive now.
@@ -345,7 +423,7 @@ impl Backend for EmulatedBackend {
         self.check_dev(dev)?;
         let mut uuid = *b"remora-emulated-";
         uuid[15] = dev as u8;
-        let attributes = [1, 2, 3, 4, 5, 6, 7, 8, 10, 16, 41, 75, 76]
+        let attributes = [1, 2, 3, 4, 5, 6, 7, 8, 10, 16, 41, 75, 76, 83, 89]
             .into_iter()
             .map(|a| Ok((a, self.device_attribute(a, dev)?)))
             .collect::<CuResult<Vec<_>>>()?;
@@ -370,6 +448,9 @@ impl Backend for EmulatedBackend {
             41 => 1,        // unified addressing
             75 => 9,        // compute capability major
             76 => 0,        // compute capability minor
+            // Managed memory and concurrent managed access, as an H100 answers (the client
+            // answers 0 for both: Remora does not support managed memory).
+            83 | 89 => 1,
             a if (1..=200).contains(&a) => 0,
             _ => return Err(INVALID_VALUE),
         })
@@ -388,6 +469,12 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.contexts.remove(&ctx).ok_or(INVALID_HANDLE)?;
         st.created -= 1;
+        drop(st);
+        // Its host-function thread ends once the functions already queued have run.
+        self.host_threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&ctx);
         Ok(())
     }
 
@@ -399,6 +486,7 @@ impl Backend for EmulatedBackend {
 
     fn ctx_synchronize(&self, ctx: u64) -> CuResult<()> {
         self.lock().ctx(ctx)?;
+        self.host_pending.wait_idle(ctx, None);
         self.pause();
         self.device_printf();
         Ok(())
@@ -739,6 +827,7 @@ impl Backend for EmulatedBackend {
 
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
         self.lock().stream(ctx, stream)?;
+        self.host_pending.wait_idle(ctx, Some(stream));
         self.pause();
         self.device_printf();
         Ok(())
@@ -746,6 +835,9 @@ impl Backend for EmulatedBackend {
 
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
         self.lock().stream(ctx, stream)?;
+        if self.host_pending.lock().contains_key(&(ctx, stream)) {
+            return Err(super::status::NOT_READY);
+        }
         if self.config.sync_delay.is_zero() {
             Ok(())
         } else {
@@ -805,6 +897,18 @@ impl Backend for EmulatedBackend {
             -(a.duration_since(*b).as_secs_f64() * 1e3)
         };
         Ok(ms as f32)
+    }
+
+    fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()> {
+        self.lock().stream(ctx, stream)?;
+        let tx = self.host_thread(ctx)?;
+        let key = (ctx, stream);
+        *self.host_pending.lock().entry(key).or_default() += 1;
+        if tx.send((key, f)).is_err() {
+            self.host_pending.finished(key);
+            return Err(INVALID_HANDLE);
+        }
+        Ok(())
     }
 }
 

@@ -211,6 +211,10 @@ pub trait StagedCopy: Send {
     fn data(&self) -> &[u8];
 }
 
+/// A host function enqueued on a stream ([`Backend::launch_host_func`]). It may block: later
+/// work in its stream waits until it returns.
+pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
+
 /// The executor's view of a GPU driver. Device ordinals are the ones clients see (after
 /// `--devices`); every call that works in a context takes it explicitly and the backend makes it
 /// current on the calling thread when needed. Implementations must be callable from several
@@ -371,4 +375,9 @@ pub trait Backend: Send + Sync + 'static {
     fn event_query(&self, ctx: u64, event: u64) -> CuResult<()>;
     /// `cuEventElapsedTime`, milliseconds.
     fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32>;
+    /// `cuLaunchHostFunc`: `f` runs on a thread of the backend (the driver's host-function
+    /// thread) when `stream` reaches it; later work in the stream waits until it returns.
+    /// `f` may block for as long as it needs, but must never wait for the thread that called
+    /// this (the executor's connection thread). Dropped unrun when it cannot be enqueued.
+    fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()>;
 }

@@ -548,6 +548,61 @@ fn record(ev: Handle, st: Handle, ptds: bool) -> CuResult<()> {
     s.event_record(ctx, e, h)
 }
 
+/// `CUhostFn`.
+pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
+/// `CUstreamCallback`.
+pub type StreamCallback = Option<unsafe extern "C" fn(Handle, CUresult, *mut c_void)>;
+
+/// A pointer the application handed to a host callback, carried to the callback thread.
+struct AppPtr(*mut c_void);
+// SAFETY: CUDA lets the application pass any `userData` (and stream handle) to a callback
+// that runs on another thread; the shim never dereferences it, only hands it back.
+unsafe impl Send for AppPtr {}
+
+/// `cuLaunchHostFunc`: `f(user)` runs in this process when the stream reaches this point.
+fn host_func(st: Handle, f: HostFn, user: *mut c_void, ptds: bool) -> CuResult<()> {
+    let f = f.ok_or(CuError(cu::INVALID_VALUE))?;
+    let (s, ctx, h) = mapped(st, ptds)?;
+    let user = AppPtr(user);
+    s.launch_host_func(
+        ctx,
+        h,
+        Box::new(move |_status| {
+            let user = user;
+            // SAFETY: the application's host function with its own user data, called once,
+            // as cuLaunchHostFunc promises; it must not call CUDA (entry refuses if it does).
+            unsafe { f(user.0) }
+        }),
+    )
+}
+
+/// `cuStreamAddCallback`: `cb(stream, status, user)` with the stream as the application named
+/// it and CUDA_SUCCESS or the context's sticky error.
+fn stream_callback(
+    st: Handle,
+    cb: StreamCallback,
+    user: *mut c_void,
+    flags: c_uint,
+    ptds: bool,
+) -> CuResult<()> {
+    let cb = cb.ok_or(CuError(cu::INVALID_VALUE))?;
+    if flags != 0 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let (s, ctx, h) = mapped(st, ptds)?;
+    let (user, stream) = (AppPtr(user), AppPtr(st));
+    s.launch_host_func(
+        ctx,
+        h,
+        Box::new(move |status| {
+            let (user, stream) = (user, stream);
+            // SAFETY: the application's stream callback with its own arguments, called once,
+            // as cuStreamAddCallback promises.
+            unsafe { cb(stream.0, status, user.0) }
+        }),
+    )
+}
+
 fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
     // SAFETY: output pointer per cuda.h (null rejected by `put`).
     unsafe { put(p, v) }
@@ -566,6 +621,10 @@ stream_fns! {
     cuStreamGetFlags_ptsz(st: Handle, f: *mut c_uint) => put_out(f, props(st, true)?.0);
     cuEventRecord(ev: Handle, st: Handle) => record(ev, st, false);
     cuEventRecord_ptsz(ev: Handle, st: Handle) => record(ev, st, true);
+    cuLaunchHostFunc(st: Handle, f: HostFn, user: *mut c_void) => host_func(st, f, user, false);
+    cuLaunchHostFunc_ptsz(st: Handle, f: HostFn, user: *mut c_void) => host_func(st, f, user, true);
+    cuStreamAddCallback(st: Handle, cb: StreamCallback, user: *mut c_void, flags: c_uint) => stream_callback(st, cb, user, flags, false);
+    cuStreamAddCallback_ptsz(st: Handle, cb: StreamCallback, user: *mut c_void, flags: c_uint) => stream_callback(st, cb, user, flags, true);
 }
 
 #[unsafe(no_mangle)]
