@@ -1322,14 +1322,17 @@ impl RemoraV1Server for Executor {
             let t = stream_target(&session.lock(), a.ctx, a.stream)?;
             session.ordered.start(session.connection)?;
             let callbacks = Arc::clone(&session.callbacks);
-            // Weak: a host function the driver never runs must not keep the session alive.
-            let weak = Arc::downgrade(&self.session(call));
+            // The host function runs on the driver's thread while a call of this session may
+            // hold the session lock inside the driver waiting for it (cuMemFree, a
+            // synchronous copy): it must not take that lock. The sticky error is read from
+            // its own cell instead.
+            let sticky = session.lock().sticky_cell();
             let id = a.callback_id;
             inner.backend.launch_host_func(
                 t.ctx,
                 t.stream,
                 Box::new(move || {
-                    let status = weak.upgrade().map_or(SUCCESS, |s| s.lock().sticky_error());
+                    let status = sticky.load(std::sync::atomic::Ordering::Acquire);
                     callbacks.reached(id, status);
                 }),
             )

@@ -93,6 +93,9 @@ pub(crate) struct SessionState {
     /// Device → flags from RM_PRIMARY_CTX_SET_FLAGS, applied when that context is created.
     pub(crate) primary_flags: HashMap<i32, u32>,
     deferred: Option<i32>,
+    /// The sticky part of `deferred`, readable without the session lock (by the host
+    /// functions the driver runs: a call holding the lock may be waiting for them).
+    sticky: Arc<std::sync::atomic::AtomicI32>,
     pub(crate) pending: Vec<PendingCopy>,
     /// Handles of primary contexts destroyed by RM_PRIMARY_CTX_RESET: using one answers
     /// CUDA_ERROR_CONTEXT_IS_DESTROYED, as NVIDIA's driver does for a reset primary context.
@@ -198,7 +201,17 @@ impl SessionState {
     pub(crate) fn defer_error(&mut self, code: i32) {
         if self.deferred.is_none() && code != SUCCESS {
             self.deferred = Some(code);
+            if is_sticky(code) {
+                self.sticky
+                    .store(code, std::sync::atomic::Ordering::Release);
+            }
         }
+    }
+
+    /// The session's sticky error as a shared cell (0 when none), for code that must not take
+    /// the session lock.
+    pub(crate) fn sticky_cell(&self) -> Arc<std::sync::atomic::AtomicI32> {
+        Arc::clone(&self.sticky)
     }
 
     /// Forgets a sticky deferred error when a context of the session is destroyed or reset:
@@ -208,11 +221,8 @@ impl SessionState {
         if self.deferred.is_some_and(is_sticky) {
             self.deferred = None;
         }
-    }
-
-    /// The session's sticky error, else 0 (the status a stream callback reports).
-    pub(crate) fn sticky_error(&self) -> i32 {
-        self.deferred.filter(|e| is_sticky(*e)).unwrap_or(SUCCESS)
+        self.sticky
+            .store(SUCCESS, std::sync::atomic::Ordering::Release);
     }
 
     /// The status a synchronizing call returns: a deferred error if there is one (kept when

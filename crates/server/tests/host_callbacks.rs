@@ -15,6 +15,14 @@ use remora_server::{
     start_with_backend,
 };
 
+/// Every emulated backend hands out the same device addresses, which each client session
+/// reserves in this one test process: the tests run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn start() -> (tempfile::TempDir, Arc<EmulatedBackend>, Endpoint, Running) {
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
@@ -47,6 +55,7 @@ fn note(log: &Log, name: &str, delay: Duration) -> remora_client::HostCallback {
 
 #[test]
 fn callbacks_run_here_in_order_and_synchronize_waits_for_them() {
+    let _serial = serial();
     let (_dir, _backend, endpoint, running) = start();
     let session = Session::connect(&endpoint).unwrap();
     let ctx = session.primary_ctx_retain(0).unwrap();
@@ -116,7 +125,57 @@ fn callbacks_run_here_in_order_and_synchronize_waits_for_them() {
 }
 
 #[test]
+fn a_call_that_synchronizes_implicitly_waits_for_the_callback_without_deadlock() {
+    let _serial = serial();
+    // cuMemFree waits for the context's work, host functions included, inside the driver;
+    // the server's host function must not need anything the freeing call holds (it once
+    // took the session lock, which the free held: a deadlock, seen on the GPU machine).
+    let (_dir, _backend, endpoint, running) = start();
+    let session = Arc::new(Session::connect(&endpoint).unwrap());
+    let ctx = session.primary_ctx_retain(0).unwrap();
+    let s = session.stream_create(ctx, 1, 0).unwrap();
+    let dev = session.mem_alloc(ctx, 64).unwrap();
+    let log: Log = Arc::default();
+    // `a` holds the stream until released; `b` is reached only after, while the free below
+    // is already waiting inside the (emulated) driver.
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    session
+        .launch_host_func(
+            ctx,
+            s,
+            Box::new(move |_| {
+                release_rx.recv().unwrap();
+            }),
+        )
+        .unwrap();
+    session
+        .launch_host_func(ctx, s, note(&log, "b", Duration::ZERO))
+        .unwrap();
+    let free = {
+        let session = Arc::clone(&session);
+        std::thread::spawn(move || session.mem_free(ctx, dev))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!free.is_finished(), "the free waits for the host functions");
+    release_tx.send(()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !free.is_finished() {
+        if Instant::now() >= deadline {
+            // Deadlocked threads would make the server's shutdown hang: leave them.
+            std::mem::forget(running);
+            std::mem::forget(session);
+            panic!("cuMemFree after a host callback never returned (deadlock)");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    free.join().unwrap().unwrap();
+    assert_eq!(log.lock().unwrap().len(), 1);
+    running.shutdown();
+}
+
+#[test]
 fn done_is_served_while_a_synchronize_waits_for_the_callback() {
+    let _serial = serial();
     let (_dir, _backend, endpoint, running) = start();
     let session = Arc::new(Session::connect(&endpoint).unwrap());
     let ctx = session.primary_ctx_retain(0).unwrap();
@@ -154,6 +213,7 @@ fn done_is_served_while_a_synchronize_waits_for_the_callback() {
 
 #[test]
 fn a_client_that_disconnects_with_callbacks_pending_frees_the_server() {
+    let _serial = serial();
     let (_dir, backend, endpoint, running) = start();
     let session = Arc::new(Session::connect(&endpoint).unwrap());
     let ctx = session.primary_ctx_retain(0).unwrap();

@@ -533,6 +533,9 @@ impl Backend for EmulatedBackend {
     }
 
     fn mem_free(&self, ctx: u64, ptr: u64) -> CuResult<()> {
+        // cuMemFree synchronizes implicitly: it waits for the context's work, host functions
+        // included (a host function that needs something the caller holds would deadlock).
+        self.host_pending.wait_idle(ctx, None);
         let mut st = self.lock();
         st.ctx(ctx)?;
         match st.allocs.get(&ptr) {
