@@ -594,11 +594,50 @@ impl StagedCopy for CudaStaged {
 impl Drop for CudaStaged {
     fn drop(&mut self) {
         let _ = self.wait();
-        // SAFETY: the event and the pinned buffer were created by this object and are freed
-        // once, after the copy into the buffer has completed (waited above).
+        // SAFETY: the event was created by this object and is destroyed once, after the copy
+        // into the buffer has completed (waited above).
         let _ = call!(self.driver.t, event_destroy(self.event));
-        // SAFETY: as above.
-        let _ = call!(self.driver.t, mem_free_host(self.host));
+        reap(Arc::clone(&self.driver), self.ctx, self.host);
+    }
+}
+
+/// A pinned staging buffer to free: (driver, its context, address).
+type Reap = (Arc<Driver>, u64, usize);
+
+/// Frees a staging buffer off the caller's path. `cuMemFreeHost` synchronizes the whole
+/// device; called while a reply is being built it waits for every stream, including one held
+/// back by a host function that waits for this very client — a deadlock seen on the GPU
+/// machine. A reaper thread, holding no lock, does the freeing instead.
+fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr) {
+    static REAPER: std::sync::OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<Reap>>>> =
+        std::sync::OnceLock::new();
+    let reaper = REAPER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Reap>();
+        std::thread::Builder::new()
+            .name("remora-staging-reaper".into())
+            .spawn(move || {
+                for (driver, ctx, addr) in rx {
+                    // A context destroyed meanwhile took its pinned memory with it; the free
+                    // then fails harmlessly.
+                    if driver.enter(ctx).is_ok() {
+                        // SAFETY: a buffer from cuMemHostAlloc whose copy completed and that
+                        // nothing uses any more; freed once.
+                        let _ = call!(driver.t, mem_free_host(addr as Ptr));
+                    }
+                }
+            })
+            .ok()
+            .map(|_| std::sync::Mutex::new(tx))
+    });
+    let sent = reaper.as_ref().is_some_and(|tx| {
+        tx.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .send((driver.clone(), ctx, host as usize))
+            .is_ok()
+    });
+    if !sent {
+        // No reaper thread could be started: leak the buffer rather than risk the deadlock.
+        tracing::warn!("no staging reaper thread; a pinned staging buffer is leaked");
     }
 }
 
