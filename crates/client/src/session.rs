@@ -1256,7 +1256,10 @@ impl Session {
         }
         self.need_revision(3, "a 2-D or 3-D copy")?;
         if matches!(src, CopySrc::Host { .. }) || matches!(dst, CopyDst::Later { .. }) {
-            self.not_captured(p.stream, "an asynchronous 2-D or 3-D copy to or from host memory")?;
+            self.not_captured(
+                p.stream,
+                "an asynchronous 2-D or 3-D copy to or from host memory",
+            )?;
         }
         for b in copy3d::bands(&p.extent, COPY_CHUNK as u64) {
             let mut args = Self::band_args(p, &src, &dst, &b)?;
@@ -1906,7 +1909,9 @@ impl Session {
         let r = call!(self.rm_stream_end_capture(&RmStreamArgs { ctx, stream }))?;
         let error = {
             let mut caps = lock(&self.captures);
-            let error = known.and_then(|id| caps.active.get(&id)).and_then(|c| c.error);
+            let error = known
+                .and_then(|id| caps.active.get(&id))
+                .and_then(|c| c.error);
             if !r.still_capturing
                 && let Some(id) = known
             {
@@ -1951,7 +1956,12 @@ impl Session {
     }
 
     /// `cuGraphInstantiateWithFlags`.
-    pub fn graph_instantiate(&self, ctx: RmHandle, graph: RmHandle, flags: u64) -> CuResult<RmHandle> {
+    pub fn graph_instantiate(
+        &self,
+        ctx: RmHandle,
+        graph: RmHandle,
+        flags: u64,
+    ) -> CuResult<RmHandle> {
         self.need_revision(5, "a CUDA graph")?;
         let h = handle(call!(self.rm_graph_instantiate(&RmGraphInstantiateArgs {
             ctx,

@@ -14,11 +14,10 @@ use remora_proto::remora::*;
 use remora_xdr::XdrEncode;
 use sha2::{Digest, Sha256};
 
-use crate::backend::status::{
-    INVALID_HANDLE, INVALID_VALUE, STREAM_CAPTURE_UNSUPPORTED, SUCCESS,
-};
+use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, STREAM_CAPTURE_UNSUPPORTED, SUCCESS};
 use crate::backend::{
-    Backend, CaptureInfo, Copy3d, capture_status, CopyForm, CopyPlace, CopySide, CuResult, LaunchSpec, StagedCopy,
+    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, LaunchSpec, StagedCopy,
+    capture_status,
 };
 use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
 use crate::hello::{HelloService, truncate};
@@ -196,7 +195,11 @@ impl Executor {
             let mut st = session.lock();
             let capture = on.filter(|_| !st.captures.is_empty()).and_then(|(c, s)| {
                 let t = stream_target(&st, c, s).ok()?;
-                let info = self.inner.backend.stream_capture_info(t.ctx, t.stream).ok()?;
+                let info = self
+                    .inner
+                    .backend
+                    .stream_capture_info(t.ctx, t.stream)
+                    .ok()?;
                 (info.status != capture_status::NONE).then_some(info.id)
             });
             match capture.and_then(|id| st.captures.get_mut(&id)) {
@@ -826,7 +829,11 @@ impl RemoraV1Server for Executor {
             let (c, s, capturing) = {
                 let st = session.lock();
                 st.check_range(a.dst, a.data.len() as u64)?;
-                (st.ctx(a.ctx)?, st.stream(a.stream)?, !st.captures.is_empty())
+                (
+                    st.ctx(a.ctx)?,
+                    st.stream(a.stream)?,
+                    !st.captures.is_empty(),
+                )
             };
             not_captured(inner, capturing, c, s)?;
             inner.backend.memcpy_htod(c, Some(s), a.dst, &a.data)
@@ -847,7 +854,11 @@ impl RemoraV1Server for Executor {
                     if a.size > u64::from(RM_MAX_COPY) {
                         return Err(INVALID_VALUE);
                     }
-                    (st.ctx(a.ctx)?, st.stream(a.stream)?, !st.captures.is_empty())
+                    (
+                        st.ctx(a.ctx)?,
+                        st.stream(a.stream)?,
+                        !st.captures.is_empty(),
+                    )
                 };
                 // Captured, the copy would land in staging memory only when the graph runs,
                 // and its delivery would never come.
@@ -1351,7 +1362,10 @@ impl RemoraV1Server for Executor {
         self.oneway_on(call, "RM_LAUNCH_HOST_FUNC", on, |inner, session| {
             let (t, capturing) = {
                 let st = session.lock();
-                (stream_target(&st, a.ctx, a.stream)?, !st.captures.is_empty())
+                (
+                    stream_target(&st, a.ctx, a.stream)?,
+                    !st.captures.is_empty(),
+                )
             };
             // Captured, the host function would run at every graph launch, but the client's
             // callback runs once.
@@ -1460,7 +1474,10 @@ impl RemoraV1Server for Executor {
         };
         let r = match (r, ended) {
             (Ok(raw), Some(cap)) => {
-                if let Ok(Resource::Graph { raw: g, capture, .. }) = st.get_mut(cap.graph) {
+                if let Ok(Resource::Graph {
+                    raw: g, capture, ..
+                }) = st.get_mut(cap.graph)
+                {
                     *g = raw;
                     *capture = None;
                 }
@@ -1512,7 +1529,11 @@ impl RemoraV1Server for Executor {
         Ok(match r {
             Ok(i) => RmCaptureInfoReply::Case0(RmCaptureInfo {
                 status: i.status,
-                id: if i.status == capture_status::NONE { 0 } else { i.id },
+                id: if i.status == capture_status::NONE {
+                    0
+                } else {
+                    i.id
+                },
                 graph: capture_graph(&st, &i),
                 dependencies: i.dependencies,
             }),

@@ -14,8 +14,8 @@ use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
 use super::{
-    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, DeviceProps, FunctionInfo,
-    LaunchSpec, LoadedModule, StagedCopy,
+    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, DeviceProps,
+    FunctionInfo, LaunchSpec, LoadedModule, StagedCopy,
 };
 
 type Ptr = *mut c_void;
@@ -1343,7 +1343,10 @@ impl Backend for CudaBackend {
         let d = self.in_ctx(ctx)?;
         let mut n: usize = 0;
         // SAFETY: a graph of this session; with a NULL array the driver only writes the count.
-        call!(d.t, graph_get_nodes(ptr(graph), std::ptr::null_mut(), &mut n))?;
+        call!(
+            d.t,
+            graph_get_nodes(ptr(graph), std::ptr::null_mut(), &mut n)
+        )?;
         Ok(n as u64)
     }
 }

@@ -32,8 +32,8 @@ use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
 use super::{
-    Backend, CaptureInfo, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
-    LaunchSpec, LoadedModule, StagedCopy,
+    Backend, CaptureInfo, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, HostFn,
+    LEGACY_STREAM, LaunchSpec, LoadedModule, StagedCopy,
 };
 
 /// First line of the emulated test module format.
@@ -92,9 +92,21 @@ pub struct LiveCounts {
 /// A captured operation of an emulated graph.
 #[derive(Debug, Clone)]
 enum EmuOp {
-    Htod { dst: u64, data: Vec<u8> },
-    Dtod { dst: u64, src: u64, size: u64 },
-    Memset { dst: u64, value: u32, elem: u32, count: u64 },
+    Htod {
+        dst: u64,
+        data: Vec<u8>,
+    },
+    Dtod {
+        dst: u64,
+        src: u64,
+        size: u64,
+    },
+    Memset {
+        dst: u64,
+        value: u32,
+        elem: u32,
+        count: u64,
+    },
     Launch,
     /// Event records and waits: ordering only, nothing to replay here.
     Nop,
@@ -1140,7 +1152,10 @@ impl Backend for EmulatedBackend {
             return Ok(CaptureInfo::default());
         };
         let c = st.captures.get(&id).ok_or(ILLEGAL_STATE)?;
-        let deps = st.graphs.get(&c.graph).map_or(0, |ops| u64::from(!ops.is_empty()));
+        let deps = st
+            .graphs
+            .get(&c.graph)
+            .map_or(0, |ops| u64::from(!ops.is_empty()));
         Ok(if c.invalidated {
             CaptureInfo {
                 status: super::capture_status::INVALIDATED,

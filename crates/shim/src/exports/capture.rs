@@ -100,7 +100,11 @@ fn capture_info(
             edges.write_unaligned(std::ptr::null());
         }
         if !count.is_null() {
-            count.write_unaligned(if active { info.dependencies as usize } else { 0 });
+            count.write_unaligned(if active {
+                info.dependencies as usize
+            } else {
+                0
+            });
         }
     }
     Ok(())
@@ -199,7 +203,13 @@ fn end(st: Handle, graph: *mut Handle, ptds: bool) -> CuResult<()> {
     let (s, ctx, h) = mapped(st, ptds)?;
     let g = s.stream_end_capture(ctx, h);
     // SAFETY: `graph` is non-null and writable per cuda.h; NULL on failure, as CUDA does.
-    unsafe { put(graph, g.as_ref().map_or(std::ptr::null_mut(), |g| enc(Kind::Graph, *g)))? };
+    unsafe {
+        put(
+            graph,
+            g.as_ref()
+                .map_or(std::ptr::null_mut(), |g| enc(Kind::Graph, *g)),
+        )?
+    };
     g.map(|_| ())
 }
 
@@ -343,4 +353,3 @@ fn exchange_mode(mode: *mut c_int) -> CuResult<()> {
     unsafe { mode.write_unaligned(old) };
     Ok(())
 }
-
