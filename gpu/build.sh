@@ -50,6 +50,9 @@ else
   shared=(-cudart shared ${cudart_dir:+-Xlinker -rpath="$cudart_dir"})
 fi
 "$nvcc" -O2 -std=c++17 "${fat[@]}" "${shared[@]}" -o "$build/runtime_shared" "$src/tests/runtime_api.cu"
+# graphs: CUDA graphs through stream capture (runtime API, static cudart)
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/graphs" \
+  "$src/tests/graphs.cu"
 # device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
   "$src/tests/device_props.cu"

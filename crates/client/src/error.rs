@@ -24,6 +24,9 @@ pub mod cu {
     pub const INVALID_HANDLE: i32 = 400;
     pub const NOT_PERMITTED: i32 = 800;
     pub const NOT_SUPPORTED: i32 = 801;
+    pub const ILLEGAL_STATE: i32 = 401;
+    pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
+    pub const STREAM_CAPTURE_WRONG_THREAD: i32 = 908;
     pub const UNKNOWN: i32 = 999;
 }
 

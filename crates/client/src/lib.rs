@@ -44,6 +44,7 @@ pub use safe::{
     Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,
 };
 pub use session::{
-    BandSink, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, FunctionInfo, LaunchAttr,
-    ModuleInfo, PointerKind, Session, SessionConfig, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
+    BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, FunctionInfo,
+    LaunchAttr, ModuleInfo, PointerKind, Session, SessionConfig, StreamRef,
+    UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

@@ -274,6 +274,59 @@ pub enum PointerKind {
     },
 }
 
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: i32 = 2;
+
+/// What `cuStreamGetCaptureInfo` answers about a stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaptureInfo {
+    /// `CUstreamCaptureStatus`: 0 none, 1 active, 2 invalidated.
+    pub status: i32,
+    /// The capture id (0 when not capturing).
+    pub id: u64,
+    /// The graph being captured (0 unless active).
+    pub graph: RmHandle,
+    /// Number of capture dependencies of the stream.
+    pub dependencies: u64,
+}
+
+/// A stream capture this client began.
+struct ClientCapture {
+    /// The stream that began it (only it may end it).
+    origin: RmHandle,
+    /// `CUstreamCaptureMode` the program asked for.
+    mode: i32,
+    /// The thread that began it (a non-relaxed capture must end there).
+    thread: ThreadId,
+    /// An error the client gave a call that cannot be captured: ending the capture returns it.
+    error: Option<i32>,
+}
+
+/// The streams taking part in captures, as far as the client can know: every capture begins
+/// and ends through it, and a stream joins one only by waiting for an event recorded in it
+/// (`cuStreamWaitEvent`). A stream absent from here is not capturing, so the capture queries
+/// (cuBLASLt asks before every GEMM) are answered without a round trip; for a stream listed
+/// here, the server is asked (it knows whether the capture was invalidated).
+#[derive(Default)]
+struct Captures {
+    /// Stream handle → capture id.
+    streams: HashMap<RmHandle, u64>,
+    /// Capture id → capture.
+    active: HashMap<u64, ClientCapture>,
+    /// Event → the capture it was last recorded in.
+    events: HashMap<RmHandle, u64>,
+    /// Executable graphs alive.
+    execs: std::collections::HashSet<RmHandle>,
+}
+
+impl Captures {
+    fn end(&mut self, id: u64) {
+        self.active.remove(&id);
+        self.streams.retain(|_, c| *c != id);
+        self.events.retain(|_, c| *c != id);
+    }
+}
+
 /// One connection to `remora serve`. `Send + Sync`: calls from many threads are pipelined.
 pub struct Session {
     rpc: RemoraV1Client,
@@ -294,6 +347,7 @@ pub struct Session {
     func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
+    captures: Mutex<Captures>,
 }
 
 impl std::fmt::Debug for Session {
@@ -434,6 +488,7 @@ impl Session {
             func_attrs: Mutex::default(),
             libraries: Libraries::default(),
             callbacks: Arc::default(),
+            captures: Mutex::default(),
         })
     }
 
@@ -899,6 +954,7 @@ impl Session {
         dst: u64,
         data: &[u8],
     ) -> CuResult<()> {
+        self.not_captured(stream, "an asynchronous host-to-device copy")?;
         for (off, len) in chunks(data.len()) {
             call!(self.rm_memcpy_htod_async(&RmHtodArgs {
                 ctx,
@@ -921,6 +977,7 @@ impl Session {
         sink: CopySink,
     ) -> CuResult<()> {
         let total = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        self.not_captured(stream, "an asynchronous device-to-host copy")?;
         if total <= COPY_CHUNK {
             return self.memcpy_dtoh_async_one(ctx, stream, src, size, sink);
         }
@@ -1198,6 +1255,12 @@ impl Session {
             return Self::copy_3d_host(p, &src, dst);
         }
         self.need_revision(3, "a 2-D or 3-D copy")?;
+        if matches!(src, CopySrc::Host { .. }) || matches!(dst, CopyDst::Later { .. }) {
+            self.not_captured(
+                p.stream,
+                "an asynchronous 2-D or 3-D copy to or from host memory",
+            )?;
+        }
         for b in copy3d::bands(&p.extent, COPY_CHUNK as u64) {
             let mut args = Self::band_args(p, &src, &dst, &b)?;
             let mut issued = None;
@@ -1628,6 +1691,7 @@ impl Session {
     pub fn stream_destroy(&self, stream: RmHandle) -> CuResult<()> {
         CuError::check(call!(self.rm_stream_destroy(&stream))?)?;
         lock(&self.per_thread).retain(|_, s| *s != stream);
+        lock(&self.captures).streams.remove(&stream);
         Ok(())
     }
 
@@ -1660,6 +1724,7 @@ impl Session {
         cb: HostCallback,
     ) -> CuResult<()> {
         self.need_revision(4, "a host callback")?;
+        self.not_captured(stream, "a host callback")?;
         let id = self.callbacks.register(&self.rpc, cb).map_err(|e| {
             tracing::error!("remora: cannot start the host callback thread: {e}");
             CuError(cu::OUT_OF_MEMORY)
@@ -1688,6 +1753,15 @@ impl Session {
         event: RmHandle,
         flags: u32,
     ) -> CuResult<()> {
+        {
+            // Waiting for an event recorded in a capture joins the capture.
+            let mut caps = lock(&self.captures);
+            if let Some(id) = caps.events.get(&event).copied()
+                && caps.active.contains_key(&id)
+            {
+                caps.streams.entry(stream).or_insert(id);
+            }
+        }
         call!(self.rm_stream_wait_event(&RmStreamWaitArgs {
             ctx,
             stream,
@@ -1710,7 +1784,24 @@ impl Session {
 
     /// `cuEventRecord`: one-way.
     pub fn event_record(&self, ctx: RmHandle, event: RmHandle, stream: RmHandle) -> CuResult<()> {
-        lock(&self.event_marks).insert(event, (ctx, stream, self.copy_mark()));
+        let capturing = {
+            let mut caps = lock(&self.captures);
+            match caps.streams.get(&stream).copied() {
+                Some(id) => {
+                    caps.events.insert(event, id);
+                    true
+                }
+                None => {
+                    caps.events.remove(&event);
+                    false
+                }
+            }
+        };
+        // A record captured into a graph does not change the event outside it: the copies
+        // its synchronize waits for stay those of its last record outside a capture.
+        if !capturing {
+            lock(&self.event_marks).insert(event, (ctx, stream, self.copy_mark()));
+        }
         call!(self.rm_event_record(&RmEventRecordArgs { ctx, event, stream }))
     }
 
@@ -1746,6 +1837,175 @@ impl Session {
             RmFloatReply::Case0(v) => Ok(v),
             RmFloatReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
         }
+    }
+}
+
+// Graphs through stream capture (revision 5) -------------------------------------------------
+
+impl Session {
+    /// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (logged) when `stream` takes part in a capture
+    /// this client knows of: copies to or from host memory and host callbacks cannot be put
+    /// into a graph that runs in the server. The capture is marked failed: ending it returns
+    /// the error (natively an invalid call invalidates the capture).
+    fn not_captured(&self, stream: RmHandle, what: &str) -> CuResult<()> {
+        let mut caps = lock(&self.captures);
+        let Some(id) = caps.streams.get(&stream).copied() else {
+            return Ok(());
+        };
+        if let Some(c) = caps.active.get_mut(&id) {
+            c.error.get_or_insert(cu::STREAM_CAPTURE_UNSUPPORTED);
+        }
+        tracing::error!(
+            "remora: {what} on a capturing stream cannot be captured (the graph runs in the \
+             server, the host memory is here); returning CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        );
+        Err(CuError(cu::STREAM_CAPTURE_UNSUPPORTED))
+    }
+
+    /// `cuStreamBeginCapture_v2` with `CUstreamCaptureMode` `mode`. The server captures in
+    /// relaxed mode (its threads are not the program's); the mode is kept here for the
+    /// thread rule of `cuStreamEndCapture`.
+    pub fn stream_begin_capture(&self, ctx: RmHandle, stream: RmHandle, mode: i32) -> CuResult<()> {
+        self.need_revision(5, "stream capture")?;
+        if !(0..=2).contains(&mode) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let r = call!(self.rm_stream_begin_capture(&RmBeginCaptureArgs { ctx, stream, mode }))?;
+        let begun = match r {
+            RmCaptureBegunReply::Case0(b) => b,
+            RmCaptureBegunReply::Default { discriminant } => {
+                return Err(CuError(nonzero(discriminant)));
+            }
+        };
+        let mut caps = lock(&self.captures);
+        caps.active.insert(
+            begun.id,
+            ClientCapture {
+                origin: stream,
+                mode,
+                thread: std::thread::current().id(),
+                error: None,
+            },
+        );
+        caps.streams.insert(stream, begun.id);
+        Ok(())
+    }
+
+    /// `cuStreamEndCapture`: the captured graph's handle.
+    pub fn stream_end_capture(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<RmHandle> {
+        self.need_revision(5, "stream capture")?;
+        let known = {
+            let caps = lock(&self.captures);
+            let id = caps.streams.get(&stream).copied();
+            if let Some(c) = id.and_then(|id| caps.active.get(&id))
+                && c.origin == stream
+                && c.mode != CAPTURE_MODE_RELAXED
+                && c.thread != std::thread::current().id()
+            {
+                return Err(CuError(cu::STREAM_CAPTURE_WRONG_THREAD));
+            }
+            id
+        };
+        let r = call!(self.rm_stream_end_capture(&RmStreamArgs { ctx, stream }))?;
+        let error = {
+            let mut caps = lock(&self.captures);
+            let error = known
+                .and_then(|id| caps.active.get(&id))
+                .and_then(|c| c.error);
+            if !r.still_capturing
+                && let Some(id) = known
+            {
+                caps.end(id);
+            }
+            error
+        };
+        CuError::check(r.status)?;
+        if let Some(e) = error {
+            // A call the client refused during the capture: the graph lacks it.
+            let _ = self.graph_destroy(r.graph);
+            return Err(CuError(e));
+        }
+        Ok(r.graph)
+    }
+
+    /// `cuStreamGetCaptureInfo` / `cuStreamIsCapturing`. Answered locally for a stream that
+    /// takes part in no capture (see [`Captures`]), else by the server.
+    pub fn stream_capture_info(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<CaptureInfo> {
+        let ask = {
+            let caps = lock(&self.captures);
+            caps.streams.contains_key(&stream)
+                || (stream == u64::from(RM_STREAM_LEGACY) && !caps.active.is_empty())
+        };
+        if !ask {
+            return Ok(CaptureInfo::default());
+        }
+        match call!(self.rm_stream_get_capture_info(&RmStreamArgs { ctx, stream }))? {
+            RmCaptureInfoReply::Case0(i) => Ok(CaptureInfo {
+                status: i.status,
+                id: i.id,
+                graph: i.graph,
+                dependencies: i.dependencies,
+            }),
+            RmCaptureInfoReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// Whether `stream` takes part in a capture this client began (no round trip).
+    pub fn stream_may_capture(&self, stream: RmHandle) -> bool {
+        lock(&self.captures).streams.contains_key(&stream)
+    }
+
+    /// `cuGraphInstantiateWithFlags`.
+    pub fn graph_instantiate(
+        &self,
+        ctx: RmHandle,
+        graph: RmHandle,
+        flags: u64,
+    ) -> CuResult<RmHandle> {
+        self.need_revision(5, "a CUDA graph")?;
+        let h = handle(call!(self.rm_graph_instantiate(&RmGraphInstantiateArgs {
+            ctx,
+            graph,
+            flags
+        }))?)?;
+        lock(&self.captures).execs.insert(h);
+        Ok(h)
+    }
+
+    /// `cuGraphLaunch`: one-way. An executable graph this client does not know (destroyed)
+    /// is CUDA_ERROR_INVALID_HANDLE at once.
+    pub fn graph_launch(&self, ctx: RmHandle, exec: RmHandle, stream: RmHandle) -> CuResult<()> {
+        if !lock(&self.captures).execs.contains(&exec) {
+            return Err(CuError(cu::INVALID_HANDLE));
+        }
+        call!(self.rm_graph_launch(&RmGraphLaunchArgs { ctx, exec, stream }))
+    }
+
+    /// `cuGraphUpload`: one-way.
+    pub fn graph_upload(&self, ctx: RmHandle, exec: RmHandle, stream: RmHandle) -> CuResult<()> {
+        if !lock(&self.captures).execs.contains(&exec) {
+            return Err(CuError(cu::INVALID_HANDLE));
+        }
+        call!(self.rm_graph_upload(&RmGraphLaunchArgs { ctx, exec, stream }))
+    }
+
+    /// `cuGraphExecDestroy`.
+    pub fn graph_exec_destroy(&self, exec: RmHandle) -> CuResult<()> {
+        self.need_revision(5, "a CUDA graph")?;
+        lock(&self.captures).execs.remove(&exec);
+        CuError::check(call!(self.rm_graph_exec_destroy(&exec))?)
+    }
+
+    /// `cuGraphDestroy`.
+    pub fn graph_destroy(&self, graph: RmHandle) -> CuResult<()> {
+        self.need_revision(5, "a CUDA graph")?;
+        CuError::check(call!(self.rm_graph_destroy(&graph))?)
+    }
+
+    /// `cuGraphGetNodes` with a NULL array: the number of nodes.
+    pub fn graph_node_count(&self, graph: RmHandle) -> CuResult<u64> {
+        self.need_revision(5, "a CUDA graph")?;
+        u64r(call!(self.rm_graph_node_count(&graph))?)
     }
 }
 

@@ -14,14 +14,15 @@ use remora_proto::remora::*;
 use remora_xdr::XdrEncode;
 use sha2::{Digest, Sha256};
 
-use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, SUCCESS};
+use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, STREAM_CAPTURE_UNSUPPORTED, SUCCESS};
 use crate::backend::{
-    Backend, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, LaunchSpec, StagedCopy,
+    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, LaunchSpec, StagedCopy,
+    capture_status,
 };
 use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
 use crate::hello::{HelloService, truncate};
 use crate::module_cache::ModuleCache;
-use crate::session::{PendingCopy, Range, Resource, Scope, Session, SessionState};
+use crate::session::{Capture, PendingCopy, Range, Resource, Scope, Session, SessionState};
 
 /// How long a stream or event synchronize polls before it waits on a waiter thread.
 const SYNC_POLL: std::time::Duration = std::time::Duration::from_micros(50);
@@ -171,11 +172,15 @@ impl Executor {
         )
     }
 
-    /// Runs a one-way call: its error is kept for the next synchronizing call.
-    fn oneway(
+    /// Runs a one-way call on stream `on` = (context handle, stream handle): its error is kept
+    /// for the next synchronizing call, or, when that stream is capturing, by the capture
+    /// (ending the capture returns it), as natively the failed call would have invalidated
+    /// the capture.
+    fn oneway_on(
         &self,
         call: &CallContext,
         what: &str,
+        on: Option<(u64, u64)>,
         f: impl FnOnce(&Inner, &Session) -> CuResult<()>,
     ) -> ProcResult<()> {
         let session = self.session(call);
@@ -187,7 +192,22 @@ impl Executor {
                 name = crate::backend::cuda::result_name(e),
                 "one-way call failed; its error is deferred to the next synchronizing call"
             );
-            session.lock().defer_error(nz(e));
+            let mut st = session.lock();
+            let capture = on.filter(|_| !st.captures.is_empty()).and_then(|(c, s)| {
+                let t = stream_target(&st, c, s).ok()?;
+                let info = self
+                    .inner
+                    .backend
+                    .stream_capture_info(t.ctx, t.stream)
+                    .ok()?;
+                (info.status != capture_status::NONE).then_some(info.id)
+            });
+            match capture.and_then(|id| st.captures.get_mut(&id)) {
+                Some(cap) => {
+                    cap.error.get_or_insert(nz(e));
+                }
+                None => st.defer_error(nz(e)),
+            }
         }
         Ok(())
     }
@@ -804,31 +824,45 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_MEMCPY_HTOD_ASYNC", |inner, session| {
-            let (c, s) = {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_MEMCPY_HTOD_ASYNC", on, |inner, session| {
+            let (c, s, capturing) = {
                 let st = session.lock();
                 st.check_range(a.dst, a.data.len() as u64)?;
-                (st.ctx(a.ctx)?, st.stream(a.stream)?)
+                (
+                    st.ctx(a.ctx)?,
+                    st.stream(a.stream)?,
+                    !st.captures.is_empty(),
+                )
             };
+            not_captured(inner, capturing, c, s)?;
             inner.backend.memcpy_htod(c, Some(s), a.dst, &a.data)
         })
     }
 
     fn rm_memcpy_dtoh_async(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_MEMCPY_DTOH_ASYNC", |inner, session| {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_MEMCPY_DTOH_ASYNC", on, |inner, session| {
             if a.copy_id == RM_DEVICE_OUTPUT_ID {
                 // Reserved for device output: such a copy could never be told apart.
                 return Err(INVALID_VALUE);
             }
             let issued = (|| {
-                let (c, s) = {
+                let (c, s, capturing) = {
                     let st = session.lock();
                     st.check_range(a.src, a.size)?;
                     if a.size > u64::from(RM_MAX_COPY) {
                         return Err(INVALID_VALUE);
                     }
-                    (st.ctx(a.ctx)?, st.stream(a.stream)?)
+                    (
+                        st.ctx(a.ctx)?,
+                        st.stream(a.stream)?,
+                        !st.captures.is_empty(),
+                    )
                 };
+                // Captured, the copy would land in staging memory only when the graph runs,
+                // and its delivery would never come.
+                not_captured(inner, capturing, c, s)?;
                 inner
                     .backend
                     .memcpy_dtoh_async(c, s, a.src, a.size as usize)
@@ -855,7 +889,8 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_memcpy_dtod_async(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_MEMCPY_DTOD_ASYNC", |inner, session| {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_MEMCPY_DTOD_ASYNC", on, |inner, session| {
             let (c, s) = {
                 let st = session.lock();
                 st.check_range(a.dst, a.size)?;
@@ -867,7 +902,8 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_memset_async(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_MEMSET_ASYNC", |inner, session| {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_MEMSET_ASYNC", on, |inner, session| {
             let (c, s) = memset_target(&session.lock(), &a)?;
             inner
                 .backend
@@ -1074,7 +1110,8 @@ impl RemoraV1Server for Executor {
     // Launches -------------------------------------------------------------------------------
 
     fn rm_launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_LAUNCH_KERNEL", |inner, session| {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_LAUNCH_KERNEL", on, |inner, session| {
             let (func, c, s, layout) = {
                 let st = session.lock();
                 let (func, fctx, layout) = st.function(a.function)?;
@@ -1178,7 +1215,8 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_STREAM_WAIT_EVENT", |inner, session| {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_STREAM_WAIT_EVENT", on, |inner, session| {
             let (t, (e, _)) = {
                 let st = session.lock();
                 (stream_target(&st, a.ctx, a.stream)?, st.event(a.event)?)
@@ -1211,7 +1249,8 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_EVENT_RECORD", |inner, session| {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_EVENT_RECORD", on, |inner, session| {
             let (e, t) = {
                 let st = session.lock();
                 let (e, event_ctx) = match st.get(a.event)? {
@@ -1298,7 +1337,8 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_memcpy_peer_async(&self, call: &CallContext, a: RmMemcpyPeerArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_MEMCPY_PEER_ASYNC", |inner, session| {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_MEMCPY_PEER_ASYNC", on, |inner, session| {
             let (c, s, dc, sc) = peer_target(&session.lock(), &a)?;
             inner
                 .backend
@@ -1318,8 +1358,18 @@ impl RemoraV1Server for Executor {
     /// due when the stream reaches it and blocks the stream until the client reports it done.
     /// From here on the session's calls run on its ordered thread.
     fn rm_launch_host_func(&self, call: &CallContext, a: RmHostFuncArgs) -> ProcResult<()> {
-        self.oneway(call, "RM_LAUNCH_HOST_FUNC", |inner, session| {
-            let t = stream_target(&session.lock(), a.ctx, a.stream)?;
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_LAUNCH_HOST_FUNC", on, |inner, session| {
+            let (t, capturing) = {
+                let st = session.lock();
+                (
+                    stream_target(&st, a.ctx, a.stream)?,
+                    !st.captures.is_empty(),
+                )
+            };
+            // Captured, the host function would run at every graph launch, but the client's
+            // callback runs once.
+            not_captured(inner, capturing, t.ctx, t.stream)?;
             session.ordered.start(session.connection)?;
             let callbacks = Arc::clone(&session.callbacks);
             // The host function runs on the driver's thread while a call of this session may
@@ -1357,6 +1407,231 @@ impl RemoraV1Server for Executor {
     fn rm_host_callback_done(&self, call: &CallContext, id: u64) -> ProcResult<CuResult_> {
         let session = self.session(call);
         Ok(code("RM_HOST_CALLBACK_DONE", session.callbacks.done(id)))
+    }
+
+    // Graphs through stream capture (revision 5) ---------------------------------------------
+
+    fn rm_stream_begin_capture(
+        &self,
+        call: &CallContext,
+        a: RmBeginCaptureArgs,
+    ) -> ProcResult<RmCaptureBegunReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            if !(0..=2).contains(&a.mode) {
+                return Err(INVALID_VALUE);
+            }
+            let t = stream_target(&st, a.ctx, a.stream)?;
+            let info = self.inner.backend.stream_begin_capture(t.ctx, t.stream)?;
+            let graph = st.insert(Resource::Graph {
+                raw: info.graph,
+                ctx: t.ctx_handle,
+                capture: Some(t.stream),
+            });
+            st.captures.insert(info.id, Capture { graph, error: None });
+            Ok(RmCaptureBegun { id: info.id, graph })
+        })();
+        Ok(match r {
+            Ok(b) => RmCaptureBegunReply::Case0(b),
+            Err(e) => {
+                log_failed("RM_STREAM_BEGIN_CAPTURE", nz(e));
+                RmCaptureBegunReply::Default {
+                    discriminant: nz(e),
+                }
+            }
+        })
+    }
+
+    fn rm_stream_end_capture(
+        &self,
+        call: &CallContext,
+        a: RmStreamArgs,
+    ) -> ProcResult<RmEndCaptureReply> {
+        let session = self.session(call);
+        let backend = &*self.inner.backend;
+        let t = match stream_target(&session.lock(), a.ctx, a.stream) {
+            Ok(t) => t,
+            Err(e) => {
+                return Ok(RmEndCaptureReply {
+                    status: e,
+                    graph: 0,
+                    still_capturing: false,
+                });
+            }
+        };
+        let before = backend.stream_capture_info(t.ctx, t.stream);
+        let r = backend.stream_end_capture(t.ctx, t.stream);
+        let still_capturing = backend
+            .stream_capture_info(t.ctx, t.stream)
+            .is_ok_and(|i| i.status != capture_status::NONE);
+        let mut st = session.lock();
+        let ended = match before {
+            Ok(i) if i.status != capture_status::NONE && !still_capturing => {
+                st.captures.remove(&i.id)
+            }
+            _ => None,
+        };
+        let r = match (r, ended) {
+            (Ok(raw), Some(cap)) => {
+                if let Ok(Resource::Graph {
+                    raw: g, capture, ..
+                }) = st.get_mut(cap.graph)
+                {
+                    *g = raw;
+                    *capture = None;
+                }
+                match cap.error {
+                    Some(e) => {
+                        // A captured call failed: natively the capture was invalidated.
+                        st.remove(cap.graph);
+                        let _ = backend.graph_destroy(t.ctx, raw);
+                        Err(e)
+                    }
+                    None => Ok(cap.graph),
+                }
+            }
+            (Ok(raw), None) => Ok(st.insert(Resource::Graph {
+                raw,
+                ctx: t.ctx_handle,
+                capture: None,
+            })),
+            (Err(e), Some(cap)) => {
+                // The driver freed the graph of the capture it ended with an error.
+                st.remove(cap.graph);
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+        };
+        let (status, graph) = match r {
+            Ok(g) => (SUCCESS, g),
+            Err(e) => {
+                log_failed("RM_STREAM_END_CAPTURE", nz(e));
+                (nz(e), 0)
+            }
+        };
+        Ok(RmEndCaptureReply {
+            status,
+            graph,
+            still_capturing,
+        })
+    }
+
+    fn rm_stream_get_capture_info(
+        &self,
+        call: &CallContext,
+        a: RmStreamArgs,
+    ) -> ProcResult<RmCaptureInfoReply> {
+        let session = self.session(call);
+        let st = session.lock();
+        let r = stream_target(&st, a.ctx, a.stream)
+            .and_then(|t| self.inner.backend.stream_capture_info(t.ctx, t.stream));
+        Ok(match r {
+            Ok(i) => RmCaptureInfoReply::Case0(RmCaptureInfo {
+                status: i.status,
+                id: if i.status == capture_status::NONE {
+                    0
+                } else {
+                    i.id
+                },
+                graph: capture_graph(&st, &i),
+                dependencies: i.dependencies,
+            }),
+            Err(e) => {
+                log_failed("RM_STREAM_GET_CAPTURE_INFO", nz(e));
+                RmCaptureInfoReply::Default {
+                    discriminant: nz(e),
+                }
+            }
+        })
+    }
+
+    fn rm_graph_instantiate(
+        &self,
+        call: &CallContext,
+        a: RmGraphInstantiateArgs,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            let (raw, graph_ctx) = match st.get(a.graph)? {
+                Resource::Graph {
+                    raw,
+                    ctx,
+                    capture: None,
+                } => (*raw, *ctx),
+                // Still being captured.
+                Resource::Graph { .. } => return Err(INVALID_VALUE),
+                _ => return Err(INVALID_HANDLE),
+            };
+            let ctx = if a.ctx == 0 { graph_ctx } else { a.ctx };
+            let c = st.ctx(ctx)?;
+            let exec = self.inner.backend.graph_instantiate(c, raw, a.flags)?;
+            Ok(st.insert(Resource::GraphExec { raw: exec, ctx }))
+        })();
+        Ok(handle_reply("RM_GRAPH_INSTANTIATE", r))
+    }
+
+    fn rm_graph_launch(&self, call: &CallContext, a: RmGraphLaunchArgs) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_GRAPH_LAUNCH", on, |inner, session| {
+            let (exec, t) = graph_exec_target(&session.lock(), &a)?;
+            inner.backend.graph_launch(t.ctx, exec, t.stream)
+        })
+    }
+
+    fn rm_graph_upload(&self, call: &CallContext, a: RmGraphLaunchArgs) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_GRAPH_UPLOAD", on, |inner, session| {
+            let (exec, t) = graph_exec_target(&session.lock(), &a)?;
+            inner.backend.graph_upload(t.ctx, exec, t.stream)
+        })
+    }
+
+    fn rm_graph_exec_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let (raw, ctx) = match st.get(h) {
+            Ok(Resource::GraphExec { raw, ctx }) => (*raw, *ctx),
+            _ => return Ok(INVALID_HANDLE),
+        };
+        let r = st
+            .ctx(ctx)
+            .and_then(|c| self.inner.backend.graph_exec_destroy(c, raw));
+        st.remove(h);
+        Ok(code("RM_GRAPH_EXEC_DESTROY", r))
+    }
+
+    fn rm_graph_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let (raw, ctx) = match st.get(h) {
+            Ok(Resource::Graph {
+                raw,
+                ctx,
+                capture: None,
+            }) => (*raw, *ctx),
+            // The graph of a capture in progress belongs to the capture.
+            Ok(Resource::Graph { .. }) => return Ok(INVALID_VALUE),
+            _ => return Ok(INVALID_HANDLE),
+        };
+        let r = st
+            .ctx(ctx)
+            .and_then(|c| self.inner.backend.graph_destroy(c, raw));
+        st.remove(h);
+        Ok(code("RM_GRAPH_DESTROY", r))
+    }
+
+    fn rm_graph_node_count(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmU64Reply> {
+        let session = self.session(call);
+        let st = session.lock();
+        let r = match st.get(h) {
+            Ok(Resource::Graph { raw, ctx, .. }) => st
+                .ctx(*ctx)
+                .and_then(|c| self.inner.backend.graph_node_count(c, *raw)),
+            _ => Err(INVALID_HANDLE),
+        };
+        Ok(u64_reply("RM_GRAPH_NODE_COUNT", r))
     }
 }
 
@@ -1435,16 +1710,20 @@ impl Executor {
             0 => u64::from(RM_STREAM_LEGACY),
             s => s,
         };
-        self.oneway(call, what, |inner, session| {
+        let from_host = a.desc.src.kind == RmMemKind::RmMemHostPacked;
+        let on = Some((a.desc.ctx, a.desc.stream));
+        self.oneway_on(call, what, on, |inner, session| {
             if to_host && a.copy_id == RM_DEVICE_OUTPUT_ID {
                 return Err(INVALID_VALUE);
             }
             let issued = (|| {
-                let (ctx, copy, stream) = {
+                let (ctx, copy, stream, capturing) = {
                     let st = session.lock();
                     let (ctx, copy) = copy_target(&st, &a, peer, true)?;
-                    (ctx, copy, st.stream(a.desc.stream)?)
+                    let capturing = !st.captures.is_empty() && (to_host || from_host);
+                    (ctx, copy, st.stream(a.desc.stream)?, capturing)
                 };
+                not_captured(inner, capturing, ctx, stream)?;
                 let Some(copy) = copy else {
                     return Ok(None);
                 };
@@ -1659,6 +1938,16 @@ fn stream_target(st: &SessionState, ctx: u64, h: u64) -> CuResult<StreamTarget> 
     }
 }
 
+/// The backend executable graph and the stream a graph launch or upload names.
+fn graph_exec_target(st: &SessionState, a: &RmGraphLaunchArgs) -> CuResult<(u64, StreamTarget)> {
+    let (exec, exec_ctx) = match st.get(a.exec)? {
+        Resource::GraphExec { raw, ctx } => (*raw, *ctx),
+        _ => return Err(INVALID_HANDLE),
+    };
+    let ctx = if a.ctx == 0 { exec_ctx } else { a.ctx };
+    Ok((exec, stream_target(st, ctx, a.stream)?))
+}
+
 fn memset_target(st: &SessionState, a: &RmMemsetArgs) -> CuResult<(u64, u64)> {
     if !matches!(a.element_size, 1 | 2 | 4) {
         return Err(INVALID_VALUE);
@@ -1669,6 +1958,36 @@ fn memset_target(st: &SessionState, a: &RmMemsetArgs) -> CuResult<(u64, u64)> {
         .ok_or(INVALID_VALUE)?;
     st.check_range(a.dst, len)?;
     Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
+}
+
+/// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when backend `stream` of `ctx` takes part in a
+/// stream capture (the driver is asked only while the session has one in progress): used for
+/// the calls that move data between the GPU and client memory, or call the client, which a
+/// graph cannot replay. The driver's own refusal (a query of a stream that depends on a
+/// capturing one) is returned as it is.
+fn not_captured(inner: &Inner, capturing: bool, ctx: u64, stream: u64) -> CuResult<()> {
+    if !capturing {
+        return Ok(());
+    }
+    match inner.backend.stream_capture_info(ctx, stream)?.status {
+        capture_status::NONE => Ok(()),
+        _ => {
+            tracing::warn!(
+                "remora: a copy to or from client memory (or a host callback) on a capturing \
+                 stream cannot be captured; returning CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+            );
+            Err(STREAM_CAPTURE_UNSUPPORTED)
+        }
+    }
+}
+
+/// The session handle of the graph a capture is building, if known.
+fn capture_graph(st: &SessionState, info: &CaptureInfo) -> u64 {
+    if info.status == capture_status::ACTIVE {
+        st.captures.get(&info.id).map_or(0, |c| c.graph)
+    } else {
+        0
+    }
 }
 
 /// `cu_result` as the generated code names it.

@@ -46,6 +46,28 @@ pub(crate) enum Resource {
         raw: u64,
         ctx: u64,
     },
+    /// A graph: captured (`capture` `None`), or being captured on backend stream `capture`
+    /// (the driver owns it until the capture ends).
+    Graph {
+        raw: u64,
+        ctx: u64,
+        capture: Option<u64>,
+    },
+    /// An executable graph.
+    GraphExec {
+        raw: u64,
+        ctx: u64,
+    },
+}
+
+/// A stream capture in progress (by the driver's capture id).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Capture {
+    /// Handle of the graph being captured.
+    pub(crate) graph: u64,
+    /// The first error of a one-way call captured into it: ending the capture returns it and
+    /// destroys the graph (the call would have invalidated the capture natively).
+    pub(crate) error: Option<i32>,
 }
 
 /// A device range the session may copy to or from: an allocation, or a module global.
@@ -100,6 +122,8 @@ pub(crate) struct SessionState {
     /// Handles of primary contexts destroyed by RM_PRIMARY_CTX_RESET: using one answers
     /// CUDA_ERROR_CONTEXT_IS_DESTROYED, as NVIDIA's driver does for a reset primary context.
     pub(crate) reset_primaries: std::collections::HashSet<u64>,
+    /// Stream captures in progress, by capture id.
+    pub(crate) captures: HashMap<u64, Capture>,
 }
 
 impl SessionState {
@@ -123,6 +147,10 @@ impl SessionState {
 
     pub(crate) fn get(&self, h: u64) -> CuResult<&Resource> {
         self.table.get(&h).ok_or(INVALID_HANDLE)
+    }
+
+    pub(crate) fn get_mut(&mut self, h: u64) -> CuResult<&mut Resource> {
+        self.table.get_mut(&h).ok_or(INVALID_HANDLE)
     }
 
     pub(crate) fn remove(&mut self, h: u64) -> Option<Resource> {
@@ -298,18 +326,22 @@ impl SessionState {
                 Resource::Module { ctx: c, .. }
                 | Resource::Function { ctx: c, .. }
                 | Resource::Stream { ctx: c, .. }
-                | Resource::Event { ctx: c, .. } => *c == ctx,
+                | Resource::Event { ctx: c, .. }
+                | Resource::Graph { ctx: c, .. }
+                | Resource::GraphExec { ctx: c, .. } => *c == ctx,
                 Resource::Context { .. } => false,
             })
             .map(|(h, r)| (*h, r.clone()))
             .collect();
-        // Events, then streams, then functions, then modules.
+        // Executable graphs, graphs, events, streams, functions, modules.
         handles.sort_by_key(|(h, r)| {
             let rank = match r {
-                Resource::Event { .. } => 0,
-                Resource::Stream { .. } => 1,
-                Resource::Function { .. } => 2,
-                _ => 3,
+                Resource::GraphExec { .. } => 0,
+                Resource::Graph { .. } => 1,
+                Resource::Event { .. } => 2,
+                Resource::Stream { .. } => 3,
+                Resource::Function { .. } => 4,
+                _ => 5,
             };
             (rank, *h)
         });
@@ -318,6 +350,14 @@ impl SessionState {
             let rc = match r {
                 Resource::Event { raw, .. } => backend.event_destroy(raw_ctx, raw),
                 Resource::Stream { raw, .. } => backend.stream_destroy(raw_ctx, raw),
+                Resource::GraphExec { raw, .. } => backend.graph_exec_destroy(raw_ctx, raw),
+                Resource::Graph { raw, capture, .. } => match capture {
+                    None => backend.graph_destroy(raw_ctx, raw),
+                    // Still capturing: end the capture, then free what it made.
+                    Some(stream) => backend
+                        .stream_end_capture(raw_ctx, stream)
+                        .and_then(|g| backend.graph_destroy(raw_ctx, g)),
+                },
                 Resource::Module { raw, .. } => {
                     self.ranges.retain(|_, g| g.module != Some(h));
                     backend.module_unload(raw_ctx, raw)
@@ -374,6 +414,7 @@ impl SessionState {
             }
         }
         self.table.clear();
+        self.captures.clear();
         self.ranges.clear();
         self.primary.clear();
         self.primary_flags.clear();

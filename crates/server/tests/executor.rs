@@ -857,6 +857,7 @@ fn a_dropped_connection_frees_everything_it_owned() {
                 modules: 1,
                 streams: 1,
                 events: 1,
+                ..LiveCounts::default()
             }
         );
         assert_eq!(fx.running.executor().unwrap().session_count(), 1);

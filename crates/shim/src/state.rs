@@ -28,6 +28,10 @@ pub enum Kind {
     Library = 0x66,
     /// CUkernel (a client-side id)
     Kernel = 0x77,
+    /// CUgraph
+    Graph = 0x88,
+    /// CUgraphExec
+    GraphExec = 0x99,
 }
 
 /// The kind of a non-NULL handle, from its low byte.
@@ -44,6 +48,8 @@ pub fn kind_of(p: *mut c_void) -> Option<Kind> {
         Kind::Event,
         Kind::Library,
         Kind::Kernel,
+        Kind::Graph,
+        Kind::GraphExec,
     ]
     .into_iter()
     .find(|k| v & 0xFF == *k as u64)

@@ -14,8 +14,8 @@ use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
 use super::{
-    Backend, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, DeviceProps, FunctionInfo,
-    LaunchSpec, LoadedModule, StagedCopy,
+    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, DeviceProps,
+    FunctionInfo, LaunchSpec, LoadedModule, StagedCopy,
 };
 
 type Ptr = *mut c_void;
@@ -142,7 +142,19 @@ driver_table! {
     event_synchronize = "cuEventSynchronize" / "cuEventSynchronize": fn(Ptr);
     event_query = "cuEventQuery" / "cuEventQuery": fn(Ptr);
     event_elapsed = "cuEventElapsedTime" / "cuEventElapsedTime": fn(*mut f32, Ptr, Ptr);
+    stream_begin_capture = "cuStreamBeginCapture" / "cuStreamBeginCapture_v2": fn(Ptr, c_int);
+    stream_end_capture = "cuStreamEndCapture" / "cuStreamEndCapture": fn(Ptr, *mut Ptr);
+    stream_get_capture_info = "cuStreamGetCaptureInfo" / "cuStreamGetCaptureInfo_v3": fn(Ptr, *mut c_int, *mut u64, *mut Ptr, *mut *const Ptr, *mut *const c_void, *mut usize);
+    graph_instantiate = "cuGraphInstantiateWithFlags" / "cuGraphInstantiateWithFlags": fn(*mut Ptr, Ptr, u64);
+    graph_launch = "cuGraphLaunch" / "cuGraphLaunch": fn(Ptr, Ptr);
+    graph_upload = "cuGraphUpload" / "cuGraphUpload": fn(Ptr, Ptr);
+    graph_exec_destroy = "cuGraphExecDestroy" / "cuGraphExecDestroy": fn(Ptr);
+    graph_destroy = "cuGraphDestroy" / "cuGraphDestroy": fn(Ptr);
+    graph_get_nodes = "cuGraphGetNodes" / "cuGraphGetNodes": fn(Ptr, *mut Ptr, *mut usize);
 }
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: c_int = 2;
 
 /// `CUlaunchAttribute` (cuda.h 13.0): a 4-byte id, 4 bytes of padding, a 64-byte value union
 /// (8-byte aligned: it holds pointers and 64-bit members). 72 bytes, value at offset 8.
@@ -1252,6 +1264,90 @@ impl Backend for CudaBackend {
         // SAFETY: writes one float; both events belong to this session.
         call!(d.t, event_elapsed(&mut ms, ptr(start), ptr(end)))?;
         Ok(ms)
+    }
+
+    fn stream_begin_capture(&self, ctx: u64, stream: u64) -> CuResult<CaptureInfo> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: a stream of this session (or CU_STREAM_LEGACY, which the driver refuses).
+        call!(d.t, stream_begin_capture(ptr(stream), CAPTURE_MODE_RELAXED))?;
+        self.stream_capture_info(ctx, stream)
+    }
+
+    fn stream_end_capture(&self, ctx: u64, stream: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut g: Ptr = std::ptr::null_mut();
+        // SAFETY: a stream of this session; writes one CUgraph.
+        call!(d.t, stream_end_capture(ptr(stream), &mut g))?;
+        Ok(g as usize as u64)
+    }
+
+    fn stream_capture_info(&self, ctx: u64, stream: u64) -> CuResult<CaptureInfo> {
+        let d = self.in_ctx(ctx)?;
+        let (mut status, mut id, mut graph, mut n): (c_int, u64, Ptr, usize) =
+            (0, 0, std::ptr::null_mut(), 0);
+        // SAFETY: a stream of this session; writes the status, the id, one CUgraph and the
+        // dependency count; the dependency and edge arrays are not asked for (NULL).
+        call!(
+            d.t,
+            stream_get_capture_info(
+                ptr(stream),
+                &mut status,
+                &mut id,
+                &mut graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut n
+            )
+        )?;
+        Ok(CaptureInfo {
+            status,
+            id,
+            graph: graph as usize as u64,
+            dependencies: n as u64,
+        })
+    }
+
+    fn graph_instantiate(&self, ctx: u64, graph: u64, flags: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut e: Ptr = std::ptr::null_mut();
+        // SAFETY: a graph of this session; writes one CUgraphExec.
+        call!(d.t, graph_instantiate(&mut e, ptr(graph), flags))?;
+        Ok(e as usize as u64)
+    }
+
+    fn graph_launch(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: an executable graph and a stream of this session (or CU_STREAM_LEGACY).
+        call!(d.t, graph_launch(ptr(exec), ptr(stream)))
+    }
+
+    fn graph_upload(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: as above.
+        call!(d.t, graph_upload(ptr(exec), ptr(stream)))
+    }
+
+    fn graph_exec_destroy(&self, ctx: u64, exec: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: an executable graph of this session, forgotten by the session now.
+        call!(d.t, graph_exec_destroy(ptr(exec)))
+    }
+
+    fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: a graph of this session, forgotten by the session now.
+        call!(d.t, graph_destroy(ptr(graph)))
+    }
+
+    fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut n: usize = 0;
+        // SAFETY: a graph of this session; with a NULL array the driver only writes the count.
+        call!(
+            d.t,
+            graph_get_nodes(ptr(graph), std::ptr::null_mut(), &mut n)
+        )?;
+        Ok(n as u64)
     }
 }
 

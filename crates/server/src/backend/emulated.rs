@@ -7,7 +7,13 @@
 //! a client can reserve); copies and memsets have their CUDA semantics; work completes when it
 //! is issued, so streams are trivially ordered; events record host-clock timestamps; modules
 //! accept any image and list functions only for the tiny test format below; kernel launches
-//! fail with `CUDA_ERROR_NOT_SUPPORTED`. Host functions (`cuLaunchHostFunc`) run on a thread
+//! fail with `CUDA_ERROR_NOT_SUPPORTED`. Stream capture records the captured host-to-device
+//! and device-to-device copies, memsets, kernel launches, event records and waits into a
+//! graph (a stream joins a capture by waiting for an event recorded in it); launching an
+//! executable graph replays them in order (a captured kernel launch then fails with
+//! `CUDA_ERROR_NOT_SUPPORTED`, like an emulated launch). Synchronizing a capturing stream
+//! invalidates its capture (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), as with the driver;
+//! 2-D, 3-D, peer and device-to-host copies are not captured (the same error). Host functions (`cuLaunchHostFunc`) run on a thread
 //! per context, in the order they were enqueued, as the driver's host-function thread runs
 //! them; the stream they were enqueued on counts as busy until each returns (its synchronize
 //! waits, its query answers NOT_READY), which is what a real stream does for the work after
@@ -26,8 +32,8 @@ use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
 use super::{
-    Backend, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
-    LaunchSpec, LoadedModule, StagedCopy,
+    Backend, CaptureInfo, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, HostFn,
+    LEGACY_STREAM, LaunchSpec, LoadedModule, StagedCopy,
 };
 
 /// First line of the emulated test module format.
@@ -77,6 +83,41 @@ pub struct LiveCounts {
     pub streams: usize,
     /// Events.
     pub events: usize,
+    /// Graphs (captured or being captured).
+    pub graphs: usize,
+    /// Executable graphs.
+    pub graph_execs: usize,
+}
+
+/// A captured operation of an emulated graph.
+#[derive(Debug, Clone)]
+enum EmuOp {
+    Htod {
+        dst: u64,
+        data: Vec<u8>,
+    },
+    Dtod {
+        dst: u64,
+        src: u64,
+        size: u64,
+    },
+    Memset {
+        dst: u64,
+        value: u32,
+        elem: u32,
+        count: u64,
+    },
+    Launch,
+    /// Event records and waits: ordering only, nothing to replay here.
+    Nop,
+}
+
+/// A capture in progress.
+struct EmuCapture {
+    graph: u64,
+    /// (context, stream) that began it.
+    origin: (u64, u64),
+    invalidated: bool,
 }
 
 struct Alloc {
@@ -103,6 +144,14 @@ struct State {
     streams: HashMap<u64, u64>,
     events: HashMap<u64, Option<Instant>>,
     limits: HashMap<(u64, i32), u64>,
+    /// (context, stream) → id of the capture it takes part in.
+    capturing: HashMap<(u64, u64), u64>,
+    /// Capture id → capture.
+    captures: HashMap<u64, EmuCapture>,
+    /// Event → the capture it was last recorded in.
+    event_capture: HashMap<u64, u64>,
+    graphs: HashMap<u64, Vec<EmuOp>>,
+    execs: HashMap<u64, Vec<EmuOp>>,
 }
 
 /// The queue of a context's host-function thread: (context, stream) and the function.
@@ -230,6 +279,8 @@ impl EmulatedBackend {
             modules: st.modules.len(),
             streams: st.streams.len(),
             events: st.events.len(),
+            graphs: st.graphs.len(),
+            graph_execs: st.execs.len(),
         }
     }
 
@@ -308,6 +359,70 @@ impl State {
             return Err(INVALID_VALUE);
         }
         Ok(&mut a.data[off as usize..end as usize])
+    }
+}
+
+impl State {
+    /// Whether `stream` of `ctx` is capturing; if so records `op` (already validated) into
+    /// the capture's graph.
+    fn capture(&mut self, ctx: u64, stream: u64, op: EmuOp) -> bool {
+        let Some(id) = self.capturing.get(&(ctx, stream)).copied() else {
+            return false;
+        };
+        if let Some(g) = self.captures.get(&id).map(|c| c.graph)
+            && let Some(ops) = self.graphs.get_mut(&g)
+        {
+            ops.push(op);
+        }
+        true
+    }
+
+    /// Refuses an operation that cannot be captured on a capturing stream, invalidating the
+    /// capture as the driver does.
+    fn refuse_in_capture(&mut self, ctx: u64, stream: u64) -> CuResult<()> {
+        if let Some(id) = self.capturing.get(&(ctx, stream)).copied() {
+            if let Some(c) = self.captures.get_mut(&id) {
+                c.invalidated = true;
+            }
+            return Err(STREAM_CAPTURE_UNSUPPORTED);
+        }
+        Ok(())
+    }
+
+    /// Runs one operation of an executable graph.
+    fn replay(&mut self, op: &EmuOp) -> CuResult<()> {
+        match op {
+            EmuOp::Htod { dst, data } => {
+                self.range(*dst, data.len() as u64)?.copy_from_slice(data);
+            }
+            EmuOp::Dtod { dst, src, size } => {
+                let bytes = self.range(*src, *size)?.to_vec();
+                self.range(*dst, *size)?.copy_from_slice(&bytes);
+            }
+            EmuOp::Memset {
+                dst,
+                value,
+                elem,
+                count,
+            } => fill(self.range(*dst, count * u64::from(*elem))?, *value, *elem),
+            EmuOp::Launch => {
+                tracing::warn!(
+                    "emulated test backend: a graph's kernel launch is not supported \
+                     (CUDA_ERROR_NOT_SUPPORTED)"
+                );
+                return Err(NOT_SUPPORTED);
+            }
+            EmuOp::Nop => {}
+        }
+        Ok(())
+    }
+}
+
+/// Fills `bytes` with `value` as elements of `elem` bytes.
+fn fill(bytes: &mut [u8], value: u32, elem: u32) {
+    let v = value.to_le_bytes();
+    for chunk in bytes.chunks_mut(elem as usize) {
+        chunk.copy_from_slice(&v[..chunk.len()]);
     }
 }
 
@@ -554,8 +669,20 @@ impl Backend for EmulatedBackend {
 
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()> {
         let mut st = self.lock();
-        st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
-        st.range(dst, data.len() as u64)?.copy_from_slice(data);
+        let s = stream.unwrap_or(LEGACY_STREAM);
+        st.stream(ctx, s)?;
+        let range = st.range(dst, data.len() as u64)?;
+        if stream.is_none() {
+            range.copy_from_slice(data);
+            return Ok(());
+        }
+        let op = EmuOp::Htod {
+            dst,
+            data: data.to_vec(),
+        };
+        if !st.capture(ctx, s, op) {
+            st.range(dst, data.len() as u64)?.copy_from_slice(data);
+        }
         Ok(())
     }
 
@@ -575,6 +702,7 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<Box<dyn StagedCopy>> {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
+        st.refuse_in_capture(ctx, stream)?;
         Ok(Box::new(ReadyCopy(st.range(src, size as u64)?.to_vec())))
     }
 
@@ -587,8 +715,13 @@ impl Backend for EmulatedBackend {
         size: u64,
     ) -> CuResult<()> {
         let mut st = self.lock();
-        st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
+        let s = stream.unwrap_or(LEGACY_STREAM);
+        st.stream(ctx, s)?;
         let bytes = st.range(src, size)?.to_vec();
+        st.range(dst, size)?;
+        if stream.is_some() && st.capture(ctx, s, EmuOp::Dtod { dst, src, size }) {
+            return Ok(());
+        }
         st.range(dst, size)?.copy_from_slice(&bytes);
         Ok(())
     }
@@ -603,6 +736,9 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<()> {
         let mut st = self.lock();
         st.copy_contexts(ctx, stream.unwrap_or(LEGACY_STREAM), copy)?;
+        if let Some(s) = stream {
+            st.refuse_in_capture(ctx, s)?;
+        }
         // Gathered first, so overlapping device ranges copy as from a snapshot.
         let packed = st.gather(copy, src_host)?;
         match copy.dst.place {
@@ -623,6 +759,7 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<Box<dyn StagedCopy>> {
         let mut st = self.lock();
         st.copy_contexts(ctx, stream, copy)?;
+        st.refuse_in_capture(ctx, stream)?;
         if copy.dst.place != CopyPlace::Host {
             return Err(INVALID_VALUE);
         }
@@ -641,6 +778,9 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
+        if let Some(s) = stream {
+            st.refuse_in_capture(ctx, s)?;
+        }
         st.ctx(dst_ctx)?;
         st.ctx(src_ctx)?;
         let bytes = st.range(src, size)?.to_vec();
@@ -658,15 +798,23 @@ impl Backend for EmulatedBackend {
         count: u64,
     ) -> CuResult<()> {
         let mut st = self.lock();
-        st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
+        let s = stream.unwrap_or(LEGACY_STREAM);
+        st.stream(ctx, s)?;
         if !matches!(elem, 1 | 2 | 4) || !dst.is_multiple_of(u64::from(elem)) {
             return Err(INVALID_VALUE);
         }
         let len = count.checked_mul(u64::from(elem)).ok_or(INVALID_VALUE)?;
-        let bytes = value.to_le_bytes();
-        for chunk in st.range(dst, len)?.chunks_mut(elem as usize) {
-            chunk.copy_from_slice(&bytes[..elem as usize]);
+        st.range(dst, len)?;
+        let op = EmuOp::Memset {
+            dst,
+            value,
+            elem,
+            count,
+        };
+        if stream.is_some() && st.capture(ctx, s, op) {
+            return Ok(());
         }
+        fill(st.range(dst, len)?, value, elem);
         Ok(())
     }
 
@@ -805,9 +953,12 @@ impl Backend for EmulatedBackend {
     }
 
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
-        let st = self.lock();
+        let mut st = self.lock();
         st.stream(ctx, spec.stream)?;
         st.functions.get(&spec.function).ok_or(INVALID_HANDLE)?;
+        if st.capture(ctx, spec.stream, EmuOp::Launch) {
+            return Ok(());
+        }
         tracing::warn!(
             "emulated test backend: kernel launches are not supported (CUDA_ERROR_NOT_SUPPORTED)"
         );
@@ -829,7 +980,11 @@ impl Backend for EmulatedBackend {
     }
 
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        self.lock().stream(ctx, stream)?;
+        {
+            let mut st = self.lock();
+            st.stream(ctx, stream)?;
+            st.refuse_in_capture(ctx, stream)?;
+        }
         self.host_pending.wait_idle(ctx, Some(stream));
         self.pause();
         self.device_printf();
@@ -837,7 +992,11 @@ impl Backend for EmulatedBackend {
     }
 
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        self.lock().stream(ctx, stream)?;
+        {
+            let mut st = self.lock();
+            st.stream(ctx, stream)?;
+            st.refuse_in_capture(ctx, stream)?;
+        }
         if self.host_pending.lock().contains_key(&(ctx, stream)) {
             return Err(super::status::NOT_READY);
         }
@@ -849,9 +1008,19 @@ impl Backend for EmulatedBackend {
     }
 
     fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, _flags: u32) -> CuResult<()> {
-        let st = self.lock();
+        let mut st = self.lock();
         st.stream(ctx, stream)?;
-        st.events.get(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+        st.events.get(&event).ok_or(INVALID_HANDLE)?;
+        if st.capture(ctx, stream, EmuOp::Nop) {
+            return Ok(());
+        }
+        // Waiting for an event recorded in a capture joins the capture.
+        if let Some(id) = st.event_capture.get(&event).copied()
+            && st.captures.contains_key(&id)
+        {
+            st.capturing.insert((ctx, stream), id);
+        }
+        Ok(())
     }
 
     fn event_create(&self, ctx: u64, _flags: u32) -> CuResult<u64> {
@@ -871,8 +1040,16 @@ impl Backend for EmulatedBackend {
     fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
-        let e = st.events.get_mut(&event).ok_or(INVALID_HANDLE)?;
-        *e = Some(Instant::now());
+        st.events.get(&event).ok_or(INVALID_HANDLE)?;
+        if let Some(id) = st.capturing.get(&(ctx, stream)).copied() {
+            st.capture(ctx, stream, EmuOp::Nop);
+            st.event_capture.insert(event, id);
+            return Ok(());
+        }
+        st.event_capture.remove(&event);
+        if let Some(e) = st.events.get_mut(&event) {
+            *e = Some(Instant::now());
+        }
         Ok(())
     }
 
@@ -903,7 +1080,11 @@ impl Backend for EmulatedBackend {
     }
 
     fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()> {
-        self.lock().stream(ctx, stream)?;
+        {
+            let mut st = self.lock();
+            st.stream(ctx, stream)?;
+            st.refuse_in_capture(ctx, stream)?;
+        }
         let tx = self.host_thread(ctx)?;
         let key = (ctx, stream);
         *self.host_pending.lock().entry(key).or_default() += 1;
@@ -912,6 +1093,141 @@ impl Backend for EmulatedBackend {
             return Err(INVALID_HANDLE);
         }
         Ok(())
+    }
+
+    fn stream_begin_capture(&self, ctx: u64, stream: u64) -> CuResult<CaptureInfo> {
+        let mut st = self.lock();
+        st.stream(ctx, stream)?;
+        if stream == LEGACY_STREAM || stream == 0 {
+            return Err(STREAM_CAPTURE_UNSUPPORTED);
+        }
+        if st.capturing.contains_key(&(ctx, stream)) {
+            return Err(ILLEGAL_STATE);
+        }
+        let id = st.handle();
+        let graph = st.handle();
+        st.graphs.insert(graph, Vec::new());
+        st.captures.insert(
+            id,
+            EmuCapture {
+                graph,
+                origin: (ctx, stream),
+                invalidated: false,
+            },
+        );
+        st.capturing.insert((ctx, stream), id);
+        Ok(CaptureInfo {
+            status: super::capture_status::ACTIVE,
+            id,
+            graph,
+            dependencies: 0,
+        })
+    }
+
+    fn stream_end_capture(&self, ctx: u64, stream: u64) -> CuResult<u64> {
+        let mut st = self.lock();
+        st.stream(ctx, stream)?;
+        let id = *st.capturing.get(&(ctx, stream)).ok_or(ILLEGAL_STATE)?;
+        let (origin, graph, invalidated) = match st.captures.get(&id) {
+            Some(c) => (c.origin, c.graph, c.invalidated),
+            None => return Err(ILLEGAL_STATE),
+        };
+        if origin != (ctx, stream) {
+            return Err(STREAM_CAPTURE_UNMATCHED);
+        }
+        st.captures.remove(&id);
+        st.capturing.retain(|_, c| *c != id);
+        st.event_capture.retain(|_, c| *c != id);
+        if invalidated {
+            st.graphs.remove(&graph);
+            return Err(STREAM_CAPTURE_INVALIDATED);
+        }
+        Ok(graph)
+    }
+
+    fn stream_capture_info(&self, ctx: u64, stream: u64) -> CuResult<CaptureInfo> {
+        let st = self.lock();
+        st.stream(ctx, stream)?;
+        let Some(id) = st.capturing.get(&(ctx, stream)).copied() else {
+            return Ok(CaptureInfo::default());
+        };
+        let c = st.captures.get(&id).ok_or(ILLEGAL_STATE)?;
+        let deps = st
+            .graphs
+            .get(&c.graph)
+            .map_or(0, |ops| u64::from(!ops.is_empty()));
+        Ok(if c.invalidated {
+            CaptureInfo {
+                status: super::capture_status::INVALIDATED,
+                id,
+                graph: 0,
+                dependencies: 0,
+            }
+        } else {
+            CaptureInfo {
+                status: super::capture_status::ACTIVE,
+                id,
+                graph: c.graph,
+                dependencies: deps,
+            }
+        })
+    }
+
+    fn graph_instantiate(&self, ctx: u64, graph: u64, _flags: u64) -> CuResult<u64> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        if st.captures.values().any(|c| c.graph == graph) {
+            // Still being captured.
+            return Err(INVALID_VALUE);
+        }
+        let ops = st.graphs.get(&graph).ok_or(INVALID_HANDLE)?.clone();
+        let exec = st.handle();
+        st.execs.insert(exec, ops);
+        Ok(exec)
+    }
+
+    fn graph_launch(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream)?;
+        let ops = st.execs.get(&exec).ok_or(INVALID_HANDLE)?.clone();
+        if st.capturing.contains_key(&(ctx, stream)) {
+            // Captured into another graph: its operations, inline.
+            for op in ops {
+                st.capture(ctx, stream, op);
+            }
+            return Ok(());
+        }
+        for op in &ops {
+            st.replay(op)?;
+        }
+        Ok(())
+    }
+
+    fn graph_upload(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
+        let st = self.lock();
+        st.stream(ctx, stream)?;
+        st.execs.get(&exec).map(|_| ()).ok_or(INVALID_HANDLE)
+    }
+
+    fn graph_exec_destroy(&self, ctx: u64, exec: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        st.execs.remove(&exec).map(|_| ()).ok_or(INVALID_HANDLE)
+    }
+
+    fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        st.graphs.remove(&graph).map(|_| ()).ok_or(INVALID_HANDLE)
+    }
+
+    fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        st.graphs
+            .get(&graph)
+            .map(|ops| ops.len() as u64)
+            .ok_or(INVALID_HANDLE)
     }
 }
 

@@ -35,6 +35,8 @@ pub mod status {
     pub const UNSUPPORTED_LIMIT: i32 = 215;
     /// `CUDA_ERROR_INVALID_HANDLE`.
     pub const INVALID_HANDLE: i32 = 400;
+    /// `CUDA_ERROR_ILLEGAL_STATE`.
+    pub const ILLEGAL_STATE: i32 = 401;
     /// `CUDA_ERROR_NOT_FOUND`.
     pub const NOT_FOUND: i32 = 500;
     /// `CUDA_ERROR_NOT_READY`.
@@ -45,6 +47,12 @@ pub mod status {
     pub const LAUNCH_FAILED: i32 = 719;
     /// `CUDA_ERROR_NOT_SUPPORTED`.
     pub const NOT_SUPPORTED: i32 = 801;
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+    pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+    pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`.
+    pub const STREAM_CAPTURE_UNMATCHED: i32 = 903;
 
     /// Errors after which the CUDA context is unusable: CUDA keeps returning them, so the
     /// session does too.
@@ -199,6 +207,29 @@ impl Copy3d {
             })
         })
     }
+}
+
+/// `CUstreamCaptureStatus` values.
+pub mod capture_status {
+    /// `CU_STREAM_CAPTURE_STATUS_NONE`.
+    pub const NONE: i32 = 0;
+    /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
+    pub const ACTIVE: i32 = 1;
+    /// `CU_STREAM_CAPTURE_STATUS_INVALIDATED`.
+    pub const INVALIDATED: i32 = 2;
+}
+
+/// What `cuStreamGetCaptureInfo` says about a stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaptureInfo {
+    /// A [`capture_status`] value.
+    pub status: i32,
+    /// The capture id (meaningful unless the status is NONE).
+    pub id: u64,
+    /// The backend graph being captured (while ACTIVE).
+    pub graph: u64,
+    /// Number of capture dependencies of the stream.
+    pub dependencies: u64,
 }
 
 /// An asynchronous device-to-host copy into a server-side staging buffer.
@@ -380,4 +411,25 @@ pub trait Backend: Send + Sync + 'static {
     /// `f` may block for as long as it needs, but must never wait for the thread that called
     /// this (the executor's connection thread). Dropped unrun when it cannot be enqueued.
     fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()>;
+
+    /// `cuStreamBeginCapture_v2` in `CU_STREAM_CAPTURE_MODE_RELAXED` (the client keeps the
+    /// mode the program asked for: the server's threads are not the program's), then the
+    /// capture's id and graph (`cuStreamGetCaptureInfo`).
+    fn stream_begin_capture(&self, ctx: u64, stream: u64) -> CuResult<CaptureInfo>;
+    /// `cuStreamEndCapture`: the captured graph.
+    fn stream_end_capture(&self, ctx: u64, stream: u64) -> CuResult<u64>;
+    /// `cuStreamGetCaptureInfo` (status, id, graph, number of dependencies).
+    fn stream_capture_info(&self, ctx: u64, stream: u64) -> CuResult<CaptureInfo>;
+    /// `cuGraphInstantiateWithFlags`.
+    fn graph_instantiate(&self, ctx: u64, graph: u64, flags: u64) -> CuResult<u64>;
+    /// `cuGraphLaunch`.
+    fn graph_launch(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()>;
+    /// `cuGraphUpload`.
+    fn graph_upload(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()>;
+    /// `cuGraphExecDestroy`.
+    fn graph_exec_destroy(&self, ctx: u64, exec: u64) -> CuResult<()>;
+    /// `cuGraphDestroy`.
+    fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()>;
+    /// `cuGraphGetNodes` with a NULL array: the number of nodes.
+    fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64>;
 }
