@@ -30,7 +30,11 @@ work=$(mktemp -d)
 serve_pid=
 cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
-limit=${REMORA_SUITE_TIMEOUT:-300}   # seconds per program run
+# Seconds per program run. Most programs take seconds; a hang must not eat the machine's time
+# (one hung program costs this limit once per mode), so the default is short and only the
+# long programs (memcpy_sweep, the benchmark) get more.
+limit=${REMORA_SUITE_TIMEOUT:-60}
+long_limit=${REMORA_SUITE_LONG_TIMEOUT:-300}
 
 pass=0; fail=0; skip=0; results=()
 json_str() { printf '%s' "$1" | tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g'; }
@@ -113,6 +117,8 @@ cp "$work/native.csv" "$out/nvidia-smi.csv"
 # Runs one program under a mode; stdout to $o.out, stderr to $o.err, exit status to $o.rc.
 run_mode() { # mode tag prog args...
   local mode=$1 tag=$2; shift 2
+  local limit=$limit
+  case $tag in memcpy_sweep*|driver_bench*) limit=$long_limit ;; esac
   local o="$out/outputs/$tag.$mode"
   local t0; t0=$(date +%s.%N)
   case $mode in
@@ -241,7 +247,7 @@ if [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_ONL
       ppid=$!
       for _ in $(seq 100); do grep -q 'listening on' "$work/profile-serve.$m.out" && break; sleep 0.1; done
       purl=$(grep -o '\(unix\|tcp\)://[^ ]*' "$work/profile-serve.$m.out" | head -n 1)
-      timeout "$limit" "$bin/remora" run --server "$purl" -- "$build/driver_bench" ${REMORA_BENCH_SCALE:-1} > "$out/outputs/driver_bench.profiled.$m.out" 2>&1
+      timeout "$long_limit" "$bin/remora" run --server "$purl" -- "$build/driver_bench" ${REMORA_BENCH_SCALE:-1} > "$out/outputs/driver_bench.profiled.$m.out" 2>&1
       sleep 1; kill "$ppid" 2>/dev/null; wait "$ppid" 2>/dev/null
       echo "server profile of one driver_bench run over $m:"
       grep -A 14 'profile' "$out/outputs/profile.$m.txt" | grep -v '^--' | head -n 16
