@@ -472,6 +472,53 @@ fn child_memcpy_2d_3d_peer() {
         assert_eq!((status, id, graph.is_null(), count), (0, 0, true, 0));
         assert_eq!(is_capturing(0x1234_5600 as *mut c_void, &mut status), 400);
         assert_eq!(is_capturing(stream, std::ptr::null_mut()), 1);
+
+        // Stream capture through the C entry points: a memset captured on `stream`, the graph
+        // instantiated and launched twice, the capture state seen from the shim.
+        type BeginCapture = unsafe extern "C" fn(*mut c_void, c_uint) -> c_int;
+        type EndCapture = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> c_int;
+        type Instantiate = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> c_int;
+        type GraphLaunch = unsafe extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+        type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
+        type MemsetAsync = unsafe extern "C" fn(u64, u8, usize, *mut c_void) -> c_int;
+        let begin: libloading::Symbol<BeginCapture> = lib.get(b"cuStreamBeginCapture_v2").unwrap();
+        let end: libloading::Symbol<EndCapture> = lib.get(b"cuStreamEndCapture").unwrap();
+        let instantiate: libloading::Symbol<Instantiate> =
+            lib.get(b"cuGraphInstantiateWithFlags").unwrap();
+        let graph_launch: libloading::Symbol<GraphLaunch> = lib.get(b"cuGraphLaunch").unwrap();
+        let exec_destroy: libloading::Symbol<Destroy> = lib.get(b"cuGraphExecDestroy").unwrap();
+        let graph_destroy: libloading::Symbol<Destroy> = lib.get(b"cuGraphDestroy").unwrap();
+        let memset: libloading::Symbol<MemsetAsync> = lib.get(b"cuMemsetD8Async").unwrap();
+        let mut target = 0u64;
+        assert_eq!(alloc(&mut target, 256), 0);
+        // CU_STREAM_CAPTURE_MODE_RELAXED = 2.
+        assert_eq!(begin(stream, 2), 0);
+        assert_eq!(is_capturing(stream, &mut status), 0);
+        assert_eq!(status, 1, "capturing");
+        assert_eq!(memset(target, 0x5A, 256, stream), 0);
+        let mut graph = std::ptr::null_mut();
+        assert_eq!(end(stream, &mut graph), 0);
+        assert!(!graph.is_null());
+        assert_eq!(is_capturing(stream, &mut status), 0);
+        assert_eq!(status, 0, "capture ended");
+        let mut back = [0u8; 256];
+        assert_eq!(dtoh(back.as_mut_ptr().cast(), target, 256), 0);
+        assert_ne!(
+            back, [0x5A; 256],
+            "captured work runs only when the graph is launched"
+        );
+        let mut exec = std::ptr::null_mut();
+        assert_eq!(instantiate(&mut exec, graph, 0), 0);
+        for _ in 0..2 {
+            assert_eq!(graph_launch(exec, stream), 0);
+        }
+        assert_eq!(stream_sync(stream), 0);
+        assert_eq!(dtoh(back.as_mut_ptr().cast(), target, 256), 0);
+        assert_eq!(back, [0x5A; 256], "the launched graph ran the memset");
+        assert_eq!(exec_destroy(exec), 0);
+        assert_eq!(graph_destroy(graph), 0);
+        // Ending a capture that never began: CUDA_ERROR_ILLEGAL_STATE.
+        assert_eq!(end(stream, &mut graph), 401);
         let slab = pattern(4096, 7);
         assert_eq!(htod(dev, slab.as_ptr().cast(), 4096), 0);
         let mut host = vec![0u8; 10 * 4 * 3];
