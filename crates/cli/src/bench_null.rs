@@ -49,7 +49,13 @@ impl NullReport {
     pub(crate) fn text(&self) -> String {
         format!(
             "NULL round trip to {} over {}: p50 {:.2} us, p99 {:.2} us, mean {:.2} us, min {:.2} us ({} calls)",
-            self.server, self.transport, self.p50_us, self.p99_us, self.mean_us, self.min_us, self.calls
+            self.server,
+            self.transport,
+            self.p50_us,
+            self.p99_us,
+            self.mean_us,
+            self.min_us,
+            self.calls
         )
     }
 

@@ -324,13 +324,24 @@ fn bench_null_measures_round_trips_and_writes_json() {
     }
     // Shared memory cannot be had over TCP: a clear error.
     let out = Command::new(REMORA)
-        .args(["bench", "null", "--calls", "1", "--transport", "shm", "--server"])
+        .args([
+            "bench",
+            "null",
+            "--calls",
+            "1",
+            "--transport",
+            "shm",
+            "--server",
+        ])
         .arg(&tcp_url)
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--transport shm needs a server on this host"), "{stderr}");
+    assert!(
+        stderr.contains("--transport shm needs a server on this host"),
+        "{stderr}"
+    );
     // No server: a clear error, not a hang.
     let out = Command::new(REMORA)
         .args(["bench", "null", "--calls", "1", "--server"])

@@ -71,7 +71,8 @@ fn run(shim: &Path, program: &Path, serve_args: &[&str]) -> Output {
 /// [`run`] with `--transport TRANSPORT`.
 fn run_over(shim: &Path, program: &Path, serve_args: &[&str], transport: &str) -> Output {
     let mut cmd = Command::new(REMORA);
-    cmd.args(["run", "--transport", transport, "--shim"]).arg(shim);
+    cmd.args(["run", "--transport", transport, "--shim"])
+        .arg(shim);
     for a in serve_args {
         cmd.arg(format!("--serve-arg={a}"));
     }
