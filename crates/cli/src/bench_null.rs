@@ -8,13 +8,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use remora_oncrpc::{Client, Endpoint};
+use remora_oncrpc::{Client, ClientConfig, Endpoint, TransportChoice};
 use remora_proto::remora::RemoraV1Client;
 
 /// The measured round trips, in microseconds.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct NullReport {
     pub(crate) server: String,
+    /// The transport used: shm, unix or tcp.
+    pub(crate) transport: String,
     pub(crate) calls: u32,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
@@ -24,7 +26,7 @@ pub(crate) struct NullReport {
 
 impl NullReport {
     /// From per-call times (any order; at least one).
-    pub(crate) fn from_times(server: &Endpoint, mut times_us: Vec<f64>) -> Self {
+    pub(crate) fn from_times(server: &Endpoint, transport: &str, mut times_us: Vec<f64>) -> Self {
         times_us.sort_by(f64::total_cmp);
         let n = times_us.len().max(1);
         let at = |q: f64| {
@@ -35,6 +37,7 @@ impl NullReport {
         };
         Self {
             server: server.to_string(),
+            transport: transport.to_owned(),
             calls: times_us.len() as u32,
             p50_us: at(0.5),
             p99_us: at(0.99),
@@ -45,8 +48,14 @@ impl NullReport {
 
     pub(crate) fn text(&self) -> String {
         format!(
-            "NULL round trip to {}: p50 {:.2} us, p99 {:.2} us, mean {:.2} us, min {:.2} us ({} calls)",
-            self.server, self.p50_us, self.p99_us, self.mean_us, self.min_us, self.calls
+            "NULL round trip to {} over {}: p50 {:.2} us, p99 {:.2} us, mean {:.2} us, min {:.2} us ({} calls)",
+            self.server,
+            self.transport,
+            self.p50_us,
+            self.p99_us,
+            self.mean_us,
+            self.min_us,
+            self.calls
         )
     }
 
@@ -54,6 +63,7 @@ impl NullReport {
         let mut s = String::from("{\n");
         let _ = writeln!(s, "  \"benchmark\": \"null\",");
         let _ = writeln!(s, "  \"server\": \"{}\",", self.server.replace('"', "\\\""));
+        let _ = writeln!(s, "  \"transport\": \"{}\",", self.transport);
         let _ = writeln!(s, "  \"calls\": {},", self.calls);
         let _ = writeln!(s, "  \"p50_us\": {:.3},", self.p50_us);
         let _ = writeln!(s, "  \"p99_us\": {:.3},", self.p99_us);
@@ -64,14 +74,32 @@ impl NullReport {
     }
 }
 
-/// Connects to `server` and times `calls` NULL calls (after `calls / 10` warm-up calls).
-pub(crate) fn run(server: &Endpoint, calls: u32, json: Option<&Path>) -> Result<NullReport> {
+/// Connects to `server` over `transport` and times `calls` NULL calls (after `calls / 10`
+/// warm-up calls).
+pub(crate) fn run(
+    server: &Endpoint,
+    transport: TransportChoice,
+    calls: u32,
+    json: Option<&Path>,
+) -> Result<NullReport> {
     if calls == 0 {
         bail!("--calls must be at least 1");
     }
-    let rpc = Client::connect(server).with_context(|| {
-        format!("cannot reach a Remora server at {server}; is `remora serve` running there?")
+    crate::run::check_transport(server, transport)?;
+    let config = ClientConfig {
+        transport,
+        ..ClientConfig::default()
+    };
+    let rpc = Client::connect_with(server, config).with_context(|| {
+        format!(
+            "cannot reach a Remora server at {server} over {transport}; is `remora serve` running there?"
+        )
     })?;
+    let used = match server {
+        _ if rpc.is_shm() => "shm",
+        Endpoint::Unix(_) => "unix",
+        Endpoint::Tcp(_) => "tcp",
+    };
     let client = RemoraV1Client::new(rpc).with_timeout(Duration::from_secs(10));
     for _ in 0..calls / 10 {
         client
@@ -86,7 +114,7 @@ pub(crate) fn run(server: &Endpoint, calls: u32, json: Option<&Path>) -> Result<
             .with_context(|| format!("NULL call to {server} failed"))?;
         times.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let report = NullReport::from_times(server, times);
+    let report = NullReport::from_times(server, used, times);
     println!("{}", report.text());
     if let Some(path) = json {
         std::fs::write(path, report.json())
@@ -103,7 +131,7 @@ mod tests {
     #[test]
     fn percentiles_of_known_times() {
         let ep: Endpoint = "unix:///tmp/x.sock".parse().unwrap();
-        let r = NullReport::from_times(&ep, (1..=100).rev().map(f64::from).collect());
+        let r = NullReport::from_times(&ep, "shm", (1..=100).rev().map(f64::from).collect());
         assert_eq!(r.calls, 100);
         assert_eq!(r.min_us, 1.0);
         assert_eq!(r.p50_us, 50.0);
@@ -112,5 +140,6 @@ mod tests {
         let j = r.json();
         assert!(j.contains("\"p50_us\": 50.000"), "{j}");
         assert!(j.contains("\"server\": \"unix:///tmp/x.sock\""), "{j}");
+        assert!(j.contains("\"transport\": \"shm\""), "{j}");
     }
 }

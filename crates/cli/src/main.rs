@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use remora_oncrpc::Endpoint;
+use remora_oncrpc::{Endpoint, TransportChoice};
 
 mod bench_null;
 mod info;
@@ -118,6 +118,12 @@ enum Command {
         /// The server: tcp://HOST:PORT or unix:///PATH (default: start an embedded one).
         #[arg(long, value_name = "URL")]
         server: Option<Endpoint>,
+        /// How the program reaches the server: auto (shared memory with a unix:// server,
+        /// which the embedded one is; TCP with a tcp:// one), shm, unix or tcp (tcp with no
+        /// --server: the embedded server listens on TCP loopback). Given to the program as
+        /// REMORA_TRANSPORT.
+        #[arg(long, value_name = "T", default_value = "auto")]
+        transport: TransportChoice,
         /// The shim library (default: libcuda.so beside this executable, or REMORA_SHIM).
         #[arg(long, value_name = "PATH")]
         shim: Option<PathBuf>,
@@ -155,6 +161,10 @@ enum BenchCommand {
         /// The server: tcp://HOST:PORT or unix:///PATH (default: the local default socket).
         #[arg(long, value_name = "URL")]
         server: Option<Endpoint>,
+        /// The transport: auto (shared memory for a unix:// server, TCP for a tcp:// one),
+        /// shm, unix or tcp.
+        #[arg(long, value_name = "T", default_value = "auto")]
+        transport: TransportChoice,
         /// Number of timed calls (a tenth as many warm-up calls go first).
         #[arg(long, default_value_t = 100_000)]
         calls: u32,
@@ -298,6 +308,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Run {
             server,
+            transport,
             shim,
             serve_arg,
             command,
@@ -305,6 +316,7 @@ fn run(cli: Cli) -> Result<()> {
             init_logging("warn");
             let status = run::run(run::RunOptions {
                 server,
+                transport,
                 shim,
                 serve_args: serve_arg,
                 command,
@@ -346,12 +358,13 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(BenchCommand::Null {
             server,
+            transport,
             calls,
             json,
         }) => {
             init_logging("warn");
             let server = server.unwrap_or_else(remora_server::default_endpoint);
-            bench_null::run(&server, calls, json.as_deref()).map(drop)
+            bench_null::run(&server, transport, calls, json.as_deref()).map(drop)
         }
         Command::Bench(BenchCommand::RpcServer { listen }) => {
             init_logging("warn");

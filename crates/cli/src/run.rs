@@ -1,11 +1,12 @@
 //! `remora run`: run a program against a Remora server through the shim `libcuda.so.1`.
 //!
 //! ```text
-//! remora run [--server URL] -- ./app args…
+//! remora run [--server URL] [--transport auto|shm|unix|tcp] -- ./app args…
 //!   ├─ no --server: starts `remora serve` (this executable, without the shim) on a private
-//!   │  Unix socket for the duration of the command
+//!   │  Unix socket (TCP loopback with --transport tcp) for the duration of the command
 //!   ├─ makes a private directory holding `libcuda.so.1` → the shim, first on LD_LIBRARY_PATH
-//!   └─ runs the program with REMORA_SERVER=URL, returns its exit status
+//!   └─ runs the program with REMORA_SERVER=URL and REMORA_TRANSPORT=T, returns its exit
+//!      status (auto: shared memory with a Unix socket, which the embedded server is)
 //! ```
 
 use std::ffi::OsString;
@@ -15,7 +16,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use remora_oncrpc::Endpoint;
+use remora_oncrpc::{Endpoint, TransportChoice};
 
 /// The file name cargo gives the shim cdylib (`[lib] name = "cuda"`).
 const SHIM_FILE: &str = "libcuda.so";
@@ -24,6 +25,7 @@ const SHIM_FILE: &str = "libcuda.so";
 #[derive(Debug)]
 pub(crate) struct RunOptions {
     pub(crate) server: Option<Endpoint>,
+    pub(crate) transport: TransportChoice,
     pub(crate) shim: Option<PathBuf>,
     pub(crate) serve_args: Vec<OsString>,
     pub(crate) command: Vec<OsString>,
@@ -59,13 +61,14 @@ struct EmbeddedServer {
 }
 
 impl EmbeddedServer {
-    fn start(socket: &Path, extra: &[OsString]) -> Result<(Self, Endpoint)> {
+    /// Starts `remora serve --listen LISTEN`; returns it with the endpoint it listens on (the
+    /// real port for `tcp://127.0.0.1:0`).
+    fn start(listen: &Endpoint, extra: &[OsString]) -> Result<(Self, Endpoint)> {
         let exe = std::env::current_exe().context("cannot find the remora executable")?;
-        let endpoint = Endpoint::Unix(socket.to_owned());
         let mut child = Command::new(exe)
             .arg("serve")
             .arg("--listen")
-            .arg(endpoint.to_string())
+            .arg(listen.to_string())
             .args(extra)
             // The server uses the real driver: never the shim.
             .env_remove("LD_PRELOAD")
@@ -82,21 +85,25 @@ impl EmbeddedServer {
         let mut reader = BufReader::new(stdout);
         let mut line = String::new();
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        let endpoint = loop {
             line.clear();
             let n = reader.read_line(&mut line).unwrap_or(0);
             if n == 0 {
                 let status = child.wait().ok();
                 bail!("the embedded remora serve exited before listening ({status:?})");
             }
-            if line.contains("listening on") {
-                break;
+            if let Some((_, url)) = line.split_once("listening on ") {
+                let endpoint = url
+                    .trim()
+                    .parse::<Endpoint>()
+                    .with_context(|| format!("the embedded remora serve printed {line:?}"))?;
+                break endpoint;
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
                 bail!("the embedded remora serve did not start listening within 60 s");
             }
-        }
+        };
         // Keep draining its stdout so it never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut sink = String::new();
@@ -124,6 +131,23 @@ impl Drop for EmbeddedServer {
     }
 }
 
+/// Refuses a transport that cannot reach `server`, before anything starts.
+pub(crate) fn check_transport(server: &Endpoint, transport: TransportChoice) -> Result<()> {
+    match (transport, server) {
+        (TransportChoice::Tcp, Endpoint::Unix(_)) => {
+            bail!("--transport tcp needs a tcp://HOST:PORT server, not {server}")
+        }
+        (TransportChoice::Shm, Endpoint::Tcp(_)) => bail!(
+            "--transport shm needs a server on this host reached by its Unix socket \
+             (unix:///PATH), not {server}; use --transport tcp or auto for a TCP server"
+        ),
+        (TransportChoice::Unix, Endpoint::Tcp(_)) => {
+            bail!("--transport unix needs a unix:///PATH server, not {server}")
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Runs the command; returns its exit status.
 pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
     let Some((program, args)) = opts.command.split_first() else {
@@ -143,10 +167,16 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
     std::os::unix::fs::symlink(&shim, libdir.join("libcuda.so"))?;
 
     let (_server, endpoint) = match opts.server {
-        Some(endpoint) => (None, endpoint),
+        Some(endpoint) => {
+            check_transport(&endpoint, opts.transport)?;
+            (None, endpoint)
+        }
         None => {
-            let (server, endpoint) =
-                EmbeddedServer::start(&private.path().join("remora.sock"), &opts.serve_args)?;
+            let listen = match opts.transport {
+                TransportChoice::Tcp => Endpoint::Tcp("127.0.0.1:0".into()),
+                _ => Endpoint::Unix(private.path().join("remora.sock")),
+            };
+            let (server, endpoint) = EmbeddedServer::start(&listen, &opts.serve_args)?;
             (Some(server), endpoint)
         }
     };
@@ -160,6 +190,7 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
         .args(args)
         .env("LD_LIBRARY_PATH", library_path)
         .env("REMORA_SERVER", endpoint.to_string())
+        .env("REMORA_TRANSPORT", opts.transport.to_string())
         .status()
         .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
     Ok(status)
@@ -173,6 +204,7 @@ mod tests {
     fn missing_program_is_a_clear_error() {
         let err = run(RunOptions {
             server: None,
+            transport: TransportChoice::Auto,
             shim: Some("/nonexistent".into()),
             serve_args: vec![],
             command: vec![],
@@ -185,6 +217,7 @@ mod tests {
     fn missing_shim_is_a_clear_error() {
         let err = run(RunOptions {
             server: None,
+            transport: TransportChoice::Auto,
             shim: Some("/nonexistent/libcuda.so".into()),
             serve_args: vec![],
             command: vec!["true".into()],

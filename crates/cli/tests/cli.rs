@@ -281,11 +281,20 @@ fn bench_null_measures_round_trips_and_writes_json() {
     let dir = tempfile::tempdir().unwrap();
     let unix = format!("unix://{}", dir.path().join("remora.sock").display());
     let serve = Serve::start(&[&unix, "tcp://127.0.0.1:0"]);
-    for url in serve.endpoints.clone() {
-        let json = dir.path().join("null.json");
+    let (unix_url, tcp_url) = (serve.endpoints[0].clone(), serve.endpoints[1].clone());
+    for (url, transport) in [(&unix_url, "shm"), (&unix_url, "unix"), (&tcp_url, "tcp")] {
+        let json = dir.path().join(format!("null-{transport}.json"));
         let out = Command::new(REMORA)
             .args([
-                "bench", "null", "--calls", "200", "--server", &url, "--json",
+                "bench",
+                "null",
+                "--calls",
+                "200",
+                "--transport",
+                transport,
+                "--server",
+                url,
+                "--json",
             ])
             .arg(&json)
             .output()
@@ -293,15 +302,19 @@ fn bench_null_measures_round_trips_and_writes_json() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
-            "bench null {url}: {}",
+            "bench null {url} {transport}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(
-            stdout.contains(&format!("NULL round trip to {url}: p50 ")),
+            stdout.contains(&format!("NULL round trip to {url} over {transport}: p50 ")),
             "{stdout}"
         );
         let text = std::fs::read_to_string(&json).unwrap();
         assert!(text.contains("\"calls\": 200,"), "{text}");
+        assert!(
+            text.contains(&format!("\"transport\": \"{transport}\",")),
+            "{text}"
+        );
         let p50: f64 = text
             .lines()
             .find_map(|l| l.trim().strip_prefix("\"p50_us\": "))
@@ -309,6 +322,26 @@ fn bench_null_measures_round_trips_and_writes_json() {
             .unwrap();
         assert!(p50 > 0.0 && p50 < 1e6, "{text}");
     }
+    // Shared memory cannot be had over TCP: a clear error.
+    let out = Command::new(REMORA)
+        .args([
+            "bench",
+            "null",
+            "--calls",
+            "1",
+            "--transport",
+            "shm",
+            "--server",
+        ])
+        .arg(&tcp_url)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--transport shm needs a server on this host"),
+        "{stderr}"
+    );
     // No server: a clear error, not a hang.
     let out = Command::new(REMORA)
         .args(["bench", "null", "--calls", "1", "--server"])

@@ -65,8 +65,14 @@ fn build(cuda: &Path, dir: &Path, name: &str, cudart: Cudart) -> PathBuf {
 
 /// Runs `program` under `remora run` with an embedded server given `serve_args`.
 fn run(shim: &Path, program: &Path, serve_args: &[&str]) -> Output {
+    run_over(shim, program, serve_args, "auto")
+}
+
+/// [`run`] with `--transport TRANSPORT`.
+fn run_over(shim: &Path, program: &Path, serve_args: &[&str], transport: &str) -> Output {
     let mut cmd = Command::new(REMORA);
-    cmd.args(["run", "--shim"]).arg(shim);
+    cmd.args(["run", "--transport", transport, "--shim"])
+        .arg(shim);
     for a in serve_args {
         cmd.arg(format!("--serve-arg={a}"));
     }
@@ -157,6 +163,23 @@ fn runtime_program_without_kernels_works_on_the_emulated_backend() {
         );
         assert!(!stderr.contains("panicked"), "{ctx}");
         assert!(!stderr.contains("Remora does not implement"), "{ctx}");
+    }
+}
+
+#[test]
+fn runtime_program_runs_over_every_transport() {
+    let Some((cuda, shim)) = setup() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let program = build(&cuda, dir.path(), "runtime_nokernel", Cudart::Shared);
+    // shm is forced: the program fails if its session is not in shared memory.
+    for transport in ["shm", "unix", "tcp"] {
+        let out = run_over(&shim, &program, &EMULATED, transport);
+        let (stdout, stderr) = text(&out);
+        let ctx = format!("{transport}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+        assert!(out.status.success(), "exit {}: {ctx}", out.status);
+        assert!(stdout.lines().any(|l| l == "roundtrip equal"), "{ctx}");
+        assert!(stdout.lines().any(|l| l == "failures 0"), "{ctx}");
+        assert!(!stderr.contains("panicked"), "{ctx}");
     }
 }
 

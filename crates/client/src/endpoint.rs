@@ -1,6 +1,6 @@
 //! Where the client connects by default.
 
-use remora_oncrpc::Endpoint;
+use remora_oncrpc::{Endpoint, TransportChoice};
 
 use crate::error::{CuError, cu};
 
@@ -20,5 +20,18 @@ pub fn endpoint_from_env() -> Result<Endpoint, CuError> {
             CuError(cu::INVALID_VALUE)
         }),
         _ => Ok(default_endpoint()),
+    }
+}
+
+/// The transport named by `REMORA_TRANSPORT` (`auto`, `shm`, `unix` or `tcp`; unset or empty:
+/// `auto`, which is shared memory for a `unix://` server on this host and TCP for a `tcp://`
+/// one). A malformed value is an error (CUDA_ERROR_INVALID_VALUE), logged with the reason.
+pub fn transport_from_env() -> Result<TransportChoice, CuError> {
+    match std::env::var("REMORA_TRANSPORT") {
+        Ok(v) if !v.trim().is_empty() => v.parse().map_err(|e| {
+            tracing::error!("REMORA_TRANSPORT is not valid: {e}");
+            CuError(cu::INVALID_VALUE)
+        }),
+        _ => Ok(TransportChoice::Auto),
     }
 }

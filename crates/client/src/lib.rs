@@ -32,13 +32,13 @@ mod session;
 mod stdout;
 mod vaspace;
 
-pub use endpoint::{default_endpoint, endpoint_from_env};
+pub use endpoint::{default_endpoint, endpoint_from_env, transport_from_env};
 pub use error::{
     CuError, CuResult, cu, cu_result_name, cu_result_name_c, cu_result_string, cu_result_string_c,
     cu_results,
 };
 pub use host_callbacks::{HostCallback, in_host_callback};
-pub use remora_oncrpc::Endpoint;
+pub use remora_oncrpc::{Endpoint, TransportChoice};
 pub use remora_proto::remora as proto;
 pub use safe::{
     Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,

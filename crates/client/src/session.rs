@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::Duration;
 
-use remora_oncrpc::{Client as RpcClient, ClientConfig, Endpoint};
+use remora_oncrpc::{Client as RpcClient, ClientConfig, Endpoint, TransportChoice};
 use remora_proto::remora::*;
 use remora_xdr::Bytes;
 use sha2::{Digest, Sha256};
@@ -94,6 +94,8 @@ pub struct SessionConfig {
     pub call_timeout: Duration,
     /// Name sent in HELLO.
     pub client_name: String,
+    /// How to reach the server (default: `REMORA_TRANSPORT`, else auto).
+    pub transport: TransportChoice,
 }
 
 impl Default for SessionConfig {
@@ -111,6 +113,7 @@ impl Default for SessionConfig {
             hello_timeout: Duration::from_secs(10),
             call_timeout: ms("REMORA_CALL_TIMEOUT_MS", 24 * 3600 * 1000),
             client_name: format!("remora-client {}", env!("CARGO_PKG_VERSION")),
+            transport: crate::endpoint::transport_from_env().unwrap_or_default(),
         }
     }
 }
@@ -407,7 +410,15 @@ fn nonzero(code: i32) -> i32 {
 impl Session {
     /// Connects to the server named by `REMORA_SERVER`, else the default endpoint.
     pub fn from_env() -> CuResult<Session> {
-        Self::connect(&crate::endpoint::endpoint_from_env()?)
+        let endpoint = crate::endpoint::endpoint_from_env()?;
+        let transport = crate::endpoint::transport_from_env()?;
+        Self::connect_with(
+            &endpoint,
+            SessionConfig {
+                transport,
+                ..SessionConfig::default()
+            },
+        )
     }
 
     /// Connects to `endpoint` and says HELLO. An unreachable server is
@@ -424,9 +435,14 @@ impl Session {
             default_timeout: config.call_timeout,
             max_record_size: MAX_REPLY_RECORD,
             oneway_batch_delay: oneway_batch_delay(),
+            transport: config.transport,
             ..ClientConfig::default()
         };
         let rpc = RpcClient::connect_with(endpoint, rpc_config).map_err(|e| {
+            if matches!(e, remora_oncrpc::RpcError::Transport { .. }) {
+                tracing::error!("remora: {e} (REMORA_TRANSPORT={})", config.transport);
+                return CuError(cu::NO_DEVICE);
+            }
             tracing::warn!("remora: cannot reach the Remora server at {endpoint}: {e} (set REMORA_SERVER to tcp://HOST:PORT or unix:///PATH)");
             CuError(cu::NO_DEVICE)
         })?;

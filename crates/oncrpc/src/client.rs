@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use remora_xdr::{Bytes, Decoder, Encoder, XdrDecode};
 
 use crate::auth::{Credential, OpaqueAuth};
-use crate::endpoint::{Endpoint, Stream};
+use crate::endpoint::{Endpoint, Stream, TransportChoice};
 use crate::error::RpcError;
 use crate::msg::{
     AcceptStat, MSG_CALL, MSG_REPLY, MsgBody, RPC_VERSION, RejectedReply, ReplyBody, RpcMsg,
@@ -48,6 +48,10 @@ pub struct ClientConfig {
     /// queues them and writes the queue in one go before the next normal call, when it grows
     /// large, or at most about `delay` after the first queued call. Order is kept either way.
     pub oneway_batch_delay: Option<Duration>,
+    /// How to reach the server: by default (`Auto`) a `unix://` server is asked for shared
+    /// memory and used over its socket if it declines, a `tcp://` one over TCP. `Shm`
+    /// fails if shared memory cannot be had.
+    pub transport: TransportChoice,
 }
 
 impl Default for ClientConfig {
@@ -59,6 +63,7 @@ impl Default for ClientConfig {
             max_fragment_size: MAX_FRAGMENT_SIZE,
             connect_timeout: Some(Duration::from_secs(10)),
             oneway_batch_delay: None,
+            transport: TransportChoice::Auto,
         }
     }
 }
@@ -143,6 +148,57 @@ impl fmt::Debug for Client {
     }
 }
 
+/// Connects to `endpoint` the way `config.transport` asks.
+fn connect_transport(endpoint: &Endpoint, config: &ClientConfig) -> Result<Stream, RpcError> {
+    let connect_err = |source| RpcError::Connect {
+        endpoint: endpoint.to_string(),
+        source,
+    };
+    let refuse = |reason: &str| RpcError::Transport {
+        transport: config.transport,
+        endpoint: endpoint.to_string(),
+        reason: reason.to_owned(),
+    };
+    let want_shm = match (config.transport, endpoint) {
+        (TransportChoice::Tcp, Endpoint::Unix(_)) => {
+            return Err(refuse("it is a Unix socket: name a tcp://HOST:PORT server"));
+        }
+        (TransportChoice::Unix, Endpoint::Tcp(_)) => {
+            return Err(refuse("it is a TCP address: name a unix:///PATH server"));
+        }
+        (TransportChoice::Shm, Endpoint::Tcp(_)) => {
+            return Err(refuse(
+                "shared memory needs a server on this host reached by its Unix socket: name a \
+                 unix:///PATH server, or use --transport tcp or auto",
+            ));
+        }
+        (TransportChoice::Auto | TransportChoice::Shm, Endpoint::Unix(_)) => true,
+        _ => false,
+    };
+    let stream = Stream::connect(endpoint, config.connect_timeout).map_err(connect_err)?;
+    let Stream::Unix(socket) = stream else {
+        return Ok(stream);
+    };
+    if !want_shm {
+        return Ok(Stream::Unix(socket));
+    }
+    let timeout = config
+        .connect_timeout
+        .filter(|t| !t.is_zero())
+        .unwrap_or(Duration::from_secs(10));
+    match crate::shm::client_setup(socket, timeout).map_err(connect_err)? {
+        Ok(shm) => {
+            tracing::debug!(%endpoint, "RPC client: connection moved into shared memory");
+            Ok(Stream::Shm(shm))
+        }
+        Err((_, reason)) if config.transport == TransportChoice::Shm => Err(refuse(&reason)),
+        Err((socket, reason)) => {
+            tracing::debug!(%endpoint, reason, "RPC client: no shared memory; staying on the Unix socket");
+            Ok(Stream::Unix(socket))
+        }
+    }
+}
+
 impl Client {
     /// Connects to `endpoint` with the default [`ClientConfig`] (AUTH_NONE, 25 s timeout).
     pub fn connect(endpoint: &Endpoint) -> Result<Client, RpcError> {
@@ -151,11 +207,7 @@ impl Client {
 
     /// Connects to `endpoint` with `config`.
     pub fn connect_with(endpoint: &Endpoint, config: ClientConfig) -> Result<Client, RpcError> {
-        let connect_err = |source| RpcError::Connect {
-            endpoint: endpoint.to_string(),
-            source,
-        };
-        let stream = Stream::connect(endpoint, config.connect_timeout).map_err(connect_err)?;
+        let stream = connect_transport(endpoint, &config)?;
         // A write that cannot progress for WRITE_STALL returns, so that the writer can read
         // replies meanwhile (see `Inner::pump`).
         stream.set_write_timeout(Some(WRITE_STALL))?;
@@ -207,6 +259,11 @@ impl Client {
     /// The client's settings.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
+    }
+
+    /// Whether the connection runs through shared memory (`SHM_SETUP` was granted).
+    pub fn is_shm(&self) -> bool {
+        matches!(self.inner.control, Stream::Shm(_))
     }
 
     /// Whether the connection is still usable (no loss detected yet).
@@ -338,7 +395,7 @@ impl Drop for Inner {
     }
 }
 
-fn decode_reply<R>(
+pub(crate) fn decode_reply<R>(
     record: Bytes,
     program: u32,
     version: u32,

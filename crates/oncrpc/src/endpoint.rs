@@ -1,4 +1,5 @@
-//! Transport endpoints (`tcp://HOST:PORT`, `unix:///PATH`) and the stream type over them.
+//! Transport endpoints (`tcp://HOST:PORT`, `unix:///PATH`), the transport choice, and the
+//! stream type over them (a socket, or the shared-memory rings of a Unix connection).
 
 use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
@@ -7,6 +8,8 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
+
+use remora_shm::ShmStream;
 
 /// Where a client connects or a server listens: `tcp://HOST:PORT` or `unix:///PATH`.
 ///
@@ -96,11 +99,61 @@ impl From<SocketAddr> for Endpoint {
     }
 }
 
-/// A connected stream socket, TCP or Unix.
+/// How a client reaches its server (`--transport`, `REMORA_TRANSPORT`).
+///
+/// ```
+/// use remora_oncrpc::TransportChoice;
+/// assert_eq!("shm".parse::<TransportChoice>().unwrap(), TransportChoice::Shm);
+/// assert_eq!(TransportChoice::default().to_string(), "auto");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum TransportChoice {
+    /// Shared memory when the server is a `unix://` socket (same host) and offers it, the
+    /// plain Unix socket when it does not; TCP for a `tcp://` server.
+    #[default]
+    Auto,
+    /// Shared memory, or fail: needs a `unix://` server that offers it.
+    Shm,
+    /// The plain Unix socket: needs a `unix://` server.
+    Unix,
+    /// TCP: needs a `tcp://` server.
+    Tcp,
+}
+
+impl FromStr for TransportChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(Self::Auto),
+            "shm" => Ok(Self::Shm),
+            "unix" => Ok(Self::Unix),
+            "tcp" => Ok(Self::Tcp),
+            _ => Err(format!(
+                "unknown transport {s:?}: expected auto, shm, unix or tcp"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Shm => "shm",
+            Self::Unix => "unix",
+            Self::Tcp => "tcp",
+        })
+    }
+}
+
+/// A connected stream: a TCP or Unix socket, or the shared-memory rings of a Unix
+/// connection that moved into shared memory.
 #[derive(Debug)]
 pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    Shm(ShmStream),
 }
 
 impl Stream {
@@ -134,13 +187,23 @@ impl Stream {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Shm(s) => Stream::Shm(s.clone()),
         })
+    }
+
+    /// The Unix socket, when this is one (not after a move into shared memory).
+    pub(crate) fn unix_socket(&self) -> Option<&UnixStream> {
+        match self {
+            Stream::Unix(s) => Some(s),
+            _ => None,
+        }
     }
 
     pub(crate) fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_write_timeout(t),
             Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Shm(s) => s.set_write_timeout(t),
         }
     }
 
@@ -148,6 +211,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Shm(s) => s.set_read_timeout(t),
         }
     }
 
@@ -155,6 +219,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
+            Stream::Shm(s) => s.shutdown(how),
         }
     }
 }
@@ -164,6 +229,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Shm(s) => s.read(buf),
         }
     }
 }
@@ -173,6 +239,7 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Shm(s) => s.write(buf),
         }
     }
 
@@ -180,6 +247,7 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Shm(s) => s.write_vectored(bufs),
         }
     }
 

@@ -161,6 +161,16 @@ pub enum RpcError {
         /// The configured maximum.
         max: usize,
     },
+    /// The transport asked for cannot be used with this endpoint or server.
+    #[error("cannot use the {transport} transport with {endpoint}: {reason}")]
+    Transport {
+        /// The transport asked for.
+        transport: crate::TransportChoice,
+        /// The endpoint, as text.
+        endpoint: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// The server could not bind an endpoint or start.
     #[error(transparent)]
     Server(#[from] crate::ServerError),

@@ -53,10 +53,11 @@ pub mod msg;
 pub mod record;
 pub mod rpcbind;
 mod server;
+pub mod shm;
 
 pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
 pub use client::{Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT};
-pub use endpoint::{Endpoint, EndpointParseError, default_socket_dir};
+pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket_dir};
 pub use error::RpcError;
 pub use server::{
     AcceptedConnection, ConnectionHandler, DeferredReply, Server, ServerConfig, ServerError,

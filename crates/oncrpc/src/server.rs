@@ -21,7 +21,9 @@ use crate::endpoint::{Endpoint, Stream};
 use crate::msg::{AcceptStat, MSG_CALL, MSG_REPLY, RPC_VERSION, RejectedReply, RpcMsg};
 use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_record};
 use crate::rpcbind;
+use crate::shm::Setup;
 use crate::{CallContext, Dispatch, Peer, RpcError, Service, xdr};
+use remora_shm::ShmStream;
 
 /// Stack size of connection threads: decoding deeply nested data recurses.
 const CONN_STACK_SIZE: usize = 8 * 1024 * 1024;
@@ -46,6 +48,10 @@ pub struct ServerConfig {
     /// time sending replies) and log them at INFO level when the connection ends. Costs two
     /// clock reads per call. Default off.
     pub profile: bool,
+    /// Largest ring (bytes, a power of two) of a shared-memory session that a Unix peer may
+    /// ask for with `SHM_SETUP` (see `docs/protocol.md`); 0 refuses shared memory. Each such
+    /// session holds two rings of this size in a memfd. Default 1 MiB.
+    pub shm_ring_capacity: u32,
 }
 
 impl Default for ServerConfig {
@@ -57,6 +63,7 @@ impl Default for ServerConfig {
             idle_timeout: None,
             max_fragment_size: MAX_FRAGMENT_SIZE,
             profile: false,
+            shm_ring_capacity: 1 << 20,
         }
     }
 }
@@ -197,6 +204,7 @@ impl AcceptedConnection {
         match &self.stream {
             Stream::Tcp(s) => s.as_fd().try_clone_to_owned(),
             Stream::Unix(s) => s.as_fd().try_clone_to_owned(),
+            Stream::Shm(s) => s.socket().as_fd().try_clone_to_owned(),
         }
     }
 }
@@ -698,6 +706,12 @@ pub(crate) trait Transport: Read + Write {
     fn shared_writer(&self) -> Option<Box<dyn Write + Send>> {
         None
     }
+
+    /// The Unix socket this transport is, if it is one: only those may move into shared
+    /// memory.
+    fn unix_socket(&self) -> Option<&UnixStream> {
+        None
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
@@ -707,6 +721,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     fn shared_writer(&self) -> Option<Box<dyn Write + Send>> {
         (**self).shared_writer()
+    }
+
+    fn unix_socket(&self) -> Option<&UnixStream> {
+        (**self).unix_socket()
     }
 }
 
@@ -719,6 +737,10 @@ impl Transport for Stream {
         self.try_clone()
             .ok()
             .map(|s| Box::new(s) as Box<dyn Write + Send>)
+    }
+
+    fn unix_socket(&self) -> Option<&UnixStream> {
+        Stream::unix_socket(self)
     }
 }
 
@@ -832,7 +854,7 @@ pub(crate) fn serve_connection<S: Transport>(
         writer: Arc::new(Mutex::new(Some(w))),
         max_fragment_size: config.max_fragment_size,
     });
-    serve_records(
+    let moved = serve_records(
         stream,
         peer,
         connection,
@@ -841,6 +863,19 @@ pub(crate) fn serve_connection<S: Transport>(
         config,
         shutting_down,
     );
+    if let Some(shm) = moved {
+        tracing::debug!(%peer, connection, "ONC RPC server: connection moved into shared memory");
+        // Same connection, same services and sink (already writing to the rings).
+        serve_records(
+            Stream::Shm(shm),
+            peer,
+            connection,
+            sink.as_ref(),
+            registry,
+            config,
+            shutting_down,
+        );
+    }
     for versions in registry.programs.values() {
         for service in versions.values() {
             if catch_unwind(AssertUnwindSafe(|| service.connection_closed(connection))).is_err() {
@@ -853,6 +888,8 @@ pub(crate) fn serve_connection<S: Transport>(
     }
 }
 
+/// Serves records until the connection ends (`None`) or moves into shared memory (the stream
+/// to go on with).
 fn serve_records<S: Transport>(
     mut stream: S,
     peer: &Peer,
@@ -861,7 +898,7 @@ fn serve_records<S: Transport>(
     registry: &Registry,
     config: &ServerConfig,
     shutting_down: &AtomicBool,
-) {
+) -> Option<ShmStream> {
     let tick = match config.idle_timeout {
         Some(idle) => idle.min(config.stall_timeout),
         None => config.stall_timeout,
@@ -869,7 +906,7 @@ fn serve_records<S: Transport>(
     let tick = tick.max(Duration::from_millis(1));
     if let Err(e) = stream.set_read_timeout(Some(tick)) {
         tracing::warn!(%peer, error = %e, "ONC RPC server: cannot set the read timeout; connection closed");
-        return;
+        return None;
     }
     let mut reader = RecordReader::new(stream, config.max_record_size);
     let mut last_progress = Instant::now();
@@ -885,7 +922,7 @@ fn serve_records<S: Transport>(
     let profile = &mut *_report.profile;
     loop {
         if shutting_down.load(Ordering::Relaxed) {
-            return;
+            return None;
         }
         let read_start = profile.as_ref().map(|_| Instant::now());
         let read = reader.read_record();
@@ -897,7 +934,21 @@ fn serve_records<S: Transport>(
                 last_progress = Instant::now();
                 seen = reader.bytes_read();
                 let key = profile.as_ref().map(|_| Profile::key(&record));
-                let outcome = process_call(record, peer, connection, sink, registry);
+                let outcome = match crate::shm::setup_request(&record) {
+                    Some(req) => match crate::shm::serve_setup(
+                        &req,
+                        reader.get_ref().unix_socket(),
+                        peer,
+                        !reader.in_record(),
+                        config.shm_ring_capacity,
+                    ) {
+                        Setup::Refuse(reply) => Outcome::Reply(reply),
+                        Setup::Accept { reply, stream } => {
+                            return grant_shm(reader.get_ref(), peer, sink, &reply, stream);
+                        }
+                    },
+                    None => process_call(record, peer, connection, sink, registry),
+                };
                 if let (Some(p), Some(k)) = (profile.as_mut(), key) {
                     p.call(k, last_progress.elapsed());
                 }
@@ -915,14 +966,14 @@ fn serve_records<S: Transport>(
                         }
                         if let Err(e) = sent {
                             tracing::debug!(%peer, error = %e, "ONC RPC server: cannot send a reply; connection closed");
-                            return;
+                            return None;
                         }
                     }
                     Outcome::NoReply => {}
-                    Outcome::Close => return,
+                    Outcome::Close => return None,
                 }
             }
-            Ok(None) => return,
+            Ok(None) => return None,
             Err(e) if e.is_timeout() => {
                 let now = Instant::now();
                 if reader.bytes_read() != seen {
@@ -934,27 +985,49 @@ fn serve_records<S: Transport>(
                 if reader.in_record() {
                     if quiet >= config.stall_timeout {
                         tracing::warn!(%peer, stalled = ?quiet, buffered = reader.buffered_record_bytes(), "ONC RPC server: partial record stalled past stall_timeout; connection closed");
-                        return;
+                        return None;
                     }
                 } else if config.idle_timeout.is_some_and(|idle| quiet >= idle) {
                     tracing::debug!(%peer, "ONC RPC server: idle timeout; connection closed");
-                    return;
+                    return None;
                 }
             }
             Err(RecordError::TooLarge { declared, max }) => {
                 tracing::warn!(%peer, declared, max, "ONC RPC server: call record exceeds max_record_size; connection closed");
-                return;
+                return None;
             }
             Err(RecordError::TruncatedRecord { received }) => {
                 tracing::debug!(%peer, received, "ONC RPC server: peer closed the connection mid-record");
-                return;
+                return None;
             }
             Err(e) => {
                 tracing::debug!(%peer, error = %e, "ONC RPC server: read failed; connection closed");
-                return;
+                return None;
             }
         }
     }
+}
+
+/// Sends the reply granting shared memory (with the region's descriptor) and points the
+/// connection's reply sink at the rings, under the sink's lock so that no deferred reply goes
+/// out between the two. Returns the stream to serve on, or `None` when the socket failed.
+fn grant_shm<S: Transport>(
+    transport: &S,
+    peer: &Peer,
+    sink: Option<&ReplySink>,
+    reply: &[u8],
+    stream: ShmStream,
+) -> Option<ShmStream> {
+    let socket = transport.unix_socket()?;
+    let mut guard = sink.map(|s| lock(&s.writer));
+    if let Err(e) = crate::shm::send_grant(socket, reply, &stream) {
+        tracing::debug!(%peer, error = %e, "ONC RPC server: cannot send the shared-memory grant; connection closed");
+        return None;
+    }
+    if let Some(w) = guard.as_deref_mut().and_then(Option::as_mut) {
+        *w = Box::new(stream.clone());
+    }
+    Some(stream)
 }
 
 /// Timing counters of one connection (see [`ServerConfig::profile`]).

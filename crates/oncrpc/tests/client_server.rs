@@ -68,9 +68,9 @@ fn slow(c: &Client, ms: u32, timeout: Option<Duration>) -> Result<u32, RpcError>
 
 #[test]
 fn basic_calls_both_transports() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(()))
             .unwrap();
         assert_eq!(add(&c, 40, 2).unwrap(), 42);
@@ -113,9 +113,9 @@ fn local_endpoints_report_real_port() {
 /// a full socket reads replies meanwhile, so client and server never wait on each other.
 #[test]
 fn large_calls_and_replies_from_many_threads_do_not_deadlock() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         let start = std::time::Instant::now();
         let threads: Vec<_> = (0..8u8)
             .map(|i| {
@@ -141,9 +141,9 @@ fn large_calls_and_replies_from_many_threads_do_not_deadlock() {
 
 #[test]
 fn pipelining_from_8_threads() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         let done = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..8)
             .map(|i| {
@@ -172,9 +172,9 @@ fn pipelined_calls_overlap_on_one_connection() {
     // Eight 300 ms calls from eight threads on one connection finish in far less than
     // 8 × 300 ms only if... the server processes in order, so they take 8 × 300 ms; but
     // replies must all be matched to the right caller by XID.
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         let threads: Vec<_> = (0..8u32)
             .map(|i| {
                 let c = c.clone();
@@ -189,9 +189,9 @@ fn pipelined_calls_overlap_on_one_connection() {
 
 #[test]
 fn oneway_calls_are_ordered_with_normal_calls() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         for i in 0..2000u32 {
             c.call_oneway(PROG, 1, ONEWAY_PUSH, |e| {
                 e.put_u32(i);
@@ -213,9 +213,9 @@ fn batching() -> ClientConfig {
 
 #[test]
 fn batched_oneway_calls_keep_their_order_with_normal_calls() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect_with(&s.endpoint, batching()).unwrap();
+        let c = s.client_with(batching()).unwrap();
         for i in 0..2000u32 {
             c.call_oneway(PROG, 1, ONEWAY_PUSH, |e| {
                 e.put_u32(i);
@@ -233,9 +233,9 @@ fn batched_oneway_calls_keep_their_order_with_normal_calls() {
 
 #[test]
 fn batched_oneway_calls_go_out_without_a_normal_call() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let batched = Client::connect_with(&s.endpoint, batching()).unwrap();
+        let batched = s.client_with(batching()).unwrap();
         for i in 0..3u32 {
             batched
                 .call_oneway(PROG, 1, ONEWAY_PUSH, |e| {
@@ -245,7 +245,7 @@ fn batched_oneway_calls_go_out_without_a_normal_call() {
                 .unwrap();
         }
         // Another connection watches the server: the flusher sends the queue by itself.
-        let watcher = Client::connect(&s.endpoint).unwrap();
+        let watcher = s.client().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while get_log(&watcher).len() < 3 {
             assert!(
@@ -277,9 +277,9 @@ fn batched_oneway_calls_go_out_without_a_normal_call() {
 #[test]
 fn oneway_reply_from_server_is_dropped() {
     // A one-way call to a procedure that does reply: the reply is dropped by the client.
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         for i in 0..10 {
             c.call_oneway(PROG, 1, ADD, |e| {
                 e.put_i32(i);
@@ -294,9 +294,9 @@ fn oneway_reply_from_server_is_dropped() {
 
 #[test]
 fn per_call_timeout_and_late_reply_dropped() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         let start_t = Instant::now();
         let e = slow(&c, 400, Some(Duration::from_millis(50))).unwrap_err();
         let elapsed = start_t.elapsed();
@@ -319,7 +319,7 @@ fn default_timeout_from_config() {
         default_timeout: Duration::from_millis(30),
         ..ClientConfig::default()
     };
-    let c = Client::connect_with(&s.endpoint, cfg).unwrap();
+    let c = s.client_with(cfg).unwrap();
     assert!(matches!(slow(&c, 300, None), Err(RpcError::Timeout { .. })));
     assert_eq!(slow(&c, 1, Some(Duration::from_secs(5))).unwrap(), 1);
 }
@@ -328,7 +328,7 @@ fn default_timeout_from_config() {
 fn timeouts_with_concurrent_callers() {
     // A timed-out leader hands the reader role to a caller still waiting.
     let s = start(Transport::Tcp);
-    let c = Client::connect(&s.endpoint).unwrap();
+    let c = s.client().unwrap();
     let c2 = c.clone();
     let waiter = thread::spawn(move || slow(&c2, 100, Some(Duration::from_secs(10))));
     thread::sleep(Duration::from_millis(20));
@@ -341,9 +341,9 @@ fn timeouts_with_concurrent_callers() {
 
 #[test]
 fn every_accept_error_maps_to_its_rpc_error() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         let unit = |prog, vers, proc_| c.call(prog, vers, proc_, None, |_| Ok(()), |_| Ok(()));
         let e = unit(PROG + 1, 1, 0).unwrap_err();
         assert!(
@@ -478,7 +478,7 @@ fn every_accept_error_maps_to_its_rpc_error() {
 
 #[test]
 fn auth_errors_map_to_auth_error() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
         // An unsupported flavour (AUTH_DH) gets AUTH_REJECTEDCRED, as libtirpc answers; a
         // malformed AUTH_SYS body gets AUTH_BADCRED.
@@ -493,7 +493,7 @@ fn auth_errors_map_to_auth_error() {
                 ),
                 ..ClientConfig::default()
             };
-            let c = Client::connect_with(&s.endpoint, cfg).unwrap();
+            let c = s.client_with(cfg).unwrap();
             let e = add(&c, 1, 1).unwrap_err();
             assert!(
                 matches!(e, RpcError::AuthError { stat } if stat == want),
@@ -507,7 +507,7 @@ fn auth_errors_map_to_auth_error() {
 #[test]
 fn rpc_mismatch_from_real_server() {
     // The client always sends rpcvers 2, so speak raw bytes to the server.
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
         let mut raw = Raw::connect(&s.endpoint);
         let mut call = call_header(0x55, PROG, 1, 0);
@@ -552,7 +552,7 @@ fn whoami(c: &Client) -> (Option<SysCred>, u32, Option<(i32, u32)>) {
 
 #[test]
 fn auth_sys_credentials_and_peer_visible_to_handler() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
         let sys = AuthSys {
             stamp: 99,
@@ -565,12 +565,12 @@ fn auth_sys_credentials_and_peer_visible_to_handler() {
             credential: Credential::Sys(sys),
             ..ClientConfig::default()
         };
-        let c = Client::connect_with(&s.endpoint, cfg).unwrap();
+        let c = s.client_with(cfg).unwrap();
         let (cred, kind, unix) = whoami(&c);
         assert_eq!(cred, Some((1234, 55, "testhost".into(), vec![1, 2, 3])));
         match t {
             Transport::Tcp => assert_eq!(kind, 1),
-            Transport::Unix => {
+            Transport::Unix | Transport::Shm => {
                 assert_eq!(kind, 2);
                 let (pid, uid) = unix.unwrap();
                 assert_eq!(pid as u32, std::process::id());
@@ -578,16 +578,16 @@ fn auth_sys_credentials_and_peer_visible_to_handler() {
             }
         }
         // AUTH_NONE by default.
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         assert_eq!(whoami(&c).0, None);
     }
 }
 
 #[test]
 fn echo_64_mib() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         let data: Vec<u8> = (0..64 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
         let data = Bytes::from(data);
         let back = echo(&c, &data).unwrap();
@@ -598,9 +598,9 @@ fn echo_64_mib() {
 
 #[test]
 fn graceful_shutdown_while_client_connected() {
-    for t in BOTH {
+    for t in ALL {
         let mut s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         assert_eq!(add(&c, 1, 1).unwrap(), 2);
         // A call in flight when shutdown starts still gets its reply.
         let c2 = c.clone();
@@ -622,26 +622,26 @@ fn graceful_shutdown_while_client_connected() {
             assert!(!p.exists(), "socket file removed");
         }
         // Nothing listens any more.
-        assert!(Client::connect(&s.endpoint).is_err());
+        assert!(s.client().is_err());
     }
 }
 
 #[test]
 fn dropping_the_handle_shuts_down() {
-    for t in BOTH {
+    for t in ALL {
         let mut s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         assert_eq!(add(&c, 1, 1).unwrap(), 2);
         drop(s.handle.take());
         assert!(matches!(add(&c, 1, 1), Err(RpcError::ConnectionLost)));
-        assert!(Client::connect(&s.endpoint).is_err());
+        assert!(s.client().is_err());
     }
 }
 
 #[test]
 fn pending_calls_fail_when_server_goes_away() {
     let mut s = start(Transport::Tcp);
-    let c = Client::connect(&s.endpoint).unwrap();
+    let c = s.client().unwrap();
     // Waiting callers (not in flight on the server) are failed when the connection drops.
     let handle = s.handle.take().unwrap();
     let c2 = c.clone();
@@ -744,17 +744,17 @@ fn max_connections_enforced() {
             ..ServerConfig::default()
         },
     );
-    let a = Client::connect(&s.endpoint).unwrap();
-    let b = Client::connect(&s.endpoint).unwrap();
+    let a = s.client().unwrap();
+    let b = s.client().unwrap();
     assert_eq!(add(&a, 1, 1).unwrap(), 2);
     assert_eq!(add(&b, 1, 1).unwrap(), 2);
-    let c = Client::connect(&s.endpoint).unwrap();
+    let c = s.client().unwrap();
     assert!(matches!(add(&c, 1, 1), Err(RpcError::ConnectionLost)));
     drop(a);
     // Once a connection ends there is room again.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let d = Client::connect(&s.endpoint).unwrap();
+        let d = s.client().unwrap();
         if add(&d, 1, 1).is_ok() {
             break;
         }
@@ -765,19 +765,24 @@ fn max_connections_enforced() {
 
 #[test]
 fn idle_timeout_closes_idle_connections() {
-    let s = start_with(
-        Transport::Unix,
-        ServerConfig {
-            idle_timeout: Some(Duration::from_millis(100)),
-            ..ServerConfig::default()
-        },
-    );
-    let c = Client::connect(&s.endpoint).unwrap();
-    assert_eq!(add(&c, 1, 1).unwrap(), 2);
-    let mut raw = Raw::connect(&s.endpoint);
-    assert!(raw.closed_within(Duration::from_secs(3)));
-    thread::sleep(Duration::from_millis(50));
-    assert!(matches!(add(&c, 1, 1), Err(RpcError::ConnectionLost)));
+    for t in [Transport::Unix, Transport::Shm] {
+        let s = start_with(
+            t,
+            ServerConfig {
+                idle_timeout: Some(Duration::from_millis(100)),
+                ..ServerConfig::default()
+            },
+        );
+        let c = s.client().unwrap();
+        assert_eq!(add(&c, 1, 1).unwrap(), 2);
+        let mut raw = Raw::connect(&s.endpoint);
+        assert!(raw.closed_within(Duration::from_secs(3)));
+        thread::sleep(Duration::from_millis(200));
+        assert!(
+            matches!(add(&c, 1, 1), Err(RpcError::ConnectionLost)),
+            "{t:?}"
+        );
+    }
 }
 
 #[test]
@@ -791,9 +796,9 @@ fn connect_errors_are_clear() {
 #[test]
 #[ignore = "latency benchmark; run with --ignored --nocapture in release mode"]
 fn null_call_latency() {
-    for t in BOTH {
+    for t in ALL {
         let s = start(t);
-        let c = Client::connect(&s.endpoint).unwrap();
+        let c = s.client().unwrap();
         for _ in 0..1000 {
             c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(()))
                 .unwrap();

@@ -141,9 +141,9 @@ fn a_hand_off_server_bounds_connections_and_shutdown_waits_for_handlers() {
     assert_eq!(call(&a, FAST, 1).unwrap(), 2);
     assert_eq!(call(&b, FAST, 2).unwrap(), 4);
     assert_eq!(handle.connection_count(), 2);
-    // A third is over the bound: accepted and closed.
-    let c = Client::connect(&ep).unwrap();
-    assert!(call(&c, FAST, 3).is_err());
+    // A third is over the bound: accepted and closed (noticed when connecting, by the
+    // shared-memory request, or by the first call on a plain socket).
+    assert!(Client::connect(&ep).map_or(true, |c| call(&c, FAST, 3).is_err()));
     // Closing one frees its place.
     drop(b);
     let deadline = Instant::now() + Duration::from_secs(5);

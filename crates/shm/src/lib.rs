@@ -9,6 +9,10 @@
 //!   budget that follows the waits it has observed, then sleeps on a futex in the shared
 //!   region; the other side wakes it only when it said it sleeps.
 //! * [`Region`]: the memfd, its layout and its mapping.
+//! * [`ShmStream`]: a `Read` + `Write` byte stream over the two rings of a region, which
+//!   carries a record-marked ONC RPC connection once it has moved off its Unix socket (the
+//!   socket stays open, silent, to tell whether the peer is alive); [`send_with_fd`] and
+//!   [`recv_with_fd`] pass the memfd over that socket (SCM_RIGHTS).
 //!
 //! Nothing read from the shared memory is trusted: the peer may write any value at any time.
 //! Indices that cannot be right (more bytes in use than the ring holds, misaligned, a message
@@ -17,10 +21,12 @@
 
 mod region;
 mod ring;
+mod stream;
 mod wait;
 
 pub use region::{Layout, Region, RegionError};
 pub use ring::{Consumer, MAX_MESSAGE, Producer, RingError};
+pub use stream::{ShmStream, Side, recv_with_fd, send_with_fd};
 pub use wait::{WaitOutcome, Waiter};
 
 /// Fuzzing hooks: drive a consumer with arbitrary ring contents and index values.

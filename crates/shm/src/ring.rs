@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering, fence};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::region::Mapping;
 use crate::wait::Waiter;
@@ -132,11 +132,24 @@ fn padded(len: usize) -> usize {
     4 + len.next_multiple_of(4)
 }
 
-/// Sleeps on the futex word `word` while it still holds `seen`, for at most [`SLEEP_SLICE`].
-fn futex_sleep(word: &AtomicU32, seen: u32) {
+/// How long one futex sleep may last: [`SLEEP_SLICE`], less when `deadline` comes first.
+/// `None` when the deadline has passed.
+fn sleep_slice(deadline: Option<Instant>) -> Option<Duration> {
+    match deadline {
+        None => Some(SLEEP_SLICE),
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| left.min(SLEEP_SLICE))
+        }
+    }
+}
+
+/// Sleeps on the futex word `word` while it still holds `seen`, for at most `slice` (below
+/// one second).
+fn futex_sleep(word: &AtomicU32, seen: u32, slice: Duration) {
     let timeout = rustix::thread::futex::Timespec {
         tv_sec: 0,
-        tv_nsec: SLEEP_SLICE.as_nanos() as _,
+        tv_nsec: slice.min(Duration::from_millis(999)).as_nanos() as _,
     };
     // Not FUTEX_PRIVATE: the word is in memory shared with another process. EAGAIN (the
     // word changed), EINTR and ETIMEDOUT all mean: look again.
@@ -228,10 +241,27 @@ impl Producer {
         waiter: &mut Waiter,
         alive: impl Fn() -> bool,
     ) -> Result<(), RingError> {
+        self.push_until(parts, waiter, alive, None).map(drop)
+    }
+
+    /// Publishes one message, waiting for room (spin, then futex) while `alive()` holds and
+    /// `deadline` (if any) has not passed: `Ok(false)` when it passed with no room.
+    /// `alive()` is asked after each sleep, so a dead consumer is noticed within a
+    /// [`SLEEP_SLICE`].
+    pub fn push_until(
+        &mut self,
+        parts: &[&[u8]],
+        waiter: &mut Waiter,
+        alive: impl Fn() -> bool,
+        deadline: Option<Instant>,
+    ) -> Result<bool, RingError> {
         let need = padded(parts.iter().map(|p| p.len()).sum());
         waiter
             .wait(|sleep| {
                 if sleep {
+                    let Some(slice) = sleep_slice(deadline) else {
+                        return Ok(Some(false));
+                    };
                     let h = self.ends.header();
                     h.producer_sleeping.0.store(1, Ordering::SeqCst);
                     fence(Ordering::SeqCst);
@@ -240,16 +270,20 @@ impl Producer {
                     if used <= self.ends.capacity as usize
                         && self.ends.capacity as usize - used < need
                     {
-                        futex_sleep(&h.head.0, head);
+                        futex_sleep(&h.head.0, head, slice);
                     }
                     h.producer_sleeping.0.store(0, Ordering::Relaxed);
+                    if self.try_push(parts)? {
+                        return Ok(Some(true));
+                    }
                     if !alive() {
                         return Err(RingError::PeerGone);
                     }
+                    return Ok(None);
                 }
-                Ok(self.try_push(parts)?.then_some(()))
+                Ok(self.try_push(parts)?.then_some(true))
             })
-            .map(drop)
+            .map(|(v, _)| v)
     }
 }
 
@@ -323,24 +357,45 @@ impl Consumer {
         waiter: &mut Waiter,
         alive: impl Fn() -> bool,
     ) -> Result<(), RingError> {
+        self.pop_until(out, waiter, alive, None).map(drop)
+    }
+
+    /// Takes the next message, waiting (spin, then futex) while `alive()` holds and
+    /// `deadline` (if any) has not passed: `Ok(false)` when it passed with nothing there.
+    /// Messages the peer published before it went away are still delivered: `alive()` is
+    /// asked only when the ring is empty after a sleep.
+    pub fn pop_until(
+        &mut self,
+        out: &mut Vec<u8>,
+        waiter: &mut Waiter,
+        alive: impl Fn() -> bool,
+        deadline: Option<Instant>,
+    ) -> Result<bool, RingError> {
         waiter
             .wait(|sleep| {
                 if sleep {
+                    let Some(slice) = sleep_slice(deadline) else {
+                        return Ok(Some(false));
+                    };
                     let h = self.ends.header();
                     h.consumer_sleeping.0.store(1, Ordering::SeqCst);
                     fence(Ordering::SeqCst);
                     let tail = h.tail.0.load(Ordering::Acquire);
                     if tail == self.head {
-                        futex_sleep(&h.tail.0, tail);
+                        futex_sleep(&h.tail.0, tail, slice);
                     }
                     h.consumer_sleeping.0.store(0, Ordering::Relaxed);
+                    if self.try_pop(out)? {
+                        return Ok(Some(true));
+                    }
                     if !alive() {
                         return Err(RingError::PeerGone);
                     }
+                    return Ok(None);
                 }
-                Ok(self.try_pop(out)?.then_some(()))
+                Ok(self.try_pop(out)?.then_some(true))
             })
-            .map(drop)
+            .map(|(v, _)| v)
     }
 }
 

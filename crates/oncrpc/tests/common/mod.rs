@@ -116,12 +116,21 @@ impl Service for TestService {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
     Tcp,
+    /// A Unix socket, the client asking for the plain socket.
     Unix,
+    /// A Unix socket, the client asking for shared memory (and failing without it).
+    Shm,
 }
 
+/// The socket transports, for tests writing raw bytes.
+#[allow(dead_code)]
 pub const BOTH: [Transport; 2] = [Transport::Tcp, Transport::Unix];
+/// Every transport a client can use.
+#[allow(dead_code)]
+pub const ALL: [Transport; 3] = [Transport::Tcp, Transport::Unix, Transport::Shm];
 
 pub struct TestServer {
+    pub transport: Transport,
     pub handle: Option<ServerHandle>,
     pub endpoint: Endpoint,
     pub log: Arc<Mutex<Vec<u32>>>,
@@ -131,6 +140,28 @@ pub struct TestServer {
 impl TestServer {
     pub fn handle(&self) -> &ServerHandle {
         self.handle.as_ref().unwrap()
+    }
+
+    /// A client over this server's transport, with `config` otherwise.
+    #[allow(dead_code)]
+    pub fn client_with(
+        &self,
+        mut config: remora_oncrpc::ClientConfig,
+    ) -> Result<remora_oncrpc::Client, remora_oncrpc::RpcError> {
+        config.transport = match self.transport {
+            Transport::Tcp => remora_oncrpc::TransportChoice::Tcp,
+            Transport::Unix => remora_oncrpc::TransportChoice::Unix,
+            Transport::Shm => remora_oncrpc::TransportChoice::Shm,
+        };
+        let c = remora_oncrpc::Client::connect_with(&self.endpoint, config)?;
+        assert_eq!(c.is_shm(), self.transport == Transport::Shm);
+        Ok(c)
+    }
+
+    /// A client over this server's transport.
+    #[allow(dead_code)]
+    pub fn client(&self) -> Result<remora_oncrpc::Client, remora_oncrpc::RpcError> {
+        self.client_with(remora_oncrpc::ClientConfig::default())
     }
 }
 
@@ -142,7 +173,7 @@ pub fn start_with(t: Transport, config: ServerConfig) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     let ep = match t {
         Transport::Tcp => Endpoint::Tcp("127.0.0.1:0".into()),
-        Transport::Unix => Endpoint::Unix(dir.path().join("rpc.sock")),
+        Transport::Unix | Transport::Shm => Endpoint::Unix(dir.path().join("rpc.sock")),
     };
     let log = Arc::new(Mutex::new(Vec::new()));
     let handle = Server::builder(config)
@@ -160,6 +191,7 @@ pub fn start_with(t: Transport, config: ServerConfig) -> TestServer {
         .unwrap();
     let endpoint = handle.local_endpoints()[0].clone();
     TestServer {
+        transport: t,
         handle: Some(handle),
         endpoint,
         log,
