@@ -12,12 +12,14 @@
 # Steps:
 #   1. build the GPU test programs and kernel images with the host's nvcc (gpu/build.sh);
 #   2. run each natively (twice: the two outputs must be identical) and, when `remora run`
-#      exists, under `remora run --server unix://...`, `--server tcp://...` (one `remora serve`
-#      listening on both) and plain `remora run` (embedded server); also the device inventory,
+#      exists, under `remora run --transport shm --server unix://...` (shared-memory rings),
+#      `--transport unix --server unix://...`, `--server tcp://...` (one `remora serve`
+#      listening on both) and plain `remora run` (embedded server, shm); also the device inventory,
 #      nvidia-smi against `remora info`;
 #   3. compare each remoted stdout and exit status with the native one, byte for byte;
 #   4. run bench/driver_bench natively and remoted (REMORA_BENCH_ROUNDS rounds, interleaved),
-#      `remora bench null`, and one profiled remoted run; write median remoted/native ratios;
+#      `remora bench null` and one profiled remoted run per transport; write median
+#      remoted/native ratios;
 #   5. write suite.json and bench.json and print "N passed, M failed, K skipped".
 set -uo pipefail
 usage="usage: run-suite.sh BIN_DIR OUT_DIR"
@@ -123,7 +125,8 @@ run_mode() { # mode tag prog args...
   local t0; t0=$(date +%s.%N)
   case $mode in
     native|native2) timeout "$limit" "$@" > "$o.out" 2> "$o.err" ;;
-    unix) timeout "$limit" "$bin/remora" run --server "unix://$sock" -- "$@" > "$o.out" 2> "$o.err" ;;
+    shm) timeout "$limit" "$bin/remora" run --transport shm --server "unix://$sock" -- "$@" > "$o.out" 2> "$o.err" ;;
+    unix) timeout "$limit" "$bin/remora" run --transport unix --server "unix://$sock" -- "$@" > "$o.out" 2> "$o.err" ;;
     tcp) timeout "$limit" "$bin/remora" run --server "$tcp" -- "$@" > "$o.out" 2> "$o.err" ;;
     embedded) timeout "$limit" "$bin/remora" run -- "$@" > "$o.out" 2> "$o.err" ;;
   esac
@@ -137,7 +140,7 @@ programs=("vecadd cubin" "vecadd ptx" "vecadd fatbin" "vecadd library" "multiker
           "memcpy_sweep" "memcpy2d3d" "occupancy" "cluster" "multithread" "errors illegal" "errors trap"
           "errors assert" "errors api" "devprintf" "hostfunc" "runtime_static" "runtime_shared" "device_props" "graphs" "libraries"
           "matmul" "histogram" "lu_solve" "bandwidth" "streams_overlap" "cublas_simple")
-remote_modes=(unix tcp embedded)
+remote_modes=(shm unix tcp embedded)
 for p in "${programs[@]}"; do
   read -r prog args <<< "$p"
   if [ -n "${REMORA_SUITE_ONLY:-}" ] && ! [[ " $REMORA_SUITE_ONLY " == *" $prog "* ]]; then continue; fi
@@ -200,7 +203,7 @@ for tag, t in sorted(rows.items()):
     native = min(v for m, v in t.items() if m in ("native", "native2")) if "native" in t else None
     entry = {"seconds": t}
     if native:
-        entry["ratio"] = {m: round(v / native, 3) for m, v in t.items() if m in ("unix", "tcp", "embedded")}
+        entry["ratio"] = {m: round(v / native, 3) for m, v in t.items() if m in ("shm", "unix", "tcp", "embedded")}
         print(f"{tag:<22} native {native:7.3f} s  " + "  ".join(f"{m} x{r}" for m, r in entry["ratio"].items()))
     table[tag] = entry
 json.dump({"note": "wall time of each program run (process start to exit); ratio = remoted / fastest native run",
@@ -214,7 +217,7 @@ echo "== 5. benchmarks"
 # `remora bench null` measures the bare RPC round trip; one more driver_bench run goes to a
 # `remora serve --profile` whose per-procedure timings are saved in outputs/profile.{unix,tcp}.txt.
 bench_modes=(native)
-[ $have_run = 1 ] && bench_modes+=(unix tcp)
+[ $have_run = 1 ] && bench_modes+=(shm unix tcp)
 rounds=${REMORA_BENCH_ROUNDS:-3}
 if [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_ONLY " == *" driver_bench "* ]]; }; then
   for r in $(seq "$rounds"); do
@@ -229,11 +232,11 @@ if [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_ONL
       fi
     done
   done
-  [ $have_run = 0 ] && { result driver_bench unix skipped "remora run not available"; result driver_bench tcp skipped "remora run not available"; }
+  [ $have_run = 0 ] && for m in shm unix tcp; do result driver_bench "$m" skipped "remora run not available"; done
   if [ $have_remora = 1 ]; then
-    for m in unix tcp; do
+    for m in shm unix tcp; do
       url="unix://$sock"; [ $m = tcp ] && url=$tcp
-      if "$bin/remora" bench null --server "$url" --calls 100000 --json "$out/outputs/bench_null.$m.json" > "$out/outputs/bench_null.$m.out" 2>&1; then
+      if "$bin/remora" bench null --transport "$m" --server "$url" --calls 100000 --json "$out/outputs/bench_null.$m.json" > "$out/outputs/bench_null.$m.out" 2>&1; then
         result "bench null" "$m" pass "$(cat "$out/outputs/bench_null.$m.out" | head -n 1)"
       else
         result "bench null" "$m" fail "$(head -c 200 "$out/outputs/bench_null.$m.out")"
@@ -241,13 +244,13 @@ if [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_ONL
     done
   fi
   if [ $have_run = 1 ]; then
-    for m in unix tcp; do
-      purl="unix://$work/profile.sock"; [ $m = tcp ] && purl=tcp://127.0.0.1:0
+    for m in shm unix tcp; do
+      purl="unix://$work/profile.$m.sock"; [ $m = tcp ] && purl=tcp://127.0.0.1:0
       "$bin/remora" serve --profile --listen "$purl" > "$work/profile-serve.$m.out" 2> "$out/outputs/profile.$m.txt" &
       ppid=$!
       for _ in $(seq 100); do grep -q 'listening on' "$work/profile-serve.$m.out" && break; sleep 0.1; done
       purl=$(grep -o '\(unix\|tcp\)://[^ ]*' "$work/profile-serve.$m.out" | head -n 1)
-      timeout "$long_limit" "$bin/remora" run --server "$purl" -- "$build/driver_bench" ${REMORA_BENCH_SCALE:-1} > "$out/outputs/driver_bench.profiled.$m.out" 2>&1
+      timeout "$long_limit" "$bin/remora" run --transport "$m" --server "$purl" -- "$build/driver_bench" ${REMORA_BENCH_SCALE:-1} > "$out/outputs/driver_bench.profiled.$m.out" 2>&1
       sleep 1; kill "$ppid" 2>/dev/null; wait "$ppid" 2>/dev/null
       echo "server profile of one driver_bench run over $m:"
       grep -A 14 'profile' "$out/outputs/profile.$m.txt" | grep -v '^--' | head -n 16
@@ -289,7 +292,7 @@ for m in modes:
     if m == "native": continue
     ratios[m] = {k: round(med[m][k] / v, 3) for k, v in sorted(native.items()) if k in med[m] and v}
 null = {}
-for m in ("unix", "tcp"):
+for m in ("shm", "unix", "tcp"):
     try: null[m] = json.load(open(f"{out}/outputs/bench_null.{m}.json"))
     except Exception: pass
 json.dump({"rounds": rounds, "median": med, "min_max": spread, "ratios_remoted_over_native": ratios,
