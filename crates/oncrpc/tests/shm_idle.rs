@@ -1,5 +1,7 @@
 //! An idle shared-memory session costs about no CPU: after the spin budget both sides sleep
-//! on the futex. Alone in its test binary, so that no other test's threads are counted.
+//! on the futex; 16 busy sessions on one server all make progress, and go back to sleep when
+//! idle. In a test binary of their own, so that no other test's threads are counted, and one
+//! at a time.
 
 mod common;
 
@@ -33,8 +35,12 @@ fn cpu_ticks(prefix: &str) -> (u64, u64) {
     (threads, all)
 }
 
+/// The tests measure CPU time: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn an_idle_shm_session_sleeps() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let s = start(Transport::Shm);
     let c = s.client().unwrap();
     for _ in 0..1000 {
@@ -56,4 +62,50 @@ fn an_idle_shm_session_sleeps() {
     // And the session still works.
     c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(()))
         .unwrap();
+}
+
+#[test]
+fn sixteen_sessions_all_progress_then_sleep() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let s = start(Transport::Shm);
+    let clients: Vec<_> = (0..16).map(|_| s.client().unwrap()).collect();
+    let start_at = std::time::Instant::now();
+    let threads: Vec<_> = clients
+        .iter()
+        .cloned()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                for _ in 0..2000 {
+                    c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(()))
+                        .unwrap();
+                }
+                t.elapsed()
+            })
+        })
+        .collect();
+    let took: Vec<Duration> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // Every session finished its calls (none starved by spinning neighbours) in bounded time,
+    // on however few cores the machine has.
+    assert!(
+        start_at.elapsed() < Duration::from_secs(120),
+        "16 sessions took {:?}",
+        start_at.elapsed()
+    );
+    let slowest = took.iter().max().unwrap();
+    assert!(*slowest < Duration::from_secs(120), "{took:?}");
+    // Idle again (clients still connected): nobody spins.
+    std::thread::sleep(Duration::from_millis(300));
+    let (conn0, _) = cpu_ticks("oncrpc-conn");
+    std::thread::sleep(Duration::from_secs(1));
+    let (conn1, _) = cpu_ticks("oncrpc-conn");
+    assert!(
+        conn1 - conn0 <= 10,
+        "16 idle server threads used {} ticks in a second",
+        conn1 - conn0
+    );
+    for c in &clients {
+        c.call(PROG, 1, NULLPROC, None, |_| Ok(()), |_| Ok(()))
+            .unwrap();
+    }
 }
