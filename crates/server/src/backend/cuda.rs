@@ -688,8 +688,8 @@ impl CudaBackend {
         let mut event: Ptr = std::ptr::null_mut();
         // SAFETY: writes one CUevent.
         if let Err(e) = call!(driver.t, event_create(&mut event, EVENT_DISABLE_TIMING)) {
-            // SAFETY: frees the buffer allocated just above, unused.
-            let _ = call!(driver.t, mem_free_host(host));
+            // The buffer allocated just above, unused: freed off this path like the others.
+            reap(Arc::clone(&driver), ctx, host);
             return Err(e);
         }
         let staged = CudaStaged {
