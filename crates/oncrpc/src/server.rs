@@ -898,6 +898,10 @@ pub(crate) fn serve_connection<S: Transport>(
 
 /// Serves records until the connection ends (`None`) or moves into shared memory (the stream
 /// to go on with).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the connection's state, passed down once per connection"
+)]
 fn serve_records<S: Transport>(
     mut stream: S,
     peer: &Peer,
