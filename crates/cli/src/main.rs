@@ -66,6 +66,13 @@ enum Command {
         /// level, on standard error). For finding bottlenecks; costs two clock reads per call.
         #[arg(long)]
         profile: bool,
+        /// Do not offer shared memory to clients on this host: they stay on the Unix socket.
+        #[arg(long)]
+        no_shm: bool,
+        /// Bytes of each shared-memory session's data area, through which copies pass their
+        /// bytes (rounded up to 4096; 0: none, copies travel inside the calls).
+        #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+        shm_data_bytes: u64,
     },
     /// Serve one session: the connection on standard input (started by `remora serve`
     /// under process isolation).
@@ -83,6 +90,10 @@ enum Command {
         module_cache: Option<PathBuf>,
         #[arg(long)]
         profile: bool,
+        #[arg(long)]
+        no_shm: bool,
+        #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+        shm_data_bytes: u64,
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
@@ -261,6 +272,8 @@ fn run(cli: Cli) -> Result<()> {
             isolation,
             module_cache,
             profile,
+            no_shm,
+            shm_data_bytes,
         } => {
             init_logging("info");
             let exe = std::env::current_exe().context("cannot find the remora executable")?;
@@ -281,6 +294,10 @@ fn run(cli: Cli) -> Result<()> {
                 }),
                 worker_command: Some(vec![exe.into_os_string(), "serve-worker".into()]),
                 profile,
+                shm: remora_server::ShmConfig {
+                    enabled: !no_shm,
+                    data_bytes: shm_data_bytes,
+                },
             })
         }
         Command::ServeWorker {
@@ -290,6 +307,8 @@ fn run(cli: Cli) -> Result<()> {
             module_cache_bytes,
             module_cache,
             profile,
+            no_shm,
+            shm_data_bytes,
         } => {
             init_logging("info");
             remora_server::serve_worker(remora_server::WorkerConfig {
@@ -299,6 +318,10 @@ fn run(cli: Cli) -> Result<()> {
                 module_cache_bytes,
                 module_cache_dir: module_cache,
                 profile,
+                shm: remora_server::ShmConfig {
+                    enabled: !no_shm,
+                    data_bytes: shm_data_bytes,
+                },
             })
             .context("remora serve-worker failed")
         }
@@ -426,6 +449,10 @@ mod tests {
             module_cache_bytes: Some(1 << 20),
             module_cache_dir: Some("/tmp/m".into()),
             profile: true,
+            shm: remora_server::ShmConfig {
+                enabled: false,
+                data_bytes: 1 << 20,
+            },
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
         args.extend(config.to_args());
@@ -437,6 +464,8 @@ mod tests {
             module_cache_bytes,
             module_cache,
             profile,
+            no_shm,
+            shm_data_bytes,
         } = cli.command
         else {
             panic!()
@@ -449,6 +478,10 @@ mod tests {
                 module_cache_bytes,
                 module_cache_dir: module_cache,
                 profile,
+                shm: remora_server::ShmConfig {
+                    enabled: !no_shm,
+                    data_bytes: shm_data_bytes,
+                },
             },
             config
         );

@@ -19,6 +19,7 @@
 //! # Ok::<(), remora_client::CuError>(())
 //! ```
 
+mod area;
 pub mod copy3d;
 mod endpoint;
 mod error;

@@ -11,6 +11,7 @@ use remora_proto::remora::*;
 use remora_xdr::Bytes;
 use sha2::{Digest, Sha256};
 
+use crate::area::{AreaAlloc, Lease};
 use crate::copy3d::{self, Band, Extent, Layout};
 use crate::error::{CuError, CuResult, cu};
 use crate::host::{HostMem, HostRange};
@@ -53,6 +54,25 @@ fn oneway_batch_delay() -> Option<Duration> {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or(50);
     (us > 0).then(|| Duration::from_micros(us))
+}
+
+/// Largest chunk of a copy through the data area (smaller areas: a quarter of the area).
+const AREA_CHUNK: usize = 16 << 20;
+
+/// Asynchronous copies smaller than this travel inside their (one-way) call: through the
+/// area they would need a round trip to learn when the space is free again.
+const AREA_ASYNC_MIN: usize = 64 << 10;
+
+/// The arguments of an area copy, before the chunk fills in its offset and size.
+fn area_args(ctx: RmHandle, stream: RmHandle, dev: u64) -> RmAreaCopyArgs {
+    RmAreaCopyArgs {
+        ctx,
+        stream,
+        dev,
+        offset: 0,
+        size: 0,
+        copy_id: 0,
+    }
 }
 
 /// Splits `len` bytes into `(offset, size)` chunks of at most [`COPY_CHUNK`].
@@ -347,6 +367,8 @@ pub struct Session {
     per_thread: Mutex<HashMap<(ThreadId, RmHandle), RmHandle>>,
     va: VaSpace,
     host: HostMem,
+    /// The shared data area's allocator (a session in shared memory, revision 6).
+    area: Option<Arc<AreaAlloc>>,
     func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
@@ -487,6 +509,10 @@ impl Session {
                 welcome.hostname
             );
         }
+        let area = rpc
+            .data_area()
+            .filter(|_| welcome.revision >= 6)
+            .map(AreaAlloc::new);
         Ok(Session {
             rpc: RemoraV1Client::new(rpc),
             welcome,
@@ -501,6 +527,7 @@ impl Session {
             per_thread: Mutex::default(),
             va: VaSpace::default(),
             host: HostMem::default(),
+            area,
             func_attrs: Mutex::default(),
             libraries: Libraries::default(),
             callbacks: Arc::default(),
@@ -883,6 +910,122 @@ impl Session {
         lock(&self.pending).len()
     }
 
+    /// Bytes of the shared data area this session copies through (0: none, the copies travel
+    /// inside the calls).
+    pub fn data_area_size(&self) -> u64 {
+        self.area.as_ref().map_or(0, |a| a.len())
+    }
+
+    /// Staging space for a copy of `total` bytes through the data area: one lease, or two
+    /// used alternately when the copy takes several chunks, and the chunk size. `None` when
+    /// the session has no area or no room now (the copy then travels inside the calls).
+    fn area_staging(&self, total: usize) -> Option<(Vec<Lease>, usize)> {
+        let alloc = self.area.as_ref()?;
+        if total == 0 {
+            return None;
+        }
+        let max_chunk = (alloc.len() / 4).clamp(4096, AREA_CHUNK as u64) as usize;
+        let chunk = total.min(max_chunk);
+        let n = if total > chunk { 2 } else { 1 };
+        let leases: Option<Vec<Lease>> = (0..n).map(|_| alloc.alloc(chunk as u64, 4096)).collect();
+        leases.map(|l| (l, chunk))
+    }
+
+    /// A host-to-device copy through the data area, chunk by chunk: while the server copies
+    /// chunk i out of one lease, this thread fills the other with chunk i + 1. `asynchronous`:
+    /// `RM_AREA_MEMCPY_HTOD_ASYNC` on `stream` (errors deferred), else the synchronous form.
+    fn area_htod(
+        &self,
+        args: RmAreaCopyArgs,
+        data: &[u8],
+        staging: &[Lease],
+        chunk: usize,
+        asynchronous: bool,
+    ) -> CuResult<()> {
+        let one = |a: RmAreaCopyArgs| -> CuResult<()> {
+            if asynchronous {
+                call!(self.rm_area_memcpy_htod_async(&a))
+            } else {
+                self.finish_sync(call!(self.rm_area_memcpy_htod(&a))?)
+            }
+        };
+        let joined = |h: std::thread::ScopedJoinHandle<'_, CuResult<()>>| {
+            h.join().unwrap_or(Err(CuError(cu::UNKNOWN)))
+        };
+        std::thread::scope(|s| {
+            let mut inflight = None;
+            for (i, off) in (0..data.len()).step_by(chunk).enumerate() {
+                let len = chunk.min(data.len() - off);
+                let lease = &staging[i % staging.len()];
+                // The lease's previous chunk (i - 2) was answered: the server is done with it.
+                if !lease.put(&data[off..off + len]) {
+                    return Err(CuError(cu::UNKNOWN));
+                }
+                if let Some(h) = inflight.take() {
+                    joined(h)?;
+                }
+                let a = RmAreaCopyArgs {
+                    dev: args.dev + off as u64,
+                    offset: lease.offset(),
+                    size: len as u64,
+                    ..args.clone()
+                };
+                if data.len() <= chunk {
+                    return one(a);
+                }
+                inflight = Some(s.spawn(move || one(a)));
+            }
+            inflight.map_or(Ok(()), joined)
+        })
+    }
+
+    /// A synchronous device-to-host copy through the data area: the server writes chunk i + 1
+    /// into one lease while this thread copies chunk i out of the other.
+    fn area_dtoh(
+        &self,
+        args: RmAreaCopyArgs,
+        out: &mut [u8],
+        staging: &[Lease],
+        chunk: usize,
+    ) -> CuResult<()> {
+        let total = out.len();
+        let issue = |i: usize| {
+            let off = i * chunk;
+            let a = RmAreaCopyArgs {
+                dev: args.dev + off as u64,
+                offset: staging[i % staging.len()].offset(),
+                size: chunk.min(total - off) as u64,
+                ..args.clone()
+            };
+            move || -> CuResult<()> { self.finish_sync(call!(self.rm_area_memcpy_dtoh(&a))?) }
+        };
+        let n = total.div_ceil(chunk);
+        if n == 1 {
+            issue(0)()?;
+            return if staging[0].get(out) {
+                Ok(())
+            } else {
+                Err(CuError(cu::UNKNOWN))
+            };
+        }
+        std::thread::scope(|s| {
+            let mut inflight = Some(s.spawn(issue(0)));
+            for (i, part) in out.chunks_mut(chunk).enumerate() {
+                if let Some(h) = inflight.take() {
+                    h.join().unwrap_or(Err(CuError(cu::UNKNOWN)))?;
+                }
+                if i + 1 < n {
+                    // Into the other lease, whose chunk (i - 1) has been copied out.
+                    inflight = Some(s.spawn(issue(i + 1)));
+                }
+                if !staging[i % staging.len()].get(part) {
+                    return Err(CuError(cu::UNKNOWN));
+                }
+            }
+            Ok(())
+        })
+    }
+
     /// `cuMemcpyHtoD` (synchronous).
     pub fn memcpy_htod(
         &self,
@@ -891,6 +1034,10 @@ impl Session {
         dst: u64,
         data: &[u8],
     ) -> CuResult<()> {
+        if let Some((staging, chunk)) = self.area_staging(data.len()) {
+            let args = area_args(ctx, stream, dst);
+            return self.area_htod(args, data, &staging, chunk, false);
+        }
         for (off, len) in chunks(data.len()) {
             let r = call!(self.rm_memcpy_htod(&RmHtodArgs {
                 ctx,
@@ -913,6 +1060,10 @@ impl Session {
         out: &mut [u8],
     ) -> CuResult<()> {
         let mark = self.copy_mark();
+        if let Some((staging, chunk)) = self.area_staging(out.len()) {
+            self.area_dtoh(area_args(ctx, stream, src), out, &staging, chunk)?;
+            return self.settle(mark, |p| p.ctx == ctx && p.stream == stream);
+        }
         for (off, len) in chunks(out.len()) {
             let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
                 ctx,
@@ -971,6 +1122,12 @@ impl Session {
         data: &[u8],
     ) -> CuResult<()> {
         self.not_captured(stream, "an asynchronous host-to-device copy")?;
+        if data.len() >= AREA_ASYNC_MIN
+            && let Some((staging, chunk)) = self.area_staging(data.len())
+        {
+            let args = area_args(ctx, stream, dst);
+            return self.area_htod(args, data, &staging, chunk, true);
+        }
         for (off, len) in chunks(data.len()) {
             call!(self.rm_memcpy_htod_async(&RmHtodArgs {
                 ctx,
@@ -1030,6 +1187,43 @@ impl Session {
         sink: CopySink,
     ) -> CuResult<()> {
         let copy_id = self.next_copy_id.fetch_add(1, Ordering::AcqRel);
+        let lease = self
+            .area
+            .as_ref()
+            .filter(|_| size as usize >= AREA_ASYNC_MIN)
+            .and_then(|a| a.alloc(size, 4096));
+        if let Some(lease) = lease {
+            // The server writes the bytes into the lease; the delivery says they are there.
+            let offset = lease.offset();
+            let len = size as usize;
+            let from_area: CopySink = Box::new(move |_: &[u8]| {
+                let mut buf = vec![0u8; len];
+                if !lease.get(&mut buf) {
+                    tracing::error!("remora: an area copy's lease is smaller than the copy");
+                }
+                sink(&buf);
+            });
+            lock(&self.pending).insert(
+                copy_id,
+                PendingCopy {
+                    sink: Some(from_area),
+                    ctx,
+                    stream,
+                },
+            );
+            let r = call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
+                ctx,
+                stream,
+                dev: src,
+                offset,
+                size,
+                copy_id
+            }));
+            if r.is_err() {
+                lock(&self.pending).remove(&copy_id);
+            }
+            return r;
+        }
         lock(&self.pending).insert(
             copy_id,
             PendingCopy {

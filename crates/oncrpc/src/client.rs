@@ -24,6 +24,7 @@ use crate::msg::{
 };
 use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_records};
 use crate::xdr;
+use remora_shm::DataArea;
 
 /// Default maximum record size: 128 MiB plus 4 KiB of headers.
 pub const DEFAULT_MAX_RECORD_SIZE: usize = 128 * 1024 * 1024 + 4096;
@@ -264,6 +265,15 @@ impl Client {
     /// Whether the connection runs through shared memory (`SHM_SETUP` was granted).
     pub fn is_shm(&self) -> bool {
         matches!(self.inner.control, Stream::Shm(_))
+    }
+
+    /// The data area of the connection's shared-memory region: `None` on a socket or when the
+    /// server gave none. The server may write it at any time.
+    pub fn data_area(&self) -> Option<DataArea> {
+        match &self.inner.control {
+            Stream::Shm(s) => Some(s.region().data_area()).filter(|a| !a.is_empty()),
+            _ => None,
+        }
     }
 
     /// Whether the connection is still usable (no loss detected yet).

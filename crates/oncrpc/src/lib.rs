@@ -54,6 +54,7 @@ pub mod record;
 pub mod rpcbind;
 mod server;
 pub mod shm;
+pub use remora_shm::{DataArea, OutOfArea};
 
 pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
 pub use client::{Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT};
@@ -114,6 +115,8 @@ pub struct CallContext {
     pub connection: u64,
     /// Where a deferred reply is written; `None` when the transport cannot share its writer.
     pub(crate) reply_sink: Option<server::ReplySink>,
+    /// The data area of the connection's shared-memory region, when it is in one.
+    pub(crate) data_area: Option<DataArea>,
 }
 
 impl CallContext {
@@ -136,7 +139,21 @@ impl CallContext {
             peer,
             connection: 0,
             reply_sink: None,
+            data_area: None,
         }
+    }
+
+    /// The data area of the connection's shared-memory region (`None` on a socket, or when
+    /// the region has no data area). The client may write it at any time: bound every
+    /// offset and length with [`DataArea::check`] before use.
+    pub fn data_area(&self) -> Option<&DataArea> {
+        self.data_area.as_ref()
+    }
+
+    /// This context with `area` as its data area (tests, in-process use).
+    pub fn with_data_area(mut self, area: Option<DataArea>) -> Self {
+        self.data_area = area.filter(|a| !a.is_empty());
+        self
     }
 
     /// Takes over the reply to this call: the handler then returns

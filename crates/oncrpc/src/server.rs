@@ -23,7 +23,7 @@ use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_record};
 use crate::rpcbind;
 use crate::shm::Setup;
 use crate::{CallContext, Dispatch, Peer, RpcError, Service, xdr};
-use remora_shm::ShmStream;
+use remora_shm::{DataArea, ShmStream};
 
 /// Stack size of connection threads: decoding deeply nested data recurses.
 const CONN_STACK_SIZE: usize = 8 * 1024 * 1024;
@@ -52,6 +52,10 @@ pub struct ServerConfig {
     /// ask for with `SHM_SETUP` (see `docs/protocol.md`); 0 refuses shared memory. Each such
     /// session holds two rings of this size in a memfd. Default 1 MiB.
     pub shm_ring_capacity: u32,
+    /// Bytes of the data area of each shared-memory session (rounded up to 4096; 0: none),
+    /// where copies pass their bytes by (offset, length). The client may write it at any
+    /// time. Default 64 MiB.
+    pub shm_data_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +68,7 @@ impl Default for ServerConfig {
             max_fragment_size: MAX_FRAGMENT_SIZE,
             profile: false,
             shm_ring_capacity: 1 << 20,
+            shm_data_bytes: 64 << 20,
         }
     }
 }
@@ -862,10 +867,12 @@ pub(crate) fn serve_connection<S: Transport>(
         registry,
         config,
         shutting_down,
+        None,
     );
     if let Some(shm) = moved {
         tracing::debug!(%peer, connection, "ONC RPC server: connection moved into shared memory");
         // Same connection, same services and sink (already writing to the rings).
+        let area = Some(shm.region().data_area()).filter(|a| !a.is_empty());
         serve_records(
             Stream::Shm(shm),
             peer,
@@ -874,6 +881,7 @@ pub(crate) fn serve_connection<S: Transport>(
             registry,
             config,
             shutting_down,
+            area,
         );
     }
     for versions in registry.programs.values() {
@@ -890,6 +898,10 @@ pub(crate) fn serve_connection<S: Transport>(
 
 /// Serves records until the connection ends (`None`) or moves into shared memory (the stream
 /// to go on with).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the connection's state, passed down once per connection"
+)]
 fn serve_records<S: Transport>(
     mut stream: S,
     peer: &Peer,
@@ -898,6 +910,7 @@ fn serve_records<S: Transport>(
     registry: &Registry,
     config: &ServerConfig,
     shutting_down: &AtomicBool,
+    area: Option<DataArea>,
 ) -> Option<ShmStream> {
     let tick = match config.idle_timeout {
         Some(idle) => idle.min(config.stall_timeout),
@@ -941,13 +954,14 @@ fn serve_records<S: Transport>(
                         peer,
                         !reader.in_record(),
                         config.shm_ring_capacity,
+                        config.shm_data_bytes,
                     ) {
                         Setup::Refuse(reply) => Outcome::Reply(reply),
                         Setup::Accept { reply, stream } => {
                             return grant_shm(reader.get_ref(), peer, sink, &reply, stream);
                         }
                     },
-                    None => process_call(record, peer, connection, sink, registry),
+                    None => process_call(record, peer, connection, sink, registry, area.as_ref()),
                 };
                 if let (Some(p), Some(k)) = (profile.as_mut(), key) {
                     p.call(k, last_progress.elapsed());
@@ -1167,6 +1181,7 @@ pub(crate) fn process_call(
     connection: u64,
     sink: Option<&ReplySink>,
     registry: &Registry,
+    area: Option<&DataArea>,
 ) -> Outcome {
     let mut dec = Decoder::new(record);
     let Ok(xid) = dec.get_u32() else {
@@ -1246,6 +1261,7 @@ pub(crate) fn process_call(
         peer: peer.clone(),
         connection,
         reply_sink: sink.cloned(),
+        data_area: area.cloned(),
     };
     let mut reply = Encoder::with_capacity(256);
     if RpcMsg::accepted(xid, AcceptStat::Success)

@@ -28,7 +28,7 @@
 //! struct shm_setup_reply {
 //!     unsigned int status;               /* SHM_OK, SHM_NOT_LOCAL, SHM_DISABLED, SHM_BUSY, SHM_FAILED */
 //!     unsigned int ring_capacity;        /* bytes of each ring: a power of two >= 4096 */
-//!     unsigned hyper data_size;          /* bytes of the data area (0 for now) */
+//!     unsigned hyper data_size;          /* bytes of the data area (0: none) */
 //! };
 //! ```
 
@@ -248,6 +248,7 @@ pub(crate) fn serve_setup(
     peer: &Peer,
     alone: bool,
     max_ring: u32,
+    data_bytes: u64,
 ) -> Setup {
     let refuse = |status| Setup::Refuse(setup_reply(req.xid, status, None));
     let (Some(socket), Peer::Unix { .. }) = (socket, peer) else {
@@ -267,7 +268,7 @@ pub(crate) fn serve_setup(
     };
     let layout = Layout {
         ring_capacity,
-        data_size: 0,
+        data_size: data_bytes.min(1 << 40).next_multiple_of(4096),
     };
     let region = match Region::create("remora-session", layout) {
         Ok(v) => v,

@@ -883,6 +883,7 @@ impl RemoraV1Server for Executor {
                 ctx: a.ctx,
                 stream,
                 copy,
+                area: None,
             });
             result
         })
@@ -1633,6 +1634,144 @@ impl RemoraV1Server for Executor {
         };
         Ok(u64_reply("RM_GRAPH_NODE_COUNT", r))
     }
+
+    fn rm_area_memcpy_htod(
+        &self,
+        call: &CallContext,
+        a: RmAreaCopyArgs,
+    ) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = area_of(call, a.offset, a.size).and_then(|area| {
+            let st = session.lock();
+            st.check_range(a.dev, a.size)?;
+            Ok((st.ctx(a.ctx)?, area))
+        });
+        let own = raw.and_then(|(c, area)| {
+            self.inner
+                .backend
+                .memcpy_htod_area(c, None, a.dev, &area, a.offset, a.size)
+        });
+        let mut st = session.lock();
+        Ok(self
+            .inner
+            .sync_reply("RM_AREA_MEMCPY_HTOD", &mut st, own, Scope::Finished))
+    }
+
+    fn rm_area_memcpy_dtoh(
+        &self,
+        call: &CallContext,
+        a: RmAreaCopyArgs,
+    ) -> ProcResult<RmSyncReply> {
+        let area = area_of(call, a.offset, a.size);
+        self.blocking(call, move |inner, session| {
+            let raw = area.and_then(|area| {
+                let st = session.lock();
+                st.check_range(a.dev, a.size)?;
+                Ok((st.ctx(a.ctx)?, area))
+            });
+            let r = raw.and_then(|(c, area)| {
+                inner
+                    .backend
+                    .memcpy_dtoh_area(c, a.dev, &area, a.offset, a.size)
+            });
+            let mut st = session.lock();
+            let mut status = st.sync_status(r.map_err(nz));
+            // As RM_MEMCPY_DTOH: the legacy stream's earlier async copies are complete too.
+            let copies = inner.collect(
+                &mut st,
+                Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)),
+                &mut status,
+            );
+            log_failed("RM_AREA_MEMCPY_DTOH", status);
+            RmSyncReply { status, copies }
+        })
+    }
+
+    fn rm_area_memcpy_htod_async(&self, call: &CallContext, a: RmAreaCopyArgs) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        // The reply only says that the source bytes have been consumed; errors are deferred
+        // as a one-way call's.
+        self.oneway_on(call, "RM_AREA_MEMCPY_HTOD_ASYNC", on, |inner, session| {
+            let area = area_of(call, a.offset, a.size)?;
+            let (c, s, capturing) = {
+                let st = session.lock();
+                st.check_range(a.dev, a.size)?;
+                (
+                    st.ctx(a.ctx)?,
+                    st.stream(a.stream)?,
+                    !st.captures.is_empty(),
+                )
+            };
+            not_captured(inner, capturing, c, s)?;
+            inner
+                .backend
+                .memcpy_htod_area(c, Some(s), a.dev, &area, a.offset, a.size)
+        })
+    }
+
+    fn rm_area_memcpy_dtoh_async(&self, call: &CallContext, a: RmAreaCopyArgs) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_AREA_MEMCPY_DTOH_ASYNC", on, |inner, session| {
+            if a.copy_id == RM_DEVICE_OUTPUT_ID {
+                return Err(INVALID_VALUE);
+            }
+            let area = area_of(call, a.offset, a.size);
+            let issued = (|| {
+                let area = area.clone()?;
+                let (c, s, capturing) = {
+                    let st = session.lock();
+                    st.check_range(a.dev, a.size)?;
+                    (
+                        st.ctx(a.ctx)?,
+                        st.stream(a.stream)?,
+                        !st.captures.is_empty(),
+                    )
+                };
+                not_captured(inner, capturing, c, s)?;
+                // `area_of` bounded the size by the area's.
+                let copy = inner
+                    .backend
+                    .memcpy_dtoh_async(c, s, a.dev, a.size as usize)?;
+                Ok((copy, area))
+            })();
+            // A copy that cannot be issued is delivered empty all the same (the client waits
+            // for its delivery); its error is deferred like every one-way call's.
+            let (copy, target, result): (Box<dyn StagedCopy>, _, CuResult<()>) = match issued {
+                Ok((copy, area)) => (copy, Some((area, a.offset)), Ok(())),
+                Err(e) => (Box::new(Undelivered), None, Err(e)),
+            };
+            let stream = if a.stream == 0 {
+                u64::from(RM_STREAM_LEGACY)
+            } else {
+                a.stream
+            };
+            session.lock().pending.push(PendingCopy {
+                copy_id: a.copy_id,
+                ctx: a.ctx,
+                stream,
+                copy,
+                area: target,
+            });
+            result
+        })
+    }
+}
+
+/// The session's data area, when `size` bytes at `offset` lie inside it and the size is
+/// within one copy's bound; `CUDA_ERROR_INVALID_VALUE` otherwise (no area, or out of bounds:
+/// the client chose these numbers).
+fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc::DataArea> {
+    let area = call.data_area().ok_or(INVALID_VALUE)?;
+    if size > u64::from(RM_MAX_COPY) || area.check(offset, size).is_err() {
+        tracing::debug!(
+            offset,
+            size,
+            area = area.len(),
+            "an area copy names bytes outside the data area"
+        );
+        return Err(INVALID_VALUE);
+    }
+    Ok(area.clone())
 }
 
 impl Executor {
@@ -1748,6 +1887,7 @@ impl Executor {
                     ctx: a.desc.ctx,
                     stream: stream_handle,
                     copy,
+                    area: None,
                 });
             }
             result

@@ -34,6 +34,6 @@ pub use hello::{HelloService, SERVER_VERSION};
 pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{
     BackendChoice, EMULATED_DEVICE_PRINTF_ENV, Isolation, RemoraService, Running, ServeConfig,
-    ServeError, WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of, serve_worker, start,
-    start_with_backend, start_with_inventory,
+    ServeError, ShmConfig, WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of,
+    serve_worker, start, start_with_backend, start_with_inventory,
 };

@@ -170,6 +170,36 @@ pub struct ServeConfig {
     /// Log per-connection timing counters when each connection ends
     /// ([`ServerConfig::profile`]).
     pub profile: bool,
+    /// Shared memory for clients on this host (docs/protocol.md, SHM_SETUP).
+    pub shm: ShmConfig,
+}
+
+/// Shared-memory sessions: whether they are offered and the size of their data area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// Offer shared memory to clients on this host (`remora serve --no-shm`: false).
+    pub enabled: bool,
+    /// Bytes of each session's data area, where copies pass their bytes by (offset,
+    /// length); 0: none (copies travel inside the calls). Default 64 MiB.
+    pub data_bytes: u64,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            data_bytes: ServerConfig::default().shm_data_bytes,
+        }
+    }
+}
+
+impl ShmConfig {
+    fn apply(&self, server: &mut ServerConfig) {
+        if !self.enabled {
+            server.shm_ring_capacity = 0;
+        }
+        server.shm_data_bytes = self.data_bytes;
+    }
 }
 
 impl ServeConfig {
@@ -197,6 +227,8 @@ pub struct WorkerConfig {
     pub module_cache_dir: Option<PathBuf>,
     /// Log the connection's timing counters when it ends.
     pub profile: bool,
+    /// Shared memory for the session's client.
+    pub shm: ShmConfig,
 }
 
 impl WorkerConfig {
@@ -232,6 +264,11 @@ impl WorkerConfig {
         if self.profile {
             args.push("--profile".into());
         }
+        if !self.shm.enabled {
+            args.push("--no-shm".into());
+        }
+        args.push("--shm-data-bytes".into());
+        args.push(self.shm.data_bytes.to_string().into());
         args
     }
 }
@@ -655,6 +692,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             module_cache_bytes: config.module_cache_bytes,
             module_cache_dir: Some(cache_dir.clone()),
             profile: config.profile,
+            shm: config.shm,
         }
         .to_args(),
         workers: Arc::clone(&workers),
@@ -688,6 +726,7 @@ fn server_config(config: &ServeConfig) -> ServerConfig {
         server_config.max_record_size = max;
     }
     server_config.profile = config.profile;
+    config.shm.apply(&mut server_config);
     server_config
 }
 
@@ -781,6 +820,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         server_config.max_record_size = max;
     }
     server_config.profile = config.profile;
+    config.shm.apply(&mut server_config);
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
         .serve_fd(fd)?;

@@ -86,6 +86,9 @@ pub(crate) struct PendingCopy {
     /// Session stream handle ([`RM_STREAM_LEGACY`] for the legacy stream).
     pub(crate) stream: u64,
     pub(crate) copy: Box<dyn StagedCopy>,
+    /// Where the bytes go instead of the reply: the session's data area at this offset
+    /// (`RM_AREA_MEMCPY_DTOH_ASYNC`, bounds checked when the copy was issued).
+    pub(crate) area: Option<(remora_oncrpc::DataArea, u64)>,
 }
 
 /// Which pending copies a synchronizing call guarantees complete.
@@ -286,10 +289,22 @@ impl SessionState {
                 p.copy.query()
             };
             match done {
-                Ok(true) => out.push(RmCopyData {
-                    copy_id: p.copy_id,
-                    data: Bytes::copy_from_slice(p.copy.data()),
-                }),
+                Ok(true) => match &p.area {
+                    // Into the data area: the reply entry says it is there.
+                    Some((area, offset)) => {
+                        if area.write(*offset, p.copy.data()).is_err() && *status == SUCCESS {
+                            *status = crate::backend::status::INVALID_VALUE;
+                        }
+                        out.push(RmCopyData {
+                            copy_id: p.copy_id,
+                            data: Bytes::new(),
+                        });
+                    }
+                    None => out.push(RmCopyData {
+                        copy_id: p.copy_id,
+                        data: Bytes::copy_from_slice(p.copy.data()),
+                    }),
+                },
                 Ok(false) => keep.push(p),
                 Err(e) => {
                     if *status == SUCCESS {

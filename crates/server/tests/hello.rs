@@ -91,8 +91,8 @@ fn hello_refuses_a_client_from_the_future_and_wrong_programs_get_prog_unavail() 
         Inventory::NotFound("none here".into()),
     )
     .unwrap();
-    let HelloReply::False(refused) = hello(&endpoint, 6, 9).unwrap() else {
-        panic!("a client speaking only revisions 6..9 was accepted")
+    let HelloReply::False(refused) = hello(&endpoint, 7, 9).unwrap() else {
+        panic!("a client speaking only revisions 7..9 was accepted")
     };
     assert_eq!(
         (refused.min_revision, refused.max_revision),

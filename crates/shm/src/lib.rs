@@ -8,7 +8,8 @@
 //! * [`Waiter`]: polling, then blocking. A side that finds nothing to do spins for an adaptive
 //!   budget that follows the waits it has observed, then sleeps on a futex in the shared
 //!   region; the other side wakes it only when it said it sleeps.
-//! * [`Region`]: the memfd, its layout and its mapping.
+//! * [`Region`]: the memfd, its layout and its mapping; [`DataArea`]: its data area, where
+//!   copies pass their bytes by (offset, length), bounds-checked on every access.
 //! * [`ShmStream`]: a `Read` + `Write` byte stream over the two rings of a region, which
 //!   carries a record-marked ONC RPC connection once it has moved off its Unix socket (the
 //!   socket stays open, silent, to tell whether the peer is alive); [`send_with_fd`] and
@@ -19,11 +20,13 @@
 //! longer than what is in use) make the consumer fail with [`RingError::Corrupt`]; the
 //! session is then closed. Lengths are read once and bounded before anything is copied.
 
+mod data;
 mod region;
 mod ring;
 mod stream;
 mod wait;
 
+pub use data::{DataArea, OutOfArea};
 pub use region::{Layout, Region, RegionError};
 pub use ring::{Consumer, MAX_MESSAGE, Producer, RingError};
 pub use stream::{ShmStream, Side, recv_with_fd, send_with_fd};

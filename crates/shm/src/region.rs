@@ -287,6 +287,16 @@ impl Region {
         )
     }
 
+    /// A handle on the data area (keeps the mapping alive).
+    pub fn data_area(&self) -> crate::DataArea {
+        // The layout was checked: data_offset + data_size = total = the mapping's length.
+        crate::DataArea::new(
+            Arc::clone(&self.map),
+            self.layout.data_offset(),
+            self.layout.data_size as usize,
+        )
+    }
+
     /// The data area: base pointer and length. Shared with the peer, which may write it at
     /// any time.
     pub fn data(&self) -> (*mut u8, usize) {

@@ -6,6 +6,7 @@
 //! driver's pointer for the real backend. These values never reach the wire; the session table
 //! maps them to per-session handles.
 
+use remora_oncrpc::DataArea;
 use remora_proto::remora::RmLaunchAttr;
 
 pub mod cuda;
@@ -289,6 +290,40 @@ pub trait Backend: Send + Sync + 'static {
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()>;
     /// `cuMemcpyDtoH` (blocks).
     fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()>;
+    /// `cuMemcpyHtoD[Async]` from `size` bytes at `offset` of a session's shared data area,
+    /// which the caller has bounds-checked. The client may write those bytes at any time;
+    /// when this returns they are no longer read (the client may reuse the space). The
+    /// default copies them out once and calls [`Backend::memcpy_htod`].
+    fn memcpy_htod_area(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        area: &DataArea,
+        offset: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
+        let mut buf = vec![0u8; len];
+        area.read(offset, &mut buf)
+            .map_err(|_| status::INVALID_VALUE)?;
+        self.memcpy_htod(ctx, stream, dst, &buf)
+    }
+    /// `cuMemcpyDtoH` into `size` bytes at `offset` of a session's shared data area, which
+    /// the caller has bounds-checked (blocks). The default copies through a private buffer.
+    fn memcpy_dtoh_area(
+        &self,
+        ctx: u64,
+        src: u64,
+        area: &DataArea,
+        offset: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
+        let mut buf = vec![0u8; len];
+        self.memcpy_dtoh(ctx, &mut buf, src)?;
+        area.write(offset, &buf).map_err(|_| status::INVALID_VALUE)
+    }
     /// `cuMemcpyDtoHAsync` into a staging buffer.
     fn memcpy_dtoh_async(
         &self,

@@ -1,0 +1,165 @@
+//! The client's allocator of the shared data area (revision 6, sessions in shared memory).
+//!
+//! The client decides where bulk bytes go in the area: copies take a [`Lease`] of space, put
+//! their bytes there (or have the server write them there) and name `(offset, size)` in the
+//! call; the lease returns the space when dropped. The server only checks the numbers
+//! against the area's size. First fit over a free list kept by offset, with neighbours merged
+//! on free; every block is a multiple of [`GRAIN`] bytes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use remora_oncrpc::DataArea;
+
+/// Allocation granule (a cache line pair: no two leases share a line).
+const GRAIN: u64 = 128;
+
+/// The data area and its free space.
+#[derive(Debug)]
+pub(crate) struct AreaAlloc {
+    area: DataArea,
+    /// Free blocks: offset → length.
+    free: Mutex<BTreeMap<u64, u64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl AreaAlloc {
+    /// An allocator over all of `area`.
+    pub(crate) fn new(area: DataArea) -> Arc<Self> {
+        let size = area.len() as u64 / GRAIN * GRAIN;
+        let mut free = BTreeMap::new();
+        if size > 0 {
+            free.insert(0, size);
+        }
+        Arc::new(Self {
+            area,
+            free: Mutex::new(free),
+        })
+    }
+
+    /// Bytes of the area.
+    pub(crate) fn len(&self) -> u64 {
+        self.area.len() as u64
+    }
+
+    /// Takes `len` bytes (at least one granule) aligned to `align` (a power of two, at least
+    /// [`GRAIN`]); `None` when no free block fits.
+    pub(crate) fn alloc(self: &Arc<Self>, len: u64, align: u64) -> Option<Lease> {
+        let align = align.max(GRAIN);
+        if !align.is_power_of_two() {
+            return None;
+        }
+        let want = len.max(1).checked_next_multiple_of(GRAIN)?;
+        let mut free = lock(&self.free);
+        let (&at, &blen, start) = free.iter().find_map(|(at, blen)| {
+            let start = at.checked_next_multiple_of(align)?;
+            (start.checked_add(want)? <= at + blen).then_some((at, blen, start))
+        })?;
+        free.remove(&at);
+        if start > at {
+            free.insert(at, start - at);
+        }
+        let end = start + want;
+        if end < at + blen {
+            free.insert(end, at + blen - end);
+        }
+        Some(Lease {
+            alloc: Arc::clone(self),
+            offset: start,
+            len: want,
+        })
+    }
+
+    fn release(&self, offset: u64, len: u64) {
+        let mut free = lock(&self.free);
+        let (mut start, mut end) = (offset, offset + len);
+        if let Some((&p, &plen)) = free.range(..offset).next_back()
+            && p + plen == offset
+        {
+            free.remove(&p);
+            start = p;
+        }
+        if let Some(&nlen) = free.get(&end) {
+            free.remove(&end);
+            end += nlen;
+        }
+        free.insert(start, end - start);
+    }
+
+    /// Bytes free now (tests).
+    #[cfg(test)]
+    pub(crate) fn free_bytes(&self) -> u64 {
+        lock(&self.free).values().sum()
+    }
+}
+
+/// Space of the data area, returned when dropped.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    alloc: Arc<AreaAlloc>,
+    offset: u64,
+    len: u64,
+}
+
+impl Lease {
+    /// Offset in the area.
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Copies `data` to the start of the lease (at most its length).
+    pub(crate) fn put(&self, data: &[u8]) -> bool {
+        data.len() as u64 <= self.len && self.alloc.area.write(self.offset, data).is_ok()
+    }
+
+    /// Copies the first `out.len()` bytes of the lease out.
+    pub(crate) fn get(&self, out: &mut [u8]) -> bool {
+        out.len() as u64 <= self.len && self.alloc.area.read(self.offset, out).is_ok()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.alloc.release(self.offset, self.len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_fit_alignment_and_merge() {
+        let region = remora_oncrpc_test_area();
+        let a = AreaAlloc::new(region);
+        let total = a.free_bytes();
+        let x = a.alloc(1, 1).unwrap();
+        let y = a.alloc(5000, 4096).unwrap();
+        assert_eq!(x.offset(), 0);
+        assert_eq!(y.offset() % 4096, 0);
+        assert!(a.alloc(total, 1).is_none());
+        drop(x);
+        drop(y);
+        assert_eq!(a.free_bytes(), total);
+        let all = a.alloc(total, 1).unwrap();
+        assert_eq!(all.offset(), 0);
+        assert!(a.alloc(1, 1).is_none());
+        assert!(all.put(&[1, 2, 3]));
+        let mut back = [0u8; 3];
+        assert!(all.get(&mut back));
+        assert_eq!(back, [1, 2, 3]);
+    }
+
+    fn remora_oncrpc_test_area() -> DataArea {
+        let layout = remora_shm::Layout {
+            ring_capacity: 4096,
+            data_size: 1 << 16,
+        };
+        remora_shm::Region::create("area-test", layout)
+            .unwrap()
+            .data_area()
+    }
+}

@@ -1,0 +1,158 @@
+//! The data area of a region: bulk bytes of copies, passed by (offset, length) instead of
+//! travelling inside the RPC records.
+//!
+//! Both sides map it, and the peer may write any byte of it at any time. So every offset and
+//! length is bounded against the area before the mapping is touched, and a reader that needs
+//! a stable value copies the bytes out once ([`DataArea::read`]) and works on its copy.
+
+use std::sync::Arc;
+
+use crate::region::Mapping;
+
+/// An (offset, length) that does not lie inside the data area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{len} bytes at offset {offset} do not lie inside the {size}-byte data area")]
+pub struct OutOfArea {
+    /// The offset asked for.
+    pub offset: u64,
+    /// The length asked for.
+    pub len: u64,
+    /// Bytes of the data area.
+    pub size: u64,
+}
+
+/// A handle on the data area of a mapped region; clones share the mapping, which stays
+/// mapped while any handle lives.
+#[derive(Clone)]
+pub struct DataArea {
+    map: Arc<Mapping>,
+    /// Offset of the area in the mapping.
+    start: usize,
+    /// Bytes of the area.
+    size: usize,
+}
+
+impl std::fmt::Debug for DataArea {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataArea")
+            .field("base", &self.base())
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl DataArea {
+    /// The area `start..start + size` of `map`, clamped to the mapping.
+    pub(crate) fn new(map: Arc<Mapping>, start: usize, size: usize) -> Self {
+        let start = start.min(map.len());
+        let size = size.min(map.len() - start);
+        Self { map, start, size }
+    }
+
+    /// Bytes of the area.
+    pub fn len(&self) -> usize {
+        self.size
+    }
+
+    /// Whether the area has no bytes (a session without one).
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// The first byte of the area in this process.
+    pub fn base(&self) -> *mut u8 {
+        // SAFETY: `start <= map.len()` (clamped in `new`), so the result is inside the
+        // mapping or one past its end, never dereferenced here.
+        unsafe { self.map.base().add(self.start) }
+    }
+
+    /// Checks that `len` bytes at `offset` lie inside the area and gives them as a range of
+    /// `usize`. Every offset and length from the wire goes through here first.
+    pub fn check(&self, offset: u64, len: u64) -> Result<std::ops::Range<usize>, OutOfArea> {
+        let err = OutOfArea {
+            offset,
+            len,
+            size: self.size as u64,
+        };
+        let end = offset.checked_add(len).ok_or(err)?;
+        if end > self.size as u64 {
+            return Err(err);
+        }
+        // Both fit in usize: they are at most `size`.
+        Ok(offset as usize..end as usize)
+    }
+
+    /// A raw pointer to `len` bytes at `offset`, after the bounds check: for DMA by a
+    /// driver. The peer may change those bytes at any time.
+    pub fn ptr(&self, offset: u64, len: u64) -> Result<*mut u8, OutOfArea> {
+        let r = self.check(offset, len)?;
+        // SAFETY: `r.start <= size`, so the pointer stays inside the area (or one past it).
+        Ok(unsafe { self.base().add(r.start) })
+    }
+
+    /// The offset in the area of `len` bytes at address `ptr` of this process, if they lie
+    /// entirely inside it.
+    pub fn offset_of(&self, ptr: u64, len: u64) -> Option<u64> {
+        let base = self.base() as u64;
+        let off = ptr.checked_sub(base)?;
+        self.check(off, len).ok().map(|_| off)
+    }
+
+    /// Copies `out.len()` bytes at `offset` out of the area (once: what the caller then
+    /// checks or uses cannot change under it).
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), OutOfArea> {
+        let p = self.ptr(offset, out.len() as u64)?;
+        // SAFETY: `p..p + out.len()` lies inside the mapping (bounds checked above), which
+        // lives as long as `self`; `out` is private memory, so the two do not overlap. The
+        // peer may write the source meanwhile: the bytes copied are then some mix of old and
+        // new, which callers tolerate (they are plain data, never trusted).
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` into the area at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), OutOfArea> {
+        let p = self.ptr(offset, data.len() as u64)?;
+        // SAFETY: as in `read`, with the roles swapped: the destination lies inside the
+        // mapping, the source is private memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn area(size: usize) -> DataArea {
+        let map = Arc::new(Mapping::anonymous(size + 4096).unwrap());
+        DataArea::new(map, 4096, size)
+    }
+
+    #[test]
+    fn bounds_are_checked() {
+        let a = area(8192);
+        assert!(a.check(0, 8192).is_ok());
+        assert!(a.check(8192, 0).is_ok());
+        assert!(a.check(8192, 1).is_err());
+        assert!(a.check(1, 8192).is_err());
+        assert!(a.check(u64::MAX, 2).is_err());
+        assert!(a.check(2, u64::MAX).is_err());
+        let mut buf = [0u8; 4];
+        assert!(a.read(8190, &mut buf).is_err());
+        assert!(a.write(8190, &buf).is_err());
+    }
+
+    #[test]
+    fn read_back_what_was_written() {
+        let a = area(8192);
+        a.write(100, b"remora").unwrap();
+        let mut buf = [0u8; 6];
+        a.read(100, &mut buf).unwrap();
+        assert_eq!(&buf, b"remora");
+        let p = a.ptr(100, 6).unwrap() as u64;
+        assert_eq!(a.offset_of(p, 6), Some(100));
+        assert_eq!(a.offset_of(p, 8093), None);
+        assert_eq!(a.offset_of(a.base() as u64 - 1, 1), None);
+    }
+}
