@@ -164,12 +164,19 @@ impl Executor {
     }
 
     fn session(&self, call: &CallContext) -> Arc<Session> {
-        Arc::clone(
+        let session = Arc::clone(
             self.inner
                 .sessions()
                 .entry(call.connection)
                 .or_insert_with(|| Arc::new(Session::new(call.connection))),
-        )
+        );
+        if session.area.get().is_none()
+            && let Some(area) = call.data_area()
+            && session.area.set(area.clone()).is_ok()
+        {
+            self.inner.backend.area_attach(area);
+        }
+        session
     }
 
     /// Runs a one-way call on stream `on` = (context handle, stream handle): its error is kept
@@ -1715,6 +1722,24 @@ impl RemoraV1Server for Executor {
             if a.copy_id == RM_DEVICE_OUTPUT_ID {
                 return Err(INVALID_VALUE);
             }
+            if a.copy_id == 0 {
+                // Zero-copy pinned memory: the bytes go straight into the area when the
+                // copy executes, and nothing is delivered (the client waits for nothing).
+                let area = area_of(call, a.offset, a.size)?;
+                let (c, s, capturing) = {
+                    let st = session.lock();
+                    st.check_range(a.dev, a.size)?;
+                    (
+                        st.ctx(a.ctx)?,
+                        st.stream(a.stream)?,
+                        !st.captures.is_empty(),
+                    )
+                };
+                not_captured(inner, capturing, c, s)?;
+                return inner
+                    .backend
+                    .memcpy_dtoh_async_area(c, s, a.dev, &area, a.offset, a.size);
+            }
             let area = area_of(call, a.offset, a.size);
             let issued = (|| {
                 let area = area.clone()?;
@@ -2152,6 +2177,10 @@ impl Executor {
                     "session profile: {n} kernel launches, mean {:.2} us in the driver's launch call",
                     total.as_secs_f64() * 1e6 / n as f64
                 );
+            }
+            // Before the contexts go: a backend may need one to undo its registration.
+            if let Some(area) = session.area.get() {
+                self.inner.backend.area_detach(area);
             }
             session.close(&*self.inner.backend);
         }

@@ -229,6 +229,10 @@ fn dtoh(
     match stream {
         Some((st, p)) => {
             let h = s.stream_handle(ctx, stream_ref(st, p)?)?;
+            if s.pinned_offset(dst as usize as u64, n as u64).is_some() {
+                // Zero-copy pinned memory: the server writes it, nothing is delivered.
+                return s.memcpy_dtoh_pinned(ctx, h, src, dst as usize as u64, n as u64, true);
+            }
             let out = HostDst(dst.cast(), n);
             s.memcpy_dtoh_async(
                 ctx,
