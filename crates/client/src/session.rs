@@ -75,6 +75,11 @@ fn area_args(ctx: RmHandle, stream: RmHandle, dev: u64) -> RmAreaCopyArgs {
     }
 }
 
+/// `copy_id` of an `RM_AREA_MEMCPY_HTOD_ASYNC` from zero-copy pinned memory
+/// (docs/protocol.md): the server may read the bytes until the stream reaches the copy, as
+/// CUDA allows for a pinned source. Staging leases send 0 (read before the reply).
+const AREA_PINNED_SOURCE: u64 = 1;
+
 /// Splits `len` bytes into `(offset, size)` chunks of at most [`COPY_CHUNK`].
 fn chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..len.div_ceil(COPY_CHUNK).max(1)).map(move |i| {
@@ -967,7 +972,7 @@ impl Session {
                 dev: dst + rel,
                 offset: offset + rel,
                 size: len,
-                copy_id: 0,
+                copy_id: if asynchronous { AREA_PINNED_SOURCE } else { 0 },
             };
             if asynchronous {
                 call!(self.rm_area_memcpy_htod_async(&a))?;

@@ -1710,6 +1710,13 @@ impl RemoraV1Server for Executor {
                 )
             };
             not_captured(inner, capturing, c, s)?;
+            if a.copy_id == AREA_PINNED_SOURCE {
+                // Zero-copy pinned memory: the client does not reuse the bytes before the
+                // stream reaches the copy, so the backend may read them as late as that.
+                return inner
+                    .backend
+                    .memcpy_htod_async_area_pinned(c, s, a.dev, &area, a.offset, a.size);
+            }
             inner
                 .backend
                 .memcpy_htod_area(c, Some(s), a.dev, &area, a.offset, a.size)
@@ -1781,6 +1788,11 @@ impl RemoraV1Server for Executor {
         })
     }
 }
+
+/// `copy_id` of an `RM_AREA_MEMCPY_HTOD_ASYNC` whose source is zero-copy pinned memory
+/// (docs/protocol.md, revision 6): the bytes stay put until the stream reaches the copy.
+/// Any other value: a staging lease that the client reuses once the call is answered.
+const AREA_PINNED_SOURCE: u64 = 1;
 
 /// The session's data area, when `size` bytes at `offset` lie inside it and the size is
 /// within one copy's bound; `CUDA_ERROR_INVALID_VALUE` otherwise (no area, or out of bounds:
