@@ -380,8 +380,9 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CuResult<()> 
     unsafe { put(pp, p as usize as *mut c_void) }
 }
 
-/// Host memory is allocated by the client (page-aligned, not pinned: copies from and to it
-/// go through the transport). PORTABLE and WRITECOMBINED are accepted; DEVICEMAP allocates,
+/// Host memory is allocated by the client: on a shared-memory session in the data area
+/// (zero-copy: 1-D copies from and to it pass only its offset), else page-aligned private
+/// memory whose copies go through the transport. PORTABLE and WRITECOMBINED are accepted; DEVICEMAP allocates,
 /// but `cuMemHostGetDevicePointer` is CUDA_ERROR_NOT_SUPPORTED.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostAlloc(
