@@ -939,6 +939,20 @@ impl Session {
         self.host.area_offset(host, len)
     }
 
+    /// `cuMemFreeHost`. Natively it synchronizes the device first; for an allocation in the
+    /// data area that matters, because the space may be handed out again at once: its
+    /// context is synchronized first, so that no copy into it is still in flight.
+    pub fn mem_free_host(&self, ptr: u64) -> CuResult<()> {
+        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
+            && r.area_offset.is_some()
+            && r.ctx != 0
+            && let Err(e) = self.ctx_synchronize(r.ctx)
+        {
+            tracing::debug!("remora: cuMemFreeHost: synchronizing the context failed: {e}");
+        }
+        self.host.free(ptr)
+    }
+
     /// The `(relative offset, size)` pieces of a zero-copy copy of `size` bytes, each within
     /// one copy's bound.
     fn pinned_pieces(size: u64) -> impl Iterator<Item = (u64, u64)> {

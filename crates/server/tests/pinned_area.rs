@@ -142,9 +142,10 @@ fn pinned_memory_lies_in_the_area_and_copies_are_zero_copy() {
 
     s.event_destroy(ev).unwrap();
     s.stream_destroy(stream).unwrap();
-    s.host_memory().free(src).unwrap();
-    s.host_memory().free(dst).unwrap();
+    s.mem_free_host(src).unwrap();
+    s.mem_free_host(dst).unwrap();
     assert_eq!(s.area_free_bytes(), free0, "freeing returns the space");
+    assert!(s.mem_free_host(src).is_err(), "freed twice");
     // A pageable copy (through a staging lease, now that there is room) does copy.
     let mut pageable = vec![0u8; N];
     s.memcpy_dtoh(ctx, LEGACY, dev, &mut pageable).unwrap();

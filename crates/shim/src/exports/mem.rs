@@ -406,7 +406,7 @@ pub unsafe extern "C" fn cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) -> C
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
-        state::session()?.host_memory().free(p as usize as u64)
+        state::session()?.mem_free_host(p as usize as u64)
     })
 }
 
