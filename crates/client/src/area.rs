@@ -7,6 +7,7 @@
 //! on free; every block is a multiple of [`GRAIN`] bytes.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use remora_oncrpc::DataArea;
@@ -20,6 +21,9 @@ pub(crate) struct AreaAlloc {
     area: DataArea,
     /// Free blocks: offset → length.
     free: Mutex<BTreeMap<u64, u64>>,
+    /// Bytes this client has copied into or out of the area ([`Lease::put`]/[`Lease::get`]):
+    /// a test hook that shows zero-copy transfers copy nothing.
+    copied: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -37,6 +41,7 @@ impl AreaAlloc {
         Arc::new(Self {
             area,
             free: Mutex::new(free),
+            copied: AtomicU64::new(0),
         })
     }
 
@@ -89,10 +94,14 @@ impl AreaAlloc {
         free.insert(start, end - start);
     }
 
-    /// Bytes free now (tests).
-    #[cfg(test)]
+    /// Bytes free now.
     pub(crate) fn free_bytes(&self) -> u64 {
         lock(&self.free).values().sum()
+    }
+
+    /// Bytes copied by this client into or out of the area so far.
+    pub(crate) fn copied_bytes(&self) -> u64 {
+        self.copied.load(Ordering::Relaxed)
     }
 }
 
@@ -110,13 +119,34 @@ impl Lease {
         self.offset
     }
 
+    /// The lease's first byte in this process.
+    pub(crate) fn addr(&self) -> u64 {
+        // `offset + len` lies inside the area (the allocator only hands out its blocks).
+        self.alloc.area.base() as u64 + self.offset
+    }
+
+    /// Zero-fills the lease.
+    pub(crate) fn zero(&self) {
+        if let Ok(p) = self.alloc.area.ptr(self.offset, self.len) {
+            // SAFETY: `p..p + len` lies inside the mapping (bounds checked by `ptr`), which
+            // lives while `self.alloc` does; the lease is this client's own space.
+            unsafe { std::ptr::write_bytes(p, 0, self.len as usize) };
+        }
+    }
+
     /// Copies `data` to the start of the lease (at most its length).
     pub(crate) fn put(&self, data: &[u8]) -> bool {
+        self.alloc
+            .copied
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
         data.len() as u64 <= self.len && self.alloc.area.write(self.offset, data).is_ok()
     }
 
     /// Copies the first `out.len()` bytes of the lease out.
     pub(crate) fn get(&self, out: &mut [u8]) -> bool {
+        self.alloc
+            .copied
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
         out.len() as u64 <= self.len && self.alloc.area.read(self.offset, out).is_ok()
     }
 }

@@ -1,16 +1,20 @@
 //! Host memory the client owns: `cuMemHostAlloc`/`cuMemAllocHost` allocations (page-aligned
 //! anonymous mappings of this process) and `cuMemHostRegister` ranges.
 //!
-//! The device cannot reach client memory, so "pinned" memory is ordinary memory here: copies
-//! from and to it go through the transport like any other host memory. The ranges are
+//! On a session in shared memory with a data area, allocations come from the area (the
+//! client's [`AreaAlloc`]): the server sees those bytes too, so copies from and to them pass
+//! only `(offset, size)` and nobody on the client copies them ("zero-copy pinned memory").
+//! Otherwise, or when the area has no room, "pinned" memory is an ordinary private mapping:
+//! copies from and to it go through the transport like any other host memory. The ranges are
 //! tracked so that pointer classification, `cuPointerGetAttribute`, `cuMemHostGetFlags` and
 //! `cuMemFreeHost` know them.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use remora_proto::remora::RmHandle;
 
+use crate::area::{AreaAlloc, Lease};
 use crate::error::{CuError, CuResult, cu};
 
 /// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
@@ -31,6 +35,8 @@ pub struct HostRange {
     pub ctx: RmHandle,
     /// Registered by `cuMemHostRegister` (else allocated by the client).
     pub registered: bool,
+    /// Offset of the allocation in the session's shared data area, when it lies there.
+    pub area_offset: Option<u64>,
     mapped: u64,
 }
 
@@ -44,10 +50,20 @@ impl HostRange {
     }
 }
 
+/// A tracked range and, for an allocation in the data area, the space it holds there.
+#[derive(Debug)]
+struct Entry {
+    range: HostRange,
+    /// Returned to the area's allocator when the entry is dropped (`cuMemFreeHost`).
+    lease: Option<Lease>,
+}
+
 /// The host ranges of a session, by base address.
 #[derive(Debug, Default)]
 pub struct HostMem {
-    ranges: Mutex<BTreeMap<u64, HostRange>>,
+    ranges: Mutex<BTreeMap<u64, Entry>>,
+    /// The shared data area that allocations come from first (sessions in shared memory).
+    area: Option<Arc<AreaAlloc>>,
 }
 
 fn page_round(size: u64) -> CuResult<u64> {
@@ -58,7 +74,15 @@ fn page_round(size: u64) -> CuResult<u64> {
 }
 
 impl HostMem {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, HostRange>> {
+    /// Host ranges whose allocations come from `area` first, when there is one.
+    pub(crate) fn with_area(area: Option<Arc<AreaAlloc>>) -> Self {
+        Self {
+            ranges: Mutex::default(),
+            area,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
         self.ranges.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -67,23 +91,62 @@ impl HostMem {
         let m = self.lock();
         m.range(..=ptr)
             .next_back()
-            .map(|(_, r)| *r)
+            .map(|(_, e)| e.range)
             .filter(|r| r.contains(ptr))
     }
 
-    fn overlaps(m: &BTreeMap<u64, HostRange>, base: u64, size: u64) -> bool {
+    /// The offset in the data area of `len` bytes at `ptr`, when they lie entirely inside
+    /// one live allocation that the area holds (a zero-copy transfer may then name them).
+    pub fn area_offset(&self, ptr: u64, len: u64) -> Option<u64> {
+        let r = self.find(ptr)?;
+        let base = r.area_offset?;
+        let rel = ptr - r.base; // `find` checked `ptr >= r.base`
+        (rel.checked_add(len)? <= r.span()).then(|| base + rel)
+    }
+
+    fn overlaps(m: &BTreeMap<u64, Entry>, base: u64, size: u64) -> bool {
         let end = base.saturating_add(size.max(1));
         if m.range(base..end).next().is_some() {
             return true;
         }
         m.range(..base)
             .next_back()
-            .is_some_and(|(_, r)| r.contains(base))
+            .is_some_and(|(_, e)| e.range.contains(base))
     }
 
-    /// Allocates `size` bytes of page-aligned, zero-filled host memory.
+    /// Allocates `size` bytes of page-aligned, zero-filled host memory: in the shared data
+    /// area when the session has one with room, else a private mapping.
     pub fn alloc(&self, size: u64, flags: u32, ctx: RmHandle) -> CuResult<u64> {
         let len = page_round(size)?;
+        if let Some(area) = &self.area {
+            match area.alloc(len, rustix::param::page_size() as u64) {
+                Some(lease) => {
+                    lease.zero();
+                    let base = lease.addr();
+                    let range = HostRange {
+                        base,
+                        size,
+                        flags,
+                        ctx,
+                        registered: false,
+                        area_offset: Some(lease.offset()),
+                        mapped: 0,
+                    };
+                    self.lock().insert(
+                        base,
+                        Entry {
+                            range,
+                            lease: Some(lease),
+                        },
+                    );
+                    return Ok(base);
+                }
+                None => tracing::debug!(
+                    "remora: no room for {size} bytes of host memory in the shared data area; \
+                     allocating private memory (copies from and to it are not zero-copy)"
+                ),
+            }
+        }
         let len_usize = usize::try_from(len).map_err(|_| CuError(cu::OUT_OF_MEMORY))?;
         // SAFETY: a fresh anonymous private mapping at an address of the kernel's choosing
         // aliases nothing; it is unmapped only by `free`.
@@ -100,30 +163,34 @@ impl HostMem {
             CuError(cu::OUT_OF_MEMORY)
         })?;
         let base = p as usize as u64;
-        self.lock().insert(
+        let range = HostRange {
             base,
-            HostRange {
-                base,
-                size,
-                flags,
-                ctx,
-                registered: false,
-                mapped: len,
-            },
-        );
+            size,
+            flags,
+            ctx,
+            registered: false,
+            area_offset: None,
+            mapped: len,
+        };
+        self.lock().insert(base, Entry { range, lease: None });
         Ok(base)
     }
 
     /// Frees an allocation made by [`HostMem::alloc`]; `ptr` must be its base.
     pub fn free(&self, ptr: u64) -> CuResult<()> {
-        let r = {
+        let e = {
             let mut m = self.lock();
             match m.get(&ptr) {
-                Some(r) if !r.registered => m.remove(&ptr),
+                Some(e) if !e.range.registered => m.remove(&ptr),
                 _ => None,
             }
         }
         .ok_or(CuError(cu::INVALID_VALUE))?;
+        if e.lease.is_some() {
+            // Dropping the lease returns the space to the area's allocator.
+            return Ok(());
+        }
+        let r = e.range;
         // SAFETY: `r` is a mapping `alloc` made of `r.mapped` bytes at `r.base`, removed from
         // the table above so it is unmapped once; CUDA's contract makes the caller stop using
         // it.
@@ -143,17 +210,16 @@ impl HostMem {
         if Self::overlaps(&m, ptr, size) {
             return Err(CuError(HOST_MEMORY_ALREADY_REGISTERED));
         }
-        m.insert(
-            ptr,
-            HostRange {
-                base: ptr,
-                size,
-                flags,
-                ctx,
-                registered: true,
-                mapped: 0,
-            },
-        );
+        let range = HostRange {
+            base: ptr,
+            size,
+            flags,
+            ctx,
+            registered: true,
+            area_offset: None,
+            mapped: 0,
+        };
+        m.insert(ptr, Entry { range, lease: None });
         Ok(())
     }
 
@@ -161,7 +227,7 @@ impl HostMem {
     pub fn unregister(&self, ptr: u64) -> CuResult<()> {
         let mut m = self.lock();
         match m.get(&ptr) {
-            Some(r) if r.registered => {
+            Some(e) if e.range.registered => {
                 m.remove(&ptr);
                 Ok(())
             }
@@ -183,7 +249,11 @@ impl HostMem {
 impl Drop for HostMem {
     fn drop(&mut self) {
         let m = self.ranges.get_mut().unwrap_or_else(|e| e.into_inner());
-        for r in m.values().filter(|r| !r.registered) {
+        for r in m
+            .values()
+            .filter(|e| !e.range.registered && e.lease.is_none())
+            .map(|e| e.range)
+        {
             // SAFETY: mappings made by `alloc`, not freed; the table is going away.
             let _ = unsafe { rustix::mm::munmap(r.base as usize as *mut _, r.mapped as usize) };
         }

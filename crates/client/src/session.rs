@@ -75,6 +75,11 @@ fn area_args(ctx: RmHandle, stream: RmHandle, dev: u64) -> RmAreaCopyArgs {
     }
 }
 
+/// `copy_id` of an `RM_AREA_MEMCPY_HTOD_ASYNC` from zero-copy pinned memory
+/// (docs/protocol.md): the server may read the bytes until the stream reaches the copy, as
+/// CUDA allows for a pinned source. Staging leases send 0 (read before the reply).
+const AREA_PINNED_SOURCE: u64 = 1;
+
 /// Splits `len` bytes into `(offset, size)` chunks of at most [`COPY_CHUNK`].
 fn chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..len.div_ceil(COPY_CHUNK).max(1)).map(move |i| {
@@ -526,7 +531,7 @@ impl Session {
             next_copy_id: AtomicU64::new(1),
             per_thread: Mutex::default(),
             va: VaSpace::default(),
-            host: HostMem::default(),
+            host: HostMem::with_area(area.clone()),
             area,
             func_attrs: Mutex::default(),
             libraries: Libraries::default(),
@@ -916,6 +921,125 @@ impl Session {
         self.area.as_ref().map_or(0, |a| a.len())
     }
 
+    /// Bytes this client has copied into or out of the shared data area so far (0 without
+    /// one). Copies whose host side is zero-copy pinned memory add nothing.
+    pub fn area_bytes_copied(&self) -> u64 {
+        self.area.as_ref().map_or(0, |a| a.copied_bytes())
+    }
+
+    /// Bytes of the shared data area free now (0 without one).
+    pub fn area_free_bytes(&self) -> u64 {
+        self.area.as_ref().map_or(0, |a| a.free_bytes())
+    }
+
+    /// The offset in the data area of `len` bytes of host memory at `host`, when they lie
+    /// entirely inside one live `cuMemHostAlloc` allocation that the area holds.
+    pub fn pinned_offset(&self, host: u64, len: u64) -> Option<u64> {
+        self.area.as_ref()?;
+        self.host.area_offset(host, len)
+    }
+
+    /// `cuMemFreeHost`. Natively it synchronizes the device first; for an allocation in the
+    /// data area that matters, because the space may be handed out again at once: its
+    /// context is synchronized first, so that no copy into it is still in flight.
+    pub fn mem_free_host(&self, ptr: u64) -> CuResult<()> {
+        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
+            && r.area_offset.is_some()
+            && r.ctx != 0
+            && let Err(e) = self.ctx_synchronize(r.ctx)
+        {
+            tracing::debug!("remora: cuMemFreeHost: synchronizing the context failed: {e}");
+        }
+        self.host.free(ptr)
+    }
+
+    /// The `(relative offset, size)` pieces of a zero-copy copy of `size` bytes, each within
+    /// one copy's bound.
+    fn pinned_pieces(size: u64) -> impl Iterator<Item = (u64, u64)> {
+        let max = u64::from(RM_MAX_COPY);
+        (0..size.div_ceil(max)).map(move |i| (i * max, max.min(size - i * max)))
+    }
+
+    /// `cuMemcpyHtoD[Async]` from zero-copy pinned memory: `size` bytes at `host`, which must
+    /// lie inside one live allocation in the data area (`CUDA_ERROR_INVALID_VALUE`
+    /// otherwise, e.g. after `cuMemFreeHost`). Only `(offset, size)` travels; the server
+    /// reads the bytes where they are. `asynchronous`: on `stream`, errors deferred.
+    pub fn memcpy_htod_pinned(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        host: u64,
+        size: u64,
+        asynchronous: bool,
+    ) -> CuResult<()> {
+        let offset = self
+            .pinned_offset(host, size)
+            .ok_or(CuError(cu::INVALID_VALUE))?;
+        if asynchronous {
+            self.not_captured(stream, "an asynchronous host-to-device copy")?;
+        }
+        for (rel, len) in Self::pinned_pieces(size) {
+            let a = RmAreaCopyArgs {
+                ctx,
+                stream,
+                dev: dst + rel,
+                offset: offset + rel,
+                size: len,
+                copy_id: if asynchronous { AREA_PINNED_SOURCE } else { 0 },
+            };
+            if asynchronous {
+                call!(self.rm_area_memcpy_htod_async(&a))?;
+            } else {
+                self.finish_sync(call!(self.rm_area_memcpy_htod(&a))?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `cuMemcpyDtoH[Async]` into zero-copy pinned memory: `size` bytes at `host`, which must
+    /// lie inside one live allocation in the data area (`CUDA_ERROR_INVALID_VALUE`
+    /// otherwise). The server writes the bytes straight there. Synchronous: they are there
+    /// when this returns. Asynchronous (one-way, copy id 0: no delivery): they are there
+    /// once the stream's work up to the copy has completed, i.e. when the synchronize, event
+    /// or query that CUDA defines says so; no pending copy is recorded on the client.
+    pub fn memcpy_dtoh_pinned(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        host: u64,
+        size: u64,
+        asynchronous: bool,
+    ) -> CuResult<()> {
+        let offset = self
+            .pinned_offset(host, size)
+            .ok_or(CuError(cu::INVALID_VALUE))?;
+        if asynchronous {
+            self.not_captured(stream, "an asynchronous device-to-host copy")?;
+        }
+        let mark = self.copy_mark();
+        for (rel, len) in Self::pinned_pieces(size) {
+            let a = RmAreaCopyArgs {
+                ctx,
+                stream,
+                dev: src + rel,
+                offset: offset + rel,
+                size: len,
+                copy_id: 0,
+            };
+            if asynchronous {
+                call!(self.rm_area_memcpy_dtoh_async(&a))?;
+            } else {
+                self.finish_sync(call!(self.rm_area_memcpy_dtoh(&a))?)?;
+            }
+        }
+        if asynchronous {
+            return Ok(());
+        }
+        self.settle(mark, |p| p.ctx == ctx && p.stream == stream)
+    }
+
     /// Staging space for a copy of `total` bytes through the data area: one lease, or two
     /// used alternately when the copy takes several chunks, and the chunk size. `None` when
     /// the session has no area or no room now (the copy then travels inside the calls).
@@ -1034,6 +1158,10 @@ impl Session {
         dst: u64,
         data: &[u8],
     ) -> CuResult<()> {
+        let (host, size) = (data.as_ptr() as u64, data.len() as u64);
+        if size > 0 && self.pinned_offset(host, size).is_some() {
+            return self.memcpy_htod_pinned(ctx, stream, dst, host, size, false);
+        }
         if let Some((staging, chunk)) = self.area_staging(data.len()) {
             let args = area_args(ctx, stream, dst);
             return self.area_htod(args, data, &staging, chunk, false);
@@ -1059,6 +1187,10 @@ impl Session {
         src: u64,
         out: &mut [u8],
     ) -> CuResult<()> {
+        let (host, size) = (out.as_mut_ptr() as u64, out.len() as u64);
+        if size > 0 && self.pinned_offset(host, size).is_some() {
+            return self.memcpy_dtoh_pinned(ctx, stream, src, host, size, false);
+        }
         let mark = self.copy_mark();
         if let Some((staging, chunk)) = self.area_staging(out.len()) {
             self.area_dtoh(area_args(ctx, stream, src), out, &staging, chunk)?;
@@ -1121,6 +1253,10 @@ impl Session {
         dst: u64,
         data: &[u8],
     ) -> CuResult<()> {
+        let (host, size) = (data.as_ptr() as u64, data.len() as u64);
+        if size > 0 && self.pinned_offset(host, size).is_some() {
+            return self.memcpy_htod_pinned(ctx, stream, dst, host, size, true);
+        }
         self.not_captured(stream, "an asynchronous host-to-device copy")?;
         if data.len() >= AREA_ASYNC_MIN
             && let Some((staging, chunk)) = self.area_staging(data.len())

@@ -164,12 +164,19 @@ impl Executor {
     }
 
     fn session(&self, call: &CallContext) -> Arc<Session> {
-        Arc::clone(
+        let session = Arc::clone(
             self.inner
                 .sessions()
                 .entry(call.connection)
                 .or_insert_with(|| Arc::new(Session::new(call.connection))),
-        )
+        );
+        if session.area.get().is_none()
+            && let Some(area) = call.data_area()
+            && session.area.set(area.clone()).is_ok()
+        {
+            self.inner.backend.area_attach(area);
+        }
+        session
     }
 
     /// Runs a one-way call on stream `on` = (context handle, stream handle): its error is kept
@@ -1703,6 +1710,13 @@ impl RemoraV1Server for Executor {
                 )
             };
             not_captured(inner, capturing, c, s)?;
+            if a.copy_id == AREA_PINNED_SOURCE {
+                // Zero-copy pinned memory: the client does not reuse the bytes before the
+                // stream reaches the copy, so the backend may read them as late as that.
+                return inner
+                    .backend
+                    .memcpy_htod_async_area_pinned(c, s, a.dev, &area, a.offset, a.size);
+            }
             inner
                 .backend
                 .memcpy_htod_area(c, Some(s), a.dev, &area, a.offset, a.size)
@@ -1714,6 +1728,24 @@ impl RemoraV1Server for Executor {
         self.oneway_on(call, "RM_AREA_MEMCPY_DTOH_ASYNC", on, |inner, session| {
             if a.copy_id == RM_DEVICE_OUTPUT_ID {
                 return Err(INVALID_VALUE);
+            }
+            if a.copy_id == 0 {
+                // Zero-copy pinned memory: the bytes go straight into the area when the
+                // copy executes, and nothing is delivered (the client waits for nothing).
+                let area = area_of(call, a.offset, a.size)?;
+                let (c, s, capturing) = {
+                    let st = session.lock();
+                    st.check_range(a.dev, a.size)?;
+                    (
+                        st.ctx(a.ctx)?,
+                        st.stream(a.stream)?,
+                        !st.captures.is_empty(),
+                    )
+                };
+                not_captured(inner, capturing, c, s)?;
+                return inner
+                    .backend
+                    .memcpy_dtoh_async_area(c, s, a.dev, &area, a.offset, a.size);
             }
             let area = area_of(call, a.offset, a.size);
             let issued = (|| {
@@ -1756,6 +1788,11 @@ impl RemoraV1Server for Executor {
         })
     }
 }
+
+/// `copy_id` of an `RM_AREA_MEMCPY_HTOD_ASYNC` whose source is zero-copy pinned memory
+/// (docs/protocol.md, revision 6): the bytes stay put until the stream reaches the copy.
+/// Any other value: a staging lease that the client reuses once the call is answered.
+const AREA_PINNED_SOURCE: u64 = 1;
 
 /// The session's data area, when `size` bytes at `offset` lie inside it and the size is
 /// within one copy's bound; `CUDA_ERROR_INVALID_VALUE` otherwise (no area, or out of bounds:
@@ -2152,6 +2189,10 @@ impl Executor {
                     "session profile: {n} kernel launches, mean {:.2} us in the driver's launch call",
                     total.as_secs_f64() * 1e6 / n as f64
                 );
+            }
+            // Before the contexts go: a backend may need one to undo its registration.
+            if let Some(area) = session.area.get() {
+                self.inner.backend.area_detach(area);
             }
             session.close(&*self.inner.backend);
         }

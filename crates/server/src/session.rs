@@ -520,6 +520,10 @@ pub(crate) struct Session {
     /// Profiling: kernel launches and their total time in the driver, in nanoseconds.
     launches: std::sync::atomic::AtomicU64,
     launch_ns: std::sync::atomic::AtomicU64,
+    /// The session's shared data area once it is in shared memory: kept mapped until the
+    /// session is closed, so that a backend can undo what it did to the area
+    /// ([`crate::Backend::area_detach`]) before the mapping goes away.
+    pub(crate) area: std::sync::OnceLock<remora_oncrpc::DataArea>,
 }
 
 impl Session {
@@ -532,6 +536,7 @@ impl Session {
             ordered: Ordered::default(),
             launches: Default::default(),
             launch_ns: Default::default(),
+            area: std::sync::OnceLock::new(),
         }
     }
 

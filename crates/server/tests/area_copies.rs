@@ -2,7 +2,8 @@
 //! memory → executor → EMULATED test backend. Every size from 1 byte to more than the area,
 //! in every direction, synchronous and asynchronous, gives the bytes a Unix-socket session
 //! gives; hostile (offset, size) from a hand-made client are refused with
-//! CUDA_ERROR_INVALID_VALUE and the server goes on.
+//! CUDA_ERROR_INVALID_VALUE and the server goes on (also in the copy-id flag forms of
+//! zero-copy pinned memory, tested end to end in `pinned_area.rs`).
 
 use std::sync::{Arc, Mutex};
 
@@ -246,6 +247,15 @@ fn hostile_offsets_are_refused() {
         c.rm_area_memcpy_dtoh_async(&a).unwrap();
         let r = c.rm_ctx_synchronize(&ctx).unwrap();
         assert_eq!(r.status, 1, "dtoh async {offset} {size}");
+        // Copy id 0: the flag forms (pinned source, no delivery) are bounded the same way.
+        let z = RmAreaCopyArgs { copy_id: 0, ..a };
+        c.rm_area_memcpy_htod_async(&z).unwrap();
+        let r = c.rm_ctx_synchronize(&ctx).unwrap();
+        assert_eq!(r.status, 1, "htod async (id 0) {offset} {size}");
+        c.rm_area_memcpy_dtoh_async(&z).unwrap();
+        let r = c.rm_ctx_synchronize(&ctx).unwrap();
+        assert_eq!(r.status, 1, "dtoh async (no delivery) {offset} {size}");
+        assert!(r.copies.is_empty());
     }
     // A device range outside the allocation is refused too, and good calls still work.
     let ok = RmAreaCopyArgs {

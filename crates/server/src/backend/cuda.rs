@@ -13,6 +13,8 @@ use libloading::Library;
 use remora_proto::remora::RmLaunchAttr;
 
 use super::status::*;
+use remora_oncrpc::DataArea;
+
 use super::{
     Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, DeviceProps,
     FunctionInfo, LaunchSpec, LoadedModule, StagedCopy,
@@ -92,6 +94,8 @@ driver_table! {
     mem_get_info = "cuMemGetInfo" / "cuMemGetInfo_v2": fn(*mut usize, *mut usize);
     mem_host_alloc = "cuMemHostAlloc" / "cuMemHostAlloc": fn(*mut Ptr, usize, c_uint);
     mem_free_host = "cuMemFreeHost" / "cuMemFreeHost": fn(Ptr);
+    mem_host_register = "cuMemHostRegister" / "cuMemHostRegister_v2": fn(Ptr, usize, c_uint);
+    mem_host_unregister = "cuMemHostUnregister" / "cuMemHostUnregister": fn(Ptr);
     memcpy_htod = "cuMemcpyHtoD" / "cuMemcpyHtoD_v2": fn(u64, *const c_void, usize);
     memcpy_dtoh = "cuMemcpyDtoH" / "cuMemcpyDtoH_v2": fn(Ptr, u64, usize);
     memcpy_dtod = "cuMemcpyDtoD" / "cuMemcpyDtoD_v2": fn(u64, u64, usize);
@@ -462,9 +466,26 @@ impl Driver {
     }
 }
 
+/// `CU_MEMHOSTREGISTER_PORTABLE`.
+const HOST_REGISTER_PORTABLE: c_uint = 1;
+
+/// What became of a session's shared data area (keyed by its address in this process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AreaReg {
+    /// The session's area is known; no copy has needed it yet.
+    Announced,
+    /// Page-locked with `cuMemHostRegister` while `ctx` was current: copies in `ctx`
+    /// between the device and the area are DMA straight from or to the mapping.
+    Registered { ctx: u64 },
+    /// Registration failed (logged once) or was undone: copies go through private buffers.
+    Unregistered,
+}
+
 /// The real CUDA driver.
 pub struct CudaBackend {
     driver: Option<Arc<Driver>>,
+    /// Data areas of live shared-memory sessions, by base address.
+    areas: std::sync::Mutex<std::collections::HashMap<usize, AreaReg>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -480,7 +501,10 @@ type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, 
 impl CudaBackend {
     /// A backend with no driver: zero devices, every call `CUDA_ERROR_NO_DEVICE`.
     pub fn unavailable() -> Self {
-        Self { driver: None }
+        Self {
+            driver: None,
+            areas: Default::default(),
+        }
     }
 
     /// Loads the driver named by `REMORA_REAL_LIBCUDA` (default `libcuda.so.1`) and exposes the
@@ -552,6 +576,7 @@ impl CudaBackend {
                 devices,
                 _lib: lib,
             })),
+            areas: Default::default(),
         })
     }
 
@@ -563,6 +588,68 @@ impl CudaBackend {
         let d = self.d()?;
         d.enter(ctx)?;
         Ok(d)
+    }
+
+    fn areas(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, AreaReg>> {
+        self.areas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The driver, with `ctx` current, when `area` is page-locked for copies in `ctx`. The
+    /// first copy of a session that [`Backend::area_attach`] announced registers the whole
+    /// area in its context (registration needs a current context). `None`: use the
+    /// private-buffer path.
+    fn area_dma(&self, ctx: u64, area: &DataArea) -> Option<&Driver> {
+        let base = area.base() as usize;
+        let mut areas = self.areas();
+        match areas.get(&base).copied()? {
+            AreaReg::Registered { ctx: c } if c == ctx => return self.in_ctx(ctx).ok(),
+            AreaReg::Registered { .. } | AreaReg::Unregistered => return None,
+            AreaReg::Announced => {}
+        }
+        let d = self.in_ctx(ctx).ok()?;
+        // SAFETY: `base..base + len` is the whole data area, a live shared mapping of this
+        // process (page-aligned, a multiple of 4096 bytes) that stays mapped until
+        // `area_detach` has unregistered it: the executor's session keeps a handle on it.
+        let r = call!(
+            d.t,
+            mem_host_register(area.base().cast(), area.len(), HOST_REGISTER_PORTABLE)
+        );
+        match r {
+            Ok(()) => {
+                areas.insert(base, AreaReg::Registered { ctx });
+                Some(d)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    result = e,
+                    bytes = area.len(),
+                    "cuMemHostRegister of a session's shared data area failed; its copies go \
+                     through private buffers"
+                );
+                areas.insert(base, AreaReg::Unregistered);
+                None
+            }
+        }
+    }
+
+    /// Undoes the registration of the area at `base` made in `ctx`: waits for the context's
+    /// work (the only DMA into the area, see [`CudaBackend::area_dma`]), then unregisters.
+    fn area_unregister(&self, d: &Driver, ctx: u64, base: usize) {
+        let r = d.enter(ctx).and_then(|()| {
+            // SAFETY: no arguments; `ctx` is current.
+            call!(d.t, ctx_synchronize())?;
+            // SAFETY: `base` was registered with cuMemHostRegister in `ctx` and is still
+            // mapped (the caller holds the area or is about to destroy `ctx`, which is live).
+            call!(d.t, mem_host_unregister(base as Ptr))
+        });
+        if let Err(e) = r {
+            tracing::warn!(
+                result = e,
+                "cuMemHostUnregister of a shared data area failed"
+            );
+        }
     }
 }
 
@@ -805,6 +892,14 @@ impl Backend for CudaBackend {
 
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()> {
         let d = self.d()?;
+        // Areas registered in this context are unregistered while it lives; their later
+        // copies go through private buffers.
+        for (base, reg) in self.areas().iter_mut() {
+            if *reg == (AreaReg::Registered { ctx }) {
+                self.area_unregister(d, ctx, *base);
+                *reg = AreaReg::Unregistered;
+            }
+        }
         CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
         // SAFETY: a context this backend created.
         call!(d.t, ctx_destroy(ptr(ctx)))
@@ -900,6 +995,111 @@ impl Backend for CudaBackend {
         let d = self.in_ctx(ctx)?;
         // SAFETY: `dst` is writable for its length; the source range was checked.
         call!(d.t, memcpy_dtoh(dst.as_mut_ptr().cast(), src, dst.len()))
+    }
+
+    fn area_attach(&self, area: &DataArea) {
+        if self.driver.is_some() && !area.is_empty() {
+            self.areas()
+                .insert(area.base() as usize, AreaReg::Announced);
+        }
+    }
+
+    fn area_detach(&self, area: &DataArea) {
+        let base = area.base() as usize;
+        let reg = self.areas().remove(&base);
+        if let (Some(AreaReg::Registered { ctx }), Ok(d)) = (reg, self.d()) {
+            self.area_unregister(d, ctx, base);
+        }
+    }
+
+    fn memcpy_htod_area(
+        &self,
+        ctx: u64,
+        stream: Option<u64>,
+        dst: u64,
+        area: &DataArea,
+        offset: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        // The asynchronous form must have consumed the bytes when it returns (the client
+        // reuses the space): from page-locked memory the driver would read them later.
+        if stream.is_none()
+            && let Some(d) = self.area_dma(ctx, area)
+        {
+            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+            // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`);
+            // from page-locked memory cuMemcpyHtoD returns once the copy is done. The client
+            // may write the bytes meanwhile: the device then gets some mix, as it would.
+            return call!(d.t, memcpy_htod(dst, p.cast_const().cast(), len));
+        }
+        let mut buf = vec![0u8; len];
+        area.read(offset, &mut buf).map_err(|_| INVALID_VALUE)?;
+        self.memcpy_htod(ctx, stream, dst, &buf)
+    }
+
+    fn memcpy_htod_async_area_pinned(
+        &self,
+        ctx: u64,
+        stream: u64,
+        dst: u64,
+        area: &DataArea,
+        offset: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let Some(d) = self.area_dma(ctx, area) else {
+            return self.memcpy_htod_area(ctx, Some(stream), dst, area, offset, size);
+        };
+        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+        // SAFETY: `p..p + len` lies inside the registered area, which stays mapped and
+        // registered until `area_detach`/`ctx_destroy` has synchronized `ctx`, so the DMA
+        // that reads it later on `stream` (of `ctx`) never outlives the mapping.
+        call!(
+            d.t,
+            memcpy_htod_async(dst, p.cast_const().cast(), len, ptr(stream))
+        )
+    }
+
+    fn memcpy_dtoh_area(
+        &self,
+        ctx: u64,
+        src: u64,
+        area: &DataArea,
+        offset: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        if let Some(d) = self.area_dma(ctx, area) {
+            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+            // SAFETY: `p..p + len` lies inside the registered area (bounds checked by
+            // `ptr`), writable shared memory; cuMemcpyDtoH returns once the bytes are there.
+            return call!(d.t, memcpy_dtoh(p.cast(), src, len));
+        }
+        let mut buf = vec![0u8; len];
+        self.memcpy_dtoh(ctx, &mut buf, src)?;
+        area.write(offset, &buf).map_err(|_| INVALID_VALUE)
+    }
+
+    fn memcpy_dtoh_async_area(
+        &self,
+        ctx: u64,
+        stream: u64,
+        src: u64,
+        area: &DataArea,
+        offset: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        if let Some(d) = self.area_dma(ctx, area) {
+            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+            // SAFETY: as in `memcpy_htod_async_area_pinned`: the DMA on `stream` writes
+            // inside the registered area, which outlives it (synchronized before unregister).
+            return call!(d.t, memcpy_dtoh_async(p.cast(), src, len, ptr(stream)));
+        }
+        let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
+        copy.wait()?;
+        area.write(offset, copy.data()).map_err(|_| INVALID_VALUE)
     }
 
     fn memcpy_dtoh_async(

@@ -324,6 +324,49 @@ pub trait Backend: Send + Sync + 'static {
         self.memcpy_dtoh(ctx, &mut buf, src)?;
         area.write(offset, &buf).map_err(|_| status::INVALID_VALUE)
     }
+    /// `cuMemcpyHtoDAsync` on `stream` from `size` bytes at `offset` of a session's shared
+    /// data area that hold zero-copy pinned memory (bounds-checked by the caller). Unlike
+    /// [`Backend::memcpy_htod_area`], the bytes may still be read after this returns, until
+    /// the stream reaches the copy (CUDA's contract for pinned sources). The default is
+    /// [`Backend::memcpy_htod_area`].
+    fn memcpy_htod_async_area_pinned(
+        &self,
+        ctx: u64,
+        stream: u64,
+        dst: u64,
+        area: &DataArea,
+        offset: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        self.memcpy_htod_area(ctx, Some(stream), dst, area, offset, size)
+    }
+    /// `cuMemcpyDtoHAsync` straight into `size` bytes at `offset` of a session's shared data
+    /// area (zero-copy pinned memory; the caller has bounds-checked them): the bytes must be
+    /// there once `stream`'s work up to this copy has completed, and nothing is delivered.
+    /// The default stages the copy, waits for it and writes the bytes (correct, but it
+    /// blocks until the stream reaches the copy).
+    fn memcpy_dtoh_async_area(
+        &self,
+        ctx: u64,
+        stream: u64,
+        src: u64,
+        area: &DataArea,
+        offset: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
+        let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
+        copy.wait()?;
+        area.write(offset, copy.data())
+            .map_err(|_| status::INVALID_VALUE)
+    }
+    /// A session with a shared data area begins: a backend may prepare the area for DMA
+    /// (the CUDA backend registers it with `cuMemHostRegister`). Best effort; the default
+    /// does nothing.
+    fn area_attach(&self, _area: &DataArea) {}
+    /// The session of `area` has ended and the area is about to be unmapped: undo
+    /// [`Backend::area_attach`].
+    fn area_detach(&self, _area: &DataArea) {}
     /// `cuMemcpyDtoHAsync` into a staging buffer.
     fn memcpy_dtoh_async(
         &self,

@@ -229,6 +229,10 @@ fn dtoh(
     match stream {
         Some((st, p)) => {
             let h = s.stream_handle(ctx, stream_ref(st, p)?)?;
+            if s.pinned_offset(dst as usize as u64, n as u64).is_some() {
+                // Zero-copy pinned memory: the server writes it, nothing is delivered.
+                return s.memcpy_dtoh_pinned(ctx, h, src, dst as usize as u64, n as u64, true);
+            }
             let out = HostDst(dst.cast(), n);
             s.memcpy_dtoh_async(
                 ctx,
@@ -376,8 +380,9 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CuResult<()> 
     unsafe { put(pp, p as usize as *mut c_void) }
 }
 
-/// Host memory is allocated by the client (page-aligned, not pinned: copies from and to it
-/// go through the transport). PORTABLE and WRITECOMBINED are accepted; DEVICEMAP allocates,
+/// Host memory is allocated by the client: on a shared-memory session in the data area
+/// (zero-copy: 1-D copies from and to it pass only its offset), else page-aligned private
+/// memory whose copies go through the transport. PORTABLE and WRITECOMBINED are accepted; DEVICEMAP allocates,
 /// but `cuMemHostGetDevicePointer` is CUDA_ERROR_NOT_SUPPORTED.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostAlloc(
@@ -401,7 +406,7 @@ pub unsafe extern "C" fn cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) -> C
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     entry("cuMemFreeHost", || {
-        state::session()?.host_memory().free(p as usize as u64)
+        state::session()?.mem_free_host(p as usize as u64)
     })
 }
 

@@ -1,0 +1,246 @@
+//! Zero-copy pinned memory (issue 5, item 4): on a session in shared memory,
+//! `cuMemHostAlloc` memory lies in the data area, and copies from and to it pass only
+//! (offset, size): the client copies nothing, the server reads and writes the area where the
+//! bytes are. Client `Session` → executor → EMULATED test backend.
+
+use std::sync::{Arc, Mutex};
+
+use remora_client::proto::*;
+use remora_client::{Session, SessionConfig};
+use remora_oncrpc::{Endpoint, TransportChoice};
+use remora_server::{
+    Backend, EmulatedBackend, EmulatedConfig, Running, ServeConfig, ShmConfig, inventory_of,
+    start_with_backend,
+};
+
+const LEGACY: u64 = RM_STREAM_LEGACY as u64;
+/// The data area of these tests: small, so that copies larger than it are cheap.
+const AREA: u64 = 256 << 10;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Server {
+    _dir: tempfile::TempDir,
+    running: Option<Running>,
+    endpoint: Endpoint,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown();
+        }
+    }
+}
+
+fn serve(data_bytes: u64) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+    let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
+    let running = start_with_backend(
+        ServeConfig {
+            listen: vec![endpoint.clone()],
+            shm: ShmConfig {
+                enabled: true,
+                data_bytes,
+            },
+            ..ServeConfig::default()
+        },
+        Arc::clone(&backend) as Arc<dyn Backend>,
+        inventory_of(&*backend),
+    )
+    .unwrap();
+    Server {
+        _dir: dir,
+        running: Some(running),
+        endpoint,
+    }
+}
+
+fn session(endpoint: &Endpoint, transport: TransportChoice) -> Session {
+    Session::connect_with(
+        endpoint,
+        SessionConfig {
+            transport,
+            ..SessionConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn pattern(n: usize, seed: u32) -> Vec<u8> {
+    (0..n as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(97)) as u8 ^ (i >> 9) as u8)
+        .collect()
+}
+
+/// `n` bytes of host memory at `p` as a slice.
+///
+/// # Safety
+/// `p` must be a live allocation of at least `n` bytes that nothing else uses meanwhile.
+unsafe fn host<'a>(p: u64, n: usize) -> &'a mut [u8] {
+    // SAFETY: per this function's contract.
+    unsafe { std::slice::from_raw_parts_mut(p as usize as *mut u8, n) }
+}
+
+const N: usize = 100_000;
+
+#[test]
+fn pinned_memory_lies_in_the_area_and_copies_are_zero_copy() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(AREA);
+    let s = session(&server.endpoint, TransportChoice::Shm);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let dev = s.mem_alloc(ctx, N as u64).unwrap();
+    let free0 = s.area_free_bytes();
+    let src = s.host_memory().alloc(N as u64, 0, ctx).unwrap();
+    let dst = s.host_memory().alloc(N as u64, 0, ctx).unwrap();
+    assert!(s.pinned_offset(src, N as u64).is_some());
+    assert!(s.pinned_offset(dst, N as u64).is_some());
+    assert!(s.pinned_offset(src + 1, N as u64).is_none(), "past the end");
+    assert!(s.area_free_bytes() <= free0 - 2 * N as u64);
+    let before = s.area_bytes_copied();
+
+    // Synchronous, both directions, through the slice API (what the shim calls).
+    let data = pattern(N, 1);
+    // SAFETY: `src` and `dst` are live allocations of N bytes used only by this test.
+    let (hs, hd) = unsafe { (host(src, N), host(dst, N)) };
+    hs.copy_from_slice(&data);
+    s.memcpy_htod(ctx, LEGACY, dev, hs).unwrap();
+    s.memcpy_dtoh(ctx, LEGACY, dev, hd).unwrap();
+    assert_eq!(hd, &data[..]);
+
+    // Asynchronous, both directions, on a stream; the D2H is never delivered, so nothing
+    // is pending on the client, and the bytes are there at the stream's synchronize.
+    let stream = s.stream_create(ctx, 0, 0).unwrap();
+    let data2 = pattern(N, 2);
+    hs.copy_from_slice(&data2);
+    hd.fill(0);
+    s.memcpy_htod_async(ctx, stream, dev, hs).unwrap();
+    s.memcpy_dtoh_pinned(ctx, stream, dev, dst, N as u64, true)
+        .unwrap();
+    assert_eq!(s.pending_copies(), 0);
+    s.stream_synchronize(ctx, stream).unwrap();
+    assert_eq!(hd, &data2[..]);
+
+    // Visible at an event's synchronize and at a stream query, too.
+    let data3 = pattern(N, 3);
+    hs.copy_from_slice(&data3);
+    hd.fill(0);
+    s.memcpy_htod_pinned(ctx, stream, dev, src, N as u64, true)
+        .unwrap();
+    s.memcpy_dtoh_pinned(ctx, stream, dev, dst + 10, (N - 10) as u64, true)
+        .unwrap();
+    let ev = s.event_create(ctx, 0).unwrap();
+    s.event_record(ctx, ev, stream).unwrap();
+    s.event_synchronize(ev).unwrap();
+    assert_eq!(&hd[10..], &data3[..N - 10]);
+    assert!(s.stream_query(ctx, stream).unwrap());
+
+    // The client copied nothing into or out of the area.
+    assert_eq!(s.area_bytes_copied(), before);
+
+    s.event_destroy(ev).unwrap();
+    s.stream_destroy(stream).unwrap();
+    s.mem_free_host(src).unwrap();
+    s.mem_free_host(dst).unwrap();
+    assert_eq!(s.area_free_bytes(), free0, "freeing returns the space");
+    assert!(s.mem_free_host(src).is_err(), "freed twice");
+    // A pageable copy (through a staging lease, now that there is room) does copy.
+    let mut pageable = vec![0u8; N];
+    s.memcpy_dtoh(ctx, LEGACY, dev, &mut pageable).unwrap();
+    assert_eq!(pageable, data3);
+    assert!(s.area_bytes_copied() > before);
+    s.mem_free(ctx, dev).unwrap();
+}
+
+#[test]
+fn freed_pinned_memory_is_refused_not_a_crash() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(AREA);
+    let s = session(&server.endpoint, TransportChoice::Shm);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let dev = s.mem_alloc(ctx, 4096).unwrap();
+    let p = s.host_memory().alloc(4096, 0, ctx).unwrap();
+    s.host_memory().free(p).unwrap();
+    let invalid = Err(remora_client::CuError(remora_client::cu::INVALID_VALUE));
+    assert_eq!(
+        s.memcpy_htod_pinned(ctx, LEGACY, dev, p, 4096, false),
+        invalid
+    );
+    assert_eq!(
+        s.memcpy_dtoh_pinned(ctx, LEGACY, dev, p, 4096, false),
+        invalid
+    );
+    assert_eq!(
+        s.memcpy_htod_pinned(ctx, LEGACY, dev, p, 4096, true),
+        invalid
+    );
+    assert_eq!(
+        s.memcpy_dtoh_pinned(ctx, LEGACY, dev, p, 4096, true),
+        invalid
+    );
+    assert_eq!(s.pending_copies(), 0);
+    // The session goes on.
+    s.ctx_synchronize(ctx).unwrap();
+    s.mem_free(ctx, dev).unwrap();
+}
+
+#[test]
+fn too_large_for_the_area_falls_back_to_private_memory() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(AREA);
+    let s = session(&server.endpoint, TransportChoice::Shm);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let n = 2 * AREA as usize;
+    let p = s.host_memory().alloc(n as u64, 0, ctx).unwrap();
+    assert!(s.pinned_offset(p, 1).is_none());
+    let dev = s.mem_alloc(ctx, n as u64).unwrap();
+    let data = pattern(n, 4);
+    // SAFETY: `p` is a live allocation of n bytes used only by this test.
+    let h = unsafe { host(p, n) };
+    h.copy_from_slice(&data);
+    s.memcpy_htod(ctx, LEGACY, dev, h).unwrap();
+    h.fill(0);
+    s.memcpy_dtoh(ctx, LEGACY, dev, h).unwrap();
+    assert_eq!(h, &data[..]);
+    s.host_memory().free(p).unwrap();
+    s.mem_free(ctx, dev).unwrap();
+}
+
+#[test]
+fn unix_sessions_keep_private_host_memory() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(AREA);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let p = s.host_memory().alloc(N as u64, 0, ctx).unwrap();
+    assert!(s.pinned_offset(p, 1).is_none());
+    assert!(s.host_memory().find(p).unwrap().area_offset.is_none());
+    let dev = s.mem_alloc(ctx, N as u64).unwrap();
+    let data = pattern(N, 5);
+    // SAFETY: `p` is a live allocation of N bytes used only by this test.
+    let h = unsafe { host(p, N) };
+    h.copy_from_slice(&data);
+    let stream = s.stream_create(ctx, 0, 0).unwrap();
+    s.memcpy_htod_async(ctx, stream, dev, h).unwrap();
+    let got = Arc::new(Mutex::new(None));
+    let sink = Arc::clone(&got);
+    s.memcpy_dtoh_async(
+        ctx,
+        stream,
+        dev,
+        N as u64,
+        Box::new(move |d: &[u8]| *sink.lock().unwrap() = Some(d.to_vec())),
+    )
+    .unwrap();
+    s.stream_synchronize(ctx, stream).unwrap();
+    assert_eq!(got.lock().unwrap().take().unwrap(), data);
+    assert_eq!(
+        s.memcpy_htod_pinned(ctx, LEGACY, dev, p, N as u64, false),
+        Err(remora_client::CuError(remora_client::cu::INVALID_VALUE))
+    );
+    s.stream_destroy(stream).unwrap();
+    s.host_memory().free(p).unwrap();
+    s.mem_free(ctx, dev).unwrap();
+}
