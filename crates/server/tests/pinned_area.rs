@@ -3,76 +3,12 @@
 //! (offset, size): the client copies nothing, the server reads and writes the area where the
 //! bytes are. Client `Session` → executor → EMULATED test backend.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
-use remora_client::proto::*;
-use remora_client::{Session, SessionConfig};
-use remora_oncrpc::{Endpoint, TransportChoice};
-use remora_server::{
-    Backend, EmulatedBackend, EmulatedConfig, Running, ServeConfig, ShmConfig, inventory_of,
-    start_with_backend,
-};
-
-const LEGACY: u64 = RM_STREAM_LEGACY as u64;
-/// The data area of these tests: small, so that copies larger than it are cheap.
-const AREA: u64 = 256 << 10;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-struct Server {
-    _dir: tempfile::TempDir,
-    running: Option<Running>,
-    endpoint: Endpoint,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(r) = self.running.take() {
-            r.shutdown();
-        }
-    }
-}
-
-fn serve(data_bytes: u64) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
-    let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
-    let running = start_with_backend(
-        ServeConfig {
-            listen: vec![endpoint.clone()],
-            shm: ShmConfig {
-                enabled: true,
-                data_bytes,
-            },
-            ..ServeConfig::default()
-        },
-        Arc::clone(&backend) as Arc<dyn Backend>,
-        inventory_of(&*backend),
-    )
-    .unwrap();
-    Server {
-        _dir: dir,
-        running: Some(running),
-        endpoint,
-    }
-}
-
-fn session(endpoint: &Endpoint, transport: TransportChoice) -> Session {
-    Session::connect_with(
-        endpoint,
-        SessionConfig {
-            transport,
-            ..SessionConfig::default()
-        },
-    )
-    .unwrap()
-}
-
-fn pattern(n: usize, seed: u32) -> Vec<u8> {
-    (0..n as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(97)) as u8 ^ (i >> 9) as u8)
-        .collect()
-}
+use common::*;
+use remora_oncrpc::TransportChoice;
 
 /// `n` bytes of host memory at `p` as a slice.
 ///
