@@ -89,6 +89,9 @@ fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
 struct Inner {
     /// Time driver calls of launches (see [`Executor::set_profile`]).
     profile: std::sync::atomic::AtomicBool,
+    /// Set once any session has switched to its ordered thread (its first host callback):
+    /// until then dispatch skips the per-call session lookup for it.
+    any_ordered: std::sync::atomic::AtomicBool,
     backend: Arc<dyn Backend>,
     hello: HelloService,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
@@ -129,6 +132,7 @@ impl Executor {
         Self {
             inner: Arc::new(Inner {
                 profile: std::sync::atomic::AtomicBool::new(false),
+                any_ordered: std::sync::atomic::AtomicBool::new(false),
                 backend,
                 hello,
                 sessions: Mutex::new(HashMap::new()),
@@ -1379,6 +1383,9 @@ impl RemoraV1Server for Executor {
             // callback runs once.
             not_captured(inner, capturing, t.ctx, t.stream)?;
             session.ordered.start(session.connection)?;
+            inner
+                .any_ordered
+                .store(true, std::sync::atomic::Ordering::Release);
             let callbacks = Arc::clone(&session.callbacks);
             // The host function runs on the driver's thread while a call of this session may
             // hold the session lock inside the driver waiting for it (cuMemFree, a
@@ -2174,6 +2181,13 @@ impl Executor {
     /// The ordered thread of `connection`'s session, once it uses host callbacks: where its
     /// calls other than the host-callback procedures run (see [`crate::host_callbacks`]).
     pub(crate) fn ordered_session(&self, connection: u64) -> Option<Arc<Session>> {
+        if !self
+            .inner
+            .any_ordered
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return None;
+        }
         let session = self.inner.sessions().get(&connection).map(Arc::clone)?;
         session.ordered.is_on().then_some(session)
     }

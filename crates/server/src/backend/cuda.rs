@@ -1033,9 +1033,7 @@ impl Backend for CudaBackend {
             // may write the bytes meanwhile: the device then gets some mix, as it would.
             return call!(d.t, memcpy_htod(dst, p.cast_const().cast(), len));
         }
-        let mut buf = vec![0u8; len];
-        area.read(offset, &mut buf).map_err(|_| INVALID_VALUE)?;
-        self.memcpy_htod(ctx, stream, dst, &buf)
+        super::htod_area_buffered(self, ctx, stream, dst, area, offset, size)
     }
 
     fn memcpy_htod_async_area_pinned(
@@ -1069,16 +1067,14 @@ impl Backend for CudaBackend {
         offset: u64,
         size: u64,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
         if let Some(d) = self.area_dma(ctx, area) {
+            let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
             let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
             // SAFETY: `p..p + len` lies inside the registered area (bounds checked by
             // `ptr`), writable shared memory; cuMemcpyDtoH returns once the bytes are there.
             return call!(d.t, memcpy_dtoh(p.cast(), src, len));
         }
-        let mut buf = vec![0u8; len];
-        self.memcpy_dtoh(ctx, &mut buf, src)?;
-        area.write(offset, &buf).map_err(|_| INVALID_VALUE)
+        super::dtoh_area_buffered(self, ctx, src, area, offset, size)
     }
 
     fn memcpy_dtoh_async_area(

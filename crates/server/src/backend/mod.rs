@@ -303,11 +303,7 @@ pub trait Backend: Send + Sync + 'static {
         offset: u64,
         size: u64,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
-        let mut buf = vec![0u8; len];
-        area.read(offset, &mut buf)
-            .map_err(|_| status::INVALID_VALUE)?;
-        self.memcpy_htod(ctx, stream, dst, &buf)
+        htod_area_buffered(self, ctx, stream, dst, area, offset, size)
     }
     /// `cuMemcpyDtoH` into `size` bytes at `offset` of a session's shared data area, which
     /// the caller has bounds-checked (blocks). The default copies through a private buffer.
@@ -319,10 +315,7 @@ pub trait Backend: Send + Sync + 'static {
         offset: u64,
         size: u64,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
-        let mut buf = vec![0u8; len];
-        self.memcpy_dtoh(ctx, &mut buf, src)?;
-        area.write(offset, &buf).map_err(|_| status::INVALID_VALUE)
+        dtoh_area_buffered(self, ctx, src, area, offset, size)
     }
     /// `cuMemcpyHtoDAsync` on `stream` from `size` bytes at `offset` of a session's shared
     /// data area that hold zero-copy pinned memory (bounds-checked by the caller). Unlike
@@ -510,4 +503,37 @@ pub trait Backend: Send + Sync + 'static {
     fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()>;
     /// `cuGraphGetNodes` with a NULL array: the number of nodes.
     fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64>;
+}
+
+/// [`Backend::memcpy_htod_area`] through a private buffer: the area's bytes are copied out
+/// once (the client may change them at any time), then copied as pageable memory.
+pub(crate) fn htod_area_buffered<B: Backend + ?Sized>(
+    b: &B,
+    ctx: u64,
+    stream: Option<u64>,
+    dst: u64,
+    area: &DataArea,
+    offset: u64,
+    size: u64,
+) -> CuResult<()> {
+    let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
+    let mut buf = vec![0u8; len];
+    area.read(offset, &mut buf)
+        .map_err(|_| status::INVALID_VALUE)?;
+    b.memcpy_htod(ctx, stream, dst, &buf)
+}
+
+/// [`Backend::memcpy_dtoh_area`] through a private buffer.
+pub(crate) fn dtoh_area_buffered<B: Backend + ?Sized>(
+    b: &B,
+    ctx: u64,
+    src: u64,
+    area: &DataArea,
+    offset: u64,
+    size: u64,
+) -> CuResult<()> {
+    let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
+    let mut buf = vec![0u8; len];
+    b.memcpy_dtoh(ctx, &mut buf, src)?;
+    area.write(offset, &buf).map_err(|_| status::INVALID_VALUE)
 }
