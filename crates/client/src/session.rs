@@ -718,6 +718,17 @@ impl Session {
         }))?)
     }
 
+    /// The private TOOLS_CONTEXT query cuBLASLt makes (slots 51 and 39), answered by the
+    /// server's driver: the 32-bit answer (revision 7).
+    pub fn tools_ctx_query(&self, ctx: RmHandle, mask: u64, flag: u32) -> CuResult<u64> {
+        self.need_revision(7, "the TOOLS_CONTEXT query of cuBLASLt")?;
+        u64r(call!(self.rm_tools_ctx_query(&RmToolsCtxQueryArgs {
+            ctx,
+            mask,
+            flag
+        }))?)
+    }
+
     // Memory -------------------------------------------------------------------------------
 
     fn reserve_or_free(&self, ctx: RmHandle, ptr: u64, size: u64) -> CuResult<()> {

@@ -646,6 +646,23 @@ impl RemoraV1Server for Executor {
         Ok(int_pair_reply("RM_CTX_GET_STREAM_PRIORITY_RANGE", r))
     }
 
+    fn rm_tools_ctx_query(
+        &self,
+        call: &CallContext,
+        a: RmToolsCtxQueryArgs,
+    ) -> ProcResult<RmU64Reply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        // The flag is a boolean in every call observed; anything else is refused before it
+        // reaches a private driver entry point.
+        let r = if a.flag > 1 {
+            Err(INVALID_VALUE)
+        } else {
+            raw.and_then(|c| self.inner.backend.tools_ctx_query(c, a.mask, a.flag))
+        };
+        Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
+    }
+
     // Memory ---------------------------------------------------------------------------------
 
     fn rm_mem_alloc(&self, call: &CallContext, a: RmAllocArgs) -> ProcResult<RmU64Reply> {

@@ -53,11 +53,13 @@ pub enum Table {
     ContextChecks,
     /// The tools' view of contexts (`ToolsContext`), asked for by cuFFT and cuBLAS.
     ToolsContext,
+    /// The tools' view of modules and functions (`ToolsModule`), asked for by cuFFT.
+    ToolsModule,
 }
 
 /// (table, name, UUID, served): a table that is not served is known by name only, and its
 /// request is answered like an unknown one (but logged with its name).
-pub const TABLES: [(Table, &str, Uuid, bool); 10] = [
+pub const TABLES: [(Table, &str, Uuid, bool); 11] = [
     (
         Table::CudartInterface,
         "CUDART_INTERFACE",
@@ -118,6 +120,12 @@ pub const TABLES: [(Table, &str, Uuid, bool); 10] = [
         uuid("21318c60971432488ca641ff7324c8f2"),
         true,
     ),
+    (
+        Table::ToolsModule,
+        "TOOLS_MODULE",
+        uuid("6e163fbeb958444d835ce182aff1991e"),
+        true,
+    ),
 ];
 
 const fn hex(c: u8) -> u8 {
@@ -156,8 +164,8 @@ pub fn format_uuid(u: &Uuid) -> String {
 
 // Traps --------------------------------------------------------------------------------------
 
-/// The most slots a served table has (TOOLS_CONTEXT: a size and 94 functions).
-const MAX_SLOTS: usize = 95;
+/// The most slots a served table has (TOOLS_MODULE: a size and 98 functions).
+const MAX_SLOTS: usize = 99;
 
 fn trapped() -> &'static Mutex<HashSet<(usize, usize)>> {
     static M: OnceLock<Mutex<HashSet<(usize, usize)>>> = OnceLock::new();
@@ -191,14 +199,14 @@ macro_rules! traps {
             0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31
             32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60
             61 62 63 64 65 66 67 68 69 70 71 72 73 74 75 76 77 78 79 80 81 82 83 84 85 86 87 88 89
-            90 91 92 93 94)
+            90 91 92 93 94 95 96 97 98)
     };
     (@ $t:literal; $($s:literal)*) => {
         [$(trap::<$t, $s> as extern "C" fn() -> i32 as *const c_void),*]
     };
 }
 
-const TRAPS: [[*const c_void; MAX_SLOTS]; 10] = [
+const TRAPS: [[*const c_void; MAX_SLOTS]; 11] = [
     traps!(0),
     traps!(1),
     traps!(2),
@@ -209,6 +217,7 @@ const TRAPS: [[*const c_void; MAX_SLOTS]; 10] = [
     traps!(7),
     traps!(8),
     traps!(9),
+    traps!(10),
 ];
 
 /// A table of `N` slots: traps everywhere, then the size in slot 0 when `sized`, then `fns`.
@@ -695,14 +704,152 @@ extern "C" fn tools_context_id(ctx: Handle, id: *mut u64) -> i32 {
     unsafe { crate::exports::cuCtxGetId(ctx, id) }
 }
 
-/// The TOOLS_CONTEXT table as CUDA 13's driver sizes it (a size and 94 slots); only the
-/// context-id query is served, every other slot is a loud trap.
+/// The objects slot 51 has handed out: address → the context it belongs to. Each is a
+/// zeroed, leaked block (one per context) that only slot 39 interprets.
+fn tools_objects() -> &'static Mutex<HashMap<usize, u64>> {
+    static M: OnceLock<Mutex<HashMap<usize, u64>>> = OnceLock::new();
+    M.get_or_init(Mutex::default)
+}
+
+/// Bytes of the block slot 51 hands out (the driver's own object is larger than the 256 bytes
+/// observed; nothing of it is read by the libraries as far as observed).
+const TOOLS_OBJECT_BYTES: usize = 4096;
+
+/// TOOLS_CONTEXT slot 51 `(ctx, 0, &object, 0)`: an object of the context that cuBLASLt then
+/// passes to slot 39 (observed on driver 580 with cuBLAS 13.0; `docs/export-tables.md`).
+/// Remora answers a client-side block per context and runs the question itself on the server.
+extern "C" fn tools_context_object(ctx: Handle, a1: u64, object: *mut *mut c_void) -> i32 {
+    call("TOOLS_CONTEXT object (slot 51)", || {
+        if a1 != 0 {
+            tracing::error!(
+                "remora: TOOLS_CONTEXT slot 51 was called with a second argument {a1:#x}; only 0 has been observed and is implemented: CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
+        let ctx = if ctx.is_null() {
+            state::current_ctx()?
+        } else {
+            state::dec(Kind::Ctx, ctx)?
+        };
+        let mut objects = tools_objects().lock().unwrap_or_else(|e| e.into_inner());
+        let existing = objects.iter().find(|(_, c)| **c == ctx).map(|(a, _)| *a);
+        let addr = match existing {
+            Some(a) => a,
+            None => {
+                let block: &'static mut [u64] = Vec::leak(vec![0u64; TOOLS_OBJECT_BYTES / 8]);
+                let a = block.as_mut_ptr() as usize;
+                objects.insert(a, ctx);
+                a
+            }
+        };
+        // SAFETY: the runtime's output slot (null rejected by `put`).
+        unsafe { put(object, addr as *mut c_void) }
+    })
+}
+
+/// TOOLS_CONTEXT slot 39 `(ctx, object, &answer, mask, flag)`: asks the object from slot 51 a
+/// question; the server runs slots 51 and 39 against its driver (`RM_TOOLS_CTX_QUERY`). The
+/// answer is written as 32 bits (driver 580 answered 7 into a zeroed cell).
+extern "C" fn tools_context_ask(
+    _ctx: Handle,
+    object: *mut c_void,
+    answer: *mut u32,
+    mask: u64,
+    flag: u64,
+) -> i32 {
+    call("TOOLS_CONTEXT query (slot 39)", || {
+        let ctx = tools_objects()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(object as usize))
+            .copied();
+        let Some(ctx) = ctx else {
+            tracing::error!(
+                "remora: TOOLS_CONTEXT slot 39 was called with {object:p}, which slot 51 did not hand out; CUDA_ERROR_INVALID_VALUE"
+            );
+            return Err(CuError(cu::INVALID_VALUE));
+        };
+        let flag = u32::try_from(flag).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        let v = state::session()?.tools_ctx_query(ctx, mask, flag)?;
+        // SAFETY: the runtime's output slot (null rejected by `put`).
+        unsafe { put(answer, v as u32) }
+    })
+}
+
+/// The TOOLS_CONTEXT table as CUDA 13's driver sizes it (a size and 94 slots): the context id
+/// (4) and cuBLASLt's context query (51, 39) are served, every other slot is a loud trap.
 pub static TOOLS_CONTEXT: Slots<95> = build(
     Table::ToolsContext,
     true,
+    &[
+        (
+            4,
+            tools_context_id as extern "C" fn(Handle, *mut u64) -> i32 as *const c_void,
+        ),
+        (
+            39,
+            tools_context_ask as extern "C" fn(Handle, *mut c_void, *mut u32, u64, u64) -> i32
+                as *const c_void,
+        ),
+        (
+            51,
+            tools_context_object as extern "C" fn(Handle, u64, *mut *mut c_void) -> i32
+                as *const c_void,
+        ),
+    ],
+);
+
+// TOOLS_MODULE ----------------------------------------------------------------------------------
+
+/// The callback of TOOLS_MODULE slot 7: `(user, function, name)`; its result is not used
+/// (cuFFT's stores the function through `user` and returns nothing).
+type FunctionVisitor = extern "C" fn(*mut c_void, Handle, *const std::ffi::c_char);
+
+/// TOOLS_MODULE slot 7 `(ctx, module, visit, user)`: calls `visit(user, function, name)` for
+/// every function of the module and answers how many it visited (driver 580 answered 1 for
+/// cuFFT's one-kernel module). Functions are visited in name order.
+extern "C" fn tools_module_each_function(
+    _ctx: Handle,
+    module: Handle,
+    visit: Option<FunctionVisitor>,
+    user: *mut c_void,
+) -> i32 {
+    let visited = std::panic::catch_unwind(|| -> CuResult<i32> {
+        note("TOOLS_MODULE functions of a module (slot 7)");
+        let visit = visit.ok_or(CuError(cu::INVALID_VALUE))?;
+        let m = state::session()?
+            .module(state::dec(Kind::Module, module)?)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let mut functions: Vec<_> = m.functions.values().cloned().collect();
+        functions.sort_by(|a, b| a.c_name.cmp(&b.c_name));
+        // The callback is the library's code: it runs with no Remora lock held.
+        for f in &functions {
+            visit(user, enc(Kind::Function, f.handle), f.c_name.as_ptr());
+        }
+        Ok(i32::try_from(functions.len()).unwrap_or(i32::MAX))
+    });
+    match visited {
+        Ok(Ok(n)) => n,
+        Ok(Err(CuError(code))) => {
+            tracing::error!(
+                "remora: TOOLS_MODULE slot 7 (the functions of a module) failed with CUDA error {code}"
+            );
+            code
+        }
+        Err(_) => cu::UNKNOWN,
+    }
+}
+
+/// The TOOLS_MODULE table as driver 580 sizes it (a size and 98 slots): the function
+/// iteration (7) is served, every other slot is a loud trap.
+pub static TOOLS_MODULE: Slots<99> = build(
+    Table::ToolsModule,
+    true,
     &[(
-        4,
-        tools_context_id as extern "C" fn(Handle, *mut u64) -> i32 as *const c_void,
+        7,
+        tools_module_each_function
+            as extern "C" fn(Handle, Handle, Option<FunctionVisitor>, *mut c_void) -> i32
+            as *const c_void,
     )],
 );
 
@@ -725,6 +872,7 @@ pub fn lookup(id: &Uuid) -> Result<*const c_void, Option<&'static str>> {
         Table::IntegrityCheck => INTEGRITY_CHECK.0.as_ptr().cast(),
         Table::ContextChecks => CONTEXT_CHECKS.0.as_ptr().cast(),
         Table::ToolsContext => TOOLS_CONTEXT.0.as_ptr().cast(),
+        Table::ToolsModule => TOOLS_MODULE.0.as_ptr().cast(),
         Table::HeapAccess | Table::DeviceExtendedRt => return Err(Some(name)),
     })
 }

@@ -810,3 +810,131 @@ fn child_host_callbacks() {
     }
     println!("CHILD-OK");
 }
+
+#[test]
+fn emulated_tools_tables() {
+    emulated_child("child_tools_tables");
+}
+
+/// The function visitor of TOOLS_MODULE slot 7: records (function, name).
+unsafe extern "C" fn visit_function(user: *mut c_void, f: *mut c_void, name: *const i8) {
+    // SAFETY: `user` is the test's Vec; `name` is a NUL-terminated function name.
+    let seen = unsafe { &mut *user.cast::<Vec<(usize, String)>>() };
+    let name = unsafe { std::ffi::CStr::from_ptr(name) };
+    seen.push((f as usize, name.to_string_lossy().into_owned()));
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_tools_tables"]
+fn child_tools_tables() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type ExportTable = unsafe extern "C" fn(*mut *const *const c_void, *const [u8; 16]) -> c_int;
+    type ModuleLoadData = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> c_int;
+    type GetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> c_int;
+    type Object = unsafe extern "C" fn(*mut c_void, u64, *mut *mut c_void) -> c_int;
+    type Ask = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut u32, u64, u64) -> c_int;
+    type Each = unsafe extern "C" fn(
+        *mut c_void,
+        *mut c_void,
+        Option<unsafe extern "C" fn(*mut c_void, *mut c_void, *const i8)>,
+        *mut c_void,
+    ) -> c_int;
+    const TOOLS_CONTEXT: [u8; 16] = [
+        0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8,
+        0xf2,
+    ];
+    const TOOLS_MODULE: [u8; 16] = [
+        0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99,
+        0x1e,
+    ];
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it, every table slot the signature
+    // docs/export-tables.md gives it; outputs point to locals.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let export: libloading::Symbol<ExportTable> = lib.get(b"cuGetExportTable").unwrap();
+        let load: libloading::Symbol<ModuleLoadData> = lib.get(b"cuModuleLoadData").unwrap();
+        let get_fn: libloading::Symbol<GetFunction> = lib.get(b"cuModuleGetFunction").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+
+        // TOOLS_CONTEXT slots 51 and 39, as cuBLASLt calls them.
+        let mut t: *const *const c_void = std::ptr::null();
+        assert_eq!(export(&mut t, &TOOLS_CONTEXT), 0);
+        assert_eq!(*t as usize, 95 * 8);
+        let object: Object = std::mem::transmute(*t.add(51));
+        let ask: Ask = std::mem::transmute(*t.add(39));
+        let mut obj = std::ptr::null_mut();
+        assert_eq!(object(ctx, 0, &mut obj), 0);
+        assert!(!obj.is_null());
+        let mut again = std::ptr::null_mut();
+        assert_eq!(
+            object(std::ptr::null_mut(), 0, &mut again),
+            0,
+            "null = current context"
+        );
+        assert_eq!(again, obj, "one object per context");
+        let mut answer: u32 = 0xdead;
+        assert_eq!(ask(ctx, obj, &mut answer, 0x7fff_fffe_ffff, 1), 0);
+        assert_eq!(answer, 0, "the emulated device answers 0");
+        assert_eq!(
+            ask(ctx, 0x1234 as *mut c_void, &mut answer, 0, 1),
+            1,
+            "an object slot 51 did not hand out"
+        );
+        assert_eq!(ask(ctx, obj, &mut answer, 0, 2), 1, "the flag is 0 or 1");
+        assert_eq!(
+            object(ctx, 5, &mut obj),
+            801,
+            "unobserved arguments fail loudly"
+        );
+
+        // TOOLS_MODULE slot 7 visits every function of a module.
+        let mut t: *const *const c_void = std::ptr::null();
+        assert_eq!(export(&mut t, &TOOLS_MODULE), 0);
+        assert_eq!(*t as usize, 99 * 8);
+        let each: Each = std::mem::transmute(*t.add(7));
+        let image = c"REMORA-EMU-MODULE\nfunc zeta 8\nfunc alpha 4,4\n";
+        let mut module = std::ptr::null_mut();
+        assert_eq!(load(&mut module, image.as_ptr().cast()), 0);
+        let mut seen: Vec<(usize, String)> = Vec::new();
+        let n = each(
+            ctx,
+            module,
+            Some(visit_function),
+            (&raw mut seen).cast::<c_void>(),
+        );
+        assert_eq!(n, 2, "two functions visited");
+        let names: Vec<&str> = seen.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(names, ["alpha", "zeta"]);
+        for (f, name) in &seen {
+            let mut g = std::ptr::null_mut();
+            let c = std::ffi::CString::new(name.as_str()).unwrap();
+            assert_eq!(get_fn(&mut g, module, c.as_ptr()), 0);
+            assert_eq!(
+                g as usize, *f,
+                "the visited handle is cuModuleGetFunction's"
+            );
+        }
+        assert_eq!(
+            each(
+                ctx,
+                0x99 as *mut c_void,
+                Some(visit_function),
+                std::ptr::null_mut()
+            ),
+            400,
+            "an unknown module"
+        );
+        // An unimplemented slot of the new table is a loud trap.
+        let trap: unsafe extern "C" fn() -> c_int = std::mem::transmute(*t.add(98));
+        assert_eq!(trap(), 801);
+    }
+    println!("CHILD-OK");
+}

@@ -155,7 +155,17 @@ driver_table! {
     graph_exec_destroy = "cuGraphExecDestroy" / "cuGraphExecDestroy": fn(Ptr);
     graph_destroy = "cuGraphDestroy" / "cuGraphDestroy": fn(Ptr);
     graph_get_nodes = "cuGraphGetNodes" / "cuGraphGetNodes": fn(Ptr, *mut Ptr, *mut usize);
+    get_export_table = "cuGetExportTable" / "cuGetExportTable": fn(*mut *const c_void, *const [u8; 16]);
 }
+
+/// The driver's private TOOLS_CONTEXT table, `{21318C60-9714-3248-8CA6-41FF7324C8F2}`.
+const TOOLS_CONTEXT_UUID: [u8; 16] = [
+    0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2,
+];
+/// TOOLS_CONTEXT slot 51: `(ctx, 0, &object, 0)`, the context's object for slot 39.
+type ToolsCtxObject = unsafe extern "C" fn(Ptr, u64, *mut Ptr, u64) -> c_int;
+/// TOOLS_CONTEXT slot 39: `(ctx, object, &answer, mask, flag)`.
+type ToolsCtxAsk = unsafe extern "C" fn(Ptr, Ptr, *mut u64, u64, u64) -> c_int;
 
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 const CAPTURE_MODE_RELAXED: c_int = 2;
@@ -934,6 +944,43 @@ impl Backend for CudaBackend {
             ctx_get_stream_priority_range(&mut least, &mut greatest)
         )?;
         Ok((least, greatest))
+    }
+
+    fn tools_ctx_query(&self, ctx: u64, mask: u64, flag: u32) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut table: *const c_void = std::ptr::null();
+        // SAFETY: writes one pointer; the UUID is 16 readable bytes.
+        call!(d.t, get_export_table(&mut table, &TOOLS_CONTEXT_UUID))?;
+        let table = table.cast::<*const c_void>();
+        // SAFETY: a table the driver served begins with its size in bytes (observed on driver
+        // 580: 0x2e8, 93 slots); it is read before any slot.
+        let size = if table.is_null() {
+            0
+        } else {
+            (unsafe { *table }) as usize
+        };
+        if size <= 51 * size_of::<usize>() {
+            tracing::error!(
+                "the driver's TOOLS_CONTEXT table has {size} bytes, too few for slot 51: the query cuBLASLt makes cannot be answered (CUDA_ERROR_NOT_SUPPORTED)"
+            );
+            return Err(NOT_SUPPORTED);
+        }
+        // SAFETY: slots 39 and 51 lie inside the table (checked above); their signatures were
+        // observed on driver 580 (docs/export-tables.md): slot 51 writes one pointer, slot 39
+        // one 32-bit answer into a zeroed 64-bit cell. The context is current and live.
+        let (object_of, ask): (ToolsCtxObject, ToolsCtxAsk) = unsafe {
+            (
+                std::mem::transmute::<*const c_void, ToolsCtxObject>(*table.add(51)),
+                std::mem::transmute::<*const c_void, ToolsCtxAsk>(*table.add(39)),
+            )
+        };
+        let mut object: Ptr = std::ptr::null_mut();
+        // SAFETY: see above; `object` is a writable pointer cell.
+        check(unsafe { object_of(ptr(ctx), 0, &mut object, 0) })?;
+        let mut answer: u64 = 0;
+        // SAFETY: see above; `answer` is a writable, zeroed cell; mask and flag are plain values.
+        check(unsafe { ask(ptr(ctx), object, &mut answer, mask, u64::from(flag)) })?;
+        Ok(answer & u64::from(u32::MAX))
     }
 
     fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64> {

@@ -489,7 +489,8 @@ fn parse_module(image: &[u8]) -> CuResult<ParsedModule> {
     let Ok(text) = std::str::from_utf8(image) else {
         return Ok((Vec::new(), Vec::new()));
     };
-    let mut lines = text.lines();
+    // Text images reach the server with their NUL terminator (as PTX does through the shim).
+    let mut lines = text.trim_end_matches('\0').lines();
     if lines.next() != Some(EMU_MODULE_MAGIC) {
         return Ok((Vec::new(), Vec::new()));
     }
@@ -624,6 +625,15 @@ impl Backend for EmulatedBackend {
             return Err(UNSUPPORTED_LIMIT);
         }
         Ok(st.limits.get(&(ctx, limit)).copied().unwrap_or(1024))
+    }
+
+    /// The emulated device answers the private tools query with 0 (no capability bits).
+    fn tools_ctx_query(&self, ctx: u64, _mask: u64, flag: u32) -> CuResult<u64> {
+        self.lock().ctx(ctx)?;
+        if flag > 1 {
+            return Err(INVALID_VALUE);
+        }
+        Ok(0)
     }
 
     fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64> {

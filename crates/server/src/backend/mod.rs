@@ -276,6 +276,9 @@ pub trait Backend: Send + Sync + 'static {
     fn ctx_get_limit(&self, ctx: u64, limit: i32) -> CuResult<u64>;
     /// `cuCtxGetStreamPriorityRange`: `(least, greatest)`.
     fn ctx_stream_priority_range(&self, ctx: u64) -> CuResult<(i32, i32)>;
+    /// The private TOOLS_CONTEXT query that cuBLASLt makes (slot 51 for the context's object,
+    /// then slot 39 with `mask` and `flag`): the 32-bit answer.
+    fn tools_ctx_query(&self, ctx: u64, mask: u64, flag: u32) -> CuResult<u64>;
 
     /// `cuMemAlloc`.
     fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64>;
