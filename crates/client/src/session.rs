@@ -299,6 +299,8 @@ pub enum PointerKind {
         size: u64,
         /// The context that allocated it.
         ctx: RmHandle,
+        /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique in the process, never reused.
+        buffer_id: u64,
     },
 }
 
@@ -812,6 +814,7 @@ impl Session {
                 base,
                 size: r.size,
                 ctx: r.ctx,
+                buffer_id: r.buffer_id,
             },
             None => match self.host.find(ptr) {
                 Some(r) => PointerKind::HostTracked(r),

@@ -12,6 +12,8 @@ use rustix::mm::{MapFlags, ProtFlags};
 pub(crate) struct Range {
     pub(crate) size: u64,
     pub(crate) ctx: u64,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique in the process, never reused (from 1).
+    pub(crate) buffer_id: u64,
 }
 
 #[derive(Debug, Default)]
@@ -21,6 +23,8 @@ struct State {
     /// Reserved chunks of pages: start -> (end, number of allocations touching it). Device
     /// allocations can share a page (the driver sub-allocates), so chunks are counted.
     chunks: BTreeMap<u64, (u64, u32)>,
+    /// The last buffer id handed out.
+    last_buffer_id: u64,
 }
 
 /// The device allocations of a session, by base address.
@@ -121,7 +125,16 @@ impl VaSpace {
                 c.1 += 1;
             }
         }
-        st.ranges.insert(base, Range { size, ctx });
+        st.last_buffer_id += 1;
+        let buffer_id = st.last_buffer_id;
+        st.ranges.insert(
+            base,
+            Range {
+                size,
+                ctx,
+                buffer_id,
+            },
+        );
         Ok(())
     }
 

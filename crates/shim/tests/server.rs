@@ -938,3 +938,61 @@ fn child_tools_tables() {
     }
     println!("CHILD-OK");
 }
+
+#[test]
+fn emulated_pointer_attributes() {
+    emulated_child("child_pointer_attributes");
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_pointer_attributes"]
+fn child_pointer_attributes() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type Alloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+    type Free = unsafe extern "C" fn(u64) -> c_int;
+    type Attr = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals of the
+    // attribute's type.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let alloc: libloading::Symbol<Alloc> = lib.get(b"cuMemAlloc_v2").unwrap();
+        let free: libloading::Symbol<Free> = lib.get(b"cuMemFree_v2").unwrap();
+        let attr: libloading::Symbol<Attr> = lib.get(b"cuPointerGetAttribute").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let (mut a, mut b) = (0u64, 0u64);
+        assert_eq!(alloc(&mut a, 4096), 0);
+        assert_eq!(alloc(&mut b, 4096), 0);
+        let id = |p: u64| {
+            let mut v = 0u64;
+            assert_eq!(attr((&raw mut v).cast(), 7, p), 0, "buffer id of {p:#x}");
+            v
+        };
+        let (ia, ib) = (id(a), id(b));
+        assert!(ia != 0 && ib != 0 && ia != ib, "ids {ia} {ib}");
+        assert_eq!(
+            id(a + 100),
+            ia,
+            "an interior pointer has its allocation's id"
+        );
+        let mut kind: c_uint = 0;
+        assert_eq!(attr((&raw mut kind).cast(), 2, a + 8), 0);
+        assert_eq!(kind, 2, "CU_MEMORYTYPE_DEVICE");
+        let mut start = 0u64;
+        assert_eq!(attr((&raw mut start).cast(), 11, a + 8), 0);
+        assert_eq!(start, a);
+        assert_eq!(free(a), 0);
+        let mut c = 0u64;
+        assert_eq!(alloc(&mut c, 4096), 0);
+        let ic = id(c);
+        assert!(ic != ia && ic != ib, "ids are never reused");
+    }
+    println!("CHILD-OK");
+}

@@ -118,8 +118,13 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
 ) -> CUresult {
     entry("cuPointerGetAttribute", || {
         let s = state::session()?;
-        let (base, size, ctx) = match s.pointer_kind(ptr) {
-            PointerKind::Device { base, size, ctx } => (base, size, ctx),
+        let (base, size, ctx, buffer_id) = match s.pointer_kind(ptr) {
+            PointerKind::Device {
+                base,
+                size,
+                ctx,
+                buffer_id,
+            } => (base, size, ctx, buffer_id),
             PointerKind::HostTracked(r) => return host_attribute(data, attribute, ptr, &r),
             PointerKind::Host => return Err(CuError(cu::INVALID_VALUE)),
         };
@@ -129,6 +134,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 1 => put(data.cast::<Handle>(), enc(Kind::Ctx, ctx)),
                 2 => put(data.cast::<c_uint>(), 2), // CU_MEMORYTYPE_DEVICE
                 3 => put(data.cast::<DevPtr>(), ptr),
+                7 => put(data.cast::<u64>(), buffer_id),
                 8 => put(data.cast::<c_uint>(), 0),
                 9 => put(data.cast::<c_int>(), state::ctx_device(ctx)?),
                 11 => put(data.cast::<DevPtr>(), base),
@@ -170,8 +176,8 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
                 0 => {}
                 rc if rc == cu::NOT_SUPPORTED || rc == cu::INVALID_VALUE => {
                     let size = match attribute {
-                        2 | 9 => 4,               // CUmemorytype, device ordinal (int)
-                        1 | 3 | 4 | 11 | 12 => 8, // context, pointers, range start, range size
+                        2 | 9 => 4,                   // CUmemorytype, device ordinal (int)
+                        1 | 3 | 4 | 7 | 11 | 12 => 8, // context, pointers, buffer id, range
                         _ => 0,
                     };
                     if size > 0 && !slot.is_null() {
