@@ -769,7 +769,10 @@ extern "C" fn tools_context_ask(
             );
             return Err(CuError(cu::INVALID_VALUE));
         };
-        let flag = u32::try_from(flag).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        // The flag is a boolean: only the register's low byte is defined (the SysV ABI leaves
+        // the rest of a bool argument's register unspecified, and cuBLASLt's calls do carry
+        // garbage there).
+        let flag = u32::from(flag as u8);
         let v = state::session()?.tools_ctx_query(ctx, mask, flag)?;
         // SAFETY: the runtime's output slot (null rejected by `put`).
         unsafe { put(answer, v as u32) }

@@ -890,6 +890,11 @@ fn child_tools_tables() {
         );
         assert_eq!(ask(ctx, obj, &mut answer, 0, 2), 1, "the flag is 0 or 1");
         assert_eq!(
+            ask(ctx, obj, &mut answer, 0, 0xdead_be00_0000_0001),
+            0,
+            "only the low byte of the boolean flag counts"
+        );
+        assert_eq!(
             object(ctx, 5, &mut obj),
             801,
             "unobserved arguments fail loudly"
