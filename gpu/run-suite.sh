@@ -19,7 +19,8 @@
 #   3. compare each remoted stdout and exit status with the native one, byte for byte;
 #   4. run bench/driver_bench natively and remoted (REMORA_BENCH_ROUNDS rounds, interleaved),
 #      `remora bench null` and one profiled remoted run per transport; write median
-#      remoted/native ratios;
+#      remoted/native ratios; `remora bench launch|copy` with 1, 4 and 16 clients
+#      (bench_launch.{json,png}, bench_copy.{json,png});
 #   5. write suite.json and bench.json and print "N passed, M failed, K skipped".
 set -uo pipefail
 usage="usage: run-suite.sh BIN_DIR OUT_DIR"
@@ -254,6 +255,22 @@ if [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_ONL
       sleep 1; kill "$ppid" 2>/dev/null; wait "$ppid" 2>/dev/null
       echo "server profile of one driver_bench run over $m:"
       grep -A 14 'profile' "$out/outputs/profile.$m.txt" | grep -v '^--' | head -n 16
+    done
+  fi
+  if [ $have_run = 1 ]; then
+    # `remora bench launch|copy`: 1, 4 and 16 concurrent clients, native against shm, unix and
+    # tcp in the same run (the command interleaves the modes each round).
+    for what in launch copy; do
+      echo "remora bench $what (clients ${REMORA_BENCH_CLIENTS:-1,4,16}, $rounds rounds)"
+      extra=(); [ $what = copy ] && extra=(--reps "${REMORA_BENCH_COPY_REPS:-5}")
+      if timeout "$long_limit" "$bin/remora" bench $what --clients "${REMORA_BENCH_CLIENTS:-1,4,16}" \
+          --rounds "$rounds" "${extra[@]}" --json "$out/bench_$what.json" --png "$out/bench_$what.png" \
+          > "$out/outputs/bench_$what.out" 2> "$out/outputs/bench_$what.err"; then
+        result "bench $what" all pass "$(grep -c ' x' "$out/outputs/bench_$what.out") ratios"
+        cat "$out/outputs/bench_$what.out"
+      else
+        result "bench $what" all fail "$(tail -n 2 "$out/outputs/bench_$what.err" | tr '\n' ' ')"
+      fi
     done
   fi
   python3 - "$out" "$rounds" "${bench_modes[@]}" <<'PY' || echo "bench.json: python3 failed"

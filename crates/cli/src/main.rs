@@ -8,7 +8,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use remora_oncrpc::{Endpoint, TransportChoice};
 
+mod bench_gpu;
 mod bench_null;
+mod bench_plot;
 mod info;
 mod run;
 
@@ -183,12 +185,114 @@ enum BenchCommand {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
+    /// Empty-kernel launch throughput (per launch) and launch + synchronize latency, remoted
+    /// over shm, unix and tcp against native CUDA in the same run, with 1, 4 and 16
+    /// concurrent clients (separate processes). Needs a GPU; starts its own servers unless
+    /// --server names one. Prints a table; --json and --png write the report and a plot.
+    Launch(GpuBenchArgs),
+    /// Synchronous memcpy bandwidth (pinned and pageable host memory, both directions),
+    /// remoted against native, with concurrent clients; as `bench launch`.
+    Copy(GpuBenchArgs),
+    /// One client of `bench launch|copy` (started by it).
+    #[command(hide = true)]
+    GpuWorker {
+        what: bench_gpu::What,
+        /// Remora's shim; absent: the native driver (libcuda.so.1 from the system).
+        #[arg(long, value_name = "PATH", conflicts_with = "native")]
+        driver: Option<PathBuf>,
+        #[arg(long)]
+        native: bool,
+        #[arg(long, default_value_t = 20_000)]
+        launches: u32,
+        #[arg(long, default_value_t = 2_000)]
+        syncs: u32,
+        #[arg(long, default_value_t = 64 << 20)]
+        bytes: u64,
+        #[arg(long, default_value_t = 10)]
+        reps: u32,
+    },
     /// Serve rpctest.x on one endpoint until killed (used by `bench rpc`).
     #[command(hide = true)]
     RpcServer {
         #[arg(long, value_name = "URL")]
         listen: Endpoint,
     },
+}
+
+/// Options of `remora bench launch|copy`.
+#[derive(Debug, clap::Args)]
+struct GpuBenchArgs {
+    /// A running server to measure (tcp://HOST:PORT or unix:///PATH); by default the
+    /// benchmark starts its own on a private Unix socket and on TCP loopback.
+    #[arg(long, value_name = "URL")]
+    server: Option<Endpoint>,
+    /// The remoted transports to measure, comma-separated: shm, unix, tcp.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "shm,unix,tcp"
+    )]
+    transports: Vec<String>,
+    /// Numbers of concurrent clients, comma-separated.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "1,4,16"
+    )]
+    clients: Vec<u32>,
+    /// Rounds; each round runs every mode once, interleaved, and figures are medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Skip the native baseline (a client host without a GPU); no ratios are reported.
+    #[arg(long)]
+    no_native: bool,
+    /// Launches per client in the throughput burst (bench launch).
+    #[arg(long, default_value_t = 20_000)]
+    launches: u32,
+    /// Launch + synchronize round trips per client (bench launch).
+    #[arg(long, default_value_t = 2_000)]
+    syncs: u32,
+    /// Bytes per copy (bench copy).
+    #[arg(long, default_value_t = 64 << 20)]
+    bytes: u64,
+    /// Timed copies per kind (bench copy); the median counts.
+    #[arg(long, default_value_t = 10)]
+    reps: u32,
+    /// Remora's shim (default: beside this executable, or REMORA_SHIM).
+    #[arg(long, value_name = "PATH")]
+    shim: Option<PathBuf>,
+    /// An extra argument for the embedded servers (repeatable).
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    serve_arg: Vec<std::ffi::OsString>,
+    /// Write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw the report as a PNG plot to this file.
+    #[arg(long, value_name = "FILE")]
+    png: Option<PathBuf>,
+}
+
+impl GpuBenchArgs {
+    fn options(self, what: bench_gpu::What) -> bench_gpu::Options {
+        bench_gpu::Options {
+            what,
+            server: self.server,
+            transports: self.transports,
+            clients: self.clients,
+            rounds: self.rounds,
+            native: !self.no_native,
+            launches: self.launches,
+            syncs: self.syncs,
+            bytes: self.bytes,
+            reps: self.reps,
+            shim: self.shim,
+            serve_args: self.serve_arg,
+            json: self.json,
+            png: self.png,
+        }
+    }
 }
 
 fn init_logging(default: &str) {
@@ -388,6 +492,33 @@ fn run(cli: Cli) -> Result<()> {
             init_logging("warn");
             let server = server.unwrap_or_else(remora_server::default_endpoint);
             bench_null::run(&server, transport, calls, json.as_deref()).map(drop)
+        }
+        Command::Bench(BenchCommand::Launch(args)) => {
+            init_logging("warn");
+            bench_gpu::run(&args.options(bench_gpu::What::Launch)).map(drop)
+        }
+        Command::Bench(BenchCommand::Copy(args)) => {
+            init_logging("warn");
+            bench_gpu::run(&args.options(bench_gpu::What::Copy)).map(drop)
+        }
+        Command::Bench(BenchCommand::GpuWorker {
+            what,
+            driver,
+            native: _,
+            launches,
+            syncs,
+            bytes,
+            reps,
+        }) => {
+            init_logging("warn");
+            bench_gpu::worker(&bench_gpu::WorkerOptions {
+                what,
+                driver,
+                launches,
+                syncs,
+                bytes,
+                reps,
+            })
         }
         Command::Bench(BenchCommand::RpcServer { listen }) => {
             init_logging("warn");

@@ -32,7 +32,7 @@ pub(crate) struct RunOptions {
 }
 
 /// Finds the shim: `--shim`, else `REMORA_SHIM`, else beside this executable.
-fn find_shim(explicit: Option<&Path>) -> Result<PathBuf> {
+pub(crate) fn find_shim(explicit: Option<&Path>) -> Result<PathBuf> {
     if let Some(path) = explicit {
         return Ok(path.to_owned());
     }
@@ -56,14 +56,14 @@ fn find_shim(explicit: Option<&Path>) -> Result<PathBuf> {
 }
 
 /// An embedded `remora serve` child; stopped (SIGTERM, then kill) on drop.
-struct EmbeddedServer {
+pub(crate) struct EmbeddedServer {
     child: Child,
 }
 
 impl EmbeddedServer {
     /// Starts `remora serve --listen LISTEN`; returns it with the endpoint it listens on (the
     /// real port for `tcp://127.0.0.1:0`).
-    fn start(listen: &Endpoint, extra: &[OsString]) -> Result<(Self, Endpoint)> {
+    pub(crate) fn start(listen: &Endpoint, extra: &[OsString]) -> Result<(Self, Endpoint)> {
         let exe = std::env::current_exe().context("cannot find the remora executable")?;
         let mut child = Command::new(exe)
             .arg("serve")

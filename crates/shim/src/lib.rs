@@ -25,3 +25,10 @@ pub mod generated {
 
 /// `CUresult`.
 pub type CUresult = i32;
+
+/// Marks this library as Remora's shim: the real driver has no such symbol, so a tool that
+/// must measure the real driver (`remora bench launch|copy`, native baseline) can tell that a
+/// `libcuda.so.1` it loaded is Remora's and refuse it.
+#[unsafe(no_mangle)]
+#[allow(non_upper_case_globals)]
+pub static remora_shim_marker: u32 = 1;

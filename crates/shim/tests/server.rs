@@ -818,8 +818,9 @@ fn emulated_tools_tables() {
 
 /// The function visitor of TOOLS_MODULE slot 7: records (function, name).
 unsafe extern "C" fn visit_function(user: *mut c_void, f: *mut c_void, name: *const i8) {
-    // SAFETY: `user` is the test's Vec; `name` is a NUL-terminated function name.
+    // SAFETY: `user` is the test's Vec, borrowed by nobody else during the call.
     let seen = unsafe { &mut *user.cast::<Vec<(usize, String)>>() };
+    // SAFETY: the shim passes the function's NUL-terminated name.
     let name = unsafe { std::ffi::CStr::from_ptr(name) };
     seen.push((f as usize, name.to_string_lossy().into_owned()));
 }

@@ -952,11 +952,11 @@ impl Backend for CudaBackend {
         // SAFETY: writes one pointer; the UUID is 16 readable bytes.
         call!(d.t, get_export_table(&mut table, &TOOLS_CONTEXT_UUID))?;
         let table = table.cast::<*const c_void>();
-        // SAFETY: a table the driver served begins with its size in bytes (observed on driver
-        // 580: 0x2e8, 93 slots); it is read before any slot.
         let size = if table.is_null() {
             0
         } else {
+            // SAFETY: a table the driver served begins with its size in bytes (observed on
+            // driver 580: 0x2e8, 93 slots); it is read before any slot.
             (unsafe { *table }) as usize
         };
         if size <= 51 * size_of::<usize>() {

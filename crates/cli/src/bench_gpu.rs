@@ -1,0 +1,527 @@
+//! `remora bench launch|copy`: empty-kernel launches, launch + synchronize and memcpy
+//! bandwidth, remoted (shm, unix, tcp) against native CUDA in the same run, with 1..N
+//! concurrent clients.
+//!
+//! Every measurement runs in worker processes (`remora bench gpu-worker`, hidden), one per
+//! client, so that clients are as independent as separate applications: each loads a driver
+//! library — the real `libcuda.so.1` for the native baseline, Remora's shim for a remoted run
+//! — sets up (context, module, stream, buffers), says READY, waits until every worker of its
+//! group is ready, measures, and prints one JSON line. The parent interleaves the modes within
+//! each round (native, shm, unix, tcp, native, …) so that drift of the machine hits every mode
+//! alike, takes the median over rounds, and reports each figure as a ratio against native with
+//! the same number of clients.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+pub(crate) use remora_gpubench::{What, WorkerOptions, WorkerResult, worker};
+use remora_oncrpc::Endpoint;
+use serde::{Deserialize, Serialize};
+
+use crate::run::{EmbeddedServer, find_shim};
+
+/// `remora bench launch|copy` options.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    pub(crate) what: What,
+    pub(crate) server: Option<Endpoint>,
+    pub(crate) transports: Vec<String>,
+    pub(crate) clients: Vec<u32>,
+    pub(crate) rounds: u32,
+    pub(crate) native: bool,
+    pub(crate) launches: u32,
+    pub(crate) syncs: u32,
+    pub(crate) bytes: u64,
+    pub(crate) reps: u32,
+    pub(crate) shim: Option<PathBuf>,
+    pub(crate) serve_args: Vec<OsString>,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) png: Option<PathBuf>,
+}
+
+/// One figure of one group (a mode and a number of clients), median over the rounds.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct Figure {
+    pub(crate) mode: String,
+    pub(crate) clients: u32,
+    pub(crate) metric: String,
+    pub(crate) unit: String,
+    pub(crate) value: f64,
+    /// This figure over native's with the same clients (>1 is slower for us, <1 is slower
+    /// for GB/s); absent for native itself or when native did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ratio_to_native: Option<f64>,
+    /// The value of each round.
+    pub(crate) rounds: Vec<f64>,
+}
+
+/// The whole report, as written to `--json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Report {
+    pub(crate) benchmark: String,
+    pub(crate) date_unix: u64,
+    pub(crate) server: String,
+    pub(crate) rounds: u32,
+    pub(crate) launches: u32,
+    pub(crate) syncs: u32,
+    pub(crate) bytes: u64,
+    pub(crate) reps: u32,
+    pub(crate) figures: Vec<Figure>,
+    pub(crate) notes: Vec<String>,
+}
+
+// The parent ------------------------------------------------------------------------------------
+
+/// One aggregate figure of a group: (metric, unit, value).
+type Aggregate = (String, String, f64);
+/// (mode, clients) with each round's aggregates.
+type GroupRounds = ((String, u32), Vec<Vec<Aggregate>>);
+
+/// The per-group aggregate of worker results.
+fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[v.len() / 2]
+        }
+    };
+    let mut out = Vec::new();
+    match what {
+        What::Launch => {
+            let per: Vec<f64> = results.iter().filter_map(|r| r.per_launch_us).collect();
+            let total_rate: f64 = per.iter().map(|us| 1.0 / us).sum::<f64>();
+            out.push(("launch.per_launch".into(), "us".into(), med(per)));
+            out.push((
+                "launch.aggregate_rate".into(),
+                "Mlaunch/s".into(),
+                total_rate,
+            ));
+            let p50: Vec<f64> = results.iter().filter_map(|r| r.sync_p50_us).collect();
+            out.push(("launch_sync.p50".into(), "us".into(), med(p50)));
+            let p99 = results
+                .iter()
+                .filter_map(|r| r.sync_p99_us)
+                .fold(f64::NAN, f64::max);
+            out.push(("launch_sync.p99_max".into(), "us".into(), p99));
+        }
+        What::Copy => {
+            let mut keys: Vec<&String> = results
+                .iter()
+                .flat_map(|r| r.copies.iter().map(|(k, _)| k))
+                .collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let v: Vec<f64> = results
+                    .iter()
+                    .flat_map(|r| r.copies.iter().filter(|(kk, _)| kk == k).map(|(_, g)| *g))
+                    .collect();
+                let sum: f64 = v.iter().sum();
+                out.push((format!("copy.{k}.per_client"), "GB/s".into(), med(v)));
+                out.push((format!("copy.{k}.aggregate"), "GB/s".into(), sum));
+            }
+        }
+    }
+    out
+}
+
+/// The workers of one group, started and set up; dropping kills what is left.
+struct Group {
+    children: Vec<Child>,
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `clients` workers in `mode`; returns their results.
+fn run_group(
+    opts: &Options,
+    mode: &str,
+    clients: u32,
+    endpoints: &Endpoints,
+    shim: &Path,
+) -> Result<Vec<WorkerResult>> {
+    let exe = std::env::current_exe().context("cannot find the remora executable")?;
+    let mut group = Group {
+        children: Vec::new(),
+    };
+    for _ in 0..clients {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["bench", "gpu-worker"])
+            .arg(match opts.what {
+                What::Launch => "launch",
+                What::Copy => "copy",
+            })
+            .args(["--launches", &opts.launches.to_string()])
+            .args(["--syncs", &opts.syncs.to_string()])
+            .args(["--bytes", &opts.bytes.to_string()])
+            .args(["--reps", &opts.reps.to_string()])
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if mode == "native" {
+            cmd.arg("--native");
+        } else {
+            let server = if mode == "tcp" {
+                &endpoints.tcp
+            } else {
+                &endpoints.unix
+            };
+            cmd.arg("--driver")
+                .arg(shim)
+                .env("REMORA_SERVER", server.to_string())
+                .env("REMORA_TRANSPORT", mode);
+        }
+        group.children.push(
+            cmd.spawn()
+                .context("cannot start a benchmark worker (remora bench gpu-worker)")?,
+        );
+    }
+    // Every worker sets up, then says READY; all start together.
+    let mut readers = Vec::new();
+    for c in &mut group.children {
+        let out = c.stdout.take().context("no stdout from a worker")?;
+        let mut r = BufReader::new(out);
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        if line.trim() != "READY" {
+            let status = c.wait().ok();
+            bail!(
+                "a {mode} benchmark worker failed to set up ({}){}",
+                status.map_or("?".into(), |s| s.to_string()),
+                if line.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", line.trim())
+                }
+            );
+        }
+        readers.push(r);
+    }
+    for c in &mut group.children {
+        let stdin = c.stdin.as_mut().context("no stdin to a worker")?;
+        stdin.write_all(b"GO\n")?;
+        stdin.flush()?;
+    }
+    let mut results = Vec::new();
+    for (c, r) in group.children.iter_mut().zip(&mut readers) {
+        let mut line = String::new();
+        r.read_line(&mut line)?;
+        let status = c.wait()?;
+        if !status.success() || line.trim().is_empty() {
+            bail!(
+                "a {mode} benchmark worker failed while measuring ({status}) {}",
+                line.trim()
+            );
+        }
+        results.push(
+            serde_json::from_str(line.trim())
+                .with_context(|| format!("a worker printed {:?}", line.trim()))?,
+        );
+    }
+    group.children.clear();
+    Ok(results)
+}
+
+/// The servers the remoted modes use.
+struct Endpoints {
+    unix: Endpoint,
+    tcp: Endpoint,
+    /// Embedded servers (none when `--server` named one).
+    _servers: Vec<EmbeddedServer>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn endpoints(opts: &Options) -> Result<Endpoints> {
+    if let Some(s) = &opts.server {
+        return Ok(Endpoints {
+            unix: s.clone(),
+            tcp: s.clone(),
+            _servers: Vec::new(),
+            _dir: None,
+        });
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("remora-bench-")
+        .tempdir()
+        .context("cannot create a private directory")?;
+    let mut servers = Vec::new();
+    let mut unix = Endpoint::Unix(dir.path().join("remora.sock"));
+    let mut tcp = Endpoint::Tcp("127.0.0.1:0".into());
+    if opts.transports.iter().any(|t| t != "tcp") {
+        let (s, e) = EmbeddedServer::start(&unix, &opts.serve_args)?;
+        servers.push(s);
+        unix = e;
+    }
+    if opts.transports.iter().any(|t| t == "tcp") {
+        let (s, e) = EmbeddedServer::start(&tcp, &opts.serve_args)?;
+        servers.push(s);
+        tcp = e;
+    }
+    Ok(Endpoints {
+        unix,
+        tcp,
+        _servers: servers,
+        _dir: Some(dir),
+    })
+}
+
+/// Runs the benchmark: prints progress on stderr and a table on stdout; writes the JSON
+/// report and the PNG plot when asked.
+pub(crate) fn run(opts: &Options) -> Result<Report> {
+    for t in &opts.transports {
+        if !["shm", "unix", "tcp"].contains(&t.as_str()) {
+            bail!("unknown transport {t:?}: use shm, unix or tcp (comma-separated)");
+        }
+    }
+    if opts.clients.is_empty() || opts.clients.iter().any(|&c| c == 0 || c > 256) {
+        bail!("--clients takes numbers from 1 to 256, e.g. 1,4,16");
+    }
+    if opts.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
+    let shim = find_shim(opts.shim.as_deref())?;
+    let endpoints = endpoints(opts)?;
+    let mut modes: Vec<String> = Vec::new();
+    if opts.native {
+        modes.push("native".into());
+    }
+    modes.extend(opts.transports.iter().cloned());
+    let mut notes = Vec::new();
+    // (mode, clients) → per round, the aggregate figures.
+    let mut per_round: Vec<GroupRounds> = Vec::new();
+    let total = opts.rounds as usize * opts.clients.len() * modes.len();
+    let mut step = 0;
+    let mut native_failed = false;
+    for round in 1..=opts.rounds {
+        for &clients in &opts.clients {
+            for mode in &modes {
+                step += 1;
+                if mode == "native" && native_failed {
+                    continue;
+                }
+                eprint!(
+                    "[{step}/{total}] round {round}: {mode}, {clients} client{} ... ",
+                    if clients == 1 { "" } else { "s" }
+                );
+                let _ = std::io::stderr().flush();
+                let t0 = Instant::now();
+                let results = match run_group(opts, mode, clients, &endpoints, &shim) {
+                    Ok(r) => r,
+                    Err(e) if mode == "native" => {
+                        eprintln!("failed");
+                        let note = format!(
+                            "native baseline unavailable ({e:#}); ratios are omitted. Use --no-native where the client host has no GPU."
+                        );
+                        eprintln!("remora: {note}");
+                        notes.push(note);
+                        native_failed = true;
+                        continue;
+                    }
+                    Err(e) => {
+                        eprintln!("failed");
+                        return Err(e);
+                    }
+                };
+                let agg = aggregate(opts.what, &results);
+                eprintln!(
+                    "{:.1} s: {}",
+                    t0.elapsed().as_secs_f64(),
+                    agg.iter()
+                        .filter(|(m, ..)| !m.ends_with("per_client"))
+                        .map(|(m, u, v)| format!("{m} {v:.2} {u}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                let key = (mode.clone(), clients);
+                match per_round.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, v)) => v.push(agg),
+                    None => per_round.push((key, vec![agg])),
+                }
+            }
+        }
+    }
+    let figures = figures(&per_round);
+    let report = Report {
+        benchmark: match opts.what {
+            What::Launch => "launch",
+            What::Copy => "copy",
+        }
+        .into(),
+        date_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        server: match &opts.server {
+            Some(s) => s.to_string(),
+            None => "embedded".into(),
+        },
+        rounds: opts.rounds,
+        launches: opts.launches,
+        syncs: opts.syncs,
+        bytes: opts.bytes,
+        reps: opts.reps,
+        figures,
+        notes,
+    };
+    println!("{}", table(&report));
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("report written to {}", path.display());
+    }
+    if let Some(path) = &opts.png {
+        crate::bench_plot::plot(&report, path)?;
+        println!("plot written to {}", path.display());
+    }
+    Ok(report)
+}
+
+/// Medians over rounds, with ratios to native at the same number of clients.
+fn figures(per_round: &[GroupRounds]) -> Vec<Figure> {
+    let mut figs: Vec<Figure> = Vec::new();
+    for ((mode, clients), rounds) in per_round {
+        let Some(first) = rounds.first() else {
+            continue;
+        };
+        for (metric, unit, _) in first {
+            let mut vals: Vec<f64> = rounds
+                .iter()
+                .filter_map(|r| r.iter().find(|(m, ..)| m == metric).map(|x| x.2))
+                .collect();
+            let raw = vals.clone();
+            vals.sort_by(f64::total_cmp);
+            figs.push(Figure {
+                mode: mode.clone(),
+                clients: *clients,
+                metric: metric.clone(),
+                unit: unit.clone(),
+                value: vals[vals.len() / 2],
+                ratio_to_native: None,
+                rounds: raw,
+            });
+        }
+    }
+    let natives: Vec<(u32, String, f64)> = figs
+        .iter()
+        .filter(|f| f.mode == "native")
+        .map(|f| (f.clients, f.metric.clone(), f.value))
+        .collect();
+    for f in figs.iter_mut().filter(|f| f.mode != "native") {
+        if let Some((_, _, n)) = natives
+            .iter()
+            .find(|(c, m, _)| *c == f.clients && *m == f.metric)
+            && *n > 0.0
+            && n.is_finite()
+        {
+            f.ratio_to_native = Some((f.value / n * 1000.0).round() / 1000.0);
+        }
+    }
+    figs
+}
+
+/// The report as a text table.
+pub(crate) fn table(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut s = format!(
+        "remora bench {} ({} round{}, median)\n{:<32} {:>7} {:>8} {:>20} {:>10}\n",
+        r.benchmark,
+        r.rounds,
+        if r.rounds == 1 { "" } else { "s" },
+        "metric",
+        "clients",
+        "mode",
+        "value",
+        "vs native"
+    );
+    for f in &r.figures {
+        let _ = writeln!(
+            s,
+            "{:<32} {:>7} {:>8} {:>10.3} {:<9} {:>10}",
+            f.metric,
+            f.clients,
+            f.mode,
+            f.value,
+            f.unit,
+            f.ratio_to_native
+                .map_or_else(|| "-".to_owned(), |x| format!("x{x:.3}"))
+        );
+    }
+    for n in &r.notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_aggregate_and_ratios_compare_the_same_clients() {
+        let w = |p: f64, s: f64| WorkerResult {
+            per_launch_us: Some(p),
+            sync_p50_us: Some(s),
+            sync_p99_us: Some(s * 2.0),
+            copies: vec![],
+        };
+        let native = aggregate(What::Launch, &[w(4.0, 8.0)]);
+        let shm = aggregate(What::Launch, &[w(5.0, 10.0), w(5.0, 12.0), w(6.0, 11.0)]);
+        let rate = shm
+            .iter()
+            .find(|x| x.0 == "launch.aggregate_rate")
+            .unwrap()
+            .2;
+        assert!((rate - (0.2 + 0.2 + 1.0 / 6.0)).abs() < 1e-9);
+        assert_eq!(
+            shm.iter().find(|x| x.0 == "launch_sync.p50").unwrap().2,
+            11.0
+        );
+        assert_eq!(
+            shm.iter().find(|x| x.0 == "launch_sync.p99_max").unwrap().2,
+            24.0
+        );
+        let figs = figures(&[
+            (("native".into(), 1), vec![native.clone(), native]),
+            (("shm".into(), 1), vec![shm.clone()]),
+            (("shm".into(), 4), vec![shm]),
+        ]);
+        let f = figs
+            .iter()
+            .find(|f| f.mode == "shm" && f.clients == 1 && f.metric == "launch.per_launch")
+            .unwrap();
+        assert_eq!(f.value, 5.0);
+        assert_eq!(f.ratio_to_native, Some(1.25));
+        // No native run with 4 clients: no ratio rather than a wrong one.
+        assert!(
+            figs.iter()
+                .filter(|f| f.clients == 4)
+                .all(|f| f.ratio_to_native.is_none())
+        );
+    }
+
+    #[test]
+    fn copies_aggregate_per_kind() {
+        let w = |g: f64| WorkerResult {
+            copies: vec![("pinned.htod".into(), g), ("pageable.dtoh".into(), g / 2.0)],
+            ..Default::default()
+        };
+        let a = aggregate(What::Copy, &[w(10.0), w(20.0)]);
+        let get = |m: &str| a.iter().find(|x| x.0 == m).unwrap().2;
+        assert_eq!(get("copy.pinned.htod.aggregate"), 30.0);
+        assert_eq!(get("copy.pinned.htod.per_client"), 20.0);
+        assert_eq!(get("copy.pageable.dtoh.aggregate"), 15.0);
+    }
+}

@@ -1,0 +1,162 @@
+//! `remora bench launch|copy` without a GPU: against the emulated backend (which copies but
+//! cannot run kernels) `bench copy` measures every transport and client count and writes its
+//! JSON report and PNG plot; `bench launch` fails with an error that says why; the native
+//! baseline is skipped with `--no-native`, and refused with a clear note when no driver exists.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const REMORA: &str = env!("CARGO_BIN_EXE_remora");
+
+/// The newest shim in the target directory (cargo may leave an older copy beside the binary).
+fn shim() -> Option<PathBuf> {
+    let target = Path::new(REMORA).parent()?;
+    [target.join("libcuda.so"), target.join("deps/libcuda.so")]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+}
+
+fn bench(what: &str, shim: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(REMORA)
+        // The emulated backend's module format, with the kernel the workers look for.
+        .env(
+            "REMORA_BENCH_IMAGE",
+            "REMORA-EMU-MODULE\nfunc remora_bench_empty\n",
+        )
+        .args(["bench", what, "--shim"])
+        .arg(shim)
+        .args(["--serve-arg=--backend", "--serve-arg=emulated"])
+        .args(extra)
+        .env("REMORA_LOG", "error")
+        .output()
+        .expect("run remora bench")
+}
+
+#[test]
+fn bench_copy_reports_every_transport_and_client_count() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (json, png) = (dir.path().join("copy.json"), dir.path().join("copy.png"));
+    let out = bench(
+        "copy",
+        &shim,
+        &[
+            "--no-native",
+            "--clients=1,3",
+            "--rounds=2",
+            "--bytes=262144",
+            "--reps=2",
+            "--json",
+            json.to_str().unwrap(),
+            "--png",
+            png.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Progress: one line per group and round.
+    assert_eq!(stderr.matches("] round ").count(), 2 * 2 * 3, "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let figures = report["figures"].as_array().unwrap();
+    for mode in ["shm", "unix", "tcp"] {
+        for clients in [1, 3] {
+            for kind in [
+                "pinned.htod",
+                "pinned.dtoh",
+                "pageable.htod",
+                "pageable.dtoh",
+            ] {
+                let f = figures
+                    .iter()
+                    .find(|f| {
+                        f["mode"] == mode
+                            && f["clients"] == clients
+                            && f["metric"] == format!("copy.{kind}.aggregate").as_str()
+                    })
+                    .unwrap_or_else(|| panic!("no {mode}/{clients}/{kind} in {report}"));
+                assert!(f["value"].as_f64().unwrap() > 0.0);
+                assert_eq!(f["rounds"].as_array().unwrap().len(), 2);
+                assert!(f.get("ratio_to_native").is_none(), "no native, no ratio");
+            }
+        }
+    }
+    let bytes = std::fs::read(&png).unwrap();
+    assert_eq!(&bytes[..4], b"\x89PNG");
+    assert!(stdout.contains("copy.pinned.htod.aggregate"), "{stdout}");
+}
+
+#[test]
+fn bench_launch_on_a_backend_that_cannot_launch_fails_clearly() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    let out = bench(
+        "launch",
+        &shim,
+        &[
+            "--no-native",
+            "--clients=1",
+            "--rounds=1",
+            "--transports=unix",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("unix benchmark worker failed to set up") && stderr.contains("801"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_rejects_bad_lists() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    let out = bench("copy", &shim, &["--transports=shm,ipx"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown transport \"ipx\""));
+    let out = bench("copy", &shim, &["--clients=0"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--clients takes numbers"));
+}
+
+#[test]
+fn native_baseline_without_a_driver_is_a_note_not_a_wrong_number() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        eprintln!("SKIPPED: this machine has an NVIDIA driver; the native baseline would run");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let out = bench(
+        "copy",
+        &shim,
+        &[
+            "--clients=1",
+            "--rounds=1",
+            "--bytes=65536",
+            "--reps=1",
+            "--transports=shm",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("native baseline unavailable"), "{stderr}");
+    let report = std::fs::read_to_string(&json).unwrap();
+    assert!(report.contains("native baseline unavailable"));
+    assert!(!report.contains("ratio_to_native"));
+}

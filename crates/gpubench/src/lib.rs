@@ -1,0 +1,297 @@
+//! The measuring side of `remora bench launch|copy`: one benchmark client. It loads a CUDA
+//! driver library — the system's `libcuda.so.1` for the native baseline, or Remora's shim —
+//! sets up a context, an empty kernel, a stream and buffers, says `READY` on stdout, waits for
+//! `GO` on stdin (so that all clients of a group start together), measures, and prints one
+//! JSON line ([`WorkerResult`]). The orchestration lives in the `remora` command.
+
+use std::ffi::{CString, OsString, c_char, c_int, c_uint, c_void};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+/// An empty kernel as PTX: the driver compiles it for whatever GPU it has.
+const EMPTY_KERNEL_PTX: &str = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry remora_bench_empty()
+{
+	ret;
+}
+";
+/// The kernel's name in [`EMPTY_KERNEL_PTX`].
+const EMPTY_KERNEL: &str = "remora_bench_empty";
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum What {
+    /// Empty-kernel launch throughput and launch + synchronize latency.
+    Launch,
+    /// Synchronous memcpy bandwidth, pinned and pageable, both directions.
+    Copy,
+}
+
+/// One worker's result.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct WorkerResult {
+    /// Microseconds per launch in a burst of asynchronous launches (then one synchronize).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_launch_us: Option<f64>,
+    /// Launch + stream synchronize, p50 and p99 in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_p50_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_p99_us: Option<f64>,
+    /// Bandwidth by "pinned.htod", "pinned.dtoh", "pageable.htod", "pageable.dtoh" (GB/s,
+    /// median over the repetitions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<(String, f64)>,
+}
+
+// Loading the driver ------------------------------------------------------------------------------------
+
+type Res = c_int;
+type Ptr = *mut c_void;
+
+/// The driver entry points a worker uses, from the library it loaded.
+struct Api {
+    _lib: libloading::Library,
+    init: unsafe extern "C" fn(c_uint) -> Res,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> Res,
+    ctx_create: unsafe extern "C" fn(*mut Ptr, c_uint, c_int) -> Res,
+    module_load_data: unsafe extern "C" fn(*mut Ptr, *const c_void) -> Res,
+    module_get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> Res,
+    stream_create: unsafe extern "C" fn(*mut Ptr, c_uint) -> Res,
+    stream_synchronize: unsafe extern "C" fn(Ptr) -> Res,
+    #[allow(clippy::type_complexity)]
+    launch: unsafe extern "C" fn(
+        Ptr,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Ptr,
+        *mut Ptr,
+        *mut Ptr,
+    ) -> Res,
+    mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> Res,
+    mem_alloc_host: unsafe extern "C" fn(*mut Ptr, usize) -> Res,
+    memcpy_htod: unsafe extern "C" fn(u64, *const c_void, usize) -> Res,
+    memcpy_dtoh: unsafe extern "C" fn(Ptr, u64, usize) -> Res,
+}
+
+fn check(what: &str, rc: Res) -> Result<()> {
+    if rc != 0 {
+        bail!("{what} failed with CUDA error {rc}");
+    }
+    Ok(())
+}
+
+impl Api {
+    /// Loads `path`, or for the native baseline the system's `libcuda.so.1`, refusing
+    /// Remora's shim there.
+    fn load(path: Option<&Path>) -> Result<Self> {
+        let name: OsString = path.map_or_else(|| "libcuda.so.1".into(), |p| p.as_os_str().into());
+        // SAFETY: loading a CUDA driver library runs its initializers, which is what using
+        // CUDA means; nothing else is loaded.
+        let lib = unsafe { libloading::Library::new(&name) }.with_context(|| {
+            format!(
+                "cannot load {} (is a CUDA driver installed?)",
+                name.to_string_lossy()
+            )
+        })?;
+        // SAFETY: looking a symbol up does not call it.
+        let is_shim = unsafe { lib.get::<*const u32>(b"remora_shim_marker") }.is_ok();
+        if path.is_none() && is_shim {
+            bail!(
+                "the libcuda.so.1 found for the native baseline is Remora's shim (LD_LIBRARY_PATH?); run remora bench outside `remora run`"
+            );
+        }
+        if path.is_some() && !is_shim {
+            bail!("{} is not Remora's shim", name.to_string_lossy());
+        }
+        macro_rules! sym {
+            ($n:literal) => {
+                // SAFETY: the symbol is the cuda.h 13.0 entry point of that name, whose C
+                // prototype is the field's type.
+                *unsafe { lib.get($n) }.with_context(|| {
+                    format!(
+                        "{} lacks {}",
+                        name.to_string_lossy(),
+                        String::from_utf8_lossy($n)
+                    )
+                })?
+            };
+        }
+        Ok(Self {
+            init: sym!(b"cuInit"),
+            device_get: sym!(b"cuDeviceGet"),
+            ctx_create: sym!(b"cuCtxCreate_v2"),
+            module_load_data: sym!(b"cuModuleLoadData"),
+            module_get_function: sym!(b"cuModuleGetFunction"),
+            stream_create: sym!(b"cuStreamCreate"),
+            stream_synchronize: sym!(b"cuStreamSynchronize"),
+            launch: sym!(b"cuLaunchKernel"),
+            mem_alloc: sym!(b"cuMemAlloc_v2"),
+            mem_alloc_host: sym!(b"cuMemAllocHost_v2"),
+            memcpy_htod: sym!(b"cuMemcpyHtoD_v2"),
+            memcpy_dtoh: sym!(b"cuMemcpyDtoH_v2"),
+            _lib: lib,
+        })
+    }
+}
+
+/// Worker options.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub what: What,
+    pub driver: Option<PathBuf>,
+    pub launches: u32,
+    pub syncs: u32,
+    pub bytes: u64,
+    pub reps: u32,
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted
+        .get(((sorted.len().max(1) - 1) as f64 * q) as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
+/// The worker: set up, READY, wait for GO, measure, print the JSON result.
+pub fn worker(o: &WorkerOptions) -> Result<()> {
+    let api = Api::load(o.driver.as_deref())?;
+    let bytes = usize::try_from(o.bytes).context("--bytes too large")?;
+    // SAFETY: each call follows its cuda.h contract: outputs point to locals, the PTX image is
+    // NUL-terminated, launches pass no parameters to a kernel that takes none, host buffers
+    // span `bytes` and device buffers were allocated with `bytes`.
+    unsafe {
+        check("cuInit", (api.init)(0))?;
+        let mut dev = 0;
+        check("cuDeviceGet", (api.device_get)(&mut dev, 0))?;
+        let mut ctx = std::ptr::null_mut();
+        check("cuCtxCreate", (api.ctx_create)(&mut ctx, 0, dev))?;
+        // The launch benchmark's kernel (REMORA_BENCH_IMAGE/REMORA_BENCH_KERNEL replace it, for
+        // tests against the emulated backend).
+        let mut f = std::ptr::null_mut();
+        if o.what == What::Launch {
+            let image =
+                std::env::var("REMORA_BENCH_IMAGE").unwrap_or_else(|_| EMPTY_KERNEL_PTX.into());
+            let image = CString::new(image).context("REMORA_BENCH_IMAGE holds a NUL")?;
+            let mut module = std::ptr::null_mut();
+            check(
+                "cuModuleLoadData (the empty kernel)",
+                (api.module_load_data)(&mut module, image.as_ptr().cast()),
+            )?;
+            let name = CString::new(
+                std::env::var("REMORA_BENCH_KERNEL").unwrap_or_else(|_| EMPTY_KERNEL.into()),
+            )?;
+            check(
+                "cuModuleGetFunction",
+                (api.module_get_function)(&mut f, module, name.as_ptr()),
+            )?;
+        }
+        let mut stream = std::ptr::null_mut();
+        check("cuStreamCreate", (api.stream_create)(&mut stream, 1))?;
+        let launch = || {
+            (api.launch)(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        let mut buffers = None;
+        if o.what == What::Copy {
+            let mut d = 0u64;
+            check("cuMemAlloc", (api.mem_alloc)(&mut d, bytes))?;
+            let mut pinned = std::ptr::null_mut();
+            check("cuMemAllocHost", (api.mem_alloc_host)(&mut pinned, bytes))?;
+            std::ptr::write_bytes(pinned.cast::<u8>(), 0x5a, bytes);
+            buffers = Some((d, pinned, vec![0xa5u8; bytes]));
+        }
+        // Warm up (JIT, first launches) before READY; copies warm up per kind below.
+        if o.what == What::Launch {
+            for _ in 0..100 {
+                check("cuLaunchKernel", launch())?;
+            }
+            check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
+        }
+        println!("READY");
+        std::io::stdout().flush()?;
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go)?;
+        if go.trim() != "GO" {
+            bail!("expected GO from the parent");
+        }
+        let mut r = WorkerResult::default();
+        match o.what {
+            What::Launch => {
+                let t0 = Instant::now();
+                for _ in 0..o.launches {
+                    check("cuLaunchKernel", launch())?;
+                }
+                check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
+                r.per_launch_us =
+                    Some(t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.launches.max(1)));
+                let mut lat = Vec::with_capacity(o.syncs as usize);
+                for _ in 0..o.syncs {
+                    let t = Instant::now();
+                    check("cuLaunchKernel", launch())?;
+                    check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
+                    lat.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                lat.sort_by(f64::total_cmp);
+                r.sync_p50_us = Some(percentile(&lat, 0.5));
+                r.sync_p99_us = Some(percentile(&lat, 0.99));
+            }
+            What::Copy => {
+                let Some((d, pinned, mut pageable)) = buffers else {
+                    bail!("no buffers");
+                };
+                let host: [(&str, Ptr); 2] = [
+                    ("pinned", pinned),
+                    ("pageable", pageable.as_mut_ptr().cast()),
+                ];
+                for (mem, h) in host {
+                    for dir in ["htod", "dtoh"] {
+                        let copy = || match dir {
+                            "htod" => (api.memcpy_htod)(d, h, bytes),
+                            _ => (api.memcpy_dtoh)(h, d, bytes),
+                        };
+                        check("warm-up copy", copy())?;
+                        let mut gbps = Vec::new();
+                        for _ in 0..o.reps.max(1) {
+                            let t = Instant::now();
+                            check("cuMemcpy", copy())?;
+                            gbps.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+                        }
+                        gbps.sort_by(f64::total_cmp);
+                        r.copies
+                            .push((format!("{mem}.{dir}"), percentile(&gbps, 0.5)));
+                    }
+                }
+            }
+        }
+        println!("{}", serde_json::to_string(&r)?);
+        std::io::stdout().flush()?;
+    }
+    // Leave without tearing CUDA down: process exit frees everything, and the measurement is
+    // already printed.
+    std::process::exit(0);
+}
