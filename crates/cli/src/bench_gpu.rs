@@ -81,6 +81,23 @@ type Aggregate = (String, String, f64);
 /// (mode, clients) with each round's aggregates.
 type GroupRounds = ((String, u32), Vec<Vec<Aggregate>>);
 
+/// Everything the group's workers moved or issued in phase `name`, per second of the span
+/// from the first worker's start to the last one's end (NaN without spans).
+fn span_rate(results: &[WorkerResult], name: &str) -> f64 {
+    let spans: Vec<_> = results
+        .iter()
+        .flat_map(|r| r.spans.iter().filter(|s| s.0 == name))
+        .collect();
+    let (Some(start), Some(end)) = (
+        spans.iter().map(|s| s.1).min(),
+        spans.iter().map(|s| s.2).max(),
+    ) else {
+        return f64::NAN;
+    };
+    let amount: f64 = spans.iter().map(|s| s.3).sum();
+    amount / ((end.saturating_sub(start)).max(1) as f64 / 1e9)
+}
+
 /// The per-group aggregate of worker results.
 fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
     let med = |mut v: Vec<f64>| {
@@ -95,12 +112,11 @@ fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
     match what {
         What::Launch => {
             let per: Vec<f64> = results.iter().filter_map(|r| r.per_launch_us).collect();
-            let total_rate: f64 = per.iter().map(|us| 1.0 / us).sum::<f64>();
             out.push(("launch.per_launch".into(), "us".into(), med(per)));
             out.push((
                 "launch.aggregate_rate".into(),
                 "Mlaunch/s".into(),
-                total_rate,
+                span_rate(results, "launch") / 1e6,
             ));
             let p50: Vec<f64> = results.iter().filter_map(|r| r.sync_p50_us).collect();
             out.push(("launch_sync.p50".into(), "us".into(), med(p50)));
@@ -122,9 +138,12 @@ fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
                     .iter()
                     .flat_map(|r| r.copies.iter().filter(|(kk, _)| kk == k).map(|(_, g)| *g))
                     .collect();
-                let sum: f64 = v.iter().sum();
                 out.push((format!("copy.{k}.per_client"), "GB/s".into(), med(v)));
-                out.push((format!("copy.{k}.aggregate"), "GB/s".into(), sum));
+                out.push((
+                    format!("copy.{k}.aggregate"),
+                    "GB/s".into(),
+                    span_rate(results, k) / 1e9,
+                ));
             }
         }
     }
@@ -471,20 +490,29 @@ mod tests {
 
     #[test]
     fn groups_aggregate_and_ratios_compare_the_same_clients() {
-        let w = |p: f64, s: f64| WorkerResult {
+        // Three clients of 1000 launches each over spans covering 0..4 ms in all.
+        let w = |p: f64, s: f64, start: u128, end: u128| WorkerResult {
             per_launch_us: Some(p),
             sync_p50_us: Some(s),
             sync_p99_us: Some(s * 2.0),
-            copies: vec![],
+            spans: vec![("launch".into(), start, end, 1000.0)],
+            ..Default::default()
         };
-        let native = aggregate(What::Launch, &[w(4.0, 8.0)]);
-        let shm = aggregate(What::Launch, &[w(5.0, 10.0), w(5.0, 12.0), w(6.0, 11.0)]);
+        let native = aggregate(What::Launch, &[w(4.0, 8.0, 0, 4_000_000)]);
+        let shm = aggregate(
+            What::Launch,
+            &[
+                w(5.0, 10.0, 0, 3_000_000),
+                w(5.0, 12.0, 1_000_000, 4_000_000),
+                w(6.0, 11.0, 500_000, 2_000_000),
+            ],
+        );
         let rate = shm
             .iter()
             .find(|x| x.0 == "launch.aggregate_rate")
             .unwrap()
             .2;
-        assert!((rate - (0.2 + 0.2 + 1.0 / 6.0)).abs() < 1e-9);
+        assert!((rate - 3000.0 / 4e-3 / 1e6).abs() < 1e-9, "{rate}");
         assert_eq!(
             shm.iter().find(|x| x.0 == "launch_sync.p50").unwrap().2,
             11.0
@@ -514,14 +542,20 @@ mod tests {
 
     #[test]
     fn copies_aggregate_per_kind() {
-        let w = |g: f64| WorkerResult {
+        // Two clients moving 1 GB each; their pinned phases do not overlap (1 s and 1 s in a
+        // 2 s span), their pageable phases do (both in the same 1 s).
+        let w = |g: f64, start: u128| WorkerResult {
             copies: vec![("pinned.htod".into(), g), ("pageable.dtoh".into(), g / 2.0)],
+            spans: vec![
+                ("pinned.htod".into(), start, start + 1_000_000_000, 1e9),
+                ("pageable.dtoh".into(), 5_000_000_000, 6_000_000_000, 1e9),
+            ],
             ..Default::default()
         };
-        let a = aggregate(What::Copy, &[w(10.0), w(20.0)]);
+        let a = aggregate(What::Copy, &[w(10.0, 0), w(20.0, 1_000_000_000)]);
         let get = |m: &str| a.iter().find(|x| x.0 == m).unwrap().2;
-        assert_eq!(get("copy.pinned.htod.aggregate"), 30.0);
+        assert_eq!(get("copy.pinned.htod.aggregate"), 1.0, "not 2: no overlap");
         assert_eq!(get("copy.pinned.htod.per_client"), 20.0);
-        assert_eq!(get("copy.pageable.dtoh.aggregate"), 15.0);
+        assert_eq!(get("copy.pageable.dtoh.aggregate"), 2.0);
     }
 }

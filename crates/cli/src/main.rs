@@ -72,8 +72,10 @@ enum Command {
         #[arg(long)]
         no_shm: bool,
         /// Bytes of each shared-memory session's data area, through which copies pass their
-        /// bytes (rounded up to 4096; 0: none, copies travel inside the calls).
-        #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+        /// bytes and where clients' pinned host memory lives (rounded up to 4096; 0: none,
+        /// copies travel inside the calls). On a GPU the area is page-locked once per session
+        /// for direct DMA, so each session holds this much locked memory.
+        #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
         shm_data_bytes: u64,
     },
     /// Serve one session: the connection on standard input (started by `remora serve`
@@ -94,7 +96,7 @@ enum Command {
         profile: bool,
         #[arg(long)]
         no_shm: bool,
-        #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+        #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
         shm_data_bytes: u64,
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.

@@ -119,7 +119,14 @@ impl HostMem {
     pub fn alloc(&self, size: u64, flags: u32, ctx: RmHandle) -> CuResult<u64> {
         let len = page_round(size)?;
         if let Some(area) = &self.area {
-            match area.alloc(len, rustix::param::page_size() as u64) {
+            // Pinned memory may not take the staging space that pageable copies stream
+            // through (a full area would send them inside the calls, several times slower).
+            let reserve = staging_reserve(area.len());
+            let room = area.free_bytes().saturating_sub(reserve) >= len;
+            match area
+                .alloc(len, rustix::param::page_size() as u64)
+                .filter(|_| room)
+            {
                 Some(lease) => {
                     lease.zero();
                     let base = lease.addr();
@@ -327,4 +334,10 @@ mod tests {
         assert!(h.is_empty());
         drop(buf);
     }
+}
+
+/// The part of a data area of `area_len` bytes that pinned allocations leave free for the
+/// staging of pageable copies: a quarter of the area, at most 32 MiB (two 16 MiB chunks).
+pub(crate) fn staging_reserve(area_len: u64) -> u64 {
+    (area_len / 4).min(32 << 20)
 }

@@ -58,6 +58,11 @@ fn oneway_batch_delay() -> Option<Duration> {
 
 /// Largest chunk of a copy through the data area (smaller areas: a quarter of the area).
 const AREA_CHUNK: usize = 16 << 20;
+/// How many device allocations that collide with this process's own mappings `cuMemAlloc`
+/// holds on to while asking the server for another address.
+const MAX_VA_RETRIES: usize = 8;
+/// The smallest staging chunk worth streaming through the area.
+const MIN_AREA_CHUNK: usize = 256 << 10;
 
 /// Asynchronous copies smaller than this travel inside their (one-way) call: through the
 /// area they would need a round trip to learn when the space is free again.
@@ -754,9 +759,34 @@ impl Session {
         if bytesize == 0 {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        let ptr = u64r(call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize }))?)?;
-        self.reserve_or_free(ctx, ptr, bytesize)?;
-        Ok(ptr)
+        // The server's driver picks the address; when it lands on one of this process's own
+        // mappings, keep that allocation (so the driver cannot hand it out again) and ask
+        // for another, a few times, then free the ones that collided.
+        let mut collided = Vec::new();
+        let result = loop {
+            let ptr = match call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize })) {
+                Ok(r) => match u64r(r) {
+                    Ok(p) => p,
+                    Err(e) => break Err(e),
+                },
+                Err(e) => break Err(e),
+            };
+            match self.va.reserve(ptr, bytesize, ctx) {
+                Ok(()) => break Ok(ptr),
+                Err(ReserveError::Collision(_)) if collided.len() < MAX_VA_RETRIES => {
+                    tracing::debug!(
+                        "remora: device allocation {ptr:#x}+{bytesize:#x} collides with a host mapping of this process; allocating again"
+                    );
+                    collided.push(ptr);
+                }
+                // Out of retries, or not a collision: reserve_or_free logs and frees it.
+                Err(_) => break self.reserve_or_free(ctx, ptr, bytesize).map(|()| ptr),
+            }
+        };
+        for p in collided {
+            let _ = self.rpc.rm_mem_free(&RmPtrArgs { ctx, ptr: p });
+        }
+        result
     }
 
     /// `cuMemAllocPitch`: (pointer, pitch).
@@ -1063,10 +1093,23 @@ impl Session {
             return None;
         }
         let max_chunk = (alloc.len() / 4).clamp(4096, AREA_CHUNK as u64) as usize;
-        let chunk = total.min(max_chunk);
-        let n = if total > chunk { 2 } else { 1 };
-        let leases: Option<Vec<Lease>> = (0..n).map(|_| alloc.alloc(chunk as u64, 4096)).collect();
-        leases.map(|l| (l, chunk))
+        // The largest chunk that fits now: halve down to MIN_AREA_CHUNK while the area is
+        // busy (pinned allocations, other threads' copies) before sending the data inside
+        // the calls, which is several times slower.
+        let mut chunk = total.min(max_chunk);
+        loop {
+            let n = if total > chunk { 2 } else { 1 };
+            let leases: Option<Vec<Lease>> =
+                (0..n).map(|_| alloc.alloc(chunk as u64, 4096)).collect();
+            if let Some(l) = leases {
+                return Some((l, chunk));
+            }
+            let floor = MIN_AREA_CHUNK.min(max_chunk / 4).max(4096);
+            if chunk <= floor {
+                return None;
+            }
+            chunk = (chunk / 2).max(floor);
+        }
     }
 
     /// A host-to-device copy through the data area, chunk by chunk: while the server copies

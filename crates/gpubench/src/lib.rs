@@ -50,6 +50,20 @@ pub struct WorkerResult {
     /// median over the repetitions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub copies: Vec<(String, f64)>,
+    /// Each timed phase as (name, start, end, amount): wall-clock nanoseconds since the Unix
+    /// epoch, comparable between the workers of a group, and what the phase moved (bytes)
+    /// or issued (launches). Aggregates over clients divide the summed amounts by the span
+    /// from the first start to the last end, so clients that did not overlap are not
+    /// counted as if they had.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spans: Vec<(String, u128, u128, f64)>,
+}
+
+/// Wall-clock nanoseconds since the Unix epoch.
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 // Loading the driver ------------------------------------------------------------------------------------
@@ -242,11 +256,13 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
         let mut r = WorkerResult::default();
         match o.what {
             What::Launch => {
-                let t0 = Instant::now();
+                let (t0, w0) = (Instant::now(), now_ns());
                 for _ in 0..o.launches {
                     check("cuLaunchKernel", launch())?;
                 }
                 check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
+                r.spans
+                    .push(("launch".into(), w0, now_ns(), f64::from(o.launches)));
                 r.per_launch_us =
                     Some(t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.launches.max(1)));
                 let mut lat = Vec::with_capacity(o.syncs as usize);
@@ -276,11 +292,18 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                         };
                         check("warm-up copy", copy())?;
                         let mut gbps = Vec::new();
+                        let w0 = now_ns();
                         for _ in 0..o.reps.max(1) {
                             let t = Instant::now();
                             check("cuMemcpy", copy())?;
                             gbps.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
                         }
+                        r.spans.push((
+                            format!("{mem}.{dir}"),
+                            w0,
+                            now_ns(),
+                            bytes as f64 * f64::from(o.reps.max(1)),
+                        ));
                         gbps.sort_by(f64::total_cmp);
                         r.copies
                             .push((format!("{mem}.{dir}"), percentile(&gbps, 0.5)));

@@ -54,7 +54,7 @@ pub struct ServerConfig {
     pub shm_ring_capacity: u32,
     /// Bytes of the data area of each shared-memory session (rounded up to 4096; 0: none),
     /// where copies pass their bytes by (offset, length). The client may write it at any
-    /// time. Default 64 MiB.
+    /// time. Default 256 MiB.
     pub shm_data_bytes: u64,
 }
 
@@ -68,7 +68,7 @@ impl Default for ServerConfig {
             max_fragment_size: MAX_FRAGMENT_SIZE,
             profile: false,
             shm_ring_capacity: 1 << 20,
-            shm_data_bytes: 64 << 20,
+            shm_data_bytes: 256 << 20,
         }
     }
 }

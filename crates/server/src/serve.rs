@@ -180,7 +180,7 @@ pub struct ShmConfig {
     /// Offer shared memory to clients on this host (`remora serve --no-shm`: false).
     pub enabled: bool,
     /// Bytes of each session's data area, where copies pass their bytes by (offset,
-    /// length); 0: none (copies travel inside the calls). Default 64 MiB.
+    /// length); 0: none (copies travel inside the calls). Default 256 MiB.
     pub data_bytes: u64,
 }
 

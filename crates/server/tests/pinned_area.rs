@@ -1,7 +1,8 @@
 //! Zero-copy pinned memory (issue 5, item 4): on a session in shared memory,
 //! `cuMemHostAlloc` memory lies in the data area, and copies from and to it pass only
 //! (offset, size): the client copies nothing, the server reads and writes the area where the
-//! bytes are. Client `Session` → executor → EMULATED test backend.
+//! bytes are; pinned memory leaves the staging space free; a device address that collides
+//! with a client mapping is allocated again. Client `Session` → executor → EMULATED backend.
 
 mod common;
 
@@ -24,7 +25,8 @@ const N: usize = 100_000;
 #[test]
 fn pinned_memory_lies_in_the_area_and_copies_are_zero_copy() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(AREA);
+    // Room for both buffers beside the staging reserve.
+    let server = serve(4 * AREA);
     let s = session(&server.endpoint, TransportChoice::Shm);
     let ctx = s.primary_ctx_retain(0).unwrap();
     let dev = s.mem_alloc(ctx, N as u64).unwrap();
@@ -179,4 +181,89 @@ fn unix_sessions_keep_private_host_memory() {
     s.stream_destroy(stream).unwrap();
     s.host_memory().free(p).unwrap();
     s.mem_free(ctx, dev).unwrap();
+}
+
+#[test]
+fn pinned_memory_leaves_staging_room_and_busy_areas_stream_in_smaller_chunks() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(AREA);
+    let s = session(&server.endpoint, TransportChoice::Shm);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let area = s.data_area_size();
+    let reserve = (area / 4).min(32 << 20);
+    // Pinned memory takes the area up to the staging reserve, then goes private.
+    let big = s.host_memory().alloc(area - reserve, 0, ctx).unwrap();
+    assert!(
+        s.pinned_offset(big, area - reserve).is_some(),
+        "fits beside the reserve"
+    );
+    let more = s.host_memory().alloc(8192, 0, ctx).unwrap();
+    assert!(
+        s.pinned_offset(more, 8192).is_none(),
+        "would eat the staging reserve: private memory instead"
+    );
+    // A pageable copy larger than the reserve still streams through the area, in chunks
+    // that fit what is left.
+    let n = (reserve * 3) as usize;
+    let dev = s.mem_alloc(ctx, n as u64).unwrap();
+    let data = pattern(n, 9);
+    let before = s.area_bytes_copied();
+    s.memcpy_htod(ctx, LEGACY, dev, &data).unwrap();
+    let mut back = vec![0u8; n];
+    s.memcpy_dtoh(ctx, LEGACY, dev, &mut back).unwrap();
+    assert!(back == data, "round trip through a nearly full area");
+    assert_eq!(
+        s.area_bytes_copied() - before,
+        2 * n as u64,
+        "both ways through the area"
+    );
+    s.mem_free_host(more).unwrap();
+    s.mem_free_host(big).unwrap();
+    s.mem_free(ctx, dev).unwrap();
+}
+
+/// The server's driver picks device addresses; when one lands on a mapping of the client
+/// process, `cuMemAlloc` keeps it aside, asks again and frees the collided one, instead of
+/// failing with CUDA_ERROR_OUT_OF_MEMORY.
+#[test]
+fn a_device_address_colliding_with_a_host_mapping_is_allocated_again() {
+    use rustix::mm::{MapFlags, ProtFlags, mmap_anonymous, munmap};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    // The emulated backend hands out addresses in order, a page apart: the next one is
+    // predictable. Map a page of our own there.
+    let first = s.mem_alloc(ctx, 4096).unwrap();
+    let next = first + 8192;
+    // SAFETY: a fresh anonymous page at an address nothing of ours uses (NOREPLACE fails
+    // rather than replacing a mapping).
+    let page = unsafe {
+        mmap_anonymous(
+            next as usize as *mut std::ffi::c_void,
+            4096,
+            ProtFlags::READ,
+            MapFlags::PRIVATE | MapFlags::FIXED_NOREPLACE,
+        )
+    };
+    let Ok(page) = page else {
+        println!("SKIPPED: cannot map a page at {next:#x} in this process");
+        return;
+    };
+    let second = s.mem_alloc(ctx, 4096).unwrap();
+    assert_ne!(
+        second, next,
+        "the colliding address was not handed to the program"
+    );
+    assert_eq!(
+        second,
+        next + 8192,
+        "the next address after the collided one"
+    );
+    // The collided allocation was freed on the server: its address is not in use.
+    assert!(s.mem_free(ctx, next).is_err());
+    s.mem_free(ctx, second).unwrap();
+    s.mem_free(ctx, first).unwrap();
+    // SAFETY: the page mapped above, used by nothing.
+    unsafe { munmap(page, 4096) }.unwrap();
 }
