@@ -653,13 +653,11 @@ impl RemoraV1Server for Executor {
     ) -> ProcResult<RmU64Reply> {
         let session = self.session(call);
         let raw = session.lock().ctx(a.ctx);
-        // The flag is a boolean in every call observed; anything else is refused before it
-        // reaches a private driver entry point.
-        let r = if a.flag > 1 {
-            Err(INVALID_VALUE)
-        } else {
-            raw.and_then(|c| self.inner.backend.tools_ctx_query(c, a.mask, a.flag))
-        };
+        // The mask and flag are passed on as the library gave them: they may be register
+        // leftovers of a three-argument function (observed values: 0x7ffffffeffff and 1,
+        // then other low bytes in later runs), so no value is refused; they are plain
+        // integers, never dereferenced by Remora.
+        let r = raw.and_then(|c| self.inner.backend.tools_ctx_query(c, a.mask, a.flag & 0xff));
         Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
     }
 

@@ -749,7 +749,9 @@ extern "C" fn tools_context_object(ctx: Handle, a1: u64, object: *mut *mut c_voi
 
 /// TOOLS_CONTEXT slot 39 `(ctx, object, &answer, mask, flag)`: asks the object from slot 51 a
 /// question; the server runs slots 51 and 39 against its driver (`RM_TOOLS_CTX_QUERY`). The
-/// answer is written as 32 bits (driver 580 answered 7 into a zeroed cell).
+/// answer is written as 32 bits (driver 580 answered 7 into a zeroed cell). `mask` and `flag`
+/// were 0x7ffffffeffff and 1 when observed but vary between runs: they may be register
+/// leftovers, so they are passed on, never checked.
 extern "C" fn tools_context_ask(
     _ctx: Handle,
     object: *mut c_void,
@@ -769,9 +771,9 @@ extern "C" fn tools_context_ask(
             );
             return Err(CuError(cu::INVALID_VALUE));
         };
-        // The flag is a boolean: only the register's low byte is defined (the SysV ABI leaves
-        // the rest of a bool argument's register unspecified, and cuBLASLt's calls do carry
-        // garbage there).
+        // Only the register's low byte is taken: the fifth argument is a bool at most (the
+        // SysV ABI leaves the rest of a bool's register unspecified) and may be a leftover
+        // of a shorter signature; cuBLASLt's calls carried garbage there.
         let flag = u32::from(flag as u8);
         let v = state::session()?.tools_ctx_query(ctx, mask, flag)?;
         // SAFETY: the runtime's output slot (null rejected by `put`).
@@ -779,8 +781,9 @@ extern "C" fn tools_context_ask(
     })
 }
 
-/// The TOOLS_CONTEXT table as CUDA 13's driver sizes it (a size and 94 slots): the context id
-/// (4) and cuBLASLt's context query (51, 39) are served, every other slot is a loud trap.
+/// The TOOLS_CONTEXT table: a size and 94 slots, as large as the largest driver seen (driver
+/// 580 serves 93 words, a CUDA 13.4 driver 95); the context id (4) and cuBLASLt's context
+/// query (51, 39) are served, every other slot is a loud trap.
 pub static TOOLS_CONTEXT: Slots<95> = build(
     Table::ToolsContext,
     true,

@@ -628,11 +628,8 @@ impl Backend for EmulatedBackend {
     }
 
     /// The emulated device answers the private tools query with 0 (no capability bits).
-    fn tools_ctx_query(&self, ctx: u64, _mask: u64, flag: u32) -> CuResult<u64> {
+    fn tools_ctx_query(&self, ctx: u64, _mask: u64, _flag: u32) -> CuResult<u64> {
         self.lock().ctx(ctx)?;
-        if flag > 1 {
-            return Err(INVALID_VALUE);
-        }
         Ok(0)
     }
 
