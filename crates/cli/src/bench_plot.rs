@@ -20,8 +20,9 @@ fn register_font() {
     });
 }
 
-/// The metrics drawn, in panel order: (metric, title).
-fn panels(r: &Report) -> Vec<(String, String)> {
+/// The metrics drawn, in panel order: (metric, title, relative). A relative panel draws each
+/// mode's value over native's with the same clients (native is the line at 1).
+fn panels(r: &Report) -> Vec<(String, String, bool)> {
     let mut metrics: Vec<String> = Vec::new();
     for f in &r.figures {
         let shown = f.metric == "launch.per_launch"
@@ -31,7 +32,8 @@ fn panels(r: &Report) -> Vec<(String, String)> {
             metrics.push(f.metric.clone());
         }
     }
-    metrics
+    let has_native = r.figures.iter().any(|f| f.mode == "native");
+    let absolute: Vec<(String, String)> = metrics
         .into_iter()
         .map(|m| {
             let unit = r
@@ -51,7 +53,19 @@ fn panels(r: &Report) -> Vec<(String, String)> {
             };
             (m, title)
         })
-        .collect()
+        .collect();
+    let mut out: Vec<(String, String, bool)> = Vec::new();
+    for (m, title) in absolute {
+        let relative = format!(
+            "{}: remoted / native",
+            title.split(" (").next().unwrap_or(&title)
+        );
+        out.push((m.clone(), title, false));
+        if has_native {
+            out.push((m, relative, true));
+        }
+    }
+    out
 }
 
 fn color(mode: &str) -> RGBColor {
@@ -96,14 +110,19 @@ pub(crate) fn plot(r: &Report, path: &Path) -> Result<()> {
         }
     }
     let areas = body.split_evenly((rows, cols));
-    for ((metric, title), area) in panels.iter().zip(areas) {
+    for ((metric, title, relative), area) in panels.iter().zip(areas) {
         let pts = |mode: &str| -> Vec<(f64, f64)> {
             r.figures
                 .iter()
                 .filter(|f| f.mode == mode && &f.metric == metric && f.value.is_finite())
                 .filter_map(|f| {
                     let i = clients.iter().position(|c| *c == f.clients)?;
-                    Some((i as f64, f.value))
+                    let y = match (relative, mode) {
+                        (false, _) => f.value,
+                        (true, "native") => 1.0,
+                        (true, _) => f.ratio_to_native?,
+                    };
+                    Some((i as f64, y))
                 })
                 .collect()
         };
@@ -195,13 +214,17 @@ mod tests {
             reps: 1,
             figures: vec![
                 fig("native", 1, "launch.per_launch", 3.6),
-                fig("shm", 1, "launch.per_launch", 4.0),
+                Figure {
+                    ratio_to_native: Some(4.0 / 3.6),
+                    ..fig("shm", 1, "launch.per_launch", 4.0)
+                },
                 fig("shm", 4, "launch.per_launch", 5.0),
                 fig("tcp", 4, "launch_sync.p50", 30.0),
             ],
             notes: vec![],
         };
-        assert_eq!(panels(&r).len(), 2);
+        // Two metrics, each absolute and relative to native.
+        assert_eq!(panels(&r).len(), 4);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("plot.png");
         plot(&r, &path).unwrap();

@@ -195,6 +195,15 @@ enum BenchCommand {
     /// Synchronous memcpy bandwidth (pinned and pageable host memory, both directions),
     /// remoted against native, with concurrent clients; as `bench launch`.
     Copy(GpuBenchArgs),
+    /// Draw the PNG plot of a `bench launch|copy` JSON report again.
+    Plot {
+        /// The JSON report (`bench launch|copy --json`).
+        #[arg(long, value_name = "FILE")]
+        json: PathBuf,
+        /// The PNG file to write.
+        #[arg(long, value_name = "FILE")]
+        png: PathBuf,
+    },
     /// One client of `bench launch|copy` (started by it).
     #[command(hide = true)]
     GpuWorker {
@@ -502,6 +511,20 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::Copy(args)) => {
             init_logging("warn");
             bench_gpu::run(&args.options(bench_gpu::What::Copy)).map(drop)
+        }
+        Command::Bench(BenchCommand::Plot { json, png }) => {
+            init_logging("warn");
+            let text = std::fs::read_to_string(&json)
+                .with_context(|| format!("cannot read {}", json.display()))?;
+            let report: bench_gpu::Report = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not a `remora bench launch|copy` report",
+                    json.display()
+                )
+            })?;
+            bench_plot::plot(&report, &png)?;
+            println!("plot written to {}", png.display());
+            Ok(())
         }
         Command::Bench(BenchCommand::GpuWorker {
             what,

@@ -90,6 +90,21 @@ fn bench_copy_reports_every_transport_and_client_count() {
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[..4], b"\x89PNG");
     assert!(stdout.contains("copy.pinned.htod.aggregate"), "{stdout}");
+    // `bench plot` draws a saved report again.
+    let again = dir.path().join("again.png");
+    let out = Command::new(REMORA)
+        .args(["bench", "plot", "--json"])
+        .arg(&json)
+        .arg("--png")
+        .arg(&again)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(&std::fs::read(&again).unwrap()[..4], b"\x89PNG");
 }
 
 #[test]
