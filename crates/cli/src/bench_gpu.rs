@@ -394,16 +394,16 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
         figures,
         notes,
     };
-    println!("{}", table(&report));
+    outln!("{}", table(&report));
     if let Some(path) = &opts.json {
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
-        println!("report written to {}", path.display());
+        outln!("report written to {}", path.display());
     }
     if let Some(path) = &opts.png {
         crate::bench_plot::plot(&report, path)?;
-        println!("plot written to {}", path.display());
+        outln!("plot written to {}", path.display());
     }
     Ok(report)
 }

@@ -115,11 +115,11 @@ pub(crate) fn run(
         times.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let report = NullReport::from_times(server, used, times);
-    println!("{}", report.text());
+    outln!("{}", report.text());
     if let Some(path) = json {
         std::fs::write(path, report.json())
             .with_context(|| format!("cannot write {}", path.display()))?;
-        println!("results written to {}", path.display());
+        outln!("results written to {}", path.display());
     }
     Ok(report)
 }

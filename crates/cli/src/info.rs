@@ -24,7 +24,7 @@ pub(crate) fn run(server: &Endpoint) -> Result<()> {
             capabilities: u64::from(REMORA_CAP_ONEWAY),
         })
         .with_context(|| format!("HELLO to {server} failed"))?;
-    print!("{}", render(server, &reply)?);
+    outln!("{}", render(server, &reply)?.trim_end_matches('\n'));
     Ok(())
 }
 

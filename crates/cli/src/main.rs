@@ -8,6 +8,24 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use remora_oncrpc::{Endpoint, TransportChoice};
 
+/// `println!` for the command's output, without the panic when stdout is a closed pipe
+/// (`remora bench null | head -1`): the process exits as a SIGPIPE'd Unix tool would (141).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::write_out(format_args!($($arg)*))
+    };
+}
+
+/// What [`outln!`] does.
+pub(crate) fn write_out(args: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{args}")
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        std::process::exit(141);
+    }
+}
+
 mod bench_gpu;
 mod bench_null;
 mod bench_plot;
@@ -326,7 +344,7 @@ fn backend_choice(backend: &str) -> remora_server::BackendChoice {
 fn serve(config: remora_server::ServeConfig) -> Result<()> {
     let running = remora_server::start(config).context("remora serve could not start")?;
     for endpoint in running.endpoints() {
-        println!("remora serve: listening on {endpoint}");
+        outln!("remora serve: listening on {endpoint}");
     }
     let (tx, rx) = std::sync::mpsc::channel();
     ctrlc::set_handler(move || {
@@ -360,16 +378,16 @@ fn rpcgen(
         options = options.define(name, value);
     }
     let report = remora_rpcgen::generate_crate(&options).map_err(|e| anyhow::anyhow!("{e}"))?;
-    println!(
+    outln!(
         "generated crate {} in {} (runtime: {})",
         report.crate_name,
         report.dir.display(),
         report.runtime.display()
     );
     for path in &report.written {
-        println!("  wrote {}", path.display());
+        outln!("  wrote {}", path.display());
     }
-    println!(
+    outln!(
         "build it with: cargo build --manifest-path {}",
         report.dir.join("Cargo.toml").display()
     );
@@ -486,11 +504,11 @@ fn run(cli: Cli) -> Result<()> {
                 null_calls,
                 server_command: vec![exe.into(), "bench".into(), "rpc-server".into()],
             })?;
-            println!("{}", report.table());
+            outln!("{}", report.table());
             if let Some(path) = json {
                 std::fs::write(&path, report.json())
                     .with_context(|| format!("cannot write {}", path.display()))?;
-                println!("results written to {}", path.display());
+                outln!("results written to {}", path.display());
             }
             Ok(())
         }
@@ -523,7 +541,7 @@ fn run(cli: Cli) -> Result<()> {
                 )
             })?;
             bench_plot::plot(&report, &png)?;
-            println!("plot written to {}", png.display());
+            outln!("plot written to {}", png.display());
             Ok(())
         }
         Command::Bench(BenchCommand::GpuWorker {

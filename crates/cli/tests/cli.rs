@@ -93,7 +93,11 @@ fn serve_answers_info_on_unix_and_tcp_and_stops_on_sigterm() {
             "info {url}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(stdout.contains("protocol revision 6"), "{stdout}");
+        let revision = format!(
+            "protocol revision {}",
+            remora_proto::remora::REMORA_PROTOCOL_REVISION
+        );
+        assert!(stdout.contains(&revision), "{stdout}");
         assert!(stdout.contains(&format!("server        {url}")), "{stdout}");
         assert!(stdout.contains("capabilities  oneway"), "{stdout}");
         // No driver here: zero GPUs and the reason, naming the library it tried.
