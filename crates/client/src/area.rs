@@ -134,21 +134,61 @@ impl Lease {
         }
     }
 
-    /// Copies `data` to the start of the lease (at most its length).
+    /// Copies `data` to the start of the lease (at most its length). Large copies are split
+    /// between two threads: one core copies about 8 GB/s, less than the DMA on the other side
+    /// of the area (measured on the H100 host: pageable copies were bounded by this copy).
     pub(crate) fn put(&self, data: &[u8]) -> bool {
         self.alloc
             .copied
             .fetch_add(data.len() as u64, Ordering::Relaxed);
-        data.len() as u64 <= self.len && self.alloc.area.write(self.offset, data).is_ok()
+        if data.len() as u64 > self.len {
+            return false;
+        }
+        let area = &self.alloc.area;
+        match split_point(data.len()) {
+            None => area.write(self.offset, data).is_ok(),
+            Some(half) => {
+                let (a, b) = data.split_at(half);
+                std::thread::scope(|s| {
+                    let first = s.spawn(|| area.write(self.offset, a).is_ok());
+                    let second = area.write(self.offset + half as u64, b).is_ok();
+                    first.join().unwrap_or(false) && second
+                })
+            }
+        }
     }
 
-    /// Copies the first `out.len()` bytes of the lease out.
+    /// Copies the first `out.len()` bytes of the lease out (large copies on two threads, as
+    /// [`Lease::put`]).
     pub(crate) fn get(&self, out: &mut [u8]) -> bool {
         self.alloc
             .copied
             .fetch_add(out.len() as u64, Ordering::Relaxed);
-        out.len() as u64 <= self.len && self.alloc.area.read(self.offset, out).is_ok()
+        if out.len() as u64 > self.len {
+            return false;
+        }
+        let area = &self.alloc.area;
+        match split_point(out.len()) {
+            None => area.read(self.offset, out).is_ok(),
+            Some(half) => {
+                let (a, b) = out.split_at_mut(half);
+                std::thread::scope(|s| {
+                    let first = s.spawn(|| area.read(self.offset, a).is_ok());
+                    let second = area.read(self.offset + half as u64, b).is_ok();
+                    first.join().unwrap_or(false) && second
+                })
+            }
+        }
     }
+}
+
+/// Copies of at least this many bytes use two threads (a thread costs tens of microseconds;
+/// 2 MiB take about 250 µs on one core).
+const PARALLEL_COPY_BYTES: usize = 2 << 20;
+
+/// Where a copy of `len` bytes is split between two threads (page-aligned), if it is.
+fn split_point(len: usize) -> Option<usize> {
+    (len >= PARALLEL_COPY_BYTES).then(|| (len / 2) & !4095)
 }
 
 impl Drop for Lease {
@@ -181,6 +221,34 @@ mod tests {
         let mut back = [0u8; 3];
         assert!(all.get(&mut back));
         assert_eq!(back, [1, 2, 3]);
+    }
+
+    #[test]
+    fn large_copies_split_between_threads_round_trip() {
+        let layout = remora_shm::Layout {
+            ring_capacity: 4096,
+            data_size: 8 << 20,
+        };
+        let a = AreaAlloc::new(
+            remora_shm::Region::create("area-split", layout)
+                .unwrap()
+                .data_area(),
+        );
+        for n in [
+            PARALLEL_COPY_BYTES - 1,
+            PARALLEL_COPY_BYTES,
+            (5 << 20) + 12345,
+        ] {
+            let lease = a.alloc(n as u64, 4096).unwrap();
+            let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
+            assert!(lease.put(&data));
+            let mut back = vec![0u8; n];
+            assert!(lease.get(&mut back));
+            assert!(back == data, "{n} bytes");
+            assert!(!lease.put(&vec![0u8; n + 4096]), "longer than the lease");
+        }
+        assert_eq!(split_point(PARALLEL_COPY_BYTES - 1), None);
+        assert_eq!(split_point(3 << 20), Some(3 << 19));
     }
 
     fn remora_oncrpc_test_area() -> DataArea {
