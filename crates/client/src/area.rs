@@ -188,7 +188,7 @@ const PARALLEL_COPY_BYTES: usize = 2 << 20;
 
 /// Where a copy of `len` bytes is split between two threads (page-aligned), if it is.
 fn split_point(len: usize) -> Option<usize> {
-    (len >= PARALLEL_COPY_BYTES).then(|| (len / 2) & !4095)
+    (len >= PARALLEL_COPY_BYTES).then_some((len / 2) & !4095)
 }
 
 impl Drop for Lease {

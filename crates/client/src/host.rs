@@ -267,6 +267,12 @@ impl Drop for HostMem {
     }
 }
 
+/// The part of a data area of `area_len` bytes that pinned allocations leave free for the
+/// staging of pageable copies: a quarter of the area, at most 32 MiB (two 16 MiB chunks).
+pub(crate) fn staging_reserve(area_len: u64) -> u64 {
+    (area_len / 4).min(32 << 20)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,10 +340,4 @@ mod tests {
         assert!(h.is_empty());
         drop(buf);
     }
-}
-
-/// The part of a data area of `area_len` bytes that pinned allocations leave free for the
-/// staging of pageable copies: a quarter of the area, at most 32 MiB (two 16 MiB chunks).
-pub(crate) fn staging_reserve(area_len: u64) -> u64 {
-    (area_len / 4).min(32 << 20)
 }
