@@ -91,8 +91,9 @@ fn hello_refuses_a_client_from_the_future_and_wrong_programs_get_prog_unavail() 
         Inventory::NotFound("none here".into()),
     )
     .unwrap();
-    let HelloReply::False(refused) = hello(&endpoint, 7, 9).unwrap() else {
-        panic!("a client speaking only revisions 7..9 was accepted")
+    let future = REMORA_PROTOCOL_REVISION + 1;
+    let HelloReply::False(refused) = hello(&endpoint, future, future + 2).unwrap() else {
+        panic!("a client speaking only revisions {future}.. was accepted")
     };
     assert_eq!(
         (refused.min_revision, refused.max_revision),
