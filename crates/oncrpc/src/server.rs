@@ -37,8 +37,9 @@ pub struct ServerConfig {
     /// Most connections served at once; further ones are accepted and closed at once.
     /// Default 1024.
     pub max_connections: usize,
-    /// Longest time a partially received record may go without new bytes; the connection
-    /// is closed after. Default 30 s.
+    /// Longest time a partially received record may go without new bytes, and longest time
+    /// a reply write may wait for a peer that does not read (full socket buffer or response
+    /// ring); the connection is closed after. Default 30 s.
     pub stall_timeout: Duration,
     /// Longest time a connection may sit idle between records (`None`: forever, the default).
     pub idle_timeout: Option<Duration>,
@@ -706,6 +707,13 @@ pub(crate) trait Transport: Read + Write {
         Ok(())
     }
 
+    /// Sets the write timeout, which also holds for the shared writer (sockets share it
+    /// through their file description, shared-memory streams through their connection state);
+    /// in-memory streams ignore it.
+    fn set_write_timeout(&mut self, _timeout: Option<Duration>) -> io::Result<()> {
+        Ok(())
+    }
+
     /// A second handle that writes to the same peer, shared by the connection thread and
     /// deferred replies; `None` (in-memory streams) disables deferred replies.
     fn shared_writer(&self) -> Option<Box<dyn Write + Send>> {
@@ -724,6 +732,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
         (**self).set_read_timeout(timeout)
     }
 
+    fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        (**self).set_write_timeout(timeout)
+    }
+
     fn shared_writer(&self) -> Option<Box<dyn Write + Send>> {
         (**self).shared_writer()
     }
@@ -736,6 +748,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 impl Transport for Stream {
     fn set_read_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         Stream::set_read_timeout(self, timeout)
+    }
+
+    fn set_write_timeout(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        Stream::set_write_timeout(self, timeout)
     }
 
     fn shared_writer(&self) -> Option<Box<dyn Write + Send>> {
@@ -919,6 +935,15 @@ fn serve_records<S: Transport>(
     let tick = tick.max(Duration::from_millis(1));
     if let Err(e) = stream.set_read_timeout(Some(tick)) {
         tracing::warn!(%peer, error = %e, "ONC RPC server: cannot set the read timeout; connection closed");
+        return None;
+    }
+    // A peer that stops reading its replies (a full socket buffer or response ring) stalls
+    // a reply write for at most stall_timeout; the write then fails and the connection ends,
+    // freeing the session, instead of holding this thread forever.
+    if let Err(e) =
+        stream.set_write_timeout(Some(config.stall_timeout.max(Duration::from_millis(1))))
+    {
+        tracing::warn!(%peer, error = %e, "ONC RPC server: cannot set the write timeout; connection closed");
         return None;
     }
     let mut reader = RecordReader::new(stream, config.max_record_size);

@@ -287,3 +287,35 @@ fn large_records_stream_through_small_rings() {
         .unwrap();
     assert_eq!(back, data);
 }
+
+#[test]
+fn a_client_that_stops_reading_replies_is_closed_after_the_stall_timeout() {
+    let s = start_with(
+        Transport::Shm,
+        ServerConfig {
+            stall_timeout: Duration::from_millis(300),
+            shm_ring_capacity: 4096,
+            ..ServerConfig::default()
+        },
+    );
+    let good = s.client().unwrap();
+    let path = socket_path(&s.endpoint);
+    let bad = remora_oncrpc::shm::connect(&path, Duration::from_secs(5)).unwrap();
+    bad.set_write_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    wait_for_connections(&s, 2);
+    // Calls whose replies fill the 4 KiB response ring, never read: the server's reply write
+    // stalls, times out and the session ends (the client's own writes may stall too once
+    // the server stops reading; they time out quickly and are ignored).
+    let started = Instant::now();
+    let mut w = bad.clone();
+    for xid in 0..1000 {
+        if write_record(&mut w, &null_call(xid), 1 << 20).is_err() {
+            break;
+        }
+    }
+    wait_for_connections(&s, 1);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The others are served on.
+    assert_eq!(add(&good, 40, 2).unwrap(), 42);
+}
