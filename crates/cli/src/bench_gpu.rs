@@ -312,13 +312,45 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
         bail!("--rounds must be at least 1");
     }
     let shim = find_shim(opts.shim.as_deref())?;
+    let mut notes = Vec::new();
+    // A named server is reached over what its URL allows: tcp:// only over tcp, unix:// over
+    // shm or unix.
+    let transports: Vec<String> = match &opts.server {
+        None => opts.transports.clone(),
+        Some(server) => {
+            let tcp = matches!(server, Endpoint::Tcp(_));
+            let (kept, dropped): (Vec<String>, Vec<String>) = opts
+                .transports
+                .iter()
+                .cloned()
+                .partition(|t| (t == "tcp") == tcp);
+            if !dropped.is_empty() {
+                let note = format!(
+                    "{server} cannot be reached over {}: not measured",
+                    dropped.join(", ")
+                );
+                eprintln!("remora: {note}");
+                notes.push(note);
+            }
+            if kept.is_empty() {
+                bail!(
+                    "none of the transports {} reaches {server} (tcp:// servers take tcp, unix:// servers shm and unix)",
+                    opts.transports.join(",")
+                );
+            }
+            kept
+        }
+    };
+    let opts = &Options {
+        transports,
+        ..opts.clone()
+    };
     let endpoints = endpoints(opts)?;
     let mut modes: Vec<String> = Vec::new();
     if opts.native {
         modes.push("native".into());
     }
     modes.extend(opts.transports.iter().cloned());
-    let mut notes = Vec::new();
     // (mode, clients) → per round, the aggregate figures.
     let mut per_round: Vec<GroupRounds> = Vec::new();
     let total = opts.rounds as usize * opts.clients.len() * modes.len();

@@ -141,6 +141,17 @@ fn bench_rejects_bad_lists() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown transport \"ipx\""));
     let out = bench("copy", &shim, &["--clients=0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--clients takes numbers"));
+    let out = bench(
+        "copy",
+        &shim,
+        &["--server=tcp://127.0.0.1:9", "--transports=shm,unix"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("none of the transports shm,unix reaches"),
+        "{stderr}"
+    );
 }
 
 #[test]
