@@ -104,6 +104,9 @@ struct PendingCopy {
 /// How long a synchronizing call waits for another thread to finish writing copies the
 /// server delivered in that thread's reply.
 const DELIVERY_WAIT: Duration = Duration::from_secs(60);
+/// How long [`Session::settle`] waits for another thread's reply before it asks the server
+/// for the completed copies itself.
+const FETCH_AFTER: Duration = Duration::from_millis(1);
 
 /// Reassembles an asynchronous device-to-host copy sent in chunks, then hands the whole to the
 /// caller's sink once every chunk has arrived.
@@ -933,11 +936,15 @@ impl Session {
     /// visible to the caller no later than CUDA would.
     fn settle(&self, mark: u64, covers: impl Fn(&PendingCopy) -> bool) -> CuResult<()> {
         let deadline = std::time::Instant::now() + DELIVERY_WAIT;
-        let mut pending = lock(&self.pending);
         loop {
-            if !pending.iter().any(|(id, p)| *id < mark && covers(p)) {
+            let mut pending = lock(&self.pending);
+            let Some((ctx, stream)) = pending
+                .iter()
+                .find(|(id, p)| **id < mark && covers(p))
+                .map(|(_, p)| (p.ctx, p.stream))
+            else {
                 return Ok(());
-            }
+            };
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 tracing::error!(
@@ -946,11 +953,23 @@ impl Session {
                 );
                 return Err(CuError(cu::UNKNOWN));
             }
-            pending = self
+            // Another thread's reply may be carrying it: wait a moment for that.
+            let (guard, waited) = self
                 .delivered
-                .wait_timeout(pending, left)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
+                .wait_timeout(pending, left.min(FETCH_AFTER))
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            pending = guard;
+            let still = pending.iter().any(|(id, p)| *id < mark && covers(p));
+            drop(pending);
+            if still && waited.timed_out() {
+                // A reply carries at most the server's budget of copy data; the rest of the
+                // completed copies come with the next reply that collects them: ask for one.
+                // Its status is the stream's (NOT_READY while later work runs) and is not
+                // this call's result.
+                if let Ok(reply) = call!(self.rm_stream_query(&RmStreamArgs { ctx, stream })) {
+                    let _ = self.finish_sync(reply);
+                }
+            }
         }
     }
 

@@ -20,6 +20,14 @@ use crate::waiters::WaiterPool;
 /// run on the connection's thread.
 pub(crate) const MAX_WAITERS: usize = 4;
 
+/// Most bytes of asynchronous device-to-host copy data one synchronizing reply carries (Remora's
+/// client reads reply records of up to 1 GiB; a single copy chunk is at most 32 MiB). Without
+/// a bound, a program that queued more than that before synchronizing got a reply its client
+/// could not read, and the server built it whole in memory. Completed copies past the budget
+/// stay pending and go out in a later reply, which the client asks for (`RM_STREAM_QUERY`)
+/// when a synchronize returns without all its copies.
+pub(crate) const REPLY_COPY_BUDGET: usize = 64 << 20;
+
 /// A server-side object a session handle names.
 #[derive(Debug, Clone)]
 pub(crate) enum Resource {
@@ -275,7 +283,16 @@ impl SessionState {
     pub(crate) fn collect(&mut self, scope: Scope, status: &mut i32) -> Vec<RmCopyData> {
         let mut out = Vec::new();
         let mut keep = Vec::with_capacity(self.pending.len());
+        // Bytes of copy data in this reply so far: past REPLY_COPY_BUDGET, completed copies
+        // wait for a later reply (the client asks for them), so that no reply outgrows what
+        // a client reads in one record.
+        let mut carried = 0usize;
         for p in self.pending.drain(..) {
+            if p.area.is_none() && carried > 0 && carried + p.copy.data().len() > REPLY_COPY_BUDGET
+            {
+                keep.push(p);
+                continue;
+            }
             let covered = match scope {
                 Scope::Finished => false,
                 Scope::Context(ctx) => p.ctx == ctx,
@@ -300,10 +317,13 @@ impl SessionState {
                             data: Bytes::new(),
                         });
                     }
-                    None => out.push(RmCopyData {
-                        copy_id: p.copy_id,
-                        data: Bytes::copy_from_slice(p.copy.data()),
-                    }),
+                    None => {
+                        carried += p.copy.data().len();
+                        out.push(RmCopyData {
+                            copy_id: p.copy_id,
+                            data: Bytes::copy_from_slice(p.copy.data()),
+                        });
+                    }
                 },
                 Ok(false) => keep.push(p),
                 Err(e) => {
