@@ -95,6 +95,11 @@ enum Command {
         /// for direct DMA, so each session holds this much locked memory.
         #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
         shm_data_bytes: u64,
+        /// Refuse the calls that make this server run undocumented entry points of its CUDA
+        /// driver for a client (today only the private query cuBLASLt makes, so cublasGemmEx
+        /// and larger cublasSgemm calls fail with an error); see docs/threat-model.md.
+        #[arg(long)]
+        no_private_driver_calls: bool,
     },
     /// Serve one session: the connection on standard input (started by `remora serve`
     /// under process isolation).
@@ -116,6 +121,8 @@ enum Command {
         no_shm: bool,
         #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
         shm_data_bytes: u64,
+        #[arg(long)]
+        no_private_driver_calls: bool,
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
@@ -407,6 +414,7 @@ fn run(cli: Cli) -> Result<()> {
             profile,
             no_shm,
             shm_data_bytes,
+            no_private_driver_calls,
         } => {
             init_logging("info");
             let exe = std::env::current_exe().context("cannot find the remora executable")?;
@@ -431,6 +439,7 @@ fn run(cli: Cli) -> Result<()> {
                     enabled: !no_shm,
                     data_bytes: shm_data_bytes,
                 },
+                no_private_driver_calls,
             })
         }
         Command::ServeWorker {
@@ -442,6 +451,7 @@ fn run(cli: Cli) -> Result<()> {
             profile,
             no_shm,
             shm_data_bytes,
+            no_private_driver_calls,
         } => {
             init_logging("info");
             remora_server::serve_worker(remora_server::WorkerConfig {
@@ -455,6 +465,7 @@ fn run(cli: Cli) -> Result<()> {
                     enabled: !no_shm,
                     data_bytes: shm_data_bytes,
                 },
+                no_private_driver_calls,
             })
             .context("remora serve-worker failed")
         }
@@ -627,6 +638,7 @@ mod tests {
                 enabled: false,
                 data_bytes: 1 << 20,
             },
+            no_private_driver_calls: true,
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
         args.extend(config.to_args());
@@ -640,6 +652,7 @@ mod tests {
             profile,
             no_shm,
             shm_data_bytes,
+            no_private_driver_calls,
         } = cli.command
         else {
             panic!()
@@ -656,6 +669,7 @@ mod tests {
                     enabled: !no_shm,
                     data_bytes: shm_data_bytes,
                 },
+                no_private_driver_calls,
             },
             config
         );

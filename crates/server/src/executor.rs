@@ -89,6 +89,9 @@ fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
 struct Inner {
     /// Time driver calls of launches (see [`Executor::set_profile`]).
     profile: std::sync::atomic::AtomicBool,
+    /// Procedures that call undocumented driver entry points are served (see
+    /// [`Executor::set_private_driver_calls`]).
+    private_driver_calls: std::sync::atomic::AtomicBool,
     /// Set once any session has switched to its ordered thread (its first host callback):
     /// until then dispatch skips the per-call session lookup for it.
     any_ordered: std::sync::atomic::AtomicBool,
@@ -132,6 +135,7 @@ impl Executor {
         Self {
             inner: Arc::new(Inner {
                 profile: std::sync::atomic::AtomicBool::new(false),
+                private_driver_calls: std::sync::atomic::AtomicBool::new(true),
                 any_ordered: std::sync::atomic::AtomicBool::new(false),
                 backend,
                 hello,
@@ -147,6 +151,15 @@ impl Executor {
     pub fn set_profile(&self, on: bool) {
         self.inner
             .profile
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether procedures that call undocumented entry points of the real driver on a
+    /// client's behalf (`RM_TOOLS_CTX_QUERY`) are served (the default) or refused with
+    /// CUDA_ERROR_NOT_SUPPORTED (`remora serve --no-private-driver-calls`).
+    pub fn set_private_driver_calls(&self, on: bool) {
+        self.inner
+            .private_driver_calls
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -651,6 +664,22 @@ impl RemoraV1Server for Executor {
         call: &CallContext,
         a: RmToolsCtxQueryArgs,
     ) -> ProcResult<RmU64Reply> {
+        if !self
+            .inner
+            .private_driver_calls
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::warn!(
+                    "RM_TOOLS_CTX_QUERY (a private driver query cuBLASLt makes) refused: this server runs with --no-private-driver-calls; the client's library call fails with CUDA_ERROR_NOT_SUPPORTED"
+                );
+            });
+            return Ok(u64_reply(
+                "RM_TOOLS_CTX_QUERY",
+                Err(crate::backend::status::NOT_SUPPORTED),
+            ));
+        }
         let session = self.session(call);
         let raw = session.lock().ctx(a.ctx);
         // The mask and flag are passed on as the library gave them: they may be register

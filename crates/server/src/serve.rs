@@ -172,6 +172,9 @@ pub struct ServeConfig {
     pub profile: bool,
     /// Shared memory for clients on this host (docs/protocol.md, SHM_SETUP).
     pub shm: ShmConfig,
+    /// Refuse the procedures that call undocumented entry points of the real driver on a
+    /// client's behalf (`RM_TOOLS_CTX_QUERY`, which cuBLASLt needs; docs/threat-model.md).
+    pub no_private_driver_calls: bool,
 }
 
 /// Shared-memory sessions: whether they are offered and the size of their data area.
@@ -229,12 +232,15 @@ pub struct WorkerConfig {
     pub profile: bool,
     /// Shared memory for the session's client.
     pub shm: ShmConfig,
+    /// Refuse calls into undocumented driver entry points ([`ServeConfig::no_private_driver_calls`]).
+    pub no_private_driver_calls: bool,
 }
 
 impl WorkerConfig {
     /// The command-line arguments `remora serve-worker` takes for this configuration:
     /// `--backend cuda|emulated`, `--devices LIST`, `--max-record-size N`,
-    /// `--module-cache-bytes N`, `--module-cache DIR`, `--profile`.
+    /// `--module-cache-bytes N`, `--module-cache DIR`, `--profile`, `--no-shm`,
+    /// `--shm-data-bytes N`, `--no-private-driver-calls`.
     pub fn to_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "--backend".into(),
@@ -269,6 +275,9 @@ impl WorkerConfig {
         }
         args.push("--shm-data-bytes".into());
         args.push(self.shm.data_bytes.to_string().into());
+        if self.no_private_driver_calls {
+            args.push("--no-private-driver-calls".into());
+        }
         args
     }
 }
@@ -693,6 +702,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             module_cache_dir: Some(cache_dir.clone()),
             profile: config.profile,
             shm: config.shm,
+            no_private_driver_calls: config.no_private_driver_calls,
         }
         .to_args(),
         workers: Arc::clone(&workers),
@@ -812,6 +822,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         config.module_cache_dir.clone(),
     );
     executor.set_profile(config.profile);
+    executor.set_private_driver_calls(!config.no_private_driver_calls);
     if let Some(out) = &device_output {
         executor.deliver_device_output(Arc::clone(out));
     }
@@ -893,6 +904,7 @@ pub fn start_with_backend(
         config.module_cache_dir.clone(),
     );
     executor.set_profile(config.profile);
+    executor.set_private_driver_calls(!config.no_private_driver_calls);
     let service = Arc::new(RemoraService::new(executor));
     let handle = listen_and_start(
         &config,

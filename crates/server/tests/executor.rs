@@ -1202,3 +1202,49 @@ fn occupancy_of_clusters_and_potential_block_size() {
         }
     );
 }
+
+/// `RM_TOOLS_CTX_QUERY` runs private driver entry points for a client: served by default
+/// (the emulated device answers 0), refused with CUDA_ERROR_NOT_SUPPORTED under
+/// `remora serve --no-private-driver-calls`; other calls are unaffected.
+#[test]
+fn private_driver_calls_can_be_refused() {
+    for refuse in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+        let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
+        let _running = start_with_backend(
+            ServeConfig {
+                listen: vec![endpoint.clone()],
+                no_private_driver_calls: refuse,
+                ..ServeConfig::default()
+            },
+            Arc::clone(&backend) as Arc<dyn Backend>,
+            inventory_of(&*backend),
+        )
+        .unwrap();
+        let c = RemoraV1Client::new(Client::connect(&endpoint).unwrap())
+            .with_timeout(Duration::from_secs(20));
+        let ctx = handle(c.rm_primary_ctx_retain(&0).unwrap());
+        let reply = c
+            .rm_tools_ctx_query(&RmToolsCtxQueryArgs {
+                ctx,
+                mask: 0x7fff_fffe_ffff,
+                flag: 1,
+            })
+            .unwrap();
+        if refuse {
+            assert_eq!(
+                reply,
+                RmU64Reply::Default {
+                    discriminant: NOT_SUPPORTED
+                }
+            );
+        } else {
+            assert_eq!(reply, RmU64Reply::Case0(0));
+        }
+        assert!(matches!(
+            c.rm_ctx_get_stream_priority_range(&ctx).unwrap(),
+            RmIntPairReply::Case0(_)
+        ));
+    }
+}
