@@ -64,6 +64,14 @@ pub(crate) struct Figure {
 pub(crate) struct Report {
     pub(crate) benchmark: String,
     pub(crate) date_unix: u64,
+    /// The GPU, as the workers' drivers name it (empty when none answered).
+    #[serde(default)]
+    pub(crate) device: String,
+    /// `remora --version`, and the commit when REMORA_COMMIT names it.
+    #[serde(default)]
+    pub(crate) remora: String,
+    #[serde(default)]
+    pub(crate) commit: String,
     pub(crate) server: String,
     pub(crate) rounds: u32,
     pub(crate) launches: u32,
@@ -356,6 +364,7 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
     let total = opts.rounds as usize * opts.clients.len() * modes.len();
     let mut step = 0;
     let mut native_failed = false;
+    let mut device = String::new();
     for round in 1..=opts.rounds {
         for &clients in &opts.clients {
             for mode in &modes {
@@ -386,6 +395,11 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
                         return Err(e);
                     }
                 };
+                if device.is_empty()
+                    && let Some(d) = results.iter().find(|r| !r.device.is_empty())
+                {
+                    device.clone_from(&d.device);
+                }
                 let agg = aggregate(opts.what, &results);
                 eprintln!(
                     "{:.1} s: {}",
@@ -414,6 +428,9 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
         date_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        device,
+        remora: concat!("remora ", env!("CARGO_PKG_VERSION")).into(),
+        commit: std::env::var("REMORA_COMMIT").unwrap_or_default(),
         server: match &opts.server {
             Some(s) => s.to_string(),
             None => "embedded".into(),
@@ -487,8 +504,9 @@ fn figures(per_round: &[GroupRounds]) -> Vec<Figure> {
 pub(crate) fn table(r: &Report) -> String {
     use std::fmt::Write as _;
     let mut s = format!(
-        "remora bench {} ({} round{}, median)\n{:<32} {:>7} {:>8} {:>20} {:>10}\n",
+        "remora bench {} on {} ({} round{}, median)\n{:<32} {:>7} {:>8} {:>20} {:>10}\n",
         r.benchmark,
+        if r.device.is_empty() { "?" } else { &r.device },
         r.rounds,
         if r.rounds == 1 { "" } else { "s" },
         "metric",

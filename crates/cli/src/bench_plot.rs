@@ -94,8 +94,10 @@ pub(crate) fn plot(r: &Report, path: &Path) -> Result<()> {
     title
         .titled(
             &format!(
-                "remora bench {} — median of {} round(s); x: concurrent clients",
-                r.benchmark, r.rounds
+                "remora bench {} on {} — median of {} round(s); x: concurrent clients",
+                r.benchmark,
+                if r.device.is_empty() { "?" } else { &r.device },
+                r.rounds
             ),
             ("sans-serif", 20),
         )
@@ -206,6 +208,9 @@ mod tests {
         let r = Report {
             benchmark: "launch".into(),
             date_unix: 0,
+            device: "GPU".into(),
+            remora: "remora 0".into(),
+            commit: String::new(),
             server: "embedded".into(),
             rounds: 1,
             launches: 1,

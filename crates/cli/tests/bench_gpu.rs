@@ -64,6 +64,11 @@ fn bench_copy_reports_every_transport_and_client_count() {
     assert_eq!(stderr.matches("] round ").count(), 2 * 2 * 3, "{stderr}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(
+        !report["device"].as_str().unwrap().is_empty(),
+        "the report names the GPU: {report}"
+    );
+    assert!(report["remora"].as_str().unwrap().starts_with("remora "));
     let figures = report["figures"].as_array().unwrap();
     for mode in ["shm", "unix", "tcp"] {
         for clients in [1, 3] {

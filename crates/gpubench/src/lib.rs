@@ -57,6 +57,9 @@ pub struct WorkerResult {
     /// counted as if they had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spans: Vec<(String, u128, u128, f64)>,
+    /// The GPU's name as the loaded driver reports it (`cuDeviceGetName`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub device: String,
 }
 
 /// Wall-clock nanoseconds since the Unix epoch.
@@ -76,6 +79,7 @@ struct Api {
     _lib: libloading::Library,
     init: unsafe extern "C" fn(c_uint) -> Res,
     device_get: unsafe extern "C" fn(*mut c_int, c_int) -> Res,
+    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res,
     ctx_create: unsafe extern "C" fn(*mut Ptr, c_uint, c_int) -> Res,
     module_load_data: unsafe extern "C" fn(*mut Ptr, *const c_void) -> Res,
     module_get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> Res,
@@ -147,6 +151,7 @@ impl Api {
         Ok(Self {
             init: sym!(b"cuInit"),
             device_get: sym!(b"cuDeviceGet"),
+            device_get_name: sym!(b"cuDeviceGetName"),
             ctx_create: sym!(b"cuCtxCreate_v2"),
             module_load_data: sym!(b"cuModuleLoadData"),
             module_get_function: sym!(b"cuModuleGetFunction"),
@@ -254,6 +259,12 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
             bail!("expected GO from the parent");
         }
         let mut r = WorkerResult::default();
+        let mut name = [0 as c_char; 256];
+        if (api.device_get_name)(name.as_mut_ptr(), name.len() as c_int, dev) == 0 {
+            r.device = std::ffi::CStr::from_ptr(name.as_ptr())
+                .to_string_lossy()
+                .into_owned();
+        }
         match o.what {
             What::Launch => {
                 let (t0, w0) = (Instant::now(), now_ns());
