@@ -95,6 +95,12 @@ enum Command {
         /// for direct DMA, so each session holds this much locked memory.
         #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
         shm_data_bytes: u64,
+        /// Most bytes of shared-memory data areas page-locked at once over all sessions; a
+        /// session past it still gets its area, but its copies go through private staging
+        /// buffers (slower, logged). Bounds the locked memory that many local clients can
+        /// make the server hold.
+        #[arg(long, value_name = "BYTES", default_value_t = remora_server::DEFAULT_SHM_LOCK_MAX)]
+        shm_lock_max: u64,
         /// Refuse the calls that make this server run undocumented entry points of its CUDA
         /// driver for a client (today only the private query cuBLASLt makes, so cublasGemmEx
         /// and larger cublasSgemm calls fail with an error); see docs/threat-model.md.
@@ -123,6 +129,8 @@ enum Command {
         shm_data_bytes: u64,
         #[arg(long)]
         no_private_driver_calls: bool,
+        #[arg(long, value_name = "BYTES")]
+        shm_lock_budget: Option<u64>,
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
@@ -414,6 +422,7 @@ fn run(cli: Cli) -> Result<()> {
             profile,
             no_shm,
             shm_data_bytes,
+            shm_lock_max,
             no_private_driver_calls,
         } => {
             init_logging("info");
@@ -438,6 +447,7 @@ fn run(cli: Cli) -> Result<()> {
                 shm: remora_server::ShmConfig {
                     enabled: !no_shm,
                     data_bytes: shm_data_bytes,
+                    lock_max_bytes: shm_lock_max,
                 },
                 no_private_driver_calls,
             })
@@ -452,6 +462,7 @@ fn run(cli: Cli) -> Result<()> {
             no_shm,
             shm_data_bytes,
             no_private_driver_calls,
+            shm_lock_budget,
         } => {
             init_logging("info");
             remora_server::serve_worker(remora_server::WorkerConfig {
@@ -464,8 +475,10 @@ fn run(cli: Cli) -> Result<()> {
                 shm: remora_server::ShmConfig {
                     enabled: !no_shm,
                     data_bytes: shm_data_bytes,
+                    ..remora_server::ShmConfig::default()
                 },
                 no_private_driver_calls,
+                shm_lock_budget,
             })
             .context("remora serve-worker failed")
         }
@@ -637,8 +650,10 @@ mod tests {
             shm: remora_server::ShmConfig {
                 enabled: false,
                 data_bytes: 1 << 20,
+                ..remora_server::ShmConfig::default()
             },
             no_private_driver_calls: true,
+            shm_lock_budget: Some(3 << 20),
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
         args.extend(config.to_args());
@@ -653,6 +668,7 @@ mod tests {
             no_shm,
             shm_data_bytes,
             no_private_driver_calls,
+            shm_lock_budget,
         } = cli.command
         else {
             panic!()
@@ -668,8 +684,10 @@ mod tests {
                 shm: remora_server::ShmConfig {
                     enabled: !no_shm,
                     data_bytes: shm_data_bytes,
+                    ..remora_server::ShmConfig::default()
                 },
                 no_private_driver_calls,
+                shm_lock_budget,
             },
             config
         );

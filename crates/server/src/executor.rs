@@ -92,6 +92,9 @@ struct Inner {
     /// Procedures that call undocumented driver entry points are served (see
     /// [`Executor::set_private_driver_calls`]).
     private_driver_calls: std::sync::atomic::AtomicBool,
+    /// Bytes of data area that may still be page-locked (see
+    /// [`Executor::set_area_lock_budget`]).
+    area_lock_budget: Mutex<u64>,
     /// Set once any session has switched to its ordered thread (its first host callback):
     /// until then dispatch skips the per-call session lookup for it.
     any_ordered: std::sync::atomic::AtomicBool,
@@ -136,6 +139,7 @@ impl Executor {
             inner: Arc::new(Inner {
                 profile: std::sync::atomic::AtomicBool::new(false),
                 private_driver_calls: std::sync::atomic::AtomicBool::new(true),
+                area_lock_budget: Mutex::new(u64::MAX),
                 any_ordered: std::sync::atomic::AtomicBool::new(false),
                 backend,
                 hello,
@@ -152,6 +156,28 @@ impl Executor {
         self.inner
             .profile
             .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes of shared data areas this executor may have page-locked at once (the CUDA
+    /// backend registers each session's area for DMA): a session whose area does not fit
+    /// copies through private staging buffers instead, logged once. Unlimited by default;
+    /// `remora serve --shm-lock-max` sets it (under process isolation the server gives each
+    /// session worker what is left).
+    pub fn set_area_lock_budget(&self, bytes: u64) {
+        *self
+            .inner
+            .area_lock_budget
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = bytes;
+    }
+
+    /// Bytes of data area that may still be page-locked ([`Executor::set_area_lock_budget`]).
+    pub fn area_lock_budget(&self) -> u64 {
+        *self
+            .inner
+            .area_lock_budget
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether procedures that call undocumented entry points of the real driver on a
@@ -191,7 +217,31 @@ impl Executor {
             && let Some(area) = call.data_area()
             && session.area.set(area.clone()).is_ok()
         {
-            self.inner.backend.area_attach(area);
+            let fits = {
+                let mut budget = self
+                    .inner
+                    .area_lock_budget
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let len = area.len() as u64;
+                let fits = *budget >= len;
+                if fits {
+                    *budget -= len;
+                }
+                fits
+            };
+            if fits {
+                session
+                    .area_locked
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                self.inner.backend.area_attach(area);
+            } else {
+                tracing::warn!(
+                    connection = call.connection,
+                    area_bytes = area.len(),
+                    "the server's page-locked memory budget (--shm-lock-max) has no room for this session's data area: its copies go through private staging buffers (slower)"
+                );
+            }
         }
         session
     }
@@ -2249,8 +2299,18 @@ impl Executor {
                 );
             }
             // Before the contexts go: a backend may need one to undo its registration.
-            if let Some(area) = session.area.get() {
+            if let Some(area) = session.area.get()
+                && session
+                    .area_locked
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            {
                 self.inner.backend.area_detach(area);
+                let mut budget = self
+                    .inner
+                    .area_lock_budget
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                *budget = budget.saturating_add(area.len() as u64);
             }
             session.close(&*self.inner.backend);
         }

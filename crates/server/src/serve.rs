@@ -185,13 +185,21 @@ pub struct ShmConfig {
     /// Bytes of each session's data area, where copies pass their bytes by (offset,
     /// length); 0: none (copies travel inside the calls). Default 256 MiB.
     pub data_bytes: u64,
+    /// Most bytes of data areas page-locked at once over all sessions (the CUDA backend
+    /// registers each session's area for DMA); sessions beyond it copy through private
+    /// staging buffers. Default [`DEFAULT_SHM_LOCK_MAX`].
+    pub lock_max_bytes: u64,
 }
+
+/// Default of [`ShmConfig::lock_max_bytes`]: 16 GiB, 64 sessions with the default area.
+pub const DEFAULT_SHM_LOCK_MAX: u64 = 16 << 30;
 
 impl Default for ShmConfig {
     fn default() -> Self {
         Self {
             enabled: true,
             data_bytes: ServerConfig::default().shm_data_bytes,
+            lock_max_bytes: DEFAULT_SHM_LOCK_MAX,
         }
     }
 }
@@ -234,13 +242,16 @@ pub struct WorkerConfig {
     pub shm: ShmConfig,
     /// Refuse calls into undocumented driver entry points ([`ServeConfig::no_private_driver_calls`]).
     pub no_private_driver_calls: bool,
+    /// Bytes of data area this worker's session may page-lock: what the server's
+    /// [`ShmConfig::lock_max_bytes`] had left when it started the worker; `None`: unlimited.
+    pub shm_lock_budget: Option<u64>,
 }
 
 impl WorkerConfig {
     /// The command-line arguments `remora serve-worker` takes for this configuration:
     /// `--backend cuda|emulated`, `--devices LIST`, `--max-record-size N`,
     /// `--module-cache-bytes N`, `--module-cache DIR`, `--profile`, `--no-shm`,
-    /// `--shm-data-bytes N`, `--no-private-driver-calls`.
+    /// `--shm-data-bytes N`, `--no-private-driver-calls`, `--shm-lock-budget N`.
     pub fn to_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "--backend".into(),
@@ -277,6 +288,10 @@ impl WorkerConfig {
         args.push(self.shm.data_bytes.to_string().into());
         if self.no_private_driver_calls {
             args.push("--no-private-driver-calls".into());
+        }
+        if let Some(budget) = self.shm_lock_budget {
+            args.push("--shm-lock-budget".into());
+            args.push(budget.to_string().into());
         }
         args
     }
@@ -496,6 +511,15 @@ struct WorkerSpawner {
     command: Vec<OsString>,
     args: Vec<OsString>,
     workers: Arc<Workers>,
+    /// (bytes of one session's data area, the server's page-lock cap): each worker is told
+    /// what the cap leaves after the areas of the workers alive.
+    lock: (u64, u64),
+}
+
+/// What the page-lock cap `cap` leaves for one more session when `live` sessions with areas
+/// of `area` bytes each may hold theirs.
+fn lock_budget(live: usize, area: u64, cap: u64) -> u64 {
+    cap.saturating_sub(area.saturating_mul(live as u64))
 }
 
 impl ConnectionHandler for WorkerSpawner {
@@ -512,9 +536,12 @@ impl ConnectionHandler for WorkerSpawner {
         let Some((program, leading)) = self.command.split_first() else {
             return;
         };
+        let budget = lock_budget(self.workers.lock().len(), self.lock.0, self.lock.1);
         let spawned = Command::new(program)
             .args(leading)
             .args(&self.args)
+            .arg("--shm-lock-budget")
+            .arg(budget.to_string())
             .stdin(Stdio::from(fd))
             .stdout(Stdio::null())
             .env("REMORA_SERVE_PID", std::process::id().to_string())
@@ -703,9 +730,11 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             profile: config.profile,
             shm: config.shm,
             no_private_driver_calls: config.no_private_driver_calls,
+            shm_lock_budget: None,
         }
         .to_args(),
         workers: Arc::clone(&workers),
+        lock: (config.shm.data_bytes, config.shm.lock_max_bytes),
     });
     tracing::info!(module_cache = %cache_dir.display(), "process isolation: one worker process per session");
     // The parent serves no calls; the service is registered so that rpcbind learns the
@@ -823,6 +852,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     );
     executor.set_profile(config.profile);
     executor.set_private_driver_calls(!config.no_private_driver_calls);
+    executor.set_area_lock_budget(config.shm_lock_budget.unwrap_or(u64::MAX));
     if let Some(out) = &device_output {
         executor.deliver_device_output(Arc::clone(out));
     }
@@ -905,6 +935,7 @@ pub fn start_with_backend(
     );
     executor.set_profile(config.profile);
     executor.set_private_driver_calls(!config.no_private_driver_calls);
+    executor.set_area_lock_budget(config.shm.lock_max_bytes);
     let service = Arc::new(RemoraService::new(executor));
     let handle = listen_and_start(
         &config,
@@ -924,4 +955,22 @@ fn is_loopback(addr: &str) -> bool {
     addr.to_socket_addrs()
         .map(|mut addrs| addrs.all(|a| a.ip().is_loopback()))
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lock_budget;
+
+    #[test]
+    fn each_worker_gets_what_the_lock_cap_leaves() {
+        let area = 256u64 << 20;
+        assert_eq!(lock_budget(0, area, 1 << 30), 1 << 30);
+        assert_eq!(lock_budget(3, area, 1 << 30), area);
+        assert_eq!(
+            lock_budget(4, area, 1 << 30),
+            0,
+            "the fifth session is not locked"
+        );
+        assert_eq!(lock_budget(usize::MAX, area, 1 << 30), 0, "no overflow");
+    }
 }

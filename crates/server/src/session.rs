@@ -544,6 +544,9 @@ pub(crate) struct Session {
     /// session is closed, so that a backend can undo what it did to the area
     /// ([`crate::Backend::area_detach`]) before the mapping goes away.
     pub(crate) area: std::sync::OnceLock<remora_oncrpc::DataArea>,
+    /// Whether the backend was told of the area ([`crate::Backend::area_attach`]: page-locked
+    /// for DMA); false when the server's locked-memory budget had no room for it.
+    pub(crate) area_locked: std::sync::atomic::AtomicBool,
 }
 
 impl Session {
@@ -557,6 +560,7 @@ impl Session {
             launches: Default::default(),
             launch_ns: Default::default(),
             area: std::sync::OnceLock::new(),
+            area_locked: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -267,3 +267,64 @@ fn a_device_address_colliding_with_a_host_mapping_is_allocated_again() {
     // SAFETY: the page mapped above, used by nothing.
     unsafe { munmap(page, 4096) }.unwrap();
 }
+
+/// `remora serve --shm-lock-max`: sessions page-lock their data areas (the CUDA backend
+/// registers them for DMA) only while the server-wide budget has room; the budget comes back
+/// when a session ends. (The emulated backend locks nothing; the executor's accounting is
+/// what is checked.)
+#[test]
+fn page_locked_areas_stay_within_the_servers_budget() {
+    use remora_server::{
+        Backend, EmulatedBackend, EmulatedConfig, ServeConfig, ShmConfig, inventory_of,
+        start_with_backend,
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let backend = std::sync::Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+    let endpoint = remora_oncrpc::Endpoint::Unix(dir.path().join("remora.sock"));
+    let running = start_with_backend(
+        ServeConfig {
+            listen: vec![endpoint.clone()],
+            shm: ShmConfig {
+                enabled: true,
+                data_bytes: AREA,
+                lock_max_bytes: AREA * 3 / 2,
+            },
+            ..ServeConfig::default()
+        },
+        std::sync::Arc::clone(&backend) as std::sync::Arc<dyn Backend>,
+        inventory_of(&*backend),
+    )
+    .unwrap();
+    let executor = running.executor().unwrap();
+    assert_eq!(executor.area_lock_budget(), AREA * 3 / 2);
+    let first = session(&endpoint, TransportChoice::Shm);
+    first.primary_ctx_retain(0).unwrap();
+    assert_eq!(
+        executor.area_lock_budget(),
+        AREA / 2,
+        "the first area is locked"
+    );
+    let second = session(&endpoint, TransportChoice::Shm);
+    second.primary_ctx_retain(0).unwrap();
+    assert_eq!(
+        executor.area_lock_budget(),
+        AREA / 2,
+        "no room for the second"
+    );
+    // The second session still works, through staging buffers.
+    let ctx = second.primary_ctx_retain(0).unwrap();
+    let dev = second.mem_alloc(ctx, 1000).unwrap();
+    second
+        .memcpy_htod(ctx, LEGACY, dev, &pattern(1000, 5))
+        .unwrap();
+    let mut back = vec![0u8; 1000];
+    second.memcpy_dtoh(ctx, LEGACY, dev, &mut back).unwrap();
+    assert_eq!(back, pattern(1000, 5));
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while executor.area_lock_budget() != AREA * 3 / 2 {
+        assert!(std::time::Instant::now() < deadline, "the budget came back");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -43,6 +43,7 @@ pub fn serve(data_bytes: u64) -> Server {
             shm: ShmConfig {
                 enabled: true,
                 data_bytes,
+                ..ShmConfig::default()
             },
             ..ServeConfig::default()
         },
