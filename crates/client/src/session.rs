@@ -741,20 +741,44 @@ impl Session {
 
     // Memory -------------------------------------------------------------------------------
 
-    fn reserve_or_free(&self, ctx: RmHandle, ptr: u64, size: u64) -> CuResult<()> {
-        match self.va.reserve(ptr, size, ctx) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let why = match e {
-                    ReserveError::Collision(e) | ReserveError::Other(e) => e,
-                };
-                tracing::error!(
-                    "remora: the device allocation {ptr:#x}+{size:#x} collides with a host mapping of this process ({why}); unified addressing needs the same range free in the client, so the allocation was freed and fails with CUDA_ERROR_OUT_OF_MEMORY"
-                );
-                let _ = self.rpc.rm_mem_free(&RmPtrArgs { ctx, ptr });
-                Err(CuError(cu::OUT_OF_MEMORY))
+    /// Allocates device memory with `alloc` (which answers the pointer, the bytes it spans and
+    /// whatever else the caller wants back) and reserves the same range in this process, as
+    /// unified addressing needs. The server's driver picks the address; when it lands on one
+    /// of this process's own mappings, that allocation is kept (so the driver cannot hand it
+    /// out again) and another asked for, up to [`MAX_VA_RETRIES`] times; the collided ones
+    /// are freed at the end.
+    fn alloc_reserved<T>(
+        &self,
+        ctx: RmHandle,
+        alloc: impl Fn() -> CuResult<(u64, u64, T)>,
+    ) -> CuResult<(u64, T)> {
+        let mut collided = Vec::new();
+        let result = loop {
+            let (ptr, size, extra) = match alloc() {
+                Ok(a) => a,
+                Err(e) => break Err(e),
+            };
+            match self.va.reserve(ptr, size, ctx) {
+                Ok(()) => break Ok((ptr, extra)),
+                Err(ReserveError::Collision(_)) if collided.len() < MAX_VA_RETRIES => {
+                    tracing::debug!(
+                        "remora: device allocation {ptr:#x}+{size:#x} collides with a host mapping of this process; allocating again"
+                    );
+                    collided.push(ptr);
+                }
+                Err(ReserveError::Collision(why) | ReserveError::Other(why)) => {
+                    tracing::error!(
+                        "remora: the device allocation {ptr:#x}+{size:#x} collides with a host mapping of this process ({why}); unified addressing needs the same range free in the client, so the allocation was freed and fails with CUDA_ERROR_OUT_OF_MEMORY"
+                    );
+                    collided.push(ptr);
+                    break Err(CuError(cu::OUT_OF_MEMORY));
+                }
             }
+        };
+        for p in collided {
+            let _ = self.rpc.rm_mem_free(&RmPtrArgs { ctx, ptr: p });
         }
+        result
     }
 
     /// `cuMemAlloc`: the device address, with the same range reserved in this process.
@@ -762,34 +786,11 @@ impl Session {
         if bytesize == 0 {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        // The server's driver picks the address; when it lands on one of this process's own
-        // mappings, keep that allocation (so the driver cannot hand it out again) and ask
-        // for another, a few times, then free the ones that collided.
-        let mut collided = Vec::new();
-        let result = loop {
-            let ptr = match call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize })) {
-                Ok(r) => match u64r(r) {
-                    Ok(p) => p,
-                    Err(e) => break Err(e),
-                },
-                Err(e) => break Err(e),
-            };
-            match self.va.reserve(ptr, bytesize, ctx) {
-                Ok(()) => break Ok(ptr),
-                Err(ReserveError::Collision(_)) if collided.len() < MAX_VA_RETRIES => {
-                    tracing::debug!(
-                        "remora: device allocation {ptr:#x}+{bytesize:#x} collides with a host mapping of this process; allocating again"
-                    );
-                    collided.push(ptr);
-                }
-                // Out of retries, or not a collision: reserve_or_free logs and frees it.
-                Err(_) => break self.reserve_or_free(ctx, ptr, bytesize).map(|()| ptr),
-            }
-        };
-        for p in collided {
-            let _ = self.rpc.rm_mem_free(&RmPtrArgs { ctx, ptr: p });
-        }
-        result
+        self.alloc_reserved(ctx, || {
+            let ptr = u64r(call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize }))?)?;
+            Ok((ptr, bytesize, ()))
+        })
+        .map(|(ptr, ())| ptr)
     }
 
     /// `cuMemAllocPitch`: (pointer, pitch).
@@ -803,18 +804,17 @@ impl Session {
         if width_bytes == 0 || height == 0 || ![4, 8, 16].contains(&element_size) {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        let a = match call!(self.rm_mem_alloc_pitch(&RmAllocPitchArgs {
-            ctx,
-            width_bytes,
-            height,
-            element_size
-        }))? {
-            RmPitchedReply::Case0(a) => a,
-            RmPitchedReply::Default { discriminant } => return Err(CuError(nonzero(discriminant))),
-        };
-        let size = a.pitch.saturating_mul(height);
-        self.reserve_or_free(ctx, a.ptr, size)?;
-        Ok((a.ptr, a.pitch))
+        self.alloc_reserved(ctx, || {
+            match call!(self.rm_mem_alloc_pitch(&RmAllocPitchArgs {
+                ctx,
+                width_bytes,
+                height,
+                element_size
+            }))? {
+                RmPitchedReply::Case0(a) => Ok((a.ptr, a.pitch.saturating_mul(height), a.pitch)),
+                RmPitchedReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+            }
+        })
     }
 
     /// `cuMemFree`: frees on the server, then releases the reservation.
