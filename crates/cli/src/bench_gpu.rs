@@ -18,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-pub(crate) use remora_gpubench::{What, WorkerOptions, WorkerResult, worker};
+pub(crate) use remora_gpubench::{What, WorkerOptions, WorkerResult, Workload, worker};
 use remora_oncrpc::Endpoint;
 use serde::{Deserialize, Serialize};
 
@@ -33,10 +33,7 @@ pub(crate) struct Options {
     pub(crate) clients: Vec<u32>,
     pub(crate) rounds: u32,
     pub(crate) native: bool,
-    pub(crate) launches: u32,
-    pub(crate) syncs: u32,
-    pub(crate) bytes: u64,
-    pub(crate) reps: u32,
+    pub(crate) workload: Workload,
     pub(crate) shim: Option<PathBuf>,
     pub(crate) serve_args: Vec<OsString>,
     pub(crate) json: Option<PathBuf>,
@@ -74,10 +71,8 @@ pub(crate) struct Report {
     pub(crate) commit: String,
     pub(crate) server: String,
     pub(crate) rounds: u32,
-    pub(crate) launches: u32,
-    pub(crate) syncs: u32,
-    pub(crate) bytes: u64,
-    pub(crate) reps: u32,
+    #[serde(flatten)]
+    pub(crate) workload: Workload,
     pub(crate) figures: Vec<Figure>,
     pub(crate) notes: Vec<String>,
 }
@@ -191,10 +186,7 @@ fn run_group(
                 What::Launch => "launch",
                 What::Copy => "copy",
             })
-            .args(["--launches", &opts.launches.to_string()])
-            .args(["--syncs", &opts.syncs.to_string()])
-            .args(["--bytes", &opts.bytes.to_string()])
-            .args(["--reps", &opts.reps.to_string()])
+            .args(opts.workload.to_args())
             .env_remove("LD_PRELOAD")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
@@ -436,10 +428,7 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
             None => "embedded".into(),
         },
         rounds: opts.rounds,
-        launches: opts.launches,
-        syncs: opts.syncs,
-        bytes: opts.bytes,
-        reps: opts.reps,
+        workload: opts.workload,
         figures,
         notes,
     };

@@ -213,10 +213,12 @@ mod tests {
             commit: String::new(),
             server: "embedded".into(),
             rounds: 1,
-            launches: 1,
-            syncs: 1,
-            bytes: 0,
-            reps: 1,
+            workload: crate::bench_gpu::Workload {
+                launches: 1,
+                syncs: 1,
+                bytes: 0,
+                reps: 1,
+            },
             figures: vec![
                 fig("native", 1, "launch.per_launch", 3.6),
                 Figure {

@@ -246,14 +246,8 @@ enum BenchCommand {
         driver: Option<PathBuf>,
         #[arg(long)]
         native: bool,
-        #[arg(long, default_value_t = 20_000)]
-        launches: u32,
-        #[arg(long, default_value_t = 2_000)]
-        syncs: u32,
-        #[arg(long, default_value_t = 64 << 20)]
-        bytes: u64,
-        #[arg(long, default_value_t = 10)]
-        reps: u32,
+        #[command(flatten)]
+        workload: bench_gpu::Workload,
     },
     /// Serve rpctest.x on one endpoint until killed (used by `bench rpc`).
     #[command(hide = true)]
@@ -292,18 +286,8 @@ struct GpuBenchArgs {
     /// Skip the native baseline (a client host without a GPU); no ratios are reported.
     #[arg(long)]
     no_native: bool,
-    /// Launches per client in the throughput burst (bench launch).
-    #[arg(long, default_value_t = 20_000)]
-    launches: u32,
-    /// Launch + synchronize round trips per client (bench launch).
-    #[arg(long, default_value_t = 2_000)]
-    syncs: u32,
-    /// Bytes per copy (bench copy).
-    #[arg(long, default_value_t = 64 << 20)]
-    bytes: u64,
-    /// Timed copies per kind (bench copy); the median counts.
-    #[arg(long, default_value_t = 10)]
-    reps: u32,
+    #[command(flatten)]
+    workload: bench_gpu::Workload,
     /// Remora's shim (default: beside this executable, or REMORA_SHIM).
     #[arg(long, value_name = "PATH")]
     shim: Option<PathBuf>,
@@ -327,10 +311,7 @@ impl GpuBenchArgs {
             clients: self.clients,
             rounds: self.rounds,
             native: !self.no_native,
-            launches: self.launches,
-            syncs: self.syncs,
-            bytes: self.bytes,
-            reps: self.reps,
+            workload: self.workload,
             shim: self.shim,
             serve_args: self.serve_arg,
             json: self.json,
@@ -572,19 +553,13 @@ fn run(cli: Cli) -> Result<()> {
             what,
             driver,
             native: _,
-            launches,
-            syncs,
-            bytes,
-            reps,
+            workload,
         }) => {
             init_logging("warn");
             bench_gpu::worker(&bench_gpu::WorkerOptions {
                 what,
                 driver,
-                launches,
-                syncs,
-                bytes,
-                reps,
+                workload,
             })
         }
         Command::Bench(BenchCommand::RpcServer { listen }) => {

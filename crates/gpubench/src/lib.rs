@@ -172,10 +172,41 @@ impl Api {
 pub struct WorkerOptions {
     pub what: What,
     pub driver: Option<PathBuf>,
+    pub workload: Workload,
+}
+
+/// How much each client measures: the options of `remora bench launch|copy`, passed on to
+/// each worker as the same options, and recorded in the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+pub struct Workload {
+    /// Launches per client in the throughput burst (bench launch).
+    #[arg(long, default_value_t = 20_000)]
     pub launches: u32,
+    /// Launch + synchronize round trips per client (bench launch).
+    #[arg(long, default_value_t = 2_000)]
     pub syncs: u32,
+    /// Bytes per copy (bench copy).
+    #[arg(long, default_value_t = 64 << 20)]
     pub bytes: u64,
+    /// Timed copies per kind (bench copy); the median counts.
+    #[arg(long, default_value_t = 10)]
     pub reps: u32,
+}
+
+impl Workload {
+    /// The command-line options that give a worker this workload.
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            "--launches".into(),
+            self.launches.to_string(),
+            "--syncs".into(),
+            self.syncs.to_string(),
+            "--bytes".into(),
+            self.bytes.to_string(),
+            "--reps".into(),
+            self.reps.to_string(),
+        ]
+    }
 }
 
 fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -188,7 +219,7 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 /// The worker: set up, READY, wait for GO, measure, print the JSON result.
 pub fn worker(o: &WorkerOptions) -> Result<()> {
     let api = Api::load(o.driver.as_deref())?;
-    let bytes = usize::try_from(o.bytes).context("--bytes too large")?;
+    let bytes = usize::try_from(o.workload.bytes).context("--bytes too large")?;
     // SAFETY: each call follows its cuda.h contract: outputs point to locals, the PTX image is
     // NUL-terminated, launches pass no parameters to a kernel that takes none, host buffers
     // span `bytes` and device buffers were allocated with `bytes`.
@@ -268,16 +299,20 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
         match o.what {
             What::Launch => {
                 let (t0, w0) = (Instant::now(), now_ns());
-                for _ in 0..o.launches {
+                for _ in 0..o.workload.launches {
                     check("cuLaunchKernel", launch())?;
                 }
                 check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
-                r.spans
-                    .push(("launch".into(), w0, now_ns(), f64::from(o.launches)));
+                r.spans.push((
+                    "launch".into(),
+                    w0,
+                    now_ns(),
+                    f64::from(o.workload.launches),
+                ));
                 r.per_launch_us =
-                    Some(t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.launches.max(1)));
-                let mut lat = Vec::with_capacity(o.syncs as usize);
-                for _ in 0..o.syncs {
+                    Some(t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.workload.launches.max(1)));
+                let mut lat = Vec::with_capacity(o.workload.syncs as usize);
+                for _ in 0..o.workload.syncs {
                     let t = Instant::now();
                     check("cuLaunchKernel", launch())?;
                     check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
@@ -304,7 +339,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                         check("warm-up copy", copy())?;
                         let mut gbps = Vec::new();
                         let w0 = now_ns();
-                        for _ in 0..o.reps.max(1) {
+                        for _ in 0..o.workload.reps.max(1) {
                             let t = Instant::now();
                             check("cuMemcpy", copy())?;
                             gbps.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
@@ -313,7 +348,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                             format!("{mem}.{dir}"),
                             w0,
                             now_ns(),
-                            bytes as f64 * f64::from(o.reps.max(1)),
+                            bytes as f64 * f64::from(o.workload.reps.max(1)),
                         ));
                         gbps.sort_by(f64::total_cmp);
                         r.copies
