@@ -3,20 +3,13 @@
 //! JSON report and PNG plot; `bench launch` fails with an error that says why; the native
 //! baseline is skipped with `--no-native`, and refused with a clear note when no driver exists.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::shim;
+use std::path::Path;
 use std::process::Command;
 
 const REMORA: &str = env!("CARGO_BIN_EXE_remora");
-
-/// The newest shim in the target directory (cargo may leave an older copy beside the binary).
-fn shim() -> Option<PathBuf> {
-    let target = Path::new(REMORA).parent()?;
-    [target.join("libcuda.so"), target.join("deps/libcuda.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p)
-}
 
 fn bench(what: &str, shim: &Path, extra: &[&str]) -> std::process::Output {
     Command::new(REMORA)

@@ -6,6 +6,8 @@
 //! output. The worker captures it and returns it in the synchronizing reply; the client writes
 //! it to its own fd 1 before the call returns, in order with the program's own output.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -221,14 +223,7 @@ fn c_toolchain() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
         return None;
     };
     let target = Path::new(REMORA).parent().unwrap();
-    // `cargo test` refreshes the cdylib under deps/ but may leave an older copy beside the
-    // binaries: use the newest.
-    let shim = [target.join("libcuda.so"), target.join("deps/libcuda.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p);
-    let Some(shim) = shim else {
+    let Some(shim) = common::shim() else {
         eprintln!(
             "SKIPPED: the shim libcuda.so is not built in {}",
             target.display()

@@ -6,6 +6,8 @@
 //! REMORA_CUDA_INCLUDE) and the shim built in the same target directory; otherwise it prints
 //! why it skipped.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,14 +26,7 @@ fn driver_program_gets_no_device_through_remora_run() {
         return;
     };
     let target = Path::new(REMORA).parent().unwrap();
-    // `cargo test` refreshes the cdylib under deps/ but may leave an older copy beside the
-    // binaries: use the newest.
-    let shim = [target.join("libcuda.so"), target.join("deps/libcuda.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p);
-    let Some(shim) = shim else {
+    let Some(shim) = common::shim() else {
         eprintln!(
             "SKIPPED: the shim libcuda.so is not built in {}",
             target.display()

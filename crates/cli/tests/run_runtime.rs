@@ -7,6 +7,9 @@
 //! REMORA_CUDA_HOME) and the shim built in the same target directory; otherwise each test
 //! prints why it skipped.
 
+mod common;
+
+use common::shim;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -23,17 +26,6 @@ fn cuda_home() -> Option<PathBuf> {
         })?;
     let ok = home.join("bin/nvcc").is_file() && home.join("lib/libcudart.so.13").is_file();
     ok.then_some(home)
-}
-
-fn shim() -> Option<PathBuf> {
-    let target = Path::new(REMORA).parent()?;
-    // `cargo test` refreshes the cdylib under deps/ but may leave an older copy beside the
-    // binaries: use the newest.
-    [target.join("libcuda.so"), target.join("deps/libcuda.so")]
-        .into_iter()
-        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
-        .max()
-        .map(|(_, p)| p)
 }
 
 #[derive(Clone, Copy, Debug)]
