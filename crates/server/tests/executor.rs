@@ -29,13 +29,18 @@ struct Fixture {
 }
 
 fn serve(config: EmulatedConfig) -> Fixture {
+    serve_with(config, ServeConfig::default())
+}
+
+/// As [`serve`], with `serve`'s options (its listen list is replaced).
+fn serve_with(config: EmulatedConfig, serve: ServeConfig) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(EmulatedBackend::new(config));
     let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
     let running = start_with_backend(
         ServeConfig {
             listen: vec![endpoint.clone()],
-            ..ServeConfig::default()
+            ..serve
         },
         Arc::clone(&backend) as Arc<dyn Backend>,
         inventory_of(&*backend),
@@ -1209,21 +1214,14 @@ fn occupancy_of_clusters_and_potential_block_size() {
 #[test]
 fn private_driver_calls_can_be_refused() {
     for refuse in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
-        let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
-        let _running = start_with_backend(
+        let f = serve_with(
+            EmulatedConfig::default(),
             ServeConfig {
-                listen: vec![endpoint.clone()],
                 no_private_driver_calls: refuse,
                 ..ServeConfig::default()
             },
-            Arc::clone(&backend) as Arc<dyn Backend>,
-            inventory_of(&*backend),
-        )
-        .unwrap();
-        let c = RemoraV1Client::new(Client::connect(&endpoint).unwrap())
-            .with_timeout(Duration::from_secs(20));
+        );
+        let c = f.client();
         let ctx = handle(c.rm_primary_ctx_retain(&0).unwrap());
         let reply = c
             .rm_tools_ctx_query(&RmToolsCtxQueryArgs {

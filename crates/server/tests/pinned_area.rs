@@ -274,29 +274,14 @@ fn a_device_address_colliding_with_a_host_mapping_is_allocated_again() {
 /// what is checked.)
 #[test]
 fn page_locked_areas_stay_within_the_servers_budget() {
-    use remora_server::{
-        Backend, EmulatedBackend, EmulatedConfig, ServeConfig, ShmConfig, inventory_of,
-        start_with_backend,
-    };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let backend = std::sync::Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
-    let endpoint = remora_oncrpc::Endpoint::Unix(dir.path().join("remora.sock"));
-    let running = start_with_backend(
-        ServeConfig {
-            listen: vec![endpoint.clone()],
-            shm: ShmConfig {
-                enabled: true,
-                data_bytes: AREA,
-                lock_max_bytes: AREA * 3 / 2,
-            },
-            ..ServeConfig::default()
-        },
-        std::sync::Arc::clone(&backend) as std::sync::Arc<dyn Backend>,
-        inventory_of(&*backend),
-    )
-    .unwrap();
-    let executor = running.executor().unwrap();
+    let server = serve_with(remora_server::ShmConfig {
+        enabled: true,
+        data_bytes: AREA,
+        lock_max_bytes: AREA * 3 / 2,
+    });
+    let endpoint = server.endpoint.clone();
+    let executor = server.executor();
     assert_eq!(executor.area_lock_budget(), AREA * 3 / 2);
     let first = session(&endpoint, TransportChoice::Shm);
     first.primary_ctx_retain(0).unwrap();

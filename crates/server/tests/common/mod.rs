@@ -33,18 +33,25 @@ impl Drop for Server {
     }
 }
 
+/// An emulated server on a private Unix socket whose shared-memory sessions get a data area
+/// of `data_bytes`.
 pub fn serve(data_bytes: u64) -> Server {
+    serve_with(ShmConfig {
+        enabled: true,
+        data_bytes,
+        ..ShmConfig::default()
+    })
+}
+
+/// An emulated server on a private Unix socket with shared memory as `shm` says.
+pub fn serve_with(shm: ShmConfig) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
     let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
     let running = start_with_backend(
         ServeConfig {
             listen: vec![endpoint.clone()],
-            shm: ShmConfig {
-                enabled: true,
-                data_bytes,
-                ..ShmConfig::default()
-            },
+            shm,
             ..ServeConfig::default()
         },
         Arc::clone(&backend) as Arc<dyn Backend>,
@@ -55,6 +62,16 @@ pub fn serve(data_bytes: u64) -> Server {
         _dir: dir,
         running: Some(running),
         endpoint,
+    }
+}
+
+impl Server {
+    /// The server's executor (thread isolation: one for all sessions).
+    pub fn executor(&self) -> &remora_server::Executor {
+        self.running
+            .as_ref()
+            .and_then(Running::executor)
+            .expect("a thread-isolated server has an executor")
     }
 }
 
