@@ -145,17 +145,9 @@ impl Lease {
             return false;
         }
         let area = &self.alloc.area;
-        match split_point(data.len()) {
-            None => area.write(self.offset, data).is_ok(),
-            Some(half) => {
-                let (a, b) = data.split_at(half);
-                std::thread::scope(|s| {
-                    let first = s.spawn(|| area.write(self.offset, a).is_ok());
-                    let second = area.write(self.offset + half as u64, b).is_ok();
-                    first.join().unwrap_or(false) && second
-                })
-            }
-        }
+        in_halves(data.len(), data, <[u8]>::split_at, |at, part| {
+            area.write(self.offset + at, part).is_ok()
+        })
     }
 
     /// Copies the first `out.len()` bytes of the lease out (large copies on two threads, as
@@ -168,23 +160,36 @@ impl Lease {
             return false;
         }
         let area = &self.alloc.area;
-        match split_point(out.len()) {
-            None => area.read(self.offset, out).is_ok(),
-            Some(half) => {
-                let (a, b) = out.split_at_mut(half);
-                std::thread::scope(|s| {
-                    let first = s.spawn(|| area.read(self.offset, a).is_ok());
-                    let second = area.read(self.offset + half as u64, b).is_ok();
-                    first.join().unwrap_or(false) && second
-                })
-            }
-        }
+        in_halves(out.len(), out, <[u8]>::split_at_mut, |at, part| {
+            area.read(self.offset + at, part).is_ok()
+        })
     }
 }
 
 /// Copies of at least this many bytes use two threads (a thread costs tens of microseconds;
 /// 2 MiB take about 250 µs on one core).
 const PARALLEL_COPY_BYTES: usize = 2 << 20;
+
+/// Runs `copy(offset in the buffer, part)` over the `len` bytes of `buf`: at once, or, from
+/// [`PARALLEL_COPY_BYTES`] on, as two halves on two threads. True when every part copied.
+fn in_halves<B: Send>(
+    len: usize,
+    buf: B,
+    split: impl FnOnce(B, usize) -> (B, B),
+    copy: impl Fn(u64, B) -> bool + Sync,
+) -> bool {
+    match split_point(len) {
+        None => copy(0, buf),
+        Some(half) => {
+            let (a, b) = split(buf, half);
+            std::thread::scope(|s| {
+                let first = s.spawn(|| copy(0, a));
+                let second = copy(half as u64, b);
+                first.join().unwrap_or(false) && second
+            })
+        }
+    }
+}
 
 /// Where a copy of `len` bytes is split between two threads (page-aligned), if it is.
 fn split_point(len: usize) -> Option<usize> {
