@@ -291,6 +291,31 @@ impl Executor {
     /// Polling, then blocking (DESIGN decision 11): polls `query` (a stream or event query)
     /// for up to [`SYNC_POLL`]; true when the work finished within it, so that the synchronize
     /// can be answered inline instead of through a waiter thread.
+    /// Destroys the object behind handle `h` of this call's session: `pick` answers its (raw
+    /// object, context handle), or the status to answer when `h` names no such object; then
+    /// `destroy(backend, raw context, raw object)` runs and the handle is forgotten, whatever
+    /// the driver said.
+    fn destroy_in_ctx(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+        what: &str,
+        pick: impl FnOnce(&Resource) -> Result<(u64, u64), i32>,
+        destroy: impl FnOnce(&dyn Backend, u64, u64) -> CuResult<()>,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let (raw, ctx) = match st.get(h).map_err(|_| INVALID_HANDLE).and_then(pick) {
+            Ok(found) => found,
+            Err(status) => return Ok(status),
+        };
+        let r = st
+            .ctx(ctx)
+            .and_then(|c| destroy(&*self.inner.backend, c, raw));
+        st.remove(h);
+        Ok(code(what, r))
+    }
+
     fn poll_briefly(&self, query: impl Fn() -> CuResult<()>) -> bool {
         let until = std::time::Instant::now() + SYNC_POLL;
         loop {
@@ -1274,17 +1299,16 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_stream_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        let session = self.session(call);
-        let mut st = session.lock();
-        let (raw, ctx) = match st.get(h) {
-            Ok(Resource::Stream { raw, ctx }) => (*raw, *ctx),
-            _ => return Ok(INVALID_HANDLE),
-        };
-        let r = st
-            .ctx(ctx)
-            .and_then(|c| self.inner.backend.stream_destroy(c, raw));
-        st.remove(h);
-        Ok(code("RM_STREAM_DESTROY", r))
+        self.destroy_in_ctx(
+            call,
+            h,
+            "RM_STREAM_DESTROY",
+            |r| match r {
+                Resource::Stream { raw, ctx } => Ok((*raw, *ctx)),
+                _ => Err(INVALID_HANDLE),
+            },
+            |b, c, raw| b.stream_destroy(c, raw),
+        )
     }
 
     fn rm_stream_synchronize(
@@ -1698,37 +1722,35 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_graph_exec_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        let session = self.session(call);
-        let mut st = session.lock();
-        let (raw, ctx) = match st.get(h) {
-            Ok(Resource::GraphExec { raw, ctx }) => (*raw, *ctx),
-            _ => return Ok(INVALID_HANDLE),
-        };
-        let r = st
-            .ctx(ctx)
-            .and_then(|c| self.inner.backend.graph_exec_destroy(c, raw));
-        st.remove(h);
-        Ok(code("RM_GRAPH_EXEC_DESTROY", r))
+        self.destroy_in_ctx(
+            call,
+            h,
+            "RM_GRAPH_EXEC_DESTROY",
+            |r| match r {
+                Resource::GraphExec { raw, ctx } => Ok((*raw, *ctx)),
+                _ => Err(INVALID_HANDLE),
+            },
+            |b, c, raw| b.graph_exec_destroy(c, raw),
+        )
     }
 
     fn rm_graph_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        let session = self.session(call);
-        let mut st = session.lock();
-        let (raw, ctx) = match st.get(h) {
-            Ok(Resource::Graph {
-                raw,
-                ctx,
-                capture: None,
-            }) => (*raw, *ctx),
-            // The graph of a capture in progress belongs to the capture.
-            Ok(Resource::Graph { .. }) => return Ok(INVALID_VALUE),
-            _ => return Ok(INVALID_HANDLE),
-        };
-        let r = st
-            .ctx(ctx)
-            .and_then(|c| self.inner.backend.graph_destroy(c, raw));
-        st.remove(h);
-        Ok(code("RM_GRAPH_DESTROY", r))
+        self.destroy_in_ctx(
+            call,
+            h,
+            "RM_GRAPH_DESTROY",
+            |r| match r {
+                Resource::Graph {
+                    raw,
+                    ctx,
+                    capture: None,
+                } => Ok((*raw, *ctx)),
+                // The graph of a capture in progress belongs to the capture.
+                Resource::Graph { .. } => Err(INVALID_VALUE),
+                _ => Err(INVALID_HANDLE),
+            },
+            |b, c, raw| b.graph_destroy(c, raw),
+        )
     }
 
     fn rm_graph_node_count(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmU64Reply> {
