@@ -21,6 +21,7 @@
 
 mod area;
 pub mod copy3d;
+mod delivery;
 mod endpoint;
 mod error;
 pub mod host;

@@ -1,8 +1,7 @@
 //! [`Session`]: one connection to `remora serve`, a method per protocol procedure.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -31,9 +30,8 @@ pub type DeviceHandle = i32;
 /// `DIRECT_MANAGED_MEM_ACCESS_FROM_HOST` (101).
 pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 5] = [83, 88, 89, 100, 101];
 
-/// Where the data of an asynchronous device-to-host copy goes once a synchronizing call
-/// delivers it. Called exactly once, with the bytes (possibly fewer than asked, on error).
-pub type CopySink = Box<dyn FnOnce(&[u8]) + Send>;
+pub use crate::delivery::CopySink;
+use crate::delivery::Delivery;
 
 /// Copies larger than this travel as several calls of at most this many bytes, so that every
 /// record stays far below the server's maximum record size (128 MiB by default) and memory
@@ -92,21 +90,6 @@ fn chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
         (off, COPY_CHUNK.min(len - off))
     })
 }
-
-/// An asynchronous device-to-host copy whose data has not been written to its destination.
-struct PendingCopy {
-    /// Taken (set to `None`) while a reply's data is being written.
-    sink: Option<CopySink>,
-    ctx: RmHandle,
-    stream: RmHandle,
-}
-
-/// How long a synchronizing call waits for another thread to finish writing copies the
-/// server delivered in that thread's reply.
-const DELIVERY_WAIT: Duration = Duration::from_secs(60);
-/// How long [`Session::settle`] waits for another thread's reply before it asks the server
-/// for the completed copies itself.
-const FETCH_AFTER: Duration = Duration::from_millis(1);
 
 /// Reassembles an asynchronous device-to-host copy sent in chunks, then hands the whole to the
 /// caller's sink once every chunk has arrived.
@@ -373,12 +356,9 @@ pub struct Session {
     attrs: Mutex<HashMap<(DeviceHandle, i32), i32>>,
     modules: Mutex<HashMap<RmHandle, Arc<ModuleInfo>>>,
     functions: Mutex<HashMap<RmHandle, Arc<FunctionInfo>>>,
-    pending: Mutex<HashMap<u64, PendingCopy>>,
-    /// Signalled whenever a pending copy has been written to its destination.
-    delivered: Condvar,
-    /// For each event: the context and stream of its last record, and the copy-id mark then.
-    event_marks: Mutex<HashMap<RmHandle, (RmHandle, RmHandle, u64)>>,
-    next_copy_id: AtomicU64,
+    /// Asynchronous device-to-host copies not yet written, and CUDA's ordering rules that
+    /// say when they must be.
+    delivery: Arc<Delivery>,
     per_thread: Mutex<HashMap<(ThreadId, RmHandle), RmHandle>>,
     va: VaSpace,
     host: HostMem,
@@ -528,17 +508,15 @@ impl Session {
             .data_area()
             .filter(|_| welcome.revision >= 6)
             .map(AreaAlloc::new);
+        let rpc = RemoraV1Client::new(rpc);
         Ok(Session {
-            rpc: RemoraV1Client::new(rpc),
+            delivery: Arc::new(Delivery::new(rpc.clone(), welcome.revision)),
+            rpc,
             welcome,
             props: Mutex::default(),
             attrs: Mutex::default(),
             modules: Mutex::default(),
             functions: Mutex::default(),
-            pending: Mutex::default(),
-            delivered: Condvar::new(),
-            event_marks: Mutex::default(),
-            next_copy_id: AtomicU64::new(1),
             per_thread: Mutex::default(),
             va: VaSpace::default(),
             host: HostMem::with_area(area.clone()),
@@ -689,8 +667,15 @@ impl Session {
         )?)
     }
 
-    /// `cuCtxDestroy`: also forgets the context's allocations and per-thread streams.
+    /// `cuCtxDestroy`: also forgets the context's allocations and per-thread streams. The
+    /// context's pending asynchronous copies are delivered first (destroying a context waits
+    /// for its work; their bytes would otherwise be lost with it).
     pub fn ctx_destroy(&self, ctx: RmHandle) -> CuResult<()> {
+        if !self.delivery.pending_in(Some(ctx)).is_empty()
+            && let Err(e) = self.ctx_synchronize(ctx)
+        {
+            tracing::debug!("remora: cuCtxDestroy: synchronizing the context failed: {e}");
+        }
         let r = call!(self.rm_ctx_destroy(&ctx))?;
         self.take_device_output();
         CuError::check(r)?;
@@ -699,15 +684,16 @@ impl Session {
         }
         lock(&self.per_thread).retain(|(_, c), _| *c != ctx);
         self.libraries.forget_ctx(ctx);
+        self.delivery.ctx_destroyed(ctx);
         Ok(())
     }
 
     /// `cuCtxSynchronize` (delivers pending asynchronous copies).
     pub fn ctx_synchronize(&self, ctx: RmHandle) -> CuResult<()> {
-        let mark = self.copy_mark();
+        let cov = self.delivery.context(ctx, self.copy_mark());
         let r = call!(self.rm_ctx_synchronize(&ctx))?;
         self.finish_sync(r)?;
-        self.settle(mark, |p| p.ctx == ctx)
+        self.delivery.settle(&cov)
     }
 
     /// `cuCtxSetLimit`.
@@ -884,32 +870,10 @@ impl Session {
         }
     }
 
-    /// Delivers the copies of a sync reply to their sinks, then returns its status.
-    ///
-    /// A copy stays listed as pending until its bytes are written, so that another thread's
-    /// synchronizing call that covers it can wait for the write ([`Session::settle`]).
-    /// Device-side printf output (the entry `RM_DEVICE_OUTPUT_ID`, revision 4) is written to
-    /// this process's standard output before the call returns.
+    /// Delivers the copies of a sync reply to their sinks, then returns its status
+    /// ([`Delivery::finish`]).
     pub fn finish_sync(&self, reply: RmSyncReply) -> CuResult<()> {
-        for c in reply.copies {
-            if c.copy_id == RM_DEVICE_OUTPUT_ID {
-                crate::stdout::write_device_output(&c.data);
-                continue;
-            }
-            let sink = lock(&self.pending)
-                .get_mut(&c.copy_id)
-                .and_then(|p| p.sink.take());
-            match sink {
-                Some(sink) => sink(&c.data),
-                None => tracing::warn!(
-                    "remora: the server delivered data for unknown async copy {}",
-                    c.copy_id
-                ),
-            }
-            lock(&self.pending).remove(&c.copy_id);
-            self.delivered.notify_all();
-        }
-        CuError::check(reply.status)
+        self.delivery.finish(reply)
     }
 
     /// After a call that makes the driver flush device-side printf output but replies only a
@@ -927,55 +891,20 @@ impl Session {
 
     /// The copy-id mark: copies issued before now have smaller ids.
     fn copy_mark(&self) -> u64 {
-        self.next_copy_id.load(Ordering::Acquire)
+        self.delivery.mark()
     }
 
-    /// After a successful synchronizing call: waits until every copy issued before `mark`
-    /// that the call covers has been written to its destination. The server delivers each
-    /// completed copy in exactly one reply, possibly another thread's; this wait makes the data
-    /// visible to the caller no later than CUDA would.
-    fn settle(&self, mark: u64, covers: impl Fn(&PendingCopy) -> bool) -> CuResult<()> {
-        let deadline = std::time::Instant::now() + DELIVERY_WAIT;
-        loop {
-            let mut pending = lock(&self.pending);
-            let Some((ctx, stream)) = pending
-                .iter()
-                .find(|(id, p)| **id < mark && covers(p))
-                .map(|(_, p)| (p.ctx, p.stream))
-            else {
-                return Ok(());
-            };
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                tracing::error!(
-                    "remora: a synchronizing call returned but the server never delivered \
-                     the data of an asynchronous device-to-host copy it covers"
-                );
-                return Err(CuError(cu::UNKNOWN));
-            }
-            // Another thread's reply may be carrying it: wait a moment for that.
-            let (guard, waited) = self
-                .delivered
-                .wait_timeout(pending, left.min(FETCH_AFTER))
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            pending = guard;
-            let still = pending.iter().any(|(id, p)| *id < mark && covers(p));
-            drop(pending);
-            if still && waited.timed_out() {
-                // A reply carries at most the server's budget of copy data; the rest of the
-                // completed copies come with the next reply that collects them: ask for one.
-                // Its status is the stream's (NOT_READY while later work runs) and is not
-                // this call's result.
-                if let Ok(reply) = call!(self.rm_stream_query(&RmStreamArgs { ctx, stream })) {
-                    let _ = self.finish_sync(reply);
-                }
-            }
-        }
+    /// After a successful synchronizing call on (`ctx`, `stream`) that began at `mark`: waits
+    /// until every asynchronous copy CUDA says it completed has been written
+    /// ([`Delivery::settle`]).
+    fn settle_stream(&self, ctx: RmHandle, stream: RmHandle, mark: u64) -> CuResult<()> {
+        self.delivery
+            .settle(&self.delivery.frontier(ctx, stream, mark))
     }
 
     /// Number of asynchronous device-to-host copies not yet delivered.
     pub fn pending_copies(&self) -> usize {
-        lock(&self.pending).len()
+        self.delivery.pending()
     }
 
     /// Bytes of the shared data area this session copies through (0: none, the copies travel
@@ -1013,7 +942,26 @@ impl Session {
         {
             tracing::debug!("remora: cuMemFreeHost: synchronizing the context failed: {e}");
         }
+        self.deliver_pending("cuMemFreeHost");
         self.host.free(ptr)
+    }
+
+    /// `cuMemHostUnregister`: like the native call, waits for the asynchronous copies still
+    /// pending (their bytes land before the memory stops being registered).
+    pub fn mem_host_unregister(&self, ptr: u64) -> CuResult<()> {
+        self.deliver_pending("cuMemHostUnregister");
+        self.host.unregister(ptr)
+    }
+
+    /// Synchronizes every context with asynchronous copies pending, so that their bytes are
+    /// written before host memory goes away (`cuMemFreeHost`, `cuMemHostUnregister`, which
+    /// synchronize natively).
+    fn deliver_pending(&self, what: &str) {
+        for ctx in self.delivery.pending_in(None) {
+            if let Err(e) = self.ctx_synchronize(ctx) {
+                tracing::debug!("remora: {what}: synchronizing context {ctx} failed: {e}");
+            }
+        }
     }
 
     /// The `(relative offset, size)` pieces of a zero-copy copy of `size` bytes, each within
@@ -1100,7 +1048,7 @@ impl Session {
         if asynchronous {
             return Ok(());
         }
-        self.settle(mark, |p| p.ctx == ctx && p.stream == stream)
+        self.settle_stream(ctx, stream, mark)
     }
 
     /// Staging space for a copy of `total` bytes through the data area: one lease, or two
@@ -1270,7 +1218,7 @@ impl Session {
         let mark = self.copy_mark();
         if let Some((staging, chunk)) = self.area_staging(out.len()) {
             self.area_dtoh(area_args(ctx, stream, src), out, &staging, chunk)?;
-            return self.settle(mark, |p| p.ctx == ctx && p.stream == stream);
+            return self.settle_stream(ctx, stream, mark);
         }
         for (off, len) in chunks(out.len()) {
             let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
@@ -1290,7 +1238,7 @@ impl Session {
             }
             out[off..off + len].copy_from_slice(&r.data);
         }
-        self.settle(mark, |p| p.ctx == ctx && p.stream == stream)
+        self.settle_stream(ctx, stream, mark)
     }
 
     /// `cuMemcpyDtoD` (synchronous).
@@ -1398,7 +1346,6 @@ impl Session {
         size: u64,
         sink: CopySink,
     ) -> CuResult<()> {
-        let copy_id = self.next_copy_id.fetch_add(1, Ordering::AcqRel);
         let lease = self
             .area
             .as_ref()
@@ -1415,14 +1362,7 @@ impl Session {
                 }
                 sink(&buf);
             });
-            lock(&self.pending).insert(
-                copy_id,
-                PendingCopy {
-                    sink: Some(from_area),
-                    ctx,
-                    stream,
-                },
-            );
+            let copy_id = self.delivery.register(ctx, stream, from_area);
             let r = call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
                 ctx,
                 stream,
@@ -1432,18 +1372,11 @@ impl Session {
                 copy_id
             }));
             if r.is_err() {
-                lock(&self.pending).remove(&copy_id);
+                self.delivery.forget(copy_id);
             }
             return r;
         }
-        lock(&self.pending).insert(
-            copy_id,
-            PendingCopy {
-                sink: Some(sink),
-                ctx,
-                stream,
-            },
-        );
+        let copy_id = self.delivery.register(ctx, stream, sink);
         let r = call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
             ctx,
             stream,
@@ -1452,7 +1385,7 @@ impl Session {
             copy_id
         }));
         if r.is_err() {
-            lock(&self.pending).remove(&copy_id);
+            self.delivery.forget(copy_id);
         }
         r
     }
@@ -1652,7 +1585,7 @@ impl Session {
             }
         }
         if host_dst {
-            self.settle(mark, |q| q.ctx == p.ctx && q.stream == p.stream)?;
+            self.settle_stream(p.ctx, p.stream, mark)?;
         }
         Ok(())
     }
@@ -1687,15 +1620,11 @@ impl Session {
             let mut args = Self::band_args(p, &src, &dst, &b)?;
             let mut issued = None;
             if let CopyDst::Later { layout, sink } = &dst {
-                let copy_id = self.next_copy_id.fetch_add(1, Ordering::AcqRel);
                 let (sink, layout, extent) = (Arc::clone(sink), layout.band(&b), b.extent);
-                lock(&self.pending).insert(
-                    copy_id,
-                    PendingCopy {
-                        sink: Some(Box::new(move |data: &[u8]| sink(&layout, &extent, data))),
-                        ctx: p.ctx,
-                        stream: p.stream,
-                    },
+                let copy_id = self.delivery.register(
+                    p.ctx,
+                    p.stream,
+                    Box::new(move |data: &[u8]| sink(&layout, &extent, data)),
                 );
                 args.copy_id = copy_id;
                 issued = Some(copy_id);
@@ -1708,7 +1637,7 @@ impl Session {
             if r.is_err()
                 && let Some(id) = issued
             {
-                lock(&self.pending).remove(&id);
+                self.delivery.forget(id);
             }
             r?;
         }
@@ -2102,11 +2031,13 @@ impl Session {
 
     /// `cuStreamCreateWithPriority`.
     pub fn stream_create(&self, ctx: RmHandle, flags: u32, priority: i32) -> CuResult<RmHandle> {
-        handle(call!(self.rm_stream_create(&RmStreamCreateArgs {
+        let h = handle(call!(self.rm_stream_create(&RmStreamCreateArgs {
             ctx,
             flags,
             priority
-        }))?)
+        }))?)?;
+        self.delivery.stream_created(h, flags);
+        Ok(h)
     }
 
     /// `cuStreamDestroy`.
@@ -2114,6 +2045,7 @@ impl Session {
         CuError::check(call!(self.rm_stream_destroy(&stream))?)?;
         lock(&self.per_thread).retain(|_, s| *s != stream);
         lock(&self.captures).streams.remove(&stream);
+        self.delivery.stream_destroyed(stream);
         Ok(())
     }
 
@@ -2122,7 +2054,7 @@ impl Session {
         let mark = self.copy_mark();
         let r = call!(self.rm_stream_synchronize(&RmStreamArgs { ctx, stream }))?;
         self.finish_sync(r)?;
-        self.settle(mark, |p| p.stream == stream && p.ctx == ctx)
+        self.settle_stream(ctx, stream, mark)
     }
 
     /// `cuStreamQuery`: `Ok(true)` when done, `Ok(false)` for CUDA_ERROR_NOT_READY.
@@ -2131,7 +2063,7 @@ impl Session {
         let r = call!(self.rm_stream_query(&RmStreamArgs { ctx, stream }))?;
         let done = ready(self.finish_sync(r))?;
         if done {
-            self.settle(mark, |p| p.stream == stream && p.ctx == ctx)?;
+            self.settle_stream(ctx, stream, mark)?;
         }
         Ok(done)
     }
@@ -2147,6 +2079,18 @@ impl Session {
     ) -> CuResult<()> {
         self.need_revision(4, "a host callback")?;
         self.not_captured(stream, "a host callback")?;
+        // The callback must see the bytes of the copies its stream is ordered after: the
+        // callback thread settles them before it runs the callback.
+        let cov = self.delivery.frontier(ctx, stream, self.copy_mark());
+        let delivery = Arc::clone(&self.delivery);
+        let cb: HostCallback = Box::new(move |status| {
+            if let Err(e) = delivery.settle(&cov) {
+                tracing::error!(
+                    "remora: a host callback runs without the data of copies before it: {e}"
+                );
+            }
+            cb(status)
+        });
         let id = self.callbacks.register(&self.rpc, cb).map_err(|e| {
             tracing::error!("remora: cannot start the host callback thread: {e}");
             CuError(cu::OUT_OF_MEMORY)
@@ -2184,6 +2128,7 @@ impl Session {
                 caps.streams.entry(stream).or_insert(id);
             }
         }
+        self.delivery.stream_waits(ctx, stream, event);
         call!(self.rm_stream_wait_event(&RmStreamWaitArgs {
             ctx,
             stream,
@@ -2201,7 +2146,9 @@ impl Session {
 
     /// `cuEventDestroy`.
     pub fn event_destroy(&self, event: RmHandle) -> CuResult<()> {
-        CuError::check(call!(self.rm_event_destroy(&event))?)
+        CuError::check(call!(self.rm_event_destroy(&event))?)?;
+        self.delivery.event_destroyed(event);
+        Ok(())
     }
 
     /// `cuEventRecord`: one-way.
@@ -2222,18 +2169,15 @@ impl Session {
         // A record captured into a graph does not change the event outside it: the copies
         // its synchronize waits for stay those of its last record outside a capture.
         if !capturing {
-            lock(&self.event_marks).insert(event, (ctx, stream, self.copy_mark()));
+            self.delivery
+                .event_recorded(event, ctx, stream, self.copy_mark());
         }
         call!(self.rm_event_record(&RmEventRecordArgs { ctx, event, stream }))
     }
 
-    /// Waits for the copies an event covers: those issued on its stream before its record.
+    /// Waits for the copies an event covers: those its stream was ordered after at its record.
     fn settle_event(&self, event: RmHandle) -> CuResult<()> {
-        let mark = lock(&self.event_marks).get(&event).copied();
-        match mark {
-            Some((ctx, stream, mark)) => self.settle(mark, |p| p.stream == stream && p.ctx == ctx),
-            None => Ok(()),
-        }
+        self.delivery.settle(&self.delivery.event(event))
     }
 
     /// `cuEventSynchronize`.

@@ -26,6 +26,9 @@ use crate::session::{Capture, PendingCopy, Range, Resource, Scope, Session, Sess
 
 /// How long a stream or event synchronize polls before it waits on a waiter thread.
 const SYNC_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+/// How long RM_COPIES_COLLECT polls the copies a client names before it answers without them
+/// (the client asks again).
+const COLLECT_POLL: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// `CUDA_ERROR_INVALID_CONTEXT`.
 const INVALID_CONTEXT: i32 = 201;
@@ -1008,7 +1011,7 @@ impl RemoraV1Server for Executor {
             } else {
                 a.stream
             };
-            session.lock().pending.push(PendingCopy {
+            session.copies.push(PendingCopy {
                 copy_id: a.copy_id,
                 ctx: a.ctx,
                 stream,
@@ -1542,6 +1545,28 @@ impl RemoraV1Server for Executor {
         Ok(code("RM_HOST_CALLBACK_DONE", session.callbacks.done(id)))
     }
 
+    /// RM_COPIES_COLLECT (revision 8): the completed asynchronous copies, for a client whose
+    /// synchronizing point covers copies it has not received. Answered on the connection
+    /// thread without the session's state lock (a host callback's thread asks while another
+    /// call may wait in the driver for that callback); the named copies are polled briefly,
+    /// never waited for, so a wrong guess by the client cannot block the connection.
+    fn rm_copies_collect(&self, call: &CallContext, ids: Vec<u64>) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let deadline = std::time::Instant::now() + COLLECT_POLL;
+        loop {
+            let mut status = SUCCESS;
+            let copies = session.copies.collect(Scope::Finished, &mut status);
+            if !copies.is_empty()
+                || !session.copies.any_of(&ids)
+                || std::time::Instant::now() >= deadline
+            {
+                log_failed("RM_COPIES_COLLECT", status);
+                return Ok(RmSyncReply { status, copies });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+
     // Graphs through stream capture (revision 5) ---------------------------------------------
 
     fn rm_stream_begin_capture(
@@ -1900,7 +1925,7 @@ impl RemoraV1Server for Executor {
             } else {
                 a.stream
             };
-            session.lock().pending.push(PendingCopy {
+            session.copies.push(PendingCopy {
                 copy_id: a.copy_id,
                 ctx: a.ctx,
                 stream,
@@ -2042,7 +2067,7 @@ impl Executor {
                 Err(e) => (Some(Box::new(Undelivered)), Err(e)),
             };
             if to_host && let Some(copy) = copy {
-                session.lock().pending.push(PendingCopy {
+                session.copies.push(PendingCopy {
                     copy_id: a.copy_id,
                     ctx: a.desc.ctx,
                     stream: stream_handle,

@@ -119,7 +119,7 @@ mod tests {
     #[test]
     fn negotiates_highest_common_revision_and_capabilities() {
         let svc = HelloService::new(&Inventory::NotFound("no driver here".into()));
-        let HelloReply::True(w) = svc.answer(&args(1, 7, 0xff)) else {
+        let HelloReply::True(w) = svc.answer(&args(1, MAX_REVISION, 0xff)) else {
             panic!("refused")
         };
         assert_eq!(w.revision, MAX_REVISION);

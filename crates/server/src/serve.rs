@@ -78,11 +78,18 @@ impl Service for RemoraService {
     /// callback blocks (see `crate::host_callbacks`).
     fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch {
         use remora_proto::remora::{
-            REMORA_HELLO, REMORA_NULL, RM_HOST_CALLBACK_DONE, RM_WAIT_HOST_CALLBACKS,
+            REMORA_HELLO, REMORA_NULL, RM_COPIES_COLLECT, RM_HOST_CALLBACK_DONE,
+            RM_WAIT_HOST_CALLBACKS,
         };
+        // RM_COPIES_COLLECT too: a host callback's thread asks for the copies before its
+        // callback, while the ordered thread may wait for that callback.
         let direct = matches!(
             ctx.procedure,
-            REMORA_NULL | REMORA_HELLO | RM_WAIT_HOST_CALLBACKS | RM_HOST_CALLBACK_DONE
+            REMORA_NULL
+                | REMORA_HELLO
+                | RM_WAIT_HOST_CALLBACKS
+                | RM_HOST_CALLBACK_DONE
+                | RM_COPIES_COLLECT
         );
         if !direct && let Some(session) = self.service.inner().ordered_session(ctx.connection) {
             let service = Arc::clone(&self.service);
@@ -649,14 +656,24 @@ fn make_backend(
 /// kernel's printf output, so that CI can test the way device output takes to the client.
 pub const EMULATED_DEVICE_PRINTF_ENV: &str = "REMORA_EMULATED_DEVICE_PRINTF";
 
+/// TEST ONLY: with the emulated backend, asynchronous device-to-host copies complete this
+/// many milliseconds after they are issued (`EmulatedConfig::copy_latency`), so that tests
+/// catch a client that reads a copy's destination before CUDA's rules say it is there.
+pub const EMULATED_COPY_LATENCY_ENV: &str = "REMORA_EMULATED_COPY_LATENCY_MS";
+
 /// The emulated test backend (`devices` only counts) and its inventory.
 fn emulated_backend(
     devices: Option<&[i32]>,
     device_printf: Option<Vec<u8>>,
 ) -> (Arc<dyn Backend>, Inventory) {
+    let copy_latency = std::env::var(EMULATED_COPY_LATENCY_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::ZERO, Duration::from_millis);
     let backend = Arc::new(EmulatedBackend::new(EmulatedConfig {
         devices: devices.map_or(1, |d| d.len().max(1)),
         device_printf,
+        copy_latency,
         ..EmulatedConfig::default()
     }));
     let inventory = inventory_of(&*backend);

@@ -111,6 +111,118 @@ pub(crate) enum Scope {
     Stream(u64, u64),
 }
 
+/// A session's asynchronous copies not yet delivered, behind a lock of their own: a host
+/// callback's client asks for them (`RM_COPIES_COLLECT`) while another call of the session
+/// may hold the session's state lock, waiting in the driver for that very callback.
+#[derive(Default)]
+pub(crate) struct PendingCopies {
+    list: Mutex<Vec<PendingCopy>>,
+}
+
+impl PendingCopies {
+    fn lock(&self) -> MutexGuard<'_, Vec<PendingCopy>> {
+        self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Adds a copy just issued.
+    pub(crate) fn push(&self, p: PendingCopy) {
+        self.lock().push(p);
+    }
+
+    /// Whether any of `ids` is still pending.
+    pub(crate) fn any_of(&self, ids: &[u64]) -> bool {
+        self.lock().iter().any(|p| ids.contains(&p.copy_id))
+    }
+
+    /// Waits for the copies of context handle `ctx` and drops them (the context goes).
+    fn drop_ctx(&self, ctx: u64) {
+        let gone: Vec<PendingCopy> = {
+            let mut list = self.lock();
+            let (gone, keep) = std::mem::take(&mut *list)
+                .into_iter()
+                .partition(|p| p.ctx == ctx);
+            *list = keep;
+            gone
+        };
+        for p in gone {
+            let _ = p.copy.wait();
+        }
+    }
+
+    /// Waits for every copy and drops it (the session ends).
+    fn drop_all(&self) {
+        let gone = std::mem::take(&mut *self.lock());
+        for p in gone {
+            let _ = p.copy.wait();
+        }
+    }
+
+    /// Takes the pending copies complete at this point (all of `scope`'s, which the caller has
+    /// synchronized, and any other that has finished). A failed copy sets `status`.
+    pub(crate) fn collect(&self, scope: Scope, status: &mut i32) -> Vec<RmCopyData> {
+        let mut out = Vec::new();
+        let mut pending = self.lock();
+        let mut keep = Vec::with_capacity(pending.len());
+        // Bytes of copy data in this reply so far: past REPLY_COPY_BUDGET, completed copies
+        // wait for a later reply (the client asks for them), so that no reply outgrows what
+        // a client reads in one record.
+        let mut carried = 0usize;
+        for p in pending.drain(..) {
+            if p.area.is_none() && carried > 0 && carried + p.copy.data().len() > REPLY_COPY_BUDGET
+            {
+                keep.push(p);
+                continue;
+            }
+            let covered = match scope {
+                Scope::Finished => false,
+                Scope::Context(ctx) => p.ctx == ctx,
+                Scope::Stream(ctx, s) => {
+                    p.stream == s && (s != u64::from(RM_STREAM_LEGACY) || p.ctx == ctx)
+                }
+            };
+            let done = if covered {
+                p.copy.wait().map(|()| true)
+            } else {
+                p.copy.query()
+            };
+            match done {
+                Ok(true) => match &p.area {
+                    // Into the data area: the reply entry says it is there.
+                    Some((area, offset)) => {
+                        if area.write(*offset, p.copy.data()).is_err() && *status == SUCCESS {
+                            *status = crate::backend::status::INVALID_VALUE;
+                        }
+                        out.push(RmCopyData {
+                            copy_id: p.copy_id,
+                            data: Bytes::new(),
+                        });
+                    }
+                    None => {
+                        carried += p.copy.data().len();
+                        out.push(RmCopyData {
+                            copy_id: p.copy_id,
+                            data: Bytes::copy_from_slice(p.copy.data()),
+                        });
+                    }
+                },
+                Ok(false) => keep.push(p),
+                Err(e) => {
+                    if *status == SUCCESS {
+                        *status = e;
+                    }
+                    // Delivered empty: the client must not wait for data that will not come.
+                    out.push(RmCopyData {
+                        copy_id: p.copy_id,
+                        data: Bytes::new(),
+                    });
+                }
+            }
+        }
+        *pending = keep;
+        out
+    }
+}
+
 /// `(backend function, backend context, parameter layout)`.
 pub(crate) type FunctionTarget = (u64, u64, Arc<[(u32, u32)]>);
 
@@ -129,7 +241,9 @@ pub(crate) struct SessionState {
     /// The sticky part of `deferred`, readable without the session lock (by the host
     /// functions the driver runs: a call holding the lock may be waiting for them).
     sticky: Arc<std::sync::atomic::AtomicI32>,
-    pub(crate) pending: Vec<PendingCopy>,
+    /// The asynchronous copies not yet delivered (shared with [`Session::copies`], which
+    /// reaches them without this state's lock).
+    pub(crate) copies: Arc<PendingCopies>,
     /// Handles of primary contexts destroyed by RM_PRIMARY_CTX_RESET: using one answers
     /// CUDA_ERROR_CONTEXT_IS_DESTROYED, as NVIDIA's driver does for a reset primary context.
     pub(crate) reset_primaries: std::collections::HashSet<u64>,
@@ -278,68 +392,9 @@ impl SessionState {
         }
     }
 
-    /// Takes the pending copies complete at this point (all of `scope`'s, which the caller has
-    /// synchronized, and any other that has finished). A failed copy sets `status`.
+    /// Takes the pending copies complete at this point ([`PendingCopies::collect`]).
     pub(crate) fn collect(&mut self, scope: Scope, status: &mut i32) -> Vec<RmCopyData> {
-        let mut out = Vec::new();
-        let mut keep = Vec::with_capacity(self.pending.len());
-        // Bytes of copy data in this reply so far: past REPLY_COPY_BUDGET, completed copies
-        // wait for a later reply (the client asks for them), so that no reply outgrows what
-        // a client reads in one record.
-        let mut carried = 0usize;
-        for p in self.pending.drain(..) {
-            if p.area.is_none() && carried > 0 && carried + p.copy.data().len() > REPLY_COPY_BUDGET
-            {
-                keep.push(p);
-                continue;
-            }
-            let covered = match scope {
-                Scope::Finished => false,
-                Scope::Context(ctx) => p.ctx == ctx,
-                Scope::Stream(ctx, s) => {
-                    p.stream == s && (s != u64::from(RM_STREAM_LEGACY) || p.ctx == ctx)
-                }
-            };
-            let done = if covered {
-                p.copy.wait().map(|()| true)
-            } else {
-                p.copy.query()
-            };
-            match done {
-                Ok(true) => match &p.area {
-                    // Into the data area: the reply entry says it is there.
-                    Some((area, offset)) => {
-                        if area.write(*offset, p.copy.data()).is_err() && *status == SUCCESS {
-                            *status = crate::backend::status::INVALID_VALUE;
-                        }
-                        out.push(RmCopyData {
-                            copy_id: p.copy_id,
-                            data: Bytes::new(),
-                        });
-                    }
-                    None => {
-                        carried += p.copy.data().len();
-                        out.push(RmCopyData {
-                            copy_id: p.copy_id,
-                            data: Bytes::copy_from_slice(p.copy.data()),
-                        });
-                    }
-                },
-                Ok(false) => keep.push(p),
-                Err(e) => {
-                    if *status == SUCCESS {
-                        *status = e;
-                    }
-                    // Delivered empty: the client must not wait for data that will not come.
-                    out.push(RmCopyData {
-                        copy_id: p.copy_id,
-                        data: Bytes::new(),
-                    });
-                }
-            }
-        }
-        self.pending = keep;
-        out
+        self.copies.collect(scope, status)
     }
 
     /// Frees everything that lives in context handle `ctx` (before the context goes).
@@ -347,13 +402,7 @@ impl SessionState {
         let Ok(raw_ctx) = self.ctx(ctx) else {
             return;
         };
-        for p in std::mem::take(&mut self.pending) {
-            if p.ctx == ctx {
-                let _ = p.copy.wait();
-            } else {
-                self.pending.push(p);
-            }
-        }
+        self.copies.drop_ctx(ctx);
         let mut handles: Vec<(u64, Resource)> = self
             .table
             .iter()
@@ -419,9 +468,7 @@ impl SessionState {
 
     /// Frees everything the session owns.
     pub(crate) fn release_all(&mut self, backend: &dyn Backend) {
-        for p in std::mem::take(&mut self.pending) {
-            let _ = p.copy.wait();
-        }
+        self.copies.drop_all();
         let mut contexts: Vec<(u64, i32, bool, u64)> = self
             .table
             .iter()
@@ -532,6 +579,8 @@ impl Ordered {
 pub(crate) struct Session {
     pub(crate) connection: u64,
     state: Mutex<SessionState>,
+    /// The asynchronous copies not yet delivered (also reachable from the state).
+    pub(crate) copies: Arc<PendingCopies>,
     pub(crate) waiters: WaiterPool,
     /// Host callbacks reached by their streams and waiting for the client.
     pub(crate) callbacks: Arc<HostCallbacks>,
@@ -551,9 +600,14 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) fn new(connection: u64) -> Self {
+        let copies = Arc::new(PendingCopies::default());
         Self {
             connection,
-            state: Mutex::new(SessionState::default()),
+            state: Mutex::new(SessionState {
+                copies: Arc::clone(&copies),
+                ..SessionState::default()
+            }),
+            copies,
             waiters: WaiterPool::new(format!("remora-wait-{connection}"), MAX_WAITERS),
             callbacks: Arc::default(),
             ordered: Ordered::default(),

@@ -57,6 +57,12 @@ pub struct EmulatedConfig {
     /// NVIDIA's driver writes a kernel's printf output there (see
     /// `remora_server::EMULATED_DEVICE_PRINTF_ENV`). Set only in a session worker.
     pub device_printf: Option<Vec<u8>>,
+    /// TEST ONLY: an asynchronous device-to-host copy completes this long after it is
+    /// issued (its query answers false and its wait blocks until then), even when the
+    /// stream or event a client synchronizes says done at once. Tests set it so that a client
+    /// that relies on a reply happening to carry a copy, instead of CUDA's ordering rules,
+    /// reads stale bytes and fails.
+    pub copy_latency: Duration,
 }
 
 impl Default for EmulatedConfig {
@@ -66,6 +72,7 @@ impl Default for EmulatedConfig {
             memory_per_device: 1 << 30,
             sync_delay: Duration::ZERO,
             device_printf: None,
+            copy_latency: Duration::ZERO,
         }
     }
 }
@@ -468,13 +475,21 @@ impl State {
     }
 }
 
-struct ReadyCopy(Vec<u8>);
+/// An emulated asynchronous copy: its bytes, taken when issued, and when it completes.
+struct ReadyCopy(Vec<u8>, std::time::Instant);
+
+impl ReadyCopy {
+    fn new(data: Vec<u8>, latency: Duration) -> Self {
+        Self(data, std::time::Instant::now() + latency)
+    }
+}
 
 impl StagedCopy for ReadyCopy {
     fn query(&self) -> CuResult<bool> {
-        Ok(true)
+        Ok(std::time::Instant::now() >= self.1)
     }
     fn wait(&self) -> CuResult<()> {
+        std::thread::sleep(self.1.saturating_duration_since(std::time::Instant::now()));
         Ok(())
     }
     fn data(&self) -> &[u8] {
@@ -710,7 +725,10 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
         st.refuse_in_capture(ctx, stream)?;
-        Ok(Box::new(ReadyCopy(st.range(src, size as u64)?.to_vec())))
+        Ok(Box::new(ReadyCopy::new(
+            st.range(src, size as u64)?.to_vec(),
+            self.config.copy_latency,
+        )))
     }
 
     fn memcpy_dtod(
@@ -770,7 +788,10 @@ impl Backend for EmulatedBackend {
         if copy.dst.place != CopyPlace::Host {
             return Err(INVALID_VALUE);
         }
-        Ok(Box::new(ReadyCopy(st.gather(copy, &[])?)))
+        Ok(Box::new(ReadyCopy::new(
+            st.gather(copy, &[])?,
+            self.config.copy_latency,
+        )))
     }
 
     fn memcpy_peer(

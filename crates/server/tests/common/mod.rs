@@ -45,12 +45,18 @@ pub fn serve(data_bytes: u64) -> Server {
 
 /// An emulated server on a private Unix socket with shared memory as `shm` says.
 pub fn serve_with(shm: ShmConfig) -> Server {
+    serve_emulated(shm, EmulatedConfig::default())
+}
+
+/// An emulated server (`config`) on a private Unix socket and on loopback TCP (see
+/// [`Server::tcp`]), with shared memory as `shm` says.
+pub fn serve_emulated(shm: ShmConfig, config: EmulatedConfig) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+    let backend = Arc::new(EmulatedBackend::new(config));
     let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
     let running = start_with_backend(
         ServeConfig {
-            listen: vec![endpoint.clone()],
+            listen: vec![endpoint.clone(), "tcp://127.0.0.1:0".parse().unwrap()],
             shm,
             ..ServeConfig::default()
         },
@@ -66,6 +72,17 @@ pub fn serve_with(shm: ShmConfig) -> Server {
 }
 
 impl Server {
+    /// The server's loopback TCP endpoint.
+    pub fn tcp(&self) -> Endpoint {
+        self.running
+            .as_ref()
+            .unwrap()
+            .endpoints()
+            .into_iter()
+            .find(|e| matches!(e, Endpoint::Tcp(..)))
+            .expect("the server listens on TCP")
+    }
+
     /// The server's executor (thread isolation: one for all sessions).
     pub fn executor(&self) -> &remora_server::Executor {
         self.running

@@ -439,9 +439,7 @@ pub extern "C" fn cuMemHostRegister(p: *mut c_void, size: usize, flags: c_uint) 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     entry("cuMemHostUnregister", || {
-        state::session()?
-            .host_memory()
-            .unregister(p as usize as u64)
+        state::session()?.mem_host_unregister(p as usize as u64)
     })
 }
 
