@@ -53,6 +53,9 @@ fi
 # graphs: CUDA graphs through stream capture (runtime API, static cudart)
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/graphs" \
   "$src/tests/graphs.cu"
+# async_visibility: every byte of async device-to-host copies at each completion point
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/async_visibility" \
+  "$src/tests/async_visibility.cu"
 # device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
   "$src/tests/device_props.cu"
