@@ -27,6 +27,12 @@
 //! its destination. A covered copy still pending is fetched at once with
 //! `RM_COPIES_COLLECT` (revision 8; older servers: `RM_STREAM_QUERY` on the copy's stream);
 //! one whose bytes another thread is writing right now is waited for.
+//!
+//! A host callback is the exception: nothing on its way may call the server's driver (a call
+//! of the session may wait there for this very callback). Its copies are named when it is
+//! enqueued (`RM_LAUNCH_HOST_FUNC_COPIES`); the server's host function publishes their bytes
+//! before it reports the callback due, and the callback thread takes them with
+//! `RM_COPIES_READY` ([`Fetch::Ready`]), which the server answers without the driver.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -162,6 +168,15 @@ impl Order {
         }
         c
     }
+}
+
+/// How [`Delivery::settle`] asks the server for covered copies that have not arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fetch {
+    /// `RM_COPIES_COLLECT`, in order with the session's calls (an application thread).
+    Collect,
+    /// `RM_COPIES_READY`: what host functions published (the callback thread).
+    Ready,
 }
 
 /// The client's asynchronous-copy bookkeeping (see the module docs).
@@ -334,10 +349,27 @@ impl Delivery {
         CuError::check(reply.status)
     }
 
+    /// The pending copies `cov` covers (named to a host callback's server side).
+    pub(crate) fn covered_ids(&self, cov: &Coverage) -> Vec<u64> {
+        let mut ids: Vec<u64> = lock(&self.pending)
+            .iter()
+            .filter(|(id, p)| cov.covers(**id, p))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids.truncate(RM_MAX_COLLECT as usize);
+        ids
+    }
+
+    /// The protocol revision of the session.
+    pub(crate) fn revision(&self) -> u32 {
+        self.revision
+    }
+
     /// Waits until every copy `cov` covers has been written to its destination, fetching the
-    /// ones the server still holds. Call it after the call that guarantees their completion
-    /// has returned successfully.
-    pub(crate) fn settle(&self, cov: &Coverage) -> CuResult<()> {
+    /// ones the server still holds (`how`). Call it after the call that guarantees their
+    /// completion has returned successfully.
+    pub(crate) fn settle(&self, cov: &Coverage, how: Fetch) -> CuResult<()> {
         if cov.is_empty() {
             return Ok(());
         }
@@ -372,7 +404,7 @@ impl Delivery {
                 return Err(CuError(cu::UNKNOWN));
             }
             if ask && !held.is_empty() {
-                self.fetch(&held);
+                self.fetch(&held, how);
             }
             // Wait a moment for a write in progress (another thread's reply) or for the
             // server to complete the copy, then ask again.
@@ -387,8 +419,10 @@ impl Delivery {
     }
 
     /// Asks the server for completed copies, naming the `(id, ctx, stream)` waited for.
-    fn fetch(&self, held: &[(u64, Handle, Handle)]) {
-        let reply = if self.revision >= 8 {
+    fn fetch(&self, held: &[(u64, Handle, Handle)], how: Fetch) {
+        let reply = if how == Fetch::Ready {
+            self.rpc.rm_copies_ready()
+        } else if self.revision >= 8 {
             let ids: Vec<u64> = held
                 .iter()
                 .take(RM_MAX_COLLECT as usize)

@@ -31,7 +31,7 @@ pub type DeviceHandle = i32;
 pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 5] = [83, 88, 89, 100, 101];
 
 pub use crate::delivery::CopySink;
-use crate::delivery::Delivery;
+use crate::delivery::{Delivery, Fetch};
 
 /// Copies larger than this travel as several calls of at most this many bytes, so that every
 /// record stays far below the server's maximum record size (128 MiB by default) and memory
@@ -693,7 +693,7 @@ impl Session {
         let cov = self.delivery.context(ctx, self.copy_mark());
         let r = call!(self.rm_ctx_synchronize(&ctx))?;
         self.finish_sync(r)?;
-        self.delivery.settle(&cov)
+        self.delivery.settle(&cov, Fetch::Collect)
     }
 
     /// `cuCtxSetLimit`.
@@ -899,7 +899,7 @@ impl Session {
     /// ([`Delivery::settle`]).
     fn settle_stream(&self, ctx: RmHandle, stream: RmHandle, mark: u64) -> CuResult<()> {
         self.delivery
-            .settle(&self.delivery.frontier(ctx, stream, mark))
+            .settle(&self.delivery.frontier(ctx, stream, mark), Fetch::Collect)
     }
 
     /// Number of asynchronous device-to-host copies not yet delivered.
@@ -2079,12 +2079,15 @@ impl Session {
     ) -> CuResult<()> {
         self.need_revision(4, "a host callback")?;
         self.not_captured(stream, "a host callback")?;
-        // The callback must see the bytes of the copies its stream is ordered after: the
-        // callback thread settles them before it runs the callback.
+        // The callback must see the bytes of the copies its stream is ordered after: they are
+        // named to the server, whose host function publishes them (revision 8), and the
+        // callback thread takes them before it runs the callback.
         let cov = self.delivery.frontier(ctx, stream, self.copy_mark());
+        let copies = self.delivery.covered_ids(&cov);
+        let named = self.delivery.revision() >= 8;
         let delivery = Arc::clone(&self.delivery);
         let cb: HostCallback = Box::new(move |status| {
-            if let Err(e) = delivery.settle(&cov) {
+            if named && let Err(e) = delivery.settle(&cov, Fetch::Ready) {
                 tracing::error!(
                     "remora: a host callback runs without the data of copies before it: {e}"
                 );
@@ -2095,11 +2098,20 @@ impl Session {
             tracing::error!("remora: cannot start the host callback thread: {e}");
             CuError(cu::OUT_OF_MEMORY)
         })?;
-        let r = call!(self.rm_launch_host_func(&RmHostFuncArgs {
-            ctx,
-            stream,
-            callback_id: id
-        }));
+        let r = if named {
+            call!(self.rm_launch_host_func_copies(&RmHostFuncCopiesArgs {
+                ctx,
+                stream,
+                callback_id: id,
+                copies,
+            }))
+        } else {
+            call!(self.rm_launch_host_func(&RmHostFuncArgs {
+                ctx,
+                stream,
+                callback_id: id
+            }))
+        };
         if r.is_err() {
             self.callbacks.forget(id);
         }
@@ -2177,7 +2189,8 @@ impl Session {
 
     /// Waits for the copies an event covers: those its stream was ordered after at its record.
     fn settle_event(&self, event: RmHandle) -> CuResult<()> {
-        self.delivery.settle(&self.delivery.event(event))
+        self.delivery
+            .settle(&self.delivery.event(event), Fetch::Collect)
     }
 
     /// `cuEventSynchronize`.

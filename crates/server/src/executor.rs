@@ -1017,6 +1017,7 @@ impl RemoraV1Server for Executor {
                 stream,
                 copy,
                 area: None,
+                taken: Default::default(),
             });
             result
         })
@@ -1491,38 +1492,20 @@ impl RemoraV1Server for Executor {
     /// due when the stream reaches it and blocks the stream until the client reports it done.
     /// From here on the session's calls run on its ordered thread.
     fn rm_launch_host_func(&self, call: &CallContext, a: RmHostFuncArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_LAUNCH_HOST_FUNC", on, |inner, session| {
-            let (t, capturing) = {
-                let st = session.lock();
-                (
-                    stream_target(&st, a.ctx, a.stream)?,
-                    !st.captures.is_empty(),
-                )
-            };
-            // Captured, the host function would run at every graph launch, but the client's
-            // callback runs once.
-            not_captured(inner, capturing, t.ctx, t.stream)?;
-            session.ordered.start(session.connection)?;
-            inner
-                .any_ordered
-                .store(true, std::sync::atomic::Ordering::Release);
-            let callbacks = Arc::clone(&session.callbacks);
-            // The host function runs on the driver's thread while a call of this session may
-            // hold the session lock inside the driver waiting for it (cuMemFree, a
-            // synchronous copy): it must not take that lock. The sticky error is read from
-            // its own cell instead.
-            let sticky = session.lock().sticky_cell();
-            let id = a.callback_id;
-            inner.backend.launch_host_func(
-                t.ctx,
-                t.stream,
-                Box::new(move || {
-                    let status = sticky.load(std::sync::atomic::Ordering::Acquire);
-                    callbacks.reached(id, status);
-                }),
-            )
-        })
+        self.launch_host_func(call, "RM_LAUNCH_HOST_FUNC", a, Vec::new())
+    }
+
+    fn rm_launch_host_func_copies(
+        &self,
+        call: &CallContext,
+        a: RmHostFuncCopiesArgs,
+    ) -> ProcResult<()> {
+        let args = RmHostFuncArgs {
+            ctx: a.ctx,
+            stream: a.stream,
+            callback_id: a.callback_id,
+        };
+        self.launch_host_func(call, "RM_LAUNCH_HOST_FUNC_COPIES", args, a.copies)
     }
 
     /// Answered when callbacks are due (a deferred reply), never on the ordered thread.
@@ -1545,11 +1528,21 @@ impl RemoraV1Server for Executor {
         Ok(code("RM_HOST_CALLBACK_DONE", session.callbacks.done(id)))
     }
 
+    /// RM_COPIES_READY (revision 8): the copies host functions published, for the client's
+    /// callback thread before it runs a callback. Answered on the connection thread with no
+    /// driver call and no lock a driver call may hold (see `PendingCopies`).
+    fn rm_copies_ready(&self, call: &CallContext) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        Ok(RmSyncReply {
+            status: SUCCESS,
+            copies: session.copies.take_ready(),
+        })
+    }
+
     /// RM_COPIES_COLLECT (revision 8): the completed asynchronous copies, for a client whose
-    /// synchronizing point covers copies it has not received. Answered on the connection
-    /// thread without the session's state lock (a host callback's thread asks while another
-    /// call may wait in the driver for that callback); the named copies are polled briefly,
-    /// never waited for, so a wrong guess by the client cannot block the connection.
+    /// synchronizing point covers copies it has not received (in order with the session's
+    /// other calls). The named copies are polled briefly, never waited for, so a wrong guess
+    /// by the client cannot block the session.
     fn rm_copies_collect(&self, call: &CallContext, ids: Vec<u64>) -> ProcResult<RmSyncReply> {
         let session = self.session(call);
         let deadline = std::time::Instant::now() + COLLECT_POLL;
@@ -1931,6 +1924,7 @@ impl RemoraV1Server for Executor {
                 stream,
                 copy,
                 area: target,
+                taken: Default::default(),
             });
             result
         })
@@ -1960,6 +1954,58 @@ fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc
 }
 
 impl Executor {
+    /// RM_LAUNCH_HOST_FUNC(_COPIES): a host function that reports the client's callback due
+    /// when the stream reaches it, after publishing the pending copies `copies` (which the
+    /// callback is ordered after, so they have completed) for RM_COPIES_READY.
+    fn launch_host_func(
+        &self,
+        call: &CallContext,
+        what: &'static str,
+        a: RmHostFuncArgs,
+        copies: Vec<u64>,
+    ) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, what, on, move |inner, session| {
+            let (t, capturing) = {
+                let st = session.lock();
+                (
+                    stream_target(&st, a.ctx, a.stream)?,
+                    !st.captures.is_empty(),
+                )
+            };
+            // Captured, the host function would run at every graph launch, but the client's
+            // callback runs once.
+            not_captured(inner, capturing, t.ctx, t.stream)?;
+            session.ordered.start(session.connection)?;
+            inner
+                .any_ordered
+                .store(true, std::sync::atomic::Ordering::Release);
+            let callbacks = Arc::clone(&session.callbacks);
+            // The host function runs on the driver's thread while a call of this session may
+            // hold the session lock inside the driver waiting for it (cuMemFree, a
+            // synchronous copy): it must not take that lock, nor call the driver. The sticky
+            // error is read from its own cell; the copies it publishes are held here.
+            let sticky = session.lock().sticky_cell();
+            let follows = if copies.is_empty() {
+                Vec::new()
+            } else {
+                session.copies.find(&copies)
+            };
+            let published = Arc::clone(&session.copies);
+            let id = a.callback_id;
+            inner.backend.launch_host_func(
+                t.ctx,
+                t.stream,
+                Box::new(move || {
+                    published.publish(&follows);
+                    drop(follows);
+                    let status = sticky.load(std::sync::atomic::Ordering::Acquire);
+                    callbacks.reached(id, status);
+                }),
+            )
+        })
+    }
+
     /// `RM_MEMCPY_3D` / `RM_MEMCPY_3D_PEER`: a synchronizing call. A copy to host memory
     /// returns the packed bytes and, like `RM_MEMCPY_DTOH`, runs on a waiter thread and
     /// delivers the asynchronous copies of the context's legacy stream.
@@ -2073,6 +2119,7 @@ impl Executor {
                     stream: stream_handle,
                     copy,
                     area: None,
+                    taken: Default::default(),
                 });
             }
             result

@@ -78,18 +78,18 @@ impl Service for RemoraService {
     /// callback blocks (see `crate::host_callbacks`).
     fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch {
         use remora_proto::remora::{
-            REMORA_HELLO, REMORA_NULL, RM_COPIES_COLLECT, RM_HOST_CALLBACK_DONE,
+            REMORA_HELLO, REMORA_NULL, RM_COPIES_READY, RM_HOST_CALLBACK_DONE,
             RM_WAIT_HOST_CALLBACKS,
         };
-        // RM_COPIES_COLLECT too: a host callback's thread asks for the copies before its
-        // callback, while the ordered thread may wait for that callback.
+        // RM_COPIES_READY too: a host callback's thread takes the copies its callback follows
+        // while the ordered thread may wait for that callback.
         let direct = matches!(
             ctx.procedure,
             REMORA_NULL
                 | REMORA_HELLO
                 | RM_WAIT_HOST_CALLBACKS
                 | RM_HOST_CALLBACK_DONE
-                | RM_COPIES_COLLECT
+                | RM_COPIES_READY
         );
         if !direct && let Some(session) = self.service.inner().ordered_session(ctx.connection) {
             let service = Arc::clone(&self.service);

@@ -97,6 +97,40 @@ pub(crate) struct PendingCopy {
     /// Where the bytes go instead of the reply: the session's data area at this offset
     /// (`RM_AREA_MEMCPY_DTOH_ASYNC`, bounds checked when the copy was issued).
     pub(crate) area: Option<(remora_oncrpc::DataArea, u64)>,
+    /// Set by whoever delivers it: a synchronizing reply or a host function that follows it
+    /// (exactly one of them).
+    pub(crate) taken: std::sync::atomic::AtomicBool,
+}
+
+impl PendingCopy {
+    /// Takes the copy for delivery, once: its reply entry (bytes, or, for a copy into the data
+    /// area, the bytes written there and an empty entry). `None` when it was taken already.
+    /// Calls no driver function (the copy has completed; host functions deliver this way).
+    pub(crate) fn deliver(&self, status: &mut i32) -> Option<RmCopyData> {
+        if self.taken.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return None;
+        }
+        Some(match &self.area {
+            Some((area, offset)) => {
+                if area.write(*offset, self.copy.data()).is_err() && *status == SUCCESS {
+                    *status = INVALID_VALUE;
+                }
+                RmCopyData {
+                    copy_id: self.copy_id,
+                    data: Bytes::new(),
+                }
+            }
+            None => RmCopyData {
+                copy_id: self.copy_id,
+                data: Bytes::copy_from_slice(self.copy.data()),
+            },
+        })
+    }
+
+    /// Whether a host function or an earlier reply delivered it.
+    fn is_taken(&self) -> bool {
+        self.taken.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// Which pending copies a synchronizing call guarantees complete.
@@ -114,29 +148,69 @@ pub(crate) enum Scope {
 /// A session's asynchronous copies not yet delivered, behind a lock of their own: a host
 /// callback's client asks for them (`RM_COPIES_COLLECT`) while another call of the session
 /// may hold the session's state lock, waiting in the driver for that very callback.
+///
+/// Host functions never take `list`'s lock (a thread holding it may wait in the driver for
+/// them); they hold the copies they deliver themselves and publish the bytes in `ready`,
+/// whose lock is never held across a driver call.
 #[derive(Default)]
 pub(crate) struct PendingCopies {
-    list: Mutex<Vec<PendingCopy>>,
+    list: Mutex<Vec<Arc<PendingCopy>>>,
+    /// Copies host functions delivered, for the next reply (or `RM_COPIES_READY`).
+    ready: Mutex<Vec<RmCopyData>>,
 }
 
 impl PendingCopies {
-    fn lock(&self) -> MutexGuard<'_, Vec<PendingCopy>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Arc<PendingCopy>>> {
         self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ready(&self) -> MutexGuard<'_, Vec<RmCopyData>> {
+        self.ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds a copy just issued.
     pub(crate) fn push(&self, p: PendingCopy) {
-        self.lock().push(p);
+        self.lock().push(Arc::new(p));
     }
 
     /// Whether any of `ids` is still pending.
     pub(crate) fn any_of(&self, ids: &[u64]) -> bool {
-        self.lock().iter().any(|p| ids.contains(&p.copy_id))
+        self.lock()
+            .iter()
+            .any(|p| !p.is_taken() && ids.contains(&p.copy_id))
+    }
+
+    /// The pending copies among `ids` (for a host function that follows them).
+    pub(crate) fn find(&self, ids: &[u64]) -> Vec<Arc<PendingCopy>> {
+        self.lock()
+            .iter()
+            .filter(|p| ids.contains(&p.copy_id))
+            .cloned()
+            .collect()
+    }
+
+    /// Publishes the copies a host function follows (they have completed): called on the
+    /// driver's host-function thread, so it calls no driver function and takes only `ready`.
+    pub(crate) fn publish(&self, copies: &[Arc<PendingCopy>]) {
+        let mut status = SUCCESS;
+        let out: Vec<RmCopyData> = copies
+            .iter()
+            .filter_map(|p| p.deliver(&mut status))
+            .collect();
+        if !out.is_empty() {
+            self.ready().extend(out);
+        }
+    }
+
+    /// The copies host functions published (`RM_COPIES_READY`): no driver call, no lock but
+    /// `ready`'s.
+    pub(crate) fn take_ready(&self) -> Vec<RmCopyData> {
+        std::mem::take(&mut *self.ready())
     }
 
     /// Waits for the copies of context handle `ctx` and drops them (the context goes).
     fn drop_ctx(&self, ctx: u64) {
-        let gone: Vec<PendingCopy> = {
+        let gone: Vec<Arc<PendingCopy>> = {
             let mut list = self.lock();
             let (gone, keep) = std::mem::take(&mut *list)
                 .into_iter()
@@ -160,19 +234,18 @@ impl PendingCopies {
     /// Takes the pending copies complete at this point (all of `scope`'s, which the caller has
     /// synchronized, and any other that has finished). A failed copy sets `status`.
     pub(crate) fn collect(&self, scope: Scope, status: &mut i32) -> Vec<RmCopyData> {
-        let mut out = Vec::new();
-        let mut pending = self.lock();
-        let mut keep = Vec::with_capacity(pending.len());
-        // Bytes of copy data in this reply so far: past REPLY_COPY_BUDGET, completed copies
-        // wait for a later reply (the client asks for them), so that no reply outgrows what
-        // a client reads in one record.
-        let mut carried = 0usize;
-        for p in pending.drain(..) {
-            if p.area.is_none() && carried > 0 && carried + p.copy.data().len() > REPLY_COPY_BUDGET
-            {
-                keep.push(p);
-                continue;
-            }
+        // Phase 1: which copies have completed. This calls the driver, which may block (a
+        // device-synchronizing call elsewhere may hold the driver's locks while it waits for a
+        // host function), so nothing is held and nothing is taken meanwhile: a host function
+        // can still publish any of these copies for its callback.
+        let snapshot: Vec<Arc<PendingCopy>> = self
+            .lock()
+            .iter()
+            .filter(|p| !p.is_taken())
+            .cloned()
+            .collect();
+        let mut done = Vec::new();
+        for p in snapshot {
             let covered = match scope {
                 Scope::Finished => false,
                 Scope::Context(ctx) => p.ctx == ctx,
@@ -180,45 +253,61 @@ impl PendingCopies {
                     p.stream == s && (s != u64::from(RM_STREAM_LEGACY) || p.ctx == ctx)
                 }
             };
-            let done = if covered {
+            let r = if covered {
                 p.copy.wait().map(|()| true)
             } else {
                 p.copy.query()
             };
-            match done {
-                Ok(true) => match &p.area {
-                    // Into the data area: the reply entry says it is there.
-                    Some((area, offset)) => {
-                        if area.write(*offset, p.copy.data()).is_err() && *status == SUCCESS {
-                            *status = crate::backend::status::INVALID_VALUE;
-                        }
-                        out.push(RmCopyData {
-                            copy_id: p.copy_id,
-                            data: Bytes::new(),
-                        });
-                    }
-                    None => {
-                        carried += p.copy.data().len();
-                        out.push(RmCopyData {
-                            copy_id: p.copy_id,
-                            data: Bytes::copy_from_slice(p.copy.data()),
-                        });
-                    }
-                },
-                Ok(false) => keep.push(p),
-                Err(e) => {
-                    if *status == SUCCESS {
-                        *status = e;
-                    }
-                    // Delivered empty: the client must not wait for data that will not come.
+            match r {
+                Ok(true) => done.push((p, None)),
+                Ok(false) => {}
+                Err(e) => done.push((p, Some(e))),
+            }
+        }
+        // Phase 2: take them, without a driver call, after what host functions published.
+        // Past REPLY_COPY_BUDGET bytes of copy data, completed copies wait for a later reply
+        // (the client asks for them), so that no reply outgrows what a client reads in one
+        // record.
+        let mut out = Vec::new();
+        let mut carried = 0usize;
+        {
+            let mut ready = self.ready();
+            let mut rest = Vec::new();
+            for c in ready.drain(..) {
+                if carried > 0 && carried + c.data.len() > REPLY_COPY_BUDGET {
+                    rest.push(c);
+                } else {
+                    carried += c.data.len();
+                    out.push(c);
+                }
+            }
+            *ready = rest;
+        }
+        for (p, err) in done {
+            if let Some(e) = err {
+                if *status == SUCCESS {
+                    *status = e;
+                }
+                // Delivered empty: the client must not wait for data that will not come.
+                if !p.taken.swap(true, std::sync::atomic::Ordering::AcqRel) {
                     out.push(RmCopyData {
                         copy_id: p.copy_id,
                         data: Bytes::new(),
                     });
                 }
+                continue;
+            }
+            if p.area.is_none() && carried > 0 && carried + p.copy.data().len() > REPLY_COPY_BUDGET
+            {
+                continue;
+            }
+            if let Some(c) = p.deliver(status) {
+                carried += c.data.len();
+                out.push(c);
             }
         }
-        *pending = keep;
+        // Forget what is delivered (by this reply, another, or a host function).
+        self.lock().retain(|p| !p.is_taken());
         out
     }
 }

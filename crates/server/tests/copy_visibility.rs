@@ -36,6 +36,9 @@ fn server() -> Server {
         EmulatedConfig {
             copy_latency: LATENCY,
             memory_per_device: 4 << 30,
+            // As the real driver may: a server that queries a copy on a host callback's way
+            // (instead of having the host function publish it) deadlocks here.
+            driver_busy_during_host_functions: true,
             ..EmulatedConfig::default()
         },
     )

@@ -675,6 +675,10 @@ struct CudaStaged {
 // SAFETY: the staging buffer is owned by this object alone; the driver handles may be used from
 // any thread (the context is made current before each use).
 unsafe impl Send for CudaStaged {}
+// SAFETY: shared use only reads: `query`/`wait` call thread-safe driver functions on the event,
+// and `data` reads the staging buffer, which nothing writes once the copy has completed (the
+// only time callers read it).
+unsafe impl Sync for CudaStaged {}
 
 impl StagedCopy for CudaStaged {
     fn query(&self) -> CuResult<bool> {
@@ -701,23 +705,23 @@ impl StagedCopy for CudaStaged {
 }
 
 impl Drop for CudaStaged {
+    /// Calls no driver function: the last holder may be a host function (which must not call
+    /// CUDA) or a thread whose driver calls could wait for one. The reaper waits for the copy,
+    /// then destroys the event and frees the buffer.
     fn drop(&mut self) {
-        let _ = self.wait();
-        // SAFETY: the event was created by this object and is destroyed once, after the copy
-        // into the buffer has completed (waited above).
-        let _ = call!(self.driver.t, event_destroy(self.event));
-        reap(Arc::clone(&self.driver), self.ctx, self.host);
+        reap(Arc::clone(&self.driver), self.ctx, self.host, self.event);
     }
 }
 
-/// A pinned staging buffer to free: (driver, its context, address).
-type Reap = (Arc<Driver>, u64, usize);
+/// A pinned staging buffer to free: (driver, its context, address, the event after the copy
+/// into it or null).
+type Reap = (Arc<Driver>, u64, usize, usize);
 
 /// Frees a staging buffer off the caller's path. `cuMemFreeHost` synchronizes the whole
 /// device; called while a reply is being built it waits for every stream, including one held
 /// back by a host function that waits for this very client — a deadlock seen on the GPU
 /// machine. A reaper thread, holding no lock, does the freeing instead.
-fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr) {
+fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr, event: Ptr) {
     static REAPER: std::sync::OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<Reap>>>> =
         std::sync::OnceLock::new();
     let reaper = REAPER.get_or_init(|| {
@@ -725,10 +729,17 @@ fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr) {
         std::thread::Builder::new()
             .name("remora-staging-reaper".into())
             .spawn(move || {
-                for (driver, ctx, addr) in rx {
+                for (driver, ctx, addr, event) in rx {
                     // A context destroyed meanwhile took its pinned memory with it; the free
                     // then fails harmlessly.
                     if driver.enter(ctx).is_ok() {
+                        if event != 0 {
+                            // SAFETY: the event was created for this copy and is destroyed
+                            // once, here, after the copy into the buffer has completed.
+                            let _ = call!(driver.t, event_synchronize(event as Ptr));
+                            // SAFETY: as above.
+                            let _ = call!(driver.t, event_destroy(event as Ptr));
+                        }
                         // SAFETY: a buffer from cuMemHostAlloc whose copy completed and that
                         // nothing uses any more; freed once.
                         let _ = call!(driver.t, mem_free_host(addr as Ptr));
@@ -741,7 +752,7 @@ fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr) {
     let sent = reaper.as_ref().is_some_and(|tx| {
         tx.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .send((driver.clone(), ctx, host as usize))
+            .send((driver.clone(), ctx, host as usize, event as usize))
             .is_ok()
     });
     if !sent {
@@ -786,7 +797,7 @@ impl CudaBackend {
         // SAFETY: writes one CUevent.
         if let Err(e) = call!(driver.t, event_create(&mut event, EVENT_DISABLE_TIMING)) {
             // The buffer allocated just above, unused: freed off this path like the others.
-            reap(Arc::clone(&driver), ctx, host);
+            reap(Arc::clone(&driver), ctx, host, std::ptr::null_mut());
             return Err(e);
         }
         let staged = CudaStaged {

@@ -63,6 +63,11 @@ pub struct EmulatedConfig {
     /// that relies on a reply happening to carry a copy, instead of CUDA's ordering rules,
     /// reads stale bytes and fails.
     pub copy_latency: Duration,
+    /// TEST ONLY: the queries and waits of asynchronous device-to-host copies block while
+    /// any host function is pending, as NVIDIA's driver may hold its locks while a
+    /// device-synchronizing call (`cuMemFreeHost`, `cuMemFree`) waits for a host function.
+    /// Tests set it so that a server that calls the driver on a host callback's way deadlocks.
+    pub driver_busy_during_host_functions: bool,
 }
 
 impl Default for EmulatedConfig {
@@ -73,6 +78,7 @@ impl Default for EmulatedConfig {
             sync_delay: Duration::ZERO,
             device_printf: None,
             copy_latency: Duration::ZERO,
+            driver_busy_during_host_functions: false,
         }
     }
 }
@@ -183,6 +189,17 @@ impl HostPending {
             .iter()
             .any(|(&(c, s), &n)| n > 0 && c == ctx && stream.is_none_or(|st| st == s))
         {
+            busy = self
+                .changed
+                .wait(busy)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Waits until no host function is pending anywhere.
+    fn wait_none(&self) {
+        let mut busy = self.lock();
+        while !busy.is_empty() {
             busy = self
                 .changed
                 .wait(busy)
@@ -475,20 +492,33 @@ impl State {
     }
 }
 
-/// An emulated asynchronous copy: its bytes, taken when issued, and when it completes.
-struct ReadyCopy(Vec<u8>, std::time::Instant);
+/// An emulated asynchronous copy: its bytes, taken when issued, when it completes, and the
+/// host functions its queries wait for (`EmulatedConfig::driver_busy_during_host_functions`).
+struct ReadyCopy(Vec<u8>, std::time::Instant, Option<Arc<HostPending>>);
 
-impl ReadyCopy {
-    fn new(data: Vec<u8>, latency: Duration) -> Self {
-        Self(data, std::time::Instant::now() + latency)
+impl EmulatedBackend {
+    fn staged(&self, data: Vec<u8>) -> ReadyCopy {
+        ReadyCopy(
+            data,
+            std::time::Instant::now() + self.config.copy_latency,
+            self.config
+                .driver_busy_during_host_functions
+                .then(|| Arc::clone(&self.host_pending)),
+        )
     }
 }
 
 impl StagedCopy for ReadyCopy {
     fn query(&self) -> CuResult<bool> {
+        if let Some(h) = &self.2 {
+            h.wait_none();
+        }
         Ok(std::time::Instant::now() >= self.1)
     }
     fn wait(&self) -> CuResult<()> {
+        if let Some(h) = &self.2 {
+            h.wait_none();
+        }
         std::thread::sleep(self.1.saturating_duration_since(std::time::Instant::now()));
         Ok(())
     }
@@ -725,10 +755,8 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
         st.refuse_in_capture(ctx, stream)?;
-        Ok(Box::new(ReadyCopy::new(
-            st.range(src, size as u64)?.to_vec(),
-            self.config.copy_latency,
-        )))
+        let data = st.range(src, size as u64)?.to_vec();
+        Ok(Box::new(self.staged(data)))
     }
 
     fn memcpy_dtod(
@@ -788,10 +816,8 @@ impl Backend for EmulatedBackend {
         if copy.dst.place != CopyPlace::Host {
             return Err(INVALID_VALUE);
         }
-        Ok(Box::new(ReadyCopy::new(
-            st.gather(copy, &[])?,
-            self.config.copy_latency,
-        )))
+        let data = st.gather(copy, &[])?;
+        Ok(Box::new(self.staged(data)))
     }
 
     fn memcpy_peer(

@@ -234,7 +234,7 @@ pub struct CaptureInfo {
 }
 
 /// An asynchronous device-to-host copy into a server-side staging buffer.
-pub trait StagedCopy: Send {
+pub trait StagedCopy: Send + Sync {
     /// `Ok(true)` when the copy has completed, `Ok(false)` while in flight.
     fn query(&self) -> CuResult<bool>;
     /// Blocks until the copy has completed.
