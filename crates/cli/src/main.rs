@@ -42,8 +42,44 @@ struct Cli {
     command: Command,
 }
 
+/// The examples at the end of `remora run --help`.
+const RUN_EXAMPLES: &str = "Examples:
+  Run ./app on this host's GPUs, through an embedded server:
+    remora run -- ./app --size 1024
+  Run it on the GPUs of a `remora serve` on another host:
+    remora run --server tcp://gpu-host:7446 -- ./app
+  Run it with the shim's and the embedded server's debug log:
+    REMORA_LOG=debug remora run -- ./app";
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a program against a Remora server through Remora's libcuda.so.1.
+    ///
+    /// The program loads the shim instead of NVIDIA's driver (it is put first on
+    /// LD_LIBRARY_PATH) and reaches the server named by --server. With no --server, an embedded
+    /// `remora serve` runs on a private Unix socket for the duration of the command. The exit
+    /// status is the program's.
+    #[command(after_long_help = RUN_EXAMPLES)]
+    Run {
+        /// The server: tcp://HOST:PORT or unix:///PATH (default: start an embedded one).
+        #[arg(long, value_name = "URL")]
+        server: Option<Endpoint>,
+        /// How the program reaches the server: auto (shared memory with a unix:// server,
+        /// which the embedded one is; TCP with a tcp:// one), shm, unix or tcp (tcp with no
+        /// --server: the embedded server listens on TCP loopback). Given to the program as
+        /// REMORA_TRANSPORT.
+        #[arg(long, value_name = "T", default_value = "auto")]
+        transport: TransportChoice,
+        /// The shim library (default: libcuda.so beside this executable, or REMORA_SHIM).
+        #[arg(long, value_name = "PATH")]
+        shim: Option<PathBuf>,
+        /// An extra argument for the embedded server (repeatable), e.g. --serve-arg=--devices=1.
+        #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+        serve_arg: Vec<std::ffi::OsString>,
+        /// The program and its arguments, after --.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Serve the local GPUs to Remora clients.
     ///
     /// With no --listen, listens on a Unix socket in the user's runtime directory
@@ -155,32 +191,6 @@ enum Command {
         /// Define a preprocessor symbol for #if/#ifdef in the .x (NAME or NAME=VALUE).
         #[arg(short = 'D', value_name = "NAME[=VALUE]")]
         define: Vec<String>,
-    },
-    /// Run a program against a Remora server through Remora's libcuda.so.1.
-    ///
-    /// The program loads the shim instead of NVIDIA's driver (it is put first on
-    /// LD_LIBRARY_PATH) and reaches the server named by --server. With no --server, an embedded
-    /// `remora serve` runs on a private Unix socket for the duration of the command. The exit
-    /// status is the program's.
-    Run {
-        /// The server: tcp://HOST:PORT or unix:///PATH (default: start an embedded one).
-        #[arg(long, value_name = "URL")]
-        server: Option<Endpoint>,
-        /// How the program reaches the server: auto (shared memory with a unix:// server,
-        /// which the embedded one is; TCP with a tcp:// one), shm, unix or tcp (tcp with no
-        /// --server: the embedded server listens on TCP loopback). Given to the program as
-        /// REMORA_TRANSPORT.
-        #[arg(long, value_name = "T", default_value = "auto")]
-        transport: TransportChoice,
-        /// The shim library (default: libcuda.so beside this executable, or REMORA_SHIM).
-        #[arg(long, value_name = "PATH")]
-        shim: Option<PathBuf>,
-        /// An extra argument for the embedded server (repeatable), e.g. --serve-arg=--devices=1.
-        #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
-        serve_arg: Vec<std::ffi::OsString>,
-        /// The program and its arguments, after --.
-        #[arg(last = true, required = true, value_name = "CMD")]
-        command: Vec<std::ffi::OsString>,
     },
     /// Benchmark programs (not tests); results are ratios against a baseline run alongside.
     #[command(subcommand)]
@@ -588,6 +598,32 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_names_every_command_in_its_first_line_and_its_list() {
+        let mut cli = Cli::command();
+        let help = cli.render_help().to_string();
+        let first = help.lines().next().unwrap();
+        let commands: Vec<String> = cli
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        assert!(commands.iter().any(|c| c == "run"), "{commands:?}");
+        for name in &commands {
+            assert!(
+                first.contains(name.as_str()),
+                "{name} missing from {first:?}"
+            );
+            assert!(
+                help.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{name} "))),
+                "{name} missing from the command list:\n{help}"
+            );
+        }
+        let run = cli.find_subcommand_mut("run").unwrap().render_long_help();
+        assert!(run.to_string().contains("Examples:"), "{run}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! End-to-end tests of the `remora` binary: serve, info, rpcgen, and their errors.
+//! End-to-end tests of the `remora` binary: serve, info, rpcgen, run, and their errors.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
