@@ -76,8 +76,9 @@ enum Command {
         /// An extra argument for the embedded server (repeatable), e.g. --serve-arg=--devices=1.
         #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
         serve_arg: Vec<std::ffi::OsString>,
-        /// The program and its arguments, after --.
-        #[arg(last = true, required = true, value_name = "CMD")]
+        /// The program and its arguments: `remora run ./app --its-flag`, or with `--` first,
+        /// `remora run -- ./app --its-flag` (needed when the program's name starts with -).
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
         command: Vec<std::ffi::OsString>,
     },
     /// Serve the local GPUs to Remora clients.
@@ -624,6 +625,37 @@ mod tests {
         }
         let run = cli.find_subcommand_mut("run").unwrap().render_long_help();
         assert!(run.to_string().contains("Examples:"), "{run}");
+    }
+
+    /// `remora run ARGS…`'s program and arguments.
+    fn run_command(args: &[&str]) -> Vec<String> {
+        let cli = Cli::try_parse_from(["remora", "run"].iter().chain(args)).unwrap();
+        let Command::Run { command, .. } = cli.command else {
+            panic!()
+        };
+        command
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn run_takes_the_program_with_or_without_double_dash() {
+        assert_eq!(run_command(&["./app"]), ["./app"]);
+        assert_eq!(
+            run_command(&["./app", "--flag", "-x"]),
+            ["./app", "--flag", "-x"]
+        );
+        assert_eq!(run_command(&["--", "./app", "--flag"]), ["./app", "--flag"]);
+        // Options after the program are the program's, even ones `remora run` has.
+        assert_eq!(
+            run_command(&["--transport", "tcp", "./app", "--server", "x", "--", "y"]),
+            ["./app", "--server", "x", "--", "y"]
+        );
+        assert_eq!(run_command(&["--", "--weird-name"]), ["--weird-name"]);
+        // A typo in remora run's own options is still an error, not a program name.
+        assert!(Cli::try_parse_from(["remora", "run", "--servr", "x", "./app"]).is_err());
+        assert!(Cli::try_parse_from(["remora", "run"]).is_err());
     }
 
     #[test]

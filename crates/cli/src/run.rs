@@ -1,7 +1,7 @@
 //! `remora run`: run a program against a Remora server through the shim `libcuda.so.1`.
 //!
 //! ```text
-//! remora run [--server URL] [--transport auto|shm|unix|tcp] -- ./app args…
+//! remora run [--server URL] [--transport auto|shm|unix|tcp] [--] ./app args…
 //!   ├─ no --server: starts `remora serve` (this executable, without the shim) on a private
 //!   │  Unix socket (TCP loopback with --transport tcp) for the duration of the command
 //!   ├─ makes a private directory holding `libcuda.so.1` → the shim, first on LD_LIBRARY_PATH

@@ -356,3 +356,41 @@ fn bench_null_measures_round_trips_and_writes_json() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is `remora serve` running"), "{stderr}");
 }
+
+/// `remora run ARGS…` with an embedded server (no driver needed: the programs below do not
+/// load the shim, so any existing file stands in for it).
+fn remora_run(args: &[&str]) -> std::process::Output {
+    Command::new(REMORA)
+        .args(["run", "--shim", REMORA])
+        .args(args)
+        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn run_takes_the_program_with_or_without_double_dash() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("args");
+    let script = format!("printf '%s,' \"$@\" > {}; exit 3", out_file.display());
+    for dash in [false, true] {
+        let mut args = vec![];
+        if dash {
+            args.push("--");
+        }
+        args.extend(["sh", "-c", &script, "sh", "--flag", "--", "x"]);
+        let out = remora_run(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "the program's exit status (-- {dash}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&out_file).unwrap(),
+            "--flag,--,x,",
+            "-- {dash}"
+        );
+        std::fs::remove_file(&out_file).unwrap();
+    }
+}
