@@ -26,6 +26,43 @@ pub(crate) fn write_out(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Connects to the Remora server at `server`. A connection that cannot be made is one line
+/// naming the URL, the system's reason and what to check; the `io::Error` stays the error's
+/// cause.
+pub(crate) fn connect(
+    server: &Endpoint,
+    config: remora_oncrpc::ClientConfig,
+) -> Result<remora_oncrpc::Client> {
+    remora_oncrpc::Client::connect_with(server, config).map_err(|e| match e {
+        remora_oncrpc::RpcError::Connect { endpoint, source } => {
+            let line = format!(
+                "cannot connect to {endpoint}: {source}; check that `remora serve` is running \
+                 there and that the address is right"
+            );
+            anyhow::Error::new(source).context(line)
+        }
+        e => anyhow::Error::new(e),
+    })
+}
+
+/// An error and its causes on one line, as `{:#}` writes them but without a cause whose text
+/// an earlier message already quotes (errors that say what their cause said, and return it as
+/// their source as well, would repeat it).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 mod bench_gpu;
 mod bench_null;
 mod bench_plot;
@@ -584,7 +621,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("remora: error: {e:#}");
+            eprintln!("remora: error: {}", error_line(&e));
             ExitCode::FAILURE
         }
     }
@@ -734,6 +771,46 @@ mod tests {
             },
             config
         );
+    }
+
+    #[test]
+    fn a_refused_connection_is_one_line_with_the_reason_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Endpoint::Unix(dir.path().join("none.sock"));
+        let err = connect(&server, remora_oncrpc::ClientConfig::default()).unwrap_err();
+        let line = error_line(&err);
+        assert!(
+            line.starts_with(&format!("cannot connect to {server}: ")),
+            "{line}"
+        );
+        assert!(line.contains("`remora serve` is running there"), "{line}");
+        assert_eq!(
+            line.matches("No such file or directory").count(),
+            1,
+            "{line}"
+        );
+        assert!(!line.contains('\n'), "{line}");
+        // The system's error is still the cause, for callers that look at its kind.
+        let io = err.downcast_ref::<std::io::Error>().unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        // Context added on top still reads as one line, each message once.
+        let wrapped = err.context("remora info failed");
+        let line = error_line(&wrapped);
+        assert!(
+            line.starts_with("remora info failed: cannot connect to "),
+            "{line}"
+        );
+        assert_eq!(
+            line.matches("No such file or directory").count(),
+            1,
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn error_line_keeps_distinct_causes() {
+        let err = anyhow::anyhow!("inner").context("middle").context("outer");
+        assert_eq!(error_line(&err), "outer: middle: inner");
     }
 
     #[test]

@@ -116,13 +116,26 @@ fn serve_answers_info_on_unix_and_tcp_and_stops_on_sigterm() {
 #[test]
 fn info_without_a_server_says_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
-    let out = info(&format!(
-        "unix://{}",
-        dir.path().join("none.sock").display()
-    ));
+    let url = format!("unix://{}", dir.path().join("none.sock").display());
+    let out = info(&url);
     assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("is `remora serve` running"), "{stderr}");
+    assert_one_line_connect_error(&out.stderr, &url);
+}
+
+/// A connection that could not be made: one line naming the URL, the system's reason once,
+/// and what to check.
+fn assert_one_line_connect_error(stderr: &[u8], url: &str) {
+    let stderr = String::from_utf8_lossy(stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("remora: error: cannot connect to {url}: ")),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("(os error").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("check that `remora serve` is running there"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -347,14 +360,13 @@ fn bench_null_measures_round_trips_and_writes_json() {
         "{stderr}"
     );
     // No server: a clear error, not a hang.
+    let none = format!("unix://{}", dir.path().join("none.sock").display());
     let out = Command::new(REMORA)
-        .args(["bench", "null", "--calls", "1", "--server"])
-        .arg(format!("unix://{}", dir.path().join("none.sock").display()))
+        .args(["bench", "null", "--calls", "1", "--server", &none])
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("is `remora serve` running"), "{stderr}");
+    assert_one_line_connect_error(&out.stderr, &none);
 }
 
 /// `remora run ARGS…` with an embedded server (no driver needed: the programs below do not
