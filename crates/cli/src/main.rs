@@ -98,7 +98,8 @@ enum Command {
     /// status is the program's.
     #[command(after_long_help = RUN_EXAMPLES)]
     Run {
-        /// The server: tcp://HOST:PORT or unix:///PATH (default: start an embedded one).
+        /// The server: tcp://HOST:PORT or unix:///PATH, which must answer before the program
+        /// starts (default: start an embedded one).
         #[arg(long, value_name = "URL")]
         server: Option<Endpoint>,
         /// How the program reaches the server: auto (shared memory with a unix:// server,

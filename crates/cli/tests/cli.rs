@@ -406,3 +406,39 @@ fn run_takes_the_program_with_or_without_double_dash() {
         std::fs::remove_file(&out_file).unwrap();
     }
 }
+
+#[test]
+fn run_against_a_dead_server_fails_fast_without_starting_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let refused = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("tcp://{}", listener.local_addr().unwrap())
+    };
+    for url in ["unix:///nonexistent", &refused] {
+        let started = Instant::now();
+        let out = Command::new(REMORA)
+            .args(["run", "--server", url, "--", "sh", "-c", &touch])
+            .output()
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{url}: took {:?}",
+            started.elapsed()
+        );
+        assert!(!out.status.success(), "{url}");
+        assert_one_line_connect_error(&out.stderr, url);
+        assert!(!marker.exists(), "{url}: the program ran");
+    }
+    // A server that answers: the program runs.
+    let sock = format!("unix://{}", dir.path().join("remora.sock").display());
+    let serve = Serve::start(&[&sock]);
+    let out = remora_run(&["--server", &serve.endpoints[0], "sh", "-c", &touch]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(marker.exists());
+}
