@@ -75,10 +75,14 @@ impl EmbeddedServer {
             // The server uses the real driver: never the shim.
             .env_remove("LD_PRELOAD")
             .env_remove("REMORA_SERVER")
-            // Quiet by default: the program's own output is what matters; warnings still show.
+            // Quiet by default: the program's own output is what matters; warnings still show,
+            // but for "serving zero GPUs", which the program's client reports (with the same
+            // reason) when it asks for a GPU.
             .env(
                 "REMORA_LOG",
-                std::env::var_os("REMORA_LOG").unwrap_or_else(|| "warn".into()),
+                std::env::var_os("REMORA_LOG").unwrap_or_else(|| {
+                    format!("warn,{}=error", remora_server::NO_GPU_LOG_TARGET).into()
+                }),
             )
             .stdout(Stdio::piped())
             .spawn()
