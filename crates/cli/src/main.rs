@@ -375,7 +375,15 @@ fn init_logging(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(log_colours())
         .init();
+}
+
+/// Whether the log on standard error gets ANSI colours: only on a terminal, and not when
+/// NO_COLOR is set (to anything but the empty string, as no-color.org asks).
+fn log_colours() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn backend_choice(backend: &str) -> remora_server::BackendChoice {

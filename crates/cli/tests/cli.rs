@@ -442,3 +442,31 @@ fn run_against_a_dead_server_fails_fast_without_starting_the_program() {
     );
     assert!(marker.exists());
 }
+
+#[test]
+fn the_log_has_no_colour_codes_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(REMORA)
+        .args(["serve", "--listen"])
+        .arg(format!(
+            "unix://{}",
+            dir.path().join("remora.sock").display()
+        ))
+        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+        .env_remove("REMORA_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening on"), "{line}");
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("serving zero GPUs"), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
+}

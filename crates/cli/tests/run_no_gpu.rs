@@ -155,4 +155,6 @@ fn the_missing_driver_is_reported_once() {
         "{stderr}"
     );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // Not a terminal: no colour codes in the shim's log.
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
 }
