@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use remora_oncrpc::{Client, ClientConfig, Endpoint, TransportChoice};
+use remora_oncrpc::{ClientConfig, Endpoint, TransportChoice};
 use remora_proto::remora::RemoraV1Client;
 
 /// The measured round trips, in microseconds.
@@ -90,11 +90,7 @@ pub(crate) fn run(
         transport,
         ..ClientConfig::default()
     };
-    let rpc = Client::connect_with(server, config).with_context(|| {
-        format!(
-            "cannot reach a Remora server at {server} over {transport}; is `remora serve` running there?"
-        )
-    })?;
+    let rpc = crate::connect(server, config)?;
     let used = match server {
         _ if rpc.is_shm() => "shm",
         Endpoint::Unix(_) => "unix",

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use remora_oncrpc::{Client, Endpoint};
+use remora_oncrpc::{ClientConfig, Endpoint};
 use remora_proto::remora::{
     DriverReport, HelloArgs, HelloReply, REMORA_CAP_ONEWAY, REMORA_PROTOCOL_REVISION,
     RemoraV1Client,
@@ -12,9 +12,7 @@ use remora_proto::remora::{
 
 /// Connects to `server`, says HELLO and prints the answer.
 pub(crate) fn run(server: &Endpoint) -> Result<()> {
-    let rpc = Client::connect(server).with_context(|| {
-        format!("cannot reach a Remora server at {server}; is `remora serve` running there?")
-    })?;
+    let rpc = crate::connect(server, ClientConfig::default())?;
     let client = RemoraV1Client::new(rpc).with_timeout(Duration::from_secs(30));
     let reply = client
         .remora_hello(&HelloArgs {

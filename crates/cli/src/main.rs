@@ -26,6 +26,43 @@ pub(crate) fn write_out(args: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Connects to the Remora server at `server`. A connection that cannot be made is one line
+/// naming the URL, the system's reason and what to check; the `io::Error` stays the error's
+/// cause.
+pub(crate) fn connect(
+    server: &Endpoint,
+    config: remora_oncrpc::ClientConfig,
+) -> Result<remora_oncrpc::Client> {
+    remora_oncrpc::Client::connect_with(server, config).map_err(|e| match e {
+        remora_oncrpc::RpcError::Connect { endpoint, source } => {
+            let line = format!(
+                "cannot connect to {endpoint}: {source}; check that `remora serve` is running \
+                 there and that the address is right"
+            );
+            anyhow::Error::new(source).context(line)
+        }
+        e => anyhow::Error::new(e),
+    })
+}
+
+/// An error and its causes on one line, as `{:#}` writes them but without a cause whose text
+/// an earlier message already quotes (errors that say what their cause said, and return it as
+/// their source as well, would repeat it).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 mod bench_gpu;
 mod bench_null;
 mod bench_plot;
@@ -42,8 +79,46 @@ struct Cli {
     command: Command,
 }
 
+/// The examples at the end of `remora run --help`.
+const RUN_EXAMPLES: &str = "Examples:
+  Run ./app on this host's GPUs, through an embedded server:
+    remora run -- ./app --size 1024
+  Run it on the GPUs of a `remora serve` on another host:
+    remora run --server tcp://gpu-host:7446 -- ./app
+  Run it with the shim's and the embedded server's debug log:
+    REMORA_LOG=debug remora run -- ./app";
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a program against a Remora server through Remora's libcuda.so.1.
+    ///
+    /// The program loads the shim instead of NVIDIA's driver (it is put first on
+    /// LD_LIBRARY_PATH) and reaches the server named by --server. With no --server, an embedded
+    /// `remora serve` runs on a private Unix socket for the duration of the command. The exit
+    /// status is the program's.
+    #[command(after_long_help = RUN_EXAMPLES)]
+    Run {
+        /// The server: tcp://HOST:PORT or unix:///PATH, which must answer before the program
+        /// starts (default: start an embedded one).
+        #[arg(long, value_name = "URL")]
+        server: Option<Endpoint>,
+        /// How the program reaches the server: auto (shared memory with a unix:// server,
+        /// which the embedded one is; TCP with a tcp:// one), shm, unix or tcp (tcp with no
+        /// --server: the embedded server listens on TCP loopback). Given to the program as
+        /// REMORA_TRANSPORT.
+        #[arg(long, value_name = "T", default_value = "auto")]
+        transport: TransportChoice,
+        /// The shim library (default: libcuda.so beside this executable, or REMORA_SHIM).
+        #[arg(long, value_name = "PATH")]
+        shim: Option<PathBuf>,
+        /// An extra argument for the embedded server (repeatable), e.g. --serve-arg=--devices=1.
+        #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+        serve_arg: Vec<std::ffi::OsString>,
+        /// The program and its arguments: `remora run ./app --its-flag`, or with `--` first,
+        /// `remora run -- ./app --its-flag` (needed when the program's name starts with -).
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Serve the local GPUs to Remora clients.
     ///
     /// With no --listen, listens on a Unix socket in the user's runtime directory
@@ -155,32 +230,6 @@ enum Command {
         /// Define a preprocessor symbol for #if/#ifdef in the .x (NAME or NAME=VALUE).
         #[arg(short = 'D', value_name = "NAME[=VALUE]")]
         define: Vec<String>,
-    },
-    /// Run a program against a Remora server through Remora's libcuda.so.1.
-    ///
-    /// The program loads the shim instead of NVIDIA's driver (it is put first on
-    /// LD_LIBRARY_PATH) and reaches the server named by --server. With no --server, an embedded
-    /// `remora serve` runs on a private Unix socket for the duration of the command. The exit
-    /// status is the program's.
-    Run {
-        /// The server: tcp://HOST:PORT or unix:///PATH (default: start an embedded one).
-        #[arg(long, value_name = "URL")]
-        server: Option<Endpoint>,
-        /// How the program reaches the server: auto (shared memory with a unix:// server,
-        /// which the embedded one is; TCP with a tcp:// one), shm, unix or tcp (tcp with no
-        /// --server: the embedded server listens on TCP loopback). Given to the program as
-        /// REMORA_TRANSPORT.
-        #[arg(long, value_name = "T", default_value = "auto")]
-        transport: TransportChoice,
-        /// The shim library (default: libcuda.so beside this executable, or REMORA_SHIM).
-        #[arg(long, value_name = "PATH")]
-        shim: Option<PathBuf>,
-        /// An extra argument for the embedded server (repeatable), e.g. --serve-arg=--devices=1.
-        #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
-        serve_arg: Vec<std::ffi::OsString>,
-        /// The program and its arguments, after --.
-        #[arg(last = true, required = true, value_name = "CMD")]
-        command: Vec<std::ffi::OsString>,
     },
     /// Benchmark programs (not tests); results are ratios against a baseline run alongside.
     #[command(subcommand)]
@@ -326,7 +375,15 @@ fn init_logging(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(log_colours())
         .init();
+}
+
+/// Whether the log on standard error gets ANSI colours: only on a terminal, and not when
+/// NO_COLOR is set (to anything but the empty string, as no-color.org asks).
+fn log_colours() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn backend_choice(backend: &str) -> remora_server::BackendChoice {
@@ -573,7 +630,7 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("remora: error: {e:#}");
+            eprintln!("remora: error: {}", error_line(&e));
             ExitCode::FAILURE
         }
     }
@@ -588,6 +645,63 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_names_every_command_in_its_first_line_and_its_list() {
+        let mut cli = Cli::command();
+        let help = cli.render_help().to_string();
+        let first = help.lines().next().unwrap();
+        let commands: Vec<String> = cli
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        assert!(commands.iter().any(|c| c == "run"), "{commands:?}");
+        for name in &commands {
+            assert!(
+                first.contains(name.as_str()),
+                "{name} missing from {first:?}"
+            );
+            assert!(
+                help.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{name} "))),
+                "{name} missing from the command list:\n{help}"
+            );
+        }
+        let run = cli.find_subcommand_mut("run").unwrap().render_long_help();
+        assert!(run.to_string().contains("Examples:"), "{run}");
+    }
+
+    /// `remora run ARGS…`'s program and arguments.
+    fn run_command(args: &[&str]) -> Vec<String> {
+        let cli = Cli::try_parse_from(["remora", "run"].iter().chain(args)).unwrap();
+        let Command::Run { command, .. } = cli.command else {
+            panic!()
+        };
+        command
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn run_takes_the_program_with_or_without_double_dash() {
+        assert_eq!(run_command(&["./app"]), ["./app"]);
+        assert_eq!(
+            run_command(&["./app", "--flag", "-x"]),
+            ["./app", "--flag", "-x"]
+        );
+        assert_eq!(run_command(&["--", "./app", "--flag"]), ["./app", "--flag"]);
+        // Options after the program are the program's, even ones `remora run` has.
+        assert_eq!(
+            run_command(&["--transport", "tcp", "./app", "--server", "x", "--", "y"]),
+            ["./app", "--server", "x", "--", "y"]
+        );
+        assert_eq!(run_command(&["--", "--weird-name"]), ["--weird-name"]);
+        // A typo in remora run's own options is still an error, not a program name.
+        assert!(Cli::try_parse_from(["remora", "run", "--servr", "x", "./app"]).is_err());
+        assert!(Cli::try_parse_from(["remora", "run"]).is_err());
     }
 
     #[test]
@@ -666,6 +780,46 @@ mod tests {
             },
             config
         );
+    }
+
+    #[test]
+    fn a_refused_connection_is_one_line_with_the_reason_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Endpoint::Unix(dir.path().join("none.sock"));
+        let err = connect(&server, remora_oncrpc::ClientConfig::default()).unwrap_err();
+        let line = error_line(&err);
+        assert!(
+            line.starts_with(&format!("cannot connect to {server}: ")),
+            "{line}"
+        );
+        assert!(line.contains("`remora serve` is running there"), "{line}");
+        assert_eq!(
+            line.matches("No such file or directory").count(),
+            1,
+            "{line}"
+        );
+        assert!(!line.contains('\n'), "{line}");
+        // The system's error is still the cause, for callers that look at its kind.
+        let io = err.downcast_ref::<std::io::Error>().unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        // Context added on top still reads as one line, each message once.
+        let wrapped = err.context("remora info failed");
+        let line = error_line(&wrapped);
+        assert!(
+            line.starts_with("remora info failed: cannot connect to "),
+            "{line}"
+        );
+        assert_eq!(
+            line.matches("No such file or directory").count(),
+            1,
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn error_line_keeps_distinct_causes() {
+        let err = anyhow::anyhow!("inner").context("middle").context("outer");
+        assert_eq!(error_line(&err), "outer: middle: inner");
     }
 
     #[test]

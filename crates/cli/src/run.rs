@@ -1,7 +1,8 @@
 //! `remora run`: run a program against a Remora server through the shim `libcuda.so.1`.
 //!
 //! ```text
-//! remora run [--server URL] [--transport auto|shm|unix|tcp] -- ./app args…
+//! remora run [--server URL] [--transport auto|shm|unix|tcp] [--] ./app args…
+//!   ├─ --server: checks that a Remora server answers there (NULL call), else fails at once
 //!   ├─ no --server: starts `remora serve` (this executable, without the shim) on a private
 //!   │  Unix socket (TCP loopback with --transport tcp) for the duration of the command
 //!   ├─ makes a private directory holding `libcuda.so.1` → the shim, first on LD_LIBRARY_PATH
@@ -16,7 +17,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use remora_oncrpc::{Endpoint, TransportChoice};
+use remora_oncrpc::{ClientConfig, Endpoint, TransportChoice};
+use remora_proto::remora::RemoraV1Client;
 
 /// The file name cargo gives the shim cdylib (`[lib] name = "cuda"`).
 const SHIM_FILE: &str = "libcuda.so";
@@ -73,10 +75,14 @@ impl EmbeddedServer {
             // The server uses the real driver: never the shim.
             .env_remove("LD_PRELOAD")
             .env_remove("REMORA_SERVER")
-            // Quiet by default: the program's own output is what matters; warnings still show.
+            // Quiet by default: the program's own output is what matters; warnings still show,
+            // but for "serving zero GPUs", which the program's client reports (with the same
+            // reason) when it asks for a GPU.
             .env(
                 "REMORA_LOG",
-                std::env::var_os("REMORA_LOG").unwrap_or_else(|| "warn".into()),
+                std::env::var_os("REMORA_LOG").unwrap_or_else(|| {
+                    format!("warn,{}=error", remora_server::NO_GPU_LOG_TARGET).into()
+                }),
             )
             .stdout(Stdio::piped())
             .spawn()
@@ -148,11 +154,42 @@ pub(crate) fn check_transport(server: &Endpoint, transport: TransportChoice) -> 
     }
 }
 
+/// How long `remora run --server URL` waits for the server to accept the probe's connection.
+const PROBE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long it waits for the probe's NULL call: as long as the shim waits for HELLO (a session
+/// worker may be loading its driver first).
+const PROBE_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Checks that a Remora server answers at `server` (connect, then the NULL procedure), so that
+/// `remora run` fails before starting the program rather than the program's cuInit.
+pub(crate) fn probe(server: &Endpoint) -> Result<()> {
+    let config = ClientConfig {
+        // The socket alone: a probe needs no shared memory.
+        transport: match server {
+            Endpoint::Unix(_) => TransportChoice::Unix,
+            Endpoint::Tcp(_) => TransportChoice::Tcp,
+        },
+        connect_timeout: Some(PROBE_CONNECT_TIMEOUT),
+        ..ClientConfig::default()
+    };
+    let rpc = crate::connect(server, config)?;
+    RemoraV1Client::new(rpc)
+        .with_timeout(PROBE_CALL_TIMEOUT)
+        .remora_null()
+        .with_context(|| format!("{server} does not answer as a Remora server"))?;
+    Ok(())
+}
+
 /// Runs the command; returns its exit status.
 pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
     let Some((program, args)) = opts.command.split_first() else {
         bail!("nothing to run: give the program after --, as in `remora run -- ./app`");
     };
+    // A named server must answer before anything starts.
+    if let Some(server) = &opts.server {
+        check_transport(server, opts.transport)?;
+        probe(server)?;
+    }
     let shim = find_shim(opts.shim.as_deref())?;
     let shim = shim
         .canonicalize()
@@ -167,10 +204,7 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
     std::os::unix::fs::symlink(&shim, libdir.join("libcuda.so"))?;
 
     let (_server, endpoint) = match opts.server {
-        Some(endpoint) => {
-            check_transport(&endpoint, opts.transport)?;
-            (None, endpoint)
-        }
+        Some(endpoint) => (None, endpoint),
         None => {
             let listen = match opts.transport {
                 TransportChoice::Tcp => Endpoint::Tcp("127.0.0.1:0".into()),

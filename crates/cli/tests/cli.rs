@@ -1,4 +1,4 @@
-//! End-to-end tests of the `remora` binary: serve, info, rpcgen, and their errors.
+//! End-to-end tests of the `remora` binary: serve, info, rpcgen, run, and their errors.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -116,13 +116,26 @@ fn serve_answers_info_on_unix_and_tcp_and_stops_on_sigterm() {
 #[test]
 fn info_without_a_server_says_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
-    let out = info(&format!(
-        "unix://{}",
-        dir.path().join("none.sock").display()
-    ));
+    let url = format!("unix://{}", dir.path().join("none.sock").display());
+    let out = info(&url);
     assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("is `remora serve` running"), "{stderr}");
+    assert_one_line_connect_error(&out.stderr, &url);
+}
+
+/// A connection that could not be made: one line naming the URL, the system's reason once,
+/// and what to check.
+fn assert_one_line_connect_error(stderr: &[u8], url: &str) {
+    let stderr = String::from_utf8_lossy(stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("remora: error: cannot connect to {url}: ")),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("(os error").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("check that `remora serve` is running there"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -347,12 +360,113 @@ fn bench_null_measures_round_trips_and_writes_json() {
         "{stderr}"
     );
     // No server: a clear error, not a hang.
+    let none = format!("unix://{}", dir.path().join("none.sock").display());
     let out = Command::new(REMORA)
-        .args(["bench", "null", "--calls", "1", "--server"])
-        .arg(format!("unix://{}", dir.path().join("none.sock").display()))
+        .args(["bench", "null", "--calls", "1", "--server", &none])
         .output()
         .unwrap();
     assert!(!out.status.success());
+    assert_one_line_connect_error(&out.stderr, &none);
+}
+
+/// `remora run ARGS…` with an embedded server (no driver needed: the programs below do not
+/// load the shim, so any existing file stands in for it).
+fn remora_run(args: &[&str]) -> std::process::Output {
+    Command::new(REMORA)
+        .args(["run", "--shim", REMORA])
+        .args(args)
+        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn run_takes_the_program_with_or_without_double_dash() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("args");
+    let script = format!("printf '%s,' \"$@\" > {}; exit 3", out_file.display());
+    for dash in [false, true] {
+        let mut args = vec![];
+        if dash {
+            args.push("--");
+        }
+        args.extend(["sh", "-c", &script, "sh", "--flag", "--", "x"]);
+        let out = remora_run(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "the program's exit status (-- {dash}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(&out_file).unwrap(),
+            "--flag,--,x,",
+            "-- {dash}"
+        );
+        std::fs::remove_file(&out_file).unwrap();
+    }
+}
+
+#[test]
+fn run_against_a_dead_server_fails_fast_without_starting_the_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let refused = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("tcp://{}", listener.local_addr().unwrap())
+    };
+    for url in ["unix:///nonexistent", &refused] {
+        let started = Instant::now();
+        let out = Command::new(REMORA)
+            .args(["run", "--server", url, "--", "sh", "-c", &touch])
+            .output()
+            .unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{url}: took {:?}",
+            started.elapsed()
+        );
+        assert!(!out.status.success(), "{url}");
+        assert_one_line_connect_error(&out.stderr, url);
+        assert!(!marker.exists(), "{url}: the program ran");
+    }
+    // A server that answers: the program runs.
+    let sock = format!("unix://{}", dir.path().join("remora.sock").display());
+    let serve = Serve::start(&[&sock]);
+    let out = remora_run(&["--server", &serve.endpoints[0], "sh", "-c", &touch]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(marker.exists());
+}
+
+#[test]
+fn the_log_has_no_colour_codes_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(REMORA)
+        .args(["serve", "--listen"])
+        .arg(format!(
+            "unix://{}",
+            dir.path().join("remora.sock").display()
+        ))
+        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+        .env_remove("REMORA_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening on"), "{line}");
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("is `remora serve` running"), "{stderr}");
+    assert!(stderr.contains("serving zero GPUs"), "{stderr}");
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
 }

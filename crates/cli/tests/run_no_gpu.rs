@@ -4,7 +4,7 @@
 //!
 //! Needs the CUDA 13.0 headers (scripts/test installs the wheels and sets
 //! REMORA_CUDA_INCLUDE) and the shim built in the same target directory; otherwise it prints
-//! why it skipped.
+//! why it skipped. The warning test needs only the shim and a C compiler.
 
 mod common;
 
@@ -94,4 +94,67 @@ fn driver_program_gets_no_device_through_remora_run() {
         stdout.contains("cuDriverGetVersion CUDA_SUCCESS"),
         "{stdout}"
     );
+}
+
+/// A C program that loads `libcuda.so.1` as the CUDA runtime does (no headers needed) and
+/// calls cuInit.
+const CU_INIT_C: &str = r#"
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { printf("dlopen: %s\n", dlerror()); return 1; }
+    int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
+    if (!cu_init) { printf("no cuInit\n"); return 1; }
+    printf("cuInit %d\n", cu_init(0));
+    return 0;
+}
+"#;
+
+#[test]
+fn the_missing_driver_is_reported_once() {
+    let Some(shim) = common::shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built beside {REMORA}");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("cu_init.c");
+    std::fs::write(&source, CU_INIT_C).unwrap();
+    let program = dir.path().join("cu_init");
+    let cc = Command::new("cc")
+        .arg(&source)
+        .arg("-o")
+        .arg(&program)
+        .arg("-ldl")
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    // Embedded (a server and its session worker, both without a driver) and a program that
+    // connects: the reason reaches the user once.
+    let missing = dir.path().join("no-driver/libcuda.so.1");
+    let out = Command::new(REMORA)
+        .args(["run", "--shim"])
+        .arg(&shim)
+        .arg(&program)
+        .env("REMORA_REAL_LIBCUDA", &missing)
+        .env_remove("REMORA_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("cuInit 100"), "{stdout}\n{stderr}");
+    assert!(stderr.contains(&*missing.display().to_string()), "{stderr}");
+    assert_eq!(
+        stderr.matches("could not load the CUDA driver").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // Not a terminal: no colour codes in the shim's log.
+    assert!(!stderr.contains('\x1b'), "{stderr:?}");
 }

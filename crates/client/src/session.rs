@@ -460,7 +460,7 @@ impl Session {
                 tracing::error!("remora: {e} (REMORA_TRANSPORT={})", config.transport);
                 return CuError(cu::NO_DEVICE);
             }
-            tracing::warn!("remora: cannot reach the Remora server at {endpoint}: {e} (set REMORA_SERVER to tcp://HOST:PORT or unix:///PATH)");
+            tracing::warn!("remora: {e} (set REMORA_SERVER to tcp://HOST:PORT or unix:///PATH)");
             CuError(cu::NO_DEVICE)
         })?;
         let hello_client = RemoraV1Client::new(rpc.clone()).with_timeout(config.hello_timeout);

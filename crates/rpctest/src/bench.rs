@@ -207,8 +207,8 @@ pub fn run(opts: &Options) -> Result<Report> {
         eprintln!("[{transport}] starting servers ...");
         let rust_server = RustServer::start(&opts.server_command, &ours)?;
         let c_server = peers.start_server(&theirs)?;
-        let rpc = Client::connect(&rust_server.endpoint)
-            .with_context(|| format!("cannot connect to {}", rust_server.endpoint))?;
+        // The error names the endpoint and the reason.
+        let rpc = Client::connect(&rust_server.endpoint)?;
         let client = RpctestV1Client::new(rpc).with_timeout(Duration::from_secs(120));
         let caddr = c_server.address().to_owned();
         let plan: [(&'static str, usize, u32); 3] = [

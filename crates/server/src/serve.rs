@@ -622,22 +622,38 @@ impl ConnectionHandler for WorkerSpawner {
 pub fn start(config: ServeConfig) -> Result<Running, ServeError> {
     match config.effective_isolation() {
         Isolation::Thread => {
-            let (backend, inventory) = make_backend(config.backend, config.devices.as_deref())?;
+            let (backend, inventory) =
+                make_backend(config.backend, config.devices.as_deref(), Probe::Server)?;
             start_with_backend(config, backend, inventory)
         }
         Isolation::Process => start_process_isolated(config),
     }
 }
 
+/// Who probes the driver: the server (which reports what it found) or a session worker (which
+/// finds what its server found and reported at start, and does not say it again for every
+/// session).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    Server,
+    Worker,
+}
+
+/// The tracing target of the "serving zero GPUs" warning. `remora run`'s embedded server
+/// filters it out (`TARGET=error`): the program's own client reports the server's reason
+/// (from HELLO), so the user reads it once.
+pub const NO_GPU_LOG_TARGET: &str = "remora_server::no_gpu";
+
 /// The backend and what HELLO reports of it.
 fn make_backend(
     choice: BackendChoice,
     devices: Option<&[i32]>,
+    probe: Probe,
 ) -> Result<(Arc<dyn Backend>, Inventory), ServeError> {
     if choice == BackendChoice::Emulated {
         return Ok(emulated_backend(devices, None));
     }
-    let inventory = probe_inventory(devices)?;
+    let inventory = probe_inventory(devices, probe)?;
     let backend = match (&inventory, CudaBackend::load(devices)) {
         (Inventory::Ok { .. }, Ok(b)) => b,
         (Inventory::Ok { .. }, Err(reason)) => {
@@ -680,8 +696,9 @@ fn emulated_backend(
     (backend, inventory)
 }
 
-/// Probes the driver, checks the device selection and logs what it found.
-fn probe_inventory(devices: Option<&[i32]>) -> Result<Inventory, ServeError> {
+/// Probes the driver, checks the device selection and logs what it found (at debug level in a
+/// session worker: its server logged the same at start).
+fn probe_inventory(devices: Option<&[i32]>, probe: Probe) -> Result<Inventory, ServeError> {
     let inventory =
         driver::select_devices(driver::probe(), devices).map_err(ServeError::Devices)?;
     match &inventory {
@@ -695,9 +712,12 @@ fn probe_inventory(devices: Option<&[i32]>) -> Result<Inventory, ServeError> {
                 "CUDA driver loaded"
             )
         }
-        Inventory::NotFound(reason) | Inventory::InitFailed(reason) => {
-            tracing::warn!("serving zero GPUs: {reason}")
-        }
+        Inventory::NotFound(reason) | Inventory::InitFailed(reason) => match probe {
+            Probe::Server => {
+                tracing::warn!(target: NO_GPU_LOG_TARGET, "serving zero GPUs: {reason}")
+            }
+            Probe::Worker => tracing::debug!("session worker: serving zero GPUs: {reason}"),
+        },
     }
     Ok(inventory)
 }
@@ -707,8 +727,10 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     // The probe checks the device selection and logs the inventory; this process never
     // creates a context, and workers are started by exec, so its driver state reaches no one.
     let inventory = match config.backend {
-        BackendChoice::Cuda => probe_inventory(config.devices.as_deref())?,
-        BackendChoice::Emulated => make_backend(config.backend, config.devices.as_deref())?.1,
+        BackendChoice::Cuda => probe_inventory(config.devices.as_deref(), Probe::Server)?,
+        BackendChoice::Emulated => {
+            make_backend(config.backend, config.devices.as_deref(), Probe::Server)?.1
+        }
     };
     let (cache_dir, owned_dir) = match &config.module_cache_dir {
         Some(dir) => {
@@ -852,7 +874,9 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
             config.devices.as_deref(),
             std::env::var_os(EMULATED_DEVICE_PRINTF_ENV).map(|t| t.into_encoded_bytes()),
         ),
-        BackendChoice::Cuda => make_backend(config.backend, config.devices.as_deref())?,
+        BackendChoice::Cuda => {
+            make_backend(config.backend, config.devices.as_deref(), Probe::Worker)?
+        }
     };
     tracing::debug!(
         worker_pid = std::process::id(),

@@ -12,8 +12,16 @@ pub(crate) fn init() {
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
             .with_target(false)
+            .with_ansi(colours())
             .try_init();
     });
+}
+
+/// Whether the log on standard error gets ANSI colours: only on a terminal, and not when
+/// NO_COLOR is set (to anything but the empty string, as no-color.org asks).
+fn colours() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 struct Alive;

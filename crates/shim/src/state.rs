@@ -89,10 +89,15 @@ pub fn init() -> CuResult<()> {
     let r = SESSION.get_or_init(|| match Session::from_env() {
         Ok(s) => {
             if s.device_count() == 0 {
-                tracing::warn!(
-                    "remora: the server has no usable GPU: {}; cuInit returns CUDA_ERROR_NO_DEVICE",
-                    s.driver_problem().unwrap_or("it reports 0 devices")
-                );
+                match s.driver_problem() {
+                    // Session::connect has logged the server's reason already: say it once.
+                    Some(reason) => tracing::debug!(
+                        "remora: the server has no usable GPU: {reason}; cuInit returns CUDA_ERROR_NO_DEVICE"
+                    ),
+                    None => tracing::warn!(
+                        "remora: the server has no usable GPU: it reports 0 devices; cuInit returns CUDA_ERROR_NO_DEVICE"
+                    ),
+                }
             }
             Ok(Arc::new(s))
         }
