@@ -425,6 +425,9 @@ fn nonzero(code: i32) -> i32 {
 }
 
 impl Session {
+    // The plain calls, generated from their `@glue` annotations in remora.x.
+    remora_proto::client_glue!();
+
     /// Connects to the server named by `REMORA_SERVER`, else the default endpoint.
     pub fn from_env() -> CuResult<Session> {
         let endpoint = crate::endpoint::endpoint_from_env()?;
@@ -694,24 +697,6 @@ impl Session {
         let r = call!(self.rm_ctx_synchronize(&ctx))?;
         self.finish_sync(r)?;
         self.delivery.settle(&cov, Fetch::Collect)
-    }
-
-    /// `cuCtxSetLimit`.
-    pub fn ctx_set_limit(&self, ctx: RmHandle, limit: i32, value: u64) -> CuResult<()> {
-        CuError::check(call!(self.rm_ctx_set_limit(&RmLimitArgs {
-            ctx,
-            limit,
-            value
-        }))?)
-    }
-
-    /// `cuCtxGetLimit`.
-    pub fn ctx_get_limit(&self, ctx: RmHandle, limit: i32) -> CuResult<u64> {
-        u64r(call!(self.rm_ctx_get_limit(&RmLimitArgs {
-            ctx,
-            limit,
-            value: 0
-        }))?)
     }
 
     /// The private TOOLS_CONTEXT query cuBLASLt makes (slots 51 and 39), answered by the

@@ -19,6 +19,10 @@ pub mod remora {
     include!(concat!(env!("OUT_DIR"), "/remora.rs"));
 }
 
+// The per-call glue of the `@glue`-annotated procedures: `client_glue!()`,
+// `executor_glue!()` and `backend_glue!()` (see remora-glue).
+include!(concat!(env!("OUT_DIR"), "/glue.rs"));
+
 /// The `remora.x` source, for tools that want to show or ship it.
 pub const REMORA_X: &str = include_str!("../x/remora.x");
 

@@ -501,6 +501,9 @@ impl Inner {
 }
 
 impl RemoraV1Server for Executor {
+    // The plain calls, generated from their `@glue` annotations in remora.x.
+    remora_proto::executor_glue!();
+
     fn remora_null(&self, _call: &CallContext) -> ProcResult<()> {
         Ok(())
     }
@@ -706,24 +709,6 @@ impl RemoraV1Server for Executor {
             let mut st = session.lock();
             inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
         })
-    }
-
-    fn rm_ctx_set_limit(&self, call: &CallContext, a: RmLimitArgs) -> ProcResult<CuResult_> {
-        let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
-        Ok(code(
-            "RM_CTX_SET_LIMIT",
-            raw.and_then(|c| self.inner.backend.ctx_set_limit(c, a.limit, a.value)),
-        ))
-    }
-
-    fn rm_ctx_get_limit(&self, call: &CallContext, a: RmLimitArgs) -> ProcResult<RmU64Reply> {
-        let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
-        Ok(u64_reply(
-            "RM_CTX_GET_LIMIT",
-            raw.and_then(|c| self.inner.backend.ctx_get_limit(c, a.limit)),
-        ))
     }
 
     fn rm_ctx_get_stream_priority_range(

@@ -87,6 +87,11 @@ driver_table! {
     ctx_synchronize = "cuCtxSynchronize" / "cuCtxSynchronize": fn();
     ctx_set_limit = "cuCtxSetLimit" / "cuCtxSetLimit": fn(c_int, usize);
     ctx_get_limit = "cuCtxGetLimit" / "cuCtxGetLimit": fn(*mut usize, c_int);
+    ctx_get_api_version = "cuCtxGetApiVersion" / "cuCtxGetApiVersion": fn(Ptr, *mut c_uint);
+    ctx_get_flags = "cuCtxGetFlags" / "cuCtxGetFlags": fn(*mut c_uint);
+    ctx_set_cache_config = "cuCtxSetCacheConfig" / "cuCtxSetCacheConfig": fn(c_int);
+    ctx_get_cache_config = "cuCtxGetCacheConfig" / "cuCtxGetCacheConfig": fn(*mut c_int);
+    stream_get_id = "cuStreamGetId" / "cuStreamGetId": fn(Ptr, *mut u64);
     ctx_get_stream_priority_range = "cuCtxGetStreamPriorityRange" / "cuCtxGetStreamPriorityRange": fn(*mut c_int, *mut c_int);
     mem_alloc = "cuMemAlloc" / "cuMemAlloc_v2": fn(*mut u64, usize);
     mem_alloc_pitch = "cuMemAllocPitch" / "cuMemAllocPitch_v2": fn(*mut u64, *mut usize, usize, usize, c_uint);
@@ -944,6 +949,45 @@ impl Backend for CudaBackend {
         // SAFETY: writes one size_t.
         call!(d.t, ctx_get_limit(&mut v, limit))?;
         Ok(v as u64)
+    }
+
+    fn ctx_get_api_version(&self, ctx: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut v: c_uint = 0;
+        // SAFETY: a context of this session; writes one unsigned int.
+        call!(d.t, ctx_get_api_version(ptr(ctx), &mut v))?;
+        Ok(u64::from(v))
+    }
+
+    fn ctx_get_flags(&self, ctx: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut v: c_uint = 0;
+        // SAFETY: writes one unsigned int; the context is current.
+        call!(d.t, ctx_get_flags(&mut v))?;
+        Ok(u64::from(v))
+    }
+
+    fn ctx_set_cache_config(&self, ctx: u64, value: u32) -> CuResult<()> {
+        let config = c_int::try_from(value).map_err(|_| INVALID_VALUE)?;
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: a plain value (the driver checks it); the context is current.
+        call!(d.t, ctx_set_cache_config(config))
+    }
+
+    fn ctx_get_cache_config(&self, ctx: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut v: c_int = 0;
+        // SAFETY: writes one int; the context is current.
+        call!(d.t, ctx_get_cache_config(&mut v))?;
+        u64::try_from(v).map_err(|_| INVALID_VALUE)
+    }
+
+    fn stream_get_id(&self, ctx: u64, stream: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut v: u64 = 0;
+        // SAFETY: a stream of this session or CU_STREAM_LEGACY; writes one unsigned long long.
+        call!(d.t, stream_get_id(ptr(stream), &mut v))?;
+        Ok(v)
     }
 
     fn ctx_stream_priority_range(&self, ctx: u64) -> CuResult<(i32, i32)> {

@@ -39,6 +39,9 @@ use super::{
 /// First line of the emulated test module format.
 pub const EMU_MODULE_MAGIC: &str = "REMORA-EMU-MODULE";
 
+/// The key under which a context's cache configuration is kept among its limits.
+const CACHE_CONFIG_KEY: i32 = -1;
+
 /// Where emulated device memory starts.
 pub const EMU_MEMORY_BASE: u64 = 0x2000_0000_0000;
 
@@ -670,6 +673,44 @@ impl Backend for EmulatedBackend {
             return Err(UNSUPPORTED_LIMIT);
         }
         Ok(st.limits.get(&(ctx, limit)).copied().unwrap_or(1024))
+    }
+
+    /// 3020, what NVIDIA's driver answers for contexts of the v2 API.
+    fn ctx_get_api_version(&self, ctx: u64) -> CuResult<u64> {
+        self.lock().ctx(ctx)?;
+        Ok(3020)
+    }
+
+    fn ctx_get_flags(&self, ctx: u64) -> CuResult<u64> {
+        self.lock().ctx(ctx)?;
+        Ok(0)
+    }
+
+    /// `CU_FUNC_CACHE_PREFER_*` (0–3), kept per context.
+    fn ctx_set_cache_config(&self, ctx: u64, value: u32) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        if value > 3 {
+            return Err(INVALID_VALUE);
+        }
+        st.limits.insert((ctx, CACHE_CONFIG_KEY), u64::from(value));
+        Ok(())
+    }
+
+    fn ctx_get_cache_config(&self, ctx: u64) -> CuResult<u64> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        Ok(st
+            .limits
+            .get(&(ctx, CACHE_CONFIG_KEY))
+            .copied()
+            .unwrap_or(0))
+    }
+
+    /// The stream's handle (unique in the backend, never reused); the legacy stream's is 1.
+    fn stream_get_id(&self, ctx: u64, stream: u64) -> CuResult<u64> {
+        self.lock().stream(ctx, stream)?;
+        Ok(stream)
     }
 
     /// The emulated device answers the private tools query with 0 (no capability bits).

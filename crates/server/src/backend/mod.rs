@@ -270,10 +270,10 @@ pub trait Backend: Send + Sync + 'static {
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()>;
     /// `cuCtxSynchronize` (blocks).
     fn ctx_synchronize(&self, ctx: u64) -> CuResult<()>;
-    /// `cuCtxSetLimit`.
-    fn ctx_set_limit(&self, ctx: u64, limit: i32, value: u64) -> CuResult<()>;
-    /// `cuCtxGetLimit`.
-    fn ctx_get_limit(&self, ctx: u64, limit: i32) -> CuResult<u64>;
+    // The plain calls, generated from their `@glue` annotations in remora.x: `ctx_set_limit`,
+    // `ctx_get_limit`, `ctx_get_api_version`, `ctx_get_flags`, `ctx_set_cache_config`,
+    // `ctx_get_cache_config`, `stream_get_id`.
+    remora_proto::backend_glue!();
     /// `cuCtxGetStreamPriorityRange`: `(least, greatest)`.
     fn ctx_stream_priority_range(&self, ctx: u64) -> CuResult<(i32, i32)>;
     /// The private TOOLS_CONTEXT query that cuBLASLt makes (slot 51 for the context's object,

@@ -328,11 +328,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut c_int) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetId(ctx: Handle, id: *mut u64) -> CUresult {
     entry("cuCtxGetId", || {
-        let h = if ctx.is_null() {
-            state::current_ctx()?
-        } else {
-            dec(Kind::Ctx, ctx)?
-        };
+        let h = ctx_or_current(ctx)?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(id, h) }
     })
@@ -390,6 +386,57 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
         let v = state::session()?.ctx_get_limit(state::current_ctx()?, limit)?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(value, v as usize) }
+    })
+}
+
+/// The context named (`NULL`: the current one).
+fn ctx_or_current(ctx: Handle) -> remora_client::CuResult<u64> {
+    if ctx.is_null() {
+        state::current_ctx()
+    } else {
+        dec(Kind::Ctx, ctx)
+    }
+}
+
+/// Remoted: the server's driver answers for the session's context.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut c_uint) -> CUresult {
+    entry("cuCtxGetApiVersion", || {
+        let v = state::session()?.ctx_get_api_version(ctx_or_current(ctx)?)?;
+        let v = c_uint::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(version, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
+    entry("cuCtxGetFlags", || {
+        let v = state::session()?.ctx_get_flags(state::current_ctx()?)?;
+        let v = c_uint::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(flags, v) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSetCacheConfig(config: c_int) -> CUresult {
+    entry("cuCtxSetCacheConfig", || {
+        let config = u32::try_from(config)
+            .ok()
+            .filter(|c| *c <= 3)
+            .ok_or(CuError(cu::INVALID_VALUE))?;
+        state::session()?.ctx_set_cache_config(state::current_ctx()?, config)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
+    entry("cuCtxGetCacheConfig", || {
+        let v = state::session()?.ctx_get_cache_config(state::current_ctx()?)?;
+        let v = c_int::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(config, v) }
     })
 }
 

@@ -619,6 +619,8 @@ stream_fns! {
     cuStreamGetPriority_ptsz(st: Handle, p: *mut c_int) => put_out(p, props(st, true)?.1);
     cuStreamGetFlags(st: Handle, f: *mut c_uint) => put_out(f, props(st, false)?.0);
     cuStreamGetFlags_ptsz(st: Handle, f: *mut c_uint) => put_out(f, props(st, true)?.0);
+    cuStreamGetId(st: Handle, id: *mut u64) => { let (s, c, h) = mapped(st, false)?; put_out(id, s.stream_get_id(c, h)?) };
+    cuStreamGetId_ptsz(st: Handle, id: *mut u64) => { let (s, c, h) = mapped(st, true)?; put_out(id, s.stream_get_id(c, h)?) };
     cuEventRecord(ev: Handle, st: Handle) => record(ev, st, false);
     cuEventRecord_ptsz(ev: Handle, st: Handle) => record(ev, st, true);
     cuLaunchHostFunc(st: Handle, f: HostFn, user: *mut c_void) => host_func(st, f, user, false);
