@@ -1001,3 +1001,395 @@ fn child_pointer_attributes() {
     }
     println!("CHILD-OK");
 }
+
+#[test]
+fn emulated_kernel_launches() {
+    emulated_child("child_kernel_launches");
+}
+
+/// `struct Mixed { char c; double d; int i; short s; }` of gpu/tests/multikernel_kernel.cu.
+#[repr(C)]
+struct Mixed {
+    c: i8,
+    d: f64,
+    i: i32,
+    s: i16,
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_kernel_launches"]
+fn child_kernel_launches() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type ModuleLoadData = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> c_int;
+    type GetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> c_int;
+    type Alloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+    type Htod = unsafe extern "C" fn(u64, *const c_void, usize) -> c_int;
+    type Dtoh = unsafe extern "C" fn(*mut c_void, u64, usize) -> c_int;
+    type StreamCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
+    type Sync = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type CtxSync = unsafe extern "C" fn() -> c_int;
+    type Launch = unsafe extern "C" fn(
+        *mut c_void,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> c_int;
+    // The kernels' signatures, as the emulated test format spells them.
+    let image = c"REMORA-EMU-MODULE
+func vecadd 8,8,8,4
+func fill_i32 8,4,4
+func saxpy 4,8,8,4
+func small_types 1,2,1,8,8,4
+func by_struct 24,8
+func many_params 4,8,4,8,1,2,4,8,4,8,8,4
+func grid3d 8
+func not_a_test_kernel 8
+";
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; kernel parameters point to
+    // locals of the types the kernels take; outputs point to locals or vectors of the size
+    // copied.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let load: libloading::Symbol<ModuleLoadData> = lib.get(b"cuModuleLoadData").unwrap();
+        let get_fn: libloading::Symbol<GetFunction> = lib.get(b"cuModuleGetFunction").unwrap();
+        let alloc: libloading::Symbol<Alloc> = lib.get(b"cuMemAlloc_v2").unwrap();
+        let htod: libloading::Symbol<Htod> = lib.get(b"cuMemcpyHtoD_v2").unwrap();
+        let dtoh: libloading::Symbol<Dtoh> = lib.get(b"cuMemcpyDtoH_v2").unwrap();
+        let stream_create: libloading::Symbol<StreamCreate> = lib.get(b"cuStreamCreate").unwrap();
+        let stream_sync: libloading::Symbol<Sync> = lib.get(b"cuStreamSynchronize").unwrap();
+        let ctx_sync: libloading::Symbol<CtxSync> = lib.get(b"cuCtxSynchronize").unwrap();
+        let launch: libloading::Symbol<Launch> = lib.get(b"cuLaunchKernel").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let mut module = std::ptr::null_mut();
+        assert_eq!(load(&mut module, image.as_ptr().cast()), 0);
+        let f = |name: &std::ffi::CStr| {
+            let mut h = std::ptr::null_mut();
+            assert_eq!(get_fn(&mut h, module, name.as_ptr()), 0, "{name:?}");
+            h
+        };
+        let dev = |bytes: usize| {
+            let mut p = 0u64;
+            assert_eq!(alloc(&mut p, bytes), 0);
+            p
+        };
+        let read = |p: u64, bytes: usize| {
+            let mut v = vec![0u8; bytes];
+            assert_eq!(dtoh(v.as_mut_ptr().cast(), p, bytes), 0);
+            v
+        };
+        let null: *mut c_void = std::ptr::null_mut();
+        let none: *mut *mut c_void = std::ptr::null_mut();
+        let mut s = std::ptr::null_mut();
+        assert_eq!(stream_create(&mut s, 1), 0);
+
+        // Stream order and kernelParams: fill_i32 writes a, vecadd reads it, same stream.
+        let n: c_int = 1000;
+        let (a, b, c) = (dev(4000), dev(4000), dev(4000));
+        let bs: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        assert_eq!(htod(b, bs.as_ptr().cast(), 4000), 0);
+        let (mut pa, mut v) = (a, 7 as c_int);
+        let mut nn = n;
+        let mut args = [
+            (&raw mut pa).cast::<c_void>(),
+            (&raw mut v).cast(),
+            (&raw mut nn).cast(),
+        ];
+        assert_eq!(
+            launch(
+                f(c"fill_i32"),
+                4,
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                s,
+                args.as_mut_ptr(),
+                none
+            ),
+            0
+        );
+        // fill_i32 wrote ints; vecadd reads them as floats: the check below knows.
+        let (mut x, mut y, mut z) = (a, b, c);
+        let mut args = [
+            (&raw mut x).cast::<c_void>(),
+            (&raw mut y).cast(),
+            (&raw mut z).cast(),
+            (&raw mut nn).cast(),
+        ];
+        assert_eq!(
+            launch(
+                f(c"vecadd"),
+                4,
+                1,
+                1,
+                256,
+                1,
+                1,
+                0,
+                s,
+                args.as_mut_ptr(),
+                none
+            ),
+            0
+        );
+        assert_eq!(stream_sync(s), 0);
+        let got = read(c, 4000);
+        for i in 0..n as usize {
+            let want = f32::from_bits((7 + i as u32).to_le()) + bs[i];
+            let v = f32::from_le_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+            assert_eq!(v.to_bits(), want.to_bits(), "vecadd element {i}");
+        }
+
+        // `extra` (CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE/END) for saxpy(float a, x, y, int n).
+        let mut buf = [0u8; 32];
+        buf[0..4].copy_from_slice(&2.0f32.to_le_bytes());
+        buf[8..16].copy_from_slice(&b.to_le_bytes());
+        buf[16..24].copy_from_slice(&c.to_le_bytes());
+        buf[24..28].copy_from_slice(&n.to_le_bytes());
+        let mut size: usize = 28;
+        let mut extra = [
+            std::ptr::without_provenance_mut::<c_void>(1),
+            buf.as_mut_ptr().cast(),
+            std::ptr::without_provenance_mut::<c_void>(2),
+            (&raw mut size).cast(),
+            none.cast(),
+        ];
+        assert_eq!(
+            launch(
+                f(c"saxpy"),
+                8,
+                1,
+                1,
+                128,
+                1,
+                1,
+                0,
+                s,
+                none,
+                extra.as_mut_ptr()
+            ),
+            0
+        );
+        assert_eq!(stream_sync(s), 0);
+        let after = read(c, 4000);
+        for i in 0..n as usize {
+            let before = f32::from_le_bytes(got[i * 4..i * 4 + 4].try_into().unwrap());
+            let v = f32::from_le_bytes(after[i * 4..i * 4 + 4].try_into().unwrap());
+            assert_eq!(
+                v.to_bits(),
+                (2.0 * bs[i] + before).to_bits(),
+                "saxpy element {i}"
+            );
+        }
+
+        // Small scalar widths, a struct by value, twelve parameters.
+        let (pc, ps) = (dev(64), dev(128));
+        let (mut c8, mut s16, mut u8v, mut ppc, mut pps, mut n64) =
+            (-5i8, 300i16, 7u8, pc, ps, 64 as c_int);
+        let mut args = [
+            (&raw mut c8).cast::<c_void>(),
+            (&raw mut s16).cast(),
+            (&raw mut u8v).cast(),
+            (&raw mut ppc).cast(),
+            (&raw mut pps).cast(),
+            (&raw mut n64).cast(),
+        ];
+        assert_eq!(
+            launch(
+                f(c"small_types"),
+                1,
+                1,
+                1,
+                64,
+                1,
+                1,
+                0,
+                null,
+                args.as_mut_ptr(),
+                none
+            ),
+            0
+        );
+        let mut m = Mixed {
+            c: -3,
+            d: 2.5,
+            i: 40,
+            s: -7,
+        };
+        let out = dev(16);
+        let mut pout = out;
+        let mut args = [(&raw mut m).cast::<c_void>(), (&raw mut pout).cast()];
+        assert_eq!(
+            launch(
+                f(c"by_struct"),
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                null,
+                args.as_mut_ptr(),
+                none
+            ),
+            0
+        );
+        let (p1, p2) = (dev(8), dev(8));
+        let (
+            mut ia,
+            mut lb,
+            mut fc,
+            mut dd,
+            mut ce,
+            mut sf,
+            mut ug,
+            mut uh,
+            mut fi,
+            mut pp1,
+            mut pp2,
+            mut ij,
+        ) = (
+            1i32,
+            1i64 << 33 | 2,
+            0.25f32,
+            0.5f64,
+            -4i8,
+            9i16,
+            11u32,
+            13u64,
+            0.125f32,
+            p1,
+            p2,
+            17i32,
+        );
+        let mut args = [
+            (&raw mut ia).cast::<c_void>(),
+            (&raw mut lb).cast(),
+            (&raw mut fc).cast(),
+            (&raw mut dd).cast(),
+            (&raw mut ce).cast(),
+            (&raw mut sf).cast(),
+            (&raw mut ug).cast(),
+            (&raw mut uh).cast(),
+            (&raw mut fi).cast(),
+            (&raw mut pp1).cast(),
+            (&raw mut pp2).cast(),
+            (&raw mut ij).cast(),
+        ];
+        assert_eq!(
+            launch(
+                f(c"many_params"),
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                null,
+                args.as_mut_ptr(),
+                none
+            ),
+            0
+        );
+        // A 3-D grid of 3-D blocks.
+        let (g, bl) = ([2u32, 3, 2], [4u32, 2, 2]);
+        let total = (g.iter().product::<u32>() * bl.iter().product::<u32>()) as usize;
+        let grid = dev(total * 4);
+        let mut pg = grid;
+        let mut args = [(&raw mut pg).cast::<c_void>()];
+        assert_eq!(
+            launch(
+                f(c"grid3d"),
+                g[0],
+                g[1],
+                g[2],
+                bl[0],
+                bl[1],
+                bl[2],
+                0,
+                null,
+                args.as_mut_ptr(),
+                none
+            ),
+            0
+        );
+        assert_eq!(ctx_sync(), 0);
+        let pcv = read(pc, 64);
+        let psv = read(ps, 128);
+        for i in 0..64usize {
+            assert_eq!(
+                pcv[i] as i8,
+                (-5i8).wrapping_add(i as i8),
+                "small_types pc[{i}]"
+            );
+            let s = i16::from_le_bytes([psv[2 * i], psv[2 * i + 1]]);
+            assert_eq!(
+                s,
+                300i16.wrapping_mul(i as i16).wrapping_add(7),
+                "small_types ps[{i}]"
+            );
+        }
+        let d = f64::from_le_bytes(read(out, 8).try_into().unwrap());
+        assert_eq!(d, -3.0 + 2.5 + 40.0 - 7.0, "struct by value");
+        let s1 = i32::from_le_bytes(read(p1, 4).try_into().unwrap());
+        assert_eq!(s1, 1 + 2 - 4 + 9 + 11 + 13 + 17, "twelve parameters (ints)");
+        let s2 = f64::from_le_bytes(read(p2, 8).try_into().unwrap());
+        assert_eq!(s2, 0.25 + 0.5 + 0.125, "twelve parameters (floats)");
+        let gv = read(grid, total * 4);
+        let mut seen = std::collections::HashSet::new();
+        for id in 0..total {
+            let v = u32::from_le_bytes(gv[id * 4..id * 4 + 4].try_into().unwrap());
+            assert!(
+                seen.insert(v),
+                "grid3d: thread {id} wrote a duplicate {v:#x}"
+            );
+        }
+        assert_eq!(seen.len(), total, "every thread of the 3-D grid ran once");
+
+        // A kernel the emulated backend does not implement: the launch is one-way, its error
+        // comes at the next synchronizing call.
+        let mut p = pc;
+        let mut args = [(&raw mut p).cast::<c_void>()];
+        assert_eq!(
+            launch(
+                f(c"not_a_test_kernel"),
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                null,
+                args.as_mut_ptr(),
+                none
+            ),
+            0
+        );
+        assert_eq!(
+            ctx_sync(),
+            801,
+            "CUDA_ERROR_NOT_SUPPORTED at the synchronize"
+        );
+    }
+    println!("CHILD-OK");
+}

@@ -7,11 +7,13 @@
 //! a client can reserve); copies and memsets have their CUDA semantics; work completes when it
 //! is issued, so streams are trivially ordered; events record host-clock timestamps; modules
 //! accept any image and list functions only for the tiny test format below; kernel launches
-//! fail with `CUDA_ERROR_NOT_SUPPORTED`. Stream capture records the captured host-to-device
-//! and device-to-device copies, memsets, kernel launches, event records and waits into a
-//! graph (a stream joins a capture by waiting for an event recorded in it); launching an
-//! executable graph replays them in order (a captured kernel launch then fails with
-//! `CUDA_ERROR_NOT_SUPPORTED`, like an emulated launch). Synchronizing a capturing stream
+//! run CPU implementations of the project's own test kernels, found by name
+//! (`emulated_kernels`: vecadd, fill_i32, iota_u64, saxpy, daxpy, small_types, by_struct,
+//! many_params, grid3d), each checking its parameter layout; any other kernel fails with
+//! `CUDA_ERROR_NOT_SUPPORTED` and a log line naming the emulated backend. Stream capture
+//! records the captured host-to-device and device-to-device copies, memsets, kernel launches,
+//! event records and waits into a graph (a stream joins a capture by waiting for an event
+//! recorded in it); launching an executable graph replays them in order. Synchronizing a capturing stream
 //! invalidates its capture (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), as with the driver;
 //! 2-D, 3-D, peer and device-to-host copies are not captured (the same error). Host functions (`cuLaunchHostFunc`) run on a thread
 //! per context, in the order they were enqueued, as the driver's host-function thread runs
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use remora_proto::remora::RmLaunchAttr;
 
+use super::emulated_kernels;
 use super::status::*;
 use super::{
     Backend, CaptureInfo, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, HostFn,
@@ -123,7 +126,14 @@ enum EmuOp {
         elem: u32,
         count: u64,
     },
-    Launch,
+    /// A kernel launch: the kernel's name, grid, block, parameters and their layout.
+    Launch {
+        name: String,
+        grid: [u32; 3],
+        block: [u32; 3],
+        params: Vec<u8>,
+        layout: Vec<(u32, u32)>,
+    },
     /// Event records and waits: ordering only, nothing to replay here.
     Nop,
 }
@@ -156,7 +166,8 @@ struct State {
     contexts: HashMap<u64, i32>,
     created: usize,
     modules: HashMap<u64, EmuModule>,
-    functions: HashMap<u64, Vec<(u32, u32)>>,
+    /// Function → (name, parameter layout).
+    functions: HashMap<u64, (String, Vec<(u32, u32)>)>,
     streams: HashMap<u64, u64>,
     events: HashMap<u64, Option<Instant>>,
     limits: HashMap<(u64, i32), u64>,
@@ -432,15 +443,34 @@ impl State {
                 elem,
                 count,
             } => fill(self.range(*dst, count * u64::from(*elem))?, *value, *elem),
-            EmuOp::Launch => {
-                tracing::warn!(
-                    "emulated test backend: a graph's kernel launch is not supported \
-                     (CUDA_ERROR_NOT_SUPPORTED)"
-                );
-                return Err(NOT_SUPPORTED);
+            EmuOp::Launch {
+                name,
+                grid,
+                block,
+                params,
+                layout,
+            } => {
+                let l = emulated_kernels::Launch {
+                    name,
+                    grid: *grid,
+                    block: *block,
+                    params,
+                    layout,
+                };
+                emulated_kernels::run(&l, self)?;
             }
             EmuOp::Nop => {}
         }
+        Ok(())
+    }
+}
+
+impl emulated_kernels::Memory for State {
+    fn read(&mut self, ptr: u64, len: u64) -> CuResult<Vec<u8>> {
+        Ok(self.range(ptr, len)?.to_vec())
+    }
+    fn write(&mut self, ptr: u64, data: &[u8]) -> CuResult<()> {
+        self.range(ptr, data.len() as u64)?.copy_from_slice(data);
         Ok(())
     }
 }
@@ -932,7 +962,7 @@ impl Backend for EmulatedBackend {
             .into_iter()
             .map(|(name, params)| {
                 let f = st.handle();
-                st.functions.insert(f, params.clone());
+                st.functions.insert(f, (name.clone(), params.clone()));
                 FunctionInfo {
                     name,
                     raw: f,
@@ -1050,14 +1080,23 @@ impl Backend for EmulatedBackend {
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, spec.stream)?;
-        st.functions.get(&spec.function).ok_or(INVALID_HANDLE)?;
-        if st.capture(ctx, spec.stream, EmuOp::Launch) {
+        let (name, _) = st
+            .functions
+            .get(&spec.function)
+            .ok_or(INVALID_HANDLE)?
+            .clone();
+        let op = EmuOp::Launch {
+            name,
+            grid: spec.grid,
+            block: spec.block,
+            params: spec.params.to_vec(),
+            layout: spec.layout.to_vec(),
+        };
+        if st.capture(ctx, spec.stream, op.clone()) {
             return Ok(());
         }
-        tracing::warn!(
-            "emulated test backend: kernel launches are not supported (CUDA_ERROR_NOT_SUPPORTED)"
-        );
-        Err(NOT_SUPPORTED)
+        // Runs at once, like every emulated operation (the stream order is the call order).
+        st.replay(&op)
     }
 
     fn stream_create(&self, ctx: u64, _flags: u32, _priority: i32) -> CuResult<u64> {

@@ -11,6 +11,7 @@ use remora_proto::remora::RmLaunchAttr;
 
 pub mod cuda;
 pub mod emulated;
+mod emulated_kernels;
 
 pub use cuda::CudaBackend;
 pub use emulated::{EmulatedBackend, EmulatedConfig, LiveCounts};
