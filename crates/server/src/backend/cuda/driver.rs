@@ -1,0 +1,312 @@
+//! The real driver's entry points: the table resolved through `cuGetProcAddress_v2`, the
+//! `call!` macro that calls one (or answers NOT_SUPPORTED), result names, and [`Driver`], the
+//! loaded library with the per-thread current-context cache.
+
+use std::cell::Cell;
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use libloading::Library;
+
+use super::super::CuResult;
+use super::super::status::*;
+use super::abi::{LaunchConfig, Memcpy2D, Memcpy3D};
+
+pub(super) type Ptr = *mut c_void;
+pub(super) type Res = c_int;
+
+/// The CUDA version whose entry-point ABI is requested from `cuGetProcAddress`.
+pub(super) const CUDA_VERSION: c_int = 13000;
+/// Entry points whose newest ABI at [`CUDA_VERSION`] differs from the prototype `cuda.h`
+/// declares under the plain name, requested at an older version instead.
+///
+/// `cuCtxSynchronize` at 13000 is `cuCtxSynchronize_v2(CUcontext)` (`PFN_cuCtxSynchronize_v13000`
+/// in cudaTypedefs.h), while the table calls the `(void)` form: called without its argument,
+/// the driver read a garbage context and answered `CUDA_ERROR_CONTEXT_IS_DESTROYED` (709) to
+/// every context synchronize of the first GPU run.
+pub(super) const PINNED_VERSIONS: &[(&str, c_int)] = &[("cuCtxSynchronize", 12000)];
+/// `CU_GET_PROC_ADDRESS_LEGACY_STREAM`: the legacy default-stream forms, never `_ptds`.
+pub(super) const PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+
+/// The version at which `name` is requested from `cuGetProcAddress`.
+pub(super) fn requested_version(name: &str) -> c_int {
+    PINNED_VERSIONS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(CUDA_VERSION, |&(_, v)| v)
+}
+/// `CU_EVENT_DISABLE_TIMING`.
+pub(super) const EVENT_DISABLE_TIMING: c_uint = 2;
+/// `CUDA_ERROR_INVALID_VALUE` as cuFuncGetParamInfo returns it past the last parameter.
+pub(super) const PARAM_INFO_END: Res = 1;
+
+macro_rules! driver_table {
+    ($($field:ident = $name:literal / $fallback:literal : fn($($arg:ty),*);)*) => {
+        /// Entry points of the real driver; `None` where the driver lacks one.
+        #[derive(Default)]
+        pub(super) struct Table {
+            $(pub(super) $field: Option<unsafe extern "C" fn($($arg),*) -> Res>,)*
+        }
+
+        impl Table {
+            pub(super) fn resolve(mut lookup: impl FnMut(&str, &str) -> Option<Ptr>) -> Self {
+                Self {
+                    $($field: lookup($name, $fallback).map(|p| {
+                        // SAFETY: `p` is the driver's entry point for `$name` at CUDA 13.0
+                        // (or the versioned symbol `$fallback`), whose C prototype in cuda.h
+                        // 13.0 is exactly the declared signature; function and data pointers
+                        // have the same size on every platform CUDA supports.
+                        unsafe { std::mem::transmute::<Ptr, unsafe extern "C" fn($($arg),*) -> Res>(p) }
+                    }),)*
+                }
+            }
+        }
+    };
+}
+
+driver_table! {
+    driver_get_version = "cuDriverGetVersion" / "cuDriverGetVersion": fn(*mut c_int);
+    device_get_count = "cuDeviceGetCount" / "cuDeviceGetCount": fn(*mut c_int);
+    device_get = "cuDeviceGet" / "cuDeviceGet": fn(*mut c_int, c_int);
+    device_get_name = "cuDeviceGetName" / "cuDeviceGetName": fn(*mut c_char, c_int, c_int);
+    device_total_mem = "cuDeviceTotalMem" / "cuDeviceTotalMem_v2": fn(*mut usize, c_int);
+    device_get_uuid = "cuDeviceGetUuid" / "cuDeviceGetUuid_v2": fn(*mut [u8; 16], c_int);
+    device_get_pci_bus_id = "cuDeviceGetPCIBusId" / "cuDeviceGetPCIBusId": fn(*mut c_char, c_int, c_int);
+    device_get_attribute = "cuDeviceGetAttribute" / "cuDeviceGetAttribute": fn(*mut c_int, c_int, c_int);
+    ctx_create = "cuCtxCreate" / "cuCtxCreate_v4": fn(*mut Ptr, Ptr, c_uint, c_int);
+    ctx_destroy = "cuCtxDestroy" / "cuCtxDestroy_v2": fn(Ptr);
+    ctx_set_current = "cuCtxSetCurrent" / "cuCtxSetCurrent": fn(Ptr);
+    ctx_synchronize = "cuCtxSynchronize" / "cuCtxSynchronize": fn();
+    ctx_set_limit = "cuCtxSetLimit" / "cuCtxSetLimit": fn(c_int, usize);
+    ctx_get_limit = "cuCtxGetLimit" / "cuCtxGetLimit": fn(*mut usize, c_int);
+    ctx_get_api_version = "cuCtxGetApiVersion" / "cuCtxGetApiVersion": fn(Ptr, *mut c_uint);
+    ctx_get_flags = "cuCtxGetFlags" / "cuCtxGetFlags": fn(*mut c_uint);
+    ctx_set_cache_config = "cuCtxSetCacheConfig" / "cuCtxSetCacheConfig": fn(c_int);
+    ctx_get_cache_config = "cuCtxGetCacheConfig" / "cuCtxGetCacheConfig": fn(*mut c_int);
+    stream_get_id = "cuStreamGetId" / "cuStreamGetId": fn(Ptr, *mut u64);
+    ctx_get_stream_priority_range = "cuCtxGetStreamPriorityRange" / "cuCtxGetStreamPriorityRange": fn(*mut c_int, *mut c_int);
+    mem_alloc = "cuMemAlloc" / "cuMemAlloc_v2": fn(*mut u64, usize);
+    mem_alloc_pitch = "cuMemAllocPitch" / "cuMemAllocPitch_v2": fn(*mut u64, *mut usize, usize, usize, c_uint);
+    mem_free = "cuMemFree" / "cuMemFree_v2": fn(u64);
+    mem_get_info = "cuMemGetInfo" / "cuMemGetInfo_v2": fn(*mut usize, *mut usize);
+    mem_host_alloc = "cuMemHostAlloc" / "cuMemHostAlloc": fn(*mut Ptr, usize, c_uint);
+    mem_free_host = "cuMemFreeHost" / "cuMemFreeHost": fn(Ptr);
+    mem_host_register = "cuMemHostRegister" / "cuMemHostRegister_v2": fn(Ptr, usize, c_uint);
+    mem_host_unregister = "cuMemHostUnregister" / "cuMemHostUnregister": fn(Ptr);
+    memcpy_htod = "cuMemcpyHtoD" / "cuMemcpyHtoD_v2": fn(u64, *const c_void, usize);
+    memcpy_dtoh = "cuMemcpyDtoH" / "cuMemcpyDtoH_v2": fn(Ptr, u64, usize);
+    memcpy_dtod = "cuMemcpyDtoD" / "cuMemcpyDtoD_v2": fn(u64, u64, usize);
+    memcpy_htod_async = "cuMemcpyHtoDAsync" / "cuMemcpyHtoDAsync_v2": fn(u64, *const c_void, usize, Ptr);
+    memcpy_dtoh_async = "cuMemcpyDtoHAsync" / "cuMemcpyDtoHAsync_v2": fn(Ptr, u64, usize, Ptr);
+    memcpy_dtod_async = "cuMemcpyDtoDAsync" / "cuMemcpyDtoDAsync_v2": fn(u64, u64, usize, Ptr);
+    memcpy_2d = "cuMemcpy2D" / "cuMemcpy2D_v2": fn(*const Memcpy2D);
+    memcpy_2d_unaligned = "cuMemcpy2DUnaligned" / "cuMemcpy2DUnaligned_v2": fn(*const Memcpy2D);
+    memcpy_2d_async = "cuMemcpy2DAsync" / "cuMemcpy2DAsync_v2": fn(*const Memcpy2D, Ptr);
+    memcpy_3d = "cuMemcpy3D" / "cuMemcpy3D_v2": fn(*const Memcpy3D);
+    memcpy_3d_async = "cuMemcpy3DAsync" / "cuMemcpy3DAsync_v2": fn(*const Memcpy3D, Ptr);
+    memcpy_3d_peer = "cuMemcpy3DPeer" / "cuMemcpy3DPeer": fn(*const Memcpy3D);
+    memcpy_3d_peer_async = "cuMemcpy3DPeerAsync" / "cuMemcpy3DPeerAsync": fn(*const Memcpy3D, Ptr);
+    memcpy_peer = "cuMemcpyPeer" / "cuMemcpyPeer": fn(u64, Ptr, u64, Ptr, usize);
+    memcpy_peer_async = "cuMemcpyPeerAsync" / "cuMemcpyPeerAsync": fn(u64, Ptr, u64, Ptr, usize, Ptr);
+    memset_d8 = "cuMemsetD8" / "cuMemsetD8_v2": fn(u64, u8, usize);
+    memset_d16 = "cuMemsetD16" / "cuMemsetD16_v2": fn(u64, u16, usize);
+    memset_d32 = "cuMemsetD32" / "cuMemsetD32_v2": fn(u64, u32, usize);
+    memset_d8_async = "cuMemsetD8Async" / "cuMemsetD8Async": fn(u64, u8, usize, Ptr);
+    memset_d16_async = "cuMemsetD16Async" / "cuMemsetD16Async": fn(u64, u16, usize, Ptr);
+    memset_d32_async = "cuMemsetD32Async" / "cuMemsetD32Async": fn(u64, u32, usize, Ptr);
+    module_load_data = "cuModuleLoadData" / "cuModuleLoadData": fn(*mut Ptr, *const c_void);
+    module_unload = "cuModuleUnload" / "cuModuleUnload": fn(Ptr);
+    module_get_global = "cuModuleGetGlobal" / "cuModuleGetGlobal_v2": fn(*mut u64, *mut usize, Ptr, *const c_char);
+    module_get_function_count = "cuModuleGetFunctionCount" / "cuModuleGetFunctionCount": fn(*mut c_uint, Ptr);
+    module_enumerate_functions = "cuModuleEnumerateFunctions" / "cuModuleEnumerateFunctions": fn(*mut Ptr, c_uint, Ptr);
+    func_get_name = "cuFuncGetName" / "cuFuncGetName": fn(*mut *const c_char, Ptr);
+    func_get_param_info = "cuFuncGetParamInfo" / "cuFuncGetParamInfo": fn(Ptr, usize, *mut usize, *mut usize);
+    func_load = "cuFuncLoad" / "cuFuncLoad": fn(Ptr);
+    func_get_attribute = "cuFuncGetAttribute" / "cuFuncGetAttribute": fn(*mut c_int, c_int, Ptr);
+    func_set_attribute = "cuFuncSetAttribute" / "cuFuncSetAttribute": fn(Ptr, c_int, c_int);
+    func_set_cache_config = "cuFuncSetCacheConfig" / "cuFuncSetCacheConfig": fn(Ptr, c_int);
+    occupancy = "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags" / "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags": fn(*mut c_int, Ptr, c_int, usize, c_uint);
+    occupancy_max_active_clusters = "cuOccupancyMaxActiveClusters" / "cuOccupancyMaxActiveClusters": fn(*mut c_int, Ptr, *const LaunchConfig);
+    occupancy_max_potential_block_size = "cuOccupancyMaxPotentialBlockSize" / "cuOccupancyMaxPotentialBlockSize": fn(*mut c_int, *mut c_int, Ptr, Ptr, usize, c_int);
+    occupancy_max_potential_block_size_with_flags = "cuOccupancyMaxPotentialBlockSizeWithFlags" / "cuOccupancyMaxPotentialBlockSizeWithFlags": fn(*mut c_int, *mut c_int, Ptr, Ptr, usize, c_int, c_uint);
+    launch_kernel = "cuLaunchKernel" / "cuLaunchKernel": fn(Ptr, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Ptr, *mut Ptr, *mut Ptr);
+    launch_kernel_ex = "cuLaunchKernelEx" / "cuLaunchKernelEx": fn(*const LaunchConfig, Ptr, *mut Ptr, *mut Ptr);
+    stream_create = "cuStreamCreateWithPriority" / "cuStreamCreateWithPriority": fn(*mut Ptr, c_uint, c_int);
+    stream_destroy = "cuStreamDestroy" / "cuStreamDestroy_v2": fn(Ptr);
+    stream_synchronize = "cuStreamSynchronize" / "cuStreamSynchronize": fn(Ptr);
+    stream_query = "cuStreamQuery" / "cuStreamQuery": fn(Ptr);
+    launch_host_func = "cuLaunchHostFunc" / "cuLaunchHostFunc": fn(Ptr, Option<unsafe extern "C" fn(*mut c_void)>, *mut c_void);
+    stream_wait_event = "cuStreamWaitEvent" / "cuStreamWaitEvent": fn(Ptr, Ptr, c_uint);
+    event_create = "cuEventCreate" / "cuEventCreate": fn(*mut Ptr, c_uint);
+    event_destroy = "cuEventDestroy" / "cuEventDestroy_v2": fn(Ptr);
+    event_record = "cuEventRecord" / "cuEventRecord": fn(Ptr, Ptr);
+    event_synchronize = "cuEventSynchronize" / "cuEventSynchronize": fn(Ptr);
+    event_query = "cuEventQuery" / "cuEventQuery": fn(Ptr);
+    event_elapsed = "cuEventElapsedTime" / "cuEventElapsedTime": fn(*mut f32, Ptr, Ptr);
+    stream_begin_capture = "cuStreamBeginCapture" / "cuStreamBeginCapture_v2": fn(Ptr, c_int);
+    stream_end_capture = "cuStreamEndCapture" / "cuStreamEndCapture": fn(Ptr, *mut Ptr);
+    stream_get_capture_info = "cuStreamGetCaptureInfo" / "cuStreamGetCaptureInfo_v3": fn(Ptr, *mut c_int, *mut u64, *mut Ptr, *mut *const Ptr, *mut *const c_void, *mut usize);
+    graph_instantiate = "cuGraphInstantiateWithFlags" / "cuGraphInstantiateWithFlags": fn(*mut Ptr, Ptr, u64);
+    graph_launch = "cuGraphLaunch" / "cuGraphLaunch": fn(Ptr, Ptr);
+    graph_upload = "cuGraphUpload" / "cuGraphUpload": fn(Ptr, Ptr);
+    graph_exec_destroy = "cuGraphExecDestroy" / "cuGraphExecDestroy": fn(Ptr);
+    graph_destroy = "cuGraphDestroy" / "cuGraphDestroy": fn(Ptr);
+    graph_get_nodes = "cuGraphGetNodes" / "cuGraphGetNodes": fn(Ptr, *mut Ptr, *mut usize);
+    get_export_table = "cuGetExportTable" / "cuGetExportTable": fn(*mut *const c_void, *const [u8; 16]);
+}
+
+/// Calls a driver entry point, or answers NOT_SUPPORTED when the driver lacks it.
+macro_rules! call {
+    ($t:expr, $field:ident ( $($arg:expr),* )) => {
+        match $t.$field {
+            Some(f) => {
+                // SAFETY: `f` has the cuda.h 13.0 prototype of this entry point (see
+                // Table::resolve); the arguments follow its contract: every call site's
+                // SAFETY note says which pointers it passes and what they point to.
+                let rc = unsafe { f($($arg),*) };
+                if rc != $crate::backend::status::SUCCESS {
+                    $crate::backend::cuda::driver::log_failure(stringify!($field), rc);
+                }
+                $crate::backend::cuda::driver::check(rc)
+            }
+            None => {
+                tracing::warn!(entry_point = stringify!($field), "the CUDA driver lacks this entry point: CUDA_ERROR_NOT_SUPPORTED");
+                Err($crate::backend::status::NOT_SUPPORTED)
+            }
+        }
+    };
+}
+
+/// Logs a failed driver call with the entry point and the CUresult (debug level; `NOT_READY`
+/// from queries at trace level, as it is the normal answer while work is pending).
+pub(super) fn log_failure(entry_point: &str, rc: Res) {
+    if rc == NOT_READY || (rc == PARAM_INFO_END && entry_point == "func_get_param_info") {
+        tracing::trace!(
+            entry_point,
+            result = rc,
+            "CUDA driver call returned non-success"
+        );
+    } else {
+        tracing::debug!(
+            entry_point,
+            result = rc,
+            name = result_name(rc),
+            "CUDA driver call failed"
+        );
+    }
+}
+
+/// The `CUresult` name of the codes the executor meets most, for logs.
+pub(crate) fn result_name(rc: Res) -> &'static str {
+    match rc {
+        0 => "CUDA_SUCCESS",
+        1 => "CUDA_ERROR_INVALID_VALUE",
+        2 => "CUDA_ERROR_OUT_OF_MEMORY",
+        3 => "CUDA_ERROR_NOT_INITIALIZED",
+        100 => "CUDA_ERROR_NO_DEVICE",
+        101 => "CUDA_ERROR_INVALID_DEVICE",
+        200 => "CUDA_ERROR_INVALID_IMAGE",
+        201 => "CUDA_ERROR_INVALID_CONTEXT",
+        209 => "CUDA_ERROR_NO_BINARY_FOR_GPU",
+        214 => "CUDA_ERROR_ECC_UNCORRECTABLE",
+        215 => "CUDA_ERROR_UNSUPPORTED_LIMIT",
+        218 => "CUDA_ERROR_INVALID_PTX",
+        400 => "CUDA_ERROR_INVALID_HANDLE",
+        500 => "CUDA_ERROR_NOT_FOUND",
+        600 => "CUDA_ERROR_NOT_READY",
+        700 => "CUDA_ERROR_ILLEGAL_ADDRESS",
+        701 => "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+        702 => "CUDA_ERROR_LAUNCH_TIMEOUT",
+        709 => "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        710 => "CUDA_ERROR_ASSERT",
+        715 => "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        719 => "CUDA_ERROR_LAUNCH_FAILED",
+        720 => "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+        801 => "CUDA_ERROR_NOT_SUPPORTED",
+        912 => "CUDA_ERROR_INVALID_CLUSTER_SIZE",
+        913 => "CUDA_ERROR_FUNCTION_NOT_LOADED",
+        999 => "CUDA_ERROR_UNKNOWN",
+        _ => "CUresult",
+    }
+}
+
+pub(super) fn check(rc: Res) -> CuResult<()> {
+    if rc == SUCCESS { Ok(()) } else { Err(rc) }
+}
+
+/// The host function the driver calls for [`Backend::launch_host_func`]: runs the boxed
+/// closure, never unwinding into the driver.
+pub(super) unsafe extern "C" fn run_host_fn(data: *mut c_void) {
+    // SAFETY: `data` is the `Box<HostFn>` leaked by `launch_host_func`; the driver calls each
+    // host function once, so the box is taken back once.
+    let f = unsafe { Box::from_raw(data.cast::<super::super::HostFn>()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        tracing::error!("a host function panicked on the driver's thread");
+    }
+}
+
+pub(super) fn ptr(v: u64) -> Ptr {
+    v as usize as Ptr
+}
+
+pub(super) struct Driver {
+    pub(super) t: Table,
+    /// Visible ordinal → the driver's CUdevice.
+    pub(super) devices: Vec<c_int>,
+    /// Keeps the entry points valid.
+    pub(super) _lib: Library,
+}
+
+// SAFETY: the table holds plain function pointers into the driver, which is thread-safe
+// (CUDA driver entry points may be called from any thread); the Library is only kept alive.
+unsafe impl Send for Driver {}
+// SAFETY: as above; nothing in Driver is mutated after construction.
+unsafe impl Sync for Driver {}
+
+/// Bumped whenever a context is destroyed, so threads re-make theirs current.
+pub(super) static CTX_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Scratch buffers of [`launch_with`] (parameter copy, kernelParams array).
+    pub(super) static LAUNCH_BUFFERS: std::cell::RefCell<(Vec<u64>, Vec<Ptr>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// The context this thread made current, and the generation it was made in.
+    pub(super) static CURRENT: Cell<(u64, u64)> = const { Cell::new((0, u64::MAX)) };
+}
+
+impl Driver {
+    /// Makes `ctx` current on this thread unless it already is.
+    pub(super) fn enter(&self, ctx: u64) -> CuResult<()> {
+        let generation = CTX_GENERATION.load(Ordering::Acquire);
+        if CURRENT.with(Cell::get) == (ctx, generation) {
+            return Ok(());
+        }
+        // SAFETY: cuCtxSetCurrent takes a context value the driver gave us.
+        call!(self.t, ctx_set_current(ptr(ctx)))?;
+        CURRENT.with(|c| c.set((ctx, generation)));
+        Ok(())
+    }
+
+    pub(super) fn dev(&self, ordinal: i32) -> CuResult<c_int> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i).copied())
+            .ok_or(INVALID_DEVICE)
+    }
+
+    pub(super) fn string(
+        &self,
+        f: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res>,
+        dev: c_int,
+    ) -> CuResult<String> {
+        let f = f.ok_or(NOT_SUPPORTED)?;
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the driver writes at most `len` bytes, NUL-terminated, into `buf`.
+        check(unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, dev) })?;
+        buf[255] = 0;
+        // SAFETY: `buf` is NUL-terminated (forced above) and outlives the borrow.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+}
