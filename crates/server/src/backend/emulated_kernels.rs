@@ -43,14 +43,18 @@ impl Launch<'_> {
         Ok(())
     }
 
-    fn bytes<const N: usize>(&self, i: usize) -> CuResult<[u8; N]> {
+    /// Parameter `i`'s bytes.
+    fn raw(&self, i: usize) -> CuResult<&[u8]> {
         let (off, size) = *self.layout.get(i).ok_or(INVALID_VALUE)?;
         let start = off as usize;
-        let b = self
-            .params
+        self.params
             .get(start..start + size as usize)
-            .ok_or(INVALID_VALUE)?;
-        b.get(..N)
+            .ok_or(INVALID_VALUE)
+    }
+
+    fn bytes<const N: usize>(&self, i: usize) -> CuResult<[u8; N]> {
+        self.raw(i)?
+            .get(..N)
             .and_then(|b| b.try_into().ok())
             .ok_or(INVALID_VALUE)
     }
@@ -97,8 +101,8 @@ const KERNELS: &[(&str, Kernel)] = &[
     ("vecadd", vecadd),
     ("fill_i32", fill_i32),
     ("iota_u64", iota_u64),
-    ("saxpy", saxpy),
-    ("daxpy", daxpy),
+    ("saxpy", axpy::<f32>),
+    ("daxpy", axpy::<f64>),
     ("small_types", small_types),
     ("by_struct", by_struct),
     ("many_params", many_params),
@@ -126,14 +130,6 @@ fn read_f32(mem: &mut dyn Memory, ptr: u64, n: u64) -> CuResult<Vec<f32>> {
         .read(ptr, n * 4)?
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
-}
-
-fn read_f64(mem: &mut dyn Memory, ptr: u64, n: u64) -> CuResult<Vec<f64>> {
-    Ok(mem
-        .read(ptr, n * 8)?
-        .chunks_exact(8)
-        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
         .collect())
 }
 
@@ -178,32 +174,45 @@ fn iota_u64(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
     mem.write(l.u64(0)?, &out)
 }
 
-/// `saxpy(float a, const float *x, float *y, int n)`.
-fn saxpy(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
-    l.expect(&[4, 8, 8, 4])?;
-    let a = l.f32(0)?;
-    let m = covered(l, l.i32(3)?);
-    let x = read_f32(mem, l.u64(1)?, m)?;
-    let y = read_f32(mem, l.u64(2)?, m)?;
-    let out: Vec<u8> = x
-        .iter()
-        .zip(&y)
-        .flat_map(|(x, y)| (a * x + y).to_le_bytes())
-        .collect();
-    mem.write(l.u64(2)?, &out)
+/// A floating-point element type of the axpy kernels.
+trait Float: Copy + std::ops::Mul<Output = Self> + std::ops::Add<Output = Self> {
+    const SIZE: u32;
+    fn from_le(b: &[u8]) -> Self;
+    fn to_le(self) -> Vec<u8>;
 }
 
-/// `daxpy(double a, const double *x, double *y, int n)`.
-fn daxpy(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
-    l.expect(&[8, 8, 8, 4])?;
-    let a = l.f64(0)?;
+impl Float for f32 {
+    const SIZE: u32 = 4;
+    fn from_le(b: &[u8]) -> Self {
+        f32::from_le_bytes(b.try_into().unwrap_or([0; 4]))
+    }
+    fn to_le(self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+}
+
+impl Float for f64 {
+    const SIZE: u32 = 8;
+    fn from_le(b: &[u8]) -> Self {
+        f64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
+    }
+    fn to_le(self) -> Vec<u8> {
+        self.to_le_bytes().to_vec()
+    }
+}
+
+/// `saxpy(float a, const float *x, float *y, int n)` and `daxpy` (double): `y = a x + y`.
+fn axpy<T: Float>(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
+    l.expect(&[T::SIZE, 8, 8, 4])?;
+    let a = T::from_le(l.raw(0)?);
     let m = covered(l, l.i32(3)?);
-    let x = read_f64(mem, l.u64(1)?, m)?;
-    let y = read_f64(mem, l.u64(2)?, m)?;
+    let len = u64::from(T::SIZE);
+    let x = mem.read(l.u64(1)?, m * len)?;
+    let y = mem.read(l.u64(2)?, m * len)?;
     let out: Vec<u8> = x
-        .iter()
-        .zip(&y)
-        .flat_map(|(x, y)| (a * x + y).to_le_bytes())
+        .chunks_exact(T::SIZE as usize)
+        .zip(y.chunks_exact(T::SIZE as usize))
+        .flat_map(|(x, y)| (a * T::from_le(x) + T::from_le(y)).to_le())
         .collect();
     mem.write(l.u64(2)?, &out)
 }
