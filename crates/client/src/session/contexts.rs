@@ -1,0 +1,139 @@
+//! [`Session`] methods for devices, contexts and primary contexts (the limit calls are
+//! generated: `client_glue!` in `mod.rs`).
+
+use super::*;
+
+impl Session {
+    // Devices ----------------------------------------------------------------------------
+
+    /// `RM_DEVICE_GET_PROPS`, fetched once per device and cached.
+    pub fn device_props(&self, dev: DeviceHandle) -> CuResult<Arc<RmDeviceProps>> {
+        self.check_device(dev)?;
+        if let Some(p) = lock(&self.props).get(&dev) {
+            return Ok(Arc::clone(p));
+        }
+        let props = match call!(self.rm_device_get_props(&dev))? {
+            RmDevicePropsReply::Case0(p) => Arc::new(p),
+            RmDevicePropsReply::Default { discriminant } => {
+                return Err(CuError(nonzero(discriminant)));
+            }
+        };
+        lock(&self.props).insert(dev, Arc::clone(&props));
+        Ok(props)
+    }
+
+    /// A device attribute: from the cached props, else `RM_DEVICE_GET_ATTRIBUTE` (cached).
+    ///
+    /// Managed (unified) memory and coherent access to pageable host memory are not
+    /// supported through Remora: the attributes that advertise them
+    /// ([`UNSUPPORTED_MEMORY_ATTRIBUTES`]) answer 0 whatever the server's GPU can do, so that
+    /// well-behaved programs (and the CUDA runtime's `cudaDeviceProp.managedMemory`,
+    /// `concurrentManagedAccess`, `pageableMemoryAccess`, ...) do not try.
+    pub fn device_attribute(&self, dev: DeviceHandle, attribute: i32) -> CuResult<i32> {
+        let props = self.device_props(dev)?;
+        if UNSUPPORTED_MEMORY_ATTRIBUTES.contains(&attribute) {
+            return Ok(0);
+        }
+        if let Some(a) = props.attributes.iter().find(|a| a.attribute == attribute) {
+            return Ok(a.value);
+        }
+        if let Some(v) = lock(&self.attrs).get(&(dev, attribute)) {
+            return Ok(*v);
+        }
+        let v = int(call!(self.rm_device_get_attribute(&RmDeviceAttrArgs {
+            attribute,
+            device: dev
+        }))?)?;
+        lock(&self.attrs).insert((dev, attribute), v);
+        Ok(v)
+    }
+
+    // Contexts -----------------------------------------------------------------------------
+
+    /// `cuDevicePrimaryCtxRetain`.
+    pub fn primary_ctx_retain(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
+        self.check_device(dev)?;
+        handle(call!(self.rm_primary_ctx_retain(&dev))?)
+    }
+
+    /// `cuDevicePrimaryCtxRelease`.
+    pub fn primary_ctx_release(&self, dev: DeviceHandle) -> CuResult<()> {
+        self.check_device(dev)?;
+        let r = call!(self.rm_primary_ctx_release(&dev))?;
+        self.take_device_output();
+        CuError::check(r)
+    }
+
+    /// `cuDevicePrimaryCtxSetFlags`.
+    pub fn primary_ctx_set_flags(&self, dev: DeviceHandle, flags: u32) -> CuResult<()> {
+        self.check_device(dev)?;
+        CuError::check(call!(
+            self.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs { device: dev, flags })
+        )?)
+    }
+
+    /// `cuDevicePrimaryCtxGetState`: (flags, active).
+    pub fn primary_ctx_get_state(&self, dev: DeviceHandle) -> CuResult<(u32, bool)> {
+        self.check_device(dev)?;
+        match call!(self.rm_primary_ctx_get_state(&dev))? {
+            RmPrimaryStateReply::Case0(s) => Ok((s.flags, s.active != 0)),
+            RmPrimaryStateReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// `cuDevicePrimaryCtxReset`.
+    pub fn primary_ctx_reset(&self, dev: DeviceHandle) -> CuResult<()> {
+        self.check_device(dev)?;
+        let r = call!(self.rm_primary_ctx_reset(&dev))?;
+        self.take_device_output();
+        CuError::check(r)
+    }
+
+    /// `cuCtxCreate`.
+    pub fn ctx_create(&self, flags: u32, dev: DeviceHandle) -> CuResult<RmHandle> {
+        self.check_device(dev)?;
+        handle(call!(
+            self.rm_ctx_create(&RmCtxCreateArgs { flags, device: dev })
+        )?)
+    }
+
+    /// `cuCtxDestroy`: also forgets the context's allocations and per-thread streams. The
+    /// context's pending asynchronous copies are delivered first (destroying a context waits
+    /// for its work; their bytes would otherwise be lost with it).
+    pub fn ctx_destroy(&self, ctx: RmHandle) -> CuResult<()> {
+        if !self.delivery.pending_in(Some(ctx)).is_empty()
+            && let Err(e) = self.ctx_synchronize(ctx)
+        {
+            tracing::debug!("remora: cuCtxDestroy: synchronizing the context failed: {e}");
+        }
+        let r = call!(self.rm_ctx_destroy(&ctx))?;
+        self.take_device_output();
+        CuError::check(r)?;
+        for base in self.va.of_context(ctx) {
+            self.va.release(base);
+        }
+        lock(&self.per_thread).retain(|(_, c), _| *c != ctx);
+        self.libraries.forget_ctx(ctx);
+        self.delivery.ctx_destroyed(ctx);
+        Ok(())
+    }
+
+    /// `cuCtxSynchronize` (delivers pending asynchronous copies).
+    pub fn ctx_synchronize(&self, ctx: RmHandle) -> CuResult<()> {
+        let cov = self.delivery.context(ctx, self.copy_mark());
+        let r = call!(self.rm_ctx_synchronize(&ctx))?;
+        self.finish_sync(r)?;
+        self.delivery.settle(&cov, Fetch::Collect)
+    }
+
+    /// The private TOOLS_CONTEXT query cuBLASLt makes (slots 51 and 39), answered by the
+    /// server's driver: the 32-bit answer (revision 7).
+    pub fn tools_ctx_query(&self, ctx: RmHandle, mask: u64, flag: u32) -> CuResult<u64> {
+        self.need_revision(7, "the TOOLS_CONTEXT query of cuBLASLt")?;
+        u64r(call!(self.rm_tools_ctx_query(&RmToolsCtxQueryArgs {
+            ctx,
+            mask,
+            flag
+        }))?)
+    }
+}

@@ -1,0 +1,298 @@
+//! [`Session`] methods for 1-D copies (synchronous and asynchronous), peer copies and memset.
+
+use super::*;
+
+impl Session {
+    /// `cuMemcpyHtoD` (synchronous).
+    pub fn memcpy_htod(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        data: &[u8],
+    ) -> CuResult<()> {
+        let (host, size) = (data.as_ptr() as u64, data.len() as u64);
+        if size > 0 && self.pinned_offset(host, size).is_some() {
+            return self.memcpy_htod_pinned(ctx, stream, dst, host, size, false);
+        }
+        if let Some((staging, chunk)) = self.area_staging(data.len()) {
+            let args = area_args(ctx, stream, dst);
+            return self.area_htod(args, data, &staging, chunk, false);
+        }
+        for (off, len) in chunks(data.len()) {
+            let r = call!(self.rm_memcpy_htod(&RmHtodArgs {
+                ctx,
+                stream,
+                dst: dst + off as u64,
+                data: Bytes::copy_from_slice(&data[off..off + len])
+            }))?;
+            self.finish_sync(r)?;
+        }
+        Ok(())
+    }
+
+    /// `cuMemcpyDtoH` (synchronous) into `out`. Like every synchronizing call, its reply
+    /// also delivers the asynchronous copies completed by then.
+    pub fn memcpy_dtoh(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        out: &mut [u8],
+    ) -> CuResult<()> {
+        let (host, size) = (out.as_mut_ptr() as u64, out.len() as u64);
+        if size > 0 && self.pinned_offset(host, size).is_some() {
+            return self.memcpy_dtoh_pinned(ctx, stream, src, host, size, false);
+        }
+        let mark = self.copy_mark();
+        if let Some((staging, chunk)) = self.area_staging(out.len()) {
+            self.area_dtoh(area_args(ctx, stream, src), out, &staging, chunk)?;
+            return self.settle_stream(ctx, stream, mark);
+        }
+        for (off, len) in chunks(out.len()) {
+            let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
+                ctx,
+                stream,
+                src: src + off as u64,
+                size: len as u64,
+                copy_id: 0
+            }))?;
+            self.finish_sync(RmSyncReply {
+                status: r.status,
+                copies: r.copies,
+            })?;
+            if r.data.len() != len {
+                tracing::error!("remora: DtoH of {len} bytes returned {}", r.data.len());
+                return Err(CuError(cu::UNKNOWN));
+            }
+            out[off..off + len].copy_from_slice(&r.data);
+        }
+        self.settle_stream(ctx, stream, mark)
+    }
+
+    /// `cuMemcpyDtoD` (synchronous).
+    pub fn memcpy_dtod(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        src: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        let r = call!(self.rm_memcpy_dtod(&RmDtodArgs {
+            ctx,
+            stream,
+            dst,
+            src,
+            size
+        }))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuMemsetD8/16/32` (synchronous).
+    pub fn memset(&self, args: &RmMemsetArgs) -> CuResult<()> {
+        if ![1, 2, 4].contains(&args.element_size) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let r = call!(self.rm_memset(args))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuMemcpyHtoDAsync`: one-way, the data travels with the call.
+    pub fn memcpy_htod_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        data: &[u8],
+    ) -> CuResult<()> {
+        let (host, size) = (data.as_ptr() as u64, data.len() as u64);
+        if size > 0 && self.pinned_offset(host, size).is_some() {
+            return self.memcpy_htod_pinned(ctx, stream, dst, host, size, true);
+        }
+        self.not_captured(stream, "an asynchronous host-to-device copy")?;
+        if data.len() >= AREA_ASYNC_MIN
+            && let Some((staging, chunk)) = self.area_staging(data.len())
+        {
+            let args = area_args(ctx, stream, dst);
+            return self.area_htod(args, data, &staging, chunk, true);
+        }
+        for (off, len) in chunks(data.len()) {
+            call!(self.rm_memcpy_htod_async(&RmHtodArgs {
+                ctx,
+                stream,
+                dst: dst + off as u64,
+                data: Bytes::copy_from_slice(&data[off..off + len])
+            }))?;
+        }
+        Ok(())
+    }
+
+    /// `cuMemcpyDtoHAsync`: one-way; `sink` gets the data when a later synchronizing call's
+    /// reply carries it.
+    pub fn memcpy_dtoh_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        size: u64,
+        sink: CopySink,
+    ) -> CuResult<()> {
+        let total = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        self.not_captured(stream, "an asynchronous device-to-host copy")?;
+        if total <= COPY_CHUNK {
+            return self.memcpy_dtoh_async_one(ctx, stream, src, size, sink);
+        }
+        let n = total.div_ceil(COPY_CHUNK);
+        let state = Arc::new(Mutex::new(ChunkedSink {
+            buf: vec![0; total],
+            remaining: n,
+            sink: Some(sink),
+        }));
+        for (off, len) in chunks(total) {
+            let state = Arc::clone(&state);
+            let part: CopySink = Box::new(move |data: &[u8]| {
+                let mut st = lock(&state);
+                let end = (off + data.len()).min(st.buf.len());
+                st.buf[off..end].copy_from_slice(&data[..end - off]);
+                st.remaining -= 1;
+                if st.remaining == 0
+                    && let Some(sink) = st.sink.take()
+                {
+                    sink(&st.buf);
+                }
+            });
+            self.memcpy_dtoh_async_one(ctx, stream, src + off as u64, len as u64, part)?;
+        }
+        Ok(())
+    }
+
+    fn memcpy_dtoh_async_one(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        size: u64,
+        sink: CopySink,
+    ) -> CuResult<()> {
+        let lease = self
+            .area
+            .as_ref()
+            .filter(|_| size as usize >= AREA_ASYNC_MIN)
+            .and_then(|a| a.alloc(size, 4096));
+        if let Some(lease) = lease {
+            // The server writes the bytes into the lease; the delivery says they are there.
+            let offset = lease.offset();
+            let len = size as usize;
+            let from_area: CopySink = Box::new(move |_: &[u8]| {
+                let mut buf = vec![0u8; len];
+                if !lease.get(&mut buf) {
+                    tracing::error!("remora: an area copy's lease is smaller than the copy");
+                }
+                sink(&buf);
+            });
+            let copy_id = self.delivery.register(ctx, stream, from_area);
+            let r = call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
+                ctx,
+                stream,
+                dev: src,
+                offset,
+                size,
+                copy_id
+            }));
+            if r.is_err() {
+                self.delivery.forget(copy_id);
+            }
+            return r;
+        }
+        let copy_id = self.delivery.register(ctx, stream, sink);
+        let r = call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
+            ctx,
+            stream,
+            src,
+            size,
+            copy_id
+        }));
+        if r.is_err() {
+            self.delivery.forget(copy_id);
+        }
+        r
+    }
+
+    /// `cuMemcpyDtoDAsync`: one-way.
+    pub fn memcpy_dtod_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        src: u64,
+        size: u64,
+    ) -> CuResult<()> {
+        call!(self.rm_memcpy_dtod_async(&RmDtodArgs {
+            ctx,
+            stream,
+            dst,
+            src,
+            size
+        }))
+    }
+
+    /// `cuMemsetD*Async`: one-way.
+    pub fn memset_async(&self, args: &RmMemsetArgs) -> CuResult<()> {
+        if ![1, 2, 4].contains(&args.element_size) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        call!(self.rm_memset_async(args))
+    }
+
+    fn peer_args(
+        ctx: RmHandle,
+        stream: RmHandle,
+        (dst, dst_ctx): (u64, RmHandle),
+        (src, src_ctx): (u64, RmHandle),
+        size: u64,
+    ) -> RmMemcpyPeerArgs {
+        RmMemcpyPeerArgs {
+            ctx,
+            stream,
+            dst,
+            dst_ctx,
+            src,
+            src_ctx,
+            size,
+        }
+    }
+
+    /// `cuMemcpyPeer` (synchronous): `dst` and `src` are (pointer, context); `ctx` is the
+    /// calling context.
+    pub fn memcpy_peer(
+        &self,
+        ctx: RmHandle,
+        dst: (u64, RmHandle),
+        src: (u64, RmHandle),
+        size: u64,
+    ) -> CuResult<()> {
+        self.need_revision(3, "cuMemcpyPeer")?;
+        let r = call!(self.rm_memcpy_peer(&Self::peer_args(
+            ctx,
+            u64::from(RM_STREAM_LEGACY),
+            dst,
+            src,
+            size
+        )))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuMemcpyPeerAsync`: one-way.
+    pub fn memcpy_peer_async(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: (u64, RmHandle),
+        src: (u64, RmHandle),
+        size: u64,
+    ) -> CuResult<()> {
+        self.need_revision(3, "cuMemcpyPeerAsync")?;
+        call!(self.rm_memcpy_peer_async(&Self::peer_args(ctx, stream, dst, src, size)))
+    }
+}

@@ -1,0 +1,125 @@
+//! [`Session`] methods for kernel launches and occupancy.
+
+use super::*;
+use crate::launch::{self, LaunchLimits, OccupancyLimits, dev_attr, func_attr};
+
+impl Session {
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor(WithFlags)`.
+    pub fn occupancy_max_active_blocks(
+        &self,
+        function: RmHandle,
+        block_size: i32,
+        dynamic_smem_bytes: u64,
+        flags: u32,
+    ) -> CuResult<i32> {
+        int(call!(self.rm_occupancy_max_active_blocks(
+            &RmOccupancyArgs {
+                function,
+                block_size,
+                dynamic_smem_bytes,
+                flags
+            }
+        ))?)
+    }
+
+    /// `cuOccupancyMaxActiveClusters`: `args` is the launch configuration (params unused).
+    pub fn occupancy_max_active_clusters(&self, args: &RmLaunchArgs) -> CuResult<i32> {
+        int(call!(self.rm_occupancy_max_active_clusters(args))?)
+    }
+
+    /// `cuOccupancyMaxPotentialBlockSize(WithFlags)` without a callback, on the server:
+    /// (minimum grid size, block size).
+    pub fn occupancy_max_potential_block_size(
+        &self,
+        function: RmHandle,
+        dynamic_smem_bytes: u64,
+        block_size_limit: i32,
+        flags: u32,
+    ) -> CuResult<(i32, i32)> {
+        pair(call!(self.rm_occupancy_max_potential_block_size(
+            &RmPotentialBlockArgs {
+                function,
+                dynamic_smem_bytes,
+                block_size_limit,
+                flags
+            }
+        ))?)
+    }
+
+    /// `cuOccupancyMaxPotentialBlockSize(WithFlags)` with a dynamic-shared-memory callback:
+    /// searched on the client (see [`launch::potential_block_size`]), one
+    /// `RM_OCCUPANCY_MAX_ACTIVE_BLOCKS` per block size tried.
+    pub fn occupancy_potential_block_size_with(
+        &self,
+        dev: DeviceHandle,
+        function: RmHandle,
+        smem: impl FnMut(i32) -> u64,
+        block_size_limit: i32,
+        flags: u32,
+    ) -> CuResult<(i32, i32)> {
+        let limits = OccupancyLimits {
+            device_max_threads: self.device_attribute(dev, dev_attr::MAX_THREADS_PER_BLOCK)?,
+            function_max_threads: self
+                .func_get_attribute(function, func_attr::MAX_THREADS_PER_BLOCK)?,
+            warp_size: self.device_attribute(dev, dev_attr::WARP_SIZE)?,
+            max_threads_per_sm: self
+                .device_attribute(dev, dev_attr::MAX_THREADS_PER_MULTIPROCESSOR)?,
+            sm_count: self.device_attribute(dev, dev_attr::MULTIPROCESSOR_COUNT)?,
+        };
+        launch::potential_block_size(&limits, block_size_limit, smem, |b, m| {
+            self.occupancy_max_active_blocks(function, b, m, flags)
+        })
+    }
+
+    /// `cuOccupancyAvailableDynamicSMemPerBlock`, searched with
+    /// `RM_OCCUPANCY_MAX_ACTIVE_BLOCKS` up to the function's dynamic shared memory limit.
+    pub fn occupancy_available_dynamic_smem(
+        &self,
+        function: RmHandle,
+        num_blocks: i32,
+        block_size: i32,
+    ) -> CuResult<u64> {
+        if num_blocks <= 0 || block_size <= 0 {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let cap = self.func_get_attribute(function, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)?;
+        launch::available_dynamic_smem(num_blocks, cap.max(0) as u64, |m| {
+            self.occupancy_max_active_blocks(function, block_size, m, 0)
+        })
+    }
+
+    /// The limits a launch of `function` on device `dev` is checked against. A function limit
+    /// the server cannot answer falls back to the device's (threads) or 48 KiB (dynamic
+    /// shared memory).
+    pub fn launch_limits(&self, dev: DeviceHandle, function: RmHandle) -> CuResult<LaunchLimits> {
+        let a = |i: i32| -> CuResult<u32> { Ok(self.device_attribute(dev, i)?.max(0) as u32) };
+        let max_block = [
+            a(dev_attr::MAX_BLOCK_DIM_X)?,
+            a(dev_attr::MAX_BLOCK_DIM_X + 1)?,
+            a(dev_attr::MAX_BLOCK_DIM_X + 2)?,
+        ];
+        let max_grid = [
+            a(dev_attr::MAX_GRID_DIM_X)?,
+            a(dev_attr::MAX_GRID_DIM_X + 1)?,
+            a(dev_attr::MAX_GRID_DIM_X + 2)?,
+        ];
+        let dev_threads = a(dev_attr::MAX_THREADS_PER_BLOCK)?;
+        let max_threads = self
+            .func_get_attribute(function, func_attr::MAX_THREADS_PER_BLOCK)
+            .map_or(dev_threads, |v| v.max(0) as u32);
+        let max_dynamic_smem = self
+            .func_get_attribute(function, func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES)
+            .map_or(launch::DEFAULT_MAX_DYNAMIC_SMEM, |v| v.max(0) as u32);
+        Ok(LaunchLimits {
+            max_block,
+            max_threads,
+            max_grid,
+            max_dynamic_smem,
+        })
+    }
+
+    /// `cuLaunchKernel`: one-way; `params` already packed (see [`crate::params`]).
+    pub fn launch(&self, args: &RmLaunchArgs) -> CuResult<()> {
+        call!(self.rm_launch_kernel(args))
+    }
+}

@@ -1,0 +1,160 @@
+//! [`Session`] methods for device allocations, host memory, pointer kinds and unified
+//! addressing.
+
+use super::*;
+use crate::vaspace::ReserveError;
+
+impl Session {
+    /// Allocates device memory with `alloc` (which answers the pointer, the bytes it spans and
+    /// whatever else the caller wants back) and reserves the same range in this process, as
+    /// unified addressing needs. The server's driver picks the address; when it lands on one
+    /// of this process's own mappings, that allocation is kept (so the driver cannot hand it
+    /// out again) and another asked for, up to [`MAX_VA_RETRIES`] times; the collided ones
+    /// are freed at the end.
+    fn alloc_reserved<T>(
+        &self,
+        ctx: RmHandle,
+        alloc: impl Fn() -> CuResult<(u64, u64, T)>,
+    ) -> CuResult<(u64, T)> {
+        let mut collided = Vec::new();
+        let result = loop {
+            let (ptr, size, extra) = match alloc() {
+                Ok(a) => a,
+                Err(e) => break Err(e),
+            };
+            match self.va.reserve(ptr, size, ctx) {
+                Ok(()) => break Ok((ptr, extra)),
+                Err(ReserveError::Collision(_)) if collided.len() < MAX_VA_RETRIES => {
+                    tracing::debug!(
+                        "remora: device allocation {ptr:#x}+{size:#x} collides with a host mapping of this process; allocating again"
+                    );
+                    collided.push(ptr);
+                }
+                Err(ReserveError::Collision(why) | ReserveError::Other(why)) => {
+                    tracing::error!(
+                        "remora: the device allocation {ptr:#x}+{size:#x} collides with a host mapping of this process ({why}); unified addressing needs the same range free in the client, so the allocation was freed and fails with CUDA_ERROR_OUT_OF_MEMORY"
+                    );
+                    collided.push(ptr);
+                    break Err(CuError(cu::OUT_OF_MEMORY));
+                }
+            }
+        };
+        for p in collided {
+            let _ = self.rpc.rm_mem_free(&RmPtrArgs { ctx, ptr: p });
+        }
+        result
+    }
+
+    /// `cuMemAlloc`: the device address, with the same range reserved in this process.
+    pub fn mem_alloc(&self, ctx: RmHandle, bytesize: u64) -> CuResult<u64> {
+        if bytesize == 0 {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        self.alloc_reserved(ctx, || {
+            let ptr = u64r(call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize }))?)?;
+            Ok((ptr, bytesize, ()))
+        })
+        .map(|(ptr, ())| ptr)
+    }
+
+    /// `cuMemAllocPitch`: (pointer, pitch).
+    pub fn mem_alloc_pitch(
+        &self,
+        ctx: RmHandle,
+        width_bytes: u64,
+        height: u64,
+        element_size: u32,
+    ) -> CuResult<(u64, u64)> {
+        if width_bytes == 0 || height == 0 || ![4, 8, 16].contains(&element_size) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        self.alloc_reserved(ctx, || {
+            match call!(self.rm_mem_alloc_pitch(&RmAllocPitchArgs {
+                ctx,
+                width_bytes,
+                height,
+                element_size
+            }))? {
+                RmPitchedReply::Case0(a) => Ok((a.ptr, a.pitch.saturating_mul(height), a.pitch)),
+                RmPitchedReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+            }
+        })
+    }
+
+    /// `cuMemFree`: frees on the server, then releases the reservation.
+    pub fn mem_free(&self, ctx: RmHandle, ptr: u64) -> CuResult<()> {
+        CuError::check(call!(self.rm_mem_free(&RmPtrArgs { ctx, ptr }))?)?;
+        self.va.release(ptr);
+        Ok(())
+    }
+
+    /// `cuMemGetInfo`: (free, total).
+    pub fn mem_get_info(&self, ctx: RmHandle) -> CuResult<(u64, u64)> {
+        match call!(self.rm_mem_get_info(&ctx))? {
+            RmMemInfoReply::Case0(i) => Ok((i.free_bytes, i.total_bytes)),
+            RmMemInfoReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// `cuMemGetAddressRange`: (base, size).
+    pub fn mem_get_address_range(&self, ctx: RmHandle, ptr: u64) -> CuResult<(u64, u64)> {
+        match call!(self.rm_mem_get_address_range(&RmPtrArgs { ctx, ptr }))? {
+            RmRangeReply::Case0(r) => Ok((r.base, r.size)),
+            RmRangeReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// Classifies a pointer as host or device (unified addressing), locally.
+    pub fn pointer_kind(&self, ptr: u64) -> PointerKind {
+        match self.va.find(ptr) {
+            Some((base, r)) => PointerKind::Device {
+                base,
+                size: r.size,
+                ctx: r.ctx,
+                buffer_id: r.buffer_id,
+            },
+            None => match self.host.find(ptr) {
+                Some(r) => PointerKind::HostTracked(r),
+                None => PointerKind::Host,
+            },
+        }
+    }
+
+    /// The client's host memory (`cuMemHostAlloc`, `cuMemHostRegister`).
+    pub fn host_memory(&self) -> &HostMem {
+        &self.host
+    }
+
+    /// `cuMemFreeHost`. Natively it synchronizes the device first; for an allocation in the
+    /// data area that matters, because the space may be handed out again at once: its
+    /// context is synchronized first, so that no copy into it is still in flight.
+    pub fn mem_free_host(&self, ptr: u64) -> CuResult<()> {
+        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
+            && r.area_offset.is_some()
+            && r.ctx != 0
+            && let Err(e) = self.ctx_synchronize(r.ctx)
+        {
+            tracing::debug!("remora: cuMemFreeHost: synchronizing the context failed: {e}");
+        }
+        self.deliver_pending("cuMemFreeHost");
+        self.host.free(ptr)
+    }
+
+    /// `cuMemHostUnregister`: like the native call, waits for the asynchronous copies still
+    /// pending (their bytes land before the memory stops being registered).
+    pub fn mem_host_unregister(&self, ptr: u64) -> CuResult<()> {
+        self.deliver_pending("cuMemHostUnregister");
+        self.host.unregister(ptr)
+    }
+
+    /// Synchronizes every context with asynchronous copies pending, so that their bytes are
+    /// written before host memory goes away (`cuMemFreeHost`, `cuMemHostUnregister`, which
+    /// synchronize natively).
+    fn deliver_pending(&self, what: &str) {
+        for ctx in self.delivery.pending_in(None) {
+            if let Err(e) = self.ctx_synchronize(ctx) {
+                tracing::debug!("remora: {what}: synchronizing context {ctx} failed: {e}");
+            }
+        }
+    }
+}

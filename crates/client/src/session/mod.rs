@@ -1,0 +1,704 @@
+//! [`Session`]: one connection to `remora serve`, a method per protocol procedure.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
+use std::time::Duration;
+
+use remora_oncrpc::{Client as RpcClient, ClientConfig, Endpoint, TransportChoice};
+use remora_proto::remora::*;
+use remora_xdr::Bytes;
+
+use crate::area::AreaAlloc;
+use crate::copy3d::{self, Extent, Layout};
+use crate::error::{CuError, CuResult, cu};
+use crate::host::{HostMem, HostRange};
+use crate::host_callbacks::HostCallbacks;
+use crate::library::Libraries;
+use crate::vaspace::VaSpace;
+
+/// A device ordinal as the server numbers them.
+pub type DeviceHandle = i32;
+
+/// Device attributes that advertise managed memory or coherent access to pageable host
+/// memory, which a remote GPU cannot give the client process: answered 0 (see
+/// [`Session::device_attribute`]). `CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY` (83),
+/// `PAGEABLE_MEMORY_ACCESS` (88), `CONCURRENT_MANAGED_ACCESS` (89),
+/// `PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES` (100) and
+/// `DIRECT_MANAGED_MEM_ACCESS_FROM_HOST` (101).
+pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 5] = [83, 88, 89, 100, 101];
+
+pub use crate::delivery::CopySink;
+use crate::delivery::{Delivery, Fetch};
+
+/// Copies larger than this travel as several calls of at most this many bytes, so that every
+/// record stays far below the server's maximum record size (128 MiB by default) and memory
+/// per call stays bounded on both sides.
+pub(crate) const COPY_CHUNK: usize = 32 << 20;
+
+/// Largest reply record the client accepts: a synchronizing reply may carry several
+/// asynchronous device-to-host copies at once.
+pub(crate) const MAX_REPLY_RECORD: usize = (1 << 30) + (1 << 16);
+
+/// How long one-way calls (launches, async copies) may wait to be written together:
+/// `REMORA_ONEWAY_BATCH_US` microseconds (default 50; 0 writes each call at once). A
+/// synchronizing call always writes the queue first, so this adds no latency to a launch
+/// followed by a synchronize.
+fn oneway_batch_delay() -> Option<Duration> {
+    let us = std::env::var("REMORA_ONEWAY_BATCH_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(50);
+    (us > 0).then(|| Duration::from_micros(us))
+}
+
+/// Largest chunk of a copy through the data area (smaller areas: a quarter of the area).
+const AREA_CHUNK: usize = 16 << 20;
+/// How many device allocations that collide with this process's own mappings `cuMemAlloc`
+/// holds on to while asking the server for another address.
+const MAX_VA_RETRIES: usize = 8;
+/// The smallest staging chunk worth streaming through the area.
+const MIN_AREA_CHUNK: usize = 256 << 10;
+
+/// Asynchronous copies smaller than this travel inside their (one-way) call: through the
+/// area they would need a round trip to learn when the space is free again.
+const AREA_ASYNC_MIN: usize = 64 << 10;
+
+/// The arguments of an area copy, before the chunk fills in its offset and size.
+fn area_args(ctx: RmHandle, stream: RmHandle, dev: u64) -> RmAreaCopyArgs {
+    RmAreaCopyArgs {
+        ctx,
+        stream,
+        dev,
+        offset: 0,
+        size: 0,
+        copy_id: 0,
+    }
+}
+
+/// `copy_id` of an `RM_AREA_MEMCPY_HTOD_ASYNC` from zero-copy pinned memory
+/// (docs/protocol.md): the server may read the bytes until the stream reaches the copy, as
+/// CUDA allows for a pinned source. Staging leases send 0 (read before the reply).
+const AREA_PINNED_SOURCE: u64 = 1;
+
+/// Splits `len` bytes into `(offset, size)` chunks of at most [`COPY_CHUNK`].
+fn chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len.div_ceil(COPY_CHUNK).max(1)).map(move |i| {
+        let off = i * COPY_CHUNK;
+        (off, COPY_CHUNK.min(len - off))
+    })
+}
+
+/// Reassembles an asynchronous device-to-host copy sent in chunks, then hands the whole to the
+/// caller's sink once every chunk has arrived.
+struct ChunkedSink {
+    buf: Vec<u8>,
+    remaining: usize,
+    sink: Option<CopySink>,
+}
+
+/// Timeouts and names used by [`Session::connect_with`].
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Bound on establishing the connection.
+    pub connect_timeout: Duration,
+    /// Bound on the HELLO exchange.
+    pub hello_timeout: Duration,
+    /// Bound on every other call (synchronizing calls wait for kernels: keep it long).
+    pub call_timeout: Duration,
+    /// Name sent in HELLO.
+    pub client_name: String,
+    /// How to reach the server (default: `REMORA_TRANSPORT`, else auto).
+    pub transport: TransportChoice,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        let ms = |var: &str, default: u64| {
+            Duration::from_millis(
+                std::env::var(var)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(default),
+            )
+        };
+        Self {
+            connect_timeout: ms("REMORA_CONNECT_TIMEOUT_MS", 5_000),
+            hello_timeout: Duration::from_secs(10),
+            call_timeout: ms("REMORA_CALL_TIMEOUT_MS", 24 * 3600 * 1000),
+            client_name: format!("remora-client {}", env!("CARGO_PKG_VERSION")),
+            transport: crate::endpoint::transport_from_env().unwrap_or_default(),
+        }
+    }
+}
+
+/// A stream as a CUDA call names it, before mapping to a protocol handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamRef {
+    /// NULL or `CU_STREAM_LEGACY`: the legacy default stream.
+    Legacy,
+    /// `CU_STREAM_PER_THREAD` (or NULL through a `_ptds`/`_ptsz` entry point).
+    PerThread,
+    /// A stream the client created.
+    Handle(RmHandle),
+}
+
+impl StreamRef {
+    /// Maps a raw `CUstream` value whose non-special values are protocol handles.
+    /// `per_thread_default` is true for the `_ptds`/`_ptsz` entry points, where NULL means
+    /// the per-thread stream.
+    pub fn from_raw(raw: u64, per_thread_default: bool) -> StreamRef {
+        match raw {
+            0 if per_thread_default => StreamRef::PerThread,
+            0 | 1 => StreamRef::Legacy,
+            2 => StreamRef::PerThread,
+            h => StreamRef::Handle(h),
+        }
+    }
+}
+
+/// Where the data of an asynchronous 2-D or 3-D copy to host memory goes: called once per
+/// band of the copy (see [`copy3d::bands`]) with the band's layout in the destination, its
+/// extent and its packed rows (fewer, or none, when the copy failed).
+pub type BandSink = Arc<dyn Fn(&Layout, &Extent, &[u8]) + Send + Sync>;
+
+/// The source of a 2-D or 3-D copy.
+#[derive(Debug)]
+pub enum CopySrc<'a> {
+    /// Device memory at `ptr`.
+    Device {
+        /// `srcDevice`.
+        ptr: u64,
+        /// Offsets, pitch and height.
+        layout: Layout,
+    },
+    /// Host memory: `base` is `srcHost` and holds at least the copy's span.
+    Host {
+        /// From `srcHost` to the end of the region.
+        base: &'a [u8],
+        /// Offsets, pitch and height.
+        layout: Layout,
+    },
+}
+
+/// The destination of a 2-D or 3-D copy.
+pub enum CopyDst<'a> {
+    /// Device memory at `ptr`.
+    Device {
+        /// `dstDevice`.
+        ptr: u64,
+        /// Offsets, pitch and height.
+        layout: Layout,
+    },
+    /// Host memory written before the call returns (synchronous copies only).
+    Host {
+        /// From `dstHost` to the end of the region.
+        base: &'a mut [u8],
+        /// Offsets, pitch and height.
+        layout: Layout,
+    },
+    /// Host memory written by `sink` when the data arrives (a synchronizing call's reply for
+    /// an asynchronous copy; before the call returns for a synchronous one).
+    Later {
+        /// Offsets, pitch and height.
+        layout: Layout,
+        /// Writes each band.
+        sink: BandSink,
+    },
+}
+
+impl std::fmt::Debug for CopyDst<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyDst::Device { ptr, layout } => f
+                .debug_struct("Device")
+                .field("ptr", ptr)
+                .field("layout", layout)
+                .finish(),
+            CopyDst::Host { base, layout } => f
+                .debug_struct("Host")
+                .field("len", &base.len())
+                .field("layout", layout)
+                .finish(),
+            CopyDst::Later { layout, .. } => {
+                f.debug_struct("Later").field("layout", layout).finish()
+            }
+        }
+    }
+}
+
+/// What a 2-D or 3-D copy is, besides its two sides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copy3dParams {
+    /// The driver call (`RM_COPY_2D` copies have depth 1 and z offsets 0).
+    pub form: RmCopyForm,
+    /// The calling context.
+    pub ctx: RmHandle,
+    /// For the async forms the stream; for the synchronous ones the stream whose pending
+    /// asynchronous copies the call delivers (the legacy or the per-thread one).
+    pub stream: RmHandle,
+    /// Its size.
+    pub extent: Extent,
+    /// Peer copies: (source context, destination context).
+    pub peer: Option<(RmHandle, RmHandle)>,
+}
+
+/// A launch attribute the protocol carries.
+pub type LaunchAttr = RmLaunchAttr;
+
+/// A function of a loaded module: its handle and parameter layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FunctionInfo {
+    /// Mangled name.
+    pub name: String,
+    /// The name with a NUL (`cuFuncGetName` hands out a pointer to it).
+    pub c_name: std::ffi::CString,
+    /// Server handle.
+    pub handle: RmHandle,
+    /// Parameter offsets and sizes (`cuFuncGetParamInfo`).
+    pub params: Vec<RmParam>,
+    /// The module it belongs to.
+    pub module: RmHandle,
+}
+
+/// A loaded module: its handle and functions by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModuleInfo {
+    /// Server handle.
+    pub handle: RmHandle,
+    /// The context it was loaded in.
+    pub ctx: RmHandle,
+    /// Functions by mangled name.
+    pub functions: HashMap<String, Arc<FunctionInfo>>,
+}
+
+/// What a pointer is, as unified addressing sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointerKind {
+    /// Not in any device allocation or tracked host range of this session.
+    Host,
+    /// In host memory the client allocated (`cuMemHostAlloc`) or registered
+    /// (`cuMemHostRegister`).
+    HostTracked(HostRange),
+    /// Inside the device allocation at `base` of `size` bytes, made in context `ctx`.
+    Device {
+        /// Base address of the allocation.
+        base: u64,
+        /// Its size in bytes.
+        size: u64,
+        /// The context that allocated it.
+        ctx: RmHandle,
+        /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique in the process, never reused.
+        buffer_id: u64,
+    },
+}
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: i32 = 2;
+
+/// What `cuStreamGetCaptureInfo` answers about a stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaptureInfo {
+    /// `CUstreamCaptureStatus`: 0 none, 1 active, 2 invalidated.
+    pub status: i32,
+    /// The capture id (0 when not capturing).
+    pub id: u64,
+    /// The graph being captured (0 unless active).
+    pub graph: RmHandle,
+    /// Number of capture dependencies of the stream.
+    pub dependencies: u64,
+}
+
+/// A stream capture this client began.
+struct ClientCapture {
+    /// The stream that began it (only it may end it).
+    origin: RmHandle,
+    /// `CUstreamCaptureMode` the program asked for.
+    mode: i32,
+    /// The thread that began it (a non-relaxed capture must end there).
+    thread: ThreadId,
+    /// An error the client gave a call that cannot be captured: ending the capture returns it.
+    error: Option<i32>,
+}
+
+/// The streams taking part in captures, as far as the client can know: every capture begins
+/// and ends through it, and a stream joins one only by waiting for an event recorded in it
+/// (`cuStreamWaitEvent`). A stream absent from here is not capturing, so the capture queries
+/// (cuBLASLt asks before every GEMM) are answered without a round trip; for a stream listed
+/// here, the server is asked (it knows whether the capture was invalidated).
+#[derive(Default)]
+struct Captures {
+    /// Stream handle → capture id.
+    streams: HashMap<RmHandle, u64>,
+    /// Capture id → capture.
+    active: HashMap<u64, ClientCapture>,
+    /// Event → the capture it was last recorded in.
+    events: HashMap<RmHandle, u64>,
+    /// Executable graphs alive.
+    execs: std::collections::HashSet<RmHandle>,
+}
+
+impl Captures {
+    fn end(&mut self, id: u64) {
+        self.active.remove(&id);
+        self.streams.retain(|_, c| *c != id);
+        self.events.retain(|_, c| *c != id);
+    }
+}
+
+/// One connection to `remora serve`. `Send + Sync`: calls from many threads are pipelined.
+pub struct Session {
+    rpc: RemoraV1Client,
+    welcome: HelloWelcome,
+    props: Mutex<HashMap<DeviceHandle, Arc<RmDeviceProps>>>,
+    attrs: Mutex<HashMap<(DeviceHandle, i32), i32>>,
+    modules: Mutex<HashMap<RmHandle, Arc<ModuleInfo>>>,
+    functions: Mutex<HashMap<RmHandle, Arc<FunctionInfo>>>,
+    /// Asynchronous device-to-host copies not yet written, and CUDA's ordering rules that
+    /// say when they must be.
+    delivery: Arc<Delivery>,
+    per_thread: Mutex<HashMap<(ThreadId, RmHandle), RmHandle>>,
+    va: VaSpace,
+    host: HostMem,
+    /// The shared data area's allocator (a session in shared memory, revision 6).
+    area: Option<Arc<AreaAlloc>>,
+    func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
+    libraries: Libraries,
+    callbacks: Arc<HostCallbacks>,
+    captures: Mutex<Captures>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("endpoint", self.rpc.rpc().endpoint())
+            .field("revision", &self.welcome.revision)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+macro_rules! call {
+    ($self:ident . $proc:ident ( $arg:expr )) => {
+        $self
+            .rpc
+            .$proc($arg)
+            .map_err(|e| CuError::from_rpc(stringify!($proc), e))
+    };
+    ($self:ident . $proc:ident ()) => {
+        $self
+            .rpc
+            .$proc()
+            .map_err(|e| CuError::from_rpc(stringify!($proc), e))
+    };
+}
+
+fn int(r: RmIntReply) -> CuResult<i32> {
+    match r {
+        RmIntReply::Case0(v) => Ok(v),
+        RmIntReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+    }
+}
+
+fn u64r(r: RmU64Reply) -> CuResult<u64> {
+    match r {
+        RmU64Reply::Case0(v) => Ok(v),
+        RmU64Reply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+    }
+}
+
+fn handle(r: RmHandleReply) -> CuResult<RmHandle> {
+    match r {
+        RmHandleReply::Case0(v) => Ok(v),
+        RmHandleReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+    }
+}
+
+/// A union's default arm with status 0 cannot happen (0 has its own arm); be safe anyway.
+fn nonzero(code: i32) -> i32 {
+    if code == 0 { cu::UNKNOWN } else { code }
+}
+
+// The methods by concern, each file its own `impl Session` block (declared after `call!`,
+// which they use).
+mod area_copies;
+mod capture;
+mod contexts;
+mod copies;
+mod copies_3d;
+mod launches;
+mod memory;
+mod modules;
+mod streams;
+
+impl Session {
+    // The plain calls, generated from their `@glue` annotations in remora.x.
+    remora_proto::client_glue!();
+
+    /// Connects to the server named by `REMORA_SERVER`, else the default endpoint.
+    pub fn from_env() -> CuResult<Session> {
+        let endpoint = crate::endpoint::endpoint_from_env()?;
+        let transport = crate::endpoint::transport_from_env()?;
+        Self::connect_with(
+            &endpoint,
+            SessionConfig {
+                transport,
+                ..SessionConfig::default()
+            },
+        )
+    }
+
+    /// Connects to `endpoint` and says HELLO. An unreachable server is
+    /// CUDA_ERROR_NO_DEVICE (logged with the reason); a server that speaks no revision ≥ 2
+    /// is CUDA_ERROR_NOT_SUPPORTED.
+    pub fn connect(endpoint: &Endpoint) -> CuResult<Session> {
+        Self::connect_with(endpoint, SessionConfig::default())
+    }
+
+    /// [`Session::connect`] with explicit timeouts.
+    pub fn connect_with(endpoint: &Endpoint, config: SessionConfig) -> CuResult<Session> {
+        let rpc_config = ClientConfig {
+            connect_timeout: Some(config.connect_timeout),
+            default_timeout: config.call_timeout,
+            max_record_size: MAX_REPLY_RECORD,
+            oneway_batch_delay: oneway_batch_delay(),
+            transport: config.transport,
+            ..ClientConfig::default()
+        };
+        let rpc = RpcClient::connect_with(endpoint, rpc_config).map_err(|e| {
+            if matches!(e, remora_oncrpc::RpcError::Transport { .. }) {
+                tracing::error!("remora: {e} (REMORA_TRANSPORT={})", config.transport);
+                return CuError(cu::NO_DEVICE);
+            }
+            tracing::warn!("remora: {e} (set REMORA_SERVER to tcp://HOST:PORT or unix:///PATH)");
+            CuError(cu::NO_DEVICE)
+        })?;
+        let hello_client = RemoraV1Client::new(rpc.clone()).with_timeout(config.hello_timeout);
+        let reply = hello_client
+            .remora_hello(&HelloArgs {
+                min_revision: 2,
+                max_revision: REMORA_PROTOCOL_REVISION,
+                client_name: config.client_name.clone(),
+                capabilities: u64::from(REMORA_CAP_ONEWAY),
+            })
+            .map_err(|e| {
+                tracing::warn!("remora: HELLO to {endpoint} failed: {e}");
+                CuError(cu::NO_DEVICE)
+            })?;
+        let welcome = match reply {
+            HelloReply::True(w) if w.revision >= 2 => w,
+            HelloReply::True(w) => {
+                tracing::error!(
+                    "remora: server at {endpoint} negotiated revision {}, this client needs 2 or later",
+                    w.revision
+                );
+                return Err(CuError(cu::NOT_SUPPORTED));
+            }
+            HelloReply::False(r) => {
+                tracing::error!(
+                    "remora: server at {endpoint} refused HELLO (it speaks revisions {}..={}): {}",
+                    r.min_revision,
+                    r.max_revision,
+                    r.reason
+                );
+                return Err(CuError(cu::NOT_SUPPORTED));
+            }
+        };
+        if let DriverReport::Default {
+            discriminant,
+            value,
+        } = &welcome.driver
+        {
+            tracing::warn!(
+                "remora: server {} has no usable CUDA driver ({discriminant:?}): {value}",
+                welcome.hostname
+            );
+        }
+        let area = rpc
+            .data_area()
+            .filter(|_| welcome.revision >= 6)
+            .map(AreaAlloc::new);
+        let rpc = RemoraV1Client::new(rpc);
+        Ok(Session {
+            delivery: Arc::new(Delivery::new(rpc.clone(), welcome.revision)),
+            rpc,
+            welcome,
+            props: Mutex::default(),
+            attrs: Mutex::default(),
+            modules: Mutex::default(),
+            functions: Mutex::default(),
+            per_thread: Mutex::default(),
+            va: VaSpace::default(),
+            host: HostMem::with_area(area.clone()),
+            area,
+            func_attrs: Mutex::default(),
+            libraries: Libraries::default(),
+            callbacks: Arc::default(),
+            captures: Mutex::default(),
+        })
+    }
+
+    /// The server's HELLO answer.
+    pub fn welcome(&self) -> &HelloWelcome {
+        &self.welcome
+    }
+
+    /// The generated protocol client, for procedures not wrapped here.
+    pub fn rpc(&self) -> &RemoraV1Client {
+        &self.rpc
+    }
+
+    /// The server's devices from HELLO (empty when it has no driver).
+    pub fn devices(&self) -> &[DeviceInfo] {
+        match &self.welcome.driver {
+            DriverReport::DriverOk(ok) => &ok.devices,
+            DriverReport::Default { .. } => &[],
+        }
+    }
+
+    /// Why the server has no devices, if it has no driver.
+    pub fn driver_problem(&self) -> Option<&str> {
+        match &self.welcome.driver {
+            DriverReport::DriverOk(_) => None,
+            DriverReport::Default { value, .. } => Some(value),
+        }
+    }
+
+    /// The server driver's version (`cuDriverGetVersion`), if it has one.
+    pub fn driver_version(&self) -> Option<i32> {
+        match &self.welcome.driver {
+            DriverReport::DriverOk(ok) => Some(ok.driver_version),
+            DriverReport::Default { .. } => None,
+        }
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> i32 {
+        self.devices().len() as i32
+    }
+
+    fn check_device(&self, dev: DeviceHandle) -> CuResult<()> {
+        if dev < 0 || dev >= self.device_count() {
+            return Err(CuError(cu::INVALID_DEVICE));
+        }
+        Ok(())
+    }
+
+    /// Delivers the copies of a sync reply to their sinks, then returns its status
+    /// ([`Delivery::finish`]).
+    pub fn finish_sync(&self, reply: RmSyncReply) -> CuResult<()> {
+        self.delivery.finish(reply)
+    }
+
+    /// After a call that makes the driver flush device-side printf output but replies only a
+    /// status (context destroy, primary context release and reset, module unload): fetches the
+    /// output captured by now and writes it to standard output (revision 4; best effort).
+    fn take_device_output(&self) {
+        if self.welcome.revision < 4 {
+            return;
+        }
+        match call!(self.rm_device_output_take()) {
+            Ok(data) => crate::stdout::write_device_output(&data),
+            Err(e) => tracing::debug!("remora: device output not fetched: {e}"),
+        }
+    }
+
+    /// The copy-id mark: copies issued before now have smaller ids.
+    fn copy_mark(&self) -> u64 {
+        self.delivery.mark()
+    }
+
+    /// After a successful synchronizing call on (`ctx`, `stream`) that began at `mark`: waits
+    /// until every asynchronous copy CUDA says it completed has been written
+    /// ([`Delivery::settle`]).
+    fn settle_stream(&self, ctx: RmHandle, stream: RmHandle, mark: u64) -> CuResult<()> {
+        self.delivery
+            .settle(&self.delivery.frontier(ctx, stream, mark), Fetch::Collect)
+    }
+
+    /// Number of asynchronous device-to-host copies not yet delivered.
+    pub fn pending_copies(&self) -> usize {
+        self.delivery.pending()
+    }
+
+    /// CUDA_ERROR_NOT_SUPPORTED (logged) when the server speaks a revision older than `rev`.
+    fn need_revision(&self, rev: u32, what: &str) -> CuResult<()> {
+        if self.welcome.revision >= rev {
+            return Ok(());
+        }
+        tracing::warn!(
+            "remora: {what} needs protocol revision {rev}; the server speaks {} (upgrade it); returning CUDA_ERROR_NOT_SUPPORTED",
+            self.welcome.revision
+        );
+        Err(CuError(cu::NOT_SUPPORTED))
+    }
+}
+
+fn pair(r: RmIntPairReply) -> CuResult<(i32, i32)> {
+    match r {
+        RmIntPairReply::Case0(p) => Ok((p.first, p.second)),
+        RmIntPairReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+    }
+}
+
+fn ready(r: CuResult<()>) -> CuResult<bool> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(CuError(cu::NOT_READY)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_split_into_bounded_chunks() {
+        assert_eq!(chunks(0).collect::<Vec<_>>(), [(0, 0)]);
+        assert_eq!(chunks(5).collect::<Vec<_>>(), [(0, 5)]);
+        assert_eq!(chunks(COPY_CHUNK).collect::<Vec<_>>(), [(0, COPY_CHUNK)]);
+        let big = 2 * COPY_CHUNK + 7;
+        let parts: Vec<_> = chunks(big).collect();
+        assert_eq!(
+            parts,
+            [
+                (0, COPY_CHUNK),
+                (COPY_CHUNK, COPY_CHUNK),
+                (2 * COPY_CHUNK, 7)
+            ]
+        );
+        assert_eq!(parts.iter().map(|p| p.1).sum::<usize>(), big);
+    }
+
+    #[test]
+    fn stream_mapping() {
+        assert_eq!(StreamRef::from_raw(0, false), StreamRef::Legacy);
+        assert_eq!(StreamRef::from_raw(1, false), StreamRef::Legacy);
+        assert_eq!(StreamRef::from_raw(2, false), StreamRef::PerThread);
+        assert_eq!(StreamRef::from_raw(0, true), StreamRef::PerThread);
+        assert_eq!(StreamRef::from_raw(1, true), StreamRef::Legacy);
+        assert_eq!(
+            StreamRef::from_raw(0x1234, false),
+            StreamRef::Handle(0x1234)
+        );
+    }
+
+    #[test]
+    fn session_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Session>();
+    }
+
+    #[test]
+    fn unreachable_server_is_no_device_within_the_timeout() {
+        let dir = std::env::temp_dir().join(format!("remora-none-{}", std::process::id()));
+        let start = std::time::Instant::now();
+        let err = Session::connect(&Endpoint::Unix(dir.join("absent.sock"))).unwrap_err();
+        assert_eq!(err, CuError(cu::NO_DEVICE));
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+}

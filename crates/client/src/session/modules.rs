@@ -1,0 +1,213 @@
+//! [`Session`] methods for modules, functions, globals and libraries.
+
+use sha2::{Digest, Sha256};
+
+use super::*;
+
+impl Session {
+    /// Loads a kernel image: sends its SHA-256 first and the bytes only if the server asks
+    /// (`RM_NEED_IMAGE`). The function list and parameter layouts are cached.
+    pub fn module_load(&self, ctx: RmHandle, image: &[u8]) -> CuResult<Arc<ModuleInfo>> {
+        if image.is_empty() || image.len() > RM_MAX_IMAGE as usize {
+            return Err(CuError(cu::INVALID_IMAGE));
+        }
+        let hash: [u8; 32] = Sha256::digest(image).into();
+        let mut args = RmModuleLoadArgs {
+            ctx,
+            hash,
+            image: Bytes::new(),
+        };
+        let mut reply = call!(self.rm_module_load(&args))?;
+        if reply == RmLoadReply::RmNeedImage {
+            args.image = Bytes::copy_from_slice(image);
+            reply = call!(self.rm_module_load(&args))?;
+        }
+        let m = match reply {
+            RmLoadReply::RmLoaded(m) => m,
+            RmLoadReply::RmLoadFailed(e) => return Err(CuError(nonzero(e))),
+            RmLoadReply::RmNeedImage => {
+                tracing::error!("remora: the server asked for the image again after receiving it");
+                return Err(CuError(cu::UNKNOWN));
+            }
+        };
+        let mut functions = HashMap::new();
+        {
+            let mut by_handle = lock(&self.functions);
+            for f in m.functions {
+                let info = Arc::new(FunctionInfo {
+                    c_name: std::ffi::CString::new(f.name.replace('\0', "")).unwrap_or_default(),
+                    name: f.name.clone(),
+                    handle: f.function,
+                    params: f.params,
+                    module: m.module,
+                });
+                by_handle.insert(f.function, Arc::clone(&info));
+                functions.insert(f.name, info);
+            }
+        }
+        let info = Arc::new(ModuleInfo {
+            handle: m.module,
+            ctx,
+            functions,
+        });
+        lock(&self.modules).insert(m.module, Arc::clone(&info));
+        Ok(info)
+    }
+
+    /// `cuModuleUnload`; forgets the cached functions.
+    pub fn module_unload(&self, module: RmHandle) -> CuResult<()> {
+        let r = call!(self.rm_module_unload(&module))?;
+        self.take_device_output();
+        CuError::check(r)?;
+        if let Some(m) = lock(&self.modules).remove(&module) {
+            let mut f = lock(&self.functions);
+            let mut attrs = lock(&self.func_attrs);
+            for info in m.functions.values() {
+                f.remove(&info.handle);
+                attrs.retain(|(h, _), _| *h != info.handle);
+            }
+        }
+        Ok(())
+    }
+
+    /// A loaded module, from the cache.
+    pub fn module(&self, module: RmHandle) -> Option<Arc<ModuleInfo>> {
+        lock(&self.modules).get(&module).cloned()
+    }
+
+    /// A function of a loaded module, from the cache.
+    pub fn function(&self, function: RmHandle) -> Option<Arc<FunctionInfo>> {
+        lock(&self.functions).get(&function).cloned()
+    }
+
+    /// `cuModuleGetGlobal`: (pointer, size).
+    pub fn module_get_global(&self, module: RmHandle, name: &str) -> CuResult<(u64, u64)> {
+        match call!(self.rm_module_get_global(&RmGetGlobalArgs {
+            module,
+            name: name.to_owned()
+        }))? {
+            RmGlobalReply::RmLoaded(g) => Ok((g.ptr, g.size)),
+            RmGlobalReply::Default { value, .. } => Err(CuError(nonzero(value))),
+        }
+    }
+
+    /// `cuFuncGetAttribute`. The attributes fixed at load time (0..=7) and the two that only
+    /// `cuFuncSetAttribute` changes (8, 9) are cached.
+    pub fn func_get_attribute(&self, function: RmHandle, attribute: i32) -> CuResult<i32> {
+        let cacheable = (0..=9).contains(&attribute);
+        if cacheable && let Some(v) = lock(&self.func_attrs).get(&(function, attribute)) {
+            return Ok(*v);
+        }
+        let v = int(call!(self.rm_func_get_attribute(&RmFuncAttrArgs {
+            function,
+            attribute,
+            value: 0
+        }))?)?;
+        if cacheable {
+            lock(&self.func_attrs).insert((function, attribute), v);
+        }
+        Ok(v)
+    }
+
+    /// `cuFuncSetAttribute`.
+    pub fn func_set_attribute(
+        &self,
+        function: RmHandle,
+        attribute: i32,
+        value: i32,
+    ) -> CuResult<()> {
+        let r = CuError::check(call!(self.rm_func_set_attribute(&RmFuncAttrArgs {
+            function,
+            attribute,
+            value
+        }))?);
+        // Forget the cached value either way: the next get asks the server.
+        lock(&self.func_attrs).remove(&(function, attribute));
+        r
+    }
+
+    /// `cuFuncSetCacheConfig`.
+    pub fn func_set_cache_config(&self, function: RmHandle, config: u32) -> CuResult<()> {
+        CuError::check(call!(self.rm_func_set_cache_config(&RmHandleFlags {
+            handle: function,
+            flags: config
+        }))?)
+    }
+
+    // Libraries ----------------------------------------------------------------------------
+
+    /// `cuLibraryLoadData`: keeps a copy of the image; loads it at once in `ctx` if given
+    /// (so a bad image fails here), else in each context on first use. Returns the library id.
+    pub fn library_load(&self, ctx: Option<RmHandle>, image: &[u8]) -> CuResult<u64> {
+        if image.is_empty() || image.len() > RM_MAX_IMAGE as usize {
+            return Err(CuError(cu::INVALID_IMAGE));
+        }
+        let loaded = match ctx {
+            Some(ctx) => Some((ctx, self.module_load(ctx, image)?)),
+            None => None,
+        };
+        Ok(self.libraries.add(image, loaded))
+    }
+
+    /// The module of library `lib` in context `ctx` (`cuLibraryGetModule`), loaded on first use.
+    pub fn library_module(&self, lib: u64, ctx: RmHandle) -> CuResult<Arc<ModuleInfo>> {
+        self.libraries.module(
+            lib,
+            ctx,
+            |image| self.module_load(ctx, image),
+            |extra| {
+                let _ = self.module_unload(extra);
+            },
+        )
+    }
+
+    /// `cuLibraryUnload`: unloads its modules and forgets its kernels.
+    pub fn library_unload(&self, lib: u64) -> CuResult<()> {
+        let mut result = Ok(());
+        for m in self.libraries.remove(lib)? {
+            if let Err(e) = self.module_unload(m.handle) {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
+    /// The kernel names of library `lib` (sorted), from its module in `ctx`.
+    pub fn library_kernel_names(&self, lib: u64, ctx: RmHandle) -> CuResult<Vec<String>> {
+        let m = self.library_module(lib, ctx)?;
+        let mut names: Vec<String> = m.functions.keys().cloned().collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// `cuLibraryGetKernel`: the kernel id of `name` (the same id for the same name).
+    pub fn library_get_kernel(&self, lib: u64, name: &str, ctx: RmHandle) -> CuResult<u64> {
+        let m = self.library_module(lib, ctx)?;
+        if !m.functions.contains_key(name) {
+            return Err(CuError(cu::NOT_FOUND));
+        }
+        self.libraries.kernel_id(lib, name)
+    }
+
+    /// A kernel's (library id, function name).
+    pub fn kernel(&self, kernel: u64) -> CuResult<(u64, String)> {
+        self.libraries.kernel(kernel)
+    }
+
+    /// `cuKernelGetFunction`: the kernel's function in context `ctx` (loading the library's
+    /// module there if needed).
+    pub fn kernel_function(&self, kernel: u64, ctx: RmHandle) -> CuResult<Arc<FunctionInfo>> {
+        let (lib, name) = self.kernel(kernel)?;
+        let m = self.library_module(lib, ctx)?;
+        m.functions
+            .get(&name)
+            .cloned()
+            .ok_or(CuError(cu::NOT_FOUND))
+    }
+
+    /// `cuLibraryGetGlobal`: (pointer, size) of `name` in the library's module in `ctx`.
+    pub fn library_get_global(&self, lib: u64, name: &str, ctx: RmHandle) -> CuResult<(u64, u64)> {
+        let m = self.library_module(lib, ctx)?;
+        self.module_get_global(m.handle, name)
+    }
+}

@@ -1,0 +1,223 @@
+//! [`Session`] methods for streams, events, host callbacks and per-thread streams.
+
+use super::*;
+use crate::host_callbacks::HostCallback;
+
+impl Session {
+    /// Maps a [`StreamRef`] to a protocol handle; the per-thread stream is created on first
+    /// use by each client thread (flags 0, priority 0).
+    ///
+    /// Approximation: CUDA's per-thread default stream synchronizes with the legacy stream
+    /// like a blocking stream and lives as long as its thread; here it is an ordinary
+    /// blocking stream created per (client thread, context) and destroyed with the context
+    /// or the session, not when the thread exits.
+    pub fn stream_handle(&self, ctx: RmHandle, s: StreamRef) -> CuResult<RmHandle> {
+        match s {
+            StreamRef::Legacy => Ok(u64::from(RM_STREAM_LEGACY)),
+            StreamRef::Handle(h) => Ok(h),
+            StreamRef::PerThread => {
+                let key = (std::thread::current().id(), ctx);
+                if let Some(h) = lock(&self.per_thread).get(&key) {
+                    return Ok(*h);
+                }
+                let h = self.stream_create(ctx, 0, 0)?;
+                lock(&self.per_thread).insert(key, h);
+                Ok(h)
+            }
+        }
+    }
+
+    /// `cuCtxGetStreamPriorityRange`: (least, greatest).
+    pub fn ctx_get_stream_priority_range(&self, ctx: RmHandle) -> CuResult<(i32, i32)> {
+        pair(call!(self.rm_ctx_get_stream_priority_range(&ctx))?)
+    }
+
+    /// `cuStreamCreateWithPriority`.
+    pub fn stream_create(&self, ctx: RmHandle, flags: u32, priority: i32) -> CuResult<RmHandle> {
+        let h = handle(call!(self.rm_stream_create(&RmStreamCreateArgs {
+            ctx,
+            flags,
+            priority
+        }))?)?;
+        self.delivery.stream_created(h, flags);
+        Ok(h)
+    }
+
+    /// `cuStreamDestroy`.
+    pub fn stream_destroy(&self, stream: RmHandle) -> CuResult<()> {
+        CuError::check(call!(self.rm_stream_destroy(&stream))?)?;
+        lock(&self.per_thread).retain(|_, s| *s != stream);
+        lock(&self.captures).streams.remove(&stream);
+        self.delivery.stream_destroyed(stream);
+        Ok(())
+    }
+
+    /// `cuStreamSynchronize` (`RM_STREAM_LEGACY` names `ctx`'s legacy stream).
+    pub fn stream_synchronize(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<()> {
+        let mark = self.copy_mark();
+        let r = call!(self.rm_stream_synchronize(&RmStreamArgs { ctx, stream }))?;
+        self.finish_sync(r)?;
+        self.settle_stream(ctx, stream, mark)
+    }
+
+    /// `cuStreamQuery`: `Ok(true)` when done, `Ok(false)` for CUDA_ERROR_NOT_READY.
+    pub fn stream_query(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<bool> {
+        let mark = self.copy_mark();
+        let r = call!(self.rm_stream_query(&RmStreamArgs { ctx, stream }))?;
+        let done = ready(self.finish_sync(r))?;
+        if done {
+            self.settle_stream(ctx, stream, mark)?;
+        }
+        Ok(done)
+    }
+
+    /// `cuLaunchHostFunc` / `cuStreamAddCallback`: `cb` runs in this process, on the
+    /// session's callback thread, when `stream` (of `ctx`) reaches this point; later work in
+    /// the stream waits until it returns. One-way, in order with launches and copies.
+    pub fn launch_host_func(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        cb: HostCallback,
+    ) -> CuResult<()> {
+        self.need_revision(4, "a host callback")?;
+        self.not_captured(stream, "a host callback")?;
+        // The callback must see the bytes of the copies its stream is ordered after: they are
+        // named to the server, whose host function publishes them (revision 8), and the
+        // callback thread takes them before it runs the callback.
+        let cov = self.delivery.frontier(ctx, stream, self.copy_mark());
+        let copies = self.delivery.covered_ids(&cov);
+        let named = self.delivery.revision() >= 8;
+        let delivery = Arc::clone(&self.delivery);
+        let cb: HostCallback = Box::new(move |status| {
+            if named && let Err(e) = delivery.settle(&cov, Fetch::Ready) {
+                tracing::error!(
+                    "remora: a host callback runs without the data of copies before it: {e}"
+                );
+            }
+            cb(status)
+        });
+        let id = self.callbacks.register(&self.rpc, cb).map_err(|e| {
+            tracing::error!("remora: cannot start the host callback thread: {e}");
+            CuError(cu::OUT_OF_MEMORY)
+        })?;
+        let r = if named {
+            call!(self.rm_launch_host_func_copies(&RmHostFuncCopiesArgs {
+                ctx,
+                stream,
+                callback_id: id,
+                copies,
+            }))
+        } else {
+            call!(self.rm_launch_host_func(&RmHostFuncArgs {
+                ctx,
+                stream,
+                callback_id: id
+            }))
+        };
+        if r.is_err() {
+            self.callbacks.forget(id);
+        }
+        r
+    }
+
+    /// Host callbacks enqueued and not yet run.
+    pub fn host_callbacks_outstanding(&self) -> usize {
+        self.callbacks.outstanding()
+    }
+
+    /// `cuStreamWaitEvent`: one-way.
+    pub fn stream_wait_event(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        event: RmHandle,
+        flags: u32,
+    ) -> CuResult<()> {
+        {
+            // Waiting for an event recorded in a capture joins the capture.
+            let mut caps = lock(&self.captures);
+            if let Some(id) = caps.events.get(&event).copied()
+                && caps.active.contains_key(&id)
+            {
+                caps.streams.entry(stream).or_insert(id);
+            }
+        }
+        self.delivery.stream_waits(ctx, stream, event);
+        call!(self.rm_stream_wait_event(&RmStreamWaitArgs {
+            ctx,
+            stream,
+            event,
+            flags
+        }))
+    }
+
+    /// `cuEventCreate`.
+    pub fn event_create(&self, ctx: RmHandle, flags: u32) -> CuResult<RmHandle> {
+        handle(call!(
+            self.rm_event_create(&RmHandleFlags { handle: ctx, flags })
+        )?)
+    }
+
+    /// `cuEventDestroy`.
+    pub fn event_destroy(&self, event: RmHandle) -> CuResult<()> {
+        CuError::check(call!(self.rm_event_destroy(&event))?)?;
+        self.delivery.event_destroyed(event);
+        Ok(())
+    }
+
+    /// `cuEventRecord`: one-way.
+    pub fn event_record(&self, ctx: RmHandle, event: RmHandle, stream: RmHandle) -> CuResult<()> {
+        let capturing = {
+            let mut caps = lock(&self.captures);
+            match caps.streams.get(&stream).copied() {
+                Some(id) => {
+                    caps.events.insert(event, id);
+                    true
+                }
+                None => {
+                    caps.events.remove(&event);
+                    false
+                }
+            }
+        };
+        // A record captured into a graph does not change the event outside it: the copies
+        // its synchronize waits for stay those of its last record outside a capture.
+        if !capturing {
+            self.delivery
+                .event_recorded(event, ctx, stream, self.copy_mark());
+        }
+        call!(self.rm_event_record(&RmEventRecordArgs { ctx, event, stream }))
+    }
+
+    /// Waits for the copies an event covers: those its stream was ordered after at its record.
+    fn settle_event(&self, event: RmHandle) -> CuResult<()> {
+        self.delivery
+            .settle(&self.delivery.event(event), Fetch::Collect)
+    }
+
+    /// `cuEventSynchronize`.
+    pub fn event_synchronize(&self, event: RmHandle) -> CuResult<()> {
+        let r = call!(self.rm_event_synchronize(&event))?;
+        self.finish_sync(r)?;
+        self.settle_event(event)
+    }
+
+    /// `cuEventQuery`: `Ok(true)` when complete.
+    pub fn event_query(&self, event: RmHandle) -> CuResult<bool> {
+        let r = call!(self.rm_event_query(&event))?;
+        let done = ready(self.finish_sync(r))?;
+        if done {
+            self.settle_event(event)?;
+        }
+        Ok(done)
+    }
+
+    /// `cuEventElapsedTime` in milliseconds.
+    pub fn event_elapsed_time(&self, start: RmHandle, end: RmHandle) -> CuResult<f32> {
+        match call!(self.rm_event_elapsed_time(&RmElapsedArgs { start, end }))? {
+            RmFloatReply::Case0(v) => Ok(v),
+            RmFloatReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! Procedures on graphs through stream capture (revision 5).
+
+use super::*;
+
+impl Executor {
+    pub(super) fn stream_begin_capture(
+        &self,
+        call: &CallContext,
+        a: RmBeginCaptureArgs,
+    ) -> ProcResult<RmCaptureBegunReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            if !(0..=2).contains(&a.mode) {
+                return Err(INVALID_VALUE);
+            }
+            let t = stream_target(&st, a.ctx, a.stream)?;
+            let info = self.inner.backend.stream_begin_capture(t.ctx, t.stream)?;
+            let graph = st.insert(Resource::Graph {
+                raw: info.graph,
+                ctx: t.ctx_handle,
+                capture: Some(t.stream),
+            });
+            st.captures.insert(info.id, Capture { graph, error: None });
+            Ok(RmCaptureBegun { id: info.id, graph })
+        })();
+        Ok(match r {
+            Ok(b) => RmCaptureBegunReply::Case0(b),
+            Err(e) => {
+                log_failed("RM_STREAM_BEGIN_CAPTURE", nz(e));
+                RmCaptureBegunReply::Default {
+                    discriminant: nz(e),
+                }
+            }
+        })
+    }
+
+    pub(super) fn stream_end_capture(
+        &self,
+        call: &CallContext,
+        a: RmStreamArgs,
+    ) -> ProcResult<RmEndCaptureReply> {
+        let session = self.session(call);
+        let backend = &*self.inner.backend;
+        let t = match stream_target(&session.lock(), a.ctx, a.stream) {
+            Ok(t) => t,
+            Err(e) => {
+                return Ok(RmEndCaptureReply {
+                    status: e,
+                    graph: 0,
+                    still_capturing: false,
+                });
+            }
+        };
+        let before = backend.stream_capture_info(t.ctx, t.stream);
+        let r = backend.stream_end_capture(t.ctx, t.stream);
+        let still_capturing = backend
+            .stream_capture_info(t.ctx, t.stream)
+            .is_ok_and(|i| i.status != capture_status::NONE);
+        let mut st = session.lock();
+        let ended = match before {
+            Ok(i) if i.status != capture_status::NONE && !still_capturing => {
+                st.captures.remove(&i.id)
+            }
+            _ => None,
+        };
+        let r = match (r, ended) {
+            (Ok(raw), Some(cap)) => {
+                if let Ok(Resource::Graph {
+                    raw: g, capture, ..
+                }) = st.get_mut(cap.graph)
+                {
+                    *g = raw;
+                    *capture = None;
+                }
+                match cap.error {
+                    Some(e) => {
+                        // A captured call failed: natively the capture was invalidated.
+                        st.remove(cap.graph);
+                        let _ = backend.graph_destroy(t.ctx, raw);
+                        Err(e)
+                    }
+                    None => Ok(cap.graph),
+                }
+            }
+            (Ok(raw), None) => Ok(st.insert(Resource::Graph {
+                raw,
+                ctx: t.ctx_handle,
+                capture: None,
+            })),
+            (Err(e), Some(cap)) => {
+                // The driver freed the graph of the capture it ended with an error.
+                st.remove(cap.graph);
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+        };
+        let (status, graph) = match r {
+            Ok(g) => (SUCCESS, g),
+            Err(e) => {
+                log_failed("RM_STREAM_END_CAPTURE", nz(e));
+                (nz(e), 0)
+            }
+        };
+        Ok(RmEndCaptureReply {
+            status,
+            graph,
+            still_capturing,
+        })
+    }
+
+    pub(super) fn stream_get_capture_info(
+        &self,
+        call: &CallContext,
+        a: RmStreamArgs,
+    ) -> ProcResult<RmCaptureInfoReply> {
+        let session = self.session(call);
+        let st = session.lock();
+        let r = stream_target(&st, a.ctx, a.stream)
+            .and_then(|t| self.inner.backend.stream_capture_info(t.ctx, t.stream));
+        Ok(match r {
+            Ok(i) => RmCaptureInfoReply::Case0(RmCaptureInfo {
+                status: i.status,
+                id: if i.status == capture_status::NONE {
+                    0
+                } else {
+                    i.id
+                },
+                graph: capture_graph(&st, &i),
+                dependencies: i.dependencies,
+            }),
+            Err(e) => {
+                log_failed("RM_STREAM_GET_CAPTURE_INFO", nz(e));
+                RmCaptureInfoReply::Default {
+                    discriminant: nz(e),
+                }
+            }
+        })
+    }
+
+    pub(super) fn graph_instantiate(
+        &self,
+        call: &CallContext,
+        a: RmGraphInstantiateArgs,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            let (raw, graph_ctx) = match st.get(a.graph)? {
+                Resource::Graph {
+                    raw,
+                    ctx,
+                    capture: None,
+                } => (*raw, *ctx),
+                // Still being captured.
+                Resource::Graph { .. } => return Err(INVALID_VALUE),
+                _ => return Err(INVALID_HANDLE),
+            };
+            let ctx = if a.ctx == 0 { graph_ctx } else { a.ctx };
+            let c = st.ctx(ctx)?;
+            let exec = self.inner.backend.graph_instantiate(c, raw, a.flags)?;
+            Ok(st.insert(Resource::GraphExec { raw: exec, ctx }))
+        })();
+        Ok(handle_reply("RM_GRAPH_INSTANTIATE", r))
+    }
+
+    pub(super) fn graph_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        self.destroy_in_ctx(
+            call,
+            h,
+            "RM_GRAPH_DESTROY",
+            |r| match r {
+                Resource::Graph {
+                    raw,
+                    ctx,
+                    capture: None,
+                } => Ok((*raw, *ctx)),
+                // The graph of a capture in progress belongs to the capture.
+                Resource::Graph { .. } => Err(INVALID_VALUE),
+                _ => Err(INVALID_HANDLE),
+            },
+            |b, c, raw| b.graph_destroy(c, raw),
+        )
+    }
+}
+
+/// The backend executable graph and the stream a graph launch or upload names.
+pub(super) fn graph_exec_target(
+    st: &SessionState,
+    a: &RmGraphLaunchArgs,
+) -> CuResult<(u64, StreamTarget)> {
+    let (exec, exec_ctx) = match st.get(a.exec)? {
+        Resource::GraphExec { raw, ctx } => (*raw, *ctx),
+        _ => return Err(INVALID_HANDLE),
+    };
+    let ctx = if a.ctx == 0 { exec_ctx } else { a.ctx };
+    Ok((exec, stream_target(st, ctx, a.stream)?))
+}
+
+/// The session handle of the graph a capture is building, if known.
+fn capture_graph(st: &SessionState, info: &CaptureInfo) -> u64 {
+    if info.status == capture_status::ACTIVE {
+        st.captures.get(&info.id).map_or(0, |c| c.graph)
+    } else {
+        0
+    }
+}

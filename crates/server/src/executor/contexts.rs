@@ -1,0 +1,216 @@
+//! Procedures on devices, contexts and primary contexts (the limit and cache-config calls
+//! are generated: `executor_glue!` in `procedures.rs`).
+
+use super::*;
+
+impl Executor {
+    pub(super) fn device_get_props(
+        &self,
+        _call: &CallContext,
+        dev: i32,
+    ) -> ProcResult<RmDevicePropsReply> {
+        Ok(
+            match self
+                .inner
+                .backend
+                .device_props(dev)
+                .inspect_err(|e| log_failed("RM_DEVICE_GET_PROPS", *e))
+            {
+                Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
+                    name: truncate(p.name, REMORA_MAX_NAME),
+                    uuid: p.uuid,
+                    total_memory: p.total_memory,
+                    pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
+                    attributes: p
+                        .attributes
+                        .into_iter()
+                        .take(RM_MAX_ATTRIBUTES as usize)
+                        .map(|(attribute, value)| RmAttribute { attribute, value })
+                        .collect(),
+                }),
+                Err(e) => RmDevicePropsReply::Default {
+                    discriminant: nz(e),
+                },
+            },
+        )
+    }
+
+    /// What the client calls the device's primary context is a context of this session's own
+    /// (cuCtxCreate on the first retain, destroyed when the session's count reaches zero, by
+    /// RM_PRIMARY_CTX_RESET or at session end). Sharing the server process's real primary
+    /// context let one client's sticky error (an illegal address in a kernel) poison every
+    /// later session: CUDA keeps such an error in the context for good.
+    pub(super) fn primary_ctx_retain(
+        &self,
+        call: &CallContext,
+        dev: i32,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        if let Some((h, refs)) = st.primary.get(&dev).copied() {
+            st.primary.insert(dev, (h, refs + 1));
+            return Ok(RmHandleReply::Case0(h));
+        }
+        let flags = st.primary_flags.get(&dev).copied().unwrap_or(0);
+        Ok(handle_reply(
+            "RM_PRIMARY_CTX_RETAIN",
+            self.inner.backend.ctx_create(flags, dev).map(|raw| {
+                let h = st.insert(Resource::Context {
+                    raw,
+                    device: dev,
+                    primary: true,
+                });
+                st.primary.insert(dev, (h, 1));
+                h
+            }),
+        ))
+    }
+
+    /// The flags apply when the session's primary context is next created (after a reset, or
+    /// on the first retain); a context already active keeps its own.
+    pub(super) fn primary_ctx_set_flags(
+        &self,
+        call: &CallContext,
+        a: RmPrimaryFlagsArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self.inner.check_device(a.device);
+        if r.is_ok() {
+            let session = self.session(call);
+            session.lock().primary_flags.insert(a.device, a.flags);
+        }
+        Ok(code("RM_PRIMARY_CTX_SET_FLAGS", r))
+    }
+
+    pub(super) fn primary_ctx_get_state(
+        &self,
+        call: &CallContext,
+        dev: i32,
+    ) -> ProcResult<RmPrimaryStateReply> {
+        let r = self.inner.check_device(dev).map(|()| {
+            let session = self.session(call);
+            let st = session.lock();
+            (
+                st.primary_flags.get(&dev).copied().unwrap_or(0),
+                i32::from(st.primary.contains_key(&dev)),
+            )
+        });
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_PRIMARY_CTX_GET_STATE", *e)) {
+                Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
+                Err(e) => RmPrimaryStateReply::Default {
+                    discriminant: nz(e),
+                },
+            },
+        )
+    }
+
+    pub(super) fn primary_ctx_reset(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
+        // The session's primary context is its own: it is destroyed, with everything in it,
+        // and the next retain creates a fresh one (a sticky error goes with it).
+        let session = self.session(call);
+        let mut st = session.lock();
+        if !st.primary.contains_key(&dev) {
+            return Ok(code("RM_PRIMARY_CTX_RESET", self.inner.check_device(dev)));
+        }
+        Ok(code(
+            "RM_PRIMARY_CTX_RESET",
+            self.inner.release_primary(&mut st, dev, true),
+        ))
+    }
+
+    pub(super) fn ctx_create(
+        &self,
+        call: &CallContext,
+        a: RmCtxCreateArgs,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let r = self.inner.backend.ctx_create(a.flags, a.device);
+        let mut st = session.lock();
+        Ok(handle_reply(
+            "RM_CTX_CREATE",
+            r.map(|raw| {
+                st.insert(Resource::Context {
+                    raw,
+                    device: a.device,
+                    primary: false,
+                })
+            }),
+        ))
+    }
+
+    pub(super) fn ctx_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let raw = match st.get(h) {
+            Ok(Resource::Context {
+                raw,
+                primary: false,
+                ..
+            }) => *raw,
+            Ok(Resource::Context { primary: true, .. }) => return Ok(INVALID_CONTEXT),
+            _ => return Ok(INVALID_HANDLE),
+        };
+        st.drop_ctx_resources(&*self.inner.backend, h);
+        st.remove(h);
+        st.clear_sticky();
+        Ok(code("RM_CTX_DESTROY", self.inner.backend.ctx_destroy(raw)))
+    }
+
+    pub(super) fn ctx_synchronize(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmSyncReply> {
+        // Polling first: the context is idle once its legacy stream and every stream the
+        // session made in it are; then the synchronize returns at once and is answered inline.
+        let session = self.session(call);
+        let target = {
+            let st = session.lock();
+            st.ctx(h).map(|raw| (raw, st.streams_in(h)))
+        };
+        let done = target.is_ok_and(|(raw, streams)| {
+            self.poll_briefly(|| {
+                std::iter::once(crate::backend::LEGACY_STREAM)
+                    .chain(streams.iter().copied())
+                    .try_for_each(|s| self.inner.backend.stream_query(raw, s))
+            })
+        });
+        self.blocking_unless(call, done, move |inner, session| {
+            let own = session.lock().ctx(h);
+            let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
+            let mut st = session.lock();
+            inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
+        })
+    }
+
+    pub(super) fn tools_ctx_query(
+        &self,
+        call: &CallContext,
+        a: RmToolsCtxQueryArgs,
+    ) -> ProcResult<RmU64Reply> {
+        if !self
+            .inner
+            .private_driver_calls
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::warn!(
+                    "RM_TOOLS_CTX_QUERY (a private driver query cuBLASLt makes) refused: this server runs with --no-private-driver-calls; the client's library call fails with CUDA_ERROR_NOT_SUPPORTED"
+                );
+            });
+            return Ok(u64_reply(
+                "RM_TOOLS_CTX_QUERY",
+                Err(crate::backend::status::NOT_SUPPORTED),
+            ));
+        }
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        // The mask and flag are passed on as the library gave them: they may be register
+        // leftovers of a three-argument function (observed values: 0x7ffffffeffff and 1,
+        // then other low bytes in later runs), so no value is refused; they are plain
+        // integers, never dereferenced by Remora.
+        let r = raw.and_then(|c| self.inner.backend.tools_ctx_query(c, a.mask, a.flag & 0xff));
+        Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
+    }
+}

@@ -1,0 +1,644 @@
+//! Copy procedures: synchronous and asynchronous 1-D copies, memset, peer copies, 2-D and
+//! 3-D copies, and copies through the shared data area.
+
+use super::*;
+
+impl Executor {
+    pub(super) fn memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = {
+            let st = session.lock();
+            st.check_range(a.dst, a.data.len() as u64)
+                .and_then(|()| st.ctx(a.ctx))
+        };
+        let own = raw.and_then(|c| self.inner.backend.memcpy_htod(c, None, a.dst, &a.data));
+        let mut st = session.lock();
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMCPY_HTOD", &mut st, own, Scope::Finished))
+    }
+
+    pub(super) fn memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmDtohReply> {
+        self.blocking(call, move |inner, session| {
+            let raw = {
+                let st = session.lock();
+                st.check_range(a.src, a.size)
+                    .and_then(|()| st.ctx(a.ctx))
+                    .and_then(|c| {
+                        if a.size > u64::from(RM_MAX_COPY) {
+                            Err(INVALID_VALUE)
+                        } else {
+                            Ok(c)
+                        }
+                    })
+            };
+            let r = raw.and_then(|c| {
+                let mut buf = vec![0u8; a.size as usize];
+                inner.backend.memcpy_dtoh(c, &mut buf, a.src)?;
+                Ok(remora_xdr::Bytes::from(buf))
+            });
+            let mut st = session.lock();
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            // A synchronous copy waits for the context's legacy stream: the async copies
+            // queued there before it are complete too.
+            let copies = inner.collect(
+                &mut st,
+                Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)),
+                &mut status,
+            );
+            let data = match r {
+                Ok(data) if status == SUCCESS => data,
+                _ => remora_xdr::Bytes::new(),
+            };
+            if status != SUCCESS {
+                log_failed("RM_MEMCPY_DTOH", status);
+            }
+            RmDtohReply {
+                status,
+                data,
+                copies,
+            }
+        })
+    }
+
+    pub(super) fn memcpy_dtod(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = {
+            let st = session.lock();
+            st.check_range(a.dst, a.size)
+                .and_then(|()| st.check_range(a.src, a.size))
+                .and_then(|()| st.ctx(a.ctx))
+        };
+        let own = raw.and_then(|c| {
+            self.inner
+                .backend
+                .memcpy_dtod(c, None, a.dst, a.src, a.size)
+        });
+        let mut st = session.lock();
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMCPY_DTOD", &mut st, own, Scope::Finished))
+    }
+
+    pub(super) fn memset(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = memset_target(&session.lock(), &a);
+        let own = raw.and_then(|(c, _)| {
+            self.inner
+                .backend
+                .memset(c, None, a.dst, a.value, a.element_size, a.count)
+        });
+        let mut st = session.lock();
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMSET", &mut st, own, Scope::Finished))
+    }
+
+    pub(super) fn memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_MEMCPY_HTOD_ASYNC", on, |inner, session| {
+            let (c, s, capturing) = {
+                let st = session.lock();
+                st.check_range(a.dst, a.data.len() as u64)?;
+                (
+                    st.ctx(a.ctx)?,
+                    st.stream(a.stream)?,
+                    !st.captures.is_empty(),
+                )
+            };
+            not_captured(inner, capturing, c, s)?;
+            inner.backend.memcpy_htod(c, Some(s), a.dst, &a.data)
+        })
+    }
+
+    pub(super) fn memcpy_dtoh_async(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_MEMCPY_DTOH_ASYNC", on, |inner, session| {
+            if a.copy_id == RM_DEVICE_OUTPUT_ID {
+                // Reserved for device output: such a copy could never be told apart.
+                return Err(INVALID_VALUE);
+            }
+            let issued = (|| {
+                let (c, s, capturing) = {
+                    let st = session.lock();
+                    st.check_range(a.src, a.size)?;
+                    if a.size > u64::from(RM_MAX_COPY) {
+                        return Err(INVALID_VALUE);
+                    }
+                    (
+                        st.ctx(a.ctx)?,
+                        st.stream(a.stream)?,
+                        !st.captures.is_empty(),
+                    )
+                };
+                // Captured, the copy would land in staging memory only when the graph runs,
+                // and its delivery would never come.
+                not_captured(inner, capturing, c, s)?;
+                inner
+                    .backend
+                    .memcpy_dtoh_async(c, s, a.src, a.size as usize)
+            })();
+            // A copy that cannot be issued is delivered empty, so that the client does not
+            // wait for its data; its error is deferred like every one-way call's.
+            let (copy, result): (Box<dyn StagedCopy>, CuResult<()>) = match issued {
+                Ok(copy) => (copy, Ok(())),
+                Err(e) => (Box::new(Undelivered), Err(e)),
+            };
+            let stream = if a.stream == 0 {
+                u64::from(RM_STREAM_LEGACY)
+            } else {
+                a.stream
+            };
+            session.copies.push(PendingCopy {
+                copy_id: a.copy_id,
+                ctx: a.ctx,
+                stream,
+                copy,
+                area: None,
+                taken: Default::default(),
+            });
+            result
+        })
+    }
+
+    pub(super) fn memcpy_peer(
+        &self,
+        call: &CallContext,
+        a: RmMemcpyPeerArgs,
+    ) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = peer_target(&session.lock(), &a);
+        let own = raw.and_then(|(c, _, dc, sc)| {
+            self.inner
+                .backend
+                .memcpy_peer(c, None, a.dst, dc, a.src, sc, a.size)
+        });
+        let mut st = session.lock();
+        Ok(self
+            .inner
+            .sync_reply("RM_MEMCPY_PEER", &mut st, own, Scope::Finished))
+    }
+
+    pub(super) fn area_memcpy_htod(
+        &self,
+        call: &CallContext,
+        a: RmAreaCopyArgs,
+    ) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = area_of(call, a.offset, a.size).and_then(|area| {
+            let st = session.lock();
+            st.check_range(a.dev, a.size)?;
+            Ok((st.ctx(a.ctx)?, area))
+        });
+        let own = raw.and_then(|(c, area)| {
+            self.inner
+                .backend
+                .memcpy_htod_area(c, None, a.dev, &area, a.offset, a.size)
+        });
+        let mut st = session.lock();
+        Ok(self
+            .inner
+            .sync_reply("RM_AREA_MEMCPY_HTOD", &mut st, own, Scope::Finished))
+    }
+
+    pub(super) fn area_memcpy_dtoh(
+        &self,
+        call: &CallContext,
+        a: RmAreaCopyArgs,
+    ) -> ProcResult<RmSyncReply> {
+        let area = area_of(call, a.offset, a.size);
+        self.blocking(call, move |inner, session| {
+            let raw = area.and_then(|area| {
+                let st = session.lock();
+                st.check_range(a.dev, a.size)?;
+                Ok((st.ctx(a.ctx)?, area))
+            });
+            let r = raw.and_then(|(c, area)| {
+                inner
+                    .backend
+                    .memcpy_dtoh_area(c, a.dev, &area, a.offset, a.size)
+            });
+            let mut st = session.lock();
+            let mut status = st.sync_status(r.map_err(nz));
+            // As RM_MEMCPY_DTOH: the legacy stream's earlier async copies are complete too.
+            let copies = inner.collect(
+                &mut st,
+                Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)),
+                &mut status,
+            );
+            log_failed("RM_AREA_MEMCPY_DTOH", status);
+            RmSyncReply { status, copies }
+        })
+    }
+
+    pub(super) fn area_memcpy_htod_async(
+        &self,
+        call: &CallContext,
+        a: RmAreaCopyArgs,
+    ) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        // The reply only says that the source bytes have been consumed; errors are deferred
+        // as a one-way call's.
+        self.oneway_on(call, "RM_AREA_MEMCPY_HTOD_ASYNC", on, |inner, session| {
+            let area = area_of(call, a.offset, a.size)?;
+            let (c, s, capturing) = {
+                let st = session.lock();
+                st.check_range(a.dev, a.size)?;
+                (
+                    st.ctx(a.ctx)?,
+                    st.stream(a.stream)?,
+                    !st.captures.is_empty(),
+                )
+            };
+            not_captured(inner, capturing, c, s)?;
+            if a.copy_id == AREA_PINNED_SOURCE {
+                // Zero-copy pinned memory: the client does not reuse the bytes before the
+                // stream reaches the copy, so the backend may read them as late as that.
+                return inner
+                    .backend
+                    .memcpy_htod_async_area_pinned(c, s, a.dev, &area, a.offset, a.size);
+            }
+            inner
+                .backend
+                .memcpy_htod_area(c, Some(s), a.dev, &area, a.offset, a.size)
+        })
+    }
+
+    pub(super) fn area_memcpy_dtoh_async(
+        &self,
+        call: &CallContext,
+        a: RmAreaCopyArgs,
+    ) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_AREA_MEMCPY_DTOH_ASYNC", on, |inner, session| {
+            if a.copy_id == RM_DEVICE_OUTPUT_ID {
+                return Err(INVALID_VALUE);
+            }
+            if a.copy_id == 0 {
+                // Zero-copy pinned memory: the bytes go straight into the area when the
+                // copy executes, and nothing is delivered (the client waits for nothing).
+                let area = area_of(call, a.offset, a.size)?;
+                let (c, s, capturing) = {
+                    let st = session.lock();
+                    st.check_range(a.dev, a.size)?;
+                    (
+                        st.ctx(a.ctx)?,
+                        st.stream(a.stream)?,
+                        !st.captures.is_empty(),
+                    )
+                };
+                not_captured(inner, capturing, c, s)?;
+                return inner
+                    .backend
+                    .memcpy_dtoh_async_area(c, s, a.dev, &area, a.offset, a.size);
+            }
+            let area = area_of(call, a.offset, a.size);
+            let issued = (|| {
+                let area = area.clone()?;
+                let (c, s, capturing) = {
+                    let st = session.lock();
+                    st.check_range(a.dev, a.size)?;
+                    (
+                        st.ctx(a.ctx)?,
+                        st.stream(a.stream)?,
+                        !st.captures.is_empty(),
+                    )
+                };
+                not_captured(inner, capturing, c, s)?;
+                // `area_of` bounded the size by the area's.
+                let copy = inner
+                    .backend
+                    .memcpy_dtoh_async(c, s, a.dev, a.size as usize)?;
+                Ok((copy, area))
+            })();
+            // A copy that cannot be issued is delivered empty all the same (the client waits
+            // for its delivery); its error is deferred like every one-way call's.
+            let (copy, target, result): (Box<dyn StagedCopy>, _, CuResult<()>) = match issued {
+                Ok((copy, area)) => (copy, Some((area, a.offset)), Ok(())),
+                Err(e) => (Box::new(Undelivered), None, Err(e)),
+            };
+            let stream = if a.stream == 0 {
+                u64::from(RM_STREAM_LEGACY)
+            } else {
+                a.stream
+            };
+            session.copies.push(PendingCopy {
+                copy_id: a.copy_id,
+                ctx: a.ctx,
+                stream,
+                copy,
+                area: target,
+                taken: Default::default(),
+            });
+            result
+        })
+    }
+
+    /// `RM_MEMCPY_3D` / `RM_MEMCPY_3D_PEER`: a synchronizing call. A copy to host memory
+    /// returns the packed bytes and, like `RM_MEMCPY_DTOH`, runs on a waiter thread and
+    /// delivers the asynchronous copies of the context's legacy stream.
+    pub(super) fn copy_3d(
+        &self,
+        call: &CallContext,
+        a: RmMemcpy3dArgs,
+        peer: bool,
+    ) -> ProcResult<RmDtohReply> {
+        let what = if peer {
+            "RM_MEMCPY_3D_PEER"
+        } else {
+            "RM_MEMCPY_3D"
+        };
+        let to_host = a.desc.dst.kind == RmMemKind::RmMemHostPacked;
+        let job = move |inner: &Inner, session: &Session| {
+            let target = copy_target(&session.lock(), &a, peer, false);
+            let r = target.and_then(|(ctx, copy)| {
+                let Some(copy) = copy else {
+                    return Ok(remora_xdr::Bytes::new());
+                };
+                let mut buf = if to_host {
+                    // Bounded by copy_target (RM_MAX_COPY).
+                    vec![0u8; copy.packed_len() as usize]
+                } else {
+                    Vec::new()
+                };
+                inner
+                    .backend
+                    .memcpy_3d(ctx, None, &copy, &a.data, &mut buf)?;
+                Ok(remora_xdr::Bytes::from(buf))
+            });
+            let mut st = session.lock();
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            let scope = if to_host {
+                Scope::Stream(a.desc.ctx, u64::from(RM_STREAM_LEGACY))
+            } else {
+                Scope::Finished
+            };
+            let copies = inner.collect(&mut st, scope, &mut status);
+            let data = match r {
+                Ok(data) if status == SUCCESS => data,
+                _ => remora_xdr::Bytes::new(),
+            };
+            log_failed(what, status);
+            RmDtohReply {
+                status,
+                data,
+                copies,
+            }
+        };
+        if to_host {
+            self.blocking(call, job)
+        } else {
+            let session = self.session(call);
+            Ok(job(&self.inner, &session))
+        }
+    }
+
+    /// `RM_MEMCPY_3D_ASYNC` / `RM_MEMCPY_3D_PEER_ASYNC`: one-way. A copy to host memory lands
+    /// in staging memory and is delivered, tagged with its `copy_id`, by a later synchronizing
+    /// reply; one that fails is delivered empty (its error is deferred as for every one-way
+    /// call), so that the client never waits for data that will not come.
+    pub(super) fn copy_3d_async(
+        &self,
+        call: &CallContext,
+        a: RmMemcpy3dArgs,
+        peer: bool,
+    ) -> ProcResult<()> {
+        let what = if peer {
+            "RM_MEMCPY_3D_PEER_ASYNC"
+        } else {
+            "RM_MEMCPY_3D_ASYNC"
+        };
+        let to_host = a.desc.dst.kind == RmMemKind::RmMemHostPacked;
+        let stream_handle = match a.desc.stream {
+            0 => u64::from(RM_STREAM_LEGACY),
+            s => s,
+        };
+        let from_host = a.desc.src.kind == RmMemKind::RmMemHostPacked;
+        let on = Some((a.desc.ctx, a.desc.stream));
+        self.oneway_on(call, what, on, |inner, session| {
+            if to_host && a.copy_id == RM_DEVICE_OUTPUT_ID {
+                return Err(INVALID_VALUE);
+            }
+            let issued = (|| {
+                let (ctx, copy, stream, capturing) = {
+                    let st = session.lock();
+                    let (ctx, copy) = copy_target(&st, &a, peer, true)?;
+                    let capturing = !st.captures.is_empty() && (to_host || from_host);
+                    (ctx, copy, st.stream(a.desc.stream)?, capturing)
+                };
+                not_captured(inner, capturing, ctx, stream)?;
+                let Some(copy) = copy else {
+                    return Ok(None);
+                };
+                if to_host {
+                    Ok(Some(
+                        inner.backend.memcpy_3d_dtoh_async(ctx, stream, &copy)?,
+                    ))
+                } else {
+                    inner
+                        .backend
+                        .memcpy_3d(ctx, Some(stream), &copy, &a.data, &mut [])?;
+                    Ok(None)
+                }
+            })();
+            let (copy, result): (Option<Box<dyn StagedCopy>>, CuResult<()>) = match issued {
+                Ok(c) => (c, Ok(())),
+                Err(e) => (Some(Box::new(Undelivered)), Err(e)),
+            };
+            if to_host && let Some(copy) = copy {
+                session.copies.push(PendingCopy {
+                    copy_id: a.copy_id,
+                    ctx: a.desc.ctx,
+                    stream: stream_handle,
+                    copy,
+                    area: None,
+                    taken: Default::default(),
+                });
+            }
+            result
+        })
+    }
+}
+
+/// `copy_id` of an `RM_AREA_MEMCPY_HTOD_ASYNC` whose source is zero-copy pinned memory
+/// (docs/protocol.md, revision 6): the bytes stay put until the stream reaches the copy.
+/// Any other value: a staging lease that the client reuses once the call is answered.
+const AREA_PINNED_SOURCE: u64 = 1;
+
+/// The session's data area, when `size` bytes at `offset` lie inside it and the size is
+/// within one copy's bound; `CUDA_ERROR_INVALID_VALUE` otherwise (no area, or out of bounds:
+/// the client chose these numbers).
+fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc::DataArea> {
+    let area = call.data_area().ok_or(INVALID_VALUE)?;
+    if size > u64::from(RM_MAX_COPY) || area.check(offset, size).is_err() {
+        tracing::debug!(
+            offset,
+            size,
+            area = area.len(),
+            "an area copy names bytes outside the data area"
+        );
+        return Err(INVALID_VALUE);
+    }
+    Ok(area.clone())
+}
+
+/// The data of an asynchronous copy to host memory that failed: delivered empty.
+struct Undelivered;
+
+impl StagedCopy for Undelivered {
+    fn query(&self) -> CuResult<bool> {
+        Ok(true)
+    }
+    fn wait(&self) -> CuResult<()> {
+        Ok(())
+    }
+    fn data(&self) -> &[u8] {
+        &[]
+    }
+}
+
+/// `(calling context, stream, destination context, source context)` of a peer copy, with
+/// both ranges checked against the session's allocations.
+pub(super) fn peer_target(
+    st: &SessionState,
+    a: &RmMemcpyPeerArgs,
+) -> CuResult<(u64, u64, u64, u64)> {
+    st.check_range(a.dst, a.size)?;
+    st.check_range(a.src, a.size)?;
+    Ok((
+        st.ctx(a.ctx)?,
+        st.stream(a.stream)?,
+        st.ctx(a.dst_ctx)?,
+        st.ctx(a.src_ctx)?,
+    ))
+}
+
+/// Checks one side of a 2-D or 3-D copy from the wire (see [`copy_target`]).
+fn copy_side(
+    st: &SessionState,
+    s: &RmMemcpy3dSide,
+    d: &RmMemcpy3dDesc,
+    peer: bool,
+    call_ctx: u64,
+) -> CuResult<CopySide> {
+    let (w, h, depth) = (d.width_bytes, d.height, d.depth);
+    let ctx = match (peer, s.ctx) {
+        (false, 0) => None,
+        (false, _) => return Err(INVALID_VALUE),
+        (true, 0) if s.kind == RmMemKind::RmMemHostPacked => Some(call_ctx),
+        (true, c) => Some(st.ctx(c)?),
+    };
+    match s.kind {
+        RmMemKind::RmMemHostPacked => {
+            // The canonical packed layout, nothing else.
+            if s.ptr != 0 || s.x_bytes != 0 || s.y != 0 || s.z != 0 || s.pitch != w || s.height != h
+            {
+                return Err(INVALID_VALUE);
+            }
+            Ok(CopySide {
+                place: CopyPlace::Host,
+                pitch: w,
+                height: h,
+                x_bytes: 0,
+                y: 0,
+                z: 0,
+                ctx,
+            })
+        }
+        RmMemKind::RmMemDevice => {
+            if s.pitch < w || (depth > 1 && s.height < h) {
+                return Err(INVALID_VALUE);
+            }
+            // Rows start at ((z + k) * height + y + r) * pitch + x, increasing in k and r: the
+            // copy touches bytes between the first row's start and the last row's end only.
+            let row = |k: u64, r: u64| -> Option<u64> {
+                s.z.checked_add(k)?
+                    .checked_mul(s.height)?
+                    .checked_add(s.y.checked_add(r)?)?
+                    .checked_mul(s.pitch)?
+                    .checked_add(s.x_bytes)
+            };
+            let first = row(0, 0).ok_or(INVALID_VALUE)?;
+            let end = row(depth - 1, h - 1)
+                .and_then(|l| l.checked_add(w))
+                .ok_or(INVALID_VALUE)?;
+            let start = s.ptr.checked_add(first).ok_or(INVALID_VALUE)?;
+            st.check_range(start, end - first)?;
+            Ok(CopySide {
+                place: CopyPlace::Device(s.ptr),
+                pitch: s.pitch,
+                height: s.height,
+                x_bytes: s.x_bytes,
+                y: s.y,
+                z: s.z,
+                ctx,
+            })
+        }
+    }
+}
+
+/// Checks a 2-D or 3-D copy from the wire and maps it onto the backend: the calling context,
+/// and the copy (`None` when the extent is empty: nothing to do). Every device range is checked
+/// against the session's allocations; a packed host side is at most `RM_MAX_COPY` bytes and
+/// the data carried must be exactly the packed source.
+fn copy_target(
+    st: &SessionState,
+    a: &RmMemcpy3dArgs,
+    peer: bool,
+    is_async: bool,
+) -> CuResult<(u64, Option<Copy3d>)> {
+    let d = &a.desc;
+    let ctx = st.ctx(d.ctx)?;
+    let form = match d.form {
+        RmCopyForm::RmCopy3D => CopyForm::ThreeD,
+        RmCopyForm::RmCopy2D => CopyForm::TwoD,
+        RmCopyForm::RmCopy2DUnaligned => CopyForm::TwoDUnaligned,
+    };
+    let two_d = form != CopyForm::ThreeD;
+    if (two_d && (peer || d.depth != 1 || d.src.z != 0 || d.dst.z != 0))
+        || (is_async && form == CopyForm::TwoDUnaligned)
+    {
+        return Err(INVALID_VALUE);
+    }
+    let host_src = d.src.kind == RmMemKind::RmMemHostPacked;
+    let host_dst = d.dst.kind == RmMemKind::RmMemHostPacked;
+    if host_src && host_dst {
+        return Err(INVALID_VALUE);
+    }
+    let total = d
+        .width_bytes
+        .checked_mul(d.height)
+        .and_then(|n| n.checked_mul(d.depth))
+        .ok_or(INVALID_VALUE)?;
+    if (host_src || host_dst) && total > u64::from(RM_MAX_COPY) {
+        return Err(INVALID_VALUE);
+    }
+    let carried = if host_src { total } else { 0 };
+    if a.data.len() as u64 != carried {
+        return Err(INVALID_VALUE);
+    }
+    if total == 0 {
+        return Ok((ctx, None));
+    }
+    let copy = Copy3d {
+        form,
+        src: copy_side(st, &d.src, d, peer, ctx)?,
+        dst: copy_side(st, &d.dst, d, peer, ctx)?,
+        width: d.width_bytes,
+        height: d.height,
+        depth: d.depth,
+    };
+    Ok((ctx, Some(copy)))
+}
+
+pub(super) fn memset_target(st: &SessionState, a: &RmMemsetArgs) -> CuResult<(u64, u64)> {
+    if !matches!(a.element_size, 1 | 2 | 4) {
+        return Err(INVALID_VALUE);
+    }
+    let len = a
+        .count
+        .checked_mul(u64::from(a.element_size))
+        .ok_or(INVALID_VALUE)?;
+    st.check_range(a.dst, len)?;
+    Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
+}

@@ -1,0 +1,105 @@
+//! Procedures on device allocations.
+
+use super::*;
+
+impl Executor {
+    pub(super) fn mem_alloc(&self, call: &CallContext, a: RmAllocArgs) -> ProcResult<RmU64Reply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        let r = raw.and_then(|c| self.inner.backend.mem_alloc(c, a.bytesize));
+        if let Ok(ptr) = r {
+            session.lock().ranges.insert(
+                ptr,
+                Range {
+                    size: a.bytesize,
+                    ctx: a.ctx,
+                    module: None,
+                },
+            );
+        }
+        Ok(u64_reply("RM_MEM_ALLOC", r))
+    }
+
+    pub(super) fn mem_alloc_pitch(
+        &self,
+        call: &CallContext,
+        a: RmAllocPitchArgs,
+    ) -> ProcResult<RmPitchedReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        let r = raw.and_then(|c| {
+            self.inner
+                .backend
+                .mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
+        });
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MEM_ALLOC_PITCH", *e)) {
+                Ok((ptr, pitch)) => {
+                    session.lock().ranges.insert(
+                        ptr,
+                        Range {
+                            size: pitch.saturating_mul(a.height),
+                            ctx: a.ctx,
+                            module: None,
+                        },
+                    );
+                    RmPitchedReply::Case0(RmPitched { ptr, pitch })
+                }
+                Err(e) => RmPitchedReply::Default {
+                    discriminant: nz(e),
+                },
+            },
+        )
+    }
+
+    pub(super) fn mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = match st.ranges.get(&a.ptr).copied() {
+            Some(r @ Range { module: None, .. }) => st.ctx(r.ctx),
+            _ => Err(INVALID_VALUE),
+        };
+        let r = r.and_then(|c| self.inner.backend.mem_free(c, a.ptr));
+        if r.is_ok() {
+            st.ranges.remove(&a.ptr);
+        }
+        Ok(code("RM_MEM_FREE", r))
+    }
+
+    pub(super) fn mem_get_info(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmMemInfoReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(h);
+        let r = raw.and_then(|c| self.inner.backend.mem_get_info(c));
+        Ok(match r.inspect_err(|e| log_failed("RM_MEM_GET_INFO", *e)) {
+            Ok((free_bytes, total_bytes)) => RmMemInfoReply::Case0(RmMemInfo {
+                free_bytes,
+                total_bytes,
+            }),
+            Err(e) => RmMemInfoReply::Default {
+                discriminant: nz(e),
+            },
+        })
+    }
+
+    pub(super) fn mem_get_address_range(
+        &self,
+        call: &CallContext,
+        a: RmPtrArgs,
+    ) -> ProcResult<RmRangeReply> {
+        let session = self.session(call);
+        let st = session.lock();
+        let r = st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr));
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MEM_GET_ADDRESS_RANGE", *e)) {
+                Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
+                Err(e) => RmRangeReply::Default {
+                    discriminant: nz(e),
+                },
+            },
+        )
+    }
+}

@@ -1,0 +1,568 @@
+//! The CUDA executor: answers every procedure of `remora.x` for each client session, through a
+//! [`Backend`].
+//!
+//! One-way calls never reply: their errors are kept by the session and returned by the next
+//! synchronizing call. Calls that can block for long (context, stream and event synchronize,
+//! synchronous device-to-host copies) run on a per-session waiter thread and reply through a
+//! deferred reply, so the connection goes on with other client threads' calls meanwhile.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use remora_oncrpc::{CallContext, ProcError, ProcResult};
+use remora_proto::remora::*;
+use remora_xdr::XdrEncode;
+
+use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, STREAM_CAPTURE_UNSUPPORTED, SUCCESS};
+use crate::backend::{
+    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, LaunchSpec, StagedCopy,
+    capture_status,
+};
+use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
+use crate::hello::{HelloService, truncate};
+use crate::module_cache::ModuleCache;
+use crate::session::{Capture, PendingCopy, Range, Resource, Scope, Session, SessionState};
+
+// The one `impl RemoraV1Server for Executor` is in `procedures.rs`; the longer procedures
+// call `Executor` methods of the modules by concern.
+mod capture;
+mod contexts;
+mod copies;
+mod memory;
+mod modules;
+mod procedures;
+mod streams;
+
+/// How long a stream or event synchronize polls before it waits on a waiter thread.
+const SYNC_POLL: std::time::Duration = std::time::Duration::from_micros(50);
+/// How long RM_COPIES_COLLECT polls the copies a client names before it answers without them
+/// (the client asks again).
+const COLLECT_POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// `CUDA_ERROR_INVALID_CONTEXT`.
+const INVALID_CONTEXT: i32 = 201;
+/// `CUDA_ERROR_UNKNOWN`, used if a backend ever reports failure as 0.
+const UNKNOWN: i32 = 999;
+
+fn nz(e: i32) -> i32 {
+    if e == SUCCESS { UNKNOWN } else { e }
+}
+
+/// Logs a call that failed, naming the procedure and the CUresult (debug level).
+fn log_failed(what: &str, status: i32) {
+    if status != SUCCESS && status != crate::backend::status::NOT_READY {
+        tracing::debug!(
+            call = what,
+            result = status,
+            name = crate::backend::cuda::result_name(status),
+            "call failed"
+        );
+    }
+}
+
+fn code(what: &str, r: CuResult<()>) -> i32 {
+    let c = r.err().map_or(SUCCESS, nz);
+    log_failed(what, c);
+    c
+}
+
+macro_rules! reply_fn {
+    ($name:ident, $ty:ident, $val:ty) => {
+        fn $name(what: &str, r: CuResult<$val>) -> $ty {
+            match r {
+                Ok(v) => $ty::Case0(v),
+                Err(e) => {
+                    log_failed(what, nz(e));
+                    $ty::Default {
+                        discriminant: nz(e),
+                    }
+                }
+            }
+        }
+    };
+}
+reply_fn!(int_reply, RmIntReply, i32);
+reply_fn!(u64_reply, RmU64Reply, u64);
+reply_fn!(handle_reply, RmHandleReply, u64);
+reply_fn!(float_reply, RmFloatReply, f32);
+
+fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
+    match r {
+        Ok((first, second)) => RmIntPairReply::Case0(RmIntPair { first, second }),
+        Err(e) => {
+            log_failed(what, nz(e));
+            RmIntPairReply::Default {
+                discriminant: nz(e),
+            }
+        }
+    }
+}
+
+struct Inner {
+    /// Time driver calls of launches (see [`Executor::set_profile`]).
+    profile: std::sync::atomic::AtomicBool,
+    /// Procedures that call undocumented driver entry points are served (see
+    /// [`Executor::set_private_driver_calls`]).
+    private_driver_calls: std::sync::atomic::AtomicBool,
+    /// Bytes of data area that may still be page-locked (see
+    /// [`Executor::set_area_lock_budget`]).
+    area_lock_budget: Mutex<u64>,
+    /// Set once any session has switched to its ordered thread (its first host callback):
+    /// until then dispatch skips the per-call session lookup for it.
+    any_ordered: std::sync::atomic::AtomicBool,
+    backend: Arc<dyn Backend>,
+    hello: HelloService,
+    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    cache: ModuleCache,
+    /// This process's captured standard output (a session worker: one session), whose
+    /// device-side printf output synchronizing replies carry.
+    device_output: std::sync::OnceLock<Arc<DeviceOutput>>,
+}
+
+/// Serves `remora.x`: HELLO plus the CUDA driver procedures, one session per connection.
+pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("backend", &self.inner.backend.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Executor {
+    /// An executor over `backend`, answering HELLO with `hello`, with a module cache of
+    /// `cache_bytes`.
+    pub fn new(backend: Arc<dyn Backend>, hello: HelloService, cache_bytes: u64) -> Self {
+        Self::with_module_cache_dir(backend, hello, cache_bytes, None)
+    }
+
+    /// As [`Executor::new`], with the module cache kept in `cache_dir` as well (one file per
+    /// image, shared with the executors of other processes using the same directory).
+    pub fn with_module_cache_dir(
+        backend: Arc<dyn Backend>,
+        hello: HelloService,
+        cache_bytes: u64,
+        cache_dir: Option<std::path::PathBuf>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                profile: std::sync::atomic::AtomicBool::new(false),
+                private_driver_calls: std::sync::atomic::AtomicBool::new(true),
+                area_lock_budget: Mutex::new(u64::MAX),
+                any_ordered: std::sync::atomic::AtomicBool::new(false),
+                backend,
+                hello,
+                sessions: Mutex::new(HashMap::new()),
+                cache: ModuleCache::with_dir(cache_bytes, cache_dir),
+                device_output: std::sync::OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Measures the time kernel launches spend in the driver, per session, and logs it when
+    /// the session ends (with `remora serve --profile`, beside the RPC runtime's profile).
+    pub fn set_profile(&self, on: bool) {
+        self.inner
+            .profile
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes of shared data areas this executor may have page-locked at once (the CUDA
+    /// backend registers each session's area for DMA): a session whose area does not fit
+    /// copies through private staging buffers instead, logged once. Unlimited by default;
+    /// `remora serve --shm-lock-max` sets it (under process isolation the server gives each
+    /// session worker what is left).
+    pub fn set_area_lock_budget(&self, bytes: u64) {
+        *self
+            .inner
+            .area_lock_budget
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = bytes;
+    }
+
+    /// Bytes of data area that may still be page-locked ([`Executor::set_area_lock_budget`]).
+    pub fn area_lock_budget(&self) -> u64 {
+        *self
+            .inner
+            .area_lock_budget
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether procedures that call undocumented entry points of the real driver on a
+    /// client's behalf (`RM_TOOLS_CTX_QUERY`) are served (the default) or refused with
+    /// CUDA_ERROR_NOT_SUPPORTED (`remora serve --no-private-driver-calls`).
+    pub fn set_private_driver_calls(&self, on: bool) {
+        self.inner
+            .private_driver_calls
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Returns what `out` captures (device-side printf output) to the client in every
+    /// synchronizing reply, once it negotiated revision 4. Only for a process that serves one
+    /// session (a session worker): the output of a process cannot be told apart by session.
+    pub(crate) fn deliver_device_output(&self, out: Arc<DeviceOutput>) {
+        let _ = self.inner.device_output.set(out);
+    }
+
+    /// Number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.inner.sessions().len()
+    }
+
+    /// Number of objects in the module cache.
+    pub fn cached_modules(&self) -> usize {
+        self.inner.cache.len()
+    }
+
+    fn session(&self, call: &CallContext) -> Arc<Session> {
+        let session = Arc::clone(
+            self.inner
+                .sessions()
+                .entry(call.connection)
+                .or_insert_with(|| Arc::new(Session::new(call.connection))),
+        );
+        if session.area.get().is_none()
+            && let Some(area) = call.data_area()
+            && session.area.set(area.clone()).is_ok()
+        {
+            let fits = {
+                let mut budget = self
+                    .inner
+                    .area_lock_budget
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let len = area.len() as u64;
+                let fits = *budget >= len;
+                if fits {
+                    *budget -= len;
+                }
+                fits
+            };
+            if fits {
+                session
+                    .area_locked
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                self.inner.backend.area_attach(area);
+            } else {
+                tracing::warn!(
+                    connection = call.connection,
+                    area_bytes = area.len(),
+                    "the server's page-locked memory budget (--shm-lock-max) has no room for this session's data area: its copies go through private staging buffers (slower)"
+                );
+            }
+        }
+        session
+    }
+
+    /// Runs a one-way call on stream `on` = (context handle, stream handle): its error is kept
+    /// for the next synchronizing call, or, when that stream is capturing, by the capture
+    /// (ending the capture returns it), as natively the failed call would have invalidated
+    /// the capture.
+    fn oneway_on(
+        &self,
+        call: &CallContext,
+        what: &str,
+        on: Option<(u64, u64)>,
+        f: impl FnOnce(&Inner, &Session) -> CuResult<()>,
+    ) -> ProcResult<()> {
+        let session = self.session(call);
+        if let Err(e) = f(&self.inner, &session) {
+            tracing::debug!(
+                connection = call.connection,
+                call = what,
+                result = e,
+                name = crate::backend::cuda::result_name(e),
+                "one-way call failed; its error is deferred to the next synchronizing call"
+            );
+            let mut st = session.lock();
+            let capture = on.filter(|_| !st.captures.is_empty()).and_then(|(c, s)| {
+                let t = stream_target(&st, c, s).ok()?;
+                let info = self
+                    .inner
+                    .backend
+                    .stream_capture_info(t.ctx, t.stream)
+                    .ok()?;
+                (info.status != capture_status::NONE).then_some(info.id)
+            });
+            match capture.and_then(|id| st.captures.get_mut(&id)) {
+                Some(cap) => {
+                    cap.error.get_or_insert(nz(e));
+                }
+                None => st.defer_error(nz(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `job` on a waiter thread and replies from there, or inline when the connection
+    /// cannot defer or the session's waiters are all busy.
+    /// Polling, then blocking (DESIGN decision 11): polls `query` (a stream or event query)
+    /// for up to [`SYNC_POLL`]; true when the work finished within it, so that the synchronize
+    /// can be answered inline instead of through a waiter thread.
+    /// Destroys the object behind handle `h` of this call's session: `pick` answers its (raw
+    /// object, context handle), or the status to answer when `h` names no such object; then
+    /// `destroy(backend, raw context, raw object)` runs and the handle is forgotten, whatever
+    /// the driver said.
+    fn destroy_in_ctx(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+        what: &str,
+        pick: impl FnOnce(&Resource) -> Result<(u64, u64), i32>,
+        destroy: impl FnOnce(&dyn Backend, u64, u64) -> CuResult<()>,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let (raw, ctx) = match st.get(h).map_err(|_| INVALID_HANDLE).and_then(pick) {
+            Ok(found) => found,
+            Err(status) => return Ok(status),
+        };
+        let r = st
+            .ctx(ctx)
+            .and_then(|c| destroy(&*self.inner.backend, c, raw));
+        st.remove(h);
+        Ok(code(what, r))
+    }
+
+    fn poll_briefly(&self, query: impl Fn() -> CuResult<()>) -> bool {
+        let until = std::time::Instant::now() + SYNC_POLL;
+        loop {
+            match query() {
+                Ok(()) => return true,
+                Err(crate::backend::status::NOT_READY) if std::time::Instant::now() < until => {
+                    std::hint::spin_loop();
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// Runs `job` inline when `done` (its wait would not block), else as [`Executor::blocking`].
+    fn blocking_unless<T: XdrEncode + Send + 'static>(
+        &self,
+        call: &CallContext,
+        done: bool,
+        job: impl FnOnce(&Inner, &Session) -> T + Send + 'static,
+    ) -> ProcResult<T> {
+        if done {
+            let session = self.session(call);
+            return Ok(job(&self.inner, &session));
+        }
+        self.blocking(call, job)
+    }
+
+    fn blocking<T: XdrEncode + Send + 'static>(
+        &self,
+        call: &CallContext,
+        job: impl FnOnce(&Inner, &Session) -> T + Send + 'static,
+    ) -> ProcResult<T> {
+        let session = self.session(call);
+        let Some(reply) = call.defer() else {
+            return Ok(job(&self.inner, &session));
+        };
+        let inner = Arc::clone(&self.inner);
+        let sess = Arc::clone(&session);
+        let work: crate::waiters::Job = Box::new(move || {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&inner, &sess)));
+            match out {
+                Ok(v) => {
+                    if let Err(e) = reply.reply(|enc| v.encode(enc)) {
+                        tracing::debug!(error = %e, "deferred reply not delivered");
+                    }
+                }
+                Err(_) => {
+                    tracing::error!("a blocking call panicked; SYSTEM_ERR");
+                    drop(reply);
+                }
+            }
+        });
+        if let Err(work) = session.waiters.submit(work) {
+            // Every waiter is busy (or none can start): wait on the connection thread.
+            work();
+        }
+        Err(ProcError::Deferred)
+    }
+}
+
+impl Inner {
+    fn sessions(&self) -> MutexGuard<'_, HashMap<u64, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn sync_reply(
+        &self,
+        what: &str,
+        st: &mut SessionState,
+        own: CuResult<()>,
+        scope: Scope,
+    ) -> RmSyncReply {
+        let mut status = st.sync_status(own.map_err(nz));
+        let copies = self.collect(st, scope, &mut status);
+        log_failed(what, status);
+        RmSyncReply { status, copies }
+    }
+
+    /// What a synchronizing reply delivers: the asynchronous copies `scope` covers
+    /// ([`SessionState::collect`]) and the device output captured by now, as the entry
+    /// `RM_DEVICE_OUTPUT_ID`. Call it after the synchronizing driver call has returned (the
+    /// driver writes the output during that call).
+    fn collect(&self, st: &mut SessionState, scope: Scope, status: &mut i32) -> Vec<RmCopyData> {
+        let mut copies = st.collect(scope, status);
+        if let Some(data) = self.take_device_output() {
+            copies.push(RmCopyData {
+                copy_id: RM_DEVICE_OUTPUT_ID,
+                data,
+            });
+        }
+        copies
+    }
+
+    /// The device output captured by now, at most `RM_MAX_DEVICE_OUTPUT` bytes.
+    fn take_device_output(&self) -> Option<remora_xdr::Bytes> {
+        self.device_output
+            .get()?
+            .take(RM_MAX_DEVICE_OUTPUT as usize)
+    }
+
+    /// Drops one of the session's references to its primary context of `dev` (all of them
+    /// when `all`); at zero the session's context is destroyed, with everything in it.
+    fn release_primary(&self, st: &mut SessionState, dev: i32, all: bool) -> CuResult<()> {
+        let (h, refs) = *st.primary.get(&dev).ok_or(INVALID_CONTEXT)?;
+        if refs > 1 && !all {
+            st.primary.insert(dev, (h, refs - 1));
+            return Ok(());
+        }
+        let raw = st.ctx(h)?;
+        st.drop_ctx_resources(&*self.backend, h);
+        st.remove(h);
+        st.primary.remove(&dev);
+        st.clear_sticky();
+        if all {
+            st.reset_primaries.insert(h);
+        }
+        self.backend.ctx_destroy(raw)
+    }
+
+    /// Checks that `dev` names a device.
+    fn check_device(&self, dev: i32) -> CuResult<()> {
+        let n = self.backend.device_count()?;
+        if n == 0 {
+            return Err(crate::backend::status::NO_DEVICE);
+        }
+        if dev < 0 || dev >= n {
+            return Err(crate::backend::status::INVALID_DEVICE);
+        }
+        Ok(())
+    }
+}
+
+/// Where a stream call runs.
+struct StreamTarget {
+    /// Backend context (made current).
+    ctx: u64,
+    /// Backend stream.
+    stream: u64,
+    /// Session handle of the context.
+    ctx_handle: u64,
+    /// Session handle of the stream (RM_STREAM_LEGACY for the legacy stream).
+    stream_handle: u64,
+}
+
+/// The context and stream a stream call names: a stream of the session runs in its own
+/// context; 0 / RM_STREAM_LEGACY is the legacy stream of context handle `ctx`.
+fn stream_target(st: &SessionState, ctx: u64, h: u64) -> CuResult<StreamTarget> {
+    if h == 0 || h == u64::from(RM_STREAM_LEGACY) {
+        if ctx == 0 {
+            return Err(INVALID_CONTEXT);
+        }
+        return Ok(StreamTarget {
+            ctx: st.ctx(ctx)?,
+            stream: crate::backend::LEGACY_STREAM,
+            ctx_handle: ctx,
+            stream_handle: u64::from(RM_STREAM_LEGACY),
+        });
+    }
+    match st.get(h)? {
+        Resource::Stream { raw, ctx: owner } => Ok(StreamTarget {
+            ctx: st.ctx(*owner)?,
+            stream: *raw,
+            ctx_handle: *owner,
+            stream_handle: h,
+        }),
+        _ => Err(INVALID_HANDLE),
+    }
+}
+
+/// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when backend `stream` of `ctx` takes part in a
+/// stream capture (the driver is asked only while the session has one in progress): used for
+/// the calls that move data between the GPU and client memory, or call the client, which a
+/// graph cannot replay. The driver's own refusal (a query of a stream that depends on a
+/// capturing one) is returned as it is.
+fn not_captured(inner: &Inner, capturing: bool, ctx: u64, stream: u64) -> CuResult<()> {
+    if !capturing {
+        return Ok(());
+    }
+    match inner.backend.stream_capture_info(ctx, stream)?.status {
+        capture_status::NONE => Ok(()),
+        _ => {
+            tracing::warn!(
+                "remora: a copy to or from client memory (or a host callback) on a capturing \
+                 stream cannot be captured; returning CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+            );
+            Err(STREAM_CAPTURE_UNSUPPORTED)
+        }
+    }
+}
+
+/// `cu_result` as the generated code names it.
+type CuResult_ = remora_proto::remora::CuResult;
+
+impl Executor {
+    /// The ordered thread of `connection`'s session, once it uses host callbacks: where its
+    /// calls other than the host-callback procedures run (see [`crate::host_callbacks`]).
+    pub(crate) fn ordered_session(&self, connection: u64) -> Option<Arc<Session>> {
+        if !self
+            .inner
+            .any_ordered
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return None;
+        }
+        let session = self.inner.sessions().get(&connection).map(Arc::clone)?;
+        session.ordered.is_on().then_some(session)
+    }
+
+    /// Frees the session of `connection` (called when the connection ends).
+    pub fn close_session(&self, connection: u64) {
+        let session = self.inner.sessions().remove(&connection);
+        if let Some(session) = session {
+            if let Some((n, total)) = session.launch_profile() {
+                tracing::info!(
+                    connection,
+                    launches = n,
+                    "session profile: {n} kernel launches, mean {:.2} us in the driver's launch call",
+                    total.as_secs_f64() * 1e6 / n as f64
+                );
+            }
+            // Before the contexts go: a backend may need one to undo its registration.
+            if let Some(area) = session.area.get()
+                && session
+                    .area_locked
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                self.inner.backend.area_detach(area);
+                let mut budget = self
+                    .inner
+                    .area_lock_budget
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                *budget = budget.saturating_add(area.len() as u64);
+            }
+            session.close(&*self.inner.backend);
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Procedures on modules, functions, globals, occupancy and kernel launches.
+
+use sha2::{Digest, Sha256};
+
+use super::*;
+
+impl Executor {
+    pub(super) fn module_load(
+        &self,
+        call: &CallContext,
+        a: RmModuleLoadArgs,
+    ) -> ProcResult<RmLoadReply> {
+        let session = self.session(call);
+        if let Err(e) = session.lock().ctx(a.ctx) {
+            return Ok(RmLoadReply::RmLoadFailed(e));
+        }
+        let image = if a.image.is_empty() {
+            match self.inner.cache.get(&a.hash) {
+                Some(image) => image,
+                None => return Ok(RmLoadReply::RmNeedImage),
+            }
+        } else {
+            let digest: [u8; 32] = Sha256::digest(&a.image).into();
+            if digest != a.hash {
+                tracing::warn!(
+                    connection = call.connection,
+                    "RM_MODULE_LOAD: the image does not match its SHA-256"
+                );
+                return Ok(RmLoadReply::RmLoadFailed(INVALID_VALUE));
+            }
+            self.inner.cache.insert(a.hash, a.image.clone());
+            a.image
+        };
+        Ok(self.inner.load(&session, a.ctx, &image))
+    }
+
+    pub(super) fn module_unload(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let (raw, ctx) = match st.get(h) {
+            Ok(Resource::Module { raw, ctx }) => (*raw, *ctx),
+            _ => return Ok(INVALID_HANDLE),
+        };
+        let raw_ctx = match st.ctx(ctx) {
+            Ok(c) => c,
+            Err(e) => return Ok(e),
+        };
+        let r = self.inner.backend.module_unload(raw_ctx, raw);
+        st.remove(h);
+        st.remove_module_children(h);
+        st.ranges.retain(|_, g| g.module != Some(h));
+        Ok(code("RM_MODULE_UNLOAD", r))
+    }
+
+    pub(super) fn module_get_global(
+        &self,
+        call: &CallContext,
+        a: RmGetGlobalArgs,
+    ) -> ProcResult<RmGlobalReply> {
+        let session = self.session(call);
+        let found = {
+            let st = session.lock();
+            match st.get(a.module) {
+                Ok(Resource::Module { raw, ctx }) => st.ctx(*ctx).map(|c| (*raw, *ctx, c)),
+                _ => Err(INVALID_HANDLE),
+            }
+        };
+        let r = found.and_then(|(raw, ctx, c)| {
+            let (ptr, size) = self.inner.backend.module_get_global(c, raw, &a.name)?;
+            session.lock().ranges.entry(ptr).or_insert(Range {
+                size,
+                ctx,
+                module: Some(a.module),
+            });
+            Ok((ptr, size))
+        });
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MODULE_GET_GLOBAL", *e)) {
+                Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
+                Err(e) => RmGlobalReply::Default {
+                    discriminant: RmLoadStatus::RmLoadFailed,
+                    value: nz(e),
+                },
+            },
+        )
+    }
+
+    pub(super) fn func_set_attribute(
+        &self,
+        call: &CallContext,
+        a: RmFuncAttrArgs,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let f = session.lock().function(a.function);
+        Ok(code(
+            "RM_FUNC_SET_ATTRIBUTE",
+            f.and_then(|(raw, c, _)| {
+                self.inner
+                    .backend
+                    .func_set_attribute(c, raw, a.attribute, a.value)
+            }),
+        ))
+    }
+
+    pub(super) fn occupancy_max_active_clusters(
+        &self,
+        call: &CallContext,
+        a: RmLaunchArgs,
+    ) -> ProcResult<RmIntReply> {
+        let session = self.session(call);
+        let target = {
+            let st = session.lock();
+            st.function(a.function).and_then(|(func, fctx, _)| {
+                let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
+                Ok((func, c, st.stream(a.stream)?))
+            })
+        };
+        Ok(int_reply(
+            "RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS",
+            target.and_then(|(func, c, s)| {
+                self.inner.backend.occupancy_max_active_clusters(
+                    c,
+                    &LaunchSpec {
+                        function: func,
+                        grid: [a.grid.x, a.grid.y, a.grid.z],
+                        block: [a.block.x, a.block.y, a.block.z],
+                        shared_mem_bytes: a.shared_mem_bytes,
+                        stream: s,
+                        params: &[],
+                        layout: &[],
+                        attrs: &a.attrs,
+                    },
+                )
+            }),
+        ))
+    }
+
+    pub(super) fn occupancy_max_potential_block_size(
+        &self,
+        call: &CallContext,
+        a: RmPotentialBlockArgs,
+    ) -> ProcResult<RmIntPairReply> {
+        let session = self.session(call);
+        let f = session.lock().function(a.function);
+        Ok(int_pair_reply(
+            "RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE",
+            f.and_then(|(raw, c, _)| {
+                self.inner.backend.occupancy_max_potential_block_size(
+                    c,
+                    raw,
+                    a.dynamic_smem_bytes,
+                    a.block_size_limit,
+                    a.flags,
+                )
+            }),
+        ))
+    }
+
+    pub(super) fn occupancy_max_active_blocks(
+        &self,
+        call: &CallContext,
+        a: RmOccupancyArgs,
+    ) -> ProcResult<RmIntReply> {
+        let session = self.session(call);
+        let f = session.lock().function(a.function);
+        Ok(int_reply(
+            "RM_OCCUPANCY_MAX_ACTIVE_BLOCKS",
+            f.and_then(|(raw, c, _)| {
+                self.inner.backend.occupancy_max_active_blocks(
+                    c,
+                    raw,
+                    a.block_size,
+                    a.dynamic_smem_bytes,
+                    a.flags,
+                )
+            }),
+        ))
+    }
+
+    pub(super) fn launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_LAUNCH_KERNEL", on, |inner, session| {
+            let (func, c, s, layout) = {
+                let st = session.lock();
+                let (func, fctx, layout) = st.function(a.function)?;
+                let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
+                (func, c, st.stream(a.stream)?, layout)
+            };
+            let needed = layout
+                .iter()
+                .map(|&(o, s)| u64::from(o) + u64::from(s))
+                .max()
+                .unwrap_or(0);
+            if (a.params.len() as u64) < needed {
+                return Err(INVALID_VALUE);
+            }
+            let timed = inner
+                .profile
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .then(std::time::Instant::now);
+            let r = inner.backend.launch(
+                c,
+                &LaunchSpec {
+                    function: func,
+                    grid: [a.grid.x, a.grid.y, a.grid.z],
+                    block: [a.block.x, a.block.y, a.block.z],
+                    shared_mem_bytes: a.shared_mem_bytes,
+                    stream: s,
+                    params: &a.params,
+                    layout: &layout,
+                    attrs: &a.attrs,
+                },
+            );
+            if let Some(t) = timed {
+                session.count_launch(t.elapsed());
+            }
+            r
+        })
+    }
+}
+
+impl Inner {
+    fn load(&self, st_session: &Session, ctx: u64, image: &[u8]) -> RmLoadReply {
+        let raw_ctx = match st_session.lock().ctx(ctx) {
+            Ok(c) => c,
+            Err(e) => return RmLoadReply::RmLoadFailed(e),
+        };
+        let loaded = match self.backend.module_load(raw_ctx, image) {
+            Ok(m) => m,
+            Err(e) => {
+                log_failed("RM_MODULE_LOAD", nz(e));
+                return RmLoadReply::RmLoadFailed(nz(e));
+            }
+        };
+        let mut st = st_session.lock();
+        let module = st.insert(Resource::Module {
+            raw: loaded.raw,
+            ctx,
+        });
+        if loaded.functions.len() > RM_MAX_FUNCTIONS as usize {
+            tracing::warn!(
+                functions = loaded.functions.len(),
+                "module lists more functions than the protocol carries; the rest are left out"
+            );
+        }
+        let functions = loaded
+            .functions
+            .into_iter()
+            .take(RM_MAX_FUNCTIONS as usize)
+            .map(|f| {
+                let mut params = f.params;
+                params.truncate(RM_MAX_PARAM_COUNT as usize);
+                let handle = st.insert(Resource::Function {
+                    raw: f.raw,
+                    ctx,
+                    module,
+                    params: params.clone().into(),
+                });
+                RmFunction {
+                    name: f.name,
+                    function: handle,
+                    params: params
+                        .into_iter()
+                        .map(|(offset, size)| RmParam { offset, size })
+                        .collect(),
+                }
+            })
+            .collect();
+        RmLoadReply::RmLoaded(RmModule { module, functions })
+    }
+}

@@ -1,0 +1,171 @@
+//! Procedures on streams, events and host callbacks, and the copy-collection procedures.
+
+use super::*;
+
+impl Executor {
+    pub(super) fn stream_create(
+        &self,
+        call: &CallContext,
+        a: RmStreamCreateArgs,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(a.ctx);
+        let r = raw.and_then(|c| self.inner.backend.stream_create(c, a.flags, a.priority));
+        let mut st = session.lock();
+        Ok(handle_reply(
+            "RM_STREAM_CREATE",
+            r.map(|raw| st.insert(Resource::Stream { raw, ctx: a.ctx })),
+        ))
+    }
+
+    pub(super) fn stream_synchronize(
+        &self,
+        call: &CallContext,
+        a: RmStreamArgs,
+    ) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let target = stream_target(&session.lock(), a.ctx, a.stream);
+        let done = target
+            .is_ok_and(|t| self.poll_briefly(|| self.inner.backend.stream_query(t.ctx, t.stream)));
+        self.blocking_unless(call, done, move |inner, session| {
+            let target = stream_target(&session.lock(), a.ctx, a.stream);
+            let (own, scope) = match target {
+                Ok(t) => (
+                    inner.backend.stream_synchronize(t.ctx, t.stream),
+                    Scope::Stream(t.ctx_handle, t.stream_handle),
+                ),
+                Err(e) => (Err(e), Scope::Finished),
+            };
+            let mut st = session.lock();
+            inner.sync_reply("RM_STREAM_SYNCHRONIZE", &mut st, own, scope)
+        })
+    }
+
+    pub(super) fn event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, "RM_EVENT_RECORD", on, |inner, session| {
+            let (e, t) = {
+                let st = session.lock();
+                let (e, event_ctx) = match st.get(a.event)? {
+                    Resource::Event { raw, ctx } => (*raw, *ctx),
+                    _ => return Err(INVALID_HANDLE),
+                };
+                // The legacy stream of the named context, else of the event's.
+                let ctx = if a.ctx == 0 { event_ctx } else { a.ctx };
+                (e, stream_target(&st, ctx, a.stream)?)
+            };
+            inner.backend.event_record(t.ctx, e, t.stream)
+        })
+    }
+
+    pub(super) fn event_elapsed_time(
+        &self,
+        call: &CallContext,
+        a: RmElapsedArgs,
+    ) -> ProcResult<RmFloatReply> {
+        let session = self.session(call);
+        let evs = {
+            let st = session.lock();
+            st.event(a.start).and_then(|s| Ok((s, st.event(a.end)?)))
+        };
+        Ok(float_reply(
+            "RM_EVENT_ELAPSED_TIME",
+            evs.and_then(|((s, c), (e, _))| self.inner.backend.event_elapsed(c, s, e)),
+        ))
+    }
+
+    /// Answered when callbacks are due (a deferred reply), never on the ordered thread.
+    pub(super) fn wait_host_callbacks(
+        &self,
+        call: &CallContext,
+    ) -> ProcResult<RmHostCallbacksReply> {
+        let session = self.session(call);
+        match call.defer() {
+            Some(reply) => {
+                session.callbacks.wait(reply);
+                Err(ProcError::Deferred)
+            }
+            None => Ok(RmHostCallbacksReply {
+                status: crate::backend::status::NOT_SUPPORTED,
+                due: Vec::new(),
+            }),
+        }
+    }
+
+    /// RM_COPIES_COLLECT (revision 8): the completed asynchronous copies, for a client whose
+    /// synchronizing point covers copies it has not received (in order with the session's
+    /// other calls). The named copies are polled briefly, never waited for, so a wrong guess
+    /// by the client cannot block the session.
+    pub(super) fn copies_collect(
+        &self,
+        call: &CallContext,
+        ids: Vec<u64>,
+    ) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let deadline = std::time::Instant::now() + COLLECT_POLL;
+        loop {
+            let mut status = SUCCESS;
+            let copies = session.copies.collect(Scope::Finished, &mut status);
+            if !copies.is_empty()
+                || !session.copies.any_of(&ids)
+                || std::time::Instant::now() >= deadline
+            {
+                log_failed("RM_COPIES_COLLECT", status);
+                return Ok(RmSyncReply { status, copies });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+
+    /// RM_LAUNCH_HOST_FUNC(_COPIES): a host function that reports the client's callback due
+    /// when the stream reaches it, after publishing the pending copies `copies` (which the
+    /// callback is ordered after, so they have completed) for RM_COPIES_READY.
+    pub(super) fn launch_host_func(
+        &self,
+        call: &CallContext,
+        what: &'static str,
+        a: RmHostFuncArgs,
+        copies: Vec<u64>,
+    ) -> ProcResult<()> {
+        let on = Some((a.ctx, a.stream));
+        self.oneway_on(call, what, on, move |inner, session| {
+            let (t, capturing) = {
+                let st = session.lock();
+                (
+                    stream_target(&st, a.ctx, a.stream)?,
+                    !st.captures.is_empty(),
+                )
+            };
+            // Captured, the host function would run at every graph launch, but the client's
+            // callback runs once.
+            not_captured(inner, capturing, t.ctx, t.stream)?;
+            session.ordered.start(session.connection)?;
+            inner
+                .any_ordered
+                .store(true, std::sync::atomic::Ordering::Release);
+            let callbacks = Arc::clone(&session.callbacks);
+            // The host function runs on the driver's thread while a call of this session may
+            // hold the session lock inside the driver waiting for it (cuMemFree, a
+            // synchronous copy): it must not take that lock, nor call the driver. The sticky
+            // error is read from its own cell; the copies it publishes are held here.
+            let sticky = session.lock().sticky_cell();
+            let follows = if copies.is_empty() {
+                Vec::new()
+            } else {
+                session.copies.find(&copies)
+            };
+            let published = Arc::clone(&session.copies);
+            let id = a.callback_id;
+            inner.backend.launch_host_func(
+                t.ctx,
+                t.stream,
+                Box::new(move || {
+                    published.publish(&follows);
+                    drop(follows);
+                    let status = sticky.load(std::sync::atomic::Ordering::Acquire);
+                    callbacks.reached(id, status);
+                }),
+            )
+        })
+    }
+}
