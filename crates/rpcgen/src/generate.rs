@@ -20,7 +20,7 @@ const RPC: &str = "::remora_oncrpc";
 
 /// What a union switches on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Disc {
+pub(crate) enum Disc {
     Int,
     UInt,
     Bool,
@@ -83,7 +83,7 @@ impl EncExpr {
 
 pub(crate) struct Gen<'a> {
     files: &'a Files,
-    defs: &'a [Def],
+    pub(crate) defs: &'a [Def],
     /// Every named definition (types, consts, enum members, programs) by C name.
     symbols: HashMap<String, Symbol<'a>>,
     values: RefCell<HashMap<String, i128>>,
@@ -174,7 +174,7 @@ impl<'a> Gen<'a> {
     // ----- constants -----
 
     /// The value of a constant expression.
-    fn eval(&self, v: &Value) -> Result<i128> {
+    pub(crate) fn eval(&self, v: &Value) -> Result<i128> {
         self.eval_depth(v, 0)
     }
 
@@ -330,7 +330,7 @@ impl<'a> Gen<'a> {
         })
     }
 
-    fn decl_rust(&self, d: &Decl) -> Result<String> {
+    pub(crate) fn decl_rust(&self, d: &Decl) -> Result<String> {
         let base = self.base_rust(&d.ty, d.ty_pos)?;
         Ok(match (&d.shape, &d.ty) {
             (Shape::Plain, _) => base,
@@ -774,7 +774,7 @@ impl<'a> Gen<'a> {
         Ok(())
     }
 
-    fn disc_kind(&self, d: &Decl) -> Result<Disc> {
+    pub(crate) fn disc_kind(&self, d: &Decl) -> Result<Disc> {
         let bad = || {
             self.err(
                 d.ty_pos,
@@ -804,7 +804,7 @@ impl<'a> Gen<'a> {
     }
 
     /// The variant name a case label gets.
-    fn label_variant(&self, disc: &Disc, label: &Value, v: i128) -> String {
+    pub(crate) fn label_variant(&self, disc: &Disc, label: &Value, v: i128) -> String {
         match (disc, &label.kind) {
             (Disc::Bool, _) => if v == 0 { "False" } else { "True" }.to_owned(),
             (_, ValueKind::Name(n)) => camel(n),
@@ -1301,101 +1301,4 @@ pub(crate) fn format_source(source_name: &str, code: &str) -> Result<String> {
 /// The first line of every generated file.
 pub(crate) fn header(source_name: &str) -> String {
     format!("{}{source_name}. Do not edit.\n\n", crate::HEADER_PREFIX)
-}
-
-// ----- schema: what other generators need to know about a specification -----
-
-impl Gen<'_> {
-    /// The procedures and types of the specification, with their Rust names.
-    pub(crate) fn schema(&self) -> Result<crate::schema::Schema> {
-        use crate::schema::{Procedure, Schema, TypeInfo, UnionArm};
-        let mut schema = Schema::default();
-        for def in self.defs {
-            match def {
-                Def::Struct { name, fields, .. } => {
-                    let mut out = Vec::new();
-                    for f in fields {
-                        out.push((snake(&f.name), self.decl_rust(f)?));
-                    }
-                    schema.types.insert(
-                        name.clone(),
-                        TypeInfo::Struct {
-                            rust: type_name(name),
-                            fields: out,
-                        },
-                    );
-                }
-                Def::Union {
-                    name,
-                    disc,
-                    arms,
-                    default,
-                    ..
-                } => {
-                    let kind = self.disc_kind(disc)?;
-                    let mut out = Vec::new();
-                    for arm in arms {
-                        let payload = if arm.decl.ty == BaseType::Void {
-                            None
-                        } else {
-                            Some(self.decl_rust(&arm.decl)?)
-                        };
-                        for label in &arm.labels {
-                            let v = self.eval(label)?;
-                            out.push(UnionArm {
-                                label: v,
-                                variant: self.label_variant(&kind, label, v),
-                                payload: payload.clone(),
-                            });
-                        }
-                    }
-                    schema.types.insert(
-                        name.clone(),
-                        TypeInfo::Union {
-                            rust: type_name(name),
-                            arms: out,
-                            default_void: default.as_ref().map(|d| d.ty == BaseType::Void),
-                        },
-                    );
-                }
-                Def::Typedef { name, decl, .. } => {
-                    schema.types.insert(
-                        name.clone(),
-                        TypeInfo::Typedef {
-                            rust: type_name(name),
-                            target: self.decl_rust(decl)?,
-                        },
-                    );
-                }
-                Def::Program(p) => {
-                    for v in &p.versions {
-                        for pr in &v.procs {
-                            let named = |d: &Decl| match &d.ty {
-                                BaseType::Named(n) if d.shape == Shape::Plain => Some(n.clone()),
-                                _ => None,
-                            };
-                            let mut args = Vec::new();
-                            for a in &pr.args {
-                                args.push((named(a), self.decl_rust(a)?));
-                            }
-                            let result = if pr.result.ty == BaseType::Void {
-                                None
-                            } else {
-                                Some((named(&pr.result), self.decl_rust(&pr.result)?))
-                            };
-                            schema.procedures.push(Procedure {
-                                name: pr.name.clone(),
-                                method: snake(&pr.name),
-                                args,
-                                result,
-                                oneway: pr.oneway,
-                            });
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(schema)
-    }
 }
