@@ -47,6 +47,6 @@ pub use safe::{
 };
 pub use session::{
     BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, FunctionInfo,
-    LaunchAttr, ModuleInfo, PointerKind, Session, SessionConfig, StreamRef,
-    UNSUPPORTED_MEMORY_ATTRIBUTES,
+    KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, PointerKind, Session, SessionConfig,
+    StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

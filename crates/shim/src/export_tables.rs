@@ -301,7 +301,6 @@ extern "C" fn get_module_from_cubin(module: *mut Handle, wrapper: *const c_void)
 extern "C" fn primary_context(pctx: *mut Handle, dev: c_int) -> i32 {
     call("CUDART_INTERFACE primary_context", || {
         let h = state::session()?.primary_ctx_retain(dev)?;
-        state::note_ctx_device(h, dev);
         note_primary(dev, h);
         // SAFETY: output slot of the runtime (null rejected by `put`).
         unsafe { put(pctx, enc(Kind::Ctx, h)) }

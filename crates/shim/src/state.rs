@@ -167,27 +167,9 @@ pub fn forget_ctx(ctx: u64) {
     CTX_STACK.with(|s| s.borrow_mut().retain(|c| *c != ctx));
 }
 
-fn ctx_devices() -> &'static Mutex<HashMap<u64, i32>> {
-    static M: OnceLock<Mutex<HashMap<u64, i32>>> = OnceLock::new();
-    M.get_or_init(Mutex::default)
-}
-
-/// Remembers which device a context belongs to.
-pub fn note_ctx_device(ctx: u64, dev: i32) {
-    ctx_devices()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(ctx, dev);
-}
-
-/// The device of a context.
+/// The device of a context (the session keeps the map).
 pub fn ctx_device(ctx: u64) -> CuResult<i32> {
-    ctx_devices()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&ctx)
-        .copied()
-        .ok_or(CuError(cu::INVALID_CONTEXT))
+    session()?.ctx_device(ctx)
 }
 
 /// What the shim remembers of a stream it created.

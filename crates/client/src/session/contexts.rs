@@ -53,7 +53,9 @@ impl Session {
     /// `cuDevicePrimaryCtxRetain`.
     pub fn primary_ctx_retain(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.check_device(dev)?;
-        handle(call!(self.rm_primary_ctx_retain(&dev))?)
+        let h = handle(call!(self.rm_primary_ctx_retain(&dev))?)?;
+        lock(&self.ctx_devices).insert(h, dev);
+        Ok(h)
     }
 
     /// `cuDevicePrimaryCtxRelease`.
@@ -92,9 +94,19 @@ impl Session {
     /// `cuCtxCreate`.
     pub fn ctx_create(&self, flags: u32, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.check_device(dev)?;
-        handle(call!(
+        let h = handle(call!(
             self.rm_ctx_create(&RmCtxCreateArgs { flags, device: dev })
-        )?)
+        )?)?;
+        lock(&self.ctx_devices).insert(h, dev);
+        Ok(h)
+    }
+
+    /// The device of context `ctx` (one this session created or retained).
+    pub fn ctx_device(&self, ctx: RmHandle) -> CuResult<DeviceHandle> {
+        lock(&self.ctx_devices)
+            .get(&ctx)
+            .copied()
+            .ok_or(CuError(cu::INVALID_CONTEXT))
     }
 
     /// `cuCtxDestroy`: also forgets the context's allocations and per-thread streams. The

@@ -3,6 +3,28 @@
 use super::*;
 use crate::launch::{self, LaunchLimits, OccupancyLimits, dev_attr, func_attr};
 
+/// A kernel launch's configuration ([`Session::launch_kernel`]).
+#[derive(Debug, Clone)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub stream: StreamRef,
+    /// Launch attributes (`cuLaunchKernelEx`, cooperative launches).
+    pub attrs: Vec<RmLaunchAttr>,
+}
+
+/// Where a launch's parameters come from, as `cuLaunchKernel` takes them.
+#[derive(Debug, Clone, Copy)]
+pub enum KernelArgs {
+    /// `kernelParams`: one pointer per parameter.
+    Params(*const *const std::ffi::c_void),
+    /// `extra`: `CU_LAUNCH_PARAM_*` pairs, `CU_LAUNCH_PARAM_END`-terminated.
+    Extra(*const *const std::ffi::c_void),
+    /// Neither (a kernel without parameters).
+    None,
+}
+
 impl Session {
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessor(WithFlags)`.
     pub fn occupancy_max_active_blocks(
@@ -118,7 +140,66 @@ impl Session {
         })
     }
 
-    /// `cuLaunchKernel`: one-way; `params` already packed (see [`crate::params`]).
+    /// [`Session::launch_limits`], remembered per (function, device) until an attribute of
+    /// the function is set: a launch checks its configuration with one lookup.
+    fn cached_launch_limits(
+        &self,
+        dev: DeviceHandle,
+        function: RmHandle,
+    ) -> CuResult<LaunchLimits> {
+        if let Some(l) = lock(&self.launch_limits).get(&(function, dev)) {
+            return Ok(*l);
+        }
+        let l = self.launch_limits(dev, function)?;
+        lock(&self.launch_limits).insert((function, dev), l);
+        Ok(l)
+    }
+
+    /// `cuLaunchKernel(Ex)` in context `ctx`: checks the configuration against the function's
+    /// limits (configuration errors are synchronous, as in CUDA), packs the parameters at the
+    /// offsets the server reported for the function, and sends the launch one-way.
+    ///
+    /// # Safety
+    /// `args` holds what `cuLaunchKernel` takes: `kernelParams` with one valid pointer per
+    /// parameter of `function`, or an `extra` array terminated by `CU_LAUNCH_PARAM_END`.
+    pub unsafe fn launch_kernel(
+        &self,
+        ctx: RmHandle,
+        function: &FunctionInfo,
+        config: &LaunchConfig,
+        args: KernelArgs,
+    ) -> CuResult<()> {
+        let limits = self.cached_launch_limits(self.ctx_device(ctx)?, function.handle)?;
+        launch::validate(&limits, config.grid, config.block, config.shared_mem_bytes)?;
+        let params = match args {
+            KernelArgs::Params(p) => {
+                // SAFETY: the caller's contract: one valid pointer per parameter.
+                unsafe { crate::params::pack_kernel_params(&function.params, p) }?
+            }
+            // SAFETY: the caller's contract.
+            KernelArgs::Extra(e) => unsafe { crate::params::pack_extra(e) }?,
+            KernelArgs::None if function.params.is_empty() => Vec::new(),
+            KernelArgs::None => return Err(CuError(cu::INVALID_VALUE)),
+        };
+        let dim = |d: [u32; 3]| RmDim3 {
+            x: d[0],
+            y: d[1],
+            z: d[2],
+        };
+        self.launch(&RmLaunchArgs {
+            ctx,
+            function: function.handle,
+            grid: dim(config.grid),
+            block: dim(config.block),
+            shared_mem_bytes: config.shared_mem_bytes,
+            stream: self.stream_handle(ctx, config.stream)?,
+            params: params.into(),
+            attrs: config.attrs.clone(),
+        })
+    }
+
+    /// `cuLaunchKernel`: one-way; `args` already checked and packed (see
+    /// [`Session::launch_kernel`], which does both).
     pub fn launch(&self, args: &RmLaunchArgs) -> CuResult<()> {
         call!(self.rm_launch_kernel(args))
     }

@@ -357,6 +357,11 @@ pub struct Session {
     /// Asynchronous device-to-host copies not yet written, and CUDA's ordering rules that
     /// say when they must be.
     delivery: Arc<Delivery>,
+    /// Context → device, for every context this session created or retained.
+    ctx_devices: Mutex<HashMap<RmHandle, DeviceHandle>>,
+    /// (function, device) → the limits its launches are checked against (forgotten when an
+    /// attribute of the function is set).
+    launch_limits: Mutex<HashMap<(RmHandle, DeviceHandle), crate::launch::LaunchLimits>>,
     per_thread: Mutex<HashMap<(ThreadId, RmHandle), RmHandle>>,
     va: VaSpace,
     host: HostMem,
@@ -430,6 +435,7 @@ mod contexts;
 mod copies;
 mod copies_3d;
 mod launches;
+pub use launches::{KernelArgs, LaunchConfig};
 mod memory;
 mod modules;
 mod streams;
@@ -524,6 +530,8 @@ impl Session {
         let rpc = RemoraV1Client::new(rpc);
         Ok(Session {
             delivery: Arc::new(Delivery::new(rpc.clone(), welcome.revision)),
+            ctx_devices: Mutex::default(),
+            launch_limits: Mutex::default(),
             rpc,
             welcome,
             props: Mutex::default(),

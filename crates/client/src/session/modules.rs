@@ -123,6 +123,7 @@ impl Session {
         }))?);
         // Forget the cached value either way: the next get asks the server.
         lock(&self.func_attrs).remove(&(function, attribute));
+        lock(&self.launch_limits).retain(|(f, _), _| *f != function);
         r
     }
 

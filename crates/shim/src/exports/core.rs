@@ -122,7 +122,6 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: c_int) -> CUresult {
     entry("cuDevicePrimaryCtxRetain", || {
         let h = check_dev(dev)?.primary_ctx_retain(dev)?;
-        state::note_ctx_device(h, dev);
         crate::export_tables::note_primary(dev, h);
         // SAFETY: output pointer per cuda.h.
         unsafe { put(pctx, enc(Kind::Ctx, h)) }
@@ -185,7 +184,6 @@ pub extern "C" fn cuDevicePrimaryCtxReset(dev: c_int) -> CUresult {
 
 fn ctx_create(pctx: *mut Handle, flags: c_uint, dev: c_int) -> Result<(), CuError> {
     let h = check_dev(dev)?.ctx_create(flags, dev)?;
-    state::note_ctx_device(h, dev);
     state::push_ctx(h);
     // SAFETY: output pointer per cuda.h (checked by every caller's contract).
     unsafe { put(pctx, enc(Kind::Ctx, h)) }

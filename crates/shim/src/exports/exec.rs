@@ -3,7 +3,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
 
-use remora_client::params::{pack_extra, pack_kernel_params};
+use remora_client::KernelArgs;
 use remora_client::proto::{RmDim3, RmLaunchArgs, RmLaunchAttr};
 use remora_client::{CuError, CuResult, FunctionInfo, Session, cu};
 
@@ -200,36 +200,27 @@ struct Launch {
     attrs: Vec<RmLaunchAttr>,
 }
 
+/// Validation and packing are the client's ([`remora_client::Session::launch_kernel`]); the
+/// shim maps the C handles and says where the parameters are.
 fn launch(l: Launch) -> CuResult<()> {
-    let s = state::session()?;
     let ctx = state::current_ctx()?;
-    let (_, info) = function_info(l.f)?;
-    // Configuration errors are synchronous in CUDA; the launch itself is one-way.
-    let limits = s.launch_limits(state::ctx_device(ctx)?, info.handle)?;
-    remora_client::launch::validate(&limits, l.grid, l.block, l.shared)?;
-    let params = match (l.params.is_null(), l.extra.is_null()) {
-        // SAFETY: kernelParams holds one pointer per parameter per cuda.h.
-        (false, true) => unsafe { pack_kernel_params(&info.params, l.params.cast_const().cast()) }?,
-        // SAFETY: `extra` is a CU_LAUNCH_PARAM_END-terminated array per cuda.h.
-        (true, false) => unsafe { pack_extra(l.extra.cast_const().cast()) }?,
-        (true, true) if info.params.is_empty() => Vec::new(),
-        _ => return Err(CuError(cu::INVALID_VALUE)),
+    let (s, info) = function_info(l.f)?;
+    let args = match (l.params.is_null(), l.extra.is_null()) {
+        (false, true) => KernelArgs::Params(l.params.cast_const().cast()),
+        (true, false) => KernelArgs::Extra(l.extra.cast_const().cast()),
+        (true, true) => KernelArgs::None,
+        (false, false) => return Err(CuError(cu::INVALID_VALUE)),
     };
-    let dim = |d: [u32; 3]| RmDim3 {
-        x: d[0],
-        y: d[1],
-        z: d[2],
-    };
-    s.launch(&RmLaunchArgs {
-        ctx,
-        function: info.handle,
-        grid: dim(l.grid),
-        block: dim(l.block),
+    let config = remora_client::LaunchConfig {
+        grid: l.grid,
+        block: l.block,
         shared_mem_bytes: l.shared,
-        stream: s.stream_handle(ctx, stream_ref(l.stream, l.ptds)?)?,
-        params: params.into(),
+        stream: stream_ref(l.stream, l.ptds)?,
         attrs: l.attrs,
-    })
+    };
+    // SAFETY: kernelParams holds one pointer per parameter, and `extra` is a
+    // CU_LAUNCH_PARAM_END-terminated array, per cuda.h.
+    unsafe { s.launch_kernel(ctx, &info, &config, args) }
 }
 
 macro_rules! launches {
