@@ -359,6 +359,16 @@ impl<'a> Call<'a> {
         d
     }
 
+    /// The method parameters after `&self`: `, name: type` each.
+    fn params(&self) -> String {
+        self.a
+            .params
+            .iter()
+            .zip(&self.types)
+            .map(|(q, t)| format!(", {}: {t}", q.name))
+            .collect()
+    }
+
     fn ret(&self) -> String {
         match &self.res {
             Res::Status => "CuResult<()>".into(),
@@ -388,13 +398,7 @@ impl<'a> Call<'a> {
     }
 
     fn client(&self, out: &mut String) {
-        let params: String = self
-            .a
-            .params
-            .iter()
-            .zip(&self.types)
-            .map(|(q, t)| format!(", {}: {t}", q.name))
-            .collect();
+        let params = self.params();
         let conv = match &self.res {
             Res::Status => "CuError::check(reply)".to_owned(),
             Res::Value { union, ok, .. } => format!(
@@ -504,13 +508,7 @@ impl<'a> Call<'a> {
     }
 
     fn backend(&self, out: &mut String) {
-        let params: String = self
-            .a
-            .params
-            .iter()
-            .zip(&self.types)
-            .map(|(q, t)| format!(", {}: {t}", q.name))
-            .collect();
+        let params = self.params();
         let _ = writeln!(
             out,
             "{doc}fn {m}(&self{params}) -> {ret};",

@@ -342,6 +342,15 @@ impl<'a> Gen<'a> {
         })
     }
 
+    /// The Rust type of a union arm's payload; `None` for `void`.
+    pub(crate) fn payload_rust(&self, d: &Decl) -> Result<Option<String>> {
+        if d.ty == BaseType::Void {
+            Ok(None)
+        } else {
+            self.decl_rust(d).map(Some)
+        }
+    }
+
     fn size_what(&self, d: &Decl) -> String {
         if d.name.is_empty() {
             "the size".to_owned()
@@ -866,11 +875,7 @@ impl<'a> Gen<'a> {
         let mut dec_arms = String::new();
         let mut seen: HashMap<i128, Pos> = HashMap::new();
         for arm in arms {
-            let payload = if arm.decl.ty == BaseType::Void {
-                None
-            } else {
-                Some(self.decl_rust(&arm.decl)?)
-            };
+            let payload = self.payload_rust(&arm.decl)?;
             for label in &arm.labels {
                 let v = self.eval(label)?;
                 let ok = match &kind {

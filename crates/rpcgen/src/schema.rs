@@ -97,11 +97,7 @@ impl Gen<'_> {
                     let kind = self.disc_kind(disc)?;
                     let mut out = Vec::new();
                     for arm in arms {
-                        let payload = if arm.decl.ty == BaseType::Void {
-                            None
-                        } else {
-                            Some(self.decl_rust(&arm.decl)?)
-                        };
+                        let payload = self.payload_rust(&arm.decl)?;
                         for label in &arm.labels {
                             let v = self.eval(label)?;
                             out.push(UnionArm {

@@ -244,6 +244,22 @@ pub trait StagedCopy: Send + Sync {
     fn data(&self) -> &[u8];
 }
 
+/// A copy that carries no bytes and is complete: an empty copy, or one that could not be
+/// issued (delivered empty, so that the client waits for nothing; its error is deferred).
+pub(crate) struct NoBytes;
+
+impl StagedCopy for NoBytes {
+    fn query(&self) -> CuResult<bool> {
+        Ok(true)
+    }
+    fn wait(&self) -> CuResult<()> {
+        Ok(())
+    }
+    fn data(&self) -> &[u8] {
+        &[]
+    }
+}
+
 /// A host function enqueued on a stream ([`Backend::launch_host_func`]). It may block: later
 /// work in its stream waits until it returns.
 pub type HostFn = Box<dyn FnOnce() + Send + 'static>;

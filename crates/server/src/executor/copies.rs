@@ -142,7 +142,7 @@ impl Executor {
             // wait for its data; its error is deferred like every one-way call's.
             let (copy, result): (Box<dyn StagedCopy>, CuResult<()>) = match issued {
                 Ok(copy) => (copy, Ok(())),
-                Err(e) => (Box::new(Undelivered), Err(e)),
+                Err(e) => (Box::new(crate::backend::NoBytes), Err(e)),
             };
             let stream = if a.stream == 0 {
                 u64::from(RM_STREAM_LEGACY)
@@ -315,7 +315,7 @@ impl Executor {
             // for its delivery); its error is deferred like every one-way call's.
             let (copy, target, result): (Box<dyn StagedCopy>, _, CuResult<()>) = match issued {
                 Ok((copy, area)) => (copy, Some((area, a.offset)), Ok(())),
-                Err(e) => (Box::new(Undelivered), None, Err(e)),
+                Err(e) => (Box::new(crate::backend::NoBytes), None, Err(e)),
             };
             let stream = if a.stream == 0 {
                 u64::from(RM_STREAM_LEGACY)
@@ -443,7 +443,7 @@ impl Executor {
             })();
             let (copy, result): (Option<Box<dyn StagedCopy>>, CuResult<()>) = match issued {
                 Ok(c) => (c, Ok(())),
-                Err(e) => (Some(Box::new(Undelivered)), Err(e)),
+                Err(e) => (Some(Box::new(crate::backend::NoBytes)), Err(e)),
             };
             if to_host && let Some(copy) = copy {
                 session.copies.push(PendingCopy {
@@ -480,21 +480,6 @@ fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc
         return Err(INVALID_VALUE);
     }
     Ok(area.clone())
-}
-
-/// The data of an asynchronous copy to host memory that failed: delivered empty.
-struct Undelivered;
-
-impl StagedCopy for Undelivered {
-    fn query(&self) -> CuResult<bool> {
-        Ok(true)
-    }
-    fn wait(&self) -> CuResult<()> {
-        Ok(())
-    }
-    fn data(&self) -> &[u8] {
-        &[]
-    }
 }
 
 /// `(calling context, stream, destination context, source context)` of a peer copy, with

@@ -106,20 +106,6 @@ pub(super) fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr, event: Ptr) {
     }
 }
 
-pub(super) struct EmptyCopy;
-
-impl StagedCopy for EmptyCopy {
-    fn query(&self) -> CuResult<bool> {
-        Ok(true)
-    }
-    fn wait(&self) -> CuResult<()> {
-        Ok(())
-    }
-    fn data(&self) -> &[u8] {
-        &[]
-    }
-}
-
 impl CudaBackend {
     /// Allocates `size` bytes of pinned staging memory and an event, lets `issue` queue a copy
     /// into it on `stream`, and records the event after it.
@@ -133,7 +119,7 @@ impl CudaBackend {
         let driver = Arc::clone(self.driver.as_ref().ok_or(NO_DEVICE)?);
         driver.enter(ctx)?;
         if size == 0 {
-            return Ok(Box::new(EmptyCopy));
+            return Ok(Box::new(super::super::NoBytes));
         }
         let mut host: Ptr = std::ptr::null_mut();
         // SAFETY: writes one host pointer to `size` bytes of pinned memory.
