@@ -7,8 +7,10 @@
 //! pointer-sized slots; most begin with their own size in bytes. Every slot Remora does not
 //! implement holds a *trap*, a function that logs the table and slot by name (once) and returns
 //! `CUDA_ERROR_NOT_SUPPORTED`, so a runtime that reaches an unknown slot fails loudly instead of
-//! jumping to NULL. An unknown UUID is logged and answered `CUDA_ERROR_NOT_SUPPORTED` with a null
-//! table.
+//! jumping to NULL. A UUID Remora does not serve (unknown, or known but not implemented) is
+//! logged and answered as NVIDIA's driver answers a table it lacks: `CUDA_ERROR_INVALID_VALUE`
+//! with a null table, so that a library that can do without the table falls back (cuBLASLt asks
+//! for tables a given driver may not have).
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_void};
@@ -901,7 +903,7 @@ pub unsafe fn get_export_table(out: *mut *const c_void, id: *const Uuid) -> CuRe
         }
         Err(name) => {
             tracing::error!(
-                "remora: cuGetExportTable {} ({}) is not implemented by the Remora shim; returning CUDA_ERROR_NOT_SUPPORTED",
+                "remora: cuGetExportTable {} ({}) is not implemented by the Remora shim; answering CUDA_ERROR_INVALID_VALUE and a null table, as the driver does for a table it lacks",
                 format_uuid(&id),
                 name.unwrap_or("unknown table")
             );
@@ -911,7 +913,7 @@ pub unsafe fn get_export_table(out: *mut *const c_void, id: *const Uuid) -> CuRe
     // SAFETY: `out` is non-null and writable per cuda.h.
     unsafe { put(out, table)? };
     if table.is_null() {
-        return Err(CuError(cu::NOT_SUPPORTED));
+        return Err(CuError(cu::INVALID_VALUE));
     }
     Ok(())
 }
@@ -964,7 +966,7 @@ mod tests {
         let id = [0xEE; 16];
         // SAFETY: valid pointers.
         let r = unsafe { get_export_table(&mut out, &id) };
-        assert_eq!(r, Err(CuError(cu::NOT_SUPPORTED)));
+        assert_eq!(r, Err(CuError(cu::INVALID_VALUE)), "as the driver answers");
         assert!(out.is_null());
         assert_eq!(lookup(&TABLES[5].2), Err(Some("HEAP_ACCESS")));
         // SAFETY: null output is rejected.

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# PyTorch smoke checks natively and through Remora, each in its own process.
+#
+#   gpu/torch/run.sh BIN_DIR [MODE...]      MODE: embedded (default), or shm/unix/tcp against
+#                                           one standing `remora serve`
+#
+# Prints one line per check and mode: pass (identical to native), FAIL (different output or
+# exit status, with the last lines of its stderr) or skip (native failed too).
+set -uo pipefail
+bin=$(cd "${1:?usage: run.sh BIN_DIR [MODE...]}" && pwd); shift
+modes=("${@:-embedded}")
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d); serve_pid=
+trap '[ -n "$serve_pid" ] && kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
+checks=(device fp32_matmul bf16_matmul fft linalg_solve conv2d train_step)
+limit=${TORCH_TIMEOUT:-180}
+if [[ " ${modes[*]} " != " embedded " ]]; then
+  "$bin/remora" serve --listen "unix://$work/r.sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2>&1 &
+  serve_pid=$!
+  for _ in $(seq 100); do [ "$(grep -c 'listening on' "$work/serve.out")" -ge 2 ] && break; sleep 0.1; done
+  tcp=$(grep -o 'tcp://[0-9.:]*' "$work/serve.out" | head -n 1)
+fi
+pass=0; fail=0
+for c in "${checks[@]}"; do
+  timeout "$limit" python3 "$here/smoke.py" "$c" > "$work/$c.native" 2> "$work/$c.native.err"; nrc=$?
+  for m in "${modes[@]}"; do
+    case $m in
+      embedded) run=("$bin/remora" run --) ;;
+      tcp) run=("$bin/remora" run --server "$tcp" --) ;;
+      *) run=("$bin/remora" run --transport "$m" --server "unix://$work/r.sock" --) ;;
+    esac
+    timeout "$limit" "${run[@]}" python3 "$here/smoke.py" "$c" > "$work/$c.$m" 2> "$work/$c.$m.err"; rc=$?
+    if [ $nrc -ne 0 ]; then
+      echo "$c $m skip (native exit $nrc)"
+    elif [ $rc -eq $nrc ] && cmp -s "$work/$c.native" "$work/$c.$m"; then
+      echo "$c $m pass $(cat "$work/$c.native")"; pass=$((pass+1))
+    else
+      echo "$c $m FAIL exit $rc: $(tail -n 3 "$work/$c.$m.err" | tr '\n' ' ' | cut -c1-300)"; fail=$((fail+1))
+    fi
+  done
+done
+echo "torch smoke: $pass passed, $fail failed"
