@@ -244,62 +244,25 @@ launches! {
     cuLaunchCooperativeKernel_ptsz ptds=true, coop=true;
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: Handle,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    entry("cuLaunchKernel", || {
-        launch(Launch {
-            f,
-            grid: [gx, gy, gz],
-            block: [bx, by, bz],
-            shared,
-            stream,
-            ptds: false,
-            params,
-            extra,
-            attrs: Vec::new(),
-        })
-    })
+/// `cuLaunchKernel` and its per-thread-stream form (kernelParams or `extra`).
+macro_rules! kernel_launches {
+    ($($name:ident ptds=$ptds:expr;)*) => { $(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+            shared: c_uint, stream: Handle, params: *mut *mut c_void, extra: *mut *mut c_void,
+        ) -> CUresult {
+            entry(stringify!($name), || launch(Launch {
+                f, grid: [gx, gy, gz], block: [bx, by, bz], shared, stream, ptds: $ptds, params,
+                extra, attrs: Vec::new(),
+            }))
+        }
+    )* };
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel_ptsz(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shared: c_uint,
-    stream: Handle,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    entry("cuLaunchKernel_ptsz", || {
-        launch(Launch {
-            f,
-            grid: [gx, gy, gz],
-            block: [bx, by, bz],
-            shared,
-            stream,
-            ptds: true,
-            params,
-            extra,
-            attrs: Vec::new(),
-        })
-    })
+kernel_launches! {
+    cuLaunchKernel ptds=false;
+    cuLaunchKernel_ptsz ptds=true;
 }
 
 /// `CUlaunchAttribute`: id, padding to 8, a 64-byte value union.
