@@ -41,7 +41,6 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub use remora_xdr as xdr;
-use remora_xdr::{Decoder, Encoder};
 
 pub mod auth;
 mod client;
@@ -61,8 +60,8 @@ pub use client::{Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT}
 pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket_dir};
 pub use error::RpcError;
 pub use server::{
-    AcceptedConnection, ConnectionHandler, DeferredReply, Server, ServerConfig, ServerError,
-    ServerHandle,
+    AcceptedConnection, CallContext, ConnectionHandler, DeferredReply, Dispatch, ProcError,
+    ProcResult, Server, ServerConfig, ServerError, ServerHandle, Service,
 };
 
 /// Who is on the other end of a connection.
@@ -92,154 +91,5 @@ impl fmt::Display for Peer {
             Peer::Unix { pid, uid, gid } => write!(f, "unix pid {pid} uid {uid} gid {gid}"),
             Peer::Unknown => f.write_str("unknown peer"),
         }
-    }
-}
-
-/// What a service handler knows about the call it is serving.
-#[derive(Debug, Clone)]
-pub struct CallContext {
-    /// Transaction id.
-    pub xid: u32,
-    /// Program number.
-    pub program: u32,
-    /// Program version.
-    pub version: u32,
-    /// Procedure number.
-    pub procedure: u32,
-    /// Caller's credentials (AUTH_SYS parsed).
-    pub credential: Credential,
-    /// The connection's peer.
-    pub peer: Peer,
-    /// Identifies the connection the call arrived on, unique for the server's lifetime;
-    /// [`Service::connection_closed`] names it when the connection ends.
-    pub connection: u64,
-    /// Where a deferred reply is written; `None` when the transport cannot share its writer.
-    pub(crate) reply_sink: Option<server::ReplySink>,
-    /// The data area of the connection's shared-memory region, when it is in one.
-    pub(crate) data_area: Option<DataArea>,
-}
-
-impl CallContext {
-    /// A context for calling a service outside a server (tests, in-process use): connection
-    /// 0, no deferred replies.
-    pub fn detached(
-        xid: u32,
-        program: u32,
-        version: u32,
-        procedure: u32,
-        credential: Credential,
-        peer: Peer,
-    ) -> Self {
-        Self {
-            xid,
-            program,
-            version,
-            procedure,
-            credential,
-            peer,
-            connection: 0,
-            reply_sink: None,
-            data_area: None,
-        }
-    }
-
-    /// The data area of the connection's shared-memory region (`None` on a socket, or when
-    /// the region has no data area). The client may write it at any time: bound every
-    /// offset and length with [`DataArea::check`] before use.
-    pub fn data_area(&self) -> Option<&DataArea> {
-        self.data_area.as_ref()
-    }
-
-    /// This context with `area` as its data area (tests, in-process use).
-    pub fn with_data_area(mut self, area: Option<DataArea>) -> Self {
-        self.data_area = area.filter(|a| !a.is_empty());
-        self
-    }
-
-    /// Takes over the reply to this call: the handler then returns
-    /// [`ProcError::Deferred`] (or [`Dispatch::Deferred`]) and the connection goes on with its
-    /// next calls, while the returned [`DeferredReply`] sends the SUCCESS reply later, from
-    /// any thread. `None` when the connection cannot defer (answer inline then).
-    ///
-    /// A `DeferredReply` dropped without [`DeferredReply::reply`] answers SYSTEM_ERR, so a
-    /// caller is never left waiting.
-    pub fn defer(&self) -> Option<DeferredReply> {
-        self.reply_sink
-            .as_ref()
-            .map(|sink| DeferredReply::new(self.xid, sink.clone()))
-    }
-}
-
-/// How a dispatched call ended; the server runtime turns it into the reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dispatch {
-    /// Reply SUCCESS with the bytes the handler encoded.
-    Success,
-    /// Send no reply (one-way procedure).
-    NoReply,
-    /// Reply PROC_UNAVAIL.
-    ProcUnavail,
-    /// Reply GARBAGE_ARGS.
-    GarbageArgs,
-    /// Reply SYSTEM_ERR.
-    SystemErr,
-    /// Send nothing now: the handler took a [`DeferredReply`] (see [`CallContext::defer`])
-    /// that replies later.
-    Deferred,
-}
-
-impl From<ProcError> for Dispatch {
-    fn from(e: ProcError) -> Self {
-        match e {
-            ProcError::GarbageArgs => Dispatch::GarbageArgs,
-            ProcError::SystemErr => Dispatch::SystemErr,
-            ProcError::Deferred => Dispatch::Deferred,
-        }
-    }
-}
-
-/// Why a procedure handler failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ProcError {
-    /// Reply GARBAGE_ARGS.
-    #[error("garbage arguments")]
-    GarbageArgs,
-    /// Reply SYSTEM_ERR.
-    #[error("system error")]
-    SystemErr,
-    /// Reply later: the handler holds a [`DeferredReply`] from [`CallContext::defer`].
-    #[error("the reply is deferred")]
-    Deferred,
-}
-
-/// Result of a procedure handler.
-pub type ProcResult<T> = Result<T, ProcError>;
-
-/// One program version served by a [`Server`].
-pub trait Service: Send + Sync + 'static {
-    /// Program number.
-    fn program(&self) -> u32;
-    /// Version number.
-    fn version(&self) -> u32;
-    /// Decodes the arguments from `args` (rejecting trailing bytes), runs the procedure
-    /// `ctx.procedure`, and encodes its result into `reply`.
-    ///
-    /// `reply` already holds the reply header; it is discarded unless this returns
-    /// [`Dispatch::Success`]. A panic is caught and answered SYSTEM_ERR.
-    fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch;
-
-    /// Called once when connection `connection` (see [`CallContext::connection`]) has ended,
-    /// on that connection's thread, before its socket is closed: release what the connection
-    /// owned. Deferred replies sent from here still reach the peer if it is listening.
-    fn connection_closed(&self, connection: u64) {
-        let _ = connection;
-    }
-
-    /// The name of `procedure` as the specification spells it, for logs and profiles
-    /// (`None` when unknown).
-    fn procedure_name(&self, procedure: u32) -> Option<&'static str> {
-        let _ = procedure;
-        None
     }
 }

@@ -1,0 +1,593 @@
+//! Accepting connections: the [`Server`] builder, listeners, the accept loop (one thread per
+//! listener), connection limits and the running [`ServerHandle`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::connection::serve_connection;
+use super::dispatch::{Registry, Service};
+use super::{ServerConfig, ServerError, lock};
+use crate::endpoint::{Endpoint, Stream};
+use crate::rpcbind;
+use crate::{Peer, RpcError};
+
+/// Stack size of connection threads: decoding deeply nested data recurses.
+const CONN_STACK_SIZE: usize = 8 * 1024 * 1024;
+
+/// Builder of an ONC RPC server: register services, bind endpoints, then [`Server::start`].
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use remora_oncrpc::{Server, ServerConfig, Endpoint, Service};
+/// # fn svc() -> Arc<dyn Service> { unimplemented!() }
+/// # fn main() -> Result<(), remora_oncrpc::RpcError> {
+/// let handle = Server::builder(ServerConfig::default())
+///     .service(svc())
+///     .listen(&"tcp://127.0.0.1:0".parse().unwrap())?
+///     .listen(&"unix:///tmp/remora.sock".parse().unwrap())?
+///     .start()?;
+/// println!("listening on {:?}", handle.local_endpoints());
+/// handle.shutdown();
+/// # Ok(()) }
+/// ```
+#[derive(Default)]
+pub struct Server {
+    config: ServerConfig,
+    registry: Registry,
+    /// When set, accepted connections are handed to it instead of being served here.
+    handler: Option<Arc<dyn ConnectionHandler>>,
+    bound: Vec<(Listener, Endpoint)>,
+    /// Unix socket files bound by this builder, removed if it is dropped unstarted.
+    unix_paths: Vec<PathBuf>,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("config", &self.config)
+            .field("registry", &self.registry)
+            .field("hand_off", &self.handler.is_some())
+            .field("bound", &self.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection accepted by a server that hands its connections off
+/// ([`Server::hand_off`]): the socket, who is on the other end, and whether the server is
+/// shutting down.
+pub struct AcceptedConnection {
+    stream: Stream,
+    peer: Peer,
+    id: u64,
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for AcceptedConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcceptedConnection")
+            .field("peer", &self.peer)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AcceptedConnection {
+    /// Who is on the other end.
+    pub fn peer(&self) -> &Peer {
+        &self.peer
+    }
+
+    /// The connection's id, unique for the server's lifetime.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Whether the server has begun shutting down. The server also shuts down the reading
+    /// side of the socket then, so whoever serves it sees end of file.
+    pub fn shutting_down(&self) -> bool {
+        self.shared.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// A descriptor of the connected socket (blocking mode), e.g. to give to a child process
+    /// as its standard input. The server keeps its own descriptor of the socket until
+    /// [`ConnectionHandler::handle`] returns.
+    pub fn try_clone_fd(&self) -> io::Result<OwnedFd> {
+        match &self.stream {
+            Stream::Tcp(s) => s.as_fd().try_clone_to_owned(),
+            Stream::Unix(s) => s.as_fd().try_clone_to_owned(),
+            Stream::Shm(s) => s.socket().as_fd().try_clone_to_owned(),
+        }
+    }
+}
+
+/// Serves connections that a server hands off instead of serving them itself
+/// ([`Server::hand_off`]), e.g. by giving each to a process of its own.
+pub trait ConnectionHandler: Send + Sync {
+    /// Serves `connection`; called on a thread of its own, which the server joins at
+    /// shutdown. The connection counts against [`ServerConfig::max_connections`] until this
+    /// returns; the server closes its socket then.
+    fn handle(&self, connection: AcceptedConnection);
+}
+
+impl Server {
+    /// A server with the default [`ServerConfig`] and no services.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A server with `config` and no services.
+    pub fn builder(config: ServerConfig) -> Self {
+        let mut server = Self::default();
+        server.config = config;
+        server
+    }
+
+    /// Registers a service (one program version). Several versions of one program may be
+    /// registered; registering the same program and version again replaces the service.
+    pub fn service(mut self, service: Arc<dyn Service>) -> Self {
+        self.registry.add(service);
+        self
+    }
+
+    /// Hands every accepted connection to `handler` instead of serving it with the registered
+    /// services. Everything else stays: [`ServerConfig::max_connections`] bounds the
+    /// connections being handled, and shutdown stops accepting, shuts down the reading side
+    /// of each socket and waits for every [`ConnectionHandler::handle`] to return.
+    pub fn hand_off(mut self, handler: Arc<dyn ConnectionHandler>) -> Self {
+        self.handler = Some(handler);
+        self
+    }
+
+    /// Serves one already-connected stream socket (Unix or TCP, e.g. one inherited from a
+    /// parent process) with the registered services on the calling thread, until the peer
+    /// closes it, an error or timeout ends it. Deferred replies work as on accepted
+    /// connections; the services hear [`Service::connection_closed`] for connection id 0 when
+    /// it ends. The peer is read from the socket (SO_PEERCRED, or the TCP peer address).
+    pub fn serve_fd(self, fd: OwnedFd) -> Result<(), RpcError> {
+        let domain = socket2::SockRef::from(&fd)
+            .local_addr()
+            .map_err(ServerError::Io)?
+            .domain();
+        let (stream, peer) = if domain == socket2::Domain::UNIX {
+            let s = UnixStream::from(fd);
+            s.set_nonblocking(false).map_err(ServerError::Io)?;
+            let peer = unix_peer(&s);
+            (Stream::Unix(s), peer)
+        } else if domain == socket2::Domain::IPV4 || domain == socket2::Domain::IPV6 {
+            let s = TcpStream::from(fd);
+            s.set_nonblocking(false).map_err(ServerError::Io)?;
+            let _ = s.set_nodelay(true);
+            let peer = s.peer_addr().map_or(Peer::Unknown, Peer::Tcp);
+            (Stream::Tcp(s), peer)
+        } else {
+            return Err(ServerError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "serve_fd needs a connected Unix or TCP stream socket",
+            ))
+            .into());
+        };
+        tracing::debug!(%peer, "ONC RPC server: serving an inherited connection");
+        serve_connection(
+            stream,
+            &peer,
+            0,
+            &self.registry,
+            &self.config,
+            &AtomicBool::new(false),
+        );
+        Ok(())
+    }
+
+    /// Binds `endpoint` now (`tcp://HOST:0` picks a free port; a stale Unix socket file with
+    /// nothing listening is replaced). Serving starts with [`Server::start`].
+    pub fn listen(mut self, endpoint: &Endpoint) -> Result<Self, RpcError> {
+        let (listener, actual) = bind(endpoint)?;
+        if let Endpoint::Unix(p) = &actual {
+            self.unix_paths.push(p.clone());
+        }
+        self.bound.push((listener, actual));
+        Ok(self)
+    }
+
+    /// Starts serving on every bound endpoint.
+    pub fn start(mut self) -> Result<ServerHandle, RpcError> {
+        if self.bound.is_empty() {
+            return Err(ServerError::NoEndpoints.into());
+        }
+        let (wake_rx, wake_tx) = UnixStream::pair().map_err(ServerError::Io)?;
+        let bound = std::mem::take(&mut self.bound);
+        let unix_paths = std::mem::take(&mut self.unix_paths);
+        let shared = Arc::new(Shared {
+            config: std::mem::take(&mut self.config),
+            registry: std::mem::take(&mut self.registry),
+            handler: self.handler.take(),
+            shutting_down: AtomicBool::new(false),
+            conns: Mutex::new(ConnTable::default()),
+        });
+        let local: Vec<Endpoint> = bound.iter().map(|(_, e)| e.clone()).collect();
+        let mut handle = ServerHandle {
+            shared: Arc::clone(&shared),
+            accept_threads: Vec::new(),
+            local,
+            unix_paths,
+            wake_tx,
+            _wake_rx: wake_rx.try_clone().map_err(ServerError::Io)?,
+            rpcbind_registered: Mutex::new(Vec::new()),
+            stopped: false,
+        };
+        for (listener, ep) in bound {
+            let shared = Arc::clone(&shared);
+            let wake = wake_rx.try_clone().map_err(ServerError::Io)?;
+            let h = std::thread::Builder::new()
+                .name(format!("oncrpc-accept {ep}"))
+                .spawn(move || accept_loop(listener, wake, shared))
+                .map_err(ServerError::Io)?;
+            // On error, dropping `handle` stops the threads started so far.
+            handle.accept_threads.push(h);
+        }
+        tracing::info!(endpoints = ?handle.local, services = ?shared.registry, "ONC RPC server started");
+        Ok(handle)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.bound.clear();
+        for p in &self.unix_paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl AsFd for Listener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l) => l.as_fd(),
+        }
+    }
+}
+
+fn bind(ep: &Endpoint) -> Result<(Listener, Endpoint), RpcError> {
+    bind_inner(ep).map_err(RpcError::from)
+}
+
+fn bind_inner(ep: &Endpoint) -> Result<(Listener, Endpoint), ServerError> {
+    let bind_err = |source| ServerError::Bind {
+        endpoint: ep.to_string(),
+        source,
+    };
+    match ep {
+        Endpoint::Tcp(addr) => {
+            let addr: SocketAddr = addr
+                .to_socket_addrs()
+                .map_err(bind_err)?
+                .next()
+                .ok_or_else(|| {
+                    bind_err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "host name resolved to no address",
+                    ))
+                })?;
+            let sock = socket2::Socket::new(
+                socket2::Domain::for_address(addr),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )
+            .map_err(bind_err)?;
+            sock.set_reuse_address(true).map_err(bind_err)?;
+            sock.set_tcp_nodelay(true).map_err(bind_err)?;
+            sock.bind(&addr.into()).map_err(bind_err)?;
+            sock.listen(1024).map_err(bind_err)?;
+            let l: TcpListener = sock.into();
+            l.set_nonblocking(true).map_err(bind_err)?;
+            let actual = l.local_addr().map_err(bind_err)?;
+            Ok((Listener::Tcp(l), Endpoint::from(actual)))
+        }
+        Endpoint::Unix(path) => {
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                if !meta.file_type().is_socket() {
+                    return Err(ServerError::NotASocket(path.clone()));
+                }
+                match UnixStream::connect(path) {
+                    Ok(_) => return Err(ServerError::UnixSocketInUse(path.clone())),
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        tracing::info!(path = %path.display(), "removing stale Unix socket file");
+                        std::fs::remove_file(path).map_err(bind_err)?;
+                    }
+                    Err(e) => return Err(bind_err(e)),
+                }
+            }
+            let l = UnixListener::bind(path).map_err(bind_err)?;
+            l.set_nonblocking(true).map_err(bind_err)?;
+            Ok((Listener::Unix(l), ep.clone()))
+        }
+    }
+}
+
+struct Shared {
+    config: ServerConfig,
+    registry: Registry,
+    handler: Option<Arc<dyn ConnectionHandler>>,
+    shutting_down: AtomicBool,
+    conns: Mutex<ConnTable>,
+}
+
+#[derive(Default)]
+struct ConnTable {
+    next_id: u64,
+    /// Handles used to wake connection threads at shutdown.
+    streams: HashMap<u64, Stream>,
+    threads: HashMap<u64, JoinHandle<()>>,
+}
+
+fn accept_loop(listener: Listener, wake: UnixStream, shared: Arc<Shared>) {
+    use rustix::event::{PollFd, PollFlags, poll};
+    loop {
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut fds = [
+            PollFd::new(&listener, PollFlags::IN),
+            PollFd::new(&wake, PollFlags::IN),
+        ];
+        match poll(&mut fds, None) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                tracing::error!(error = %e, "ONC RPC server: poll failed; accept loop stops");
+                return;
+            }
+        }
+        if shared.shutting_down.load(Ordering::SeqCst) {
+            return;
+        }
+        let accepted = match &listener {
+            Listener::Tcp(l) => l.accept().and_then(|(s, addr)| {
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                Ok((Stream::Tcp(s), Peer::Tcp(addr)))
+            }),
+            Listener::Unix(l) => l.accept().and_then(|(s, _)| {
+                s.set_nonblocking(false)?;
+                let peer = unix_peer(&s);
+                Ok((Stream::Unix(s), peer))
+            }),
+        };
+        match accepted {
+            Ok((stream, peer)) => spawn_connection(&shared, stream, peer),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "ONC RPC server: accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// The kernel-recorded credentials of a Unix socket's peer.
+fn unix_peer(s: &UnixStream) -> Peer {
+    match rustix::net::sockopt::socket_peercred(s) {
+        Ok(c) => Peer::Unix {
+            pid: c.pid.as_raw_pid(),
+            uid: c.uid.as_raw(),
+            gid: c.gid.as_raw(),
+        },
+        Err(_) => Peer::Unknown,
+    }
+}
+
+fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
+    let mut table = lock(&shared.conns);
+    // Reap threads that have finished.
+    let done: Vec<u64> = table
+        .threads
+        .iter()
+        .filter(|(_, h)| h.is_finished())
+        .map(|(id, _)| *id)
+        .collect();
+    for id in done {
+        if let Some(h) = table.threads.remove(&id) {
+            let _ = h.join();
+        }
+    }
+    if table.streams.len() >= shared.config.max_connections {
+        tracing::warn!(%peer, max = shared.config.max_connections, "ONC RPC server: too many connections; new connection closed");
+        let _ = stream.shutdown(Shutdown::Both);
+        return;
+    }
+    let control = match stream.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "ONC RPC server: cannot clone the connection's socket; closed");
+            return;
+        }
+    };
+    let id = table.next_id;
+    table.next_id += 1;
+    let shared2 = Arc::clone(shared);
+    let res = std::thread::Builder::new()
+        .name(format!("oncrpc-conn-{id}"))
+        .stack_size(CONN_STACK_SIZE)
+        .spawn(move || {
+            tracing::debug!(%peer, "ONC RPC server: connection accepted");
+            if let Some(handler) = shared2.handler.clone() {
+                let conn = AcceptedConnection {
+                    stream,
+                    peer: peer.clone(),
+                    id,
+                    shared: Arc::clone(&shared2),
+                };
+                if catch_unwind(AssertUnwindSafe(|| handler.handle(conn))).is_err() {
+                    tracing::error!(%peer, "ONC RPC server: the connection handler panicked");
+                }
+            } else {
+                serve_connection(
+                    stream,
+                    &peer,
+                    id,
+                    &shared2.registry,
+                    &shared2.config,
+                    &shared2.shutting_down,
+                );
+            }
+            let mut table = lock(&shared2.conns);
+            if let Some(s) = table.streams.remove(&id) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            tracing::debug!(%peer, "ONC RPC server: connection closed");
+        });
+    match res {
+        Ok(h) => {
+            table.streams.insert(id, control);
+            table.threads.insert(id, h);
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "ONC RPC server: cannot spawn a connection thread; connection closed");
+            let _ = control.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// A running server. Dropping it shuts the server down as [`ServerHandle::shutdown`] does.
+pub struct ServerHandle {
+    shared: Arc<Shared>,
+    accept_threads: Vec<JoinHandle<()>>,
+    local: Vec<Endpoint>,
+    unix_paths: Vec<PathBuf>,
+    wake_tx: UnixStream,
+    _wake_rx: UnixStream,
+    rpcbind_registered: Mutex<Vec<(u32, u32)>>,
+    stopped: bool,
+}
+
+impl fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("endpoints", &self.local)
+            .field("services", &self.shared.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerHandle {
+    /// The endpoints actually listened on, in the order given to [`Server::listen`]: TCP
+    /// endpoints carry the bound address and port (the real port when port 0 was asked).
+    pub fn local_endpoints(&self) -> Vec<Endpoint> {
+        self.local.clone()
+    }
+
+    /// Number of connections being served now.
+    pub fn connection_count(&self) -> usize {
+        lock(&self.shared.conns).streams.len()
+    }
+
+    /// Registers every served program version with the local rpcbind (PMAP v2 SET over TCP
+    /// to 127.0.0.1:111), mapping it to the port of the first TCP endpoint. The mappings are
+    /// removed at shutdown. When rpcbind is not reachable this logs a warning and returns the
+    /// error; the server keeps serving either way.
+    pub fn register_rpcbind(&self) -> Result<(), RpcError> {
+        let Some(port) = self.local.iter().find_map(|e| match e {
+            Endpoint::Tcp(a) => a.parse::<SocketAddr>().ok().map(|a| a.port()),
+            Endpoint::Unix(_) => None,
+        }) else {
+            tracing::warn!("rpcbind registration skipped: the server has no TCP endpoint");
+            return Ok(());
+        };
+        let pm = match rpcbind::PortMapper::connect_local() {
+            Ok(pm) => pm,
+            Err(e) => {
+                tracing::warn!(error = %e, "rpcbind is not reachable on 127.0.0.1:111; the server keeps serving but is not registered (start rpcbind to register)");
+                return Err(e);
+            }
+        };
+        for (prog, vers) in self.shared.registry.pairs() {
+            let m = rpcbind::Mapping {
+                prog,
+                vers,
+                prot: rpcbind::IPPROTO_TCP,
+                port: u32::from(port),
+            };
+            let mut ok = pm.set(&m)?;
+            if !ok {
+                // A stale mapping from an earlier run: replace it.
+                pm.unset(prog, vers)?;
+                ok = pm.set(&m)?;
+            }
+            if ok {
+                lock(&self.rpcbind_registered).push((prog, vers));
+            } else {
+                tracing::warn!(prog, vers, port, "rpcbind refused the registration");
+            }
+        }
+        tracing::info!(port, registered = ?lock(&self.rpcbind_registered), "registered with rpcbind");
+        Ok(())
+    }
+
+    /// Shuts the server down gracefully: stops accepting, lets calls being served finish and
+    /// send their replies, closes every connection, joins every thread, removes the Unix
+    /// socket files and the rpcbind registrations.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        self.shared.shutting_down.store(true, Ordering::SeqCst);
+        let _ = (&self.wake_tx).write_all(&[1]);
+        for h in self.accept_threads.drain(..) {
+            let _ = h.join();
+        }
+        let threads: Vec<JoinHandle<()>> = {
+            let mut table = lock(&self.shared.conns);
+            for s in table.streams.values() {
+                // Wakes a thread blocked reading; a reply being written still goes out.
+                let _ = s.shutdown(Shutdown::Read);
+            }
+            table.threads.drain().map(|(_, h)| h).collect()
+        };
+        for h in threads {
+            let _ = h.join();
+        }
+        for p in &self.unix_paths {
+            let _ = std::fs::remove_file(p);
+        }
+        let registered = std::mem::take(&mut *lock(&self.rpcbind_registered));
+        if !registered.is_empty()
+            && let Ok(pm) = rpcbind::PortMapper::connect_local()
+        {
+            for (prog, vers) in registered {
+                let _ = pm.unset(prog, vers);
+            }
+        }
+        tracing::info!(endpoints = ?self.local, "ONC RPC server stopped");
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

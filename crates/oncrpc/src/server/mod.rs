@@ -1,0 +1,104 @@
+//! The server runtime: one thread per listener, one thread per connection, no async runtime.
+//!
+//! * [`accept`]: the [`Server`] builder, listeners, the accept loop, connection limits and
+//!   the running [`ServerHandle`].
+//! * [`connection`]: serving one connection: reading records, sending replies, deferred
+//!   replies, the move into shared memory.
+//! * [`dispatch`]: the [`Service`] trait, [`CallContext`], [`Dispatch`] and routing a call
+//!   record (header, auth) to its service.
+//! * [`profile`]: per-procedure timing ([`ServerConfig::profile`]).
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::record::MAX_FRAGMENT_SIZE;
+
+mod accept;
+mod connection;
+mod dispatch;
+mod profile;
+
+pub use accept::{AcceptedConnection, ConnectionHandler, Server, ServerHandle};
+pub use connection::DeferredReply;
+pub(crate) use connection::{Transport, serve_connection};
+pub(crate) use dispatch::Registry;
+pub use dispatch::{CallContext, Dispatch, ProcError, ProcResult, Service};
+
+/// Settings of a [`Server`]; the defaults suit trusted and untrusted clients alike.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest call record accepted (headers excluded); a client declaring more is
+    /// disconnected before more of its data is read. Default 128 MiB + 4 KiB.
+    pub max_record_size: usize,
+    /// Most connections served at once; further ones are accepted and closed at once.
+    /// Default 1024.
+    pub max_connections: usize,
+    /// Longest time a partially received record may go without new bytes, and longest time
+    /// a reply write may wait for a peer that does not read (full socket buffer or response
+    /// ring); the connection is closed after. Default 30 s.
+    pub stall_timeout: Duration,
+    /// Longest time a connection may sit idle between records (`None`: forever, the default).
+    pub idle_timeout: Option<Duration>,
+    /// Largest fragment sent in replies. Default 2^31 - 1.
+    pub max_fragment_size: usize,
+    /// Keep per-connection timing counters (time waiting for input, time in each procedure,
+    /// time sending replies) and log them at INFO level when the connection ends. Costs two
+    /// clock reads per call. Default off.
+    pub profile: bool,
+    /// Largest ring (bytes, a power of two) of a shared-memory session that a Unix peer may
+    /// ask for with `SHM_SETUP` (see `docs/protocol.md`); 0 refuses shared memory. Each such
+    /// session holds two rings of this size in a memfd. Default 1 MiB.
+    pub shm_ring_capacity: u32,
+    /// Bytes of the data area of each shared-memory session (rounded up to 4096; 0: none),
+    /// where copies pass their bytes by (offset, length). The client may write it at any
+    /// time. Default 256 MiB.
+    pub shm_data_bytes: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_record_size: crate::client::DEFAULT_MAX_RECORD_SIZE,
+            max_connections: 1024,
+            stall_timeout: Duration::from_secs(30),
+            idle_timeout: None,
+            max_fragment_size: MAX_FRAGMENT_SIZE,
+            profile: false,
+            shm_ring_capacity: 1 << 20,
+            shm_data_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// [`Server::listen`] was never called.
+    #[error("the server has no endpoint to listen on: call Server::listen before Server::start")]
+    NoEndpoints,
+    /// Binding or listening on an endpoint failed.
+    #[error("cannot listen on {endpoint}: {source}")]
+    Bind {
+        /// The endpoint, as text.
+        endpoint: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// Another process is listening on the Unix socket path.
+    #[error("another server is already listening on {0}: stop it or choose another socket path")]
+    UnixSocketInUse(PathBuf),
+    /// The Unix socket path exists and is not a socket; it is left alone.
+    #[error("{0} exists and is not a socket: remove it or choose another socket path")]
+    NotASocket(PathBuf),
+    /// An I/O error while setting the server up.
+    #[error("I/O error while starting the server: {0}")]
+    Io(#[from] io::Error),
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
