@@ -14,6 +14,7 @@ pub mod cu {
     pub const INVALID_VALUE: i32 = 1;
     pub const OUT_OF_MEMORY: i32 = 2;
     pub const NOT_INITIALIZED: i32 = 3;
+    pub const DEINITIALIZED: i32 = 4;
     pub const DEVICE_UNAVAILABLE: i32 = 46;
     pub const NO_DEVICE: i32 = 100;
     pub const INVALID_DEVICE: i32 = 101;

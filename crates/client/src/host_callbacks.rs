@@ -98,11 +98,11 @@ impl HostCallbacks {
                 let cb = self.pending().remove(&due.callback_id);
                 match cb {
                     Some(cb) => {
-                        IN_CALLBACK.with(|c| c.set(true));
+                        let _ = IN_CALLBACK.try_with(|c| c.set(true));
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             cb(due.status)
                         }));
-                        IN_CALLBACK.with(|c| c.set(false));
+                        let _ = IN_CALLBACK.try_with(|c| c.set(false));
                         if r.is_err() {
                             tracing::error!("remora: a host callback panicked");
                         }

@@ -129,42 +129,50 @@ thread_local! {
     static CTX_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The calling thread's current context.
-pub fn current_ctx() -> CuResult<u64> {
+/// Runs `f` on this thread's context stack. The CUDA runtime and libraries call the driver
+/// from exit handlers and thread-local destructors, after this thread's stack may be gone:
+/// then the answer is `CUDA_ERROR_DEINITIALIZED` (as the driver answers while it shuts down),
+/// never a panic.
+fn with_stack<R>(f: impl FnOnce(&mut Vec<u64>) -> R) -> CuResult<R> {
     CTX_STACK
-        .with(|s| s.borrow().last().copied())
-        .ok_or(CuError(cu::INVALID_CONTEXT))
+        .try_with(|s| s.try_borrow_mut().map(|mut s| f(&mut s)))
+        .map_err(|_| CuError(cu::DEINITIALIZED))?
+        .map_err(|_| CuError(cu::DEINITIALIZED))
 }
 
-/// The current context, or none.
+/// The calling thread's current context.
+pub fn current_ctx() -> CuResult<u64> {
+    with_stack(|s| s.last().copied())?.ok_or(CuError(cu::INVALID_CONTEXT))
+}
+
+/// The current context, or none (also once this thread's stack is gone).
 pub fn current_ctx_opt() -> Option<u64> {
-    CTX_STACK.with(|s| s.borrow().last().copied())
+    with_stack(|s| s.last().copied()).ok().flatten()
 }
 
 /// Pushes a context on this thread's stack.
-pub fn push_ctx(ctx: u64) {
-    CTX_STACK.with(|s| s.borrow_mut().push(ctx));
+pub fn push_ctx(ctx: u64) -> CuResult<()> {
+    with_stack(|s| s.push(ctx))
 }
 
 /// Pops this thread's current context.
-pub fn pop_ctx() -> Option<u64> {
-    CTX_STACK.with(|s| s.borrow_mut().pop())
+pub fn pop_ctx() -> CuResult<Option<u64>> {
+    with_stack(Vec::pop)
 }
 
 /// cuCtxSetCurrent: replaces the top (NULL unbinds it).
-pub fn set_current(ctx: Option<u64>) {
-    CTX_STACK.with(|s| {
-        let mut s = s.borrow_mut();
+pub fn set_current(ctx: Option<u64>) -> CuResult<()> {
+    with_stack(|s| {
         s.pop();
         if let Some(c) = ctx {
             s.push(c);
         }
-    });
+    })
 }
 
 /// Removes `ctx` from this thread's stack (it was destroyed).
-pub fn forget_ctx(ctx: u64) {
-    CTX_STACK.with(|s| s.borrow_mut().retain(|c| *c != ctx));
+pub fn forget_ctx(ctx: u64) -> CuResult<()> {
+    with_stack(|s| s.retain(|c| *c != ctx))
 }
 
 /// The device of a context (the session keeps the map).

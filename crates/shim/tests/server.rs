@@ -1393,3 +1393,128 @@ func not_a_test_kernel 8
     }
     println!("CHILD-OK");
 }
+
+// Driver calls from exit handlers and thread-local destructors -----------------------------
+
+type GetCurrent = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+type CtxSync = unsafe extern "C" fn() -> c_int;
+
+static GET_CURRENT: std::sync::OnceLock<GetCurrent> = std::sync::OnceLock::new();
+static CTX_SYNC: std::sync::OnceLock<CtxSync> = std::sync::OnceLock::new();
+static FROM_KEY_DTOR: std::sync::Mutex<Option<(c_int, c_int)>> = std::sync::Mutex::new(None);
+
+unsafe extern "C" {
+    fn atexit(f: extern "C" fn()) -> c_int;
+    fn pthread_key_create(
+        key: *mut c_uint,
+        dtor: Option<unsafe extern "C" fn(*mut c_void)>,
+    ) -> c_int;
+    fn pthread_setspecific(key: c_uint, value: *const c_void) -> c_int;
+}
+
+/// Calls two entry points the CUDA runtime calls while it shuts down.
+fn calls_at_shutdown() -> (c_int, c_int) {
+    let mut ctx = std::ptr::null_mut();
+    // SAFETY: the shim's entry points (loaded and leaked by the child), an output local.
+    unsafe {
+        (
+            GET_CURRENT.get().unwrap()(&mut ctx),
+            CTX_SYNC.get().unwrap()(),
+        )
+    }
+}
+
+extern "C" fn at_exit() {
+    let (a, b) = calls_at_shutdown();
+    // Plain writes: std's stdout may be gone by now.
+    let line = format!("AT-EXIT {a} {b}\n");
+    // SAFETY: writes a buffer to fd 1.
+    unsafe {
+        unsafe extern "C" {
+            fn write(fd: c_int, buf: *const c_void, n: usize) -> isize;
+        }
+        write(1, line.as_ptr().cast(), line.len());
+    }
+}
+
+unsafe extern "C" fn key_dtor(_: *mut c_void) {
+    *FROM_KEY_DTOR.lock().unwrap() = Some(calls_at_shutdown());
+}
+
+/// What CUDA answers while it shuts down (or a thread's state is gone): anything but a panic
+/// turned into CUDA_ERROR_UNKNOWN (999).
+fn acceptable_at_shutdown(rc: c_int) -> bool {
+    [0, 4, 201].contains(&rc)
+}
+
+#[test]
+fn driver_calls_from_exit_handlers_and_thread_destructors_do_not_panic() {
+    let Some(bin) = remora_bin() else {
+        println!("SKIPPED: remora binary not built (cargo build -p remora-cli)");
+        return;
+    };
+    let s = serve(&bin, &["--backend", "emulated"], &[]).expect("emulated server");
+    let out = in_child("child_calls_at_shutdown", &s.1);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("CHILD-OK"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("AT-EXIT "))
+        .unwrap_or_else(|| panic!("the exit handler did not run: {text}"));
+    for rc in line.split_whitespace().skip(1) {
+        let rc: c_int = rc.parse().unwrap();
+        assert!(acceptable_at_shutdown(rc), "from atexit: {line}");
+    }
+    assert!(out.status.success(), "{:?}", out.status);
+}
+
+#[test]
+#[ignore = "run in a child process by driver_calls_from_exit_handlers_and_thread_destructors_do_not_panic"]
+fn child_calls_at_shutdown() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    // SAFETY: loading our own shim; leaked, so that the exit handler can still call it.
+    let lib: &'static libloading::Library = Box::leak(Box::new(
+        unsafe { libloading::Library::new(shim_path()) }.unwrap(),
+    ));
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals; the
+    // thread-specific value is a dummy non-null pointer never dereferenced.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let _ = GET_CURRENT.set(*lib.get::<GetCurrent>(b"cuCtxGetCurrent").unwrap());
+        let _ = CTX_SYNC.set(*lib.get::<CtxSync>(b"cuCtxSynchronize").unwrap());
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        assert_eq!(atexit(at_exit), 0);
+        // A thread that made a context current exits; a pthread key destructor calls the
+        // driver after (or while) the thread's own thread-local state goes.
+        let mut key: c_uint = 0;
+        assert_eq!(pthread_key_create(&mut key, Some(key_dtor)), 0);
+        let ctx_addr = ctx as usize;
+        std::thread::spawn(move || {
+            let set: libloading::Symbol<unsafe extern "C" fn(*mut c_void) -> c_int> =
+                lib.get(b"cuCtxSetCurrent").unwrap();
+            assert_eq!(set(std::ptr::without_provenance_mut(ctx_addr)), 0);
+            assert_eq!(pthread_setspecific(key, std::ptr::dangling::<c_void>()), 0);
+        })
+        .join()
+        .unwrap();
+    }
+    let (a, b) = FROM_KEY_DTOR
+        .lock()
+        .unwrap()
+        .expect("the key destructor ran");
+    assert!(
+        acceptable_at_shutdown(a) && acceptable_at_shutdown(b),
+        "from a pthread key destructor: {a} {b}"
+    );
+    println!("CHILD-OK");
+}

@@ -348,7 +348,9 @@ fn exchange_mode(mode: *mut c_int) -> CuResult<()> {
     if !(0..=2).contains(&new) {
         return Err(CuError(cu::INVALID_VALUE));
     }
-    let old = CAPTURE_MODE.with(|m| m.replace(new));
+    let old = CAPTURE_MODE
+        .try_with(|m| m.replace(new))
+        .map_err(|_| CuError(cu::DEINITIALIZED))?;
     // SAFETY: as above.
     unsafe { mode.write_unaligned(old) };
     Ok(())

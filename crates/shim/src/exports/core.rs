@@ -184,7 +184,7 @@ pub extern "C" fn cuDevicePrimaryCtxReset(dev: c_int) -> CUresult {
 
 fn ctx_create(pctx: *mut Handle, flags: c_uint, dev: c_int) -> Result<(), CuError> {
     let h = check_dev(dev)?.ctx_create(flags, dev)?;
-    state::push_ctx(h);
+    state::push_ctx(h)?;
     // SAFETY: output pointer per cuda.h (checked by every caller's contract).
     unsafe { put(pctx, enc(Kind::Ctx, h)) }
 }
@@ -249,7 +249,8 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Handle) -> CUresult {
     entry("cuCtxDestroy_v2", || {
         let h = dec(Kind::Ctx, ctx)?;
         state::session()?.ctx_destroy(h)?;
-        state::forget_ctx(h);
+        // A thread whose stack is gone has nothing to forget.
+        let _ = state::forget_ctx(h);
         crate::export_tables::context_destroyed(h);
         Ok(())
     })
@@ -263,8 +264,7 @@ pub extern "C" fn cuCtxDestroy(ctx: Handle) -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxPushCurrent_v2(ctx: Handle) -> CUresult {
     entry("cuCtxPushCurrent_v2", || {
-        state::push_ctx(dec(Kind::Ctx, ctx)?);
-        Ok(())
+        state::push_ctx(dec(Kind::Ctx, ctx)?)
     })
 }
 
@@ -276,7 +276,7 @@ pub extern "C" fn cuCtxPushCurrent(ctx: Handle) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut Handle) -> CUresult {
     entry("cuCtxPopCurrent_v2", || {
-        let h = state::pop_ctx().ok_or(CuError(cu::INVALID_CONTEXT))?;
+        let h = state::pop_ctx()?.ok_or(CuError(cu::INVALID_CONTEXT))?;
         if !pctx.is_null() {
             // SAFETY: non-null output pointer per cuda.h.
             unsafe { put(pctx, enc(Kind::Ctx, h))? };
@@ -299,8 +299,7 @@ pub extern "C" fn cuCtxSetCurrent(ctx: Handle) -> CUresult {
         } else {
             Some(dec(Kind::Ctx, ctx)?)
         };
-        state::set_current(h);
-        Ok(())
+        state::set_current(h)
     })
 }
 
