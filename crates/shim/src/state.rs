@@ -352,14 +352,14 @@ mod tests {
 
     #[test]
     fn context_stack_is_per_thread() {
-        push_ctx(5);
+        push_ctx(5).unwrap();
         assert_eq!(current_ctx(), Ok(5));
         std::thread::spawn(|| assert!(current_ctx().is_err()))
             .join()
             .unwrap();
-        set_current(Some(6));
+        set_current(Some(6)).unwrap();
         assert_eq!(current_ctx(), Ok(6));
-        assert_eq!(pop_ctx(), Some(6));
+        assert_eq!(pop_ctx(), Ok(Some(6)));
         assert!(current_ctx().is_err());
     }
 }
