@@ -19,6 +19,7 @@ pub mod cu {
     pub const NO_DEVICE: i32 = 100;
     pub const INVALID_DEVICE: i32 = 101;
     pub const INVALID_IMAGE: i32 = 200;
+    pub const FILE_NOT_FOUND: i32 = 301;
     pub const INVALID_CONTEXT: i32 = 201;
     pub const NOT_FOUND: i32 = 500;
     pub const NOT_READY: i32 = 600;

@@ -1518,3 +1518,50 @@ fn child_calls_at_shutdown() {
     );
     println!("CHILD-OK");
 }
+
+#[test]
+fn emulated_module_load_from_a_file() {
+    emulated_child("child_module_load_file");
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_module_load_from_a_file"]
+fn child_module_load_file() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type ModuleLoad = unsafe extern "C" fn(*mut *mut c_void, *const i8) -> c_int;
+    type GetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> c_int;
+    let dir = tempfile::tempdir().unwrap();
+    // A text image without its NUL terminator, as a PTX file on disk is.
+    let file = dir.path().join("kernels.ptx");
+    std::fs::write(&file, "REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n").unwrap();
+    let path = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    let missing = std::ffi::CString::new(dir.path().join("nope.cubin").to_str().unwrap()).unwrap();
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals; paths
+    // are NUL-terminated.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let load: libloading::Symbol<ModuleLoad> = lib.get(b"cuModuleLoad").unwrap();
+        let get_fn: libloading::Symbol<GetFunction> = lib.get(b"cuModuleGetFunction").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let mut module = std::ptr::null_mut();
+        assert_eq!(load(&mut module, path.as_ptr()), 0, "cuModuleLoad");
+        let mut f = std::ptr::null_mut();
+        assert_eq!(get_fn(&mut f, module, c"vecadd".as_ptr()), 0);
+        assert!(!f.is_null());
+        assert_eq!(
+            load(&mut module, missing.as_ptr()),
+            301,
+            "CUDA_ERROR_FILE_NOT_FOUND, as the driver answers"
+        );
+        assert_eq!(load(&mut module, std::ptr::null()), 1);
+    }
+    println!("CHILD-OK");
+}

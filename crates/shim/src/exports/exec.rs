@@ -46,6 +46,55 @@ fn load(module: *mut Handle, image: *const c_void) -> CuResult<()> {
     unsafe { put(module, enc(Kind::Module, m.handle)) }
 }
 
+/// The bytes of a module file for the server: the file is read here (no client path reaches
+/// the server). A text image (PTX, or anything but an ELF cubin or a fatbin) gets the NUL
+/// terminator that `cuModuleLoadData` expects of text.
+fn module_file(fname: *const c_char) -> CuResult<Vec<u8>> {
+    if fname.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: a NUL-terminated path per cuda.h.
+    let bytes = unsafe { std::ffi::CStr::from_ptr(fname) }.to_bytes();
+    let path =
+        std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes));
+    let not_found = |e: std::io::Error| {
+        tracing::warn!("remora: cuModuleLoad cannot read {}: {e}", path.display());
+        CuError(if e.kind() == std::io::ErrorKind::NotFound {
+            cu::FILE_NOT_FOUND
+        } else {
+            cu::INVALID_VALUE
+        })
+    };
+    let len = std::fs::metadata(path).map_err(not_found)?.len();
+    if len == 0 || len >= u64::from(remora_client::proto::RM_MAX_IMAGE) {
+        tracing::warn!(
+            "remora: cuModuleLoad: {} has {len} bytes, not a module Remora can carry",
+            path.display()
+        );
+        return Err(CuError(cu::INVALID_IMAGE));
+    }
+    let mut image = std::fs::read(path).map_err(not_found)?;
+    let binary = image.starts_with(b"\x7fELF") || image.starts_with(&[0x50, 0xed, 0x55, 0xba]);
+    if !binary && image.last() != Some(&0) {
+        image.push(0);
+    }
+    Ok(image)
+}
+
+/// `cuModuleLoad`: reads the file in the client and loads its bytes like `cuModuleLoadData`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char) -> CUresult {
+    entry("cuModuleLoad", || {
+        if module.is_null() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let image = module_file(fname)?;
+        let m = state::session()?.module_load(state::current_ctx()?, &image)?;
+        // SAFETY: output pointer per cuda.h.
+        unsafe { put(module, enc(Kind::Module, m.handle)) }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
     entry("cuModuleLoadData", || load(module, image))
