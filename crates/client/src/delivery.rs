@@ -239,7 +239,7 @@ impl Delivery {
         lock(&self.pending).len()
     }
 
-    /// Whether copies of `ctx` (any context: `None`) are pending.
+    /// The contexts that have copies pending (only `ctx`, when given).
     pub(crate) fn pending_in(&self, ctx: Option<Handle>) -> Vec<Handle> {
         let mut ctxs: Vec<Handle> = lock(&self.pending)
             .values()

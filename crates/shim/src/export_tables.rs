@@ -471,15 +471,6 @@ fn cls() -> &'static Mutex<HashMap<(u64, usize), ClsEntry>> {
     M.get_or_init(Mutex::default)
 }
 
-/// The protocol handle of a context argument; NULL means the current context.
-fn ctx_or_current(ctx: Handle) -> CuResult<u64> {
-    if ctx.is_null() {
-        state::current_ctx()
-    } else {
-        state::dec(Kind::Ctx, ctx)
-    }
-}
-
 extern "C" fn cls_put(
     ctx: Handle,
     key: *mut c_void,
@@ -487,7 +478,7 @@ extern "C" fn cls_put(
     dtor: ClsDestructor,
 ) -> i32 {
     call("CONTEXT_LOCAL_STORAGE put", || {
-        let h = ctx_or_current(ctx)?;
+        let h = state::ctx_or_current(ctx)?;
         cls().lock().unwrap_or_else(|e| e.into_inner()).insert(
             (h, key as usize),
             ClsEntry {
@@ -501,7 +492,7 @@ extern "C" fn cls_put(
 
 extern "C" fn cls_delete(ctx: Handle, key: *mut c_void) -> i32 {
     call("CONTEXT_LOCAL_STORAGE delete", || {
-        let h = ctx_or_current(ctx)?;
+        let h = state::ctx_or_current(ctx)?;
         cls()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -515,7 +506,7 @@ extern "C" fn cls_delete(ctx: Handle, key: *mut c_void) -> i32 {
 extern "C" fn cls_get(value: *mut *mut c_void, ctx: Handle, key: *mut c_void) -> i32 {
     let r = std::panic::catch_unwind(|| -> CuResult<()> {
         note("CONTEXT_LOCAL_STORAGE get");
-        let h = ctx_or_current(ctx)?;
+        let h = state::ctx_or_current(ctx)?;
         let v = cls()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -727,11 +718,7 @@ extern "C" fn tools_context_object(ctx: Handle, a1: u64, object: *mut *mut c_voi
             );
             return Err(CuError(cu::NOT_SUPPORTED));
         }
-        let ctx = if ctx.is_null() {
-            state::current_ctx()?
-        } else {
-            state::dec(Kind::Ctx, ctx)?
-        };
+        let ctx = state::ctx_or_current(ctx)?;
         let mut objects = tools_objects().lock().unwrap_or_else(|e| e.into_inner());
         let existing = objects.iter().find(|(_, c)| **c == ctx).map(|(a, _)| *a);
         let addr = match existing {

@@ -145,6 +145,15 @@ pub fn current_ctx() -> CuResult<u64> {
     with_stack(|s| s.last().copied())?.ok_or(CuError(cu::INVALID_CONTEXT))
 }
 
+/// The protocol handle of a context argument; NULL means the current context.
+pub fn ctx_or_current(ctx: crate::exports::Handle) -> CuResult<u64> {
+    if ctx.is_null() {
+        current_ctx()
+    } else {
+        dec(Kind::Ctx, ctx)
+    }
+}
+
 /// The current context, or none (also once this thread's stack is gone).
 pub fn current_ctx_opt() -> Option<u64> {
     with_stack(|s| s.last().copied()).ok().flatten()

@@ -325,7 +325,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut c_int) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetId(ctx: Handle, id: *mut u64) -> CUresult {
     entry("cuCtxGetId", || {
-        let h = ctx_or_current(ctx)?;
+        let h = state::ctx_or_current(ctx)?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(id, h) }
     })
@@ -334,11 +334,7 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: Handle, id: *mut u64) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut c_int, ctx: Handle) -> CUresult {
     entry("cuCtxGetDevice_v2", || {
-        let h = if ctx.is_null() {
-            state::current_ctx()?
-        } else {
-            dec(Kind::Ctx, ctx)?
-        };
+        let h = state::ctx_or_current(ctx)?;
         let d = state::ctx_device(h)?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(device, d) }
@@ -355,11 +351,7 @@ pub extern "C" fn cuCtxSynchronize() -> CUresult {
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxSynchronize_v2(ctx: Handle) -> CUresult {
     entry("cuCtxSynchronize_v2", || {
-        let h = if ctx.is_null() {
-            state::current_ctx()?
-        } else {
-            dec(Kind::Ctx, ctx)?
-        };
+        let h = state::ctx_or_current(ctx)?;
         state::session()?.ctx_synchronize(h)
     })
 }
@@ -386,20 +378,11 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
     })
 }
 
-/// The context named (`NULL`: the current one).
-fn ctx_or_current(ctx: Handle) -> remora_client::CuResult<u64> {
-    if ctx.is_null() {
-        state::current_ctx()
-    } else {
-        dec(Kind::Ctx, ctx)
-    }
-}
-
 /// Remoted: the server's driver answers for the session's context.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut c_uint) -> CUresult {
     entry("cuCtxGetApiVersion", || {
-        let v = state::session()?.ctx_get_api_version(ctx_or_current(ctx)?)?;
+        let v = state::session()?.ctx_get_api_version(state::ctx_or_current(ctx)?)?;
         let v = c_uint::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(version, v) }
