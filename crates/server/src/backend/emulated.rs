@@ -260,7 +260,7 @@ impl EmulatedBackend {
     pub fn new(config: EmulatedConfig) -> Self {
         tracing::warn!(
             devices = config.devices,
-            "using the EMULATED test backend: no GPU is used, kernels cannot run"
+            "using the EMULATED test backend: no GPU is used; only the project's test kernels run, on the CPU"
         );
         Self {
             config,
