@@ -113,7 +113,8 @@ impl Executor {
                 log_failed("RM_COPIES_COLLECT", status);
                 return Ok(RmSyncReply { status, copies });
             }
-            std::thread::sleep(std::time::Duration::from_micros(20));
+            // Each pass queries every pending copy: a few passes over the poll, not hundreds.
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
     }
 
