@@ -12,7 +12,7 @@ modes=("${@:-embedded}")
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d); serve_pid=
 trap '[ -n "$serve_pid" ] && kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
-checks=(device fp32_matmul bf16_matmul fft linalg_solve conv2d train_step)
+checks=(device fp32_matmul bf16_matmul lt_gemms fft linalg_solve conv2d train_step)
 limit=${TORCH_TIMEOUT:-180}
 if [[ " ${modes[*]} " != " embedded " ]]; then
   "$bin/remora" serve --listen "unix://$work/r.sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2>&1 &

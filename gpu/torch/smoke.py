@@ -4,7 +4,7 @@
 
 runs one check and prints `CHECK <checksum>`; run it natively and under `remora run` and
 compare the lines (each check in its own process, so that one crash hides nothing else).
-Checks: device, fp32_matmul, bf16_matmul, fft, linalg_solve, conv2d, train_step.
+Checks: device, fp32_matmul, bf16_matmul, lt_gemms, fft, linalg_solve, conv2d, train_step.
 Deterministic: fixed seeds, deterministic algorithms, CUBLAS_WORKSPACE_CONFIG.
 """
 import hashlib
@@ -36,6 +36,20 @@ def run(check):
     if check == "bf16_matmul":
         a = torch.randn(512, 512, generator=g).to(dev, torch.bfloat16)
         return digest(a @ a.T)
+    if check == "lt_gemms":
+        # cuBLASLt: fp16 and bf16 GEMMs, batched, and addmm with a bias epilogue
+        a = torch.randn(256, 384, generator=g).to(dev)
+        b = torch.randn(384, 128, generator=g).to(dev)
+        bias = torch.randn(128, generator=g).to(dev)
+        x = torch.randn(4, 64, 96, generator=g).to(dev)
+        outs = [
+            a.half() @ b.half(),
+            torch.bmm(x.bfloat16(), x.bfloat16().transpose(1, 2)),
+            torch.addmm(bias.bfloat16(), a.bfloat16(), b.bfloat16()),
+            torch.addmm(bias, a, b),
+            torch.nn.functional.relu(torch.nn.functional.linear(a.half(), b.t().half(), bias.half())),
+        ]
+        return " ".join(digest(o) for o in outs)
     if check == "fft":
         x = torch.randn(4096, generator=g).to(dev)
         return digest(torch.fft.rfft(x).abs())

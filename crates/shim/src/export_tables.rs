@@ -57,11 +57,14 @@ pub enum Table {
     ToolsContext,
     /// The tools' view of modules and functions (`ToolsModule`), asked for by cuFFT.
     ToolsModule,
+    /// Asked for by cuBLASLt (bf16/fp16 GEMMs), which dereferences it without checking: a
+    /// table must exist. Only its size is served; slot 4 declines (see [`DECLINED`]).
+    CublasLt1734,
 }
 
 /// (table, name, UUID, served): a table that is not served is known by name only, and its
 /// request is answered like an unknown one (but logged with its name).
-pub const TABLES: [(Table, &str, Uuid, bool); 11] = [
+pub const TABLES: [(Table, &str, Uuid, bool); 12] = [
     (
         Table::CudartInterface,
         "CUDART_INTERFACE",
@@ -128,6 +131,12 @@ pub const TABLES: [(Table, &str, Uuid, bool); 11] = [
         uuid("6e163fbeb958444d835ce182aff1991e"),
         true,
     ),
+    (
+        Table::CublasLt1734,
+        "CUBLASLT_1734DC26",
+        uuid("1734dc26800d47458726c0f1e7dd8bca"),
+        true,
+    ),
 ];
 
 const fn hex(c: u8) -> u8 {
@@ -174,6 +183,16 @@ fn trapped() -> &'static Mutex<HashSet<(usize, usize)>> {
     M.get_or_init(Mutex::default)
 }
 
+/// Slots that are not implemented but whose refusal a library is known to survive: (table,
+/// slot, what was observed). They answer `CUDA_ERROR_NOT_SUPPORTED` like every trap and log
+/// once at warn level instead of error level.
+const DECLINED: [(Table, usize, &str); 1] = [(
+    Table::CublasLt1734,
+    4,
+    "cuBLASLt carries on without it: on the H100 (driver 580) its GEMMs gave results identical to \
+     the native run with this slot refused (docs/export-tables.md)",
+)];
+
 /// What every unimplemented slot does.
 fn trap_called(table: usize, slot: usize) -> i32 {
     let first = trapped()
@@ -183,9 +202,17 @@ fn trap_called(table: usize, slot: usize) -> i32 {
     if first && crate::log::usable() {
         crate::log::init();
         let name = TABLES.get(table).map_or("?", |t| t.1);
-        tracing::error!(
-            "remora: the CUDA runtime called slot {slot} of the private driver table {name}, which Remora does not implement; returning CUDA_ERROR_NOT_SUPPORTED"
-        );
+        match DECLINED
+            .iter()
+            .find(|d| d.0 as usize == table && d.1 == slot)
+        {
+            Some((_, _, why)) => tracing::warn!(
+                "remora: slot {slot} of the private driver table {name} is not implemented; returning CUDA_ERROR_NOT_SUPPORTED ({why})"
+            ),
+            None => tracing::error!(
+                "remora: the CUDA runtime called slot {slot} of the private driver table {name}, which Remora does not implement; returning CUDA_ERROR_NOT_SUPPORTED"
+            ),
+        }
     }
     cu::NOT_SUPPORTED
 }
@@ -208,7 +235,7 @@ macro_rules! traps {
     };
 }
 
-const TRAPS: [[*const c_void; MAX_SLOTS]; 11] = [
+const TRAPS: [[*const c_void; MAX_SLOTS]; 12] = [
     traps!(0),
     traps!(1),
     traps!(2),
@@ -220,6 +247,7 @@ const TRAPS: [[*const c_void; MAX_SLOTS]; 11] = [
     traps!(8),
     traps!(9),
     traps!(10),
+    traps!(11),
 ];
 
 /// A table of `N` slots: traps everywhere, then the size in slot 0 when `sized`, then `fns`.
@@ -847,6 +875,16 @@ pub static TOOLS_MODULE: Slots<99> = build(
     )],
 );
 
+// CUBLASLT_1734DC26 -------------------------------------------------------------------------------
+
+/// The table cuBLASLt asks for before its first bf16 or fp16 GEMM, sized as driver 580 sizes it
+/// (a size and 16 slots). cuBLASLt calls through it without checking that `cuGetExportTable`
+/// succeeded, so refusing the UUID crashes it (natively too). Observed with export_spy on the
+/// H100: it calls slot 4 (two output pointers, a table of its own, two small integers), which
+/// creates two objects, and slot 13, which frees them; when slot 4 fails it skips slot 13 and
+/// carries on with identical results. So every slot is a trap, slot 4 a declined one.
+pub static CUBLASLT_1734DC26: Slots<17> = build(Table::CublasLt1734, true, &[]);
+
 // Lookup -----------------------------------------------------------------------------------------
 
 /// The table for `id`, if Remora serves it.
@@ -867,6 +905,7 @@ pub fn lookup(id: &Uuid) -> Result<*const c_void, Option<&'static str>> {
         Table::ContextChecks => CONTEXT_CHECKS.0.as_ptr().cast(),
         Table::ToolsContext => TOOLS_CONTEXT.0.as_ptr().cast(),
         Table::ToolsModule => TOOLS_MODULE.0.as_ptr().cast(),
+        Table::CublasLt1734 => CUBLASLT_1734DC26.0.as_ptr().cast(),
         Table::HeapAccess | Table::DeviceExtendedRt => return Err(Some(name)),
     })
 }
@@ -945,6 +984,19 @@ mod tests {
             TOOLS_TLS.0[2],
             tools_tls_current_context as extern "C" fn(*mut Handle) -> i32 as *const c_void
         );
+        // cuBLASLt's table exists (it crashes without one), sized as driver 580 sizes it, and
+        // its slot 4 declines with NOT_SUPPORTED, which cuBLASLt survives.
+        assert_eq!(CUBLASLT_1734DC26.0[0] as usize, 0x88);
+        assert_eq!(
+            lookup(&uuid("1734dc26800d47458726c0f1e7dd8bca")),
+            Ok(CUBLASLT_1734DC26.0.as_ptr().cast())
+        );
+        for slot in [4, 13, 16] {
+            // SAFETY: every slot but 0 of CUBLASLT_1734DC26 is a trap, `extern "C" fn() -> i32`.
+            let f: extern "C" fn() -> i32 =
+                unsafe { std::mem::transmute(CUBLASLT_1734DC26.0[slot]) };
+            assert_eq!(f(), cu::NOT_SUPPORTED);
+        }
     }
 
     #[test]
