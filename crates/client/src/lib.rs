@@ -36,8 +36,8 @@ mod vaspace;
 
 pub use endpoint::{default_endpoint, endpoint_from_env, transport_from_env};
 pub use error::{
-    CuError, CuResult, cu, cu_result_name, cu_result_name_c, cu_result_string, cu_result_string_c,
-    cu_results,
+    CuError, CuResult, TransportFailure, cu, cu_result_name, cu_result_name_c, cu_result_string,
+    cu_result_string_c, cu_results, from_rpc, last_transport_failure,
 };
 pub use host_callbacks::{HostCallback, in_host_callback};
 pub use remora_oncrpc::{Endpoint, TransportChoice};

@@ -23,6 +23,8 @@ pub mod remora {
 // `executor_glue!()` and `backend_glue!()` (see remora-glue).
 include!(concat!(env!("OUT_DIR"), "/glue.rs"));
 
+pub mod cuda;
+
 /// The `remora.x` source, for tools that want to show or ship it.
 pub const REMORA_X: &str = include_str!("../x/remora.x");
 

@@ -1565,3 +1565,92 @@ fn child_module_load_file() {
     }
     println!("CHILD-OK");
 }
+
+#[test]
+fn lost_server_is_device_unavailable_with_its_cause() {
+    let Some(bin) = remora_bin() else {
+        println!("SKIPPED: remora binary not built (cargo build -p remora-cli)");
+        return;
+    };
+    let s = match serve(&bin, &["--backend", "emulated"], &[]) {
+        Err(2) => return println!("SKIPPED: emulated backend not available"),
+        Err(code) => panic!("remora serve --backend emulated exited with {code}"),
+        Ok(s) => s,
+    };
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_lost_server",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env("REMORA_SERVER", &s.1)
+        .env("REMORA_SHIM_CHILD", "1")
+        .env("REMORA_TEST_SERVER_PID", s.0.id().to_string())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("CHILD-OK"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "run in a child process by lost_server_is_device_unavailable_with_its_cause"]
+fn child_lost_server() {
+    let Some(pid) = std::env::var_os("REMORA_TEST_SERVER_PID") else {
+        return;
+    };
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type Alloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
+    type ErrorString = unsafe extern "C" fn(c_int, *mut *const i8) -> c_int;
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let alloc: libloading::Symbol<Alloc> = lib.get(b"cuMemAlloc_v2").unwrap();
+        let error_string: libloading::Symbol<ErrorString> = lib.get(b"cuGetErrorString").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let mut p = 0u64;
+        assert_eq!(alloc(&mut p, 4096), 0);
+        let mut text = std::ptr::null();
+        assert_eq!(error_string(46, &mut text), 0);
+        let plain = std::ffi::CStr::from_ptr(text)
+            .to_string_lossy()
+            .into_owned();
+        assert!(!plain.contains("Remora"), "no failure yet: {plain}");
+        let killed = Command::new("kill")
+            .args(["-KILL", pid.to_str().unwrap()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            alloc(&mut p, 4096),
+            46,
+            "a lost server is CUDA_ERROR_DEVICE_UNAVAILABLE"
+        );
+        assert_eq!(error_string(46, &mut text), 0);
+        let with_cause = std::ffi::CStr::from_ptr(text)
+            .to_string_lossy()
+            .into_owned();
+        assert!(
+            with_cause.starts_with(&plain) && with_cause.contains("Remora: RM_MEM_ALLOC"),
+            "cuGetErrorString keeps the cause: {with_cause}"
+        );
+        // Other codes keep their plain text.
+        assert_eq!(error_string(1, &mut text), 0);
+        assert!(
+            !std::ffi::CStr::from_ptr(text)
+                .to_string_lossy()
+                .contains("Remora")
+        );
+    }
+    println!("CHILD-OK");
+}

@@ -391,13 +391,13 @@ macro_rules! call {
         $self
             .rpc
             .$proc($arg)
-            .map_err(|e| CuError::from_rpc(stringify!($proc), e))
+            .map_err(|e| crate::error::from_rpc(stringify!($proc), e))
     };
     ($self:ident . $proc:ident ()) => {
         $self
             .rpc
             .$proc()
-            .map_err(|e| CuError::from_rpc(stringify!($proc), e))
+            .map_err(|e| crate::error::from_rpc(stringify!($proc), e))
     };
 }
 

@@ -440,11 +440,50 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
     })
 }
 
+/// The text `cuGetErrorString` gives for `code`: the driver's own, and for the code of the
+/// latest transport failure (DEVICE_UNAVAILABLE or UNKNOWN) that text followed by the failure's
+/// cause, so a program that prints `cudaGetErrorString` says why its remote GPU went away.
+/// Each distinct text is leaked once (C callers keep the pointer); at most 64 are kept, then the
+/// plain text is given.
+pub(crate) fn error_string(code: c_int) -> Option<&'static std::ffi::CStr> {
+    use std::collections::HashMap;
+    use std::ffi::{CStr, CString};
+    use std::sync::{Mutex, OnceLock};
+    static TEXTS: OnceLock<Mutex<HashMap<String, &'static CStr>>> = OnceLock::new();
+    let plain = cu_result_string_c(code)?;
+    let Some(failure) = remora_client::last_transport_failure().filter(|f| f.code == code) else {
+        return Some(plain);
+    };
+    let text = format!(
+        "{} (Remora: {} failed in transport: {})",
+        plain.to_string_lossy(),
+        failure.call,
+        failure.cause
+    );
+    let mut texts = TEXTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(t) = texts.get(&text) {
+        return Some(t);
+    }
+    if texts.len() >= 64 {
+        return Some(plain);
+    }
+    let leaked: &'static CStr = Box::leak(
+        CString::new(text.replace('\0', " "))
+            .ok()?
+            .into_boxed_c_str(),
+    );
+    texts.insert(text, leaked);
+    Some(leaked)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetErrorString(error: c_int, s: *mut *const c_char) -> CUresult {
     entry("cuGetErrorString", || {
-        let text = cu_result_string_c(error).ok_or(CuError(cu::INVALID_VALUE))?;
-        // SAFETY: output pointer per cuda.h; the string is static.
+        let text = error_string(error).ok_or(CuError(cu::INVALID_VALUE))?;
+        // SAFETY: output pointer per cuda.h; the string is static (leaked or from the table).
         unsafe { put(s, text.as_ptr()) }
     })
 }
