@@ -407,7 +407,7 @@ impl<'a> Call<'a> {
         };
         let _ = write!(
             out,
-            "{doc}pub fn {m}(&self{params}) -> {ret} {{\n let reply = self.rpc.{proc}({arg}).map_err(|e| crate::error::from_rpc(\"{proc}\", e))?;\n {conv}\n}}\n",
+            "{doc}pub fn {m}(&self{params}) -> {ret} {{\n let reply = self.rpc.{proc}({arg}).map_err(|e| from_rpc(\"{proc}\", e))?;\n {conv}\n}}\n",
             doc = self.doc(),
             m = self.a.method,
             ret = self.ret(),

@@ -11,7 +11,7 @@ use remora_xdr::Bytes;
 
 use crate::area::AreaAlloc;
 use crate::copy3d::{self, Extent, Layout};
-use crate::error::{CuError, CuResult, cu};
+use crate::error::{CuError, CuResult, cu, from_rpc};
 use crate::host::{HostMem, HostRange};
 use crate::host_callbacks::HostCallbacks;
 use crate::library::Libraries;
@@ -391,13 +391,13 @@ macro_rules! call {
         $self
             .rpc
             .$proc($arg)
-            .map_err(|e| crate::error::from_rpc(stringify!($proc), e))
+            .map_err(|e| from_rpc(stringify!($proc), e))
     };
     ($self:ident . $proc:ident ()) => {
         $self
             .rpc
             .$proc()
-            .map_err(|e| crate::error::from_rpc(stringify!($proc), e))
+            .map_err(|e| from_rpc(stringify!($proc), e))
     };
 }
 
