@@ -88,6 +88,47 @@ const RUN_EXAMPLES: &str = "Examples:
   Run it with the shim's and the embedded server's debug log:
     REMORA_LOG=debug remora run -- ./app";
 
+/// The options `remora serve` hands on to each session's worker process (`serve-worker`).
+#[derive(Debug, clap::Args)]
+struct SessionArgs {
+    /// GPUs to expose, by the real driver's ordinal, in the order clients will see them
+    /// (e.g. --devices 1,0). Default: all.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    devices: Option<Vec<i32>>,
+    /// Largest record a client may send, in bytes (default 128 MiB + 4 KiB).
+    #[arg(long, value_name = "BYTES")]
+    max_record_size: Option<usize>,
+    /// What executes the CUDA calls: `cuda`, the real driver (default), or `emulated`, a
+    /// TEST backend for machines without a GPU (host memory, CPU versions of a few test
+    /// kernels; never for real work).
+    #[arg(long, value_name = "BACKEND", default_value = "cuda", value_parser = ["cuda", "emulated"])]
+    backend: String,
+    /// Directory of the kernel image cache shared by the sessions (created 0700 if
+    /// missing; kept at exit). Default: a private temporary directory, removed at exit,
+    /// under process isolation; memory only under thread isolation.
+    #[arg(long, value_name = "DIR")]
+    module_cache: Option<PathBuf>,
+    /// Log, when each connection ends, where its server thread spent its time: calls and
+    /// mean/max time per procedure, time waiting for input, time sending replies (INFO
+    /// level, on standard error). For finding bottlenecks; costs two clock reads per call.
+    #[arg(long)]
+    profile: bool,
+    /// Do not offer shared memory to clients on this host: they stay on the Unix socket.
+    #[arg(long)]
+    no_shm: bool,
+    /// Bytes of each shared-memory session's data area, through which copies pass their
+    /// bytes and where clients' pinned host memory lives (rounded up to 4096; 0: none,
+    /// copies travel inside the calls). On a GPU the area is page-locked once per session
+    /// for direct DMA, so each session holds this much locked memory.
+    #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
+    shm_data_bytes: u64,
+    /// Refuse the calls that make this server run undocumented entry points of its CUDA
+    /// driver for a client (today only the private query cuBLASLt makes, so cublasGemmEx
+    /// and larger cublasSgemm calls fail with an error); see docs/threat-model.md.
+    #[arg(long)]
+    no_private_driver_calls: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a program against a Remora server through Remora's libcuda.so.1.
@@ -129,83 +170,35 @@ enum Command {
         /// Where to listen: tcp://HOST:PORT or unix:///PATH. Repeat for several listeners.
         #[arg(long, value_name = "URL")]
         listen: Vec<Endpoint>,
-        /// GPUs to expose, by the real driver's ordinal, in the order clients will see them
-        /// (e.g. --devices 1,0). Default: all.
-        #[arg(long, value_name = "LIST", value_delimiter = ',')]
-        devices: Option<Vec<i32>>,
         /// Register with rpcbind when one runs (clients can then find the TCP port by
         /// program number). The server works without rpcbind.
         #[arg(long)]
         rpcbind: bool,
-        /// Largest record a client may send, in bytes (default 128 MiB + 4 KiB).
-        #[arg(long, value_name = "BYTES")]
-        max_record_size: Option<usize>,
-        /// What executes the CUDA calls: `cuda`, the real driver (default), or `emulated`, a
-        /// TEST backend for machines without a GPU (host memory, no kernel launches; never for
-        /// real work).
-        #[arg(long, value_name = "BACKEND", default_value = "cuda", value_parser = ["cuda", "emulated"])]
-        backend: String,
         /// Where sessions run: `process`, a worker process of its own per connection (the
         /// default with --backend cuda: a CUDA fault or crash in one session cannot reach
         /// another), or `thread`, threads of this process (the default with the emulated
         /// backend).
         #[arg(long, value_name = "MODE", value_parser = ["thread", "process"])]
         isolation: Option<String>,
-        /// Directory of the kernel image cache shared by the sessions (created 0700 if
-        /// missing; kept at exit). Default: a private temporary directory, removed at exit,
-        /// under process isolation; memory only under thread isolation.
-        #[arg(long, value_name = "DIR")]
-        module_cache: Option<PathBuf>,
-        /// Log, when each connection ends, where its server thread spent its time: calls and
-        /// mean/max time per procedure, time waiting for input, time sending replies (INFO
-        /// level, on standard error). For finding bottlenecks; costs two clock reads per call.
-        #[arg(long)]
-        profile: bool,
-        /// Do not offer shared memory to clients on this host: they stay on the Unix socket.
-        #[arg(long)]
-        no_shm: bool,
-        /// Bytes of each shared-memory session's data area, through which copies pass their
-        /// bytes and where clients' pinned host memory lives (rounded up to 4096; 0: none,
-        /// copies travel inside the calls). On a GPU the area is page-locked once per session
-        /// for direct DMA, so each session holds this much locked memory.
-        #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
-        shm_data_bytes: u64,
         /// Most bytes of shared-memory data areas page-locked at once over all sessions; a
         /// session past it still gets its area, but its copies go through private staging
         /// buffers (slower, logged). Bounds the locked memory that many local clients can
         /// make the server hold.
         #[arg(long, value_name = "BYTES", default_value_t = remora_server::DEFAULT_SHM_LOCK_MAX)]
         shm_lock_max: u64,
-        /// Refuse the calls that make this server run undocumented entry points of its CUDA
-        /// driver for a client (today only the private query cuBLASLt makes, so cublasGemmEx
-        /// and larger cublasSgemm calls fail with an error); see docs/threat-model.md.
-        #[arg(long)]
-        no_private_driver_calls: bool,
+        #[command(flatten)]
+        session: SessionArgs,
     },
     /// Serve one session: the connection on standard input (started by `remora serve`
     /// under process isolation).
     #[command(hide = true)]
     ServeWorker {
-        #[arg(long, value_name = "BACKEND", default_value = "cuda", value_parser = ["cuda", "emulated"])]
-        backend: String,
-        #[arg(long, value_name = "LIST", value_delimiter = ',')]
-        devices: Option<Vec<i32>>,
-        #[arg(long, value_name = "BYTES")]
-        max_record_size: Option<usize>,
         #[arg(long, value_name = "BYTES")]
         module_cache_bytes: Option<u64>,
-        #[arg(long, value_name = "DIR")]
-        module_cache: Option<PathBuf>,
-        #[arg(long)]
-        profile: bool,
-        #[arg(long)]
-        no_shm: bool,
-        #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
-        shm_data_bytes: u64,
-        #[arg(long)]
-        no_private_driver_calls: bool,
         #[arg(long, value_name = "BYTES")]
         shm_lock_budget: Option<u64>,
+        #[command(flatten)]
+        session: SessionArgs,
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
@@ -451,28 +444,21 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve {
             listen,
-            devices,
             rpcbind,
-            max_record_size,
-            backend,
             isolation,
-            module_cache,
-            profile,
-            no_shm,
-            shm_data_bytes,
             shm_lock_max,
-            no_private_driver_calls,
+            session: s,
         } => {
             init_logging("info");
             let exe = std::env::current_exe().context("cannot find the remora executable")?;
             serve(remora_server::ServeConfig {
                 listen,
-                devices,
+                devices: s.devices,
                 rpcbind,
-                max_record_size,
-                backend: backend_choice(&backend),
+                max_record_size: s.max_record_size,
+                backend: backend_choice(&s.backend),
                 module_cache_bytes: None,
-                module_cache_dir: module_cache,
+                module_cache_dir: s.module_cache,
                 isolation: isolation.map(|i| {
                     if i == "thread" {
                         remora_server::Isolation::Thread
@@ -481,41 +467,34 @@ fn run(cli: Cli) -> Result<()> {
                     }
                 }),
                 worker_command: Some(vec![exe.into_os_string(), "serve-worker".into()]),
-                profile,
+                profile: s.profile,
                 shm: remora_server::ShmConfig {
-                    enabled: !no_shm,
-                    data_bytes: shm_data_bytes,
+                    enabled: !s.no_shm,
+                    data_bytes: s.shm_data_bytes,
                     lock_max_bytes: shm_lock_max,
                 },
-                no_private_driver_calls,
+                no_private_driver_calls: s.no_private_driver_calls,
             })
         }
         Command::ServeWorker {
-            backend,
-            devices,
-            max_record_size,
             module_cache_bytes,
-            module_cache,
-            profile,
-            no_shm,
-            shm_data_bytes,
-            no_private_driver_calls,
             shm_lock_budget,
+            session: s,
         } => {
             init_logging("info");
             remora_server::serve_worker(remora_server::WorkerConfig {
-                backend: backend_choice(&backend),
-                devices,
-                max_record_size,
+                backend: backend_choice(&s.backend),
+                devices: s.devices,
+                max_record_size: s.max_record_size,
                 module_cache_bytes,
-                module_cache_dir: module_cache,
-                profile,
+                module_cache_dir: s.module_cache,
+                profile: s.profile,
                 shm: remora_server::ShmConfig {
-                    enabled: !no_shm,
-                    data_bytes: shm_data_bytes,
+                    enabled: !s.no_shm,
+                    data_bytes: s.shm_data_bytes,
                     ..remora_server::ShmConfig::default()
                 },
-                no_private_driver_calls,
+                no_private_driver_calls: s.no_private_driver_calls,
                 shm_lock_budget,
             })
             .context("remora serve-worker failed")

@@ -104,38 +104,33 @@ impl Mapping {
     /// A private anonymous mapping (tests and fuzzing: both ends in one process).
     pub(crate) fn anonymous(len: usize) -> Result<Self, RegionError> {
         // SAFETY: a fresh mapping at an address of the kernel's choosing.
-        let ptr = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-            )
-        }
-        .map_err(|source| RegionError::Os {
-            what: "mmap",
-            source,
-        })?;
-        Ok(Self {
-            ptr: ptr.cast(),
-            len,
+        Self::from_mmap(len, unsafe {
+            rustix::mm::mmap_anonymous(std::ptr::null_mut(), len, Self::PROT, MapFlags::SHARED)
         })
     }
 
     fn shared(fd: &OwnedFd, len: usize) -> Result<Self, RegionError> {
         // SAFETY: maps `len` bytes of the memfd, which is at least that long (checked by the
         // callers), at an address of the kernel's choosing.
-        let ptr = unsafe {
+        Self::from_mmap(len, unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
                 len,
-                ProtFlags::READ | ProtFlags::WRITE,
+                Self::PROT,
                 MapFlags::SHARED,
                 fd.as_fd(),
                 0,
             )
-        }
-        .map_err(|source| RegionError::Os {
+        })
+    }
+
+    const PROT: ProtFlags = ProtFlags::READ.union(ProtFlags::WRITE);
+
+    fn from_mmap(
+        len: usize,
+        mapped: rustix::io::Result<*mut std::ffi::c_void>,
+    ) -> Result<Self, RegionError> {
+        let ptr = mapped.map_err(|source| RegionError::Os {
             what: "mmap",
             source,
         })?;
@@ -176,6 +171,16 @@ struct Header {
     version: u32,
     ring_capacity: u32,
     data_size: u64,
+}
+
+/// The `Region` methods that open one end of one ring.
+macro_rules! ring_ends {
+    ($($(#[$doc:meta])* $name:ident: $end:ident at $offset:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(&self) -> $end {
+            $end::new(Arc::clone(&self.map), self.layout.$offset(), self.layout.ring_capacity)
+        }
+    )*};
 }
 
 impl Region {
@@ -251,40 +256,15 @@ impl Region {
         self.layout
     }
 
-    /// The producing end of the request ring (client side).
-    pub fn request_producer(&self) -> Producer {
-        Producer::new(
-            Arc::clone(&self.map),
-            self.layout.request_offset(),
-            self.layout.ring_capacity,
-        )
-    }
-
-    /// The consuming end of the request ring (server side).
-    pub fn request_consumer(&self) -> Consumer {
-        Consumer::new(
-            Arc::clone(&self.map),
-            self.layout.request_offset(),
-            self.layout.ring_capacity,
-        )
-    }
-
-    /// The producing end of the response ring (server side).
-    pub fn response_producer(&self) -> Producer {
-        Producer::new(
-            Arc::clone(&self.map),
-            self.layout.response_offset(),
-            self.layout.ring_capacity,
-        )
-    }
-
-    /// The consuming end of the response ring (client side).
-    pub fn response_consumer(&self) -> Consumer {
-        Consumer::new(
-            Arc::clone(&self.map),
-            self.layout.response_offset(),
-            self.layout.ring_capacity,
-        )
+    ring_ends! {
+        /// The producing end of the request ring (client side).
+        request_producer: Producer at request_offset;
+        /// The consuming end of the request ring (server side).
+        request_consumer: Consumer at request_offset;
+        /// The producing end of the response ring (server side).
+        response_producer: Producer at response_offset;
+        /// The consuming end of the response ring (client side).
+        response_consumer: Consumer at response_offset;
     }
 
     /// A handle on the data area (keeps the mapping alive).

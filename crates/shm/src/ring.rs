@@ -126,6 +126,84 @@ impl Ends {
             );
         }
     }
+
+    /// Free bytes, or `Corrupt` when the consumer's `head` cannot be right.
+    fn free(&self, tail: u32) -> Result<usize, RingError> {
+        // Acquire: pairs with the consumer's Release store of `head`, so that its copy-out of
+        // the bytes it released happened before we overwrite them.
+        let head = self.header().head.0.load(Ordering::Acquire);
+        let used = tail.wrapping_sub(head);
+        if used > self.capacity || !used.is_multiple_of(4) {
+            return Err(RingError::Corrupt("the consumer index is out of range"));
+        }
+        Ok((self.capacity - used) as usize)
+    }
+
+    /// The producer's [`Producer::try_push`], `tail` being its count of bytes published.
+    fn push(&self, tail: &mut u32, parts: &[&[u8]]) -> Result<bool, RingError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let need = padded(len);
+        if need > self.capacity as usize || len > MAX_MESSAGE {
+            return Err(RingError::TooLarge {
+                len,
+                capacity: self.capacity,
+            });
+        }
+        if self.free(*tail)? < need {
+            return Ok(false);
+        }
+        let mut pos = *tail;
+        self.write(pos, &(len as u32).to_le_bytes());
+        pos = pos.wrapping_add(4);
+        for p in parts {
+            self.write(pos, p);
+            pos = pos.wrapping_add(p.len() as u32);
+        }
+        let pad = need - 4 - len;
+        self.write(pos, &[0u8; 3][..pad]);
+        *tail = tail.wrapping_add(need as u32);
+        let h = self.header();
+        // The message bytes are visible before the index that publishes them.
+        publish(&h.tail.0, *tail, &h.consumer_sleeping.0);
+        Ok(true)
+    }
+
+    /// The consumer's [`Consumer::try_pop`], `head` being its count of bytes consumed.
+    fn pop(&self, head: &mut u32, out: &mut Vec<u8>) -> Result<bool, RingError> {
+        // Acquire: pairs with the producer's Release store of `tail`, so that the message
+        // bytes it published are visible before we read them.
+        let tail = self.header().tail.0.load(Ordering::Acquire);
+        let used = tail.wrapping_sub(*head);
+        if used > self.capacity || !used.is_multiple_of(4) {
+            return Err(RingError::Corrupt("the producer index is out of range"));
+        }
+        if used == 0 {
+            return Ok(false);
+        }
+        if used < 4 {
+            return Err(RingError::Corrupt(
+                "a message is shorter than its length word",
+            ));
+        }
+        let mut word = [0u8; 4];
+        self.read(*head, &mut word);
+        let len = u32::from_le_bytes(word) as usize;
+        // The length is read once, into private memory, and bounded by what the producer
+        // published before anything is allocated or copied.
+        if padded(len) > used as usize {
+            return Err(RingError::Corrupt(
+                "a message is longer than what was published",
+            ));
+        }
+        out.clear();
+        out.resize(len, 0);
+        self.read(head.wrapping_add(4), out);
+        *head = head.wrapping_add(padded(len) as u32);
+        let h = self.header();
+        // Our copy-out is complete before the producer may reuse the bytes.
+        publish(&h.head.0, *head, &h.producer_sleeping.0);
+        Ok(true)
+    }
 }
 
 fn padded(len: usize) -> usize {
@@ -165,6 +243,58 @@ fn futex_wake(word: &AtomicU32) {
     let _ = rustix::thread::futex::wake(word, rustix::thread::futex::Flags::empty(), 1);
 }
 
+/// Publishes our index `value` in `index` and wakes the peer if it sleeps on it. Release: what
+/// the index covers (message bytes written, or copied out) is visible before the index. The
+/// SeqCst fence between publishing and reading `peer_sleeping` pairs with the one in
+/// [`wait_for`]: without it both sides could miss the other, the peer sleeping on an index
+/// that already moved (a lost wake-up).
+fn publish(index: &AtomicU32, value: u32, peer_sleeping: &AtomicU32) {
+    index.store(value, Ordering::Release);
+    fence(Ordering::SeqCst);
+    if peer_sleeping.load(Ordering::Relaxed) != 0 {
+        futex_wake(index);
+    }
+}
+
+/// The waiting loop of both ends: `attempt()` until it succeeds, spinning then sleeping on the
+/// peer's index `word` (announced in `sleeping`) while `blocked(word's value)` says the ring
+/// still holds us up. `Ok(false)` when `deadline` passed; `PeerGone` when `alive()` fails
+/// after a sleep that did not help.
+fn wait_for(
+    waiter: &mut Waiter,
+    deadline: Option<Instant>,
+    alive: impl Fn() -> bool,
+    sleeping: &AtomicU32,
+    word: &AtomicU32,
+    blocked: impl Fn(u32) -> bool,
+    mut attempt: impl FnMut() -> Result<bool, RingError>,
+) -> Result<bool, RingError> {
+    waiter
+        .wait(|sleep| {
+            if !sleep {
+                return Ok(attempt()?.then_some(true));
+            }
+            let Some(slice) = sleep_slice(deadline) else {
+                return Ok(Some(false));
+            };
+            sleeping.store(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            let seen = word.load(Ordering::Acquire);
+            if blocked(seen) {
+                futex_sleep(word, seen, slice);
+            }
+            sleeping.store(0, Ordering::Relaxed);
+            if attempt()? {
+                return Ok(Some(true));
+            }
+            if !alive() {
+                return Err(RingError::PeerGone);
+            }
+            Ok(None)
+        })
+        .map(|(v, _)| v)
+}
+
 /// The producing end of a ring. One thread at a time (it is `Send`, not `Sync`).
 #[derive(Debug)]
 pub struct Producer {
@@ -185,53 +315,9 @@ impl Producer {
         self.ends.capacity
     }
 
-    /// Free bytes, or `Corrupt` when the consumer's `head` cannot be right.
-    fn free(&self) -> Result<usize, RingError> {
-        // Acquire: pairs with the consumer's Release store of `head`, so that its copy-out of
-        // the bytes it released happened before we overwrite them.
-        let head = self.ends.header().head.0.load(Ordering::Acquire);
-        let used = self.tail.wrapping_sub(head);
-        if used > self.ends.capacity || !used.is_multiple_of(4) {
-            return Err(RingError::Corrupt("the consumer index is out of range"));
-        }
-        Ok((self.ends.capacity - used) as usize)
-    }
-
     /// Publishes one message made of `parts`, if there is room now; `Ok(false)` when full.
     pub fn try_push(&mut self, parts: &[&[u8]]) -> Result<bool, RingError> {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let need = padded(len);
-        if need > self.ends.capacity as usize || len > MAX_MESSAGE {
-            return Err(RingError::TooLarge {
-                len,
-                capacity: self.ends.capacity,
-            });
-        }
-        if self.free()? < need {
-            return Ok(false);
-        }
-        let mut pos = self.tail;
-        self.ends.write(pos, &(len as u32).to_le_bytes());
-        pos = pos.wrapping_add(4);
-        for p in parts {
-            self.ends.write(pos, p);
-            pos = pos.wrapping_add(p.len() as u32);
-        }
-        let pad = need - 4 - len;
-        self.ends.write(pos, &[0u8; 3][..pad]);
-        self.tail = self.tail.wrapping_add(need as u32);
-        let h = self.ends.header();
-        // Release: the message bytes are visible before the index that publishes them (else
-        // the consumer could read a stale message).
-        h.tail.0.store(self.tail, Ordering::Release);
-        // SeqCst fence between publishing `tail` and reading `consumer_sleeping` (the
-        // consumer does the mirror image): without it both could miss the other, the
-        // consumer sleeping on a message it never sees (a lost wake-up).
-        fence(Ordering::SeqCst);
-        if h.consumer_sleeping.0.load(Ordering::Relaxed) != 0 {
-            futex_wake(&h.tail.0);
-        }
-        Ok(true)
+        self.ends.push(&mut self.tail, parts)
     }
 
     /// Publishes one message, waiting for room (spin, then futex) while `alive()` holds.
@@ -256,34 +342,21 @@ impl Producer {
         deadline: Option<Instant>,
     ) -> Result<bool, RingError> {
         let need = padded(parts.iter().map(|p| p.len()).sum());
-        waiter
-            .wait(|sleep| {
-                if sleep {
-                    let Some(slice) = sleep_slice(deadline) else {
-                        return Ok(Some(false));
-                    };
-                    let h = self.ends.header();
-                    h.producer_sleeping.0.store(1, Ordering::SeqCst);
-                    fence(Ordering::SeqCst);
-                    let head = h.head.0.load(Ordering::Acquire);
-                    let used = self.tail.wrapping_sub(head) as usize;
-                    if used <= self.ends.capacity as usize
-                        && self.ends.capacity as usize - used < need
-                    {
-                        futex_sleep(&h.head.0, head, slice);
-                    }
-                    h.producer_sleeping.0.store(0, Ordering::Relaxed);
-                    if self.try_push(parts)? {
-                        return Ok(Some(true));
-                    }
-                    if !alive() {
-                        return Err(RingError::PeerGone);
-                    }
-                    return Ok(None);
-                }
-                Ok(self.try_push(parts)?.then_some(true))
-            })
-            .map(|(v, _)| v)
+        let (ends, tail) = (&self.ends, &mut self.tail);
+        let (capacity, seen_tail) = (ends.capacity as usize, *tail);
+        let h = ends.header();
+        wait_for(
+            waiter,
+            deadline,
+            alive,
+            &h.producer_sleeping.0,
+            &h.head.0,
+            |head| {
+                let used = seen_tail.wrapping_sub(head) as usize;
+                used <= capacity && capacity - used < need
+            },
+            || ends.push(tail, parts),
+        )
     }
 }
 
@@ -309,45 +382,7 @@ impl Consumer {
 
     /// Takes the next message into `out` (replacing its contents) if one is there.
     pub fn try_pop(&mut self, out: &mut Vec<u8>) -> Result<bool, RingError> {
-        // Acquire: pairs with the producer's Release store of `tail`, so that the message
-        // bytes it published are visible before we read them.
-        let tail = self.ends.header().tail.0.load(Ordering::Acquire);
-        let used = tail.wrapping_sub(self.head);
-        if used > self.ends.capacity || !used.is_multiple_of(4) {
-            return Err(RingError::Corrupt("the producer index is out of range"));
-        }
-        if used == 0 {
-            return Ok(false);
-        }
-        if used < 4 {
-            return Err(RingError::Corrupt(
-                "a message is shorter than its length word",
-            ));
-        }
-        let mut word = [0u8; 4];
-        self.ends.read(self.head, &mut word);
-        let len = u32::from_le_bytes(word) as usize;
-        // The length is read once, into private memory, and bounded by what the producer
-        // published before anything is allocated or copied.
-        if padded(len) > used as usize {
-            return Err(RingError::Corrupt(
-                "a message is longer than what was published",
-            ));
-        }
-        out.clear();
-        out.resize(len, 0);
-        self.ends.read(self.head.wrapping_add(4), out);
-        self.head = self.head.wrapping_add(padded(len) as u32);
-        let h = self.ends.header();
-        // Release: our copy-out is complete before the producer may reuse the bytes.
-        h.head.0.store(self.head, Ordering::Release);
-        // Mirror of the producer's fence: publishing `head`, then reading whether the
-        // producer sleeps waiting for room.
-        fence(Ordering::SeqCst);
-        if h.producer_sleeping.0.load(Ordering::Relaxed) != 0 {
-            futex_wake(&h.head.0);
-        }
-        Ok(true)
+        self.ends.pop(&mut self.head, out)
     }
 
     /// Takes the next message, waiting (spin, then futex) while `alive()` holds.
@@ -371,31 +406,18 @@ impl Consumer {
         alive: impl Fn() -> bool,
         deadline: Option<Instant>,
     ) -> Result<bool, RingError> {
-        waiter
-            .wait(|sleep| {
-                if sleep {
-                    let Some(slice) = sleep_slice(deadline) else {
-                        return Ok(Some(false));
-                    };
-                    let h = self.ends.header();
-                    h.consumer_sleeping.0.store(1, Ordering::SeqCst);
-                    fence(Ordering::SeqCst);
-                    let tail = h.tail.0.load(Ordering::Acquire);
-                    if tail == self.head {
-                        futex_sleep(&h.tail.0, tail, slice);
-                    }
-                    h.consumer_sleeping.0.store(0, Ordering::Relaxed);
-                    if self.try_pop(out)? {
-                        return Ok(Some(true));
-                    }
-                    if !alive() {
-                        return Err(RingError::PeerGone);
-                    }
-                    return Ok(None);
-                }
-                Ok(self.try_pop(out)?.then_some(true))
-            })
-            .map(|(v, _)| v)
+        let (ends, head) = (&self.ends, &mut self.head);
+        let seen_head = *head;
+        let h = ends.header();
+        wait_for(
+            waiter,
+            deadline,
+            alive,
+            &h.consumer_sleeping.0,
+            &h.tail.0,
+            |tail| tail == seen_head,
+            || ends.pop(head, out),
+        )
     }
 }
 
