@@ -129,6 +129,29 @@ struct SessionArgs {
     no_private_driver_calls: bool,
 }
 
+/// What `remora serve-worker`'s arguments ask for.
+fn worker_config(
+    module_cache_bytes: Option<u64>,
+    shm_lock_budget: Option<u64>,
+    s: SessionArgs,
+) -> remora_server::WorkerConfig {
+    remora_server::WorkerConfig {
+        backend: backend_choice(&s.backend),
+        devices: s.devices,
+        max_record_size: s.max_record_size,
+        module_cache_bytes,
+        module_cache_dir: s.module_cache,
+        profile: s.profile,
+        shm: remora_server::ShmConfig {
+            enabled: !s.no_shm,
+            data_bytes: s.shm_data_bytes,
+            ..remora_server::ShmConfig::default()
+        },
+        no_private_driver_calls: s.no_private_driver_calls,
+        shm_lock_budget,
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a program against a Remora server through Remora's libcuda.so.1.
@@ -482,22 +505,8 @@ fn run(cli: Cli) -> Result<()> {
             session: s,
         } => {
             init_logging("info");
-            remora_server::serve_worker(remora_server::WorkerConfig {
-                backend: backend_choice(&s.backend),
-                devices: s.devices,
-                max_record_size: s.max_record_size,
-                module_cache_bytes,
-                module_cache_dir: s.module_cache,
-                profile: s.profile,
-                shm: remora_server::ShmConfig {
-                    enabled: !s.no_shm,
-                    data_bytes: s.shm_data_bytes,
-                    ..remora_server::ShmConfig::default()
-                },
-                no_private_driver_calls: s.no_private_driver_calls,
-                shm_lock_budget,
-            })
-            .context("remora serve-worker failed")
+            remora_server::serve_worker(worker_config(module_cache_bytes, shm_lock_budget, s))
+                .context("remora serve-worker failed")
         }
         Command::Info { server } => {
             init_logging("warn");
@@ -697,13 +706,13 @@ mod tests {
         ])
         .unwrap();
         let Command::Serve {
-            listen, devices, ..
+            listen, session, ..
         } = cli.command
         else {
             panic!()
         };
         assert_eq!(listen.len(), 2);
-        assert_eq!(devices, Some(vec![1, 0]));
+        assert_eq!(session.devices, Some(vec![1, 0]));
     }
 
     #[test]
@@ -727,36 +736,15 @@ mod tests {
         args.extend(config.to_args());
         let cli = Cli::try_parse_from(args).unwrap();
         let Command::ServeWorker {
-            backend,
-            devices,
-            max_record_size,
             module_cache_bytes,
-            module_cache,
-            profile,
-            no_shm,
-            shm_data_bytes,
-            no_private_driver_calls,
             shm_lock_budget,
+            session,
         } = cli.command
         else {
             panic!()
         };
         assert_eq!(
-            remora_server::WorkerConfig {
-                backend: backend_choice(&backend),
-                devices,
-                max_record_size,
-                module_cache_bytes,
-                module_cache_dir: module_cache,
-                profile,
-                shm: remora_server::ShmConfig {
-                    enabled: !no_shm,
-                    data_bytes: shm_data_bytes,
-                    ..remora_server::ShmConfig::default()
-                },
-                no_private_driver_calls,
-                shm_lock_budget,
-            },
+            worker_config(module_cache_bytes, shm_lock_budget, session),
             config
         );
     }
