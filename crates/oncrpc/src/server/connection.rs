@@ -198,30 +198,25 @@ pub(crate) fn serve_connection<S: Transport>(
         writer: Arc::new(Mutex::new(Some(w))),
         max_fragment_size: config.max_fragment_size,
     });
-    let moved = serve_records(
-        stream,
-        peer,
-        connection,
-        sink.as_ref(),
-        registry,
-        config,
-        shutting_down,
-        None,
-    );
-    if let Some(shm) = moved {
+    macro_rules! serve {
+        ($stream:expr, $area:expr) => {
+            serve_records(
+                $stream,
+                peer,
+                connection,
+                sink.as_ref(),
+                registry,
+                config,
+                shutting_down,
+                $area,
+            )
+        };
+    }
+    if let Some(shm) = serve!(stream, None) {
         tracing::debug!(%peer, connection, "ONC RPC server: connection moved into shared memory");
         // Same connection, same services and sink (already writing to the rings).
         let area = Some(shm.region().data_area()).filter(|a| !a.is_empty());
-        serve_records(
-            Stream::Shm(shm),
-            peer,
-            connection,
-            sink.as_ref(),
-            registry,
-            config,
-            shutting_down,
-            area,
-        );
+        serve!(Stream::Shm(shm), area);
     }
     for versions in registry.programs.values() {
         for service in versions.values() {
