@@ -12,7 +12,8 @@ modes=("${@:-embedded}")
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d); serve_pid=
 trap '[ -n "$serve_pid" ] && kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
-checks=(device fp32_matmul bf16_matmul lt_gemms fft linalg_solve conv2d train_step)
+# every check smoke.py lists (or TORCH_CHECKS="a b")
+read -r -a checks <<< "${TORCH_CHECKS:-$(python3 -c "import ast,sys; t=ast.parse(open(sys.argv[1]).read()); print(' '.join(next(ast.literal_eval(n.value) for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', None) == 'CHECKS')))" "$here/smoke.py")}"
 limit=${TORCH_TIMEOUT:-180}
 if [[ " ${modes[*]} " != " embedded " ]]; then
   "$bin/remora" serve --listen "unix://$work/r.sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2>&1 &

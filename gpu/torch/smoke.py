@@ -1,17 +1,25 @@
-"""A first PyTorch check through Remora (issue 11 will grow it into a suite).
+"""PyTorch checks through Remora.
 
     python3 gpu/torch/smoke.py CHECK
 
 runs one check and prints `CHECK <checksum>`; run it natively and under `remora run` and
 compare the lines (each check in its own process, so that one crash hides nothing else).
-Checks: device, fp32_matmul, bf16_matmul, lt_gemms, fft, linalg_solve, conv2d, train_step.
-Deterministic: fixed seeds, deterministic algorithms, CUBLAS_WORKSPACE_CONFIG.
+Checks: see CHECKS below. Deterministic: fixed seeds, deterministic algorithms,
+CUBLAS_WORKSPACE_CONFIG; what varies between runs (timings, addresses) is printed only as a
+yes/no property.
 """
 import hashlib
 import os
 import sys
 
+CHECKS = [
+    "device", "fp32_matmul", "bf16_matmul", "lt_gemms", "eager_dtypes", "fft", "linalg_solve",
+    "conv2d", "cudnn_train", "sparse_rand_cub", "amp", "pinned_nonblocking", "streams_events",
+    "cuda_graphs", "expandable_segments", "memory_stats", "train_step", "compile",
+]
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+if len(sys.argv) > 1 and sys.argv[1] == "expandable_segments":
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 import torch  # noqa: E402
 
 torch.manual_seed(0)
@@ -73,6 +81,117 @@ def run(check):
             loss.backward()
             opt.step()
         return f"{loss.item():.6f}"
+    if check == "eager_dtypes":
+        x = torch.randn(1000, generator=g).to(dev)
+        outs = []
+        for dt in (torch.float32, torch.float16, torch.bfloat16):
+            y = x.to(dt)
+            outs.append((torch.sin(y) * y + y.exp().clamp(max=4) - y.abs().sqrt()).sum(0, keepdim=True))
+        torch.backends.cuda.matmul.allow_tf32 = True
+        a = torch.randn(256, 256, generator=g).to(dev)
+        outs.append(a @ a)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        return " ".join(digest(o) for o in outs)
+    if check == "cudnn_train":
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 4, 3), torch.nn.AvgPool2d(2),
+        ).to(dev)
+        x = torch.randn(4, 3, 32, 32, generator=g).to(dev).requires_grad_()
+        out = m(x)
+        out.square().mean().backward()
+        return " ".join(digest(t) for t in (out, x.grad, m[0].weight.grad, m[1].running_var))
+    if check == "sparse_rand_cub":
+        i = torch.tensor([[0, 1, 1, 3], [2, 0, 3, 1]])
+        v = torch.tensor([3.0, 4.0, 5.0, 6.0])
+        sp = torch.sparse_coo_tensor(i, v, (4, 4)).to(dev)
+        d = torch.randn(4, 5, generator=g).to(dev)
+        gen = torch.Generator(device=dev).manual_seed(3)
+        r = torch.rand(10000, device=dev, generator=gen)
+        n = torch.randn(1000, device=dev, generator=gen)
+        s_, idx = torch.sort(r)
+        u = torch.unique(torch.randint(0, 50, (1000,), generator=g).to(dev))
+        return " ".join(digest(t) for t in (torch.sparse.mm(sp, d), r, n, s_, idx, r.cumsum(0), u))
+    if check == "amp":
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10)).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        scaler = torch.amp.GradScaler("cuda")
+        x = torch.randn(32, 64, generator=g).to(dev)
+        y = torch.randint(0, 10, (32,), generator=g).to(dev)
+        for _ in range(10):
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return f"{loss.item():.6f} {scaler.get_scale()}"
+    if check == "pinned_nonblocking":
+        src = torch.randn(1 << 20, generator=g).pin_memory()
+        assert src.is_pinned()
+        d = src.to(dev, non_blocking=True)
+        d = d * 2 + 1
+        back = torch.empty_like(src).pin_memory()
+        back.copy_(d, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return digest(back)
+    if check == "streams_events":
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        a = torch.randn(1024, 1024, generator=g).to(dev)
+        start.record()
+        with torch.cuda.stream(s1):
+            s1.wait_event(start)
+            b = a @ a
+            mid.record(s1)
+        with torch.cuda.stream(s2):
+            s2.wait_event(mid)
+            c = b.relu() + 1
+            end.record(s2)
+        end.synchronize()
+        ok = start.elapsed_time(end) > 0 and mid.query() and end.query()
+        return f"{digest(c)} timing-ok={ok}"
+    if check == "cuda_graphs":
+        static_in = torch.randn(256, 256, generator=g).to(dev)
+        w = torch.randn(256, 256, generator=g).to(dev)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                (static_in @ w).relu()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = (static_in @ w).relu().sum(1)
+        outs = []
+        for k in range(3):
+            static_in.copy_(torch.full((256, 256), float(k)).to(dev) + static_in)
+            graph.replay()
+            outs.append(static_out.clone())
+        torch.cuda.synchronize()
+        return " ".join(digest(o) for o in outs)
+    if check == "expandable_segments":
+        xs = [torch.randn(1 << 18, generator=g).to(dev) * k for k in range(8)]
+        del xs[::2]
+        big = torch.cat(xs) + torch.randn(4 << 20, generator=g).to(dev)[: 4 << 18]
+        return digest(big.sum(0, keepdim=True))
+    if check == "memory_stats":
+        free, total = torch.cuda.mem_get_info()
+        x = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
+        st = torch.cuda.memory_stats()
+        ok = 0 < free <= total and st["allocated_bytes.all.current"] >= 64 << 20
+        del x
+        return f"stats-ok={ok} allocated-after-free={torch.cuda.memory_allocated()}"
+    if check == "compile":
+        def f(a, b):
+            return torch.sin(a) * torch.cos(b) + a * b
+        cf = torch.compile(f)
+        a = torch.randn(4096, generator=g).to(dev)
+        b = torch.randn(4096, generator=g).to(dev)
+        out = cf(a, b)
+        return f"max-err-ok={(out - f(a, b)).abs().max().item() < 1e-5}"
     raise SystemExit(f"unknown check {check!r}")
 
 
