@@ -4,7 +4,7 @@
 #   gpu/torch/run.sh BIN_DIR [MODE...]      MODE: embedded (default), or shm/unix/tcp against
 #                                           one standing `remora serve`
 #
-# TORCH_CHECKS="a b" runs only those checks; TORCH_LOGS=DIR keeps every run's stderr there.
+# TORCH_CHECKS="a b" runs only those checks; SMOKE_LOGS=DIR keeps every run's stderr there.
 # Prints one line per check and mode: pass (identical to native), FAIL (different output or
 # exit status, with the last lines of its stderr) or skip (native failed too).
 set -uo pipefail
@@ -41,5 +41,5 @@ for c in "${checks[@]}"; do
     fi
   done
 done
-[ -n "${TORCH_LOGS:-}" ] && mkdir -p "$TORCH_LOGS" && cp "$work"/*.err "$TORCH_LOGS"/ 2>/dev/null
+[ -n "${SMOKE_LOGS:-}" ] && mkdir -p "$SMOKE_LOGS" && cp "$work"/*.err "$SMOKE_LOGS"/ 2>/dev/null
 echo "torch smoke: $pass passed, $fail failed"
