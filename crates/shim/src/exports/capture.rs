@@ -25,10 +25,11 @@ use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_ulonglong, c_void};
 use std::ptr::null_mut as n;
 
-use remora_client::{CuError, CuResult, Session, cu};
+use remora_client::{CuError, CuResult, cu};
 
 use super::Handle;
-use crate::state::{self, Kind, dec, enc, put, stream_ref};
+use super::exec::mapped;
+use crate::state::{self, Kind, dec, enc, put};
 
 /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
 const CAPTURE_ACTIVE: c_int = 1;
@@ -43,15 +44,6 @@ const INSTANTIATE_ERROR: c_int = 1;
 thread_local! {
     /// This thread's `CUstreamCaptureMode` (`cuThreadExchangeStreamCaptureMode`).
     static CAPTURE_MODE: Cell<c_int> = const { Cell::new(MODE_GLOBAL) };
-}
-
-/// The session, the stream's context and its protocol handle.
-fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static Session, u64, u64)> {
-    let s = state::session()?;
-    let r = stream_ref(st, ptds)?;
-    let ctx = state::stream_ctx(r)?;
-    let h = s.stream_handle(ctx, r)?;
-    Ok((s, ctx, h))
 }
 
 /// Answers a capture query into the outputs that are non-null (`status` is required).

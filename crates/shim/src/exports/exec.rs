@@ -436,7 +436,7 @@ pub extern "C" fn cuStreamDestroy(st: Handle) -> CUresult {
 }
 
 /// A stream to (session, its context, protocol handle).
-fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static Session, u64, u64)> {
+pub(crate) fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static Session, u64, u64)> {
     let s = state::session()?;
     let r = stream_ref(st, ptds)?;
     let ctx = state::stream_ctx(r)?;
