@@ -130,22 +130,7 @@ impl HostMem {
                 Some(lease) => {
                     lease.zero();
                     let base = lease.addr();
-                    let range = HostRange {
-                        base,
-                        size,
-                        flags,
-                        ctx,
-                        registered: false,
-                        area_offset: Some(lease.offset()),
-                        mapped: 0,
-                    };
-                    self.lock().insert(
-                        base,
-                        Entry {
-                            range,
-                            lease: Some(lease),
-                        },
-                    );
+                    self.insert_alloc(base, size, flags, ctx, 0, Some(lease));
                     return Ok(base);
                 }
                 None => tracing::debug!(
@@ -170,17 +155,31 @@ impl HostMem {
             CuError(cu::OUT_OF_MEMORY)
         })?;
         let base = p as usize as u64;
+        self.insert_alloc(base, size, flags, ctx, len, None);
+        Ok(base)
+    }
+
+    /// Records an allocation of [`HostMem::alloc`]: in the data area when `lease` is some,
+    /// else `mapped` bytes of private memory.
+    fn insert_alloc(
+        &self,
+        base: u64,
+        size: u64,
+        flags: u32,
+        ctx: RmHandle,
+        mapped: u64,
+        lease: Option<Lease>,
+    ) {
         let range = HostRange {
             base,
             size,
             flags,
             ctx,
             registered: false,
-            area_offset: None,
-            mapped: len,
+            area_offset: lease.as_ref().map(Lease::offset),
+            mapped,
         };
-        self.lock().insert(base, Entry { range, lease: None });
-        Ok(base)
+        self.lock().insert(base, Entry { range, lease });
     }
 
     /// Frees an allocation made by [`HostMem::alloc`]; `ptr` must be its base.

@@ -295,23 +295,13 @@ fn note(what: &str) {
 // CUDART_INTERFACE ---------------------------------------------------------------------------
 
 fn load_image(module: *mut Handle, image: *const c_void) -> CuResult<()> {
-    if module.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: the runtime passes its registered fatbin (wrapper or container), readable for
-    // the extent its headers describe; `locate` reads only those headers.
-    let (p, n) = unsafe { crate::image::locate(image.cast()) }?;
-    // SAFETY: `locate` found the image to span `n` readable bytes from `p`.
-    let bytes = unsafe { std::slice::from_raw_parts(p, n) };
-    let s = state::session()?;
-    let m = s.module_load(state::current_ctx()?, bytes)?;
+    let (m, n) = crate::exports::load_image(module, image)?;
     tracing::debug!(
         "remora: the CUDA runtime loaded a {n}-byte image as module {} ({} functions)",
         m.handle,
         m.functions.len()
     );
-    // SAFETY: `module` is non-null and writable (the runtime's output slot).
-    unsafe { put(module, enc(Kind::Module, m.handle)) }
+    Ok(())
 }
 
 fn extra_args(name: &str, a3: *mut c_void, a4: *mut c_void, a5: c_uint) {

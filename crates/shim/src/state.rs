@@ -309,6 +309,27 @@ pub unsafe fn put<T>(p: *mut T, v: T) -> CuResult<()> {
     Ok(())
 }
 
+/// [`put`] for an optional output: a null `p` is skipped, not rejected.
+///
+/// # Safety
+/// `p` is null or valid for writes of a `T` (unaligned allowed).
+pub unsafe fn put_opt<T>(p: *mut T, v: T) -> CuResult<()> {
+    if p.is_null() {
+        return Ok(());
+    }
+    // SAFETY: non-null, and valid for writes by the caller's contract.
+    unsafe { put(p, v) }
+}
+
+/// A NUL-terminated name from the application (null is CUDA_ERROR_INVALID_VALUE).
+pub(crate) fn c_name<'a>(name: *const std::ffi::c_char) -> CuResult<std::borrow::Cow<'a, str>> {
+    if name.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: a non-null name is NUL-terminated per cuda.h.
+    Ok(unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
+}
+
 /// Copies a string with NUL into a caller buffer of `len` bytes, truncating.
 ///
 /// # Safety

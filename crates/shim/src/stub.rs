@@ -1,4 +1,30 @@
 //! What the generated stubs do: CUDA_ERROR_NOT_SUPPORTED, with the name logged once.
+//!
+//! # Where the stub table comes from
+//!
+//! The shim exports every `cu*` entry point of CUDA 13.0's headers. build.rs reads two
+//! declared lists and reads no Rust source:
+//!
+//! - `src/entry_points.txt`, generated from the headers by `tools/list-entry-points.py`:
+//!   every name ([`ALL`](crate::generated::ALL)) and the cuGetProcAddress versions
+//!   ([`PROC_TABLE`](crate::generated::PROC_TABLE));
+//! - `src/implemented.txt`, written by hand: the names `src/exports` defines
+//!   ([`IMPLEMENTED`](crate::generated::IMPLEMENTED)). build.rs rejects a name cuda.h does
+//!   not declare and a name listed twice.
+//!
+//! Every other name becomes a `#[no_mangle]` stub in [`crate::generated::stubs`] (listed in
+//! [`STUBS`], whose index is the stub's argument to [`not_supported`]), and
+//! [`symbol_address`](crate::generated::symbol_address), which cuGetProcAddress resolves
+//! through, names `crate::exports::NAME` or `stubs::NAME` for each. The compiler checks the
+//! hand-written list against the code both ways:
+//!
+//! - a listed name that `src/exports` does not define fails to resolve in `symbol_address`;
+//! - an export that is not listed gets a stub too, and the two `#[no_mangle]` definitions
+//!   clash: rustc stops with "symbol `cuName` is already defined", quoting the stub's line,
+//!   which says to list the name.
+//!
+//! `tests/coverage.rs` checks that the built `libcuda.so` exports exactly the names of
+//! [`ALL`](crate::generated::ALL), and renders `docs/shim-coverage.md` from these tables.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

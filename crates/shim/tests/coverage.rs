@@ -1,7 +1,8 @@
 //! docs/shim-coverage.md must match the code (regenerate with REMORA_BLESS=1), and every entry
 //! point that the CUDA 13 runtime requests through cuGetProcAddress_v2
 //! (`tests/data/cudart13-getprocaddress-requests.txt`, captured from libcudart.so.13) must
-//! resolve to a function and be listed there as remoted or stub.
+//! resolve to a function and be listed there as remoted or stub. The built `libcuda.so` must
+//! export exactly the entry points of `src/entry_points.txt`.
 
 use std::ffi::{CString, c_void};
 
@@ -120,4 +121,43 @@ fn every_request_of_the_cuda_13_runtime_resolves_through_get_proc_address() {
             "{name} is not in the coverage table"
         );
     }
+}
+
+/// The shim cdylib beside this test's binary (the newest of the two copies cargo keeps).
+fn shim_path() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let target = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    [target.join("libcuda.so"), target.join("deps/libcuda.so")]
+        .into_iter()
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p)
+        .expect("the shim cdylib beside the test binary")
+}
+
+#[test]
+fn the_cdylib_exports_exactly_the_entry_points_of_the_headers() {
+    let so = shim_path();
+    let Ok(out) = std::process::Command::new("nm")
+        .args(["-D", "--defined-only", "--format=just-symbols"])
+        .arg(&so)
+        .output()
+    else {
+        eprintln!("SKIPPED: no nm on PATH");
+        return;
+    };
+    assert!(out.status.success(), "nm {}", so.display());
+    let exported: std::collections::BTreeSet<&str> = std::str::from_utf8(&out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|s| s.starts_with("cu"))
+        .collect();
+    let all: std::collections::BTreeSet<&str> = ALL.iter().copied().collect();
+    let extra: Vec<_> = exported.difference(&all).collect();
+    let missing: Vec<_> = all.difference(&exported).collect();
+    assert!(
+        extra.is_empty() && missing.is_empty(),
+        "{}: exported but not declared by cuda.h {extra:?}; declared but not exported {missing:?}",
+        so.display()
+    );
 }

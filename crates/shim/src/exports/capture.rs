@@ -23,12 +23,13 @@
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_ulonglong, c_void};
+use std::ptr::null_mut as n;
 
-use remora_client::{CuError, CuResult, Session, cu};
+use remora_client::{CuError, CuResult, cu};
 
 use super::Handle;
-use crate::CUresult;
-use crate::state::{self, Kind, dec, enc, entry, put, stream_ref};
+use super::exec::mapped;
+use crate::state::{self, Kind, dec, enc, put};
 
 /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
 const CAPTURE_ACTIVE: c_int = 1;
@@ -43,15 +44,6 @@ const INSTANTIATE_ERROR: c_int = 1;
 thread_local! {
     /// This thread's `CUstreamCaptureMode` (`cuThreadExchangeStreamCaptureMode`).
     static CAPTURE_MODE: Cell<c_int> = const { Cell::new(MODE_GLOBAL) };
-}
-
-/// The session, the stream's context and its protocol handle.
-fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static Session, u64, u64)> {
-    let s = state::session()?;
-    let r = stream_ref(st, ptds)?;
-    let ctx = state::stream_ctx(r)?;
-    let h = s.stream_handle(ctx, r)?;
-    Ok((s, ctx, h))
 }
 
 /// Answers a capture query into the outputs that are non-null (`status` is required).
@@ -110,85 +102,19 @@ fn capture_info(
     Ok(())
 }
 
-macro_rules! is_capturing {
-    ($($name:ident ptds=$ptds:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(st: Handle, status: *mut c_int) -> CUresult {
-            entry(stringify!($name), || {
-                use std::ptr::null_mut as n;
-                capture_info(st, $ptds, status, n(), n(), n(), n(), n())
-            })
-        }
-    )* };
-}
-
-is_capturing! {
-    cuStreamIsCapturing ptds=false;
-    cuStreamIsCapturing_ptsz ptds=true;
-}
-
-macro_rules! capture_info_v1 {
-    ($($name:ident ptds=$ptds:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(st: Handle, status: *mut c_int, id: *mut u64) -> CUresult {
-            entry(stringify!($name), || {
-                use std::ptr::null_mut as n;
-                capture_info(st, $ptds, status, id, n(), n(), n(), n())
-            })
-        }
-    )* };
-}
-
-capture_info_v1! {
-    cuStreamGetCaptureInfo ptds=false;
-    cuStreamGetCaptureInfo_ptsz ptds=true;
-}
-
-macro_rules! capture_info_v2 {
-    ($($name:ident ptds=$ptds:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            st: Handle,
-            status: *mut c_int,
-            id: *mut u64,
-            graph: *mut Handle,
-            deps: *mut *const c_void,
-            count: *mut usize,
-        ) -> CUresult {
-            entry(stringify!($name), || {
-                capture_info(st, $ptds, status, id, graph, deps, std::ptr::null_mut(), count)
-            })
-        }
-    )* };
-}
-
-capture_info_v2! {
-    cuStreamGetCaptureInfo_v2 ptds=false;
-    cuStreamGetCaptureInfo_v2_ptsz ptds=true;
-}
-
-macro_rules! capture_info_v3 {
-    ($($name:ident ptds=$ptds:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            st: Handle,
-            status: *mut c_int,
-            id: *mut u64,
-            graph: *mut Handle,
-            deps: *mut *const c_void,
-            edges: *mut *const c_void,
-            count: *mut usize,
-        ) -> CUresult {
-            entry(stringify!($name), || {
-                capture_info(st, $ptds, status, id, graph, deps, edges, count)
-            })
-        }
-    )* };
-}
-
-capture_info_v3! {
-    cuStreamGetCaptureInfo_v3 ptds=false;
-    cuStreamGetCaptureInfo_v3_ptsz ptds=true;
+entry_points! {
+    cuStreamIsCapturing(st: Handle, status: *mut c_int) => capture_info(st, false, status, n(), n(), n(), n(), n());
+    cuStreamIsCapturing_ptsz(st: Handle, status: *mut c_int) => capture_info(st, true, status, n(), n(), n(), n(), n());
+    cuStreamGetCaptureInfo(st: Handle, status: *mut c_int, id: *mut u64) => capture_info(st, false, status, id, n(), n(), n(), n());
+    cuStreamGetCaptureInfo_ptsz(st: Handle, status: *mut c_int, id: *mut u64) => capture_info(st, true, status, id, n(), n(), n(), n());
+    cuStreamGetCaptureInfo_v2(st: Handle, status: *mut c_int, id: *mut u64, graph: *mut Handle, deps: *mut *const c_void, count: *mut usize)
+        => capture_info(st, false, status, id, graph, deps, n(), count);
+    cuStreamGetCaptureInfo_v2_ptsz(st: Handle, status: *mut c_int, id: *mut u64, graph: *mut Handle, deps: *mut *const c_void, count: *mut usize)
+        => capture_info(st, true, status, id, graph, deps, n(), count);
+    cuStreamGetCaptureInfo_v3(st: Handle, status: *mut c_int, id: *mut u64, graph: *mut Handle, deps: *mut *const c_void, edges: *mut *const c_void, count: *mut usize)
+        => capture_info(st, false, status, id, graph, deps, edges, count);
+    cuStreamGetCaptureInfo_v3_ptsz(st: Handle, status: *mut c_int, id: *mut u64, graph: *mut Handle, deps: *mut *const c_void, edges: *mut *const c_void, count: *mut usize)
+        => capture_info(st, true, status, id, graph, deps, edges, count);
 }
 
 fn begin(st: Handle, mode: c_int, ptds: bool) -> CuResult<()> {
@@ -293,16 +219,7 @@ fn instantiate_v1(
     instantiate(exec, graph, 0).map(|_| ())
 }
 
-macro_rules! graph_fns {
-    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )* };
-}
-
-graph_fns! {
+entry_points! {
     cuStreamBeginCapture(st: Handle) => begin(st, MODE_GLOBAL, false);
     cuStreamBeginCapture_ptsz(st: Handle) => begin(st, MODE_GLOBAL, true);
     cuStreamBeginCapture_v2(st: Handle, mode: c_int) => begin(st, mode, false);

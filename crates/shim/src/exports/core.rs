@@ -6,7 +6,7 @@ use remora_client::{CuError, cu, cu_result_name_c, cu_result_string_c};
 
 use super::Handle;
 use crate::CUresult;
-use crate::state::{self, Kind, dec, enc, entry, put};
+use crate::state::{self, Kind, dec, enc, entry, put, put_opt};
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
@@ -189,14 +189,9 @@ fn ctx_create(pctx: *mut Handle, flags: c_uint, dev: c_int) -> Result<(), CuErro
     unsafe { put(pctx, enc(Kind::Ctx, h)) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: c_uint, dev: c_int) -> CUresult {
-    entry("cuCtxCreate_v2", || ctx_create(pctx, flags, dev))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate(pctx: *mut Handle, flags: c_uint, dev: c_int) -> CUresult {
-    entry("cuCtxCreate", || ctx_create(pctx, flags, dev))
+entry_points! {
+    cuCtxCreate_v2(pctx: *mut Handle, flags: c_uint, dev: c_int) => ctx_create(pctx, flags, dev);
+    cuCtxCreate(pctx: *mut Handle, flags: c_uint, dev: c_int) => ctx_create(pctx, flags, dev);
 }
 
 #[unsafe(no_mangle)]
@@ -429,12 +424,8 @@ pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
         let (l, g) = state::session()?.ctx_get_stream_priority_range(state::current_ctx()?)?;
         // SAFETY: optional output pointers per cuda.h.
         unsafe {
-            if !least.is_null() {
-                put(least, l)?;
-            }
-            if !greatest.is_null() {
-                put(greatest, g)?;
-            }
+            put_opt(least, l)?;
+            put_opt(greatest, g)?;
         }
         Ok(())
     })
@@ -534,40 +525,11 @@ fn proc_address(
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-    status: *mut c_int,
-) -> CUresult {
-    entry("cuGetProcAddress_v2", || {
-        proc_address(symbol, pfn, version, flags, status)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-    status: *mut c_int,
-) -> CUresult {
-    entry("cuGetProcAddress_v2_ptsz", || {
-        proc_address(symbol, pfn, version, flags, status)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    version: c_int,
-    flags: u64,
-) -> CUresult {
-    entry("cuGetProcAddress", || {
-        proc_address(symbol, pfn, version, flags, std::ptr::null_mut())
-    })
+entry_points! {
+    cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int)
+        => proc_address(symbol, pfn, version, flags, status);
+    cuGetProcAddress_v2_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int)
+        => proc_address(symbol, pfn, version, flags, status);
+    cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64)
+        => proc_address(symbol, pfn, version, flags, std::ptr::null_mut());
 }

@@ -1,15 +1,16 @@
 //! Modules, functions, launches, streams, events, occupancy.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ptr::null_mut as n;
 use std::sync::Arc;
 
 use remora_client::KernelArgs;
 use remora_client::proto::{RmDim3, RmLaunchArgs, RmLaunchAttr};
-use remora_client::{CuError, CuResult, FunctionInfo, Session, cu};
+use remora_client::{CuError, CuResult, FunctionInfo, ModuleInfo, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, dec, enc, entry, put, stream_ref};
+use crate::state::{self, Kind, dec, enc, entry, put, put_opt, stream_ref};
 
 /// A `CUfunction`, or a `CUkernel` in its place (as CUDA accepts), to the function's info;
 /// a kernel resolves to its function in the current context.
@@ -32,18 +33,31 @@ fn func_handle(f: Handle) -> CuResult<u64> {
     function_info(f).map(|(_, i)| i.handle)
 }
 
-fn load(module: *mut Handle, image: *const c_void) -> CuResult<()> {
+/// Loads the kernel image at `image` (an ELF cubin, PTX text, a fatbin or a fatbin wrapper)
+/// in the current context and writes the module's handle to `module`; also says the image's
+/// size.
+pub(crate) fn load_image(
+    module: *mut Handle,
+    image: *const c_void,
+) -> CuResult<(Arc<ModuleInfo>, usize)> {
     if module.is_null() {
         return Err(CuError(cu::INVALID_VALUE));
     }
-    // SAFETY: `image` is a kernel image as cuModuleLoadData documents.
+    // SAFETY: `image` is a kernel image as cuModuleLoadData documents (from the CUDA runtime:
+    // its registered fatbin), readable for the extent its headers describe; `locate` reads
+    // only those headers.
     let (p, n) = unsafe { crate::image::locate(image.cast()) }?;
     // SAFETY: `locate` found the image to span `n` readable bytes from `p`.
     let bytes = unsafe { std::slice::from_raw_parts(p, n) };
     let s = state::session()?;
     let m = s.module_load(state::current_ctx()?, bytes)?;
-    // SAFETY: output pointer per cuda.h.
-    unsafe { put(module, enc(Kind::Module, m.handle)) }
+    // SAFETY: `module` is non-null (checked) and writable per cuda.h.
+    unsafe { put(module, enc(Kind::Module, m.handle)) }?;
+    Ok((m, n))
+}
+
+fn load(module: *mut Handle, image: *const c_void) -> CuResult<()> {
+    load_image(module, image).map(|_| ())
 }
 
 /// The bytes of a module file for the server: the file is read here (no client path reaches
@@ -95,29 +109,12 @@ pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char)
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
-    entry("cuModuleLoadData", || load(module, image))
-}
-
-/// JIT options are accepted and ignored (the server's driver JITs with its defaults).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleLoadDataEx(
-    module: *mut Handle,
-    image: *const c_void,
-    _num_options: c_uint,
-    _options: *mut c_int,
-    _values: *mut *mut c_void,
-) -> CUresult {
-    entry("cuModuleLoadDataEx", || load(module, image))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuModuleLoadFatBinary(
-    module: *mut Handle,
-    image: *const c_void,
-) -> CUresult {
-    entry("cuModuleLoadFatBinary", || load(module, image))
+entry_points! {
+    cuModuleLoadData(module: *mut Handle, image: *const c_void) => load(module, image);
+    /// JIT options are accepted and ignored (the server's driver JITs with its defaults).
+    cuModuleLoadDataEx(module: *mut Handle, image: *const c_void, _num_options: c_uint, _options: *mut c_int, _values: *mut *mut c_void)
+        => load(module, image);
+    cuModuleLoadFatBinary(module: *mut Handle, image: *const c_void) => load(module, image);
 }
 
 #[unsafe(no_mangle)]
@@ -134,14 +131,10 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     name: *const c_char,
 ) -> CUresult {
     entry("cuModuleGetFunction", || {
-        if name.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        let name = state::c_name(name)?;
         let m = state::session()?
             .module(dec(Kind::Module, module)?)
             .ok_or(CuError(cu::INVALID_HANDLE))?;
-        // SAFETY: NUL-terminated name per cuda.h.
-        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
         let info = m
             .functions
             .get(name.as_ref())
@@ -159,20 +152,12 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     name: *const c_char,
 ) -> CUresult {
     entry("cuModuleGetGlobal_v2", || {
-        if name.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        // SAFETY: NUL-terminated name per cuda.h.
-        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy();
+        let name = state::c_name(name)?;
         let (p, n) = state::session()?.module_get_global(dec(Kind::Module, module)?, &name)?;
         // SAFETY: optional output pointers per cuda.h.
         unsafe {
-            if !dptr.is_null() {
-                put(dptr, p)?;
-            }
-            if !bytes.is_null() {
-                put(bytes, n as usize)?;
-            }
+            put_opt(dptr, p)?;
+            put_opt(bytes, n as usize)?;
         }
         Ok(())
     })
@@ -226,12 +211,8 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
         let p = info.params.get(index).ok_or(CuError(cu::INVALID_VALUE))?;
         // SAFETY: optional output pointers per cuda.h.
         unsafe {
-            if !offset.is_null() {
-                put(offset, p.offset as usize)?;
-            }
-            if !size.is_null() {
-                put(size, p.size as usize)?;
-            }
+            put_opt(offset, p.offset as usize)?;
+            put_opt(size, p.size as usize)?;
         }
         Ok(())
     })
@@ -272,46 +253,46 @@ fn launch(l: Launch) -> CuResult<()> {
     unsafe { s.launch_kernel(ctx, &info, &config, args) }
 }
 
-macro_rules! launches {
-    ($($name:ident ptds=$ptds:expr, coop=$coop:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-            shared: c_uint, stream: Handle, params: *mut *mut c_void,
-        ) -> CUresult {
-            entry(stringify!($name), || launch(Launch {
-                f, grid: [gx, gy, gz], block: [bx, by, bz], shared, stream, ptds: $ptds, params,
-                extra: std::ptr::null_mut(),
-                attrs: if $coop { vec![RmLaunchAttr::RmLaunchCooperative(1)] } else { Vec::new() },
-            }))
-        }
-    )* };
+/// A launch of `cuLaunchKernel` or `cuLaunchCooperativeKernel` (kernelParams or `extra`).
+#[allow(clippy::too_many_arguments)]
+fn launch_grid(
+    f: Handle,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: Handle,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    ptds: bool,
+    cooperative: bool,
+) -> CuResult<()> {
+    let attrs = if cooperative {
+        vec![RmLaunchAttr::RmLaunchCooperative(1)]
+    } else {
+        Vec::new()
+    };
+    launch(Launch {
+        f,
+        grid,
+        block,
+        shared,
+        stream,
+        ptds,
+        params,
+        extra,
+        attrs,
+    })
 }
 
-launches! {
-    cuLaunchCooperativeKernel ptds=false, coop=true;
-    cuLaunchCooperativeKernel_ptsz ptds=true, coop=true;
-}
-
-/// `cuLaunchKernel` and its per-thread-stream form (kernelParams or `extra`).
-macro_rules! kernel_launches {
-    ($($name:ident ptds=$ptds:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
-            shared: c_uint, stream: Handle, params: *mut *mut c_void, extra: *mut *mut c_void,
-        ) -> CUresult {
-            entry(stringify!($name), || launch(Launch {
-                f, grid: [gx, gy, gz], block: [bx, by, bz], shared, stream, ptds: $ptds, params,
-                extra, attrs: Vec::new(),
-            }))
-        }
-    )* };
-}
-
-kernel_launches! {
-    cuLaunchKernel ptds=false;
-    cuLaunchKernel_ptsz ptds=true;
+entry_points! {
+    cuLaunchKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, st: Handle, params: *mut *mut c_void, extra: *mut *mut c_void)
+        => launch_grid(f, [gx, gy, gz], [bx, by, bz], shared, st, params, extra, false, false);
+    cuLaunchKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, st: Handle, params: *mut *mut c_void, extra: *mut *mut c_void)
+        => launch_grid(f, [gx, gy, gz], [bx, by, bz], shared, st, params, extra, true, false);
+    cuLaunchCooperativeKernel(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, st: Handle, params: *mut *mut c_void)
+        => launch_grid(f, [gx, gy, gz], [bx, by, bz], shared, st, params, n(), false, true);
+    cuLaunchCooperativeKernel_ptsz(f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, st: Handle, params: *mut *mut c_void)
+        => launch_grid(f, [gx, gy, gz], [bx, by, bz], shared, st, params, n(), true, true);
 }
 
 /// `CUlaunchAttribute`: id, padding to 8, a 64-byte value union.
@@ -395,73 +376,32 @@ fn launch_ex(
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx(
-    cfg: *const LaunchConfig,
-    f: Handle,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    entry("cuLaunchKernelEx", || {
-        launch_ex(cfg, f, params, extra, false)
-    })
+entry_points! {
+    cuLaunchKernelEx(cfg: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void)
+        => launch_ex(cfg, f, params, extra, false);
+    cuLaunchKernelEx_ptsz(cfg: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void)
+        => launch_ex(cfg, f, params, extra, true);
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
-    cfg: *const LaunchConfig,
-    f: Handle,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    entry("cuLaunchKernelEx_ptsz", || {
-        launch_ex(cfg, f, params, extra, true)
-    })
+fn occupancy(n: *mut c_int, f: Handle, block: c_int, smem: usize, flags: c_uint) -> CuResult<()> {
+    if flags > 1 {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let v = state::session()?.occupancy_max_active_blocks(
+        func_handle(f)?,
+        block,
+        smem as u64,
+        flags,
+    )?;
+    // SAFETY: output pointer per cuda.h.
+    unsafe { put(n, v) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
-    n: *mut c_int,
-    f: Handle,
-    block: c_int,
-    smem: usize,
-) -> CUresult {
-    entry("cuOccupancyMaxActiveBlocksPerMultiprocessor", || {
-        let v = state::session()?.occupancy_max_active_blocks(
-            func_handle(f)?,
-            block,
-            smem as u64,
-            0,
-        )?;
-        // SAFETY: output pointer per cuda.h.
-        unsafe { put(n, v) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
-    n: *mut c_int,
-    f: Handle,
-    block: c_int,
-    smem: usize,
-    flags: c_uint,
-) -> CUresult {
-    entry(
-        "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
-        || {
-            if flags > 1 {
-                return Err(CuError(cu::INVALID_VALUE));
-            }
-            let v = state::session()?.occupancy_max_active_blocks(
-                func_handle(f)?,
-                block,
-                smem as u64,
-                flags,
-            )?;
-            // SAFETY: output pointer per cuda.h.
-            unsafe { put(n, v) }
-        },
-    )
+entry_points! {
+    cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut c_int, f: Handle, block: c_int, smem: usize)
+        => occupancy(n, f, block, smem, 0);
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut c_int, f: Handle, block: c_int, smem: usize, flags: c_uint)
+        => occupancy(n, f, block, smem, flags);
 }
 
 fn stream_create(ps: *mut Handle, flags: c_uint, priority: c_int) -> CuResult<()> {
@@ -475,20 +415,9 @@ fn stream_create(ps: *mut Handle, flags: c_uint, priority: c_int) -> CuResult<()
     unsafe { put(ps, enc(Kind::Stream, h)) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamCreate(ps: *mut Handle, flags: c_uint) -> CUresult {
-    entry("cuStreamCreate", || stream_create(ps, flags, 0))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamCreateWithPriority(
-    ps: *mut Handle,
-    flags: c_uint,
-    priority: c_int,
-) -> CUresult {
-    entry("cuStreamCreateWithPriority", || {
-        stream_create(ps, flags, priority)
-    })
+entry_points! {
+    cuStreamCreate(ps: *mut Handle, flags: c_uint) => stream_create(ps, flags, 0);
+    cuStreamCreateWithPriority(ps: *mut Handle, flags: c_uint, priority: c_int) => stream_create(ps, flags, priority);
 }
 
 #[unsafe(no_mangle)]
@@ -507,21 +436,12 @@ pub extern "C" fn cuStreamDestroy(st: Handle) -> CUresult {
 }
 
 /// A stream to (session, its context, protocol handle).
-fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static Session, u64, u64)> {
+pub(crate) fn mapped(st: Handle, ptds: bool) -> CuResult<(&'static Session, u64, u64)> {
     let s = state::session()?;
     let r = stream_ref(st, ptds)?;
     let ctx = state::stream_ctx(r)?;
     let h = s.stream_handle(ctx, r)?;
     Ok((s, ctx, h))
-}
-
-macro_rules! stream_fns {
-    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )* };
 }
 
 fn query(st: Handle, ptds: bool) -> CuResult<()> {
@@ -611,7 +531,7 @@ fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
     unsafe { put(p, v) }
 }
 
-stream_fns! {
+entry_points! {
     cuStreamSynchronize(st: Handle) => { let (s, c, h) = mapped(st, false)?; s.stream_synchronize(c, h) };
     cuStreamSynchronize_ptsz(st: Handle) => { let (s, c, h) = mapped(st, true)?; s.stream_synchronize(c, h) };
     cuStreamQuery(st: Handle) => query(st, false);

@@ -9,19 +9,11 @@ use remora_client::{CuError, CuResult, cu};
 use super::exec::function_info;
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, dec, enc, entry, put};
+use crate::state::{self, Kind, c_name, dec, enc, entry, put, put_opt};
 
 fn out<T>(p: *mut T, v: T) -> CuResult<()> {
     // SAFETY: output pointer per cuda.h (null rejected by `put`).
     unsafe { put(p, v) }
-}
-
-fn c_name<'a>(name: *const c_char) -> CuResult<std::borrow::Cow<'a, str>> {
-    if name.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: a NUL-terminated name per cuda.h.
-    Ok(unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
 }
 
 /// JIT and library options are accepted and ignored (the server's driver uses its defaults).
@@ -127,11 +119,10 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
             &name,
             state::current_ctx()?,
         )?;
-        if !dptr.is_null() {
-            out(dptr, p)?;
-        }
-        if !bytes.is_null() {
-            out(bytes, n as usize)?;
+        // SAFETY: optional output pointers per cuda.h.
+        unsafe {
+            put_opt(dptr, p)?;
+            put_opt(bytes, n as usize)?;
         }
         Ok(())
     })
@@ -217,11 +208,10 @@ pub unsafe extern "C" fn cuKernelGetParamInfo(
         dec(Kind::Kernel, kernel)?;
         let (_, info) = function_info(kernel)?;
         let p = info.params.get(index).ok_or(CuError(cu::INVALID_VALUE))?;
-        if !offset.is_null() {
-            out(offset, p.offset as usize)?;
-        }
-        if !size.is_null() {
-            out(size, p.size as usize)?;
+        // SAFETY: optional output pointers per cuda.h.
+        unsafe {
+            put_opt(offset, p.offset as usize)?;
+            put_opt(size, p.size as usize)?;
         }
         Ok(())
     })

@@ -8,7 +8,7 @@ use remora_client::{CuError, CuResult, PointerKind, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, enc, entry, put, stream_ref};
+use crate::state::{self, Kind, enc, entry, put, put_opt, stream_ref};
 
 fn ctx_session() -> CuResult<(&'static remora_client::Session, u64)> {
     Ok((state::session()?, state::current_ctx()?))
@@ -93,12 +93,8 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
         };
         // SAFETY: optional output pointers per cuda.h.
         unsafe {
-            if !base.is_null() {
-                put(base, b)?;
-            }
-            if !size.is_null() {
-                put(size, n as usize)?;
-            }
+            put_opt(base, b)?;
+            put_opt(size, n as usize)?;
         }
         Ok(())
     })
