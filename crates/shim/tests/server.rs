@@ -1654,3 +1654,53 @@ fn child_lost_server() {
     }
     println!("CHILD-OK");
 }
+
+#[test]
+fn emulated_event_record_with_flags() {
+    emulated_child("child_event_record_with_flags");
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_event_record_with_flags"]
+fn child_event_record_with_flags() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type EventCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
+    type RecordWithFlags = unsafe extern "C" fn(*mut c_void, *mut c_void, c_uint) -> c_int;
+    type EventSync = unsafe extern "C" fn(*mut c_void) -> c_int;
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let event_create: libloading::Symbol<EventCreate> = lib.get(b"cuEventCreate").unwrap();
+        let record: libloading::Symbol<RecordWithFlags> =
+            lib.get(b"cuEventRecordWithFlags").unwrap();
+        let record_ptsz: libloading::Symbol<RecordWithFlags> =
+            lib.get(b"cuEventRecordWithFlags_ptsz").unwrap();
+        let sync: libloading::Symbol<EventSync> = lib.get(b"cuEventSynchronize").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let mut ev = std::ptr::null_mut();
+        assert_eq!(event_create(&mut ev, 0), 0);
+        assert_eq!(
+            record(ev, std::ptr::null_mut(), 0),
+            0,
+            "default flag records"
+        );
+        assert_eq!(sync(ev), 0);
+        assert_eq!(record_ptsz(ev, std::ptr::null_mut(), 0), 0);
+        assert_eq!(sync(ev), 0);
+        assert_eq!(
+            record(ev, std::ptr::null_mut(), 1),
+            801,
+            "CU_EVENT_RECORD_EXTERNAL is refused by name"
+        );
+        assert_eq!(record(ev, std::ptr::null_mut(), 2), 1, "unknown flag bits");
+    }
+    println!("CHILD-OK");
+}

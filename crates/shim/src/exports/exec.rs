@@ -471,6 +471,25 @@ fn record(ev: Handle, st: Handle, ptds: bool) -> CuResult<()> {
     s.event_record(ctx, e, h)
 }
 
+/// `CU_EVENT_RECORD_EXTERNAL`.
+const EVENT_RECORD_EXTERNAL: c_uint = 1;
+
+/// `cuEventRecordWithFlags`: the default flag (0, which the CUDA runtime's `cudaEventRecord`
+/// may pass) records as `cuEventRecord`. `CU_EVENT_RECORD_EXTERNAL` (an event record *node*
+/// in a stream capture) is not implemented yet and is refused by name; other bits are invalid.
+fn record_with_flags(ev: Handle, st: Handle, flags: c_uint, ptds: bool) -> CuResult<()> {
+    match flags {
+        0 => record(ev, st, ptds),
+        EVENT_RECORD_EXTERNAL => {
+            tracing::warn!(
+                "remora: cuEventRecordWithFlags with CU_EVENT_RECORD_EXTERNAL (an external event node in a stream capture) is not implemented yet; returning CUDA_ERROR_NOT_SUPPORTED"
+            );
+            Err(CuError(cu::NOT_SUPPORTED))
+        }
+        _ => Err(CuError(cu::INVALID_VALUE)),
+    }
+}
+
 /// `CUhostFn`.
 pub type HostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 /// `CUstreamCallback`.
@@ -546,6 +565,8 @@ entry_points! {
     cuStreamGetId_ptsz(st: Handle, id: *mut u64) => { let (s, c, h) = mapped(st, true)?; put_out(id, s.stream_get_id(c, h)?) };
     cuEventRecord(ev: Handle, st: Handle) => record(ev, st, false);
     cuEventRecord_ptsz(ev: Handle, st: Handle) => record(ev, st, true);
+    cuEventRecordWithFlags(ev: Handle, st: Handle, flags: c_uint) => record_with_flags(ev, st, flags, false);
+    cuEventRecordWithFlags_ptsz(ev: Handle, st: Handle, flags: c_uint) => record_with_flags(ev, st, flags, true);
     cuLaunchHostFunc(st: Handle, f: HostFn, user: *mut c_void) => host_func(st, f, user, false);
     cuLaunchHostFunc_ptsz(st: Handle, f: HostFn, user: *mut c_void) => host_func(st, f, user, true);
     cuStreamAddCallback(st: Handle, cb: StreamCallback, user: *mut c_void, flags: c_uint) => stream_callback(st, cb, user, flags, false);
