@@ -4,7 +4,7 @@
 //!  client (Unix socket connected)                 server (Unix peer, same host)
 //!  CALL  SHM_PROGRAM v1 SHM_SETUP(ring_capacity) ─►
 //!                                                 create a sealed memfd Region
-//!        ◄─ REPLY status=OK, ring_capacity, data_size   (memfd attached: SCM_RIGHTS)
+//!        ◄─ REPLY status=OK, ring_capacity, data_size, server_base (memfd: SCM_RIGHTS)
 //!  map it, check seals/size/header                switch the connection to the rings
 //!  every later record: request ring ─►            ◄─ response ring
 //!  Unix socket: silent, open; closed = session over
@@ -29,7 +29,15 @@
 //!     unsigned int status;               /* SHM_OK, SHM_NOT_LOCAL, SHM_DISABLED, SHM_BUSY, SHM_FAILED */
 //!     unsigned int ring_capacity;        /* bytes of each ring: a power of two >= 4096 */
 //!     unsigned hyper data_size;          /* bytes of the data area (0: none) */
+//!     unsigned hyper server_base;        /* where the server mapped the region (0: refused) */
 //! };
+//! ```
+//!
+//! The client maps the region at `server_base` when that range is free in its process
+//! (`MAP_FIXED_NOREPLACE`, never replacing anything), elsewhere otherwise; at the same address
+//! a pointer into the data area names the same bytes in both processes.
+//!
+//! ```text
 //! ```
 
 use std::io;
@@ -151,7 +159,7 @@ pub(crate) fn client_setup(
     socket.set_read_timeout(old_timeout)?;
     let body = Bytes::copy_from_slice(&buf[4..need]);
     let decoded = crate::client::decode_reply(body, SHM_PROGRAM, SHM_VERSION, SHM_SETUP, |d| {
-        Ok((d.get_u32()?, d.get_u32()?, d.get_u64()?))
+        Ok((d.get_u32()?, d.get_u32()?, d.get_u64()?, d.get_u64()?))
     });
     let reply_xid = u32::from_be_bytes([buf[4], buf[5], buf[6], buf[7]]);
     if reply_xid != xid {
@@ -160,7 +168,7 @@ pub(crate) fn client_setup(
             "the reply to the shared-memory request has another XID",
         ));
     }
-    let (status, ring_capacity, data_size) = match decoded {
+    let (status, ring_capacity, data_size, server_base) = match decoded {
         Ok(v) => v,
         Err(
             RpcError::ProgUnavail { .. }
@@ -187,8 +195,11 @@ pub(crate) fn client_setup(
         ring_capacity,
         data_size,
     };
-    let region =
-        Region::open(fd, layout).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    // Mapped at the server's address when that range is free here: pointers into the data
+    // area then mean the same bytes on both sides (mapped host memory, `DEVICEMAP`).
+    let server_base = usize::try_from(server_base).ok().filter(|&b| b != 0);
+    let region = Region::open_at(fd, layout, server_base)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok(Ok(ShmStream::new(region, socket, Side::Client)))
 }
 
@@ -221,13 +232,16 @@ pub(crate) fn setup_request(record: &Bytes) -> Option<SetupRequest> {
 }
 
 /// The reply record to `SHM_SETUP`, unframed.
-pub(crate) fn setup_reply(xid: u32, status: u32, layout: Option<Layout>) -> Vec<Bytes> {
-    let mut enc = Encoder::with_capacity(48);
+/// The reply to `SHM_SETUP`: status, ring capacity and data size (0 when refused), and the
+/// address at which the server mapped the region (0 when refused).
+pub(crate) fn setup_reply(xid: u32, status: u32, region: Option<(Layout, usize)>) -> Vec<Bytes> {
+    let mut enc = Encoder::with_capacity(56);
     // Encoding a fixed-size header into a growable buffer cannot fail.
     let _ = RpcMsg::accepted(xid, AcceptStat::Success).encode(&mut enc);
     enc.put_u32(status);
-    enc.put_u32(layout.map_or(0, |l| l.ring_capacity));
-    enc.put_u64(layout.map_or(0, |l| l.data_size));
+    enc.put_u32(region.map_or(0, |r| r.0.ring_capacity));
+    enc.put_u64(region.map_or(0, |r| r.0.data_size));
+    enc.put_u64(region.map_or(0, |r| r.1 as u64));
     enc.finish()
 }
 
@@ -287,7 +301,7 @@ pub(crate) fn serve_setup(
     let mut reply = Vec::with_capacity(64);
     if write_record(
         &mut reply,
-        &setup_reply(req.xid, SHM_OK, Some(layout)),
+        &setup_reply(req.xid, SHM_OK, Some((layout, region.base_address()))),
         MAX_FRAGMENT_SIZE,
     )
     .is_err()

@@ -59,6 +59,12 @@ impl DataArea {
         self.size == 0
     }
 
+    /// Whether the peer (the server, seen from a client) maps the area at the same virtual
+    /// address as this process, so that a pointer into it names the same bytes on both sides.
+    pub fn same_address_as_peer(&self) -> bool {
+        self.map.same_address_as_peer()
+    }
+
     /// The first byte of the area in this process.
     pub fn base(&self) -> *mut u8 {
         // SAFETY: `start <= map.len()` (clamped in `new`), so the result is inside the

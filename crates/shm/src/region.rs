@@ -92,6 +92,9 @@ impl Layout {
 pub(crate) struct Mapping {
     ptr: *mut u8,
     len: usize,
+    /// Where the peer maps the same memory, when known (the client learns the server's
+    /// address in the setup reply).
+    peer_base: Option<usize>,
 }
 
 // SAFETY: the mapping is plain shared memory; every access to it goes through atomics or
@@ -124,6 +127,32 @@ impl Mapping {
         })
     }
 
+    /// As [`Mapping::shared`], but at `at` if that range is free in this process
+    /// (`MAP_FIXED_NOREPLACE`: nothing mapped there is ever replaced); elsewhere if it is not.
+    fn shared_at(fd: &OwnedFd, len: usize, at: usize) -> Result<Self, RegionError> {
+        if at == 0 || !at.is_multiple_of(4096) {
+            return Self::shared(fd, len);
+        }
+        // SAFETY: asks for `len` bytes of the memfd (at least that long) at `at`; with
+        // FIXED_NOREPLACE the kernel fails instead of replacing an existing mapping, so no
+        // memory of this process can be clobbered.
+        let fixed = Self::from_mmap(len, unsafe {
+            rustix::mm::mmap(
+                at as *mut std::ffi::c_void,
+                len,
+                Self::PROT,
+                MapFlags::SHARED | MapFlags::FIXED_NOREPLACE,
+                fd.as_fd(),
+                0,
+            )
+        });
+        match fixed {
+            // Kernels before 4.17 ignore the flag and may map elsewhere: that is fine too.
+            Ok(m) => Ok(m),
+            Err(_) => Self::shared(fd, len),
+        }
+    }
+
     const PROT: ProtFlags = ProtFlags::READ.union(ProtFlags::WRITE);
 
     fn from_mmap(
@@ -137,6 +166,7 @@ impl Mapping {
         Ok(Self {
             ptr: ptr.cast(),
             len,
+            peer_base: None,
         })
     }
 
@@ -146,6 +176,11 @@ impl Mapping {
 
     pub(crate) fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether the peer maps this memory at the same virtual address as this process.
+    pub(crate) fn same_address_as_peer(&self) -> bool {
+        self.peer_base == Some(self.ptr as usize)
     }
 }
 
@@ -215,6 +250,19 @@ impl Region {
     /// Maps a region received from the server (client side), checking that it is sealed at
     /// the announced size and carries the announced layout.
     pub fn open(fd: OwnedFd, layout: Layout) -> Result<Self, RegionError> {
+        Self::open_at(fd, layout, None)
+    }
+
+    /// As [`Region::open`], trying first to map the region at `peer_base`, the address where
+    /// the server mapped it: when that range is free here, both processes see the region at
+    /// the same addresses, so a pointer into the data area means the same bytes on both sides
+    /// (what a GPU kernel given a mapped host pointer needs; see
+    /// [`DataArea::same_address_as_peer`]).
+    pub fn open_at(
+        fd: OwnedFd,
+        layout: Layout,
+        peer_base: Option<usize>,
+    ) -> Result<Self, RegionError> {
         layout.check()?;
         let st = rustix::fs::fstat(&fd).map_err(|source| RegionError::Os {
             what: "fstat",
@@ -230,7 +278,11 @@ impl Region {
         if !seals.contains(SealFlags::SHRINK) {
             return Err(RegionError::Mismatch("it can be shrunk (not sealed)"));
         }
-        let map = Mapping::shared(&fd, layout.total())?;
+        let mut map = match peer_base {
+            Some(at) => Mapping::shared_at(&fd, layout.total(), at)?,
+            None => Mapping::shared(&fd, layout.total())?,
+        };
+        map.peer_base = peer_base;
         // SAFETY: the mapping holds at least HEADER bytes; the header is copied out once.
         let h = unsafe { map.base().cast::<Header>().read_volatile() };
         if h.magic != MAGIC || h.version != VERSION {
@@ -249,6 +301,11 @@ impl Region {
     /// The memfd, to pass to the peer.
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// The address of the region in this process.
+    pub fn base_address(&self) -> usize {
+        self.map.base() as usize
     }
 
     /// The layout.

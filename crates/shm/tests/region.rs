@@ -64,3 +64,39 @@ fn a_descriptor_that_does_not_match_is_refused() {
         Err(RegionError::Layout(_))
     ));
 }
+
+#[test]
+fn a_client_maps_the_region_at_the_servers_address_when_it_is_free() {
+    let server = Region::create("remora-test", LAYOUT).unwrap();
+    // A range that is free in this process: reserve it, note it, give it back.
+    // SAFETY: a fresh private mapping, unmapped again at once and never touched.
+    let free = unsafe {
+        let p = rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            LAYOUT.total(),
+            rustix::mm::ProtFlags::empty(),
+            rustix::mm::MapFlags::PRIVATE,
+        )
+        .unwrap();
+        rustix::mm::munmap(p, LAYOUT.total()).unwrap();
+        p as usize
+    };
+    let fd = server.fd().try_clone().unwrap();
+    let client = Region::open_at(fd, LAYOUT, Some(free)).unwrap();
+    assert_eq!(client.base_address(), free);
+    assert!(client.data_area().same_address_as_peer());
+    // Where the range is taken (here: by the server's own mapping, in this one process) the
+    // client maps elsewhere, says so, and still shares the memory.
+    let fd = server.fd().try_clone().unwrap();
+    let other = Region::open_at(fd, LAYOUT, Some(server.base_address())).unwrap();
+    assert_ne!(other.base_address(), server.base_address());
+    assert!(!other.data_area().same_address_as_peer());
+    assert!(!server.data_area().same_address_as_peer());
+    let (s, _) = server.data();
+    let (c, _) = other.data();
+    // SAFETY: both point into the same live shared data area, touched by no one else.
+    unsafe {
+        s.add(7).write(0x5A);
+        assert_eq!(c.add(7).read(), 0x5A);
+    }
+}
