@@ -45,6 +45,11 @@ impl AreaAlloc {
         })
     }
 
+    /// Whether the server maps the area at the same address as this process.
+    pub(crate) fn same_address_as_peer(&self) -> bool {
+        self.area.same_address_as_peer()
+    }
+
     /// Bytes of the area.
     pub(crate) fn len(&self) -> u64 {
         self.area.len() as u64

@@ -125,6 +125,42 @@ impl Session {
         &self.host
     }
 
+    /// `cuMemHostGetDevicePointer` (and the DEVICE_POINTER attribute of host memory): the
+    /// device address of mapped host memory. Only host memory in the shared data area can be
+    /// mapped — the server page-locks the area with `CU_MEMHOSTREGISTER_DEVICEMAP` and asks
+    /// its driver (`RM_MEM_HOST_DEVICE_POINTER`, revision 9); the registration is one range,
+    /// so the answer's distance from the area's offset is kept and later pointers cost no
+    /// call. Other host memory lives only in this process, which the remote GPU cannot
+    /// reach: CUDA_ERROR_NOT_SUPPORTED, logged.
+    pub fn mem_host_device_pointer(&self, ctx: RmHandle, ptr: u64) -> CuResult<u64> {
+        let r = self.host.find(ptr).ok_or(CuError(cu::INVALID_VALUE))?;
+        let (Some(area), Some(base_off)) = (self.area.as_ref(), r.area_offset) else {
+            tracing::warn!(
+                "remora: host memory at {ptr:#x} is not in the session's shared data area (a socket session, memory registered with cuMemHostRegister, or an area that was full), so the remote GPU cannot map it (CU_MEMHOSTALLOC_DEVICEMAP / cuMemHostGetDevicePointer); returning CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CuError(cu::NOT_SUPPORTED));
+        };
+        let offset = base_off + (ptr - r.base);
+        if let Some(delta) = *lock(&self.area_device_delta) {
+            return Ok(offset.wrapping_add(delta));
+        }
+        if self.welcome.revision < 9 {
+            tracing::warn!(
+                "remora: the server speaks protocol revision {} (mapped host memory needs 9); returning CUDA_ERROR_NOT_SUPPORTED",
+                self.welcome.revision
+            );
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
+        let dev = u64r(call!(self.rm_mem_host_device_pointer(&RmAreaPtrArgs { ctx, offset }))?)?;
+        if !area.same_address_as_peer() {
+            tracing::warn!(
+                "remora: the shared data area lies at another address in the server than in this process, so a host pointer handed to a kernel directly (unified addressing) does not reach it; pass the pointer cuMemHostGetDevicePointer gives"
+            );
+        }
+        *lock(&self.area_device_delta) = Some(dev.wrapping_sub(offset));
+        Ok(dev)
+    }
+
     /// `cuMemFreeHost`. Natively it synchronizes the device first; for an allocation in the
     /// data area that matters, because the space may be handed out again at once: its
     /// context is synchronized first, so that no copy into it is still in flight.

@@ -367,6 +367,9 @@ pub struct Session {
     host: HostMem,
     /// The shared data area's allocator (a session in shared memory, revision 6).
     area: Option<Arc<AreaAlloc>>,
+    /// Device address minus area offset of the data area's mapping for the GPU, once known
+    /// (see `mem_host_device_pointer`).
+    area_device_delta: Mutex<Option<u64>>,
     func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
@@ -542,6 +545,7 @@ impl Session {
             va: VaSpace::default(),
             host: HostMem::with_area(area.clone()),
             area,
+            area_device_delta: Mutex::new(None),
             func_attrs: Mutex::default(),
             libraries: Libraries::default(),
             callbacks: Arc::default(),

@@ -337,9 +337,14 @@ fn attrs_of(cfg: &LaunchConfig) -> CuResult<Vec<RmLaunchAttr>> {
                 z: word(&a.value, 2),
             }),
             5 => RmLaunchAttr::RmLaunchClusterScheduling(word(&a.value, 0) as i32),
+            6 => RmLaunchAttr::RmLaunchProgrammaticSerialization(word(&a.value, 0) as i32),
             8 => RmLaunchAttr::RmLaunchPriority(word(&a.value, 0) as i32),
-            1 | 3 | 6 | 7 | 9..=32 => {
-                tracing::warn!("remora: launch attribute {} is not supported yet", a.id);
+            10 => RmLaunchAttr::RmLaunchMemSyncDomain(word(&a.value, 0) as i32),
+            1 | 3 | 7 | 9 | 11..=32 => {
+                tracing::warn!(
+                    "remora: launch attribute {} is not supported yet; returning CUDA_ERROR_NOT_SUPPORTED",
+                    a.id
+                );
                 return Err(CuError(cu::NOT_SUPPORTED));
             }
             _ => return Err(CuError(cu::INVALID_VALUE)),

@@ -347,7 +347,10 @@ fn host_attribute(data: *mut c_void, attribute: c_int, ptr: DevPtr, r: &HostRang
                 },
             ),
             2 => put(data.cast::<c_uint>(), 1), // CU_MEMORYTYPE_HOST
-            3 => Err(no_device_mapping()),
+            3 => {
+                let (s, ctx) = ctx_session()?;
+                put(data.cast::<DevPtr>(), s.mem_host_device_pointer(ctx, ptr)?)
+            }
             4 => put(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
             8 => put(data.cast::<c_uint>(), 0),
             9 => put(data.cast::<c_int>(), state::ctx_device(r.ctx)?),
@@ -358,13 +361,6 @@ fn host_attribute(data: *mut c_void, attribute: c_int, ptr: DevPtr, r: &HostRang
             _ => Err(CuError(cu::INVALID_VALUE)),
         }
     }
-}
-
-fn no_device_mapping() -> CuError {
-    tracing::warn!(
-        "remora: host memory of a Remora client cannot be mapped into the remote device's address space (CU_MEMHOSTALLOC_DEVICEMAP / cuMemHostGetDevicePointer); returning CUDA_ERROR_NOT_SUPPORTED"
-    );
-    CuError(cu::NOT_SUPPORTED)
 }
 
 /// `CU_MEMHOSTALLOC_PORTABLE | DEVICEMAP | WRITECOMBINED`.
@@ -384,8 +380,10 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CuResult<()> 
 
 /// Host memory is allocated by the client: on a shared-memory session in the data area
 /// (zero-copy: 1-D copies from and to it pass only its offset), else page-aligned private
-/// memory whose copies go through the transport. PORTABLE and WRITECOMBINED are accepted; DEVICEMAP allocates,
-/// but `cuMemHostGetDevicePointer` is CUDA_ERROR_NOT_SUPPORTED.
+/// memory whose copies go through the transport. PORTABLE and WRITECOMBINED are accepted.
+/// Memory in the data area is mapped for the GPU (`cuMemHostGetDevicePointer`, as with
+/// unified addressing every page-locked allocation is); private memory cannot be
+/// (CUDA_ERROR_NOT_SUPPORTED, logged).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostAlloc(
     pp: *mut *mut c_void,
@@ -455,11 +453,10 @@ fn host_device_pointer(dptr: *mut DevPtr, p: *mut c_void, flags: c_uint) -> CuRe
     if dptr.is_null() || flags != 0 {
         return Err(CuError(cu::INVALID_VALUE));
     }
-    state::session()?
-        .host_memory()
-        .find(p as usize as u64)
-        .ok_or(CuError(cu::INVALID_VALUE))?;
-    Err(no_device_mapping())
+    let (s, ctx) = ctx_session()?;
+    let dev = s.mem_host_device_pointer(ctx, p as usize as u64)?;
+    // SAFETY: `dptr` is non-null, the caller's output slot per cuda.h.
+    unsafe { put(dptr, dev) }
 }
 
 #[unsafe(no_mangle)]
