@@ -7,11 +7,8 @@
 use std::ffi::{CStr, c_char, c_int, c_uint};
 
 use libloading::Library;
+use remora_proto::cuda::cu;
 
-/// `CUresult` as the driver returns it.
-type CuResult = c_int;
-
-const CUDA_SUCCESS: CuResult = 0;
 const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
@@ -93,14 +90,14 @@ pub fn probe_library(path: &str) -> Inventory {
     }
 }
 
-type FnInit = unsafe extern "C" fn(c_uint) -> CuResult;
-type FnOutInt = unsafe extern "C" fn(*mut c_int) -> CuResult;
-type FnDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> CuResult;
-type FnDeviceString = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult;
-type FnTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> CuResult;
-type FnUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> CuResult;
-type FnAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult;
-type FnErrorName = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
+type FnInit = unsafe extern "C" fn(c_uint) -> c_int;
+type FnOutInt = unsafe extern "C" fn(*mut c_int) -> c_int;
+type FnDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> c_int;
+type FnDeviceString = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int;
+type FnTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> c_int;
+type FnUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> c_int;
+type FnAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+type FnErrorName = unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int;
 
 /// The driver entry points the inventory uses, resolved once.
 struct Driver {
@@ -145,15 +142,15 @@ impl Driver {
         })
     }
 
-    fn check(&self, what: &str, rc: CuResult) -> Result<(), String> {
-        if rc == CUDA_SUCCESS {
+    fn check(&self, what: &str, rc: c_int) -> Result<(), String> {
+        if rc == cu::SUCCESS {
             return Ok(());
         }
         let mut name: *const c_char = std::ptr::null();
         let known = self.get_error_name.is_some_and(|f| {
             // SAFETY: cuGetErrorName writes a pointer to a static NUL-terminated string
             // into `name`, or fails and leaves it untouched (null).
-            unsafe { f(rc, &mut name) == CUDA_SUCCESS && !name.is_null() }
+            unsafe { f(rc, &mut name) == cu::SUCCESS && !name.is_null() }
         });
         let label = if known {
             // SAFETY: checked non-null above; the driver's error names are static C strings.

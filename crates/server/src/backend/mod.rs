@@ -7,6 +7,7 @@
 //! maps them to per-session handles.
 
 use remora_oncrpc::DataArea;
+use remora_proto::cuda::{CuError, CuResult, cu};
 use remora_proto::remora::RmLaunchAttr;
 
 pub mod cuda;
@@ -15,53 +16,6 @@ mod emulated_kernels;
 
 pub use cuda::CudaBackend;
 pub use emulated::{EmulatedBackend, EmulatedConfig, LiveCounts};
-
-/// `Err` carries a non-zero `CUresult`.
-pub type CuResult<T> = Result<T, i32>;
-
-/// `CUresult` values the server produces itself.
-pub mod status {
-    /// `CUDA_SUCCESS`.
-    pub const SUCCESS: i32 = 0;
-    /// `CUDA_ERROR_INVALID_VALUE`.
-    pub const INVALID_VALUE: i32 = 1;
-    /// `CUDA_ERROR_OUT_OF_MEMORY`.
-    pub const OUT_OF_MEMORY: i32 = 2;
-    /// `CUDA_ERROR_NO_DEVICE`.
-    pub const NO_DEVICE: i32 = 100;
-    /// `CUDA_ERROR_INVALID_DEVICE`.
-    pub const INVALID_DEVICE: i32 = 101;
-    /// `CUDA_ERROR_INVALID_IMAGE`.
-    pub const INVALID_IMAGE: i32 = 200;
-    /// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
-    pub const UNSUPPORTED_LIMIT: i32 = 215;
-    /// `CUDA_ERROR_INVALID_HANDLE`.
-    pub const INVALID_HANDLE: i32 = 400;
-    /// `CUDA_ERROR_ILLEGAL_STATE`.
-    pub const ILLEGAL_STATE: i32 = 401;
-    /// `CUDA_ERROR_NOT_FOUND`.
-    pub const NOT_FOUND: i32 = 500;
-    /// `CUDA_ERROR_NOT_READY`.
-    pub const NOT_READY: i32 = 600;
-    /// `CUDA_ERROR_ILLEGAL_ADDRESS`.
-    pub const ILLEGAL_ADDRESS: i32 = 700;
-    /// `CUDA_ERROR_LAUNCH_FAILED`.
-    pub const LAUNCH_FAILED: i32 = 719;
-    /// `CUDA_ERROR_NOT_SUPPORTED`.
-    pub const NOT_SUPPORTED: i32 = 801;
-    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
-    pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
-    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
-    pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
-    /// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`.
-    pub const STREAM_CAPTURE_UNMATCHED: i32 = 903;
-
-    /// Errors after which the CUDA context is unusable: CUDA keeps returning them, so the
-    /// session does too.
-    pub fn is_sticky(code: i32) -> bool {
-        matches!(code, 214 | 700 | 710 | 714..=719)
-    }
-}
 
 /// The backend value of the CUDA legacy default stream (`CU_STREAM_LEGACY`).
 pub const LEGACY_STREAM: u64 = 1;
@@ -367,11 +321,11 @@ pub trait Backend: Send + Sync + 'static {
         offset: u64,
         size: u64,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
+        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
         let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
         copy.wait()?;
         area.write(offset, copy.data())
-            .map_err(|_| status::INVALID_VALUE)
+            .map_err(|_| CuError(cu::INVALID_VALUE))
     }
     /// A session with a shared data area begins: a backend may prepare the area for DMA
     /// (the CUDA backend registers it with `cuMemHostRegister`). Best effort; the default
@@ -481,7 +435,7 @@ pub trait Backend: Send + Sync + 'static {
     fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()>;
     /// `cuStreamSynchronize` (blocks).
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()>;
-    /// `cuStreamQuery` (`Err(NOT_READY)` while busy).
+    /// `cuStreamQuery` (`Err(CuError(cu::NOT_READY))` while busy).
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()>;
     /// `cuStreamWaitEvent`.
     fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, flags: u32) -> CuResult<()>;
@@ -493,7 +447,7 @@ pub trait Backend: Send + Sync + 'static {
     fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()>;
     /// `cuEventSynchronize` (blocks).
     fn event_synchronize(&self, ctx: u64, event: u64) -> CuResult<()>;
-    /// `cuEventQuery` (`Err(NOT_READY)` while pending).
+    /// `cuEventQuery` (`Err(CuError(cu::NOT_READY))` while pending).
     fn event_query(&self, ctx: u64, event: u64) -> CuResult<()>;
     /// `cuEventElapsedTime`, milliseconds.
     fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32>;
@@ -536,10 +490,10 @@ pub(crate) fn htod_area_buffered<B: Backend + ?Sized>(
     offset: u64,
     size: u64,
 ) -> CuResult<()> {
-    let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
+    let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
     let mut buf = vec![0u8; len];
     area.read(offset, &mut buf)
-        .map_err(|_| status::INVALID_VALUE)?;
+        .map_err(|_| CuError(cu::INVALID_VALUE))?;
     b.memcpy_htod(ctx, stream, dst, &buf)
 }
 
@@ -552,8 +506,9 @@ pub(crate) fn dtoh_area_buffered<B: Backend + ?Sized>(
     offset: u64,
     size: u64,
 ) -> CuResult<()> {
-    let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
+    let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
     let mut buf = vec![0u8; len];
     b.memcpy_dtoh(ctx, &mut buf, src)?;
-    area.write(offset, &buf).map_err(|_| status::INVALID_VALUE)
+    area.write(offset, &buf)
+        .map_err(|_| CuError(cu::INVALID_VALUE))
 }

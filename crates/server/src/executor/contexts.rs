@@ -2,6 +2,7 @@
 //! are generated: `executor_glue!` in `procedures.rs`).
 
 use super::*;
+use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
     pub(super) fn device_get_props(
@@ -14,7 +15,7 @@ impl Executor {
                 .inner
                 .backend
                 .device_props(dev)
-                .inspect_err(|e| log_failed("RM_DEVICE_GET_PROPS", *e))
+                .inspect_err(|e| log_failed("RM_DEVICE_GET_PROPS", e.0))
             {
                 Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
                     name: truncate(p.name, REMORA_MAX_NAME),
@@ -95,7 +96,7 @@ impl Executor {
             )
         });
         Ok(
-            match r.inspect_err(|e| log_failed("RM_PRIMARY_CTX_GET_STATE", *e)) {
+            match r.inspect_err(|e| log_failed("RM_PRIMARY_CTX_GET_STATE", e.0)) {
                 Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
                 Err(e) => RmPrimaryStateReply::Default {
                     discriminant: nz(e),
@@ -147,8 +148,8 @@ impl Executor {
                 primary: false,
                 ..
             }) => *raw,
-            Ok(Resource::Context { primary: true, .. }) => return Ok(INVALID_CONTEXT),
-            _ => return Ok(INVALID_HANDLE),
+            Ok(Resource::Context { primary: true, .. }) => return Ok(cu::INVALID_CONTEXT),
+            _ => return Ok(cu::INVALID_HANDLE),
         };
         st.drop_ctx_resources(&*self.inner.backend, h);
         st.remove(h);
@@ -201,7 +202,7 @@ impl Executor {
             });
             return Ok(u64_reply(
                 "RM_TOOLS_CTX_QUERY",
-                Err(crate::backend::status::NOT_SUPPORTED),
+                Err(CuError(cu::NOT_SUPPORTED)),
             ));
         }
         let session = self.session(call);

@@ -2,6 +2,7 @@
 //! 3-D copies, and copies through the shared data area.
 
 use super::*;
+use remora_proto::cuda::{CuError, CuResult, cu};
 
 impl Executor {
     pub(super) fn memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
@@ -26,7 +27,7 @@ impl Executor {
                     .and_then(|()| st.ctx(a.ctx))
                     .and_then(|c| {
                         if a.size > u64::from(RM_MAX_COPY) {
-                            Err(INVALID_VALUE)
+                            Err(CuError(cu::INVALID_VALUE))
                         } else {
                             Ok(c)
                         }
@@ -38,7 +39,7 @@ impl Executor {
                 Ok(remora_xdr::Bytes::from(buf))
             });
             let mut st = session.lock();
-            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
             // A synchronous copy waits for the context's legacy stream: the async copies
             // queued there before it are complete too.
             let copies = inner.collect(
@@ -47,10 +48,10 @@ impl Executor {
                 &mut status,
             );
             let data = match r {
-                Ok(data) if status == SUCCESS => data,
+                Ok(data) if status == cu::SUCCESS => data,
                 _ => remora_xdr::Bytes::new(),
             };
-            if status != SUCCESS {
+            if status != cu::SUCCESS {
                 log_failed("RM_MEMCPY_DTOH", status);
             }
             RmDtohReply {
@@ -116,14 +117,14 @@ impl Executor {
         self.oneway_on(call, "RM_MEMCPY_DTOH_ASYNC", on, |inner, session| {
             if a.copy_id == RM_DEVICE_OUTPUT_ID {
                 // Reserved for device output: such a copy could never be told apart.
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             let issued = (|| {
                 let (c, s, capturing) = {
                     let st = session.lock();
                     st.check_range(a.src, a.size)?;
                     if a.size > u64::from(RM_MAX_COPY) {
-                        return Err(INVALID_VALUE);
+                        return Err(CuError(cu::INVALID_VALUE));
                     }
                     (
                         st.ctx(a.ctx)?,
@@ -219,7 +220,7 @@ impl Executor {
                     .memcpy_dtoh_area(c, a.dev, &area, a.offset, a.size)
             });
             let mut st = session.lock();
-            let mut status = st.sync_status(r.map_err(nz));
+            let mut status = st.sync_status(r);
             // As RM_MEMCPY_DTOH: the legacy stream's earlier async copies are complete too.
             let copies = inner.collect(
                 &mut st,
@@ -272,7 +273,7 @@ impl Executor {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_AREA_MEMCPY_DTOH_ASYNC", on, |inner, session| {
             if a.copy_id == RM_DEVICE_OUTPUT_ID {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             if a.copy_id == 0 {
                 // Zero-copy pinned memory: the bytes go straight into the area when the
@@ -367,7 +368,7 @@ impl Executor {
                 Ok(remora_xdr::Bytes::from(buf))
             });
             let mut st = session.lock();
-            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
             let scope = if to_host {
                 Scope::Stream(a.desc.ctx, u64::from(RM_STREAM_LEGACY))
             } else {
@@ -375,7 +376,7 @@ impl Executor {
             };
             let copies = inner.collect(&mut st, scope, &mut status);
             let data = match r {
-                Ok(data) if status == SUCCESS => data,
+                Ok(data) if status == cu::SUCCESS => data,
                 _ => remora_xdr::Bytes::new(),
             };
             log_failed(what, status);
@@ -417,7 +418,7 @@ impl Executor {
         let on = Some((a.desc.ctx, a.desc.stream));
         self.oneway_on(call, what, on, |inner, session| {
             if to_host && a.copy_id == RM_DEVICE_OUTPUT_ID {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             let issued = (|| {
                 let (ctx, copy, stream, capturing) = {
@@ -469,7 +470,7 @@ const AREA_PINNED_SOURCE: u64 = 1;
 /// within one copy's bound; `CUDA_ERROR_INVALID_VALUE` otherwise (no area, or out of bounds:
 /// the client chose these numbers).
 fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc::DataArea> {
-    let area = call.data_area().ok_or(INVALID_VALUE)?;
+    let area = call.data_area().ok_or(CuError(cu::INVALID_VALUE))?;
     if size > u64::from(RM_MAX_COPY) || area.check(offset, size).is_err() {
         tracing::debug!(
             offset,
@@ -477,7 +478,7 @@ fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc
             area = area.len(),
             "an area copy names bytes outside the data area"
         );
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     Ok(area.clone())
 }
@@ -509,7 +510,7 @@ fn copy_side(
     let (w, h, depth) = (d.width_bytes, d.height, d.depth);
     let ctx = match (peer, s.ctx) {
         (false, 0) => None,
-        (false, _) => return Err(INVALID_VALUE),
+        (false, _) => return Err(CuError(cu::INVALID_VALUE)),
         (true, 0) if s.kind == RmMemKind::RmMemHostPacked => Some(call_ctx),
         (true, c) => Some(st.ctx(c)?),
     };
@@ -518,7 +519,7 @@ fn copy_side(
             // The canonical packed layout, nothing else.
             if s.ptr != 0 || s.x_bytes != 0 || s.y != 0 || s.z != 0 || s.pitch != w || s.height != h
             {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             Ok(CopySide {
                 place: CopyPlace::Host,
@@ -532,7 +533,7 @@ fn copy_side(
         }
         RmMemKind::RmMemDevice => {
             if s.pitch < w || (depth > 1 && s.height < h) {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             // Rows start at ((z + k) * height + y + r) * pitch + x, increasing in k and r: the
             // copy touches bytes between the first row's start and the last row's end only.
@@ -543,11 +544,11 @@ fn copy_side(
                     .checked_mul(s.pitch)?
                     .checked_add(s.x_bytes)
             };
-            let first = row(0, 0).ok_or(INVALID_VALUE)?;
+            let first = row(0, 0).ok_or(CuError(cu::INVALID_VALUE))?;
             let end = row(depth - 1, h - 1)
                 .and_then(|l| l.checked_add(w))
-                .ok_or(INVALID_VALUE)?;
-            let start = s.ptr.checked_add(first).ok_or(INVALID_VALUE)?;
+                .ok_or(CuError(cu::INVALID_VALUE))?;
+            let start = s.ptr.checked_add(first).ok_or(CuError(cu::INVALID_VALUE))?;
             st.check_range(start, end - first)?;
             Ok(CopySide {
                 place: CopyPlace::Device(s.ptr),
@@ -583,24 +584,24 @@ fn copy_target(
     if (two_d && (peer || d.depth != 1 || d.src.z != 0 || d.dst.z != 0))
         || (is_async && form == CopyForm::TwoDUnaligned)
     {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let host_src = d.src.kind == RmMemKind::RmMemHostPacked;
     let host_dst = d.dst.kind == RmMemKind::RmMemHostPacked;
     if host_src && host_dst {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let total = d
         .width_bytes
         .checked_mul(d.height)
         .and_then(|n| n.checked_mul(d.depth))
-        .ok_or(INVALID_VALUE)?;
+        .ok_or(CuError(cu::INVALID_VALUE))?;
     if (host_src || host_dst) && total > u64::from(RM_MAX_COPY) {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let carried = if host_src { total } else { 0 };
     if a.data.len() as u64 != carried {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     if total == 0 {
         return Ok((ctx, None));
@@ -618,12 +619,12 @@ fn copy_target(
 
 pub(super) fn memset_target(st: &SessionState, a: &RmMemsetArgs) -> CuResult<(u64, u64)> {
     if !matches!(a.element_size, 1 | 2 | 4) {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let len = a
         .count
         .checked_mul(u64::from(a.element_size))
-        .ok_or(INVALID_VALUE)?;
+        .ok_or(CuError(cu::INVALID_VALUE))?;
     st.check_range(a.dst, len)?;
     Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
 }

@@ -1,6 +1,7 @@
 //! Procedures on device allocations.
 
 use super::*;
+use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
     pub(super) fn mem_alloc(&self, call: &CallContext, a: RmAllocArgs) -> ProcResult<RmU64Reply> {
@@ -33,7 +34,7 @@ impl Executor {
                 .mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
         });
         Ok(
-            match r.inspect_err(|e| log_failed("RM_MEM_ALLOC_PITCH", *e)) {
+            match r.inspect_err(|e| log_failed("RM_MEM_ALLOC_PITCH", e.0)) {
                 Ok((ptr, pitch)) => {
                     session.lock().ranges.insert(
                         ptr,
@@ -57,7 +58,7 @@ impl Executor {
         let mut st = session.lock();
         let r = match st.ranges.get(&a.ptr).copied() {
             Some(r @ Range { module: None, .. }) => st.ctx(r.ctx),
-            _ => Err(INVALID_VALUE),
+            _ => Err(CuError(cu::INVALID_VALUE)),
         };
         let r = r.and_then(|c| self.inner.backend.mem_free(c, a.ptr));
         if r.is_ok() {
@@ -74,15 +75,17 @@ impl Executor {
         let session = self.session(call);
         let raw = session.lock().ctx(h);
         let r = raw.and_then(|c| self.inner.backend.mem_get_info(c));
-        Ok(match r.inspect_err(|e| log_failed("RM_MEM_GET_INFO", *e)) {
-            Ok((free_bytes, total_bytes)) => RmMemInfoReply::Case0(RmMemInfo {
-                free_bytes,
-                total_bytes,
-            }),
-            Err(e) => RmMemInfoReply::Default {
-                discriminant: nz(e),
+        Ok(
+            match r.inspect_err(|e| log_failed("RM_MEM_GET_INFO", e.0)) {
+                Ok((free_bytes, total_bytes)) => RmMemInfoReply::Case0(RmMemInfo {
+                    free_bytes,
+                    total_bytes,
+                }),
+                Err(e) => RmMemInfoReply::Default {
+                    discriminant: nz(e),
+                },
             },
-        })
+        )
     }
 
     pub(super) fn mem_get_address_range(
@@ -94,7 +97,7 @@ impl Executor {
         let st = session.lock();
         let r = st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr));
         Ok(
-            match r.inspect_err(|e| log_failed("RM_MEM_GET_ADDRESS_RANGE", *e)) {
+            match r.inspect_err(|e| log_failed("RM_MEM_GET_ADDRESS_RANGE", e.0)) {
                 Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
                 Err(e) => RmRangeReply::Default {
                     discriminant: nz(e),

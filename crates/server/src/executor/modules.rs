@@ -1,5 +1,6 @@
 //! Procedures on modules, functions, globals, occupancy and kernel launches.
 
+use remora_proto::cuda::{CuError, cu};
 use sha2::{Digest, Sha256};
 
 use super::*;
@@ -12,7 +13,7 @@ impl Executor {
     ) -> ProcResult<RmLoadReply> {
         let session = self.session(call);
         if let Err(e) = session.lock().ctx(a.ctx) {
-            return Ok(RmLoadReply::RmLoadFailed(e));
+            return Ok(RmLoadReply::RmLoadFailed(e.0));
         }
         let image = if a.image.is_empty() {
             match self.inner.cache.get(&a.hash) {
@@ -26,7 +27,7 @@ impl Executor {
                     connection = call.connection,
                     "RM_MODULE_LOAD: the image does not match its SHA-256"
                 );
-                return Ok(RmLoadReply::RmLoadFailed(INVALID_VALUE));
+                return Ok(RmLoadReply::RmLoadFailed(cu::INVALID_VALUE));
             }
             self.inner.cache.insert(a.hash, a.image.clone());
             a.image
@@ -39,11 +40,11 @@ impl Executor {
         let mut st = session.lock();
         let (raw, ctx) = match st.get(h) {
             Ok(Resource::Module { raw, ctx }) => (*raw, *ctx),
-            _ => return Ok(INVALID_HANDLE),
+            _ => return Ok(cu::INVALID_HANDLE),
         };
         let raw_ctx = match st.ctx(ctx) {
             Ok(c) => c,
-            Err(e) => return Ok(e),
+            Err(e) => return Ok(e.0),
         };
         let r = self.inner.backend.module_unload(raw_ctx, raw);
         st.remove(h);
@@ -62,7 +63,7 @@ impl Executor {
             let st = session.lock();
             match st.get(a.module) {
                 Ok(Resource::Module { raw, ctx }) => st.ctx(*ctx).map(|c| (*raw, *ctx, c)),
-                _ => Err(INVALID_HANDLE),
+                _ => Err(CuError(cu::INVALID_HANDLE)),
             }
         };
         let r = found.and_then(|(raw, ctx, c)| {
@@ -75,7 +76,7 @@ impl Executor {
             Ok((ptr, size))
         });
         Ok(
-            match r.inspect_err(|e| log_failed("RM_MODULE_GET_GLOBAL", *e)) {
+            match r.inspect_err(|e| log_failed("RM_MODULE_GET_GLOBAL", e.0)) {
                 Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
                 Err(e) => RmGlobalReply::Default {
                     discriminant: RmLoadStatus::RmLoadFailed,
@@ -192,7 +193,7 @@ impl Executor {
                 .max()
                 .unwrap_or(0);
             if (a.params.len() as u64) < needed {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             let timed = inner
                 .profile
@@ -223,7 +224,7 @@ impl Inner {
     fn load(&self, st_session: &Session, ctx: u64, image: &[u8]) -> RmLoadReply {
         let raw_ctx = match st_session.lock().ctx(ctx) {
             Ok(c) => c,
-            Err(e) => return RmLoadReply::RmLoadFailed(e),
+            Err(e) => return RmLoadReply::RmLoadFailed(e.0),
         };
         let loaded = match self.backend.module_load(raw_ctx, image) {
             Ok(m) => m,

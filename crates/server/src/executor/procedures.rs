@@ -4,6 +4,7 @@
 use super::capture::graph_exec_target;
 use super::copies::{memset_target, peer_target};
 use super::*;
+use remora_proto::cuda::{CuError, cu};
 
 impl RemoraV1Server for Executor {
     // The plain calls, generated from their `@glue` annotations in remora.x.
@@ -288,7 +289,7 @@ impl RemoraV1Server for Executor {
             "RM_STREAM_DESTROY",
             |r| match r {
                 Resource::Stream { raw, ctx } => Ok((*raw, *ctx)),
-                _ => Err(INVALID_HANDLE),
+                _ => Err(CuError(cu::INVALID_HANDLE)),
             },
             |b, c, raw| b.stream_destroy(c, raw),
         )
@@ -456,7 +457,7 @@ impl RemoraV1Server for Executor {
     fn rm_copies_ready(&self, call: &CallContext) -> ProcResult<RmSyncReply> {
         let session = self.session(call);
         Ok(RmSyncReply {
-            status: SUCCESS,
+            status: cu::SUCCESS,
             copies: session.copies.take_ready(),
         })
     }
@@ -522,7 +523,7 @@ impl RemoraV1Server for Executor {
             "RM_GRAPH_EXEC_DESTROY",
             |r| match r {
                 Resource::GraphExec { raw, ctx } => Ok((*raw, *ctx)),
-                _ => Err(INVALID_HANDLE),
+                _ => Err(CuError(cu::INVALID_HANDLE)),
             },
             |b, c, raw| b.graph_exec_destroy(c, raw),
         )
@@ -539,7 +540,7 @@ impl RemoraV1Server for Executor {
             Ok(Resource::Graph { raw, ctx, .. }) => st
                 .ctx(*ctx)
                 .and_then(|c| self.inner.backend.graph_node_count(c, *raw)),
-            _ => Err(INVALID_HANDLE),
+            _ => Err(CuError(cu::INVALID_HANDLE)),
         };
         Ok(u64_reply("RM_GRAPH_NODE_COUNT", r))
     }

@@ -1,6 +1,7 @@
 //! Procedures on streams, events and host callbacks, and the copy-collection procedures.
 
 use super::*;
+use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
     pub(super) fn stream_create(
@@ -48,7 +49,7 @@ impl Executor {
                 let st = session.lock();
                 let (e, event_ctx) = match st.get(a.event)? {
                     Resource::Event { raw, ctx } => (*raw, *ctx),
-                    _ => return Err(INVALID_HANDLE),
+                    _ => return Err(CuError(cu::INVALID_HANDLE)),
                 };
                 // The legacy stream of the named context, else of the event's.
                 let ctx = if a.ctx == 0 { event_ctx } else { a.ctx };
@@ -86,7 +87,7 @@ impl Executor {
                 Err(ProcError::Deferred)
             }
             None => Ok(RmHostCallbacksReply {
-                status: crate::backend::status::NOT_SUPPORTED,
+                status: cu::NOT_SUPPORTED,
                 due: Vec::new(),
             }),
         }
@@ -104,7 +105,7 @@ impl Executor {
         let session = self.session(call);
         let deadline = std::time::Instant::now() + COLLECT_POLL;
         loop {
-            let mut status = SUCCESS;
+            let mut status = cu::SUCCESS;
             let copies = session.copies.collect(Scope::Finished, &mut status);
             if !copies.is_empty()
                 || !session.copies.any_of(&ids)

@@ -1,5 +1,5 @@
 //! The real driver's entry points: the table resolved through `cuGetProcAddress_v2`, the
-//! `call!` macro that calls one (or answers NOT_SUPPORTED), result names, and [`Driver`], the
+//! `call!` macro that calls one (or answers cu::NOT_SUPPORTED), result names, and [`Driver`], the
 //! loaded library with the per-thread current-context cache.
 
 use std::cell::Cell;
@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use libloading::Library;
 
-use super::super::CuResult;
-use super::super::status::*;
+use remora_proto::cuda::{CuError, CuResult, cu};
+
 use super::abi::{LaunchConfig, Memcpy2D, Memcpy3D};
 
 pub(super) type Ptr = *mut c_void;
@@ -155,7 +155,7 @@ driver_table! {
     get_export_table = "cuGetExportTable" / "cuGetExportTable": fn(*mut *const c_void, *const [u8; 16]);
 }
 
-/// Calls a driver entry point, or answers NOT_SUPPORTED when the driver lacks it.
+/// Calls a driver entry point, or answers cu::NOT_SUPPORTED when the driver lacks it.
 macro_rules! call {
     ($t:expr, $field:ident ( $($arg:expr),* )) => {
         match $t.$field {
@@ -164,23 +164,23 @@ macro_rules! call {
                 // Table::resolve); the arguments follow its contract: every call site's
                 // SAFETY note says which pointers it passes and what they point to.
                 let rc = unsafe { f($($arg),*) };
-                if rc != $crate::backend::status::SUCCESS {
+                if rc != remora_proto::cuda::cu::SUCCESS {
                     $crate::backend::cuda::driver::log_failure(stringify!($field), rc);
                 }
                 $crate::backend::cuda::driver::check(rc)
             }
             None => {
                 tracing::warn!(entry_point = stringify!($field), "the CUDA driver lacks this entry point: CUDA_ERROR_NOT_SUPPORTED");
-                Err($crate::backend::status::NOT_SUPPORTED)
+                Err(remora_proto::cuda::CuError(remora_proto::cuda::cu::NOT_SUPPORTED))
             }
         }
     };
 }
 
-/// Logs a failed driver call with the entry point and the CUresult (debug level; `NOT_READY`
+/// Logs a failed driver call with the entry point and the CUresult (debug level; `cu::NOT_READY`
 /// from queries at trace level, as it is the normal answer while work is pending).
 pub(super) fn log_failure(entry_point: &str, rc: Res) {
-    if rc == NOT_READY || (rc == PARAM_INFO_END && entry_point == "func_get_param_info") {
+    if rc == cu::NOT_READY || (rc == PARAM_INFO_END && entry_point == "func_get_param_info") {
         tracing::trace!(
             entry_point,
             result = rc,
@@ -231,7 +231,7 @@ pub(crate) fn result_name(rc: Res) -> &'static str {
 }
 
 pub(super) fn check(rc: Res) -> CuResult<()> {
-    if rc == SUCCESS { Ok(()) } else { Err(rc) }
+    CuError::check(rc)
 }
 
 /// The host function the driver calls for [`Backend::launch_host_func`]: runs the boxed
@@ -291,7 +291,7 @@ impl Driver {
         usize::try_from(ordinal)
             .ok()
             .and_then(|i| self.devices.get(i).copied())
-            .ok_or(INVALID_DEVICE)
+            .ok_or(CuError(cu::INVALID_DEVICE))
     }
 
     pub(super) fn string(
@@ -299,7 +299,7 @@ impl Driver {
         f: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res>,
         dev: c_int,
     ) -> CuResult<String> {
-        let f = f.ok_or(NOT_SUPPORTED)?;
+        let f = f.ok_or(CuError(cu::NOT_SUPPORTED))?;
         let mut buf = [0 as c_char; 256];
         // SAFETY: the driver writes at most `len` bytes, NUL-terminated, into `buf`.
         check(unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, dev) })?;

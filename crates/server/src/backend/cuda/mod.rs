@@ -4,6 +4,7 @@
 //! `CUDA_ERROR_NOT_SUPPORTED` with a warning naming it. Without a driver the backend reports
 //! zero devices and answers `CUDA_ERROR_NO_DEVICE`.
 
+use remora_proto::cuda::{CuError, CuResult, cu};
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,12 +12,11 @@ use std::sync::atomic::Ordering;
 use libloading::Library;
 use remora_proto::remora::RmLaunchAttr;
 
-use super::status::*;
 use remora_oncrpc::DataArea;
 
 use super::{
-    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CuResult, DeviceProps, FunctionInfo,
-    LaunchSpec, LoadedModule, StagedCopy,
+    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, DeviceProps, FunctionInfo, LaunchSpec,
+    LoadedModule, StagedCopy,
 };
 
 #[macro_use]
@@ -100,7 +100,7 @@ impl CudaBackend {
             .ok();
         // SAFETY: cuInit(0) takes no pointers.
         let rc = unsafe { init(0) };
-        if rc != SUCCESS {
+        if rc != cu::SUCCESS {
             return Err(format!("cuInit failed with CUDA error {rc}"));
         }
         let t = Table::resolve(|name, fallback| {
@@ -119,7 +119,7 @@ impl CudaBackend {
                         &mut status,
                     )
                 };
-                if rc == SUCCESS && !f.is_null() {
+                if rc == cu::SUCCESS && !f.is_null() {
                     return Some(f);
                 }
             }
@@ -155,7 +155,7 @@ impl CudaBackend {
     }
 
     fn d(&self) -> CuResult<&Driver> {
-        self.driver.as_deref().ok_or(NO_DEVICE)
+        self.driver.as_deref().ok_or(CuError(cu::NO_DEVICE))
     }
 
     fn in_ctx(&self, ctx: u64) -> CuResult<&Driver> {
@@ -197,7 +197,7 @@ impl CudaBackend {
             }
             Err(e) => {
                 tracing::warn!(
-                    result = e,
+                    result = e.0,
                     bytes = area.len(),
                     "cuMemHostRegister of a session's shared data area failed; its copies go \
                      through private buffers"
@@ -220,7 +220,7 @@ impl CudaBackend {
         });
         if let Err(e) = r {
             tracing::warn!(
-                result = e,
+                result = e.0,
                 "cuMemHostUnregister of a shared data area failed"
             );
         }
@@ -287,7 +287,7 @@ impl Backend for CudaBackend {
         let mut attributes = Vec::new();
         for attr in 1..=200 {
             let mut v: c_int = 0;
-            // SAFETY: writes one int; unknown attributes fail with INVALID_VALUE.
+            // SAFETY: writes one int; unknown attributes fail with cu::INVALID_VALUE.
             if call!(d.t, device_get_attribute(&mut v, attr, cu)).is_ok() {
                 attributes.push((attr, v));
             }
@@ -374,7 +374,7 @@ impl Backend for CudaBackend {
     }
 
     fn ctx_set_cache_config(&self, ctx: u64, value: u32) -> CuResult<()> {
-        let config = c_int::try_from(value).map_err(|_| INVALID_VALUE)?;
+        let config = c_int::try_from(value).map_err(|_| CuError(cu::INVALID_VALUE))?;
         let d = self.in_ctx(ctx)?;
         // SAFETY: a plain value (the driver checks it); the context is current.
         call!(d.t, ctx_set_cache_config(config))
@@ -385,7 +385,7 @@ impl Backend for CudaBackend {
         let mut v: c_int = 0;
         // SAFETY: writes one int; the context is current.
         call!(d.t, ctx_get_cache_config(&mut v))?;
-        u64::try_from(v).map_err(|_| INVALID_VALUE)
+        u64::try_from(v).map_err(|_| CuError(cu::INVALID_VALUE))
     }
 
     fn stream_get_id(&self, ctx: u64, stream: u64) -> CuResult<u64> {
@@ -424,7 +424,7 @@ impl Backend for CudaBackend {
             tracing::error!(
                 "the driver's TOOLS_CONTEXT table has {size} bytes, too few for slot 51: the query cuBLASLt makes cannot be answered (CUDA_ERROR_NOT_SUPPORTED)"
             );
-            return Err(NOT_SUPPORTED);
+            return Err(CuError(cu::NOT_SUPPORTED));
         }
         // SAFETY: slots 39 and 51 lie inside the table (checked above); their signatures were
         // observed on driver 580 (docs/export-tables.md): slot 51 writes one pointer, slot 39
@@ -450,7 +450,10 @@ impl Backend for CudaBackend {
         // SAFETY: writes one CUdeviceptr.
         call!(
             d.t,
-            mem_alloc(&mut p, usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?)
+            mem_alloc(
+                &mut p,
+                usize::try_from(size).map_err(|_| CuError(cu::OUT_OF_MEMORY))?
+            )
         )?;
         Ok(p)
     }
@@ -529,13 +532,15 @@ impl Backend for CudaBackend {
         offset: u64,
         size: u64,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
         // The asynchronous form must have consumed the bytes when it returns (the client
         // reuses the space): from page-locked memory the driver would read them later.
         if stream.is_none()
             && let Some(d) = self.area_dma(ctx, area)
         {
-            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+            let p = area
+                .ptr(offset, size)
+                .map_err(|_| CuError(cu::INVALID_VALUE))?;
             // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`);
             // from page-locked memory cuMemcpyHtoD returns once the copy is done. The client
             // may write the bytes meanwhile: the device then gets some mix, as it would.
@@ -556,8 +561,10 @@ impl Backend for CudaBackend {
         let Some(d) = self.area_dma(ctx, area) else {
             return self.memcpy_htod_area(ctx, Some(stream), dst, area, offset, size);
         };
-        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
-        let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        let p = area
+            .ptr(offset, size)
+            .map_err(|_| CuError(cu::INVALID_VALUE))?;
         // SAFETY: `p..p + len` lies inside the registered area, which stays mapped and
         // registered until `area_detach`/`ctx_destroy` has synchronized `ctx`, so the DMA
         // that reads it later on `stream` (of `ctx`) never outlives the mapping.
@@ -576,8 +583,10 @@ impl Backend for CudaBackend {
         size: u64,
     ) -> CuResult<()> {
         if let Some(d) = self.area_dma(ctx, area) {
-            let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
-            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+            let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
+            let p = area
+                .ptr(offset, size)
+                .map_err(|_| CuError(cu::INVALID_VALUE))?;
             // SAFETY: `p..p + len` lies inside the registered area (bounds checked by
             // `ptr`), writable shared memory; cuMemcpyDtoH returns once the bytes are there.
             return call!(d.t, memcpy_dtoh(p.cast(), src, len));
@@ -594,16 +603,19 @@ impl Backend for CudaBackend {
         offset: u64,
         size: u64,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
         if let Some(d) = self.area_dma(ctx, area) {
-            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+            let p = area
+                .ptr(offset, size)
+                .map_err(|_| CuError(cu::INVALID_VALUE))?;
             // SAFETY: as in `memcpy_htod_async_area_pinned`: the DMA on `stream` writes
             // inside the registered area, which outlives it (synchronized before unregister).
             return call!(d.t, memcpy_dtoh_async(p.cast(), src, len, ptr(stream)));
         }
         let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
         copy.wait()?;
-        area.write(offset, copy.data()).map_err(|_| INVALID_VALUE)
+        area.write(offset, copy.data())
+            .map_err(|_| CuError(cu::INVALID_VALUE))
     }
 
     fn memcpy_dtoh_async(
@@ -629,11 +641,11 @@ impl Backend for CudaBackend {
         dst_host: &mut [u8],
     ) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
-        let len = usize::try_from(copy.packed_len()).map_err(|_| INVALID_VALUE)?;
+        let len = usize::try_from(copy.packed_len()).map_err(|_| CuError(cu::INVALID_VALUE))?;
         if (copy.src.place == CopyPlace::Host && src_host.len() != len)
             || (copy.dst.place == CopyPlace::Host && (dst_host.len() != len || stream.is_some()))
         {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         issue_3d(
             d,
@@ -651,9 +663,9 @@ impl Backend for CudaBackend {
         copy: &Copy3d,
     ) -> CuResult<Box<dyn StagedCopy>> {
         if copy.dst.place != CopyPlace::Host || copy.src.place == CopyPlace::Host {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
-        let len = usize::try_from(copy.packed_len()).map_err(|_| INVALID_VALUE)?;
+        let len = usize::try_from(copy.packed_len()).map_err(|_| CuError(cu::INVALID_VALUE))?;
         self.stage(ctx, stream, len, |d, host| {
             issue_3d(d, Some(stream), copy, std::ptr::null(), host)
         })
@@ -670,7 +682,7 @@ impl Backend for CudaBackend {
         size: u64,
     ) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
-        let n = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        let n = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
         match stream {
             // SAFETY: both ranges were checked against the session's allocations; the
             // contexts are the session's.
@@ -719,14 +731,14 @@ impl Backend for CudaBackend {
             (1, Some(s)) => call!(d.t, memset_d8_async(dst, value as u8, n, ptr(s))),
             (2, Some(s)) => call!(d.t, memset_d16_async(dst, value as u16, n, ptr(s))),
             (4, Some(s)) => call!(d.t, memset_d32_async(dst, value, n, ptr(s))),
-            _ => Err(INVALID_VALUE),
+            _ => Err(CuError(cu::INVALID_VALUE)),
         }
     }
 
     fn module_load(&self, ctx: u64, image: &[u8]) -> CuResult<LoadedModule> {
         let d = self.in_ctx(ctx)?;
         if image.is_empty() {
-            return Err(INVALID_IMAGE);
+            return Err(CuError(cu::INVALID_IMAGE));
         }
         // cuModuleLoadData reads a NUL-terminated PTX or a self-describing fatbin/cubin; a
         // NUL is appended so that text images are terminated.
@@ -754,7 +766,7 @@ impl Backend for CudaBackend {
 
     fn module_get_global(&self, ctx: u64, module: u64, name: &str) -> CuResult<(u64, u64)> {
         let d = self.in_ctx(ctx)?;
-        let cname = CString::new(name).map_err(|_| INVALID_VALUE)?;
+        let cname = CString::new(name).map_err(|_| CuError(cu::INVALID_VALUE))?;
         let (mut p, mut size) = (0u64, 0usize);
         // SAFETY: `cname` is NUL-terminated; writes one CUdeviceptr and one size_t.
         call!(
@@ -836,7 +848,7 @@ impl Backend for CudaBackend {
     ) -> CuResult<(i32, i32)> {
         let d = self.in_ctx(ctx)?;
         let (mut min_grid, mut block) = (0 as c_int, 0 as c_int);
-        let smem = usize::try_from(dynamic_smem).map_err(|_| INVALID_VALUE)?;
+        let smem = usize::try_from(dynamic_smem).map_err(|_| CuError(cu::INVALID_VALUE))?;
         if flags == 0 {
             // SAFETY: writes two ints; a NULL blockSizeToDynamicSMemSize callback means
             // `dynamicSMemSize` for every block size.
@@ -1176,10 +1188,10 @@ fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
         let mut params = Vec::new();
         for i in 0..remora_proto::remora::RM_MAX_PARAM_COUNT as usize {
             let (mut off, mut size) = (0usize, 0usize);
-            // SAFETY: writes two size_t; fails with INVALID_VALUE past the last parameter.
+            // SAFETY: writes two size_t; fails with cu::INVALID_VALUE past the last parameter.
             match call!(d.t, func_get_param_info(f, i, &mut off, &mut size)) {
                 Ok(()) => params.push((off as u32, size as u32)),
-                Err(PARAM_INFO_END) => break,
+                Err(CuError(PARAM_INFO_END)) => break,
                 Err(e) => return Err(e),
             }
         }
