@@ -9,7 +9,6 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use libloading::Library;
 use remora_proto::remora::RmLaunchAttr;
 
 use remora_oncrpc::DataArea;
@@ -25,8 +24,8 @@ mod abi;
 mod staging;
 
 use abi::*;
-pub(crate) use driver::result_name;
 use driver::*;
+pub(crate) use driver::{LoadError, Loaded, need, open, result_name};
 
 /// The driver's private TOOLS_CONTEXT table, `{21318C60-9714-3248-8CA6-41FF7324C8F2}`.
 const TOOLS_CONTEXT_UUID: [u8; 16] = [
@@ -70,8 +69,6 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
-type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> Res;
-
 impl CudaBackend {
     /// A backend with no driver: zero devices, every call `CUDA_ERROR_NO_DEVICE`.
     pub fn unavailable() -> Self {
@@ -85,71 +82,20 @@ impl CudaBackend {
     /// real devices `selection` (all when `None`) renumbered from 0. On failure returns the
     /// reason; callers fall back to [`CudaBackend::unavailable`].
     pub fn load(selection: Option<&[i32]>) -> Result<Self, String> {
-        let path = std::env::var("REMORA_REAL_LIBCUDA")
-            .unwrap_or_else(|_| crate::driver::DEFAULT_DRIVER_LIBRARY.into());
-        // SAFETY: loading NVIDIA's driver (or the operator's replacement) runs initialisers
-        // designed to run in any process.
-        let lib = unsafe { Library::new(&path) }.map_err(|e| format!("cannot load {path}: {e}"))?;
-        // SAFETY: cuInit has the prototype CUresult cuInit(unsigned int).
-        let init = unsafe { lib.get::<unsafe extern "C" fn(c_uint) -> Res>(b"cuInit\0") }
-            .map(|s| *s)
-            .map_err(|e| format!("{path} has no cuInit: {e}"))?;
-        // SAFETY: cuGetProcAddress_v2 has the prototype declared by GetProcAddress (cuda.h 13.0).
-        let gpa = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress_v2\0") }
-            .map(|s| *s)
-            .ok();
-        // SAFETY: cuInit(0) takes no pointers.
-        let rc = unsafe { init(0) };
-        if rc != cu::SUCCESS {
-            return Err(format!("cuInit failed with CUDA error {rc}"));
-        }
-        let t = Table::resolve(|name, fallback| {
-            let cname = CString::new(name).ok()?;
-            if let Some(gpa) = gpa {
-                let mut f: Ptr = std::ptr::null_mut();
-                let mut status: c_int = 0;
-                // SAFETY: `cname` is NUL-terminated; the driver writes one pointer to `f` and
-                // one int to `status`.
-                let rc = unsafe {
-                    gpa(
-                        cname.as_ptr(),
-                        &mut f,
-                        requested_version(name),
-                        PROC_ADDRESS_LEGACY_STREAM,
-                        &mut status,
-                    )
-                };
-                if rc == cu::SUCCESS && !f.is_null() {
-                    return Some(f);
-                }
-            }
-            let sym = format!("{fallback}\0");
-            // SAFETY: the symbol is only read as an address here; its type is fixed by the table.
-            unsafe { lib.get::<Ptr>(sym.as_bytes()) }
-                .ok()
-                .map(|s| *s)
-                .filter(|p| !p.is_null())
-        });
-        let mut count: c_int = 0;
-        call!(t, device_get_count(&mut count))
-            .map_err(|e| format!("cuDeviceGetCount failed: {e}"))?;
+        let lib = driver::open(&crate::driver::driver_library()).map_err(|e| match e {
+            LoadError::NotFound(r) | LoadError::InitFailed(r) => r,
+        })?;
+        let count = need("cuDeviceGetCount", lib.device_count())?;
         let ordinals: Vec<i32> = match selection {
             Some(sel) => sel.to_vec(),
             None => (0..count).collect(),
         };
-        let mut devices = Vec::with_capacity(ordinals.len());
-        for o in ordinals {
-            let mut d: c_int = 0;
-            // SAFETY: cuDeviceGet writes one CUdevice.
-            call!(t, device_get(&mut d, o)).map_err(|e| format!("cuDeviceGet({o}) failed: {e}"))?;
-            devices.push(d);
-        }
+        let devices = ordinals
+            .into_iter()
+            .map(|o| need(&format!("cuDeviceGet({o})"), lib.device(o)))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
-            driver: Some(Arc::new(Driver {
-                t,
-                devices,
-                _lib: lib,
-            })),
+            driver: Some(Arc::new(Driver { lib, devices })),
             areas: Default::default(),
         })
     }
@@ -264,11 +210,7 @@ impl Backend for CudaBackend {
     }
 
     fn driver_version(&self) -> CuResult<i32> {
-        let d = self.d()?;
-        let mut v = 0;
-        // SAFETY: writes one int.
-        call!(d.t, driver_get_version(&mut v))?;
-        Ok(v)
+        self.d()?.driver_version()
     }
 
     fn device_count(&self) -> CuResult<i32> {
@@ -278,35 +220,24 @@ impl Backend for CudaBackend {
     fn device_props(&self, dev: i32) -> CuResult<DeviceProps> {
         let d = self.d()?;
         let cu = d.dev(dev)?;
-        let mut total: usize = 0;
-        // SAFETY: writes one size_t.
-        call!(d.t, device_total_mem(&mut total, cu))?;
-        let mut uuid = [0u8; 16];
-        // SAFETY: CUuuid is 16 bytes.
-        call!(d.t, device_get_uuid(&mut uuid, cu))?;
-        let mut attributes = Vec::new();
-        for attr in 1..=200 {
-            let mut v: c_int = 0;
-            // SAFETY: writes one int; unknown attributes fail with cu::INVALID_VALUE.
-            if call!(d.t, device_get_attribute(&mut v, attr, cu)).is_ok() {
-                attributes.push((attr, v));
-            }
-        }
+        let total_memory = d.total_mem(cu)?;
+        let uuid = d.uuid(cu)?;
+        // Unknown attributes fail with INVALID_VALUE and are left out.
+        let attributes = (1..=200)
+            .filter_map(|attr| Some((attr, d.attribute(attr, cu).ok()?)))
+            .collect();
         Ok(DeviceProps {
-            name: d.string(d.t.device_get_name, cu)?,
+            name: d.name(cu)?,
             uuid,
-            total_memory: total as u64,
-            pci_bus_id: d.string(d.t.device_get_pci_bus_id, cu)?,
+            total_memory,
+            pci_bus_id: d.pci_bus_id(cu)?,
             attributes,
         })
     }
 
     fn device_attribute(&self, attr: i32, dev: i32) -> CuResult<i32> {
         let d = self.d()?;
-        let mut v: c_int = 0;
-        // SAFETY: writes one int.
-        call!(d.t, device_get_attribute(&mut v, attr, d.dev(dev)?))?;
-        Ok(v)
+        d.attribute(attr, d.dev(dev)?)
     }
 
     fn ctx_create(&self, flags: u32, dev: i32) -> CuResult<u64> {
