@@ -119,24 +119,23 @@ impl Executor {
         let st = session.lock();
         let r = stream_target(&st, a.ctx, a.stream)
             .and_then(|t| self.inner.backend.stream_capture_info(t.ctx, t.stream));
-        Ok(match r {
-            Ok(i) => RmCaptureInfoReply::Case0(RmCaptureInfo {
-                status: i.status,
-                id: if i.status == capture_status::NONE {
-                    0
-                } else {
-                    i.id
-                },
-                graph: capture_graph(&st, &i),
-                dependencies: i.dependencies,
-            }),
-            Err(e) => {
-                log_failed("RM_STREAM_GET_CAPTURE_INFO", nz(e));
-                RmCaptureInfoReply::Default {
-                    discriminant: nz(e),
-                }
-            }
-        })
+        Ok(union_reply(
+            "RM_STREAM_GET_CAPTURE_INFO",
+            r,
+            |i| {
+                RmCaptureInfoReply::Case0(RmCaptureInfo {
+                    status: i.status,
+                    id: if i.status == capture_status::NONE {
+                        0
+                    } else {
+                        i.id
+                    },
+                    graph: capture_graph(&st, &i),
+                    dependencies: i.dependencies,
+                })
+            },
+            |discriminant| RmCaptureInfoReply::Default { discriminant },
+        ))
     }
 
     pub(super) fn graph_instantiate(

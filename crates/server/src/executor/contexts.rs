@@ -10,14 +10,11 @@ impl Executor {
         _call: &CallContext,
         dev: i32,
     ) -> ProcResult<RmDevicePropsReply> {
-        Ok(
-            match self
-                .inner
-                .backend
-                .device_props(dev)
-                .inspect_err(|e| log_failed("RM_DEVICE_GET_PROPS", e.0))
-            {
-                Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
+        Ok(union_reply(
+            "RM_DEVICE_GET_PROPS",
+            self.inner.backend.device_props(dev),
+            |p| {
+                RmDevicePropsReply::Case0(RmDeviceProps {
                     name: truncate(p.name, REMORA_MAX_NAME),
                     uuid: p.uuid,
                     total_memory: p.total_memory,
@@ -28,12 +25,10 @@ impl Executor {
                         .take(RM_MAX_ATTRIBUTES as usize)
                         .map(|(attribute, value)| RmAttribute { attribute, value })
                         .collect(),
-                }),
-                Err(e) => RmDevicePropsReply::Default {
-                    discriminant: nz(e),
-                },
+                })
             },
-        )
+            |discriminant| RmDevicePropsReply::Default { discriminant },
+        ))
     }
 
     /// What the client calls the device's primary context is a context of this session's own
@@ -205,13 +200,13 @@ impl Executor {
                 Err(CuError(cu::NOT_SUPPORTED)),
             ));
         }
-        let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
         // The mask and flag are passed on as the library gave them: they may be register
         // leftovers of a three-argument function (observed values: 0x7ffffffeffff and 1,
         // then other low bytes in later runs), so no value is refused; they are plain
         // integers, never dereferenced by Remora.
-        let r = raw.and_then(|c| self.inner.backend.tools_ctx_query(c, a.mask, a.flag & 0xff));
+        let r = self.in_ctx(&self.session(call), a.ctx, |b, c| {
+            b.tools_ctx_query(c, a.mask, a.flag & 0xff)
+        });
         Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
     }
 }

@@ -6,8 +6,7 @@ use remora_proto::cuda::{CuError, cu};
 impl Executor {
     pub(super) fn mem_alloc(&self, call: &CallContext, a: RmAllocArgs) -> ProcResult<RmU64Reply> {
         let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
-        let r = raw.and_then(|c| self.inner.backend.mem_alloc(c, a.bytesize));
+        let r = self.in_ctx(&session, a.ctx, |b, c| b.mem_alloc(c, a.bytesize));
         if let Ok(ptr) = r {
             session.lock().ranges.insert(
                 ptr,
@@ -27,30 +26,25 @@ impl Executor {
         a: RmAllocPitchArgs,
     ) -> ProcResult<RmPitchedReply> {
         let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
-        let r = raw.and_then(|c| {
-            self.inner
-                .backend
-                .mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
+        let r = self.in_ctx(&session, a.ctx, |b, c| {
+            b.mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
         });
-        Ok(
-            match r.inspect_err(|e| log_failed("RM_MEM_ALLOC_PITCH", e.0)) {
-                Ok((ptr, pitch)) => {
-                    session.lock().ranges.insert(
-                        ptr,
-                        Range {
-                            size: pitch.saturating_mul(a.height),
-                            ctx: a.ctx,
-                            module: None,
-                        },
-                    );
-                    RmPitchedReply::Case0(RmPitched { ptr, pitch })
-                }
-                Err(e) => RmPitchedReply::Default {
-                    discriminant: nz(e),
-                },
+        Ok(union_reply(
+            "RM_MEM_ALLOC_PITCH",
+            r,
+            |(ptr, pitch)| {
+                session.lock().ranges.insert(
+                    ptr,
+                    Range {
+                        size: pitch.saturating_mul(a.height),
+                        ctx: a.ctx,
+                        module: None,
+                    },
+                );
+                RmPitchedReply::Case0(RmPitched { ptr, pitch })
             },
-        )
+            |discriminant| RmPitchedReply::Default { discriminant },
+        ))
     }
 
     pub(super) fn mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
@@ -72,20 +66,17 @@ impl Executor {
         call: &CallContext,
         h: RmHandle,
     ) -> ProcResult<RmMemInfoReply> {
-        let session = self.session(call);
-        let raw = session.lock().ctx(h);
-        let r = raw.and_then(|c| self.inner.backend.mem_get_info(c));
-        Ok(
-            match r.inspect_err(|e| log_failed("RM_MEM_GET_INFO", e.0)) {
-                Ok((free_bytes, total_bytes)) => RmMemInfoReply::Case0(RmMemInfo {
+        Ok(union_reply(
+            "RM_MEM_GET_INFO",
+            self.in_ctx(&self.session(call), h, |b, c| b.mem_get_info(c)),
+            |(free_bytes, total_bytes)| {
+                RmMemInfoReply::Case0(RmMemInfo {
                     free_bytes,
                     total_bytes,
-                }),
-                Err(e) => RmMemInfoReply::Default {
-                    discriminant: nz(e),
-                },
+                })
             },
-        )
+            |discriminant| RmMemInfoReply::Default { discriminant },
+        ))
     }
 
     pub(super) fn mem_get_address_range(
@@ -95,14 +86,11 @@ impl Executor {
     ) -> ProcResult<RmRangeReply> {
         let session = self.session(call);
         let st = session.lock();
-        let r = st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr));
-        Ok(
-            match r.inspect_err(|e| log_failed("RM_MEM_GET_ADDRESS_RANGE", e.0)) {
-                Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
-                Err(e) => RmRangeReply::Default {
-                    discriminant: nz(e),
-                },
-            },
-        )
+        Ok(union_reply(
+            "RM_MEM_GET_ADDRESS_RANGE",
+            st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr)),
+            |(base, r)| RmRangeReply::Case0(RmRange { base, size: r.size }),
+            |discriminant| RmRangeReply::Default { discriminant },
+        ))
     }
 }

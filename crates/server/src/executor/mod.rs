@@ -61,18 +61,29 @@ fn code(what: &str, r: CuResult<()>) -> i32 {
     c
 }
 
+/// The reply of a call whose union carries a value on success: `ok(value)`, or `failed` of
+/// the failure's code (logged).
+fn union_reply<T, R>(
+    what: &str,
+    r: CuResult<T>,
+    ok: impl FnOnce(T) -> R,
+    failed: impl FnOnce(i32) -> R,
+) -> R {
+    match r {
+        Ok(v) => ok(v),
+        Err(e) => {
+            log_failed(what, nz(e));
+            failed(nz(e))
+        }
+    }
+}
+
 macro_rules! reply_fn {
     ($name:ident, $ty:ident, $val:ty) => {
         fn $name(what: &str, r: CuResult<$val>) -> $ty {
-            match r {
-                Ok(v) => $ty::Case0(v),
-                Err(e) => {
-                    log_failed(what, nz(e));
-                    $ty::Default {
-                        discriminant: nz(e),
-                    }
-                }
-            }
+            union_reply(what, r, $ty::Case0, |discriminant| $ty::Default {
+                discriminant,
+            })
         }
     };
 }
@@ -82,15 +93,12 @@ reply_fn!(handle_reply, RmHandleReply, u64);
 reply_fn!(float_reply, RmFloatReply, f32);
 
 fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
-    match r {
-        Ok((first, second)) => RmIntPairReply::Case0(RmIntPair { first, second }),
-        Err(e) => {
-            log_failed(what, nz(e));
-            RmIntPairReply::Default {
-                discriminant: nz(e),
-            }
-        }
-    }
+    union_reply(
+        what,
+        r,
+        |(first, second)| RmIntPairReply::Case0(RmIntPair { first, second }),
+        |discriminant| RmIntPairReply::Default { discriminant },
+    )
 }
 
 struct Inner {
@@ -251,6 +259,63 @@ impl Executor {
             }
         }
         session
+    }
+
+    /// `f(backend, raw context)` for context handle `h` of `session` (resolved under the
+    /// session lock, called without it).
+    fn in_ctx<T>(
+        &self,
+        session: &Session,
+        h: RmHandle,
+        f: impl FnOnce(&dyn Backend, u64) -> CuResult<T>,
+    ) -> CuResult<T> {
+        let raw = session.lock().ctx(h);
+        raw.and_then(|c| f(&*self.inner.backend, c))
+    }
+
+    /// `f(backend, raw function, raw context)` for function handle `h` of `session`.
+    fn in_function<T>(
+        &self,
+        session: &Session,
+        h: RmHandle,
+        f: impl FnOnce(&dyn Backend, u64, u64) -> CuResult<T>,
+    ) -> CuResult<T> {
+        let found = session.lock().function(h);
+        found.and_then(|(raw, c, _)| f(&*self.inner.backend, raw, c))
+    }
+
+    /// Creates an object in context handle `ctx` (`create(backend, raw context)`) and answers
+    /// the session handle of `resource(raw object)`.
+    fn create_in_ctx(
+        &self,
+        call: &CallContext,
+        what: &str,
+        ctx: RmHandle,
+        create: impl FnOnce(&dyn Backend, u64) -> CuResult<u64>,
+        resource: impl FnOnce(u64) -> Resource,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let raw = session.lock().ctx(ctx);
+        let r = raw.and_then(|c| create(&*self.inner.backend, c));
+        let mut st = session.lock();
+        Ok(handle_reply(what, r.map(|raw| st.insert(resource(raw)))))
+    }
+
+    /// [`Executor::oneway_on`] the stream `on` = (context handle, stream handle): `resolve`
+    /// finds the call's raw objects under the session lock, then `run(backend, them)` runs
+    /// without it.
+    fn oneway_on_stream<X>(
+        &self,
+        call: &CallContext,
+        what: &str,
+        on: (u64, u64),
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        run: impl FnOnce(&dyn Backend, X) -> CuResult<()>,
+    ) -> ProcResult<()> {
+        self.oneway_on(call, what, Some(on), |inner, session| {
+            let x = resolve(&session.lock())?;
+            run(&*inner.backend, x)
+        })
     }
 
     /// Runs a one-way call on stream `on` = (context handle, stream handle): its error is kept

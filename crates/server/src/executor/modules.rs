@@ -75,15 +75,15 @@ impl Executor {
             });
             Ok((ptr, size))
         });
-        Ok(
-            match r.inspect_err(|e| log_failed("RM_MODULE_GET_GLOBAL", e.0)) {
-                Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
-                Err(e) => RmGlobalReply::Default {
-                    discriminant: RmLoadStatus::RmLoadFailed,
-                    value: nz(e),
-                },
+        Ok(union_reply(
+            "RM_MODULE_GET_GLOBAL",
+            r,
+            |(ptr, size)| RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
+            |value| RmGlobalReply::Default {
+                discriminant: RmLoadStatus::RmLoadFailed,
+                value,
             },
-        )
+        ))
     }
 
     pub(super) fn func_set_attribute(
@@ -91,16 +91,10 @@ impl Executor {
         call: &CallContext,
         a: RmFuncAttrArgs,
     ) -> ProcResult<CuResult_> {
-        let session = self.session(call);
-        let f = session.lock().function(a.function);
-        Ok(code(
-            "RM_FUNC_SET_ATTRIBUTE",
-            f.and_then(|(raw, c, _)| {
-                self.inner
-                    .backend
-                    .func_set_attribute(c, raw, a.attribute, a.value)
-            }),
-        ))
+        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+            b.func_set_attribute(c, f, a.attribute, a.value)
+        });
+        Ok(code("RM_FUNC_SET_ATTRIBUTE", r))
     }
 
     pub(super) fn occupancy_max_active_clusters(
@@ -141,20 +135,16 @@ impl Executor {
         call: &CallContext,
         a: RmPotentialBlockArgs,
     ) -> ProcResult<RmIntPairReply> {
-        let session = self.session(call);
-        let f = session.lock().function(a.function);
-        Ok(int_pair_reply(
-            "RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE",
-            f.and_then(|(raw, c, _)| {
-                self.inner.backend.occupancy_max_potential_block_size(
-                    c,
-                    raw,
-                    a.dynamic_smem_bytes,
-                    a.block_size_limit,
-                    a.flags,
-                )
-            }),
-        ))
+        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+            b.occupancy_max_potential_block_size(
+                c,
+                f,
+                a.dynamic_smem_bytes,
+                a.block_size_limit,
+                a.flags,
+            )
+        });
+        Ok(int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r))
     }
 
     pub(super) fn occupancy_max_active_blocks(
@@ -162,20 +152,10 @@ impl Executor {
         call: &CallContext,
         a: RmOccupancyArgs,
     ) -> ProcResult<RmIntReply> {
-        let session = self.session(call);
-        let f = session.lock().function(a.function);
-        Ok(int_reply(
-            "RM_OCCUPANCY_MAX_ACTIVE_BLOCKS",
-            f.and_then(|(raw, c, _)| {
-                self.inner.backend.occupancy_max_active_blocks(
-                    c,
-                    raw,
-                    a.block_size,
-                    a.dynamic_smem_bytes,
-                    a.flags,
-                )
-            }),
-        ))
+        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+            b.occupancy_max_active_blocks(c, f, a.block_size, a.dynamic_smem_bytes, a.flags)
+        });
+        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r))
     }
 
     pub(super) fn launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {

@@ -9,14 +9,13 @@ impl Executor {
         call: &CallContext,
         a: RmStreamCreateArgs,
     ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
-        let r = raw.and_then(|c| self.inner.backend.stream_create(c, a.flags, a.priority));
-        let mut st = session.lock();
-        Ok(handle_reply(
+        self.create_in_ctx(
+            call,
             "RM_STREAM_CREATE",
-            r.map(|raw| st.insert(Resource::Stream { raw, ctx: a.ctx })),
-        ))
+            a.ctx,
+            |b, c| b.stream_create(c, a.flags, a.priority),
+            |raw| Resource::Stream { raw, ctx: a.ctx },
+        )
     }
 
     pub(super) fn stream_synchronize(
@@ -43,20 +42,21 @@ impl Executor {
     }
 
     pub(super) fn event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_EVENT_RECORD", on, |inner, session| {
-            let (e, t) = {
-                let st = session.lock();
+        self.oneway_on_stream(
+            call,
+            "RM_EVENT_RECORD",
+            (a.ctx, a.stream),
+            |st| {
                 let (e, event_ctx) = match st.get(a.event)? {
                     Resource::Event { raw, ctx } => (*raw, *ctx),
                     _ => return Err(CuError(cu::INVALID_HANDLE)),
                 };
                 // The legacy stream of the named context, else of the event's.
                 let ctx = if a.ctx == 0 { event_ctx } else { a.ctx };
-                (e, stream_target(&st, ctx, a.stream)?)
-            };
-            inner.backend.event_record(t.ctx, e, t.stream)
-        })
+                Ok((e, stream_target(st, ctx, a.stream)?))
+            },
+            |b, (e, t)| b.event_record(t.ctx, e, t.stream),
+        )
     }
 
     pub(super) fn event_elapsed_time(
