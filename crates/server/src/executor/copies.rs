@@ -6,17 +6,15 @@ use remora_proto::cuda::{CuError, CuResult, cu};
 
 impl Executor {
     pub(super) fn memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = {
-            let st = session.lock();
-            st.check_range(a.dst, a.data.len() as u64)
-                .and_then(|()| st.ctx(a.ctx))
-        };
-        let own = raw.and_then(|c| self.inner.backend.memcpy_htod(c, None, a.dst, &a.data));
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_MEMCPY_HTOD", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_MEMCPY_HTOD",
+            |st| {
+                st.check_range(a.dst, a.data.len() as u64)?;
+                st.ctx(a.ctx)
+            },
+            |b, c| b.memcpy_htod(c, None, a.dst, &a.data),
+        )
     }
 
     pub(super) fn memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmDtohReply> {
@@ -63,50 +61,32 @@ impl Executor {
     }
 
     pub(super) fn memcpy_dtod(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = {
-            let st = session.lock();
-            st.check_range(a.dst, a.size)
-                .and_then(|()| st.check_range(a.src, a.size))
-                .and_then(|()| st.ctx(a.ctx))
-        };
-        let own = raw.and_then(|c| {
-            self.inner
-                .backend
-                .memcpy_dtod(c, None, a.dst, a.src, a.size)
-        });
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_MEMCPY_DTOD", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_MEMCPY_DTOD",
+            |st| {
+                st.check_range(a.dst, a.size)?;
+                st.check_range(a.src, a.size)?;
+                st.ctx(a.ctx)
+            },
+            |b, c| b.memcpy_dtod(c, None, a.dst, a.src, a.size),
+        )
     }
 
     pub(super) fn memset(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = memset_target(&session.lock(), &a);
-        let own = raw.and_then(|(c, _)| {
-            self.inner
-                .backend
-                .memset(c, None, a.dst, a.value, a.element_size, a.count)
-        });
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_MEMSET", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_MEMSET",
+            |st| memset_target(st, &a),
+            |b, (c, _)| b.memset(c, None, a.dst, a.value, a.element_size, a.count),
+        )
     }
 
     pub(super) fn memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_MEMCPY_HTOD_ASYNC", on, |inner, session| {
-            let (c, s, capturing) = {
-                let st = session.lock();
-                st.check_range(a.dst, a.data.len() as u64)?;
-                (
-                    st.ctx(a.ctx)?,
-                    st.stream(a.stream)?,
-                    !st.captures.is_empty(),
-                )
-            };
+            let (c, s, capturing) =
+                copy_on_stream(&session.lock(), a.ctx, a.stream, a.dst, a.data.len() as u64)?;
             not_captured(inner, capturing, c, s)?;
             inner.backend.memcpy_htod(c, Some(s), a.dst, &a.data)
         })
@@ -167,17 +147,12 @@ impl Executor {
         call: &CallContext,
         a: RmMemcpyPeerArgs,
     ) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = peer_target(&session.lock(), &a);
-        let own = raw.and_then(|(c, _, dc, sc)| {
-            self.inner
-                .backend
-                .memcpy_peer(c, None, a.dst, dc, a.src, sc, a.size)
-        });
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_MEMCPY_PEER", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_MEMCPY_PEER",
+            |st| peer_target(st, &a),
+            |b, (c, _, dc, sc)| b.memcpy_peer(c, None, a.dst, dc, a.src, sc, a.size),
+        )
     }
 
     pub(super) fn area_memcpy_htod(
@@ -185,21 +160,17 @@ impl Executor {
         call: &CallContext,
         a: RmAreaCopyArgs,
     ) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = area_of(call, a.offset, a.size).and_then(|area| {
-            let st = session.lock();
-            st.check_range(a.dev, a.size)?;
-            Ok((st.ctx(a.ctx)?, area))
-        });
-        let own = raw.and_then(|(c, area)| {
-            self.inner
-                .backend
-                .memcpy_htod_area(c, None, a.dev, &area, a.offset, a.size)
-        });
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_AREA_MEMCPY_HTOD", &mut st, own, Scope::Finished))
+        let area = area_of(call, a.offset, a.size);
+        self.sync_call(
+            call,
+            "RM_AREA_MEMCPY_HTOD",
+            |st| {
+                let area = area?;
+                st.check_range(a.dev, a.size)?;
+                Ok((st.ctx(a.ctx)?, area))
+            },
+            |b, (c, area)| b.memcpy_htod_area(c, None, a.dev, &area, a.offset, a.size),
+        )
     }
 
     pub(super) fn area_memcpy_dtoh(
@@ -242,15 +213,8 @@ impl Executor {
         // as a one-way call's.
         self.oneway_on(call, "RM_AREA_MEMCPY_HTOD_ASYNC", on, |inner, session| {
             let area = area_of(call, a.offset, a.size)?;
-            let (c, s, capturing) = {
-                let st = session.lock();
-                st.check_range(a.dev, a.size)?;
-                (
-                    st.ctx(a.ctx)?,
-                    st.stream(a.stream)?,
-                    !st.captures.is_empty(),
-                )
-            };
+            let (c, s, capturing) =
+                copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
             not_captured(inner, capturing, c, s)?;
             if a.copy_id == AREA_PINNED_SOURCE {
                 // Zero-copy pinned memory: the client does not reuse the bytes before the
@@ -279,15 +243,8 @@ impl Executor {
                 // Zero-copy pinned memory: the bytes go straight into the area when the
                 // copy executes, and nothing is delivered (the client waits for nothing).
                 let area = area_of(call, a.offset, a.size)?;
-                let (c, s, capturing) = {
-                    let st = session.lock();
-                    st.check_range(a.dev, a.size)?;
-                    (
-                        st.ctx(a.ctx)?,
-                        st.stream(a.stream)?,
-                        !st.captures.is_empty(),
-                    )
-                };
+                let (c, s, capturing) =
+                    copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
                 not_captured(inner, capturing, c, s)?;
                 return inner
                     .backend
@@ -296,15 +253,8 @@ impl Executor {
             let area = area_of(call, a.offset, a.size);
             let issued = (|| {
                 let area = area.clone()?;
-                let (c, s, capturing) = {
-                    let st = session.lock();
-                    st.check_range(a.dev, a.size)?;
-                    (
-                        st.ctx(a.ctx)?,
-                        st.stream(a.stream)?,
-                        !st.captures.is_empty(),
-                    )
-                };
+                let (c, s, capturing) =
+                    copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
                 not_captured(inner, capturing, c, s)?;
                 // `area_of` bounded the size by the area's.
                 let copy = inner
@@ -469,6 +419,19 @@ const AREA_PINNED_SOURCE: u64 = 1;
 /// The session's data area, when `size` bytes at `offset` lie inside it and the size is
 /// within one copy's bound; `CUDA_ERROR_INVALID_VALUE` otherwise (no area, or out of bounds:
 /// the client chose these numbers).
+/// The raw context and stream of an asynchronous copy that touches `size` bytes at device
+/// address `dev`, and whether the session has a capture in progress.
+fn copy_on_stream(
+    st: &SessionState,
+    ctx: u64,
+    stream: u64,
+    dev: u64,
+    size: u64,
+) -> CuResult<(u64, u64, bool)> {
+    st.check_range(dev, size)?;
+    Ok((st.ctx(ctx)?, st.stream(stream)?, !st.captures.is_empty()))
+}
+
 fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc::DataArea> {
     let area = call.data_area().ok_or(CuError(cu::INVALID_VALUE))?;
     if size > u64::from(RM_MAX_COPY) || area.check(offset, size).is_err() {

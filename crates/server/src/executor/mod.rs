@@ -301,6 +301,23 @@ impl Executor {
         Ok(handle_reply(what, r.map(|raw| st.insert(resource(raw)))))
     }
 
+    /// A synchronous call answered with the session's deferred error and the copies finished
+    /// by then: `resolve` finds the call's raw objects under the session lock, then
+    /// `run(backend, them)` runs without it.
+    fn sync_call<X>(
+        &self,
+        call: &CallContext,
+        what: &str,
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        run: impl FnOnce(&dyn Backend, X) -> CuResult<()>,
+    ) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let raw = resolve(&session.lock());
+        let own = raw.and_then(|x| run(&*self.inner.backend, x));
+        let mut st = session.lock();
+        Ok(self.inner.sync_reply(what, &mut st, own, Scope::Finished))
+    }
+
     /// [`Executor::oneway_on`] the stream `on` = (context handle, stream handle): `resolve`
     /// finds the call's raw objects under the session lock, then `run(backend, them)` runs
     /// without it.

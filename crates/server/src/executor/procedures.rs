@@ -188,13 +188,12 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_stream_query(&self, call: &CallContext, a: RmStreamArgs) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let target = stream_target(&session.lock(), a.ctx, a.stream);
-        let own = target.and_then(|t| self.inner.backend.stream_query(t.ctx, t.stream));
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_STREAM_QUERY", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_STREAM_QUERY",
+            |st| stream_target(st, a.ctx, a.stream),
+            |b, t| b.stream_query(t.ctx, t.stream),
+        )
     }
 
     fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
@@ -243,13 +242,12 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_event_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let ev = session.lock().event(h);
-        let own = ev.and_then(|(e, c)| self.inner.backend.event_query(c, e));
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_EVENT_QUERY", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_EVENT_QUERY",
+            |st| st.event(h),
+            |b, (e, c)| b.event_query(c, e),
+        )
     }
 
     // 2-D, 3-D and peer copies ------------------------------------------------------------

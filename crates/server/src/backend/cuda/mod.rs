@@ -204,6 +204,20 @@ fn issue_3d(
     }
 }
 
+/// Backend methods that make `ctx` current and hand their `u64` objects, as the pointers
+/// the driver gave, to the entry point of the same name: `fn event_record(event, stream);`.
+macro_rules! in_ctx_calls {
+    ($(fn $name:ident($($arg:ident),*);)*) => {
+        $(fn $name(&self, ctx: u64, $($arg: u64),*) -> CuResult<()> {
+            let d = self.in_ctx(ctx)?;
+            // SAFETY: every argument is a driver object of this session (a module, stream,
+            // event, graph or executable graph the session table resolved, or
+            // CU_STREAM_LEGACY); the entry point takes them by value and writes nothing.
+            call!(d.t, $name($(ptr($arg)),*))
+        })*
+    };
+}
+
 impl Backend for CudaBackend {
     fn kind(&self) -> &'static str {
         "cuda"
@@ -268,10 +282,21 @@ impl Backend for CudaBackend {
         call!(d.t, ctx_destroy(ptr(ctx)))
     }
 
-    fn ctx_synchronize(&self, ctx: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: no arguments; the context is current.
-        call!(d.t, ctx_synchronize())
+    // The calls that make `ctx` current and pass their objects to one entry point.
+    in_ctx_calls! {
+        fn ctx_synchronize();
+        fn module_unload(module);
+        fn stream_destroy(stream);
+        fn stream_synchronize(stream);
+        fn stream_query(stream);
+        fn event_destroy(event);
+        fn event_record(event, stream);
+        fn event_synchronize(event);
+        fn event_query(event);
+        fn graph_launch(exec, stream);
+        fn graph_upload(exec, stream);
+        fn graph_exec_destroy(exec);
+        fn graph_destroy(graph);
     }
 
     fn ctx_set_limit(&self, ctx: u64, limit: i32, value: u64) -> CuResult<()> {
@@ -689,12 +714,6 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn module_unload(&self, ctx: u64, module: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: a module this session loaded.
-        call!(d.t, module_unload(ptr(module)))
-    }
-
     fn module_get_global(&self, ctx: u64, module: u64, name: &str) -> CuResult<(u64, u64)> {
         let d = self.in_ctx(ctx)?;
         let cname = CString::new(name).map_err(|_| CuError(cu::INVALID_VALUE))?;
@@ -835,24 +854,6 @@ impl Backend for CudaBackend {
         Ok(s as usize as u64)
     }
 
-    fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: a stream of this session.
-        call!(d.t, stream_destroy(ptr(stream)))
-    }
-
-    fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: a stream of this session or CU_STREAM_LEGACY.
-        call!(d.t, stream_synchronize(ptr(stream)))
-    }
-
-    fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: as above.
-        call!(d.t, stream_query(ptr(stream)))
-    }
-
     fn launch_host_func(&self, ctx: u64, stream: u64, f: super::HostFn) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
         let data = Box::into_raw(Box::new(f)).cast::<c_void>();
@@ -879,30 +880,6 @@ impl Backend for CudaBackend {
         // SAFETY: writes one CUevent.
         call!(d.t, event_create(&mut e, flags))?;
         Ok(e as usize as u64)
-    }
-
-    fn event_destroy(&self, ctx: u64, event: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an event of this session.
-        call!(d.t, event_destroy(ptr(event)))
-    }
-
-    fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an event and a stream of this session.
-        call!(d.t, event_record(ptr(event), ptr(stream)))
-    }
-
-    fn event_synchronize(&self, ctx: u64, event: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an event of this session.
-        call!(d.t, event_synchronize(ptr(event)))
-    }
-
-    fn event_query(&self, ctx: u64, event: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: as above.
-        call!(d.t, event_query(ptr(event)))
     }
 
     fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32> {
@@ -960,30 +937,6 @@ impl Backend for CudaBackend {
         // SAFETY: a graph of this session; writes one CUgraphExec.
         call!(d.t, graph_instantiate(&mut e, ptr(graph), flags))?;
         Ok(e as usize as u64)
-    }
-
-    fn graph_launch(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an executable graph and a stream of this session (or CU_STREAM_LEGACY).
-        call!(d.t, graph_launch(ptr(exec), ptr(stream)))
-    }
-
-    fn graph_upload(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: as above.
-        call!(d.t, graph_upload(ptr(exec), ptr(stream)))
-    }
-
-    fn graph_exec_destroy(&self, ctx: u64, exec: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an executable graph of this session, forgotten by the session now.
-        call!(d.t, graph_exec_destroy(ptr(exec)))
-    }
-
-    fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: a graph of this session, forgotten by the session now.
-        call!(d.t, graph_destroy(ptr(graph)))
     }
 
     fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64> {
