@@ -261,16 +261,26 @@ impl Executor {
         session
     }
 
-    /// `f(backend, raw context)` for context handle `h` of `session` (resolved under the
-    /// session lock, called without it).
+    /// `run(backend, objects)` for the raw objects `resolve` finds in `session`'s state
+    /// (under the session lock; `run` goes without it).
+    fn resolved<X, T>(
+        &self,
+        session: &Session,
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        run: impl FnOnce(&dyn Backend, X) -> CuResult<T>,
+    ) -> CuResult<T> {
+        let x = resolve(&session.lock());
+        x.and_then(|x| run(&*self.inner.backend, x))
+    }
+
+    /// `f(backend, raw context)` for context handle `h` of `session`.
     fn in_ctx<T>(
         &self,
         session: &Session,
         h: RmHandle,
         f: impl FnOnce(&dyn Backend, u64) -> CuResult<T>,
     ) -> CuResult<T> {
-        let raw = session.lock().ctx(h);
-        raw.and_then(|c| f(&*self.inner.backend, c))
+        self.resolved(session, |st| st.ctx(h), f)
     }
 
     /// `f(backend, raw function, raw context)` for function handle `h` of `session`.
@@ -280,8 +290,7 @@ impl Executor {
         h: RmHandle,
         f: impl FnOnce(&dyn Backend, u64, u64) -> CuResult<T>,
     ) -> CuResult<T> {
-        let found = session.lock().function(h);
-        found.and_then(|(raw, c, _)| f(&*self.inner.backend, raw, c))
+        self.resolved(session, |st| st.function(h), |b, (raw, c, _)| f(b, raw, c))
     }
 
     /// Creates an object in context handle `ctx` (`create(backend, raw context)`) and answers
@@ -295,8 +304,7 @@ impl Executor {
         resource: impl FnOnce(u64) -> Resource,
     ) -> ProcResult<RmHandleReply> {
         let session = self.session(call);
-        let raw = session.lock().ctx(ctx);
-        let r = raw.and_then(|c| create(&*self.inner.backend, c));
+        let r = self.in_ctx(&session, ctx, create);
         let mut st = session.lock();
         Ok(handle_reply(what, r.map(|raw| st.insert(resource(raw)))))
     }
@@ -312,8 +320,7 @@ impl Executor {
         run: impl FnOnce(&dyn Backend, X) -> CuResult<()>,
     ) -> ProcResult<RmSyncReply> {
         let session = self.session(call);
-        let raw = resolve(&session.lock());
-        let own = raw.and_then(|x| run(&*self.inner.backend, x));
+        let own = self.resolved(&session, resolve, run);
         let mut st = session.lock();
         Ok(self.inner.sync_reply(what, &mut st, own, Scope::Finished))
     }

@@ -59,22 +59,22 @@ impl Executor {
         a: RmGetGlobalArgs,
     ) -> ProcResult<RmGlobalReply> {
         let session = self.session(call);
-        let found = {
-            let st = session.lock();
-            match st.get(a.module) {
+        let r = self.resolved(
+            &session,
+            |st| match st.get(a.module) {
                 Ok(Resource::Module { raw, ctx }) => st.ctx(*ctx).map(|c| (*raw, *ctx, c)),
                 _ => Err(CuError(cu::INVALID_HANDLE)),
-            }
-        };
-        let r = found.and_then(|(raw, ctx, c)| {
-            let (ptr, size) = self.inner.backend.module_get_global(c, raw, &a.name)?;
-            session.lock().ranges.entry(ptr).or_insert(Range {
-                size,
-                ctx,
-                module: Some(a.module),
-            });
-            Ok((ptr, size))
-        });
+            },
+            |b, (raw, ctx, c)| {
+                let (ptr, size) = b.module_get_global(c, raw, &a.name)?;
+                session.lock().ranges.entry(ptr).or_insert(Range {
+                    size,
+                    ctx,
+                    module: Some(a.module),
+                });
+                Ok((ptr, size))
+            },
+        );
         Ok(union_reply(
             "RM_MODULE_GET_GLOBAL",
             r,
@@ -102,18 +102,15 @@ impl Executor {
         call: &CallContext,
         a: RmLaunchArgs,
     ) -> ProcResult<RmIntReply> {
-        let session = self.session(call);
-        let target = {
-            let st = session.lock();
-            st.function(a.function).and_then(|(func, fctx, _)| {
+        let r = self.resolved(
+            &self.session(call),
+            |st| {
+                let (func, fctx, _) = st.function(a.function)?;
                 let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
                 Ok((func, c, st.stream(a.stream)?))
-            })
-        };
-        Ok(int_reply(
-            "RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS",
-            target.and_then(|(func, c, s)| {
-                self.inner.backend.occupancy_max_active_clusters(
+            },
+            |b, (func, c, s)| {
+                b.occupancy_max_active_clusters(
                     c,
                     &LaunchSpec {
                         function: func,
@@ -126,8 +123,9 @@ impl Executor {
                         attrs: &a.attrs,
                     },
                 )
-            }),
-        ))
+            },
+        );
+        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS", r))
     }
 
     pub(super) fn occupancy_max_potential_block_size(

@@ -64,15 +64,12 @@ impl Executor {
         call: &CallContext,
         a: RmElapsedArgs,
     ) -> ProcResult<RmFloatReply> {
-        let session = self.session(call);
-        let evs = {
-            let st = session.lock();
-            st.event(a.start).and_then(|s| Ok((s, st.event(a.end)?)))
-        };
-        Ok(float_reply(
-            "RM_EVENT_ELAPSED_TIME",
-            evs.and_then(|((s, c), (e, _))| self.inner.backend.event_elapsed(c, s, e)),
-        ))
+        let r = self.resolved(
+            &self.session(call),
+            |st| Ok((st.event(a.start)?, st.event(a.end)?)),
+            |b, ((s, c), (e, _))| b.event_elapsed(c, s, e),
+        );
+        Ok(float_reply("RM_EVENT_ELAPSED_TIME", r))
     }
 
     /// Answered when callbacks are due (a deferred reply), never on the ordered thread.
