@@ -84,6 +84,9 @@ pub(crate) struct Range {
     pub(crate) module: Option<u64>,
 }
 
+/// The data area and the offset in it where a copy's bytes land.
+pub(crate) type AreaTarget = (remora_oncrpc::DataArea, u64);
+
 /// An asynchronous device-to-host copy not yet delivered.
 pub(crate) struct PendingCopy {
     pub(crate) copy_id: u64,
@@ -93,7 +96,7 @@ pub(crate) struct PendingCopy {
     pub(crate) copy: Box<dyn StagedCopy>,
     /// Where the bytes go instead of the reply: the session's data area at this offset
     /// (`RM_AREA_MEMCPY_DTOH_ASYNC`, bounds checked when the copy was issued).
-    pub(crate) area: Option<(remora_oncrpc::DataArea, u64)>,
+    pub(crate) area: Option<AreaTarget>,
     /// Set by whoever delivers it: a synchronizing reply or a host function that follows it
     /// (exactly one of them).
     pub(crate) taken: std::sync::atomic::AtomicBool,

@@ -119,26 +119,8 @@ impl Executor {
                     .backend
                     .memcpy_dtoh_async(c, s, a.src, a.size as usize)
             })();
-            // A copy that cannot be issued is delivered empty, so that the client does not
-            // wait for its data; its error is deferred like every one-way call's.
-            let (copy, result): (Box<dyn StagedCopy>, CuResult<()>) = match issued {
-                Ok(copy) => (copy, Ok(())),
-                Err(e) => (Box::new(crate::backend::NoBytes), Err(e)),
-            };
-            let stream = if a.stream == 0 {
-                u64::from(RM_STREAM_LEGACY)
-            } else {
-                a.stream
-            };
-            session.copies.push(PendingCopy {
-                copy_id: a.copy_id,
-                ctx: a.ctx,
-                stream,
-                copy,
-                area: None,
-                taken: Default::default(),
-            });
-            result
+            let issued = issued.map(|copy| (copy, None));
+            push_pending(session, a.copy_id, a.ctx, a.stream, issued)
         })
     }
 
@@ -262,26 +244,8 @@ impl Executor {
                     .memcpy_dtoh_async(c, s, a.dev, a.size as usize)?;
                 Ok((copy, area))
             })();
-            // A copy that cannot be issued is delivered empty all the same (the client waits
-            // for its delivery); its error is deferred like every one-way call's.
-            let (copy, target, result): (Box<dyn StagedCopy>, _, CuResult<()>) = match issued {
-                Ok((copy, area)) => (copy, Some((area, a.offset)), Ok(())),
-                Err(e) => (Box::new(crate::backend::NoBytes), None, Err(e)),
-            };
-            let stream = if a.stream == 0 {
-                u64::from(RM_STREAM_LEGACY)
-            } else {
-                a.stream
-            };
-            session.copies.push(PendingCopy {
-                copy_id: a.copy_id,
-                ctx: a.ctx,
-                stream,
-                copy,
-                area: target,
-                taken: Default::default(),
-            });
-            result
+            let issued = issued.map(|(copy, area)| (copy, Some((area, a.offset))));
+            push_pending(session, a.copy_id, a.ctx, a.stream, issued)
         })
     }
 
@@ -419,6 +383,38 @@ const AREA_PINNED_SOURCE: u64 = 1;
 /// The session's data area, when `size` bytes at `offset` lie inside it and the size is
 /// within one copy's bound; `CUDA_ERROR_INVALID_VALUE` otherwise (no area, or out of bounds:
 /// the client chose these numbers).
+/// Queues an asynchronous device-to-host copy (and the data-area bytes it lands in, if
+/// any) for delivery to the client on stream handle `stream` (0: the legacy stream). A copy
+/// that could not be issued is delivered empty all the same, so that the client does not wait
+/// for data that will not come; its error is returned, to be deferred like every one-way
+/// call's.
+fn push_pending(
+    session: &Session,
+    copy_id: u64,
+    ctx: u64,
+    stream: u64,
+    issued: CuResult<(Box<dyn StagedCopy>, Option<crate::session::AreaTarget>)>,
+) -> CuResult<()> {
+    let (copy, area, result): (Box<dyn StagedCopy>, _, _) = match issued {
+        Ok((copy, area)) => (copy, area, Ok(())),
+        Err(e) => (Box::new(crate::backend::NoBytes), None, Err(e)),
+    };
+    let stream = if stream == 0 {
+        u64::from(RM_STREAM_LEGACY)
+    } else {
+        stream
+    };
+    session.copies.push(PendingCopy {
+        copy_id,
+        ctx,
+        stream,
+        copy,
+        area,
+        taken: Default::default(),
+    });
+    result
+}
+
 /// The raw context and stream of an asynchronous copy that touches `size` bytes at device
 /// address `dev`, and whether the session has a capture in progress.
 fn copy_on_stream(
