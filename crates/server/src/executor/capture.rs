@@ -119,23 +119,17 @@ impl Executor {
         let st = session.lock();
         let r = stream_target(&st, a.ctx, a.stream)
             .and_then(|t| self.inner.backend.stream_capture_info(t.ctx, t.stream));
-        Ok(union_reply(
-            "RM_STREAM_GET_CAPTURE_INFO",
-            r,
-            |i| {
-                RmCaptureInfoReply::Case0(RmCaptureInfo {
-                    status: i.status,
-                    id: if i.status == capture_status::NONE {
-                        0
-                    } else {
-                        i.id
-                    },
-                    graph: capture_graph(&st, &i),
-                    dependencies: i.dependencies,
-                })
+        let r = r.map(|i| RmCaptureInfo {
+            status: i.status,
+            id: if i.status == capture_status::NONE {
+                0
+            } else {
+                i.id
             },
-            |discriminant| RmCaptureInfoReply::Default { discriminant },
-        ))
+            graph: capture_graph(&st, &i),
+            dependencies: i.dependencies,
+        });
+        Ok(reply!("RM_STREAM_GET_CAPTURE_INFO", RmCaptureInfoReply, r))
     }
 
     pub(super) fn graph_instantiate(

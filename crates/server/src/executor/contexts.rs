@@ -10,25 +10,19 @@ impl Executor {
         _call: &CallContext,
         dev: i32,
     ) -> ProcResult<RmDevicePropsReply> {
-        Ok(union_reply(
-            "RM_DEVICE_GET_PROPS",
-            self.inner.backend.device_props(dev),
-            |p| {
-                RmDevicePropsReply::Case0(RmDeviceProps {
-                    name: truncate(p.name, REMORA_MAX_NAME),
-                    uuid: p.uuid,
-                    total_memory: p.total_memory,
-                    pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
-                    attributes: p
-                        .attributes
-                        .into_iter()
-                        .take(RM_MAX_ATTRIBUTES as usize)
-                        .map(|(attribute, value)| RmAttribute { attribute, value })
-                        .collect(),
-                })
-            },
-            |discriminant| RmDevicePropsReply::Default { discriminant },
-        ))
+        let r = self.inner.backend.device_props(dev).map(|p| RmDeviceProps {
+            name: truncate(p.name, REMORA_MAX_NAME),
+            uuid: p.uuid,
+            total_memory: p.total_memory,
+            pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
+            attributes: p
+                .attributes
+                .into_iter()
+                .take(RM_MAX_ATTRIBUTES as usize)
+                .map(|(attribute, value)| RmAttribute { attribute, value })
+                .collect(),
+        });
+        Ok(reply!("RM_DEVICE_GET_PROPS", RmDevicePropsReply, r))
     }
 
     /// What the client calls the device's primary context is a context of this session's own

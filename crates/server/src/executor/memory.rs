@@ -29,22 +29,18 @@ impl Executor {
         let r = self.in_ctx(&session, a.ctx, |b, c| {
             b.mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
         });
-        Ok(union_reply(
-            "RM_MEM_ALLOC_PITCH",
-            r,
-            |(ptr, pitch)| {
-                session.lock().ranges.insert(
-                    ptr,
-                    Range {
-                        size: pitch.saturating_mul(a.height),
-                        ctx: a.ctx,
-                        module: None,
-                    },
-                );
-                RmPitchedReply::Case0(RmPitched { ptr, pitch })
-            },
-            |discriminant| RmPitchedReply::Default { discriminant },
-        ))
+        let r = r.map(|(ptr, pitch)| {
+            session.lock().ranges.insert(
+                ptr,
+                Range {
+                    size: pitch.saturating_mul(a.height),
+                    ctx: a.ctx,
+                    module: None,
+                },
+            );
+            RmPitched { ptr, pitch }
+        });
+        Ok(reply!("RM_MEM_ALLOC_PITCH", RmPitchedReply, r))
     }
 
     pub(super) fn mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
@@ -66,17 +62,12 @@ impl Executor {
         call: &CallContext,
         h: RmHandle,
     ) -> ProcResult<RmMemInfoReply> {
-        Ok(union_reply(
-            "RM_MEM_GET_INFO",
-            self.in_ctx(&self.session(call), h, |b, c| b.mem_get_info(c)),
-            |(free_bytes, total_bytes)| {
-                RmMemInfoReply::Case0(RmMemInfo {
-                    free_bytes,
-                    total_bytes,
-                })
-            },
-            |discriminant| RmMemInfoReply::Default { discriminant },
-        ))
+        let r = self.in_ctx(&self.session(call), h, |b, c| b.mem_get_info(c));
+        let r = r.map(|(free_bytes, total_bytes)| RmMemInfo {
+            free_bytes,
+            total_bytes,
+        });
+        Ok(reply!("RM_MEM_GET_INFO", RmMemInfoReply, r))
     }
 
     pub(super) fn mem_get_address_range(
@@ -86,11 +77,8 @@ impl Executor {
     ) -> ProcResult<RmRangeReply> {
         let session = self.session(call);
         let st = session.lock();
-        Ok(union_reply(
-            "RM_MEM_GET_ADDRESS_RANGE",
-            st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr)),
-            |(base, r)| RmRangeReply::Case0(RmRange { base, size: r.size }),
-            |discriminant| RmRangeReply::Default { discriminant },
-        ))
+        let r = st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr));
+        let r = r.map(|(base, r)| RmRange { base, size: r.size });
+        Ok(reply!("RM_MEM_GET_ADDRESS_RANGE", RmRangeReply, r))
     }
 }

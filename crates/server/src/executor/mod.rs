@@ -78,12 +78,22 @@ fn union_reply<T, R>(
     }
 }
 
+/// The union reply `$ty` of `r`: `Case0` of the value, or the failure's code as the
+/// discriminant (logged as `what`).
+macro_rules! reply {
+    ($what:expr, $ty:ident, $r:expr) => {
+        union_reply($what, $r, $ty::Case0, |discriminant| $ty::Default {
+            discriminant,
+        })
+    };
+}
+
+use reply;
+
 macro_rules! reply_fn {
     ($name:ident, $ty:ident, $val:ty) => {
         fn $name(what: &str, r: CuResult<$val>) -> $ty {
-            union_reply(what, r, $ty::Case0, |discriminant| $ty::Default {
-                discriminant,
-            })
+            reply!(what, $ty, r)
         }
     };
 }
@@ -93,12 +103,8 @@ reply_fn!(handle_reply, RmHandleReply, u64);
 reply_fn!(float_reply, RmFloatReply, f32);
 
 fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
-    union_reply(
-        what,
-        r,
-        |(first, second)| RmIntPairReply::Case0(RmIntPair { first, second }),
-        |discriminant| RmIntPairReply::Default { discriminant },
-    )
+    let r = r.map(|(first, second)| RmIntPair { first, second });
+    reply!(what, RmIntPairReply, r)
 }
 
 struct Inner {
