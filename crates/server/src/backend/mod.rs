@@ -264,68 +264,53 @@ pub trait Backend: Send + Sync + 'static {
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()>;
     /// `cuMemcpyDtoH` (blocks).
     fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()>;
-    /// `cuMemcpyHtoD[Async]` from `size` bytes at `offset` of a session's shared data area,
-    /// which the caller has bounds-checked. The client may write those bytes at any time;
-    /// when this returns they are no longer read (the client may reuse the space). The
-    /// default copies them out once and calls [`Backend::memcpy_htod`].
+    /// `cuMemcpyHtoD[Async]` from `span` of a session's shared data area. The client may
+    /// write those bytes at any time; when this returns they are no longer read (the client
+    /// may reuse the space). The default copies them out once and calls
+    /// [`Backend::memcpy_htod`].
     fn memcpy_htod_area(
         &self,
         ctx: u64,
         stream: Option<u64>,
         dst: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        htod_area_buffered(self, ctx, stream, dst, area, offset, size)
+        self.memcpy_htod(ctx, stream, dst, &span.read()?)
     }
-    /// `cuMemcpyDtoH` into `size` bytes at `offset` of a session's shared data area, which
-    /// the caller has bounds-checked (blocks). The default copies through a private buffer.
-    fn memcpy_dtoh_area(
-        &self,
-        ctx: u64,
-        src: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
-    ) -> CuResult<()> {
-        dtoh_area_buffered(self, ctx, src, area, offset, size)
+    /// `cuMemcpyDtoH` into `span` of a session's shared data area (blocks). The default
+    /// copies through a private buffer.
+    fn memcpy_dtoh_area(&self, ctx: u64, src: u64, span: AreaSpan<'_>) -> CuResult<()> {
+        let mut buf = vec![0u8; span.len_usize()?];
+        self.memcpy_dtoh(ctx, &mut buf, src)?;
+        span.write(&buf)
     }
-    /// `cuMemcpyHtoDAsync` on `stream` from `size` bytes at `offset` of a session's shared
-    /// data area that hold zero-copy pinned memory (bounds-checked by the caller). Unlike
-    /// [`Backend::memcpy_htod_area`], the bytes may still be read after this returns, until
-    /// the stream reaches the copy (CUDA's contract for pinned sources). The default is
-    /// [`Backend::memcpy_htod_area`].
+    /// `cuMemcpyHtoDAsync` on `stream` from `span` of a session's shared data area, which
+    /// holds zero-copy pinned memory. Unlike [`Backend::memcpy_htod_area`], the bytes may
+    /// still be read after this returns, until the stream reaches the copy (CUDA's contract
+    /// for pinned sources). The default is [`Backend::memcpy_htod_area`].
     fn memcpy_htod_async_area_pinned(
         &self,
         ctx: u64,
         stream: u64,
         dst: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        self.memcpy_htod_area(ctx, Some(stream), dst, area, offset, size)
+        self.memcpy_htod_area(ctx, Some(stream), dst, span)
     }
-    /// `cuMemcpyDtoHAsync` straight into `size` bytes at `offset` of a session's shared data
-    /// area (zero-copy pinned memory; the caller has bounds-checked them): the bytes must be
-    /// there once `stream`'s work up to this copy has completed, and nothing is delivered.
-    /// The default stages the copy, waits for it and writes the bytes (correct, but it
-    /// blocks until the stream reaches the copy).
+    /// `cuMemcpyDtoHAsync` straight into `span` of a session's shared data area (zero-copy
+    /// pinned memory): the bytes must be there once `stream`'s work up to this copy has
+    /// completed, and nothing is delivered. The default stages the copy, waits for it and
+    /// writes the bytes (correct, but it blocks until the stream reaches the copy).
     fn memcpy_dtoh_async_area(
         &self,
         ctx: u64,
         stream: u64,
         src: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
-        let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
+        let copy = self.memcpy_dtoh_async(ctx, stream, src, span.len_usize()?)?;
         copy.wait()?;
-        area.write(offset, copy.data())
-            .map_err(|_| CuError(cu::INVALID_VALUE))
+        span.write(copy.data())
     }
     /// A session with a shared data area begins: a backend may prepare the area for DMA
     /// (the CUDA backend registers it with `cuMemHostRegister`). Best effort; the default
@@ -479,36 +464,43 @@ pub trait Backend: Send + Sync + 'static {
     fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64>;
 }
 
-/// [`Backend::memcpy_htod_area`] through a private buffer: the area's bytes are copied out
-/// once (the client may change them at any time), then copied as pageable memory.
-pub(crate) fn htod_area_buffered<B: Backend + ?Sized>(
-    b: &B,
-    ctx: u64,
-    stream: Option<u64>,
-    dst: u64,
-    area: &DataArea,
-    offset: u64,
-    size: u64,
-) -> CuResult<()> {
-    let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
-    let mut buf = vec![0u8; len];
-    area.read(offset, &mut buf)
-        .map_err(|_| CuError(cu::INVALID_VALUE))?;
-    b.memcpy_htod(ctx, stream, dst, &buf)
+/// `size` bytes at `offset` of a session's shared data area, bounds-checked by the executor.
+#[derive(Debug, Clone, Copy)]
+pub struct AreaSpan<'a> {
+    /// The data area.
+    pub area: &'a DataArea,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes.
+    pub size: u64,
 }
 
-/// [`Backend::memcpy_dtoh_area`] through a private buffer.
-pub(crate) fn dtoh_area_buffered<B: Backend + ?Sized>(
-    b: &B,
-    ctx: u64,
-    src: u64,
-    area: &DataArea,
-    offset: u64,
-    size: u64,
-) -> CuResult<()> {
-    let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
-    let mut buf = vec![0u8; len];
-    b.memcpy_dtoh(ctx, &mut buf, src)?;
-    area.write(offset, &buf)
-        .map_err(|_| CuError(cu::INVALID_VALUE))
+impl AreaSpan<'_> {
+    /// The size as a `usize` (`INVALID_VALUE` where it does not fit).
+    pub fn len_usize(&self) -> CuResult<usize> {
+        usize::try_from(self.size).map_err(|_| CuError(cu::INVALID_VALUE))
+    }
+
+    /// The span's first byte in this process's mapping of the area.
+    pub fn ptr(&self) -> CuResult<*mut u8> {
+        self.area
+            .ptr(self.offset, self.size)
+            .map_err(|_| CuError(cu::INVALID_VALUE))
+    }
+
+    /// A private copy of the span's bytes (the client may change them at any time).
+    pub fn read(&self) -> CuResult<Vec<u8>> {
+        let mut buf = vec![0u8; self.len_usize()?];
+        self.area
+            .read(self.offset, &mut buf)
+            .map_err(|_| CuError(cu::INVALID_VALUE))?;
+        Ok(buf)
+    }
+
+    /// Writes `bytes` at the span's start.
+    pub fn write(&self, bytes: &[u8]) -> CuResult<()> {
+        self.area
+            .write(self.offset, bytes)
+            .map_err(|_| CuError(cu::INVALID_VALUE))
+    }
 }

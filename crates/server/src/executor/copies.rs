@@ -151,7 +151,7 @@ impl Executor {
                 st.check_range(a.dev, a.size)?;
                 Ok((st.ctx(a.ctx)?, area))
             },
-            |b, (c, area)| b.memcpy_htod_area(c, None, a.dev, &area, a.offset, a.size),
+            |b, (c, area)| b.memcpy_htod_area(c, None, a.dev, area_span(&area, &a)),
         )
     }
 
@@ -170,7 +170,7 @@ impl Executor {
             let r = raw.and_then(|(c, area)| {
                 inner
                     .backend
-                    .memcpy_dtoh_area(c, a.dev, &area, a.offset, a.size)
+                    .memcpy_dtoh_area(c, a.dev, area_span(&area, &a))
             });
             let mut st = session.lock();
             let mut status = st.sync_status(r);
@@ -201,13 +201,16 @@ impl Executor {
             if a.copy_id == AREA_PINNED_SOURCE {
                 // Zero-copy pinned memory: the client does not reuse the bytes before the
                 // stream reaches the copy, so the backend may read them as late as that.
-                return inner
-                    .backend
-                    .memcpy_htod_async_area_pinned(c, s, a.dev, &area, a.offset, a.size);
+                return inner.backend.memcpy_htod_async_area_pinned(
+                    c,
+                    s,
+                    a.dev,
+                    area_span(&area, &a),
+                );
             }
             inner
                 .backend
-                .memcpy_htod_area(c, Some(s), a.dev, &area, a.offset, a.size)
+                .memcpy_htod_area(c, Some(s), a.dev, area_span(&area, &a))
         })
     }
 
@@ -230,7 +233,7 @@ impl Executor {
                 not_captured(inner, capturing, c, s)?;
                 return inner
                     .backend
-                    .memcpy_dtoh_async_area(c, s, a.dev, &area, a.offset, a.size);
+                    .memcpy_dtoh_async_area(c, s, a.dev, area_span(&area, &a));
             }
             let area = area_of(call, a.offset, a.size);
             let issued = (|| {
@@ -426,6 +429,15 @@ fn copy_on_stream(
 ) -> CuResult<(u64, u64, bool)> {
     st.check_range(dev, size)?;
     Ok((st.ctx(ctx)?, st.stream(stream)?, !st.captures.is_empty()))
+}
+
+/// The span of the data area that an area copy names.
+fn area_span<'a>(area: &'a remora_oncrpc::DataArea, a: &RmAreaCopyArgs) -> AreaSpan<'a> {
+    AreaSpan {
+        area,
+        offset: a.offset,
+        size: a.size,
+    }
 }
 
 fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc::DataArea> {

@@ -15,7 +15,7 @@ use remora_proto::remora::*;
 use remora_xdr::XdrEncode;
 
 use crate::backend::{
-    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, LaunchSpec, StagedCopy,
+    AreaSpan, Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, LaunchSpec, StagedCopy,
     capture_status,
 };
 use crate::device_output::{DELIVERY_REVISION, DeviceOutput};

@@ -14,8 +14,8 @@ use remora_proto::remora::RmLaunchAttr;
 use remora_oncrpc::DataArea;
 
 use super::{
-    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, DeviceProps, FunctionInfo, LaunchSpec,
-    LoadedModule, StagedCopy,
+    AreaSpan, Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, DeviceProps, FunctionInfo,
+    LaunchSpec, LoadedModule, StagedCopy,
 };
 
 #[macro_use]
@@ -484,25 +484,21 @@ impl Backend for CudaBackend {
         ctx: u64,
         stream: Option<u64>,
         dst: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        let len = span.len_usize()?;
         // The asynchronous form must have consumed the bytes when it returns (the client
         // reuses the space): from page-locked memory the driver would read them later.
         if stream.is_none()
-            && let Some(d) = self.area_dma(ctx, area)
+            && let Some(d) = self.area_dma(ctx, span.area)
         {
-            let p = area
-                .ptr(offset, size)
-                .map_err(|_| CuError(cu::INVALID_VALUE))?;
+            let p = span.ptr()?;
             // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`);
             // from page-locked memory cuMemcpyHtoD returns once the copy is done. The client
             // may write the bytes meanwhile: the device then gets some mix, as it would.
             return call!(d.t, memcpy_htod(dst, p.cast_const().cast(), len));
         }
-        super::htod_area_buffered(self, ctx, stream, dst, area, offset, size)
+        self.memcpy_htod(ctx, stream, dst, &span.read()?)
     }
 
     fn memcpy_htod_async_area_pinned(
@@ -510,17 +506,12 @@ impl Backend for CudaBackend {
         ctx: u64,
         stream: u64,
         dst: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        let Some(d) = self.area_dma(ctx, area) else {
-            return self.memcpy_htod_area(ctx, Some(stream), dst, area, offset, size);
+        let Some(d) = self.area_dma(ctx, span.area) else {
+            return self.memcpy_htod_area(ctx, Some(stream), dst, span);
         };
-        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
-        let p = area
-            .ptr(offset, size)
-            .map_err(|_| CuError(cu::INVALID_VALUE))?;
+        let (len, p) = (span.len_usize()?, span.ptr()?);
         // SAFETY: `p..p + len` lies inside the registered area, which stays mapped and
         // registered until `area_detach`/`ctx_destroy` has synchronized `ctx`, so the DMA
         // that reads it later on `stream` (of `ctx`) never outlives the mapping.
@@ -530,24 +521,16 @@ impl Backend for CudaBackend {
         )
     }
 
-    fn memcpy_dtoh_area(
-        &self,
-        ctx: u64,
-        src: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
-    ) -> CuResult<()> {
-        if let Some(d) = self.area_dma(ctx, area) {
-            let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
-            let p = area
-                .ptr(offset, size)
-                .map_err(|_| CuError(cu::INVALID_VALUE))?;
-            // SAFETY: `p..p + len` lies inside the registered area (bounds checked by
-            // `ptr`), writable shared memory; cuMemcpyDtoH returns once the bytes are there.
-            return call!(d.t, memcpy_dtoh(p.cast(), src, len));
-        }
-        super::dtoh_area_buffered(self, ctx, src, area, offset, size)
+    fn memcpy_dtoh_area(&self, ctx: u64, src: u64, span: AreaSpan<'_>) -> CuResult<()> {
+        let Some(d) = self.area_dma(ctx, span.area) else {
+            let mut buf = vec![0u8; span.len_usize()?];
+            self.memcpy_dtoh(ctx, &mut buf, src)?;
+            return span.write(&buf);
+        };
+        let (len, p) = (span.len_usize()?, span.ptr()?);
+        // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`),
+        // writable shared memory; cuMemcpyDtoH returns once the bytes are there.
+        call!(d.t, memcpy_dtoh(p.cast(), src, len))
     }
 
     fn memcpy_dtoh_async_area(
@@ -555,23 +538,18 @@ impl Backend for CudaBackend {
         ctx: u64,
         stream: u64,
         src: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
-        if let Some(d) = self.area_dma(ctx, area) {
-            let p = area
-                .ptr(offset, size)
-                .map_err(|_| CuError(cu::INVALID_VALUE))?;
-            // SAFETY: as in `memcpy_htod_async_area_pinned`: the DMA on `stream` writes
-            // inside the registered area, which outlives it (synchronized before unregister).
-            return call!(d.t, memcpy_dtoh_async(p.cast(), src, len, ptr(stream)));
-        }
-        let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
-        copy.wait()?;
-        area.write(offset, copy.data())
-            .map_err(|_| CuError(cu::INVALID_VALUE))
+        let len = span.len_usize()?;
+        let Some(d) = self.area_dma(ctx, span.area) else {
+            let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
+            copy.wait()?;
+            return span.write(copy.data());
+        };
+        let p = span.ptr()?;
+        // SAFETY: as in `memcpy_htod_async_area_pinned`: the DMA on `stream` writes
+        // inside the registered area, which outlives it (synchronized before unregister).
+        call!(d.t, memcpy_dtoh_async(p.cast(), src, len, ptr(stream)))
     }
 
     fn memcpy_dtoh_async(
