@@ -901,25 +901,16 @@ impl Backend for EmulatedBackend {
         Ok(Box::new(self.staged(data)))
     }
 
-    fn memcpy_peer(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        dst_ctx: u64,
-        src: u64,
-        src_ctx: u64,
-        size: u64,
-    ) -> CuResult<()> {
+    fn memcpy_peer(&self, ctx: u64, stream: Option<u64>, c: super::PeerCopy) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
         if let Some(s) = stream {
             st.refuse_in_capture(ctx, s)?;
         }
-        st.ctx(dst_ctx)?;
-        st.ctx(src_ctx)?;
-        let bytes = st.range(src, size)?.to_vec();
-        st.range(dst, size)?.copy_from_slice(&bytes);
+        st.ctx(c.dst_ctx)?;
+        st.ctx(c.src_ctx)?;
+        let bytes = st.range(c.src, c.size)?.to_vec();
+        st.range(c.dst, c.size)?.copy_from_slice(&bytes);
         Ok(())
     }
 

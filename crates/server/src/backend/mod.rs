@@ -165,6 +165,21 @@ impl Copy3d {
     }
 }
 
+/// A copy between the memory of two contexts (`cuMemcpyPeer`), checked by the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCopy {
+    /// Destination device address.
+    pub dst: u64,
+    /// Backend context of the destination.
+    pub dst_ctx: u64,
+    /// Source device address.
+    pub src: u64,
+    /// Backend context of the source.
+    pub src_ctx: u64,
+    /// Bytes.
+    pub size: u64,
+}
+
 /// `CUstreamCaptureStatus` values.
 pub mod capture_status {
     /// `CU_STREAM_CAPTURE_STATUS_NONE`.
@@ -356,17 +371,7 @@ pub trait Backend: Send + Sync + 'static {
         copy: &Copy3d,
     ) -> CuResult<Box<dyn StagedCopy>>;
     /// `cuMemcpyPeer` (`stream` `None`) or `cuMemcpyPeerAsync`; `ctx` is the calling context.
-    #[allow(clippy::too_many_arguments)]
-    fn memcpy_peer(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        dst_ctx: u64,
-        src: u64,
-        src_ctx: u64,
-        size: u64,
-    ) -> CuResult<()>;
+    fn memcpy_peer(&self, ctx: u64, stream: Option<u64>, copy: PeerCopy) -> CuResult<()>;
     /// `cuMemsetD8/16/32` (`stream` `None`) or their async forms; `elem` is 1, 2 or 4.
     fn memset(
         &self,

@@ -133,7 +133,7 @@ impl Executor {
             call,
             "RM_MEMCPY_PEER",
             |st| peer_target(st, &a),
-            |b, (c, _, dc, sc)| b.memcpy_peer(c, None, a.dst, dc, a.src, sc, a.size),
+            |b, (c, _, copy)| b.memcpy_peer(c, None, copy),
         )
     }
 
@@ -459,15 +459,18 @@ fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc
 pub(super) fn peer_target(
     st: &SessionState,
     a: &RmMemcpyPeerArgs,
-) -> CuResult<(u64, u64, u64, u64)> {
+) -> CuResult<(u64, u64, PeerCopy)> {
     st.check_range(a.dst, a.size)?;
     st.check_range(a.src, a.size)?;
-    Ok((
-        st.ctx(a.ctx)?,
-        st.stream(a.stream)?,
-        st.ctx(a.dst_ctx)?,
-        st.ctx(a.src_ctx)?,
-    ))
+    let (c, s) = (st.ctx(a.ctx)?, st.stream(a.stream)?);
+    let copy = PeerCopy {
+        dst: a.dst,
+        dst_ctx: st.ctx(a.dst_ctx)?,
+        src: a.src,
+        src_ctx: st.ctx(a.src_ctx)?,
+        size: a.size,
+    };
+    Ok((c, s, copy))
 }
 
 /// Checks one side of a 2-D or 3-D copy from the wire (see [`copy_target`]).

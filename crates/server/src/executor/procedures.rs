@@ -274,7 +274,7 @@ impl RemoraV1Server for Executor {
             "RM_MEMCPY_PEER_ASYNC",
             (a.ctx, a.stream),
             |st| peer_target(st, &a),
-            |b, (c, s, dc, sc)| b.memcpy_peer(c, Some(s), a.dst, dc, a.src, sc, a.size),
+            |b, (c, s, copy)| b.memcpy_peer(c, Some(s), copy),
         )
     }
 

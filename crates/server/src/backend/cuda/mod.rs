@@ -15,7 +15,7 @@ use remora_oncrpc::DataArea;
 
 use super::{
     AreaSpan, Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, DeviceProps, FunctionInfo,
-    LaunchSpec, LoadedModule, StagedCopy,
+    LaunchSpec, LoadedModule, PeerCopy, StagedCopy,
 };
 
 #[macro_use]
@@ -605,17 +605,15 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn memcpy_peer(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        dst_ctx: u64,
-        src: u64,
-        src_ctx: u64,
-        size: u64,
-    ) -> CuResult<()> {
+    fn memcpy_peer(&self, ctx: u64, stream: Option<u64>, copy: PeerCopy) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
+        let PeerCopy {
+            dst,
+            dst_ctx,
+            src,
+            src_ctx,
+            size,
+        } = copy;
         let n = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
         match stream {
             // SAFETY: both ranges were checked against the session's allocations; the
