@@ -346,6 +346,14 @@ impl State {
         self.next_handle
     }
 
+    /// A new object of context `ctx`: its handle, which `insert` records.
+    fn create_in(&mut self, ctx: u64, insert: impl FnOnce(&mut Self, u64)) -> CuResult<u64> {
+        self.ctx(ctx)?;
+        let h = self.handle();
+        insert(self, h);
+        Ok(h)
+    }
+
     fn ctx(&self, ctx: u64) -> CuResult<i32> {
         self.contexts
             .get(&ctx)
@@ -533,6 +541,14 @@ impl State {
 struct ReadyCopy(Vec<u8>, std::time::Instant, Option<Arc<HostPending>>);
 
 impl EmulatedBackend {
+    /// Checks that `stream` of `ctx` exists and is not capturing: a blocking call on a
+    /// capturing stream is refused and invalidates the capture, as CUDA does.
+    fn outside_capture(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream)?;
+        st.refuse_in_capture(ctx, stream)
+    }
+
     fn staged(&self, data: Vec<u8>) -> ReadyCopy {
         ReadyCopy(
             data,
@@ -604,6 +620,11 @@ fn parse_module(image: &[u8]) -> CuResult<ParsedModule> {
         }
     }
     Ok((funcs, globals))
+}
+
+/// Forgets object `h` of `map`, answering it (`INVALID_HANDLE` when there is none).
+fn forget<V>(map: &mut HashMap<u64, V>, h: u64) -> CuResult<V> {
+    map.remove(&h).ok_or(CuError(cu::INVALID_HANDLE))
 }
 
 impl Backend for EmulatedBackend {
@@ -980,10 +1001,7 @@ impl Backend for EmulatedBackend {
     fn module_unload(&self, ctx: u64, module: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        let m = st
-            .modules
-            .remove(&module)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let m = forget(&mut st.modules, module)?;
         for (ptr, _) in m.globals.into_values() {
             st.free(ptr)?;
         }
@@ -1108,28 +1126,19 @@ impl Backend for EmulatedBackend {
     }
 
     fn stream_create(&self, ctx: u64, _flags: u32, _priority: i32) -> CuResult<u64> {
-        let mut st = self.lock();
-        st.ctx(ctx)?;
-        let h = st.handle();
-        st.streams.insert(h, ctx);
-        Ok(h)
+        self.lock().create_in(ctx, |st, h| {
+            st.streams.insert(h, ctx);
+        })
     }
 
     fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        st.streams
-            .remove(&stream)
-            .map(|_| ())
-            .ok_or(CuError(cu::INVALID_HANDLE))
+        forget(&mut st.streams, stream).map(|_| ())
     }
 
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        {
-            let mut st = self.lock();
-            st.stream(ctx, stream)?;
-            st.refuse_in_capture(ctx, stream)?;
-        }
+        self.outside_capture(ctx, stream)?;
         self.host_pending.wait_idle(ctx, Some(stream));
         self.pause();
         self.device_printf();
@@ -1137,11 +1146,7 @@ impl Backend for EmulatedBackend {
     }
 
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        {
-            let mut st = self.lock();
-            st.stream(ctx, stream)?;
-            st.refuse_in_capture(ctx, stream)?;
-        }
+        self.outside_capture(ctx, stream)?;
         if self.host_pending.lock().contains_key(&(ctx, stream)) {
             return Err(CuError(cu::NOT_READY));
         }
@@ -1169,20 +1174,15 @@ impl Backend for EmulatedBackend {
     }
 
     fn event_create(&self, ctx: u64, _flags: u32) -> CuResult<u64> {
-        let mut st = self.lock();
-        st.ctx(ctx)?;
-        let h = st.handle();
-        st.events.insert(h, None);
-        Ok(h)
+        self.lock().create_in(ctx, |st, h| {
+            st.events.insert(h, None);
+        })
     }
 
     fn event_destroy(&self, ctx: u64, event: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        st.events
-            .remove(&event)
-            .map(|_| ())
-            .ok_or(CuError(cu::INVALID_HANDLE))
+        forget(&mut st.events, event).map(|_| ())
     }
 
     fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
@@ -1231,11 +1231,7 @@ impl Backend for EmulatedBackend {
     }
 
     fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()> {
-        {
-            let mut st = self.lock();
-            st.stream(ctx, stream)?;
-            st.refuse_in_capture(ctx, stream)?;
-        }
+        self.outside_capture(ctx, stream)?;
         let tx = self.host_thread(ctx)?;
         let key = (ctx, stream);
         *self.host_pending.lock().entry(key).or_default() += 1;
@@ -1377,19 +1373,13 @@ impl Backend for EmulatedBackend {
     fn graph_exec_destroy(&self, ctx: u64, exec: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        st.execs
-            .remove(&exec)
-            .map(|_| ())
-            .ok_or(CuError(cu::INVALID_HANDLE))
+        forget(&mut st.execs, exec).map(|_| ())
     }
 
     fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        st.graphs
-            .remove(&graph)
-            .map(|_| ())
-            .ok_or(CuError(cu::INVALID_HANDLE))
+        forget(&mut st.graphs, graph).map(|_| ())
     }
 
     fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64> {
