@@ -28,6 +28,15 @@ pub(crate) struct Launch<'a> {
     pub(crate) layout: &'a [(u32, u32)],
 }
 
+/// `fn u32(&self, i)` and the like: parameter `i` read as that type, little-endian.
+macro_rules! le_readers {
+    ($($t:ident),*) => {
+        $(fn $t(&self, i: usize) -> CuResult<$t> {
+            Ok($t::from_le_bytes(self.bytes(i)?))
+        })*
+    };
+}
+
 impl Launch<'_> {
     /// Checks the parameter sizes against the kernel's signature.
     fn expect(&self, sizes: &[u32]) -> CuResult<()> {
@@ -58,33 +67,8 @@ impl Launch<'_> {
             .ok_or(CuError(cu::INVALID_VALUE))
     }
 
-    fn u64(&self, i: usize) -> CuResult<u64> {
-        Ok(u64::from_le_bytes(self.bytes(i)?))
-    }
-    fn i64(&self, i: usize) -> CuResult<i64> {
-        Ok(i64::from_le_bytes(self.bytes(i)?))
-    }
-    fn i32(&self, i: usize) -> CuResult<i32> {
-        Ok(i32::from_le_bytes(self.bytes(i)?))
-    }
-    fn u32(&self, i: usize) -> CuResult<u32> {
-        Ok(u32::from_le_bytes(self.bytes(i)?))
-    }
-    fn i16(&self, i: usize) -> CuResult<i16> {
-        Ok(i16::from_le_bytes(self.bytes(i)?))
-    }
-    fn i8(&self, i: usize) -> CuResult<i8> {
-        Ok(i8::from_le_bytes(self.bytes(i)?))
-    }
-    fn u8(&self, i: usize) -> CuResult<u8> {
-        Ok(u8::from_le_bytes(self.bytes(i)?))
-    }
-    fn f32(&self, i: usize) -> CuResult<f32> {
-        Ok(f32::from_le_bytes(self.bytes(i)?))
-    }
-    fn f64(&self, i: usize) -> CuResult<f64> {
-        Ok(f64::from_le_bytes(self.bytes(i)?))
-    }
+    // Parameter `i` as each scalar type, little-endian.
+    le_readers!(u64, i64, i32, u32, i16, i8, u8, f32, f64);
 
     /// The number of threads along x over the whole grid (1-D kernels).
     fn threads_x(&self) -> u64 {
