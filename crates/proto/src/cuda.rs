@@ -20,13 +20,19 @@ pub mod cu {
     pub const INVALID_IMAGE: i32 = 200;
     pub const FILE_NOT_FOUND: i32 = 301;
     pub const INVALID_CONTEXT: i32 = 201;
+    pub const UNSUPPORTED_LIMIT: i32 = 215;
     pub const NOT_FOUND: i32 = 500;
     pub const NOT_READY: i32 = 600;
+    pub const ILLEGAL_ADDRESS: i32 = 700;
+    pub const CONTEXT_IS_DESTROYED: i32 = 709;
+    pub const LAUNCH_FAILED: i32 = 719;
     pub const INVALID_HANDLE: i32 = 400;
     pub const NOT_PERMITTED: i32 = 800;
     pub const NOT_SUPPORTED: i32 = 801;
     pub const ILLEGAL_STATE: i32 = 401;
     pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
+    pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
+    pub const STREAM_CAPTURE_UNMATCHED: i32 = 903;
     pub const STREAM_CAPTURE_WRONG_THREAD: i32 = 908;
     pub const UNKNOWN: i32 = 999;
 }
@@ -51,6 +57,12 @@ impl CuError {
         } else {
             Err(CuError(code))
         }
+    }
+
+    /// Whether the CUDA context is unusable after this error: CUDA keeps returning it, so a
+    /// server session does too.
+    pub fn is_sticky(self) -> bool {
+        matches!(self.0, 214 | 700 | 710 | 714..=719)
     }
 }
 
@@ -162,6 +174,22 @@ mod tests {
             Some("an illegal memory access was encountered")
         );
         assert_eq!(cu_result_name(12345), None);
+        for (code, name) in [
+            (cu::UNSUPPORTED_LIMIT, "CUDA_ERROR_UNSUPPORTED_LIMIT"),
+            (cu::ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+            (cu::CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED"),
+            (cu::LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED"),
+            (
+                cu::STREAM_CAPTURE_INVALIDATED,
+                "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+            ),
+            (
+                cu::STREAM_CAPTURE_UNMATCHED,
+                "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
+            ),
+        ] {
+            assert_eq!(cu_result_name(code), Some(name));
+        }
         for (_, name, text) in rows {
             assert!(name.starts_with("CUDA_"));
             assert!(!text.is_empty(), "{name} has no text");

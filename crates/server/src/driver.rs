@@ -2,16 +2,13 @@
 //!
 //! The server never links against `libcuda.so.1`: it `dlopen`s it when it starts, so a
 //! machine without a GPU or driver still runs `remora serve` and reports zero devices with the
-//! reason. Only the few queries the HELLO inventory needs live here for now.
+//! reason. The HELLO inventory: the driver is opened through the CUDA backend's loader
+//! ([`crate::backend::cuda`]), which keeps one load per process for the backend to share.
 
-use std::ffi::{CStr, c_char, c_int, c_uint};
+use std::ffi::c_int;
 
-use libloading::Library;
+use crate::backend::cuda::{self, LoadError, Loaded, need};
 
-/// `CUresult` as the driver returns it.
-type CuResult = c_int;
-
-const CUDA_SUCCESS: CuResult = 0;
 const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
@@ -56,35 +53,26 @@ pub enum Inventory {
     InitFailed(String),
 }
 
+/// The driver library to load: `REMORA_REAL_LIBCUDA`, else [`DEFAULT_DRIVER_LIBRARY`].
+pub fn driver_library() -> String {
+    std::env::var("REMORA_REAL_LIBCUDA").unwrap_or_else(|_| DEFAULT_DRIVER_LIBRARY.into())
+}
+
 /// Loads the driver named by `REMORA_REAL_LIBCUDA` (default `libcuda.so.1`) and lists its
 /// GPUs. Never panics; every failure becomes a reason string.
 pub fn probe() -> Inventory {
-    let path =
-        std::env::var("REMORA_REAL_LIBCUDA").unwrap_or_else(|_| DEFAULT_DRIVER_LIBRARY.into());
-    probe_library(&path)
+    probe_library(&driver_library())
 }
 
-/// Like [`probe`], for an explicit library path.
+/// Like [`probe`], for an explicit library path. The library is opened through the CUDA
+/// backend's loader, so the backend later shares this load (one `dlopen` per process).
 pub fn probe_library(path: &str) -> Inventory {
-    // SAFETY: loading a shared library runs its initialisers. The path names NVIDIA's CUDA
-    // driver (or an operator-chosen replacement via REMORA_REAL_LIBCUDA); its initialisers
-    // are designed to run in any process that loads it.
-    let lib = match unsafe { Library::new(path) } {
+    let lib = match cuda::open(path) {
         Ok(lib) => lib,
-        Err(e) => {
-            let mut detail = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                detail = format!("{detail}: {s}");
-                source = s.source();
-            }
-            return Inventory::NotFound(format!(
-                "could not load the CUDA driver {path} ({detail}). Install the NVIDIA driver, \
-                 or set REMORA_REAL_LIBCUDA to its path"
-            ));
-        }
+        Err(LoadError::NotFound(reason)) => return Inventory::NotFound(reason),
+        Err(LoadError::InitFailed(reason)) => return Inventory::InitFailed(reason),
     };
-    match Driver::new(&lib).and_then(|d| d.inventory()) {
+    match inventory(&lib) {
         Ok((driver_version, devices)) => Inventory::Ok {
             driver_version,
             devices,
@@ -93,144 +81,27 @@ pub fn probe_library(path: &str) -> Inventory {
     }
 }
 
-type FnInit = unsafe extern "C" fn(c_uint) -> CuResult;
-type FnOutInt = unsafe extern "C" fn(*mut c_int) -> CuResult;
-type FnDeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> CuResult;
-type FnDeviceString = unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult;
-type FnTotalMem = unsafe extern "C" fn(*mut usize, c_int) -> CuResult;
-type FnUuid = unsafe extern "C" fn(*mut [u8; 16], c_int) -> CuResult;
-type FnAttribute = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult;
-type FnErrorName = unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult;
-
-/// The driver entry points the inventory uses, resolved once.
-struct Driver {
-    init: FnInit,
-    driver_get_version: FnOutInt,
-    device_get_count: FnOutInt,
-    device_get: FnDeviceGet,
-    device_get_name: FnDeviceString,
-    device_total_mem: FnTotalMem,
-    device_get_uuid: FnUuid,
-    device_get_attribute: FnAttribute,
-    device_get_pci_bus_id: FnDeviceString,
-    get_error_name: Option<FnErrorName>,
-}
-
-fn symbol<T: Copy>(lib: &Library, names: &[&str]) -> Result<T, String> {
-    for name in names {
-        let cname = format!("{name}\0");
-        // SAFETY: every caller passes a function-pointer type `T` that matches the C
-        // prototype of `name` in cuda.h (CUDA 13.0); the pointer is copied out and used only
-        // while `lib` stays loaded (the Driver never outlives the Library it was built from).
-        if let Ok(sym) = unsafe { lib.get::<T>(cname.as_bytes()) } {
-            return Ok(*sym);
-        }
-    }
-    Err(format!("the CUDA driver lacks {}", names.join(" / ")))
-}
-
-impl Driver {
-    fn new(lib: &Library) -> Result<Self, String> {
-        Ok(Self {
-            init: symbol(lib, &["cuInit"])?,
-            driver_get_version: symbol(lib, &["cuDriverGetVersion"])?,
-            device_get_count: symbol(lib, &["cuDeviceGetCount"])?,
-            device_get: symbol(lib, &["cuDeviceGet"])?,
-            device_get_name: symbol(lib, &["cuDeviceGetName"])?,
-            device_total_mem: symbol(lib, &["cuDeviceTotalMem_v2", "cuDeviceTotalMem"])?,
-            device_get_uuid: symbol(lib, &["cuDeviceGetUuid_v2", "cuDeviceGetUuid"])?,
-            device_get_attribute: symbol(lib, &["cuDeviceGetAttribute"])?,
-            device_get_pci_bus_id: symbol(lib, &["cuDeviceGetPCIBusId"])?,
-            get_error_name: symbol(lib, &["cuGetErrorName"]).ok(),
-        })
-    }
-
-    fn check(&self, what: &str, rc: CuResult) -> Result<(), String> {
-        if rc == CUDA_SUCCESS {
-            return Ok(());
-        }
-        let mut name: *const c_char = std::ptr::null();
-        let known = self.get_error_name.is_some_and(|f| {
-            // SAFETY: cuGetErrorName writes a pointer to a static NUL-terminated string
-            // into `name`, or fails and leaves it untouched (null).
-            unsafe { f(rc, &mut name) == CUDA_SUCCESS && !name.is_null() }
+fn inventory(lib: &Loaded) -> Result<(i32, Vec<GpuInfo>), String> {
+    let version = need("cuDriverGetVersion", lib.driver_version())?;
+    let count = need("cuDeviceGetCount", lib.device_count())?;
+    let mut devices = Vec::with_capacity(count.clamp(0, 64) as usize);
+    for ordinal in 0..count {
+        let dev = need("cuDeviceGet", lib.device(ordinal))?;
+        let total_memory = need("cuDeviceTotalMem", lib.total_mem(dev))?;
+        let uuid = need("cuDeviceGetUuid", lib.uuid(dev))?;
+        let attribute = |attr| need("cuDeviceGetAttribute", lib.attribute(attr, dev));
+        devices.push(GpuInfo {
+            ordinal,
+            name: need("cuDeviceGetName", lib.name(dev))?,
+            uuid,
+            total_memory,
+            compute_major: attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            compute_minor: attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            multiprocessor_count: attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            pci_bus_id: need("cuDeviceGetPCIBusId", lib.pci_bus_id(dev))?,
         });
-        let label = if known {
-            // SAFETY: checked non-null above; the driver's error names are static C strings.
-            unsafe { CStr::from_ptr(name) }
-                .to_string_lossy()
-                .into_owned()
-        } else {
-            "unknown error".to_owned()
-        };
-        Err(format!("{what} failed with CUDA error {rc} ({label})"))
     }
-
-    fn out_int(&self, what: &str, f: FnOutInt) -> Result<c_int, String> {
-        let mut v: c_int = 0;
-        // SAFETY: `f` is cuDriverGetVersion or cuDeviceGetCount, which write one int.
-        self.check(what, unsafe { f(&mut v) })?;
-        Ok(v)
-    }
-
-    fn string(&self, what: &str, f: FnDeviceString, dev: c_int) -> Result<String, String> {
-        let mut buf = [0 as c_char; 256];
-        // SAFETY: the driver writes at most `len` bytes, NUL-terminated, into `buf`.
-        self.check(what, unsafe {
-            f(buf.as_mut_ptr(), buf.len() as c_int, dev)
-        })?;
-        buf[buf.len() - 1] = 0;
-        // SAFETY: `buf` is NUL-terminated (forced above) and lives for this call.
-        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned())
-    }
-
-    fn attribute(&self, attr: c_int, dev: c_int) -> Result<c_int, String> {
-        let mut v: c_int = 0;
-        // SAFETY: cuDeviceGetAttribute writes one int for a valid attribute and device.
-        self.check("cuDeviceGetAttribute", unsafe {
-            (self.device_get_attribute)(&mut v, attr, dev)
-        })?;
-        Ok(v)
-    }
-
-    fn inventory(&self) -> Result<(i32, Vec<GpuInfo>), String> {
-        // SAFETY: cuInit(0) takes no pointers.
-        self.check("cuInit", unsafe { (self.init)(0) })?;
-        let version = self.out_int("cuDriverGetVersion", self.driver_get_version)?;
-        let count = self.out_int("cuDeviceGetCount", self.device_get_count)?;
-        let mut devices = Vec::with_capacity(count.clamp(0, 64) as usize);
-        for ordinal in 0..count {
-            let mut dev: c_int = 0;
-            // SAFETY: cuDeviceGet writes one CUdevice (an int) for a valid ordinal.
-            self.check("cuDeviceGet", unsafe {
-                (self.device_get)(&mut dev, ordinal)
-            })?;
-            let mut total: usize = 0;
-            // SAFETY: cuDeviceTotalMem writes one size_t.
-            self.check("cuDeviceTotalMem", unsafe {
-                (self.device_total_mem)(&mut total, dev)
-            })?;
-            let mut uuid = [0u8; 16];
-            // SAFETY: CUuuid is 16 bytes; the driver writes exactly that.
-            self.check("cuDeviceGetUuid", unsafe {
-                (self.device_get_uuid)(&mut uuid, dev)
-            })?;
-            devices.push(GpuInfo {
-                ordinal,
-                name: self.string("cuDeviceGetName", self.device_get_name, dev)?,
-                uuid,
-                total_memory: total as u64,
-                compute_major: self.attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)?,
-                compute_minor: self.attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)?,
-                multiprocessor_count: self
-                    .attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)?,
-                pci_bus_id: self.string("cuDeviceGetPCIBusId", self.device_get_pci_bus_id, dev)?,
-            });
-        }
-        Ok((version, devices))
-    }
+    Ok((version, devices))
 }
 
 /// Keeps only the devices whose real ordinals are listed in `selection` (in that order) and

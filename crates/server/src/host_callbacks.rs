@@ -23,17 +23,13 @@
 //! (before the session's streams and contexts are destroyed) and makes later ones return at
 //! once, so that a client that dies never leaves a stream blocked.
 
+use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use remora_oncrpc::DeferredReply;
 use remora_proto::remora::{RM_MAX_DUE_CALLBACKS, RmDueCallback, RmHostCallbacksReply};
 use remora_xdr::XdrEncode;
-
-use crate::backend::status::{INVALID_VALUE, SUCCESS};
-
-/// `CUDA_ERROR_CONTEXT_IS_DESTROYED`: the answer to a wait outstanding when the session ends.
-const CONTEXT_IS_DESTROYED: i32 = 709;
 
 #[derive(Default)]
 struct State {
@@ -88,7 +84,7 @@ impl HostCallbacks {
         if let Some(w) = st.waiter.take() {
             let due = st.take_due();
             drop(st);
-            send(w, SUCCESS, due);
+            send(w, cu::SUCCESS, due);
             st = self.lock();
         }
         while st.blocked.contains(&id) && !st.closed {
@@ -105,27 +101,27 @@ impl HostCallbacks {
         let mut st = self.lock();
         if st.closed {
             drop(st);
-            send(reply, CONTEXT_IS_DESTROYED, Vec::new());
+            send(reply, cu::CONTEXT_IS_DESTROYED, Vec::new());
             return;
         }
         if !st.due.is_empty() {
             let due = st.take_due();
             drop(st);
-            send(reply, SUCCESS, due);
+            send(reply, cu::SUCCESS, due);
             return;
         }
         let older = st.waiter.replace(reply);
         drop(st);
         if let Some(older) = older {
-            send(older, SUCCESS, Vec::new());
+            send(older, cu::SUCCESS, Vec::new());
         }
     }
 
     /// RM_HOST_CALLBACK_DONE: releases the host function of callback `id`.
-    pub(crate) fn done(&self, id: u64) -> Result<(), i32> {
+    pub(crate) fn done(&self, id: u64) -> CuResult<()> {
         let removed = self.lock().blocked.remove(&id);
         if !removed {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         self.released.notify_all();
         Ok(())
@@ -155,7 +151,7 @@ impl HostCallbacks {
             );
         }
         if let Some(w) = waiter {
-            send(w, CONTEXT_IS_DESTROYED, Vec::new());
+            send(w, cu::CONTEXT_IS_DESTROYED, Vec::new());
         }
     }
 }
@@ -176,7 +172,7 @@ mod tests {
         }
         std::thread::sleep(Duration::from_millis(20));
         assert!(!t.is_finished(), "the host function waits for the client");
-        assert_eq!(cb.done(8), Err(INVALID_VALUE));
+        assert_eq!(cb.done(8), Err(CuError(cu::INVALID_VALUE)));
         assert_eq!(cb.done(7), Ok(()));
         t.join().unwrap();
 

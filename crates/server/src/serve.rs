@@ -840,6 +840,43 @@ fn listen_and_start(config: &ServeConfig, mut builder: Server) -> Result<ServerH
     Ok(handle)
 }
 
+/// The executor options the server and a session worker both take from their configuration.
+struct ExecutorOptions {
+    module_cache_bytes: Option<u64>,
+    module_cache_dir: Option<PathBuf>,
+    profile: bool,
+    no_private_driver_calls: bool,
+    area_lock_budget: u64,
+}
+
+/// The [`ExecutorOptions`] of a [`ServeConfig`] or a [`WorkerConfig`] (same field names),
+/// with the data-area lock budget `budget`.
+macro_rules! executor_options {
+    ($config:expr, $budget:expr) => {
+        ExecutorOptions {
+            module_cache_bytes: $config.module_cache_bytes,
+            module_cache_dir: $config.module_cache_dir.clone(),
+            profile: $config.profile,
+            no_private_driver_calls: $config.no_private_driver_calls,
+            area_lock_budget: $budget,
+        }
+    };
+}
+
+fn new_executor(backend: Arc<dyn Backend>, inventory: &Inventory, o: ExecutorOptions) -> Executor {
+    let executor = Executor::with_module_cache_dir(
+        backend,
+        HelloService::new(inventory),
+        o.module_cache_bytes
+            .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
+        o.module_cache_dir,
+    );
+    executor.set_profile(o.profile);
+    executor.set_private_driver_calls(!o.no_private_driver_calls);
+    executor.set_area_lock_budget(o.area_lock_budget);
+    executor
+}
+
 /// Runs one session worker (`remora serve-worker`): serves the connection on standard input
 /// with a full executor of its own until it closes. The worker dies with SIGTERM when the
 /// server thread that started it goes away.
@@ -883,17 +920,11 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         backend = backend.kind(),
         "session worker ready"
     );
-    let executor = Executor::with_module_cache_dir(
+    let executor = new_executor(
         backend,
-        HelloService::new(&inventory),
-        config
-            .module_cache_bytes
-            .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
-        config.module_cache_dir.clone(),
+        &inventory,
+        executor_options!(config, config.shm_lock_budget.unwrap_or(u64::MAX)),
     );
-    executor.set_profile(config.profile);
-    executor.set_private_driver_calls(!config.no_private_driver_calls);
-    executor.set_area_lock_budget(config.shm_lock_budget.unwrap_or(u64::MAX));
     if let Some(out) = &device_output {
         executor.deliver_device_output(Arc::clone(out));
     }
@@ -966,17 +997,11 @@ pub fn start_with_backend(
         "thread isolation: device-side printf output is not delivered to clients (sessions \
          share this process's standard output); it goes to the server's standard output"
     );
-    let executor = Executor::with_module_cache_dir(
+    let executor = new_executor(
         backend,
-        HelloService::new(&inventory),
-        config
-            .module_cache_bytes
-            .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
-        config.module_cache_dir.clone(),
+        &inventory,
+        executor_options!(config, config.shm.lock_max_bytes),
     );
-    executor.set_profile(config.profile);
-    executor.set_private_driver_calls(!config.no_private_driver_calls);
-    executor.set_area_lock_budget(config.shm.lock_max_bytes);
     let service = Arc::new(RemoraService::new(executor));
     let handle = listen_and_start(
         &config,

@@ -2,17 +2,14 @@
 //! asynchronous device-to-host copies. Handles on the wire are indices into this table, so a
 //! client can only name its own objects.
 
+use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
 
 use remora_proto::remora::{RM_STREAM_LEGACY, RmCopyData};
 use remora_xdr::Bytes;
 
-use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, NOT_FOUND, SUCCESS, is_sticky};
-
-/// CUDA_ERROR_CONTEXT_IS_DESTROYED.
-const CONTEXT_IS_DESTROYED: i32 = 709;
-use crate::backend::{Backend, CuResult, LEGACY_STREAM, StagedCopy};
+use crate::backend::{Backend, LEGACY_STREAM, StagedCopy};
 use crate::host_callbacks::HostCallbacks;
 use crate::waiters::WaiterPool;
 
@@ -87,6 +84,9 @@ pub(crate) struct Range {
     pub(crate) module: Option<u64>,
 }
 
+/// The data area and the offset in it where a copy's bytes land.
+pub(crate) type AreaTarget = (remora_oncrpc::DataArea, u64);
+
 /// An asynchronous device-to-host copy not yet delivered.
 pub(crate) struct PendingCopy {
     pub(crate) copy_id: u64,
@@ -96,7 +96,7 @@ pub(crate) struct PendingCopy {
     pub(crate) copy: Box<dyn StagedCopy>,
     /// Where the bytes go instead of the reply: the session's data area at this offset
     /// (`RM_AREA_MEMCPY_DTOH_ASYNC`, bounds checked when the copy was issued).
-    pub(crate) area: Option<(remora_oncrpc::DataArea, u64)>,
+    pub(crate) area: Option<AreaTarget>,
     /// Set by whoever delivers it: a synchronizing reply or a host function that follows it
     /// (exactly one of them).
     pub(crate) taken: std::sync::atomic::AtomicBool,
@@ -112,8 +112,8 @@ impl PendingCopy {
         }
         Some(match &self.area {
             Some((area, offset)) => {
-                if area.write(*offset, self.copy.data()).is_err() && *status == SUCCESS {
-                    *status = INVALID_VALUE;
+                if area.write(*offset, self.copy.data()).is_err() && *status == cu::SUCCESS {
+                    *status = cu::INVALID_VALUE;
                 }
                 RmCopyData {
                     copy_id: self.copy_id,
@@ -192,7 +192,7 @@ impl PendingCopies {
     /// Publishes the copies a host function follows (they have completed): called on the
     /// driver's host-function thread, so it calls no driver function and takes only `ready`.
     pub(crate) fn publish(&self, copies: &[Arc<PendingCopy>]) {
-        let mut status = SUCCESS;
+        let mut status = cu::SUCCESS;
         let out: Vec<RmCopyData> = copies
             .iter()
             .filter_map(|p| p.deliver(&mut status))
@@ -285,8 +285,8 @@ impl PendingCopies {
         }
         for (p, err) in done {
             if let Some(e) = err {
-                if *status == SUCCESS {
-                    *status = e;
+                if *status == cu::SUCCESS {
+                    *status = e.0;
                 }
                 // Delivered empty: the client must not wait for data that will not come.
                 if !p.taken.swap(true, std::sync::atomic::Ordering::AcqRel) {
@@ -360,11 +360,11 @@ impl SessionState {
     }
 
     pub(crate) fn get(&self, h: u64) -> CuResult<&Resource> {
-        self.table.get(&h).ok_or(INVALID_HANDLE)
+        self.table.get(&h).ok_or(CuError(cu::INVALID_HANDLE))
     }
 
     pub(crate) fn get_mut(&mut self, h: u64) -> CuResult<&mut Resource> {
-        self.table.get_mut(&h).ok_or(INVALID_HANDLE)
+        self.table.get_mut(&h).ok_or(CuError(cu::INVALID_HANDLE))
     }
 
     pub(crate) fn remove(&mut self, h: u64) -> Option<Resource> {
@@ -384,11 +384,11 @@ impl SessionState {
     /// The backend context of context handle `h`.
     pub(crate) fn ctx(&self, h: u64) -> CuResult<u64> {
         if self.reset_primaries.contains(&h) {
-            return Err(CONTEXT_IS_DESTROYED);
+            return Err(CuError(cu::CONTEXT_IS_DESTROYED));
         }
         match self.get(h)? {
             Resource::Context { raw, .. } => Ok(*raw),
-            _ => Err(INVALID_HANDLE),
+            _ => Err(CuError(cu::INVALID_HANDLE)),
         }
     }
 
@@ -399,7 +399,7 @@ impl SessionState {
         }
         match self.get(h)? {
             Resource::Stream { raw, .. } => Ok(*raw),
-            _ => Err(INVALID_HANDLE),
+            _ => Err(CuError(cu::INVALID_HANDLE)),
         }
     }
 
@@ -407,7 +407,7 @@ impl SessionState {
     pub(crate) fn event(&self, h: u64) -> CuResult<(u64, u64)> {
         match self.get(h)? {
             Resource::Event { raw, ctx } => Ok((*raw, self.ctx(*ctx)?)),
-            _ => Err(INVALID_HANDLE),
+            _ => Err(CuError(cu::INVALID_HANDLE)),
         }
     }
 
@@ -417,16 +417,20 @@ impl SessionState {
             Resource::Function {
                 raw, ctx, params, ..
             } => Ok((*raw, self.ctx(*ctx)?, Arc::clone(params))),
-            _ => Err(INVALID_HANDLE),
+            _ => Err(CuError(cu::INVALID_HANDLE)),
         }
     }
 
     /// Checks that `[ptr, ptr + len)` lies inside one of the session's ranges.
     pub(crate) fn check_range(&self, ptr: u64, len: u64) -> CuResult<()> {
-        let (base, r) = self.ranges.range(..=ptr).next_back().ok_or(INVALID_VALUE)?;
-        let end = ptr.checked_add(len).ok_or(INVALID_VALUE)?;
+        let (base, r) = self
+            .ranges
+            .range(..=ptr)
+            .next_back()
+            .ok_or(CuError(cu::INVALID_VALUE))?;
+        let end = ptr.checked_add(len).ok_or(CuError(cu::INVALID_VALUE))?;
         if end > base + r.size {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         Ok(())
     }
@@ -435,15 +439,15 @@ impl SessionState {
     pub(crate) fn range_of(&self, ptr: u64) -> CuResult<(u64, Range)> {
         match self.ranges.range(..=ptr).next_back() {
             Some((base, r)) if ptr < base + r.size.max(1) => Ok((*base, *r)),
-            _ => Err(NOT_FOUND),
+            _ => Err(CuError(cu::NOT_FOUND)),
         }
     }
 
     /// Keeps the error of a one-way call for the next synchronizing call (the first wins).
     pub(crate) fn defer_error(&mut self, code: i32) {
-        if self.deferred.is_none() && code != SUCCESS {
+        if self.deferred.is_none() && code != cu::SUCCESS {
             self.deferred = Some(code);
-            if is_sticky(code) {
+            if CuError(code).is_sticky() {
                 self.sticky
                     .store(code, std::sync::atomic::Ordering::Release);
             }
@@ -460,11 +464,11 @@ impl SessionState {
     /// it belonged to a context that no longer exists (CUDA keeps a sticky error in the
     /// faulting context; the driver goes on answering it for any other one still alive).
     pub(crate) fn clear_sticky(&mut self) {
-        if self.deferred.is_some_and(is_sticky) {
+        if self.deferred.is_some_and(|c| CuError(c).is_sticky()) {
             self.deferred = None;
         }
         self.sticky
-            .store(SUCCESS, std::sync::atomic::Ordering::Release);
+            .store(cu::SUCCESS, std::sync::atomic::Ordering::Release);
     }
 
     /// The status a synchronizing call returns: a deferred error if there is one (kept when
@@ -472,12 +476,12 @@ impl SessionState {
     pub(crate) fn sync_status(&mut self, own: CuResult<()>) -> i32 {
         match self.deferred {
             Some(e) => {
-                if !is_sticky(e) {
+                if !CuError(e).is_sticky() {
                     self.deferred = None;
                 }
                 e
             }
-            None => own.err().unwrap_or(SUCCESS),
+            None => own.err().map_or(cu::SUCCESS, crate::executor::nz),
         }
     }
 
@@ -538,7 +542,7 @@ impl SessionState {
                 _ => Ok(()),
             };
             if let Err(e) = rc {
-                tracing::debug!(handle = h, error = e, "cleanup: the driver refused");
+                tracing::debug!(handle = h, error = e.0, "cleanup: the driver refused");
             }
         }
         let allocations: Vec<u64> = self
@@ -550,7 +554,7 @@ impl SessionState {
         for ptr in allocations {
             self.ranges.remove(&ptr);
             if let Err(e) = backend.mem_free(raw_ctx, ptr) {
-                tracing::debug!(ptr, error = e, "cleanup: cuMemFree refused");
+                tracing::debug!(ptr, error = e.0, "cleanup: cuMemFree refused");
             }
         }
     }
@@ -581,7 +585,11 @@ impl SessionState {
             // Executor::rm_primary_ctx_retain): both are destroyed.
             let rc = backend.ctx_destroy(raw);
             if let Err(e) = rc {
-                tracing::debug!(handle = h, error = e, "cleanup: releasing a context failed");
+                tracing::debug!(
+                    handle = h,
+                    error = e.0,
+                    "cleanup: releasing a context failed"
+                );
             }
         }
         self.table.clear();
@@ -627,7 +635,7 @@ impl Ordered {
             })
             .map_err(|e| {
                 tracing::warn!(error = %e, "cannot start a session's ordered thread");
-                crate::backend::status::OUT_OF_MEMORY
+                CuError(cu::OUT_OF_MEMORY)
             })?;
         *queue = Some(tx);
         *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);

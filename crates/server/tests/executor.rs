@@ -966,7 +966,7 @@ fn the_real_driver_backend_without_a_gpu() {
             println!("SKIPPED: no CUDA driver or GPU here; checking the no-device answers");
             let b = remora_server::CudaBackend::unavailable();
             assert_eq!(b.device_count(), Ok(0));
-            assert_eq!(b.mem_alloc(0, 16), Err(100));
+            assert_eq!(b.mem_alloc(0, 16), Err(remora_proto::cuda::CuError(100)));
         }
     }
 }

@@ -18,13 +18,14 @@
 //! 2-D, 3-D, peer and device-to-host copies are not captured (the same error). Host functions (`cuLaunchHostFunc`) run on a thread
 //! per context, in the order they were enqueued, as the driver's host-function thread runs
 //! them; the stream they were enqueued on counts as busy until each returns (its synchronize
-//! waits, its query answers NOT_READY), which is what a real stream does for the work after
+//! waits, its query answers cu::NOT_READY), which is what a real stream does for the work after
 //! one. Other emulated work still completes at once.
 //!
 //! Test module format (UTF-8 text): a first line `REMORA-EMU-MODULE`, then lines
 //! `func NAME SIZE,SIZE,...` (parameters, each aligned to its size up to 8) and
 //! `global NAME BYTES`.
 
+use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -33,10 +34,9 @@ use std::time::{Duration, Instant};
 use remora_proto::remora::RmLaunchAttr;
 
 use super::emulated_kernels;
-use super::status::*;
 use super::{
-    Backend, CaptureInfo, Copy3d, CopyPlace, CuResult, DeviceProps, FunctionInfo, HostFn,
-    LEGACY_STREAM, LaunchSpec, LoadedModule, StagedCopy,
+    Backend, CaptureInfo, Copy3d, CopyPlace, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
+    LaunchSpec, LoadedModule, StagedCopy,
 };
 
 /// First line of the emulated test module format.
@@ -56,7 +56,7 @@ pub struct EmulatedConfig {
     /// Memory per device, bytes.
     pub memory_per_device: u64,
     /// How long every synchronize call blocks (to test that blocking calls do not stall
-    /// the connection). When non-zero, stream queries answer NOT_READY, as for work that is
+    /// the connection). When non-zero, stream queries answer cu::NOT_READY, as for work that is
     /// still running, so that the server's polling hands the wait to a waiter thread.
     pub sync_delay: Duration,
     /// TEST ONLY: written to this process's fd 1 by every context and stream synchronize, as
@@ -303,7 +303,7 @@ impl EmulatedBackend {
                     pending.finished(key);
                 }
             })
-            .map_err(|_| OUT_OF_MEMORY)?;
+            .map_err(|_| CuError(cu::OUT_OF_MEMORY))?;
         threads.insert(ctx, tx.clone());
         Ok(tx)
     }
@@ -328,7 +328,7 @@ impl EmulatedBackend {
 
     fn check_dev(&self, dev: i32) -> CuResult<()> {
         if dev < 0 || dev as usize >= self.config.devices {
-            return Err(INVALID_DEVICE);
+            return Err(CuError(cu::INVALID_DEVICE));
         }
         Ok(())
     }
@@ -346,8 +346,19 @@ impl State {
         self.next_handle
     }
 
+    /// A new object of context `ctx`: its handle, which `insert` records.
+    fn create_in(&mut self, ctx: u64, insert: impl FnOnce(&mut Self, u64)) -> CuResult<u64> {
+        self.ctx(ctx)?;
+        let h = self.handle();
+        insert(self, h);
+        Ok(h)
+    }
+
     fn ctx(&self, ctx: u64) -> CuResult<i32> {
-        self.contexts.get(&ctx).copied().ok_or(INVALID_HANDLE)
+        self.contexts
+            .get(&ctx)
+            .copied()
+            .ok_or(CuError(cu::INVALID_HANDLE))
     }
 
     fn stream(&self, ctx: u64, stream: u64) -> CuResult<()> {
@@ -355,19 +366,19 @@ impl State {
         if stream == LEGACY_STREAM || stream == 0 || self.streams.get(&stream) == Some(&ctx) {
             Ok(())
         } else {
-            Err(INVALID_HANDLE)
+            Err(CuError(cu::INVALID_HANDLE))
         }
     }
 
     fn alloc(&mut self, dev: i32, size: u64, limit: u64, global: bool) -> CuResult<u64> {
         if size == 0 {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         let used = self.used.entry(dev).or_default();
         if size > limit.saturating_sub(*used) {
-            return Err(OUT_OF_MEMORY);
+            return Err(CuError(cu::OUT_OF_MEMORY));
         }
-        let data = vec![0u8; usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?];
+        let data = vec![0u8; usize::try_from(size).map_err(|_| CuError(cu::OUT_OF_MEMORY))?];
         *used += size;
         let ptr = self.next_addr;
         // Leave a gap so that off-by-one accesses land outside every allocation.
@@ -377,7 +388,7 @@ impl State {
     }
 
     fn free(&mut self, ptr: u64) -> CuResult<()> {
-        let a = self.allocs.remove(&ptr).ok_or(INVALID_VALUE)?;
+        let a = self.allocs.remove(&ptr).ok_or(CuError(cu::INVALID_VALUE))?;
         if let Some(u) = self.used.get_mut(&a.dev) {
             *u -= a.data.len() as u64;
         }
@@ -390,11 +401,11 @@ impl State {
             .allocs
             .range_mut(..=ptr)
             .next_back()
-            .ok_or(INVALID_VALUE)?;
+            .ok_or(CuError(cu::INVALID_VALUE))?;
         let off = ptr - base;
-        let end = off.checked_add(len).ok_or(INVALID_VALUE)?;
+        let end = off.checked_add(len).ok_or(CuError(cu::INVALID_VALUE))?;
         if end > a.data.len() as u64 {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         Ok(&mut a.data[off as usize..end as usize])
     }
@@ -422,7 +433,7 @@ impl State {
             if let Some(c) = self.captures.get_mut(&id) {
                 c.invalidated = true;
             }
-            return Err(STREAM_CAPTURE_UNSUPPORTED);
+            return Err(CuError(cu::STREAM_CAPTURE_UNSUPPORTED));
         }
         Ok(())
     }
@@ -486,14 +497,14 @@ fn fill(bytes: &mut [u8], value: u32, elem: u32) {
 impl State {
     /// The rows of a 2-D or 3-D copy's source, packed.
     fn gather(&mut self, copy: &Copy3d, src_host: &[u8]) -> CuResult<Vec<u8>> {
-        let len = usize::try_from(copy.packed_len()).map_err(|_| INVALID_VALUE)?;
+        let len = usize::try_from(copy.packed_len()).map_err(|_| CuError(cu::INVALID_VALUE))?;
         match copy.src.place {
             CopyPlace::Host if src_host.len() == len => Ok(src_host.to_vec()),
-            CopyPlace::Host => Err(INVALID_VALUE),
+            CopyPlace::Host => Err(CuError(cu::INVALID_VALUE)),
             CopyPlace::Device(base) => {
                 let mut out = Vec::with_capacity(len);
                 for off in copy.row_offsets(&copy.src) {
-                    let p = base.checked_add(off).ok_or(INVALID_VALUE)?;
+                    let p = base.checked_add(off).ok_or(CuError(cu::INVALID_VALUE))?;
                     out.extend_from_slice(self.range(p, copy.width)?);
                 }
                 Ok(out)
@@ -504,12 +515,12 @@ impl State {
     /// Writes packed rows to a 2-D or 3-D copy's device destination.
     fn scatter(&mut self, copy: &Copy3d, packed: &[u8]) -> CuResult<()> {
         let CopyPlace::Device(base) = copy.dst.place else {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         };
-        let width = usize::try_from(copy.width).map_err(|_| INVALID_VALUE)?;
+        let width = usize::try_from(copy.width).map_err(|_| CuError(cu::INVALID_VALUE))?;
         let rows = packed.chunks(width.max(1));
         for (off, row) in copy.row_offsets(&copy.dst).zip(rows) {
-            let p = base.checked_add(off).ok_or(INVALID_VALUE)?;
+            let p = base.checked_add(off).ok_or(CuError(cu::INVALID_VALUE))?;
             self.range(p, copy.width)?.copy_from_slice(row);
         }
         Ok(())
@@ -530,6 +541,14 @@ impl State {
 struct ReadyCopy(Vec<u8>, std::time::Instant, Option<Arc<HostPending>>);
 
 impl EmulatedBackend {
+    /// Checks that `stream` of `ctx` exists and is not capturing: a blocking call on a
+    /// capturing stream is refused and invalidates the capture, as CUDA does.
+    fn outside_capture(&self, ctx: u64, stream: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream)?;
+        st.refuse_in_capture(ctx, stream)
+    }
+
     fn staged(&self, data: Vec<u8>) -> ReadyCopy {
         ReadyCopy(
             data,
@@ -580,9 +599,9 @@ fn parse_module(image: &[u8]) -> CuResult<ParsedModule> {
                 let mut params = Vec::new();
                 let mut offset = 0u32;
                 for s in sizes.unwrap_or("").split(',').filter(|s| !s.is_empty()) {
-                    let size: u32 = s.parse().map_err(|_| INVALID_IMAGE)?;
+                    let size: u32 = s.parse().map_err(|_| CuError(cu::INVALID_IMAGE))?;
                     if size == 0 || size > 4096 {
-                        return Err(INVALID_IMAGE);
+                        return Err(CuError(cu::INVALID_IMAGE));
                     }
                     offset = align_up(u64::from(offset), u64::from(size.min(8))) as u32;
                     params.push((offset, size));
@@ -591,13 +610,21 @@ fn parse_module(image: &[u8]) -> CuResult<ParsedModule> {
                 funcs.push((name.to_owned(), params));
             }
             (Some("global"), Some(name), Some(size)) => {
-                globals.push((name.to_owned(), size.parse().map_err(|_| INVALID_IMAGE)?));
+                globals.push((
+                    name.to_owned(),
+                    size.parse().map_err(|_| CuError(cu::INVALID_IMAGE))?,
+                ));
             }
             (None, ..) => {}
-            _ => return Err(INVALID_IMAGE),
+            _ => return Err(CuError(cu::INVALID_IMAGE)),
         }
     }
     Ok((funcs, globals))
+}
+
+/// Forgets object `h` of `map`, answering it (`INVALID_HANDLE` when there is none).
+fn forget<V>(map: &mut HashMap<u64, V>, h: u64) -> CuResult<V> {
+    map.remove(&h).ok_or(CuError(cu::INVALID_HANDLE))
 }
 
 impl Backend for EmulatedBackend {
@@ -646,7 +673,7 @@ impl Backend for EmulatedBackend {
             // answers 0 for both: Remora does not support managed memory).
             83 | 89 => 1,
             a if (1..=200).contains(&a) => 0,
-            _ => return Err(INVALID_VALUE),
+            _ => return Err(CuError(cu::INVALID_VALUE)),
         })
     }
 
@@ -661,7 +688,9 @@ impl Backend for EmulatedBackend {
 
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()> {
         let mut st = self.lock();
-        st.contexts.remove(&ctx).ok_or(INVALID_HANDLE)?;
+        st.contexts
+            .remove(&ctx)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
         st.created -= 1;
         drop(st);
         // Its host-function thread ends once the functions already queued have run.
@@ -690,7 +719,7 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.ctx(ctx)?;
         if !(0..=6).contains(&limit) {
-            return Err(UNSUPPORTED_LIMIT);
+            return Err(CuError(cu::UNSUPPORTED_LIMIT));
         }
         st.limits.insert((ctx, limit), value);
         Ok(())
@@ -700,7 +729,7 @@ impl Backend for EmulatedBackend {
         let st = self.lock();
         st.ctx(ctx)?;
         if !(0..=6).contains(&limit) {
-            return Err(UNSUPPORTED_LIMIT);
+            return Err(CuError(cu::UNSUPPORTED_LIMIT));
         }
         Ok(st.limits.get(&(ctx, limit)).copied().unwrap_or(1024))
     }
@@ -721,7 +750,7 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.ctx(ctx)?;
         if value > 3 {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         st.limits.insert((ctx, CACHE_CONFIG_KEY), u64::from(value));
         Ok(())
@@ -763,10 +792,12 @@ impl Backend for EmulatedBackend {
         elem: u32,
     ) -> CuResult<(u64, u64)> {
         if !matches!(elem, 4 | 8 | 16) || width == 0 || height == 0 {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         let pitch = align_up(width, 512);
-        let size = pitch.checked_mul(height).ok_or(INVALID_VALUE)?;
+        let size = pitch
+            .checked_mul(height)
+            .ok_or(CuError(cu::INVALID_VALUE))?;
         Ok((self.mem_alloc(ctx, size)?, pitch))
     }
 
@@ -778,7 +809,7 @@ impl Backend for EmulatedBackend {
         st.ctx(ctx)?;
         match st.allocs.get(&ptr) {
             Some(a) if !a.global => st.free(ptr),
-            _ => Err(INVALID_VALUE),
+            _ => Err(CuError(cu::INVALID_VALUE)),
         }
     }
 
@@ -870,7 +901,7 @@ impl Backend for EmulatedBackend {
                 dst_host.copy_from_slice(&packed);
                 Ok(())
             }
-            CopyPlace::Host => Err(INVALID_VALUE),
+            CopyPlace::Host => Err(CuError(cu::INVALID_VALUE)),
             CopyPlace::Device(_) => st.scatter(copy, &packed),
         }
     }
@@ -885,31 +916,22 @@ impl Backend for EmulatedBackend {
         st.copy_contexts(ctx, stream, copy)?;
         st.refuse_in_capture(ctx, stream)?;
         if copy.dst.place != CopyPlace::Host {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         let data = st.gather(copy, &[])?;
         Ok(Box::new(self.staged(data)))
     }
 
-    fn memcpy_peer(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        dst_ctx: u64,
-        src: u64,
-        src_ctx: u64,
-        size: u64,
-    ) -> CuResult<()> {
+    fn memcpy_peer(&self, ctx: u64, stream: Option<u64>, c: super::PeerCopy) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream.unwrap_or(LEGACY_STREAM))?;
         if let Some(s) = stream {
             st.refuse_in_capture(ctx, s)?;
         }
-        st.ctx(dst_ctx)?;
-        st.ctx(src_ctx)?;
-        let bytes = st.range(src, size)?.to_vec();
-        st.range(dst, size)?.copy_from_slice(&bytes);
+        st.ctx(c.dst_ctx)?;
+        st.ctx(c.src_ctx)?;
+        let bytes = st.range(c.src, c.size)?.to_vec();
+        st.range(c.dst, c.size)?.copy_from_slice(&bytes);
         Ok(())
     }
 
@@ -926,9 +948,11 @@ impl Backend for EmulatedBackend {
         let s = stream.unwrap_or(LEGACY_STREAM);
         st.stream(ctx, s)?;
         if !matches!(elem, 1 | 2 | 4) || !dst.is_multiple_of(u64::from(elem)) {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
-        let len = count.checked_mul(u64::from(elem)).ok_or(INVALID_VALUE)?;
+        let len = count
+            .checked_mul(u64::from(elem))
+            .ok_or(CuError(cu::INVALID_VALUE))?;
         st.range(dst, len)?;
         let op = EmuOp::Memset {
             dst,
@@ -945,7 +969,7 @@ impl Backend for EmulatedBackend {
 
     fn module_load(&self, ctx: u64, image: &[u8]) -> CuResult<LoadedModule> {
         if image.is_empty() {
-            return Err(INVALID_IMAGE);
+            return Err(CuError(cu::INVALID_IMAGE));
         }
         let (funcs, globals) = parse_module(image)?;
         let mut st = self.lock();
@@ -977,7 +1001,7 @@ impl Backend for EmulatedBackend {
     fn module_unload(&self, ctx: u64, module: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        let m = st.modules.remove(&module).ok_or(INVALID_HANDLE)?;
+        let m = forget(&mut st.modules, module)?;
         for (ptr, _) in m.globals.into_values() {
             st.free(ptr)?;
         }
@@ -987,18 +1011,18 @@ impl Backend for EmulatedBackend {
     fn module_get_global(&self, ctx: u64, module: u64, name: &str) -> CuResult<(u64, u64)> {
         let st = self.lock();
         st.ctx(ctx)?;
-        let m = st.modules.get(&module).ok_or(INVALID_HANDLE)?;
-        m.globals.get(name).copied().ok_or(NOT_FOUND)
+        let m = st.modules.get(&module).ok_or(CuError(cu::INVALID_HANDLE))?;
+        m.globals.get(name).copied().ok_or(CuError(cu::NOT_FOUND))
     }
 
     fn func_get_attribute(&self, ctx: u64, func: u64, attr: i32) -> CuResult<i32> {
         let st = self.lock();
         st.ctx(ctx)?;
-        st.functions.get(&func).ok_or(INVALID_HANDLE)?;
+        st.functions.get(&func).ok_or(CuError(cu::INVALID_HANDLE))?;
         match attr {
             0 => Ok(1024), // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
             1..=10 => Ok(0),
-            _ => Err(INVALID_VALUE),
+            _ => Err(CuError(cu::INVALID_VALUE)),
         }
     }
 
@@ -1009,7 +1033,7 @@ impl Backend for EmulatedBackend {
     fn func_set_cache_config(&self, ctx: u64, func: u64, config: u32) -> CuResult<()> {
         self.func_get_attribute(ctx, func, 0)?;
         if config > 4 {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         Ok(())
     }
@@ -1024,7 +1048,7 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<i32> {
         self.func_get_attribute(ctx, func, 0)?;
         if !(1..=1024).contains(&block_size) {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         Ok((2048 / block_size).min(32))
     }
@@ -1033,10 +1057,12 @@ impl Backend for EmulatedBackend {
         let st = self.lock();
         st.ctx(ctx)?;
         st.stream(ctx, spec.stream)?;
-        st.functions.get(&spec.function).ok_or(INVALID_HANDLE)?;
+        st.functions
+            .get(&spec.function)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
         let threads: u64 = spec.block.iter().map(|&d| u64::from(d)).product();
         if threads == 0 || threads > 1024 || spec.grid.contains(&0) {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         let cluster: u64 = spec
             .attrs
@@ -1049,7 +1075,7 @@ impl Backend for EmulatedBackend {
             })
             .unwrap_or(1);
         if cluster == 0 || cluster > 16 {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         // A plausible H100-like answer: 132 SMs, 2048 threads each.
         let blocks = 132 * (2048 / threads).min(32);
@@ -1066,7 +1092,7 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<(i32, i32)> {
         self.func_get_attribute(ctx, func, 0)?;
         if block_size_limit < 0 {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         let block = if block_size_limit == 0 {
             1024
@@ -1083,7 +1109,7 @@ impl Backend for EmulatedBackend {
         let (name, _) = st
             .functions
             .get(&spec.function)
-            .ok_or(INVALID_HANDLE)?
+            .ok_or(CuError(cu::INVALID_HANDLE))?
             .clone();
         let op = EmuOp::Launch {
             name,
@@ -1100,25 +1126,19 @@ impl Backend for EmulatedBackend {
     }
 
     fn stream_create(&self, ctx: u64, _flags: u32, _priority: i32) -> CuResult<u64> {
-        let mut st = self.lock();
-        st.ctx(ctx)?;
-        let h = st.handle();
-        st.streams.insert(h, ctx);
-        Ok(h)
+        self.lock().create_in(ctx, |st, h| {
+            st.streams.insert(h, ctx);
+        })
     }
 
     fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        st.streams.remove(&stream).map(|_| ()).ok_or(INVALID_HANDLE)
+        forget(&mut st.streams, stream).map(|_| ())
     }
 
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        {
-            let mut st = self.lock();
-            st.stream(ctx, stream)?;
-            st.refuse_in_capture(ctx, stream)?;
-        }
+        self.outside_capture(ctx, stream)?;
         self.host_pending.wait_idle(ctx, Some(stream));
         self.pause();
         self.device_printf();
@@ -1126,25 +1146,21 @@ impl Backend for EmulatedBackend {
     }
 
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        {
-            let mut st = self.lock();
-            st.stream(ctx, stream)?;
-            st.refuse_in_capture(ctx, stream)?;
-        }
+        self.outside_capture(ctx, stream)?;
         if self.host_pending.lock().contains_key(&(ctx, stream)) {
-            return Err(super::status::NOT_READY);
+            return Err(CuError(cu::NOT_READY));
         }
         if self.config.sync_delay.is_zero() {
             Ok(())
         } else {
-            Err(super::status::NOT_READY)
+            Err(CuError(cu::NOT_READY))
         }
     }
 
     fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, _flags: u32) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
-        st.events.get(&event).ok_or(INVALID_HANDLE)?;
+        st.events.get(&event).ok_or(CuError(cu::INVALID_HANDLE))?;
         if st.capture(ctx, stream, EmuOp::Nop) {
             return Ok(());
         }
@@ -1158,23 +1174,21 @@ impl Backend for EmulatedBackend {
     }
 
     fn event_create(&self, ctx: u64, _flags: u32) -> CuResult<u64> {
-        let mut st = self.lock();
-        st.ctx(ctx)?;
-        let h = st.handle();
-        st.events.insert(h, None);
-        Ok(h)
+        self.lock().create_in(ctx, |st, h| {
+            st.events.insert(h, None);
+        })
     }
 
     fn event_destroy(&self, ctx: u64, event: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        st.events.remove(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+        forget(&mut st.events, event).map(|_| ())
     }
 
     fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
-        st.events.get(&event).ok_or(INVALID_HANDLE)?;
+        st.events.get(&event).ok_or(CuError(cu::INVALID_HANDLE))?;
         if let Some(id) = st.capturing.get(&(ctx, stream)).copied() {
             st.capture(ctx, stream, EmuOp::Nop);
             st.event_capture.insert(event, id);
@@ -1196,14 +1210,17 @@ impl Backend for EmulatedBackend {
     fn event_query(&self, ctx: u64, event: u64) -> CuResult<()> {
         let st = self.lock();
         st.ctx(ctx)?;
-        st.events.get(&event).map(|_| ()).ok_or(INVALID_HANDLE)
+        st.events
+            .get(&event)
+            .map(|_| ())
+            .ok_or(CuError(cu::INVALID_HANDLE))
     }
 
     fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32> {
         let st = self.lock();
         st.ctx(ctx)?;
         let (Some(Some(a)), Some(Some(b))) = (st.events.get(&start), st.events.get(&end)) else {
-            return Err(INVALID_HANDLE);
+            return Err(CuError(cu::INVALID_HANDLE));
         };
         let ms = if b >= a {
             b.duration_since(*a).as_secs_f64() * 1e3
@@ -1214,17 +1231,13 @@ impl Backend for EmulatedBackend {
     }
 
     fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()> {
-        {
-            let mut st = self.lock();
-            st.stream(ctx, stream)?;
-            st.refuse_in_capture(ctx, stream)?;
-        }
+        self.outside_capture(ctx, stream)?;
         let tx = self.host_thread(ctx)?;
         let key = (ctx, stream);
         *self.host_pending.lock().entry(key).or_default() += 1;
         if tx.send((key, f)).is_err() {
             self.host_pending.finished(key);
-            return Err(INVALID_HANDLE);
+            return Err(CuError(cu::INVALID_HANDLE));
         }
         Ok(())
     }
@@ -1233,10 +1246,10 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
         if stream == LEGACY_STREAM || stream == 0 {
-            return Err(STREAM_CAPTURE_UNSUPPORTED);
+            return Err(CuError(cu::STREAM_CAPTURE_UNSUPPORTED));
         }
         if st.capturing.contains_key(&(ctx, stream)) {
-            return Err(ILLEGAL_STATE);
+            return Err(CuError(cu::ILLEGAL_STATE));
         }
         let id = st.handle();
         let graph = st.handle();
@@ -1261,20 +1274,23 @@ impl Backend for EmulatedBackend {
     fn stream_end_capture(&self, ctx: u64, stream: u64) -> CuResult<u64> {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
-        let id = *st.capturing.get(&(ctx, stream)).ok_or(ILLEGAL_STATE)?;
+        let id = *st
+            .capturing
+            .get(&(ctx, stream))
+            .ok_or(CuError(cu::ILLEGAL_STATE))?;
         let (origin, graph, invalidated) = match st.captures.get(&id) {
             Some(c) => (c.origin, c.graph, c.invalidated),
-            None => return Err(ILLEGAL_STATE),
+            None => return Err(CuError(cu::ILLEGAL_STATE)),
         };
         if origin != (ctx, stream) {
-            return Err(STREAM_CAPTURE_UNMATCHED);
+            return Err(CuError(cu::STREAM_CAPTURE_UNMATCHED));
         }
         st.captures.remove(&id);
         st.capturing.retain(|_, c| *c != id);
         st.event_capture.retain(|_, c| *c != id);
         if invalidated {
             st.graphs.remove(&graph);
-            return Err(STREAM_CAPTURE_INVALIDATED);
+            return Err(CuError(cu::STREAM_CAPTURE_INVALIDATED));
         }
         Ok(graph)
     }
@@ -1285,7 +1301,7 @@ impl Backend for EmulatedBackend {
         let Some(id) = st.capturing.get(&(ctx, stream)).copied() else {
             return Ok(CaptureInfo::default());
         };
-        let c = st.captures.get(&id).ok_or(ILLEGAL_STATE)?;
+        let c = st.captures.get(&id).ok_or(CuError(cu::ILLEGAL_STATE))?;
         let deps = st
             .graphs
             .get(&c.graph)
@@ -1312,9 +1328,13 @@ impl Backend for EmulatedBackend {
         st.ctx(ctx)?;
         if st.captures.values().any(|c| c.graph == graph) {
             // Still being captured.
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
-        let ops = st.graphs.get(&graph).ok_or(INVALID_HANDLE)?.clone();
+        let ops = st
+            .graphs
+            .get(&graph)
+            .ok_or(CuError(cu::INVALID_HANDLE))?
+            .clone();
         let exec = st.handle();
         st.execs.insert(exec, ops);
         Ok(exec)
@@ -1323,7 +1343,11 @@ impl Backend for EmulatedBackend {
     fn graph_launch(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
-        let ops = st.execs.get(&exec).ok_or(INVALID_HANDLE)?.clone();
+        let ops = st
+            .execs
+            .get(&exec)
+            .ok_or(CuError(cu::INVALID_HANDLE))?
+            .clone();
         if st.capturing.contains_key(&(ctx, stream)) {
             // Captured into another graph: its operations, inline.
             for op in ops {
@@ -1340,19 +1364,22 @@ impl Backend for EmulatedBackend {
     fn graph_upload(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
         let st = self.lock();
         st.stream(ctx, stream)?;
-        st.execs.get(&exec).map(|_| ()).ok_or(INVALID_HANDLE)
+        st.execs
+            .get(&exec)
+            .map(|_| ())
+            .ok_or(CuError(cu::INVALID_HANDLE))
     }
 
     fn graph_exec_destroy(&self, ctx: u64, exec: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        st.execs.remove(&exec).map(|_| ()).ok_or(INVALID_HANDLE)
+        forget(&mut st.execs, exec).map(|_| ())
     }
 
     fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        st.graphs.remove(&graph).map(|_| ()).ok_or(INVALID_HANDLE)
+        forget(&mut st.graphs, graph).map(|_| ())
     }
 
     fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64> {
@@ -1361,7 +1388,7 @@ impl Backend for EmulatedBackend {
         st.graphs
             .get(&graph)
             .map(|ops| ops.len() as u64)
-            .ok_or(INVALID_HANDLE)
+            .ok_or(CuError(cu::INVALID_HANDLE))
     }
 }
 
@@ -1377,7 +1404,7 @@ mod tests {
         assert_eq!(parse_module(b"\x7fELF...").unwrap(), (vec![], vec![]));
         assert_eq!(
             parse_module(b"REMORA-EMU-MODULE\nbogus\n"),
-            Err(INVALID_IMAGE)
+            Err(CuError(cu::INVALID_IMAGE))
         );
     }
 }

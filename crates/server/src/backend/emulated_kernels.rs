@@ -9,8 +9,7 @@
 //! computing garbage. Any other kernel fails with `CUDA_ERROR_NOT_SUPPORTED` and a log line
 //! that names the emulated backend and the kernels it knows.
 
-use super::CuResult;
-use super::status::{INVALID_VALUE, NOT_SUPPORTED};
+use remora_proto::cuda::{CuError, CuResult, cu};
 
 /// Device memory as the emulated backend keeps it.
 pub(crate) trait Memory {
@@ -29,6 +28,15 @@ pub(crate) struct Launch<'a> {
     pub(crate) layout: &'a [(u32, u32)],
 }
 
+/// `fn u32(&self, i)` and the like: parameter `i` read as that type, little-endian.
+macro_rules! le_readers {
+    ($($t:ident),*) => {
+        $(fn $t(&self, i: usize) -> CuResult<$t> {
+            Ok($t::from_le_bytes(self.bytes(i)?))
+        })*
+    };
+}
+
 impl Launch<'_> {
     /// Checks the parameter sizes against the kernel's signature.
     fn expect(&self, sizes: &[u32]) -> CuResult<()> {
@@ -38,54 +46,29 @@ impl Launch<'_> {
                 kernel = self.name,
                 "emulated test backend: the launch's parameter sizes {got:?} do not match the kernel's signature {sizes:?}"
             );
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         Ok(())
     }
 
     /// Parameter `i`'s bytes.
     fn raw(&self, i: usize) -> CuResult<&[u8]> {
-        let (off, size) = *self.layout.get(i).ok_or(INVALID_VALUE)?;
+        let (off, size) = *self.layout.get(i).ok_or(CuError(cu::INVALID_VALUE))?;
         let start = off as usize;
         self.params
             .get(start..start + size as usize)
-            .ok_or(INVALID_VALUE)
+            .ok_or(CuError(cu::INVALID_VALUE))
     }
 
     fn bytes<const N: usize>(&self, i: usize) -> CuResult<[u8; N]> {
         self.raw(i)?
             .get(..N)
             .and_then(|b| b.try_into().ok())
-            .ok_or(INVALID_VALUE)
+            .ok_or(CuError(cu::INVALID_VALUE))
     }
 
-    fn u64(&self, i: usize) -> CuResult<u64> {
-        Ok(u64::from_le_bytes(self.bytes(i)?))
-    }
-    fn i64(&self, i: usize) -> CuResult<i64> {
-        Ok(i64::from_le_bytes(self.bytes(i)?))
-    }
-    fn i32(&self, i: usize) -> CuResult<i32> {
-        Ok(i32::from_le_bytes(self.bytes(i)?))
-    }
-    fn u32(&self, i: usize) -> CuResult<u32> {
-        Ok(u32::from_le_bytes(self.bytes(i)?))
-    }
-    fn i16(&self, i: usize) -> CuResult<i16> {
-        Ok(i16::from_le_bytes(self.bytes(i)?))
-    }
-    fn i8(&self, i: usize) -> CuResult<i8> {
-        Ok(i8::from_le_bytes(self.bytes(i)?))
-    }
-    fn u8(&self, i: usize) -> CuResult<u8> {
-        Ok(u8::from_le_bytes(self.bytes(i)?))
-    }
-    fn f32(&self, i: usize) -> CuResult<f32> {
-        Ok(f32::from_le_bytes(self.bytes(i)?))
-    }
-    fn f64(&self, i: usize) -> CuResult<f64> {
-        Ok(f64::from_le_bytes(self.bytes(i)?))
-    }
+    // Parameter `i` as each scalar type, little-endian.
+    le_readers!(u64, i64, i32, u32, i16, i8, u8, f32, f64);
 
     /// The number of threads along x over the whole grid (1-D kernels).
     fn threads_x(&self) -> u64 {
@@ -120,7 +103,7 @@ pub(crate) fn run(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
                 "emulated test backend: no CPU implementation of this kernel; it runs only the project's test kernels ({}) — CUDA_ERROR_NOT_SUPPORTED",
                 known.join(", ")
             );
-            Err(NOT_SUPPORTED)
+            Err(CuError(cu::NOT_SUPPORTED))
         }
     }
 }
@@ -243,14 +226,22 @@ fn by_struct(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
     let m = l
         .params
         .get(off as usize..off as usize + 24)
-        .ok_or(INVALID_VALUE)?;
+        .ok_or(CuError(cu::INVALID_VALUE))?;
     let c = f64::from(m[0] as i8);
-    let d = f64::from_le_bytes(m[8..16].try_into().map_err(|_| INVALID_VALUE)?);
+    let d = f64::from_le_bytes(
+        m[8..16]
+            .try_into()
+            .map_err(|_| CuError(cu::INVALID_VALUE))?,
+    );
     let i = f64::from(i32::from_le_bytes(
-        m[16..20].try_into().map_err(|_| INVALID_VALUE)?,
+        m[16..20]
+            .try_into()
+            .map_err(|_| CuError(cu::INVALID_VALUE))?,
     ));
     let s = f64::from(i16::from_le_bytes(
-        m[20..22].try_into().map_err(|_| INVALID_VALUE)?,
+        m[20..22]
+            .try_into()
+            .map_err(|_| CuError(cu::INVALID_VALUE))?,
     ));
     mem.write(l.u64(1)?, &(c + d + i + s).to_le_bytes())
 }
@@ -282,7 +273,7 @@ fn grid3d(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
     let per_block = u64::from(bx) * u64::from(by) * u64::from(bz);
     let total = per_block * u64::from(gx) * u64::from(gy) * u64::from(gz);
     if total > 1 << 24 {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let mut out = vec![0u32; total as usize];
     for z in 0..gz {
@@ -333,9 +324,9 @@ mod tests {
             params: &params,
             layout: &[(0, 8), (8, 4)],
         };
-        assert_eq!(run(&l, &mut mem), Err(INVALID_VALUE));
+        assert_eq!(run(&l, &mut mem), Err(CuError(cu::INVALID_VALUE)));
         let l = Launch { name: "nope", ..l };
-        assert_eq!(run(&l, &mut mem), Err(NOT_SUPPORTED));
+        assert_eq!(run(&l, &mut mem), Err(CuError(cu::NOT_SUPPORTED)));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! maps them to per-session handles.
 
 use remora_oncrpc::DataArea;
+use remora_proto::cuda::{CuError, CuResult, cu};
 use remora_proto::remora::RmLaunchAttr;
 
 pub mod cuda;
@@ -15,53 +16,6 @@ mod emulated_kernels;
 
 pub use cuda::CudaBackend;
 pub use emulated::{EmulatedBackend, EmulatedConfig, LiveCounts};
-
-/// `Err` carries a non-zero `CUresult`.
-pub type CuResult<T> = Result<T, i32>;
-
-/// `CUresult` values the server produces itself.
-pub mod status {
-    /// `CUDA_SUCCESS`.
-    pub const SUCCESS: i32 = 0;
-    /// `CUDA_ERROR_INVALID_VALUE`.
-    pub const INVALID_VALUE: i32 = 1;
-    /// `CUDA_ERROR_OUT_OF_MEMORY`.
-    pub const OUT_OF_MEMORY: i32 = 2;
-    /// `CUDA_ERROR_NO_DEVICE`.
-    pub const NO_DEVICE: i32 = 100;
-    /// `CUDA_ERROR_INVALID_DEVICE`.
-    pub const INVALID_DEVICE: i32 = 101;
-    /// `CUDA_ERROR_INVALID_IMAGE`.
-    pub const INVALID_IMAGE: i32 = 200;
-    /// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
-    pub const UNSUPPORTED_LIMIT: i32 = 215;
-    /// `CUDA_ERROR_INVALID_HANDLE`.
-    pub const INVALID_HANDLE: i32 = 400;
-    /// `CUDA_ERROR_ILLEGAL_STATE`.
-    pub const ILLEGAL_STATE: i32 = 401;
-    /// `CUDA_ERROR_NOT_FOUND`.
-    pub const NOT_FOUND: i32 = 500;
-    /// `CUDA_ERROR_NOT_READY`.
-    pub const NOT_READY: i32 = 600;
-    /// `CUDA_ERROR_ILLEGAL_ADDRESS`.
-    pub const ILLEGAL_ADDRESS: i32 = 700;
-    /// `CUDA_ERROR_LAUNCH_FAILED`.
-    pub const LAUNCH_FAILED: i32 = 719;
-    /// `CUDA_ERROR_NOT_SUPPORTED`.
-    pub const NOT_SUPPORTED: i32 = 801;
-    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
-    pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
-    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
-    pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
-    /// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`.
-    pub const STREAM_CAPTURE_UNMATCHED: i32 = 903;
-
-    /// Errors after which the CUDA context is unusable: CUDA keeps returning them, so the
-    /// session does too.
-    pub fn is_sticky(code: i32) -> bool {
-        matches!(code, 214 | 700 | 710 | 714..=719)
-    }
-}
 
 /// The backend value of the CUDA legacy default stream (`CU_STREAM_LEGACY`).
 pub const LEGACY_STREAM: u64 = 1;
@@ -211,6 +165,21 @@ impl Copy3d {
     }
 }
 
+/// A copy between the memory of two contexts (`cuMemcpyPeer`), checked by the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCopy {
+    /// Destination device address.
+    pub dst: u64,
+    /// Backend context of the destination.
+    pub dst_ctx: u64,
+    /// Source device address.
+    pub src: u64,
+    /// Backend context of the source.
+    pub src_ctx: u64,
+    /// Bytes.
+    pub size: u64,
+}
+
 /// `CUstreamCaptureStatus` values.
 pub mod capture_status {
     /// `CU_STREAM_CAPTURE_STATUS_NONE`.
@@ -310,68 +279,53 @@ pub trait Backend: Send + Sync + 'static {
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()>;
     /// `cuMemcpyDtoH` (blocks).
     fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()>;
-    /// `cuMemcpyHtoD[Async]` from `size` bytes at `offset` of a session's shared data area,
-    /// which the caller has bounds-checked. The client may write those bytes at any time;
-    /// when this returns they are no longer read (the client may reuse the space). The
-    /// default copies them out once and calls [`Backend::memcpy_htod`].
+    /// `cuMemcpyHtoD[Async]` from `span` of a session's shared data area. The client may
+    /// write those bytes at any time; when this returns they are no longer read (the client
+    /// may reuse the space). The default copies them out once and calls
+    /// [`Backend::memcpy_htod`].
     fn memcpy_htod_area(
         &self,
         ctx: u64,
         stream: Option<u64>,
         dst: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        htod_area_buffered(self, ctx, stream, dst, area, offset, size)
+        self.memcpy_htod(ctx, stream, dst, &span.read()?)
     }
-    /// `cuMemcpyDtoH` into `size` bytes at `offset` of a session's shared data area, which
-    /// the caller has bounds-checked (blocks). The default copies through a private buffer.
-    fn memcpy_dtoh_area(
-        &self,
-        ctx: u64,
-        src: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
-    ) -> CuResult<()> {
-        dtoh_area_buffered(self, ctx, src, area, offset, size)
+    /// `cuMemcpyDtoH` into `span` of a session's shared data area (blocks). The default
+    /// copies through a private buffer.
+    fn memcpy_dtoh_area(&self, ctx: u64, src: u64, span: AreaSpan<'_>) -> CuResult<()> {
+        let mut buf = vec![0u8; span.len_usize()?];
+        self.memcpy_dtoh(ctx, &mut buf, src)?;
+        span.write(&buf)
     }
-    /// `cuMemcpyHtoDAsync` on `stream` from `size` bytes at `offset` of a session's shared
-    /// data area that hold zero-copy pinned memory (bounds-checked by the caller). Unlike
-    /// [`Backend::memcpy_htod_area`], the bytes may still be read after this returns, until
-    /// the stream reaches the copy (CUDA's contract for pinned sources). The default is
-    /// [`Backend::memcpy_htod_area`].
+    /// `cuMemcpyHtoDAsync` on `stream` from `span` of a session's shared data area, which
+    /// holds zero-copy pinned memory. Unlike [`Backend::memcpy_htod_area`], the bytes may
+    /// still be read after this returns, until the stream reaches the copy (CUDA's contract
+    /// for pinned sources). The default is [`Backend::memcpy_htod_area`].
     fn memcpy_htod_async_area_pinned(
         &self,
         ctx: u64,
         stream: u64,
         dst: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        self.memcpy_htod_area(ctx, Some(stream), dst, area, offset, size)
+        self.memcpy_htod_area(ctx, Some(stream), dst, span)
     }
-    /// `cuMemcpyDtoHAsync` straight into `size` bytes at `offset` of a session's shared data
-    /// area (zero-copy pinned memory; the caller has bounds-checked them): the bytes must be
-    /// there once `stream`'s work up to this copy has completed, and nothing is delivered.
-    /// The default stages the copy, waits for it and writes the bytes (correct, but it
-    /// blocks until the stream reaches the copy).
+    /// `cuMemcpyDtoHAsync` straight into `span` of a session's shared data area (zero-copy
+    /// pinned memory): the bytes must be there once `stream`'s work up to this copy has
+    /// completed, and nothing is delivered. The default stages the copy, waits for it and
+    /// writes the bytes (correct, but it blocks until the stream reaches the copy).
     fn memcpy_dtoh_async_area(
         &self,
         ctx: u64,
         stream: u64,
         src: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
-        let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
+        let copy = self.memcpy_dtoh_async(ctx, stream, src, span.len_usize()?)?;
         copy.wait()?;
-        area.write(offset, copy.data())
-            .map_err(|_| status::INVALID_VALUE)
+        span.write(copy.data())
     }
     /// A session with a shared data area begins: a backend may prepare the area for DMA
     /// (the CUDA backend registers it with `cuMemHostRegister`). Best effort; the default
@@ -417,17 +371,7 @@ pub trait Backend: Send + Sync + 'static {
         copy: &Copy3d,
     ) -> CuResult<Box<dyn StagedCopy>>;
     /// `cuMemcpyPeer` (`stream` `None`) or `cuMemcpyPeerAsync`; `ctx` is the calling context.
-    #[allow(clippy::too_many_arguments)]
-    fn memcpy_peer(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        dst_ctx: u64,
-        src: u64,
-        src_ctx: u64,
-        size: u64,
-    ) -> CuResult<()>;
+    fn memcpy_peer(&self, ctx: u64, stream: Option<u64>, copy: PeerCopy) -> CuResult<()>;
     /// `cuMemsetD8/16/32` (`stream` `None`) or their async forms; `elem` is 1, 2 or 4.
     fn memset(
         &self,
@@ -481,7 +425,7 @@ pub trait Backend: Send + Sync + 'static {
     fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()>;
     /// `cuStreamSynchronize` (blocks).
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()>;
-    /// `cuStreamQuery` (`Err(NOT_READY)` while busy).
+    /// `cuStreamQuery` (`Err(CuError(cu::NOT_READY))` while busy).
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()>;
     /// `cuStreamWaitEvent`.
     fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, flags: u32) -> CuResult<()>;
@@ -493,7 +437,7 @@ pub trait Backend: Send + Sync + 'static {
     fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()>;
     /// `cuEventSynchronize` (blocks).
     fn event_synchronize(&self, ctx: u64, event: u64) -> CuResult<()>;
-    /// `cuEventQuery` (`Err(NOT_READY)` while pending).
+    /// `cuEventQuery` (`Err(CuError(cu::NOT_READY))` while pending).
     fn event_query(&self, ctx: u64, event: u64) -> CuResult<()>;
     /// `cuEventElapsedTime`, milliseconds.
     fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32>;
@@ -525,35 +469,43 @@ pub trait Backend: Send + Sync + 'static {
     fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64>;
 }
 
-/// [`Backend::memcpy_htod_area`] through a private buffer: the area's bytes are copied out
-/// once (the client may change them at any time), then copied as pageable memory.
-pub(crate) fn htod_area_buffered<B: Backend + ?Sized>(
-    b: &B,
-    ctx: u64,
-    stream: Option<u64>,
-    dst: u64,
-    area: &DataArea,
-    offset: u64,
-    size: u64,
-) -> CuResult<()> {
-    let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
-    let mut buf = vec![0u8; len];
-    area.read(offset, &mut buf)
-        .map_err(|_| status::INVALID_VALUE)?;
-    b.memcpy_htod(ctx, stream, dst, &buf)
+/// `size` bytes at `offset` of a session's shared data area, bounds-checked by the executor.
+#[derive(Debug, Clone, Copy)]
+pub struct AreaSpan<'a> {
+    /// The data area.
+    pub area: &'a DataArea,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes.
+    pub size: u64,
 }
 
-/// [`Backend::memcpy_dtoh_area`] through a private buffer.
-pub(crate) fn dtoh_area_buffered<B: Backend + ?Sized>(
-    b: &B,
-    ctx: u64,
-    src: u64,
-    area: &DataArea,
-    offset: u64,
-    size: u64,
-) -> CuResult<()> {
-    let len = usize::try_from(size).map_err(|_| status::INVALID_VALUE)?;
-    let mut buf = vec![0u8; len];
-    b.memcpy_dtoh(ctx, &mut buf, src)?;
-    area.write(offset, &buf).map_err(|_| status::INVALID_VALUE)
+impl AreaSpan<'_> {
+    /// The size as a `usize` (`INVALID_VALUE` where it does not fit).
+    pub fn len_usize(&self) -> CuResult<usize> {
+        usize::try_from(self.size).map_err(|_| CuError(cu::INVALID_VALUE))
+    }
+
+    /// The span's first byte in this process's mapping of the area.
+    pub fn ptr(&self) -> CuResult<*mut u8> {
+        self.area
+            .ptr(self.offset, self.size)
+            .map_err(|_| CuError(cu::INVALID_VALUE))
+    }
+
+    /// A private copy of the span's bytes (the client may change them at any time).
+    pub fn read(&self) -> CuResult<Vec<u8>> {
+        let mut buf = vec![0u8; self.len_usize()?];
+        self.area
+            .read(self.offset, &mut buf)
+            .map_err(|_| CuError(cu::INVALID_VALUE))?;
+        Ok(buf)
+    }
+
+    /// Writes `bytes` at the span's start.
+    pub fn write(&self, bytes: &[u8]) -> CuResult<()> {
+        self.area
+            .write(self.offset, bytes)
+            .map_err(|_| CuError(cu::INVALID_VALUE))
+    }
 }

@@ -1,6 +1,7 @@
 //! Procedures on graphs through stream capture (revision 5).
 
 use super::*;
+use remora_proto::cuda::{CuError, CuResult, cu};
 
 impl Executor {
     pub(super) fn stream_begin_capture(
@@ -12,7 +13,7 @@ impl Executor {
         let mut st = session.lock();
         let r = (|| {
             if !(0..=2).contains(&a.mode) {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             let t = stream_target(&st, a.ctx, a.stream)?;
             let info = self.inner.backend.stream_begin_capture(t.ctx, t.stream)?;
@@ -46,7 +47,7 @@ impl Executor {
             Ok(t) => t,
             Err(e) => {
                 return Ok(RmEndCaptureReply {
-                    status: e,
+                    status: e.0,
                     graph: 0,
                     still_capturing: false,
                 });
@@ -78,7 +79,7 @@ impl Executor {
                         // A captured call failed: natively the capture was invalidated.
                         st.remove(cap.graph);
                         let _ = backend.graph_destroy(t.ctx, raw);
-                        Err(e)
+                        Err(CuError(e))
                     }
                     None => Ok(cap.graph),
                 }
@@ -96,7 +97,7 @@ impl Executor {
             (Err(e), None) => Err(e),
         };
         let (status, graph) = match r {
-            Ok(g) => (SUCCESS, g),
+            Ok(g) => (cu::SUCCESS, g),
             Err(e) => {
                 log_failed("RM_STREAM_END_CAPTURE", nz(e));
                 (nz(e), 0)
@@ -118,24 +119,17 @@ impl Executor {
         let st = session.lock();
         let r = stream_target(&st, a.ctx, a.stream)
             .and_then(|t| self.inner.backend.stream_capture_info(t.ctx, t.stream));
-        Ok(match r {
-            Ok(i) => RmCaptureInfoReply::Case0(RmCaptureInfo {
-                status: i.status,
-                id: if i.status == capture_status::NONE {
-                    0
-                } else {
-                    i.id
-                },
-                graph: capture_graph(&st, &i),
-                dependencies: i.dependencies,
-            }),
-            Err(e) => {
-                log_failed("RM_STREAM_GET_CAPTURE_INFO", nz(e));
-                RmCaptureInfoReply::Default {
-                    discriminant: nz(e),
-                }
-            }
-        })
+        let r = r.map(|i| RmCaptureInfo {
+            status: i.status,
+            id: if i.status == capture_status::NONE {
+                0
+            } else {
+                i.id
+            },
+            graph: capture_graph(&st, &i),
+            dependencies: i.dependencies,
+        });
+        Ok(reply!("RM_STREAM_GET_CAPTURE_INFO", RmCaptureInfoReply, r))
     }
 
     pub(super) fn graph_instantiate(
@@ -153,8 +147,8 @@ impl Executor {
                     capture: None,
                 } => (*raw, *ctx),
                 // Still being captured.
-                Resource::Graph { .. } => return Err(INVALID_VALUE),
-                _ => return Err(INVALID_HANDLE),
+                Resource::Graph { .. } => return Err(CuError(cu::INVALID_VALUE)),
+                _ => return Err(CuError(cu::INVALID_HANDLE)),
             };
             let ctx = if a.ctx == 0 { graph_ctx } else { a.ctx };
             let c = st.ctx(ctx)?;
@@ -176,8 +170,8 @@ impl Executor {
                     capture: None,
                 } => Ok((*raw, *ctx)),
                 // The graph of a capture in progress belongs to the capture.
-                Resource::Graph { .. } => Err(INVALID_VALUE),
-                _ => Err(INVALID_HANDLE),
+                Resource::Graph { .. } => Err(CuError(cu::INVALID_VALUE)),
+                _ => Err(CuError(cu::INVALID_HANDLE)),
             },
             |b, c, raw| b.graph_destroy(c, raw),
         )
@@ -191,7 +185,7 @@ pub(super) fn graph_exec_target(
 ) -> CuResult<(u64, StreamTarget)> {
     let (exec, exec_ctx) = match st.get(a.exec)? {
         Resource::GraphExec { raw, ctx } => (*raw, *ctx),
-        _ => return Err(INVALID_HANDLE),
+        _ => return Err(CuError(cu::INVALID_HANDLE)),
     };
     let ctx = if a.ctx == 0 { exec_ctx } else { a.ctx };
     Ok((exec, stream_target(st, ctx, a.stream)?))

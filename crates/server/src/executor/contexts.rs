@@ -2,6 +2,7 @@
 //! are generated: `executor_glue!` in `procedures.rs`).
 
 use super::*;
+use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
     pub(super) fn device_get_props(
@@ -9,30 +10,19 @@ impl Executor {
         _call: &CallContext,
         dev: i32,
     ) -> ProcResult<RmDevicePropsReply> {
-        Ok(
-            match self
-                .inner
-                .backend
-                .device_props(dev)
-                .inspect_err(|e| log_failed("RM_DEVICE_GET_PROPS", *e))
-            {
-                Ok(p) => RmDevicePropsReply::Case0(RmDeviceProps {
-                    name: truncate(p.name, REMORA_MAX_NAME),
-                    uuid: p.uuid,
-                    total_memory: p.total_memory,
-                    pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
-                    attributes: p
-                        .attributes
-                        .into_iter()
-                        .take(RM_MAX_ATTRIBUTES as usize)
-                        .map(|(attribute, value)| RmAttribute { attribute, value })
-                        .collect(),
-                }),
-                Err(e) => RmDevicePropsReply::Default {
-                    discriminant: nz(e),
-                },
-            },
-        )
+        let r = self.inner.backend.device_props(dev).map(|p| RmDeviceProps {
+            name: truncate(p.name, REMORA_MAX_NAME),
+            uuid: p.uuid,
+            total_memory: p.total_memory,
+            pci_bus_id: truncate(p.pci_bus_id, REMORA_MAX_NAME),
+            attributes: p
+                .attributes
+                .into_iter()
+                .take(RM_MAX_ATTRIBUTES as usize)
+                .map(|(attribute, value)| RmAttribute { attribute, value })
+                .collect(),
+        });
+        Ok(reply!("RM_DEVICE_GET_PROPS", RmDevicePropsReply, r))
     }
 
     /// What the client calls the device's primary context is a context of this session's own
@@ -95,7 +85,7 @@ impl Executor {
             )
         });
         Ok(
-            match r.inspect_err(|e| log_failed("RM_PRIMARY_CTX_GET_STATE", *e)) {
+            match r.inspect_err(|e| log_failed("RM_PRIMARY_CTX_GET_STATE", e.0)) {
                 Ok((flags, active)) => RmPrimaryStateReply::Case0(RmPrimaryState { flags, active }),
                 Err(e) => RmPrimaryStateReply::Default {
                     discriminant: nz(e),
@@ -147,8 +137,8 @@ impl Executor {
                 primary: false,
                 ..
             }) => *raw,
-            Ok(Resource::Context { primary: true, .. }) => return Ok(INVALID_CONTEXT),
-            _ => return Ok(INVALID_HANDLE),
+            Ok(Resource::Context { primary: true, .. }) => return Ok(cu::INVALID_CONTEXT),
+            _ => return Ok(cu::INVALID_HANDLE),
         };
         st.drop_ctx_resources(&*self.inner.backend, h);
         st.remove(h);
@@ -201,16 +191,16 @@ impl Executor {
             });
             return Ok(u64_reply(
                 "RM_TOOLS_CTX_QUERY",
-                Err(crate::backend::status::NOT_SUPPORTED),
+                Err(CuError(cu::NOT_SUPPORTED)),
             ));
         }
-        let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
         // The mask and flag are passed on as the library gave them: they may be register
         // leftovers of a three-argument function (observed values: 0x7ffffffeffff and 1,
         // then other low bytes in later runs), so no value is refused; they are plain
         // integers, never dereferenced by Remora.
-        let r = raw.and_then(|c| self.inner.backend.tools_ctx_query(c, a.mask, a.flag & 0xff));
+        let r = self.in_ctx(&self.session(call), a.ctx, |b, c| {
+            b.tools_ctx_query(c, a.mask, a.flag & 0xff)
+        });
         Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
     }
 }

@@ -2,20 +2,19 @@
 //! 3-D copies, and copies through the shared data area.
 
 use super::*;
+use remora_proto::cuda::{CuError, CuResult, cu};
 
 impl Executor {
     pub(super) fn memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = {
-            let st = session.lock();
-            st.check_range(a.dst, a.data.len() as u64)
-                .and_then(|()| st.ctx(a.ctx))
-        };
-        let own = raw.and_then(|c| self.inner.backend.memcpy_htod(c, None, a.dst, &a.data));
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_MEMCPY_HTOD", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_MEMCPY_HTOD",
+            |st| {
+                st.check_range(a.dst, a.data.len() as u64)?;
+                st.ctx(a.ctx)
+            },
+            |b, c| b.memcpy_htod(c, None, a.dst, &a.data),
+        )
     }
 
     pub(super) fn memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmDtohReply> {
@@ -26,7 +25,7 @@ impl Executor {
                     .and_then(|()| st.ctx(a.ctx))
                     .and_then(|c| {
                         if a.size > u64::from(RM_MAX_COPY) {
-                            Err(INVALID_VALUE)
+                            Err(CuError(cu::INVALID_VALUE))
                         } else {
                             Ok(c)
                         }
@@ -38,7 +37,7 @@ impl Executor {
                 Ok(remora_xdr::Bytes::from(buf))
             });
             let mut st = session.lock();
-            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
             // A synchronous copy waits for the context's legacy stream: the async copies
             // queued there before it are complete too.
             let copies = inner.collect(
@@ -47,10 +46,10 @@ impl Executor {
                 &mut status,
             );
             let data = match r {
-                Ok(data) if status == SUCCESS => data,
+                Ok(data) if status == cu::SUCCESS => data,
                 _ => remora_xdr::Bytes::new(),
             };
-            if status != SUCCESS {
+            if status != cu::SUCCESS {
                 log_failed("RM_MEMCPY_DTOH", status);
             }
             RmDtohReply {
@@ -62,50 +61,32 @@ impl Executor {
     }
 
     pub(super) fn memcpy_dtod(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = {
-            let st = session.lock();
-            st.check_range(a.dst, a.size)
-                .and_then(|()| st.check_range(a.src, a.size))
-                .and_then(|()| st.ctx(a.ctx))
-        };
-        let own = raw.and_then(|c| {
-            self.inner
-                .backend
-                .memcpy_dtod(c, None, a.dst, a.src, a.size)
-        });
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_MEMCPY_DTOD", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_MEMCPY_DTOD",
+            |st| {
+                st.check_range(a.dst, a.size)?;
+                st.check_range(a.src, a.size)?;
+                st.ctx(a.ctx)
+            },
+            |b, c| b.memcpy_dtod(c, None, a.dst, a.src, a.size),
+        )
     }
 
     pub(super) fn memset(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = memset_target(&session.lock(), &a);
-        let own = raw.and_then(|(c, _)| {
-            self.inner
-                .backend
-                .memset(c, None, a.dst, a.value, a.element_size, a.count)
-        });
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_MEMSET", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_MEMSET",
+            |st| memset_target(st, &a),
+            |b, (c, _)| b.memset(c, None, a.dst, a.value, a.element_size, a.count),
+        )
     }
 
     pub(super) fn memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_MEMCPY_HTOD_ASYNC", on, |inner, session| {
-            let (c, s, capturing) = {
-                let st = session.lock();
-                st.check_range(a.dst, a.data.len() as u64)?;
-                (
-                    st.ctx(a.ctx)?,
-                    st.stream(a.stream)?,
-                    !st.captures.is_empty(),
-                )
-            };
+            let (c, s, capturing) =
+                copy_on_stream(&session.lock(), a.ctx, a.stream, a.dst, a.data.len() as u64)?;
             not_captured(inner, capturing, c, s)?;
             inner.backend.memcpy_htod(c, Some(s), a.dst, &a.data)
         })
@@ -116,14 +97,14 @@ impl Executor {
         self.oneway_on(call, "RM_MEMCPY_DTOH_ASYNC", on, |inner, session| {
             if a.copy_id == RM_DEVICE_OUTPUT_ID {
                 // Reserved for device output: such a copy could never be told apart.
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             let issued = (|| {
                 let (c, s, capturing) = {
                     let st = session.lock();
                     st.check_range(a.src, a.size)?;
                     if a.size > u64::from(RM_MAX_COPY) {
-                        return Err(INVALID_VALUE);
+                        return Err(CuError(cu::INVALID_VALUE));
                     }
                     (
                         st.ctx(a.ctx)?,
@@ -138,26 +119,8 @@ impl Executor {
                     .backend
                     .memcpy_dtoh_async(c, s, a.src, a.size as usize)
             })();
-            // A copy that cannot be issued is delivered empty, so that the client does not
-            // wait for its data; its error is deferred like every one-way call's.
-            let (copy, result): (Box<dyn StagedCopy>, CuResult<()>) = match issued {
-                Ok(copy) => (copy, Ok(())),
-                Err(e) => (Box::new(crate::backend::NoBytes), Err(e)),
-            };
-            let stream = if a.stream == 0 {
-                u64::from(RM_STREAM_LEGACY)
-            } else {
-                a.stream
-            };
-            session.copies.push(PendingCopy {
-                copy_id: a.copy_id,
-                ctx: a.ctx,
-                stream,
-                copy,
-                area: None,
-                taken: Default::default(),
-            });
-            result
+            let issued = issued.map(|copy| (copy, None));
+            push_pending(session, a.copy_id, a.ctx, a.stream, issued)
         })
     }
 
@@ -166,17 +129,12 @@ impl Executor {
         call: &CallContext,
         a: RmMemcpyPeerArgs,
     ) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = peer_target(&session.lock(), &a);
-        let own = raw.and_then(|(c, _, dc, sc)| {
-            self.inner
-                .backend
-                .memcpy_peer(c, None, a.dst, dc, a.src, sc, a.size)
-        });
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_MEMCPY_PEER", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_MEMCPY_PEER",
+            |st| peer_target(st, &a),
+            |b, (c, _, copy)| b.memcpy_peer(c, None, copy),
+        )
     }
 
     pub(super) fn area_memcpy_htod(
@@ -184,21 +142,17 @@ impl Executor {
         call: &CallContext,
         a: RmAreaCopyArgs,
     ) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let raw = area_of(call, a.offset, a.size).and_then(|area| {
-            let st = session.lock();
-            st.check_range(a.dev, a.size)?;
-            Ok((st.ctx(a.ctx)?, area))
-        });
-        let own = raw.and_then(|(c, area)| {
-            self.inner
-                .backend
-                .memcpy_htod_area(c, None, a.dev, &area, a.offset, a.size)
-        });
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_AREA_MEMCPY_HTOD", &mut st, own, Scope::Finished))
+        let area = area_of(call, a.offset, a.size);
+        self.sync_call(
+            call,
+            "RM_AREA_MEMCPY_HTOD",
+            |st| {
+                let area = area?;
+                st.check_range(a.dev, a.size)?;
+                Ok((st.ctx(a.ctx)?, area))
+            },
+            |b, (c, area)| b.memcpy_htod_area(c, None, a.dev, area_span(&area, &a)),
+        )
     }
 
     pub(super) fn area_memcpy_dtoh(
@@ -216,10 +170,10 @@ impl Executor {
             let r = raw.and_then(|(c, area)| {
                 inner
                     .backend
-                    .memcpy_dtoh_area(c, a.dev, &area, a.offset, a.size)
+                    .memcpy_dtoh_area(c, a.dev, area_span(&area, &a))
             });
             let mut st = session.lock();
-            let mut status = st.sync_status(r.map_err(nz));
+            let mut status = st.sync_status(r);
             // As RM_MEMCPY_DTOH: the legacy stream's earlier async copies are complete too.
             let copies = inner.collect(
                 &mut st,
@@ -241,26 +195,22 @@ impl Executor {
         // as a one-way call's.
         self.oneway_on(call, "RM_AREA_MEMCPY_HTOD_ASYNC", on, |inner, session| {
             let area = area_of(call, a.offset, a.size)?;
-            let (c, s, capturing) = {
-                let st = session.lock();
-                st.check_range(a.dev, a.size)?;
-                (
-                    st.ctx(a.ctx)?,
-                    st.stream(a.stream)?,
-                    !st.captures.is_empty(),
-                )
-            };
+            let (c, s, capturing) =
+                copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
             not_captured(inner, capturing, c, s)?;
             if a.copy_id == AREA_PINNED_SOURCE {
                 // Zero-copy pinned memory: the client does not reuse the bytes before the
                 // stream reaches the copy, so the backend may read them as late as that.
-                return inner
-                    .backend
-                    .memcpy_htod_async_area_pinned(c, s, a.dev, &area, a.offset, a.size);
+                return inner.backend.memcpy_htod_async_area_pinned(
+                    c,
+                    s,
+                    a.dev,
+                    area_span(&area, &a),
+                );
             }
             inner
                 .backend
-                .memcpy_htod_area(c, Some(s), a.dev, &area, a.offset, a.size)
+                .memcpy_htod_area(c, Some(s), a.dev, area_span(&area, &a))
         })
     }
 
@@ -272,38 +222,24 @@ impl Executor {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_AREA_MEMCPY_DTOH_ASYNC", on, |inner, session| {
             if a.copy_id == RM_DEVICE_OUTPUT_ID {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             if a.copy_id == 0 {
                 // Zero-copy pinned memory: the bytes go straight into the area when the
                 // copy executes, and nothing is delivered (the client waits for nothing).
                 let area = area_of(call, a.offset, a.size)?;
-                let (c, s, capturing) = {
-                    let st = session.lock();
-                    st.check_range(a.dev, a.size)?;
-                    (
-                        st.ctx(a.ctx)?,
-                        st.stream(a.stream)?,
-                        !st.captures.is_empty(),
-                    )
-                };
+                let (c, s, capturing) =
+                    copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
                 not_captured(inner, capturing, c, s)?;
                 return inner
                     .backend
-                    .memcpy_dtoh_async_area(c, s, a.dev, &area, a.offset, a.size);
+                    .memcpy_dtoh_async_area(c, s, a.dev, area_span(&area, &a));
             }
             let area = area_of(call, a.offset, a.size);
             let issued = (|| {
                 let area = area.clone()?;
-                let (c, s, capturing) = {
-                    let st = session.lock();
-                    st.check_range(a.dev, a.size)?;
-                    (
-                        st.ctx(a.ctx)?,
-                        st.stream(a.stream)?,
-                        !st.captures.is_empty(),
-                    )
-                };
+                let (c, s, capturing) =
+                    copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
                 not_captured(inner, capturing, c, s)?;
                 // `area_of` bounded the size by the area's.
                 let copy = inner
@@ -311,26 +247,8 @@ impl Executor {
                     .memcpy_dtoh_async(c, s, a.dev, a.size as usize)?;
                 Ok((copy, area))
             })();
-            // A copy that cannot be issued is delivered empty all the same (the client waits
-            // for its delivery); its error is deferred like every one-way call's.
-            let (copy, target, result): (Box<dyn StagedCopy>, _, CuResult<()>) = match issued {
-                Ok((copy, area)) => (copy, Some((area, a.offset)), Ok(())),
-                Err(e) => (Box::new(crate::backend::NoBytes), None, Err(e)),
-            };
-            let stream = if a.stream == 0 {
-                u64::from(RM_STREAM_LEGACY)
-            } else {
-                a.stream
-            };
-            session.copies.push(PendingCopy {
-                copy_id: a.copy_id,
-                ctx: a.ctx,
-                stream,
-                copy,
-                area: target,
-                taken: Default::default(),
-            });
-            result
+            let issued = issued.map(|(copy, area)| (copy, Some((area, a.offset))));
+            push_pending(session, a.copy_id, a.ctx, a.stream, issued)
         })
     }
 
@@ -367,7 +285,7 @@ impl Executor {
                 Ok(remora_xdr::Bytes::from(buf))
             });
             let mut st = session.lock();
-            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| nz(*e)));
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
             let scope = if to_host {
                 Scope::Stream(a.desc.ctx, u64::from(RM_STREAM_LEGACY))
             } else {
@@ -375,7 +293,7 @@ impl Executor {
             };
             let copies = inner.collect(&mut st, scope, &mut status);
             let data = match r {
-                Ok(data) if status == SUCCESS => data,
+                Ok(data) if status == cu::SUCCESS => data,
                 _ => remora_xdr::Bytes::new(),
             };
             log_failed(what, status);
@@ -417,7 +335,7 @@ impl Executor {
         let on = Some((a.desc.ctx, a.desc.stream));
         self.oneway_on(call, what, on, |inner, session| {
             if to_host && a.copy_id == RM_DEVICE_OUTPUT_ID {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             let issued = (|| {
                 let (ctx, copy, stream, capturing) = {
@@ -468,8 +386,62 @@ const AREA_PINNED_SOURCE: u64 = 1;
 /// The session's data area, when `size` bytes at `offset` lie inside it and the size is
 /// within one copy's bound; `CUDA_ERROR_INVALID_VALUE` otherwise (no area, or out of bounds:
 /// the client chose these numbers).
+/// Queues an asynchronous device-to-host copy (and the data-area bytes it lands in, if
+/// any) for delivery to the client on stream handle `stream` (0: the legacy stream). A copy
+/// that could not be issued is delivered empty all the same, so that the client does not wait
+/// for data that will not come; its error is returned, to be deferred like every one-way
+/// call's.
+fn push_pending(
+    session: &Session,
+    copy_id: u64,
+    ctx: u64,
+    stream: u64,
+    issued: CuResult<(Box<dyn StagedCopy>, Option<crate::session::AreaTarget>)>,
+) -> CuResult<()> {
+    let (copy, area, result): (Box<dyn StagedCopy>, _, _) = match issued {
+        Ok((copy, area)) => (copy, area, Ok(())),
+        Err(e) => (Box::new(crate::backend::NoBytes), None, Err(e)),
+    };
+    let stream = if stream == 0 {
+        u64::from(RM_STREAM_LEGACY)
+    } else {
+        stream
+    };
+    session.copies.push(PendingCopy {
+        copy_id,
+        ctx,
+        stream,
+        copy,
+        area,
+        taken: Default::default(),
+    });
+    result
+}
+
+/// The raw context and stream of an asynchronous copy that touches `size` bytes at device
+/// address `dev`, and whether the session has a capture in progress.
+fn copy_on_stream(
+    st: &SessionState,
+    ctx: u64,
+    stream: u64,
+    dev: u64,
+    size: u64,
+) -> CuResult<(u64, u64, bool)> {
+    st.check_range(dev, size)?;
+    Ok((st.ctx(ctx)?, st.stream(stream)?, !st.captures.is_empty()))
+}
+
+/// The span of the data area that an area copy names.
+fn area_span<'a>(area: &'a remora_oncrpc::DataArea, a: &RmAreaCopyArgs) -> AreaSpan<'a> {
+    AreaSpan {
+        area,
+        offset: a.offset,
+        size: a.size,
+    }
+}
+
 fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc::DataArea> {
-    let area = call.data_area().ok_or(INVALID_VALUE)?;
+    let area = call.data_area().ok_or(CuError(cu::INVALID_VALUE))?;
     if size > u64::from(RM_MAX_COPY) || area.check(offset, size).is_err() {
         tracing::debug!(
             offset,
@@ -477,7 +449,7 @@ fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc
             area = area.len(),
             "an area copy names bytes outside the data area"
         );
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     Ok(area.clone())
 }
@@ -487,15 +459,18 @@ fn area_of(call: &CallContext, offset: u64, size: u64) -> CuResult<remora_oncrpc
 pub(super) fn peer_target(
     st: &SessionState,
     a: &RmMemcpyPeerArgs,
-) -> CuResult<(u64, u64, u64, u64)> {
+) -> CuResult<(u64, u64, PeerCopy)> {
     st.check_range(a.dst, a.size)?;
     st.check_range(a.src, a.size)?;
-    Ok((
-        st.ctx(a.ctx)?,
-        st.stream(a.stream)?,
-        st.ctx(a.dst_ctx)?,
-        st.ctx(a.src_ctx)?,
-    ))
+    let (c, s) = (st.ctx(a.ctx)?, st.stream(a.stream)?);
+    let copy = PeerCopy {
+        dst: a.dst,
+        dst_ctx: st.ctx(a.dst_ctx)?,
+        src: a.src,
+        src_ctx: st.ctx(a.src_ctx)?,
+        size: a.size,
+    };
+    Ok((c, s, copy))
 }
 
 /// Checks one side of a 2-D or 3-D copy from the wire (see [`copy_target`]).
@@ -509,7 +484,7 @@ fn copy_side(
     let (w, h, depth) = (d.width_bytes, d.height, d.depth);
     let ctx = match (peer, s.ctx) {
         (false, 0) => None,
-        (false, _) => return Err(INVALID_VALUE),
+        (false, _) => return Err(CuError(cu::INVALID_VALUE)),
         (true, 0) if s.kind == RmMemKind::RmMemHostPacked => Some(call_ctx),
         (true, c) => Some(st.ctx(c)?),
     };
@@ -518,7 +493,7 @@ fn copy_side(
             // The canonical packed layout, nothing else.
             if s.ptr != 0 || s.x_bytes != 0 || s.y != 0 || s.z != 0 || s.pitch != w || s.height != h
             {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             Ok(CopySide {
                 place: CopyPlace::Host,
@@ -532,7 +507,7 @@ fn copy_side(
         }
         RmMemKind::RmMemDevice => {
             if s.pitch < w || (depth > 1 && s.height < h) {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             // Rows start at ((z + k) * height + y + r) * pitch + x, increasing in k and r: the
             // copy touches bytes between the first row's start and the last row's end only.
@@ -543,11 +518,11 @@ fn copy_side(
                     .checked_mul(s.pitch)?
                     .checked_add(s.x_bytes)
             };
-            let first = row(0, 0).ok_or(INVALID_VALUE)?;
+            let first = row(0, 0).ok_or(CuError(cu::INVALID_VALUE))?;
             let end = row(depth - 1, h - 1)
                 .and_then(|l| l.checked_add(w))
-                .ok_or(INVALID_VALUE)?;
-            let start = s.ptr.checked_add(first).ok_or(INVALID_VALUE)?;
+                .ok_or(CuError(cu::INVALID_VALUE))?;
+            let start = s.ptr.checked_add(first).ok_or(CuError(cu::INVALID_VALUE))?;
             st.check_range(start, end - first)?;
             Ok(CopySide {
                 place: CopyPlace::Device(s.ptr),
@@ -583,24 +558,24 @@ fn copy_target(
     if (two_d && (peer || d.depth != 1 || d.src.z != 0 || d.dst.z != 0))
         || (is_async && form == CopyForm::TwoDUnaligned)
     {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let host_src = d.src.kind == RmMemKind::RmMemHostPacked;
     let host_dst = d.dst.kind == RmMemKind::RmMemHostPacked;
     if host_src && host_dst {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let total = d
         .width_bytes
         .checked_mul(d.height)
         .and_then(|n| n.checked_mul(d.depth))
-        .ok_or(INVALID_VALUE)?;
+        .ok_or(CuError(cu::INVALID_VALUE))?;
     if (host_src || host_dst) && total > u64::from(RM_MAX_COPY) {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let carried = if host_src { total } else { 0 };
     if a.data.len() as u64 != carried {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     if total == 0 {
         return Ok((ctx, None));
@@ -618,12 +593,12 @@ fn copy_target(
 
 pub(super) fn memset_target(st: &SessionState, a: &RmMemsetArgs) -> CuResult<(u64, u64)> {
     if !matches!(a.element_size, 1 | 2 | 4) {
-        return Err(INVALID_VALUE);
+        return Err(CuError(cu::INVALID_VALUE));
     }
     let len = a
         .count
         .checked_mul(u64::from(a.element_size))
-        .ok_or(INVALID_VALUE)?;
+        .ok_or(CuError(cu::INVALID_VALUE))?;
     st.check_range(a.dst, len)?;
     Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
 }

@@ -1,12 +1,12 @@
 //! Procedures on device allocations.
 
 use super::*;
+use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
     pub(super) fn mem_alloc(&self, call: &CallContext, a: RmAllocArgs) -> ProcResult<RmU64Reply> {
         let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
-        let r = raw.and_then(|c| self.inner.backend.mem_alloc(c, a.bytesize));
+        let r = self.in_ctx(&session, a.ctx, |b, c| b.mem_alloc(c, a.bytesize));
         if let Ok(ptr) = r {
             session.lock().ranges.insert(
                 ptr,
@@ -26,30 +26,21 @@ impl Executor {
         a: RmAllocPitchArgs,
     ) -> ProcResult<RmPitchedReply> {
         let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
-        let r = raw.and_then(|c| {
-            self.inner
-                .backend
-                .mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
+        let r = self.in_ctx(&session, a.ctx, |b, c| {
+            b.mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
         });
-        Ok(
-            match r.inspect_err(|e| log_failed("RM_MEM_ALLOC_PITCH", *e)) {
-                Ok((ptr, pitch)) => {
-                    session.lock().ranges.insert(
-                        ptr,
-                        Range {
-                            size: pitch.saturating_mul(a.height),
-                            ctx: a.ctx,
-                            module: None,
-                        },
-                    );
-                    RmPitchedReply::Case0(RmPitched { ptr, pitch })
-                }
-                Err(e) => RmPitchedReply::Default {
-                    discriminant: nz(e),
+        let r = r.map(|(ptr, pitch)| {
+            session.lock().ranges.insert(
+                ptr,
+                Range {
+                    size: pitch.saturating_mul(a.height),
+                    ctx: a.ctx,
+                    module: None,
                 },
-            },
-        )
+            );
+            RmPitched { ptr, pitch }
+        });
+        Ok(reply!("RM_MEM_ALLOC_PITCH", RmPitchedReply, r))
     }
 
     pub(super) fn mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
@@ -57,7 +48,7 @@ impl Executor {
         let mut st = session.lock();
         let r = match st.ranges.get(&a.ptr).copied() {
             Some(r @ Range { module: None, .. }) => st.ctx(r.ctx),
-            _ => Err(INVALID_VALUE),
+            _ => Err(CuError(cu::INVALID_VALUE)),
         };
         let r = r.and_then(|c| self.inner.backend.mem_free(c, a.ptr));
         if r.is_ok() {
@@ -71,18 +62,12 @@ impl Executor {
         call: &CallContext,
         h: RmHandle,
     ) -> ProcResult<RmMemInfoReply> {
-        let session = self.session(call);
-        let raw = session.lock().ctx(h);
-        let r = raw.and_then(|c| self.inner.backend.mem_get_info(c));
-        Ok(match r.inspect_err(|e| log_failed("RM_MEM_GET_INFO", *e)) {
-            Ok((free_bytes, total_bytes)) => RmMemInfoReply::Case0(RmMemInfo {
-                free_bytes,
-                total_bytes,
-            }),
-            Err(e) => RmMemInfoReply::Default {
-                discriminant: nz(e),
-            },
-        })
+        let r = self.in_ctx(&self.session(call), h, |b, c| b.mem_get_info(c));
+        let r = r.map(|(free_bytes, total_bytes)| RmMemInfo {
+            free_bytes,
+            total_bytes,
+        });
+        Ok(reply!("RM_MEM_GET_INFO", RmMemInfoReply, r))
     }
 
     pub(super) fn mem_get_address_range(
@@ -93,13 +78,7 @@ impl Executor {
         let session = self.session(call);
         let st = session.lock();
         let r = st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr));
-        Ok(
-            match r.inspect_err(|e| log_failed("RM_MEM_GET_ADDRESS_RANGE", *e)) {
-                Ok((base, r)) => RmRangeReply::Case0(RmRange { base, size: r.size }),
-                Err(e) => RmRangeReply::Default {
-                    discriminant: nz(e),
-                },
-            },
-        )
+        let r = r.map(|(base, r)| RmRange { base, size: r.size });
+        Ok(reply!("RM_MEM_GET_ADDRESS_RANGE", RmRangeReply, r))
     }
 }

@@ -6,6 +6,7 @@
 //! synchronous device-to-host copies) run on a per-session waiter thread and reply through a
 //! deferred reply, so the connection goes on with other client threads' calls meanwhile.
 
+use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -13,10 +14,9 @@ use remora_oncrpc::{CallContext, ProcError, ProcResult};
 use remora_proto::remora::*;
 use remora_xdr::XdrEncode;
 
-use crate::backend::status::{INVALID_HANDLE, INVALID_VALUE, STREAM_CAPTURE_UNSUPPORTED, SUCCESS};
 use crate::backend::{
-    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, CuResult, LaunchSpec, StagedCopy,
-    capture_status,
+    AreaSpan, Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, LaunchSpec, PeerCopy,
+    StagedCopy, capture_status,
 };
 use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
 use crate::hello::{HelloService, truncate};
@@ -38,19 +38,14 @@ const SYNC_POLL: std::time::Duration = std::time::Duration::from_micros(50);
 /// How long RM_COPIES_COLLECT polls the copies a client names before it answers without them
 /// (the client asks again).
 const COLLECT_POLL: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// `CUDA_ERROR_INVALID_CONTEXT`.
-const INVALID_CONTEXT: i32 = 201;
-/// `CUDA_ERROR_UNKNOWN`, used if a backend ever reports failure as 0.
-const UNKNOWN: i32 = 999;
-
-fn nz(e: i32) -> i32 {
-    if e == SUCCESS { UNKNOWN } else { e }
+/// The wire code of a failure: `CUDA_ERROR_UNKNOWN` if a backend ever reports failure as 0.
+pub(crate) fn nz(e: CuError) -> i32 {
+    if e.0 == cu::SUCCESS { cu::UNKNOWN } else { e.0 }
 }
 
 /// Logs a call that failed, naming the procedure and the CUresult (debug level).
 fn log_failed(what: &str, status: i32) {
-    if status != SUCCESS && status != crate::backend::status::NOT_READY {
+    if status != cu::SUCCESS && status != cu::NOT_READY {
         tracing::debug!(
             call = what,
             result = status,
@@ -61,23 +56,44 @@ fn log_failed(what: &str, status: i32) {
 }
 
 fn code(what: &str, r: CuResult<()>) -> i32 {
-    let c = r.err().map_or(SUCCESS, nz);
+    let c = r.err().map_or(cu::SUCCESS, nz);
     log_failed(what, c);
     c
 }
 
+/// The reply of a call whose union carries a value on success: `ok(value)`, or `failed` of
+/// the failure's code (logged).
+fn union_reply<T, R>(
+    what: &str,
+    r: CuResult<T>,
+    ok: impl FnOnce(T) -> R,
+    failed: impl FnOnce(i32) -> R,
+) -> R {
+    match r {
+        Ok(v) => ok(v),
+        Err(e) => {
+            log_failed(what, nz(e));
+            failed(nz(e))
+        }
+    }
+}
+
+/// The union reply `$ty` of `r`: `Case0` of the value, or the failure's code as the
+/// discriminant (logged as `what`).
+macro_rules! reply {
+    ($what:expr, $ty:ident, $r:expr) => {
+        union_reply($what, $r, $ty::Case0, |discriminant| $ty::Default {
+            discriminant,
+        })
+    };
+}
+
+use reply;
+
 macro_rules! reply_fn {
     ($name:ident, $ty:ident, $val:ty) => {
         fn $name(what: &str, r: CuResult<$val>) -> $ty {
-            match r {
-                Ok(v) => $ty::Case0(v),
-                Err(e) => {
-                    log_failed(what, nz(e));
-                    $ty::Default {
-                        discriminant: nz(e),
-                    }
-                }
-            }
+            reply!(what, $ty, r)
         }
     };
 }
@@ -87,15 +103,8 @@ reply_fn!(handle_reply, RmHandleReply, u64);
 reply_fn!(float_reply, RmFloatReply, f32);
 
 fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
-    match r {
-        Ok((first, second)) => RmIntPairReply::Case0(RmIntPair { first, second }),
-        Err(e) => {
-            log_failed(what, nz(e));
-            RmIntPairReply::Default {
-                discriminant: nz(e),
-            }
-        }
-    }
+    let r = r.map(|(first, second)| RmIntPair { first, second });
+    reply!(what, RmIntPairReply, r)
 }
 
 struct Inner {
@@ -258,6 +267,87 @@ impl Executor {
         session
     }
 
+    /// `run(backend, objects)` for the raw objects `resolve` finds in `session`'s state
+    /// (under the session lock; `run` goes without it).
+    fn resolved<X, T>(
+        &self,
+        session: &Session,
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        run: impl FnOnce(&dyn Backend, X) -> CuResult<T>,
+    ) -> CuResult<T> {
+        let x = resolve(&session.lock());
+        x.and_then(|x| run(&*self.inner.backend, x))
+    }
+
+    /// `f(backend, raw context)` for context handle `h` of `session`.
+    fn in_ctx<T>(
+        &self,
+        session: &Session,
+        h: RmHandle,
+        f: impl FnOnce(&dyn Backend, u64) -> CuResult<T>,
+    ) -> CuResult<T> {
+        self.resolved(session, |st| st.ctx(h), f)
+    }
+
+    /// `f(backend, raw function, raw context)` for function handle `h` of `session`.
+    fn in_function<T>(
+        &self,
+        session: &Session,
+        h: RmHandle,
+        f: impl FnOnce(&dyn Backend, u64, u64) -> CuResult<T>,
+    ) -> CuResult<T> {
+        self.resolved(session, |st| st.function(h), |b, (raw, c, _)| f(b, raw, c))
+    }
+
+    /// Creates an object in context handle `ctx` (`create(backend, raw context)`) and answers
+    /// the session handle of `resource(raw object)`.
+    fn create_in_ctx(
+        &self,
+        call: &CallContext,
+        what: &str,
+        ctx: RmHandle,
+        create: impl FnOnce(&dyn Backend, u64) -> CuResult<u64>,
+        resource: impl FnOnce(u64) -> Resource,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let r = self.in_ctx(&session, ctx, create);
+        let mut st = session.lock();
+        Ok(handle_reply(what, r.map(|raw| st.insert(resource(raw)))))
+    }
+
+    /// A synchronous call answered with the session's deferred error and the copies finished
+    /// by then: `resolve` finds the call's raw objects under the session lock, then
+    /// `run(backend, them)` runs without it.
+    fn sync_call<X>(
+        &self,
+        call: &CallContext,
+        what: &str,
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        run: impl FnOnce(&dyn Backend, X) -> CuResult<()>,
+    ) -> ProcResult<RmSyncReply> {
+        let session = self.session(call);
+        let own = self.resolved(&session, resolve, run);
+        let mut st = session.lock();
+        Ok(self.inner.sync_reply(what, &mut st, own, Scope::Finished))
+    }
+
+    /// [`Executor::oneway_on`] the stream `on` = (context handle, stream handle): `resolve`
+    /// finds the call's raw objects under the session lock, then `run(backend, them)` runs
+    /// without it.
+    fn oneway_on_stream<X>(
+        &self,
+        call: &CallContext,
+        what: &str,
+        on: (u64, u64),
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        run: impl FnOnce(&dyn Backend, X) -> CuResult<()>,
+    ) -> ProcResult<()> {
+        self.oneway_on(call, what, Some(on), |inner, session| {
+            let x = resolve(&session.lock())?;
+            run(&*inner.backend, x)
+        })
+    }
+
     /// Runs a one-way call on stream `on` = (context handle, stream handle): its error is kept
     /// for the next synchronizing call, or, when that stream is capturing, by the capture
     /// (ending the capture returns it), as natively the failed call would have invalidated
@@ -274,8 +364,8 @@ impl Executor {
             tracing::debug!(
                 connection = call.connection,
                 call = what,
-                result = e,
-                name = crate::backend::cuda::result_name(e),
+                result = e.0,
+                name = crate::backend::cuda::result_name(e.0),
                 "one-way call failed; its error is deferred to the next synchronizing call"
             );
             let mut st = session.lock();
@@ -312,14 +402,18 @@ impl Executor {
         call: &CallContext,
         h: RmHandle,
         what: &str,
-        pick: impl FnOnce(&Resource) -> Result<(u64, u64), i32>,
+        pick: impl FnOnce(&Resource) -> CuResult<(u64, u64)>,
         destroy: impl FnOnce(&dyn Backend, u64, u64) -> CuResult<()>,
     ) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let mut st = session.lock();
-        let (raw, ctx) = match st.get(h).map_err(|_| INVALID_HANDLE).and_then(pick) {
+        let (raw, ctx) = match st
+            .get(h)
+            .map_err(|_| CuError(cu::INVALID_HANDLE))
+            .and_then(pick)
+        {
             Ok(found) => found,
-            Err(status) => return Ok(status),
+            Err(e) => return Ok(e.0),
         };
         let r = st
             .ctx(ctx)
@@ -333,7 +427,7 @@ impl Executor {
         loop {
             match query() {
                 Ok(()) => return true,
-                Err(crate::backend::status::NOT_READY) if std::time::Instant::now() < until => {
+                Err(CuError(cu::NOT_READY)) if std::time::Instant::now() < until => {
                     std::hint::spin_loop();
                 }
                 _ => return false,
@@ -400,7 +494,7 @@ impl Inner {
         own: CuResult<()>,
         scope: Scope,
     ) -> RmSyncReply {
-        let mut status = st.sync_status(own.map_err(nz));
+        let mut status = st.sync_status(own);
         let copies = self.collect(st, scope, &mut status);
         log_failed(what, status);
         RmSyncReply { status, copies }
@@ -431,7 +525,7 @@ impl Inner {
     /// Drops one of the session's references to its primary context of `dev` (all of them
     /// when `all`); at zero the session's context is destroyed, with everything in it.
     fn release_primary(&self, st: &mut SessionState, dev: i32, all: bool) -> CuResult<()> {
-        let (h, refs) = *st.primary.get(&dev).ok_or(INVALID_CONTEXT)?;
+        let (h, refs) = *st.primary.get(&dev).ok_or(CuError(cu::INVALID_CONTEXT))?;
         if refs > 1 && !all {
             st.primary.insert(dev, (h, refs - 1));
             return Ok(());
@@ -451,10 +545,10 @@ impl Inner {
     fn check_device(&self, dev: i32) -> CuResult<()> {
         let n = self.backend.device_count()?;
         if n == 0 {
-            return Err(crate::backend::status::NO_DEVICE);
+            return Err(CuError(cu::NO_DEVICE));
         }
         if dev < 0 || dev >= n {
-            return Err(crate::backend::status::INVALID_DEVICE);
+            return Err(CuError(cu::INVALID_DEVICE));
         }
         Ok(())
     }
@@ -477,7 +571,7 @@ struct StreamTarget {
 fn stream_target(st: &SessionState, ctx: u64, h: u64) -> CuResult<StreamTarget> {
     if h == 0 || h == u64::from(RM_STREAM_LEGACY) {
         if ctx == 0 {
-            return Err(INVALID_CONTEXT);
+            return Err(CuError(cu::INVALID_CONTEXT));
         }
         return Ok(StreamTarget {
             ctx: st.ctx(ctx)?,
@@ -493,7 +587,7 @@ fn stream_target(st: &SessionState, ctx: u64, h: u64) -> CuResult<StreamTarget> 
             ctx_handle: *owner,
             stream_handle: h,
         }),
-        _ => Err(INVALID_HANDLE),
+        _ => Err(CuError(cu::INVALID_HANDLE)),
     }
 }
 
@@ -513,7 +607,7 @@ fn not_captured(inner: &Inner, capturing: bool, ctx: u64, stream: u64) -> CuResu
                 "remora: a copy to or from client memory (or a host callback) on a capturing \
                  stream cannot be captured; returning CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
             );
-            Err(STREAM_CAPTURE_UNSUPPORTED)
+            Err(CuError(cu::STREAM_CAPTURE_UNSUPPORTED))
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Procedures on modules, functions, globals, occupancy and kernel launches.
 
+use remora_proto::cuda::{CuError, cu};
 use sha2::{Digest, Sha256};
 
 use super::*;
@@ -12,7 +13,7 @@ impl Executor {
     ) -> ProcResult<RmLoadReply> {
         let session = self.session(call);
         if let Err(e) = session.lock().ctx(a.ctx) {
-            return Ok(RmLoadReply::RmLoadFailed(e));
+            return Ok(RmLoadReply::RmLoadFailed(e.0));
         }
         let image = if a.image.is_empty() {
             match self.inner.cache.get(&a.hash) {
@@ -26,7 +27,7 @@ impl Executor {
                     connection = call.connection,
                     "RM_MODULE_LOAD: the image does not match its SHA-256"
                 );
-                return Ok(RmLoadReply::RmLoadFailed(INVALID_VALUE));
+                return Ok(RmLoadReply::RmLoadFailed(cu::INVALID_VALUE));
             }
             self.inner.cache.insert(a.hash, a.image.clone());
             a.image
@@ -39,11 +40,11 @@ impl Executor {
         let mut st = session.lock();
         let (raw, ctx) = match st.get(h) {
             Ok(Resource::Module { raw, ctx }) => (*raw, *ctx),
-            _ => return Ok(INVALID_HANDLE),
+            _ => return Ok(cu::INVALID_HANDLE),
         };
         let raw_ctx = match st.ctx(ctx) {
             Ok(c) => c,
-            Err(e) => return Ok(e),
+            Err(e) => return Ok(e.0),
         };
         let r = self.inner.backend.module_unload(raw_ctx, raw);
         st.remove(h);
@@ -58,31 +59,31 @@ impl Executor {
         a: RmGetGlobalArgs,
     ) -> ProcResult<RmGlobalReply> {
         let session = self.session(call);
-        let found = {
-            let st = session.lock();
-            match st.get(a.module) {
+        let r = self.resolved(
+            &session,
+            |st| match st.get(a.module) {
                 Ok(Resource::Module { raw, ctx }) => st.ctx(*ctx).map(|c| (*raw, *ctx, c)),
-                _ => Err(INVALID_HANDLE),
-            }
-        };
-        let r = found.and_then(|(raw, ctx, c)| {
-            let (ptr, size) = self.inner.backend.module_get_global(c, raw, &a.name)?;
-            session.lock().ranges.entry(ptr).or_insert(Range {
-                size,
-                ctx,
-                module: Some(a.module),
-            });
-            Ok((ptr, size))
-        });
-        Ok(
-            match r.inspect_err(|e| log_failed("RM_MODULE_GET_GLOBAL", *e)) {
-                Ok((ptr, size)) => RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
-                Err(e) => RmGlobalReply::Default {
-                    discriminant: RmLoadStatus::RmLoadFailed,
-                    value: nz(e),
-                },
+                _ => Err(CuError(cu::INVALID_HANDLE)),
             },
-        )
+            |b, (raw, ctx, c)| {
+                let (ptr, size) = b.module_get_global(c, raw, &a.name)?;
+                session.lock().ranges.entry(ptr).or_insert(Range {
+                    size,
+                    ctx,
+                    module: Some(a.module),
+                });
+                Ok((ptr, size))
+            },
+        );
+        Ok(union_reply(
+            "RM_MODULE_GET_GLOBAL",
+            r,
+            |(ptr, size)| RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
+            |value| RmGlobalReply::Default {
+                discriminant: RmLoadStatus::RmLoadFailed,
+                value,
+            },
+        ))
     }
 
     pub(super) fn func_set_attribute(
@@ -90,16 +91,10 @@ impl Executor {
         call: &CallContext,
         a: RmFuncAttrArgs,
     ) -> ProcResult<CuResult_> {
-        let session = self.session(call);
-        let f = session.lock().function(a.function);
-        Ok(code(
-            "RM_FUNC_SET_ATTRIBUTE",
-            f.and_then(|(raw, c, _)| {
-                self.inner
-                    .backend
-                    .func_set_attribute(c, raw, a.attribute, a.value)
-            }),
-        ))
+        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+            b.func_set_attribute(c, f, a.attribute, a.value)
+        });
+        Ok(code("RM_FUNC_SET_ATTRIBUTE", r))
     }
 
     pub(super) fn occupancy_max_active_clusters(
@@ -107,18 +102,15 @@ impl Executor {
         call: &CallContext,
         a: RmLaunchArgs,
     ) -> ProcResult<RmIntReply> {
-        let session = self.session(call);
-        let target = {
-            let st = session.lock();
-            st.function(a.function).and_then(|(func, fctx, _)| {
+        let r = self.resolved(
+            &self.session(call),
+            |st| {
+                let (func, fctx, _) = st.function(a.function)?;
                 let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
                 Ok((func, c, st.stream(a.stream)?))
-            })
-        };
-        Ok(int_reply(
-            "RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS",
-            target.and_then(|(func, c, s)| {
-                self.inner.backend.occupancy_max_active_clusters(
+            },
+            |b, (func, c, s)| {
+                b.occupancy_max_active_clusters(
                     c,
                     &LaunchSpec {
                         function: func,
@@ -131,8 +123,9 @@ impl Executor {
                         attrs: &a.attrs,
                     },
                 )
-            }),
-        ))
+            },
+        );
+        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS", r))
     }
 
     pub(super) fn occupancy_max_potential_block_size(
@@ -140,20 +133,16 @@ impl Executor {
         call: &CallContext,
         a: RmPotentialBlockArgs,
     ) -> ProcResult<RmIntPairReply> {
-        let session = self.session(call);
-        let f = session.lock().function(a.function);
-        Ok(int_pair_reply(
-            "RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE",
-            f.and_then(|(raw, c, _)| {
-                self.inner.backend.occupancy_max_potential_block_size(
-                    c,
-                    raw,
-                    a.dynamic_smem_bytes,
-                    a.block_size_limit,
-                    a.flags,
-                )
-            }),
-        ))
+        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+            b.occupancy_max_potential_block_size(
+                c,
+                f,
+                a.dynamic_smem_bytes,
+                a.block_size_limit,
+                a.flags,
+            )
+        });
+        Ok(int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r))
     }
 
     pub(super) fn occupancy_max_active_blocks(
@@ -161,20 +150,10 @@ impl Executor {
         call: &CallContext,
         a: RmOccupancyArgs,
     ) -> ProcResult<RmIntReply> {
-        let session = self.session(call);
-        let f = session.lock().function(a.function);
-        Ok(int_reply(
-            "RM_OCCUPANCY_MAX_ACTIVE_BLOCKS",
-            f.and_then(|(raw, c, _)| {
-                self.inner.backend.occupancy_max_active_blocks(
-                    c,
-                    raw,
-                    a.block_size,
-                    a.dynamic_smem_bytes,
-                    a.flags,
-                )
-            }),
-        ))
+        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+            b.occupancy_max_active_blocks(c, f, a.block_size, a.dynamic_smem_bytes, a.flags)
+        });
+        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r))
     }
 
     pub(super) fn launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
@@ -192,7 +171,7 @@ impl Executor {
                 .max()
                 .unwrap_or(0);
             if (a.params.len() as u64) < needed {
-                return Err(INVALID_VALUE);
+                return Err(CuError(cu::INVALID_VALUE));
             }
             let timed = inner
                 .profile
@@ -223,7 +202,7 @@ impl Inner {
     fn load(&self, st_session: &Session, ctx: u64, image: &[u8]) -> RmLoadReply {
         let raw_ctx = match st_session.lock().ctx(ctx) {
             Ok(c) => c,
-            Err(e) => return RmLoadReply::RmLoadFailed(e),
+            Err(e) => return RmLoadReply::RmLoadFailed(e.0),
         };
         let loaded = match self.backend.module_load(raw_ctx, image) {
             Ok(m) => m,

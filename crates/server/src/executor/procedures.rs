@@ -4,10 +4,66 @@
 use super::capture::graph_exec_target;
 use super::copies::{memset_target, peer_target};
 use super::*;
+use remora_proto::cuda::{CuError, cu};
+
+/// Trait methods that call the `Executor` method of the same arguments.
+macro_rules! forward {
+    ($($proc:ident($arg:ty) -> $ret:ty => $method:ident;)*) => {
+        $(fn $proc(&self, call: &CallContext, a: $arg) -> ProcResult<$ret> {
+            self.$method(call, a)
+        })*
+    };
+}
 
 impl RemoraV1Server for Executor {
     // The plain calls, generated from their `@glue` annotations in remora.x.
     remora_proto::executor_glue!();
+
+    // Procedures answered by an `Executor` method of a concern module.
+    forward! {
+        rm_device_get_props(i32) -> RmDevicePropsReply => device_get_props;
+        rm_primary_ctx_retain(i32) -> RmHandleReply => primary_ctx_retain;
+        rm_primary_ctx_set_flags(RmPrimaryFlagsArgs) -> CuResult_ => primary_ctx_set_flags;
+        rm_primary_ctx_get_state(i32) -> RmPrimaryStateReply => primary_ctx_get_state;
+        rm_primary_ctx_reset(i32) -> CuResult_ => primary_ctx_reset;
+        rm_ctx_create(RmCtxCreateArgs) -> RmHandleReply => ctx_create;
+        rm_ctx_destroy(RmHandle) -> CuResult_ => ctx_destroy;
+        rm_ctx_synchronize(RmHandle) -> RmSyncReply => ctx_synchronize;
+        rm_tools_ctx_query(RmToolsCtxQueryArgs) -> RmU64Reply => tools_ctx_query;
+        rm_mem_alloc(RmAllocArgs) -> RmU64Reply => mem_alloc;
+        rm_mem_alloc_pitch(RmAllocPitchArgs) -> RmPitchedReply => mem_alloc_pitch;
+        rm_mem_free(RmPtrArgs) -> CuResult_ => mem_free;
+        rm_mem_get_info(RmHandle) -> RmMemInfoReply => mem_get_info;
+        rm_mem_get_address_range(RmPtrArgs) -> RmRangeReply => mem_get_address_range;
+        rm_memcpy_htod(RmHtodArgs) -> RmSyncReply => memcpy_htod;
+        rm_memcpy_dtoh(RmDtohArgs) -> RmDtohReply => memcpy_dtoh;
+        rm_memcpy_dtod(RmDtodArgs) -> RmSyncReply => memcpy_dtod;
+        rm_memset(RmMemsetArgs) -> RmSyncReply => memset;
+        rm_memcpy_htod_async(RmHtodArgs) -> () => memcpy_htod_async;
+        rm_memcpy_dtoh_async(RmDtohArgs) -> () => memcpy_dtoh_async;
+        rm_module_load(RmModuleLoadArgs) -> RmLoadReply => module_load;
+        rm_module_unload(RmHandle) -> CuResult_ => module_unload;
+        rm_module_get_global(RmGetGlobalArgs) -> RmGlobalReply => module_get_global;
+        rm_func_set_attribute(RmFuncAttrArgs) -> CuResult_ => func_set_attribute;
+        rm_occupancy_max_active_clusters(RmLaunchArgs) -> RmIntReply => occupancy_max_active_clusters;
+        rm_occupancy_max_potential_block_size(RmPotentialBlockArgs) -> RmIntPairReply => occupancy_max_potential_block_size;
+        rm_occupancy_max_active_blocks(RmOccupancyArgs) -> RmIntReply => occupancy_max_active_blocks;
+        rm_launch_kernel(RmLaunchArgs) -> () => launch_kernel;
+        rm_stream_create(RmStreamCreateArgs) -> RmHandleReply => stream_create;
+        rm_stream_synchronize(RmStreamArgs) -> RmSyncReply => stream_synchronize;
+        rm_event_record(RmEventRecordArgs) -> () => event_record;
+        rm_event_elapsed_time(RmElapsedArgs) -> RmFloatReply => event_elapsed_time;
+        rm_memcpy_peer(RmMemcpyPeerArgs) -> RmSyncReply => memcpy_peer;
+        rm_stream_begin_capture(RmBeginCaptureArgs) -> RmCaptureBegunReply => stream_begin_capture;
+        rm_stream_end_capture(RmStreamArgs) -> RmEndCaptureReply => stream_end_capture;
+        rm_stream_get_capture_info(RmStreamArgs) -> RmCaptureInfoReply => stream_get_capture_info;
+        rm_graph_instantiate(RmGraphInstantiateArgs) -> RmHandleReply => graph_instantiate;
+        rm_graph_destroy(RmHandle) -> CuResult_ => graph_destroy;
+        rm_area_memcpy_htod(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_htod;
+        rm_area_memcpy_dtoh(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_dtoh;
+        rm_area_memcpy_htod_async(RmAreaCopyArgs) -> () => area_memcpy_htod_async;
+        rm_area_memcpy_dtoh_async(RmAreaCopyArgs) -> () => area_memcpy_dtoh_async;
+    }
 
     fn remora_null(&self, _call: &CallContext) -> ProcResult<()> {
         Ok(())
@@ -31,10 +87,6 @@ impl RemoraV1Server for Executor {
         ))
     }
 
-    fn rm_device_get_props(&self, call: &CallContext, dev: i32) -> ProcResult<RmDevicePropsReply> {
-        self.device_get_props(call, dev)
-    }
-
     fn rm_device_get_attribute(
         &self,
         _call: &CallContext,
@@ -48,10 +100,6 @@ impl RemoraV1Server for Executor {
 
     // Contexts -------------------------------------------------------------------------------
 
-    fn rm_primary_ctx_retain(&self, call: &CallContext, dev: i32) -> ProcResult<RmHandleReply> {
-        self.primary_ctx_retain(call, dev)
-    }
-
     fn rm_primary_ctx_release(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let mut st = session.lock();
@@ -61,171 +109,54 @@ impl RemoraV1Server for Executor {
         ))
     }
 
-    fn rm_primary_ctx_set_flags(
-        &self,
-        call: &CallContext,
-        a: RmPrimaryFlagsArgs,
-    ) -> ProcResult<CuResult_> {
-        self.primary_ctx_set_flags(call, a)
-    }
-
-    fn rm_primary_ctx_get_state(
-        &self,
-        call: &CallContext,
-        dev: i32,
-    ) -> ProcResult<RmPrimaryStateReply> {
-        self.primary_ctx_get_state(call, dev)
-    }
-
-    fn rm_primary_ctx_reset(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
-        self.primary_ctx_reset(call, dev)
-    }
-
-    fn rm_ctx_create(&self, call: &CallContext, a: RmCtxCreateArgs) -> ProcResult<RmHandleReply> {
-        self.ctx_create(call, a)
-    }
-
-    fn rm_ctx_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        self.ctx_destroy(call, h)
-    }
-
-    fn rm_ctx_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        self.ctx_synchronize(call, h)
-    }
-
     fn rm_ctx_get_stream_priority_range(
         &self,
         call: &CallContext,
         h: RmHandle,
     ) -> ProcResult<RmIntPairReply> {
-        let session = self.session(call);
-        let raw = session.lock().ctx(h);
-        let r = raw.and_then(|c| self.inner.backend.ctx_stream_priority_range(c));
+        let r = self.in_ctx(&self.session(call), h, |b, c| {
+            b.ctx_stream_priority_range(c)
+        });
         Ok(int_pair_reply("RM_CTX_GET_STREAM_PRIORITY_RANGE", r))
-    }
-
-    fn rm_tools_ctx_query(
-        &self,
-        call: &CallContext,
-        a: RmToolsCtxQueryArgs,
-    ) -> ProcResult<RmU64Reply> {
-        self.tools_ctx_query(call, a)
     }
 
     // Memory ---------------------------------------------------------------------------------
 
-    fn rm_mem_alloc(&self, call: &CallContext, a: RmAllocArgs) -> ProcResult<RmU64Reply> {
-        self.mem_alloc(call, a)
-    }
-
-    fn rm_mem_alloc_pitch(
-        &self,
-        call: &CallContext,
-        a: RmAllocPitchArgs,
-    ) -> ProcResult<RmPitchedReply> {
-        self.mem_alloc_pitch(call, a)
-    }
-
-    fn rm_mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
-        self.mem_free(call, a)
-    }
-
-    fn rm_mem_get_info(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmMemInfoReply> {
-        self.mem_get_info(call, h)
-    }
-
-    fn rm_mem_get_address_range(
-        &self,
-        call: &CallContext,
-        a: RmPtrArgs,
-    ) -> ProcResult<RmRangeReply> {
-        self.mem_get_address_range(call, a)
-    }
-
-    fn rm_memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
-        self.memcpy_htod(call, a)
-    }
-
-    fn rm_memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmDtohReply> {
-        self.memcpy_dtoh(call, a)
-    }
-
-    fn rm_memcpy_dtod(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<RmSyncReply> {
-        self.memcpy_dtod(call, a)
-    }
-
-    fn rm_memset(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<RmSyncReply> {
-        self.memset(call, a)
-    }
-
-    fn rm_memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
-        self.memcpy_htod_async(call, a)
-    }
-
-    fn rm_memcpy_dtoh_async(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<()> {
-        self.memcpy_dtoh_async(call, a)
-    }
-
     fn rm_memcpy_dtod_async(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_MEMCPY_DTOD_ASYNC", on, |inner, session| {
-            let (c, s) = {
-                let st = session.lock();
+        self.oneway_on_stream(
+            call,
+            "RM_MEMCPY_DTOD_ASYNC",
+            (a.ctx, a.stream),
+            |st| {
                 st.check_range(a.dst, a.size)?;
                 st.check_range(a.src, a.size)?;
-                (st.ctx(a.ctx)?, st.stream(a.stream)?)
-            };
-            inner.backend.memcpy_dtod(c, Some(s), a.dst, a.src, a.size)
-        })
+                Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
+            },
+            |b, (c, s)| b.memcpy_dtod(c, Some(s), a.dst, a.src, a.size),
+        )
     }
 
     fn rm_memset_async(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_MEMSET_ASYNC", on, |inner, session| {
-            let (c, s) = memset_target(&session.lock(), &a)?;
-            inner
-                .backend
-                .memset(c, Some(s), a.dst, a.value, a.element_size, a.count)
-        })
+        self.oneway_on_stream(
+            call,
+            "RM_MEMSET_ASYNC",
+            (a.ctx, a.stream),
+            |st| memset_target(st, &a),
+            |b, (c, s)| b.memset(c, Some(s), a.dst, a.value, a.element_size, a.count),
+        )
     }
 
     // Modules and functions -----------------------------------------------------------------
-
-    fn rm_module_load(&self, call: &CallContext, a: RmModuleLoadArgs) -> ProcResult<RmLoadReply> {
-        self.module_load(call, a)
-    }
-
-    fn rm_module_unload(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        self.module_unload(call, h)
-    }
-
-    fn rm_module_get_global(
-        &self,
-        call: &CallContext,
-        a: RmGetGlobalArgs,
-    ) -> ProcResult<RmGlobalReply> {
-        self.module_get_global(call, a)
-    }
 
     fn rm_func_get_attribute(
         &self,
         call: &CallContext,
         a: RmFuncAttrArgs,
     ) -> ProcResult<RmIntReply> {
-        let session = self.session(call);
-        let f = session.lock().function(a.function);
-        Ok(int_reply(
-            "RM_FUNC_GET_ATTRIBUTE",
-            f.and_then(|(raw, c, _)| self.inner.backend.func_get_attribute(c, raw, a.attribute)),
-        ))
-    }
-
-    fn rm_func_set_attribute(
-        &self,
-        call: &CallContext,
-        a: RmFuncAttrArgs,
-    ) -> ProcResult<CuResult_> {
-        self.func_set_attribute(call, a)
+        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+            b.func_get_attribute(c, f, a.attribute)
+        });
+        Ok(int_reply("RM_FUNC_GET_ATTRIBUTE", r))
     }
 
     fn rm_func_set_cache_config(
@@ -233,53 +164,15 @@ impl RemoraV1Server for Executor {
         call: &CallContext,
         a: RmHandleFlags,
     ) -> ProcResult<CuResult_> {
-        let session = self.session(call);
-        let f = session.lock().function(a.handle);
-        Ok(code(
-            "RM_FUNC_SET_CACHE_CONFIG",
-            f.and_then(|(raw, c, _)| self.inner.backend.func_set_cache_config(c, raw, a.flags)),
-        ))
-    }
-
-    fn rm_occupancy_max_active_clusters(
-        &self,
-        call: &CallContext,
-        a: RmLaunchArgs,
-    ) -> ProcResult<RmIntReply> {
-        self.occupancy_max_active_clusters(call, a)
-    }
-
-    fn rm_occupancy_max_potential_block_size(
-        &self,
-        call: &CallContext,
-        a: RmPotentialBlockArgs,
-    ) -> ProcResult<RmIntPairReply> {
-        self.occupancy_max_potential_block_size(call, a)
-    }
-
-    fn rm_occupancy_max_active_blocks(
-        &self,
-        call: &CallContext,
-        a: RmOccupancyArgs,
-    ) -> ProcResult<RmIntReply> {
-        self.occupancy_max_active_blocks(call, a)
+        let r = self.in_function(&self.session(call), a.handle, |b, f, c| {
+            b.func_set_cache_config(c, f, a.flags)
+        });
+        Ok(code("RM_FUNC_SET_CACHE_CONFIG", r))
     }
 
     // Launches -------------------------------------------------------------------------------
 
-    fn rm_launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
-        self.launch_kernel(call, a)
-    }
-
     // Streams and events ----------------------------------------------------------------------
-
-    fn rm_stream_create(
-        &self,
-        call: &CallContext,
-        a: RmStreamCreateArgs,
-    ) -> ProcResult<RmHandleReply> {
-        self.stream_create(call, a)
-    }
 
     fn rm_stream_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
         self.destroy_in_ctx(
@@ -288,50 +181,39 @@ impl RemoraV1Server for Executor {
             "RM_STREAM_DESTROY",
             |r| match r {
                 Resource::Stream { raw, ctx } => Ok((*raw, *ctx)),
-                _ => Err(INVALID_HANDLE),
+                _ => Err(CuError(cu::INVALID_HANDLE)),
             },
             |b, c, raw| b.stream_destroy(c, raw),
         )
     }
 
-    fn rm_stream_synchronize(
-        &self,
-        call: &CallContext,
-        a: RmStreamArgs,
-    ) -> ProcResult<RmSyncReply> {
-        self.stream_synchronize(call, a)
-    }
-
     fn rm_stream_query(&self, call: &CallContext, a: RmStreamArgs) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let target = stream_target(&session.lock(), a.ctx, a.stream);
-        let own = target.and_then(|t| self.inner.backend.stream_query(t.ctx, t.stream));
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_STREAM_QUERY", &mut st, own, Scope::Finished))
+        self.sync_call(
+            call,
+            "RM_STREAM_QUERY",
+            |st| stream_target(st, a.ctx, a.stream),
+            |b, t| b.stream_query(t.ctx, t.stream),
+        )
     }
 
     fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_STREAM_WAIT_EVENT", on, |inner, session| {
-            let (t, (e, _)) = {
-                let st = session.lock();
-                (stream_target(&st, a.ctx, a.stream)?, st.event(a.event)?)
-            };
-            inner.backend.stream_wait_event(t.ctx, t.stream, e, a.flags)
-        })
+        self.oneway_on_stream(
+            call,
+            "RM_STREAM_WAIT_EVENT",
+            (a.ctx, a.stream),
+            |st| Ok((stream_target(st, a.ctx, a.stream)?, st.event(a.event)?)),
+            |b, (t, (e, _))| b.stream_wait_event(t.ctx, t.stream, e, a.flags),
+        )
     }
 
     fn rm_event_create(&self, call: &CallContext, a: RmHandleFlags) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
-        let raw = session.lock().ctx(a.handle);
-        let r = raw.and_then(|c| self.inner.backend.event_create(c, a.flags));
-        let mut st = session.lock();
-        Ok(handle_reply(
+        self.create_in_ctx(
+            call,
             "RM_EVENT_CREATE",
-            r.map(|raw| st.insert(Resource::Event { raw, ctx: a.handle })),
-        ))
+            a.handle,
+            |b, c| b.event_create(c, a.flags),
+            |raw| Resource::Event { raw, ctx: a.handle },
+        )
     }
 
     fn rm_event_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -344,10 +226,6 @@ impl RemoraV1Server for Executor {
             st.remove(h);
         }
         Ok(code("RM_EVENT_DESTROY", r))
-    }
-
-    fn rm_event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
-        self.event_record(call, a)
     }
 
     fn rm_event_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
@@ -364,21 +242,12 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_event_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let ev = session.lock().event(h);
-        let own = ev.and_then(|(e, c)| self.inner.backend.event_query(c, e));
-        let mut st = session.lock();
-        Ok(self
-            .inner
-            .sync_reply("RM_EVENT_QUERY", &mut st, own, Scope::Finished))
-    }
-
-    fn rm_event_elapsed_time(
-        &self,
-        call: &CallContext,
-        a: RmElapsedArgs,
-    ) -> ProcResult<RmFloatReply> {
-        self.event_elapsed_time(call, a)
+        self.sync_call(
+            call,
+            "RM_EVENT_QUERY",
+            |st| st.event(h),
+            |b, (e, c)| b.event_query(c, e),
+        )
     }
 
     // 2-D, 3-D and peer copies ------------------------------------------------------------
@@ -399,18 +268,14 @@ impl RemoraV1Server for Executor {
         self.copy_3d_async(call, a, true)
     }
 
-    fn rm_memcpy_peer(&self, call: &CallContext, a: RmMemcpyPeerArgs) -> ProcResult<RmSyncReply> {
-        self.memcpy_peer(call, a)
-    }
-
     fn rm_memcpy_peer_async(&self, call: &CallContext, a: RmMemcpyPeerArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_MEMCPY_PEER_ASYNC", on, |inner, session| {
-            let (c, s, dc, sc) = peer_target(&session.lock(), &a)?;
-            inner
-                .backend
-                .memcpy_peer(c, Some(s), a.dst, dc, a.src, sc, a.size)
-        })
+        self.oneway_on_stream(
+            call,
+            "RM_MEMCPY_PEER_ASYNC",
+            (a.ctx, a.stream),
+            |st| peer_target(st, &a),
+            |b, (c, s, copy)| b.memcpy_peer(c, Some(s), copy),
+        )
     }
 
     // Device-side printf output -------------------------------------------------------------
@@ -456,7 +321,7 @@ impl RemoraV1Server for Executor {
     fn rm_copies_ready(&self, call: &CallContext) -> ProcResult<RmSyncReply> {
         let session = self.session(call);
         Ok(RmSyncReply {
-            status: SUCCESS,
+            status: cu::SUCCESS,
             copies: session.copies.take_ready(),
         })
     }
@@ -467,52 +332,24 @@ impl RemoraV1Server for Executor {
 
     // Graphs through stream capture (revision 5) ---------------------------------------------
 
-    fn rm_stream_begin_capture(
-        &self,
-        call: &CallContext,
-        a: RmBeginCaptureArgs,
-    ) -> ProcResult<RmCaptureBegunReply> {
-        self.stream_begin_capture(call, a)
-    }
-
-    fn rm_stream_end_capture(
-        &self,
-        call: &CallContext,
-        a: RmStreamArgs,
-    ) -> ProcResult<RmEndCaptureReply> {
-        self.stream_end_capture(call, a)
-    }
-
-    fn rm_stream_get_capture_info(
-        &self,
-        call: &CallContext,
-        a: RmStreamArgs,
-    ) -> ProcResult<RmCaptureInfoReply> {
-        self.stream_get_capture_info(call, a)
-    }
-
-    fn rm_graph_instantiate(
-        &self,
-        call: &CallContext,
-        a: RmGraphInstantiateArgs,
-    ) -> ProcResult<RmHandleReply> {
-        self.graph_instantiate(call, a)
-    }
-
     fn rm_graph_launch(&self, call: &CallContext, a: RmGraphLaunchArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_GRAPH_LAUNCH", on, |inner, session| {
-            let (exec, t) = graph_exec_target(&session.lock(), &a)?;
-            inner.backend.graph_launch(t.ctx, exec, t.stream)
-        })
+        self.oneway_on_stream(
+            call,
+            "RM_GRAPH_LAUNCH",
+            (a.ctx, a.stream),
+            |st| graph_exec_target(st, &a),
+            |b, (exec, t)| b.graph_launch(t.ctx, exec, t.stream),
+        )
     }
 
     fn rm_graph_upload(&self, call: &CallContext, a: RmGraphLaunchArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_GRAPH_UPLOAD", on, |inner, session| {
-            let (exec, t) = graph_exec_target(&session.lock(), &a)?;
-            inner.backend.graph_upload(t.ctx, exec, t.stream)
-        })
+        self.oneway_on_stream(
+            call,
+            "RM_GRAPH_UPLOAD",
+            (a.ctx, a.stream),
+            |st| graph_exec_target(st, &a),
+            |b, (exec, t)| b.graph_upload(t.ctx, exec, t.stream),
+        )
     }
 
     fn rm_graph_exec_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -522,14 +359,10 @@ impl RemoraV1Server for Executor {
             "RM_GRAPH_EXEC_DESTROY",
             |r| match r {
                 Resource::GraphExec { raw, ctx } => Ok((*raw, *ctx)),
-                _ => Err(INVALID_HANDLE),
+                _ => Err(CuError(cu::INVALID_HANDLE)),
             },
             |b, c, raw| b.graph_exec_destroy(c, raw),
         )
-    }
-
-    fn rm_graph_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        self.graph_destroy(call, h)
     }
 
     fn rm_graph_node_count(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmU64Reply> {
@@ -539,32 +372,8 @@ impl RemoraV1Server for Executor {
             Ok(Resource::Graph { raw, ctx, .. }) => st
                 .ctx(*ctx)
                 .and_then(|c| self.inner.backend.graph_node_count(c, *raw)),
-            _ => Err(INVALID_HANDLE),
+            _ => Err(CuError(cu::INVALID_HANDLE)),
         };
         Ok(u64_reply("RM_GRAPH_NODE_COUNT", r))
-    }
-
-    fn rm_area_memcpy_htod(
-        &self,
-        call: &CallContext,
-        a: RmAreaCopyArgs,
-    ) -> ProcResult<RmSyncReply> {
-        self.area_memcpy_htod(call, a)
-    }
-
-    fn rm_area_memcpy_dtoh(
-        &self,
-        call: &CallContext,
-        a: RmAreaCopyArgs,
-    ) -> ProcResult<RmSyncReply> {
-        self.area_memcpy_dtoh(call, a)
-    }
-
-    fn rm_area_memcpy_htod_async(&self, call: &CallContext, a: RmAreaCopyArgs) -> ProcResult<()> {
-        self.area_memcpy_htod_async(call, a)
-    }
-
-    fn rm_area_memcpy_dtoh_async(&self, call: &CallContext, a: RmAreaCopyArgs) -> ProcResult<()> {
-        self.area_memcpy_dtoh_async(call, a)
     }
 }

@@ -1,6 +1,7 @@
 //! Procedures on streams, events and host callbacks, and the copy-collection procedures.
 
 use super::*;
+use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
     pub(super) fn stream_create(
@@ -8,14 +9,13 @@ impl Executor {
         call: &CallContext,
         a: RmStreamCreateArgs,
     ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
-        let raw = session.lock().ctx(a.ctx);
-        let r = raw.and_then(|c| self.inner.backend.stream_create(c, a.flags, a.priority));
-        let mut st = session.lock();
-        Ok(handle_reply(
+        self.create_in_ctx(
+            call,
             "RM_STREAM_CREATE",
-            r.map(|raw| st.insert(Resource::Stream { raw, ctx: a.ctx })),
-        ))
+            a.ctx,
+            |b, c| b.stream_create(c, a.flags, a.priority),
+            |raw| Resource::Stream { raw, ctx: a.ctx },
+        )
     }
 
     pub(super) fn stream_synchronize(
@@ -42,20 +42,21 @@ impl Executor {
     }
 
     pub(super) fn event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
-        let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_EVENT_RECORD", on, |inner, session| {
-            let (e, t) = {
-                let st = session.lock();
+        self.oneway_on_stream(
+            call,
+            "RM_EVENT_RECORD",
+            (a.ctx, a.stream),
+            |st| {
                 let (e, event_ctx) = match st.get(a.event)? {
                     Resource::Event { raw, ctx } => (*raw, *ctx),
-                    _ => return Err(INVALID_HANDLE),
+                    _ => return Err(CuError(cu::INVALID_HANDLE)),
                 };
                 // The legacy stream of the named context, else of the event's.
                 let ctx = if a.ctx == 0 { event_ctx } else { a.ctx };
-                (e, stream_target(&st, ctx, a.stream)?)
-            };
-            inner.backend.event_record(t.ctx, e, t.stream)
-        })
+                Ok((e, stream_target(st, ctx, a.stream)?))
+            },
+            |b, (e, t)| b.event_record(t.ctx, e, t.stream),
+        )
     }
 
     pub(super) fn event_elapsed_time(
@@ -63,15 +64,12 @@ impl Executor {
         call: &CallContext,
         a: RmElapsedArgs,
     ) -> ProcResult<RmFloatReply> {
-        let session = self.session(call);
-        let evs = {
-            let st = session.lock();
-            st.event(a.start).and_then(|s| Ok((s, st.event(a.end)?)))
-        };
-        Ok(float_reply(
-            "RM_EVENT_ELAPSED_TIME",
-            evs.and_then(|((s, c), (e, _))| self.inner.backend.event_elapsed(c, s, e)),
-        ))
+        let r = self.resolved(
+            &self.session(call),
+            |st| Ok((st.event(a.start)?, st.event(a.end)?)),
+            |b, ((s, c), (e, _))| b.event_elapsed(c, s, e),
+        );
+        Ok(float_reply("RM_EVENT_ELAPSED_TIME", r))
     }
 
     /// Answered when callbacks are due (a deferred reply), never on the ordered thread.
@@ -86,7 +84,7 @@ impl Executor {
                 Err(ProcError::Deferred)
             }
             None => Ok(RmHostCallbacksReply {
-                status: crate::backend::status::NOT_SUPPORTED,
+                status: cu::NOT_SUPPORTED,
                 due: Vec::new(),
             }),
         }
@@ -104,7 +102,7 @@ impl Executor {
         let session = self.session(call);
         let deadline = std::time::Instant::now() + COLLECT_POLL;
         loop {
-            let mut status = SUCCESS;
+            let mut status = cu::SUCCESS;
             let copies = session.copies.collect(Scope::Finished, &mut status);
             if !copies.is_empty()
                 || !session.copies.any_of(&ids)

@@ -8,7 +8,7 @@
 //! once per entry point. The plain names (`cuMemcpy2D`, `cuMemcpy3D`, ...) have CUDA's version 1
 //! ABI (32-bit fields and device pointers), as in NVIDIA's driver.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::c_uint;
 use std::sync::{Arc, Mutex};
 
 use remora_client::copy3d::{self, Extent, Layout};
@@ -17,133 +17,14 @@ use remora_client::{
     BandSink, Copy3dParams, CopyDst, CopySrc, CuError, CuResult, PointerKind, StreamRef, cu,
 };
 
+use remora_cuda_abi::{
+    MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, MEMORYTYPE_UNIFIED, Memcpy2D, Memcpy2DV1,
+    Memcpy3D, Memcpy3DV1,
+};
+
 use super::{DevPtr, Handle};
 use crate::CUresult;
 use crate::state::{self, Kind, entry, stream_ref};
-
-/// `CU_MEMORYTYPE_HOST`.
-const MEMORYTYPE_HOST: c_uint = 1;
-/// `CU_MEMORYTYPE_DEVICE`.
-const MEMORYTYPE_DEVICE: c_uint = 2;
-/// `CU_MEMORYTYPE_ARRAY`.
-const MEMORYTYPE_ARRAY: c_uint = 3;
-/// `CU_MEMORYTYPE_UNIFIED`.
-const MEMORYTYPE_UNIFIED: c_uint = 4;
-
-/// `CUDA_MEMCPY2D` (`CUDA_MEMCPY2D_v2`, cuda.h 13.0).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaMemcpy2D {
-    src_x_in_bytes: usize,
-    src_y: usize,
-    src_memory_type: c_uint,
-    src_host: *const c_void,
-    src_device: DevPtr,
-    src_array: *mut c_void,
-    src_pitch: usize,
-    dst_x_in_bytes: usize,
-    dst_y: usize,
-    dst_memory_type: c_uint,
-    dst_host: *mut c_void,
-    dst_device: DevPtr,
-    dst_array: *mut c_void,
-    dst_pitch: usize,
-    width_in_bytes: usize,
-    height: usize,
-}
-
-/// `CUDA_MEMCPY2D_v1` (cuda.h 13.0, `__CUDA_API_VERSION_INTERNAL`): the ABI of `cuMemcpy2D`,
-/// `cuMemcpy2DUnaligned` and `cuMemcpy2DAsync` without `_v2`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaMemcpy2DV1 {
-    src_x_in_bytes: c_uint,
-    src_y: c_uint,
-    src_memory_type: c_uint,
-    src_host: *const c_void,
-    src_device: c_uint,
-    src_array: *mut c_void,
-    src_pitch: c_uint,
-    dst_x_in_bytes: c_uint,
-    dst_y: c_uint,
-    dst_memory_type: c_uint,
-    dst_host: *mut c_void,
-    dst_device: c_uint,
-    dst_array: *mut c_void,
-    dst_pitch: c_uint,
-    width_in_bytes: c_uint,
-    height: c_uint,
-}
-
-/// `CUDA_MEMCPY3D` (`CUDA_MEMCPY3D_v2`) and `CUDA_MEMCPY3D_PEER` (cuda.h 13.0): the same
-/// layout, with `reserved0`/`reserved1` (must be NULL) where the peer form has
-/// `srcContext`/`dstContext`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaMemcpy3D {
-    src_x_in_bytes: usize,
-    src_y: usize,
-    src_z: usize,
-    src_lod: usize,
-    src_memory_type: c_uint,
-    src_host: *const c_void,
-    src_device: DevPtr,
-    src_array: *mut c_void,
-    src_context: Handle,
-    src_pitch: usize,
-    src_height: usize,
-    dst_x_in_bytes: usize,
-    dst_y: usize,
-    dst_z: usize,
-    dst_lod: usize,
-    dst_memory_type: c_uint,
-    dst_host: *mut c_void,
-    dst_device: DevPtr,
-    dst_array: *mut c_void,
-    dst_context: Handle,
-    dst_pitch: usize,
-    dst_height: usize,
-    width_in_bytes: usize,
-    height: usize,
-    depth: usize,
-}
-
-/// `CUDA_MEMCPY3D_v1` (cuda.h 13.0, `__CUDA_API_VERSION_INTERNAL`): the ABI of `cuMemcpy3D` and
-/// `cuMemcpy3DAsync` without `_v2`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaMemcpy3DV1 {
-    src_x_in_bytes: c_uint,
-    src_y: c_uint,
-    src_z: c_uint,
-    src_lod: c_uint,
-    src_memory_type: c_uint,
-    src_host: *const c_void,
-    src_device: c_uint,
-    src_array: *mut c_void,
-    reserved0: *mut c_void,
-    src_pitch: c_uint,
-    src_height: c_uint,
-    dst_x_in_bytes: c_uint,
-    dst_y: c_uint,
-    dst_z: c_uint,
-    dst_lod: c_uint,
-    dst_memory_type: c_uint,
-    dst_host: *mut c_void,
-    dst_device: c_uint,
-    dst_array: *mut c_void,
-    reserved1: *mut c_void,
-    dst_pitch: c_uint,
-    dst_height: c_uint,
-    width_in_bytes: c_uint,
-    height: c_uint,
-    depth: c_uint,
-}
-
-const _: () = assert!(std::mem::size_of::<CudaMemcpy2D>() == 128);
-const _: () = assert!(std::mem::size_of::<CudaMemcpy2DV1>() == 96);
-const _: () = assert!(std::mem::size_of::<CudaMemcpy3D>() == 200);
-const _: () = assert!(std::mem::size_of::<CudaMemcpy3DV1>() == 144);
 
 /// One side of a copy as the call describes it.
 #[derive(Clone, Copy)]
@@ -417,7 +298,7 @@ fn host_to_host(src: *mut u8, sl: &Layout, dst: *mut u8, dl: &Layout, e: &Extent
 
 fn copy_2d(
     name: &'static str,
-    p: *const CudaMemcpy2D,
+    p: *const Memcpy2D,
     form: RmCopyForm,
     st: Option<(Handle, bool)>,
     ptds: bool,
@@ -428,7 +309,7 @@ fn copy_2d(
 
 fn copy_2d_v1(
     name: &'static str,
-    p: *const CudaMemcpy2DV1,
+    p: *const Memcpy2DV1,
     form: RmCopyForm,
     st: Option<(Handle, bool)>,
 ) -> CuResult<()> {
@@ -438,7 +319,7 @@ fn copy_2d_v1(
 
 fn copy_3d(
     name: &'static str,
-    p: *const CudaMemcpy3D,
+    p: *const Memcpy3D,
     st: Option<(Handle, bool)>,
     ptds: bool,
     peer: bool,
@@ -449,7 +330,7 @@ fn copy_3d(
 
 fn copy_3d_v1(
     name: &'static str,
-    p: *const CudaMemcpy3DV1,
+    p: *const Memcpy3DV1,
     st: Option<(Handle, bool)>,
 ) -> CuResult<()> {
     let c = read(p)?;
@@ -494,25 +375,25 @@ macro_rules! exports {
 use RmCopyForm::{RmCopy2D as D2, RmCopy2DUnaligned as U2};
 
 exports! {
-    cuMemcpy2D(p: *const CudaMemcpy2DV1) => copy_2d_v1("cuMemcpy2D", p, D2, None);
-    cuMemcpy2D_v2(p: *const CudaMemcpy2D) => copy_2d("cuMemcpy2D_v2", p, D2, None, false);
-    cuMemcpy2D_v2_ptds(p: *const CudaMemcpy2D) => copy_2d("cuMemcpy2D_v2_ptds", p, D2, None, true);
-    cuMemcpy2DUnaligned(p: *const CudaMemcpy2DV1) => copy_2d_v1("cuMemcpy2DUnaligned", p, U2, None);
-    cuMemcpy2DUnaligned_v2(p: *const CudaMemcpy2D) => copy_2d("cuMemcpy2DUnaligned_v2", p, U2, None, false);
-    cuMemcpy2DUnaligned_v2_ptds(p: *const CudaMemcpy2D) => copy_2d("cuMemcpy2DUnaligned_v2_ptds", p, U2, None, true);
-    cuMemcpy2DAsync(p: *const CudaMemcpy2DV1, st: Handle) => copy_2d_v1("cuMemcpy2DAsync", p, D2, Some((st, false)));
-    cuMemcpy2DAsync_v2(p: *const CudaMemcpy2D, st: Handle) => copy_2d("cuMemcpy2DAsync_v2", p, D2, Some((st, false)), false);
-    cuMemcpy2DAsync_v2_ptsz(p: *const CudaMemcpy2D, st: Handle) => copy_2d("cuMemcpy2DAsync_v2_ptsz", p, D2, Some((st, true)), false);
-    cuMemcpy3D(p: *const CudaMemcpy3DV1) => copy_3d_v1("cuMemcpy3D", p, None);
-    cuMemcpy3D_v2(p: *const CudaMemcpy3D) => copy_3d("cuMemcpy3D_v2", p, None, false, false);
-    cuMemcpy3D_v2_ptds(p: *const CudaMemcpy3D) => copy_3d("cuMemcpy3D_v2_ptds", p, None, true, false);
-    cuMemcpy3DAsync(p: *const CudaMemcpy3DV1, st: Handle) => copy_3d_v1("cuMemcpy3DAsync", p, Some((st, false)));
-    cuMemcpy3DAsync_v2(p: *const CudaMemcpy3D, st: Handle) => copy_3d("cuMemcpy3DAsync_v2", p, Some((st, false)), false, false);
-    cuMemcpy3DAsync_v2_ptsz(p: *const CudaMemcpy3D, st: Handle) => copy_3d("cuMemcpy3DAsync_v2_ptsz", p, Some((st, true)), false, false);
-    cuMemcpy3DPeer(p: *const CudaMemcpy3D) => copy_3d("cuMemcpy3DPeer", p, None, false, true);
-    cuMemcpy3DPeer_ptds(p: *const CudaMemcpy3D) => copy_3d("cuMemcpy3DPeer_ptds", p, None, true, true);
-    cuMemcpy3DPeerAsync(p: *const CudaMemcpy3D, st: Handle) => copy_3d("cuMemcpy3DPeerAsync", p, Some((st, false)), false, true);
-    cuMemcpy3DPeerAsync_ptsz(p: *const CudaMemcpy3D, st: Handle) => copy_3d("cuMemcpy3DPeerAsync_ptsz", p, Some((st, true)), false, true);
+    cuMemcpy2D(p: *const Memcpy2DV1) => copy_2d_v1("cuMemcpy2D", p, D2, None);
+    cuMemcpy2D_v2(p: *const Memcpy2D) => copy_2d("cuMemcpy2D_v2", p, D2, None, false);
+    cuMemcpy2D_v2_ptds(p: *const Memcpy2D) => copy_2d("cuMemcpy2D_v2_ptds", p, D2, None, true);
+    cuMemcpy2DUnaligned(p: *const Memcpy2DV1) => copy_2d_v1("cuMemcpy2DUnaligned", p, U2, None);
+    cuMemcpy2DUnaligned_v2(p: *const Memcpy2D) => copy_2d("cuMemcpy2DUnaligned_v2", p, U2, None, false);
+    cuMemcpy2DUnaligned_v2_ptds(p: *const Memcpy2D) => copy_2d("cuMemcpy2DUnaligned_v2_ptds", p, U2, None, true);
+    cuMemcpy2DAsync(p: *const Memcpy2DV1, st: Handle) => copy_2d_v1("cuMemcpy2DAsync", p, D2, Some((st, false)));
+    cuMemcpy2DAsync_v2(p: *const Memcpy2D, st: Handle) => copy_2d("cuMemcpy2DAsync_v2", p, D2, Some((st, false)), false);
+    cuMemcpy2DAsync_v2_ptsz(p: *const Memcpy2D, st: Handle) => copy_2d("cuMemcpy2DAsync_v2_ptsz", p, D2, Some((st, true)), false);
+    cuMemcpy3D(p: *const Memcpy3DV1) => copy_3d_v1("cuMemcpy3D", p, None);
+    cuMemcpy3D_v2(p: *const Memcpy3D) => copy_3d("cuMemcpy3D_v2", p, None, false, false);
+    cuMemcpy3D_v2_ptds(p: *const Memcpy3D) => copy_3d("cuMemcpy3D_v2_ptds", p, None, true, false);
+    cuMemcpy3DAsync(p: *const Memcpy3DV1, st: Handle) => copy_3d_v1("cuMemcpy3DAsync", p, Some((st, false)));
+    cuMemcpy3DAsync_v2(p: *const Memcpy3D, st: Handle) => copy_3d("cuMemcpy3DAsync_v2", p, Some((st, false)), false, false);
+    cuMemcpy3DAsync_v2_ptsz(p: *const Memcpy3D, st: Handle) => copy_3d("cuMemcpy3DAsync_v2_ptsz", p, Some((st, true)), false, false);
+    cuMemcpy3DPeer(p: *const Memcpy3D) => copy_3d("cuMemcpy3DPeer", p, None, false, true);
+    cuMemcpy3DPeer_ptds(p: *const Memcpy3D) => copy_3d("cuMemcpy3DPeer_ptds", p, None, true, true);
+    cuMemcpy3DPeerAsync(p: *const Memcpy3D, st: Handle) => copy_3d("cuMemcpy3DPeerAsync", p, Some((st, false)), false, true);
+    cuMemcpy3DPeerAsync_ptsz(p: *const Memcpy3D, st: Handle) => copy_3d("cuMemcpy3DPeerAsync_ptsz", p, Some((st, true)), false, true);
     cuMemcpyPeer(dst: DevPtr, dc: Handle, src: DevPtr, sc: Handle, n: usize) => peer(dst, dc, src, sc, n, None);
     cuMemcpyPeer_ptds(dst: DevPtr, dc: Handle, src: DevPtr, sc: Handle, n: usize) => peer(dst, dc, src, sc, n, None);
     cuMemcpyPeerAsync(dst: DevPtr, dc: Handle, src: DevPtr, sc: Handle, n: usize, st: Handle) => peer(dst, dc, src, sc, n, Some((st, false)));

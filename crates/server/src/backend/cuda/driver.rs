@@ -1,15 +1,17 @@
 //! The real driver's entry points: the table resolved through `cuGetProcAddress_v2`, the
-//! `call!` macro that calls one (or answers NOT_SUPPORTED), result names, and [`Driver`], the
+//! `call!` macro that calls one (or answers cu::NOT_SUPPORTED), result names, and [`Driver`], the
 //! loaded library with the per-thread current-context cache.
 
 use std::cell::Cell;
+use std::ffi::CString;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use libloading::Library;
 
-use super::super::CuResult;
-use super::super::status::*;
+use remora_proto::cuda::{CuError, CuResult, cu};
+
 use super::abi::{LaunchConfig, Memcpy2D, Memcpy3D};
 
 pub(super) type Ptr = *mut c_void;
@@ -155,7 +157,7 @@ driver_table! {
     get_export_table = "cuGetExportTable" / "cuGetExportTable": fn(*mut *const c_void, *const [u8; 16]);
 }
 
-/// Calls a driver entry point, or answers NOT_SUPPORTED when the driver lacks it.
+/// Calls a driver entry point, or answers cu::NOT_SUPPORTED when the driver lacks it.
 macro_rules! call {
     ($t:expr, $field:ident ( $($arg:expr),* )) => {
         match $t.$field {
@@ -164,23 +166,23 @@ macro_rules! call {
                 // Table::resolve); the arguments follow its contract: every call site's
                 // SAFETY note says which pointers it passes and what they point to.
                 let rc = unsafe { f($($arg),*) };
-                if rc != $crate::backend::status::SUCCESS {
+                if rc != remora_proto::cuda::cu::SUCCESS {
                     $crate::backend::cuda::driver::log_failure(stringify!($field), rc);
                 }
                 $crate::backend::cuda::driver::check(rc)
             }
             None => {
                 tracing::warn!(entry_point = stringify!($field), "the CUDA driver lacks this entry point: CUDA_ERROR_NOT_SUPPORTED");
-                Err($crate::backend::status::NOT_SUPPORTED)
+                Err(remora_proto::cuda::CuError(remora_proto::cuda::cu::NOT_SUPPORTED))
             }
         }
     };
 }
 
-/// Logs a failed driver call with the entry point and the CUresult (debug level; `NOT_READY`
+/// Logs a failed driver call with the entry point and the CUresult (debug level; `cu::NOT_READY`
 /// from queries at trace level, as it is the normal answer while work is pending).
 pub(super) fn log_failure(entry_point: &str, rc: Res) {
-    if rc == NOT_READY || (rc == PARAM_INFO_END && entry_point == "func_get_param_info") {
+    if rc == cu::NOT_READY || (rc == PARAM_INFO_END && entry_point == "func_get_param_info") {
         tracing::trace!(
             entry_point,
             result = rc,
@@ -231,7 +233,7 @@ pub(crate) fn result_name(rc: Res) -> &'static str {
 }
 
 pub(super) fn check(rc: Res) -> CuResult<()> {
-    if rc == SUCCESS { Ok(()) } else { Err(rc) }
+    CuError::check(rc)
 }
 
 /// The host function the driver calls for [`Backend::launch_host_func`]: runs the boxed
@@ -249,19 +251,200 @@ pub(super) fn ptr(v: u64) -> Ptr {
     v as usize as Ptr
 }
 
-pub(super) struct Driver {
+/// The real driver library, opened once per process ([`open`]): `cuInit` has succeeded and
+/// every entry point is resolved.
+pub(crate) struct Loaded {
     pub(super) t: Table,
-    /// Visible ordinal → the driver's CUdevice.
-    pub(super) devices: Vec<c_int>,
     /// Keeps the entry points valid.
-    pub(super) _lib: Library,
+    _lib: Library,
 }
 
 // SAFETY: the table holds plain function pointers into the driver, which is thread-safe
 // (CUDA driver entry points may be called from any thread); the Library is only kept alive.
-unsafe impl Send for Driver {}
-// SAFETY: as above; nothing in Driver is mutated after construction.
-unsafe impl Sync for Driver {}
+unsafe impl Send for Loaded {}
+// SAFETY: as above; nothing in Loaded is mutated after construction.
+unsafe impl Sync for Loaded {}
+
+/// Why the driver could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LoadError {
+    /// The library could not be loaded.
+    NotFound(String),
+    /// The library loaded but is not a usable CUDA driver (`cuInit` missing or failing).
+    InitFailed(String),
+}
+
+type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> Res;
+
+/// Opens the CUDA driver at `path`, calls `cuInit(0)` and resolves the entry-point table through
+/// `cuGetProcAddress_v2` for CUDA 13.0 (falling back to `dlsym` of the versioned name). Once
+/// per process: later calls for the same path share the first successful load (the HELLO
+/// inventory and the backend use one). Never panics.
+pub(crate) fn open(path: &str) -> Result<Arc<Loaded>, LoadError> {
+    static OPENED: Mutex<Vec<(String, Arc<Loaded>)>> = Mutex::new(Vec::new());
+    let mut opened = OPENED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, l)) = opened.iter().find(|(p, _)| p == path) {
+        return Ok(Arc::clone(l));
+    }
+    let loaded = Arc::new(open_uncached(path)?);
+    opened.push((path.to_owned(), Arc::clone(&loaded)));
+    Ok(loaded)
+}
+
+fn open_uncached(path: &str) -> Result<Loaded, LoadError> {
+    // SAFETY: loading a shared library runs its initialisers. The path names NVIDIA's CUDA
+    // driver (or an operator-chosen replacement via REMORA_REAL_LIBCUDA); its initialisers
+    // are designed to run in any process that loads it.
+    let lib = unsafe { Library::new(path) }.map_err(|e| {
+        let mut detail = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            detail = format!("{detail}: {s}");
+            source = s.source();
+        }
+        LoadError::NotFound(format!(
+            "could not load the CUDA driver {path} ({detail}). Install the NVIDIA driver, \
+             or set REMORA_REAL_LIBCUDA to its path"
+        ))
+    })?;
+    // SAFETY: cuInit has the prototype CUresult cuInit(unsigned int).
+    let init = unsafe { lib.get::<unsafe extern "C" fn(c_uint) -> Res>(b"cuInit\0") }
+        .map(|s| *s)
+        .map_err(|e| LoadError::InitFailed(format!("the CUDA driver {path} lacks cuInit ({e})")))?;
+    // SAFETY: cuGetProcAddress_v2 has the prototype declared by GetProcAddress (cuda.h 13.0).
+    let gpa = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress_v2\0") }
+        .map(|s| *s)
+        .ok();
+    // SAFETY: cuInit(0) takes no pointers.
+    need("cuInit", CuError::check(unsafe { init(0) })).map_err(LoadError::InitFailed)?;
+    let t = Table::resolve(|name, fallback| {
+        let cname = CString::new(name).ok()?;
+        if let Some(gpa) = gpa {
+            let mut f: Ptr = std::ptr::null_mut();
+            let mut status: c_int = 0;
+            // SAFETY: `cname` is NUL-terminated; the driver writes one pointer to `f` and
+            // one int to `status`.
+            let rc = unsafe {
+                gpa(
+                    cname.as_ptr(),
+                    &mut f,
+                    requested_version(name),
+                    PROC_ADDRESS_LEGACY_STREAM,
+                    &mut status,
+                )
+            };
+            if rc == cu::SUCCESS && !f.is_null() {
+                return Some(f);
+            }
+        }
+        let sym = format!("{fallback}\0");
+        // SAFETY: the symbol is only read as an address here; its type is fixed by the table.
+        unsafe { lib.get::<Ptr>(sym.as_bytes()) }
+            .ok()
+            .map(|s| *s)
+            .filter(|p| !p.is_null())
+    });
+    Ok(Loaded { t, _lib: lib })
+}
+
+/// A failed driver call as a reason string: `"{what} failed with CUDA error 100
+/// (CUDA_ERROR_NO_DEVICE)"`.
+pub(crate) fn need<T>(what: &str, r: CuResult<T>) -> Result<T, String> {
+    r.map_err(|e| {
+        let label = remora_proto::cuda::cu_result_name(e.0).unwrap_or("unknown error");
+        format!("{what} failed with CUDA error {} ({label})", e.0)
+    })
+}
+
+impl Loaded {
+    /// `cuDriverGetVersion`.
+    pub(crate) fn driver_version(&self) -> CuResult<i32> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        call!(self.t, driver_get_version(&mut v))?;
+        Ok(v)
+    }
+
+    /// `cuDeviceGetCount`.
+    pub(crate) fn device_count(&self) -> CuResult<i32> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        call!(self.t, device_get_count(&mut v))?;
+        Ok(v)
+    }
+
+    /// `cuDeviceGet`: the driver's CUdevice of a real ordinal.
+    pub(crate) fn device(&self, ordinal: i32) -> CuResult<c_int> {
+        let mut d: c_int = 0;
+        // SAFETY: cuDeviceGet writes one CUdevice.
+        call!(self.t, device_get(&mut d, ordinal))?;
+        Ok(d)
+    }
+
+    /// `cuDeviceTotalMem`.
+    pub(crate) fn total_mem(&self, dev: c_int) -> CuResult<u64> {
+        let mut total: usize = 0;
+        // SAFETY: writes one size_t.
+        call!(self.t, device_total_mem(&mut total, dev))?;
+        Ok(total as u64)
+    }
+
+    /// `cuDeviceGetUuid`.
+    pub(crate) fn uuid(&self, dev: c_int) -> CuResult<[u8; 16]> {
+        let mut uuid = [0u8; 16];
+        // SAFETY: CUuuid is 16 bytes; the driver writes exactly that.
+        call!(self.t, device_get_uuid(&mut uuid, dev))?;
+        Ok(uuid)
+    }
+
+    /// `cuDeviceGetAttribute`.
+    pub(crate) fn attribute(&self, attr: c_int, dev: c_int) -> CuResult<c_int> {
+        let mut v: c_int = 0;
+        // SAFETY: writes one int; unknown attributes fail with INVALID_VALUE.
+        call!(self.t, device_get_attribute(&mut v, attr, dev))?;
+        Ok(v)
+    }
+
+    /// `cuDeviceGetName`.
+    pub(crate) fn name(&self, dev: c_int) -> CuResult<String> {
+        self.string(self.t.device_get_name, dev)
+    }
+
+    /// `cuDeviceGetPCIBusId`.
+    pub(crate) fn pci_bus_id(&self, dev: c_int) -> CuResult<String> {
+        self.string(self.t.device_get_pci_bus_id, dev)
+    }
+
+    fn string(
+        &self,
+        f: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res>,
+        dev: c_int,
+    ) -> CuResult<String> {
+        let f = f.ok_or(CuError(cu::NOT_SUPPORTED))?;
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the driver writes at most `len` bytes, NUL-terminated, into `buf`.
+        CuError::check(unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, dev) })?;
+        buf[255] = 0;
+        // SAFETY: `buf` is NUL-terminated (forced above) and outlives the borrow.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+}
+
+/// The loaded driver and the devices a backend exposes.
+pub(super) struct Driver {
+    pub(super) lib: Arc<Loaded>,
+    /// Visible ordinal → the driver's CUdevice.
+    pub(super) devices: Vec<c_int>,
+}
+
+impl std::ops::Deref for Driver {
+    type Target = Loaded;
+    fn deref(&self) -> &Loaded {
+        &self.lib
+    }
+}
 
 /// Bumped whenever a context is destroyed, so threads re-make theirs current.
 pub(super) static CTX_GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -291,22 +474,6 @@ impl Driver {
         usize::try_from(ordinal)
             .ok()
             .and_then(|i| self.devices.get(i).copied())
-            .ok_or(INVALID_DEVICE)
-    }
-
-    pub(super) fn string(
-        &self,
-        f: Option<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res>,
-        dev: c_int,
-    ) -> CuResult<String> {
-        let f = f.ok_or(NOT_SUPPORTED)?;
-        let mut buf = [0 as c_char; 256];
-        // SAFETY: the driver writes at most `len` bytes, NUL-terminated, into `buf`.
-        check(unsafe { f(buf.as_mut_ptr(), buf.len() as c_int, dev) })?;
-        buf[255] = 0;
-        // SAFETY: `buf` is NUL-terminated (forced above) and outlives the borrow.
-        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned())
+            .ok_or(CuError(cu::INVALID_DEVICE))
     }
 }

@@ -4,19 +4,18 @@
 //! `CUDA_ERROR_NOT_SUPPORTED` with a warning naming it. Without a driver the backend reports
 //! zero devices and answers `CUDA_ERROR_NO_DEVICE`.
 
+use remora_proto::cuda::{CuError, CuResult, cu};
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use libloading::Library;
 use remora_proto::remora::RmLaunchAttr;
 
-use super::status::*;
 use remora_oncrpc::DataArea;
 
 use super::{
-    Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CuResult, DeviceProps, FunctionInfo,
-    LaunchSpec, LoadedModule, StagedCopy,
+    AreaSpan, Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, DeviceProps, FunctionInfo,
+    LaunchSpec, LoadedModule, PeerCopy, StagedCopy,
 };
 
 #[macro_use]
@@ -25,8 +24,8 @@ mod abi;
 mod staging;
 
 use abi::*;
-pub(crate) use driver::result_name;
 use driver::*;
+pub(crate) use driver::{LoadError, Loaded, need, open, result_name};
 
 /// The driver's private TOOLS_CONTEXT table, `{21318C60-9714-3248-8CA6-41FF7324C8F2}`.
 const TOOLS_CONTEXT_UUID: [u8; 16] = [
@@ -70,8 +69,6 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
-type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> Res;
-
 impl CudaBackend {
     /// A backend with no driver: zero devices, every call `CUDA_ERROR_NO_DEVICE`.
     pub fn unavailable() -> Self {
@@ -85,77 +82,26 @@ impl CudaBackend {
     /// real devices `selection` (all when `None`) renumbered from 0. On failure returns the
     /// reason; callers fall back to [`CudaBackend::unavailable`].
     pub fn load(selection: Option<&[i32]>) -> Result<Self, String> {
-        let path = std::env::var("REMORA_REAL_LIBCUDA")
-            .unwrap_or_else(|_| crate::driver::DEFAULT_DRIVER_LIBRARY.into());
-        // SAFETY: loading NVIDIA's driver (or the operator's replacement) runs initialisers
-        // designed to run in any process.
-        let lib = unsafe { Library::new(&path) }.map_err(|e| format!("cannot load {path}: {e}"))?;
-        // SAFETY: cuInit has the prototype CUresult cuInit(unsigned int).
-        let init = unsafe { lib.get::<unsafe extern "C" fn(c_uint) -> Res>(b"cuInit\0") }
-            .map(|s| *s)
-            .map_err(|e| format!("{path} has no cuInit: {e}"))?;
-        // SAFETY: cuGetProcAddress_v2 has the prototype declared by GetProcAddress (cuda.h 13.0).
-        let gpa = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress_v2\0") }
-            .map(|s| *s)
-            .ok();
-        // SAFETY: cuInit(0) takes no pointers.
-        let rc = unsafe { init(0) };
-        if rc != SUCCESS {
-            return Err(format!("cuInit failed with CUDA error {rc}"));
-        }
-        let t = Table::resolve(|name, fallback| {
-            let cname = CString::new(name).ok()?;
-            if let Some(gpa) = gpa {
-                let mut f: Ptr = std::ptr::null_mut();
-                let mut status: c_int = 0;
-                // SAFETY: `cname` is NUL-terminated; the driver writes one pointer to `f` and
-                // one int to `status`.
-                let rc = unsafe {
-                    gpa(
-                        cname.as_ptr(),
-                        &mut f,
-                        requested_version(name),
-                        PROC_ADDRESS_LEGACY_STREAM,
-                        &mut status,
-                    )
-                };
-                if rc == SUCCESS && !f.is_null() {
-                    return Some(f);
-                }
-            }
-            let sym = format!("{fallback}\0");
-            // SAFETY: the symbol is only read as an address here; its type is fixed by the table.
-            unsafe { lib.get::<Ptr>(sym.as_bytes()) }
-                .ok()
-                .map(|s| *s)
-                .filter(|p| !p.is_null())
-        });
-        let mut count: c_int = 0;
-        call!(t, device_get_count(&mut count))
-            .map_err(|e| format!("cuDeviceGetCount failed: {e}"))?;
+        let lib = driver::open(&crate::driver::driver_library()).map_err(|e| match e {
+            LoadError::NotFound(r) | LoadError::InitFailed(r) => r,
+        })?;
+        let count = need("cuDeviceGetCount", lib.device_count())?;
         let ordinals: Vec<i32> = match selection {
             Some(sel) => sel.to_vec(),
             None => (0..count).collect(),
         };
-        let mut devices = Vec::with_capacity(ordinals.len());
-        for o in ordinals {
-            let mut d: c_int = 0;
-            // SAFETY: cuDeviceGet writes one CUdevice.
-            call!(t, device_get(&mut d, o)).map_err(|e| format!("cuDeviceGet({o}) failed: {e}"))?;
-            devices.push(d);
-        }
+        let devices = ordinals
+            .into_iter()
+            .map(|o| need(&format!("cuDeviceGet({o})"), lib.device(o)))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
-            driver: Some(Arc::new(Driver {
-                t,
-                devices,
-                _lib: lib,
-            })),
+            driver: Some(Arc::new(Driver { lib, devices })),
             areas: Default::default(),
         })
     }
 
     fn d(&self) -> CuResult<&Driver> {
-        self.driver.as_deref().ok_or(NO_DEVICE)
+        self.driver.as_deref().ok_or(CuError(cu::NO_DEVICE))
     }
 
     fn in_ctx(&self, ctx: u64) -> CuResult<&Driver> {
@@ -197,7 +143,7 @@ impl CudaBackend {
             }
             Err(e) => {
                 tracing::warn!(
-                    result = e,
+                    result = e.0,
                     bytes = area.len(),
                     "cuMemHostRegister of a session's shared data area failed; its copies go \
                      through private buffers"
@@ -220,7 +166,7 @@ impl CudaBackend {
         });
         if let Err(e) = r {
             tracing::warn!(
-                result = e,
+                result = e.0,
                 "cuMemHostUnregister of a shared data area failed"
             );
         }
@@ -237,7 +183,7 @@ fn issue_3d(
     dst_host: Ptr,
 ) -> CuResult<()> {
     if c.is_peer() || c.form == CopyForm::ThreeD {
-        let p = Memcpy3D::new(c, src_host, dst_host);
+        let p = memcpy_3d(c, src_host, dst_host);
         // SAFETY (all arms): `p` describes ranges the executor checked against the session's
         // allocations and host buffers of exactly the packed size, alive for the call (an
         // asynchronous copy from pageable memory returns once the source is staged; an
@@ -249,7 +195,7 @@ fn issue_3d(
             (false, Some(s)) => call!(d.t, memcpy_3d_async(&p, ptr(s))),
         };
     }
-    let p = Memcpy2D::new(c, src_host, dst_host);
+    let p = memcpy_2d(c, src_host, dst_host);
     // SAFETY (all arms): as above.
     match (c.form, stream) {
         (CopyForm::TwoDUnaligned, None) => call!(d.t, memcpy_2d_unaligned(&p)),
@@ -258,17 +204,27 @@ fn issue_3d(
     }
 }
 
+/// Backend methods that make `ctx` current and hand their `u64` objects, as the pointers
+/// the driver gave, to the entry point of the same name: `fn event_record(event, stream);`.
+macro_rules! in_ctx_calls {
+    ($(fn $name:ident($($arg:ident),*);)*) => {
+        $(fn $name(&self, ctx: u64, $($arg: u64),*) -> CuResult<()> {
+            let d = self.in_ctx(ctx)?;
+            // SAFETY: every argument is a driver object of this session (a module, stream,
+            // event, graph or executable graph the session table resolved, or
+            // CU_STREAM_LEGACY); the entry point takes them by value and writes nothing.
+            call!(d.t, $name($(ptr($arg)),*))
+        })*
+    };
+}
+
 impl Backend for CudaBackend {
     fn kind(&self) -> &'static str {
         "cuda"
     }
 
     fn driver_version(&self) -> CuResult<i32> {
-        let d = self.d()?;
-        let mut v = 0;
-        // SAFETY: writes one int.
-        call!(d.t, driver_get_version(&mut v))?;
-        Ok(v)
+        self.d()?.driver_version()
     }
 
     fn device_count(&self) -> CuResult<i32> {
@@ -278,35 +234,24 @@ impl Backend for CudaBackend {
     fn device_props(&self, dev: i32) -> CuResult<DeviceProps> {
         let d = self.d()?;
         let cu = d.dev(dev)?;
-        let mut total: usize = 0;
-        // SAFETY: writes one size_t.
-        call!(d.t, device_total_mem(&mut total, cu))?;
-        let mut uuid = [0u8; 16];
-        // SAFETY: CUuuid is 16 bytes.
-        call!(d.t, device_get_uuid(&mut uuid, cu))?;
-        let mut attributes = Vec::new();
-        for attr in 1..=200 {
-            let mut v: c_int = 0;
-            // SAFETY: writes one int; unknown attributes fail with INVALID_VALUE.
-            if call!(d.t, device_get_attribute(&mut v, attr, cu)).is_ok() {
-                attributes.push((attr, v));
-            }
-        }
+        let total_memory = d.total_mem(cu)?;
+        let uuid = d.uuid(cu)?;
+        // Unknown attributes fail with INVALID_VALUE and are left out.
+        let attributes = (1..=200)
+            .filter_map(|attr| Some((attr, d.attribute(attr, cu).ok()?)))
+            .collect();
         Ok(DeviceProps {
-            name: d.string(d.t.device_get_name, cu)?,
+            name: d.name(cu)?,
             uuid,
-            total_memory: total as u64,
-            pci_bus_id: d.string(d.t.device_get_pci_bus_id, cu)?,
+            total_memory,
+            pci_bus_id: d.pci_bus_id(cu)?,
             attributes,
         })
     }
 
     fn device_attribute(&self, attr: i32, dev: i32) -> CuResult<i32> {
         let d = self.d()?;
-        let mut v: c_int = 0;
-        // SAFETY: writes one int.
-        call!(d.t, device_get_attribute(&mut v, attr, d.dev(dev)?))?;
-        Ok(v)
+        d.attribute(attr, d.dev(dev)?)
     }
 
     fn ctx_create(&self, flags: u32, dev: i32) -> CuResult<u64> {
@@ -337,10 +282,21 @@ impl Backend for CudaBackend {
         call!(d.t, ctx_destroy(ptr(ctx)))
     }
 
-    fn ctx_synchronize(&self, ctx: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: no arguments; the context is current.
-        call!(d.t, ctx_synchronize())
+    // The calls that make `ctx` current and pass their objects to one entry point.
+    in_ctx_calls! {
+        fn ctx_synchronize();
+        fn module_unload(module);
+        fn stream_destroy(stream);
+        fn stream_synchronize(stream);
+        fn stream_query(stream);
+        fn event_destroy(event);
+        fn event_record(event, stream);
+        fn event_synchronize(event);
+        fn event_query(event);
+        fn graph_launch(exec, stream);
+        fn graph_upload(exec, stream);
+        fn graph_exec_destroy(exec);
+        fn graph_destroy(graph);
     }
 
     fn ctx_set_limit(&self, ctx: u64, limit: i32, value: u64) -> CuResult<()> {
@@ -374,7 +330,7 @@ impl Backend for CudaBackend {
     }
 
     fn ctx_set_cache_config(&self, ctx: u64, value: u32) -> CuResult<()> {
-        let config = c_int::try_from(value).map_err(|_| INVALID_VALUE)?;
+        let config = c_int::try_from(value).map_err(|_| CuError(cu::INVALID_VALUE))?;
         let d = self.in_ctx(ctx)?;
         // SAFETY: a plain value (the driver checks it); the context is current.
         call!(d.t, ctx_set_cache_config(config))
@@ -385,7 +341,7 @@ impl Backend for CudaBackend {
         let mut v: c_int = 0;
         // SAFETY: writes one int; the context is current.
         call!(d.t, ctx_get_cache_config(&mut v))?;
-        u64::try_from(v).map_err(|_| INVALID_VALUE)
+        u64::try_from(v).map_err(|_| CuError(cu::INVALID_VALUE))
     }
 
     fn stream_get_id(&self, ctx: u64, stream: u64) -> CuResult<u64> {
@@ -424,7 +380,7 @@ impl Backend for CudaBackend {
             tracing::error!(
                 "the driver's TOOLS_CONTEXT table has {size} bytes, too few for slot 51: the query cuBLASLt makes cannot be answered (CUDA_ERROR_NOT_SUPPORTED)"
             );
-            return Err(NOT_SUPPORTED);
+            return Err(CuError(cu::NOT_SUPPORTED));
         }
         // SAFETY: slots 39 and 51 lie inside the table (checked above); their signatures were
         // observed on driver 580 (docs/export-tables.md): slot 51 writes one pointer, slot 39
@@ -450,7 +406,10 @@ impl Backend for CudaBackend {
         // SAFETY: writes one CUdeviceptr.
         call!(
             d.t,
-            mem_alloc(&mut p, usize::try_from(size).map_err(|_| OUT_OF_MEMORY)?)
+            mem_alloc(
+                &mut p,
+                usize::try_from(size).map_err(|_| CuError(cu::OUT_OF_MEMORY))?
+            )
         )?;
         Ok(p)
     }
@@ -525,23 +484,21 @@ impl Backend for CudaBackend {
         ctx: u64,
         stream: Option<u64>,
         dst: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        let len = span.len_usize()?;
         // The asynchronous form must have consumed the bytes when it returns (the client
         // reuses the space): from page-locked memory the driver would read them later.
         if stream.is_none()
-            && let Some(d) = self.area_dma(ctx, area)
+            && let Some(d) = self.area_dma(ctx, span.area)
         {
-            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+            let p = span.ptr()?;
             // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`);
             // from page-locked memory cuMemcpyHtoD returns once the copy is done. The client
             // may write the bytes meanwhile: the device then gets some mix, as it would.
             return call!(d.t, memcpy_htod(dst, p.cast_const().cast(), len));
         }
-        super::htod_area_buffered(self, ctx, stream, dst, area, offset, size)
+        self.memcpy_htod(ctx, stream, dst, &span.read()?)
     }
 
     fn memcpy_htod_async_area_pinned(
@@ -549,15 +506,12 @@ impl Backend for CudaBackend {
         ctx: u64,
         stream: u64,
         dst: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        let Some(d) = self.area_dma(ctx, area) else {
-            return self.memcpy_htod_area(ctx, Some(stream), dst, area, offset, size);
+        let Some(d) = self.area_dma(ctx, span.area) else {
+            return self.memcpy_htod_area(ctx, Some(stream), dst, span);
         };
-        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
-        let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
+        let (len, p) = (span.len_usize()?, span.ptr()?);
         // SAFETY: `p..p + len` lies inside the registered area, which stays mapped and
         // registered until `area_detach`/`ctx_destroy` has synchronized `ctx`, so the DMA
         // that reads it later on `stream` (of `ctx`) never outlives the mapping.
@@ -567,22 +521,16 @@ impl Backend for CudaBackend {
         )
     }
 
-    fn memcpy_dtoh_area(
-        &self,
-        ctx: u64,
-        src: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
-    ) -> CuResult<()> {
-        if let Some(d) = self.area_dma(ctx, area) {
-            let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
-            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
-            // SAFETY: `p..p + len` lies inside the registered area (bounds checked by
-            // `ptr`), writable shared memory; cuMemcpyDtoH returns once the bytes are there.
-            return call!(d.t, memcpy_dtoh(p.cast(), src, len));
-        }
-        super::dtoh_area_buffered(self, ctx, src, area, offset, size)
+    fn memcpy_dtoh_area(&self, ctx: u64, src: u64, span: AreaSpan<'_>) -> CuResult<()> {
+        let Some(d) = self.area_dma(ctx, span.area) else {
+            let mut buf = vec![0u8; span.len_usize()?];
+            self.memcpy_dtoh(ctx, &mut buf, src)?;
+            return span.write(&buf);
+        };
+        let (len, p) = (span.len_usize()?, span.ptr()?);
+        // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`),
+        // writable shared memory; cuMemcpyDtoH returns once the bytes are there.
+        call!(d.t, memcpy_dtoh(p.cast(), src, len))
     }
 
     fn memcpy_dtoh_async_area(
@@ -590,20 +538,18 @@ impl Backend for CudaBackend {
         ctx: u64,
         stream: u64,
         src: u64,
-        area: &DataArea,
-        offset: u64,
-        size: u64,
+        span: AreaSpan<'_>,
     ) -> CuResult<()> {
-        let len = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
-        if let Some(d) = self.area_dma(ctx, area) {
-            let p = area.ptr(offset, size).map_err(|_| INVALID_VALUE)?;
-            // SAFETY: as in `memcpy_htod_async_area_pinned`: the DMA on `stream` writes
-            // inside the registered area, which outlives it (synchronized before unregister).
-            return call!(d.t, memcpy_dtoh_async(p.cast(), src, len, ptr(stream)));
-        }
-        let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
-        copy.wait()?;
-        area.write(offset, copy.data()).map_err(|_| INVALID_VALUE)
+        let len = span.len_usize()?;
+        let Some(d) = self.area_dma(ctx, span.area) else {
+            let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
+            copy.wait()?;
+            return span.write(copy.data());
+        };
+        let p = span.ptr()?;
+        // SAFETY: as in `memcpy_htod_async_area_pinned`: the DMA on `stream` writes
+        // inside the registered area, which outlives it (synchronized before unregister).
+        call!(d.t, memcpy_dtoh_async(p.cast(), src, len, ptr(stream)))
     }
 
     fn memcpy_dtoh_async(
@@ -629,11 +575,11 @@ impl Backend for CudaBackend {
         dst_host: &mut [u8],
     ) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
-        let len = usize::try_from(copy.packed_len()).map_err(|_| INVALID_VALUE)?;
+        let len = usize::try_from(copy.packed_len()).map_err(|_| CuError(cu::INVALID_VALUE))?;
         if (copy.src.place == CopyPlace::Host && src_host.len() != len)
             || (copy.dst.place == CopyPlace::Host && (dst_host.len() != len || stream.is_some()))
         {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
         issue_3d(
             d,
@@ -651,26 +597,24 @@ impl Backend for CudaBackend {
         copy: &Copy3d,
     ) -> CuResult<Box<dyn StagedCopy>> {
         if copy.dst.place != CopyPlace::Host || copy.src.place == CopyPlace::Host {
-            return Err(INVALID_VALUE);
+            return Err(CuError(cu::INVALID_VALUE));
         }
-        let len = usize::try_from(copy.packed_len()).map_err(|_| INVALID_VALUE)?;
+        let len = usize::try_from(copy.packed_len()).map_err(|_| CuError(cu::INVALID_VALUE))?;
         self.stage(ctx, stream, len, |d, host| {
             issue_3d(d, Some(stream), copy, std::ptr::null(), host)
         })
     }
 
-    fn memcpy_peer(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        dst_ctx: u64,
-        src: u64,
-        src_ctx: u64,
-        size: u64,
-    ) -> CuResult<()> {
+    fn memcpy_peer(&self, ctx: u64, stream: Option<u64>, copy: PeerCopy) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
-        let n = usize::try_from(size).map_err(|_| INVALID_VALUE)?;
+        let PeerCopy {
+            dst,
+            dst_ctx,
+            src,
+            src_ctx,
+            size,
+        } = copy;
+        let n = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
         match stream {
             // SAFETY: both ranges were checked against the session's allocations; the
             // contexts are the session's.
@@ -719,14 +663,14 @@ impl Backend for CudaBackend {
             (1, Some(s)) => call!(d.t, memset_d8_async(dst, value as u8, n, ptr(s))),
             (2, Some(s)) => call!(d.t, memset_d16_async(dst, value as u16, n, ptr(s))),
             (4, Some(s)) => call!(d.t, memset_d32_async(dst, value, n, ptr(s))),
-            _ => Err(INVALID_VALUE),
+            _ => Err(CuError(cu::INVALID_VALUE)),
         }
     }
 
     fn module_load(&self, ctx: u64, image: &[u8]) -> CuResult<LoadedModule> {
         let d = self.in_ctx(ctx)?;
         if image.is_empty() {
-            return Err(INVALID_IMAGE);
+            return Err(CuError(cu::INVALID_IMAGE));
         }
         // cuModuleLoadData reads a NUL-terminated PTX or a self-describing fatbin/cubin; a
         // NUL is appended so that text images are terminated.
@@ -746,15 +690,9 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn module_unload(&self, ctx: u64, module: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: a module this session loaded.
-        call!(d.t, module_unload(ptr(module)))
-    }
-
     fn module_get_global(&self, ctx: u64, module: u64, name: &str) -> CuResult<(u64, u64)> {
         let d = self.in_ctx(ctx)?;
-        let cname = CString::new(name).map_err(|_| INVALID_VALUE)?;
+        let cname = CString::new(name).map_err(|_| CuError(cu::INVALID_VALUE))?;
         let (mut p, mut size) = (0u64, 0usize);
         // SAFETY: `cname` is NUL-terminated; writes one CUdeviceptr and one size_t.
         call!(
@@ -836,7 +774,7 @@ impl Backend for CudaBackend {
     ) -> CuResult<(i32, i32)> {
         let d = self.in_ctx(ctx)?;
         let (mut min_grid, mut block) = (0 as c_int, 0 as c_int);
-        let smem = usize::try_from(dynamic_smem).map_err(|_| INVALID_VALUE)?;
+        let smem = usize::try_from(dynamic_smem).map_err(|_| CuError(cu::INVALID_VALUE))?;
         if flags == 0 {
             // SAFETY: writes two ints; a NULL blockSizeToDynamicSMemSize callback means
             // `dynamicSMemSize` for every block size.
@@ -892,24 +830,6 @@ impl Backend for CudaBackend {
         Ok(s as usize as u64)
     }
 
-    fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: a stream of this session.
-        call!(d.t, stream_destroy(ptr(stream)))
-    }
-
-    fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: a stream of this session or CU_STREAM_LEGACY.
-        call!(d.t, stream_synchronize(ptr(stream)))
-    }
-
-    fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: as above.
-        call!(d.t, stream_query(ptr(stream)))
-    }
-
     fn launch_host_func(&self, ctx: u64, stream: u64, f: super::HostFn) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
         let data = Box::into_raw(Box::new(f)).cast::<c_void>();
@@ -936,30 +856,6 @@ impl Backend for CudaBackend {
         // SAFETY: writes one CUevent.
         call!(d.t, event_create(&mut e, flags))?;
         Ok(e as usize as u64)
-    }
-
-    fn event_destroy(&self, ctx: u64, event: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an event of this session.
-        call!(d.t, event_destroy(ptr(event)))
-    }
-
-    fn event_record(&self, ctx: u64, event: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an event and a stream of this session.
-        call!(d.t, event_record(ptr(event), ptr(stream)))
-    }
-
-    fn event_synchronize(&self, ctx: u64, event: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an event of this session.
-        call!(d.t, event_synchronize(ptr(event)))
-    }
-
-    fn event_query(&self, ctx: u64, event: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: as above.
-        call!(d.t, event_query(ptr(event)))
     }
 
     fn event_elapsed(&self, ctx: u64, start: u64, end: u64) -> CuResult<f32> {
@@ -1017,30 +913,6 @@ impl Backend for CudaBackend {
         // SAFETY: a graph of this session; writes one CUgraphExec.
         call!(d.t, graph_instantiate(&mut e, ptr(graph), flags))?;
         Ok(e as usize as u64)
-    }
-
-    fn graph_launch(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an executable graph and a stream of this session (or CU_STREAM_LEGACY).
-        call!(d.t, graph_launch(ptr(exec), ptr(stream)))
-    }
-
-    fn graph_upload(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: as above.
-        call!(d.t, graph_upload(ptr(exec), ptr(stream)))
-    }
-
-    fn graph_exec_destroy(&self, ctx: u64, exec: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: an executable graph of this session, forgotten by the session now.
-        call!(d.t, graph_exec_destroy(ptr(exec)))
-    }
-
-    fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        // SAFETY: a graph of this session, forgotten by the session now.
-        call!(d.t, graph_destroy(ptr(graph)))
     }
 
     fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64> {
@@ -1176,10 +1048,10 @@ fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
         let mut params = Vec::new();
         for i in 0..remora_proto::remora::RM_MAX_PARAM_COUNT as usize {
             let (mut off, mut size) = (0usize, 0usize);
-            // SAFETY: writes two size_t; fails with INVALID_VALUE past the last parameter.
+            // SAFETY: writes two size_t; fails with cu::INVALID_VALUE past the last parameter.
             match call!(d.t, func_get_param_info(f, i, &mut off, &mut size)) {
                 Ok(()) => params.push((off as u32, size as u32)),
-                Err(PARAM_INFO_END) => break,
+                Err(CuError(PARAM_INFO_END)) => break,
                 Err(e) => return Err(e),
             }
         }
@@ -1195,20 +1067,6 @@ fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::mem::{align_of, offset_of, size_of};
-
-    /// Sizes and offsets as gcc computes them from cuda.h 13.0.
-    #[test]
-    fn launch_structs_match_cuda_h() {
-        assert_eq!(size_of::<LaunchAttribute>(), 72);
-        assert_eq!(align_of::<LaunchAttribute>(), 8);
-        assert_eq!(offset_of!(LaunchAttribute, value), 8);
-        assert_eq!(size_of::<LaunchConfig>(), 56);
-        assert_eq!(offset_of!(LaunchConfig, shared_mem_bytes), 24);
-        assert_eq!(offset_of!(LaunchConfig, stream), 32);
-        assert_eq!(offset_of!(LaunchConfig, attrs), 40);
-        assert_eq!(offset_of!(LaunchConfig, num_attrs), 48);
-    }
 
     /// Regression (first GPU run): cuCtxSynchronize resolved at 13000 is
     /// `cuCtxSynchronize_v2(CUcontext)`; the `(void)` form must be requested.

@@ -1,10 +1,10 @@
 //! Device-to-host copies into pinned staging memory, and the reaper thread that releases their
 //! events and buffers off every caller's path.
 
+use remora_proto::cuda::{CuError, CuResult, cu};
 use std::sync::Arc;
 
-use super::super::status::*;
-use super::super::{CuResult, StagedCopy};
+use super::super::StagedCopy;
 use super::CudaBackend;
 use super::driver::{Driver, EVENT_DISABLE_TIMING, Ptr, ptr};
 
@@ -31,7 +31,7 @@ impl StagedCopy for CudaStaged {
         // SAFETY: `event` is an event this object created and has not destroyed.
         match call!(self.driver.t, event_query(self.event)) {
             Ok(()) => Ok(true),
-            Err(NOT_READY) => Ok(false),
+            Err(CuError(cu::NOT_READY)) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -116,7 +116,7 @@ impl CudaBackend {
         size: usize,
         issue: impl FnOnce(&Driver, Ptr) -> CuResult<()>,
     ) -> CuResult<Box<dyn StagedCopy>> {
-        let driver = Arc::clone(self.driver.as_ref().ok_or(NO_DEVICE)?);
+        let driver = Arc::clone(self.driver.as_ref().ok_or(CuError(cu::NO_DEVICE))?);
         driver.enter(ctx)?;
         if size == 0 {
             return Ok(Box::new(super::super::NoBytes));
