@@ -313,3 +313,50 @@ fn page_locked_areas_stay_within_the_servers_budget() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// Mapped host memory (`cuMemHostGetDevicePointer`, revision 9): memory in the data area has
+/// a device address, one linear mapping of the area; memory elsewhere, and every host
+/// allocation of a socket session, is refused with CUDA_ERROR_NOT_SUPPORTED.
+#[test]
+fn area_memory_is_mapped_for_the_device_and_other_memory_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    let s = session(&server.endpoint, TransportChoice::Shm);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let a = s.host_memory().alloc(N as u64, 2, ctx).unwrap(); // DEVICEMAP
+    let b = s.host_memory().alloc(N as u64, 0, ctx).unwrap();
+    let da = s.mem_host_device_pointer(ctx, a).unwrap();
+    let db = s.mem_host_device_pointer(ctx, b + 100).unwrap();
+    assert_ne!(da, 0);
+    assert_eq!(db.wrapping_sub(da), b + 100 - a, "one linear mapping of the area");
+    // In this test the server runs in the client's process, so the area cannot lie at the
+    // same address on both sides: the device address is the server's (emulated backend:
+    // its host address), not the client's pointer.
+    assert_ne!(da, a);
+    // Memory outside the area (registered by the program) cannot be mapped.
+    let mut private = vec![0u8; 8192];
+    let p = private.as_mut_ptr() as u64;
+    s.host_memory().register(p, 8192, 2, ctx).unwrap();
+    assert_eq!(
+        s.mem_host_device_pointer(ctx, p),
+        Err(remora_client::CuError(remora_client::cu::NOT_SUPPORTED))
+    );
+    assert_eq!(
+        s.mem_host_device_pointer(ctx, 0x1000),
+        Err(remora_client::CuError(remora_client::cu::INVALID_VALUE)),
+        "not host memory of this session"
+    );
+    s.host_memory().unregister(p).unwrap();
+    s.mem_free_host(a).unwrap();
+    s.mem_free_host(b).unwrap();
+
+    // A socket session has no area: nothing can be mapped.
+    let u = session(&server.endpoint, TransportChoice::Unix);
+    let uctx = u.primary_ctx_retain(0).unwrap();
+    let h = u.host_memory().alloc(4096, 2, uctx).unwrap();
+    assert_eq!(
+        u.mem_host_device_pointer(uctx, h),
+        Err(remora_client::CuError(remora_client::cu::NOT_SUPPORTED))
+    );
+    u.mem_free_host(h).unwrap();
+}

@@ -847,6 +847,18 @@ impl Backend for EmulatedBackend {
         Ok(())
     }
 
+    /// As a driver with unified addressing answers for registered host memory: the host
+    /// address itself (the server's, which is what its kernels would use).
+    fn area_device_pointer(
+        &self,
+        ctx: u64,
+        area: &remora_oncrpc::DataArea,
+        offset: u64,
+    ) -> CuResult<u64> {
+        self.lock().ctx(ctx)?;
+        Ok(area.base() as u64 + offset)
+    }
+
     fn memcpy_dtoh_async(
         &self,
         ctx: u64,

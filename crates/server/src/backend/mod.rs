@@ -334,6 +334,10 @@ pub trait Backend: Send + Sync + 'static {
     /// The session of `area` has ended and the area is about to be unmapped: undo
     /// [`Backend::area_attach`].
     fn area_detach(&self, _area: &DataArea) {}
+    /// `cuMemHostGetDevicePointer` of the byte at `offset` of `area` (already checked to lie
+    /// inside it), in `ctx`: mapped host memory. The CUDA backend page-locks the area with
+    /// `CU_MEMHOSTREGISTER_DEVICEMAP` first if it has not yet.
+    fn area_device_pointer(&self, ctx: u64, area: &DataArea, offset: u64) -> CuResult<u64>;
     /// `cuMemcpyDtoHAsync` into a staging buffer.
     fn memcpy_dtoh_async(
         &self,

@@ -137,6 +137,18 @@ impl Executor {
         )
     }
 
+    pub(super) fn mem_host_device_pointer(
+        &self,
+        call: &CallContext,
+        a: RmAreaPtrArgs,
+    ) -> ProcResult<RmU64Reply> {
+        let area = area_of(call, a.offset, 1);
+        let r = self.in_ctx(&self.session(call), a.ctx, |b, c| {
+            b.area_device_pointer(c, &area?, a.offset)
+        });
+        Ok(u64_reply("RM_MEM_HOST_DEVICE_POINTER", r))
+    }
+
     pub(super) fn area_memcpy_htod(
         &self,
         call: &CallContext,

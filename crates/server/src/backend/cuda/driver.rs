@@ -95,6 +95,7 @@ driver_table! {
     mem_free_host = "cuMemFreeHost" / "cuMemFreeHost": fn(Ptr);
     mem_host_register = "cuMemHostRegister" / "cuMemHostRegister_v2": fn(Ptr, usize, c_uint);
     mem_host_unregister = "cuMemHostUnregister" / "cuMemHostUnregister": fn(Ptr);
+    mem_host_get_device_pointer = "cuMemHostGetDevicePointer" / "cuMemHostGetDevicePointer_v2": fn(*mut u64, Ptr, c_uint);
     memcpy_htod = "cuMemcpyHtoD" / "cuMemcpyHtoD_v2": fn(u64, *const c_void, usize);
     memcpy_dtoh = "cuMemcpyDtoH" / "cuMemcpyDtoH_v2": fn(Ptr, u64, usize);
     memcpy_dtod = "cuMemcpyDtoD" / "cuMemcpyDtoD_v2": fn(u64, u64, usize);

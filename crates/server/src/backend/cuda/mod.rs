@@ -41,6 +41,9 @@ const CAPTURE_MODE_RELAXED: c_int = 2;
 
 /// `CU_MEMHOSTREGISTER_PORTABLE`.
 const HOST_REGISTER_PORTABLE: c_uint = 1;
+/// `CU_MEMHOSTREGISTER_DEVICEMAP`: the data area is also mapped for the GPU (mapped host
+/// memory, `RM_MEM_HOST_DEVICE_POINTER`).
+const HOST_REGISTER_DEVICEMAP: c_uint = 2;
 
 /// What became of a session's shared data area (keyed by its address in this process).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +137,11 @@ impl CudaBackend {
         // `area_detach` has unregistered it: the executor's session keeps a handle on it.
         let r = call!(
             d.t,
-            mem_host_register(area.base().cast(), area.len(), HOST_REGISTER_PORTABLE)
+            mem_host_register(
+                area.base().cast(),
+                area.len(),
+                HOST_REGISTER_PORTABLE | HOST_REGISTER_DEVICEMAP
+            )
         );
         match r {
             Ok(()) => {
@@ -469,6 +476,30 @@ impl Backend for CudaBackend {
             self.areas()
                 .insert(area.base() as usize, AreaReg::Announced);
         }
+    }
+
+    fn area_device_pointer(&self, ctx: u64, area: &DataArea, offset: u64) -> CuResult<u64> {
+        let base = area.base() as usize;
+        // The guard must be gone before `area_dma`, which takes the lock itself.
+        let reg = self.areas().get(&base).copied();
+        let registered = match reg {
+            Some(AreaReg::Registered { .. }) => true,
+            Some(AreaReg::Announced) => self.area_dma(ctx, area).is_some(),
+            Some(AreaReg::Unregistered) | None => false,
+        };
+        if !registered {
+            tracing::warn!(
+                "the session's shared data area is not page-locked (past --shm-lock-max, or cuMemHostRegister failed), so it cannot be mapped for the GPU; answering CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
+        let d = self.in_ctx(ctx)?;
+        let mut dev = 0u64;
+        let p = area.base().wrapping_add(offset as usize);
+        // SAFETY: `p` lies inside the data area (checked by the executor), which is registered
+        // with PORTABLE | DEVICEMAP and mapped; `dev` is a local output.
+        call!(d.t, mem_host_get_device_pointer(&mut dev, p.cast(), 0))?;
+        Ok(dev)
     }
 
     fn area_detach(&self, area: &DataArea) {
@@ -1004,7 +1035,11 @@ fn launch_attributes(attrs: &[RmLaunchAttr]) -> Vec<LaunchAttribute> {
                     v.value[..3].copy_from_slice(&[c.x, c.y, c.z]);
                 }
                 RmLaunchAttr::RmLaunchClusterScheduling(x) => (v.id, v.value[0]) = (5, *x as u32),
+                RmLaunchAttr::RmLaunchProgrammaticSerialization(x) => {
+                    (v.id, v.value[0]) = (6, *x as u32)
+                }
                 RmLaunchAttr::RmLaunchPriority(x) => (v.id, v.value[0]) = (8, *x as u32),
+                RmLaunchAttr::RmLaunchMemSyncDomain(x) => (v.id, v.value[0]) = (10, *x as u32),
             }
             v
         })
