@@ -654,15 +654,17 @@ fn make_backend(
         return Ok(emulated_backend(devices, None));
     }
     let inventory = probe_inventory(devices, probe)?;
-    let backend = match (&inventory, CudaBackend::load(devices)) {
-        (Inventory::Ok { .. }, Ok(b)) => b,
-        (Inventory::Ok { .. }, Err(reason)) => {
+    // The backend shares the driver the probe opened; without one it is not tried again.
+    let loaded = matches!(inventory, Inventory::Ok { .. }).then(|| CudaBackend::load(devices));
+    let backend = match loaded {
+        Some(Ok(b)) => b,
+        Some(Err(reason)) => {
             tracing::warn!(
                 "the CUDA executor is unavailable ({reason}); CUDA calls answer CUDA_ERROR_NO_DEVICE"
             );
             CudaBackend::unavailable()
         }
-        _ => CudaBackend::unavailable(),
+        None => CudaBackend::unavailable(),
     };
     Ok((Arc::new(backend), inventory))
 }
