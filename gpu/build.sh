@@ -56,6 +56,9 @@ fi
 # async_visibility: every byte of async device-to-host copies at each completion point
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/async_visibility" \
   "$src/tests/async_visibility.cu"
+# mapped_memory: mapped (zero-copy) host memory through device and host pointers
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/mapped_memory" \
+  "$src/tests/mapped_memory.cu"
 # device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
   "$src/tests/device_props.cu"

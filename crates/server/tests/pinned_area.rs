@@ -328,7 +328,11 @@ fn area_memory_is_mapped_for_the_device_and_other_memory_is_refused() {
     let da = s.mem_host_device_pointer(ctx, a).unwrap();
     let db = s.mem_host_device_pointer(ctx, b + 100).unwrap();
     assert_ne!(da, 0);
-    assert_eq!(db.wrapping_sub(da), b + 100 - a, "one linear mapping of the area");
+    assert_eq!(
+        db.wrapping_sub(da),
+        b + 100 - a,
+        "one linear mapping of the area"
+    );
     // In this test the server runs in the client's process, so the area cannot lie at the
     // same address on both sides: the device address is the server's (emulated backend:
     // its host address), not the client's pointer.

@@ -151,7 +151,9 @@ impl Session {
             );
             return Err(CuError(cu::NOT_SUPPORTED));
         }
-        let dev = u64r(call!(self.rm_mem_host_device_pointer(&RmAreaPtrArgs { ctx, offset }))?)?;
+        let dev = u64r(call!(
+            self.rm_mem_host_device_pointer(&RmAreaPtrArgs { ctx, offset })
+        )?)?;
         if !area.same_address_as_peer() {
             tracing::warn!(
                 "remora: the shared data area lies at another address in the server than in this process, so a host pointer handed to a kernel directly (unified addressing) does not reach it; pass the pointer cuMemHostGetDevicePointer gives"

@@ -1,0 +1,114 @@
+// mapped_memory: mapped (zero-copy) host memory, as a CUDA runtime program uses it.
+//
+//   1. cudaHostAlloc(cudaHostAllocMapped) + cudaHostGetDevicePointer: a kernel reads and
+//      writes the host buffer through the device pointer; after cudaDeviceSynchronize the host
+//      sees every byte the kernel wrote, and the kernel saw every byte the host wrote before
+//      the launch.
+//   2. Unified addressing: the same kernel given the host pointer itself.
+//   3. cudaMallocHost (default flags; with unified addressing every page-locked allocation is
+//      mapped) and cudaPointerGetAttributes: type host, device pointer = host pointer.
+//   4. Several rounds of host write → kernel → host read on the same buffer, on a stream.
+// Each section prints one line with a checksum; any mismatch prints FAIL and exits 1.
+// Through Remora this works over shared memory (the buffer lies in the session's data area,
+// page-locked by the server with DEVICEMAP); over sockets it is refused loudly.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+#define CHECK(x)                                                                     \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
+      printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      return 1;                                                                      \
+    }                                                                                \
+  } while (0)
+
+__global__ void affine(uint32_t *p, size_t n, uint32_t mul, uint32_t add) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    p[i] = p[i] * mul + add;
+}
+
+static uint64_t sum(const uint32_t *p, size_t n) {
+  uint64_t s = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) s = (s ^ p[i]) * 1099511628211ull;
+  return s;
+}
+
+static int check(const char *what, const uint32_t *p, size_t n, uint32_t seed, uint32_t mul, uint32_t add) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t want = (uint32_t)(i * 2654435761u + seed) * mul + add;
+    if (p[i] != want) {
+      printf("FAIL %s: element %zu is %u, want %u\n", what, i, p[i], want);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static void fill(uint32_t *p, size_t n, uint32_t seed) {
+  for (size_t i = 0; i < n; i++) p[i] = (uint32_t)(i * 2654435761u + seed);
+}
+
+int main() {
+  const size_t n = (8u << 20) / 4 + 123;  // a little over 8 MiB, odd length
+  CHECK(cudaSetDeviceFlags(cudaDeviceMapHost));
+  int uva = 0, canMap = 0;
+  CHECK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, 0));
+  CHECK(cudaDeviceGetAttribute(&canMap, cudaDevAttrCanMapHostMemory, 0));
+  printf("unified addressing %d, can map host memory %d\n", uva, canMap);
+
+  // 1. cudaHostAllocMapped + cudaHostGetDevicePointer
+  uint32_t *h = nullptr, *d = nullptr;
+  CHECK(cudaHostAlloc((void **)&h, n * 4, cudaHostAllocMapped));
+  CHECK(cudaHostGetDevicePointer((void **)&d, h, 0));
+  fill(h, n, 1);
+  affine<<<264, 256>>>(d, n, 3, 7);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  if (check("device pointer", h, n, 1, 3, 7)) return 1;
+  printf("1. mapped through the device pointer: %016llx\n", (unsigned long long)sum(h, n));
+
+  // 2. the host pointer itself (unified addressing)
+  if (uva) {
+    fill(h, n, 2);
+    affine<<<264, 256>>>(h, n, 5, 1);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    if (check("host pointer", h, n, 2, 5, 1)) return 1;
+    printf("2. mapped through the host pointer: %016llx\n", (unsigned long long)sum(h, n));
+  }
+
+  // 3. cudaMallocHost and pointer attributes
+  uint32_t *m = nullptr;
+  CHECK(cudaMallocHost((void **)&m, n * 4));
+  cudaPointerAttributes a;
+  CHECK(cudaPointerGetAttributes(&a, m));
+  void *dm = nullptr;
+  CHECK(cudaHostGetDevicePointer(&dm, m, 0));
+  printf("3. cudaMallocHost: type %d, device pointer %s host pointer, cudaHostGetDevicePointer %s\n",
+         (int)a.type, a.devicePointer == (void *)m ? "==" : "!=", dm == a.devicePointer ? "agrees" : "differs");
+  fill(m, n, 3);
+  affine<<<264, 256>>>((uint32_t *)dm, n, 9, 4);
+  CHECK(cudaDeviceSynchronize());
+  if (check("cudaMallocHost", m, n, 3, 9, 4)) return 1;
+
+  // 4. rounds on a stream
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  uint64_t acc = 0;
+  for (uint32_t r = 0; r < 8; r++) {
+    fill(h, n, 100 + r);
+    affine<<<132, 512, 0, s>>>(d, n, 2 * r + 1, r);
+    CHECK(cudaStreamSynchronize(s));
+    if (check("stream round", h, n, 100 + r, 2 * r + 1, r)) return 1;
+    acc ^= sum(h, n) + r;
+  }
+  printf("4. 8 rounds on a stream: %016llx\n", (unsigned long long)acc);
+  CHECK(cudaStreamDestroy(s));
+  CHECK(cudaFreeHost(m));
+  CHECK(cudaFreeHost(h));
+  printf("mapped_memory: all checks passed\n");
+  return 0;
+}
