@@ -88,6 +88,17 @@ impl Libraries {
         kept
     }
 
+    /// A context in which `lib` is already loaded, if any.
+    pub(crate) fn loaded_ctx(&self, lib: u64) -> Option<RmHandle> {
+        self.lock()
+            .libraries
+            .get(&lib)?
+            .modules
+            .keys()
+            .min()
+            .copied()
+    }
+
     /// Removes a library and its kernels; returns its modules (to unload).
     pub(crate) fn remove(&self, lib: u64) -> CuResult<Vec<Arc<ModuleInfo>>> {
         let mut g = self.lock();

@@ -1704,3 +1704,110 @@ fn child_event_record_with_flags() {
     }
     println!("CHILD-OK");
 }
+
+#[test]
+fn emulated_library_kernels_from_a_thread_without_a_context() {
+    emulated_child("child_library_kernel_without_context");
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_library_kernels_from_a_thread_without_a_context"]
+fn child_library_kernel_without_context() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    type CtxGetCurrent = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
+    type LibraryLoadData = unsafe extern "C" fn(
+        *mut *mut c_void,
+        *const c_void,
+        *mut c_void,
+        *mut *mut c_void,
+        c_uint,
+        *mut c_void,
+        *mut *mut c_void,
+        c_uint,
+    ) -> c_int;
+    type LibraryGetKernel = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> c_int;
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals; the
+    // images are NUL-terminated text.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        let load: libloading::Symbol<LibraryLoadData> = lib.get(b"cuLibraryLoadData").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let image = c"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n";
+        let (mut used, mut unused) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let none = std::ptr::null_mut();
+        assert_eq!(
+            load(
+                &mut used,
+                image.as_ptr().cast(),
+                none,
+                &mut std::ptr::null_mut(),
+                0,
+                none,
+                &mut std::ptr::null_mut(),
+                0
+            ),
+            0
+        );
+        assert_eq!(
+            load(
+                &mut unused,
+                image.as_ptr().cast(),
+                none,
+                &mut std::ptr::null_mut(),
+                0,
+                none,
+                &mut std::ptr::null_mut(),
+                0
+            ),
+            0
+        );
+        let get_kernel: libloading::Symbol<LibraryGetKernel> =
+            lib.get(b"cuLibraryGetKernel").unwrap();
+        let mut k = std::ptr::null_mut();
+        assert_eq!(get_kernel(&mut k, used, c"vecadd".as_ptr()), 0);
+        let in_main = k as usize;
+        let (used, unused) = (used as usize, unused as usize);
+        let shim = shim_path();
+        // A thread with no current context (as PyTorch's autograd threads are when the CUDA
+        // runtime asks for a kernel): cuLibraryGetKernel needs none natively.
+        std::thread::spawn(move || {
+            // SAFETY: as above; the handles are the shim's, valid in every thread.
+            let lib = libloading::Library::new(shim).unwrap();
+            let current: libloading::Symbol<CtxGetCurrent> = lib.get(b"cuCtxGetCurrent").unwrap();
+            let get_kernel: libloading::Symbol<LibraryGetKernel> =
+                lib.get(b"cuLibraryGetKernel").unwrap();
+            let mut c = std::ptr::dangling_mut();
+            assert_eq!(current(&mut c), 0);
+            assert!(c.is_null(), "no context in this thread");
+            let mut k = std::ptr::null_mut();
+            assert_eq!(
+                get_kernel(&mut k, used as *mut c_void, c"vecadd".as_ptr()),
+                0
+            );
+            assert_eq!(
+                k as usize, in_main,
+                "the same kernel as from the main thread"
+            );
+            assert_eq!(
+                get_kernel(&mut k, unused as *mut c_void, c"vecadd".as_ptr()),
+                0
+            );
+            assert_eq!(
+                get_kernel(&mut k, unused as *mut c_void, c"nope".as_ptr()),
+                500,
+                "CUDA_ERROR_NOT_FOUND"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+    println!("CHILD-OK");
+}

@@ -173,17 +173,35 @@ impl Session {
         result
     }
 
-    /// The kernel names of library `lib` (sorted), from its module in `ctx`.
-    pub fn library_kernel_names(&self, lib: u64, ctx: RmHandle) -> CuResult<Vec<String>> {
-        let m = self.library_module(lib, ctx)?;
+    /// The context whose module of `lib` answers context-independent questions (its kernels'
+    /// names): `ctx`, the calling thread's current context, when there is one. Natively
+    /// `cuLibraryGetKernel` needs no context (the CUDA runtime calls it from threads that have
+    /// none, e.g. PyTorch's autograd threads); then a context where the library is already
+    /// loaded, else any context of this session (the names are the same in all), else
+    /// CUDA_ERROR_INVALID_CONTEXT.
+    fn library_ctx(&self, lib: u64, ctx: Option<RmHandle>) -> CuResult<RmHandle> {
+        if let Some(c) = ctx {
+            return Ok(c);
+        }
+        self.libraries
+            .loaded_ctx(lib)
+            .or_else(|| lock(&self.ctx_devices).keys().min().copied())
+            .ok_or(CuError(cu::INVALID_CONTEXT))
+    }
+
+    /// The kernel names of library `lib` (sorted), from its module in `ctx` (see
+    /// `library_ctx` for `None`).
+    pub fn library_kernel_names(&self, lib: u64, ctx: Option<RmHandle>) -> CuResult<Vec<String>> {
+        let m = self.library_module(lib, self.library_ctx(lib, ctx)?)?;
         let mut names: Vec<String> = m.functions.keys().cloned().collect();
         names.sort();
         Ok(names)
     }
 
-    /// `cuLibraryGetKernel`: the kernel id of `name` (the same id for the same name).
-    pub fn library_get_kernel(&self, lib: u64, name: &str, ctx: RmHandle) -> CuResult<u64> {
-        let m = self.library_module(lib, ctx)?;
+    /// `cuLibraryGetKernel`: the kernel id of `name` (the same id for the same name); `ctx`
+    /// is the calling thread's current context, if any (see `library_ctx`).
+    pub fn library_get_kernel(&self, lib: u64, name: &str, ctx: Option<RmHandle>) -> CuResult<u64> {
+        let m = self.library_module(lib, self.library_ctx(lib, ctx)?)?;
         if !m.functions.contains_key(name) {
             return Err(CuError(cu::NOT_FOUND));
         }

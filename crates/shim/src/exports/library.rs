@@ -68,7 +68,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
         let k = state::session()?.library_get_kernel(
             dec(Kind::Library, library)?,
             &name,
-            state::current_ctx()?,
+            state::current_ctx_opt(),
         )?;
         out(kernel, enc(Kind::Kernel, k))
     })
@@ -78,7 +78,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
 pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut c_uint, library: Handle) -> CUresult {
     entry("cuLibraryGetKernelCount", || {
         let names = state::session()?
-            .library_kernel_names(dec(Kind::Library, library)?, state::current_ctx()?)?;
+            .library_kernel_names(dec(Kind::Library, library)?, state::current_ctx_opt())?;
         out(count, names.len() as c_uint)
     })
 }
@@ -94,7 +94,7 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
             return Err(CuError(cu::INVALID_VALUE));
         }
         let s = state::session()?;
-        let (lib, ctx) = (dec(Kind::Library, library)?, state::current_ctx()?);
+        let (lib, ctx) = (dec(Kind::Library, library)?, state::current_ctx_opt());
         let names = s.library_kernel_names(lib, ctx)?;
         for (i, name) in names.iter().take(num as usize).enumerate() {
             let k = s.library_get_kernel(lib, name, ctx)?;
