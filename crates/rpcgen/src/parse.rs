@@ -594,9 +594,7 @@ impl Parser<'_> {
                 procs.push(self.procedure(&vname)?);
             }
             self.bump();
-            self.expect_punct('=', &format!("after the body of version '{vname}'"))?;
-            let number = self.value(&format!("a version number for '{vname}'"))?;
-            self.expect_punct(';', &format!("after the number of version '{vname}'"))?;
+            let number = self.numbered("the body of", "version", &vname)?;
             versions.push(Version {
                 name: vname,
                 pos: vpos,
@@ -605,15 +603,21 @@ impl Parser<'_> {
             });
         }
         self.bump();
-        self.expect_punct('=', &format!("after the body of program '{name}'"))?;
-        let number = self.value(&format!("a program number for '{name}'"))?;
-        self.expect_punct(';', &format!("after the number of program '{name}'"))?;
+        let number = self.numbered("the body of", "program", &name)?;
         Ok(Program {
             name,
             pos,
             number,
             versions,
         })
+    }
+
+    /// `= NUMBER ;` after `what` (`"the body of"`) of `kind` (`"program"`) `name`.
+    fn numbered(&mut self, what: &str, kind: &str, name: &str) -> Result<Value> {
+        self.expect_punct('=', &format!("after {what} {kind} '{name}'"))?;
+        let number = self.value(&format!("a {kind} number for '{name}'"))?;
+        self.expect_punct(';', &format!("after the number of {kind} '{name}'"))?;
+        Ok(number)
     }
 
     fn procedure(&mut self, version: &str) -> Result<Proc> {
@@ -650,9 +654,7 @@ impl Parser<'_> {
             }
         }
         self.expect_punct(')', &format!("after the arguments of procedure '{name}'"))?;
-        self.expect_punct('=', &format!("after the arguments of procedure '{name}'"))?;
-        let number = self.value(&format!("a procedure number for '{name}'"))?;
-        self.expect_punct(';', &format!("after the number of procedure '{name}'"))?;
+        let number = self.numbered("the arguments of", "procedure", &name)?;
         Ok(Proc {
             name,
             pos,

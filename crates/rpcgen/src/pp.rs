@@ -34,6 +34,20 @@ struct Cond {
     pos: Pos,
 }
 
+impl Cond {
+    /// An `#if`/`#ifdef`/`#ifndef` at `pos` whose condition is `value`, inside a region
+    /// that is `parent`-active.
+    fn open(parent: bool, value: bool, pos: Pos) -> Self {
+        Cond {
+            active: parent && value,
+            taken: value,
+            parent,
+            seen_else: false,
+            pos,
+        }
+    }
+}
+
 impl Preprocessor {
     pub(crate) fn new(
         defines: &[(String, Option<String>)],
@@ -229,23 +243,11 @@ impl Preprocessor {
                 } else {
                     false
                 };
-                conds.push(Cond {
-                    active: active && value,
-                    taken: value,
-                    parent: active,
-                    seen_else: false,
-                    pos,
-                });
+                conds.push(Cond::open(active, value, pos));
             }
             "if" => {
                 let value = active && self.eval(rest, pos, "#if")? != 0;
-                conds.push(Cond {
-                    active: active && value,
-                    taken: value,
-                    parent: active,
-                    seen_else: false,
-                    pos,
-                });
+                conds.push(Cond::open(active, value, pos));
             }
             "elif" => {
                 let Some(c) = conds.last() else {
