@@ -1566,6 +1566,23 @@ fn child_module_load_file() {
     println!("CHILD-OK");
 }
 
+/// `cuInit(0)` and `cuCtxCreate_v2` through `lib`, asserting both succeed: the context.
+///
+/// # Safety
+/// `lib` is the Remora shim.
+unsafe fn init_with_context(lib: &libloading::Library) -> *mut c_void {
+    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
+    // SAFETY: the symbols have the signatures cuda.h gives them; the output is a local.
+    unsafe {
+        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
+        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        ctx
+    }
+}
+
 #[test]
 fn lost_server_is_device_unavailable_with_its_cause() {
     let Some(bin) = remora_bin() else {
@@ -1603,20 +1620,15 @@ fn child_lost_server() {
     let Some(pid) = std::env::var_os("REMORA_TEST_SERVER_PID") else {
         return;
     };
-    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     type Alloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
     type ErrorString = unsafe extern "C" fn(c_int, *mut *const i8) -> c_int;
     // SAFETY: loading our own shim.
     let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
     // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals.
     unsafe {
-        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
-        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
         let alloc: libloading::Symbol<Alloc> = lib.get(b"cuMemAlloc_v2").unwrap();
         let error_string: libloading::Symbol<ErrorString> = lib.get(b"cuGetErrorString").unwrap();
-        assert_eq!(init(0), 0);
-        let mut ctx = std::ptr::null_mut();
-        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        init_with_context(&lib);
         let mut p = 0u64;
         assert_eq!(alloc(&mut p, 4096), 0);
         let mut text = std::ptr::null();
@@ -1666,7 +1678,6 @@ fn child_event_record_with_flags() {
     if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
         return;
     }
-    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     type EventCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
     type RecordWithFlags = unsafe extern "C" fn(*mut c_void, *mut c_void, c_uint) -> c_int;
     type EventSync = unsafe extern "C" fn(*mut c_void) -> c_int;
@@ -1674,17 +1685,13 @@ fn child_event_record_with_flags() {
     let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
     // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals.
     unsafe {
-        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
-        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
         let event_create: libloading::Symbol<EventCreate> = lib.get(b"cuEventCreate").unwrap();
         let record: libloading::Symbol<RecordWithFlags> =
             lib.get(b"cuEventRecordWithFlags").unwrap();
         let record_ptsz: libloading::Symbol<RecordWithFlags> =
             lib.get(b"cuEventRecordWithFlags_ptsz").unwrap();
         let sync: libloading::Symbol<EventSync> = lib.get(b"cuEventSynchronize").unwrap();
-        assert_eq!(init(0), 0);
-        let mut ctx = std::ptr::null_mut();
-        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        init_with_context(&lib);
         let mut ev = std::ptr::null_mut();
         assert_eq!(event_create(&mut ev, 0), 0);
         assert_eq!(
@@ -1716,7 +1723,6 @@ fn child_library_kernel_without_context() {
     if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
         return;
     }
-    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     type CtxGetCurrent = unsafe extern "C" fn(*mut *mut c_void) -> c_int;
     type LibraryLoadData = unsafe extern "C" fn(
         *mut *mut c_void,
@@ -1734,12 +1740,8 @@ fn child_library_kernel_without_context() {
     // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals; the
     // images are NUL-terminated text.
     unsafe {
-        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
-        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
         let load: libloading::Symbol<LibraryLoadData> = lib.get(b"cuLibraryLoadData").unwrap();
-        assert_eq!(init(0), 0);
-        let mut ctx = std::ptr::null_mut();
-        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        init_with_context(&lib);
         let image = c"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n";
         let (mut used, mut unused) = (std::ptr::null_mut(), std::ptr::null_mut());
         let none = std::ptr::null_mut();
