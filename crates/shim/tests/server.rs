@@ -1053,6 +1053,7 @@ func small_types 1,2,1,8,8,4
 func by_struct 24,8
 func many_params 4,8,4,8,1,2,4,8,4,8,8,4
 func grid3d 8
+func large_param 8192,8
 func not_a_test_kernel 8
 ";
     // SAFETY: loading our own shim.
@@ -1332,7 +1333,35 @@ func not_a_test_kernel 8
             ),
             0
         );
+        // A parameter of 8 KiB (more than the 4 KiB of old CUDA; CUDA 12.1+ allows 32,764
+        // bytes in all): the kernel sums its words.
+        let mut big: Vec<u32> = (0..2048u32)
+            .map(|i| i.wrapping_mul(2_654_435_761))
+            .collect();
+        let want: u64 = big.iter().map(|&w| u64::from(w)).sum();
+        let big_out = dev(8);
+        let mut pbig = big_out;
+        let mut args = [big.as_mut_ptr().cast::<c_void>(), (&raw mut pbig).cast()];
+        assert_eq!(
+            launch(
+                f(c"large_param"),
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                null,
+                args.as_mut_ptr(),
+                none
+            ),
+            0,
+            "an 8 KiB kernel parameter"
+        );
         assert_eq!(ctx_sync(), 0);
+        let got = u64::from_le_bytes(read(big_out, 8).try_into().unwrap());
+        assert_eq!(got, want, "large_param sum");
         let pcv = read(pc, 64);
         let psv = read(ps, 128);
         for i in 0..64usize {

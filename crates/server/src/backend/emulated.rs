@@ -600,7 +600,7 @@ fn parse_module(image: &[u8]) -> CuResult<ParsedModule> {
                 let mut offset = 0u32;
                 for s in sizes.unwrap_or("").split(',').filter(|s| !s.is_empty()) {
                     let size: u32 = s.parse().map_err(|_| CuError(cu::INVALID_IMAGE))?;
-                    if size == 0 || size > 4096 {
+                    if size == 0 || size > remora_proto::remora::RM_MAX_PARAMS {
                         return Err(CuError(cu::INVALID_IMAGE));
                     }
                     offset = align_up(u64::from(offset), u64::from(size.min(8))) as u32;

@@ -90,6 +90,7 @@ const KERNELS: &[(&str, Kernel)] = &[
     ("by_struct", by_struct),
     ("many_params", many_params),
     ("grid3d", grid3d),
+    ("large_param", large_param),
 ];
 
 /// Runs kernel `l.name` on the CPU.
@@ -262,6 +263,22 @@ fn many_params(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
     let f = f64::from(l.f32(2)?) + l.f64(3)? + f64::from(l.f32(8)?);
     mem.write(l.u64(9)?, &sum.to_le_bytes())?;
     mem.write(l.u64(10)?, &f.to_le_bytes())
+}
+
+/// `large_param(struct { unsigned v[N]; } big, unsigned long long *out)` with a parameter of
+/// more than 4 KiB (CUDA 12.1+ allows 32,764 bytes, as NVIDIA's LargeKernelParameter sample
+/// uses): `out[0]` = the wrapping sum of the words of `big`.
+fn large_param(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
+    let [(_, big), (_, 8)] = l.layout else {
+        return l.expect(&[4104, 8]);
+    };
+    let sum = l
+        .raw(0)?
+        .chunks_exact(4)
+        .map(|w| u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]])))
+        .fold(0u64, u64::wrapping_add);
+    tracing::debug!(bytes = big, "emulated large_param");
+    mem.write(l.u64(1)?, &sum.to_le_bytes())
 }
 
 /// `grid3d(unsigned *out)`: every thread of a 3-D grid of 3-D blocks writes its coordinates
