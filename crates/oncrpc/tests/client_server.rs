@@ -339,6 +339,22 @@ fn timeouts_with_concurrent_callers() {
     assert_eq!(waiter.join().unwrap().unwrap(), 100);
 }
 
+/// A service that answers `Dispatch::Close` (a peer past one of its limits): no reply, the
+/// connection closes, the caller sees it lost, and the server serves new connections.
+#[test]
+fn a_close_dispatch_closes_the_connection_and_only_it() {
+    for t in ALL {
+        let s = start(t);
+        let c = s.client().unwrap();
+        let e = c
+            .call(PROG, 1, CLOSE, None, |_| Ok(()), |_| Ok(()))
+            .unwrap_err();
+        assert!(matches!(e, RpcError::ConnectionLost), "{t:?}: {e}");
+        let other = s.client().unwrap();
+        assert_eq!(add(&other, 2, 3).unwrap(), 5, "{t:?}");
+    }
+}
+
 #[test]
 fn every_accept_error_maps_to_its_rpc_error() {
     for t in ALL {

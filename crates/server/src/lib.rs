@@ -38,3 +38,4 @@ pub use serve::{
     WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of, serve_worker, start,
     start_with_backend, start_with_inventory,
 };
+pub use session::{ORDERED_CALL_OVERHEAD, OrderedLimits, set_ordered_limits};

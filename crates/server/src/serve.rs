@@ -95,6 +95,7 @@ impl Service for RemoraService {
             let service = Arc::clone(&self.service);
             let call = ctx.clone();
             let bytes = args.rest();
+            let arg_bytes = bytes.len();
             let job: crate::waiters::Job = Box::new(move || {
                 let mut dec = Decoder::new(bytes);
                 let mut enc = Encoder::new();
@@ -126,12 +127,22 @@ impl Service for RemoraService {
                     }
                 }
             });
-            return match session.ordered.submit(job) {
+            return match session.ordered.submit(job, arg_bytes) {
                 Ok(()) => Dispatch::Deferred,
-                Err(job) => {
+                Err(crate::session::Refused::Stopped(job)) => {
                     // The ordered thread has stopped (the session is closing): run it here.
                     job();
                     Dispatch::Deferred
+                }
+                Err(crate::session::Refused::Full(bytes, calls)) => {
+                    tracing::error!(
+                        connection = ctx.connection,
+                        procedure = ctx.procedure,
+                        queued_bytes = bytes,
+                        queued_calls = calls,
+                        "the session's ordered queue stayed full (its calls wait behind a host callback the client does not complete, or it sends faster than its GPU work drains); refusing the call and closing the connection, whose session is freed"
+                    );
+                    Dispatch::Close
                 }
             };
         }

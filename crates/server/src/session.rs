@@ -4,7 +4,7 @@
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use remora_proto::remora::{RM_STREAM_LEGACY, RmCopyData};
 use remora_xdr::Bytes;
@@ -600,18 +600,99 @@ impl SessionState {
     }
 }
 
+/// Bounds of a session's ordered queue: bytes of queued calls, queued calls, and how long a
+/// call may wait for room before the connection is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OrderedLimits {
+    /// Bytes of call arguments queued (each call also counts [`ORDERED_CALL_OVERHEAD`]).
+    pub max_bytes: usize,
+    /// Calls queued.
+    pub max_calls: usize,
+    /// How long the connection thread waits for room before giving up on the session.
+    pub full_wait: std::time::Duration,
+}
+
+/// What a queued call counts beyond its argument bytes (the job and its context).
+pub const ORDERED_CALL_OVERHEAD: usize = 256;
+
+impl Default for OrderedLimits {
+    /// 256 MiB and 65,536 calls (a kernel launch queue natively holds about a thousand
+    /// launches per stream before `cuLaunchKernel` blocks), 30 s.
+    fn default() -> Self {
+        OrderedLimits {
+            max_bytes: 256 << 20,
+            max_calls: 1 << 16,
+            full_wait: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+static ORDERED_LIMITS: Mutex<Option<OrderedLimits>> = Mutex::new(None);
+
+/// Sets the bounds of the ordered queues of sessions created from now on (the default is
+/// [`OrderedLimits::default`]); tests use small ones.
+pub fn set_ordered_limits(limits: OrderedLimits) {
+    *ORDERED_LIMITS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Some(limits);
+}
+
+fn ordered_limits() -> OrderedLimits {
+    ORDERED_LIMITS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .unwrap_or_default()
+}
+
+/// Why [`Ordered::submit`] did not queue a call.
+pub(crate) enum Refused {
+    /// The ordered thread has stopped (the session is closing): the job comes back.
+    Stopped(crate::waiters::Job),
+    /// The queue stayed full for [`OrderedLimits::full_wait`]: `(bytes, calls)` queued.
+    Full(usize, usize),
+}
+
+#[derive(Default)]
+struct OrderedQueue {
+    jobs: std::collections::VecDeque<(crate::waiters::Job, usize)>,
+    bytes: usize,
+    started: bool,
+    closed: bool,
+}
+
 /// The session's ordered thread: once the session has used a host callback, its calls run
 /// here, in the order they arrived, instead of on the connection thread, so that the
 /// connection thread stays free to read `RM_HOST_CALLBACK_DONE` while a call waits for a
 /// stream blocked by a host callback (see [`crate::host_callbacks`]).
-#[derive(Default)]
+///
+/// The queue is bounded ([`OrderedLimits`]): a connection thread whose call does not fit
+/// waits for room, as a native launch waits when the device's queue is full, but only for
+/// `full_wait`; then the call is refused and the connection closed (a one-way call can be
+/// neither run out of order nor dropped silently). Without the bound one client could make
+/// the server queue calls until it ran out of memory.
 pub(crate) struct Ordered {
-    queue: Mutex<Option<mpsc::Sender<crate::waiters::Job>>>,
+    queue: Arc<(Mutex<OrderedQueue>, std::sync::Condvar)>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     on: std::sync::atomic::AtomicBool,
+    limits: OrderedLimits,
+}
+
+impl Default for Ordered {
+    fn default() -> Self {
+        Ordered {
+            queue: Arc::default(),
+            thread: Mutex::default(),
+            on: std::sync::atomic::AtomicBool::new(false),
+            limits: ordered_limits(),
+        }
+    }
 }
 
 impl Ordered {
+    fn lock(&self) -> MutexGuard<'_, OrderedQueue> {
+        self.queue.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Whether calls go to the ordered thread.
     pub(crate) fn is_on(&self) -> bool {
         self.on.load(std::sync::atomic::Ordering::Acquire)
@@ -619,46 +700,85 @@ impl Ordered {
 
     /// Starts the ordered thread (once); later calls go through [`Ordered::submit`].
     pub(crate) fn start(&self, connection: u64) -> CuResult<()> {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        if queue.is_some() || self.is_on() {
+        let mut q = self.lock();
+        if q.started || q.closed {
             return Ok(());
         }
-        let (tx, rx) = mpsc::channel::<crate::waiters::Job>();
+        let queue = Arc::clone(&self.queue);
         let handle = std::thread::Builder::new()
             .name(format!("remora-ordered-{connection}"))
             .spawn(move || {
-                while let Ok(job) = rx.recv() {
+                let (m, cv) = &*queue;
+                loop {
+                    let (job, size) = {
+                        let mut q = m.lock().unwrap_or_else(PoisonError::into_inner);
+                        loop {
+                            if let Some(j) = q.jobs.pop_front() {
+                                break j;
+                            }
+                            if q.closed {
+                                return;
+                            }
+                            q = cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+                        }
+                    };
                     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
                         tracing::error!("a call panicked on the session's ordered thread");
                     }
+                    m.lock().unwrap_or_else(PoisonError::into_inner).bytes -= size;
+                    cv.notify_all();
                 }
             })
             .map_err(|e| {
                 tracing::warn!(error = %e, "cannot start a session's ordered thread");
                 CuError(cu::OUT_OF_MEMORY)
             })?;
-        *queue = Some(tx);
+        q.started = true;
+        drop(q);
         *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
-        // Release: a connection thread that sees `on` finds the queue set.
+        // Release: a connection thread that sees `on` finds the thread started.
         self.on.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
-    /// Queues `job` behind the calls already queued; gives it back when the thread is gone.
-    pub(crate) fn submit(&self, job: crate::waiters::Job) -> Result<(), crate::waiters::Job> {
-        let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        match queue.as_ref() {
-            Some(tx) => tx.send(job).map_err(|e| e.0),
-            None => Err(job),
+    /// Queues `job`, whose arguments take `arg_bytes`, behind the calls already queued,
+    /// waiting up to `full_wait` for room. A call always fits an empty queue, so one large
+    /// record is never refused for its size alone.
+    pub(crate) fn submit(&self, job: crate::waiters::Job, arg_bytes: usize) -> Result<(), Refused> {
+        let size = arg_bytes.saturating_add(ORDERED_CALL_OVERHEAD);
+        let deadline = std::time::Instant::now() + self.limits.full_wait;
+        let mut q = self.lock();
+        loop {
+            if !q.started || q.closed {
+                return Err(Refused::Stopped(job));
+            }
+            let full = q.bytes.saturating_add(size) > self.limits.max_bytes
+                || q.jobs.len() >= self.limits.max_calls;
+            if !full || q.jobs.is_empty() {
+                break;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(Refused::Full(q.bytes, q.jobs.len()));
+            }
+            q = self
+                .queue
+                .1
+                .wait_timeout(q, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
+        q.bytes += size;
+        q.jobs.push_back((job, size));
+        drop(q);
+        self.queue.1.notify_all();
+        Ok(())
     }
 
     /// Runs the queued calls, then stops the thread.
     fn close(&self) {
-        self.queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        self.lock().closed = true;
+        self.queue.1.notify_all();
         let handle = self
             .thread
             .lock()
@@ -755,5 +875,103 @@ impl Session {
             objects,
             "session closed; its resources are freed"
         );
+    }
+}
+
+#[cfg(test)]
+mod ordered_tests {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn ordered(max_bytes: usize, max_calls: usize, wait_ms: u64) -> Ordered {
+        Ordered {
+            limits: OrderedLimits {
+                max_bytes,
+                max_calls,
+                full_wait: Duration::from_millis(wait_ms),
+            },
+            ..Ordered::default()
+        }
+    }
+
+    #[test]
+    fn a_blocked_queue_refuses_past_its_bound_and_keeps_the_order() {
+        let o = ordered(4 * (1000 + ORDERED_CALL_OVERHEAD), 100, 200);
+        o.start(1).unwrap();
+        let (release, held) = mpsc::channel::<()>();
+        let (done_tx, done) = mpsc::channel::<usize>();
+        // The first call blocks the thread, as a call waiting behind a host callback does.
+        o.submit(
+            Box::new(move || {
+                held.recv().unwrap();
+            }),
+            1000,
+        )
+        .ok()
+        .unwrap();
+        let mut queued = 0;
+        let refused = loop {
+            let tx = done_tx.clone();
+            let i = queued;
+            match o.submit(Box::new(move || tx.send(i).unwrap()), 1000) {
+                Ok(()) => queued += 1,
+                Err(r) => break r,
+            }
+            assert!(queued < 50, "never refused");
+        };
+        let started = Instant::now();
+        match refused {
+            Refused::Full(bytes, calls) => {
+                assert!(bytes <= 4 * (1000 + ORDERED_CALL_OVERHEAD), "{bytes}");
+                assert_eq!(calls, queued);
+            }
+            Refused::Stopped(_) => panic!("refused as stopped"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // Once the blocked call ends, the queued ones run, in order.
+        release.send(()).unwrap();
+        let ran: Vec<usize> = (0..queued)
+            .map(|_| done.recv_timeout(Duration::from_secs(5)).unwrap())
+            .collect();
+        assert_eq!(ran, (0..queued).collect::<Vec<_>>());
+        // Room again: a call fits, even one larger than the whole bound (an empty queue
+        // takes anything, so a large record is never refused for its size alone).
+        let (tx, rx) = mpsc::channel();
+        o.submit(Box::new(move || tx.send(()).unwrap()), 1 << 30)
+            .ok()
+            .unwrap();
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        o.close();
+        assert!(matches!(
+            o.submit(Box::new(|| {}), 1),
+            Err(Refused::Stopped(_))
+        ));
+    }
+
+    #[test]
+    fn the_call_count_is_bounded_too() {
+        let o = ordered(usize::MAX, 3, 50);
+        o.start(2).unwrap();
+        let (release, held) = mpsc::channel::<()>();
+        o.submit(Box::new(move || held.recv().unwrap()), 0)
+            .ok()
+            .unwrap();
+        // Wait until the thread holds the first call, so that the queue is empty.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !o.lock().jobs.is_empty() {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for _ in 0..3 {
+            o.submit(Box::new(|| {}), 0).ok().unwrap();
+        }
+        assert!(matches!(
+            o.submit(Box::new(|| {}), 0),
+            Err(Refused::Full(_, 3))
+        ));
+        release.send(()).unwrap();
+        o.close();
     }
 }

@@ -107,6 +107,9 @@ pub enum Dispatch {
     /// Send nothing now: the handler took a [`DeferredReply`] (see [`CallContext::defer`])
     /// that replies later.
     Deferred,
+    /// Send no reply and close the connection: the peer broke a limit of the service (the
+    /// service logs which), and no answer to this call could be right.
+    Close,
 }
 
 impl From<ProcError> for Dispatch {
@@ -333,6 +336,7 @@ pub(crate) fn process_call(
         Ok(Dispatch::ProcUnavail) => accepted(xid, AcceptStat::ProcUnavail),
         Ok(Dispatch::GarbageArgs) => accepted(xid, AcceptStat::GarbageArgs),
         Ok(Dispatch::SystemErr) => accepted(xid, AcceptStat::SystemErr),
+        Ok(Dispatch::Close) => Outcome::Close,
         Err(_) => {
             tracing::error!(%peer, xid, program, version, procedure, "ONC RPC server: the procedure panicked; SYSTEM_ERR");
             accepted(xid, AcceptStat::SystemErr)

@@ -24,6 +24,7 @@ pub const GET_LOG: u32 = 5;
 pub const SLOW: u32 = 6;
 pub const WHOAMI: u32 = 7;
 pub const PANIC: u32 = 8;
+pub const CLOSE: u32 = 9;
 
 /// The test program; versions 1 and 3 are served (so version 2 gets PROG_MISMATCH(1, 3)).
 pub struct TestService {
@@ -107,6 +108,7 @@ impl Service for TestService {
                 Ok(Dispatch::Success)
             }
             PANIC => panic!("test panic"),
+            CLOSE => Ok(Dispatch::Close),
             _ => Ok(Dispatch::ProcUnavail),
         })();
         res.unwrap_or(Dispatch::GarbageArgs)
