@@ -75,10 +75,16 @@ fn serve(bin: &PathBuf, args: &[&str], env: &[(&str, &str)]) -> Result<Serve, i3
 
 /// Runs `body` in a child process of this test binary (the shim's state is per process).
 fn in_child(test: &str, url: &str) -> std::process::Output {
+    in_child_with(test, url, &[])
+}
+
+/// [`in_child`] with extra environment variables.
+fn in_child_with(test: &str, url: &str, env: &[(&str, &str)]) -> std::process::Output {
     Command::new(std::env::current_exe().unwrap())
         .args(["--exact", test, "--nocapture", "--include-ignored"])
         .env("REMORA_SERVER", url)
         .env("REMORA_SHIM_CHILD", "1")
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
@@ -721,7 +727,6 @@ fn child_host_callbacks() {
     if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
         return;
     }
-    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     type StreamCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint) -> c_int;
     type StreamSync = unsafe extern "C" fn(*mut c_void) -> c_int;
     type Launch = unsafe extern "C" fn(*mut c_void, Option<HostFnC>, *mut c_void) -> c_int;
@@ -732,16 +737,12 @@ fn child_host_callbacks() {
     // SAFETY: every symbol has the signature cuda.h gives it; the callbacks are the functions
     // above, with user data that are plain numbers.
     unsafe {
-        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
         let count: libloading::Symbol<GetCount> = lib.get(b"cuDeviceGetCount").unwrap();
-        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
         let stream_create: libloading::Symbol<StreamCreate> = lib.get(b"cuStreamCreate").unwrap();
         let stream_sync: libloading::Symbol<StreamSync> = lib.get(b"cuStreamSynchronize").unwrap();
         let launch: libloading::Symbol<Launch> = lib.get(b"cuLaunchHostFunc").unwrap();
         let add: libloading::Symbol<AddCb> = lib.get(b"cuStreamAddCallback").unwrap();
-        assert_eq!(init(0), 0);
-        let mut ctx = std::ptr::null_mut();
-        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        init_with_context(&lib);
         let mut s = std::ptr::null_mut();
         assert_eq!(stream_create(&mut s, 1), 0);
         SEEN.lock().unwrap().as_mut().unwrap().count = Some(*count);
@@ -831,7 +832,6 @@ fn child_tools_tables() {
     if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
         return;
     }
-    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     type ExportTable = unsafe extern "C" fn(*mut *const *const c_void, *const [u8; 16]) -> c_int;
     type ModuleLoadData = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> c_int;
     type GetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> c_int;
@@ -856,14 +856,10 @@ fn child_tools_tables() {
     // SAFETY: every symbol has the signature cuda.h gives it, every table slot the signature
     // docs/export-tables.md gives it; outputs point to locals.
     unsafe {
-        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
-        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
         let export: libloading::Symbol<ExportTable> = lib.get(b"cuGetExportTable").unwrap();
         let load: libloading::Symbol<ModuleLoadData> = lib.get(b"cuModuleLoadData").unwrap();
         let get_fn: libloading::Symbol<GetFunction> = lib.get(b"cuModuleGetFunction").unwrap();
-        assert_eq!(init(0), 0);
-        let mut ctx = std::ptr::null_mut();
-        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let ctx = init_with_context(&lib);
 
         // TOOLS_CONTEXT slots 51 and 39, as cuBLASLt calls them.
         let mut t: *const *const c_void = std::ptr::null();
@@ -955,7 +951,6 @@ fn child_pointer_attributes() {
     if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
         return;
     }
-    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     type Alloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
     type Free = unsafe extern "C" fn(u64) -> c_int;
     type Attr = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
@@ -964,14 +959,10 @@ fn child_pointer_attributes() {
     // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals of the
     // attribute's type.
     unsafe {
-        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
-        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
         let alloc: libloading::Symbol<Alloc> = lib.get(b"cuMemAlloc_v2").unwrap();
         let free: libloading::Symbol<Free> = lib.get(b"cuMemFree_v2").unwrap();
         let attr: libloading::Symbol<Attr> = lib.get(b"cuPointerGetAttribute").unwrap();
-        assert_eq!(init(0), 0);
-        let mut ctx = std::ptr::null_mut();
-        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        init_with_context(&lib);
         let (mut a, mut b) = (0u64, 0u64);
         assert_eq!(alloc(&mut a, 4096), 0);
         assert_eq!(alloc(&mut b, 4096), 0);
@@ -1022,7 +1013,6 @@ fn child_kernel_launches() {
     if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
         return;
     }
-    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     type ModuleLoadData = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> c_int;
     type GetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> c_int;
     type Alloc = unsafe extern "C" fn(*mut u64, usize) -> c_int;
@@ -1062,8 +1052,6 @@ func not_a_test_kernel 8
     // locals of the types the kernels take; outputs point to locals or vectors of the size
     // copied.
     unsafe {
-        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
-        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
         let load: libloading::Symbol<ModuleLoadData> = lib.get(b"cuModuleLoadData").unwrap();
         let get_fn: libloading::Symbol<GetFunction> = lib.get(b"cuModuleGetFunction").unwrap();
         let alloc: libloading::Symbol<Alloc> = lib.get(b"cuMemAlloc_v2").unwrap();
@@ -1073,9 +1061,7 @@ func not_a_test_kernel 8
         let stream_sync: libloading::Symbol<Sync> = lib.get(b"cuStreamSynchronize").unwrap();
         let ctx_sync: libloading::Symbol<CtxSync> = lib.get(b"cuCtxSynchronize").unwrap();
         let launch: libloading::Symbol<Launch> = lib.get(b"cuLaunchKernel").unwrap();
-        assert_eq!(init(0), 0);
-        let mut ctx = std::ptr::null_mut();
-        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        init_with_context(&lib);
         let mut module = std::ptr::null_mut();
         assert_eq!(load(&mut module, image.as_ptr().cast()), 0);
         let f = |name: &std::ffi::CStr| {
@@ -1507,7 +1493,6 @@ fn child_calls_at_shutdown() {
     if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
         return;
     }
-    type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     // SAFETY: loading our own shim; leaked, so that the exit handler can still call it.
     let lib: &'static libloading::Library = Box::leak(Box::new(
         unsafe { libloading::Library::new(shim_path()) }.unwrap(),
@@ -1515,13 +1500,9 @@ fn child_calls_at_shutdown() {
     // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals; the
     // thread-specific value is a dummy non-null pointer never dereferenced.
     unsafe {
-        let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
-        let ctx_create: libloading::Symbol<CtxCreate> = lib.get(b"cuCtxCreate_v2").unwrap();
         let _ = GET_CURRENT.set(*lib.get::<GetCurrent>(b"cuCtxGetCurrent").unwrap());
         let _ = CTX_SYNC.set(*lib.get::<CtxSync>(b"cuCtxSynchronize").unwrap());
-        assert_eq!(init(0), 0);
-        let mut ctx = std::ptr::null_mut();
-        assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
+        let ctx = init_with_context(lib);
         assert_eq!(atexit(at_exit), 0);
         // A thread that made a context current exits; a pthread key destructor calls the
         // driver after (or while) the thread's own thread-local state goes.
@@ -1623,18 +1604,12 @@ fn lost_server_is_device_unavailable_with_its_cause() {
         Err(code) => panic!("remora serve --backend emulated exited with {code}"),
         Ok(s) => s,
     };
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_lost_server",
-            "--nocapture",
-            "--include-ignored",
-        ])
-        .env("REMORA_SERVER", &s.1)
-        .env("REMORA_SHIM_CHILD", "1")
-        .env("REMORA_TEST_SERVER_PID", s.0.id().to_string())
-        .output()
-        .unwrap();
+    let pid = s.0.id().to_string();
+    let out = in_child_with(
+        "child_lost_server",
+        &s.1,
+        &[("REMORA_TEST_SERVER_PID", pid.as_str())],
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("CHILD-OK"),
