@@ -75,13 +75,31 @@ pub(crate) struct Capture {
     pub(crate) error: Option<i32>,
 }
 
-/// A device range the session may copy to or from: an allocation, or a module global.
+/// A device range the session may copy to or from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Range {
     pub(crate) size: u64,
     pub(crate) ctx: u64,
-    /// The module, for a global.
-    pub(crate) module: Option<u64>,
+    pub(crate) kind: RangeKind,
+}
+
+/// What made a [`Range`], which decides how it is freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RangeKind {
+    /// `cuMemAlloc`/`cuMemAllocPitch`: freed with `cuMemFree`.
+    Alloc,
+    /// A global of module handle `.0`: goes with its module.
+    Global(u64),
+}
+
+impl Range {
+    /// The module handle, for a global.
+    pub(crate) fn module(&self) -> Option<u64> {
+        match self.kind {
+            RangeKind::Global(m) => Some(m),
+            _ => None,
+        }
+    }
 }
 
 /// The data area and the offset in it where a copy's bytes land.
@@ -536,7 +554,7 @@ impl SessionState {
                         .and_then(|g| backend.graph_destroy(raw_ctx, g)),
                 },
                 Resource::Module { raw, .. } => {
-                    self.ranges.retain(|_, g| g.module != Some(h));
+                    self.ranges.retain(|_, g| g.module() != Some(h));
                     backend.module_unload(raw_ctx, raw)
                 }
                 _ => Ok(()),
@@ -548,7 +566,7 @@ impl SessionState {
         let allocations: Vec<u64> = self
             .ranges
             .iter()
-            .filter(|(_, r)| r.ctx == ctx && r.module.is_none())
+            .filter(|(_, r)| r.ctx == ctx && r.kind == RangeKind::Alloc)
             .map(|(p, _)| *p)
             .collect();
         for ptr in allocations {

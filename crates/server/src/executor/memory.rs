@@ -13,7 +13,7 @@ impl Executor {
                 Range {
                     size: a.bytesize,
                     ctx: a.ctx,
-                    module: None,
+                    kind: RangeKind::Alloc,
                 },
             );
         }
@@ -35,7 +35,7 @@ impl Executor {
                 Range {
                     size: pitch.saturating_mul(a.height),
                     ctx: a.ctx,
-                    module: None,
+                    kind: RangeKind::Alloc,
                 },
             );
             RmPitched { ptr, pitch }
@@ -47,7 +47,12 @@ impl Executor {
         let session = self.session(call);
         let mut st = session.lock();
         let r = match st.ranges.get(&a.ptr).copied() {
-            Some(r @ Range { module: None, .. }) => st.ctx(r.ctx),
+            Some(
+                r @ Range {
+                    kind: RangeKind::Alloc,
+                    ..
+                },
+            ) => st.ctx(r.ctx),
             _ => Err(CuError(cu::INVALID_VALUE)),
         };
         let r = r.and_then(|c| self.inner.backend.mem_free(c, a.ptr));

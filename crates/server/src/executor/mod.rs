@@ -21,7 +21,9 @@ use crate::backend::{
 use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
 use crate::hello::{HelloService, truncate};
 use crate::module_cache::ModuleCache;
-use crate::session::{Capture, PendingCopy, Range, Resource, Scope, Session, SessionState};
+use crate::session::{
+    Capture, PendingCopy, Range, RangeKind, Resource, Scope, Session, SessionState,
+};
 
 // The one `impl RemoraV1Server for Executor` is in `procedures.rs`; the longer procedures
 // call `Executor` methods of the modules by concern.

@@ -49,7 +49,7 @@ impl Executor {
         let r = self.inner.backend.module_unload(raw_ctx, raw);
         st.remove(h);
         st.remove_module_children(h);
-        st.ranges.retain(|_, g| g.module != Some(h));
+        st.ranges.retain(|_, g| g.module() != Some(h));
         Ok(code("RM_MODULE_UNLOAD", r))
     }
 
@@ -70,7 +70,7 @@ impl Executor {
                 session.lock().ranges.entry(ptr).or_insert(Range {
                     size,
                     ctx,
-                    module: Some(a.module),
+                    kind: RangeKind::Global(a.module),
                 });
                 Ok((ptr, size))
             },
