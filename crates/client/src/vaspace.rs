@@ -14,6 +14,8 @@ pub(crate) struct Range {
     pub(crate) ctx: u64,
     /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique in the process, never reused (from 1).
     pub(crate) buffer_id: u64,
+    /// A `cuMemAddressReserve` range: it stays when its context is destroyed.
+    pub(crate) outlives_context: bool,
 }
 
 #[derive(Debug, Default)]
@@ -72,7 +74,20 @@ impl State {
 
 impl VaSpace {
     /// Reserves `[base, base + size)` (rounded out to pages) and records the allocation.
+    #[cfg(test)]
     pub(crate) fn reserve(&self, base: u64, size: u64, ctx: u64) -> Result<(), ReserveError> {
+        self.reserve_range(base, size, ctx, false)
+    }
+
+    /// Reserves `[base, base + size)` (rounded out to pages) and records the allocation, of
+    /// context `ctx`; `outlives`: a `cuMemAddressReserve` range, which stays when `ctx` goes.
+    pub(crate) fn reserve_range(
+        &self,
+        base: u64,
+        size: u64,
+        ctx: u64,
+        outlives: bool,
+    ) -> Result<(), ReserveError> {
         let (start, end) =
             page_span(base, size).ok_or(ReserveError::Other(rustix::io::Errno::INVAL))?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -133,6 +148,7 @@ impl VaSpace {
                 size,
                 ctx,
                 buffer_id,
+                outlives_context: outlives,
             },
         );
         Ok(())
@@ -164,12 +180,12 @@ impl VaSpace {
         (ptr < base + r.size.max(1)).then_some((base, r))
     }
 
-    /// Every allocation of context `ctx` (for context teardown).
+    /// Every allocation of context `ctx` that goes with it (for context teardown).
     pub(crate) fn of_context(&self, ctx: u64) -> Vec<u64> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.ranges
             .iter()
-            .filter(|(_, r)| r.ctx == ctx)
+            .filter(|(_, r)| r.ctx == ctx && !r.outlives_context)
             .map(|(&b, _)| b)
             .collect()
     }

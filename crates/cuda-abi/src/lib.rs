@@ -11,7 +11,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 /// `CU_MEMORYTYPE_HOST`.
 pub const MEMORYTYPE_HOST: c_uint = 1;
@@ -163,6 +163,58 @@ pub struct LaunchConfig {
     pub num_attrs: c_uint,
 }
 
+/// `CUmemLocation`: 8 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemLocation {
+    /// `CUmemLocationType`.
+    pub kind: c_int,
+    /// Device ordinal or NUMA node.
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp` (`_v1`): 32 bytes, `win32HandleMetaData` at 16, `allocFlags` at 24.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemAllocationProp {
+    /// `CUmemAllocationType`.
+    pub kind: c_int,
+    pub requested_handle_types: c_int,
+    pub location: MemLocation,
+    /// Windows only; NULL on Linux.
+    pub win32_handle_meta_data: *mut c_void,
+    pub compression_type: u8,
+    pub gpu_direct_rdma_capable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+impl Default for MemAllocationProp {
+    fn default() -> Self {
+        Self {
+            kind: 0,
+            requested_handle_types: 0,
+            location: MemLocation::default(),
+            win32_handle_meta_data: std::ptr::null_mut(),
+            compression_type: 0,
+            gpu_direct_rdma_capable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        }
+    }
+}
+
+/// `CUmemAccessDesc` (`_v1`): 12 bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct MemAccessDesc {
+    pub location: MemLocation,
+    /// `CUmemAccess_flags`.
+    pub flags: c_int,
+}
+
 #[cfg(all(test, target_pointer_width = "64"))]
 mod tests {
     use super::*;
@@ -288,6 +340,14 @@ mod tests {
             ]
         );
 
+        assert_eq!(size_of::<MemLocation>(), 8);
+        assert_eq!(size_of::<MemAllocationProp>(), 32);
+        assert_eq!(offset_of!(MemAllocationProp, location), 8);
+        assert_eq!(offset_of!(MemAllocationProp, win32_handle_meta_data), 16);
+        assert_eq!(offset_of!(MemAllocationProp, compression_type), 24);
+        assert_eq!(offset_of!(MemAllocationProp, usage), 26);
+        assert_eq!(size_of::<MemAccessDesc>(), 12);
+        assert_eq!(offset_of!(MemAccessDesc, flags), 8);
         assert_eq!(size_of::<LaunchAttribute>(), 72);
         assert_eq!(offset_of!(LaunchAttribute, value), 8);
         assert_eq!(size_of::<LaunchConfig>(), 56);

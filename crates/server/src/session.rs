@@ -63,6 +63,14 @@ pub(crate) enum Resource {
         raw: u64,
         ctx: u64,
     },
+    /// A physical allocation of `cuMemCreate` (`CUmemGenericAllocationHandle`), with the
+    /// references the session holds on it (`cuMemCreate` and each `cuMemRetainAllocationHandle`
+    /// add one; `cuMemRelease` drops one, and the driver's own count follows). Not bound to a
+    /// context.
+    MemHandle {
+        raw: u64,
+        refs: u32,
+    },
 }
 
 /// A stream capture in progress (by the driver's capture id).
@@ -90,6 +98,10 @@ pub(crate) enum RangeKind {
     Alloc,
     /// A global of module handle `.0`: goes with its module.
     Global(u64),
+    /// An address range of `cuMemAddressReserve`: freed with `cuMemAddressFree` at the end
+    /// of the session, after its mappings ([`SessionState::mappings`]) are unmapped. Not bound
+    /// to a context either.
+    Reservation,
 }
 
 impl Range {
@@ -356,6 +368,8 @@ pub(crate) struct SessionState {
     pub(crate) reset_primaries: std::collections::HashSet<u64>,
     /// Stream captures in progress, by capture id.
     pub(crate) captures: HashMap<u64, Capture>,
+    /// `cuMemMap` mappings inside the session's reservations: base → size.
+    pub(crate) mappings: BTreeMap<u64, u64>,
 }
 
 impl SessionState {
@@ -387,6 +401,20 @@ impl SessionState {
 
     pub(crate) fn remove(&mut self, h: u64) -> Option<Resource> {
         self.table.remove(&h)
+    }
+
+    /// The handle standing for physical allocation `raw` with one more reference: the
+    /// session's existing handle of it, or a new one.
+    pub(crate) fn retain_mem_handle(&mut self, raw: u64) -> u64 {
+        for (h, r) in &mut self.table {
+            if let Resource::MemHandle { raw: x, refs } = r
+                && *x == raw
+            {
+                *refs += 1;
+                return *h;
+            }
+        }
+        self.insert(Resource::MemHandle { raw, refs: 1 })
     }
 
     /// Removes the functions of module handle `module`.
@@ -524,7 +552,7 @@ impl SessionState {
                 | Resource::Event { ctx: c, .. }
                 | Resource::Graph { ctx: c, .. }
                 | Resource::GraphExec { ctx: c, .. } => *c == ctx,
-                Resource::Context { .. } => false,
+                Resource::Context { .. } | Resource::MemHandle { .. } => false,
             })
             .map(|(h, r)| (*h, r.clone()))
             .collect();
@@ -577,9 +605,57 @@ impl SessionState {
         }
     }
 
+    /// Unmaps the session's `cuMemMap` mappings, drops its references on physical
+    /// allocations and frees its reserved ranges, in that order (while its contexts live: a
+    /// live one is made current for the calls, though they need none).
+    pub(crate) fn release_virtual_memory(&mut self, backend: &dyn Backend) {
+        let ctx = self
+            .table
+            .values()
+            .find_map(|r| match r {
+                Resource::Context { raw, .. } => Some(*raw),
+                _ => None,
+            })
+            .unwrap_or(0);
+        for (ptr, size) in std::mem::take(&mut self.mappings) {
+            if let Err(e) = backend.mem_unmap(ctx, ptr, size) {
+                tracing::debug!(ptr, error = e.0, "cleanup: cuMemUnmap refused");
+            }
+        }
+        let handles: Vec<(u64, u64, u32)> = self
+            .table
+            .iter()
+            .filter_map(|(h, r)| match r {
+                Resource::MemHandle { raw, refs } => Some((*h, *raw, *refs)),
+                _ => None,
+            })
+            .collect();
+        for (h, raw, refs) in handles {
+            self.table.remove(&h);
+            for _ in 0..refs {
+                if let Err(e) = backend.mem_release(ctx, raw) {
+                    tracing::debug!(handle = h, error = e.0, "cleanup: cuMemRelease refused");
+                }
+            }
+        }
+        let reserved: Vec<(u64, u64)> = self
+            .ranges
+            .iter()
+            .filter(|(_, r)| r.kind == RangeKind::Reservation)
+            .map(|(p, r)| (*p, r.size))
+            .collect();
+        for (ptr, size) in reserved {
+            self.ranges.remove(&ptr);
+            if let Err(e) = backend.mem_address_free(ctx, ptr, size) {
+                tracing::debug!(ptr, error = e.0, "cleanup: cuMemAddressFree refused");
+            }
+        }
+    }
+
     /// Frees everything the session owns.
     pub(crate) fn release_all(&mut self, backend: &dyn Backend) {
         self.copies.drop_all();
+        self.release_virtual_memory(backend);
         let mut contexts: Vec<(u64, i32, bool, u64)> = self
             .table
             .iter()
@@ -613,6 +689,7 @@ impl SessionState {
         self.table.clear();
         self.captures.clear();
         self.ranges.clear();
+        self.mappings.clear();
         self.primary.clear();
         self.primary_flags.clear();
     }

@@ -4,17 +4,26 @@
 use super::*;
 use crate::vaspace::ReserveError;
 
+/// What a range [`Session::alloc_reserved`] reserves stands for.
+pub(super) enum Reserved<'a> {
+    /// A device allocation of context `ctx` (freed with `cuMemFree`, gone with its context).
+    Alloc,
+    /// A `cuMemAddressReserve` range, freed with this; it outlives its context.
+    Virtual(&'a dyn Fn(u64)),
+}
+
 impl Session {
     /// Allocates device memory with `alloc` (which answers the pointer, the bytes it spans and
     /// whatever else the caller wants back) and reserves the same range in this process, as
     /// unified addressing needs. The server's driver picks the address; when it lands on one
     /// of this process's own mappings, that allocation is kept (so the driver cannot hand it
     /// out again) and another asked for, up to [`MAX_VA_RETRIES`] times; the collided ones
-    /// are freed at the end.
-    fn alloc_reserved<T>(
+    /// are freed at the end (`cuMemFree` in `ctx`, or as `kind` says).
+    pub(super) fn alloc_reserved<T>(
         &self,
         ctx: RmHandle,
         alloc: impl Fn() -> CuResult<(u64, u64, T)>,
+        kind: Reserved<'_>,
     ) -> CuResult<(u64, T)> {
         let mut collided = Vec::new();
         let result = loop {
@@ -22,7 +31,8 @@ impl Session {
                 Ok(a) => a,
                 Err(e) => break Err(e),
             };
-            match self.va.reserve(ptr, size, ctx) {
+            let outlives = matches!(kind, Reserved::Virtual(_));
+            match self.va.reserve_range(ptr, size, ctx, outlives) {
                 Ok(()) => break Ok((ptr, extra)),
                 Err(ReserveError::Collision(_)) if collided.len() < MAX_VA_RETRIES => {
                     tracing::debug!(
@@ -40,7 +50,12 @@ impl Session {
             }
         };
         for p in collided {
-            let _ = self.rpc.rm_mem_free(&RmPtrArgs { ctx, ptr: p });
+            match kind {
+                Reserved::Virtual(free) => free(p),
+                Reserved::Alloc => {
+                    let _ = self.rpc.rm_mem_free(&RmPtrArgs { ctx, ptr: p });
+                }
+            }
         }
         result
     }
@@ -50,10 +65,14 @@ impl Session {
         if bytesize == 0 {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        self.alloc_reserved(ctx, || {
-            let ptr = u64r(call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize }))?)?;
-            Ok((ptr, bytesize, ()))
-        })
+        self.alloc_reserved(
+            ctx,
+            || {
+                let ptr = u64r(call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize }))?)?;
+                Ok((ptr, bytesize, ()))
+            },
+            Reserved::Alloc,
+        )
         .map(|(ptr, ())| ptr)
     }
 
@@ -68,8 +87,9 @@ impl Session {
         if width_bytes == 0 || height == 0 || ![4, 8, 16].contains(&element_size) {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        self.alloc_reserved(ctx, || {
-            match call!(self.rm_mem_alloc_pitch(&RmAllocPitchArgs {
+        self.alloc_reserved(
+            ctx,
+            || match call!(self.rm_mem_alloc_pitch(&RmAllocPitchArgs {
                 ctx,
                 width_bytes,
                 height,
@@ -77,8 +97,9 @@ impl Session {
             }))? {
                 RmPitchedReply::Case0(a) => Ok((a.ptr, a.pitch.saturating_mul(height), a.pitch)),
                 RmPitchedReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-            }
-        })
+            },
+            Reserved::Alloc,
+        )
     }
 
     /// `cuMemFree`: frees on the server, then releases the reservation.

@@ -442,6 +442,7 @@ pub use launches::{KernelArgs, LaunchConfig};
 mod memory;
 mod modules;
 mod streams;
+mod vmm;
 
 impl Session {
     // The plain calls, generated from their `@glue` annotations in remora.x.

@@ -8,7 +8,7 @@
 
 use remora_oncrpc::DataArea;
 use remora_proto::cuda::{CuError, CuResult, cu};
-use remora_proto::remora::RmLaunchAttr;
+use remora_proto::remora::{RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs};
 
 pub mod cuda;
 pub mod emulated;
@@ -275,6 +275,32 @@ pub trait Backend: Send + Sync + 'static {
     fn mem_free(&self, ctx: u64, ptr: u64) -> CuResult<()>;
     /// `cuMemGetInfo`: `(free, total)`.
     fn mem_get_info(&self, ctx: u64) -> CuResult<(u64, u64)>;
+    // Virtual memory management (revision 10). `ctx` is the raw context the call runs in, or
+    // 0 for none (these calls do not need one). Handles are the driver's
+    // `CUmemGenericAllocationHandle`; the executor checks ranges and handles first.
+    /// `cuMemCreate`: a physical allocation's handle.
+    fn mem_create(&self, ctx: u64, size: u64, prop: &RmMemProp, flags: u64) -> CuResult<u64>;
+    /// `cuMemRelease`.
+    fn mem_release(&self, ctx: u64, handle: u64) -> CuResult<()>;
+    /// `cuMemAddressReserve`: the reserved range's base.
+    fn mem_address_reserve(&self, ctx: u64, r: &RmMemReserveArgs) -> CuResult<u64>;
+    /// `cuMemAddressFree`.
+    fn mem_address_free(&self, ctx: u64, ptr: u64, size: u64) -> CuResult<()>;
+    /// `cuMemMap` of `handle` (raw) as in `m` (whose `ctx` and `handle` fields are ignored).
+    fn mem_map(&self, ctx: u64, m: &RmMemMapArgs, handle: u64) -> CuResult<()>;
+    /// `cuMemUnmap`.
+    fn mem_unmap(&self, ctx: u64, ptr: u64, size: u64) -> CuResult<()>;
+    /// `cuMemSetAccess`.
+    fn mem_set_access(&self, ctx: u64, ptr: u64, size: u64, desc: &[RmMemAccess]) -> CuResult<()>;
+    /// `cuMemGetAccess`: the `CUmemAccess_flags` of `location` on the mapping at `ptr`.
+    fn mem_get_access(&self, ctx: u64, ptr: u64, location: (i32, i32)) -> CuResult<u64>;
+    /// `cuMemGetAllocationGranularity`.
+    fn mem_get_granularity(&self, ctx: u64, prop: &RmMemProp, option: u32) -> CuResult<u64>;
+    /// `cuMemGetAllocationPropertiesFromHandle`.
+    fn mem_get_properties(&self, ctx: u64, handle: u64) -> CuResult<RmMemProp>;
+    /// `cuMemRetainAllocationHandle` of the allocation mapped at `ptr`: its handle, with one
+    /// more reference (released by [`Backend::mem_release`]).
+    fn mem_retain_handle(&self, ctx: u64, ptr: u64) -> CuResult<u64>;
     /// `cuMemcpyHtoD` (`stream` `None`) or `cuMemcpyHtoDAsync`.
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()>;
     /// `cuMemcpyDtoH` (blocks).

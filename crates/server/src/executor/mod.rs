@@ -34,6 +34,7 @@ mod memory;
 mod modules;
 mod procedures;
 mod streams;
+mod vmm;
 
 /// How long a stream or event synchronize polls before it waits on a waiter thread.
 const SYNC_POLL: std::time::Duration = std::time::Duration::from_micros(50);

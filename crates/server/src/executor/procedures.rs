@@ -64,6 +64,17 @@ impl RemoraV1Server for Executor {
         rm_area_memcpy_htod_async(RmAreaCopyArgs) -> () => area_memcpy_htod_async;
         rm_area_memcpy_dtoh_async(RmAreaCopyArgs) -> () => area_memcpy_dtoh_async;
         rm_mem_host_device_pointer(RmAreaPtrArgs) -> RmU64Reply => mem_host_device_pointer;
+        rm_mem_create(RmMemCreateArgs) -> RmHandleReply => mem_create;
+        rm_mem_release(RmMemHandleArgs) -> CuResult_ => mem_release;
+        rm_mem_address_reserve(RmMemReserveArgs) -> RmU64Reply => mem_address_reserve;
+        rm_mem_address_free(RmMemRangeArgs) -> CuResult_ => mem_address_free;
+        rm_mem_map(RmMemMapArgs) -> CuResult_ => mem_map;
+        rm_mem_unmap(RmMemRangeArgs) -> CuResult_ => mem_unmap;
+        rm_mem_set_access(RmMemSetAccessArgs) -> CuResult_ => mem_set_access;
+        rm_mem_get_access(RmMemGetAccessArgs) -> RmU64Reply => mem_get_access;
+        rm_mem_get_granularity(RmMemGranularityArgs) -> RmU64Reply => mem_get_granularity;
+        rm_mem_get_properties(RmMemHandleArgs) -> RmMemPropReply => mem_get_properties;
+        rm_mem_retain_handle(RmPtrArgs) -> RmHandleReply => mem_retain_handle;
     }
 
     fn remora_null(&self, _call: &CallContext) -> ProcResult<()> {

@@ -23,6 +23,8 @@ pub struct Server {
     _dir: tempfile::TempDir,
     running: Option<Running>,
     pub endpoint: Endpoint,
+    /// The emulated GPU behind it.
+    pub backend: Arc<EmulatedBackend>,
 }
 
 impl Drop for Server {
@@ -68,6 +70,7 @@ pub fn serve_emulated(shm: ShmConfig, config: EmulatedConfig) -> Server {
         _dir: dir,
         running: Some(running),
         endpoint,
+        backend,
     }
 }
 

@@ -17,20 +17,11 @@ use std::ffi::{c_int, c_uint, c_ulonglong};
 use std::sync::{Mutex, OnceLock};
 
 use remora_client::{CuError, CuResult, cu};
+use remora_cuda_abi::MemLocation;
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
 use crate::state::entry;
-
-/// `CUmemLocation`, passed by value.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct MemLocation {
-    /// `CUmemLocationType`.
-    pub kind: c_int,
-    /// Device ordinal or NUMA node.
-    pub id: c_int,
-}
 
 /// Logs that `name` is not supported: every time for an allocation (a program that gets here
 /// is about to fail), once per name for prefetches and advice (they may run in loops).

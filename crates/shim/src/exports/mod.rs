@@ -25,6 +25,7 @@ mod managed;
 mod mem;
 mod memcpy3d;
 mod private;
+mod vmm;
 
 pub use self::core::*;
 pub use capture::*;
@@ -35,6 +36,7 @@ pub use managed::*;
 pub use mem::*;
 pub use memcpy3d::*;
 pub use private::*;
+pub use vmm::*;
 
 use std::ffi::c_void;
 

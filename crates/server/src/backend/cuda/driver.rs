@@ -12,7 +12,7 @@ use libloading::Library;
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 
-use super::abi::{LaunchConfig, Memcpy2D, Memcpy3D};
+use super::abi::{LaunchConfig, MemAccessDesc, MemAllocationProp, MemLocation, Memcpy2D, Memcpy3D};
 
 pub(super) type Ptr = *mut c_void;
 pub(super) type Res = c_int;
@@ -91,6 +91,17 @@ driver_table! {
     mem_alloc_pitch = "cuMemAllocPitch" / "cuMemAllocPitch_v2": fn(*mut u64, *mut usize, usize, usize, c_uint);
     mem_free = "cuMemFree" / "cuMemFree_v2": fn(u64);
     mem_get_info = "cuMemGetInfo" / "cuMemGetInfo_v2": fn(*mut usize, *mut usize);
+    mem_create = "cuMemCreate" / "cuMemCreate": fn(*mut u64, usize, *const MemAllocationProp, u64);
+    mem_release = "cuMemRelease" / "cuMemRelease": fn(u64);
+    mem_address_reserve = "cuMemAddressReserve" / "cuMemAddressReserve": fn(*mut u64, usize, usize, u64, u64);
+    mem_address_free = "cuMemAddressFree" / "cuMemAddressFree": fn(u64, usize);
+    mem_map = "cuMemMap" / "cuMemMap": fn(u64, usize, usize, u64, u64);
+    mem_unmap = "cuMemUnmap" / "cuMemUnmap": fn(u64, usize);
+    mem_set_access = "cuMemSetAccess" / "cuMemSetAccess": fn(u64, usize, *const MemAccessDesc, usize);
+    mem_get_access = "cuMemGetAccess" / "cuMemGetAccess": fn(*mut u64, *const MemLocation, u64);
+    mem_get_allocation_granularity = "cuMemGetAllocationGranularity" / "cuMemGetAllocationGranularity": fn(*mut usize, *const MemAllocationProp, c_int);
+    mem_get_allocation_properties_from_handle = "cuMemGetAllocationPropertiesFromHandle" / "cuMemGetAllocationPropertiesFromHandle": fn(*mut MemAllocationProp, u64);
+    mem_retain_allocation_handle = "cuMemRetainAllocationHandle" / "cuMemRetainAllocationHandle": fn(*mut u64, Ptr);
     mem_host_alloc = "cuMemHostAlloc" / "cuMemHostAlloc": fn(*mut Ptr, usize, c_uint);
     mem_free_host = "cuMemFreeHost" / "cuMemFreeHost": fn(Ptr);
     mem_host_register = "cuMemHostRegister" / "cuMemHostRegister_v2": fn(Ptr, usize, c_uint);
