@@ -176,7 +176,14 @@ def run(check):
         xs = [torch.randn(1 << 18, generator=g).to(dev) * k for k in range(8)]
         del xs[::2]
         big = torch.cat(xs) + torch.randn(4 << 20, generator=g).to(dev)[: 4 << 18]
-        return digest(big.sum(0, keepdim=True))
+        # Grow the segment past several of its 20 MiB pages, give them back, grow again.
+        ys = [torch.full((5 << 20,), float(k), device=dev) for k in range(6)]
+        total = sum(float(y.sum()) for y in ys)
+        del ys
+        torch.cuda.empty_cache()
+        zs = [torch.arange(3 << 20, device=dev, dtype=torch.float32) * k for k in range(4)]
+        total += sum(float(z[::4096].sum()) for z in zs)
+        return f"{digest(big.sum(0, keepdim=True))} total={total}"
     if check == "memory_stats":
         free, total = torch.cuda.mem_get_info()
         x = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
