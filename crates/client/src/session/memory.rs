@@ -11,7 +11,7 @@ impl Session {
     /// of this process's own mappings, that allocation is kept (so the driver cannot hand it
     /// out again) and another asked for, up to [`MAX_VA_RETRIES`] times; the collided ones
     /// are freed at the end.
-    fn alloc_reserved<T>(
+    pub(super) fn alloc_reserved<T>(
         &self,
         ctx: RmHandle,
         alloc: impl Fn() -> CuResult<(u64, u64, T)>,

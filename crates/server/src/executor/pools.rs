@@ -169,7 +169,11 @@ impl Executor {
         Ok(handle_reply("RM_MEM_POOL_CREATE", r))
     }
 
-    pub(super) fn mem_pool_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+    pub(super) fn mem_pool_destroy(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let mut st = session.lock();
         let r = match st.get(h) {
@@ -207,7 +211,9 @@ impl Executor {
         call: &CallContext,
         a: RmPoolAttrArgs,
     ) -> ProcResult<RmU64Reply> {
-        let r = self.in_pool(call, a.pool, |b, p| b.mem_pool_get_attribute(p, a.attribute));
+        let r = self.in_pool(call, a.pool, |b, p| {
+            b.mem_pool_get_attribute(p, a.attribute)
+        });
         Ok(u64_reply("RM_MEM_POOL_GET_ATTRIBUTE", r))
     }
 

@@ -24,6 +24,7 @@ mod library;
 mod managed;
 mod mem;
 mod memcpy3d;
+mod pools;
 mod private;
 
 pub use self::core::*;
@@ -34,6 +35,7 @@ pub use library::*;
 pub use managed::*;
 pub use mem::*;
 pub use memcpy3d::*;
+pub use pools::*;
 pub use private::*;
 
 use std::ffi::c_void;

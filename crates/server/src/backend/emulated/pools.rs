@@ -320,7 +320,8 @@ impl MemPools for EmulatedBackend {
         let own = st.pool(pool)?.dev;
         for a in map {
             let dev = st.check_location(devices, a.location)?;
-            if !matches!(a.flags, 0 | 1 | PROT_READWRITE) || (dev == own && a.flags != PROT_READWRITE)
+            if !matches!(a.flags, 0 | 1 | PROT_READWRITE)
+                || (dev == own && a.flags != PROT_READWRITE)
             {
                 return Err(CuError(cu::INVALID_VALUE));
             }
