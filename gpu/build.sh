@@ -59,6 +59,9 @@ fi
 # mapped_memory: mapped (zero-copy) host memory through device and host pointers
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/mapped_memory" \
   "$src/tests/mapped_memory.cu"
+# stream_ordered: cudaMallocAsync/cudaFreeAsync on several streams, memory pools, graph memory nodes
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/stream_ordered" \
+  "$src/tests/stream_ordered.cu"
 # device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
   "$src/tests/device_props.cu"
