@@ -1847,8 +1847,7 @@ fn child_stream_ordered_allocation() {
     // right type.
     unsafe {
         let alloc: libloading::Symbol<AllocAsync> = lib.get(b"cuMemAllocAsync").unwrap();
-        let alloc_ptsz: libloading::Symbol<AllocAsync> =
-            lib.get(b"cuMemAllocAsync_ptsz").unwrap();
+        let alloc_ptsz: libloading::Symbol<AllocAsync> = lib.get(b"cuMemAllocAsync_ptsz").unwrap();
         let from_pool: libloading::Symbol<FromPool> = lib.get(b"cuMemAllocFromPoolAsync").unwrap();
         let free: libloading::Symbol<FreeAsync> = lib.get(b"cuMemFreeAsync").unwrap();
         let free_ptsz: libloading::Symbol<FreeAsync> = lib.get(b"cuMemFreeAsync_ptsz").unwrap();
@@ -1861,8 +1860,7 @@ fn child_stream_ordered_allocation() {
         let get: libloading::Symbol<Attr> = lib.get(b"cuMemPoolGetAttribute").unwrap();
         let set: libloading::Symbol<Attr> = lib.get(b"cuMemPoolSetAttribute").unwrap();
         let trim: libloading::Symbol<Trim> = lib.get(b"cuMemPoolTrimTo").unwrap();
-        let export: libloading::Symbol<ExportPointer> =
-            lib.get(b"cuMemPoolExportPointer").unwrap();
+        let export: libloading::Symbol<ExportPointer> = lib.get(b"cuMemPoolExportPointer").unwrap();
         init_with_context(&lib);
         let null = std::ptr::null_mut();
         // cuMemAllocAsync on the legacy stream: copies reach the allocation.
@@ -1906,7 +1904,11 @@ fn child_stream_ordered_allocation() {
         assert_eq!(trim(pool, 0), 0);
         assert_eq!(get(pool, 5, (&raw mut reserved).cast()), 0);
         assert_eq!(reserved, 0, "trimmed");
-        assert_eq!(get(pool, 99, (&raw mut reserved).cast()), 1, "unknown attribute");
+        assert_eq!(
+            get(pool, 99, (&raw mut reserved).cast()),
+            1,
+            "unknown attribute"
+        );
         assert_eq!(destroy(pool), 0);
         // Not carried: pools with shareable handles, IPC of pool pointers.
         let ipc = MemPoolProps {
