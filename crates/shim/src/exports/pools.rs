@@ -107,8 +107,9 @@ fn set_attribute(p: Handle, attr: c_int, value: *mut c_void) -> CuResult<()> {
     if value.is_null() {
         return Err(CuError(cu::INVALID_VALUE));
     }
-    // SAFETY: `value` points to the attribute's type per cuda.h (non-null checked above).
     let v = if int_attr(attr)? {
+        // SAFETY: `value` points to the attribute's type per cuda.h, an int here (non-null
+        // checked above).
         u64::from(unsafe { value.cast::<c_int>().read_unaligned() } != 0)
     } else {
         // SAFETY: as above, a cuuint64_t.
