@@ -62,6 +62,9 @@ fi
 # vmm: virtual memory management (expandable segments, aliasing), driver API in a runtime program
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/vmm" \
   "$src/tests/vmm.cu" "${link[@]}"
+# stream_ordered: cudaMallocAsync/cudaFreeAsync on several streams, memory pools, graph memory nodes
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/stream_ordered" \
+  "$src/tests/stream_ordered.cu"
 # device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
   "$src/tests/device_props.cu"

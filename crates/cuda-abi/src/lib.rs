@@ -13,6 +13,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+pub mod pools;
+
 /// `CU_MEMORYTYPE_HOST`.
 pub const MEMORYTYPE_HOST: c_uint = 1;
 /// `CU_MEMORYTYPE_DEVICE`.

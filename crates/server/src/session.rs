@@ -71,6 +71,13 @@ pub(crate) enum Resource {
         raw: u64,
         refs: u32,
     },
+    /// A memory pool (`session/pools.rs`): one the session created (`created`, destroyed
+    /// when the session ends), or a device's default or current pool, named when the session
+    /// first asked for it. Pools belong to devices, not contexts.
+    MemPool {
+        raw: u64,
+        created: bool,
+    },
 }
 
 /// A stream capture in progress (by the driver's capture id).
@@ -102,6 +109,9 @@ pub(crate) enum RangeKind {
     /// of the session, after its mappings ([`SessionState::mappings`]) are unmapped. Not bound
     /// to a context either.
     Reservation,
+    /// `cuMemAllocAsync`/`cuMemAllocFromPoolAsync`: freed with `cuMemFreeAsync` (or
+    /// `cuMemFree`); at cleanup after a context synchronize (`session/pools.rs`).
+    StreamOrdered,
 }
 
 impl Range {
@@ -113,6 +123,8 @@ impl Range {
         }
     }
 }
+
+mod pools;
 
 /// The data area and the offset in it where a copy's bytes land.
 pub(crate) type AreaTarget = (remora_oncrpc::DataArea, u64);
@@ -552,7 +564,9 @@ impl SessionState {
                 | Resource::Event { ctx: c, .. }
                 | Resource::Graph { ctx: c, .. }
                 | Resource::GraphExec { ctx: c, .. } => *c == ctx,
-                Resource::Context { .. } | Resource::MemHandle { .. } => false,
+                Resource::Context { .. }
+                | Resource::MemHandle { .. }
+                | Resource::MemPool { .. } => false,
             })
             .map(|(h, r)| (*h, r.clone()))
             .collect();
@@ -591,6 +605,7 @@ impl SessionState {
                 tracing::debug!(handle = h, error = e.0, "cleanup: the driver refused");
             }
         }
+        self.free_stream_ordered(backend, ctx, raw_ctx);
         let allocations: Vec<u64> = self
             .ranges
             .iter()
@@ -655,6 +670,8 @@ impl SessionState {
     /// Frees everything the session owns.
     pub(crate) fn release_all(&mut self, backend: &dyn Backend) {
         self.copies.drop_all();
+        // Stream-ordered allocations, then the pools they came from, while contexts live.
+        self.release_pools(backend);
         self.release_virtual_memory(backend);
         let mut contexts: Vec<(u64, i32, bool, u64)> = self
             .table

@@ -56,7 +56,8 @@ fn hello_reports_the_selected_gpus_over_unix_and_tcp() {
     )
     .unwrap();
     for endpoint in running.endpoints() {
-        let HelloReply::True(welcome) = hello(&endpoint, 1, 9).unwrap() else {
+        let HelloReply::True(welcome) = hello(&endpoint, 1, REMORA_PROTOCOL_REVISION).unwrap()
+        else {
             panic!("refused over {endpoint}")
         };
         assert_eq!(welcome.revision, REMORA_PROTOCOL_REVISION);

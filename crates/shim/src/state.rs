@@ -32,6 +32,8 @@ pub enum Kind {
     Graph = 0x88,
     /// CUgraphExec
     GraphExec = 0x99,
+    /// CUmemoryPool
+    MemPool = 0xAA,
 }
 
 /// The kind of a non-NULL handle, from its low byte.
@@ -50,6 +52,7 @@ pub fn kind_of(p: *mut c_void) -> Option<Kind> {
         Kind::Kernel,
         Kind::Graph,
         Kind::GraphExec,
+        Kind::MemPool,
     ]
     .into_iter()
     .find(|k| v & 0xFF == *k as u64)

@@ -1817,3 +1817,109 @@ fn child_library_kernel_without_context() {
     }
     println!("CHILD-OK");
 }
+
+#[test]
+fn emulated_stream_ordered_allocation() {
+    emulated_child("child_stream_ordered_allocation");
+}
+
+#[test]
+#[ignore = "run in a child process by emulated_stream_ordered_allocation"]
+fn child_stream_ordered_allocation() {
+    if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
+        return;
+    }
+    use remora_cuda_abi::pools::{MemLocation, MemPoolProps};
+    type AllocAsync = unsafe extern "C" fn(*mut u64, usize, *mut c_void) -> c_int;
+    type FromPool = unsafe extern "C" fn(*mut u64, usize, *mut c_void, *mut c_void) -> c_int;
+    type FreeAsync = unsafe extern "C" fn(u64, *mut c_void) -> c_int;
+    type Htod = unsafe extern "C" fn(u64, *const c_void, usize) -> c_int;
+    type Dtoh = unsafe extern "C" fn(*mut c_void, u64, usize) -> c_int;
+    type DefaultPool = unsafe extern "C" fn(*mut *mut c_void, c_int) -> c_int;
+    type Create = unsafe extern "C" fn(*mut *mut c_void, *const MemPoolProps) -> c_int;
+    type Destroy = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type Attr = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> c_int;
+    type Trim = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
+    type ExportPointer = unsafe extern "C" fn(*mut c_void, u64) -> c_int;
+    // SAFETY: loading our own shim.
+    let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals of the
+    // right type.
+    unsafe {
+        let alloc: libloading::Symbol<AllocAsync> = lib.get(b"cuMemAllocAsync").unwrap();
+        let alloc_ptsz: libloading::Symbol<AllocAsync> = lib.get(b"cuMemAllocAsync_ptsz").unwrap();
+        let from_pool: libloading::Symbol<FromPool> = lib.get(b"cuMemAllocFromPoolAsync").unwrap();
+        let free: libloading::Symbol<FreeAsync> = lib.get(b"cuMemFreeAsync").unwrap();
+        let free_ptsz: libloading::Symbol<FreeAsync> = lib.get(b"cuMemFreeAsync_ptsz").unwrap();
+        let htod: libloading::Symbol<Htod> = lib.get(b"cuMemcpyHtoD_v2").unwrap();
+        let dtoh: libloading::Symbol<Dtoh> = lib.get(b"cuMemcpyDtoH_v2").unwrap();
+        let default_pool: libloading::Symbol<DefaultPool> =
+            lib.get(b"cuDeviceGetDefaultMemPool").unwrap();
+        let create: libloading::Symbol<Create> = lib.get(b"cuMemPoolCreate").unwrap();
+        let destroy: libloading::Symbol<Destroy> = lib.get(b"cuMemPoolDestroy").unwrap();
+        let get: libloading::Symbol<Attr> = lib.get(b"cuMemPoolGetAttribute").unwrap();
+        let set: libloading::Symbol<Attr> = lib.get(b"cuMemPoolSetAttribute").unwrap();
+        let trim: libloading::Symbol<Trim> = lib.get(b"cuMemPoolTrimTo").unwrap();
+        let export: libloading::Symbol<ExportPointer> = lib.get(b"cuMemPoolExportPointer").unwrap();
+        init_with_context(&lib);
+        let null = std::ptr::null_mut();
+        // cuMemAllocAsync on the legacy stream: copies reach the allocation.
+        let mut p = 0u64;
+        assert_eq!(alloc(&mut p, 4096, null), 0);
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        assert_eq!(htod(p, data.as_ptr().cast(), 4096), 0);
+        let mut back = vec![0u8; 4096];
+        assert_eq!(dtoh(back.as_mut_ptr().cast(), p, 4096), 0);
+        assert_eq!(back, data);
+        // The per-thread stream forms.
+        let mut q = 0u64;
+        assert_eq!(alloc_ptsz(&mut q, 1024, null), 0);
+        assert_eq!(free_ptsz(q, null), 0);
+        // The default pool counts what is allocated from it.
+        let mut dp = null;
+        assert_eq!(default_pool(&mut dp, 0), 0);
+        let mut used = 0u64;
+        assert_eq!(get(dp, 7, (&raw mut used).cast()), 0);
+        assert_eq!(used, 4096, "CU_MEMPOOL_ATTR_USED_MEM_CURRENT");
+        assert_eq!(destroy(dp), 1, "the default pool cannot be destroyed");
+        // A created pool: int and 64-bit attributes, reuse of its cache, trim.
+        let props = MemPoolProps {
+            alloc_type: 1,
+            location: MemLocation { kind: 1, id: 0 },
+            ..MemPoolProps::default()
+        };
+        let mut pool = null;
+        assert_eq!(create(&mut pool, &props), 0);
+        let mut follow: c_int = -1;
+        assert_eq!(get(pool, 1, (&raw mut follow).cast()), 0);
+        assert_eq!(follow, 1, "CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES");
+        let mut keep = u64::MAX;
+        assert_eq!(set(pool, 4, (&raw mut keep).cast()), 0);
+        let mut r = 0u64;
+        assert_eq!(from_pool(&mut r, 65536, pool, null), 0);
+        assert_eq!(free(r, null), 0);
+        let mut reserved = 0u64;
+        assert_eq!(get(pool, 5, (&raw mut reserved).cast()), 0);
+        assert_eq!(reserved, 65536, "kept under the release threshold");
+        assert_eq!(trim(pool, 0), 0);
+        assert_eq!(get(pool, 5, (&raw mut reserved).cast()), 0);
+        assert_eq!(reserved, 0, "trimmed");
+        assert_eq!(
+            get(pool, 99, (&raw mut reserved).cast()),
+            1,
+            "unknown attribute"
+        );
+        assert_eq!(destroy(pool), 0);
+        // Not carried: pools with shareable handles, IPC of pool pointers.
+        let ipc = MemPoolProps {
+            handle_types: 1,
+            ..props
+        };
+        assert_eq!(create(&mut pool, &ipc), 801);
+        let mut share = [0u8; 64];
+        assert_eq!(export(share.as_mut_ptr().cast(), p), 801);
+        assert_eq!(free(p, null), 0);
+        assert_eq!(htod(p, data.as_ptr().cast(), 16), 1, "freed");
+    }
+    println!("CHILD-OK");
+}

@@ -441,6 +441,7 @@ mod launches;
 pub use launches::{KernelArgs, LaunchConfig};
 mod memory;
 mod modules;
+mod pools;
 mod streams;
 mod vmm;
 

@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 use remora_proto::remora::{RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs};
 
 use super::emulated_kernels;
+
+mod pools;
 use super::{
     Backend, CaptureInfo, Copy3d, CopyPlace, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
     LaunchSpec, LoadedModule, StagedCopy,
@@ -212,6 +214,8 @@ struct State {
     reserved: BTreeMap<u64, u64>,
     /// Mappings: base → mapping.
     mapped: BTreeMap<u64, EmuMapping>,
+    /// Memory pools and their stream-ordered allocations (`emulated/pools.rs`).
+    pools: pools::Pools,
 }
 
 /// The queue of a context's host-function thread: (context, stream) and the function.
@@ -892,6 +896,8 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.ctx(ctx)?;
         match st.allocs.get(&ptr) {
+            // cuMemFree of a stream-ordered allocation gives it back to its pool.
+            Some(_) if st.pools.owns(ptr) => st.pool_free(ptr),
             Some(a) if !a.global => st.free(ptr),
             _ => Err(CuError(cu::INVALID_VALUE)),
         }

@@ -46,10 +46,11 @@ impl Executor {
     pub(super) fn mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
         let session = self.session(call);
         let mut st = session.lock();
+        // A stream-ordered allocation may be freed with cuMemFree too, as natively.
         let r = match st.ranges.get(&a.ptr).copied() {
             Some(
                 r @ Range {
-                    kind: RangeKind::Alloc,
+                    kind: RangeKind::Alloc | RangeKind::StreamOrdered,
                     ..
                 },
             ) => st.ctx(r.ctx),

@@ -32,6 +32,7 @@ mod contexts;
 mod copies;
 mod memory;
 mod modules;
+mod pools;
 mod procedures;
 mod streams;
 mod vmm;

@@ -77,6 +77,22 @@ impl RemoraV1Server for Executor {
         rm_mem_retain_handle(RmPtrArgs) -> RmHandleReply => mem_retain_handle;
     }
 
+    // Stream-ordered allocation and memory pools (revision 10): `executor/pools.rs`.
+    forward! {
+        rm_mem_alloc_async(RmAllocAsyncArgs) -> RmU64Reply => mem_alloc_async;
+        rm_mem_free_async(RmFreeAsyncArgs) -> CuResult_ => mem_free_async;
+        rm_device_get_default_mem_pool(i32) -> RmHandleReply => device_get_default_mem_pool;
+        rm_device_get_mem_pool(i32) -> RmHandleReply => device_get_mem_pool;
+        rm_device_set_mem_pool(RmDevicePoolArgs) -> CuResult_ => device_set_mem_pool;
+        rm_mem_pool_create(RmPoolProps) -> RmHandleReply => mem_pool_create;
+        rm_mem_pool_destroy(RmHandle) -> CuResult_ => mem_pool_destroy;
+        rm_mem_pool_set_attribute(RmPoolAttrArgs) -> CuResult_ => mem_pool_set_attribute;
+        rm_mem_pool_get_attribute(RmPoolAttrArgs) -> RmU64Reply => mem_pool_get_attribute;
+        rm_mem_pool_trim_to(RmPoolTrimArgs) -> CuResult_ => mem_pool_trim_to;
+        rm_mem_pool_set_access(RmPoolSetAccessArgs) -> CuResult_ => mem_pool_set_access;
+        rm_mem_pool_get_access(RmPoolGetAccessArgs) -> RmIntReply => mem_pool_get_access;
+    }
+
     fn remora_null(&self, _call: &CallContext) -> ProcResult<()> {
         Ok(())
     }

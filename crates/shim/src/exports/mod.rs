@@ -24,6 +24,7 @@ mod library;
 mod managed;
 mod mem;
 mod memcpy3d;
+mod pools;
 mod private;
 mod vmm;
 
@@ -35,6 +36,7 @@ pub use library::*;
 pub use managed::*;
 pub use mem::*;
 pub use memcpy3d::*;
+pub use pools::*;
 pub use private::*;
 pub use vmm::*;
 

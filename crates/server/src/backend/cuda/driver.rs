@@ -13,6 +13,7 @@ use libloading::Library;
 use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::abi::{LaunchConfig, MemAccessDesc, MemAllocationProp, MemLocation, Memcpy2D, Memcpy3D};
+use remora_cuda_abi::pools::MemPoolProps;
 
 pub(super) type Ptr = *mut c_void;
 pub(super) type Res = c_int;
@@ -167,6 +168,20 @@ driver_table! {
     graph_destroy = "cuGraphDestroy" / "cuGraphDestroy": fn(Ptr);
     graph_get_nodes = "cuGraphGetNodes" / "cuGraphGetNodes": fn(Ptr, *mut Ptr, *mut usize);
     get_export_table = "cuGetExportTable" / "cuGetExportTable": fn(*mut *const c_void, *const [u8; 16]);
+    // Stream-ordered allocation and memory pools (backend/cuda/pools.rs).
+    mem_alloc_async = "cuMemAllocAsync" / "cuMemAllocAsync": fn(*mut u64, usize, Ptr);
+    mem_alloc_from_pool_async = "cuMemAllocFromPoolAsync" / "cuMemAllocFromPoolAsync": fn(*mut u64, usize, Ptr, Ptr);
+    mem_free_async = "cuMemFreeAsync" / "cuMemFreeAsync": fn(u64, Ptr);
+    device_get_default_mem_pool = "cuDeviceGetDefaultMemPool" / "cuDeviceGetDefaultMemPool": fn(*mut Ptr, c_int);
+    device_get_mem_pool = "cuDeviceGetMemPool" / "cuDeviceGetMemPool": fn(*mut Ptr, c_int);
+    device_set_mem_pool = "cuDeviceSetMemPool" / "cuDeviceSetMemPool": fn(c_int, Ptr);
+    mem_pool_create = "cuMemPoolCreate" / "cuMemPoolCreate": fn(*mut Ptr, *const MemPoolProps);
+    mem_pool_destroy = "cuMemPoolDestroy" / "cuMemPoolDestroy": fn(Ptr);
+    mem_pool_set_attribute = "cuMemPoolSetAttribute" / "cuMemPoolSetAttribute": fn(Ptr, c_int, *mut c_void);
+    mem_pool_get_attribute = "cuMemPoolGetAttribute" / "cuMemPoolGetAttribute": fn(Ptr, c_int, *mut c_void);
+    mem_pool_trim_to = "cuMemPoolTrimTo" / "cuMemPoolTrimTo": fn(Ptr, usize);
+    mem_pool_set_access = "cuMemPoolSetAccess" / "cuMemPoolSetAccess": fn(Ptr, *const MemAccessDesc, usize);
+    mem_pool_get_access = "cuMemPoolGetAccess" / "cuMemPoolGetAccess": fn(*mut c_int, Ptr, *mut MemLocation);
 }
 
 /// Calls a driver entry point, or answers cu::NOT_SUPPORTED when the driver lacks it.

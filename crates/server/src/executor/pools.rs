@@ -1,0 +1,256 @@
+//! Procedures of stream-ordered allocation and memory pools (revision 10): `cuMemAllocAsync`,
+//! `cuMemFreeAsync`, `cuMemAllocFromPoolAsync`, the device pool queries and the `cuMemPool*`
+//! calls. Pools are session handles ([`Resource::MemPool`]); every stream-ordered allocation is
+//! a session range ([`RangeKind::StreamOrdered`]) so copies into it pass the bounds check.
+
+use super::*;
+use crate::backend::pools::{MemAccessDesc, MemLocation, PoolProps};
+use remora_proto::cuda::{CuError, cu};
+
+fn location(l: &RmPoolLocation) -> MemLocation {
+    MemLocation {
+        kind: l.kind,
+        id: l.id,
+    }
+}
+
+impl Executor {
+    /// `run(backend, raw pool)` for pool handle `h` (resolved under the session lock, run
+    /// without it).
+    fn in_pool<T>(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+        run: impl FnOnce(&dyn Backend, u64) -> CuResult<T>,
+    ) -> CuResult<T> {
+        self.resolved(&self.session(call), |st| st.mem_pool(h), run)
+    }
+
+    pub(super) fn mem_alloc_async(
+        &self,
+        call: &CallContext,
+        a: RmAllocAsyncArgs,
+    ) -> ProcResult<RmU64Reply> {
+        let session = self.session(call);
+        let resolved = {
+            let st = session.lock();
+            stream_target(&st, a.ctx, a.stream).and_then(|t| {
+                let pool = match a.pool {
+                    0 => None,
+                    h => Some(st.mem_pool(h)?),
+                };
+                Ok((t, pool))
+            })
+        };
+        let r = resolved.and_then(|(t, pool)| {
+            let b = &*self.inner.backend;
+            let ptr = match pool {
+                None => b.mem_alloc_async(t.ctx, t.stream, a.bytesize),
+                Some(p) => b.mem_alloc_from_pool_async(t.ctx, t.stream, a.bytesize, p),
+            }?;
+            Ok((ptr, t.ctx_handle))
+        });
+        let r = r.map(|(ptr, ctx)| {
+            session.lock().ranges.insert(
+                ptr,
+                Range {
+                    size: a.bytesize,
+                    ctx,
+                    kind: RangeKind::StreamOrdered,
+                },
+            );
+            ptr
+        });
+        Ok(u64_reply("RM_MEM_ALLOC_ASYNC", r))
+    }
+
+    pub(super) fn mem_free_async(
+        &self,
+        call: &CallContext,
+        a: RmFreeAsyncArgs,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        // The lock is held across the (non-blocking) driver call, as for RM_MEM_FREE: two
+        // threads freeing one pointer must not both reach the driver.
+        let mut st = session.lock();
+        let r = stream_target(&st, a.ctx, a.stream).and_then(|t| {
+            match st.ranges.get(&a.ptr) {
+                Some(r) if r.kind == RangeKind::StreamOrdered => {}
+                _ => return Err(CuError(cu::INVALID_VALUE)),
+            }
+            self.inner.backend.mem_free_async(t.ctx, t.stream, a.ptr)
+        });
+        if r.is_ok() {
+            st.ranges.remove(&a.ptr);
+        }
+        Ok(code("RM_MEM_FREE_ASYNC", r))
+    }
+
+    /// The session handle of the pool `get(backend, device)` answers.
+    fn device_pool(
+        &self,
+        call: &CallContext,
+        what: &str,
+        dev: i32,
+        get: impl FnOnce(&dyn Backend, i32) -> CuResult<u64>,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let r = self
+            .inner
+            .check_device(dev)
+            .and_then(|()| get(&*self.inner.backend, dev))
+            .map(|raw| session.lock().pool_handle(raw));
+        Ok(handle_reply(what, r))
+    }
+
+    pub(super) fn device_get_default_mem_pool(
+        &self,
+        call: &CallContext,
+        dev: i32,
+    ) -> ProcResult<RmHandleReply> {
+        self.device_pool(call, "RM_DEVICE_GET_DEFAULT_MEM_POOL", dev, |b, d| {
+            b.device_get_default_mem_pool(d)
+        })
+    }
+
+    pub(super) fn device_get_mem_pool(
+        &self,
+        call: &CallContext,
+        dev: i32,
+    ) -> ProcResult<RmHandleReply> {
+        self.device_pool(call, "RM_DEVICE_GET_MEM_POOL", dev, |b, d| {
+            b.device_get_mem_pool(d)
+        })
+    }
+
+    pub(super) fn device_set_mem_pool(
+        &self,
+        call: &CallContext,
+        a: RmDevicePoolArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self
+            .inner
+            .check_device(a.device)
+            .and_then(|()| self.in_pool(call, a.pool, |b, p| b.device_set_mem_pool(a.device, p)));
+        Ok(code("RM_DEVICE_SET_MEM_POOL", r))
+    }
+
+    pub(super) fn mem_pool_create(
+        &self,
+        call: &CallContext,
+        a: RmPoolProps,
+    ) -> ProcResult<RmHandleReply> {
+        if a.handle_types != 0 {
+            tracing::warn!(
+                handle_types = a.handle_types,
+                "remora: cuMemPoolCreate of a pool that exports shareable handles: IPC of memory pools is not carried by Remora; returning CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Ok(handle_reply(
+                "RM_MEM_POOL_CREATE",
+                Err(CuError(cu::NOT_SUPPORTED)),
+            ));
+        }
+        let session = self.session(call);
+        let r = u16::try_from(a.usage)
+            .map_err(|_| CuError(cu::INVALID_VALUE))
+            .and_then(|usage| {
+                self.inner.backend.mem_pool_create(&PoolProps {
+                    alloc_type: a.alloc_type,
+                    location: location(&a.location),
+                    max_size: a.max_size,
+                    usage,
+                })
+            })
+            .map(|raw| {
+                session
+                    .lock()
+                    .insert(Resource::MemPool { raw, created: true })
+            });
+        Ok(handle_reply("RM_MEM_POOL_CREATE", r))
+    }
+
+    pub(super) fn mem_pool_destroy(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = match st.get(h) {
+            Ok(Resource::MemPool {
+                raw, created: true, ..
+            }) => {
+                let raw = *raw;
+                let r = self.inner.backend.mem_pool_destroy(raw);
+                if r.is_ok() {
+                    st.remove(h);
+                }
+                r
+            }
+            // A device's default pool (or one the session did not make): natively the
+            // default pool cannot be destroyed.
+            Ok(Resource::MemPool { .. }) => Err(CuError(cu::INVALID_VALUE)),
+            _ => Err(CuError(cu::INVALID_HANDLE)),
+        };
+        Ok(code("RM_MEM_POOL_DESTROY", r))
+    }
+
+    pub(super) fn mem_pool_set_attribute(
+        &self,
+        call: &CallContext,
+        a: RmPoolAttrArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self.in_pool(call, a.pool, |b, p| {
+            b.mem_pool_set_attribute(p, a.attribute, a.value)
+        });
+        Ok(code("RM_MEM_POOL_SET_ATTRIBUTE", r))
+    }
+
+    pub(super) fn mem_pool_get_attribute(
+        &self,
+        call: &CallContext,
+        a: RmPoolAttrArgs,
+    ) -> ProcResult<RmU64Reply> {
+        let r = self.in_pool(call, a.pool, |b, p| {
+            b.mem_pool_get_attribute(p, a.attribute)
+        });
+        Ok(u64_reply("RM_MEM_POOL_GET_ATTRIBUTE", r))
+    }
+
+    pub(super) fn mem_pool_trim_to(
+        &self,
+        call: &CallContext,
+        a: RmPoolTrimArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self.in_pool(call, a.pool, |b, p| b.mem_pool_trim_to(p, a.keep));
+        Ok(code("RM_MEM_POOL_TRIM_TO", r))
+    }
+
+    pub(super) fn mem_pool_set_access(
+        &self,
+        call: &CallContext,
+        a: RmPoolSetAccessArgs,
+    ) -> ProcResult<CuResult_> {
+        let map: Vec<MemAccessDesc> = a
+            .map
+            .iter()
+            .map(|d| MemAccessDesc {
+                location: location(&d.location),
+                flags: d.flags,
+            })
+            .collect();
+        let r = self.in_pool(call, a.pool, |b, p| b.mem_pool_set_access(p, &map));
+        Ok(code("RM_MEM_POOL_SET_ACCESS", r))
+    }
+
+    pub(super) fn mem_pool_get_access(
+        &self,
+        call: &CallContext,
+        a: RmPoolGetAccessArgs,
+    ) -> ProcResult<RmIntReply> {
+        let r = self.in_pool(call, a.pool, |b, p| {
+            b.mem_pool_get_access(p, location(&a.location))
+        });
+        Ok(int_reply("RM_MEM_POOL_GET_ACCESS", r))
+    }
+}
