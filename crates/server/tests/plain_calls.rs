@@ -49,3 +49,56 @@ fn generated_calls_resolve_handles_and_return_results() {
     s.stream_destroy(a).unwrap();
     s.stream_destroy(b).unwrap();
 }
+
+#[test]
+fn memset_rows_fill_each_row_and_stay_inside_the_allocation() {
+    use remora_client::proto::RmMemset2dArgs;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let (pitch, rows) = (256u64, 8u64);
+    let p = s.mem_alloc(ctx, pitch * rows).unwrap();
+    s.memcpy_htod(ctx, LEGACY, p, &vec![0u8; (pitch * rows) as usize])
+        .unwrap();
+    let args = |dst, value, element_size, width, height| RmMemset2dArgs {
+        ctx,
+        stream: LEGACY,
+        dst,
+        pitch,
+        value,
+        element_size,
+        width,
+        height,
+    };
+    // Bytes 16..116 of every row.
+    s.memset_rows(&args(p + 16, 0xab, 1, 100, rows)).unwrap();
+    // The last 32 bytes of rows 2..6 as u32, on the stream.
+    s.memset_rows_async(&args(p + 2 * pitch + 224, 0x0102_0304, 4, 8, 4))
+        .unwrap();
+    s.stream_synchronize(ctx, LEGACY).unwrap();
+    let mut out = vec![0u8; (pitch * rows) as usize];
+    s.memcpy_dtoh(ctx, LEGACY, p, &mut out).unwrap();
+    for (r, row) in out.chunks(pitch as usize).enumerate() {
+        for (i, b) in row.iter().enumerate() {
+            let want = if (16..116).contains(&i) {
+                0xab
+            } else if (2..6).contains(&r) && i >= 224 {
+                [4, 3, 2, 1][i % 4]
+            } else {
+                0
+            };
+            assert_eq!(*b, want, "row {r} byte {i}");
+        }
+    }
+    // One row too many, or rows wider than the pitch: refused before the backend.
+    assert_eq!(
+        s.memset_rows(&args(p + 16, 0, 1, 100, rows + 1)),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    assert_eq!(
+        s.memset_rows(&args(p, 0, 1, pitch + 1, 2)),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    s.mem_free(ctx, p).unwrap();
+}

@@ -237,6 +237,25 @@ impl Session {
         }))
     }
 
+    /// `cuMemsetD2D8/16/32` (synchronous; revision 10): `height` rows, `pitch` bytes apart.
+    pub fn memset_rows(&self, args: &RmMemset2dArgs) -> CuResult<()> {
+        self.need_revision(10, "cuMemsetD2D8/16/32")?;
+        if ![1, 2, 4].contains(&args.element_size) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let r = call!(self.rm_memset_rows(args))?;
+        self.finish_sync(r)
+    }
+
+    /// `cuMemsetD2D*Async`: one-way (revision 10).
+    pub fn memset_rows_async(&self, args: &RmMemset2dArgs) -> CuResult<()> {
+        self.need_revision(10, "cuMemsetD2D8/16/32Async")?;
+        if ![1, 2, 4].contains(&args.element_size) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        call!(self.rm_memset_rows_async(args))
+    }
+
     /// `cuMemsetD*Async`: one-way.
     pub fn memset_async(&self, args: &RmMemsetArgs) -> CuResult<()> {
         if ![1, 2, 4].contains(&args.element_size) {

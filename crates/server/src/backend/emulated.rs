@@ -38,7 +38,7 @@ use super::emulated_kernels;
 mod pools;
 use super::{
     Backend, CaptureInfo, Copy3d, CopyPlace, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
-    LaunchSpec, LoadedModule, StagedCopy,
+    LaunchSpec, LoadedModule, Memset, StagedCopy,
 };
 
 /// First line of the emulated test module format.
@@ -1238,35 +1238,35 @@ impl Backend for EmulatedBackend {
         Ok(())
     }
 
-    fn memset(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        value: u32,
-        elem: u32,
-        count: u64,
-    ) -> CuResult<()> {
+    fn memset(&self, ctx: u64, stream: Option<u64>, m: &Memset) -> CuResult<()> {
         let mut st = self.lock();
         let s = stream.unwrap_or(LEGACY_STREAM);
         st.stream(ctx, s)?;
-        if !matches!(elem, 1 | 2 | 4) || !dst.is_multiple_of(u64::from(elem)) {
+        let elem = m.elem;
+        let (row, span) = m.extent().ok_or(CuError(cu::INVALID_VALUE))?;
+        if !m.dst.is_multiple_of(u64::from(elem))
+            || (m.height > 1 && !m.pitch.is_multiple_of(u64::from(elem)))
+        {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        let len = count
-            .checked_mul(u64::from(elem))
-            .ok_or(CuError(cu::INVALID_VALUE))?;
-        st.range(dst, len)?;
-        let op = EmuOp::Memset {
-            dst,
-            value,
-            elem,
-            count,
-        };
-        if stream.is_some() && st.capture(ctx, s, op) {
+        // The whole span lies in one allocation.
+        st.range(m.dst, span)?;
+        let rows: Vec<u64> = (0..m.height).map(|r| m.dst + r * m.pitch).collect();
+        if stream.is_some() && st.capturing.contains_key(&(ctx, s)) {
+            for dst in rows {
+                let op = EmuOp::Memset {
+                    dst,
+                    value: m.value,
+                    elem,
+                    count: m.width,
+                };
+                st.capture(ctx, s, op);
+            }
             return Ok(());
         }
-        fill(st.range(dst, len)?, value, elem);
+        for dst in rows {
+            fill(st.range(dst, row)?, m.value, elem);
+        }
         Ok(())
     }
 

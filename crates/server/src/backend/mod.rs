@@ -57,6 +57,55 @@ pub struct LoadedModule {
     pub functions: Vec<FunctionInfo>,
 }
 
+/// A memset: `height` rows of `width` elements of `elem` bytes (1, 2 or 4), `pitch` bytes
+/// apart (a 1-D memset is one row; its pitch is not used).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memset {
+    /// First byte.
+    pub dst: u64,
+    /// The value; its low 8, 16 or 32 bits are used.
+    pub value: u32,
+    /// Element size in bytes.
+    pub elem: u32,
+    /// Elements per row.
+    pub width: u64,
+    /// Rows.
+    pub height: u64,
+    /// Bytes between rows.
+    pub pitch: u64,
+}
+
+impl Memset {
+    /// A 1-D memset of `count` elements.
+    pub fn linear(dst: u64, value: u32, elem: u32, count: u64) -> Self {
+        Self {
+            dst,
+            value,
+            elem,
+            width: count,
+            height: 1,
+            pitch: 0,
+        }
+    }
+
+    /// The bytes of one row, and of the whole span from the first byte past the last
+    /// (`None` on overflow, a bad element size, or rows that overlap).
+    pub fn extent(&self) -> Option<(u64, u64)> {
+        if !matches!(self.elem, 1 | 2 | 4) {
+            return None;
+        }
+        let row = self.width.checked_mul(u64::from(self.elem))?;
+        if self.height <= 1 {
+            return Some((row, if self.height == 0 { 0 } else { row }));
+        }
+        if self.pitch < row {
+            return None;
+        }
+        let span = self.pitch.checked_mul(self.height - 1)?.checked_add(row)?;
+        Some((row, span))
+    }
+}
+
 /// A kernel launch, with its parameters already checked against the function's layout.
 #[derive(Debug)]
 pub struct LaunchSpec<'a> {
@@ -404,16 +453,8 @@ pub trait Backend: MemPools + Send + Sync + 'static {
     ) -> CuResult<Box<dyn StagedCopy>>;
     /// `cuMemcpyPeer` (`stream` `None`) or `cuMemcpyPeerAsync`; `ctx` is the calling context.
     fn memcpy_peer(&self, ctx: u64, stream: Option<u64>, copy: PeerCopy) -> CuResult<()>;
-    /// `cuMemsetD8/16/32` (`stream` `None`) or their async forms; `elem` is 1, 2 or 4.
-    fn memset(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        value: u32,
-        elem: u32,
-        count: u64,
-    ) -> CuResult<()>;
+    /// `cuMemsetD8/16/32` and `cuMemsetD2D8/16/32` (`stream` `None`) or their async forms.
+    fn memset(&self, ctx: u64, stream: Option<u64>, m: &Memset) -> CuResult<()>;
 
     /// `cuModuleLoadData` plus the function list with parameter layouts.
     fn module_load(&self, ctx: u64, image: &[u8]) -> CuResult<LoadedModule>;

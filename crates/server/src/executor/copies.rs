@@ -78,7 +78,10 @@ impl Executor {
             call,
             "RM_MEMSET",
             |st| memset_target(st, &a),
-            |b, (c, _)| b.memset(c, None, a.dst, a.value, a.element_size, a.count),
+            |b, (c, _)| {
+                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
+                b.memset(c, None, &m)
+            },
         )
     }
 
@@ -613,4 +616,23 @@ pub(super) fn memset_target(st: &SessionState, a: &RmMemsetArgs) -> CuResult<(u6
         .ok_or(CuError(cu::INVALID_VALUE))?;
     st.check_range(a.dst, len)?;
     Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
+}
+
+/// `((raw context, raw stream), memset)` of a 2-D memset whose rows lie inside one range of
+/// the session.
+pub(super) fn memset_2d_target(
+    st: &SessionState,
+    a: &RmMemset2dArgs,
+) -> CuResult<((u64, u64), Memset)> {
+    let m = Memset {
+        dst: a.dst,
+        value: a.value,
+        elem: a.element_size,
+        width: a.width,
+        height: a.height,
+        pitch: a.pitch,
+    };
+    let (_, span) = m.extent().ok_or(CuError(cu::INVALID_VALUE))?;
+    st.check_range(a.dst, span)?;
+    Ok(((st.ctx(a.ctx)?, st.stream(a.stream)?), m))
 }

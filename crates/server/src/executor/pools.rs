@@ -75,7 +75,9 @@ impl Executor {
         let mut st = session.lock();
         let r = stream_target(&st, a.ctx, a.stream).and_then(|t| {
             match st.ranges.get(&a.ptr) {
-                Some(r) if r.kind == RangeKind::StreamOrdered => {}
+                // cuMemAlloc memory too: the driver accepts it (cuSPARSE frees some of its
+                // buffers so) and decides.
+                Some(r) if matches!(r.kind, RangeKind::StreamOrdered | RangeKind::Alloc) => {}
                 _ => return Err(CuError(cu::INVALID_VALUE)),
             }
             self.inner.backend.mem_free_async(t.ctx, t.stream, a.ptr)

@@ -2,7 +2,7 @@
 //! answered here; the longer ones call the `Executor` methods of the concern modules.
 
 use super::capture::graph_exec_target;
-use super::copies::{memset_target, peer_target};
+use super::copies::{memset_2d_target, memset_target, peer_target};
 use super::*;
 use remora_proto::cuda::{CuError, cu};
 
@@ -170,7 +170,29 @@ impl RemoraV1Server for Executor {
             "RM_MEMSET_ASYNC",
             (a.ctx, a.stream),
             |st| memset_target(st, &a),
-            |b, (c, s)| b.memset(c, Some(s), a.dst, a.value, a.element_size, a.count),
+            |b, (c, s)| {
+                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
+                b.memset(c, Some(s), &m)
+            },
+        )
+    }
+
+    fn rm_memset_rows(&self, call: &CallContext, a: RmMemset2dArgs) -> ProcResult<RmSyncReply> {
+        self.sync_call(
+            call,
+            "RM_MEMSET_ROWS",
+            |st| memset_2d_target(st, &a),
+            |b, ((c, _), m)| b.memset(c, None, &m),
+        )
+    }
+
+    fn rm_memset_rows_async(&self, call: &CallContext, a: RmMemset2dArgs) -> ProcResult<()> {
+        self.oneway_on_stream(
+            call,
+            "RM_MEMSET_ROWS_ASYNC",
+            (a.ctx, a.stream),
+            |st| memset_2d_target(st, &a),
+            |b, ((c, s), m)| b.memset(c, Some(s), &m),
         )
     }
 

@@ -3,7 +3,7 @@
 use std::ffi::{c_int, c_uint, c_void};
 
 use remora_client::host::HostRange;
-use remora_client::proto::RmMemsetArgs;
+use remora_client::proto::{RmMemset2dArgs, RmMemsetArgs};
 use remora_client::{CuError, CuResult, PointerKind, cu};
 
 use super::{DevPtr, Handle};
@@ -273,6 +273,34 @@ fn dtod(dst: DevPtr, src: DevPtr, n: usize, stream: Option<(Handle, bool)>) -> C
     }
 }
 
+/// `cuMemsetD2D*`: `height` rows of `width` elements, `pitch` bytes apart.
+fn memset_rows(
+    (dst, pitch): (DevPtr, usize),
+    value: u32,
+    element_size: u32,
+    (width, height): (usize, usize),
+    stream: Option<(Handle, bool)>,
+) -> CuResult<()> {
+    let (s, ctx) = ctx_session()?;
+    let mut args = RmMemset2dArgs {
+        ctx,
+        stream: 1,
+        dst,
+        pitch: pitch as u64,
+        value,
+        element_size,
+        width: width as u64,
+        height: height as u64,
+    };
+    match stream {
+        Some((st, ptds)) => {
+            args.stream = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
+            s.memset_rows_async(&args)
+        }
+        None => s.memset_rows(&args),
+    }
+}
+
 fn memset(
     dst: DevPtr,
     value: u32,
@@ -332,6 +360,18 @@ copies! {
     cuMemsetD16Async_ptsz(dst: DevPtr, v: u16, n: usize, st: Handle) => memset(dst, v.into(), 2, n, Some((st, true)));
     cuMemsetD32Async(dst: DevPtr, v: u32, n: usize, st: Handle) => memset(dst, v, 4, n, Some((st, false)));
     cuMemsetD32Async_ptsz(dst: DevPtr, v: u32, n: usize, st: Handle) => memset(dst, v, 4, n, Some((st, true)));
+    cuMemsetD2D8_v2(dst: DevPtr, p: usize, v: u8, w: usize, h: usize) => memset_rows((dst, p), v.into(), 1, (w, h), None);
+    cuMemsetD2D8_v2_ptds(dst: DevPtr, p: usize, v: u8, w: usize, h: usize) => memset_rows((dst, p), v.into(), 1, (w, h), None);
+    cuMemsetD2D16_v2(dst: DevPtr, p: usize, v: u16, w: usize, h: usize) => memset_rows((dst, p), v.into(), 2, (w, h), None);
+    cuMemsetD2D16_v2_ptds(dst: DevPtr, p: usize, v: u16, w: usize, h: usize) => memset_rows((dst, p), v.into(), 2, (w, h), None);
+    cuMemsetD2D32_v2(dst: DevPtr, p: usize, v: u32, w: usize, h: usize) => memset_rows((dst, p), v, 4, (w, h), None);
+    cuMemsetD2D32_v2_ptds(dst: DevPtr, p: usize, v: u32, w: usize, h: usize) => memset_rows((dst, p), v, 4, (w, h), None);
+    cuMemsetD2D8Async(dst: DevPtr, p: usize, v: u8, w: usize, h: usize, st: Handle) => memset_rows((dst, p), v.into(), 1, (w, h), Some((st, false)));
+    cuMemsetD2D8Async_ptsz(dst: DevPtr, p: usize, v: u8, w: usize, h: usize, st: Handle) => memset_rows((dst, p), v.into(), 1, (w, h), Some((st, true)));
+    cuMemsetD2D16Async(dst: DevPtr, p: usize, v: u16, w: usize, h: usize, st: Handle) => memset_rows((dst, p), v.into(), 2, (w, h), Some((st, false)));
+    cuMemsetD2D16Async_ptsz(dst: DevPtr, p: usize, v: u16, w: usize, h: usize, st: Handle) => memset_rows((dst, p), v.into(), 2, (w, h), Some((st, true)));
+    cuMemsetD2D32Async(dst: DevPtr, p: usize, v: u32, w: usize, h: usize, st: Handle) => memset_rows((dst, p), v, 4, (w, h), Some((st, false)));
+    cuMemsetD2D32Async_ptsz(dst: DevPtr, p: usize, v: u32, w: usize, h: usize, st: Handle) => memset_rows((dst, p), v, 4, (w, h), Some((st, true)));
 }
 
 fn host_attribute(data: *mut c_void, attribute: c_int, ptr: DevPtr, r: &HostRange) -> CuResult<()> {

@@ -126,6 +126,12 @@ driver_table! {
     memset_d8 = "cuMemsetD8" / "cuMemsetD8_v2": fn(u64, u8, usize);
     memset_d16 = "cuMemsetD16" / "cuMemsetD16_v2": fn(u64, u16, usize);
     memset_d32 = "cuMemsetD32" / "cuMemsetD32_v2": fn(u64, u32, usize);
+    memset_d2d8 = "cuMemsetD2D8" / "cuMemsetD2D8_v2": fn(u64, usize, u8, usize, usize);
+    memset_d2d16 = "cuMemsetD2D16" / "cuMemsetD2D16_v2": fn(u64, usize, u16, usize, usize);
+    memset_d2d32 = "cuMemsetD2D32" / "cuMemsetD2D32_v2": fn(u64, usize, u32, usize, usize);
+    memset_d2d8_async = "cuMemsetD2D8Async" / "cuMemsetD2D8Async": fn(u64, usize, u8, usize, usize, Ptr);
+    memset_d2d16_async = "cuMemsetD2D16Async" / "cuMemsetD2D16Async": fn(u64, usize, u16, usize, usize, Ptr);
+    memset_d2d32_async = "cuMemsetD2D32Async" / "cuMemsetD2D32Async": fn(u64, usize, u32, usize, usize, Ptr);
     memset_d8_async = "cuMemsetD8Async" / "cuMemsetD8Async": fn(u64, u8, usize, Ptr);
     memset_d16_async = "cuMemsetD16Async" / "cuMemsetD16Async": fn(u64, u16, usize, Ptr);
     memset_d32_async = "cuMemsetD32Async" / "cuMemsetD32Async": fn(u64, u32, usize, Ptr);

@@ -15,7 +15,7 @@ use remora_oncrpc::DataArea;
 
 use super::{
     AreaSpan, Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, DeviceProps, FunctionInfo,
-    LaunchSpec, LoadedModule, PeerCopy, StagedCopy,
+    LaunchSpec, LoadedModule, Memset, PeerCopy, StagedCopy,
 };
 
 #[macro_use]
@@ -810,25 +810,32 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn memset(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        value: u32,
-        elem: u32,
-        count: u64,
-    ) -> CuResult<()> {
+    fn memset(&self, ctx: u64, stream: Option<u64>, m: &Memset) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
-        let n = count as usize;
-        // SAFETY (all arms): the range dst..dst+count*elem was checked by the caller.
-        match (elem, stream) {
-            (1, None) => call!(d.t, memset_d8(dst, value as u8, n)),
-            (2, None) => call!(d.t, memset_d16(dst, value as u16, n)),
-            (4, None) => call!(d.t, memset_d32(dst, value, n)),
-            (1, Some(s)) => call!(d.t, memset_d8_async(dst, value as u8, n, ptr(s))),
-            (2, Some(s)) => call!(d.t, memset_d16_async(dst, value as u16, n, ptr(s))),
-            (4, Some(s)) => call!(d.t, memset_d32_async(dst, value, n, ptr(s))),
+        let (dst, value) = (m.dst, m.value);
+        let n = usize_of(m.width)?;
+        if m.height == 1 {
+            // SAFETY (all arms): the range dst..dst+width*elem was checked by the caller.
+            return match (m.elem, stream) {
+                (1, None) => call!(d.t, memset_d8(dst, value as u8, n)),
+                (2, None) => call!(d.t, memset_d16(dst, value as u16, n)),
+                (4, None) => call!(d.t, memset_d32(dst, value, n)),
+                (1, Some(s)) => call!(d.t, memset_d8_async(dst, value as u8, n, ptr(s))),
+                (2, Some(s)) => call!(d.t, memset_d16_async(dst, value as u16, n, ptr(s))),
+                (4, Some(s)) => call!(d.t, memset_d32_async(dst, value, n, ptr(s))),
+                _ => Err(CuError(cu::INVALID_VALUE)),
+            };
+        }
+        let (p, h) = (usize_of(m.pitch)?, usize_of(m.height)?);
+        // SAFETY (all arms): the rows' span (pitch * (height - 1) + width * elem bytes from
+        // dst) was checked by the caller.
+        match (m.elem, stream) {
+            (1, None) => call!(d.t, memset_d2d8(dst, p, value as u8, n, h)),
+            (2, None) => call!(d.t, memset_d2d16(dst, p, value as u16, n, h)),
+            (4, None) => call!(d.t, memset_d2d32(dst, p, value, n, h)),
+            (1, Some(s)) => call!(d.t, memset_d2d8_async(dst, p, value as u8, n, h, ptr(s))),
+            (2, Some(s)) => call!(d.t, memset_d2d16_async(dst, p, value as u16, n, h, ptr(s))),
+            (4, Some(s)) => call!(d.t, memset_d2d32_async(dst, p, value, n, h, ptr(s))),
             _ => Err(CuError(cu::INVALID_VALUE)),
         }
     }
