@@ -714,10 +714,14 @@ extern "C" fn tools_context_id(ctx: Handle, id: *mut u64) -> i32 {
     unsafe { crate::exports::cuCtxGetId(ctx, id) }
 }
 
-/// The objects slot 51 has handed out: address → the context it belongs to. Each is a
-/// zeroed, leaked block (one per context) that only slot 39 interprets.
-fn tools_objects() -> &'static Mutex<HashMap<usize, u64>> {
-    static M: OnceLock<Mutex<HashMap<usize, u64>>> = OnceLock::new();
+/// What a slot-51 object stands for: a context, and the stream slot 51 was asked about
+/// (`None`: the NULL stream).
+type ToolsTarget = (u64, Option<u64>);
+
+/// The objects slot 51 has handed out: address → what it stands for. Each is a zeroed, leaked
+/// block (one per context and stream) that only slot 39 interprets.
+fn tools_objects() -> &'static Mutex<HashMap<usize, ToolsTarget>> {
+    static M: OnceLock<Mutex<HashMap<usize, ToolsTarget>>> = OnceLock::new();
     M.get_or_init(Mutex::default)
 }
 
@@ -725,26 +729,29 @@ fn tools_objects() -> &'static Mutex<HashMap<usize, u64>> {
 /// observed; nothing of it is read by the libraries as far as observed).
 const TOOLS_OBJECT_BYTES: usize = 4096;
 
-/// TOOLS_CONTEXT slot 51 `(ctx, 0, &object, 0)`: an object of the context that cuBLASLt then
-/// passes to slot 39 (observed on driver 580 with cuBLAS 13.0; `docs/export-tables.md`).
-/// Remora answers a client-side block per context and runs the question itself on the server.
-extern "C" fn tools_context_object(ctx: Handle, a1: u64, object: *mut *mut c_void) -> i32 {
+/// TOOLS_CONTEXT slot 51 `(ctx, stream, &object, 0)`: an object of the context's stream
+/// (`stream` 0: the NULL stream) that cuBLAS then passes to slot 39 (observed on driver 580
+/// with cuBLAS 13.0, `docs/export-tables.md`: the object and slot 39's answer differ per
+/// stream). Remora answers a client-side block per context and stream and runs the question
+/// itself on the server.
+extern "C" fn tools_context_object(ctx: Handle, stream: Handle, object: *mut *mut c_void) -> i32 {
     call("TOOLS_CONTEXT object (slot 51)", || {
-        if a1 != 0 {
-            tracing::error!(
-                "remora: TOOLS_CONTEXT slot 51 was called with a second argument {a1:#x}; only 0 has been observed and is implemented: CUDA_ERROR_NOT_SUPPORTED"
-            );
-            return Err(CuError(cu::NOT_SUPPORTED));
-        }
         let ctx = state::ctx_or_current(ctx)?;
+        let stream = if stream.is_null() {
+            None
+        } else {
+            let r = state::stream_ref(stream, false)?;
+            Some(state::session()?.stream_handle(ctx, r)?)
+        };
+        let target = (ctx, stream);
         let mut objects = tools_objects().lock().unwrap_or_else(|e| e.into_inner());
-        let existing = objects.iter().find(|(_, c)| **c == ctx).map(|(a, _)| *a);
+        let existing = objects.iter().find(|(_, t)| **t == target).map(|(a, _)| *a);
         let addr = match existing {
             Some(a) => a,
             None => {
                 let block: &'static mut [u64] = Vec::leak(vec![0u64; TOOLS_OBJECT_BYTES / 8]);
                 let a = block.as_mut_ptr() as usize;
-                objects.insert(a, ctx);
+                objects.insert(a, target);
                 a
             }
         };
@@ -754,14 +761,16 @@ extern "C" fn tools_context_object(ctx: Handle, a1: u64, object: *mut *mut c_voi
 }
 
 /// TOOLS_CONTEXT slot 39 `(ctx, object, &answer, mask, flag)`: asks the object from slot 51 a
-/// question; the server runs slots 51 and 39 against its driver (`RM_TOOLS_CTX_QUERY`). The
-/// answer is written as 32 bits (driver 580 answered 7 into a zeroed cell). `mask` and `flag`
-/// were 0x7ffffffeffff and 1 when observed but vary between runs: they may be register
-/// leftovers, so they are passed on, never checked.
+/// question; the server runs slots 51 and 39 against its driver (`RM_TOOLS_CTX_QUERY`, or
+/// `RM_TOOLS_STREAM_QUERY` for an object of a stream). The answer fills the 64-bit cell
+/// (driver 580 answered 7 for the NULL stream and 13 for a created one, clearing the cell's
+/// upper half, which held stack garbage). `mask` and `flag` were 0x7ffffffeffff and 1 (0 for
+/// a created stream) when observed but vary between runs: they may be register leftovers, so
+/// they are passed on, never checked.
 extern "C" fn tools_context_ask(
     _ctx: Handle,
     object: *mut c_void,
-    answer: *mut u32,
+    answer: *mut u64,
     mask: u64,
     flag: u64,
 ) -> i32 {
@@ -771,7 +780,7 @@ extern "C" fn tools_context_ask(
             .unwrap_or_else(|e| e.into_inner())
             .get(&(object as usize))
             .copied();
-        let Some(ctx) = ctx else {
+        let Some((ctx, stream)) = ctx else {
             tracing::error!(
                 "remora: TOOLS_CONTEXT slot 39 was called with {object:p}, which slot 51 did not hand out; CUDA_ERROR_INVALID_VALUE"
             );
@@ -781,9 +790,13 @@ extern "C" fn tools_context_ask(
         // SysV ABI leaves the rest of a bool's register unspecified) and may be a leftover
         // of a shorter signature; cuBLASLt's calls carried garbage there.
         let flag = u32::from(flag as u8);
-        let v = state::session()?.tools_ctx_query(ctx, mask, flag)?;
+        let s = state::session()?;
+        let v = match stream {
+            None => s.tools_ctx_query(ctx, mask, flag)?,
+            Some(h) => s.tools_stream_query(ctx, h, mask, flag)?,
+        };
         // SAFETY: the runtime's output slot (null rejected by `put`).
-        unsafe { put(answer, v as u32) }
+        unsafe { put(answer, v) }
     })
 }
 
@@ -800,12 +813,12 @@ pub static TOOLS_CONTEXT: Slots<95> = build(
         ),
         (
             39,
-            tools_context_ask as extern "C" fn(Handle, *mut c_void, *mut u32, u64, u64) -> i32
+            tools_context_ask as extern "C" fn(Handle, *mut c_void, *mut u64, u64, u64) -> i32
                 as *const c_void,
         ),
         (
             51,
-            tools_context_object as extern "C" fn(Handle, u64, *mut *mut c_void) -> i32
+            tools_context_object as extern "C" fn(Handle, Handle, *mut *mut c_void) -> i32
                 as *const c_void,
         ),
     ],

@@ -835,8 +835,9 @@ fn child_tools_tables() {
     type ExportTable = unsafe extern "C" fn(*mut *const *const c_void, *const [u8; 16]) -> c_int;
     type ModuleLoadData = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> c_int;
     type GetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> c_int;
-    type Object = unsafe extern "C" fn(*mut c_void, u64, *mut *mut c_void) -> c_int;
-    type Ask = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut u32, u64, u64) -> c_int;
+    type Object = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut *mut c_void) -> c_int;
+    type Ask = unsafe extern "C" fn(*mut c_void, *mut c_void, *mut u64, u64, u64) -> c_int;
+    type StreamCreate = unsafe extern "C" fn(*mut *mut c_void, u32) -> c_int;
     type Each = unsafe extern "C" fn(
         *mut c_void,
         *mut c_void,
@@ -867,19 +868,23 @@ fn child_tools_tables() {
         assert_eq!(*t as usize, 95 * 8);
         let object: Object = std::mem::transmute(*t.add(51));
         let ask: Ask = std::mem::transmute(*t.add(39));
+        let null = std::ptr::null_mut();
         let mut obj = std::ptr::null_mut();
-        assert_eq!(object(ctx, 0, &mut obj), 0);
+        assert_eq!(object(ctx, null, &mut obj), 0);
         assert!(!obj.is_null());
         let mut again = std::ptr::null_mut();
         assert_eq!(
-            object(std::ptr::null_mut(), 0, &mut again),
+            object(std::ptr::null_mut(), null, &mut again),
             0,
             "null = current context"
         );
-        assert_eq!(again, obj, "one object per context");
-        let mut answer: u32 = 0xdead;
+        assert_eq!(again, obj, "one object per context and stream");
+        let mut answer: u64 = 0xdead_beef_0000_dead;
         assert_eq!(ask(ctx, obj, &mut answer, 0x7fff_fffe_ffff, 1), 0);
-        assert_eq!(answer, 0, "the emulated device answers 0");
+        assert_eq!(
+            answer, 0,
+            "the emulated device answers 0, in the whole cell"
+        );
         assert_eq!(
             ask(ctx, 0x1234 as *mut c_void, &mut answer, 0, 1),
             1,
@@ -890,10 +895,21 @@ fn child_tools_tables() {
             0,
             "mask and flag may be register leftovers: never refused"
         );
+        // Slot 51 about a created stream (as cuBLAS asks for reductions on one): another
+        // object, asked through RM_TOOLS_STREAM_QUERY.
+        let create: libloading::Symbol<StreamCreate> = lib.get(b"cuStreamCreate").unwrap();
+        let mut stream = std::ptr::null_mut();
+        assert_eq!(create(&mut stream, 1), 0);
+        let mut sobj = std::ptr::null_mut();
+        assert_eq!(object(ctx, stream, &mut sobj), 0);
+        assert!(!sobj.is_null() && sobj != obj, "one object per stream");
+        answer = 0xdead;
+        assert_eq!(ask(ctx, sobj, &mut answer, 0x7fff_fffe_ffff, 0), 0);
+        assert_eq!(answer, 0);
         assert_eq!(
-            object(ctx, 5, &mut obj),
-            801,
-            "unobserved arguments fail loudly"
+            object(ctx, 5 as *mut c_void, &mut sobj),
+            400,
+            "a stream handle that names nothing"
         );
 
         // TOOLS_MODULE slot 7 visits every function of a module.

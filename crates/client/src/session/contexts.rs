@@ -148,4 +148,24 @@ impl Session {
             flag
         }))?)
     }
+
+    /// The same query about stream `stream` of `ctx` (revision 10; cuBLAS asks it for
+    /// reductions on a created stream).
+    pub fn tools_stream_query(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        mask: u64,
+        flag: u32,
+    ) -> CuResult<u64> {
+        self.need_revision(10, "the TOOLS_CONTEXT query of cuBLAS about a stream")?;
+        u64r(call!(self.rm_tools_stream_query(
+            &RmToolsStreamQueryArgs {
+                ctx,
+                stream,
+                mask,
+                flag
+            }
+        ))?)
+    }
 }

@@ -861,8 +861,12 @@ impl Backend for EmulatedBackend {
     }
 
     /// The emulated device answers the private tools query with 0 (no capability bits).
-    fn tools_ctx_query(&self, ctx: u64, _mask: u64, _flag: u32) -> CuResult<u64> {
-        self.lock().ctx(ctx)?;
+    fn tools_ctx_query(&self, ctx: u64, stream: u64, _mask: u64, _flag: u32) -> CuResult<u64> {
+        let st = self.lock();
+        if stream != 0 {
+            st.stream(ctx, stream)?;
+        }
+        st.ctx(ctx)?;
         Ok(0)
     }
 

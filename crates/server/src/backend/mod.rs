@@ -315,7 +315,8 @@ pub trait Backend: MemPools + Send + Sync + 'static {
     fn ctx_stream_priority_range(&self, ctx: u64) -> CuResult<(i32, i32)>;
     /// The private TOOLS_CONTEXT query that cuBLASLt makes (slot 51 for the context's object,
     /// then slot 39 with `mask` and `flag`): the 32-bit answer.
-    fn tools_ctx_query(&self, ctx: u64, mask: u64, flag: u32) -> CuResult<u64>;
+    /// `stream` is slot 51's second argument: 0 for the NULL stream, else a backend stream.
+    fn tools_ctx_query(&self, ctx: u64, stream: u64, mask: u64, flag: u32) -> CuResult<u64>;
 
     /// `cuMemAlloc`.
     fn mem_alloc(&self, ctx: u64, size: u64) -> CuResult<u64>;

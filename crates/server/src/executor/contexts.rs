@@ -178,6 +178,39 @@ impl Executor {
         call: &CallContext,
         a: RmToolsCtxQueryArgs,
     ) -> ProcResult<RmU64Reply> {
+        if let Some(refused) = self.private_calls_refused("RM_TOOLS_CTX_QUERY") {
+            return Ok(refused);
+        }
+        // The mask and flag are passed on as the library gave them: they may be register
+        // leftovers of a three-argument function (observed values: 0x7ffffffeffff and 1,
+        // then other low bytes in later runs), so no value is refused; they are plain
+        // integers, never dereferenced by Remora.
+        let r = self.in_ctx(&self.session(call), a.ctx, |b, c| {
+            b.tools_ctx_query(c, 0, a.mask, a.flag & 0xff)
+        });
+        Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
+    }
+
+    /// RM_TOOLS_STREAM_QUERY: the TOOLS_CONTEXT query about one of the session's streams.
+    pub(super) fn tools_stream_query(
+        &self,
+        call: &CallContext,
+        a: RmToolsStreamQueryArgs,
+    ) -> ProcResult<RmU64Reply> {
+        if let Some(refused) = self.private_calls_refused("RM_TOOLS_STREAM_QUERY") {
+            return Ok(refused);
+        }
+        let r = self.resolved(
+            &self.session(call),
+            |st| stream_target(st, a.ctx, a.stream),
+            |b, t| b.tools_ctx_query(t.ctx, t.stream, a.mask, a.flag & 0xff),
+        );
+        Ok(u64_reply("RM_TOOLS_STREAM_QUERY", r))
+    }
+
+    /// The refusal of a private driver query when the server runs with
+    /// `--no-private-driver-calls` (logged once), else `None`.
+    fn private_calls_refused(&self, what: &str) -> Option<RmU64Reply> {
         if !self
             .inner
             .private_driver_calls
@@ -186,21 +219,11 @@ impl Executor {
             static ONCE: std::sync::Once = std::sync::Once::new();
             ONCE.call_once(|| {
                 tracing::warn!(
-                    "RM_TOOLS_CTX_QUERY (a private driver query cuBLASLt makes) refused: this server runs with --no-private-driver-calls; the client's library call fails with CUDA_ERROR_NOT_SUPPORTED"
+                    "{what} (a private driver query cuBLAS makes) refused: this server runs with --no-private-driver-calls; the client's library call fails with CUDA_ERROR_NOT_SUPPORTED"
                 );
             });
-            return Ok(u64_reply(
-                "RM_TOOLS_CTX_QUERY",
-                Err(CuError(cu::NOT_SUPPORTED)),
-            ));
+            return Some(u64_reply(what, Err(CuError(cu::NOT_SUPPORTED))));
         }
-        // The mask and flag are passed on as the library gave them: they may be register
-        // leftovers of a three-argument function (observed values: 0x7ffffffeffff and 1,
-        // then other low bytes in later runs), so no value is refused; they are plain
-        // integers, never dereferenced by Remora.
-        let r = self.in_ctx(&self.session(call), a.ctx, |b, c| {
-            b.tools_ctx_query(c, a.mask, a.flag & 0xff)
-        });
-        Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
+        None
     }
 }

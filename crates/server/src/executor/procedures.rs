@@ -30,6 +30,7 @@ impl RemoraV1Server for Executor {
         rm_ctx_destroy(RmHandle) -> CuResult_ => ctx_destroy;
         rm_ctx_synchronize(RmHandle) -> RmSyncReply => ctx_synchronize;
         rm_tools_ctx_query(RmToolsCtxQueryArgs) -> RmU64Reply => tools_ctx_query;
+        rm_tools_stream_query(RmToolsStreamQueryArgs) -> RmU64Reply => tools_stream_query;
         rm_mem_alloc(RmAllocArgs) -> RmU64Reply => mem_alloc;
         rm_mem_alloc_pitch(RmAllocPitchArgs) -> RmPitchedReply => mem_alloc_pitch;
         rm_mem_free(RmPtrArgs) -> CuResult_ => mem_free;

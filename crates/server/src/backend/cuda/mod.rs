@@ -377,7 +377,7 @@ impl Backend for CudaBackend {
         Ok((least, greatest))
     }
 
-    fn tools_ctx_query(&self, ctx: u64, mask: u64, flag: u32) -> CuResult<u64> {
+    fn tools_ctx_query(&self, ctx: u64, stream: u64, mask: u64, flag: u32) -> CuResult<u64> {
         let d = self.in_ctx(ctx)?;
         let mut table: *const c_void = std::ptr::null();
         // SAFETY: writes one pointer; the UUID is 16 readable bytes.
@@ -407,7 +407,8 @@ impl Backend for CudaBackend {
         };
         let mut object: Ptr = std::ptr::null_mut();
         // SAFETY: see above; `object` is a writable pointer cell.
-        check(unsafe { object_of(ptr(ctx), 0, &mut object, 0) })?;
+        // `stream` is 0 (the NULL stream) or a live stream of the context.
+        check(unsafe { object_of(ptr(ctx), stream, &mut object, 0) })?;
         let mut answer: u64 = 0;
         // SAFETY: see above; `answer` is a writable, zeroed cell; mask and flag are plain values.
         check(unsafe { ask(ptr(ctx), object, &mut answer, mask, u64::from(flag)) })?;
