@@ -42,6 +42,7 @@ pub use error::{
 pub use host_callbacks::{HostCallback, in_host_callback};
 pub use remora_oncrpc::{Endpoint, TransportChoice};
 pub use remora_proto::remora as proto;
+pub use remora_proto::stream_attr as proto_stream_attr;
 pub use safe::{
     Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,
 };

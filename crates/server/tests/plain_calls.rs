@@ -102,3 +102,44 @@ fn memset_rows_fill_each_row_and_stay_inside_the_allocation() {
     );
     s.mem_free(ctx, p).unwrap();
 }
+
+#[test]
+fn stream_attributes_are_set_read_back_and_windows_checked() {
+    use remora_client::proto::{RmAccessPolicy, RmStreamAttr};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let st = s.stream_create(ctx, 1, 0).unwrap();
+    let p = s.mem_alloc(ctx, 1 << 20).unwrap();
+    let window = RmStreamAttr::Case1(RmAccessPolicy {
+        base: p,
+        num_bytes: 1 << 20,
+        hit_ratio: 0.6,
+        hit_prop: 2,
+        miss_prop: 1,
+    });
+    assert_eq!(s.stream_get_attribute(ctx, st, 3), Ok(RmStreamAttr::Case3(0)));
+    s.stream_set_attribute(ctx, st, window.clone()).unwrap();
+    s.stream_set_attribute(ctx, st, RmStreamAttr::Case3(2)).unwrap();
+    assert_eq!(s.stream_get_attribute(ctx, st, 1), Ok(window));
+    assert_eq!(s.stream_get_attribute(ctx, st, 3), Ok(RmStreamAttr::Case3(2)));
+    // A window over memory that is not the session's is refused before the driver sees it.
+    let foreign = RmStreamAttr::Case1(RmAccessPolicy {
+        base: 0x10,
+        num_bytes: 4096,
+        hit_ratio: 1.0,
+        hit_prop: 2,
+        miss_prop: 1,
+    });
+    assert_eq!(
+        s.stream_set_attribute(ctx, st, foreign),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    assert_eq!(
+        s.stream_get_attribute(ctx, 0xdead, 3),
+        Err(CuError(cu::INVALID_HANDLE))
+    );
+    s.stream_destroy(st).unwrap();
+    s.mem_free(ctx, p).unwrap();
+}

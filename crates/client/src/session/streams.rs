@@ -4,6 +4,33 @@ use super::*;
 use crate::host_callbacks::HostCallback;
 
 impl Session {
+    /// `cuStreamSetAttribute` (revision 10).
+    pub fn stream_set_attribute(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        value: RmStreamAttr,
+    ) -> CuResult<()> {
+        self.need_revision(10, "cuStreamSetAttribute")?;
+        let args = RmStreamAttrArgs { ctx, stream, value };
+        CuError::check(call!(self.rm_stream_set_attribute(&args))?)
+    }
+
+    /// `cuStreamGetAttribute` of attribute id `kind` (revision 10).
+    pub fn stream_get_attribute(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        kind: i32,
+    ) -> CuResult<RmStreamAttr> {
+        self.need_revision(10, "cuStreamGetAttribute")?;
+        let args = RmStreamAttrQuery { ctx, stream, kind };
+        match call!(self.rm_stream_get_attribute(&args))? {
+            RmStreamAttrReply::Case0(v) => Ok(v),
+            RmStreamAttrReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
     /// Maps a [`StreamRef`] to a protocol handle; the per-thread stream is created on first
     /// use by each client thread (flags 0, priority 0).
     ///

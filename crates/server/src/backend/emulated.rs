@@ -31,7 +31,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use remora_proto::remora::{RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs};
+use remora_proto::remora::{
+    RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs, RmStreamAttr,
+};
 
 use super::emulated_kernels;
 
@@ -208,6 +210,8 @@ struct State {
     event_capture: HashMap<u64, u64>,
     graphs: HashMap<u64, Vec<EmuOp>>,
     execs: HashMap<u64, Vec<EmuOp>>,
+    /// Stream attributes set: (stream, attribute id) → value.
+    stream_attrs: HashMap<(u64, i32), RmStreamAttr>,
     /// Physical allocations of `cuMemCreate`, by handle.
     phys: HashMap<u64, EmuPhys>,
     /// Reserved address ranges: base → size.
@@ -1436,6 +1440,27 @@ impl Backend for EmulatedBackend {
         self.lock().create_in(ctx, |st, h| {
             st.streams.insert(h, ctx);
         })
+    }
+
+    fn stream_set_attribute(&self, ctx: u64, stream: u64, value: &RmStreamAttr) -> CuResult<()> {
+        let mut st = self.lock();
+        st.stream(ctx, stream)?;
+        st.stream_attrs.insert(
+            (stream, remora_proto::stream_attr::kind(value)),
+            value.clone(),
+        );
+        Ok(())
+    }
+
+    fn stream_get_attribute(&self, ctx: u64, stream: u64, kind: i32) -> CuResult<RmStreamAttr> {
+        let st = self.lock();
+        st.stream(ctx, stream)?;
+        match st.stream_attrs.get(&(stream, kind)) {
+            Some(v) => Ok(v.clone()),
+            // Never set: the zero value of that attribute.
+            None => remora_proto::stream_attr::from_abi(kind, &[0; 64])
+                .ok_or(CuError(cu::INVALID_VALUE)),
+        }
     }
 
     fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()> {

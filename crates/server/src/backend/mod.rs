@@ -8,7 +8,9 @@
 
 use remora_oncrpc::DataArea;
 use remora_proto::cuda::{CuError, CuResult, cu};
-use remora_proto::remora::{RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs};
+use remora_proto::remora::{
+    RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs, RmStreamAttr,
+};
 
 pub mod cuda;
 pub mod emulated;
@@ -497,6 +499,10 @@ pub trait Backend: MemPools + Send + Sync + 'static {
     fn stream_create(&self, ctx: u64, flags: u32, priority: i32) -> CuResult<u64>;
     /// `cuStreamDestroy`.
     fn stream_destroy(&self, ctx: u64, stream: u64) -> CuResult<()>;
+    /// `cuStreamSetAttribute` (the range of an access policy window was checked).
+    fn stream_set_attribute(&self, ctx: u64, stream: u64, value: &RmStreamAttr) -> CuResult<()>;
+    /// `cuStreamGetAttribute` of a stream attribute id (1, 3, 8, 9 or 10).
+    fn stream_get_attribute(&self, ctx: u64, stream: u64, kind: i32) -> CuResult<RmStreamAttr>;
     /// `cuStreamSynchronize` (blocks).
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()>;
     /// `cuStreamQuery` (`Err(CuError(cu::NOT_READY))` while busy).

@@ -178,6 +178,41 @@ impl RemoraV1Server for Executor {
         )
     }
 
+    fn rm_stream_set_attribute(
+        &self,
+        call: &CallContext,
+        a: RmStreamAttrArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self.resolved(
+            &self.session(call),
+            |st| {
+                // An access policy window names device memory: it must be the session's.
+                if let RmStreamAttr::Case1(w) = &a.value
+                    && w.num_bytes > 0
+                {
+                    st.range_of(w.base)
+                        .map_err(|_| CuError(cu::INVALID_VALUE))?;
+                }
+                stream_target(st, a.ctx, a.stream)
+            },
+            |b, t| b.stream_set_attribute(t.ctx, t.stream, &a.value),
+        );
+        Ok(code("RM_STREAM_SET_ATTRIBUTE", r))
+    }
+
+    fn rm_stream_get_attribute(
+        &self,
+        call: &CallContext,
+        a: RmStreamAttrQuery,
+    ) -> ProcResult<RmStreamAttrReply> {
+        let r = self.resolved(
+            &self.session(call),
+            |st| stream_target(st, a.ctx, a.stream),
+            |b, t| b.stream_get_attribute(t.ctx, t.stream, a.kind),
+        );
+        Ok(reply!("RM_STREAM_GET_ATTRIBUTE", RmStreamAttrReply, r))
+    }
+
     fn rm_memset_rows(&self, call: &CallContext, a: RmMemset2dArgs) -> ProcResult<RmSyncReply> {
         self.sync_call(
             call,

@@ -555,7 +555,36 @@ fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
     unsafe { put(p, v) }
 }
 
+/// `cuStreamSetAttribute`: the attributes CUDA defines for streams (access policy window,
+/// synchronization policy, priority, memory sync domain and its map); others are
+/// `CUDA_ERROR_INVALID_VALUE`, as natively.
+fn set_attribute(st: Handle, kind: c_int, value: *const [u8; 64], ptds: bool) -> CuResult<()> {
+    if value.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: cuda.h: `value` points to a CUstreamAttrValue (64 bytes; read unaligned).
+    let v = unsafe { value.read_unaligned() };
+    let attr =
+        remora_client::proto_stream_attr::from_abi(kind, &v).ok_or(CuError(cu::INVALID_VALUE))?;
+    let (s, ctx, h) = mapped(st, ptds)?;
+    s.stream_set_attribute(ctx, h, attr)
+}
+
+/// `cuStreamGetAttribute`.
+fn get_attribute(st: Handle, kind: c_int, out: *mut [u8; 64], ptds: bool) -> CuResult<()> {
+    if out.is_null() || remora_client::proto_stream_attr::from_abi(kind, &[0; 64]).is_none() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    let (s, ctx, h) = mapped(st, ptds)?;
+    let attr = s.stream_get_attribute(ctx, h, kind)?;
+    put_out(out, remora_client::proto_stream_attr::to_abi(&attr).1)
+}
+
 entry_points! {
+    cuStreamSetAttribute(st: Handle, kind: c_int, value: *const [u8; 64]) => set_attribute(st, kind, value, false);
+    cuStreamSetAttribute_ptsz(st: Handle, kind: c_int, value: *const [u8; 64]) => set_attribute(st, kind, value, true);
+    cuStreamGetAttribute(st: Handle, kind: c_int, out: *mut [u8; 64]) => get_attribute(st, kind, out, false);
+    cuStreamGetAttribute_ptsz(st: Handle, kind: c_int, out: *mut [u8; 64]) => get_attribute(st, kind, out, true);
     cuStreamSynchronize(st: Handle) => { let (s, c, h) = mapped(st, false)?; s.stream_synchronize(c, h) };
     cuStreamSynchronize_ptsz(st: Handle) => { let (s, c, h) = mapped(st, true)?; s.stream_synchronize(c, h) };
     cuStreamQuery(st: Handle) => query(st, false);

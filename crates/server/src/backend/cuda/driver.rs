@@ -154,6 +154,8 @@ driver_table! {
     launch_kernel_ex = "cuLaunchKernelEx" / "cuLaunchKernelEx": fn(*const LaunchConfig, Ptr, *mut Ptr, *mut Ptr);
     stream_create = "cuStreamCreateWithPriority" / "cuStreamCreateWithPriority": fn(*mut Ptr, c_uint, c_int);
     stream_destroy = "cuStreamDestroy" / "cuStreamDestroy_v2": fn(Ptr);
+    stream_set_attribute = "cuStreamSetAttribute" / "cuStreamSetAttribute": fn(Ptr, c_int, *const [u8; 64]);
+    stream_get_attribute = "cuStreamGetAttribute" / "cuStreamGetAttribute": fn(Ptr, c_int, *mut [u8; 64]);
     stream_synchronize = "cuStreamSynchronize" / "cuStreamSynchronize": fn(Ptr);
     stream_query = "cuStreamQuery" / "cuStreamQuery": fn(Ptr);
     launch_host_func = "cuLaunchHostFunc" / "cuLaunchHostFunc": fn(Ptr, Option<unsafe extern "C" fn(*mut c_void)>, *mut c_void);

@@ -9,7 +9,9 @@ use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use remora_proto::remora::{RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs};
+use remora_proto::remora::{
+    RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs, RmStreamAttr,
+};
 
 use remora_oncrpc::DataArea;
 
@@ -375,6 +377,22 @@ impl Backend for CudaBackend {
             ctx_get_stream_priority_range(&mut least, &mut greatest)
         )?;
         Ok((least, greatest))
+    }
+
+    fn stream_set_attribute(&self, ctx: u64, stream: u64, value: &RmStreamAttr) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        let (kind, v) = remora_proto::stream_attr::to_abi(value);
+        // SAFETY: a stream of this session (or CU_STREAM_LEGACY) and a complete 64-byte
+        // CUstreamAttrValue that the driver only reads.
+        call!(d.t, stream_set_attribute(ptr(stream), kind, &v))
+    }
+
+    fn stream_get_attribute(&self, ctx: u64, stream: u64, kind: i32) -> CuResult<RmStreamAttr> {
+        let d = self.in_ctx(ctx)?;
+        let mut v = [0u8; remora_proto::stream_attr::VALUE_BYTES];
+        // SAFETY: the driver fills in one 64-byte CUstreamAttrValue.
+        call!(d.t, stream_get_attribute(ptr(stream), kind, &mut v))?;
+        remora_proto::stream_attr::from_abi(kind, &v).ok_or(CuError(cu::INVALID_VALUE))
     }
 
     fn tools_ctx_query(&self, ctx: u64, stream: u64, mask: u64, flag: u32) -> CuResult<u64> {
