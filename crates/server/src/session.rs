@@ -277,9 +277,7 @@ impl PendingCopies {
         if staged.saturating_add(need) <= self.max_bytes {
             return Ok(());
         }
-        let first = !self
-            .warned
-            .swap(true, std::sync::atomic::Ordering::Relaxed);
+        let first = !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed);
         let line = "asynchronous device-to-host copy refused with CUDA_ERROR_OUT_OF_MEMORY: the session's undelivered copies would pass --max-pending-copy-bytes (the program issues copies without synchronizing; a synchronizing call delivers them and makes room, or raise the limit)";
         if first {
             tracing::warn!(
@@ -340,7 +338,8 @@ impl PendingCopies {
                 .store(true, std::sync::atomic::Ordering::Release);
             return;
         }
-        self.staged.fetch_add(c, std::sync::atomic::Ordering::AcqRel);
+        self.staged
+            .fetch_add(c, std::sync::atomic::Ordering::AcqRel);
         self.lock().push(Arc::new(p));
     }
 

@@ -95,7 +95,10 @@ fn a_flood_of_unsynchronized_copies_is_bounded_and_fails_only_its_session() {
         staged <= LIMIT + N * 256,
         "{staged} bytes staged past the bound of {LIMIT}"
     );
-    assert!(staged >= 8 * COPY, "the copies that fit are staged: {staged}");
+    assert!(
+        staged >= 8 * COPY,
+        "the copies that fit are staged: {staged}"
+    );
 
     // Another session is served as before, its copies included.
     other
@@ -123,7 +126,11 @@ fn a_flood_of_unsynchronized_copies_is_bounded_and_fails_only_its_session() {
         .filter(|c| c.data.len() as u64 == COPY)
         .count() as u64;
     assert!((8..16).contains(&full), "{full} copies fit");
-    assert!(r.copies.iter().all(|c| c.data.is_empty() || c.data.len() as u64 == COPY));
+    assert!(
+        r.copies
+            .iter()
+            .all(|c| c.data.is_empty() || c.data.len() as u64 == COPY)
+    );
     assert_eq!(executor.pending_copy_bytes(), 0, "all delivered");
 
     // Room again: the session goes on, and its error was reported once.

@@ -258,18 +258,15 @@ impl Executor {
     }
 
     fn session(&self, call: &CallContext) -> Arc<Session> {
-        let session = Arc::clone(
-            self.inner
-                .sessions()
-                .entry(call.connection)
-                .or_insert_with(|| {
-                    let max = self
-                        .inner
-                        .max_pending_copy_bytes
-                        .load(std::sync::atomic::Ordering::Relaxed);
-                    Arc::new(Session::new(call.connection, max))
-                }),
-        );
+        let session = Arc::clone(self.inner.sessions().entry(call.connection).or_insert_with(
+            || {
+                let max = self
+                    .inner
+                    .max_pending_copy_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                Arc::new(Session::new(call.connection, max))
+            },
+        ));
         if session.area.get().is_none()
             && let Some(area) = call.data_area()
             && session.area.set(area.clone()).is_ok()
