@@ -326,3 +326,91 @@ fn a_handed_off_connection_is_handed_only_after_its_first_record() {
     }
     assert_eq!(handled(), 1);
 }
+
+// ---- finding 8: a client notices a hung server, and still waits for a long call ----
+
+fn live_client(ep: &Endpoint) -> Client {
+    Client::connect_with(
+        ep,
+        remora_oncrpc::ClientConfig {
+            liveness: Some(remora_oncrpc::Liveness {
+                probe_after: Duration::from_millis(100),
+                dead_after: Duration::from_millis(600),
+            }),
+            ..remora_oncrpc::ClientConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_client_gives_up_on_a_server_that_stops_answering() {
+    // A server that reads every call and answers none (as a stopped or deadlocked one).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = Endpoint::Tcp(listener.local_addr().unwrap().to_string());
+    let server = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut b = [0u8; 4096];
+        while matches!(s.read(&mut b), Ok(n) if n > 0) {}
+    });
+    let c = live_client(&ep);
+    let t0 = Instant::now();
+    let e = c
+        .call(
+            PROG,
+            1,
+            ADD,
+            Some(Duration::from_secs(60)),
+            |e| {
+                e.put_i32(1);
+                e.put_i32(2);
+                Ok(())
+            },
+            |d| d.get_i32(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, remora_oncrpc::RpcError::ServerUnresponsive { .. }),
+        "{e}"
+    );
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(600), "{took:?}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(!c.is_connected());
+    drop(c);
+    server.join().unwrap();
+}
+
+#[test]
+fn a_long_call_on_a_live_server_is_waited_for_past_the_liveness_bound() {
+    // SLOW answers after 1.5 s through a deferred reply: the server reads (and answers the
+    // pings) meanwhile.
+    let svc = Arc::new(deferring::DeferringSvc::new(
+        0x2000_077a,
+        Duration::from_millis(1500),
+    ));
+    let handle = Server::builder(ServerConfig::default())
+        .service(Arc::clone(&svc) as Arc<dyn Service>)
+        .listen(&Endpoint::Tcp("127.0.0.1:0".into()))
+        .unwrap()
+        .start()
+        .unwrap();
+    let c = live_client(&handle.local_endpoints()[0]);
+    let t0 = Instant::now();
+    let v: u32 = c
+        .call(
+            0x2000_077a,
+            1,
+            deferring::SLOW,
+            Some(Duration::from_secs(60)),
+            |e| {
+                e.put_u32(41);
+                Ok(())
+            },
+            |d| d.get_u32(),
+        )
+        .unwrap();
+    assert_eq!(v, 42);
+    assert!(t0.elapsed() >= Duration::from_millis(1500));
+    assert!(c.is_connected());
+}

@@ -862,7 +862,7 @@ fn server_config(config: &ServeConfig) -> ServerConfig {
 
 /// Largest record a connection may send before its first call (HELLO, and `SHM_SETUP`
 /// before it): both are well under 1 KiB. 128 MiB records are accepted only after.
-pub const MAX_HELLO_RECORD: usize = 64 << 10;
+pub(crate) const MAX_HELLO_RECORD: usize = 64 << 10;
 
 /// Binds every endpoint of `config` (the default one when none) and starts `builder`.
 fn listen_and_start(config: &ServeConfig, mut builder: Server) -> Result<ServerHandle, ServeError> {

@@ -149,3 +149,41 @@ fn a_flood_of_unsynchronized_copies_is_bounded_and_fails_only_its_session() {
     assert_eq!(r.copies[0].data.len() as u64, COPY);
     running.shutdown();
 }
+
+/// Issue 13, finding 8: a client notices a hung server within its liveness bound, yet a
+/// synchronize that takes longer than that bound on a live server is waited for: the server
+/// answers the client's liveness pings while a waiter thread waits for the GPU.
+#[test]
+fn a_long_synchronize_outlasts_the_liveness_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig {
+        sync_delay: Duration::from_millis(1500),
+        ..EmulatedConfig::default()
+    }));
+    let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
+    let running = start_with_backend(
+        ServeConfig {
+            listen: vec![endpoint.clone()],
+            ..ServeConfig::default()
+        },
+        Arc::clone(&backend) as Arc<dyn Backend>,
+        inventory_of(&*backend),
+    )
+    .unwrap();
+    let session = remora_client::Session::connect_with(
+        &endpoint,
+        remora_client::SessionConfig {
+            liveness: Some(remora_oncrpc::Liveness {
+                probe_after: Duration::from_millis(100),
+                dead_after: Duration::from_millis(500),
+            }),
+            ..remora_client::SessionConfig::default()
+        },
+    )
+    .unwrap();
+    let ctx = session.primary_ctx_retain(0).unwrap();
+    let t0 = std::time::Instant::now();
+    session.ctx_synchronize(ctx).unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(1500));
+    running.shutdown();
+}
