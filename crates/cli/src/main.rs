@@ -127,6 +127,29 @@ struct SessionArgs {
     /// and larger cublasSgemm calls fail with an error); see docs/threat-model.md.
     #[arg(long)]
     no_private_driver_calls: bool,
+    /// Most bytes one session may hold on the server in asynchronous device-to-host copies
+    /// (cudaMemcpyAsync to host) it has not yet synchronized for. A copy past it fails: the
+    /// program's next synchronizing call returns CUDA_ERROR_OUT_OF_MEMORY, and the server
+    /// logs the limit. Bounds what a program that never synchronizes makes the server hold.
+    #[arg(long, value_name = "BYTES", default_value_t = remora_server::DEFAULT_MAX_PENDING_COPY_BYTES)]
+    max_pending_copy_bytes: u64,
+    /// Close a connection after this many seconds without a call while none is in flight
+    /// (fractions allowed). Closing a connection ends its session and frees its GPU memory,
+    /// so an idle program loses its GPU state: use it to reclaim sessions of clients that
+    /// hold connections they no longer use. Default: never.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    idle_timeout: Option<std::time::Duration>,
+}
+
+/// A duration in seconds (`30`, `0.5`), for `--idle-timeout`.
+fn parse_secs(s: &str) -> std::result::Result<std::time::Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds (e.g. 300 or 0.5)"))?;
+    std::time::Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("`{s}` must be a positive number of seconds"))
 }
 
 /// What `remora serve-worker`'s arguments ask for.
@@ -149,6 +172,8 @@ fn worker_config(
         },
         no_private_driver_calls: s.no_private_driver_calls,
         shm_lock_budget,
+        max_pending_copy_bytes: Some(s.max_pending_copy_bytes),
+        idle_timeout: s.idle_timeout,
     }
 }
 
@@ -209,6 +234,15 @@ enum Command {
         /// make the server hold.
         #[arg(long, value_name = "BYTES", default_value_t = remora_server::DEFAULT_SHM_LOCK_MAX)]
         shm_lock_max: u64,
+        /// Most connections served at once; further ones are closed at once. Under process
+        /// isolation each is a worker process.
+        #[arg(long, value_name = "N", default_value_t = remora_oncrpc::ServerConfig::default().max_connections)]
+        max_connections: usize,
+        /// Most connections served at once from one peer: one IP address over TCP, one user
+        /// (uid) on a Unix socket; further ones from it are closed at once, so that one peer
+        /// cannot take every connection.
+        #[arg(long, value_name = "N", default_value_t = remora_oncrpc::ServerConfig::default().max_connections_per_peer)]
+        max_connections_per_peer: usize,
         #[command(flatten)]
         session: SessionArgs,
     },
@@ -470,6 +504,8 @@ fn run(cli: Cli) -> Result<()> {
             rpcbind,
             isolation,
             shm_lock_max,
+            max_connections,
+            max_connections_per_peer,
             session: s,
         } => {
             init_logging("info");
@@ -497,6 +533,10 @@ fn run(cli: Cli) -> Result<()> {
                     lock_max_bytes: shm_lock_max,
                 },
                 no_private_driver_calls: s.no_private_driver_calls,
+                max_pending_copy_bytes: Some(s.max_pending_copy_bytes),
+                max_connections: Some(max_connections),
+                max_connections_per_peer: Some(max_connections_per_peer),
+                idle_timeout: s.idle_timeout,
             })
         }
         Command::ServeWorker {
@@ -731,6 +771,8 @@ mod tests {
             },
             no_private_driver_calls: true,
             shm_lock_budget: Some(3 << 20),
+            max_pending_copy_bytes: Some(5 << 20),
+            idle_timeout: Some(std::time::Duration::from_millis(2500)),
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
         args.extend(config.to_args());

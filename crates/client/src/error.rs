@@ -1,7 +1,8 @@
 //! Transport failures as `CUresult`s, with their cause kept.
 //!
 //! A CUDA program only understands `CUresult` codes, so an RPC failure has to become one: a lost
-//! or refused connection (or a call that timed out) is CUDA_ERROR_DEVICE_UNAVAILABLE, anything
+//! or refused connection, a call that timed out, or a server that stopped answering is
+//! CUDA_ERROR_DEVICE_UNAVAILABLE, anything
 //! else CUDA_ERROR_UNKNOWN. The code alone says nothing about what went wrong, so the cause is
 //! logged and kept: [`last_transport_failure`] returns the latest one (the Rust API), and the
 //! shim's `cuGetErrorString` appends it to the code's text, so a program that prints
@@ -41,9 +42,10 @@ pub fn last_transport_failure() -> Option<TransportFailure> {
 /// CUDA_ERROR_DEVICE_UNAVAILABLE (the remote GPU is gone), anything else CUDA_ERROR_UNKNOWN.
 pub fn from_rpc(what: &str, err: RpcError) -> CuError {
     let code = match err {
-        RpcError::ConnectionLost | RpcError::Connect { .. } | RpcError::Timeout { .. } => {
-            cu::DEVICE_UNAVAILABLE
-        }
+        RpcError::ConnectionLost
+        | RpcError::Connect { .. }
+        | RpcError::Timeout { .. }
+        | RpcError::ServerUnresponsive { .. } => cu::DEVICE_UNAVAILABLE,
         _ => cu::UNKNOWN,
     };
     // The session names calls by their generated method (`rm_mem_alloc`); the protocol's
@@ -76,6 +78,16 @@ mod tests {
         assert_eq!(last.call, "RM_TEST");
         assert_eq!(last.code, cu::DEVICE_UNAVAILABLE);
         assert_eq!(last.cause, RpcError::ConnectionLost.to_string());
+        assert_eq!(
+            from_rpc(
+                "RM_CTX_SYNCHRONIZE",
+                RpcError::ServerUnresponsive {
+                    silent: std::time::Duration::from_secs(15)
+                }
+            ),
+            CuError(cu::DEVICE_UNAVAILABLE),
+            "a hung server is a device gone"
+        );
         assert_eq!(
             from_rpc(
                 "RM_OTHER",

@@ -53,6 +53,40 @@ pub struct ClientConfig {
     /// memory and used over its socket if it declines, a `tcp://` one over TCP. `Shm`
     /// fails if shared memory cannot be had.
     pub transport: TransportChoice,
+    /// Notice a hung or vanished server while calls wait for it, whatever their timeouts
+    /// (`None`, the default: only call timeouts). See [`Liveness`].
+    pub liveness: Option<Liveness>,
+}
+
+/// How a client notices a server that is hung (stopped, deadlocked) or gone (host down,
+/// network cut) while calls wait, without a per-call timeout that would also cut short a
+/// call that legitimately takes long (a synchronize waiting for a kernel that runs for
+/// minutes).
+///
+/// * While some call waits and the server has sent nothing for `probe_after`, the waiting
+///   thread sends a NULL call (procedure 0) of the waiting call's program: a server that is
+///   alive answers it at once, even while it works on the long call (its connection thread
+///   reads calls while other threads work), and any record from the server counts.
+/// * When the server has sent nothing for `dead_after`, ping unanswered, the connection is
+///   closed and every call fails with [`RpcError::ServerUnresponsive`].
+/// * On TCP, keepalive probes (idle `probe_after`, then every second) and `TCP_USER_TIMEOUT`
+///   of `dead_after` let the kernel notice a vanished host too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// Silence, while calls wait, after which the server is pinged.
+    pub probe_after: Duration,
+    /// Silence after which the server is declared hung and the connection closed.
+    pub dead_after: Duration,
+}
+
+impl Default for Liveness {
+    /// Ping after 5 s of silence; give up after 15 s.
+    fn default() -> Self {
+        Self {
+            probe_after: Duration::from_secs(5),
+            dead_after: Duration::from_secs(15),
+        }
+    }
 }
 
 impl Default for ClientConfig {
@@ -65,6 +99,7 @@ impl Default for ClientConfig {
             connect_timeout: Some(Duration::from_secs(10)),
             oneway_batch_delay: None,
             transport: TransportChoice::Auto,
+            liveness: None,
         }
     }
 }
@@ -128,6 +163,13 @@ struct State {
 struct Slot {
     reply: Option<Bytes>,
     cv: Arc<Condvar>,
+}
+
+/// The program and version a liveness ping calls NULL of (those of the call waiting).
+#[derive(Debug, Clone, Copy)]
+struct PingTarget {
+    program: u32,
+    version: u32,
 }
 
 enum Lead {
@@ -209,6 +251,9 @@ impl Client {
     /// Connects to `endpoint` with `config`.
     pub fn connect_with(endpoint: &Endpoint, config: ClientConfig) -> Result<Client, RpcError> {
         let stream = connect_transport(endpoint, &config)?;
+        if let (Some(live), Stream::Tcp(tcp)) = (config.liveness, &stream) {
+            set_tcp_liveness(tcp, live)?;
+        }
         // A write that cannot progress for WRITE_STALL returns, so that the writer can read
         // replies meanwhile (see `Inner::pump`).
         stream.set_write_timeout(Some(WRITE_STALL))?;
@@ -341,7 +386,9 @@ impl Client {
             lock(&self.inner.state).pending.remove(&xid);
             return Err(e);
         }
-        let record = self.inner.wait(xid, &cv, timeout)?;
+        let record = self
+            .inner
+            .wait(xid, &cv, timeout, PingTarget { program, version })?;
         decode_reply(record, program, version, procedure, result)
     }
 
@@ -598,6 +645,23 @@ impl Inner {
         })
     }
 
+    /// Sends a NULL call of `target`'s program as a liveness ping. Its reply, like any record
+    /// from the server, shows the server is alive; it is then dropped as a reply nobody waits
+    /// for.
+    fn ping(&self, target: PingTarget) -> Result<(), RpcError> {
+        let xid = self.next_xid.fetch_add(1, Ordering::Relaxed);
+        let mut enc = Encoder::with_capacity(64);
+        enc.put_u32(xid);
+        enc.put_u32(MSG_CALL);
+        enc.put_u32(RPC_VERSION);
+        enc.put_u32(target.program);
+        enc.put_u32(target.version);
+        enc.put_u32(0);
+        enc.put_raw(&self.auth);
+        tracing::debug!(endpoint = %self.endpoint, xid, "RPC client: the server has been silent while calls wait; liveness ping");
+        self.send(&enc.finish())
+    }
+
     /// Marks the connection dead, wakes every waiter and shuts the socket down.
     fn fail_all(&self) {
         let mut st = lock(&self.state);
@@ -610,7 +674,13 @@ impl Inner {
         }
     }
 
-    fn wait(&self, xid: u32, cv: &Condvar, timeout: Duration) -> Result<Bytes, RpcError> {
+    fn wait(
+        &self,
+        xid: u32,
+        cv: &Condvar,
+        timeout: Duration,
+        ping: PingTarget,
+    ) -> Result<Bytes, RpcError> {
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let mut st = lock(&self.state);
@@ -633,7 +703,7 @@ impl Inner {
             if !st.leader {
                 st.leader = true;
                 drop(st);
-                let res = self.lead(xid, deadline);
+                let res = self.lead(xid, deadline, ping);
                 st = lock(&self.state);
                 st.leader = false;
                 // Hand the reader role to a caller still waiting for its reply.
@@ -668,19 +738,52 @@ impl Inner {
         }
     }
 
-    /// Reads replies until `xid`'s arrives, the deadline passes or the connection fails.
-    fn lead(&self, xid: u32, deadline: Option<Instant>) -> Lead {
+    /// Reads replies until `xid`'s arrives, the deadline passes or the connection fails;
+    /// with [`ClientConfig::liveness`], pings a silent server and gives up on a hung one.
+    fn lead(&self, xid: u32, deadline: Option<Instant>, ping: PingTarget) -> Lead {
         let mut rd = lock(&self.reader);
+        let live = self.config.liveness;
+        // Silence is counted from when this thread started reading (or last saw a byte).
+        let mut heard = Instant::now();
+        let mut seen = rd.records.bytes_read();
+        let mut pinged = false;
         loop {
+            let now = Instant::now();
+            if rd.records.bytes_read() != seen {
+                seen = rd.records.bytes_read();
+                heard = now;
+                pinged = false;
+            }
             let remaining = match deadline {
                 Some(d) => {
-                    let r = d.saturating_duration_since(Instant::now());
+                    let r = d.saturating_duration_since(now);
                     if r.is_zero() {
                         return Lead::Deadline;
                     }
                     Some(r)
                 }
                 None => None,
+            };
+            let remaining = match live {
+                Some(l) => {
+                    let silent = now.saturating_duration_since(heard);
+                    if silent >= l.dead_after {
+                        tracing::error!(endpoint = %self.endpoint, silent = ?silent, "RPC client: the server sent nothing and did not answer a liveness ping; it is hung or unreachable; closing the connection");
+                        self.fail_all();
+                        return Lead::Dead(RpcError::ServerUnresponsive { silent });
+                    }
+                    if silent >= l.probe_after && !pinged {
+                        pinged = true;
+                        if let Err(e) = self.ping(ping) {
+                            return Lead::Dead(e);
+                        }
+                    }
+                    // Look again at the next probe or give-up time.
+                    let next = if pinged { l.dead_after } else { l.probe_after };
+                    let tick = next.saturating_sub(silent).max(Duration::from_millis(1));
+                    Some(remaining.map_or(tick, |r| r.min(tick)))
+                }
+                None => remaining,
             };
             if let Err(e) = rd.adjust_timeout(remaining) {
                 tracing::debug!(error = %e, "RPC client: cannot set the read timeout");
@@ -720,6 +823,23 @@ impl Inner {
             }
         }
     }
+}
+
+/// TCP keepalive (idle `probe_after`, probes every second, given up after `dead_after`) and
+/// `TCP_USER_TIMEOUT` (`dead_after`): the kernel notices a vanished host.
+fn set_tcp_liveness(tcp: &std::net::TcpStream, live: Liveness) -> Result<(), RpcError> {
+    let sock = socket2::SockRef::from(tcp);
+    let interval = Duration::from_secs(1);
+    let retries =
+        u32::try_from((live.dead_after.saturating_sub(live.probe_after).as_secs()).clamp(1, 60))
+            .unwrap_or(10);
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(live.probe_after.max(Duration::from_secs(1)))
+        .with_interval(interval)
+        .with_retries(retries);
+    sock.set_tcp_keepalive(&keepalive)?;
+    sock.set_tcp_user_timeout(Some(live.dead_after))?;
+    Ok(())
 }
 
 impl ReaderState {

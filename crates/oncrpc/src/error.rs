@@ -40,6 +40,18 @@ pub enum RpcError {
         /// The timeout that expired.
         timeout: Duration,
     },
+    /// The server sent nothing for `silent` while calls were waiting for it, and did not
+    /// answer a liveness ping either ([`ClientConfig::liveness`](crate::ClientConfig)): it
+    /// is hung, stopped or unreachable. The connection is closed and every call on it fails.
+    #[error(
+        "the RPC server sent nothing for {silent:?} while calls waited, and did not answer a \
+         liveness ping: it is hung, stopped or unreachable; the connection is closed (check \
+         the server and the network, then reconnect)"
+    )]
+    ServerUnresponsive {
+        /// How long the server was silent.
+        silent: Duration,
+    },
     /// PROG_UNAVAIL: the server does not serve the program.
     #[error(
         "server does not serve program {program:#x} (PROG_UNAVAIL): check the program number or \

@@ -137,6 +137,13 @@ impl<R: Read> RecordReader<R> {
         self.max_record
     }
 
+    /// Changes the maximum record size for records from now on (a server raises it once a
+    /// connection's first call was served). A record in progress is held to the new bound
+    /// for its fragments still to come.
+    pub fn set_max_record_size(&mut self, max_record_size: usize) {
+        self.max_record = max_record_size;
+    }
+
     /// Whether part of a record has been received (a read timeout now is a stall, not idleness).
     pub fn in_record(&self) -> bool {
         self.in_record || self.pos < self.end
@@ -190,7 +197,7 @@ impl<R: Read> RecordReader<R> {
         let mut grow = self
             .filled
             .max(READ_AHEAD)
-            .min(self.max_record - self.filled);
+            .min(self.max_record.saturating_sub(self.filled));
         if self.frag_last {
             grow = grow.min(self.frag_left);
         }

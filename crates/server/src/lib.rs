@@ -38,4 +38,6 @@ pub use serve::{
     WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of, serve_worker, start,
     start_with_backend, start_with_inventory,
 };
-pub use session::{ORDERED_CALL_OVERHEAD, OrderedLimits, set_ordered_limits};
+pub use session::{
+    DEFAULT_MAX_PENDING_COPY_BYTES, ORDERED_CALL_OVERHEAD, OrderedLimits, set_ordered_limits,
+};

@@ -115,6 +115,9 @@ impl Service for RemoraService {
                     }
                     // One-way, or answered through the call's own deferred reply.
                     Dispatch::NoReply | Dispatch::Deferred => {}
+                    // The session broke a bound (logged where): as on the connection thread,
+                    // no reply, and the connection closes.
+                    Dispatch::Close => call.close_connection(),
                     // Answered SYSTEM_ERR by dropping the deferred reply (the runtime's
                     // GARBAGE_ARGS / PROC_UNAVAIL answers are not reachable from here).
                     other => {
@@ -193,6 +196,18 @@ pub struct ServeConfig {
     /// Refuse the procedures that call undocumented entry points of the real driver on a
     /// client's behalf (`RM_TOOLS_CTX_QUERY`, which cuBLASLt needs; docs/threat-model.md).
     pub no_private_driver_calls: bool,
+    /// Bytes one session may hold staged in asynchronous device-to-host copies it has not
+    /// synchronized for; `None`: [`crate::DEFAULT_MAX_PENDING_COPY_BYTES`].
+    pub max_pending_copy_bytes: Option<u64>,
+    /// Connections served at once; `None`: the runtime's default
+    /// ([`ServerConfig::max_connections`]). Under process isolation, also the most workers.
+    pub max_connections: Option<usize>,
+    /// Connections served at once from one peer (IP address, or uid on a Unix socket);
+    /// `None`: the runtime's default ([`ServerConfig::max_connections_per_peer`]).
+    pub max_connections_per_peer: Option<usize>,
+    /// Close a connection with no call in flight after this long without a call; `None`:
+    /// never (the default: closing a connection frees its session).
+    pub idle_timeout: Option<Duration>,
 }
 
 /// Shared-memory sessions: whether they are offered and the size of their data area.
@@ -263,13 +278,19 @@ pub struct WorkerConfig {
     /// Bytes of data area this worker's session may page-lock: what the server's
     /// [`ShmConfig::lock_max_bytes`] had left when it started the worker; `None`: unlimited.
     pub shm_lock_budget: Option<u64>,
+    /// Bound of the session's undelivered asynchronous copies
+    /// ([`ServeConfig::max_pending_copy_bytes`]).
+    pub max_pending_copy_bytes: Option<u64>,
+    /// Idle timeout of the connection ([`ServeConfig::idle_timeout`]).
+    pub idle_timeout: Option<Duration>,
 }
 
 impl WorkerConfig {
     /// The command-line arguments `remora serve-worker` takes for this configuration:
     /// `--backend cuda|emulated`, `--devices LIST`, `--max-record-size N`,
     /// `--module-cache-bytes N`, `--module-cache DIR`, `--profile`, `--no-shm`,
-    /// `--shm-data-bytes N`, `--no-private-driver-calls`, `--shm-lock-budget N`.
+    /// `--shm-data-bytes N`, `--no-private-driver-calls`, `--shm-lock-budget N`,
+    /// `--max-pending-copy-bytes N`, `--idle-timeout SECS`.
     pub fn to_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "--backend".into(),
@@ -310,6 +331,14 @@ impl WorkerConfig {
         if let Some(budget) = self.shm_lock_budget {
             args.push("--shm-lock-budget".into());
             args.push(budget.to_string().into());
+        }
+        if let Some(bytes) = self.max_pending_copy_bytes {
+            args.push("--max-pending-copy-bytes".into());
+            args.push(bytes.to_string().into());
+        }
+        if let Some(idle) = self.idle_timeout {
+            args.push("--idle-timeout".into());
+            args.push(idle.as_secs_f64().to_string().into());
         }
         args
     }
@@ -783,6 +812,8 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             shm: config.shm,
             no_private_driver_calls: config.no_private_driver_calls,
             shm_lock_budget: None,
+            max_pending_copy_bytes: config.max_pending_copy_bytes,
+            idle_timeout: config.idle_timeout,
         }
         .to_args(),
         workers: Arc::clone(&workers),
@@ -818,8 +849,20 @@ fn server_config(config: &ServeConfig) -> ServerConfig {
     }
     server_config.profile = config.profile;
     config.shm.apply(&mut server_config);
+    if let Some(max) = config.max_connections {
+        server_config.max_connections = max;
+    }
+    if let Some(max) = config.max_connections_per_peer {
+        server_config.max_connections_per_peer = max;
+    }
+    server_config.idle_timeout = config.idle_timeout;
+    server_config.max_first_record_size = Some(MAX_HELLO_RECORD);
     server_config
 }
+
+/// Largest record a connection may send before its first call (HELLO, and `SHM_SETUP`
+/// before it): both are well under 1 KiB. 128 MiB records are accepted only after.
+pub(crate) const MAX_HELLO_RECORD: usize = 64 << 10;
 
 /// Binds every endpoint of `config` (the default one when none) and starts `builder`.
 fn listen_and_start(config: &ServeConfig, mut builder: Server) -> Result<ServerHandle, ServeError> {
@@ -860,6 +903,7 @@ struct ExecutorOptions {
     profile: bool,
     no_private_driver_calls: bool,
     area_lock_budget: u64,
+    max_pending_copy_bytes: Option<u64>,
 }
 
 /// The [`ExecutorOptions`] of a [`ServeConfig`] or a [`WorkerConfig`] (same field names),
@@ -872,6 +916,7 @@ macro_rules! executor_options {
             profile: $config.profile,
             no_private_driver_calls: $config.no_private_driver_calls,
             area_lock_budget: $budget,
+            max_pending_copy_bytes: $config.max_pending_copy_bytes,
         }
     };
 }
@@ -887,6 +932,10 @@ fn new_executor(backend: Arc<dyn Backend>, inventory: &Inventory, o: ExecutorOpt
     executor.set_profile(o.profile);
     executor.set_private_driver_calls(!o.no_private_driver_calls);
     executor.set_area_lock_budget(o.area_lock_budget);
+    executor.set_max_pending_copy_bytes(
+        o.max_pending_copy_bytes
+            .unwrap_or(crate::DEFAULT_MAX_PENDING_COPY_BYTES),
+    );
     executor
 }
 
@@ -947,6 +996,8 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     }
     server_config.profile = config.profile;
     config.shm.apply(&mut server_config);
+    server_config.idle_timeout = config.idle_timeout;
+    server_config.max_first_record_size = Some(MAX_HELLO_RECORD);
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
         .serve_fd(fd)?;

@@ -25,6 +25,19 @@ pub(crate) const MAX_WAITERS: usize = 4;
 /// when a synchronize returns without all its copies.
 pub(crate) const REPLY_COPY_BUDGET: usize = 64 << 20;
 
+/// Default of the bound on the bytes one session may hold staged on the server in
+/// asynchronous device-to-host copies not yet delivered ([`PendingCopies`]): 1 GiB.
+/// `remora serve --max-pending-copy-bytes` sets it.
+pub const DEFAULT_MAX_PENDING_COPY_BYTES: u64 = 1 << 30;
+
+/// What each pending copy counts against the bound beyond its bytes (its record and staging
+/// object), so that a flood of empty or failed copies is bounded too.
+pub(crate) const PENDING_COPY_OVERHEAD: u64 = 256;
+
+/// Room past the bound for copies delivered empty (refused or failed: the client still waits
+/// for each one), 65,536 of them; past it the session is closed.
+pub(crate) const EMPTY_COPY_SLACK: u64 = 65_536 * PENDING_COPY_OVERHEAD;
+
 /// A server-side object a session handle names.
 #[derive(Debug, Clone)]
 pub(crate) enum Resource {
@@ -144,6 +157,11 @@ pub(crate) struct PendingCopy {
     pub(crate) taken: std::sync::atomic::AtomicBool,
 }
 
+/// What a pending copy counts against the session's bound (see [`PendingCopies::admit`]).
+fn charge(p: &PendingCopy) -> u64 {
+    (p.copy.data().len() as u64).saturating_add(PENDING_COPY_OVERHEAD)
+}
+
 impl PendingCopy {
     /// Takes the copy for delivery, once: its reply entry (bytes, or, for a copy into the data
     /// area, the bytes written there and an empty entry). `None` when it was taken already.
@@ -194,24 +212,134 @@ pub(crate) enum Scope {
 /// Host functions never take `list`'s lock (a thread holding it may wait in the driver for
 /// them); they hold the copies they deliver themselves and publish the bytes in `ready`,
 /// whose lock is never held across a driver call.
-#[derive(Default)]
+///
+/// The bytes they hold are bounded (issue 13, finding 2): every copy in the list counts its
+/// staged bytes plus [`PENDING_COPY_OVERHEAD`], and so do the bytes in `ready`, until they
+/// are delivered. A copy that does not fit is refused before anything is staged
+/// ([`PendingCopies::admit`]: `CUDA_ERROR_OUT_OF_MEMORY`, deferred as every one-way call's
+/// error) and delivered empty; if even the empty entries outgrow [`EMPTY_COPY_SLACK`], the
+/// session is closed ([`PendingCopies::overflowed`]). Waiting for room instead would hang:
+/// room is made only by the client's next synchronizing call, which arrives behind this one
+/// on the same connection.
 pub(crate) struct PendingCopies {
     list: Mutex<Vec<Arc<PendingCopy>>>,
     /// Copies host functions delivered, for the next reply (or `RM_COPIES_READY`).
     ready: Mutex<Vec<RmCopyData>>,
+    /// The bound on `staged`.
+    max_bytes: u64,
+    /// Bytes counted now: the charges of the copies in `list` and the bytes in `ready`.
+    staged: std::sync::atomic::AtomicU64,
+    /// Set when an empty entry did not fit the slack either: the session must be closed.
+    overflowed: std::sync::atomic::AtomicBool,
+    /// Whether a refusal was logged at WARN already (later ones log at DEBUG).
+    warned: std::sync::atomic::AtomicBool,
+    /// For logs.
+    connection: u64,
+}
+
+impl Default for PendingCopies {
+    fn default() -> Self {
+        Self::new(0, DEFAULT_MAX_PENDING_COPY_BYTES)
+    }
 }
 
 impl PendingCopies {
+    /// No copies yet, with at most `max_bytes` staged for `connection`'s session.
+    pub(crate) fn new(connection: u64, max_bytes: u64) -> Self {
+        Self {
+            list: Mutex::default(),
+            ready: Mutex::default(),
+            max_bytes,
+            staged: Default::default(),
+            overflowed: Default::default(),
+            warned: Default::default(),
+            connection,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Vec<Arc<PendingCopy>>> {
         self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Bytes staged and counted against the bound now.
+    pub(crate) fn staged_bytes(&self) -> u64 {
+        self.staged.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether a copy of `bytes` may be staged now: `CUDA_ERROR_OUT_OF_MEMORY` (logged,
+    /// naming the limit) when it would take the session past its bound. Called before the
+    /// copy is issued, so nothing is staged for a refused one; the caller then delivers it
+    /// empty. One-way copies of a session are issued one at a time (its connection or ordered
+    /// thread), so the room seen here is still there at [`PendingCopies::push`].
+    pub(crate) fn admit(&self, bytes: u64) -> CuResult<()> {
+        let staged = self.staged_bytes();
+        let need = bytes.saturating_add(PENDING_COPY_OVERHEAD);
+        if staged.saturating_add(need) <= self.max_bytes {
+            return Ok(());
+        }
+        let first = !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed);
+        let line = "asynchronous device-to-host copy refused with CUDA_ERROR_OUT_OF_MEMORY: the session's undelivered copies would pass --max-pending-copy-bytes (the program issues copies without synchronizing; a synchronizing call delivers them and makes room, or raise the limit)";
+        if first {
+            tracing::warn!(
+                connection = self.connection,
+                staged,
+                copy_bytes = bytes,
+                limit = self.max_bytes,
+                "{line}"
+            );
+        } else {
+            tracing::debug!(
+                connection = self.connection,
+                staged,
+                copy_bytes = bytes,
+                limit = self.max_bytes,
+                "{line}"
+            );
+        }
+        Err(CuError(cu::OUT_OF_MEMORY))
+    }
+
+    /// Whether the session must be closed: even its empty entries (refused or failed copies,
+    /// which the client still waits for) outgrew the bound's slack.
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflowed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn uncount(&self, bytes: u64) {
+        // Never below zero: every uncount matches an earlier count.
+        let _ = self.staged.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |s| Some(s.saturating_sub(bytes)),
+        );
+    }
+
+    fn uncount_copies<'a>(&self, gone: impl IntoIterator<Item = &'a Arc<PendingCopy>>) {
+        self.uncount(gone.into_iter().map(|p| charge(p)).sum());
     }
 
     fn ready(&self) -> MutexGuard<'_, Vec<RmCopyData>> {
         self.ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds a copy just issued.
+    /// Adds a copy just issued (admitted by [`PendingCopies::admit`], or empty). An empty
+    /// entry that does not fit even the slack past the bound is not added; the session is
+    /// marked [`PendingCopies::overflowed`] instead, to be closed.
     pub(crate) fn push(&self, p: PendingCopy) {
+        let c = charge(&p);
+        let limit = self.max_bytes.saturating_add(EMPTY_COPY_SLACK);
+        if self.staged_bytes().saturating_add(c) > limit {
+            tracing::error!(
+                connection = self.connection,
+                limit = self.max_bytes,
+                "the session keeps issuing asynchronous device-to-host copies that are refused (past --max-pending-copy-bytes) without ever synchronizing; closing its connection"
+            );
+            self.overflowed
+                .store(true, std::sync::atomic::Ordering::Release);
+            return;
+        }
+        self.staged
+            .fetch_add(c, std::sync::atomic::Ordering::AcqRel);
         self.lock().push(Arc::new(p));
     }
 
@@ -240,6 +368,9 @@ impl PendingCopies {
             .filter_map(|p| p.deliver(&mut status))
             .collect();
         if !out.is_empty() {
+            let bytes: u64 = out.iter().map(|c| c.data.len() as u64).sum();
+            self.staged
+                .fetch_add(bytes, std::sync::atomic::Ordering::AcqRel);
             self.ready().extend(out);
         }
     }
@@ -247,7 +378,9 @@ impl PendingCopies {
     /// The copies host functions published (`RM_COPIES_READY`): no driver call, no lock but
     /// `ready`'s.
     pub(crate) fn take_ready(&self) -> Vec<RmCopyData> {
-        std::mem::take(&mut *self.ready())
+        let out = std::mem::take(&mut *self.ready());
+        self.uncount(out.iter().map(|c| c.data.len() as u64).sum());
+        out
     }
 
     /// Waits for the copies of context handle `ctx` and drops them (the context goes).
@@ -260,6 +393,7 @@ impl PendingCopies {
             *list = keep;
             gone
         };
+        self.uncount_copies(&gone);
         for p in gone {
             let _ = p.copy.wait();
         }
@@ -268,6 +402,9 @@ impl PendingCopies {
     /// Waits for every copy and drops it (the session ends).
     fn drop_all(&self) {
         let gone = std::mem::take(&mut *self.lock());
+        self.uncount_copies(&gone);
+        let ready = std::mem::take(&mut *self.ready());
+        self.uncount(ready.iter().map(|c| c.data.len() as u64).sum());
         for p in gone {
             let _ = p.copy.wait();
         }
@@ -325,6 +462,7 @@ impl PendingCopies {
             }
             *ready = rest;
         }
+        self.uncount(carried as u64);
         for (p, err) in done {
             if let Some(e) = err {
                 if *status == cu::SUCCESS {
@@ -349,7 +487,15 @@ impl PendingCopies {
             }
         }
         // Forget what is delivered (by this reply, another, or a host function).
-        self.lock().retain(|p| !p.is_taken());
+        let gone: Vec<Arc<PendingCopy>> = {
+            let mut list = self.lock();
+            let (gone, keep) = std::mem::take(&mut *list)
+                .into_iter()
+                .partition(|p| p.is_taken());
+            *list = keep;
+            gone
+        };
+        self.uncount_copies(&gone);
         out
     }
 }
@@ -928,8 +1074,10 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    pub(crate) fn new(connection: u64) -> Self {
-        let copies = Arc::new(PendingCopies::default());
+    /// A session of `connection` that may hold `max_pending_copy_bytes` in undelivered
+    /// asynchronous copies ([`PendingCopies`]).
+    pub(crate) fn new(connection: u64, max_pending_copy_bytes: u64) -> Self {
+        let copies = Arc::new(PendingCopies::new(connection, max_pending_copy_bytes));
         Self {
             connection,
             state: Mutex::new(SessionState {
@@ -987,6 +1135,47 @@ impl Session {
             objects,
             "session closed; its resources are freed"
         );
+    }
+}
+
+#[cfg(test)]
+mod pending_copy_tests {
+    use super::*;
+
+    fn empty(copy_id: u64) -> PendingCopy {
+        PendingCopy {
+            copy_id,
+            ctx: 1,
+            stream: 0,
+            copy: Box::new(crate::backend::NoBytes),
+            area: None,
+            taken: Default::default(),
+        }
+    }
+
+    #[test]
+    fn refused_copies_are_bounded_too_and_then_the_session_must_close() {
+        let copies = PendingCopies::new(7, 4096);
+        assert!(copies.admit(4096 - PENDING_COPY_OVERHEAD).is_ok());
+        assert_eq!(
+            copies.admit(4096 - PENDING_COPY_OVERHEAD + 1),
+            Err(CuError(cu::OUT_OF_MEMORY))
+        );
+        // Refused copies are delivered empty; each counts its overhead, up to the slack.
+        let fit = (4096 + EMPTY_COPY_SLACK) / PENDING_COPY_OVERHEAD;
+        for id in 0..fit {
+            copies.push(empty(id));
+            assert!(!copies.overflowed());
+        }
+        assert_eq!(copies.staged_bytes(), fit * PENDING_COPY_OVERHEAD);
+        copies.push(empty(fit));
+        assert!(copies.overflowed(), "past the slack the session is closed");
+        assert_eq!(copies.staged_bytes(), fit * PENDING_COPY_OVERHEAD);
+        // Delivery uncounts them.
+        let mut status = cu::SUCCESS;
+        let out = copies.collect(Scope::Finished, &mut status);
+        assert_eq!(out.len() as u64, fit);
+        assert_eq!(copies.staged_bytes(), 0);
     }
 }
 

@@ -110,6 +110,11 @@ pub struct SessionConfig {
     pub client_name: String,
     /// How to reach the server (default: `REMORA_TRANSPORT`, else auto).
     pub transport: TransportChoice,
+    /// How a hung or vanished server is noticed while calls wait for it (default: pinged
+    /// after 5 s of silence, given up after 15 s; `None`: only `call_timeout`). Calls then
+    /// fail with CUDA_ERROR_DEVICE_UNAVAILABLE; a long synchronize on a live server is
+    /// still waited for, as the server answers the pings meanwhile.
+    pub liveness: Option<remora_oncrpc::Liveness>,
 }
 
 impl Default for SessionConfig {
@@ -128,6 +133,7 @@ impl Default for SessionConfig {
             call_timeout: ms("REMORA_CALL_TIMEOUT_MS", 24 * 3600 * 1000),
             client_name: format!("remora-client {}", env!("CARGO_PKG_VERSION")),
             transport: crate::endpoint::transport_from_env().unwrap_or_default(),
+            liveness: Some(remora_oncrpc::Liveness::default()),
         }
     }
 }
@@ -477,6 +483,7 @@ impl Session {
             max_record_size: MAX_REPLY_RECORD,
             oneway_batch_delay: oneway_batch_delay(),
             transport: config.transport,
+            liveness: config.liveness,
             ..ClientConfig::default()
         };
         let rpc = RpcClient::connect_with(endpoint, rpc_config).map_err(|e| {

@@ -336,6 +336,27 @@ struct ConnTable {
     /// Handles used to wake connection threads at shutdown.
     streams: HashMap<u64, Stream>,
     threads: HashMap<u64, JoinHandle<()>>,
+    /// Connections being served, by peer ([`ServerConfig::max_connections_per_peer`]).
+    per_peer: HashMap<PeerKey, usize>,
+}
+
+/// Who a connection counts against for [`ServerConfig::max_connections_per_peer`]: the IP
+/// address of a TCP peer (any port), the uid of a Unix-socket peer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum PeerKey {
+    Ip(std::net::IpAddr),
+    Uid(u32),
+    Unknown,
+}
+
+impl PeerKey {
+    fn of(peer: &Peer) -> Self {
+        match peer {
+            Peer::Tcp(addr) => PeerKey::Ip(addr.ip()),
+            Peer::Unix { uid, .. } => PeerKey::Uid(*uid),
+            _ => PeerKey::Unknown,
+        }
+    }
 }
 
 fn accept_loop(listener: Listener, wake: UnixStream, shared: Arc<Shared>) {
@@ -415,6 +436,13 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
         let _ = stream.shutdown(Shutdown::Both);
         return;
     }
+    let key = PeerKey::of(&peer);
+    let from_peer = table.per_peer.get(&key).copied().unwrap_or(0);
+    if from_peer >= shared.config.max_connections_per_peer {
+        tracing::warn!(%peer, max = shared.config.max_connections_per_peer, "ONC RPC server: too many connections from this peer (its IP address, or its uid on a Unix socket); new connection closed (raise --max-connections-per-peer if this peer needs more)");
+        let _ = stream.shutdown(Shutdown::Both);
+        return;
+    }
     let control = match stream.try_clone() {
         Ok(c) => c,
         Err(e) => {
@@ -425,12 +453,23 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
     let id = table.next_id;
     table.next_id += 1;
     let shared2 = Arc::clone(shared);
+    let key2 = key.clone();
     let res = std::thread::Builder::new()
         .name(format!("oncrpc-conn-{id}"))
         .stack_size(CONN_STACK_SIZE)
         .spawn(move || {
             tracing::debug!(%peer, "ONC RPC server: connection accepted");
             if let Some(handler) = shared2.handler.clone() {
+                // Nothing is started for a connection (a worker process) before it has sent
+                // its first call record whole, within the HELLO deadline and size.
+                if let Err(why) =
+                    await_first_record(&stream, &shared2.config, &shared2.shutting_down)
+                {
+                    tracing::info!(%peer, "ONC RPC server: {why}; connection closed");
+                    let mut table = lock(&shared2.conns);
+                    forget(&mut table, id, &key2);
+                    return;
+                }
                 let conn = AcceptedConnection {
                     stream,
                     peer: peer.clone(),
@@ -451,20 +490,106 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
                 );
             }
             let mut table = lock(&shared2.conns);
-            if let Some(s) = table.streams.remove(&id) {
-                let _ = s.shutdown(Shutdown::Both);
-            }
+            forget(&mut table, id, &key2);
             tracing::debug!(%peer, "ONC RPC server: connection closed");
         });
     match res {
         Ok(h) => {
             table.streams.insert(id, control);
             table.threads.insert(id, h);
+            *table.per_peer.entry(key).or_insert(0) += 1;
         }
         Err(e) => {
             tracing::error!(error = %e, "ONC RPC server: cannot spawn a connection thread; connection closed");
             let _ = control.shutdown(Shutdown::Both);
         }
+    }
+}
+
+/// Removes connection `id` of peer `key` from the table and shuts its socket down.
+fn forget(table: &mut ConnTable, id: u64, key: &PeerKey) {
+    if let Some(s) = table.streams.remove(&id) {
+        let _ = s.shutdown(Shutdown::Both);
+        if let Some(n) = table.per_peer.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                table.per_peer.remove(key);
+            }
+        }
+    }
+}
+
+/// Waits, without reading it, until the first record of a connection that is handed off is
+/// complete in the socket's receive queue: within [`ServerConfig::hello_timeout`] of being
+/// accepted and at most [`ServerConfig::max_first_record_size`] long (its first fragment, if
+/// it has several). Whoever serves the connection then reads it from the socket as usual.
+/// Why not, when it does not come.
+fn await_first_record(
+    stream: &Stream,
+    config: &ServerConfig,
+    shutting_down: &AtomicBool,
+) -> Result<(), String> {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    use rustix::net::{RecvFlags, recv};
+    let fd = match stream {
+        Stream::Tcp(s) => s.as_fd(),
+        Stream::Unix(s) => s.as_fd(),
+        Stream::Shm(_) => return Ok(()),
+    };
+    let max = config
+        .max_first_record_size
+        .map_or(config.max_record_size, |m| m.min(config.max_record_size));
+    let deadline = std::time::Instant::now() + config.hello_timeout;
+    let mut buf = vec![0u8; 4 + max];
+    let mut last = usize::MAX;
+    loop {
+        if shutting_down.load(Ordering::SeqCst) {
+            return Err("the server is shutting down".into());
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "no complete first call (HELLO) within hello_timeout ({:?})",
+                config.hello_timeout
+            ));
+        }
+        let wait = left.min(Duration::from_millis(100));
+        let ts = Timespec::try_from(wait).unwrap_or(Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        });
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut fds, Some(&ts)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(format!("poll failed: {e}")),
+        }
+        let n = match recv(fd, &mut buf[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok((n, _)) => n,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(format!("cannot read from the connection: {e}")),
+        };
+        if n == 0 {
+            return Err("the peer closed the connection before its first call".into());
+        }
+        if n >= 4 {
+            let len = (u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) & 0x7FFF_FFFF) as usize;
+            if len > max {
+                return Err(format!(
+                    "the first record ({len} bytes) exceeds max_first_record_size ({max} bytes)"
+                ));
+            }
+            if n >= 4 + len {
+                return Ok(());
+            }
+        }
+        if n == last {
+            // Part of the record is queued and readable, so poll would not wait: pace the
+            // peeking instead of spinning.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        last = n;
     }
 }
 

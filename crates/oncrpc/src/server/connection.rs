@@ -48,6 +48,12 @@ pub(crate) trait Transport: Read + Write {
     fn unix_socket(&self) -> Option<&UnixStream> {
         None
     }
+
+    /// Something that shuts the connection down from any thread (the connection thread's
+    /// read then ends), for a reply that cannot be delivered; `None` for in-memory streams.
+    fn closer(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
+        None
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
@@ -65,6 +71,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     fn unix_socket(&self) -> Option<&UnixStream> {
         (**self).unix_socket()
+    }
+
+    fn closer(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
+        (**self).closer()
     }
 }
 
@@ -86,15 +96,31 @@ impl Transport for Stream {
     fn unix_socket(&self) -> Option<&UnixStream> {
         Stream::unix_socket(self)
     }
+
+    fn closer(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
+        let s = self.try_clone().ok()?;
+        Some(Arc::new(move || {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }))
+    }
 }
 
 /// The writing half of a connection, shared by its thread and its deferred replies. Every
 /// reply is written whole under the lock, so replies never interleave. `None` once the
 /// connection has ended: later replies are dropped.
+///
+/// A reply that cannot be written (the peer stopped reading for the write timeout, or went
+/// away) ends the connection: the sink drops its writer and shuts the connection down, so
+/// that the connection thread stops and the services free what the connection held. A peer
+/// that does not read its replies is disconnected, not merely logged.
 #[derive(Clone)]
 pub(crate) struct ReplySink {
     writer: Arc<Mutex<Option<Box<dyn Write + Send>>>>,
     max_fragment_size: usize,
+    closer: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Deferred replies not yet sent: calls in flight, which keep the connection from being
+    /// idle.
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl fmt::Debug for ReplySink {
@@ -106,13 +132,35 @@ impl fmt::Debug for ReplySink {
 impl ReplySink {
     fn send(&self, chunks: &[Bytes]) -> io::Result<()> {
         let mut guard = lock(&self.writer);
-        match guard.as_mut() {
+        let sent = match guard.as_mut() {
             Some(w) => write_record(w, chunks, self.max_fragment_size),
-            None => Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                "the connection has ended",
-            )),
+            None => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    "the connection has ended",
+                ));
+            }
+        };
+        if let Err(e) = &sent {
+            // Part of a record may have gone out: nothing more can be sent on this stream.
+            guard.take();
+            drop(guard);
+            tracing::warn!(error = %e, "ONC RPC server: a reply could not be written (the peer does not read its replies, or is gone); connection closed");
+            self.shut_down();
         }
+        sent
+    }
+
+    /// Shuts the connection down: its thread stops reading and ends it.
+    pub(crate) fn shut_down(&self) {
+        if let Some(close) = &self.closer {
+            close();
+        }
+    }
+
+    /// Whether a deferred reply is outstanding.
+    fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
     }
 
     fn close(&self) {
@@ -130,6 +178,7 @@ pub struct DeferredReply {
 
 impl DeferredReply {
     pub(crate) fn new(xid: u32, sink: ReplySink) -> Self {
+        sink.in_flight.fetch_add(1, Ordering::AcqRel);
         Self {
             xid,
             sink: Some(sink),
@@ -151,6 +200,7 @@ impl DeferredReply {
         let Some(sink) = self.sink.take() else {
             return Ok(());
         };
+        let _done = InFlight(&sink);
         let mut enc = Encoder::with_capacity(256);
         let encoded = RpcMsg::accepted(self.xid, AcceptStat::Success)
             .encode(&mut enc)
@@ -171,9 +221,19 @@ impl DeferredReply {
     }
 }
 
+/// Counts a deferred reply as answered when dropped.
+struct InFlight<'a>(&'a ReplySink);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Drop for DeferredReply {
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
+            let _done = InFlight(&sink);
             tracing::warn!(
                 xid = self.xid,
                 "ONC RPC server: a deferred reply was dropped unsent; SYSTEM_ERR"
@@ -197,7 +257,13 @@ pub(crate) fn serve_connection<S: Transport>(
     let sink = stream.shared_writer().map(|w| ReplySink {
         writer: Arc::new(Mutex::new(Some(w))),
         max_fragment_size: config.max_fragment_size,
+        closer: stream.closer(),
+        in_flight: Arc::default(),
     });
+    let mut opened = Opened {
+        since: Instant::now(),
+        first_call: false,
+    };
     macro_rules! serve {
         ($stream:expr, $area:expr) => {
             serve_records(
@@ -209,6 +275,7 @@ pub(crate) fn serve_connection<S: Transport>(
                 config,
                 shutting_down,
                 $area,
+                &mut opened,
             )
         };
     }
@@ -230,6 +297,14 @@ pub(crate) fn serve_connection<S: Transport>(
     }
 }
 
+/// Whether a connection has been served its first call yet, and since when it exists: before
+/// its first call (for Remora, HELLO) a connection is held to [`ServerConfig::hello_timeout`]
+/// and [`ServerConfig::max_first_record_size`].
+struct Opened {
+    since: Instant,
+    first_call: bool,
+}
+
 /// Serves records until the connection ends (`None`) or moves into shared memory (the stream
 /// to go on with).
 #[expect(
@@ -245,12 +320,19 @@ fn serve_records<S: Transport>(
     config: &ServerConfig,
     shutting_down: &AtomicBool,
     area: Option<DataArea>,
+    opened: &mut Opened,
 ) -> Option<ShmStream> {
-    let tick = match config.idle_timeout {
+    let mut tick = match config.idle_timeout {
         Some(idle) => idle.min(config.stall_timeout),
         None => config.stall_timeout,
     };
-    let tick = tick.max(Duration::from_millis(1));
+    if !opened.first_call {
+        tick = tick.min(config.hello_timeout);
+    }
+    // The trickle check below needs a look at least every second or so.
+    let tick = tick
+        .min(Duration::from_secs(1))
+        .max(Duration::from_millis(1));
     if let Err(e) = stream.set_read_timeout(Some(tick)) {
         tracing::warn!(%peer, error = %e, "ONC RPC server: cannot set the read timeout; connection closed");
         return None;
@@ -264,9 +346,27 @@ fn serve_records<S: Transport>(
         tracing::warn!(%peer, error = %e, "ONC RPC server: cannot set the write timeout; connection closed");
         return None;
     }
-    let mut reader = RecordReader::new(stream, config.max_record_size);
+    let first_max = config
+        .max_first_record_size
+        .map_or(config.max_record_size, |m| m.min(config.max_record_size));
+    let mut reader = RecordReader::new(
+        Paced {
+            inner: stream,
+            yield_at: Instant::now() + tick,
+            forced: false,
+        },
+        if opened.first_call {
+            config.max_record_size
+        } else {
+            first_max
+        },
+    );
     let mut last_progress = Instant::now();
     let mut seen = 0u64;
+    // Where the record in progress began: the bytes read when the last record ended, and
+    // about when its first byte was seen (within a tick).
+    let mut record_base = 0u64;
+    let mut record_since: Option<Instant> = None;
     let mut profile = config.profile.then(Profile::new);
     let _report = ProfileReport {
         profile: &mut profile,
@@ -281,6 +381,7 @@ fn serve_records<S: Transport>(
             return None;
         }
         let read_start = profile.as_ref().map(|_| Instant::now());
+        reader.get_mut().yield_at = Instant::now() + tick;
         let read = reader.read_record();
         if let (Some(p), Some(t)) = (profile.as_mut(), read_start) {
             p.reading += t.elapsed();
@@ -289,11 +390,13 @@ fn serve_records<S: Transport>(
             Ok(Some(record)) => {
                 last_progress = Instant::now();
                 seen = reader.bytes_read();
+                record_base = seen;
+                record_since = None;
                 let key = profile.as_ref().map(|_| Profile::key(&record));
                 let outcome = match crate::shm::setup_request(&record) {
                     Some(req) => match crate::shm::serve_setup(
                         &req,
-                        reader.get_ref().unix_socket(),
+                        reader.get_ref().inner.unix_socket(),
                         peer,
                         !reader.in_record(),
                         config.shm_ring_capacity,
@@ -301,10 +404,20 @@ fn serve_records<S: Transport>(
                     ) {
                         Setup::Refuse(reply) => Outcome::Reply(reply),
                         Setup::Accept { reply, stream } => {
-                            return grant_shm(reader.get_ref(), peer, sink, &reply, stream);
+                            return grant_shm(&reader.get_ref().inner, peer, sink, &reply, stream);
                         }
                     },
-                    None => process_call(record, peer, connection, sink, registry, area.as_ref()),
+                    None => {
+                        let outcome =
+                            process_call(record, peer, connection, sink, registry, area.as_ref());
+                        if !opened.first_call && !matches!(outcome, Outcome::Close) {
+                            // The connection said HELLO (or made any other call): records up
+                            // to the full size from now on.
+                            opened.first_call = true;
+                            reader.set_max_record_size(config.max_record_size);
+                        }
+                        outcome
+                    }
                 };
                 if let (Some(p), Some(k)) = (profile.as_mut(), key) {
                     p.call(k, last_progress.elapsed());
@@ -314,9 +427,11 @@ fn serve_records<S: Transport>(
                         let send_start = profile.as_ref().map(|_| Instant::now());
                         let sent = match sink {
                             Some(sink) => sink.send(&chunks),
-                            None => {
-                                write_record(reader.get_mut(), &chunks, config.max_fragment_size)
-                            }
+                            None => write_record(
+                                &mut reader.get_mut().inner,
+                                &chunks,
+                                config.max_fragment_size,
+                            ),
                         };
                         if let (Some(p), Some(t)) = (profile.as_mut(), send_start) {
                             p.replying += t.elapsed();
@@ -333,24 +448,54 @@ fn serve_records<S: Transport>(
             Ok(None) => return None,
             Err(e) if e.is_timeout() => {
                 let now = Instant::now();
+                let forced = std::mem::take(&mut reader.get_mut().forced);
                 if reader.bytes_read() != seen {
-                    // Bytes arrived during this read, then nothing for a whole tick.
                     seen = reader.bytes_read();
-                    last_progress = now.checked_sub(tick).unwrap_or(now);
+                    last_progress = if forced {
+                        // Bytes kept arriving until the tick was up.
+                        now
+                    } else {
+                        // Bytes arrived during this read, then nothing for a whole tick.
+                        now.checked_sub(tick).unwrap_or(now)
+                    };
                 }
                 let quiet = now.saturating_duration_since(last_progress);
+                if !opened.first_call
+                    && now.saturating_duration_since(opened.since) >= config.hello_timeout
+                {
+                    tracing::info!(%peer, timeout = ?config.hello_timeout, "ONC RPC server: no first call (HELLO) within hello_timeout; connection closed");
+                    return None;
+                }
                 if reader.in_record() {
                     if quiet >= config.stall_timeout {
                         tracing::warn!(%peer, stalled = ?quiet, buffered = reader.buffered_record_bytes(), "ONC RPC server: partial record stalled past stall_timeout; connection closed");
                         return None;
                     }
-                } else if config.idle_timeout.is_some_and(|idle| quiet >= idle) {
+                    // A trickle (slowloris): bytes keep coming, too few to ever finish.
+                    let since = *record_since.get_or_insert(now);
+                    let got = reader.bytes_read().saturating_sub(record_base);
+                    let allowed = config.stall_timeout
+                        + Duration::from_secs_f64(
+                            got as f64 / config.min_record_rate.max(1) as f64,
+                        );
+                    let took = now.saturating_duration_since(since);
+                    if took > allowed {
+                        tracing::warn!(%peer, took = ?took, received = got, min_rate = config.min_record_rate, "ONC RPC server: a record arrives slower than min_record_rate bytes/s; connection closed");
+                        return None;
+                    }
+                } else if config.idle_timeout.is_some_and(|idle| quiet >= idle)
+                    && !sink.is_some_and(ReplySink::busy)
+                {
                     tracing::debug!(%peer, "ONC RPC server: idle timeout; connection closed");
                     return None;
                 }
             }
             Err(RecordError::TooLarge { declared, max }) => {
-                tracing::warn!(%peer, declared, max, "ONC RPC server: call record exceeds max_record_size; connection closed");
+                if opened.first_call {
+                    tracing::warn!(%peer, declared, max, "ONC RPC server: call record exceeds max_record_size; connection closed");
+                } else {
+                    tracing::warn!(%peer, declared, max, "ONC RPC server: a record before the connection's first call (HELLO) exceeds max_first_record_size; connection closed");
+                }
                 return None;
             }
             Err(RecordError::TruncatedRecord { received }) => {
@@ -362,6 +507,27 @@ fn serve_records<S: Transport>(
                 return None;
             }
         }
+    }
+}
+
+/// The connection's stream as its record reader sees it: a read after `yield_at` fails with
+/// `TimedOut` without reading (the reader keeps its partial record), so that the connection
+/// thread looks at its deadlines at least once a tick even while bytes trickle in: a socket's
+/// read timeout only fires when nothing at all arrives.
+struct Paced<S> {
+    inner: S,
+    yield_at: Instant,
+    /// Set when a read was refused for the time (not a real timeout).
+    forced: bool,
+}
+
+impl<S: Read> Read for Paced<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if Instant::now() >= self.yield_at {
+            self.forced = true;
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.inner.read(buf)
     }
 }
 

@@ -77,6 +77,16 @@ impl CallContext {
         self
     }
 
+    /// Closes the connection this call arrived on, from any thread (e.g. a call run later on
+    /// a thread of the service that finds the peer broke a limit, where returning
+    /// [`Dispatch::Close`] is no longer possible): its thread stops reading and the services
+    /// hear [`Service::connection_closed`]. Does nothing on a connection that cannot defer.
+    pub fn close_connection(&self) {
+        if let Some(sink) = &self.reply_sink {
+            sink.shut_down();
+        }
+    }
+
     /// Takes over the reply to this call: the handler then returns
     /// [`ProcError::Deferred`] (or [`Dispatch::Deferred`]) and the connection goes on with its
     /// next calls, while the returned [`DeferredReply`] sends the SUCCESS reply later, from
@@ -118,6 +128,7 @@ impl From<ProcError> for Dispatch {
             ProcError::GarbageArgs => Dispatch::GarbageArgs,
             ProcError::SystemErr => Dispatch::SystemErr,
             ProcError::Deferred => Dispatch::Deferred,
+            ProcError::Close => Dispatch::Close,
         }
     }
 }
@@ -135,6 +146,10 @@ pub enum ProcError {
     /// Reply later: the handler holds a [`DeferredReply`] from [`CallContext::defer`].
     #[error("the reply is deferred")]
     Deferred,
+    /// Send no reply and close the connection ([`Dispatch::Close`]): the peer broke a limit
+    /// of the service, which logs which.
+    #[error("the peer broke a limit; the connection is closed")]
+    Close,
 }
 
 /// Result of a procedure handler.

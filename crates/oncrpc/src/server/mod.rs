@@ -39,8 +39,26 @@ pub struct ServerConfig {
     /// a reply write may wait for a peer that does not read (full socket buffer or response
     /// ring); the connection is closed after. Default 30 s.
     pub stall_timeout: Duration,
-    /// Longest time a connection may sit idle between records (`None`: forever, the default).
+    /// Longest time a connection may sit idle between records with no call in flight (no
+    /// deferred reply outstanding); `None`: forever, the default, because a connection's
+    /// service state (a Remora session and its GPU memory) lives as long as it does.
     pub idle_timeout: Option<Duration>,
+    /// Most connections served at once from one peer: one IP address for TCP, one uid
+    /// (`SO_PEERCRED`) for Unix sockets. Further ones are accepted and closed at once, so one
+    /// peer cannot take every slot of [`ServerConfig::max_connections`]. Default 128.
+    pub max_connections_per_peer: usize,
+    /// Longest time from accepting a connection to its first call record (for Remora,
+    /// HELLO) being complete; the connection is closed after. Default 10 s.
+    pub hello_timeout: Duration,
+    /// Largest record accepted before the connection's first call was served (a HELLO, and
+    /// `SHM_SETUP` before it, are small); [`ServerConfig::max_record_size`] applies after.
+    /// `None` (the default: a generic ONC RPC client may well start with a large call):
+    /// [`ServerConfig::max_record_size`] from the start. `remora serve` sets 64 KiB.
+    pub max_first_record_size: Option<usize>,
+    /// Least average rate, in bytes per second, at which a record must arrive once begun:
+    /// a record in progress for longer than [`ServerConfig::stall_timeout`] plus its bytes
+    /// at this rate is a trickle (slowloris) and the connection is closed. Default 64 KiB/s.
+    pub min_record_rate: u64,
     /// Largest fragment sent in replies. Default 2^31 - 1.
     pub max_fragment_size: usize,
     /// Keep per-connection timing counters (time waiting for input, time in each procedure,
@@ -64,6 +82,10 @@ impl Default for ServerConfig {
             max_connections: 1024,
             stall_timeout: Duration::from_secs(30),
             idle_timeout: None,
+            max_connections_per_peer: 128,
+            hello_timeout: Duration::from_secs(10),
+            max_first_record_size: None,
+            min_record_rate: 64 << 10,
             max_fragment_size: MAX_FRAGMENT_SIZE,
             profile: false,
             shm_ring_capacity: 1 << 20,

@@ -115,6 +115,7 @@ impl Executor {
                         !st.captures.is_empty(),
                     )
                 };
+                session.copies.admit(a.size)?;
                 // Captured, the copy would land in staging memory only when the graph runs,
                 // and its delivery would never come.
                 not_captured(inner, capturing, c, s)?;
@@ -256,6 +257,7 @@ impl Executor {
                 let (c, s, capturing) =
                     copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
                 not_captured(inner, capturing, c, s)?;
+                session.copies.admit(a.size)?;
                 // `area_of` bounded the size by the area's.
                 let copy = inner
                     .backend
@@ -364,6 +366,7 @@ impl Executor {
                     return Ok(None);
                 };
                 if to_host {
+                    session.copies.admit(copy.packed_len())?;
                     Ok(Some(
                         inner.backend.memcpy_3d_dtoh_async(ctx, stream, &copy)?,
                     ))

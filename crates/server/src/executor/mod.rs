@@ -120,6 +120,9 @@ struct Inner {
     /// Bytes of data area that may still be page-locked (see
     /// [`Executor::set_area_lock_budget`]).
     area_lock_budget: Mutex<u64>,
+    /// Bound of each session's undelivered asynchronous copies, in bytes (see
+    /// [`Executor::set_max_pending_copy_bytes`]).
+    max_pending_copy_bytes: std::sync::atomic::AtomicU64,
     /// Set once any session has switched to its ordered thread (its first host callback):
     /// until then dispatch skips the per-call session lookup for it.
     any_ordered: std::sync::atomic::AtomicBool,
@@ -165,6 +168,9 @@ impl Executor {
                 profile: std::sync::atomic::AtomicBool::new(false),
                 private_driver_calls: std::sync::atomic::AtomicBool::new(true),
                 area_lock_budget: Mutex::new(u64::MAX),
+                max_pending_copy_bytes: std::sync::atomic::AtomicU64::new(
+                    crate::session::DEFAULT_MAX_PENDING_COPY_BYTES,
+                ),
                 any_ordered: std::sync::atomic::AtomicBool::new(false),
                 backend,
                 hello,
@@ -205,6 +211,26 @@ impl Executor {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Most bytes each session created from now on may hold staged in asynchronous
+    /// device-to-host copies it has not yet synchronized for (default
+    /// [`crate::DEFAULT_MAX_PENDING_COPY_BYTES`], `remora serve --max-pending-copy-bytes`).
+    /// A copy past it fails with CUDA_ERROR_OUT_OF_MEMORY at the session's next synchronizing
+    /// call, logged with the limit.
+    pub fn set_max_pending_copy_bytes(&self, bytes: u64) {
+        self.inner
+            .max_pending_copy_bytes
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes staged now in undelivered asynchronous copies, over all sessions.
+    pub fn pending_copy_bytes(&self) -> u64 {
+        self.inner
+            .sessions()
+            .values()
+            .map(|s| s.copies.staged_bytes())
+            .sum()
+    }
+
     /// Whether procedures that call undocumented entry points of the real driver on a
     /// client's behalf (`RM_TOOLS_CTX_QUERY`) are served (the default) or refused with
     /// CUDA_ERROR_NOT_SUPPORTED (`remora serve --no-private-driver-calls`).
@@ -232,12 +258,15 @@ impl Executor {
     }
 
     fn session(&self, call: &CallContext) -> Arc<Session> {
-        let session = Arc::clone(
-            self.inner
-                .sessions()
-                .entry(call.connection)
-                .or_insert_with(|| Arc::new(Session::new(call.connection))),
-        );
+        let session = Arc::clone(self.inner.sessions().entry(call.connection).or_insert_with(
+            || {
+                let max = self
+                    .inner
+                    .max_pending_copy_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                Arc::new(Session::new(call.connection, max))
+            },
+        ));
         if session.area.get().is_none()
             && let Some(area) = call.data_area()
             && session.area.set(area.clone()).is_ok()
@@ -388,6 +417,10 @@ impl Executor {
                 }
                 None => st.defer_error(nz(e)),
             }
+        }
+        if session.copies.overflowed() {
+            // Logged by PendingCopies::push: the session is past every bound of its copies.
+            return Err(ProcError::Close);
         }
         Ok(())
     }
