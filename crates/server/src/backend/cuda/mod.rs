@@ -21,6 +21,7 @@ use super::{
 #[macro_use]
 mod driver;
 mod abi;
+mod graphs;
 mod pools;
 mod staging;
 
