@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{LEGACY, SERIAL, pattern};
-use remora_client::proto::{RmPoolLocation, RmPoolAccess, RmPoolProps};
+use remora_client::proto::{RmPoolAccess, RmPoolLocation, RmPoolProps};
 use remora_client::{CuError, Session, SessionConfig, cu};
 use remora_oncrpc::{Endpoint, TransportChoice};
 use remora_server::{

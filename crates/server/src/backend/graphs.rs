@@ -222,8 +222,12 @@ pub trait Graphs {
     fn graph_node_links(&self, ctx: u64, node: u64, dependents: bool) -> CuResult<Vec<u64>>;
     /// `cuGraphKernelNodeGetParams`, `cuGraphMemsetNodeGetParams`,
     /// `cuGraphMemcpyNodeGetParams`, by the node's type (others: `INVALID_VALUE`).
-    fn graph_node_get_params(&self, ctx: u64, node: u64, layout: LayoutOf<'_>)
-    -> CuResult<NodeInfo>;
+    fn graph_node_get_params(
+        &self,
+        ctx: u64,
+        node: u64,
+        layout: LayoutOf<'_>,
+    ) -> CuResult<NodeInfo>;
     /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams` (the node keeps its type).
     fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()>;
     /// `cuGraphClone`.

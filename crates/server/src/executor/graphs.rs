@@ -323,10 +323,7 @@ impl Executor {
         let mut st = session.lock();
         let r = (|| {
             let (graph, ctx) = st.explicit_graph(h)?;
-            let raw = self
-                .inner
-                .backend
-                .graph_nodes(st.ctx(ctx)?, graph, roots)?;
+            let raw = self.inner.backend.graph_nodes(st.ctx(ctx)?, graph, roots)?;
             node_list(what, raw.len())?;
             Ok(Self::handles(&mut st, raw, h))
         })();
@@ -536,7 +533,9 @@ impl Executor {
 fn settable(p: &RmNodeParams) -> bool {
     matches!(
         p,
-        RmNodeParams::RmNodeKernel(_) | RmNodeParams::RmNodeMemset(_) | RmNodeParams::RmNodeMemcpy(_)
+        RmNodeParams::RmNodeKernel(_)
+            | RmNodeParams::RmNodeMemset(_)
+            | RmNodeParams::RmNodeMemcpy(_)
     )
 }
 

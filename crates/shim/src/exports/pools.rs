@@ -12,7 +12,7 @@
 
 use std::ffi::{c_int, c_ulonglong, c_void};
 
-use remora_client::proto::{RmPoolLocation, RmPoolAccess, RmPoolProps};
+use remora_client::proto::{RmPoolAccess, RmPoolLocation, RmPoolProps};
 use remora_client::{CuError, CuResult, cu};
 use remora_cuda_abi::pools::{
     ALLOCATION_TYPE_PINNED, LOCATION_TYPE_DEVICE, MemAccessDesc, MemLocation, MemPoolProps,

@@ -13,7 +13,9 @@ use libloading::Library;
 use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::abi::{LaunchConfig, MemAccessDesc, MemAllocationProp, MemLocation, Memcpy2D, Memcpy3D};
-use remora_cuda_abi::graphs::{ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams};
+use remora_cuda_abi::graphs::{
+    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams,
+};
 use remora_cuda_abi::pools::MemPoolProps;
 
 pub(super) type Ptr = *mut c_void;

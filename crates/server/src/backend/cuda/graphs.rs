@@ -104,7 +104,9 @@ fn memcpy_params(c: &MemcpyNode) -> CuResult<Memcpy3D> {
         c.depth
             .checked_sub(1)
             .zip(c.height.checked_sub(1))
-            .map_or(0, |(k, r)| s.row_offset(k, r) - s.row_offset(0, 0) + c.width)
+            .map_or(0, |(k, r)| {
+                s.row_offset(k, r) - s.row_offset(0, 0) + c.width
+            })
     };
     let (st, sh, sd) = side(&c.src, span(&c.src))?;
     let (dt, dh, dd) = side(&c.dst, span(&c.dst))?;
@@ -149,7 +151,14 @@ fn list(mut get: impl FnMut(*mut Ptr, *mut usize) -> CuResult<()>) -> CuResult<V
     Ok(v.into_iter().map(|p| p as usize as u64).collect())
 }
 
-fn copy_side_out(mem: GraphMemOut, x: usize, y: usize, z: usize, pitch: usize, height: usize) -> CopySideOut {
+fn copy_side_out(
+    mem: GraphMemOut,
+    x: usize,
+    y: usize,
+    z: usize,
+    pitch: usize,
+    height: usize,
+) -> CopySideOut {
     CopySideOut {
         mem,
         pitch: pitch as u64,
@@ -171,13 +180,7 @@ fn mem_out(kind: u32, host: u64, dev: u64) -> CuResult<GraphMemOut> {
 }
 
 impl CudaBackend {
-    fn add_node(
-        &self,
-        d: &Driver,
-        graph: u64,
-        deps: &[u64],
-        params: &NodeParams,
-    ) -> CuResult<u64> {
+    fn add_node(&self, d: &Driver, graph: u64, deps: &[u64], params: &NodeParams) -> CuResult<u64> {
         let deps: Vec<Ptr> = deps.iter().map(|&n| ptr(n)).collect();
         let dp = deps.as_ptr();
         let n = deps.len();
@@ -193,11 +196,17 @@ impl CudaBackend {
             }
             NodeParams::Memset(m) => {
                 let p = memset_params(m)?;
-                call!(d.t, graph_add_memset_node(&mut node, g, dp, n, &p, ptr(m.ctx)))?;
+                call!(
+                    d.t,
+                    graph_add_memset_node(&mut node, g, dp, n, &p, ptr(m.ctx))
+                )?;
             }
             NodeParams::Memcpy(c) => {
                 let p = memcpy_params(c)?;
-                call!(d.t, graph_add_memcpy_node(&mut node, g, dp, n, &p, ptr(c.ctx)))?;
+                call!(
+                    d.t,
+                    graph_add_memcpy_node(&mut node, g, dp, n, &p, ptr(c.ctx))
+                )?;
             }
             NodeParams::Host(h) => {
                 let p = HostNodeParams {
@@ -207,11 +216,17 @@ impl CudaBackend {
                 call!(d.t, graph_add_host_node(&mut node, g, dp, n, &p))?;
             }
             NodeParams::Child(c) => {
-                call!(d.t, graph_add_child_graph_node(&mut node, g, dp, n, ptr(*c)))?;
+                call!(
+                    d.t,
+                    graph_add_child_graph_node(&mut node, g, dp, n, ptr(*c))
+                )?;
             }
             NodeParams::Empty => call!(d.t, graph_add_empty_node(&mut node, g, dp, n))?,
             NodeParams::EventRecord(e) => {
-                call!(d.t, graph_add_event_record_node(&mut node, g, dp, n, ptr(*e)))?;
+                call!(
+                    d.t,
+                    graph_add_event_record_node(&mut node, g, dp, n, ptr(*e))
+                )?;
             }
             NodeParams::EventWait(e) => {
                 call!(d.t, graph_add_event_wait_node(&mut node, g, dp, n, ptr(*e)))?;
@@ -220,7 +235,13 @@ impl CudaBackend {
         Ok(node as usize as u64)
     }
 
-    fn set_params(&self, d: &Driver, exec: Option<u64>, node: u64, params: &NodeParams) -> CuResult<()> {
+    fn set_params(
+        &self,
+        d: &Driver,
+        exec: Option<u64>,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()> {
         let nd = ptr(node);
         // SAFETY (every call below): `nd` is a node of this session (of the graph `exec` was
         // made from, for the exec forms); the parameter structs live across the call.
@@ -239,7 +260,10 @@ impl CudaBackend {
             }
             (NodeParams::Memset(m), Some(e)) => {
                 let p = memset_params(m)?;
-                call!(d.t, graph_exec_memset_node_set_params(ptr(e), nd, &p, ptr(m.ctx)))
+                call!(
+                    d.t,
+                    graph_exec_memset_node_set_params(ptr(e), nd, &p, ptr(m.ctx))
+                )
             }
             (NodeParams::Memcpy(c), None) => {
                 let p = memcpy_params(c)?;
@@ -247,7 +271,10 @@ impl CudaBackend {
             }
             (NodeParams::Memcpy(c), Some(e)) => {
                 let p = memcpy_params(c)?;
-                call!(d.t, graph_exec_memcpy_node_set_params(ptr(e), nd, &p, ptr(c.ctx)))
+                call!(
+                    d.t,
+                    graph_exec_memcpy_node_set_params(ptr(e), nd, &p, ptr(c.ctx))
+                )
             }
             _ => Err(CuError(cu::INVALID_VALUE)),
         }
@@ -263,7 +290,13 @@ impl Graphs for CudaBackend {
         Ok(g as usize as u64)
     }
 
-    fn graph_add_node(&self, ctx: u64, graph: u64, deps: &[u64], params: &NodeParams) -> CuResult<u64> {
+    fn graph_add_node(
+        &self,
+        ctx: u64,
+        graph: u64,
+        deps: &[u64],
+        params: &NodeParams,
+    ) -> CuResult<u64> {
         let d = self.in_ctx(ctx)?;
         self.add_node(d, graph, deps, params)
     }
@@ -274,7 +307,14 @@ impl Graphs for CudaBackend {
         call!(d.t, graph_destroy_node(ptr(node)))
     }
 
-    fn graph_edges_change(&self, ctx: u64, graph: u64, from: &[u64], to: &[u64], add: bool) -> CuResult<()> {
+    fn graph_edges_change(
+        &self,
+        ctx: u64,
+        graph: u64,
+        from: &[u64],
+        to: &[u64],
+        add: bool,
+    ) -> CuResult<()> {
         if from.len() != to.len() {
             return Err(CuError(cu::INVALID_VALUE));
         }
@@ -284,9 +324,15 @@ impl Graphs for CudaBackend {
         let none = std::ptr::null();
         // SAFETY: `f` and `t` hold `len` nodes of this session each; no edge data.
         if add {
-            call!(d.t, graph_add_dependencies(ptr(graph), f.as_ptr(), t.as_ptr(), none, f.len()))
+            call!(
+                d.t,
+                graph_add_dependencies(ptr(graph), f.as_ptr(), t.as_ptr(), none, f.len())
+            )
         } else {
-            call!(d.t, graph_remove_dependencies(ptr(graph), f.as_ptr(), t.as_ptr(), none, f.len()))
+            call!(
+                d.t,
+                graph_remove_dependencies(ptr(graph), f.as_ptr(), t.as_ptr(), none, f.len())
+            )
         }
     }
 
@@ -308,12 +354,18 @@ impl Graphs for CudaBackend {
         let null: Ptr = std::ptr::null_mut();
         let no_list: *mut Ptr = std::ptr::null_mut();
         // SAFETY: with NULL arrays the driver writes the count only.
-        call!(d.t, graph_get_edges(ptr(graph), no_list, no_list, null, &mut n))?;
+        call!(
+            d.t,
+            graph_get_edges(ptr(graph), no_list, no_list, null, &mut n)
+        )?;
         let mut f: Vec<Ptr> = vec![null; n];
         let mut t: Vec<Ptr> = vec![null; n];
         if n > 0 {
             // SAFETY: both arrays hold `n` entries; no edge data.
-            call!(d.t, graph_get_edges(ptr(graph), f.as_mut_ptr(), t.as_mut_ptr(), null, &mut n))?;
+            call!(
+                d.t,
+                graph_get_edges(ptr(graph), f.as_mut_ptr(), t.as_mut_ptr(), null, &mut n)
+            )?;
             f.truncate(n);
             t.truncate(n);
         }
@@ -342,7 +394,12 @@ impl Graphs for CudaBackend {
         })
     }
 
-    fn graph_node_get_params(&self, ctx: u64, node: u64, layout: LayoutOf<'_>) -> CuResult<NodeInfo> {
+    fn graph_node_get_params(
+        &self,
+        ctx: u64,
+        node: u64,
+        layout: LayoutOf<'_>,
+    ) -> CuResult<NodeInfo> {
         let kind = self.graph_node_type(ctx, node)?;
         let d = self.in_ctx(ctx)?;
         match kind {
@@ -356,7 +413,11 @@ impl Graphs for CudaBackend {
                     tracing::warn!("remora: cuGraphKernelNodeGetParams: the node's kernel is not a function of this session; returning CUDA_ERROR_NOT_SUPPORTED");
                     CuError(cu::NOT_SUPPORTED)
                 })?;
-                let len = layout.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0);
+                let len = layout
+                    .iter()
+                    .map(|&(o, s)| (o + s) as usize)
+                    .max()
+                    .unwrap_or(0);
                 let mut params = vec![0u8; len];
                 if !layout.is_empty() && p.kernel_params.is_null() {
                     return Err(CuError(cu::NOT_SUPPORTED));
@@ -366,7 +427,11 @@ impl Graphs for CudaBackend {
                     // the function, each to `sz` bytes (its layout).
                     unsafe {
                         let src = *p.kernel_params.add(i);
-                        std::ptr::copy_nonoverlapping(src.cast::<u8>(), params.as_mut_ptr().add(off as usize), sz as usize);
+                        std::ptr::copy_nonoverlapping(
+                            src.cast::<u8>(),
+                            params.as_mut_ptr().add(off as usize),
+                            sz as usize,
+                        );
                     }
                 }
                 Ok(NodeInfo::Kernel {
@@ -400,11 +465,19 @@ impl Graphs for CudaBackend {
                 Ok(NodeInfo::Memcpy {
                     src: copy_side_out(
                         mem_out(p.src_memory_type, p.src_host as usize as u64, p.src_device)?,
-                        p.src_x_in_bytes, p.src_y, p.src_z, p.src_pitch, p.src_height,
+                        p.src_x_in_bytes,
+                        p.src_y,
+                        p.src_z,
+                        p.src_pitch,
+                        p.src_height,
                     ),
                     dst: copy_side_out(
                         mem_out(p.dst_memory_type, p.dst_host as usize as u64, p.dst_device)?,
-                        p.dst_x_in_bytes, p.dst_y, p.dst_z, p.dst_pitch, p.dst_height,
+                        p.dst_x_in_bytes,
+                        p.dst_y,
+                        p.dst_z,
+                        p.dst_pitch,
+                        p.dst_height,
                     ),
                     width: p.width_in_bytes as u64,
                     height: p.height as u64,
@@ -428,7 +501,13 @@ impl Graphs for CudaBackend {
         Ok(g as usize as u64)
     }
 
-    fn graph_exec_node_set_params(&self, ctx: u64, exec: u64, node: u64, params: &NodeParams) -> CuResult<()> {
+    fn graph_exec_node_set_params(
+        &self,
+        ctx: u64,
+        exec: u64,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
         self.set_params(d, Some(exec), node, params)
     }

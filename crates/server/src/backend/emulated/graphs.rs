@@ -101,14 +101,21 @@ impl EmuGraph {
     }
 
     fn node_mut(&mut self, id: u64) -> CuResult<&mut EmuNode> {
-        self.nodes.iter_mut().find(|n| n.id == id).ok_or_else(invalid)
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .ok_or_else(invalid)
     }
 
     /// The nodes in a topological order (ties: the order they were added); a cycle is
     /// `INVALID_VALUE`.
     fn topo(&self) -> CuResult<Vec<&EmuNode>> {
-        let index: HashMap<u64, usize> =
-            self.nodes.iter().enumerate().map(|(i, n)| (n.id, i)).collect();
+        let index: HashMap<u64, usize> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id, i))
+            .collect();
         let mut waiting: Vec<usize> = self.nodes.iter().map(|n| n.deps.len()).collect();
         let mut after: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
         for (i, n) in self.nodes.iter().enumerate() {
