@@ -169,7 +169,10 @@ fn kernel_v1(what: &str, p: *const KernelNodeParamsV1) -> CuResult<RmNodeParams>
 
 /// The parameter storage `cuGraphKernelNodeGetParams` hands out, per node (valid until the
 /// next get of the same node, as the driver's own is until the node changes).
-static KERNEL_ARGS: Mutex<Option<HashMap<u64, (Vec<u64>, Vec<usize>)>>> = Mutex::new(None);
+/// A kernel node's parameter values (8-byte aligned) and the pointers into them.
+type KernelArgStore = (Vec<u64>, Vec<usize>);
+
+static KERNEL_ARGS: Mutex<Option<HashMap<u64, KernelArgStore>>> = Mutex::new(None);
 
 /// The `kernelParams` array of packed parameters `k`, kept for node `n`.
 fn kernel_args(s: &Session, n: u64, k: &RmKernelNode) -> CuResult<(Handle, *mut *mut c_void)> {
@@ -483,7 +486,8 @@ fn generic(
     // SAFETY: non-null and readable per cuda.h; the union member read is the one `kind`
     // names.
     let (kind, u) = unsafe { ((*p).kind, (*p).u) };
-    // SAFETY (each arm): reads the union member of type `kind`.
+    // SAFETY: each arm reads the union member of the type `kind` names, which the program
+    // filled in (cuda.h); the pointers inside are checked by the functions called.
     let (params, ctx) = unsafe {
         match kind {
             0 => (kernel_v2(WHAT, &u.kernel)?, 0),
