@@ -65,6 +65,12 @@ fi
 # stream_ordered: cudaMallocAsync/cudaFreeAsync on several streams, memory pools, graph memory nodes
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/stream_ordered" \
   "$src/tests/stream_ordered.cu"
+# explicit_graphs: graphs built node by node (kernel, memset, memcpy, host, child, event nodes),
+# exec set-params, update, clone; explicit_graphs_pinned adds memcpy nodes with pinned host sides
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/explicit_graphs" \
+  "$src/tests/explicit_graphs.cu"
+"$nvcc" -O2 -std=c++17 -DPINNED_NODES "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/explicit_graphs_pinned" \
+  "$src/tests/explicit_graphs.cu"
 # device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
   "$src/tests/device_props.cu"

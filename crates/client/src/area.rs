@@ -50,6 +50,11 @@ impl AreaAlloc {
         self.area.same_address_as_peer()
     }
 
+    /// The address of the area's first byte in this process.
+    pub(crate) fn base(&self) -> u64 {
+        self.area.base() as u64
+    }
+
     /// Bytes of the area.
     pub(crate) fn len(&self) -> u64 {
         self.area.len() as u64

@@ -21,6 +21,10 @@ use remora_proto::remora::RemoraV1Client;
 /// callbacks (`CUDA_SUCCESS`, or the context's sticky error).
 pub type HostCallback = Box<dyn FnOnce(i32) + Send + 'static>;
 
+/// A callback that runs every time the server reports it due (a graph host node, at every
+/// launch of a graph made from it); kept for the session's lifetime.
+pub type RepeatedCallback = Arc<dyn Fn() + Send + Sync + 'static>;
+
 thread_local! {
     static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
 }
@@ -34,12 +38,29 @@ pub fn in_host_callback() -> bool {
 pub(crate) struct HostCallbacks {
     next: AtomicU64,
     pending: Mutex<HashMap<u64, HostCallback>>,
+    repeated: Mutex<HashMap<u64, RepeatedCallback>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl HostCallbacks {
     fn pending(&self) -> MutexGuard<'_, HashMap<u64, HostCallback>> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps repeated callback `cb` under a fresh id, starting the callback thread if needed.
+    pub(crate) fn register_repeated(
+        self: &Arc<Self>,
+        rpc: &RemoraV1Client,
+        cb: RepeatedCallback,
+    ) -> std::io::Result<u64> {
+        let id = self.register(rpc, Box::new(|_| {}))?;
+        self.pending().remove(&id);
+        lock(&self.repeated).insert(id, cb);
+        Ok(id)
     }
 
     /// Keeps `cb` under a fresh id, starting the callback thread if needed.
@@ -96,6 +117,15 @@ impl HostCallbacks {
             }
             for due in reply.due {
                 let cb = self.pending().remove(&due.callback_id);
+                let repeated = match cb {
+                    Some(_) => None,
+                    None => lock(&self.repeated).get(&due.callback_id).cloned(),
+                };
+                let cb: Option<HostCallback> = match (cb, repeated) {
+                    (Some(cb), _) => Some(cb),
+                    (None, Some(r)) => Some(Box::new(move |_| r())),
+                    (None, None) => None,
+                };
                 match cb {
                     Some(cb) => {
                         let _ = IN_CALLBACK.try_with(|c| c.set(true));

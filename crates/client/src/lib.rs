@@ -39,7 +39,7 @@ pub use error::{
     CuError, CuResult, TransportFailure, cu, cu_result_name, cu_result_name_c, cu_result_string,
     cu_result_string_c, cu_results, from_rpc, last_transport_failure,
 };
-pub use host_callbacks::{HostCallback, in_host_callback};
+pub use host_callbacks::{HostCallback, RepeatedCallback, in_host_callback};
 pub use remora_oncrpc::{Endpoint, TransportChoice};
 pub use remora_proto::remora as proto;
 pub use remora_proto::stream_attr as proto_stream_attr;
@@ -47,7 +47,7 @@ pub use safe::{
     Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,
 };
 pub use session::{
-    BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, FunctionInfo,
-    KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, PointerKind, Session, SessionConfig,
-    StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
+    BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, ExecUpdateInfo,
+    FunctionInfo, KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, PointerKind, Session,
+    SessionConfig, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

@@ -13,6 +13,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+pub mod graphs;
 pub mod pools;
 
 /// `CU_MEMORYTYPE_HOST`.

@@ -34,6 +34,7 @@ pub mod cu {
     pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
     pub const STREAM_CAPTURE_UNMATCHED: i32 = 903;
     pub const STREAM_CAPTURE_WRONG_THREAD: i32 = 908;
+    pub const GRAPH_EXEC_UPDATE_FAILURE: i32 = 910;
     pub const UNKNOWN: i32 = 999;
 }
 

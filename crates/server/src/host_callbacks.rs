@@ -24,7 +24,7 @@
 //! once, so that a client that dies never leaves a stream blocked.
 
 use remora_proto::cuda::{CuError, CuResult, cu};
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use remora_oncrpc::DeferredReply;
@@ -37,8 +37,11 @@ struct State {
     due: VecDeque<RmDueCallback>,
     /// The client's outstanding RM_WAIT_HOST_CALLBACKS.
     waiter: Option<DeferredReply>,
-    /// Reached and not yet reported done: their host functions are blocked.
-    blocked: HashSet<u64>,
+    /// Reached and not yet reported done: their host functions are blocked, by callback id,
+    /// each with a ticket per time it was reached (a graph host node may be reached again,
+    /// by another executable graph, before it is reported done; done releases the oldest).
+    blocked: HashMap<u64, VecDeque<u64>>,
+    next_ticket: u64,
     closed: bool,
 }
 
@@ -76,7 +79,9 @@ impl HostCallbacks {
         if st.closed {
             return;
         }
-        st.blocked.insert(id);
+        st.next_ticket += 1;
+        let ticket = st.next_ticket;
+        st.blocked.entry(id).or_default().push_back(ticket);
         st.due.push_back(RmDueCallback {
             callback_id: id,
             status,
@@ -87,7 +92,7 @@ impl HostCallbacks {
             send(w, cu::SUCCESS, due);
             st = self.lock();
         }
-        while st.blocked.contains(&id) && !st.closed {
+        while st.blocked.get(&id).is_some_and(|t| t.contains(&ticket)) && !st.closed {
             st = self
                 .released
                 .wait(st)
@@ -119,9 +124,15 @@ impl HostCallbacks {
 
     /// RM_HOST_CALLBACK_DONE: releases the host function of callback `id`.
     pub(crate) fn done(&self, id: u64) -> CuResult<()> {
-        let removed = self.lock().blocked.remove(&id);
-        if !removed {
-            return Err(CuError(cu::INVALID_VALUE));
+        {
+            let mut st = self.lock();
+            let Some(tickets) = st.blocked.get_mut(&id) else {
+                return Err(CuError(cu::INVALID_VALUE));
+            };
+            tickets.pop_front();
+            if tickets.is_empty() {
+                st.blocked.remove(&id);
+            }
         }
         self.released.notify_all();
         Ok(())
@@ -130,7 +141,7 @@ impl HostCallbacks {
     /// Callbacks reached and not reported done.
     #[cfg(test)]
     pub(crate) fn blocked(&self) -> usize {
-        self.lock().blocked.len()
+        self.lock().blocked.values().map(VecDeque::len).sum()
     }
 
     /// The session ends: releases every blocked host function, answers the outstanding wait
@@ -138,7 +149,7 @@ impl HostCallbacks {
     pub(crate) fn close(&self) {
         let mut st = self.lock();
         st.closed = true;
-        let released = st.blocked.len();
+        let released: usize = st.blocked.values().map(VecDeque::len).sum();
         st.blocked.clear();
         st.due.clear();
         let waiter = st.waiter.take();

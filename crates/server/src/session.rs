@@ -91,6 +91,11 @@ pub(crate) enum Resource {
         raw: u64,
         created: bool,
     },
+    /// A node of graph handle `graph` (`session/graphs.rs`): goes with its graph.
+    GraphNode {
+        raw: u64,
+        graph: u64,
+    },
 }
 
 /// A stream capture in progress (by the driver's capture id).
@@ -137,6 +142,7 @@ impl Range {
     }
 }
 
+mod graphs;
 mod pools;
 
 /// The data area and the offset in it where a copy's bytes land.
@@ -528,6 +534,9 @@ pub(crate) struct SessionState {
     pub(crate) captures: HashMap<u64, Capture>,
     /// `cuMemMap` mappings inside the session's reservations: base → size.
     pub(crate) mappings: BTreeMap<u64, u64>,
+    /// The functions of graph host nodes, alive while any graph may run them
+    /// (`session/graphs.rs`).
+    pub(crate) host_nodes: Vec<Arc<crate::backend::graphs::HostNode>>,
 }
 
 impl SessionState {
@@ -712,7 +721,8 @@ impl SessionState {
                 | Resource::GraphExec { ctx: c, .. } => *c == ctx,
                 Resource::Context { .. }
                 | Resource::MemHandle { .. }
-                | Resource::MemPool { .. } => false,
+                | Resource::MemPool { .. }
+                | Resource::GraphNode { .. } => false,
             })
             .map(|(h, r)| (*h, r.clone()))
             .collect();
@@ -751,6 +761,7 @@ impl SessionState {
                 tracing::debug!(handle = h, error = e.0, "cleanup: the driver refused");
             }
         }
+        self.forget_orphan_nodes();
         self.free_stream_ordered(backend, ctx, raw_ctx);
         let allocations: Vec<u64> = self
             .ranges

@@ -119,11 +119,18 @@ fn stream_attributes_are_set_read_back_and_windows_checked() {
         hit_prop: 2,
         miss_prop: 1,
     });
-    assert_eq!(s.stream_get_attribute(ctx, st, 3), Ok(RmStreamAttr::Case3(0)));
+    assert_eq!(
+        s.stream_get_attribute(ctx, st, 3),
+        Ok(RmStreamAttr::Case3(0))
+    );
     s.stream_set_attribute(ctx, st, window.clone()).unwrap();
-    s.stream_set_attribute(ctx, st, RmStreamAttr::Case3(2)).unwrap();
+    s.stream_set_attribute(ctx, st, RmStreamAttr::Case3(2))
+        .unwrap();
     assert_eq!(s.stream_get_attribute(ctx, st, 1), Ok(window));
-    assert_eq!(s.stream_get_attribute(ctx, st, 3), Ok(RmStreamAttr::Case3(2)));
+    assert_eq!(
+        s.stream_get_attribute(ctx, st, 3),
+        Ok(RmStreamAttr::Case3(2))
+    );
     // A window over memory that is not the session's is refused before the driver sees it.
     let foreign = RmStreamAttr::Case1(RmAccessPolicy {
         base: 0x10,

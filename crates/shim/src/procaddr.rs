@@ -90,7 +90,7 @@ mod tests {
         for name in crate::generated::ALL {
             assert!(symbol_address(name).is_some(), "{name}");
         }
-        assert!(resolve("cuGraphCreate", 13000, 0).is_ok());
+        assert!(resolve("cuGraphAddMemAllocNode", 13000, 0).is_ok());
         assert_eq!(
             resolve("cuMemAlloc", 13000, 0).unwrap(),
             crate::exports::cuMemAlloc_v2 as *const () as *mut c_void

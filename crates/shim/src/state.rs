@@ -34,6 +34,8 @@ pub enum Kind {
     GraphExec = 0x99,
     /// CUmemoryPool
     MemPool = 0xAA,
+    /// CUgraphNode
+    GraphNode = 0xBB,
 }
 
 /// The kind of a non-NULL handle, from its low byte.
@@ -53,6 +55,7 @@ pub fn kind_of(p: *mut c_void) -> Option<Kind> {
         Kind::Graph,
         Kind::GraphExec,
         Kind::MemPool,
+        Kind::GraphNode,
     ]
     .into_iter()
     .find(|k| v & 0xFF == *k as u64)

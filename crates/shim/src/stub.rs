@@ -66,12 +66,21 @@ mod tests {
     #[test]
     fn stubs_fit_and_log_once() {
         assert!(STUBS.len() <= LOGGED.len());
-        let i = STUBS.iter().position(|s| *s == "cuGraphCreate").unwrap();
+        let i = STUBS
+            .iter()
+            .position(|s| *s == "cuGraphAddMemAllocNode")
+            .unwrap();
         let before = log_lines();
-        assert_eq!(crate::generated::stubs::cuGraphCreate(), NOT_SUPPORTED);
+        assert_eq!(
+            crate::generated::stubs::cuGraphAddMemAllocNode(),
+            NOT_SUPPORTED
+        );
         assert_eq!(log_lines(), before + 1);
         assert_eq!(not_supported(i), NOT_SUPPORTED);
-        assert_eq!(crate::generated::stubs::cuGraphCreate(), NOT_SUPPORTED);
+        assert_eq!(
+            crate::generated::stubs::cuGraphAddMemAllocNode(),
+            NOT_SUPPORTED
+        );
         assert_eq!(log_lines(), before + 1);
     }
 }

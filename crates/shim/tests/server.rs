@@ -118,7 +118,16 @@ fn child_no_device() {
         let gpa: libloading::Symbol<GetProc> = lib.get(b"cuGetProcAddress_v2").unwrap();
         let mut f: *mut c_void = std::ptr::null_mut();
         let mut st: c_int = -1;
-        assert_eq!(gpa(c"cuGraphCreate".as_ptr(), &mut f, 13000, 0, &mut st), 0);
+        assert_eq!(
+            gpa(
+                c"cuGraphAddMemAllocNode".as_ptr(),
+                &mut f,
+                13000,
+                0,
+                &mut st
+            ),
+            0
+        );
         assert!(!f.is_null());
         let stub: extern "C" fn() -> c_int = std::mem::transmute(f);
         assert_eq!(stub(), 801);

@@ -443,6 +443,8 @@ mod capture;
 mod contexts;
 mod copies;
 mod copies_3d;
+mod graphs;
+pub use graphs::ExecUpdateInfo;
 mod launches;
 pub use launches::{KernelArgs, LaunchConfig};
 mod memory;

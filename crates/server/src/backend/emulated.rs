@@ -37,6 +37,7 @@ use remora_proto::remora::{
 
 use super::emulated_kernels;
 
+mod graphs;
 mod pools;
 use super::{
     Backend, CaptureInfo, Copy3d, CopyPlace, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
@@ -136,8 +137,10 @@ enum EmuOp {
         elem: u32,
         count: u64,
     },
-    /// A kernel launch: the kernel's name, grid, block, parameters and their layout.
+    /// A kernel launch: the function, the kernel's name, grid, block, parameters and their
+    /// layout.
     Launch {
+        function: u64,
         name: String,
         grid: [u32; 3],
         block: [u32; 3],
@@ -146,6 +149,18 @@ enum EmuOp {
     },
     /// Event records and waits: ordering only, nothing to replay here.
     Nop,
+    /// A memset node (2-D).
+    Memset2d(super::graphs::MemsetNode),
+    /// A memcpy node (device memory or the data area on either side).
+    Copy(super::graphs::MemcpyNode),
+    /// A host node: runs on the host-function thread.
+    Host(Arc<super::graphs::HostNode>),
+    /// A child graph node: a copy of the child, flattened when instantiated.
+    Child(graphs::EmuGraph),
+    /// An event record node.
+    Record(u64),
+    /// An event wait node (ordering only).
+    Wait(u64),
 }
 
 /// A capture in progress.
@@ -208,8 +223,8 @@ struct State {
     captures: HashMap<u64, EmuCapture>,
     /// Event → the capture it was last recorded in.
     event_capture: HashMap<u64, u64>,
-    graphs: HashMap<u64, Vec<EmuOp>>,
-    execs: HashMap<u64, Vec<EmuOp>>,
+    /// Graphs, executable graphs and their nodes (`emulated/graphs.rs`).
+    graphs: graphs::EmuGraphs,
     /// Stream attributes set: (stream, attribute id) → value.
     stream_attrs: HashMap<(u64, i32), RmStreamAttr>,
     /// Physical allocations of `cuMemCreate`, by handle.
@@ -278,7 +293,7 @@ impl HostPending {
 /// The emulated **test** backend (see the module documentation).
 pub struct EmulatedBackend {
     config: EmulatedConfig,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
     /// Per context: the queue of its host-function thread.
     host_threads: Mutex<HashMap<u64, HostQueue>>,
     host_pending: Arc<HostPending>,
@@ -305,11 +320,11 @@ impl EmulatedBackend {
         );
         Self {
             config,
-            state: Mutex::new(State {
+            state: Arc::new(Mutex::new(State {
                 next_handle: 0x1000,
                 next_addr: EMU_MEMORY_BASE,
                 ..State::default()
-            }),
+            })),
             host_threads: Mutex::default(),
             host_pending: Arc::default(),
         }
@@ -358,8 +373,8 @@ impl EmulatedBackend {
             modules: st.modules.len(),
             streams: st.streams.len(),
             events: st.events.len(),
-            graphs: st.graphs.len(),
-            graph_execs: st.execs.len(),
+            graphs: st.graphs.graphs.len(),
+            graph_execs: st.graphs.execs.len(),
             vmm_allocations: st.phys.len(),
             vmm_reservations: st.reserved.len(),
             vmm_mappings: st.mapped.len(),
@@ -510,10 +525,8 @@ impl State {
         let Some(id) = self.capturing.get(&(ctx, stream)).copied() else {
             return false;
         };
-        if let Some(g) = self.captures.get(&id).map(|c| c.graph)
-            && let Some(ops) = self.graphs.get_mut(&g)
-        {
-            ops.push(op);
+        if let Some(g) = self.captures.get(&id).map(|c| c.graph) {
+            self.capture_into(g, op);
         }
         true
     }
@@ -548,6 +561,7 @@ impl State {
             } => fill(self.range(*dst, count * u64::from(*elem))?, *value, *elem),
             EmuOp::Launch {
                 name,
+                function: _,
                 grid,
                 block,
                 params,
@@ -562,7 +576,19 @@ impl State {
                 };
                 emulated_kernels::run(&l, self)?;
             }
-            EmuOp::Nop => {}
+            EmuOp::Nop | EmuOp::Child(_) => {}
+            EmuOp::Wait(e) => {
+                self.events.get(e).ok_or(CuError(cu::INVALID_HANDLE))?;
+            }
+            EmuOp::Memset2d(m) => self.memset_node(m)?,
+            EmuOp::Copy(c) => self.copy_node(c)?,
+            // Run by the host-function thread (graphs::launch_with_host_nodes).
+            EmuOp::Host(_) => {}
+            EmuOp::Record(e) => {
+                if let Some(t) = self.events.get_mut(e) {
+                    *t = Some(Instant::now());
+                }
+            }
         }
         Ok(())
     }
@@ -1423,6 +1449,7 @@ impl Backend for EmulatedBackend {
             .ok_or(CuError(cu::INVALID_HANDLE))?
             .clone();
         let op = EmuOp::Launch {
+            function: spec.function,
             name,
             grid: spec.grid,
             block: spec.block,
@@ -1585,7 +1612,7 @@ impl Backend for EmulatedBackend {
         }
         let id = st.handle();
         let graph = st.handle();
-        st.graphs.insert(graph, Vec::new());
+        st.graphs.graphs.insert(graph, Default::default());
         st.captures.insert(
             id,
             EmuCapture {
@@ -1621,7 +1648,7 @@ impl Backend for EmulatedBackend {
         st.capturing.retain(|_, c| *c != id);
         st.event_capture.retain(|_, c| *c != id);
         if invalidated {
-            st.graphs.remove(&graph);
+            st.drop_graph(graph);
             return Err(CuError(cu::STREAM_CAPTURE_INVALIDATED));
         }
         Ok(graph)
@@ -1636,8 +1663,9 @@ impl Backend for EmulatedBackend {
         let c = st.captures.get(&id).ok_or(CuError(cu::ILLEGAL_STATE))?;
         let deps = st
             .graphs
+            .graphs
             .get(&c.graph)
-            .map_or(0, |ops| u64::from(!ops.is_empty()));
+            .map_or(0, |g| u64::from(!g.is_empty()));
         Ok(if c.invalidated {
             CaptureInfo {
                 status: super::capture_status::INVALIDATED,
@@ -1662,32 +1690,33 @@ impl Backend for EmulatedBackend {
             // Still being captured.
             return Err(CuError(cu::INVALID_VALUE));
         }
-        let ops = st
-            .graphs
-            .get(&graph)
-            .ok_or(CuError(cu::INVALID_HANDLE))?
-            .clone();
-        let exec = st.handle();
-        st.execs.insert(exec, ops);
-        Ok(exec)
+        st.instantiate(graph)
     }
 
     fn graph_launch(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
-        let ops = st
+        let e = st
+            .graphs
             .execs
             .get(&exec)
             .ok_or(CuError(cu::INVALID_HANDLE))?
             .clone();
         if st.capturing.contains_key(&(ctx, stream)) {
+            if e.has_host_nodes() {
+                return st.refuse_in_capture(ctx, stream);
+            }
             // Captured into another graph: its operations, inline.
-            for op in ops {
+            for (_, op) in e.ops {
                 st.capture(ctx, stream, op);
             }
             return Ok(());
         }
-        for op in &ops {
+        if e.has_host_nodes() {
+            drop(st);
+            return self.launch_with_host_nodes(ctx, stream, e.ops);
+        }
+        for (_, op) in &e.ops {
             st.replay(op)?;
         }
         Ok(())
@@ -1696,7 +1725,8 @@ impl Backend for EmulatedBackend {
     fn graph_upload(&self, ctx: u64, exec: u64, stream: u64) -> CuResult<()> {
         let st = self.lock();
         st.stream(ctx, stream)?;
-        st.execs
+        st.graphs
+            .execs
             .get(&exec)
             .map(|_| ())
             .ok_or(CuError(cu::INVALID_HANDLE))
@@ -1705,21 +1735,24 @@ impl Backend for EmulatedBackend {
     fn graph_exec_destroy(&self, ctx: u64, exec: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        forget(&mut st.execs, exec).map(|_| ())
+        forget(&mut st.graphs.execs, exec).map(|_| ())
     }
 
     fn graph_destroy(&self, ctx: u64, graph: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
-        forget(&mut st.graphs, graph).map(|_| ())
+        st.drop_graph(graph)
+            .map(|_| ())
+            .ok_or(CuError(cu::INVALID_HANDLE))
     }
 
     fn graph_node_count(&self, ctx: u64, graph: u64) -> CuResult<u64> {
         let st = self.lock();
         st.ctx(ctx)?;
         st.graphs
+            .graphs
             .get(&graph)
-            .map(|ops| ops.len() as u64)
+            .map(|g| g.len() as u64)
             .ok_or(CuError(cu::INVALID_HANDLE))
     }
 }

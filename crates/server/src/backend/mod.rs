@@ -15,10 +15,12 @@ use remora_proto::remora::{
 pub mod cuda;
 pub mod emulated;
 mod emulated_kernels;
+pub mod graphs;
 pub mod pools;
 
 pub use cuda::CudaBackend;
 pub use emulated::{EmulatedBackend, EmulatedConfig, LiveCounts};
+pub use graphs::Graphs;
 pub use pools::MemPools;
 
 /// The backend value of the CUDA legacy default stream (`CU_STREAM_LEGACY`).
@@ -289,8 +291,9 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 /// The executor's view of a GPU driver. Device ordinals are the ones clients see (after
 /// `--devices`); every call that works in a context takes it explicitly and the backend makes it
 /// current on the calling thread when needed. Implementations must be callable from several
-/// threads at once. Stream-ordered allocation and memory pools are the [`MemPools`] part.
-pub trait Backend: MemPools + Send + Sync + 'static {
+/// threads at once. Stream-ordered allocation and memory pools are the [`MemPools`] part,
+/// explicit graphs the [`Graphs`] part.
+pub trait Backend: MemPools + Graphs + Send + Sync + 'static {
     /// A short name for logs ("cuda", "emulated").
     fn kind(&self) -> &'static str;
     /// `cuDriverGetVersion`.

@@ -159,7 +159,7 @@ impl Executor {
     }
 
     pub(super) fn graph_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        self.destroy_in_ctx(
+        let r = self.destroy_in_ctx(
             call,
             h,
             "RM_GRAPH_DESTROY",
@@ -174,7 +174,10 @@ impl Executor {
                 _ => Err(CuError(cu::INVALID_HANDLE)),
             },
             |b, c, raw| b.graph_destroy(c, raw),
-        )
+        );
+        // Its node handles go with it (revision 11).
+        self.session(call).lock().forget_nodes_of(h);
+        r
     }
 }
 

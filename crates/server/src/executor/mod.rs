@@ -30,6 +30,7 @@ use crate::session::{
 mod capture;
 mod contexts;
 mod copies;
+mod graphs;
 mod memory;
 mod modules;
 mod pools;

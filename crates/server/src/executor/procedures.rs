@@ -94,6 +94,26 @@ impl RemoraV1Server for Executor {
         rm_mem_pool_get_access(RmPoolGetAccessArgs) -> RmIntReply => mem_pool_get_access;
     }
 
+    // Explicit CUDA graphs (revision 11): `executor/graphs.rs`.
+    forward! {
+        rm_graph_create(RmGraphCreateArgs) -> RmHandleReply => graph_create;
+        rm_graph_add_node(RmAddNodeArgs) -> RmHandleReply => graph_add_node;
+        rm_graph_destroy_node(RmHandle) -> CuResult_ => graph_destroy_node;
+        rm_graph_add_dependencies(RmGraphEdgesArgs) -> CuResult_ => graph_add_dependencies;
+        rm_graph_remove_dependencies(RmGraphEdgesArgs) -> CuResult_ => graph_remove_dependencies;
+        rm_graph_get_nodes(RmHandle) -> RmNodeListReply => graph_get_nodes;
+        rm_graph_get_root_nodes(RmHandle) -> RmNodeListReply => graph_get_root_nodes;
+        rm_graph_get_edges(RmHandle) -> RmGraphEdgesReply => graph_get_edges;
+        rm_graph_node_get_type(RmHandle) -> RmIntReply => graph_node_get_type;
+        rm_graph_node_get_dependencies(RmHandle) -> RmNodeListReply => graph_node_get_dependencies;
+        rm_graph_node_get_dependent_nodes(RmHandle) -> RmNodeListReply => graph_node_get_dependent_nodes;
+        rm_graph_node_get_params(RmHandle) -> RmNodeParamsReply => graph_node_get_params;
+        rm_graph_node_set_params(RmNodeSetArgs) -> CuResult_ => graph_node_set_params;
+        rm_graph_clone(RmHandle) -> RmHandleReply => graph_clone;
+        rm_graph_exec_node_set_params(RmExecNodeSetArgs) -> CuResult_ => graph_exec_node_set_params;
+        rm_graph_exec_update(RmExecUpdateArgs) -> RmExecUpdateReply => graph_exec_update;
+    }
+
     fn remora_null(&self, _call: &CallContext) -> ProcResult<()> {
         Ok(())
     }

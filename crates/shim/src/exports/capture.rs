@@ -17,9 +17,9 @@
 //! in relaxed mode (its threads are not the program's), so the calls that CUDA forbids during
 //! a global or thread-local capture are not refused here (more permissive than CUDA).
 //!
-//! Explicit graph construction (`cuGraphCreate`, `cuGraphAdd*Node`, node queries and
-//! updates, `cuStreamBeginCaptureToGraph`, `cuStreamUpdateCaptureDependencies`,
-//! `cuGraphExecUpdate`) stays a generated `CUDA_ERROR_NOT_SUPPORTED` stub.
+//! Explicit graph construction is `exports/graphs.rs` (revision 11);
+//! `cuStreamBeginCaptureToGraph` and `cuStreamUpdateCaptureDependencies` stay generated
+//! `CUDA_ERROR_NOT_SUPPORTED` stubs.
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_ulonglong, c_void};
@@ -237,22 +237,7 @@ entry_points! {
     cuGraphUpload_ptsz(exec: Handle, st: Handle) => launch(exec, st, true, true);
     cuGraphExecDestroy(exec: Handle) => state::session()?.graph_exec_destroy(dec(Kind::GraphExec, exec)?);
     cuGraphDestroy(graph: Handle) => state::session()?.graph_destroy(dec(Kind::Graph, graph)?);
-    cuGraphGetNodes(graph: Handle, nodes: *mut Handle, count: *mut usize) => node_count(graph, nodes, count);
     cuThreadExchangeStreamCaptureMode(mode: *mut c_int) => exchange_mode(mode);
-}
-
-/// `cuGraphGetNodes`: the count only (nodes have no handles here).
-fn node_count(graph: Handle, nodes: *mut Handle, count: *mut usize) -> CuResult<()> {
-    if !nodes.is_null() {
-        tracing::error!(
-            "remora: cuGraphGetNodes: graph nodes are not remoted (only their number); \
-             returning CUDA_ERROR_NOT_SUPPORTED"
-        );
-        return Err(CuError(cu::NOT_SUPPORTED));
-    }
-    let n = state::session()?.graph_node_count(dec(Kind::Graph, graph)?)?;
-    // SAFETY: `count` is null (rejected) or writable per cuda.h.
-    unsafe { put(count, usize::try_from(n).unwrap_or(usize::MAX)) }
 }
 
 /// `cuThreadExchangeStreamCaptureMode`: swaps this thread's mode with `*mode`.

@@ -20,6 +20,7 @@ macro_rules! entry_points {
 mod capture;
 mod core;
 mod exec;
+mod graphs;
 mod library;
 mod managed;
 mod mem;
@@ -32,6 +33,7 @@ pub use self::core::*;
 pub use capture::*;
 pub(crate) use exec::load_image;
 pub use exec::*;
+pub use graphs::*;
 pub use library::*;
 pub use managed::*;
 pub use mem::*;

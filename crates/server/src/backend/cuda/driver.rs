@@ -13,6 +13,9 @@ use libloading::Library;
 use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::abi::{LaunchConfig, MemAccessDesc, MemAllocationProp, MemLocation, Memcpy2D, Memcpy3D};
+use remora_cuda_abi::graphs::{
+    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams,
+};
 use remora_cuda_abi::pools::MemPoolProps;
 
 pub(super) type Ptr = *mut c_void;
@@ -190,6 +193,35 @@ driver_table! {
     mem_pool_trim_to = "cuMemPoolTrimTo" / "cuMemPoolTrimTo": fn(Ptr, usize);
     mem_pool_set_access = "cuMemPoolSetAccess" / "cuMemPoolSetAccess": fn(Ptr, *const MemAccessDesc, usize);
     mem_pool_get_access = "cuMemPoolGetAccess" / "cuMemPoolGetAccess": fn(*mut c_int, Ptr, *mut MemLocation);
+    // Explicit graphs (backend/cuda/graphs.rs); the _v2 forms where CUDA 13.0 names them so.
+    graph_create = "cuGraphCreate" / "cuGraphCreate": fn(*mut Ptr, c_uint);
+    graph_add_kernel_node = "cuGraphAddKernelNode" / "cuGraphAddKernelNode_v2": fn(*mut Ptr, Ptr, *const Ptr, usize, *const KernelNodeParams);
+    graph_add_memset_node = "cuGraphAddMemsetNode" / "cuGraphAddMemsetNode": fn(*mut Ptr, Ptr, *const Ptr, usize, *const MemsetNodeParams, Ptr);
+    graph_add_memcpy_node = "cuGraphAddMemcpyNode" / "cuGraphAddMemcpyNode": fn(*mut Ptr, Ptr, *const Ptr, usize, *const Memcpy3D, Ptr);
+    graph_add_host_node = "cuGraphAddHostNode" / "cuGraphAddHostNode": fn(*mut Ptr, Ptr, *const Ptr, usize, *const HostNodeParams);
+    graph_add_child_graph_node = "cuGraphAddChildGraphNode" / "cuGraphAddChildGraphNode": fn(*mut Ptr, Ptr, *const Ptr, usize, Ptr);
+    graph_add_empty_node = "cuGraphAddEmptyNode" / "cuGraphAddEmptyNode": fn(*mut Ptr, Ptr, *const Ptr, usize);
+    graph_add_event_record_node = "cuGraphAddEventRecordNode" / "cuGraphAddEventRecordNode": fn(*mut Ptr, Ptr, *const Ptr, usize, Ptr);
+    graph_add_event_wait_node = "cuGraphAddEventWaitNode" / "cuGraphAddEventWaitNode": fn(*mut Ptr, Ptr, *const Ptr, usize, Ptr);
+    graph_destroy_node = "cuGraphDestroyNode" / "cuGraphDestroyNode": fn(Ptr);
+    graph_add_dependencies = "cuGraphAddDependencies" / "cuGraphAddDependencies_v2": fn(Ptr, *const Ptr, *const Ptr, *const c_void, usize);
+    graph_remove_dependencies = "cuGraphRemoveDependencies" / "cuGraphRemoveDependencies_v2": fn(Ptr, *const Ptr, *const Ptr, *const c_void, usize);
+    graph_get_root_nodes = "cuGraphGetRootNodes" / "cuGraphGetRootNodes": fn(Ptr, *mut Ptr, *mut usize);
+    graph_get_edges = "cuGraphGetEdges" / "cuGraphGetEdges_v2": fn(Ptr, *mut Ptr, *mut Ptr, *mut c_void, *mut usize);
+    graph_node_get_type = "cuGraphNodeGetType" / "cuGraphNodeGetType": fn(Ptr, *mut c_int);
+    graph_node_get_dependencies = "cuGraphNodeGetDependencies" / "cuGraphNodeGetDependencies_v2": fn(Ptr, *mut Ptr, *mut c_void, *mut usize);
+    graph_node_get_dependent_nodes = "cuGraphNodeGetDependentNodes" / "cuGraphNodeGetDependentNodes_v2": fn(Ptr, *mut Ptr, *mut c_void, *mut usize);
+    graph_kernel_node_get_params = "cuGraphKernelNodeGetParams" / "cuGraphKernelNodeGetParams_v2": fn(Ptr, *mut KernelNodeParams);
+    graph_kernel_node_set_params = "cuGraphKernelNodeSetParams" / "cuGraphKernelNodeSetParams_v2": fn(Ptr, *const KernelNodeParams);
+    graph_memset_node_get_params = "cuGraphMemsetNodeGetParams" / "cuGraphMemsetNodeGetParams": fn(Ptr, *mut MemsetNodeParams);
+    graph_memset_node_set_params = "cuGraphMemsetNodeSetParams" / "cuGraphMemsetNodeSetParams": fn(Ptr, *const MemsetNodeParams);
+    graph_memcpy_node_get_params = "cuGraphMemcpyNodeGetParams" / "cuGraphMemcpyNodeGetParams": fn(Ptr, *mut Memcpy3D);
+    graph_memcpy_node_set_params = "cuGraphMemcpyNodeSetParams" / "cuGraphMemcpyNodeSetParams": fn(Ptr, *const Memcpy3D);
+    graph_clone = "cuGraphClone" / "cuGraphClone": fn(*mut Ptr, Ptr);
+    graph_exec_kernel_node_set_params = "cuGraphExecKernelNodeSetParams" / "cuGraphExecKernelNodeSetParams_v2": fn(Ptr, Ptr, *const KernelNodeParams);
+    graph_exec_memset_node_set_params = "cuGraphExecMemsetNodeSetParams" / "cuGraphExecMemsetNodeSetParams": fn(Ptr, Ptr, *const MemsetNodeParams, Ptr);
+    graph_exec_memcpy_node_set_params = "cuGraphExecMemcpyNodeSetParams" / "cuGraphExecMemcpyNodeSetParams": fn(Ptr, Ptr, *const Memcpy3D, Ptr);
+    graph_exec_update = "cuGraphExecUpdate" / "cuGraphExecUpdate_v2": fn(Ptr, Ptr, *mut ExecUpdateResultInfo);
 }
 
 /// Calls a driver entry point, or answers cu::NOT_SUPPORTED when the driver lacks it.

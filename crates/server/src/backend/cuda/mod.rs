@@ -23,6 +23,7 @@ use super::{
 #[macro_use]
 mod driver;
 mod abi;
+mod graphs;
 mod pools;
 mod staging;
 

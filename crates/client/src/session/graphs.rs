@@ -1,0 +1,257 @@
+//! [`Session`] methods for explicit CUDA graphs (revision 11): `cuGraphCreate`, adding nodes,
+//! dependencies, node queries and parameters, `cuGraphClone`, `cuGraphExec*SetParams` and
+//! `cuGraphExecUpdate`. Graphs and nodes are session handles of the server.
+//!
+//! Kernel nodes pack their parameters as launches do. A host node's function stays in this
+//! process and runs on the host-callback thread every time a launch reaches the node. A
+//! memcpy node's host side must be memory the server reaches when the graph runs: page-locked
+//! memory in the shared data area (`cuMemHostAlloc` over shared memory), named by its offset
+//! there. Any other host memory (pageable memory, every host buffer of a socket session) is
+//! refused with `CUDA_ERROR_NOT_SUPPORTED` and a warning: copying its bytes when the node is
+//! added would give the graph stale data.
+
+use super::*;
+use crate::host_callbacks::RepeatedCallback;
+
+fn node_list(r: RmNodeListReply) -> CuResult<Vec<RmHandle>> {
+    match r {
+        RmNodeListReply::Case0(v) => Ok(v),
+        RmNodeListReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+    }
+}
+
+/// What `cuGraphExecUpdate` answers besides its status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExecUpdateInfo {
+    /// `CUgraphExecUpdateResult`.
+    pub result: i32,
+    /// The node handle that made it fail (0: none).
+    pub error_node: RmHandle,
+}
+
+impl Session {
+    /// `cuGraphCreate` in context `ctx`.
+    pub fn graph_create(&self, ctx: RmHandle, flags: u32) -> CuResult<RmHandle> {
+        self.need_revision(11, "cuGraphCreate")?;
+        handle(call!(
+            self.rm_graph_create(&RmGraphCreateArgs { ctx, flags })
+        )?)
+    }
+
+    /// `cuGraphAdd*Node`/`cuGraphAddNode`: a node of `graph` after `deps`; memset and memcpy
+    /// nodes run in `ctx` (0: the graph's context).
+    pub fn graph_add_node(
+        &self,
+        graph: RmHandle,
+        ctx: RmHandle,
+        deps: &[RmHandle],
+        params: RmNodeParams,
+    ) -> CuResult<RmHandle> {
+        self.need_revision(11, "cuGraphAdd*Node")?;
+        if deps.len() > RM_MAX_GRAPH_NODES as usize {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        handle(call!(self.rm_graph_add_node(&RmAddNodeArgs {
+            graph,
+            ctx,
+            dependencies: deps.to_vec(),
+            params,
+        }))?)
+    }
+
+    /// `cuGraphAddHostNode`: `f` runs in this process at every launch that reaches the node.
+    pub fn graph_add_host_node(
+        &self,
+        graph: RmHandle,
+        deps: &[RmHandle],
+        f: RepeatedCallback,
+    ) -> CuResult<RmHandle> {
+        self.need_revision(11, "cuGraphAddHostNode")?;
+        let id = self
+            .callbacks
+            .register_repeated(&self.rpc, f)
+            .map_err(|e| {
+                tracing::error!("remora: cannot start the host callback thread: {e}");
+                CuError(cu::OUT_OF_MEMORY)
+            })?;
+        self.graph_add_node(graph, 0, deps, RmNodeParams::RmNodeHost(id))
+    }
+
+    /// The kernel node parameters of a launch of `function`, packed as launches are.
+    ///
+    /// # Safety
+    /// `params` is NULL for a kernel without parameters, else holds one valid pointer per
+    /// parameter of `function` (as `kernelParams` of `cuLaunchKernel`).
+    pub unsafe fn kernel_node(
+        &self,
+        function: &FunctionInfo,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        params: *const *const std::ffi::c_void,
+    ) -> CuResult<RmKernelNode> {
+        let packed = if params.is_null() {
+            if !function.params.is_empty() {
+                return Err(CuError(cu::INVALID_VALUE));
+            }
+            Vec::new()
+        } else {
+            // SAFETY: the caller's contract.
+            unsafe { crate::params::pack_kernel_params(&function.params, params) }?
+        };
+        let dim = |d: [u32; 3]| RmDim3 {
+            x: d[0],
+            y: d[1],
+            z: d[2],
+        };
+        Ok(RmKernelNode {
+            function: function.handle,
+            grid: dim(grid),
+            block: dim(block),
+            shared_mem_bytes,
+            params: packed.into(),
+        })
+    }
+
+    /// The data-area offset of `len` bytes of host memory at `ptr`, for a memcpy node; host
+    /// memory the server cannot reach when the graph runs is refused loudly.
+    pub fn graph_host_side(&self, what: &str, ptr: u64, len: u64) -> CuResult<u64> {
+        self.pinned_offset(ptr, len).ok_or_else(|| {
+            tracing::warn!(
+                "remora: {what}: a memcpy node's host memory must be page-locked memory in the shared data area (cuMemHostAlloc/cudaMallocHost over shared memory), which the server reads when the graph runs; this memory is not (pageable, registered, or a socket session), and copying it now would give the graph stale data; returning CUDA_ERROR_NOT_SUPPORTED"
+            );
+            CuError(cu::NOT_SUPPORTED)
+        })
+    }
+
+    /// The host address of data-area offset `offset` (memcpy node parameters read back).
+    pub fn area_host_ptr(&self, offset: u64) -> CuResult<u64> {
+        let area = self.area.as_ref().ok_or(CuError(cu::NOT_SUPPORTED))?;
+        if offset > area.len() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        Ok(area.base() + offset)
+    }
+
+    /// `cuGraphDestroyNode`.
+    pub fn graph_destroy_node(&self, node: RmHandle) -> CuResult<()> {
+        self.need_revision(11, "cuGraphDestroyNode")?;
+        CuError::check(call!(self.rm_graph_destroy_node(&node))?)
+    }
+
+    /// `cuGraphAddDependencies` (`add`) or `cuGraphRemoveDependencies`.
+    pub fn graph_change_dependencies(
+        &self,
+        graph: RmHandle,
+        from: &[RmHandle],
+        to: &[RmHandle],
+        add: bool,
+    ) -> CuResult<()> {
+        self.need_revision(11, "cuGraphAddDependencies")?;
+        if from.len() != to.len() || from.len() > RM_MAX_GRAPH_NODES as usize {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let a = RmGraphEdgesArgs {
+            graph,
+            from: from.to_vec(),
+            to: to.to_vec(),
+        };
+        CuError::check(if add {
+            call!(self.rm_graph_add_dependencies(&a))?
+        } else {
+            call!(self.rm_graph_remove_dependencies(&a))?
+        })
+    }
+
+    /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`).
+    pub fn graph_nodes(&self, graph: RmHandle, roots: bool) -> CuResult<Vec<RmHandle>> {
+        self.need_revision(11, "cuGraphGetNodes")?;
+        node_list(if roots {
+            call!(self.rm_graph_get_root_nodes(&graph))?
+        } else {
+            call!(self.rm_graph_get_nodes(&graph))?
+        })
+    }
+
+    /// `cuGraphGetEdges`: (from, to).
+    pub fn graph_edges(&self, graph: RmHandle) -> CuResult<(Vec<RmHandle>, Vec<RmHandle>)> {
+        self.need_revision(11, "cuGraphGetEdges")?;
+        match call!(self.rm_graph_get_edges(&graph))? {
+            RmGraphEdgesReply::Case0(e) => Ok((e.from, e.to)),
+            RmGraphEdgesReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// `cuGraphNodeGetType`.
+    pub fn graph_node_type(&self, node: RmHandle) -> CuResult<i32> {
+        self.need_revision(11, "cuGraphNodeGetType")?;
+        int(call!(self.rm_graph_node_get_type(&node))?)
+    }
+
+    /// `cuGraphNodeGetDependencies` (`dependents`: `cuGraphNodeGetDependentNodes`).
+    pub fn graph_node_links(&self, node: RmHandle, dependents: bool) -> CuResult<Vec<RmHandle>> {
+        self.need_revision(11, "cuGraphNodeGetDependencies")?;
+        node_list(if dependents {
+            call!(self.rm_graph_node_get_dependent_nodes(&node))?
+        } else {
+            call!(self.rm_graph_node_get_dependencies(&node))?
+        })
+    }
+
+    /// `cuGraph{Kernel,Memset,Memcpy}NodeGetParams`.
+    pub fn graph_node_params(&self, node: RmHandle) -> CuResult<RmNodeParams> {
+        self.need_revision(11, "cuGraphKernelNodeGetParams")?;
+        match call!(self.rm_graph_node_get_params(&node))? {
+            RmNodeParamsReply::Case0(p) => Ok(p),
+            RmNodeParamsReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+        }
+    }
+
+    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams`.
+    pub fn graph_node_set_params(&self, node: RmHandle, params: RmNodeParams) -> CuResult<()> {
+        self.need_revision(11, "cuGraphKernelNodeSetParams")?;
+        CuError::check(call!(
+            self.rm_graph_node_set_params(&RmNodeSetArgs { node, params })
+        )?)
+    }
+
+    /// `cuGraphClone`.
+    pub fn graph_clone(&self, graph: RmHandle) -> CuResult<RmHandle> {
+        self.need_revision(11, "cuGraphClone")?;
+        handle(call!(self.rm_graph_clone(&graph))?)
+    }
+
+    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
+    pub fn graph_exec_node_set_params(
+        &self,
+        exec: RmHandle,
+        node: RmHandle,
+        params: RmNodeParams,
+    ) -> CuResult<()> {
+        self.need_revision(11, "cuGraphExecKernelNodeSetParams")?;
+        CuError::check(call!(self.rm_graph_exec_node_set_params(
+            &RmExecNodeSetArgs { exec, node, params }
+        ))?)
+    }
+
+    /// `cuGraphExecUpdate`: the status, with the update result and failing node.
+    pub fn graph_exec_update(
+        &self,
+        exec: RmHandle,
+        graph: RmHandle,
+    ) -> (CuResult<()>, ExecUpdateInfo) {
+        if let Err(e) = self.need_revision(11, "cuGraphExecUpdate") {
+            return (Err(e), ExecUpdateInfo::default());
+        }
+        match call!(self.rm_graph_exec_update(&RmExecUpdateArgs { exec, graph })) {
+            Ok(r) => (
+                CuError::check(r.status),
+                ExecUpdateInfo {
+                    result: r.result,
+                    error_node: r.error_node,
+                },
+            ),
+            Err(e) => (Err(e), ExecUpdateInfo::default()),
+        }
+    }
+}

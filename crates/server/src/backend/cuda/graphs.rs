@@ -1,0 +1,535 @@
+//! [`Graphs`] on the real driver: explicit graph construction, queries and updates. Every
+//! node the executor passes was checked against the session (handles resolved, device ranges
+//! and data-area spans bounded); host sides of memcpy nodes point into this process's mapping
+//! of the session's data area, which stays mapped while the session lives.
+
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+use remora_cuda_abi::graphs::{
+    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams,
+};
+use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
+use remora_proto::cuda::{CuError, CuResult, cu};
+
+use super::CudaBackend;
+use super::driver::{Driver, Ptr, ptr};
+use crate::backend::graphs::{
+    CopySideOut, ExecUpdate, GraphCopySide, GraphMem, GraphMemOut, Graphs, HostNode, KernelNode,
+    LayoutOf, MemcpyNode, MemsetNode, NodeInfo, NodeParams, node_type,
+};
+
+fn size(v: u64) -> CuResult<usize> {
+    usize::try_from(v).map_err(|_| CuError(cu::INVALID_VALUE))
+}
+
+/// The driver's host-node function: `data` is an `Arc<HostNode>` the session keeps alive for
+/// as long as any graph or executable graph of it may run the node.
+unsafe extern "C" fn run_host_node(data: *mut c_void) {
+    // SAFETY: `data` is `Arc::as_ptr` of a `HostNode` the session holds until after its
+    // graphs and executable graphs are destroyed (see `SessionState::host_nodes`).
+    let node = unsafe { &*data.cast::<HostNode>() };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (node.0)())).is_err() {
+        tracing::error!("a graph host node panicked on the driver's thread");
+    }
+}
+
+/// Scratch storage a kernel node's `kernelParams` point into (the driver copies the values).
+struct KernelArgs {
+    _aligned: Vec<u64>,
+    _args: Vec<Ptr>,
+}
+
+fn kernel_params(k: &KernelNode) -> (KernelNodeParams, KernelArgs) {
+    let mut aligned = vec![0u64; k.params.len().div_ceil(8)];
+    let base = aligned.as_mut_ptr().cast::<u8>();
+    // SAFETY: `aligned` holds at least params.len() bytes and does not overlap `params`.
+    unsafe { std::ptr::copy_nonoverlapping(k.params.as_ptr(), base, k.params.len()) };
+    let mut args: Vec<Ptr> = k
+        .layout
+        .iter()
+        // SAFETY: the executor checked offset + size <= params.len() for every parameter.
+        .map(|&(off, _)| unsafe { base.add(off as usize) }.cast::<c_void>())
+        .collect();
+    let p = KernelNodeParams {
+        func: ptr(k.function),
+        grid_dim: k.grid,
+        block_dim: k.block,
+        shared_mem_bytes: k.shared_mem_bytes,
+        kernel_params: if args.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            args.as_mut_ptr()
+        },
+        extra: std::ptr::null_mut(),
+        kern: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+    };
+    (
+        p,
+        KernelArgs {
+            _aligned: aligned,
+            _args: args,
+        },
+    )
+}
+
+fn memset_params(m: &MemsetNode) -> CuResult<MemsetNodeParams> {
+    Ok(MemsetNodeParams {
+        dst: m.dst,
+        pitch: size(m.pitch)?,
+        value: m.value,
+        element_size: m.element_size,
+        width: size(m.width)?,
+        height: size(m.height)?,
+    })
+}
+
+/// `(memory type, host pointer, device address)` of one side.
+fn side(s: &GraphCopySide, extent: u64) -> CuResult<(u32, Ptr, u64)> {
+    match &s.mem {
+        GraphMem::Device(p) => Ok((MEMORYTYPE_DEVICE, std::ptr::null_mut(), *p)),
+        GraphMem::Area(area, off) => {
+            // The executor checked the span the copy touches from `off`.
+            let p = area
+                .ptr(*off, extent)
+                .map_err(|_| CuError(cu::INVALID_VALUE))?;
+            Ok((MEMORYTYPE_HOST, p.cast(), 0))
+        }
+    }
+}
+
+fn memcpy_params(c: &MemcpyNode) -> CuResult<Memcpy3D> {
+    let span = |s: &GraphCopySide| {
+        c.depth
+            .checked_sub(1)
+            .zip(c.height.checked_sub(1))
+            .map_or(0, |(k, r)| {
+                s.row_offset(k, r) - s.row_offset(0, 0) + c.width
+            })
+    };
+    let (st, sh, sd) = side(&c.src, span(&c.src))?;
+    let (dt, dh, dd) = side(&c.dst, span(&c.dst))?;
+    Ok(Memcpy3D {
+        src_x_in_bytes: size(c.src.x_bytes)?,
+        src_y: size(c.src.y)?,
+        src_z: size(c.src.z)?,
+        src_lod: 0,
+        src_memory_type: st,
+        src_host: sh.cast_const(),
+        src_device: sd,
+        src_array: std::ptr::null_mut(),
+        src_context: std::ptr::null_mut(),
+        src_pitch: size(c.src.pitch)?,
+        src_height: size(c.src.height)?,
+        dst_x_in_bytes: size(c.dst.x_bytes)?,
+        dst_y: size(c.dst.y)?,
+        dst_z: size(c.dst.z)?,
+        dst_lod: 0,
+        dst_memory_type: dt,
+        dst_host: dh,
+        dst_device: dd,
+        dst_array: std::ptr::null_mut(),
+        dst_context: std::ptr::null_mut(),
+        dst_pitch: size(c.dst.pitch)?,
+        dst_height: size(c.dst.height)?,
+        width_in_bytes: size(c.width)?,
+        height: size(c.height)?,
+        depth: size(c.depth)?,
+    })
+}
+
+/// Reads a node list of the driver: asks for the count, then the nodes.
+fn list(mut get: impl FnMut(*mut Ptr, *mut usize) -> CuResult<()>) -> CuResult<Vec<u64>> {
+    let mut n = 0usize;
+    get(std::ptr::null_mut(), &mut n)?;
+    let mut v: Vec<Ptr> = vec![std::ptr::null_mut(); n];
+    if n > 0 {
+        get(v.as_mut_ptr(), &mut n)?;
+        v.truncate(n);
+    }
+    Ok(v.into_iter().map(|p| p as usize as u64).collect())
+}
+
+fn copy_side_out(
+    mem: GraphMemOut,
+    x: usize,
+    y: usize,
+    z: usize,
+    pitch: usize,
+    height: usize,
+) -> CopySideOut {
+    CopySideOut {
+        mem,
+        pitch: pitch as u64,
+        height: height as u64,
+        x_bytes: x as u64,
+        y: y as u64,
+        z: z as u64,
+    }
+}
+
+fn mem_out(kind: u32, host: u64, dev: u64) -> CuResult<GraphMemOut> {
+    match kind {
+        MEMORYTYPE_DEVICE => Ok(GraphMemOut::Device(dev)),
+        MEMORYTYPE_HOST => Ok(GraphMemOut::Host(host)),
+        // Unified: a device address with unified addressing.
+        4 => Ok(GraphMemOut::Device(dev)),
+        _ => Err(CuError(cu::NOT_SUPPORTED)),
+    }
+}
+
+impl CudaBackend {
+    fn add_node(&self, d: &Driver, graph: u64, deps: &[u64], params: &NodeParams) -> CuResult<u64> {
+        let deps: Vec<Ptr> = deps.iter().map(|&n| ptr(n)).collect();
+        let dp = deps.as_ptr();
+        let n = deps.len();
+        let g = ptr(graph);
+        let mut node: Ptr = std::ptr::null_mut();
+        // SAFETY (every call below): writes one CUgraphNode; `g` is a graph of this session,
+        // `dp` holds `n` of its nodes, and every parameter struct lives across the call (the
+        // driver copies it).
+        match params {
+            NodeParams::Kernel(k) => {
+                let (p, _args) = kernel_params(k);
+                call!(d.t, graph_add_kernel_node(&mut node, g, dp, n, &p))?;
+            }
+            NodeParams::Memset(m) => {
+                let p = memset_params(m)?;
+                call!(
+                    d.t,
+                    graph_add_memset_node(&mut node, g, dp, n, &p, ptr(m.ctx))
+                )?;
+            }
+            NodeParams::Memcpy(c) => {
+                let p = memcpy_params(c)?;
+                call!(
+                    d.t,
+                    graph_add_memcpy_node(&mut node, g, dp, n, &p, ptr(c.ctx))
+                )?;
+            }
+            NodeParams::Host(h) => {
+                let p = HostNodeParams {
+                    func: Some(run_host_node),
+                    user_data: Arc::as_ptr(h).cast_mut().cast(),
+                };
+                call!(d.t, graph_add_host_node(&mut node, g, dp, n, &p))?;
+            }
+            NodeParams::Child(c) => {
+                call!(
+                    d.t,
+                    graph_add_child_graph_node(&mut node, g, dp, n, ptr(*c))
+                )?;
+            }
+            NodeParams::Empty => call!(d.t, graph_add_empty_node(&mut node, g, dp, n))?,
+            NodeParams::EventRecord(e) => {
+                call!(
+                    d.t,
+                    graph_add_event_record_node(&mut node, g, dp, n, ptr(*e))
+                )?;
+            }
+            NodeParams::EventWait(e) => {
+                call!(d.t, graph_add_event_wait_node(&mut node, g, dp, n, ptr(*e)))?;
+            }
+        }
+        Ok(node as usize as u64)
+    }
+
+    fn set_params(
+        &self,
+        d: &Driver,
+        exec: Option<u64>,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()> {
+        let nd = ptr(node);
+        // SAFETY (every call below): `nd` is a node of this session (of the graph `exec` was
+        // made from, for the exec forms); the parameter structs live across the call.
+        match (params, exec) {
+            (NodeParams::Kernel(k), None) => {
+                let (p, _args) = kernel_params(k);
+                call!(d.t, graph_kernel_node_set_params(nd, &p))
+            }
+            (NodeParams::Kernel(k), Some(e)) => {
+                let (p, _args) = kernel_params(k);
+                call!(d.t, graph_exec_kernel_node_set_params(ptr(e), nd, &p))
+            }
+            (NodeParams::Memset(m), None) => {
+                let p = memset_params(m)?;
+                call!(d.t, graph_memset_node_set_params(nd, &p))
+            }
+            (NodeParams::Memset(m), Some(e)) => {
+                let p = memset_params(m)?;
+                call!(
+                    d.t,
+                    graph_exec_memset_node_set_params(ptr(e), nd, &p, ptr(m.ctx))
+                )
+            }
+            (NodeParams::Memcpy(c), None) => {
+                let p = memcpy_params(c)?;
+                call!(d.t, graph_memcpy_node_set_params(nd, &p))
+            }
+            (NodeParams::Memcpy(c), Some(e)) => {
+                let p = memcpy_params(c)?;
+                call!(
+                    d.t,
+                    graph_exec_memcpy_node_set_params(ptr(e), nd, &p, ptr(c.ctx))
+                )
+            }
+            _ => Err(CuError(cu::INVALID_VALUE)),
+        }
+    }
+}
+
+impl Graphs for CudaBackend {
+    fn graph_create(&self, ctx: u64, flags: u32) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut g: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one CUgraph.
+        call!(d.t, graph_create(&mut g, flags))?;
+        Ok(g as usize as u64)
+    }
+
+    fn graph_add_node(
+        &self,
+        ctx: u64,
+        graph: u64,
+        deps: &[u64],
+        params: &NodeParams,
+    ) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        self.add_node(d, graph, deps, params)
+    }
+
+    fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: a node of this session.
+        call!(d.t, graph_destroy_node(ptr(node)))
+    }
+
+    fn graph_edges_change(
+        &self,
+        ctx: u64,
+        graph: u64,
+        from: &[u64],
+        to: &[u64],
+        add: bool,
+    ) -> CuResult<()> {
+        if from.len() != to.len() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let d = self.in_ctx(ctx)?;
+        let f: Vec<Ptr> = from.iter().map(|&n| ptr(n)).collect();
+        let t: Vec<Ptr> = to.iter().map(|&n| ptr(n)).collect();
+        let none = std::ptr::null();
+        // SAFETY: `f` and `t` hold `len` nodes of this session each; no edge data.
+        if add {
+            call!(
+                d.t,
+                graph_add_dependencies(ptr(graph), f.as_ptr(), t.as_ptr(), none, f.len())
+            )
+        } else {
+            call!(
+                d.t,
+                graph_remove_dependencies(ptr(graph), f.as_ptr(), t.as_ptr(), none, f.len())
+            )
+        }
+    }
+
+    fn graph_nodes(&self, ctx: u64, graph: u64, roots: bool) -> CuResult<Vec<u64>> {
+        let d = self.in_ctx(ctx)?;
+        list(|p, n| {
+            // SAFETY: `p` is NULL or holds `*n` entries; the driver writes the count.
+            if roots {
+                call!(d.t, graph_get_root_nodes(ptr(graph), p, n))
+            } else {
+                call!(d.t, graph_get_nodes(ptr(graph), p, n))
+            }
+        })
+    }
+
+    fn graph_edges(&self, ctx: u64, graph: u64) -> CuResult<(Vec<u64>, Vec<u64>)> {
+        let d = self.in_ctx(ctx)?;
+        let mut n = 0usize;
+        let null: Ptr = std::ptr::null_mut();
+        let no_list: *mut Ptr = std::ptr::null_mut();
+        // SAFETY: with NULL arrays the driver writes the count only.
+        call!(
+            d.t,
+            graph_get_edges(ptr(graph), no_list, no_list, null, &mut n)
+        )?;
+        let mut f: Vec<Ptr> = vec![null; n];
+        let mut t: Vec<Ptr> = vec![null; n];
+        if n > 0 {
+            // SAFETY: both arrays hold `n` entries; no edge data.
+            call!(
+                d.t,
+                graph_get_edges(ptr(graph), f.as_mut_ptr(), t.as_mut_ptr(), null, &mut n)
+            )?;
+            f.truncate(n);
+            t.truncate(n);
+        }
+        let u = |v: Vec<Ptr>| v.into_iter().map(|p| p as usize as u64).collect();
+        Ok((u(f), u(t)))
+    }
+
+    fn graph_node_type(&self, ctx: u64, node: u64) -> CuResult<i32> {
+        let d = self.in_ctx(ctx)?;
+        let mut t: c_int = 0;
+        // SAFETY: a node of this session; writes one int.
+        call!(d.t, graph_node_get_type(ptr(node), &mut t))?;
+        Ok(t)
+    }
+
+    fn graph_node_links(&self, ctx: u64, node: u64, dependents: bool) -> CuResult<Vec<u64>> {
+        let d = self.in_ctx(ctx)?;
+        list(|p, n| {
+            let none = std::ptr::null_mut();
+            // SAFETY: `p` is NULL or holds `*n` entries; no edge data.
+            if dependents {
+                call!(d.t, graph_node_get_dependent_nodes(ptr(node), p, none, n))
+            } else {
+                call!(d.t, graph_node_get_dependencies(ptr(node), p, none, n))
+            }
+        })
+    }
+
+    fn graph_node_get_params(
+        &self,
+        ctx: u64,
+        node: u64,
+        layout: LayoutOf<'_>,
+    ) -> CuResult<NodeInfo> {
+        let kind = self.graph_node_type(ctx, node)?;
+        let d = self.in_ctx(ctx)?;
+        match kind {
+            node_type::KERNEL => {
+                // SAFETY: all-zero is a valid value of this plain C struct.
+                let mut p: KernelNodeParams = unsafe { std::mem::zeroed() };
+                // SAFETY: a kernel node of this session; writes the struct.
+                call!(d.t, graph_kernel_node_get_params(ptr(node), &mut p))?;
+                let function = p.func as usize as u64;
+                let layout = layout(function).ok_or_else(|| {
+                    tracing::warn!("remora: cuGraphKernelNodeGetParams: the node's kernel is not a function of this session; returning CUDA_ERROR_NOT_SUPPORTED");
+                    CuError(cu::NOT_SUPPORTED)
+                })?;
+                let len = layout
+                    .iter()
+                    .map(|&(o, s)| (o + s) as usize)
+                    .max()
+                    .unwrap_or(0);
+                let mut params = vec![0u8; len];
+                if !layout.is_empty() && p.kernel_params.is_null() {
+                    return Err(CuError(cu::NOT_SUPPORTED));
+                }
+                for (i, &(off, sz)) in layout.iter().enumerate() {
+                    // SAFETY: the driver's kernelParams holds one pointer per parameter of
+                    // the function, each to `sz` bytes (its layout).
+                    unsafe {
+                        let src = *p.kernel_params.add(i);
+                        std::ptr::copy_nonoverlapping(
+                            src.cast::<u8>(),
+                            params.as_mut_ptr().add(off as usize),
+                            sz as usize,
+                        );
+                    }
+                }
+                Ok(NodeInfo::Kernel {
+                    function,
+                    grid: p.grid_dim,
+                    block: p.block_dim,
+                    shared_mem_bytes: p.shared_mem_bytes,
+                    params,
+                })
+            }
+            node_type::MEMSET => {
+                // SAFETY: all-zero is a valid value of this plain C struct.
+                let mut p: MemsetNodeParams = unsafe { std::mem::zeroed() };
+                // SAFETY: a memset node of this session; writes the struct.
+                call!(d.t, graph_memset_node_get_params(ptr(node), &mut p))?;
+                Ok(NodeInfo::Memset(MemsetNode {
+                    ctx,
+                    dst: p.dst,
+                    pitch: p.pitch as u64,
+                    value: p.value,
+                    element_size: p.element_size,
+                    width: p.width as u64,
+                    height: p.height as u64,
+                }))
+            }
+            node_type::MEMCPY => {
+                // SAFETY: all-zero is a valid value of this plain C struct.
+                let mut p: Memcpy3D = unsafe { std::mem::zeroed() };
+                // SAFETY: a memcpy node of this session; writes the struct.
+                call!(d.t, graph_memcpy_node_get_params(ptr(node), &mut p))?;
+                Ok(NodeInfo::Memcpy {
+                    src: copy_side_out(
+                        mem_out(p.src_memory_type, p.src_host as usize as u64, p.src_device)?,
+                        p.src_x_in_bytes,
+                        p.src_y,
+                        p.src_z,
+                        p.src_pitch,
+                        p.src_height,
+                    ),
+                    dst: copy_side_out(
+                        mem_out(p.dst_memory_type, p.dst_host as usize as u64, p.dst_device)?,
+                        p.dst_x_in_bytes,
+                        p.dst_y,
+                        p.dst_z,
+                        p.dst_pitch,
+                        p.dst_height,
+                    ),
+                    width: p.width_in_bytes as u64,
+                    height: p.height as u64,
+                    depth: p.depth as u64,
+                })
+            }
+            _ => Err(CuError(cu::INVALID_VALUE)),
+        }
+    }
+
+    fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        self.set_params(d, None, node, params)
+    }
+
+    fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut g: Ptr = std::ptr::null_mut();
+        // SAFETY: a graph of this session; writes one CUgraph.
+        call!(d.t, graph_clone(&mut g, ptr(graph)))?;
+        Ok(g as usize as u64)
+    }
+
+    fn graph_exec_node_set_params(
+        &self,
+        ctx: u64,
+        exec: u64,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        self.set_params(d, Some(exec), node, params)
+    }
+
+    fn graph_exec_update(&self, ctx: u64, exec: u64, graph: u64) -> (CuResult<()>, ExecUpdate) {
+        let d = match self.in_ctx(ctx) {
+            Ok(d) => d,
+            Err(e) => return (Err(e), ExecUpdate::default()),
+        };
+        let mut info = ExecUpdateResultInfo {
+            result: 0,
+            error_node: std::ptr::null_mut(),
+            error_from_node: std::ptr::null_mut(),
+        };
+        // SAFETY: an executable graph and a graph of this session; writes the result info.
+        let r = call!(d.t, graph_exec_update(ptr(exec), ptr(graph), &mut info));
+        (
+            r,
+            ExecUpdate {
+                result: info.result,
+                error_node: info.error_node as usize as u64,
+            },
+        )
+    }
+}

@@ -1,0 +1,672 @@
+//! Explicit CUDA graphs on the emulated **test** backend: enough of CUDA's graph model to test
+//! the executor's graph handling end to end.
+//!
+//! A graph is a list of nodes, each an [`EmuOp`] with the nodes it depends on. Captured work
+//! becomes a chain of nodes (each after the previous one). Instantiating orders the nodes
+//! topologically (ties in the order they were added; child graphs are copied into the node
+//! when it is added and flattened in place) into an executable list, which a launch runs in
+//! order. An executable graph with host nodes runs on the context's host-function thread (a
+//! host node blocks until the client's callback has run): its stream counts as busy until the
+//! graph has run, so a synchronize of the stream waits for it, but, as with every emulated
+//! host function, later work in the stream does not.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use remora_proto::cuda::{CuError, CuResult, cu};
+
+use super::{EmuOp, EmulatedBackend, State, fill};
+use crate::backend::graphs::{
+    CopySideOut, EXEC_UPDATE_NODE_TYPE_CHANGED, EXEC_UPDATE_TOPOLOGY_CHANGED, ExecUpdate,
+    GraphCopySide, GraphMem, GraphMemOut, Graphs, LayoutOf, MemcpyNode, MemsetNode, NodeInfo,
+    NodeParams, node_type,
+};
+
+/// One node of an emulated graph.
+#[derive(Debug, Clone)]
+pub(super) struct EmuNode {
+    id: u64,
+    kind: i32,
+    op: EmuOp,
+    deps: Vec<u64>,
+}
+
+/// An emulated graph.
+#[derive(Debug, Clone, Default)]
+pub(super) struct EmuGraph {
+    nodes: Vec<EmuNode>,
+}
+
+/// An executable graph: its operations in launch order, each with the node it came from.
+#[derive(Debug, Clone, Default)]
+pub(super) struct EmuExec {
+    pub(super) ops: Vec<(u64, EmuOp)>,
+}
+
+impl EmuExec {
+    /// Whether a launch must run on the host-function thread.
+    pub(super) fn has_host_nodes(&self) -> bool {
+        self.ops.iter().any(|(_, op)| matches!(op, EmuOp::Host(_)))
+    }
+}
+
+/// The graphs, executable graphs and nodes of the backend.
+#[derive(Debug, Default)]
+pub(super) struct EmuGraphs {
+    pub(super) graphs: HashMap<u64, EmuGraph>,
+    pub(super) execs: HashMap<u64, EmuExec>,
+    /// Node → the graph it belongs to.
+    owner: HashMap<u64, u64>,
+}
+
+fn op_kind(op: &EmuOp) -> i32 {
+    match op {
+        EmuOp::Launch { .. } => node_type::KERNEL,
+        EmuOp::Htod { .. } | EmuOp::Dtod { .. } | EmuOp::Copy(_) => node_type::MEMCPY,
+        EmuOp::Memset { .. } | EmuOp::Memset2d(_) => node_type::MEMSET,
+        EmuOp::Host(_) => node_type::HOST,
+        EmuOp::Child(_) => node_type::GRAPH,
+        EmuOp::Record(_) => node_type::EVENT_RECORD,
+        EmuOp::Wait(_) => node_type::WAIT_EVENT,
+        EmuOp::Nop => node_type::EMPTY,
+    }
+}
+
+fn invalid() -> CuError {
+    CuError(cu::INVALID_VALUE)
+}
+
+impl EmuGraph {
+    /// Appends captured work after the last node.
+    pub(super) fn push_captured(&mut self, id: u64, op: EmuOp) {
+        let deps = self.nodes.last().map(|n| vec![n.id]).unwrap_or_default();
+        self.nodes.push(EmuNode {
+            id,
+            kind: op_kind(&op),
+            op,
+            deps,
+        });
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn node(&self, id: u64) -> CuResult<&EmuNode> {
+        self.nodes.iter().find(|n| n.id == id).ok_or_else(invalid)
+    }
+
+    fn node_mut(&mut self, id: u64) -> CuResult<&mut EmuNode> {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .ok_or_else(invalid)
+    }
+
+    /// The nodes in a topological order (ties: the order they were added); a cycle is
+    /// `INVALID_VALUE`.
+    fn topo(&self) -> CuResult<Vec<&EmuNode>> {
+        let index: HashMap<u64, usize> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id, i))
+            .collect();
+        let mut waiting: Vec<usize> = self.nodes.iter().map(|n| n.deps.len()).collect();
+        let mut after: Vec<Vec<usize>> = vec![Vec::new(); self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for d in &n.deps {
+                after[*index.get(d).ok_or_else(invalid)?].push(i);
+            }
+        }
+        let mut ready: std::collections::BTreeSet<usize> =
+            (0..self.nodes.len()).filter(|i| waiting[*i] == 0).collect();
+        let mut out = Vec::with_capacity(self.nodes.len());
+        while let Some(i) = ready.pop_first() {
+            out.push(&self.nodes[i]);
+            for &j in &after[i] {
+                waiting[j] -= 1;
+                if waiting[j] == 0 {
+                    ready.insert(j);
+                }
+            }
+        }
+        if out.len() != self.nodes.len() {
+            return Err(invalid());
+        }
+        Ok(out)
+    }
+
+    /// The executable operations, child graphs flattened in place.
+    fn flatten(&self, out: &mut Vec<(u64, EmuOp)>) -> CuResult<()> {
+        for n in self.topo()? {
+            match &n.op {
+                EmuOp::Child(g) => g.flatten(out)?,
+                op => out.push((n.id, op.clone())),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a node's parameters back.
+fn info(op: &EmuOp) -> CuResult<NodeInfo> {
+    let side = |mem: GraphMemOut, s: &GraphCopySide| CopySideOut {
+        mem,
+        pitch: s.pitch,
+        height: s.height,
+        x_bytes: s.x_bytes,
+        y: s.y,
+        z: s.z,
+    };
+    let mem = |m: &GraphMem| match m {
+        GraphMem::Device(p) => GraphMemOut::Device(*p),
+        GraphMem::Area(_, off) => GraphMemOut::Area(*off),
+    };
+    let linear = |p: u64, size: u64| CopySideOut {
+        mem: GraphMemOut::Device(p),
+        pitch: size,
+        height: 1,
+        x_bytes: 0,
+        y: 0,
+        z: 0,
+    };
+    Ok(match op {
+        EmuOp::Launch {
+            function,
+            grid,
+            block,
+            params,
+            ..
+        } => NodeInfo::Kernel {
+            function: *function,
+            grid: *grid,
+            block: *block,
+            shared_mem_bytes: 0,
+            params: params.clone(),
+        },
+        EmuOp::Memset2d(m) => NodeInfo::Memset(*m),
+        EmuOp::Memset {
+            dst,
+            value,
+            elem,
+            count,
+        } => NodeInfo::Memset(MemsetNode {
+            ctx: 0,
+            dst: *dst,
+            pitch: 0,
+            value: *value,
+            element_size: *elem,
+            width: *count,
+            height: 1,
+        }),
+        EmuOp::Copy(c) => NodeInfo::Memcpy {
+            src: side(mem(&c.src.mem), &c.src),
+            dst: side(mem(&c.dst.mem), &c.dst),
+            width: c.width,
+            height: c.height,
+            depth: c.depth,
+        },
+        EmuOp::Dtod { dst, src, size } => NodeInfo::Memcpy {
+            src: linear(*src, *size),
+            dst: linear(*dst, *size),
+            width: *size,
+            height: 1,
+            depth: 1,
+        },
+        _ => return Err(invalid()),
+    })
+}
+
+impl State {
+    /// The operation of node parameters `p` (kernels found by their function).
+    fn node_op(&self, p: &NodeParams) -> CuResult<EmuOp> {
+        Ok(match p {
+            NodeParams::Kernel(k) => {
+                let (name, _) = self
+                    .functions
+                    .get(&k.function)
+                    .ok_or(CuError(cu::INVALID_HANDLE))?;
+                EmuOp::Launch {
+                    function: k.function,
+                    name: name.clone(),
+                    grid: k.grid,
+                    block: k.block,
+                    params: k.params.clone(),
+                    layout: k.layout.to_vec(),
+                }
+            }
+            NodeParams::Memset(m) => EmuOp::Memset2d(*m),
+            NodeParams::Memcpy(c) => EmuOp::Copy(c.clone()),
+            NodeParams::Host(h) => EmuOp::Host(Arc::clone(h)),
+            NodeParams::Child(g) => EmuOp::Child(
+                self.graphs
+                    .graphs
+                    .get(g)
+                    .ok_or(CuError(cu::INVALID_HANDLE))?
+                    .clone(),
+            ),
+            NodeParams::Empty => EmuOp::Nop,
+            NodeParams::EventWait(e) | NodeParams::EventRecord(e) => {
+                self.events.get(e).ok_or(CuError(cu::INVALID_HANDLE))?;
+                match p {
+                    NodeParams::EventWait(_) => EmuOp::Wait(*e),
+                    _ => EmuOp::Record(*e),
+                }
+            }
+        })
+    }
+
+    fn graph_of(&self, node: u64) -> CuResult<u64> {
+        self.graphs.owner.get(&node).copied().ok_or(invalid())
+    }
+
+    /// Runs a memcpy node.
+    pub(super) fn copy_node(&mut self, c: &MemcpyNode) -> CuResult<()> {
+        let width = usize::try_from(c.width).map_err(|_| invalid())?;
+        for k in 0..c.depth {
+            for r in 0..c.height {
+                let (so, d_o) = (c.src.row_offset(k, r), c.dst.row_offset(k, r));
+                let row = match &c.src.mem {
+                    GraphMem::Device(p) => self
+                        .range(p.checked_add(so).ok_or_else(invalid)?, c.width)?
+                        .to_vec(),
+                    GraphMem::Area(area, off) => {
+                        let mut b = vec![0u8; width];
+                        area.read(off.saturating_add(so), &mut b)
+                            .map_err(|_| invalid())?;
+                        b
+                    }
+                };
+                match &c.dst.mem {
+                    GraphMem::Device(p) => self
+                        .range(p.checked_add(d_o).ok_or_else(invalid)?, c.width)?
+                        .copy_from_slice(&row),
+                    GraphMem::Area(area, off) => area
+                        .write(off.saturating_add(d_o), &row)
+                        .map_err(|_| invalid())?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs a 2-D memset node.
+    pub(super) fn memset_node(&mut self, m: &MemsetNode) -> CuResult<()> {
+        let row = m.width.saturating_mul(u64::from(m.element_size));
+        for r in 0..m.height {
+            let p = m
+                .dst
+                .checked_add(r.saturating_mul(m.pitch))
+                .ok_or_else(invalid)?;
+            fill(self.range(p, row)?, m.value, m.element_size);
+        }
+        Ok(())
+    }
+
+    /// Forgets graph `g` and its nodes.
+    pub(super) fn drop_graph(&mut self, g: u64) -> Option<EmuGraph> {
+        let graph = self.graphs.graphs.remove(&g)?;
+        for n in &graph.nodes {
+            self.graphs.owner.remove(&n.id);
+        }
+        Some(graph)
+    }
+
+    /// Adds a captured operation to graph `g`.
+    pub(super) fn capture_into(&mut self, g: u64, op: EmuOp) {
+        let id = self.handle();
+        if let Some(graph) = self.graphs.graphs.get_mut(&g) {
+            graph.push_captured(id, op);
+            self.graphs.owner.insert(id, g);
+        }
+    }
+
+    /// Instantiates graph `g`.
+    pub(super) fn instantiate(&mut self, g: u64) -> CuResult<u64> {
+        let mut ops = Vec::new();
+        self.graphs
+            .graphs
+            .get(&g)
+            .ok_or(CuError(cu::INVALID_HANDLE))?
+            .flatten(&mut ops)?;
+        let exec = self.handle();
+        self.graphs.execs.insert(exec, EmuExec { ops });
+        Ok(exec)
+    }
+
+    /// Copies graph `g` into a new graph with new node ids.
+    fn clone_graph(&mut self, g: u64) -> CuResult<u64> {
+        let mut graph = self
+            .graphs
+            .graphs
+            .get(&g)
+            .ok_or(CuError(cu::INVALID_HANDLE))?
+            .clone();
+        let h = self.handle();
+        let mut ids = HashMap::new();
+        for n in &mut graph.nodes {
+            let id = self.handle();
+            ids.insert(n.id, id);
+            n.id = id;
+            self.graphs.owner.insert(id, h);
+        }
+        for n in &mut graph.nodes {
+            for d in &mut n.deps {
+                *d = ids[d];
+            }
+        }
+        self.graphs.graphs.insert(h, graph);
+        Ok(h)
+    }
+}
+
+impl EmulatedBackend {
+    /// `run(state, graph)` for graph `graph` of a live context.
+    fn with_graph<T>(
+        &self,
+        ctx: u64,
+        graph: u64,
+        run: impl FnOnce(&mut EmuGraph) -> CuResult<T>,
+    ) -> CuResult<T> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        if st.captures.values().any(|c| c.graph == graph) {
+            // Being captured: the capture owns it.
+            return Err(invalid());
+        }
+        let g = st
+            .graphs
+            .graphs
+            .get_mut(&graph)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        run(g)
+    }
+
+    /// Runs the operations of an executable graph with host nodes on the context's
+    /// host-function thread.
+    pub(super) fn launch_with_host_nodes(
+        &self,
+        ctx: u64,
+        stream: u64,
+        ops: Vec<(u64, EmuOp)>,
+    ) -> CuResult<()> {
+        let state = Arc::clone(&self.state);
+        crate::backend::Backend::launch_host_func(
+            self,
+            ctx,
+            stream,
+            Box::new(move || {
+                for (_, op) in &ops {
+                    let r = match op {
+                        EmuOp::Host(h) => {
+                            (h.0)();
+                            Ok(())
+                        }
+                        op => state
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .replay(op),
+                    };
+                    if let Err(e) = r {
+                        tracing::debug!(error = e.0, "emulated graph launch: an operation failed");
+                    }
+                }
+            }),
+        )
+    }
+}
+
+impl Graphs for EmulatedBackend {
+    fn graph_create(&self, ctx: u64, flags: u32) -> CuResult<u64> {
+        if flags != 0 {
+            return Err(invalid());
+        }
+        self.lock().create_in(ctx, |st, h| {
+            st.graphs.graphs.insert(h, EmuGraph::default());
+        })
+    }
+
+    fn graph_add_node(
+        &self,
+        ctx: u64,
+        graph: u64,
+        deps: &[u64],
+        params: &NodeParams,
+    ) -> CuResult<u64> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        let op = st.node_op(params)?;
+        if st.captures.values().any(|c| c.graph == graph) {
+            return Err(invalid());
+        }
+        let id = st.handle();
+        let g = st
+            .graphs
+            .graphs
+            .get_mut(&graph)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        for (i, d) in deps.iter().enumerate() {
+            if g.node(*d).is_err() || deps[..i].contains(d) {
+                return Err(invalid());
+            }
+        }
+        g.nodes.push(EmuNode {
+            id,
+            kind: op_kind(&op),
+            op,
+            deps: deps.to_vec(),
+        });
+        st.graphs.owner.insert(id, graph);
+        Ok(id)
+    }
+
+    fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        let g = st.graph_of(node)?;
+        let graph = st
+            .graphs
+            .graphs
+            .get_mut(&g)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        graph.nodes.retain(|n| n.id != node);
+        for n in &mut graph.nodes {
+            n.deps.retain(|d| *d != node);
+        }
+        st.graphs.owner.remove(&node);
+        Ok(())
+    }
+
+    fn graph_edges_change(
+        &self,
+        ctx: u64,
+        graph: u64,
+        from: &[u64],
+        to: &[u64],
+        add: bool,
+    ) -> CuResult<()> {
+        if from.len() != to.len() {
+            return Err(invalid());
+        }
+        self.with_graph(ctx, graph, |g| {
+            // Checked whole first: a refused call changes nothing.
+            for (f, t) in from.iter().zip(to) {
+                g.node(*f)?;
+                let present = g.node(*t)?.deps.contains(f);
+                if f == t || present == add {
+                    return Err(invalid());
+                }
+            }
+            for (f, t) in from.iter().zip(to) {
+                let n = g.node_mut(*t)?;
+                if add {
+                    n.deps.push(*f);
+                } else {
+                    n.deps.retain(|d| d != f);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn graph_nodes(&self, ctx: u64, graph: u64, roots: bool) -> CuResult<Vec<u64>> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        let g = st
+            .graphs
+            .graphs
+            .get(&graph)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        Ok(g.nodes
+            .iter()
+            .filter(|n| !roots || n.deps.is_empty())
+            .map(|n| n.id)
+            .collect())
+    }
+
+    fn graph_edges(&self, ctx: u64, graph: u64) -> CuResult<(Vec<u64>, Vec<u64>)> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        let g = st
+            .graphs
+            .graphs
+            .get(&graph)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        Ok(g.nodes
+            .iter()
+            .flat_map(|n| n.deps.iter().map(move |d| (*d, n.id)))
+            .unzip())
+    }
+
+    fn graph_node_type(&self, ctx: u64, node: u64) -> CuResult<i32> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        let g = st.graph_of(node)?;
+        Ok(st.graphs.graphs[&g].node(node)?.kind)
+    }
+
+    fn graph_node_links(&self, ctx: u64, node: u64, dependents: bool) -> CuResult<Vec<u64>> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        let g = &st.graphs.graphs[&st.graph_of(node)?];
+        if dependents {
+            Ok(g.nodes
+                .iter()
+                .filter(|n| n.deps.contains(&node))
+                .map(|n| n.id)
+                .collect())
+        } else {
+            Ok(g.node(node)?.deps.clone())
+        }
+    }
+
+    fn graph_node_get_params(
+        &self,
+        ctx: u64,
+        node: u64,
+        _layout: LayoutOf<'_>,
+    ) -> CuResult<NodeInfo> {
+        let st = self.lock();
+        st.ctx(ctx)?;
+        let g = &st.graphs.graphs[&st.graph_of(node)?];
+        info(&g.node(node)?.op)
+    }
+
+    fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        let op = st.node_op(params)?;
+        let g = st.graph_of(node)?;
+        let n = st
+            .graphs
+            .graphs
+            .get_mut(&g)
+            .ok_or(CuError(cu::INVALID_HANDLE))?
+            .node_mut(node)?;
+        if n.kind != op_kind(&op) {
+            return Err(invalid());
+        }
+        n.op = op;
+        Ok(())
+    }
+
+    fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        st.clone_graph(graph)
+    }
+
+    fn graph_exec_node_set_params(
+        &self,
+        ctx: u64,
+        exec: u64,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        let op = st.node_op(params)?;
+        let e = st
+            .graphs
+            .execs
+            .get_mut(&exec)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let slot = e
+            .ops
+            .iter_mut()
+            .find(|(id, _)| *id == node)
+            .ok_or_else(invalid)?;
+        if op_kind(&slot.1) != op_kind(&op) {
+            return Err(invalid());
+        }
+        slot.1 = op;
+        Ok(())
+    }
+
+    fn graph_exec_update(&self, ctx: u64, exec: u64, graph: u64) -> (CuResult<()>, ExecUpdate) {
+        let mut st = self.lock();
+        let fail = |result, error_node| {
+            (
+                Err(CuError(cu::GRAPH_EXEC_UPDATE_FAILURE)),
+                ExecUpdate { result, error_node },
+            )
+        };
+        if let Err(e) = st.ctx(ctx) {
+            return (Err(e), ExecUpdate::default());
+        }
+        let mut ops = Vec::new();
+        match st.graphs.graphs.get(&graph) {
+            Some(g) => {
+                if let Err(e) = g.flatten(&mut ops) {
+                    return (Err(e), ExecUpdate::default());
+                }
+            }
+            None => return (Err(CuError(cu::INVALID_HANDLE)), ExecUpdate::default()),
+        }
+        let Some(e) = st.graphs.execs.get_mut(&exec) else {
+            return (Err(CuError(cu::INVALID_HANDLE)), ExecUpdate::default());
+        };
+        if e.ops.len() != ops.len() {
+            return fail(EXEC_UPDATE_TOPOLOGY_CHANGED, 0);
+        }
+        if let Some((_, (id, _))) = e
+            .ops
+            .iter()
+            .zip(&ops)
+            .find(|((_, a), (_, b))| op_kind(a) != op_kind(b))
+        {
+            return fail(EXEC_UPDATE_NODE_TYPE_CHANGED, *id);
+        }
+        // The executable keeps its own node identities; the operations are the new graph's.
+        let queue: VecDeque<EmuOp> = ops.into_iter().map(|(_, op)| op).collect();
+        for ((_, slot), op) in e.ops.iter_mut().zip(queue) {
+            *slot = op;
+        }
+        (Ok(()), ExecUpdate::default())
+    }
+}

@@ -1,0 +1,245 @@
+//! What the executor needs from a backend for explicit CUDA graphs (revision 11): the
+//! [`Graphs`] part of every [`Backend`](super::Backend).
+//!
+//! Graphs, nodes and executable graphs are raw `u64` values here (the driver's `CUgraph`,
+//! `CUgraphNode`, `CUgraphExec`); the session maps them to handles and checks every address
+//! a node names before the backend sees it.
+
+use std::sync::Arc;
+
+use remora_oncrpc::DataArea;
+use remora_proto::cuda::CuResult;
+
+/// `CUgraphNodeType` values Remora carries.
+pub mod node_type {
+    /// `CU_GRAPH_NODE_TYPE_KERNEL`.
+    pub const KERNEL: i32 = 0;
+    /// `CU_GRAPH_NODE_TYPE_MEMCPY`.
+    pub const MEMCPY: i32 = 1;
+    /// `CU_GRAPH_NODE_TYPE_MEMSET`.
+    pub const MEMSET: i32 = 2;
+    /// `CU_GRAPH_NODE_TYPE_HOST`.
+    pub const HOST: i32 = 3;
+    /// `CU_GRAPH_NODE_TYPE_GRAPH`.
+    pub const GRAPH: i32 = 4;
+    /// `CU_GRAPH_NODE_TYPE_EMPTY`.
+    pub const EMPTY: i32 = 5;
+    /// `CU_GRAPH_NODE_TYPE_WAIT_EVENT`.
+    pub const WAIT_EVENT: i32 = 6;
+    /// `CU_GRAPH_NODE_TYPE_EVENT_RECORD`.
+    pub const EVENT_RECORD: i32 = 7;
+}
+
+/// The function a host node calls each time a launch reaches it (on the driver's
+/// host-function thread). It may block; it must not call the driver.
+pub struct HostNode(pub Box<dyn Fn() + Send + Sync + 'static>);
+
+impl std::fmt::Debug for HostNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostNode")
+    }
+}
+
+/// A kernel node, its parameters checked against the function's layout.
+#[derive(Debug, Clone)]
+pub struct KernelNode {
+    /// Backend function.
+    pub function: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    /// Packed parameter bytes.
+    pub params: Vec<u8>,
+    /// `(offset, size)` of each parameter inside `params`; every range is in bounds.
+    pub layout: Arc<[(u32, u32)]>,
+}
+
+/// A 2-D memset node of device memory (checked against the session's ranges).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemsetNode {
+    /// Backend context the memset runs in.
+    pub ctx: u64,
+    pub dst: u64,
+    pub pitch: u64,
+    pub value: u32,
+    /// 1, 2 or 4.
+    pub element_size: u32,
+    /// Elements per row.
+    pub width: u64,
+    pub height: u64,
+}
+
+/// Where one side of a memcpy node is.
+#[derive(Debug, Clone)]
+pub enum GraphMem {
+    /// Device memory at this address.
+    Device(u64),
+    /// Bytes of the session's data area from this offset (the span the copy touches was
+    /// checked against the area).
+    Area(DataArea, u64),
+}
+
+/// One side of a memcpy node.
+#[derive(Debug, Clone)]
+pub struct GraphCopySide {
+    pub mem: GraphMem,
+    pub pitch: u64,
+    pub height: u64,
+    pub x_bytes: u64,
+    pub y: u64,
+    pub z: u64,
+}
+
+impl GraphCopySide {
+    /// The offset of the first byte of row `r` of slice `k` from the side's base.
+    pub fn row_offset(&self, k: u64, r: u64) -> u64 {
+        self.z
+            .saturating_add(k)
+            .saturating_mul(self.height)
+            .saturating_add(self.y.saturating_add(r))
+            .saturating_mul(self.pitch)
+            .saturating_add(self.x_bytes)
+    }
+}
+
+/// A 3-D memcpy node, validated by the executor.
+#[derive(Debug, Clone)]
+pub struct MemcpyNode {
+    /// Backend context the copy runs in.
+    pub ctx: u64,
+    pub src: GraphCopySide,
+    pub dst: GraphCopySide,
+    pub width: u64,
+    pub height: u64,
+    pub depth: u64,
+}
+
+/// The parameters of a node to add or set.
+#[derive(Debug, Clone)]
+pub enum NodeParams {
+    Kernel(KernelNode),
+    Memset(MemsetNode),
+    Memcpy(MemcpyNode),
+    Host(Arc<HostNode>),
+    /// A child graph (backend graph), copied into the node.
+    Child(u64),
+    Empty,
+    /// Backend event.
+    EventWait(u64),
+    /// Backend event.
+    EventRecord(u64),
+}
+
+/// Where a memcpy node's side is, as a backend reads it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphMemOut {
+    Device(u64),
+    /// A host address of this process (the executor maps it back into the data area).
+    Host(u64),
+    /// An offset into the data area.
+    Area(u64),
+}
+
+/// One side of a memcpy node read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopySideOut {
+    pub mem: GraphMemOut,
+    pub pitch: u64,
+    pub height: u64,
+    pub x_bytes: u64,
+    pub y: u64,
+    pub z: u64,
+}
+
+/// A node's parameters read back (kernel, memset and memcpy nodes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeInfo {
+    Kernel {
+        function: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem_bytes: u32,
+        /// Packed at the offsets of the function's layout.
+        params: Vec<u8>,
+    },
+    Memset(MemsetNode),
+    Memcpy {
+        src: CopySideOut,
+        dst: CopySideOut,
+        width: u64,
+        height: u64,
+        depth: u64,
+    },
+}
+
+/// The parameter layout of a backend function, if the session knows it.
+pub type LayoutOf<'a> = &'a dyn Fn(u64) -> Option<Arc<[(u32, u32)]>>;
+
+/// `CUgraphExecUpdateResult` and the backend node that made the update fail (0 when none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExecUpdate {
+    pub result: i32,
+    pub error_node: u64,
+}
+
+/// `CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED`.
+pub const EXEC_UPDATE_TOPOLOGY_CHANGED: i32 = 2;
+/// `CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED`.
+pub const EXEC_UPDATE_NODE_TYPE_CHANGED: i32 = 3;
+
+/// Explicit graph construction, queries and updates. `ctx` is the backend context the call
+/// runs in (made current when needed).
+pub trait Graphs {
+    /// `cuGraphCreate`.
+    fn graph_create(&self, ctx: u64, flags: u32) -> CuResult<u64>;
+    /// `cuGraphAdd*Node`: the new node, after `deps` (nodes of `graph`).
+    fn graph_add_node(
+        &self,
+        ctx: u64,
+        graph: u64,
+        deps: &[u64],
+        params: &NodeParams,
+    ) -> CuResult<u64>;
+    /// `cuGraphDestroyNode`.
+    fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()>;
+    /// `cuGraphAddDependencies` (`add`) or `cuGraphRemoveDependencies`: edges
+    /// `from[i] -> to[i]`.
+    fn graph_edges_change(
+        &self,
+        ctx: u64,
+        graph: u64,
+        from: &[u64],
+        to: &[u64],
+        add: bool,
+    ) -> CuResult<()>;
+    /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`).
+    fn graph_nodes(&self, ctx: u64, graph: u64, roots: bool) -> CuResult<Vec<u64>>;
+    /// `cuGraphGetEdges`: (from, to).
+    fn graph_edges(&self, ctx: u64, graph: u64) -> CuResult<(Vec<u64>, Vec<u64>)>;
+    /// `cuGraphNodeGetType`.
+    fn graph_node_type(&self, ctx: u64, node: u64) -> CuResult<i32>;
+    /// `cuGraphNodeGetDependencies` (`dependents`: `cuGraphNodeGetDependentNodes`).
+    fn graph_node_links(&self, ctx: u64, node: u64, dependents: bool) -> CuResult<Vec<u64>>;
+    /// `cuGraphKernelNodeGetParams`, `cuGraphMemsetNodeGetParams`,
+    /// `cuGraphMemcpyNodeGetParams`, by the node's type (others: `INVALID_VALUE`).
+    fn graph_node_get_params(
+        &self,
+        ctx: u64,
+        node: u64,
+        layout: LayoutOf<'_>,
+    ) -> CuResult<NodeInfo>;
+    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams` (the node keeps its type).
+    fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()>;
+    /// `cuGraphClone`.
+    fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64>;
+    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
+    fn graph_exec_node_set_params(
+        &self,
+        ctx: u64,
+        exec: u64,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()>;
+    /// `cuGraphExecUpdate_v2`: `Err` with the update result when it failed.
+    fn graph_exec_update(&self, ctx: u64, exec: u64, graph: u64) -> (CuResult<()>, ExecUpdate);
+}

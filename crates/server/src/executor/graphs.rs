@@ -1,0 +1,617 @@
+//! Procedures of explicit CUDA graphs (revision 11): `cuGraphCreate`, `cuGraphAdd*Node`,
+//! node queries and parameters, dependencies, `cuGraphClone`, `cuGraphExec*SetParams` and
+//! `cuGraphExecUpdate`. Nodes are session handles ([`Resource::GraphNode`]); every address a
+//! node names is checked against the session (device ranges) or its data area before the
+//! backend sees it. Graph calls never wait for a stream, so the session lock is held across
+//! each (two threads cannot race a node's handle against its graph's destruction).
+
+use super::*;
+use crate::backend::graphs::{
+    CopySideOut, GraphCopySide, GraphMem, GraphMemOut, HostNode, KernelNode, MemcpyNode,
+    MemsetNode, NodeInfo, NodeParams,
+};
+use crate::session::SessionState;
+use remora_proto::cuda::{CuError, cu};
+
+fn invalid() -> CuError {
+    CuError(cu::INVALID_VALUE)
+}
+
+/// A node list for a reply: refused loudly past what the protocol carries.
+fn node_list(what: &str, n: usize) -> CuResult<()> {
+    if n > RM_MAX_GRAPH_NODES as usize {
+        tracing::warn!(
+            call = what,
+            nodes = n,
+            "remora: a graph has more nodes or edges than one reply carries ({RM_MAX_GRAPH_NODES}); returning CUDA_ERROR_NOT_SUPPORTED"
+        );
+        return Err(CuError(cu::NOT_SUPPORTED));
+    }
+    Ok(())
+}
+
+fn list_reply(what: &str, r: CuResult<Vec<u64>>) -> RmNodeListReply {
+    reply!(what, RmNodeListReply, r)
+}
+
+/// Checks a 2-D memset node against the session's ranges.
+fn memset_node(st: &SessionState, ctx: u64, m: &RmMemsetNode) -> CuResult<MemsetNode> {
+    if !matches!(m.element_size, 1 | 2 | 4) || m.width == 0 || m.height == 0 {
+        return Err(invalid());
+    }
+    let row = m
+        .width
+        .checked_mul(u64::from(m.element_size))
+        .ok_or_else(invalid)?;
+    if m.height > 1 && m.pitch < row {
+        return Err(invalid());
+    }
+    let span = (m.height - 1)
+        .checked_mul(m.pitch)
+        .and_then(|s| s.checked_add(row))
+        .ok_or_else(invalid)?;
+    st.check_range(m.dst, span)?;
+    Ok(MemsetNode {
+        ctx,
+        dst: m.dst,
+        pitch: m.pitch,
+        value: m.value,
+        element_size: m.element_size,
+        width: m.width,
+        height: m.height,
+    })
+}
+
+/// Checks one side of a memcpy node: the bytes it touches lie in one range of the session
+/// or inside the data area.
+fn copy_side(
+    st: &SessionState,
+    area: Option<&remora_oncrpc::DataArea>,
+    s: &RmGraphCopySide,
+    c: &RmMemcpyNode,
+) -> CuResult<GraphCopySide> {
+    if s.pitch < c.width_bytes || (c.depth > 1 && s.height < c.height) {
+        return Err(invalid());
+    }
+    let row = |k: u64, r: u64| -> Option<u64> {
+        s.z.checked_add(k)?
+            .checked_mul(s.height)?
+            .checked_add(s.y.checked_add(r)?)?
+            .checked_mul(s.pitch)?
+            .checked_add(s.x_bytes)
+    };
+    let first = row(0, 0).ok_or_else(invalid)?;
+    let end = row(c.depth - 1, c.height - 1)
+        .and_then(|l| l.checked_add(c.width_bytes))
+        .ok_or_else(invalid)?;
+    let start = s.addr.checked_add(first).ok_or_else(invalid)?;
+    let mem = match s.kind {
+        RmGraphMemKind::RmGraphMemDevice => {
+            st.check_range(start, end - first)?;
+            GraphMem::Device(s.addr)
+        }
+        RmGraphMemKind::RmGraphMemArea => {
+            let area = area.ok_or_else(|| {
+                tracing::warn!(
+                    "remora: a graph memcpy node names the data area of a session that has none"
+                );
+                invalid()
+            })?;
+            if area.check(start, end - first).is_err() {
+                return Err(invalid());
+            }
+            GraphMem::Area(area.clone(), s.addr)
+        }
+    };
+    Ok(GraphCopySide {
+        mem,
+        pitch: s.pitch,
+        height: s.height,
+        x_bytes: s.x_bytes,
+        y: s.y,
+        z: s.z,
+    })
+}
+
+fn memcpy_node(
+    st: &SessionState,
+    area: Option<&remora_oncrpc::DataArea>,
+    ctx: u64,
+    c: &RmMemcpyNode,
+) -> CuResult<MemcpyNode> {
+    if c.width_bytes == 0 || c.height == 0 || c.depth == 0 {
+        return Err(invalid());
+    }
+    Ok(MemcpyNode {
+        ctx,
+        src: copy_side(st, area, &c.src, c)?,
+        dst: copy_side(st, area, &c.dst, c)?,
+        width: c.width_bytes,
+        height: c.height,
+        depth: c.depth,
+    })
+}
+
+impl Executor {
+    /// The backend form of node parameters from the wire, checked against the session.
+    /// `ctx` is the backend context memset and memcpy nodes run in.
+    fn node_params(
+        &self,
+        call: &CallContext,
+        session: &Session,
+        st: &SessionState,
+        ctx: u64,
+        p: &RmNodeParams,
+    ) -> CuResult<NodeParams> {
+        Ok(match p {
+            RmNodeParams::RmNodeKernel(k) => {
+                let (function, _, layout) = st.function(k.function)?;
+                let needed = layout
+                    .iter()
+                    .map(|&(o, s)| u64::from(o) + u64::from(s))
+                    .max()
+                    .unwrap_or(0);
+                if (k.params.len() as u64) < needed {
+                    return Err(invalid());
+                }
+                NodeParams::Kernel(KernelNode {
+                    function,
+                    grid: [k.grid.x, k.grid.y, k.grid.z],
+                    block: [k.block.x, k.block.y, k.block.z],
+                    shared_mem_bytes: k.shared_mem_bytes,
+                    params: k.params.to_vec(),
+                    layout,
+                })
+            }
+            RmNodeParams::RmNodeMemset(m) => NodeParams::Memset(memset_node(st, ctx, m)?),
+            RmNodeParams::RmNodeMemcpy(c) => {
+                let area = call.data_area().filter(|a| !a.is_empty()).cloned();
+                NodeParams::Memcpy(memcpy_node(st, area.as_ref(), ctx, c)?)
+            }
+            RmNodeParams::RmNodeHost(id) => {
+                // The node runs at every launch: it reports the client's callback due and
+                // waits for it, as a host function does (crate::host_callbacks); from now on
+                // the session's calls run on its ordered thread.
+                session.ordered.start(session.connection)?;
+                self.inner
+                    .any_ordered
+                    .store(true, std::sync::atomic::Ordering::Release);
+                let callbacks = Arc::clone(&session.callbacks);
+                let sticky = st.sticky_cell();
+                let id = *id;
+                NodeParams::Host(Arc::new(HostNode(Box::new(move || {
+                    let status = sticky.load(std::sync::atomic::Ordering::Acquire);
+                    callbacks.reached(id, status);
+                }))))
+            }
+            RmNodeParams::RmNodeGraph(g) => NodeParams::Child(st.explicit_graph(*g)?.0),
+            RmNodeParams::RmNodeEmpty => NodeParams::Empty,
+            RmNodeParams::RmNodeEventWait(e) => NodeParams::EventWait(st.event(*e)?.0),
+            RmNodeParams::RmNodeEventRecord(e) => NodeParams::EventRecord(st.event(*e)?.0),
+        })
+    }
+
+    pub(super) fn graph_create(
+        &self,
+        call: &CallContext,
+        a: RmGraphCreateArgs,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = st.ctx(a.ctx).and_then(|c| {
+            let raw = self.inner.backend.graph_create(c, a.flags)?;
+            Ok(st.insert(Resource::Graph {
+                raw,
+                ctx: a.ctx,
+                capture: None,
+            }))
+        });
+        Ok(handle_reply("RM_GRAPH_CREATE", r))
+    }
+
+    pub(super) fn graph_add_node(
+        &self,
+        call: &CallContext,
+        a: RmAddNodeArgs,
+    ) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            let (graph, graph_ctx) = st.explicit_graph(a.graph)?;
+            let ctx = st.ctx(if a.ctx == 0 { graph_ctx } else { a.ctx })?;
+            let gctx = st.ctx(graph_ctx)?;
+            let mut deps = Vec::with_capacity(a.dependencies.len());
+            for d in &a.dependencies {
+                let (raw, g) = st.graph_node(*d)?;
+                if g != a.graph {
+                    return Err(invalid());
+                }
+                deps.push(raw);
+            }
+            let params = self.node_params(call, &session, &st, ctx, &a.params)?;
+            let raw = self
+                .inner
+                .backend
+                .graph_add_node(gctx, graph, &deps, &params)?;
+            if let NodeParams::Host(h) = params {
+                st.host_nodes.push(h);
+            }
+            Ok(st.insert(Resource::GraphNode {
+                raw,
+                graph: a.graph,
+            }))
+        })();
+        Ok(handle_reply("RM_GRAPH_ADD_NODE", r))
+    }
+
+    /// `run(backend, backend context, backend node, graph handle)` for node handle `h`.
+    fn in_node<T>(
+        &self,
+        st: &SessionState,
+        h: RmHandle,
+        run: impl FnOnce(&dyn Backend, u64, u64, u64) -> CuResult<T>,
+    ) -> CuResult<T> {
+        let (node, graph) = st.graph_node(h)?;
+        let (_, ctx) = st.explicit_graph(graph)?;
+        run(&*self.inner.backend, st.ctx(ctx)?, node, graph)
+    }
+
+    pub(super) fn graph_destroy_node(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = self.in_node(&st, h, |b, c, n, _| b.graph_destroy_node(c, n));
+        if r.is_ok() {
+            st.remove(h);
+        }
+        Ok(code("RM_GRAPH_DESTROY_NODE", r))
+    }
+
+    fn edges_change(&self, call: &CallContext, a: RmGraphEdgesArgs, add: bool) -> CuResult<()> {
+        let session = self.session(call);
+        let st = session.lock();
+        let (graph, ctx) = st.explicit_graph(a.graph)?;
+        if a.from.len() != a.to.len() {
+            return Err(invalid());
+        }
+        let raw = |h: &u64| -> CuResult<u64> {
+            match st.graph_node(*h)? {
+                (n, g) if g == a.graph => Ok(n),
+                _ => Err(invalid()),
+            }
+        };
+        let from = a.from.iter().map(raw).collect::<CuResult<Vec<_>>>()?;
+        let to = a.to.iter().map(raw).collect::<CuResult<Vec<_>>>()?;
+        self.inner
+            .backend
+            .graph_edges_change(st.ctx(ctx)?, graph, &from, &to, add)
+    }
+
+    pub(super) fn graph_add_dependencies(
+        &self,
+        call: &CallContext,
+        a: RmGraphEdgesArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self.edges_change(call, a, true);
+        Ok(code("RM_GRAPH_ADD_DEPENDENCIES", r))
+    }
+
+    pub(super) fn graph_remove_dependencies(
+        &self,
+        call: &CallContext,
+        a: RmGraphEdgesArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self.edges_change(call, a, false);
+        Ok(code("RM_GRAPH_REMOVE_DEPENDENCIES", r))
+    }
+
+    /// The handles of backend nodes `raw` of graph handle `graph`.
+    fn handles(st: &mut SessionState, raw: Vec<u64>, graph: u64) -> Vec<u64> {
+        raw.into_iter().map(|n| st.node_handle(n, graph)).collect()
+    }
+
+    fn graph_node_list(&self, call: &CallContext, h: RmHandle, roots: bool) -> RmNodeListReply {
+        let what = if roots {
+            "RM_GRAPH_GET_ROOT_NODES"
+        } else {
+            "RM_GRAPH_GET_NODES"
+        };
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            let (graph, ctx) = st.explicit_graph(h)?;
+            let raw = self.inner.backend.graph_nodes(st.ctx(ctx)?, graph, roots)?;
+            node_list(what, raw.len())?;
+            Ok(Self::handles(&mut st, raw, h))
+        })();
+        list_reply(what, r)
+    }
+
+    pub(super) fn graph_get_nodes(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmNodeListReply> {
+        Ok(self.graph_node_list(call, h, false))
+    }
+
+    pub(super) fn graph_get_root_nodes(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmNodeListReply> {
+        Ok(self.graph_node_list(call, h, true))
+    }
+
+    pub(super) fn graph_get_edges(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmGraphEdgesReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            let (graph, ctx) = st.explicit_graph(h)?;
+            let (from, to) = self.inner.backend.graph_edges(st.ctx(ctx)?, graph)?;
+            node_list("RM_GRAPH_GET_EDGES", from.len())?;
+            Ok(RmGraphEdges {
+                from: Self::handles(&mut st, from, h),
+                to: Self::handles(&mut st, to, h),
+            })
+        })();
+        Ok(reply!("RM_GRAPH_GET_EDGES", RmGraphEdgesReply, r))
+    }
+
+    pub(super) fn graph_node_get_type(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmIntReply> {
+        let session = self.session(call);
+        let st = session.lock();
+        let r = self.in_node(&st, h, |b, c, n, _| b.graph_node_type(c, n));
+        Ok(int_reply("RM_GRAPH_NODE_GET_TYPE", r))
+    }
+
+    fn node_links(&self, call: &CallContext, h: RmHandle, dependents: bool) -> RmNodeListReply {
+        let what = if dependents {
+            "RM_GRAPH_NODE_GET_DEPENDENT_NODES"
+        } else {
+            "RM_GRAPH_NODE_GET_DEPENDENCIES"
+        };
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = self
+            .in_node(&st, h, |b, c, n, g| {
+                Ok((b.graph_node_links(c, n, dependents)?, g))
+            })
+            .and_then(|(raw, g)| {
+                node_list(what, raw.len())?;
+                Ok(Self::handles(&mut st, raw, g))
+            });
+        list_reply(what, r)
+    }
+
+    pub(super) fn graph_node_get_dependencies(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmNodeListReply> {
+        Ok(self.node_links(call, h, false))
+    }
+
+    pub(super) fn graph_node_get_dependent_nodes(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmNodeListReply> {
+        Ok(self.node_links(call, h, true))
+    }
+
+    pub(super) fn graph_node_get_params(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+    ) -> ProcResult<RmNodeParamsReply> {
+        let session = self.session(call);
+        let st = session.lock();
+        let area = call.data_area().cloned();
+        let r = self
+            .in_node(&st, h, |b, c, n, _| {
+                let layout = |raw: u64| {
+                    st.table_functions()
+                        .find(|(f, _)| *f == raw)
+                        .map(|(_, l)| l)
+                };
+                b.graph_node_get_params(c, n, &layout)
+            })
+            .and_then(|info| wire_params(&st, area.as_ref(), info));
+        Ok(reply!("RM_GRAPH_NODE_GET_PARAMS", RmNodeParamsReply, r))
+    }
+
+    pub(super) fn graph_node_set_params(
+        &self,
+        call: &CallContext,
+        a: RmNodeSetArgs,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let st = session.lock();
+        let r = (|| {
+            if !settable(&a.params) {
+                return Err(invalid());
+            }
+            let (node, graph) = st.graph_node(a.node)?;
+            let (_, gctx) = st.explicit_graph(graph)?;
+            let c = st.ctx(gctx)?;
+            let params = self.node_params(call, &session, &st, c, &a.params)?;
+            self.inner.backend.graph_node_set_params(c, node, &params)
+        })();
+        Ok(code("RM_GRAPH_NODE_SET_PARAMS", r))
+    }
+
+    pub(super) fn graph_clone(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmHandleReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            let (graph, ctx) = st.explicit_graph(h)?;
+            let raw = self.inner.backend.graph_clone(st.ctx(ctx)?, graph)?;
+            Ok(st.insert(Resource::Graph {
+                raw,
+                ctx,
+                capture: None,
+            }))
+        })();
+        Ok(handle_reply("RM_GRAPH_CLONE", r))
+    }
+
+    pub(super) fn graph_exec_node_set_params(
+        &self,
+        call: &CallContext,
+        a: RmExecNodeSetArgs,
+    ) -> ProcResult<CuResult_> {
+        let session = self.session(call);
+        let st = session.lock();
+        let r = (|| {
+            if !settable(&a.params) {
+                return Err(invalid());
+            }
+            let (exec, ectx) = match st.get(a.exec)? {
+                Resource::GraphExec { raw, ctx } => (*raw, *ctx),
+                _ => return Err(CuError(cu::INVALID_HANDLE)),
+            };
+            let (node, _) = st.graph_node(a.node)?;
+            let c = st.ctx(ectx)?;
+            let params = self.node_params(call, &session, &st, c, &a.params)?;
+            self.inner
+                .backend
+                .graph_exec_node_set_params(c, exec, node, &params)
+        })();
+        Ok(code("RM_GRAPH_EXEC_NODE_SET_PARAMS", r))
+    }
+
+    pub(super) fn graph_exec_update(
+        &self,
+        call: &CallContext,
+        a: RmExecUpdateArgs,
+    ) -> ProcResult<RmExecUpdateReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            let (exec, ectx) = match st.get(a.exec)? {
+                Resource::GraphExec { raw, ctx } => (*raw, *ctx),
+                _ => return Err(CuError(cu::INVALID_HANDLE)),
+            };
+            let (graph, _) = st.explicit_graph(a.graph)?;
+            Ok(self
+                .inner
+                .backend
+                .graph_exec_update(st.ctx(ectx)?, exec, graph))
+        })();
+        let (status, result, error_node) = match r {
+            Err(e) => (nz(e), 0, 0),
+            Ok((r, info)) => {
+                let node = match info.error_node {
+                    0 => 0,
+                    raw => st.node_handle(raw, a.graph),
+                };
+                (r.err().map_or(cu::SUCCESS, nz), info.result, node)
+            }
+        };
+        log_failed("RM_GRAPH_EXEC_UPDATE", status);
+        Ok(RmExecUpdateReply {
+            status,
+            result,
+            error_node,
+        })
+    }
+}
+
+/// The node types whose parameters can be set (kernel, memset, memcpy).
+fn settable(p: &RmNodeParams) -> bool {
+    matches!(
+        p,
+        RmNodeParams::RmNodeKernel(_)
+            | RmNodeParams::RmNodeMemset(_)
+            | RmNodeParams::RmNodeMemcpy(_)
+    )
+}
+
+/// A node's parameters read back, for the wire: functions by their session handle, host
+/// sides as offsets into the data area.
+fn wire_params(
+    st: &SessionState,
+    area: Option<&remora_oncrpc::DataArea>,
+    info: NodeInfo,
+) -> CuResult<RmNodeParams> {
+    let dim = |d: [u32; 3]| RmDim3 {
+        x: d[0],
+        y: d[1],
+        z: d[2],
+    };
+    Ok(match info {
+        NodeInfo::Kernel {
+            function,
+            grid,
+            block,
+            shared_mem_bytes,
+            params,
+        } => RmNodeParams::RmNodeKernel(RmKernelNode {
+            function: st.function_handle(function).ok_or_else(|| {
+                tracing::warn!("remora: a kernel node's function is not one of the session's; returning CUDA_ERROR_NOT_SUPPORTED");
+                CuError(cu::NOT_SUPPORTED)
+            })?,
+            grid: dim(grid),
+            block: dim(block),
+            shared_mem_bytes,
+            params: params.into(),
+        }),
+        NodeInfo::Memset(m) => RmNodeParams::RmNodeMemset(RmMemsetNode {
+            dst: m.dst,
+            pitch: m.pitch,
+            value: m.value,
+            element_size: m.element_size,
+            width: m.width,
+            height: m.height,
+        }),
+        NodeInfo::Memcpy {
+            src,
+            dst,
+            width,
+            height,
+            depth,
+        } => {
+            let side = |s: CopySideOut| -> CuResult<RmGraphCopySide> {
+                let (kind, addr) = match s.mem {
+                    GraphMemOut::Device(p) => (RmGraphMemKind::RmGraphMemDevice, p),
+                    GraphMemOut::Area(o) => (RmGraphMemKind::RmGraphMemArea, o),
+                    GraphMemOut::Host(p) => {
+                        let o = area.and_then(|a| a.offset_of(p, 1)).ok_or_else(|| {
+                            tracing::warn!("remora: a memcpy node's host side is not in the session's data area; returning CUDA_ERROR_NOT_SUPPORTED");
+                            CuError(cu::NOT_SUPPORTED)
+                        })?;
+                        (RmGraphMemKind::RmGraphMemArea, o)
+                    }
+                };
+                Ok(RmGraphCopySide {
+                    kind,
+                    addr,
+                    pitch: s.pitch,
+                    height: s.height,
+                    x_bytes: s.x_bytes,
+                    y: s.y,
+                    z: s.z,
+                })
+            };
+            RmNodeParams::RmNodeMemcpy(RmMemcpyNode {
+                src: side(src)?,
+                dst: side(dst)?,
+                width_bytes: width,
+                height,
+                depth,
+            })
+        }
+    })
+}

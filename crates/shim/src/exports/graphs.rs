@@ -1,0 +1,717 @@
+//! Explicit CUDA graphs (protocol revision 11): `cuGraphCreate`, `cuGraphAdd*Node` (and the
+//! generic `cuGraphAddNode`), dependencies, node queries and parameters, `cuGraphClone`,
+//! `cuGraphExec*SetParams`, `cuGraphExecUpdate` and `cuGraphDestroyNode`, each in the ABI
+//! forms CUDA 13.0 exports (plain and `_v2`). A `CUgraphNode` is a session handle of the
+//! server, encoded as [`Kind::GraphNode`].
+//!
+//! Kernel nodes pack `kernelParams` as launches do (`extra` is refused loudly). Host nodes
+//! run their function in this process at every launch. A memcpy node's host side must be
+//! page-locked memory in the shared data area (the server reads and writes it when the graph
+//! runs); other host memory is refused with `CUDA_ERROR_NOT_SUPPORTED` and a warning, as are
+//! CUDA arrays, edge data, memory allocation and free nodes and the other node types.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use remora_client::proto::{
+    RmGraphCopySide, RmGraphMemKind, RmKernelNode, RmMemcpyNode, RmMemsetNode, RmNodeParams,
+};
+use remora_client::{CuError, CuResult, PointerKind, Session, cu};
+use remora_cuda_abi::graphs::{
+    ExecUpdateResultInfo, GraphNodeParams, HostNodeParams, KernelNodeParams, KernelNodeParamsV1,
+    MemsetNodeParams,
+};
+use remora_cuda_abi::{MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
+
+use super::Handle;
+use super::exec::function_info;
+use crate::state::{self, Kind, dec, enc, put};
+
+/// Most nodes one call may pass (a bound on what is read from the program).
+const MAX_NODES: usize = 65536;
+
+fn invalid() -> CuError {
+    CuError(cu::INVALID_VALUE)
+}
+
+fn not_supported(what: &str, why: &str) -> CuError {
+    tracing::warn!("remora: {what}: {why}; returning CUDA_ERROR_NOT_SUPPORTED");
+    CuError(cu::NOT_SUPPORTED)
+}
+
+fn graph(g: Handle) -> CuResult<u64> {
+    dec(Kind::Graph, g)
+}
+
+fn node(n: Handle) -> CuResult<u64> {
+    dec(Kind::GraphNode, n)
+}
+
+fn ctx_of(c: Handle) -> CuResult<u64> {
+    if c.is_null() {
+        Ok(0)
+    } else {
+        dec(Kind::Ctx, c)
+    }
+}
+
+/// `n` node handles at `p`.
+fn nodes_in(p: *const Handle, n: usize) -> CuResult<Vec<u64>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if p.is_null() || n > MAX_NODES {
+        return Err(invalid());
+    }
+    // SAFETY: the program passes `n` readable handles at `p` (cuda.h), bounded above.
+    let s = unsafe { std::slice::from_raw_parts(p, n) };
+    s.iter().map(|h| node(*h)).collect()
+}
+
+/// Writes a node list the cuda.h way: with a NULL array only the count; else at most
+/// `*count` entries, and the number written (the count if smaller).
+fn put_nodes(out: *mut Handle, count: *mut usize, nodes: &[u64]) -> CuResult<()> {
+    if count.is_null() {
+        return Err(invalid());
+    }
+    if out.is_null() {
+        // SAFETY: non-null output per cuda.h.
+        return unsafe { put(count, nodes.len()) };
+    }
+    // SAFETY: non-null, readable and writable per cuda.h.
+    let room = unsafe { count.read_unaligned() };
+    for (i, n) in nodes.iter().take(room).enumerate() {
+        // SAFETY: `out` holds `room` entries per cuda.h.
+        unsafe { out.add(i).write_unaligned(enc(Kind::GraphNode, *n)) };
+    }
+    // SAFETY: as above.
+    unsafe { put(count, nodes.len().min(room)) }
+}
+
+fn add(
+    out: *mut Handle,
+    g: Handle,
+    deps: *const Handle,
+    n: usize,
+    ctx: u64,
+    params: RmNodeParams,
+) -> CuResult<()> {
+    if out.is_null() {
+        return Err(invalid());
+    }
+    let deps = nodes_in(deps, n)?;
+    let h = state::session()?.graph_add_node(graph(g)?, ctx, &deps, params)?;
+    // SAFETY: non-null output per cuda.h.
+    unsafe { put(out, enc(Kind::GraphNode, h)) }
+}
+
+// Kernel nodes ------------------------------------------------------------------------------
+
+fn kernel_params(
+    what: &str,
+    func: Handle,
+    kern: Handle,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    shared: c_uint,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<RmNodeParams> {
+    if !extra.is_null() {
+        return Err(not_supported(
+            what,
+            "kernel node parameters given through `extra` are not carried (use kernelParams)",
+        ));
+    }
+    let f = if func.is_null() { kern } else { func };
+    let (s, info) = function_info(f)?;
+    // SAFETY: kernelParams holds one valid pointer per parameter of the function (cuda.h).
+    let k = unsafe { s.kernel_node(&info, grid, block, shared, params.cast_const().cast()) }?;
+    Ok(RmNodeParams::RmNodeKernel(k))
+}
+
+fn kernel_v2(what: &str, p: *const KernelNodeParams) -> CuResult<RmNodeParams> {
+    if p.is_null() {
+        return Err(invalid());
+    }
+    // SAFETY: non-null and readable per cuda.h.
+    let p = unsafe { p.read_unaligned() };
+    kernel_params(
+        what,
+        p.func,
+        p.kern,
+        p.grid_dim,
+        p.block_dim,
+        p.shared_mem_bytes,
+        p.kernel_params,
+        p.extra,
+    )
+}
+
+fn kernel_v1(what: &str, p: *const KernelNodeParamsV1) -> CuResult<RmNodeParams> {
+    if p.is_null() {
+        return Err(invalid());
+    }
+    // SAFETY: non-null and readable per cuda.h.
+    let p = unsafe { p.read_unaligned() };
+    kernel_params(
+        what,
+        p.func,
+        std::ptr::null_mut(),
+        p.grid_dim,
+        p.block_dim,
+        p.shared_mem_bytes,
+        p.kernel_params,
+        p.extra,
+    )
+}
+
+/// The parameter storage `cuGraphKernelNodeGetParams` hands out, per node (valid until the
+/// next get of the same node, as the driver's own is until the node changes).
+/// A kernel node's parameter values (8-byte aligned) and the pointers into them.
+type KernelArgStore = (Vec<u64>, Vec<usize>);
+
+static KERNEL_ARGS: Mutex<Option<HashMap<u64, KernelArgStore>>> = Mutex::new(None);
+
+/// The `kernelParams` array of packed parameters `k`, kept for node `n`.
+fn kernel_args(s: &Session, n: u64, k: &RmKernelNode) -> CuResult<(Handle, *mut *mut c_void)> {
+    let info = s.function(k.function).ok_or(CuError(cu::INVALID_HANDLE))?;
+    let mut words = vec![0u64; k.params.len().div_ceil(8)];
+    let base = words.as_mut_ptr().cast::<u8>();
+    // SAFETY: `words` holds at least params.len() bytes and does not overlap them.
+    unsafe { std::ptr::copy_nonoverlapping(k.params.as_ptr(), base, k.params.len()) };
+    let ptrs: Vec<usize> = info
+        .params
+        .iter()
+        .map(|p| {
+            let off = (p.offset as usize).min(k.params.len());
+            base as usize + off
+        })
+        .collect();
+    let mut map = KERNEL_ARGS.lock().unwrap_or_else(PoisonError::into_inner);
+    let e = map.get_or_insert_with(HashMap::new).entry(n).or_default();
+    *e = (words, ptrs);
+    let array = if e.1.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        e.1.as_mut_ptr().cast()
+    };
+    Ok((enc(Kind::Function, k.function), array))
+}
+
+fn kernel_get(
+    n: Handle,
+    out_v2: *mut KernelNodeParams,
+    out_v1: *mut KernelNodeParamsV1,
+) -> CuResult<()> {
+    let s = state::session()?;
+    let h = node(n)?;
+    let RmNodeParams::RmNodeKernel(k) = s.graph_node_params(h)? else {
+        return Err(invalid());
+    };
+    let (func, args) = kernel_args(s, h, &k)?;
+    let grid = [k.grid.x, k.grid.y, k.grid.z];
+    let block = [k.block.x, k.block.y, k.block.z];
+    // SAFETY: the non-null output is writable per cuda.h.
+    unsafe {
+        if !out_v2.is_null() {
+            out_v2.write_unaligned(KernelNodeParams {
+                func,
+                grid_dim: grid,
+                block_dim: block,
+                shared_mem_bytes: k.shared_mem_bytes,
+                kernel_params: args,
+                extra: std::ptr::null_mut(),
+                kern: std::ptr::null_mut(),
+                ctx: std::ptr::null_mut(),
+            });
+        } else if !out_v1.is_null() {
+            out_v1.write_unaligned(KernelNodeParamsV1 {
+                func,
+                grid_dim: grid,
+                block_dim: block,
+                shared_mem_bytes: k.shared_mem_bytes,
+                kernel_params: args,
+                extra: std::ptr::null_mut(),
+            });
+        } else {
+            return Err(invalid());
+        }
+    }
+    Ok(())
+}
+
+// Memset and memcpy nodes -------------------------------------------------------------------
+
+fn memset_params(p: *const MemsetNodeParams) -> CuResult<RmNodeParams> {
+    if p.is_null() {
+        return Err(invalid());
+    }
+    // SAFETY: non-null and readable per cuda.h.
+    let p = unsafe { p.read_unaligned() };
+    Ok(RmNodeParams::RmNodeMemset(RmMemsetNode {
+        dst: p.dst,
+        pitch: p.pitch as u64,
+        value: p.value,
+        element_size: p.element_size,
+        width: p.width as u64,
+        height: p.height as u64,
+    }))
+}
+
+fn memset_get(n: Handle, out: *mut MemsetNodeParams) -> CuResult<()> {
+    let RmNodeParams::RmNodeMemset(m) = state::session()?.graph_node_params(node(n)?)? else {
+        return Err(invalid());
+    };
+    let p = MemsetNodeParams {
+        dst: m.dst,
+        pitch: m.pitch as usize,
+        value: m.value,
+        element_size: m.element_size,
+        width: m.width as usize,
+        height: m.height as usize,
+    };
+    // SAFETY: output per cuda.h (null rejected).
+    unsafe { put(out, p) }
+}
+
+/// One side of a memcpy node from `CUDA_MEMCPY3D`.
+#[allow(clippy::too_many_arguments)]
+fn copy_side(
+    s: &Session,
+    what: &str,
+    kind: c_uint,
+    host: u64,
+    device: u64,
+    (x, y, z, pitch, height): (usize, usize, usize, usize, usize),
+    extent: (u64, u64, u64),
+) -> CuResult<RmGraphCopySide> {
+    let (w, h, d) = extent;
+    let (x, y, z, pitch, height) = (x as u64, y as u64, z as u64, pitch as u64, height as u64);
+    let mem_kind = match kind {
+        MEMORYTYPE_DEVICE => RmGraphMemKind::RmGraphMemDevice,
+        MEMORYTYPE_HOST => RmGraphMemKind::RmGraphMemArea,
+        4 => match s.pointer_kind(device) {
+            PointerKind::Device { .. } => RmGraphMemKind::RmGraphMemDevice,
+            _ => RmGraphMemKind::RmGraphMemArea,
+        },
+        MEMORYTYPE_ARRAY => return Err(not_supported(what, "CUDA arrays are not supported")),
+        _ => return Err(invalid()),
+    };
+    let addr = match mem_kind {
+        RmGraphMemKind::RmGraphMemDevice => device,
+        RmGraphMemKind::RmGraphMemArea => {
+            let base = if kind == MEMORYTYPE_HOST {
+                host
+            } else {
+                device
+            };
+            // The bytes the copy touches from `base`: up to the end of its last row.
+            let end = (z + d - 1)
+                .checked_mul(height)
+                .and_then(|v| v.checked_add(y + h - 1))
+                .and_then(|v| v.checked_mul(pitch))
+                .and_then(|v| v.checked_add(x + w))
+                .ok_or_else(invalid)?;
+            s.graph_host_side(what, base, end)?
+        }
+    };
+    Ok(RmGraphCopySide {
+        kind: mem_kind,
+        addr,
+        pitch,
+        height,
+        x_bytes: x,
+        y,
+        z,
+    })
+}
+
+fn memcpy_params(what: &str, p: *const Memcpy3D) -> CuResult<RmNodeParams> {
+    if p.is_null() {
+        return Err(invalid());
+    }
+    // SAFETY: non-null and readable per cuda.h.
+    let c = unsafe { p.read_unaligned() };
+    let s = state::session()?;
+    let extent = (c.width_in_bytes as u64, c.height as u64, c.depth as u64);
+    if extent.0 == 0 || extent.1 == 0 || extent.2 == 0 {
+        return Err(invalid());
+    }
+    let src = copy_side(
+        s,
+        what,
+        c.src_memory_type,
+        c.src_host as usize as u64,
+        c.src_device,
+        (
+            c.src_x_in_bytes,
+            c.src_y,
+            c.src_z,
+            c.src_pitch,
+            c.src_height,
+        ),
+        extent,
+    )?;
+    let dst = copy_side(
+        s,
+        what,
+        c.dst_memory_type,
+        c.dst_host as usize as u64,
+        c.dst_device,
+        (
+            c.dst_x_in_bytes,
+            c.dst_y,
+            c.dst_z,
+            c.dst_pitch,
+            c.dst_height,
+        ),
+        extent,
+    )?;
+    Ok(RmNodeParams::RmNodeMemcpy(RmMemcpyNode {
+        src,
+        dst,
+        width_bytes: extent.0,
+        height: extent.1,
+        depth: extent.2,
+    }))
+}
+
+fn memcpy_get(n: Handle, out: *mut Memcpy3D) -> CuResult<()> {
+    let s = state::session()?;
+    let RmNodeParams::RmNodeMemcpy(c) = s.graph_node_params(node(n)?)? else {
+        return Err(invalid());
+    };
+    let side = |sd: &RmGraphCopySide| -> CuResult<(c_uint, u64, u64)> {
+        Ok(match sd.kind {
+            RmGraphMemKind::RmGraphMemDevice => (MEMORYTYPE_DEVICE, 0, sd.addr),
+            RmGraphMemKind::RmGraphMemArea => (MEMORYTYPE_HOST, s.area_host_ptr(sd.addr)?, 0),
+        })
+    };
+    let (st, sh, sd) = side(&c.src)?;
+    let (dt, dh, dd) = side(&c.dst)?;
+    let p = Memcpy3D {
+        src_x_in_bytes: c.src.x_bytes as usize,
+        src_y: c.src.y as usize,
+        src_z: c.src.z as usize,
+        src_lod: 0,
+        src_memory_type: st,
+        src_host: sh as usize as *const c_void,
+        src_device: sd,
+        src_array: std::ptr::null_mut(),
+        src_context: std::ptr::null_mut(),
+        src_pitch: c.src.pitch as usize,
+        src_height: c.src.height as usize,
+        dst_x_in_bytes: c.dst.x_bytes as usize,
+        dst_y: c.dst.y as usize,
+        dst_z: c.dst.z as usize,
+        dst_lod: 0,
+        dst_memory_type: dt,
+        dst_host: dh as usize as *mut c_void,
+        dst_device: dd,
+        dst_array: std::ptr::null_mut(),
+        dst_context: std::ptr::null_mut(),
+        dst_pitch: c.dst.pitch as usize,
+        dst_height: c.dst.height as usize,
+        width_in_bytes: c.width_bytes as usize,
+        height: c.height as usize,
+        depth: c.depth as usize,
+    };
+    // SAFETY: output per cuda.h (null rejected).
+    unsafe { put(out, p) }
+}
+
+// Host, child graph and event nodes ---------------------------------------------------------
+
+/// A program's host function and its argument, called on the host-callback thread.
+struct HostFn {
+    f: unsafe extern "C" fn(*mut c_void),
+    data: usize,
+}
+
+fn host_node(
+    out: *mut Handle,
+    g: Handle,
+    deps: *const Handle,
+    n: usize,
+    p: *const HostNodeParams,
+) -> CuResult<()> {
+    if out.is_null() || p.is_null() {
+        return Err(invalid());
+    }
+    // SAFETY: non-null and readable per cuda.h.
+    let p = unsafe { p.read_unaligned() };
+    let f = p.func.ok_or_else(invalid)?;
+    let hf = HostFn {
+        f,
+        data: p.user_data as usize,
+    };
+    let deps = nodes_in(deps, n)?;
+    let s = state::session()?;
+    let h = s.graph_add_host_node(
+        graph(g)?,
+        &deps,
+        Arc::new(move || {
+            // SAFETY: the program's CUhostFn with the userData it gave for this node, called
+            // as the driver would, on a thread of this process, at every launch.
+            unsafe { (hf.f)(hf.data as *mut c_void) }
+        }),
+    )?;
+    // SAFETY: non-null output per cuda.h.
+    unsafe { put(out, enc(Kind::GraphNode, h)) }
+}
+
+fn event(e: Handle) -> CuResult<u64> {
+    dec(Kind::Event, e)
+}
+
+// The generic form ---------------------------------------------------------------------------
+
+fn generic(
+    out: *mut Handle,
+    g: Handle,
+    deps: *const Handle,
+    edges: *const c_void,
+    n: usize,
+    p: *mut GraphNodeParams,
+) -> CuResult<()> {
+    const WHAT: &str = "cuGraphAddNode";
+    if !edges.is_null() {
+        return Err(not_supported(WHAT, "edge data is not carried"));
+    }
+    if p.is_null() {
+        return Err(invalid());
+    }
+    // SAFETY: non-null and readable per cuda.h; the union member read is the one `kind`
+    // names.
+    let (kind, u) = unsafe { ((*p).kind, (*p).u) };
+    // SAFETY: each arm reads the union member of the type `kind` names, which the program
+    // filled in (cuda.h); the pointers inside are checked by the functions called.
+    let (params, ctx) = unsafe {
+        match kind {
+            0 => (kernel_v2(WHAT, &u.kernel)?, 0),
+            1 => (
+                memcpy_params(WHAT, &u.memcpy.copy)?,
+                ctx_of(u.memcpy.copy_ctx)?,
+            ),
+            2 => (memset_params(&u.memset.params)?, ctx_of(u.memset.ctx)?),
+            3 => return host_node(out, g, deps, n, &u.host),
+            4 => (RmNodeParams::RmNodeGraph(graph(u.graph.graph)?), 0),
+            5 => (RmNodeParams::RmNodeEmpty, 0),
+            6 => (RmNodeParams::RmNodeEventWait(event(u.event.event)?), 0),
+            7 => (RmNodeParams::RmNodeEventRecord(event(u.event.event)?), 0),
+            other => {
+                return Err(not_supported(
+                    WHAT,
+                    &format!(
+                        "graph node type {other} (memory allocation and free, external semaphores, batch memory operations, conditional nodes) is not carried"
+                    ),
+                ));
+            }
+        }
+    };
+    add(out, g, deps, n, ctx, params)
+}
+
+// Dependencies, queries, clone, update -------------------------------------------------------
+
+fn deps_change(
+    g: Handle,
+    from: *const Handle,
+    to: *const Handle,
+    edges: *const c_void,
+    n: usize,
+    add: bool,
+) -> CuResult<()> {
+    if !edges.is_null() {
+        return Err(not_supported(
+            if add {
+                "cuGraphAddDependencies_v2"
+            } else {
+                "cuGraphRemoveDependencies_v2"
+            },
+            "edge data is not carried",
+        ));
+    }
+    let (f, t) = (nodes_in(from, n)?, nodes_in(to, n)?);
+    state::session()?.graph_change_dependencies(graph(g)?, &f, &t, add)
+}
+
+fn get_nodes(g: Handle, out: *mut Handle, count: *mut usize, roots: bool) -> CuResult<()> {
+    let nodes = state::session()?.graph_nodes(graph(g)?, roots)?;
+    put_nodes(out, count, &nodes)
+}
+
+fn get_edges(
+    g: Handle,
+    from: *mut Handle,
+    to: *mut Handle,
+    edges: *mut c_void,
+    count: *mut usize,
+) -> CuResult<()> {
+    if !edges.is_null() {
+        return Err(not_supported(
+            "cuGraphGetEdges_v2",
+            "edge data is not carried",
+        ));
+    }
+    if count.is_null() || from.is_null() != to.is_null() {
+        return Err(invalid());
+    }
+    let (f, t) = state::session()?.graph_edges(graph(g)?)?;
+    if from.is_null() {
+        // SAFETY: non-null output per cuda.h.
+        return unsafe { put(count, f.len()) };
+    }
+    let mut c = count_in(count);
+    put_nodes(from, &mut c, &f)?;
+    put_nodes(to, count, &t)
+}
+
+fn count_in(count: *mut usize) -> usize {
+    // SAFETY: non-null (checked by the callers) and readable per cuda.h.
+    unsafe { count.read_unaligned() }
+}
+
+fn links(
+    n: Handle,
+    out: *mut Handle,
+    edges: *mut c_void,
+    count: *mut usize,
+    dependents: bool,
+) -> CuResult<()> {
+    if !edges.is_null() {
+        return Err(not_supported(
+            "cuGraphNodeGetDependencies_v2",
+            "edge data is not carried",
+        ));
+    }
+    let nodes = state::session()?.graph_node_links(node(n)?, dependents)?;
+    put_nodes(out, count, &nodes)
+}
+
+fn node_type(n: Handle, out: *mut c_int) -> CuResult<()> {
+    let t = state::session()?.graph_node_type(node(n)?)?;
+    // SAFETY: output per cuda.h (null rejected).
+    unsafe { put(out, t) }
+}
+
+fn clone(out: *mut Handle, g: Handle) -> CuResult<()> {
+    let h = state::session()?.graph_clone(graph(g)?)?;
+    // SAFETY: output per cuda.h (null rejected).
+    unsafe { put(out, enc(Kind::Graph, h)) }
+}
+
+fn set(n: Handle, p: CuResult<RmNodeParams>) -> CuResult<()> {
+    state::session()?.graph_node_set_params(node(n)?, p?)
+}
+
+fn exec_set(e: Handle, n: Handle, p: CuResult<RmNodeParams>) -> CuResult<()> {
+    state::session()?.graph_exec_node_set_params(dec(Kind::GraphExec, e)?, node(n)?, p?)
+}
+
+/// `cuGraphExecUpdate_v2` (`info`) or the CUDA 11 form (`err_node`, `result`).
+fn exec_update(
+    e: Handle,
+    g: Handle,
+    info: *mut ExecUpdateResultInfo,
+    err_node: *mut Handle,
+    result: *mut c_int,
+) -> CuResult<()> {
+    let (r, i) = state::session()?.graph_exec_update(dec(Kind::GraphExec, e)?, graph(g)?);
+    let node = if i.error_node == 0 {
+        std::ptr::null_mut()
+    } else {
+        enc(Kind::GraphNode, i.error_node)
+    };
+    // SAFETY: the non-null outputs are writable per cuda.h.
+    unsafe {
+        if !info.is_null() {
+            info.write_unaligned(ExecUpdateResultInfo {
+                result: i.result,
+                error_node: node,
+                error_from_node: std::ptr::null_mut(),
+            });
+        }
+        if !err_node.is_null() {
+            err_node.write_unaligned(node);
+        }
+        if !result.is_null() {
+            result.write_unaligned(i.result);
+        }
+    }
+    r
+}
+
+fn create(out: *mut Handle, flags: c_uint) -> CuResult<()> {
+    let h = state::session()?.graph_create(state::current_ctx()?, flags)?;
+    // SAFETY: output per cuda.h (null rejected).
+    unsafe { put(out, enc(Kind::Graph, h)) }
+}
+
+fn destroy_node(n: Handle) -> CuResult<()> {
+    let h = node(n)?;
+    state::session()?.graph_destroy_node(h)?;
+    if let Some(m) = KERNEL_ARGS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_mut()
+    {
+        m.remove(&h);
+    }
+    Ok(())
+}
+
+type Deps = *const Handle;
+
+entry_points! {
+    cuGraphCreate(out: *mut Handle, flags: c_uint) => create(out, flags);
+    cuGraphAddEmptyNode(out: *mut Handle, g: Handle, d: Deps, n: usize) => add(out, g, d, n, 0, RmNodeParams::RmNodeEmpty);
+    cuGraphAddKernelNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *const KernelNodeParamsV1)
+        => kernel_v1("cuGraphAddKernelNode", p).and_then(|p| add(out, g, d, n, 0, p));
+    cuGraphAddKernelNode_v2(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *const KernelNodeParams)
+        => kernel_v2("cuGraphAddKernelNode_v2", p).and_then(|p| add(out, g, d, n, 0, p));
+    cuGraphAddMemsetNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *const MemsetNodeParams, ctx: Handle)
+        => memset_params(p).and_then(|p| add(out, g, d, n, ctx_of(ctx)?, p));
+    cuGraphAddMemcpyNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *const Memcpy3D, ctx: Handle)
+        => memcpy_params("cuGraphAddMemcpyNode", p).and_then(|p| add(out, g, d, n, ctx_of(ctx)?, p));
+    cuGraphAddHostNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *const HostNodeParams) => host_node(out, g, d, n, p);
+    cuGraphAddChildGraphNode(out: *mut Handle, g: Handle, d: Deps, n: usize, child: Handle)
+        => add(out, g, d, n, 0, RmNodeParams::RmNodeGraph(graph(child)?));
+    cuGraphAddEventRecordNode(out: *mut Handle, g: Handle, d: Deps, n: usize, e: Handle)
+        => add(out, g, d, n, 0, RmNodeParams::RmNodeEventRecord(event(e)?));
+    cuGraphAddEventWaitNode(out: *mut Handle, g: Handle, d: Deps, n: usize, e: Handle)
+        => add(out, g, d, n, 0, RmNodeParams::RmNodeEventWait(event(e)?));
+    cuGraphAddNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *mut GraphNodeParams) => generic(out, g, d, std::ptr::null(), n, p);
+    cuGraphAddNode_v2(out: *mut Handle, g: Handle, d: Deps, edges: *const c_void, n: usize, p: *mut GraphNodeParams) => generic(out, g, d, edges, n, p);
+    cuGraphDestroyNode(n: Handle) => destroy_node(n);
+    cuGraphAddDependencies(g: Handle, from: Deps, to: Deps, n: usize) => deps_change(g, from, to, std::ptr::null(), n, true);
+    cuGraphAddDependencies_v2(g: Handle, from: Deps, to: Deps, edges: *const c_void, n: usize) => deps_change(g, from, to, edges, n, true);
+    cuGraphRemoveDependencies(g: Handle, from: Deps, to: Deps, n: usize) => deps_change(g, from, to, std::ptr::null(), n, false);
+    cuGraphRemoveDependencies_v2(g: Handle, from: Deps, to: Deps, edges: *const c_void, n: usize) => deps_change(g, from, to, edges, n, false);
+    cuGraphGetNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, false);
+    cuGraphGetRootNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, true);
+    cuGraphGetEdges(g: Handle, from: *mut Handle, to: *mut Handle, count: *mut usize) => get_edges(g, from, to, std::ptr::null_mut(), count);
+    cuGraphGetEdges_v2(g: Handle, from: *mut Handle, to: *mut Handle, edges: *mut c_void, count: *mut usize) => get_edges(g, from, to, edges, count);
+    cuGraphNodeGetType(n: Handle, out: *mut c_int) => node_type(n, out);
+    cuGraphNodeGetDependencies(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, false);
+    cuGraphNodeGetDependencies_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, false);
+    cuGraphNodeGetDependentNodes(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, true);
+    cuGraphNodeGetDependentNodes_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, true);
+    cuGraphKernelNodeGetParams(n: Handle, p: *mut KernelNodeParamsV1) => kernel_get(n, std::ptr::null_mut(), p);
+    cuGraphKernelNodeGetParams_v2(n: Handle, p: *mut KernelNodeParams) => kernel_get(n, p, std::ptr::null_mut());
+    cuGraphKernelNodeSetParams(n: Handle, p: *const KernelNodeParamsV1) => set(n, kernel_v1("cuGraphKernelNodeSetParams", p));
+    cuGraphKernelNodeSetParams_v2(n: Handle, p: *const KernelNodeParams) => set(n, kernel_v2("cuGraphKernelNodeSetParams_v2", p));
+    cuGraphMemsetNodeGetParams(n: Handle, p: *mut MemsetNodeParams) => memset_get(n, p);
+    cuGraphMemsetNodeSetParams(n: Handle, p: *const MemsetNodeParams) => set(n, memset_params(p));
+    cuGraphMemcpyNodeGetParams(n: Handle, p: *mut Memcpy3D) => memcpy_get(n, p);
+    cuGraphMemcpyNodeSetParams(n: Handle, p: *const Memcpy3D) => set(n, memcpy_params("cuGraphMemcpyNodeSetParams", p));
+    cuGraphClone(out: *mut Handle, g: Handle) => clone(out, g);
+    cuGraphExecKernelNodeSetParams(e: Handle, n: Handle, p: *const KernelNodeParamsV1) => exec_set(e, n, kernel_v1("cuGraphExecKernelNodeSetParams", p));
+    cuGraphExecKernelNodeSetParams_v2(e: Handle, n: Handle, p: *const KernelNodeParams) => exec_set(e, n, kernel_v2("cuGraphExecKernelNodeSetParams_v2", p));
+    cuGraphExecMemsetNodeSetParams(e: Handle, n: Handle, p: *const MemsetNodeParams, _ctx: Handle) => exec_set(e, n, memset_params(p));
+    cuGraphExecMemcpyNodeSetParams(e: Handle, n: Handle, p: *const Memcpy3D, _ctx: Handle) => exec_set(e, n, memcpy_params("cuGraphExecMemcpyNodeSetParams", p));
+    cuGraphExecUpdate(e: Handle, g: Handle, err_node: *mut Handle, result: *mut c_int) => exec_update(e, g, std::ptr::null_mut(), err_node, result);
+    cuGraphExecUpdate_v2(e: Handle, g: Handle, info: *mut ExecUpdateResultInfo) => exec_update(e, g, info, std::ptr::null_mut(), std::ptr::null_mut());
+}
