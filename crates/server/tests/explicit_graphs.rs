@@ -51,8 +51,13 @@ fn side(kind: RmGraphMemKind, addr: u64, n: u64) -> RmGraphCopySide {
     }
 }
 
+/// A device side as `cudaGraphAddMemcpyNode1D` gives it: no pitch, no height (one row).
 fn dev(addr: u64) -> RmGraphCopySide {
-    side(RmGraphMemKind::RmGraphMemDevice, addr, N)
+    RmGraphCopySide {
+        pitch: 0,
+        height: 0,
+        ..side(RmGraphMemKind::RmGraphMemDevice, addr, N)
+    }
 }
 
 fn memcpy(src: RmGraphCopySide, dst: RmGraphCopySide) -> RmNodeParams {

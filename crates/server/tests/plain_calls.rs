@@ -26,6 +26,7 @@ fn generated_calls_resolve_handles_and_return_results() {
         Err(CuError(cu::INVALID_VALUE)),
         "the backend's answer comes back"
     );
+    s.ctx_reset_persisting_l2_cache(ctx).unwrap();
     s.ctx_set_limit(ctx, 1, 4096).unwrap();
     assert_eq!(s.ctx_get_limit(ctx, 1), Ok(4096));
     // Streams: distinct ids, the legacy stream's too; a stream of the session only.

@@ -874,6 +874,11 @@ impl Backend for EmulatedBackend {
         Ok(())
     }
 
+    /// The emulated device has no L2 cache to reset.
+    fn ctx_reset_persisting_l2_cache(&self, ctx: u64) -> CuResult<()> {
+        self.lock().ctx(ctx).map(|_| ())
+    }
+
     fn ctx_get_cache_config(&self, ctx: u64) -> CuResult<u64> {
         let st = self.lock();
         st.ctx(ctx)?;

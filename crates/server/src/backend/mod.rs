@@ -314,7 +314,7 @@ pub trait Backend: MemPools + Graphs + Send + Sync + 'static {
     fn ctx_synchronize(&self, ctx: u64) -> CuResult<()>;
     // The plain calls, generated from their `@glue` annotations in remora.x: `ctx_set_limit`,
     // `ctx_get_limit`, `ctx_get_api_version`, `ctx_get_flags`, `ctx_set_cache_config`,
-    // `ctx_get_cache_config`, `stream_get_id`.
+    // `ctx_get_cache_config`, `ctx_reset_persisting_l2_cache`, `stream_get_id`.
     remora_proto::backend_glue!();
     /// `cuCtxGetStreamPriorityRange`: `(least, greatest)`.
     fn ctx_stream_priority_range(&self, ctx: u64) -> CuResult<(i32, i32)>;

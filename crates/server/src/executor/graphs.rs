@@ -70,7 +70,11 @@ fn copy_side(
     s: &RmGraphCopySide,
     c: &RmMemcpyNode,
 ) -> CuResult<GraphCopySide> {
-    if s.pitch < c.width_bytes || (c.depth > 1 && s.height < c.height) {
+    // The pitch counts only between rows and the height only between slices: a 1-D copy
+    // (cudaGraphAddMemcpyNode1D) leaves both 0.
+    if (c.height > 1 || c.depth > 1) && s.pitch < c.width_bytes
+        || (c.depth > 1 && s.height < c.height)
+    {
         return Err(invalid());
     }
     let row = |k: u64, r: u64| -> Option<u64> {

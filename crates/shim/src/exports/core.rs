@@ -406,6 +406,13 @@ pub extern "C" fn cuCtxSetCacheConfig(config: c_int) -> CUresult {
 }
 
 #[unsafe(no_mangle)]
+pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
+    entry("cuCtxResetPersistingL2Cache", || {
+        state::session()?.ctx_reset_persisting_l2_cache(state::current_ctx()?)
+    })
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
     entry("cuCtxGetCacheConfig", || {
         let v = state::session()?.ctx_get_cache_config(state::current_ctx()?)?;

@@ -89,6 +89,7 @@ driver_table! {
     ctx_get_flags = "cuCtxGetFlags" / "cuCtxGetFlags": fn(*mut c_uint);
     ctx_set_cache_config = "cuCtxSetCacheConfig" / "cuCtxSetCacheConfig": fn(c_int);
     ctx_get_cache_config = "cuCtxGetCacheConfig" / "cuCtxGetCacheConfig": fn(*mut c_int);
+    ctx_reset_persisting_l2_cache = "cuCtxResetPersistingL2Cache" / "cuCtxResetPersistingL2Cache": fn();
     stream_get_id = "cuStreamGetId" / "cuStreamGetId": fn(Ptr, *mut u64);
     ctx_get_stream_priority_range = "cuCtxGetStreamPriorityRange" / "cuCtxGetStreamPriorityRange": fn(*mut c_int, *mut c_int);
     mem_alloc = "cuMemAlloc" / "cuMemAlloc_v2": fn(*mut u64, usize);

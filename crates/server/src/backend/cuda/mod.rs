@@ -361,6 +361,12 @@ impl Backend for CudaBackend {
         u64::try_from(v).map_err(|_| CuError(cu::INVALID_VALUE))
     }
 
+    fn ctx_reset_persisting_l2_cache(&self, ctx: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        // SAFETY: no arguments; the context is current.
+        call!(d.t, ctx_reset_persisting_l2_cache())
+    }
+
     fn stream_get_id(&self, ctx: u64, stream: u64) -> CuResult<u64> {
         let d = self.in_ctx(ctx)?;
         let mut v: u64 = 0;
