@@ -131,8 +131,9 @@ struct SessionArgs {
     /// (cudaMemcpyAsync to host) it has not yet synchronized for. A copy past it fails: the
     /// program's next synchronizing call returns CUDA_ERROR_OUT_OF_MEMORY, and the server
     /// logs the limit. Bounds what a program that never synchronizes makes the server hold.
-    #[arg(long, value_name = "BYTES", default_value_t = remora_server::DEFAULT_MAX_PENDING_COPY_BYTES)]
-    max_pending_copy_bytes: u64,
+    /// Default: a quarter of this host's memory, between 4 GiB and 64 GiB.
+    #[arg(long, value_name = "BYTES")]
+    max_pending_copy_bytes: Option<u64>,
     /// Close a connection after this many seconds without a call while none is in flight
     /// (fractions allowed). Closing a connection ends its session and frees its GPU memory,
     /// so an idle program loses its GPU state: use it to reclaim sessions of clients that
@@ -172,7 +173,7 @@ fn worker_config(
         },
         no_private_driver_calls: s.no_private_driver_calls,
         shm_lock_budget,
-        max_pending_copy_bytes: Some(s.max_pending_copy_bytes),
+        max_pending_copy_bytes: s.max_pending_copy_bytes,
         idle_timeout: s.idle_timeout,
     }
 }
@@ -533,7 +534,7 @@ fn run(cli: Cli) -> Result<()> {
                     lock_max_bytes: shm_lock_max,
                 },
                 no_private_driver_calls: s.no_private_driver_calls,
-                max_pending_copy_bytes: Some(s.max_pending_copy_bytes),
+                max_pending_copy_bytes: s.max_pending_copy_bytes,
                 max_connections: Some(max_connections),
                 max_connections_per_peer: Some(max_connections_per_peer),
                 idle_timeout: s.idle_timeout,

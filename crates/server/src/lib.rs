@@ -39,5 +39,5 @@ pub use serve::{
     start_with_backend, start_with_inventory,
 };
 pub use session::{
-    DEFAULT_MAX_PENDING_COPY_BYTES, ORDERED_CALL_OVERHEAD, OrderedLimits, set_ordered_limits,
+    ORDERED_CALL_OVERHEAD, OrderedLimits, default_max_pending_copy_bytes, set_ordered_limits,
 };

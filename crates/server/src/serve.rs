@@ -197,7 +197,7 @@ pub struct ServeConfig {
     /// client's behalf (`RM_TOOLS_CTX_QUERY`, which cuBLASLt needs; docs/threat-model.md).
     pub no_private_driver_calls: bool,
     /// Bytes one session may hold staged in asynchronous device-to-host copies it has not
-    /// synchronized for; `None`: [`crate::DEFAULT_MAX_PENDING_COPY_BYTES`].
+    /// synchronized for; `None`: [`crate::default_max_pending_copy_bytes`].
     pub max_pending_copy_bytes: Option<u64>,
     /// Connections served at once; `None`: the runtime's default
     /// ([`ServerConfig::max_connections`]). Under process isolation, also the most workers.
@@ -934,7 +934,7 @@ fn new_executor(backend: Arc<dyn Backend>, inventory: &Inventory, o: ExecutorOpt
     executor.set_area_lock_budget(o.area_lock_budget);
     executor.set_max_pending_copy_bytes(
         o.max_pending_copy_bytes
-            .unwrap_or(crate::DEFAULT_MAX_PENDING_COPY_BYTES),
+            .unwrap_or_else(crate::default_max_pending_copy_bytes),
     );
     executor
 }

@@ -26,9 +26,22 @@ pub(crate) const MAX_WAITERS: usize = 4;
 pub(crate) const REPLY_COPY_BUDGET: usize = 64 << 20;
 
 /// Default of the bound on the bytes one session may hold staged on the server in
-/// asynchronous device-to-host copies not yet delivered ([`PendingCopies`]): 1 GiB.
+/// asynchronous device-to-host copies not yet delivered ([`PendingCopies`]): a quarter of
+/// the host's memory, between 4 GiB and 64 GiB (4 GiB when the size is unknown).
 /// `remora serve --max-pending-copy-bytes` sets it.
-pub const DEFAULT_MAX_PENDING_COPY_BYTES: u64 = 1 << 30;
+///
+/// A legitimate program may queue one whole large buffer before it synchronizes (NVIDIA's
+/// memcpy_sweep of the GPU suite copies 1 GiB at once; PyTorch moves a model's state with
+/// `non_blocking=True`): a bound of 1 GiB refused that with CUDA_ERROR_OUT_OF_MEMORY.
+pub fn default_max_pending_copy_bytes() -> u64 {
+    const MIN: u64 = 4 << 30;
+    const MAX: u64 = 64 << 30;
+    let info = rustix::system::sysinfo();
+    let total = u64::try_from(info.totalram)
+        .unwrap_or(0)
+        .saturating_mul(u64::from(info.mem_unit).max(1));
+    (total / 4).clamp(MIN, MAX)
+}
 
 /// What each pending copy counts against the bound beyond its bytes (its record and staging
 /// object), so that a flood of empty or failed copies is bounded too.
@@ -245,7 +258,7 @@ pub(crate) struct PendingCopies {
 
 impl Default for PendingCopies {
     fn default() -> Self {
-        Self::new(0, DEFAULT_MAX_PENDING_COPY_BYTES)
+        Self::new(0, default_max_pending_copy_bytes())
     }
 }
 

@@ -170,7 +170,7 @@ impl Executor {
                 private_driver_calls: std::sync::atomic::AtomicBool::new(true),
                 area_lock_budget: Mutex::new(u64::MAX),
                 max_pending_copy_bytes: std::sync::atomic::AtomicU64::new(
-                    crate::session::DEFAULT_MAX_PENDING_COPY_BYTES,
+                    crate::session::default_max_pending_copy_bytes(),
                 ),
                 any_ordered: std::sync::atomic::AtomicBool::new(false),
                 backend,
@@ -214,7 +214,7 @@ impl Executor {
 
     /// Most bytes each session created from now on may hold staged in asynchronous
     /// device-to-host copies it has not yet synchronized for (default
-    /// [`crate::DEFAULT_MAX_PENDING_COPY_BYTES`], `remora serve --max-pending-copy-bytes`).
+    /// [`crate::default_max_pending_copy_bytes`], `remora serve --max-pending-copy-bytes`).
     /// A copy past it fails with CUDA_ERROR_OUT_OF_MEMORY at the session's next synchronizing
     /// call, logged with the limit.
     pub fn set_max_pending_copy_bytes(&self, bytes: u64) {

@@ -126,6 +126,15 @@ fn kernel_params(
     }
     let f = if func.is_null() { kern } else { func };
     let (s, info) = function_info(f)?;
+    // What the program named the kernel by, given back by cuGraphKernelNodeGetParams: the
+    // CUDA runtime maps that value back to its host-side entry point (it may be a CUkernel
+    // handle given as `func`), so an equivalent but different handle fails there with
+    // cudaErrorInvalidDeviceFunction.
+    PROGRAM_FUNCS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get_or_insert_with(HashMap::new)
+        .insert(info.handle, (func as usize, kern as usize));
     // SAFETY: kernelParams holds one valid pointer per parameter of the function (cuda.h).
     let k = unsafe { s.kernel_node(&info, grid, block, shared, params.cast_const().cast()) }?;
     Ok(RmNodeParams::RmNodeKernel(k))
@@ -174,6 +183,22 @@ type KernelArgStore = (Vec<u64>, Vec<usize>);
 
 static KERNEL_ARGS: Mutex<Option<HashMap<u64, KernelArgStore>>> = Mutex::new(None);
 
+/// Function handle → the (`func`, `kern`) values the program last gave a kernel node of it.
+static PROGRAM_FUNCS: Mutex<Option<HashMap<u64, (usize, usize)>>> = Mutex::new(None);
+
+/// The (`func`, `kern`) values to give back for a node of function handle `f`.
+fn program_func(f: u64) -> (Handle, Handle) {
+    let given = PROGRAM_FUNCS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .and_then(|m| m.get(&f).copied());
+    match given {
+        Some((func, kern)) => (func as Handle, kern as Handle),
+        None => (enc(Kind::Function, f), std::ptr::null_mut()),
+    }
+}
+
 /// The `kernelParams` array of packed parameters `k`, kept for node `n`.
 fn kernel_args(s: &Session, n: u64, k: &RmKernelNode) -> CuResult<(Handle, *mut *mut c_void)> {
     let info = s.function(k.function).ok_or(CuError(cu::INVALID_HANDLE))?;
@@ -210,7 +235,8 @@ fn kernel_get(
     let RmNodeParams::RmNodeKernel(k) = s.graph_node_params(h)? else {
         return Err(invalid());
     };
-    let (func, args) = kernel_args(s, h, &k)?;
+    let (_, args) = kernel_args(s, h, &k)?;
+    let (func, kern) = program_func(k.function);
     let grid = [k.grid.x, k.grid.y, k.grid.z];
     let block = [k.block.x, k.block.y, k.block.z];
     // SAFETY: the non-null output is writable per cuda.h.
@@ -223,7 +249,7 @@ fn kernel_get(
                 shared_mem_bytes: k.shared_mem_bytes,
                 kernel_params: args,
                 extra: std::ptr::null_mut(),
-                kern: std::ptr::null_mut(),
+                kern,
                 ctx: std::ptr::null_mut(),
             });
         } else if !out_v1.is_null() {
