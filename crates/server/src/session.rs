@@ -37,8 +37,8 @@ pub fn default_max_pending_copy_bytes() -> u64 {
     const MIN: u64 = 4 << 30;
     const MAX: u64 = 64 << 30;
     let info = rustix::system::sysinfo();
-    let total = u64::try_from(info.totalram)
-        .unwrap_or(0)
+    let total = info
+        .totalram
         .saturating_mul(u64::from(info.mem_unit).max(1));
     (total / 4).clamp(MIN, MAX)
 }
