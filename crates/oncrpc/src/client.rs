@@ -80,11 +80,17 @@ pub struct Liveness {
 }
 
 impl Default for Liveness {
-    /// Ping after 5 s of silence; give up after 15 s.
+    /// Ping after 5 s of silence; give up after 120 s.
+    ///
+    /// Not shorter: a live server cannot answer a ping while the connection thread that
+    /// would read it is itself busy in the driver (a one-way launch waiting for room in a
+    /// full launch queue drains at the speed of the kernels ahead of it), and declaring such
+    /// a server dead would kill a legitimate program. A vanished host is noticed sooner by
+    /// TCP keepalive (probes after `probe_after`, then every second).
     fn default() -> Self {
         Self {
             probe_after: Duration::from_secs(5),
-            dead_after: Duration::from_secs(15),
+            dead_after: Duration::from_secs(120),
         }
     }
 }

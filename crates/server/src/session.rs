@@ -15,7 +15,7 @@ use crate::waiters::WaiterPool;
 
 /// Most threads one session may block in synchronizing calls at once; further blocking calls
 /// run on the connection's thread.
-pub(crate) const MAX_WAITERS: usize = 4;
+pub(crate) const MAX_WAITERS: usize = 32;
 
 /// Most bytes of asynchronous device-to-host copy data one synchronizing reply carries (Remora's
 /// client reads reply records of up to 1 GiB; a single copy chunk is at most 32 MiB). Without

@@ -111,7 +111,7 @@ pub struct SessionConfig {
     /// How to reach the server (default: `REMORA_TRANSPORT`, else auto).
     pub transport: TransportChoice,
     /// How a hung or vanished server is noticed while calls wait for it (default: pinged
-    /// after 5 s of silence, given up after 15 s; `None`: only `call_timeout`). Calls then
+    /// after 5 s of silence, given up after 120 s; `None`: only `call_timeout`). Calls then
     /// fail with CUDA_ERROR_DEVICE_UNAVAILABLE; a long synchronize on a live server is
     /// still waited for, as the server answers the pings meanwhile.
     pub liveness: Option<remora_oncrpc::Liveness>,
