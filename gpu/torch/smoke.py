@@ -15,11 +15,15 @@ import sys
 CHECKS = [
     "device", "fp32_matmul", "bf16_matmul", "lt_gemms", "eager_dtypes", "fft", "linalg_solve",
     "conv2d", "cudnn_train", "sparse_rand_cub", "amp", "pinned_nonblocking", "streams_events",
-    "cuda_graphs", "expandable_segments", "memory_stats", "train_step", "compile",
+    "cuda_graphs", "expandable_segments", "malloc_async", "memory_stats", "train_step",
+    "compile",
 ]
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 if len(sys.argv) > 1 and sys.argv[1] == "expandable_segments":
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+if len(sys.argv) > 1 and sys.argv[1] == "malloc_async":
+    # PyTorch's allocator on cudaMallocAsync (stream-ordered allocation and pools).
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
 import torch  # noqa: E402
 
 torch.manual_seed(0)
@@ -184,6 +188,18 @@ def run(check):
         zs = [torch.arange(3 << 20, device=dev, dtype=torch.float32) * k for k in range(4)]
         total += sum(float(z[::4096].sum()) for z in zs)
         return f"{digest(big.sum(0, keepdim=True))} total={total}"
+    if check == "malloc_async":
+        s = torch.cuda.Stream()
+        a = torch.randn(1024, 1024, generator=g).to(dev)
+        with torch.cuda.stream(s):
+            b = a @ a.t()
+            c = [torch.full((1 << 20,), float(k), device=dev) for k in range(8)]
+            del c[::2]
+            total = float(sum(x.sum() for x in c))
+        s.synchronize()
+        del a
+        torch.cuda.empty_cache()
+        return f"{digest(b)} total={total} backend={torch.cuda.get_allocator_backend()}"
     if check == "memory_stats":
         free, total = torch.cuda.mem_get_info()
         x = torch.empty(64 << 20, dtype=torch.uint8, device=dev)
