@@ -56,7 +56,9 @@ pub mod shm;
 pub use remora_shm::{DataArea, OutOfArea};
 
 pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
-pub use client::{Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT, Liveness};
+pub use client::{
+    Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT, Liveness, OpeningCall,
+};
 pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket_dir};
 pub use error::RpcError;
 pub use server::{
