@@ -850,6 +850,7 @@ mod tests {
             shm_lock_budget: Some(3 << 20),
             max_pending_copy_bytes: Some(5 << 20),
             idle_timeout: Some(std::time::Duration::from_millis(2500)),
+            auth_token_file: Some("/etc/remora/tokens".into()),
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
         args.extend(config.to_args());

@@ -898,8 +898,10 @@ fn load_tokens(path: Option<&Path>) -> Result<Option<Arc<Tokens>>, ServeError> {
 }
 
 fn server_config(config: &ServeConfig, tokens: Option<&Tokens>) -> ServerConfig {
-    let mut server_config = ServerConfig::default();
-    server_config.auth_open_procedures = auth_open_procedures(tokens);
+    let mut server_config = ServerConfig {
+        auth_open_procedures: auth_open_procedures(tokens),
+        ..ServerConfig::default()
+    };
     if let Some(max) = config.max_record_size {
         server_config.max_record_size = max;
     }
