@@ -22,6 +22,11 @@
 //!   program and version, served on any number of endpoints, one thread per connection,
 //!   calls processed in order; bounded against hostile input by [`ServerConfig`].
 //! * [`rpcbind`]: optional registration with the local portmapper.
+//! * Authentication chosen by the service: with [`ServerConfig::auth_open_procedures`] a
+//!   connection is served only the listed calls until a service accepts its proof and calls
+//!   [`CallContext::authenticate`]; everything else (`SHM_SETUP` too) is answered AUTH_ERROR
+//!   (AUTH_TOOWEAK) and the connection closed. [`ClientConfig::opening_call`] makes such a
+//!   handshake the first call on a connection, before it moves into shared memory.
 //!
 //! Not supported: UDP, RPCSEC_GSS, AUTH_DH, AUTH_SHORT (calls carrying them are answered
 //! AUTH_ERROR / AUTH_REJECTEDCRED).
