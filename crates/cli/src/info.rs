@@ -10,18 +10,37 @@ use remora_proto::remora::{
     RemoraV1Client,
 };
 
-/// Connects to `server`, says HELLO and prints the answer.
-pub(crate) fn run(server: &Endpoint) -> Result<()> {
-    let rpc = crate::connect(server, ClientConfig::default())?;
-    let client = RemoraV1Client::new(rpc).with_timeout(Duration::from_secs(30));
-    let reply = client
-        .remora_hello(&HelloArgs {
-            min_revision: 1,
-            max_revision: REMORA_PROTOCOL_REVISION,
-            client_name: concat!("remora info ", env!("CARGO_PKG_VERSION")).into(),
-            capabilities: u64::from(REMORA_CAP_ONEWAY),
-        })
-        .with_context(|| format!("HELLO to {server} failed"))?;
+/// Connects to `server`, says HELLO (HELLO_AUTH with `token`) and prints the answer.
+pub(crate) fn run(server: &Endpoint, token: Option<&str>) -> Result<()> {
+    let hello = HelloArgs {
+        min_revision: 1,
+        max_revision: REMORA_PROTOCOL_REVISION,
+        client_name: concat!("remora info ", env!("CARGO_PKG_VERSION")).into(),
+        capabilities: u64::from(REMORA_CAP_ONEWAY),
+    };
+    let opening_call = token
+        .map(|t| remora_proto::token::hello_auth_call(&hello, t.as_bytes()))
+        .transpose()
+        .context("cannot encode HELLO_AUTH")?;
+    let config = ClientConfig {
+        opening_call,
+        ..ClientConfig::default()
+    };
+    let rpc = crate::connect(server, config)?;
+    let reply = match rpc.opening_reply() {
+        Some(bytes) => {
+            let mut dec = remora_oncrpc::xdr::Decoder::new(bytes.clone());
+            let reply: HelloReply = remora_oncrpc::xdr::XdrDecode::decode(&mut dec)
+                .and_then(|r| dec.finish().map(|()| r))
+                .with_context(|| format!("the answer to HELLO_AUTH from {server} is malformed"))?;
+            reply
+        }
+        None => RemoraV1Client::new(rpc)
+            .with_timeout(Duration::from_secs(30))
+            .remora_hello(&hello)
+            .map_err(|e| crate::auth_error(e, server, false))
+            .with_context(|| format!("HELLO to {server} failed"))?,
+    };
     outln!("{}", render(server, &reply)?.trim_end_matches('\n'));
     Ok(())
 }

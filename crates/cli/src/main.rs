@@ -33,6 +33,7 @@ pub(crate) fn connect(
     server: &Endpoint,
     config: remora_oncrpc::ClientConfig,
 ) -> Result<remora_oncrpc::Client> {
+    let with_token = config.opening_call.is_some();
     remora_oncrpc::Client::connect_with(server, config).map_err(|e| match e {
         remora_oncrpc::RpcError::Connect { endpoint, source } => {
             let line = format!(
@@ -41,8 +42,44 @@ pub(crate) fn connect(
             );
             anyhow::Error::new(source).context(line)
         }
-        e => anyhow::Error::new(e),
+        e => auth_error(e, server, with_token),
     })
+}
+
+/// The client's token: from `file` (a private file holding just the token), else
+/// REMORA_AUTH_TOKEN, else REMORA_AUTH_TOKEN_FILE; `None` when none is given. A token that
+/// cannot be used is an error that never quotes it.
+pub(crate) fn client_token(file: Option<&std::path::Path>) -> Result<Option<String>> {
+    use remora_proto::token::{read_token_file, token_problem};
+    if let Some(file) = file {
+        return Ok(Some(read_token_file(file)?));
+    }
+    if let Some(v) = std::env::var_os("REMORA_AUTH_TOKEN").filter(|v| !v.is_empty()) {
+        let token = v.to_str().map(str::trim).unwrap_or_default();
+        if let Some(problem) = token_problem(token.as_bytes()) {
+            bail!("REMORA_AUTH_TOKEN is not a valid token: {problem}");
+        }
+        return Ok(Some(token.to_owned()));
+    }
+    match std::env::var_os("REMORA_AUTH_TOKEN_FILE").filter(|v| !v.is_empty()) {
+        Some(path) => Ok(Some(
+            read_token_file(std::path::Path::new(&path)).context("REMORA_AUTH_TOKEN_FILE")?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// An error of connecting to `server` as a clear line when authentication caused it
+/// (`with_token`: a token was presented), else as it is.
+pub(crate) fn auth_error(
+    e: remora_oncrpc::RpcError,
+    server: &Endpoint,
+    with_token: bool,
+) -> anyhow::Error {
+    match remora_proto::token::auth_problem(&e, server, with_token) {
+        Some(line) => anyhow::anyhow!("{}", line.trim_start_matches("remora: ")),
+        None => anyhow::Error::new(e),
+    }
 }
 
 /// An error and its causes on one line, as `{:#}` writes them but without a cause whose text
@@ -140,6 +177,15 @@ struct SessionArgs {
     /// hold connections they no longer use. Default: never.
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     idle_timeout: Option<std::time::Duration>,
+    /// Require a token from every client: FILE lists one `TENANT TOKEN` a line (blank lines
+    /// and # comments allowed; tenant names of A-Z a-z 0-9 _ . -, at most 64; tokens of at
+    /// least 16 printable characters without spaces, e.g. from `openssl rand -hex 32`) and
+    /// must be private (mode 0600: a file group or others may read or write is refused).
+    /// Clients present their token with REMORA_AUTH_TOKEN or `remora run --auth-token-file`;
+    /// nothing else is served on a connection before it has. Needed for a TCP listener on a
+    /// non-loopback address (or --insecure).
+    #[arg(long, value_name = "FILE")]
+    auth_token_file: Option<PathBuf>,
 }
 
 /// A duration in seconds (`30`, `0.5`), for `--idle-timeout`.
@@ -175,6 +221,7 @@ fn worker_config(
         shm_lock_budget,
         max_pending_copy_bytes: s.max_pending_copy_bytes,
         idle_timeout: s.idle_timeout,
+        auth_token_file: s.auth_token_file,
     }
 }
 
@@ -204,6 +251,13 @@ enum Command {
         /// An extra argument for the embedded server (repeatable), e.g. --serve-arg=--devices=1.
         #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
         serve_arg: Vec<std::ffi::OsString>,
+        /// A file holding the token for a server started with --auth-token-file (just the
+        /// token; mode 0600, refused if group or others may read or write it). Checked with
+        /// the server before the program starts, and given to the program as
+        /// REMORA_AUTH_TOKEN_FILE. Without it, the program uses REMORA_AUTH_TOKEN or
+        /// REMORA_AUTH_TOKEN_FILE from the environment, if set.
+        #[arg(long, value_name = "FILE")]
+        auth_token_file: Option<PathBuf>,
         /// The program and its arguments: `remora run ./app --its-flag`, or with `--` first,
         /// `remora run -- ./app --its-flag` (needed when the program's name starts with -).
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
@@ -213,8 +267,10 @@ enum Command {
     ///
     /// With no --listen, listens on a Unix socket in the user's runtime directory
     /// ($XDG_RUNTIME_DIR/remora/remora.sock, else /tmp/remora-$UID/remora.sock). TCP is used
-    /// only when asked for, e.g. --listen tcp://127.0.0.1:7446. Stop with Ctrl-C or SIGTERM:
-    /// calls in flight finish first. Log level: REMORA_LOG (e.g. REMORA_LOG=debug).
+    /// only when asked for, e.g. --listen tcp://127.0.0.1:7446. A TCP address other hosts can
+    /// reach (e.g. tcp://0.0.0.0:7446) needs --auth-token-file (or --insecure): without tokens
+    /// only this host's users are served. Stop with Ctrl-C or SIGTERM: calls in flight finish
+    /// first. Log level: REMORA_LOG (e.g. REMORA_LOG=debug).
     Serve {
         /// Where to listen: tcp://HOST:PORT or unix:///PATH. Repeat for several listeners.
         #[arg(long, value_name = "URL")]
@@ -244,6 +300,10 @@ enum Command {
         /// cannot take every connection.
         #[arg(long, value_name = "N", default_value_t = remora_oncrpc::ServerConfig::default().max_connections_per_peer)]
         max_connections_per_peer: usize,
+        /// Serve a TCP listener on a non-loopback address without --auth-token-file: anyone
+        /// who reaches the port may use the GPUs. Only for a network you trust completely.
+        #[arg(long)]
+        insecure: bool,
         #[command(flatten)]
         session: SessionArgs,
     },
@@ -263,6 +323,10 @@ enum Command {
         /// The server: tcp://HOST:PORT or unix:///PATH (default: the local default socket).
         #[arg(long, value_name = "URL")]
         server: Option<Endpoint>,
+        /// A file holding the token for a server started with --auth-token-file (mode
+        /// 0600). Default: REMORA_AUTH_TOKEN or REMORA_AUTH_TOKEN_FILE, if set.
+        #[arg(long, value_name = "FILE")]
+        auth_token_file: Option<PathBuf>,
     },
     /// Generate a Rust crate (types, client, server trait) from an ONC RPC .x file.
     ///
@@ -507,6 +571,7 @@ fn run(cli: Cli) -> Result<()> {
             shm_lock_max,
             max_connections,
             max_connections_per_peer,
+            insecure,
             session: s,
         } => {
             init_logging("info");
@@ -538,6 +603,8 @@ fn run(cli: Cli) -> Result<()> {
                 max_connections: Some(max_connections),
                 max_connections_per_peer: Some(max_connections_per_peer),
                 idle_timeout: s.idle_timeout,
+                auth_token_file: s.auth_token_file,
+                insecure,
             })
         }
         Command::ServeWorker {
@@ -549,15 +616,23 @@ fn run(cli: Cli) -> Result<()> {
             remora_server::serve_worker(worker_config(module_cache_bytes, shm_lock_budget, s))
                 .context("remora serve-worker failed")
         }
-        Command::Info { server } => {
+        Command::Info {
+            server,
+            auth_token_file,
+        } => {
             init_logging("warn");
-            info::run(&server.unwrap_or_else(remora_server::default_endpoint))
+            let token = client_token(auth_token_file.as_deref())?;
+            info::run(
+                &server.unwrap_or_else(remora_server::default_endpoint),
+                token.as_deref(),
+            )
         }
         Command::Run {
             server,
             transport,
             shim,
             serve_arg,
+            auth_token_file,
             command,
         } => {
             init_logging("warn");
@@ -566,6 +641,7 @@ fn run(cli: Cli) -> Result<()> {
                 transport,
                 shim,
                 serve_args: serve_arg,
+                auth_token_file,
                 command,
             })?;
             use std::os::unix::process::ExitStatusExt;
@@ -774,6 +850,7 @@ mod tests {
             shm_lock_budget: Some(3 << 20),
             max_pending_copy_bytes: Some(5 << 20),
             idle_timeout: Some(std::time::Duration::from_millis(2500)),
+            auth_token_file: Some("/etc/remora/tokens".into()),
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
         args.extend(config.to_args());

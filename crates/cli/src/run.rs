@@ -28,6 +28,8 @@ const SHIM_FILE: &str = "libcuda.so";
 pub(crate) struct RunOptions {
     pub(crate) server: Option<Endpoint>,
     pub(crate) transport: TransportChoice,
+    /// The client's token file (`--auth-token-file`).
+    pub(crate) auth_token_file: Option<PathBuf>,
     pub(crate) shim: Option<PathBuf>,
     pub(crate) serve_args: Vec<OsString>,
     pub(crate) command: Vec<OsString>,
@@ -162,8 +164,21 @@ const PROBE_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Checks that a Remora server answers at `server` (connect, then the NULL procedure), so that
 /// `remora run` fails before starting the program rather than the program's cuInit.
-pub(crate) fn probe(server: &Endpoint) -> Result<()> {
+/// With `token`, the probe is the program's own handshake (HELLO_AUTH), so that a missing or
+/// wrong token is reported before the program starts.
+pub(crate) fn probe(server: &Endpoint, token: Option<&str>) -> Result<()> {
+    let hello = remora_proto::remora::HelloArgs {
+        min_revision: 1,
+        max_revision: remora_proto::remora::REMORA_PROTOCOL_REVISION,
+        client_name: concat!("remora run ", env!("CARGO_PKG_VERSION")).into(),
+        capabilities: 0,
+    };
+    let opening_call = token
+        .map(|t| remora_proto::token::hello_auth_call(&hello, t.as_bytes()))
+        .transpose()
+        .context("cannot encode HELLO_AUTH")?;
     let config = ClientConfig {
+        opening_call,
         // The socket alone: a probe needs no shared memory.
         transport: match server {
             Endpoint::Unix(_) => TransportChoice::Unix,
@@ -176,6 +191,7 @@ pub(crate) fn probe(server: &Endpoint) -> Result<()> {
     RemoraV1Client::new(rpc)
         .with_timeout(PROBE_CALL_TIMEOUT)
         .remora_null()
+        .map_err(|e| crate::auth_error(e, server, token.is_some()))
         .with_context(|| format!("{server} does not answer as a Remora server"))?;
     Ok(())
 }
@@ -185,10 +201,20 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
     let Some((program, args)) = opts.command.split_first() else {
         bail!("nothing to run: give the program after --, as in `remora run -- ./app`");
     };
+    // The token file is checked (present, private, a valid token) before anything starts.
+    let token = match &opts.auth_token_file {
+        Some(file) => Some(crate::client_token(Some(file))?),
+        None => None,
+    }
+    .flatten();
     // A named server must answer before anything starts.
     if let Some(server) = &opts.server {
         check_transport(server, opts.transport)?;
-        probe(server)?;
+        let env_token = match &token {
+            Some(_) => None,
+            None => crate::client_token(None)?,
+        };
+        probe(server, token.as_deref().or(env_token.as_deref()))?;
     }
     let shim = find_shim(opts.shim.as_deref())?;
     let shim = shim
@@ -220,7 +246,16 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
         library_path.push(":");
         library_path.push(old);
     }
-    let status = Command::new(program)
+    let mut cmd = Command::new(program);
+    if let Some(file) = &opts.auth_token_file {
+        // The program reads the file itself (the token stays out of its environment); a
+        // REMORA_AUTH_TOKEN inherited from here would win over it, so it goes.
+        let file = std::path::absolute(file)
+            .with_context(|| format!("cannot resolve {}", file.display()))?;
+        cmd.env("REMORA_AUTH_TOKEN_FILE", file)
+            .env_remove("REMORA_AUTH_TOKEN");
+    }
+    let status = cmd
         .args(args)
         .env("LD_LIBRARY_PATH", library_path)
         .env("REMORA_SERVER", endpoint.to_string())
@@ -241,6 +276,7 @@ mod tests {
             transport: TransportChoice::Auto,
             shim: Some("/nonexistent".into()),
             serve_args: vec![],
+            auth_token_file: None,
             command: vec![],
         })
         .unwrap_err();
@@ -254,6 +290,7 @@ mod tests {
             transport: TransportChoice::Auto,
             shim: Some("/nonexistent/libcuda.so".into()),
             serve_args: vec![],
+            auth_token_file: None,
             command: vec!["true".into()],
         })
         .unwrap_err();

@@ -34,7 +34,9 @@ mod session;
 mod stdout;
 mod vaspace;
 
-pub use endpoint::{default_endpoint, endpoint_from_env, transport_from_env};
+pub use endpoint::{
+    AuthToken, auth_token_from_env, default_endpoint, endpoint_from_env, transport_from_env,
+};
 pub use error::{
     CuError, CuResult, TransportFailure, cu, cu_result_name, cu_result_name_c, cu_result_string,
     cu_result_string_c, cu_results, from_rpc, last_transport_failure,

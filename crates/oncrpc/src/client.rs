@@ -56,7 +56,42 @@ pub struct ClientConfig {
     /// Notice a hung or vanished server while calls wait for it, whatever their timeouts
     /// (`None`, the default: only call timeouts). See [`Liveness`].
     pub liveness: Option<Liveness>,
+    /// A call made on the fresh connection before anything else, before the move into
+    /// shared memory too (e.g. a handshake that authenticates the connection, which a server
+    /// may require before it serves anything else). Its reply is kept
+    /// ([`Client::opening_reply`]); an RPC error in it (AUTH_ERROR, PROC_UNAVAIL, …) fails
+    /// the connection with that error. `None` (the default): no such call.
+    pub opening_call: Option<OpeningCall>,
 }
+
+/// A call made first on a new connection ([`ClientConfig::opening_call`]): its program,
+/// version and procedure, and its arguments already encoded. `Debug` does not show the
+/// arguments (they may hold a secret such as a token).
+#[derive(Clone)]
+pub struct OpeningCall {
+    /// Program number.
+    pub program: u32,
+    /// Program version.
+    pub version: u32,
+    /// Procedure number.
+    pub procedure: u32,
+    /// The XDR-encoded arguments.
+    pub args: Bytes,
+}
+
+impl fmt::Debug for OpeningCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpeningCall")
+            .field("program", &self.program)
+            .field("version", &self.version)
+            .field("procedure", &self.procedure)
+            .field("args", &format_args!("<{} bytes>", self.args.len()))
+            .finish()
+    }
+}
+
+/// Largest reply to an [`OpeningCall`] accepted.
+const MAX_OPENING_REPLY: usize = 1 << 20;
 
 /// How a client notices a server that is hung (stopped, deadlocked) or gone (host down,
 /// network cut) while calls wait, without a per-call timeout that would also cut short a
@@ -106,6 +141,7 @@ impl Default for ClientConfig {
             oneway_batch_delay: None,
             transport: TransportChoice::Auto,
             liveness: None,
+            opening_call: None,
         }
     }
 }
@@ -134,6 +170,8 @@ struct Inner {
     state: Mutex<State>,
     /// A handle used only to shut the socket down.
     control: Stream,
+    /// The results of [`ClientConfig::opening_call`].
+    opening_reply: Option<Bytes>,
 }
 
 /// Queued one-way call records, shared with the flusher thread.
@@ -197,8 +235,91 @@ impl fmt::Debug for Client {
     }
 }
 
-/// Connects to `endpoint` the way `config.transport` asks.
-fn connect_transport(endpoint: &Endpoint, config: &ClientConfig) -> Result<Stream, RpcError> {
+/// Makes `call` on the fresh `stream` and returns its results (the bytes after the accepted
+/// reply header), reading exactly its reply.
+fn make_opening_call(
+    stream: &mut Stream,
+    call: &OpeningCall,
+    config: &ClientConfig,
+) -> Result<Bytes, RpcError> {
+    let xid = std::process::id().rotate_left(8) ^ 0x4f50_454e;
+    let mut enc = Encoder::with_capacity(64 + call.args.len());
+    for w in [
+        xid,
+        MSG_CALL,
+        RPC_VERSION,
+        call.program,
+        call.version,
+        call.procedure,
+    ] {
+        enc.put_u32(w);
+    }
+    let cred = config
+        .credential
+        .to_opaque_auth()
+        .map_err(RpcError::Encode)?;
+    xdr::XdrEncode::encode(&cred, &mut enc).map_err(RpcError::Encode)?;
+    xdr::XdrEncode::encode(&OpaqueAuth::NONE, &mut enc).map_err(RpcError::Encode)?;
+    enc.put_raw(&call.args);
+    let timeout = config
+        .connect_timeout
+        .filter(|t| !t.is_zero())
+        .unwrap_or(Duration::from_secs(10));
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    crate::record::write_record(stream, &enc.finish(), config.max_fragment_size)?;
+    // The server sends nothing but this reply until the next call, so the reader takes no
+    // byte that is not the reply's.
+    let mut reader = RecordReader::new(&mut *stream, MAX_OPENING_REPLY);
+    let record = match reader.read_record() {
+        Ok(Some(record)) => record,
+        Ok(None) => return Err(RpcError::ConnectionLost),
+        Err(e) if e.is_timeout() => return Err(RpcError::Timeout { timeout }),
+        Err(RecordError::TooLarge { declared, max }) => {
+            return Err(RpcError::RecordTooLarge {
+                size: declared,
+                max,
+            });
+        }
+        Err(_) => return Err(RpcError::ConnectionLost),
+    };
+    drop(reader);
+    stream.set_read_timeout(None)?;
+    if record.get(..4) != Some(&xid.to_be_bytes()[..]) {
+        return Err(RpcError::MalformedReply(xdr::Error::UnknownDiscriminant {
+            type_name: "xid of the opening call's reply",
+            value: 0,
+        }));
+    }
+    decode_reply(record, call.program, call.version, call.procedure, |d| {
+        d.get_fixed_opaque_bytes(d.remaining())
+    })
+}
+
+/// Connects to `endpoint` the way `config.transport` asks, making the opening call first
+/// when there is one; returns the stream and the opening call's results.
+fn connect_transport(
+    endpoint: &Endpoint,
+    config: &ClientConfig,
+) -> Result<(Stream, Option<Bytes>), RpcError> {
+    let mut stream =
+        Stream::connect(endpoint, config.connect_timeout).map_err(|source| RpcError::Connect {
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
+    let opening = match &config.opening_call {
+        Some(call) => Some(make_opening_call(&mut stream, call, config)?),
+        None => None,
+    };
+    Ok((continue_transport(endpoint, config, stream)?, opening))
+}
+
+/// Moves a connected `stream` into shared memory when `config.transport` asks for it.
+fn continue_transport(
+    endpoint: &Endpoint,
+    config: &ClientConfig,
+    stream: Stream,
+) -> Result<Stream, RpcError> {
     let connect_err = |source| RpcError::Connect {
         endpoint: endpoint.to_string(),
         source,
@@ -224,7 +345,6 @@ fn connect_transport(endpoint: &Endpoint, config: &ClientConfig) -> Result<Strea
         (TransportChoice::Auto | TransportChoice::Shm, Endpoint::Unix(_)) => true,
         _ => false,
     };
-    let stream = Stream::connect(endpoint, config.connect_timeout).map_err(connect_err)?;
     let Stream::Unix(socket) = stream else {
         return Ok(stream);
     };
@@ -235,7 +355,13 @@ fn connect_transport(endpoint: &Endpoint, config: &ClientConfig) -> Result<Strea
         .connect_timeout
         .filter(|t| !t.is_zero())
         .unwrap_or(Duration::from_secs(10));
-    match crate::shm::client_setup(socket, timeout).map_err(connect_err)? {
+    let setup = crate::shm::client_setup(socket, timeout).map_err(|e| {
+        match crate::shm::auth_refused(&e) {
+            Some(stat) => RpcError::AuthError { stat },
+            None => connect_err(e),
+        }
+    })?;
+    match setup {
         Ok(shm) => {
             tracing::debug!(%endpoint, "RPC client: connection moved into shared memory");
             Ok(Stream::Shm(shm))
@@ -256,7 +382,7 @@ impl Client {
 
     /// Connects to `endpoint` with `config`.
     pub fn connect_with(endpoint: &Endpoint, config: ClientConfig) -> Result<Client, RpcError> {
-        let stream = connect_transport(endpoint, &config)?;
+        let (stream, opening_reply) = connect_transport(endpoint, &config)?;
         if let (Some(live), Stream::Tcp(tcp)) = (config.liveness, &stream) {
             set_tcp_liveness(tcp, live)?;
         }
@@ -291,6 +417,7 @@ impl Client {
                 state: Mutex::new(State::default()),
                 control,
                 config,
+                opening_reply,
             }),
         };
         if let Some(delay) = client.inner.config.oneway_batch_delay {
@@ -311,6 +438,12 @@ impl Client {
     /// The client's settings.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
+    }
+
+    /// The results of [`ClientConfig::opening_call`] (the reply's bytes after its header),
+    /// when one was made.
+    pub fn opening_reply(&self) -> Option<&Bytes> {
+        self.inner.opening_reply.as_ref()
     }
 
     /// Whether the connection runs through shared memory (`SHM_SETUP` was granted).

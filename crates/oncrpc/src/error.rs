@@ -128,8 +128,10 @@ pub enum RpcError {
     },
     /// AUTH_ERROR: the server rejected the call's credentials.
     #[error(
-        "server rejected the call's credentials ({stat}, AUTH_ERROR): use a credential flavour \
-         the server accepts (AUTH_NONE or AUTH_SYS) and check the credential's contents"
+        "server rejected the call's authentication ({stat}, AUTH_ERROR): present what the \
+         server requires (AUTH_TOOWEAK: it serves nothing before the connection has \
+         authenticated; AUTH_BADCRED: it does not accept the credential or token given; \
+         AUTH_REJECTEDCRED: use AUTH_NONE or AUTH_SYS)"
     )]
     AuthError {
         /// Why authentication failed.

@@ -22,6 +22,11 @@
 //!   program and version, served on any number of endpoints, one thread per connection,
 //!   calls processed in order; bounded against hostile input by [`ServerConfig`].
 //! * [`rpcbind`]: optional registration with the local portmapper.
+//! * Authentication chosen by the service: with [`ServerConfig::auth_open_procedures`] a
+//!   connection is served only the listed calls until a service accepts its proof and calls
+//!   [`CallContext::authenticate`]; everything else (`SHM_SETUP` too) is answered AUTH_ERROR
+//!   (AUTH_TOOWEAK) and the connection closed. [`ClientConfig::opening_call`] makes such a
+//!   handshake the first call on a connection, before it moves into shared memory.
 //!
 //! Not supported: UDP, RPCSEC_GSS, AUTH_DH, AUTH_SHORT (calls carrying them are answered
 //! AUTH_ERROR / AUTH_REJECTEDCRED).
@@ -56,7 +61,9 @@ pub mod shm;
 pub use remora_shm::{DataArea, OutOfArea};
 
 pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
-pub use client::{Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT, Liveness};
+pub use client::{
+    Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT, Liveness, OpeningCall,
+};
 pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket_dir};
 pub use error::RpcError;
 pub use server::{

@@ -180,6 +180,14 @@ pub(crate) fn client_setup(
                 "the server does not offer shared memory (an older or non-Remora server)".into(),
             )));
         }
+        // The server requires authentication first: not a reason to stay on the socket,
+        // which the server closes.
+        Err(RpcError::AuthError { stat }) => {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                AuthRefused(stat),
+            ));
+        }
         Err(e) => return Ok(Err((socket, e.to_string()))),
     };
     if status != SHM_OK {
@@ -201,6 +209,18 @@ pub(crate) fn client_setup(
     let region = Region::open_at(fd, layout, server_base)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     Ok(Ok(ShmStream::new(region, socket, Side::Client)))
+}
+
+/// The server answered `SHM_SETUP` with AUTH_ERROR (it requires authentication first).
+#[derive(Debug, thiserror::Error)]
+#[error("the server refused the shared-memory request: {0} (AUTH_ERROR)")]
+struct AuthRefused(crate::AuthStat);
+
+/// The AUTH_ERROR status inside an error of [`client_setup`], if that is what it is.
+pub(crate) fn auth_refused(e: &io::Error) -> Option<crate::AuthStat> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<AuthRefused>())
+        .map(|r| r.0)
 }
 
 /// A `SHM_SETUP` call, as the server sees it.

@@ -25,6 +25,7 @@ include!(concat!(env!("OUT_DIR"), "/glue.rs"));
 
 pub mod cuda;
 pub mod stream_attr;
+pub mod token;
 
 /// The `remora.x` source, for tools that want to show or ship it.
 pub const REMORA_X: &str = include_str!("../x/remora.x");

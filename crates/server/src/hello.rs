@@ -1,4 +1,7 @@
-//! The HELLO handshake: protocol negotiation, server identity, and the GPU list.
+//! The HELLO handshake: protocol negotiation, server identity, the GPU list, and (with
+//! `REMORA_HELLO_AUTH`) the token that authenticates a connection.
+
+use std::sync::Arc;
 
 use remora_proto::remora::{
     DeviceInfo, DriverOk, DriverReport, DriverStatus, HelloArgs, HelloRefused, HelloReply,
@@ -6,6 +9,7 @@ use remora_proto::remora::{
 };
 
 use crate::driver::Inventory;
+use crate::tokens::Tokens;
 
 /// The server's version string as HELLO reports it.
 pub const SERVER_VERSION: &str = concat!("remora ", env!("CARGO_PKG_VERSION"));
@@ -17,11 +21,13 @@ const MAX_REVISION: u32 = REMORA_PROTOCOL_REVISION;
 /// Capability bits this server supports.
 const SERVER_CAPABILITIES: u64 = REMORA_CAP_ONEWAY as u64;
 
-/// Answers `REMORA_NULL` and `REMORA_HELLO`.
+/// Answers `REMORA_NULL`, `REMORA_HELLO` and `REMORA_HELLO_AUTH`.
 #[derive(Debug, Clone)]
 pub struct HelloService {
     hostname: String,
     driver: DriverReport,
+    /// The tokens connections must present, when the server requires them.
+    tokens: Option<Arc<Tokens>>,
 }
 
 /// Cuts `s` to at most `max` bytes, on a character boundary (protocol strings are bounded).
@@ -75,7 +81,21 @@ impl HelloService {
         Self {
             hostname: truncate(hostname, REMORA_MAX_NAME),
             driver,
+            tokens: None,
         }
+    }
+
+    /// This service, requiring every connection to present one of `tokens` in
+    /// `REMORA_HELLO_AUTH` (the RPC runtime enforces it with
+    /// `ServerConfig::auth_open_procedures`).
+    pub fn with_tokens(mut self, tokens: Option<Arc<Tokens>>) -> Self {
+        self.tokens = tokens;
+        self
+    }
+
+    /// The tokens connections must present, if the server requires them.
+    pub fn tokens(&self) -> Option<&Tokens> {
+        self.tokens.as_deref()
     }
 
     /// Negotiates with a client's HELLO arguments.

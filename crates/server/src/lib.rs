@@ -13,7 +13,8 @@
 //! stays in its session.
 //!
 //! The server answers `REMORA_NULL`, `REMORA_HELLO` (protocol negotiation, server identity
-//! and the GPU list) and every CUDA driver procedure of `remora.x` revision 4. Under process
+//! and the GPU list), `REMORA_HELLO_AUTH` (the same with a token: with `remora serve
+//! --auth-token-file` nothing else is served before it succeeds, see [`tokens`]) and every CUDA driver procedure of `remora.x` revision 4. Under process
 //! isolation a worker captures its standard output, where the driver writes device-side
 //! `printf`, and returns it to the client in synchronizing replies (`device_output.rs`).
 
@@ -26,6 +27,7 @@ mod host_callbacks;
 mod module_cache;
 mod serve;
 mod session;
+pub mod tokens;
 mod waiters;
 
 pub use backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig, LiveCounts};
@@ -41,3 +43,4 @@ pub use serve::{
 pub use session::{
     ORDERED_CALL_OVERHEAD, OrderedLimits, default_max_pending_copy_bytes, set_ordered_limits,
 };
+pub use tokens::Tokens;

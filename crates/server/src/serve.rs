@@ -20,6 +20,7 @@ use crate::device_output::DeviceOutput;
 use crate::driver::{self, GpuInfo, Inventory};
 use crate::executor::Executor;
 use crate::hello::HelloService;
+use crate::tokens::Tokens;
 
 /// Which backend executes the CUDA calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,8 +78,13 @@ impl Service for RemoraService {
     /// free to read `RM_HOST_CALLBACK_DONE` while a call waits for a stream that a host
     /// callback blocks (see `crate::host_callbacks`).
     fn dispatch(&self, ctx: &CallContext, args: &mut Decoder, reply: &mut Encoder) -> Dispatch {
+        // Under authentication every line the session logs while serving the call names its
+        // tenant (no span, and no cost, without tokens).
+        let _span = ctx.tenant().map(|tenant| {
+            tracing::info_span!("session", tenant, connection = ctx.connection).entered()
+        });
         use remora_proto::remora::{
-            REMORA_HELLO, REMORA_NULL, RM_COPIES_READY, RM_HOST_CALLBACK_DONE,
+            REMORA_HELLO, REMORA_HELLO_AUTH, REMORA_NULL, RM_COPIES_READY, RM_HOST_CALLBACK_DONE,
             RM_WAIT_HOST_CALLBACKS,
         };
         // RM_COPIES_READY too: a host callback's thread takes the copies its callback follows
@@ -87,6 +93,7 @@ impl Service for RemoraService {
             ctx.procedure,
             REMORA_NULL
                 | REMORA_HELLO
+                | REMORA_HELLO_AUTH
                 | RM_WAIT_HOST_CALLBACKS
                 | RM_HOST_CALLBACK_DONE
                 | RM_COPIES_READY
@@ -208,6 +215,13 @@ pub struct ServeConfig {
     /// Close a connection with no call in flight after this long without a call; `None`:
     /// never (the default: closing a connection frees its session).
     pub idle_timeout: Option<Duration>,
+    /// The token file (`TENANT TOKEN` lines, mode 0600; [`crate::tokens`]): every connection
+    /// must present one of its tokens in `REMORA_HELLO_AUTH` before anything else is served.
+    /// `None`: no authentication, allowed only on Unix sockets and loopback TCP unless
+    /// [`ServeConfig::insecure`].
+    pub auth_token_file: Option<PathBuf>,
+    /// Serve a TCP listener on a non-loopback address without tokens (a trusted network).
+    pub insecure: bool,
 }
 
 /// Shared-memory sessions: whether they are offered and the size of their data area.
@@ -283,6 +297,10 @@ pub struct WorkerConfig {
     pub max_pending_copy_bytes: Option<u64>,
     /// Idle timeout of the connection ([`ServeConfig::idle_timeout`]).
     pub idle_timeout: Option<Duration>,
+    /// The server's token file ([`ServeConfig::auth_token_file`]): the worker loads it and
+    /// serves nothing but NULL and `REMORA_HELLO_AUTH` until the client has presented one
+    /// of its tokens.
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl WorkerConfig {
@@ -290,7 +308,7 @@ impl WorkerConfig {
     /// `--backend cuda|emulated`, `--devices LIST`, `--max-record-size N`,
     /// `--module-cache-bytes N`, `--module-cache DIR`, `--profile`, `--no-shm`,
     /// `--shm-data-bytes N`, `--no-private-driver-calls`, `--shm-lock-budget N`,
-    /// `--max-pending-copy-bytes N`, `--idle-timeout SECS`.
+    /// `--max-pending-copy-bytes N`, `--idle-timeout SECS`, `--auth-token-file FILE`.
     pub fn to_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "--backend".into(),
@@ -340,6 +358,10 @@ impl WorkerConfig {
             args.push("--idle-timeout".into());
             args.push(idle.as_secs_f64().to_string().into());
         }
+        if let Some(file) = &self.auth_token_file {
+            args.push("--auth-token-file".into());
+            args.push(file.clone().into_os_string());
+        }
         args
     }
 }
@@ -375,6 +397,17 @@ pub enum ServeError {
     /// A session worker could not get its connection from standard input.
     #[error("the session worker has no connection on standard input: {0}")]
     WorkerStdin(std::io::Error),
+    /// The token file cannot be used.
+    #[error(transparent)]
+    Tokens(#[from] remora_proto::token::SecretFileError),
+    /// A TCP listener reachable from other hosts was asked for without tokens.
+    #[error(
+        "refusing to listen on {0} without authentication: the address is reachable from other \
+         hosts, and anyone who reaches it could use the GPUs and read other sessions' results. \
+         Give --auth-token-file FILE (lines `TENANT TOKEN`, mode 0600), or listen on a loopback \
+         address or a Unix socket; on a trusted network, --insecure serves it anyway"
+    )]
+    Insecure(Endpoint),
 }
 
 /// The default listener: a Unix socket in the user's runtime directory,
@@ -766,6 +799,10 @@ fn probe_inventory(devices: Option<&[i32]>, probe: Probe) -> Result<Inventory, S
 
 /// Process isolation: this process accepts and hands every connection to a worker process.
 fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
+    check_exposure(&config)?;
+    // Loaded here so that a bad file stops the server at start; each worker loads it again
+    // and authenticates its connection itself (docs/architecture.md).
+    let tokens = load_tokens(config.auth_token_file.as_deref())?;
     // The probe checks the device selection and logs the inventory; this process never
     // creates a context, and workers are started by exec, so its driver state reaches no one.
     let inventory = match config.backend {
@@ -814,6 +851,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             shm_lock_budget: None,
             max_pending_copy_bytes: config.max_pending_copy_bytes,
             idle_timeout: config.idle_timeout,
+            auth_token_file: config.auth_token_file.clone(),
         }
         .to_args(),
         workers: Arc::clone(&workers),
@@ -829,7 +867,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     )));
     let handle = listen_and_start(
         &config,
-        Server::builder(server_config(&config))
+        Server::builder(server_config(&config, tokens.as_deref()))
             .service(placeholder as Arc<dyn Service>)
             .hand_off(spawner as Arc<dyn ConnectionHandler>),
     )?;
@@ -842,8 +880,28 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     })
 }
 
-fn server_config(config: &ServeConfig) -> ServerConfig {
-    let mut server_config = ServerConfig::default();
+/// The calls a connection may make before it has authenticated, when the server has tokens:
+/// NULL (liveness pings) and `REMORA_HELLO_AUTH`.
+fn auth_open_procedures(tokens: Option<&Tokens>) -> Option<Vec<(u32, u32)>> {
+    use remora_proto::remora::{REMORA_HELLO_AUTH, REMORA_NULL, REMORA_PROG};
+    tokens.map(|_| vec![(REMORA_PROG, REMORA_NULL), (REMORA_PROG, REMORA_HELLO_AUTH)])
+}
+
+/// Loads the token file of `path`, if there is one, and logs how many tenants it names.
+fn load_tokens(path: Option<&Path>) -> Result<Option<Arc<Tokens>>, ServeError> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let tokens = Tokens::load(path)?;
+    tracing::debug!(tenants = tokens.len(), file = %path.display(), "authentication tokens loaded");
+    Ok(Some(Arc::new(tokens)))
+}
+
+fn server_config(config: &ServeConfig, tokens: Option<&Tokens>) -> ServerConfig {
+    let mut server_config = ServerConfig {
+        auth_open_procedures: auth_open_procedures(tokens),
+        ..ServerConfig::default()
+    };
     if let Some(max) = config.max_record_size {
         server_config.max_record_size = max;
     }
@@ -864,24 +922,52 @@ fn server_config(config: &ServeConfig) -> ServerConfig {
 /// before it): both are well under 1 KiB. 128 MiB records are accepted only after.
 pub(crate) const MAX_HELLO_RECORD: usize = 64 << 10;
 
+/// The endpoints `config` listens on: its own, or the default one.
+fn endpoints(config: &ServeConfig) -> Vec<Endpoint> {
+    if config.listen.is_empty() {
+        vec![default_endpoint()]
+    } else {
+        config.listen.clone()
+    }
+}
+
+/// Refuses a TCP listener reachable from other hosts when the server has no tokens, unless
+/// `--insecure` says the network is trusted; notes when a local listener runs without
+/// authentication. Called before anything is loaded or bound.
+fn check_exposure(config: &ServeConfig) -> Result<(), ServeError> {
+    if config.auth_token_file.is_some() {
+        return Ok(());
+    }
+    for endpoint in endpoints(config) {
+        match &endpoint {
+            Endpoint::Tcp(addr) if !is_loopback(addr) => {
+                if !config.insecure {
+                    return Err(ServeError::Insecure(endpoint));
+                }
+                tracing::warn!(
+                    "listening on {endpoint}, which is not a loopback address, WITHOUT \
+                     authentication (--insecure): anyone who reaches it may use the GPUs; \
+                     expose it only on a trusted network, or give --auth-token-file"
+                );
+            }
+            _ => tracing::info!(
+                "no --auth-token-file: {endpoint} is served without authentication (it is \
+                 reachable only from this host{})",
+                if matches!(endpoint, Endpoint::Unix(_)) {
+                    ", by those whom the socket's permissions let in"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+    Ok(())
+}
+
 /// Binds every endpoint of `config` (the default one when none) and starts `builder`.
 fn listen_and_start(config: &ServeConfig, mut builder: Server) -> Result<ServerHandle, ServeError> {
-    let default = [default_endpoint()];
-    let listen: &[Endpoint] = if config.listen.is_empty() {
-        &default
-    } else {
-        &config.listen
-    };
-    for endpoint in listen {
+    for endpoint in &endpoints(config) {
         ensure_socket_dir(endpoint)?;
-        if let Endpoint::Tcp(addr) = endpoint
-            && !is_loopback(addr)
-        {
-            tracing::warn!(
-                "listening on {endpoint}, which is not a loopback address: Remora has no \
-                 authentication yet, so expose it only on a trusted network"
-            );
-        }
         builder = builder.listen(endpoint)?;
     }
     let handle = builder.start()?;
@@ -904,12 +990,13 @@ struct ExecutorOptions {
     no_private_driver_calls: bool,
     area_lock_budget: u64,
     max_pending_copy_bytes: Option<u64>,
+    tokens: Option<Arc<Tokens>>,
 }
 
 /// The [`ExecutorOptions`] of a [`ServeConfig`] or a [`WorkerConfig`] (same field names),
 /// with the data-area lock budget `budget`.
 macro_rules! executor_options {
-    ($config:expr, $budget:expr) => {
+    ($config:expr, $budget:expr, $tokens:expr) => {
         ExecutorOptions {
             module_cache_bytes: $config.module_cache_bytes,
             module_cache_dir: $config.module_cache_dir.clone(),
@@ -917,6 +1004,7 @@ macro_rules! executor_options {
             no_private_driver_calls: $config.no_private_driver_calls,
             area_lock_budget: $budget,
             max_pending_copy_bytes: $config.max_pending_copy_bytes,
+            tokens: $tokens,
         }
     };
 }
@@ -924,7 +1012,7 @@ macro_rules! executor_options {
 fn new_executor(backend: Arc<dyn Backend>, inventory: &Inventory, o: ExecutorOptions) -> Executor {
     let executor = Executor::with_module_cache_dir(
         backend,
-        HelloService::new(inventory),
+        HelloService::new(inventory).with_tokens(o.tokens),
         o.module_cache_bytes
             .unwrap_or(crate::module_cache::DEFAULT_CACHE_BYTES),
         o.module_cache_dir,
@@ -955,6 +1043,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         tracing::warn!("the server that started this session worker is gone; exiting");
         return Ok(());
     }
+    let tokens = load_tokens(config.auth_token_file.as_deref())?;
     let fd = std::io::stdin()
         .as_fd()
         .try_clone_to_owned()
@@ -985,7 +1074,11 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     let executor = new_executor(
         backend,
         &inventory,
-        executor_options!(config, config.shm_lock_budget.unwrap_or(u64::MAX)),
+        executor_options!(
+            config,
+            config.shm_lock_budget.unwrap_or(u64::MAX),
+            tokens.clone()
+        ),
     );
     if let Some(out) = &device_output {
         executor.deliver_device_output(Arc::clone(out));
@@ -998,6 +1091,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     config.shm.apply(&mut server_config);
     server_config.idle_timeout = config.idle_timeout;
     server_config.max_first_record_size = Some(MAX_HELLO_RECORD);
+    server_config.auth_open_procedures = auth_open_procedures(tokens.as_deref());
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
         .serve_fd(fd)?;
@@ -1061,15 +1155,18 @@ pub fn start_with_backend(
         "thread isolation: device-side printf output is not delivered to clients (sessions \
          share this process's standard output); it goes to the server's standard output"
     );
+    check_exposure(&config)?;
+    let tokens = load_tokens(config.auth_token_file.as_deref())?;
     let executor = new_executor(
         backend,
         &inventory,
-        executor_options!(config, config.shm.lock_max_bytes),
+        executor_options!(config, config.shm.lock_max_bytes, tokens.clone()),
     );
     let service = Arc::new(RemoraService::new(executor));
     let handle = listen_and_start(
         &config,
-        Server::builder(server_config(&config)).service(Arc::clone(&service) as Arc<dyn Service>),
+        Server::builder(server_config(&config, tokens.as_deref()))
+            .service(Arc::clone(&service) as Arc<dyn Service>),
     )?;
     Ok(Running {
         handle,

@@ -1077,6 +1077,9 @@ impl Ordered {
 /// A client connection's session.
 pub(crate) struct Session {
     pub(crate) connection: u64,
+    /// The tenant the connection authenticated as (`remora serve --auth-token-file`), for
+    /// log lines (and, later, quotas).
+    pub(crate) tenant: std::sync::OnceLock<String>,
     state: Mutex<SessionState>,
     /// The asynchronous copies not yet delivered (also reachable from the state).
     pub(crate) copies: Arc<PendingCopies>,
@@ -1104,6 +1107,7 @@ impl Session {
         let copies = Arc::new(PendingCopies::new(connection, max_pending_copy_bytes));
         Self {
             connection,
+            tenant: std::sync::OnceLock::new(),
             state: Mutex::new(SessionState {
                 copies: Arc::clone(&copies),
                 ..SessionState::default()

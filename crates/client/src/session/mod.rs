@@ -115,6 +115,10 @@ pub struct SessionConfig {
     /// fail with CUDA_ERROR_DEVICE_UNAVAILABLE; a long synchronize on a live server is
     /// still waited for, as the server answers the pings meanwhile.
     pub liveness: Option<remora_oncrpc::Liveness>,
+    /// The token presented in `REMORA_HELLO_AUTH`, for a server started with
+    /// `--auth-token-file` (default: none; [`Session::from_env`] reads `REMORA_AUTH_TOKEN`
+    /// and `REMORA_AUTH_TOKEN_FILE`).
+    pub auth_token: Option<crate::endpoint::AuthToken>,
 }
 
 impl Default for SessionConfig {
@@ -134,6 +138,7 @@ impl Default for SessionConfig {
             client_name: format!("remora-client {}", env!("CARGO_PKG_VERSION")),
             transport: crate::endpoint::transport_from_env().unwrap_or_default(),
             liveness: Some(remora_oncrpc::Liveness::default()),
+            auth_token: None,
         }
     }
 }
@@ -461,10 +466,12 @@ impl Session {
     pub fn from_env() -> CuResult<Session> {
         let endpoint = crate::endpoint::endpoint_from_env()?;
         let transport = crate::endpoint::transport_from_env()?;
+        let auth_token = crate::endpoint::auth_token_from_env()?;
         Self::connect_with(
             &endpoint,
             SessionConfig {
                 transport,
+                auth_token,
                 ..SessionConfig::default()
             },
         )
@@ -479,7 +486,26 @@ impl Session {
 
     /// [`Session::connect`] with explicit timeouts.
     pub fn connect_with(endpoint: &Endpoint, config: SessionConfig) -> CuResult<Session> {
+        let hello = HelloArgs {
+            min_revision: 2,
+            max_revision: REMORA_PROTOCOL_REVISION,
+            client_name: config.client_name.clone(),
+            capabilities: u64::from(REMORA_CAP_ONEWAY),
+        };
+        // With a token, HELLO_AUTH is the connection's first call, made before it moves into
+        // shared memory: a server with tokens serves nothing else before it.
+        let opening_call = match &config.auth_token {
+            Some(token) => Some(
+                remora_proto::token::hello_auth_call(&hello, token.as_bytes()).map_err(|e| {
+                    tracing::error!("remora: cannot encode HELLO_AUTH: {e}");
+                    CuError(cu::INVALID_VALUE)
+                })?,
+            ),
+            None => None,
+        };
+        let with_token = opening_call.is_some();
         let rpc_config = ClientConfig {
+            opening_call,
             connect_timeout: Some(config.connect_timeout),
             default_timeout: config.call_timeout,
             max_record_size: MAX_REPLY_RECORD,
@@ -489,6 +515,10 @@ impl Session {
             ..ClientConfig::default()
         };
         let rpc = RpcClient::connect_with(endpoint, rpc_config).map_err(|e| {
+            if let Some(line) = remora_proto::token::auth_problem(&e, endpoint, with_token) {
+                tracing::error!("{line}");
+                return CuError(cu::NO_DEVICE);
+            }
             if matches!(e, remora_oncrpc::RpcError::Transport { .. }) {
                 tracing::error!("remora: {e} (REMORA_TRANSPORT={})", config.transport);
                 return CuError(cu::NO_DEVICE);
@@ -496,18 +526,29 @@ impl Session {
             tracing::warn!("remora: {e} (set REMORA_SERVER to tcp://HOST:PORT or unix:///PATH)");
             CuError(cu::NO_DEVICE)
         })?;
-        let hello_client = RemoraV1Client::new(rpc.clone()).with_timeout(config.hello_timeout);
-        let reply = hello_client
-            .remora_hello(&HelloArgs {
-                min_revision: 2,
-                max_revision: REMORA_PROTOCOL_REVISION,
-                client_name: config.client_name.clone(),
-                capabilities: u64::from(REMORA_CAP_ONEWAY),
-            })
-            .map_err(|e| {
-                tracing::warn!("remora: HELLO to {endpoint} failed: {e}");
-                CuError(cu::NO_DEVICE)
-            })?;
+        let reply = match rpc.opening_reply() {
+            Some(bytes) => {
+                let mut dec = remora_xdr::Decoder::new(bytes.clone());
+                remora_xdr::XdrDecode::decode(&mut dec)
+                    .and_then(|r: HelloReply| dec.finish().map(|()| r))
+                    .map_err(|e| {
+                        tracing::warn!(
+                            "remora: the answer to HELLO_AUTH from {endpoint} is malformed: {e}"
+                        );
+                        CuError(cu::NO_DEVICE)
+                    })?
+            }
+            None => RemoraV1Client::new(rpc.clone())
+                .with_timeout(config.hello_timeout)
+                .remora_hello(&hello)
+                .map_err(|e| {
+                    match remora_proto::token::auth_problem(&e, endpoint, false) {
+                        Some(line) => tracing::error!("{line}"),
+                        None => tracing::warn!("remora: HELLO to {endpoint} failed: {e}"),
+                    }
+                    CuError(cu::NO_DEVICE)
+                })?,
+        };
         let welcome = match reply {
             HelloReply::True(w) if w.revision >= 2 => w,
             HelloReply::True(w) => {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use remora_xdr::{Bytes, Encoder, XdrEncode};
 
-use super::dispatch::{Outcome, Registry, process_call};
+use super::dispatch::{ConnectionAuth, ConnectionInfo, Outcome, Registry, admitted, process_call};
 use super::profile::{Profile, ProfileReport};
 use super::{ServerConfig, lock};
 use crate::endpoint::Stream;
@@ -263,6 +263,7 @@ pub(crate) fn serve_connection<S: Transport>(
     let mut opened = Opened {
         since: Instant::now(),
         first_call: false,
+        auth: ConnectionAuth::default(),
     };
     macro_rules! serve {
         ($stream:expr, $area:expr) => {
@@ -299,10 +300,14 @@ pub(crate) fn serve_connection<S: Transport>(
 
 /// Whether a connection has been served its first call yet, and since when it exists: before
 /// its first call (for Remora, HELLO) a connection is held to [`ServerConfig::hello_timeout`]
-/// and [`ServerConfig::max_first_record_size`].
+/// and [`ServerConfig::max_first_record_size`]. When the server requires authentication
+/// ([`ServerConfig::auth_open_procedures`]) the first call is the one that authenticated it:
+/// until then the connection stays held, whatever open calls (NULL) it makes.
 struct Opened {
     since: Instant,
     first_call: bool,
+    /// Who the connection authenticated as; kept across the move into shared memory.
+    auth: ConnectionAuth,
 }
 
 /// Serves records until the connection ends (`None`) or moves into shared memory (the stream
@@ -393,7 +398,20 @@ fn serve_records<S: Transport>(
                 record_base = seen;
                 record_since = None;
                 let key = profile.as_ref().map(|_| Profile::key(&record));
-                let outcome = match crate::shm::setup_request(&record) {
+                let open = config.auth_open_procedures.as_deref();
+                // Before authentication SHM_SETUP is not served (no region for a stranger):
+                // the record goes to `process_call`, which refuses it like any closed call.
+                let setup = if admitted(
+                    open,
+                    &opened.auth,
+                    crate::shm::SHM_PROGRAM,
+                    crate::shm::SHM_SETUP,
+                ) {
+                    crate::shm::setup_request(&record)
+                } else {
+                    None
+                };
+                let outcome = match setup {
                     Some(req) => match crate::shm::serve_setup(
                         &req,
                         reader.get_ref().inner.unix_socket(),
@@ -408,11 +426,22 @@ fn serve_records<S: Transport>(
                         }
                     },
                     None => {
-                        let outcome =
-                            process_call(record, peer, connection, sink, registry, area.as_ref());
-                        if !opened.first_call && !matches!(outcome, Outcome::Close) {
-                            // The connection said HELLO (or made any other call): records up
-                            // to the full size from now on.
+                        let info = ConnectionInfo {
+                            peer,
+                            connection,
+                            sink,
+                            area: area.as_ref(),
+                            auth: &opened.auth,
+                            open,
+                        };
+                        let outcome = process_call(record, &info, registry);
+                        if !opened.first_call
+                            && matches!(outcome, Outcome::Reply(_) | Outcome::NoReply)
+                            && (open.is_none() || opened.auth.get().is_some())
+                        {
+                            // The connection said HELLO (or made any other call), and
+                            // authenticated where that is required: records up to the full
+                            // size from now on.
                             opened.first_call = true;
                             reader.set_max_record_size(config.max_record_size);
                         }
@@ -422,8 +451,9 @@ fn serve_records<S: Transport>(
                 if let (Some(p), Some(k)) = (profile.as_mut(), key) {
                     p.call(k, last_progress.elapsed());
                 }
+                let close_after = matches!(outcome, Outcome::ReplyThenClose(_));
                 match outcome {
-                    Outcome::Reply(chunks) => {
+                    Outcome::Reply(chunks) | Outcome::ReplyThenClose(chunks) => {
                         let send_start = profile.as_ref().map(|_| Instant::now());
                         let sent = match sink {
                             Some(sink) => sink.send(&chunks),
@@ -438,6 +468,9 @@ fn serve_records<S: Transport>(
                         }
                         if let Err(e) = sent {
                             tracing::debug!(%peer, error = %e, "ONC RPC server: cannot send a reply; connection closed");
+                            return None;
+                        }
+                        if close_after {
                             return None;
                         }
                     }

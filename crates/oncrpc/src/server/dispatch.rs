@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use remora_xdr::{Bytes, Decoder, Encoder, XdrDecode, XdrEncode};
 
@@ -38,7 +38,14 @@ pub struct CallContext {
     pub(crate) reply_sink: Option<ReplySink>,
     /// The data area of the connection's shared-memory region, when it is in one.
     pub(crate) data_area: Option<DataArea>,
+    /// Who the connection authenticated as ([`CallContext::authenticate`]), shared by every
+    /// call of the connection.
+    pub(crate) auth: ConnectionAuth,
 }
+
+/// A connection's authentication: empty until a service authenticates it, then the tenant's
+/// name, for the rest of the connection (it cannot change).
+pub(crate) type ConnectionAuth = Arc<OnceLock<String>>;
 
 impl CallContext {
     /// A context for calling a service outside a server (tests, in-process use): connection
@@ -61,7 +68,22 @@ impl CallContext {
             connection: 0,
             reply_sink: None,
             data_area: None,
+            auth: ConnectionAuth::default(),
         }
+    }
+
+    /// Marks the connection this call arrived on as authenticated as `tenant` (a service does
+    /// this once it has checked the caller's proof, e.g. a token in a handshake). With
+    /// [`ServerConfig::auth_open_procedures`](crate::ServerConfig) set, only then are the
+    /// connection's other calls served. A connection is authenticated once: returns false,
+    /// changing nothing, when it already was.
+    pub fn authenticate(&self, tenant: &str) -> bool {
+        self.auth.set(tenant.to_owned()).is_ok()
+    }
+
+    /// The tenant the connection authenticated as, if it has.
+    pub fn tenant(&self) -> Option<&str> {
+        self.auth.get().map(String::as_str)
     }
 
     /// The data area of the connection's shared-memory region (`None` on a socket, or when
@@ -120,6 +142,9 @@ pub enum Dispatch {
     /// Send no reply and close the connection: the peer broke a limit of the service (the
     /// service logs which), and no answer to this call could be right.
     Close,
+    /// Reply AUTH_ERROR with this status (RFC 5531 `rejected_reply`), then close the
+    /// connection: the caller failed to authenticate (the service logs why).
+    Denied(AuthStat),
 }
 
 impl From<ProcError> for Dispatch {
@@ -129,6 +154,7 @@ impl From<ProcError> for Dispatch {
             ProcError::SystemErr => Dispatch::SystemErr,
             ProcError::Deferred => Dispatch::Deferred,
             ProcError::Close => Dispatch::Close,
+            ProcError::Denied(stat) => Dispatch::Denied(stat),
         }
     }
 }
@@ -150,6 +176,10 @@ pub enum ProcError {
     /// of the service, which logs which.
     #[error("the peer broke a limit; the connection is closed")]
     Close,
+    /// Reply AUTH_ERROR with this status and close the connection ([`Dispatch::Denied`]):
+    /// the caller failed to authenticate.
+    #[error("authentication failed ({0}); the connection is closed")]
+    Denied(AuthStat),
 }
 
 /// Result of a procedure handler.
@@ -216,6 +246,8 @@ pub(crate) enum Outcome {
     Reply(Vec<Bytes>),
     NoReply,
     Close,
+    /// Send this reply, then close the connection (authentication refused).
+    ReplyThenClose(Vec<Bytes>),
 }
 
 fn reply_header(msg: &RpcMsg) -> Outcome {
@@ -234,6 +266,30 @@ fn auth_error(xid: u32, stat: AuthStat) -> Outcome {
     reply_header(&RpcMsg::denied(xid, RejectedReply::AuthError(stat)))
 }
 
+/// AUTH_ERROR with `stat`, then the connection is closed.
+fn auth_error_then_close(xid: u32, stat: AuthStat) -> Outcome {
+    match auth_error(xid, stat) {
+        Outcome::Reply(chunks) => Outcome::ReplyThenClose(chunks),
+        other => other,
+    }
+}
+
+/// Whether a call of `program`'s `procedure` may be served on a connection whose
+/// authentication is `auth`: always when the server requires none (`open` is `None`),
+/// otherwise once the connection has authenticated or when the call is one of the `open`
+/// (program, procedure) pairs.
+pub(crate) fn admitted(
+    open: Option<&[(u32, u32)]>,
+    auth: &ConnectionAuth,
+    program: u32,
+    procedure: u32,
+) -> bool {
+    match open {
+        None => true,
+        Some(open) => auth.get().is_some() || open.contains(&(program, procedure)),
+    }
+}
+
 fn read_auth(dec: &mut Decoder) -> Result<OpaqueAuth, AuthOrGarbage> {
     OpaqueAuth::decode(dec).map_err(|e| match e {
         xdr::Error::LengthExceedsBound { .. } => AuthOrGarbage::Auth,
@@ -246,15 +302,31 @@ enum AuthOrGarbage {
     Garbage,
 }
 
+/// What [`process_call`] knows of the connection a record arrived on.
+pub(crate) struct ConnectionInfo<'a> {
+    pub(crate) peer: &'a Peer,
+    pub(crate) connection: u64,
+    pub(crate) sink: Option<&'a ReplySink>,
+    pub(crate) area: Option<&'a DataArea>,
+    pub(crate) auth: &'a ConnectionAuth,
+    /// [`ServerConfig::auth_open_procedures`](crate::ServerConfig).
+    pub(crate) open: Option<&'a [(u32, u32)]>,
+}
+
 /// Turns one call record into the reply to send (or none).
 pub(crate) fn process_call(
     record: Bytes,
-    peer: &Peer,
-    connection: u64,
-    sink: Option<&ReplySink>,
+    conn: &ConnectionInfo<'_>,
     registry: &Registry,
-    area: Option<&DataArea>,
 ) -> Outcome {
+    let ConnectionInfo {
+        peer,
+        connection,
+        sink,
+        area,
+        auth,
+        open,
+    } = *conn;
     let mut dec = Decoder::new(record);
     let Ok(xid) = dec.get_u32() else {
         tracing::warn!(%peer, "ONC RPC server: record too short to hold an XID; connection closed");
@@ -314,6 +386,12 @@ pub(crate) fn process_call(
             return auth_error(xid, AuthStat::RejectedCred);
         }
     };
+    if !admitted(open, auth, program, procedure) {
+        // Before authentication nothing but the open procedures (NULL, the authenticating
+        // handshake) is served, not even an answer to which programs exist.
+        tracing::info!(%peer, xid, program, procedure, "ONC RPC server: a call before the connection authenticated; AUTH_ERROR (AUTH_TOOWEAK), connection closed");
+        return auth_error_then_close(xid, AuthStat::TooWeak);
+    }
     let Some(versions) = registry.programs.get(&program) else {
         tracing::debug!(%peer, xid, program, "ONC RPC server: unknown program; PROG_UNAVAIL");
         return accepted(xid, AcceptStat::ProgUnavail);
@@ -334,6 +412,7 @@ pub(crate) fn process_call(
         connection,
         reply_sink: sink.cloned(),
         data_area: area.cloned(),
+        auth: Arc::clone(auth),
     };
     let mut reply = Encoder::with_capacity(256);
     if RpcMsg::accepted(xid, AcceptStat::Success)
@@ -352,6 +431,7 @@ pub(crate) fn process_call(
         Ok(Dispatch::GarbageArgs) => accepted(xid, AcceptStat::GarbageArgs),
         Ok(Dispatch::SystemErr) => accepted(xid, AcceptStat::SystemErr),
         Ok(Dispatch::Close) => Outcome::Close,
+        Ok(Dispatch::Denied(stat)) => auth_error_then_close(xid, stat),
         Err(_) => {
             tracing::error!(%peer, xid, program, version, procedure, "ONC RPC server: the procedure panicked; SYSTEM_ERR");
             accepted(xid, AcceptStat::SystemErr)

@@ -73,6 +73,15 @@ pub struct ServerConfig {
     /// where copies pass their bytes by (offset, length). The client may write it at any
     /// time. Default 256 MiB.
     pub shm_data_bytes: u64,
+    /// `None` (the default): no authentication. `Some(open)`: every connection must
+    /// authenticate before it is served: until a service calls
+    /// [`CallContext::authenticate`] on one of its calls, only calls of these
+    /// (program, procedure) pairs (e.g. NULL and an authenticating handshake) are
+    /// dispatched; any other call, `SHM_SETUP` included, is answered AUTH_ERROR
+    /// (AUTH_TOOWEAK) and the connection is closed. The connection stays held to
+    /// [`ServerConfig::hello_timeout`] and [`ServerConfig::max_first_record_size`] until it
+    /// has authenticated.
+    pub auth_open_procedures: Option<Vec<(u32, u32)>>,
 }
 
 impl Default for ServerConfig {
@@ -90,6 +99,7 @@ impl Default for ServerConfig {
             profile: false,
             shm_ring_capacity: 1 << 20,
             shm_data_bytes: 256 << 20,
+            auth_open_procedures: None,
         }
     }
 }

@@ -268,6 +268,12 @@ impl Executor {
                 Arc::new(Session::new(call.connection, max))
             },
         ));
+        if session.tenant.get().is_none()
+            && let Some(tenant) = call.tenant()
+            && session.tenant.set(tenant.to_owned()).is_ok()
+        {
+            tracing::info!(connection = call.connection, peer = %call.peer, tenant, "session opened");
+        }
         if session.area.get().is_none()
             && let Some(area) = call.data_area()
             && session.area.set(area.clone()).is_ok()
@@ -672,9 +678,14 @@ impl Executor {
     pub fn close_session(&self, connection: u64) {
         let session = self.inner.sessions().remove(&connection);
         if let Some(session) = session {
+            let tenant = session.tenant.get().map(String::as_str);
+            if let Some(tenant) = tenant {
+                tracing::info!(connection, tenant, "session closed");
+            }
             if let Some((n, total)) = session.launch_profile() {
                 tracing::info!(
                     connection,
+                    tenant = tenant.unwrap_or("-"),
                     launches = n,
                     "session profile: {n} kernel launches, mean {:.2} us in the driver's launch call",
                     total.as_secs_f64() * 1e6 / n as f64

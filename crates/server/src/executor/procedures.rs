@@ -118,8 +118,37 @@ impl RemoraV1Server for Executor {
         Ok(())
     }
 
+    fn remora_hello_auth(&self, call: &CallContext, args: HelloAuthArgs) -> ProcResult<HelloReply> {
+        // Never log `args` as a whole: it holds the token.
+        let Some(tokens) = self.inner.hello.tokens() else {
+            // A server without tokens answers as it answers HELLO; the token means nothing.
+            return self.remora_hello(call, args.hello);
+        };
+        let tenant = tokens.tenant_of(&args.token);
+        let refused = match (tenant, call.tenant()) {
+            (None, _) => Some("a token the server does not know"),
+            (Some(t), Some(already)) if t != already => {
+                Some("a token of another tenant than the connection authenticated as")
+            }
+            (Some(t), _) => {
+                call.authenticate(t);
+                None
+            }
+        };
+        if let Some(what) = refused {
+            tracing::warn!(
+                peer = %call.peer,
+                connection = call.connection,
+                client = %args.hello.client_name,
+                "authentication failed: HELLO_AUTH with {what}; AUTH_ERROR (AUTH_BADCRED), connection closed"
+            );
+            return Err(ProcError::Denied(remora_oncrpc::AuthStat::BadCred));
+        }
+        self.remora_hello(call, args.hello)
+    }
+
     fn remora_hello(&self, call: &CallContext, args: HelloArgs) -> ProcResult<HelloReply> {
-        tracing::info!(client = %args.client_name, peer = ?call.peer, connection = call.connection, "HELLO");
+        tracing::info!(client = %args.client_name, peer = %call.peer, connection = call.connection, tenant = call.tenant().unwrap_or("-"), "HELLO");
         let reply = self.inner.hello.answer(&args);
         if let (HelloReply::True(w), Some(out)) = (&reply, self.inner.device_output.get()) {
             out.set_deliver(w.revision >= DELIVERY_REVISION);
