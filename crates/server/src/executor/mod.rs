@@ -676,7 +676,10 @@ impl Executor {
 
     /// Frees the session of `connection` (called when the connection ends).
     pub fn close_session(&self, connection: u64) {
-        let session = self.inner.sessions().remove(&connection);
+        // The session leaves the table only once its resources are freed, so that
+        // `session_count` counts what still holds GPU resources (the connection is closing:
+        // no call of it arrives meanwhile).
+        let session = self.inner.sessions().get(&connection).cloned();
         if let Some(session) = session {
             let tenant = session.tenant.get().map(String::as_str);
             if let Some(tenant) = tenant {
@@ -706,6 +709,7 @@ impl Executor {
                 *budget = budget.saturating_add(area.len() as u64);
             }
             session.close(&*self.inner.backend);
+            self.inner.sessions().remove(&connection);
         }
     }
 }
