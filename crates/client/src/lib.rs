@@ -43,6 +43,7 @@ pub use error::{
 };
 pub use host_callbacks::{HostCallback, RepeatedCallback, in_host_callback};
 pub use remora_oncrpc::{Endpoint, TransportChoice};
+pub use remora_proto::mem_prop as proto_mem_prop;
 pub use remora_proto::remora as proto;
 pub use remora_proto::stream_attr as proto_stream_attr;
 pub use safe::{

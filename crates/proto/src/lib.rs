@@ -24,6 +24,7 @@ pub mod remora {
 include!(concat!(env!("OUT_DIR"), "/glue.rs"));
 
 pub mod cuda;
+pub mod mem_prop;
 pub mod stream_attr;
 pub mod token;
 

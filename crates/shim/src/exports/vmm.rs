@@ -32,15 +32,7 @@ unsafe fn wire_prop(prop: *const MemAllocationProp) -> CuResult<RmMemProp> {
     }
     // SAFETY: non-null and a CUmemAllocationProp by the caller's contract (unaligned allowed).
     let p = unsafe { prop.read_unaligned() };
-    Ok(RmMemProp {
-        r#type: p.kind,
-        handle_types: p.requested_handle_types,
-        location_type: p.location.kind,
-        location_id: p.location.id,
-        compression_type: u32::from(p.compression_type),
-        rdma_capable: u32::from(p.gpu_direct_rdma_capable),
-        usage: u32::from(p.usage),
-    })
+    Ok(remora_client::proto_mem_prop::from_abi(&p))
 }
 
 /// Logs why shareable handles are refused.
@@ -141,19 +133,7 @@ entry_points! {
         }
         let (s, ctx) = session_ctx()?;
         let p = s.mem_get_properties(ctx, handle)?;
-        let byte = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
-        let out = MemAllocationProp {
-            kind: p.r#type,
-            requested_handle_types: p.handle_types,
-            location: MemLocation {
-                kind: p.location_type,
-                id: p.location_id,
-            },
-            compression_type: byte(p.compression_type),
-            gpu_direct_rdma_capable: byte(p.rdma_capable),
-            usage: u16::try_from(p.usage).unwrap_or(u16::MAX),
-            ..MemAllocationProp::default()
-        };
+        let out = remora_client::proto_mem_prop::to_abi(&p).ok_or(CuError(cu::INVALID_VALUE))?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(prop, out) }
     };

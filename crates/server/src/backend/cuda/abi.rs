@@ -11,8 +11,6 @@ use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST};
 
 use super::super::{Copy3d, CopyPlace, CopySide};
 use super::driver::{Ptr, ptr};
-use remora_proto::cuda::{CuError, CuResult, cu};
-use remora_proto::remora::RmMemProp;
 
 /// `(memory type, device pointer)` of one side; a host side uses the packed buffer.
 pub(super) fn side_kind(side: &CopySide) -> (c_uint, u64) {
@@ -77,36 +75,5 @@ pub(super) fn memcpy_3d(c: &Copy3d, src_host: *const c_void, dst_host: Ptr) -> M
         width_in_bytes: c.width as usize,
         height: c.height as usize,
         depth: c.depth as usize,
-    }
-}
-
-/// The `CUmemAllocationProp` of a wire `rm_mem_prop` (no Windows metadata). Flag fields the
-/// ABI holds in a byte or a short are refused with `CUDA_ERROR_INVALID_VALUE` past that width.
-pub(super) fn mem_prop(p: &RmMemProp) -> CuResult<MemAllocationProp> {
-    let byte = |v: u32| u8::try_from(v).map_err(|_| CuError(cu::INVALID_VALUE));
-    Ok(MemAllocationProp {
-        kind: p.r#type,
-        requested_handle_types: p.handle_types,
-        location: MemLocation {
-            kind: p.location_type,
-            id: p.location_id,
-        },
-        compression_type: byte(p.compression_type)?,
-        gpu_direct_rdma_capable: byte(p.rdma_capable)?,
-        usage: u16::try_from(p.usage).map_err(|_| CuError(cu::INVALID_VALUE))?,
-        ..MemAllocationProp::default()
-    })
-}
-
-/// The wire form of a `CUmemAllocationProp` the driver filled in.
-pub(super) fn wire_mem_prop(p: &MemAllocationProp) -> RmMemProp {
-    RmMemProp {
-        r#type: p.kind,
-        handle_types: p.requested_handle_types,
-        location_type: p.location.kind,
-        location_id: p.location.id,
-        compression_type: u32::from(p.compression_type),
-        rdma_capable: u32::from(p.gpu_direct_rdma_capable),
-        usage: u32::from(p.usage),
     }
 }

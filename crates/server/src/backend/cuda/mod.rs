@@ -487,7 +487,7 @@ impl Backend for CudaBackend {
 
     fn mem_create(&self, ctx: u64, size: u64, prop: &RmMemProp, flags: u64) -> CuResult<u64> {
         let d = self.vmm(ctx)?;
-        let prop = mem_prop(prop)?;
+        let prop = remora_proto::mem_prop::to_abi(prop).ok_or(CuError(cu::INVALID_VALUE))?;
         let mut h = 0u64;
         // SAFETY: `prop` is a complete CUmemAllocationProp (no Windows metadata); `h` is a
         // local output.
@@ -580,7 +580,7 @@ impl Backend for CudaBackend {
 
     fn mem_get_granularity(&self, ctx: u64, prop: &RmMemProp, option: u32) -> CuResult<u64> {
         let d = self.vmm(ctx)?;
-        let prop = mem_prop(prop)?;
+        let prop = remora_proto::mem_prop::to_abi(prop).ok_or(CuError(cu::INVALID_VALUE))?;
         let mut g = 0usize;
         // SAFETY: a complete CUmemAllocationProp in, a local output.
         call!(
@@ -598,7 +598,7 @@ impl Backend for CudaBackend {
             d.t,
             mem_get_allocation_properties_from_handle(&mut prop, handle)
         )?;
-        Ok(wire_mem_prop(&prop))
+        Ok(remora_proto::mem_prop::from_abi(&prop))
     }
 
     fn mem_retain_handle(&self, ctx: u64, ptr: u64) -> CuResult<u64> {
