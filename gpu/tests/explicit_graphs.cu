@@ -18,23 +18,7 @@
 #include <cstring>
 #include <vector>
 #include <cuda_runtime.h>
-
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
-
-#define EXPECT(cond)                                                 \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      printf("FAIL %s:%d expected %s\n", __FILE__, __LINE__, #cond); \
-      return 1;                                                      \
-    }                                                                \
-  } while (0)
+#include "test_rt.h"
 
 static const int N = 1 << 16;
 

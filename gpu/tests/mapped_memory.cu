@@ -15,26 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
-
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
-
-__global__ void affine(uint32_t *p, size_t n, uint32_t mul, uint32_t add) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    p[i] = p[i] * mul + add;
-}
-
-static uint64_t sum(const uint32_t *p, size_t n) {
-  uint64_t s = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) s = (s ^ p[i]) * 1099511628211ull;
-  return s;
-}
+#include "test_rt.h"
 
 static int check(const char *what, const uint32_t *p, size_t n, uint32_t seed, uint32_t mul, uint32_t add) {
   for (size_t i = 0; i < n; i++) {
@@ -64,20 +45,20 @@ int main() {
   CHECK(cudaHostAlloc((void **)&h, n * 4, cudaHostAllocMapped));
   CHECK(cudaHostGetDevicePointer((void **)&d, h, 0));
   fill(h, n, 1);
-  affine<<<264, 256>>>(d, n, 3, 7);
+  affine32<<<264, 256>>>(d, n, 3, 7);
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   if (check("device pointer", h, n, 1, 3, 7)) return 1;
-  printf("1. mapped through the device pointer: %016llx\n", (unsigned long long)sum(h, n));
+  printf("1. mapped through the device pointer: %016llx\n", (unsigned long long)hash32(h, n));
 
   // 2. the host pointer itself (unified addressing)
   if (uva) {
     fill(h, n, 2);
-    affine<<<264, 256>>>(h, n, 5, 1);
+    affine32<<<264, 256>>>(h, n, 5, 1);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     if (check("host pointer", h, n, 2, 5, 1)) return 1;
-    printf("2. mapped through the host pointer: %016llx\n", (unsigned long long)sum(h, n));
+    printf("2. mapped through the host pointer: %016llx\n", (unsigned long long)hash32(h, n));
   }
 
   // 3. cudaMallocHost and pointer attributes
@@ -90,7 +71,7 @@ int main() {
   printf("3. cudaMallocHost: type %d, device pointer %s host pointer, cudaHostGetDevicePointer %s\n",
          (int)a.type, a.devicePointer == (void *)m ? "==" : "!=", dm == a.devicePointer ? "agrees" : "differs");
   fill(m, n, 3);
-  affine<<<264, 256>>>((uint32_t *)dm, n, 9, 4);
+  affine32<<<264, 256>>>((uint32_t *)dm, n, 9, 4);
   CHECK(cudaDeviceSynchronize());
   if (check("cudaMallocHost", m, n, 3, 9, 4)) return 1;
 
@@ -100,10 +81,10 @@ int main() {
   uint64_t acc = 0;
   for (uint32_t r = 0; r < 8; r++) {
     fill(h, n, 100 + r);
-    affine<<<132, 512, 0, s>>>(d, n, 2 * r + 1, r);
+    affine32<<<132, 512, 0, s>>>(d, n, 2 * r + 1, r);
     CHECK(cudaStreamSynchronize(s));
     if (check("stream round", h, n, 100 + r, 2 * r + 1, r)) return 1;
-    acc ^= sum(h, n) + r;
+    acc ^= hash32(h, n) + r;
   }
   printf("4. 8 rounds on a stream: %016llx\n", (unsigned long long)acc);
   CHECK(cudaStreamDestroy(s));

@@ -20,38 +20,11 @@
 #include <cstring>
 #include <vector>
 #include <cuda_runtime.h>
-
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
-
-#define EXPECT(cond)                                              \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      printf("FAIL %s:%d expected %s\n", __FILE__, __LINE__, #cond); \
-      return 1;                                                   \
-    }                                                             \
-  } while (0)
+#include "test_rt.h"
 
 __global__ void iota(uint32_t *p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     p[i] = (uint32_t)(i * 2654435761u) ^ seed;
-}
-
-__global__ void affine(uint32_t *p, size_t n, uint32_t mul, uint32_t add) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    p[i] = p[i] * mul + add;
-}
-
-static uint64_t fnv(const uint32_t *p, size_t n) {
-  uint64_t s = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) s = (s ^ p[i]) * 1099511628211ull;
-  return s;
 }
 
 static int verify(const char *what, const uint32_t *p, size_t n, uint32_t seed, uint32_t mul, uint32_t add) {
@@ -97,7 +70,7 @@ int main() {
       CHECK(cudaGetLastError());
       CHECK(cudaMemsetAsync(b, 0xff, n * 4, st[s]));
       CHECK(cudaMemcpyAsync(b, a, (n - 5) * 4, cudaMemcpyDeviceToDevice, st[s]));
-      affine<<<128, 256, 0, st[s]>>>(b, n - 5, 3, (uint32_t)s);
+      affine32<<<128, 256, 0, st[s]>>>(b, n - 5, 3, (uint32_t)s);
       CHECK(cudaGetLastError());
       CHECK(cudaMemcpyAsync(host[s].data(), b, n * 4, cudaMemcpyDeviceToHost, st[s]));
       CHECK(cudaFreeAsync(a, st[s]));
@@ -109,7 +82,7 @@ int main() {
       for (size_t i = n - 5; i < n; i++) EXPECT(host[s][i] == 0xffffffffu);
     }
     uint64_t all = 0;
-    for (int s = 0; s < S; s++) all ^= fnv(host[s].data(), n) + (uint64_t)s;
+    for (int s = 0; s < S; s++) all ^= hash32(host[s].data(), n) + (uint64_t)s;
     printf("1. round %d on %d streams: %016llx\n", round, S, (unsigned long long)all);
   }
 
@@ -122,12 +95,12 @@ int main() {
     iota<<<64, 256, 0, st[0]>>>(p, n, 42);
     CHECK(cudaEventRecord(made, st[0]));
     CHECK(cudaStreamWaitEvent(st[1], made, 0));
-    affine<<<64, 256, 0, st[1]>>>(p, n, 5, 9);
+    affine32<<<64, 256, 0, st[1]>>>(p, n, 5, 9);
     CHECK(cudaMemcpyAsync(host[1].data(), p, n * 4, cudaMemcpyDeviceToHost, st[1]));
     CHECK(cudaFreeAsync(p, st[1]));
     CHECK(cudaStreamSynchronize(st[1]));
     if (verify("cross-stream allocation", host[1].data(), n, 42, 5, 9)) return 1;
-    printf("2. across streams: %016llx\n", (unsigned long long)fnv(host[1].data(), n));
+    printf("2. across streams: %016llx\n", (unsigned long long)hash32(host[1].data(), n));
     CHECK(cudaEventDestroy(made));
   }
 
@@ -212,7 +185,7 @@ int main() {
       CHECK(cudaMemcpyAsync(host[0].data(), a[i], n * 4, cudaMemcpyDeviceToHost, st[i % 2]));
       CHECK(cudaStreamSynchronize(st[i % 2]));
       if (verify("pool allocation", host[0].data(), n, 7000 + i, 1, 0)) return 1;
-      check ^= fnv(host[0].data(), n) + (uint64_t)i;
+      check ^= hash32(host[0].data(), n) + (uint64_t)i;
       CHECK(cudaFreeAsync(a[i], st[i % 2]));
     }
     CHECK(cudaDeviceSynchronize());
@@ -254,7 +227,7 @@ int main() {
     uint32_t *tmp = nullptr;
     CHECK(cudaMallocAsync((void **)&tmp, n * 4, st[0]));
     iota<<<64, 256, 0, st[0]>>>(tmp, n, 555);
-    affine<<<64, 256, 0, st[0]>>>(tmp, n, 7, 1);
+    affine32<<<64, 256, 0, st[0]>>>(tmp, n, 7, 1);
     CHECK(cudaMemcpyAsync(out, tmp, n * 4, cudaMemcpyDeviceToDevice, st[0]));
     CHECK(cudaFreeAsync(tmp, st[0]));
     CHECK(cudaStreamEndCapture(st[0], &graph));
@@ -266,7 +239,7 @@ int main() {
       CHECK(cudaMemcpy(host[2].data(), out, n * 4, cudaMemcpyDeviceToHost));
       if (verify("graph allocation", host[2].data(), n, 555, 7, 1)) return 1;
     }
-    printf("5. captured allocation, 3 launches: %016llx\n", (unsigned long long)fnv(host[2].data(), n));
+    printf("5. captured allocation, 3 launches: %016llx\n", (unsigned long long)hash32(host[2].data(), n));
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(graph));
     CHECK(cudaFree(out));

@@ -18,15 +18,7 @@
 #include <cstring>
 #include <cuda.h>
 #include <cuda_runtime.h>
-
-#define CHECK(x)                                                                     \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      return 1;                                                                      \
-    }                                                                                \
-  } while (0)
+#include "test_rt.h"
 
 #define CU(x)                                                              \
   do {                                                                     \
@@ -42,17 +34,6 @@
 __global__ void fill(uint32_t *p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     p[i] = (uint32_t)(i * 2654435761u) + seed;
-}
-
-__global__ void affine(uint32_t *p, size_t n, uint32_t mul, uint32_t add) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-    p[i] = p[i] * mul + add;
-}
-
-static uint64_t sum(const uint32_t *p, size_t n) {
-  uint64_t s = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) s = (s ^ p[i]) * 1099511628211ull;
-  return s;
 }
 
 static int check(const char *what, const uint32_t *p, size_t n, uint32_t seed, uint32_t mul, uint32_t add) {
@@ -107,12 +88,12 @@ int main() {
     // The whole mapped part so far, across chunk boundaries.
     size_t n = (c + 1) * chunk / 4;
     fill<<<256, 256, 0, st>>>((uint32_t *)base, n, 7 + (uint32_t)c);
-    affine<<<256, 256, 0, st>>>((uint32_t *)base, n, 3, (uint32_t)c);
+    affine32<<<256, 256, 0, st>>>((uint32_t *)base, n, 3, (uint32_t)c);
     CHECK(cudaGetLastError());
     CHECK(cudaMemcpyAsync(host, (void *)base, n * 4, cudaMemcpyDeviceToHost, st));
     CHECK(cudaStreamSynchronize(st));
     if (check("segment", host, n, 7 + (uint32_t)c, 3, (uint32_t)c)) return 1;
-    printf("segment grown to %zu chunks: %016llx\n", c + 1, (unsigned long long)sum(host, n));
+    printf("segment grown to %zu chunks: %016llx\n", c + 1, (unsigned long long)hash32(host, n));
   }
 
   // A synchronous copy from the host across the boundary of chunks 0 and 1, read back.
@@ -122,18 +103,18 @@ int main() {
   memset(host, 0, len);
   CHECK(cudaMemcpy(host, (char *)base + off, len, cudaMemcpyDeviceToHost));
   if (check("across chunks", host, len / 4, 99, 1, 0)) return 1;
-  printf("copy across chunks: %016llx\n", (unsigned long long)sum(host, len / 4));
+  printf("copy across chunks: %016llx\n", (unsigned long long)hash32(host, len / 4));
 
   // 3. Chunk 1 mapped again elsewhere.
   CUdeviceptr alias = 0;
   CU(cuMemAddressReserve(&alias, chunk, 0, 0, 0));
   CU(cuMemMap(alias, chunk, 0, h[1], 0));
   CU(cuMemSetAccess(alias, chunk, &rw, 1));
-  affine<<<128, 256, 0, st>>>((uint32_t *)alias, chunk / 4, 5, 1);
+  affine32<<<128, 256, 0, st>>>((uint32_t *)alias, chunk / 4, 5, 1);
   CHECK(cudaMemcpyAsync(host, (void *)(base + chunk), chunk, cudaMemcpyDeviceToHost, st));
   CHECK(cudaStreamSynchronize(st));
   printf("alias: chunk 1 seen through its own mapping: %016llx\n",
-         (unsigned long long)sum(host, chunk / 4));
+         (unsigned long long)hash32(host, chunk / 4));
 
   // 4. Handles and attributes.
   CUmemGenericAllocationHandle r = 0;
@@ -152,7 +133,7 @@ int main() {
   CHECK(cudaMemsetAsync((void *)base, 0x5a, chunks * chunk, st));
   for (size_t i = 0; i < total_words; i++) host[i] = (uint32_t)(i * 2654435761u) + 11;
   CHECK(cudaMemcpyAsync((void *)(base + 4), host, chunks * chunk - 8, cudaMemcpyHostToDevice, st));
-  affine<<<256, 256, 0, st>>>((uint32_t *)base, total_words, 1, 0);
+  affine32<<<256, 256, 0, st>>>((uint32_t *)base, total_words, 1, 0);
   CHECK(cudaMemcpyAsync(host, (void *)base, chunks * chunk, cudaMemcpyDeviceToHost, st));
   CHECK(cudaStreamSynchronize(st));
   bool ok = host[0] == 0x5a5a5a5au && host[total_words - 1] == 0x5a5a5a5au;
@@ -161,13 +142,13 @@ int main() {
     printf("FAIL stream-ordered memset and copies\n");
     return 1;
   }
-  printf("stream-ordered memset and copies: %016llx\n", (unsigned long long)sum(host, total_words));
+  printf("stream-ordered memset and copies: %016llx\n", (unsigned long long)hash32(host, total_words));
 
   // 6. Shrink, then free everything in order; a map outside any reservation is refused.
   CU(cuMemUnmap(base + 2 * chunk, chunk));
   CU(cuMemRelease(h[2]));
   CHECK(cudaMemcpy(host, (void *)(base + chunk), chunk, cudaMemcpyDeviceToHost));
-  printf("shrunk to 2 chunks: %016llx\n", (unsigned long long)sum(host, chunk / 4));
+  printf("shrunk to 2 chunks: %016llx\n", (unsigned long long)hash32(host, chunk / 4));
   CUresult bad = cuMemMap(0x1000, chunk, 0, h[0], 0);
   printf("map outside a reservation: %s\n", bad == CUDA_SUCCESS ? "accepted (wrong)" : "refused");
   CU(cuMemUnmap(alias, chunk));
