@@ -17,7 +17,7 @@ trap '[ -n "$serve_pid" ] && kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
 read -r -a checks <<< "${TORCH_CHECKS:-$(python3 -c "import ast,sys; t=ast.parse(open(sys.argv[1]).read()); print(' '.join(next(ast.literal_eval(n.value) for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', None) == 'CHECKS')))" "$here/smoke.py")}"
 limit=${TORCH_TIMEOUT:-180}
 if [[ " ${modes[*]} " != " embedded " ]]; then
-  "$bin/remora" serve --listen "unix://$work/r.sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2>&1 &
+  "$bin/remora" serve --listen "unix://$work/r.sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2> "$work/serve.err" &
   serve_pid=$!
   for _ in $(seq 100); do [ "$(grep -c 'listening on' "$work/serve.out")" -ge 2 ] && break; sleep 0.1; done
   tcp=$(grep -o 'tcp://[0-9.:]*' "$work/serve.out" | head -n 1)
