@@ -28,6 +28,7 @@ pub mod host;
 mod host_callbacks;
 pub mod launch;
 mod library;
+mod mirror;
 pub mod params;
 mod safe;
 mod session;

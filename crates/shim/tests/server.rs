@@ -631,12 +631,12 @@ fn emulated_child(name: &str) {
 }
 
 #[test]
-fn emulated_managed_memory_is_not_supported() {
+fn emulated_managed_memory() {
     emulated_child("child_managed_memory");
 }
 
 #[test]
-#[ignore = "run in a child process by emulated_managed_memory_is_not_supported"]
+#[ignore = "run in a child process by emulated_managed_memory"]
 fn child_managed_memory() {
     if std::env::var_os("REMORA_SHIM_CHILD").is_none() {
         return;
@@ -646,9 +646,14 @@ fn child_managed_memory() {
     type AllocManaged = unsafe extern "C" fn(*mut u64, usize, c_uint) -> c_int;
     type Prefetch = unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
     type Advise = unsafe extern "C" fn(u64, usize, c_int, c_int) -> c_int;
+    type Memset = unsafe extern "C" fn(u64, u8, usize) -> c_int;
+    type PtrAttr = unsafe extern "C" fn(*mut c_void, c_int, u64) -> c_int;
+    type Free = unsafe extern "C" fn(u64) -> c_int;
+    type Dtoh = unsafe extern "C" fn(*mut c_void, u64, usize) -> c_int;
     // SAFETY: loading our own shim.
     let lib = unsafe { libloading::Library::new(shim_path()) }.unwrap();
-    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals.
+    // SAFETY: every symbol has the signature cuda.h gives it; outputs point to locals; the
+    // managed allocation is touched on the host only between synchronous calls.
     unsafe {
         let init: libloading::Symbol<Init> = lib.get(b"cuInit").unwrap();
         let attr: libloading::Symbol<Attr> = lib.get(b"cuDeviceGetAttribute").unwrap();
@@ -656,23 +661,51 @@ fn child_managed_memory() {
         let alloc: libloading::Symbol<AllocManaged> = lib.get(b"cuMemAllocManaged").unwrap();
         let prefetch: libloading::Symbol<Prefetch> = lib.get(b"cuMemPrefetchAsync").unwrap();
         let advise: libloading::Symbol<Advise> = lib.get(b"cuMemAdvise").unwrap();
+        let memset: libloading::Symbol<Memset> = lib.get(b"cuMemsetD8_v2").unwrap();
+        let ptr_attr: libloading::Symbol<PtrAttr> = lib.get(b"cuPointerGetAttribute").unwrap();
+        let free: libloading::Symbol<Free> = lib.get(b"cuMemFree_v2").unwrap();
+        let dtoh: libloading::Symbol<Dtoh> = lib.get(b"cuMemcpyDtoH_v2").unwrap();
         assert_eq!(init(0), 0);
-        // The emulated GPU says it has managed memory (as an H100 does); the client says no.
-        for a in [83, 88, 89, 100, 101] {
+        // The emulated GPU has managed memory (as an H100 does), and so does Remora; concurrent
+        // access and pageable-memory access are answered 0.
+        let mut v: c_int = -1;
+        assert_eq!(attr(&mut v, 83, 0), 0);
+        assert_eq!(v, 1, "MANAGED_MEMORY is the server's answer");
+        for a in [88, 89, 100, 101] {
             let mut v: c_int = -1;
             assert_eq!(attr(&mut v, a, 0), 0, "attribute {a}");
             assert_eq!(v, 0, "attribute {a} must answer 0");
         }
-        let mut v: c_int = -1;
-        assert_eq!(attr(&mut v, 41, 0), 0);
-        assert_eq!(v, 1, "unified addressing is still answered by the server");
         let mut ctx = std::ptr::null_mut();
         assert_eq!(ctx_create(&mut ctx, 0, 0), 0);
         let mut p = 0u64;
-        assert_eq!(alloc(&mut p, 4096, 1), 801, "cuMemAllocManaged");
-        assert_eq!(p, 0, "nothing was allocated");
-        assert_eq!(prefetch(0x1000, 4096, 0, std::ptr::null_mut()), 801);
-        assert_eq!(advise(0x1000, 4096, 1, 0), 801);
+        assert_eq!(
+            alloc(&mut p, 4096, 4),
+            1,
+            "CU_MEM_ATTACH_SINGLE is not an allocation flag"
+        );
+        assert_eq!(alloc(&mut p, 10_000, 1), 0, "cuMemAllocManaged");
+        let host = std::slice::from_raw_parts_mut(p as usize as *mut u8, 10_000);
+        assert!(host.iter().all(|&b| b == 0));
+        for (i, b) in host.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        // The host's bytes reach the device before a copy reads them...
+        let mut got = vec![0u8; 10_000];
+        assert_eq!(dtoh(got.as_mut_ptr().cast(), p, 10_000), 0);
+        assert_eq!(got, host);
+        // ... and the device's writes are on the host when a synchronous call returns.
+        assert_eq!(memset(p + 100, 0xee, 50), 0);
+        assert!(host[100..150].iter().all(|&b| b == 0xee));
+        assert_eq!(host[150], 150);
+        let mut managed: c_uint = 0;
+        assert_eq!(ptr_attr((&mut managed as *mut c_uint).cast(), 8, p + 9), 0);
+        assert_eq!(managed, 1, "CU_POINTER_ATTRIBUTE_IS_MANAGED");
+        assert_eq!(prefetch(p, 10_000, 0, std::ptr::null_mut()), 0);
+        assert_eq!(advise(p, 4096, 1, 0), 0);
+        assert_eq!(advise(p, 4096, 99, 0), 1, "unknown advice");
+        assert_eq!(advise(0x1000, 4096, 1, 0), 1, "not managed memory");
+        assert_eq!(free(p), 0);
         // Through cuGetProcAddress too (the CUDA runtime's way in).
         let gpa: libloading::Symbol<GetProc> = lib.get(b"cuGetProcAddress_v2").unwrap();
         let mut f: *mut c_void = std::ptr::null_mut();
@@ -682,7 +715,8 @@ fn child_managed_memory() {
             0
         );
         let via: AllocManaged = std::mem::transmute(f);
-        assert_eq!(via(&mut p, 4096, 1), 801);
+        assert_eq!(via(&mut p, 4096, 1), 0);
+        assert_eq!(free(p), 0);
     }
     println!("CHILD-OK");
 }

@@ -24,11 +24,12 @@ impl Session {
 
     /// A device attribute: from the cached props, else `RM_DEVICE_GET_ATTRIBUTE` (cached).
     ///
-    /// Managed (unified) memory and coherent access to pageable host memory are not
-    /// supported through Remora: the attributes that advertise them
+    /// Concurrent access to managed memory and coherent access to pageable host memory are
+    /// not supported through Remora: the attributes that advertise them
     /// ([`UNSUPPORTED_MEMORY_ATTRIBUTES`]) answer 0 whatever the server's GPU can do, so that
-    /// well-behaved programs (and the CUDA runtime's `cudaDeviceProp.managedMemory`,
-    /// `concurrentManagedAccess`, `pageableMemoryAccess`, ...) do not try.
+    /// the CUDA runtime's `cudaDeviceProp.concurrentManagedAccess`, `pageableMemoryAccess`,
+    /// ... tell programs the truth (managed memory itself works, with the coherence model of
+    /// such devices).
     pub fn device_attribute(&self, dev: DeviceHandle, attribute: i32) -> CuResult<i32> {
         let props = self.device_props(dev)?;
         if UNSUPPORTED_MEMORY_ATTRIBUTES.contains(&attribute) {
@@ -118,6 +119,7 @@ impl Session {
         {
             tracing::debug!("remora: cuCtxDestroy: synchronizing the context failed: {e}");
         }
+        self.free_managed_of(ctx);
         let r = call!(self.rm_ctx_destroy(&ctx))?;
         self.take_device_output();
         CuError::check(r)?;

@@ -104,6 +104,9 @@ impl Session {
 
     /// `cuMemFree`: frees on the server, then releases the reservation.
     pub fn mem_free(&self, ctx: RmHandle, ptr: u64) -> CuResult<()> {
+        if let Some(r) = self.mem_free_managed(ptr) {
+            return r;
+        }
         CuError::check(call!(self.rm_mem_free(&RmPtrArgs { ctx, ptr }))?)?;
         self.va.release(ptr);
         Ok(())
@@ -128,12 +131,16 @@ impl Session {
     /// Classifies a pointer as host or device (unified addressing), locally.
     pub fn pointer_kind(&self, ptr: u64) -> PointerKind {
         match self.va.find(ptr) {
-            Some((base, r)) => PointerKind::Device {
-                base,
-                size: r.size,
-                ctx: r.ctx,
-                buffer_id: r.buffer_id,
-            },
+            Some((base, r)) => {
+                // A managed allocation is known by its own extent, not its reservation's.
+                let (base, size) = self.managed_range(ptr).unwrap_or((base, r.size));
+                PointerKind::Device {
+                    base,
+                    size,
+                    ctx: r.ctx,
+                    buffer_id: r.buffer_id,
+                }
+            }
             None => match self.host.find(ptr) {
                 Some(r) => PointerKind::HostTracked(r),
                 None => PointerKind::Host,

@@ -20,13 +20,14 @@ use crate::vaspace::VaSpace;
 /// A device ordinal as the server numbers them.
 pub type DeviceHandle = i32;
 
-/// Device attributes that advertise managed memory or coherent access to pageable host
-/// memory, which a remote GPU cannot give the client process: answered 0 (see
-/// [`Session::device_attribute`]). `CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY` (83),
-/// `PAGEABLE_MEMORY_ACCESS` (88), `CONCURRENT_MANAGED_ACCESS` (89),
-/// `PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES` (100) and
-/// `DIRECT_MANAGED_MEM_ACCESS_FROM_HOST` (101).
-pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 5] = [83, 88, 89, 100, 101];
+/// Device attributes that advertise concurrent access to managed or pageable host memory,
+/// which a remote GPU cannot give the client process: answered 0 (see
+/// [`Session::device_attribute`]). `CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS` (88),
+/// `CONCURRENT_MANAGED_ACCESS` (89), `PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES` (100)
+/// and `DIRECT_MANAGED_MEM_ACCESS_FROM_HOST` (101). `MANAGED_MEMORY` (83) is the server's
+/// answer: Remora's managed memory follows CUDA's model for devices without concurrent
+/// managed access (see `crate::mirror`).
+pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 4] = [88, 89, 100, 101];
 
 pub use crate::delivery::CopySink;
 use crate::delivery::{Delivery, Fetch};
@@ -385,6 +386,8 @@ pub struct Session {
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
     captures: Mutex<Captures>,
+    /// Host mirrors of managed memory ([`crate::mirror`]).
+    mirrors: crate::mirror::Mirrors,
 }
 
 impl std::fmt::Debug for Session {
@@ -403,8 +406,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 macro_rules! call {
     ($self:ident . $proc:ident ( $arg:expr )) => {
         $self
-            .rpc
-            .$proc($arg)
+            .coherent(stringify!($proc), || $self.rpc.$proc($arg))
             .map_err(|e| from_rpc(stringify!($proc), e))
     };
     ($self:ident . $proc:ident ()) => {
@@ -451,6 +453,7 @@ mod copies_3d;
 mod graphs;
 pub use graphs::ExecUpdateInfo;
 mod launches;
+mod managed;
 pub use launches::{KernelArgs, LaunchConfig};
 mod memory;
 mod modules;
@@ -602,6 +605,7 @@ impl Session {
             libraries: Libraries::default(),
             callbacks: Arc::default(),
             captures: Mutex::default(),
+            mirrors: crate::mirror::Mirrors::default(),
         })
     }
 

@@ -94,6 +94,7 @@ impl Session {
         let done = ready(self.finish_sync(r))?;
         if done {
             self.settle_stream(ctx, stream, mark)?;
+            self.completed("cuStreamQuery");
         }
         Ok(done)
     }
@@ -236,6 +237,7 @@ impl Session {
         let done = ready(self.finish_sync(r))?;
         if done {
             self.settle_event(event)?;
+            self.completed("cuEventQuery");
         }
         Ok(done)
     }

@@ -1,65 +1,112 @@
-//! Managed (unified) memory: not supported through Remora.
+//! Managed (unified) memory: `cuMemAllocManaged`, prefetches, advice and stream attachment.
 //!
-//! A managed allocation is one address that the CPU of the *client* process and the GPU of
-//! the *server* both access, with pages migrating on fault. Remora's client and GPU are in
-//! different processes (often on different hosts), so a faithful implementation would need a
-//! page-fault-driven coherence protocol over RPC; that is out of reach, and a partial one
-//! (device memory behind a host mirror, copied at synchronize points) would silently give
-//! wrong results to programs that rely on concurrent access. So these entry points fail
-//! loudly with `CUDA_ERROR_NOT_SUPPORTED` (the runtime's `cudaErrorNotSupported`) and a warning
-//! naming the call, and `cuDeviceGetAttribute` answers 0 for `MANAGED_MEMORY`,
-//! `CONCURRENT_MANAGED_ACCESS` and the pageable-memory-access attributes
-//! (`remora_client::UNSUPPORTED_MEMORY_ATTRIBUTES`), so that programs which check them (and
-//! `cudaDeviceProp::managedMemory`) take their explicit-copy path.
+//! The client keeps managed memory coherent with the model CUDA defines for devices that
+//! report `concurrentManagedAccess = 0` (see `remora_client`'s `mirror` module and
+//! docs/architecture.md): the program may touch it on the host while no kernel runs, and
+//! Remora copies host changes to the device before launches and copies and the device's bytes
+//! back after synchronizations. `cuDeviceGetAttribute` answers the server's value for
+//! `MANAGED_MEMORY` and 0 for `CONCURRENT_MANAGED_ACCESS` and the pageable-memory attributes
+//! (`remora_client::UNSUPPORTED_MEMORY_ATTRIBUTES`). Prefetches and advice are hints: they
+//! check their arguments and change nothing (the bytes live on the device between
+//! synchronizations anyway).
 
-use std::collections::HashSet;
 use std::ffi::{c_int, c_uint, c_ulonglong};
-use std::sync::{Mutex, OnceLock};
 
 use remora_client::{CuError, CuResult, cu};
 use remora_cuda_abi::MemLocation;
 
+use super::exec::mapped;
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::entry;
+use crate::state::{self, entry, put};
 
-/// Logs that `name` is not supported: every time for an allocation (a program that gets here
-/// is about to fail), once per name for prefetches and advice (they may run in loops).
-fn refuse(name: &'static str, every_time: bool) -> CuResult<()> {
-    static SEEN: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let first = SEEN
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(name);
-    if (first || every_time) && crate::log::usable() {
-        crate::log::init();
-        tracing::warn!(
-            "remora: {name}: managed (unified) memory is not supported through Remora; \
-             returning CUDA_ERROR_NOT_SUPPORTED (use cuMemAlloc and explicit copies)"
-        );
-    }
-    Err(CuError(cu::NOT_SUPPORTED))
+/// `CU_MEM_ADVISE_SET_READ_MOSTLY` .. `CU_MEM_ADVISE_UNSET_ACCESSED_BY`.
+const ADVICE: std::ops::RangeInclusive<c_int> = 1..=6;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut DevPtr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    entry("cuMemAllocManaged", || {
+        if dptr.is_null() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let s = state::session()?;
+        let ctx = state::current_ctx()?;
+        let p = s.mem_alloc_managed(ctx, bytesize as u64, flags)?;
+        // SAFETY: output pointer per cuda.h (checked non-null above).
+        unsafe { put(dptr, p) }
+    })
 }
 
-macro_rules! refused {
-    ($($name:ident ($($a:ident : $t:ty),*) => $every_time:expr;)*) => { $(
+/// A prefetch: the stream must be valid and the range managed.
+fn prefetch(ptr: DevPtr, count: usize, stream: Handle, ptsz: bool) -> CuResult<()> {
+    let (s, _, _) = mapped(stream, ptsz)?;
+    s.managed_hint(ptr, count as u64)
+}
+
+/// Advice: a known advice value on a managed range.
+fn advise(ptr: DevPtr, count: usize, advice: c_int) -> CuResult<()> {
+    if !ADVICE.contains(&advice) {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    state::session()?.managed_hint(ptr, count as u64)
+}
+
+macro_rules! hints {
+    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            $(let _ = $a;)*
-            entry(stringify!($name), || refuse(stringify!($name), $every_time))
+            entry(stringify!($name), || $body)
         }
     )* };
 }
 
-refused! {
-    cuMemAllocManaged(dptr: *mut DevPtr, bytesize: usize, flags: c_uint) => true;
-    cuMemPrefetchAsync(dev_ptr: DevPtr, count: usize, dst_device: c_int, stream: Handle) => false;
-    cuMemPrefetchAsync_ptsz(dev_ptr: DevPtr, count: usize, dst_device: c_int, stream: Handle) => false;
-    cuMemPrefetchAsync_v2(dev_ptr: DevPtr, count: usize, location: MemLocation, flags: c_uint, stream: Handle) => false;
-    cuMemPrefetchAsync_v2_ptsz(dev_ptr: DevPtr, count: usize, location: MemLocation, flags: c_uint, stream: Handle) => false;
-    cuMemPrefetchBatchAsync(dptrs: *mut DevPtr, sizes: *mut usize, count: usize, locations: *mut MemLocation, location_idxs: *mut usize, num_locations: usize, flags: c_ulonglong, stream: Handle) => false;
-    cuMemPrefetchBatchAsync_ptsz(dptrs: *mut DevPtr, sizes: *mut usize, count: usize, locations: *mut MemLocation, location_idxs: *mut usize, num_locations: usize, flags: c_ulonglong, stream: Handle) => false;
-    cuMemAdvise(dev_ptr: DevPtr, count: usize, advice: c_int, device: c_int) => false;
-    cuMemAdvise_v2(dev_ptr: DevPtr, count: usize, advice: c_int, location: MemLocation) => false;
+hints! {
+    cuMemPrefetchAsync(dev_ptr: DevPtr, count: usize, dst_device: c_int, stream: Handle) =>
+        { let _ = dst_device; prefetch(dev_ptr, count, stream, false) };
+    cuMemPrefetchAsync_ptsz(dev_ptr: DevPtr, count: usize, dst_device: c_int, stream: Handle) =>
+        { let _ = dst_device; prefetch(dev_ptr, count, stream, true) };
+    cuMemPrefetchAsync_v2(dev_ptr: DevPtr, count: usize, location: MemLocation, flags: c_uint, stream: Handle) =>
+        { let _ = (location, flags); prefetch(dev_ptr, count, stream, false) };
+    cuMemPrefetchAsync_v2_ptsz(dev_ptr: DevPtr, count: usize, location: MemLocation, flags: c_uint, stream: Handle) =>
+        { let _ = (location, flags); prefetch(dev_ptr, count, stream, true) };
+    cuMemAdvise(dev_ptr: DevPtr, count: usize, advice: c_int, device: c_int) =>
+        { let _ = device; advise(dev_ptr, count, advice) };
+    cuMemAdvise_v2(dev_ptr: DevPtr, count: usize, advice: c_int, location: MemLocation) =>
+        { let _ = location; advise(dev_ptr, count, advice) };
+    cuMemPrefetchBatchAsync(dptrs: *mut DevPtr, sizes: *mut usize, count: usize, locations: *mut MemLocation, location_idxs: *mut usize, num_locations: usize, flags: c_ulonglong, stream: Handle) =>
+        { let _ = (locations, location_idxs, num_locations, flags); prefetch_batch(dptrs, sizes, count, stream, false) };
+    cuMemPrefetchBatchAsync_ptsz(dptrs: *mut DevPtr, sizes: *mut usize, count: usize, locations: *mut MemLocation, location_idxs: *mut usize, num_locations: usize, flags: c_ulonglong, stream: Handle) =>
+        { let _ = (locations, location_idxs, num_locations, flags); prefetch_batch(dptrs, sizes, count, stream, true) };
+    cuStreamAttachMemAsync(stream: Handle, dptr: DevPtr, length: usize, flags: c_uint) =>
+        attach(stream, dptr, length, flags, false);
+    cuStreamAttachMemAsync_ptsz(stream: Handle, dptr: DevPtr, length: usize, flags: c_uint) =>
+        attach(stream, dptr, length, flags, true);
+}
+
+/// `cuMemPrefetchBatchAsync`: every range checked as a single prefetch.
+fn prefetch_batch(
+    dptrs: *mut DevPtr,
+    sizes: *mut usize,
+    count: usize,
+    stream: Handle,
+    ptsz: bool,
+) -> CuResult<()> {
+    if count == 0 || dptrs.is_null() || sizes.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    for i in 0..count {
+        // SAFETY: cuda.h: `dptrs` and `sizes` hold `count` entries each (checked non-null).
+        let (p, n) = unsafe { (*dptrs.add(i), *sizes.add(i)) };
+        prefetch(p, n, stream, ptsz)?;
+    }
+    Ok(())
+}
+
+fn attach(stream: Handle, dptr: DevPtr, length: usize, flags: c_uint, ptsz: bool) -> CuResult<()> {
+    let (s, _, _) = mapped(stream, ptsz)?;
+    s.stream_attach_mem(dptr, length as u64, flags)
 }

@@ -102,7 +102,8 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 
 /// Pointer attributes answered from unified addressing: CONTEXT (1), MEMORY_TYPE (2),
 /// DEVICE_POINTER (3), IS_MANAGED (8), DEVICE_ORDINAL (9), RANGE_START_ADDR (11),
-/// RANGE_SIZE (12), MAPPED (13); for host memory of `cuMemHostAlloc`/`cuMemHostRegister`
+/// RANGE_SIZE (12), MAPPED (13), and HOST_POINTER (4) of managed memory (the same address);
+/// for host memory of `cuMemHostAlloc`/`cuMemHostRegister`
 /// also HOST_POINTER (4), while DEVICE_POINTER is CUDA_ERROR_NOT_SUPPORTED (the device
 /// cannot map client memory). Other host pointers are CUDA_ERROR_INVALID_VALUE, as for
 /// memory CUDA does not know.
@@ -131,7 +132,13 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 2 => put(data.cast::<c_uint>(), 2), // CU_MEMORYTYPE_DEVICE
                 3 => put(data.cast::<DevPtr>(), ptr),
                 7 => put(data.cast::<u64>(), buffer_id),
-                8 => put(data.cast::<c_uint>(), 0),
+                4 if s.managed_range(ptr).is_some() => {
+                    put(data.cast::<*mut c_void>(), ptr as usize as *mut c_void)
+                }
+                8 => put(
+                    data.cast::<c_uint>(),
+                    u32::from(s.managed_range(ptr).is_some()),
+                ),
                 9 => put(data.cast::<c_int>(), state::ctx_device(ctx)?),
                 11 => put(data.cast::<DevPtr>(), base),
                 12 => put(data.cast::<usize>(), size as usize),

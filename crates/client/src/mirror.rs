@@ -1,0 +1,337 @@
+//! Host mirrors of device memory: the bookkeeping behind managed memory (`cuMemAllocManaged`).
+//!
+//! A managed allocation is one address that both the program (in this process) and kernels
+//! (on the server's GPU) use. Remora gives it device memory on the server and maps ordinary
+//! host memory at the *same address* in this process (the address is already reserved here for
+//! unified addressing, so nothing else lives there). The two copies are kept coherent with the
+//! model CUDA itself defines for devices that report `concurrentManagedAccess = 0`: the host
+//! may touch managed memory only while no kernel runs, and the driver makes it coherent at
+//! every launch and every synchronization point.
+//!
+//! * **Host → device ("push")**, before any call that lets the device read memory (launches,
+//!   graph launches, copies, memsets): the pages whose bytes differ from the *snapshot* (the
+//!   bytes host and device last agreed on) are copied to the device.
+//! * **Device → host ("pull")**, after any call that tells the program the device's work is
+//!   complete (context/stream/event synchronize, successful queries, synchronous copies), when
+//!   device work was submitted since the last pull: the context is synchronized and every
+//!   mirror is copied back. A page the host changed meanwhile (which CUDA forbids while a kernel
+//!   may run) keeps the host's bytes and is pushed later; it is logged once, never lost.
+//!
+//! No signal handler and no page protection are involved: the snapshot comparison finds host
+//! writes. The cost is a second host copy of each managed allocation, a comparison of it
+//! before each launch, and a full copy back after each synchronization that follows device
+//! work (see docs/architecture.md, "Managed memory").
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use remora_proto::remora::RmHandle;
+
+/// Pages compared and copied as units.
+pub(crate) const MIRROR_PAGE: usize = 4096;
+
+/// One host mirror of device memory.
+#[derive(Debug)]
+pub(crate) struct Mirror {
+    /// The address the program uses on the host (for managed memory the device address too).
+    pub(crate) host: u64,
+    /// The device address of the same bytes.
+    pub(crate) dev: u64,
+    /// Bytes the program asked for.
+    pub(crate) size: u64,
+    /// The context the device memory belongs to (synchronized before a pull).
+    pub(crate) ctx: RmHandle,
+    /// What the device memory is, for freeing it.
+    pub(crate) backing: Backing,
+    /// The bytes host and device last agreed on.
+    snapshot: Vec<u8>,
+}
+
+/// The server-side resources behind a mirror.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backing {
+    /// A `cuMemAddressReserve` range of `span` bytes with physical allocation `handle`
+    /// mapped over all of it (managed memory: the range is exclusively this allocation's).
+    Managed { handle: RmHandle, span: u64 },
+}
+
+impl Mirror {
+    /// A mirror whose host and device bytes both start as zeros.
+    pub(crate) fn zeroed(host: u64, dev: u64, size: u64, ctx: RmHandle, backing: Backing) -> Self {
+        Self {
+            host,
+            dev,
+            size,
+            ctx,
+            backing,
+            snapshot: vec![0; size as usize],
+        }
+    }
+
+    /// The host bytes.
+    ///
+    /// # Safety
+    /// `[host, host + size)` must be mapped readable for as long as the slice is used (the
+    /// mirror's owner keeps it mapped until the mirror is removed).
+    pub(crate) unsafe fn host_bytes<'a>(&self) -> &'a [u8] {
+        // SAFETY: per this function's contract.
+        unsafe { std::slice::from_raw_parts(self.host as usize as *const u8, self.size as usize) }
+    }
+
+    /// The page runs where the host bytes differ from the snapshot, as byte ranges.
+    pub(crate) fn dirty_runs(&self, host: &[u8]) -> Vec<Range<usize>> {
+        diff_runs(host, &self.snapshot)
+    }
+
+    /// Records that host and device agree on `range` (after pushing it).
+    pub(crate) fn agreed(&mut self, host: &[u8], range: Range<usize>) {
+        self.snapshot[range.clone()].copy_from_slice(&host[range]);
+    }
+
+    /// Merges `device` (the device's bytes, just copied back) into `host` page by page: a page
+    /// the host left alone since the last agreement takes the device's bytes; a page the host
+    /// changed keeps them (they are pushed next time). The snapshot becomes `device`. Returns
+    /// how many pages kept host bytes.
+    pub(crate) fn merge_pulled(&mut self, host: &mut [u8], device: &[u8]) -> usize {
+        let mut kept = 0;
+        for start in (0..host.len()).step_by(MIRROR_PAGE) {
+            let end = (start + MIRROR_PAGE).min(host.len());
+            let (h, s, d) = (
+                &mut host[start..end],
+                &self.snapshot[start..end],
+                &device[start..end],
+            );
+            if h == s {
+                h.copy_from_slice(d);
+            } else if h != d {
+                kept += 1;
+            }
+        }
+        self.snapshot.copy_from_slice(device);
+        kept
+    }
+}
+
+/// Page-granular runs where `a` and `b` differ (same length), merged when adjacent.
+fn diff_runs(a: &[u8], b: &[u8]) -> Vec<Range<usize>> {
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for start in (0..a.len()).step_by(MIRROR_PAGE) {
+        let end = (start + MIRROR_PAGE).min(a.len());
+        if a[start..end] != b[start..end] {
+            match runs.last_mut() {
+                Some(r) if r.end == start => r.end = end,
+                _ => runs.push(start..end),
+            }
+        }
+    }
+    runs
+}
+
+/// The mirrors of a session and the device-work epochs that say when a pull is due.
+#[derive(Debug, Default)]
+pub(crate) struct Mirrors {
+    /// Whether any mirror exists: the calls' hooks cost one load when none does.
+    active: AtomicBool,
+    pub(crate) state: std::sync::Mutex<MirrorState>,
+}
+
+/// The mirrors, by device address, and the epochs.
+#[derive(Debug, Default)]
+pub(crate) struct MirrorState {
+    pub(crate) list: BTreeMap<u64, Mirror>,
+    /// Calls that let the device write memory, counted.
+    pub(crate) submitted: u64,
+    /// `submitted` as it was when the last pull began.
+    pub(crate) pulled: u64,
+    /// Whether the "host changed managed memory while the device was busy" line was logged.
+    pub(crate) conflict_logged: bool,
+}
+
+impl Mirrors {
+    pub(crate) fn active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, MirrorState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn insert(&self, m: Mirror) {
+        let mut s = self.lock();
+        s.list.insert(m.dev, m);
+        self.active.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn remove(&self, dev: u64) -> Option<Mirror> {
+        let mut s = self.lock();
+        let m = s.list.remove(&dev);
+        self.active.store(!s.list.is_empty(), Ordering::Release);
+        m
+    }
+
+    /// The mirror containing device address `ptr`: (base, size).
+    pub(crate) fn find(&self, ptr: u64) -> Option<(u64, u64)> {
+        if !self.active() {
+            return None;
+        }
+        let s = self.lock();
+        s.list
+            .range(..=ptr)
+            .next_back()
+            .filter(|(b, m)| ptr - **b < m.size.max(1))
+            .map(|(b, m)| (*b, m.size))
+    }
+
+    /// The device addresses of the mirrors of context `ctx`.
+    pub(crate) fn of_context(&self, ctx: RmHandle) -> Vec<u64> {
+        self.lock()
+            .list
+            .values()
+            .filter(|m| m.ctx == ctx)
+            .map(|m| m.dev)
+            .collect()
+    }
+}
+
+/// What a remote procedure means for mirrors, by its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcClass {
+    /// The device may read or write memory: push before, count as device work.
+    pub(crate) submits: bool,
+    /// When it returns successfully, CUDA says the work it waited for is complete: pull after.
+    pub(crate) completes: bool,
+}
+
+/// Classifies a protocol procedure (the generated client method's name).
+pub(crate) fn classify(proc: &str) -> ProcClass {
+    let submits = proc == "rm_launch_kernel"
+        || proc == "rm_graph_launch"
+        || proc.starts_with("rm_memcpy")
+        || proc.starts_with("rm_area_memcpy")
+        || proc.starts_with("rm_memset");
+    let completes = matches!(
+        proc,
+        "rm_ctx_synchronize" | "rm_stream_synchronize" | "rm_event_synchronize"
+    ) || (submits
+        && proc != "rm_launch_kernel"
+        && proc != "rm_graph_launch"
+        && !proc.ends_with("_async"));
+    ProcClass { submits, completes }
+}
+
+thread_local! {
+    /// Set while this thread pushes or pulls, so that the calls doing it skip the hooks.
+    static IN_COHERENCE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the hooks off on this thread; `None` when they already were (a nested call).
+pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
+    if IN_COHERENCE.with(Cell::get) {
+        return None;
+    }
+    IN_COHERENCE.with(|c| c.set(true));
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            IN_COHERENCE.with(|c| c.set(false));
+        }
+    }
+    let _reset = Reset;
+    Some(f())
+}
+
+/// Whether this thread is inside a push or pull.
+pub(crate) fn in_coherence() -> bool {
+    IN_COHERENCE.with(Cell::get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mirror(size: usize) -> Mirror {
+        Mirror::zeroed(
+            0,
+            0,
+            size as u64,
+            1,
+            Backing::Managed { handle: 1, span: 0 },
+        )
+    }
+
+    #[test]
+    fn dirty_runs_are_page_granular_and_merged() {
+        let m = mirror(5 * MIRROR_PAGE + 100);
+        let mut host = vec![0u8; m.size as usize];
+        assert!(m.dirty_runs(&host).is_empty());
+        host[10] = 1; // page 0
+        host[MIRROR_PAGE + 5] = 1; // page 1 (merges with 0)
+        host[3 * MIRROR_PAGE] = 1; // page 3
+        host[5 * MIRROR_PAGE + 99] = 1; // the short last page
+        assert_eq!(
+            m.dirty_runs(&host),
+            [
+                0..2 * MIRROR_PAGE,
+                3 * MIRROR_PAGE..4 * MIRROR_PAGE,
+                5 * MIRROR_PAGE..5 * MIRROR_PAGE + 100
+            ]
+        );
+    }
+
+    #[test]
+    fn agreed_ranges_are_no_longer_dirty() {
+        let mut m = mirror(3 * MIRROR_PAGE);
+        let mut host = vec![0u8; m.size as usize];
+        host[0] = 7;
+        host[2 * MIRROR_PAGE] = 9;
+        for r in m.dirty_runs(&host) {
+            m.agreed(&host, r);
+        }
+        assert!(m.dirty_runs(&host).is_empty());
+    }
+
+    #[test]
+    fn pull_takes_device_bytes_but_keeps_host_changes() {
+        let mut m = mirror(3 * MIRROR_PAGE);
+        let mut host = vec![0u8; m.size as usize];
+        host[MIRROR_PAGE] = 5; // the host changed page 1 after the last agreement
+        let device = vec![3u8; m.size as usize];
+        assert_eq!(m.merge_pulled(&mut host, &device), 1);
+        assert!(host[..MIRROR_PAGE].iter().all(|&b| b == 3));
+        assert_eq!(host[MIRROR_PAGE], 5);
+        assert!(host[2 * MIRROR_PAGE..].iter().all(|&b| b == 3));
+        // The kept page is dirty against the new snapshot, so it is pushed next.
+        assert_eq!(m.dirty_runs(&host), vec![(MIRROR_PAGE..2 * MIRROR_PAGE)]);
+    }
+
+    #[test]
+    fn procedures_are_classified() {
+        let c = classify("rm_launch_kernel");
+        assert!(c.submits && !c.completes);
+        let c = classify("rm_memcpy_dtoh");
+        assert!(c.submits && c.completes);
+        let c = classify("rm_memcpy_htod_async");
+        assert!(c.submits && !c.completes);
+        let c = classify("rm_area_memcpy_dtoh_async");
+        assert!(c.submits && !c.completes);
+        let c = classify("rm_ctx_synchronize");
+        assert!(!c.submits && c.completes);
+        let c = classify("rm_mem_alloc");
+        assert!(!c.submits && !c.completes);
+        assert!(classify("rm_memset_rows").completes);
+        assert!(classify("rm_graph_launch").submits);
+    }
+
+    #[test]
+    fn nested_guards_are_refused() {
+        assert!(!in_coherence());
+        let r = guarded(|| {
+            assert!(in_coherence());
+            guarded(|| ())
+        });
+        assert_eq!(r, Some(None));
+        assert!(!in_coherence());
+    }
+}

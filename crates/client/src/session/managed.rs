@@ -1,0 +1,316 @@
+//! [`Session`] methods for managed memory (`cuMemAllocManaged`) and the coherence hooks every
+//! call passes through ([`crate::mirror`] explains the model).
+//!
+//! A managed allocation is built from the virtual memory calls (revision 10): a reserved range
+//! aligned to the allocation granularity, one physical allocation mapped over all of it, read-
+//! write access for its device, and zeros written. The range is exclusively the allocation's,
+//! so the host memory mapped at the same address here (over the PROT_NONE reservation that
+//! unified addressing already holds) covers whole pages that nothing else uses.
+
+use std::ffi::c_void;
+
+use rustix::mm::{MapFlags, ProtFlags};
+
+use super::*;
+use crate::mirror::{self, Backing, Mirror};
+
+/// `CU_MEM_ATTACH_GLOBAL`.
+const ATTACH_GLOBAL: u32 = 0x1;
+/// `CU_MEM_ATTACH_HOST`.
+const ATTACH_HOST: u32 = 0x2;
+/// `CU_MEM_ATTACH_SINGLE`.
+const ATTACH_SINGLE: u32 = 0x4;
+/// Managed allocations above this are refused: each has a second host copy (the snapshot)
+/// and is compared before launches and copied back after synchronizations.
+const MAX_MANAGED_BYTES: u64 = 1 << 36;
+
+fn page_round(n: u64) -> u64 {
+    n.next_multiple_of(rustix::param::page_size() as u64)
+}
+
+impl Session {
+    /// `cuMemAllocManaged`: device memory at an address that this process maps too; host and
+    /// device views are made coherent at launches and synchronizations.
+    pub fn mem_alloc_managed(&self, ctx: RmHandle, size: u64, flags: u32) -> CuResult<u64> {
+        if size == 0 || !(flags == ATTACH_GLOBAL || flags == ATTACH_HOST) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        if size > MAX_MANAGED_BYTES {
+            tracing::warn!(
+                "remora: cuMemAllocManaged of {size} bytes: Remora keeps managed memory coherent by copying it, up to {MAX_MANAGED_BYTES} bytes per allocation; returning CUDA_ERROR_OUT_OF_MEMORY (use cuMemAlloc and explicit copies)"
+            );
+            return Err(CuError(cu::OUT_OF_MEMORY));
+        }
+        self.need_revision(10, "cuMemAllocManaged")?;
+        let dev = self.ctx_device(ctx)?;
+        let prop = RmMemProp {
+            r#type: 1,        // CU_MEM_ALLOCATION_TYPE_PINNED
+            location_type: 1, // CU_MEM_LOCATION_TYPE_DEVICE
+            location_id: dev,
+            ..RmMemProp::default()
+        };
+        let granularity = self.mem_get_granularity(ctx, prop.clone(), 0)?.max(1);
+        let span = size
+            .checked_next_multiple_of(granularity)
+            .ok_or(CuError(cu::OUT_OF_MEMORY))?;
+        let base = self.mem_address_reserve(ctx, span, granularity, 0, 0)?;
+        let handle = match self.back_managed(ctx, base, span, prop, dev) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = self.mem_address_free(ctx, base, span);
+                return Err(e);
+            }
+        };
+        let unwind = |e: CuError| {
+            let _ = self.mem_unmap(ctx, base, span);
+            let _ = self.mem_release(ctx, handle);
+            let _ = self.mem_address_free(ctx, base, span);
+            e
+        };
+        // SAFETY: [base, base + page_round(size)) lies inside the PROT_NONE reservation that
+        // `mem_address_reserve` made in this process for unified addressing (span is a multiple
+        // of the granularity, itself a multiple of the page); nothing else maps it, and
+        // replacing it with fresh zero-filled read-write pages affects only that range. The
+        // reservation is unmapped as a whole by `mem_address_free`.
+        let mapped = unsafe {
+            rustix::mm::mmap_anonymous(
+                base as usize as *mut c_void,
+                page_round(size) as usize,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE | MapFlags::FIXED,
+            )
+        };
+        if let Err(e) = mapped {
+            tracing::warn!(
+                "remora: cuMemAllocManaged: mapping host memory at {base:#x} failed: {e}; returning CUDA_ERROR_OUT_OF_MEMORY"
+            );
+            return Err(unwind(CuError(cu::OUT_OF_MEMORY)));
+        }
+        if let Err(e) = self.memset(&RmMemsetArgs {
+            ctx,
+            stream: u64::from(RM_STREAM_LEGACY),
+            dst: base,
+            value: 0,
+            element_size: 1,
+            count: span,
+        }) {
+            return Err(unwind(e));
+        }
+        let backing = Backing::Managed { handle, span };
+        self.mirrors
+            .insert(Mirror::zeroed(base, base, size, ctx, backing));
+        tracing::debug!("remora: managed allocation {base:#x}+{size:#x} (span {span:#x})");
+        Ok(base)
+    }
+
+    /// The physical allocation behind a managed range, mapped and accessible.
+    fn back_managed(
+        &self,
+        ctx: RmHandle,
+        base: u64,
+        span: u64,
+        prop: RmMemProp,
+        dev: DeviceHandle,
+    ) -> CuResult<RmHandle> {
+        let handle = self.mem_create(ctx, span, prop, 0)?;
+        let mapped = self.mem_map(ctx, base, span, 0, handle, 0).and_then(|()| {
+            let rw = RmMemAccess {
+                location_type: 1,
+                location_id: dev,
+                flags: 3, // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            };
+            self.mem_set_access(ctx, base, span, vec![rw])
+        });
+        if let Err(e) = mapped {
+            let _ = self.mem_unmap(ctx, base, span);
+            let _ = self.mem_release(ctx, handle);
+            return Err(e);
+        }
+        Ok(handle)
+    }
+
+    /// `cuMemFree` of a managed allocation: `None` when `ptr` is not one.
+    pub(super) fn mem_free_managed(&self, ptr: u64) -> Option<CuResult<()>> {
+        let m = self.mirrors.remove(ptr)?;
+        let Backing::Managed { handle, span } = m.backing;
+        let ctx = m.ctx;
+        let r = self
+            .mem_unmap(ctx, ptr, span)
+            .and_then(|()| self.mem_release(ctx, handle))
+            .and_then(|()| self.mem_address_free(ctx, ptr, span));
+        Some(r)
+    }
+
+    /// Frees the managed allocations of a context being destroyed.
+    pub(super) fn free_managed_of(&self, ctx: RmHandle) {
+        for base in self.mirrors.of_context(ctx) {
+            if let Some(Err(e)) = self.mem_free_managed(base) {
+                tracing::debug!(
+                    "remora: freeing managed memory {base:#x} of a destroyed context: {e}"
+                );
+            }
+        }
+    }
+
+    /// The managed allocation containing `ptr`: (base, size).
+    pub fn managed_range(&self, ptr: u64) -> Option<(u64, u64)> {
+        self.mirrors.find(ptr)
+    }
+
+    /// `cuMemPrefetchAsync` and `cuMemAdvise`: hints. Remora's managed memory lives on the
+    /// device between synchronizations anyway, so they only check that `[ptr, ptr + count)`
+    /// is managed memory, as CUDA does.
+    pub fn managed_hint(&self, ptr: u64, count: u64) -> CuResult<()> {
+        match self.managed_range(ptr) {
+            Some((base, size)) if count > 0 && ptr - base + count <= size => Ok(()),
+            _ => Err(CuError(cu::INVALID_VALUE)),
+        }
+    }
+
+    /// `cuStreamAttachMemAsync`: checks the arguments; attaching changes nothing in Remora's
+    /// model (the host may touch managed memory only while no kernel runs, whatever stream
+    /// it is attached to).
+    pub fn stream_attach_mem(&self, ptr: u64, length: u64, flags: u32) -> CuResult<()> {
+        if ![ATTACH_GLOBAL, ATTACH_HOST, ATTACH_SINGLE].contains(&flags) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        match self.managed_range(ptr) {
+            Some((base, size)) if ptr == base && (length == 0 || length == size) => Ok(()),
+            _ => Err(CuError(cu::INVALID_VALUE)),
+        }
+    }
+
+    /// Runs the remote procedure `proc` (`f`) with the coherence hooks: push host changes of
+    /// managed memory before a call that lets the device use memory, pull the device's bytes
+    /// after a call that completes device work. One atomic load when there is no managed
+    /// memory.
+    pub(super) fn coherent<T, E>(
+        &self,
+        proc: &'static str,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        if !self.mirrors.active() || mirror::in_coherence() {
+            return f();
+        }
+        let class = mirror::classify(proc);
+        if class.submits {
+            self.mirror_push(proc);
+        }
+        let r = f();
+        if class.submits {
+            self.mirrors.lock().submitted += 1;
+        }
+        if class.completes && r.is_ok() {
+            self.mirror_pull(proc);
+        }
+        r
+    }
+
+    /// After a query that reported completion: pull, as after a synchronization.
+    pub(super) fn completed(&self, what: &'static str) {
+        if self.mirrors.active() && !mirror::in_coherence() {
+            self.mirror_pull(what);
+        }
+    }
+
+    /// Copies the host changes of every managed allocation to the device (and waits for them,
+    /// so that work on any stream sees them). Skipped while a stream capture is active: a
+    /// synchronous copy would invalidate it, and nothing captured runs before the graph
+    /// launch, which pushes again.
+    fn mirror_push(&self, why: &'static str) {
+        if !lock(&self.captures).active.is_empty() {
+            return;
+        }
+        mirror::guarded(|| {
+            let mut st = self.mirrors.lock();
+            let mut pushed_ctx = Vec::new();
+            for m in st.list.values_mut() {
+                // SAFETY: a mirror's host range stays mapped while it is in the list, and the
+                // list is locked.
+                let host = unsafe { m.host_bytes() };
+                for run in m.dirty_runs(host) {
+                    let res = self.memcpy_htod(
+                        m.ctx,
+                        u64::from(RM_STREAM_LEGACY),
+                        m.dev + run.start as u64,
+                        &host[run.clone()],
+                    );
+                    match res {
+                        Ok(()) => m.agreed(host, run),
+                        Err(e) => tracing::error!(
+                            "remora: {why}: copying managed memory {:#x}+{:#x} to the device failed: {e}",
+                            m.dev + run.start as u64,
+                            run.len()
+                        ),
+                    }
+                    if !pushed_ctx.contains(&m.ctx) {
+                        pushed_ctx.push(m.ctx);
+                    }
+                }
+            }
+            drop(st);
+            for ctx in pushed_ctx {
+                if let Err(e) = self.ctx_synchronize(ctx) {
+                    tracing::error!(
+                        "remora: {why}: waiting for managed memory to reach the device failed: {e}"
+                    );
+                }
+            }
+        });
+    }
+
+    /// When device work was submitted since the last pull: waits for the contexts of managed
+    /// memory, then copies every managed allocation back into its host pages.
+    fn mirror_pull(&self, why: &'static str) {
+        mirror::guarded(|| {
+            let mut st = self.mirrors.lock();
+            if st.submitted == st.pulled {
+                return;
+            }
+            let epoch = st.submitted;
+            let mut ctxs: Vec<RmHandle> = st.list.values().map(|m| m.ctx).collect();
+            ctxs.sort_unstable();
+            ctxs.dedup();
+            for ctx in ctxs {
+                if let Err(e) = self.ctx_synchronize(ctx) {
+                    tracing::debug!(
+                        "remora: {why}: synchronizing before reading managed memory back failed: {e}"
+                    );
+                }
+            }
+            let mut kept = 0;
+            let mut failed = false;
+            let mut device = Vec::new();
+            for m in st.list.values_mut() {
+                device.resize(m.size as usize, 0);
+                if let Err(e) =
+                    self.memcpy_dtoh(m.ctx, u64::from(RM_STREAM_LEGACY), m.dev, &mut device)
+                {
+                    tracing::error!(
+                        "remora: {why}: reading managed memory {:#x}+{:#x} back from the device failed: {e}; the host keeps its bytes",
+                        m.dev,
+                        m.size
+                    );
+                    failed = true;
+                    continue;
+                }
+                // SAFETY: the mirror's host range is mapped read-write while it is in the
+                // (locked) list; CUDA's model for managed memory makes the program leave it
+                // alone during a synchronizing call.
+                let host = unsafe {
+                    std::slice::from_raw_parts_mut(m.host as usize as *mut u8, m.size as usize)
+                };
+                kept += m.merge_pulled(host, &device);
+            }
+            if !failed {
+                st.pulled = epoch;
+            }
+            if kept > 0 && !st.conflict_logged {
+                st.conflict_logged = true;
+                tracing::warn!(
+                    "remora: {why}: the program changed {kept} page(s) of managed memory while device work was outstanding (CUDA forbids that on devices without concurrent managed access); the host's bytes were kept and go to the device before the next launch"
+                );
+            }
+        });
+    }
+}

@@ -1,0 +1,208 @@
+//! Managed memory (`cuMemAllocManaged`): one address for host and device, made coherent at
+//! launches and synchronizations (CUDA's model without concurrent managed access). Client
+//! `Session` → executor → EMULATED backend, over a Unix socket, shared memory and TCP; every
+//! byte is checked.
+
+mod common;
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use common::*;
+use remora_client::proto::RmMemsetArgs;
+use remora_client::{
+    CuError, FunctionInfo, KernelArgs, LaunchConfig, PointerKind, Session, StreamRef, cu,
+};
+use remora_oncrpc::TransportChoice;
+
+const N: usize = 3000; // floats: 12,000 bytes, three pages less a bit
+
+fn vecadd(s: &Session, ctx: u64) -> Arc<FunctionInfo> {
+    let m = s
+        .module_load(ctx, b"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n")
+        .unwrap();
+    Arc::clone(&m.functions["vecadd"])
+}
+
+/// `c = a + b` over `n` floats, on `stream`.
+fn add(s: &Session, ctx: u64, f: &FunctionInfo, (a, b, c): (u64, u64, u64), stream: StreamRef) {
+    let n = N as i32;
+    let args: [*const c_void; 4] = [
+        (&a as *const u64).cast(),
+        (&b as *const u64).cast(),
+        (&c as *const u64).cast(),
+        (&n as *const i32).cast(),
+    ];
+    let config = LaunchConfig {
+        grid: [N.div_ceil(256) as u32, 1, 1],
+        block: [256, 1, 1],
+        shared_mem_bytes: 0,
+        stream,
+        attrs: Vec::new(),
+    };
+    // SAFETY: one valid pointer per parameter of vecadd(float*, float*, float*, int).
+    unsafe { s.launch_kernel(ctx, f, &config, KernelArgs::Params(args.as_ptr())) }.unwrap();
+}
+
+/// The host view of `n` floats of managed memory at `p`.
+fn floats<'a>(p: u64) -> &'a mut [f32] {
+    // SAFETY: `p` is a live managed allocation of at least N floats, mapped read-write in
+    // this process; the tests touch it only while no kernel runs.
+    unsafe { std::slice::from_raw_parts_mut(p as usize as *mut f32, N) }
+}
+
+fn transports(server: &Server) -> Vec<(remora_oncrpc::Endpoint, TransportChoice)> {
+    vec![
+        (server.endpoint.clone(), TransportChoice::Unix),
+        (server.endpoint.clone(), TransportChoice::Shm),
+        (server.tcp(), TransportChoice::Auto),
+    ]
+}
+
+#[test]
+fn host_writes_reach_kernels_and_kernel_writes_reach_the_host() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    for (endpoint, transport) in transports(&server) {
+        let s = session(&endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let f = vecadd(&s, ctx);
+        let bytes = (N * 4) as u64;
+        let [a, b, c] = [0; 3].map(|_| s.mem_alloc_managed(ctx, bytes, 1).unwrap());
+        assert!(
+            floats(c).iter().all(|&x| x == 0.0),
+            "managed memory starts zeroed"
+        );
+        assert_eq!(s.managed_range(a + 5), Some((a, bytes)));
+        assert!(
+            matches!(s.pointer_kind(b + 8), PointerKind::Device { base, size, .. } if base == b && size == bytes)
+        );
+
+        // Rounds of host writes -> kernel -> synchronize -> host reads, each round through
+        // another completion point.
+        let stream = s.stream_create(ctx, 1, 0).unwrap();
+        for round in 0..4u32 {
+            for (i, (x, y)) in floats(a).iter_mut().zip(floats(b).iter_mut()).enumerate() {
+                *x = (i as u32 * 3 + round) as f32;
+                *y = (round * 1000) as f32 - i as f32;
+            }
+            let on = if round % 2 == 0 {
+                StreamRef::Legacy
+            } else {
+                StreamRef::Handle(stream)
+            };
+            add(&s, ctx, &f, (a, b, c), on);
+            match round {
+                0 => s.ctx_synchronize(ctx).unwrap(),
+                1 => s.stream_synchronize(ctx, stream).unwrap(),
+                2 => {
+                    let e = s.event_create(ctx, 0).unwrap();
+                    s.event_record(ctx, e, LEGACY).unwrap();
+                    s.event_synchronize(e).unwrap();
+                    s.event_destroy(e).unwrap();
+                }
+                _ => while !s.stream_query(ctx, stream).unwrap() {},
+            }
+            for (i, &z) in floats(c).iter().enumerate() {
+                let want = (i as u32 * 3 + round) as f32 + ((round * 1000) as f32 - i as f32);
+                assert_eq!(z, want, "round {round}, element {i} over {transport:?}");
+            }
+        }
+
+        // Host writes reach copies too; a synchronous copy into managed memory is visible at
+        // once.
+        floats(a)[1234] = 42.5;
+        let plain = s.mem_alloc(ctx, bytes).unwrap();
+        s.memcpy_dtod(ctx, LEGACY, plain, a, bytes).unwrap();
+        let mut out = vec![0u8; bytes as usize];
+        s.memcpy_dtoh(ctx, LEGACY, plain, &mut out).unwrap();
+        assert_eq!(&out[1234 * 4..1235 * 4], &42.5f32.to_le_bytes());
+        s.memset(&RmMemsetArgs {
+            ctx,
+            stream: LEGACY,
+            dst: c + 8,
+            value: 0x3f80_0000, // 1.0f32
+            element_size: 4,
+            count: 10,
+        })
+        .unwrap();
+        assert!(floats(c)[2..12].iter().all(|&x| x == 1.0));
+        assert_ne!(floats(c)[12], 1.0);
+
+        // Hints check their range; freeing forgets the allocation.
+        assert_eq!(s.managed_hint(a, bytes), Ok(()));
+        assert_eq!(
+            s.managed_hint(a, bytes + 1),
+            Err(CuError(cu::INVALID_VALUE))
+        );
+        assert_eq!(s.managed_hint(plain, 4), Err(CuError(cu::INVALID_VALUE)));
+        assert_eq!(s.stream_attach_mem(a, 0, 2), Ok(()));
+        for p in [a, b, c, plain] {
+            s.mem_free(ctx, p).unwrap();
+        }
+        assert_eq!(s.managed_range(a), None);
+        assert!(matches!(s.pointer_kind(a), PointerKind::Host));
+        s.stream_destroy(stream).unwrap();
+    }
+}
+
+#[test]
+fn host_changes_during_device_work_are_kept_not_lost() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let bytes = 3 * 4096;
+    let m = s.mem_alloc_managed(ctx, bytes, 1).unwrap();
+    // The device writes page 0 and 1; the host (against CUDA's rules) changes page 2 before
+    // synchronizing: the pull keeps the host's page 2 and takes the device's pages 0 and 1.
+    s.memset_async(&RmMemsetArgs {
+        ctx,
+        stream: LEGACY,
+        dst: m,
+        value: 7,
+        element_size: 1,
+        count: 8192,
+    })
+    .unwrap();
+    // SAFETY: `m` is a live managed allocation of `bytes` bytes, mapped in this process.
+    let host = unsafe { std::slice::from_raw_parts_mut(m as usize as *mut u8, bytes as usize) };
+    host[8192] = 9;
+    s.ctx_synchronize(ctx).unwrap();
+    assert!(host[..8192].iter().all(|&x| x == 7));
+    assert_eq!(host[8192], 9);
+    // ... and page 2 reaches the device before the next copy.
+    let mut out = vec![0u8; bytes as usize];
+    let plain = s.mem_alloc(ctx, bytes).unwrap();
+    s.memcpy_dtod(ctx, LEGACY, plain, m, bytes).unwrap();
+    s.memcpy_dtoh(ctx, LEGACY, plain, &mut out).unwrap();
+    assert_eq!(out, host);
+}
+
+#[test]
+fn bad_arguments_and_context_destruction() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let dev_ctx = s.ctx_create(0, 0).unwrap();
+    assert_eq!(
+        s.mem_alloc_managed(dev_ctx, 0, 1),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    assert_eq!(
+        s.mem_alloc_managed(dev_ctx, 64, 4),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    assert_eq!(
+        s.mem_alloc_managed(dev_ctx, 64, 3),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    let m = s.mem_alloc_managed(dev_ctx, 64, 2).unwrap();
+    assert!(s.managed_range(m).is_some());
+    s.ctx_destroy(dev_ctx).unwrap();
+    assert_eq!(
+        s.managed_range(m),
+        None,
+        "a destroyed context's managed memory is freed"
+    );
+}
