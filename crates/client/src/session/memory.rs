@@ -105,7 +105,9 @@ impl Session {
     /// `cuMemFree`: frees on the server, then releases the reservation.
     pub fn mem_free(&self, ctx: RmHandle, ptr: u64) -> CuResult<()> {
         CuError::check(call!(self.rm_mem_free(&RmPtrArgs { ctx, ptr }))?)?;
-        self.va.release(ptr);
+        if !self.is_graph_alloc(ptr) {
+            self.va.release(ptr);
+        }
         Ok(())
     }
 

@@ -385,6 +385,8 @@ pub struct Session {
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
     captures: Mutex<Captures>,
+    /// Graph memory allocations and host sides of memcpy nodes (`session/graphs.rs`).
+    graph_host: Mutex<graph_host::GraphHost>,
 }
 
 impl std::fmt::Debug for Session {
@@ -448,7 +450,9 @@ mod capture;
 mod contexts;
 mod copies;
 mod copies_3d;
+mod graph_host;
 mod graphs;
+pub use graph_host::StagedSide;
 pub use graphs::ExecUpdateInfo;
 mod launches;
 pub use launches::{KernelArgs, LaunchConfig};
@@ -602,6 +606,7 @@ impl Session {
             libraries: Libraries::default(),
             callbacks: Arc::default(),
             captures: Mutex::default(),
+            graph_host: Mutex::default(),
         })
     }
 
