@@ -50,7 +50,7 @@ pub use safe::{
     Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,
 };
 pub use session::{
-    BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, ExecUpdateInfo, StagedSide,
+    BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, ExecUpdateInfo,
     FunctionInfo, KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, PointerKind, Session,
-    SessionConfig, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
+    SessionConfig, StagedSide, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

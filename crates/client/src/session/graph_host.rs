@@ -62,9 +62,8 @@ pub(crate) struct HostSide {
 impl HostSide {
     /// The byte offsets (from the first byte) of every row the copy touches.
     fn rows(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.depth).flat_map(move |k| {
-            (0..self.rows).map(move |r| (k * self.height + r) * self.pitch)
-        })
+        (0..self.depth)
+            .flat_map(move |k| (0..self.rows).map(move |r| (k * self.height + r) * self.pitch))
     }
 
     fn overlaps(&self, other: &HostSide) -> bool {
@@ -102,6 +101,8 @@ pub(crate) struct GraphHost {
     captures: HashMap<u64, Sides>,
     /// Every staging buffer; the session frees those no graph holds any more.
     staging: Vec<Arc<Staging>>,
+    /// Node → graph, for the nodes this session added.
+    node_graph: HashMap<RmHandle, RmHandle>,
 }
 
 /// A staged host side made for a node about to be added or set.
@@ -310,6 +311,35 @@ impl Session {
         self.sweep_staging();
     }
 
+    /// `cuGraphMemcpyNodeSetParams` with the staging records of the new parameters' pageable
+    /// host sides, which replace the node's.
+    pub fn graph_memcpy_node_set_params(
+        &self,
+        node: RmHandle,
+        params: RmNodeParams,
+        staged: Vec<StagedSide>,
+    ) -> CuResult<()> {
+        let graph = lock(&self.graph_host).node_graph.get(&node).copied();
+        let graph = match graph {
+            Some(g) => g,
+            None if staged.is_empty() => return self.graph_node_set_params(node, params),
+            None => {
+                tracing::warn!(
+                    "remora: cuGraphMemcpyNodeSetParams: pageable host memory for a node this process did not add (captured or cloned) is not carried; returning CUDA_ERROR_NOT_SUPPORTED"
+                );
+                return Err(CuError(cu::NOT_SUPPORTED));
+            }
+        };
+        self.graph_node_set_params(node, params)?;
+        self.graph_bind_sides(graph, node, staged);
+        Ok(())
+    }
+
+    /// Node `node` of `graph` was added by this session.
+    pub(super) fn graph_note_node(&self, graph: RmHandle, node: RmHandle) {
+        lock(&self.graph_host).node_graph.insert(node, graph);
+    }
+
     /// Binds the staged sides of node `node` in executable graph `exec` (replacing what it
     /// had there), after `cuGraphExecMemcpyNodeSetParams`.
     pub fn graph_exec_bind_sides(&self, exec: RmHandle, node: RmHandle, staged: Vec<StagedSide>) {
@@ -317,10 +347,12 @@ impl Session {
             let mut g = lock(&self.graph_host);
             let e = g.execs.entry(exec).or_default();
             e.sides.sides.retain(|s| s.node != node);
-            e.sides.sides.extend(staged.into_iter().map(|StagedSide(mut s)| {
-                s.node = node;
-                s
-            }));
+            e.sides
+                .sides
+                .extend(staged.into_iter().map(|StagedSide(mut s)| {
+                    s.node = node;
+                    s
+                }));
         }
         self.sweep_staging();
     }
@@ -378,6 +410,7 @@ impl Session {
                 s.sides.retain(|x| x.node != node);
                 s.host_nodes.remove(&node);
             }
+            g.node_graph.remove(&node);
         }
         self.sweep_staging();
     }
@@ -393,7 +426,11 @@ impl Session {
 
     /// Graph `graph` is gone.
     pub(super) fn graph_forget(&self, graph: RmHandle) {
-        lock(&self.graph_host).graphs.remove(&graph);
+        {
+            let mut g = lock(&self.graph_host);
+            g.graphs.remove(&graph);
+            g.node_graph.retain(|_, x| *x != graph);
+        }
         self.sweep_staging();
     }
 
@@ -458,7 +495,10 @@ impl Session {
                 // the source readable for every launch; each row is `width` bytes from
                 // `host + off`, inside the span the staging buffer mirrors.
                 let row = unsafe {
-                    std::slice::from_raw_parts((s.host + off) as usize as *const u8, s.width as usize)
+                    std::slice::from_raw_parts(
+                        (s.host + off) as usize as *const u8,
+                        s.width as usize,
+                    )
                 };
                 buf[o..o + row.len()].copy_from_slice(row);
             }

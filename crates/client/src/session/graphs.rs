@@ -60,6 +60,7 @@ impl Session {
             dependencies: deps.to_vec(),
             params,
         }))?)?;
+        self.graph_note_node(graph, node);
         if let Some(c) = child {
             self.graph_note_child(graph, node, c);
         }

@@ -892,7 +892,12 @@ impl Backend for EmulatedBackend {
         self.lock().graphs.mem.attribute(attribute)
     }
 
-    fn device_set_graph_mem_attribute(&self, device: i32, attribute: i32, value: u64) -> CuResult<()> {
+    fn device_set_graph_mem_attribute(
+        &self,
+        device: i32,
+        attribute: i32,
+        value: u64,
+    ) -> CuResult<()> {
         self.check_dev(device)?;
         self.lock().graphs.mem.reset_high(attribute, value)
     }

@@ -200,7 +200,10 @@ pub enum NodeInfo {
         depth: u64,
     },
     /// A memory allocation node and the address the driver fixed for it.
-    MemAlloc { node: MemAllocNode, dptr: u64 },
+    MemAlloc {
+        node: MemAllocNode,
+        dptr: u64,
+    },
     /// A memory free node's address.
     MemFree(u64),
 }

@@ -10,8 +10,8 @@ use remora_cuda_abi::graphs::{
     ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemAllocNodeParams, MemsetNodeParams,
 };
 use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, MemPoolProps};
-use remora_cuda_abi::{MemAccessDesc, MemLocation};
 use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
+use remora_cuda_abi::{MemAccessDesc, MemLocation};
 use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::CudaBackend;
@@ -288,7 +288,10 @@ impl CudaBackend {
 }
 
 /// `location` with the client's device ordinal mapped to the driver's, and back.
-fn map_location(location: MemLocation, map: impl Fn(i32) -> CuResult<i32>) -> CuResult<MemLocation> {
+fn map_location(
+    location: MemLocation,
+    map: impl Fn(i32) -> CuResult<i32>,
+) -> CuResult<MemLocation> {
     if location.kind == LOCATION_TYPE_DEVICE {
         return Ok(MemLocation {
             kind: location.kind,
@@ -552,7 +555,9 @@ impl Graphs for CudaBackend {
                 // SAFETY: an allocation node of this session; writes the struct, whose
                 // access array the driver owns.
                 call!(d.t, graph_mem_alloc_node_get_params(ptr(node), &mut p))?;
-                let n = p.access_desc_count.min(remora_proto::remora::RM_MAX_POOL_ACCESS as usize);
+                let n = p
+                    .access_desc_count
+                    .min(remora_proto::remora::RM_MAX_POOL_ACCESS as usize);
                 let access = if n == 0 || p.access_descs.is_null() {
                     Vec::new()
                 } else {

@@ -383,7 +383,12 @@ impl Backend for CudaBackend {
         Ok(v)
     }
 
-    fn device_set_graph_mem_attribute(&self, device: i32, attribute: i32, value: u64) -> CuResult<()> {
+    fn device_set_graph_mem_attribute(
+        &self,
+        device: i32,
+        attribute: i32,
+        value: u64,
+    ) -> CuResult<()> {
         let d = self.d()?;
         let mut v = value;
         // SAFETY: a real device ordinal; the value is a cuuint64_t in a live cell.

@@ -76,7 +76,11 @@ pub(super) struct EmuGraphMem {
 
 impl EmuGraphMem {
     fn used(&self) -> u64 {
-        self.allocs.values().filter(|(_, a)| *a).map(|(s, _)| s).sum()
+        self.allocs
+            .values()
+            .filter(|(_, a)| *a)
+            .map(|(s, _)| s)
+            .sum()
     }
 
     /// Whether `ptr` is a graph allocation.
@@ -355,7 +359,12 @@ impl State {
     }
 
     /// The bytes of a new graph allocation on device `dev`: its address is fixed from now.
-    pub(super) fn graph_alloc(&mut self, dev: i32, node: &MemAllocNode, limit: u64) -> CuResult<u64> {
+    pub(super) fn graph_alloc(
+        &mut self,
+        dev: i32,
+        node: &MemAllocNode,
+        limit: u64,
+    ) -> CuResult<u64> {
         let p = self.alloc(dev, node.bytesize, limit, false)?;
         self.graphs.mem.allocs.insert(p, (node.bytesize, false));
         Ok(p)
@@ -602,7 +611,6 @@ impl Graphs for EmulatedBackend {
         };
         self.add_op(ctx, graph, deps, op)
     }
-
 
     fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()> {
         let mut st = self.lock();
