@@ -68,6 +68,9 @@ fi
 # stream_ordered: cudaMallocAsync/cudaFreeAsync on several streams, memory pools, graph memory nodes
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/stream_ordered" \
   "$src/tests/stream_ordered.cu"
+# graph_memory: memory allocation/free nodes, memcpy nodes and captured copies of pageable memory
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/graph_memory" \
+  "$src/tests/graph_memory.cu"
 # explicit_graphs: graphs built node by node (kernel, memset, memcpy, host, child, event nodes),
 # exec set-params, update, clone; explicit_graphs_pinned adds memcpy nodes with pinned host sides
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/explicit_graphs" \

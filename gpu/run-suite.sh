@@ -140,7 +140,7 @@ echo "== 4. programs: native (twice) and remoted, outputs compared byte for byte
 export REMORA_GPU_KERNELS="$build"  # the programs find their kernel images here (see common.h)
 programs=("vecadd cubin" "vecadd ptx" "vecadd fatbin" "vecadd library" "multikernel" "streams_events"
           "memcpy_sweep" "memcpy2d3d" "occupancy" "cluster" "multithread" "errors illegal" "errors trap"
-          "errors assert" "errors api" "devprintf" "hostfunc" "runtime_static" "runtime_shared" "device_props" "graphs" "async_visibility" "mapped_memory" "managed_memory" "vmm" "stream_ordered" "explicit_graphs" "explicit_graphs_pinned" "libraries"
+          "errors assert" "errors api" "devprintf" "hostfunc" "runtime_static" "runtime_shared" "device_props" "graphs" "async_visibility" "mapped_memory" "managed_memory" "vmm" "stream_ordered" "explicit_graphs" "explicit_graphs_pinned" "graph_memory" "libraries"
           "matmul" "histogram" "lu_solve" "bandwidth" "streams_overlap" "cublas_simple")
 remote_modes=(shm unix tcp embedded)
 for p in "${programs[@]}"; do

@@ -53,5 +53,5 @@ pub use safe::{
 pub use session::{
     BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, ExecUpdateInfo,
     FunctionInfo, KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, PointerKind, Session,
-    SessionConfig, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
+    SessionConfig, StagedSide, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

@@ -3,7 +3,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::Memcpy3D;
+use crate::pools::MemPoolProps;
+use crate::{MemAccessDesc, Memcpy3D};
 
 /// `CUDA_KERNEL_NODE_PARAMS_v1`: the ABI of `cuGraphAddKernelNode` and its getters without
 /// `_v2`. 56 bytes.
@@ -94,6 +95,20 @@ pub struct EventNodeParams {
     pub event: *mut c_void,
 }
 
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (`_v1` and `_v2` alike): the pool properties of the
+/// allocation, the access others get, its size, and the address the driver answers. 120
+/// bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(missing_docs)]
+pub struct MemAllocNodeParams {
+    pub pool_props: MemPoolProps,
+    pub access_descs: *const MemAccessDesc,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}
+
 /// The union inside `CUgraphNodeParams` (232 bytes), for the node types Remora carries.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -106,6 +121,9 @@ pub union GraphNodeUnion {
     pub host: HostNodeParams,
     pub graph: ChildGraphNodeParams,
     pub event: EventNodeParams,
+    pub alloc: MemAllocNodeParams,
+    /// `CUDA_MEM_FREE_NODE_PARAMS`: the address to free.
+    pub free: u64,
 }
 
 /// `CUgraphNodeParams`: the node type, then its parameters. 256 bytes.
@@ -154,5 +172,9 @@ mod tests {
         assert_eq!(offset_of!(GraphNodeParams, u), 16);
         assert_eq!(offset_of!(GraphNodeParams, reserved2), 248);
         assert_eq!(size_of::<ExecUpdateResultInfo>(), 24);
+        assert_eq!(size_of::<MemAllocNodeParams>(), 120);
+        assert_eq!(offset_of!(MemAllocNodeParams, access_descs), 88);
+        assert_eq!(offset_of!(MemAllocNodeParams, bytesize), 104);
+        assert_eq!(offset_of!(MemAllocNodeParams, dptr), 112);
     }
 }

@@ -143,6 +143,10 @@ pub(crate) enum RangeKind {
     /// `cuMemAllocAsync`/`cuMemAllocFromPoolAsync`: freed with `cuMemFreeAsync` (or
     /// `cuMemFree`); at cleanup after a context synchronize (`session/pools.rs`).
     StreamOrdered,
+    /// The address of a graph memory allocation node (revision 12): kept while a graph or
+    /// executable graph holds the node or a launch left it allocated
+    /// ([`SessionState::graph_mem`], `session/graphs.rs`).
+    GraphMem,
 }
 
 impl Range {
@@ -157,6 +161,8 @@ impl Range {
 
 mod graphs;
 mod pools;
+
+pub(crate) use graphs::GraphMemHold;
 
 /// The data area and the offset in it where a copy's bytes land.
 pub(crate) type AreaTarget = (remora_oncrpc::DataArea, u64);
@@ -550,6 +556,8 @@ pub(crate) struct SessionState {
     /// The functions of graph host nodes, alive while any graph may run them
     /// (`session/graphs.rs`).
     pub(crate) host_nodes: Vec<Arc<crate::backend::graphs::HostNode>>,
+    /// Graph memory allocations by address: who holds them (`session/graphs.rs`).
+    pub(crate) graph_mem: HashMap<u64, GraphMemHold>,
 }
 
 impl SessionState {
@@ -775,6 +783,7 @@ impl SessionState {
             }
         }
         self.forget_orphan_nodes();
+        self.forget_graph_mem_of(ctx);
         self.free_stream_ordered(backend, ctx, raw_ctx);
         let allocations: Vec<u64> = self
             .ranges

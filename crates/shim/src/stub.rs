@@ -68,17 +68,17 @@ mod tests {
         assert!(STUBS.len() <= LOGGED.len());
         let i = STUBS
             .iter()
-            .position(|s| *s == "cuGraphAddMemAllocNode")
+            .position(|s| *s == "cuGraphAddBatchMemOpNode")
             .unwrap();
         let before = log_lines();
         assert_eq!(
-            crate::generated::stubs::cuGraphAddMemAllocNode(),
+            crate::generated::stubs::cuGraphAddBatchMemOpNode(),
             NOT_SUPPORTED
         );
         assert_eq!(log_lines(), before + 1);
         assert_eq!(not_supported(i), NOT_SUPPORTED);
         assert_eq!(
-            crate::generated::stubs::cuGraphAddMemAllocNode(),
+            crate::generated::stubs::cuGraphAddBatchMemOpNode(),
             NOT_SUPPORTED
         );
         assert_eq!(log_lines(), before + 1);

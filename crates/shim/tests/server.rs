@@ -120,7 +120,7 @@ fn child_no_device() {
         let mut st: c_int = -1;
         assert_eq!(
             gpa(
-                c"cuGraphAddMemAllocNode".as_ptr(),
+                c"cuGraphAddBatchMemOpNode".as_ptr(),
                 &mut f,
                 13000,
                 0,

@@ -67,6 +67,7 @@ impl Session {
             id
         };
         let r = call!(self.rm_stream_end_capture(&RmStreamArgs { ctx, stream }))?;
+        let ended = known.filter(|_| !r.still_capturing);
         let error = {
             let mut caps = lock(&self.captures);
             let error = known
@@ -79,6 +80,10 @@ impl Session {
             }
             error
         };
+        if let Some(id) = ended {
+            let ok = r.status == cu::SUCCESS && error.is_none();
+            self.graph_capture_ended(id, if ok { r.graph } else { 0 });
+        }
         CuError::check(r.status)?;
         if let Some(e) = error {
             // A call the client refused during the capture: the graph lacks it.
@@ -129,6 +134,10 @@ impl Session {
             flags
         }))?)?;
         lock(&self.captures).execs.insert(h);
+        if let Err(e) = self.graph_exec_from(h, graph) {
+            let _ = self.graph_exec_destroy(h);
+            return Err(e);
+        }
         Ok(h)
     }
 
@@ -138,7 +147,10 @@ impl Session {
         if !lock(&self.captures).execs.contains(&exec) {
             return Err(CuError(cu::INVALID_HANDLE));
         }
-        call!(self.rm_graph_launch(&RmGraphLaunchArgs { ctx, exec, stream }))
+        // Pageable host sides: their bytes move around the launch (session/graph_host.rs).
+        let outs = self.graph_launch_prologue(ctx, exec, stream)?;
+        call!(self.rm_graph_launch(&RmGraphLaunchArgs { ctx, exec, stream }))?;
+        self.graph_launch_epilogue(ctx, exec, stream, outs)
     }
 
     /// `cuGraphUpload`: one-way.
@@ -153,13 +165,17 @@ impl Session {
     pub fn graph_exec_destroy(&self, exec: RmHandle) -> CuResult<()> {
         self.need_revision(5, "a CUDA graph")?;
         lock(&self.captures).execs.remove(&exec);
-        CuError::check(call!(self.rm_graph_exec_destroy(&exec))?)
+        let r = CuError::check(call!(self.rm_graph_exec_destroy(&exec))?);
+        self.graph_exec_forget(exec);
+        r
     }
 
     /// `cuGraphDestroy`.
     pub fn graph_destroy(&self, graph: RmHandle) -> CuResult<()> {
         self.need_revision(5, "a CUDA graph")?;
-        CuError::check(call!(self.rm_graph_destroy(&graph))?)
+        CuError::check(call!(self.rm_graph_destroy(&graph))?)?;
+        self.graph_forget(graph);
+        Ok(())
     }
 
     /// `cuGraphGetNodes` with a NULL array: the number of nodes.

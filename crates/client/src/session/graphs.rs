@@ -4,11 +4,10 @@
 //!
 //! Kernel nodes pack their parameters as launches do. A host node's function stays in this
 //! process and runs on the host-callback thread every time a launch reaches the node. A
-//! memcpy node's host side must be memory the server reaches when the graph runs: page-locked
-//! memory in the shared data area (`cuMemHostAlloc` over shared memory), named by its offset
-//! there. Any other host memory (pageable memory, every host buffer of a socket session) is
-//! refused with `CUDA_ERROR_NOT_SUPPORTED` and a warning: copying its bytes when the node is
-//! added would give the graph stale data.
+//! memcpy node's host side in page-locked memory of the shared data area (`cuMemHostAlloc`
+//! over shared memory) is named by its offset there, and the server reads and writes it
+//! when the graph runs (zero-copy); any other host memory gets a device staging buffer whose
+//! bytes every launch moves (revision 12, `session/graph_host.rs`).
 
 use super::*;
 use crate::host_callbacks::RepeatedCallback;
@@ -51,12 +50,21 @@ impl Session {
         if deps.len() > RM_MAX_GRAPH_NODES as usize {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        handle(call!(self.rm_graph_add_node(&RmAddNodeArgs {
+        let child = match params {
+            RmNodeParams::RmNodeGraph(c) => Some(c),
+            _ => None,
+        };
+        let node = handle(call!(self.rm_graph_add_node(&RmAddNodeArgs {
             graph,
             ctx,
             dependencies: deps.to_vec(),
             params,
-        }))?)
+        }))?)?;
+        self.graph_note_node(graph, node);
+        if let Some(c) = child {
+            self.graph_note_child(graph, node, c);
+        }
+        Ok(node)
     }
 
     /// `cuGraphAddHostNode`: `f` runs in this process at every launch that reaches the node.
@@ -74,7 +82,9 @@ impl Session {
                 tracing::error!("remora: cannot start the host callback thread: {e}");
                 CuError(cu::OUT_OF_MEMORY)
             })?;
-        self.graph_add_node(graph, 0, deps, RmNodeParams::RmNodeHost(id))
+        let node = self.graph_add_node(graph, 0, deps, RmNodeParams::RmNodeHost(id))?;
+        self.graph_note_host_node(graph, node);
+        Ok(node)
     }
 
     /// The kernel node parameters of a launch of `function`, packed as launches are.
@@ -136,7 +146,9 @@ impl Session {
     /// `cuGraphDestroyNode`.
     pub fn graph_destroy_node(&self, node: RmHandle) -> CuResult<()> {
         self.need_revision(11, "cuGraphDestroyNode")?;
-        CuError::check(call!(self.rm_graph_destroy_node(&node))?)
+        CuError::check(call!(self.rm_graph_destroy_node(&node))?)?;
+        self.graph_forget_node(node);
+        Ok(())
     }
 
     /// `cuGraphAddDependencies` (`add`) or `cuGraphRemoveDependencies`.
@@ -218,7 +230,9 @@ impl Session {
     /// `cuGraphClone`.
     pub fn graph_clone(&self, graph: RmHandle) -> CuResult<RmHandle> {
         self.need_revision(11, "cuGraphClone")?;
-        handle(call!(self.rm_graph_clone(&graph))?)
+        let clone = handle(call!(self.rm_graph_clone(&graph))?)?;
+        self.graph_note_clone(graph, clone);
+        Ok(clone)
     }
 
     /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
@@ -244,13 +258,19 @@ impl Session {
             return (Err(e), ExecUpdateInfo::default());
         }
         match call!(self.rm_graph_exec_update(&RmExecUpdateArgs { exec, graph })) {
-            Ok(r) => (
-                CuError::check(r.status),
-                ExecUpdateInfo {
-                    result: r.result,
-                    error_node: r.error_node,
-                },
-            ),
+            Ok(r) => {
+                let mut status = CuError::check(r.status);
+                if status.is_ok() {
+                    status = self.graph_exec_from(exec, graph);
+                }
+                (
+                    status,
+                    ExecUpdateInfo {
+                        result: r.result,
+                        error_node: r.error_node,
+                    },
+                )
+            }
             Err(e) => (Err(e), ExecUpdateInfo::default()),
         }
     }

@@ -108,7 +108,9 @@ impl Session {
             return r;
         }
         CuError::check(call!(self.rm_mem_free(&RmPtrArgs { ctx, ptr }))?)?;
-        self.va.release(ptr);
+        if !self.is_graph_alloc(ptr) {
+            self.va.release(ptr);
+        }
         Ok(())
     }
 

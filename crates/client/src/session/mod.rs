@@ -388,6 +388,8 @@ pub struct Session {
     captures: Mutex<Captures>,
     /// Host mirrors of managed memory ([`crate::mirror`]).
     mirrors: crate::mirror::Mirrors,
+    /// Graph memory allocations and host sides of memcpy nodes (`session/graphs.rs`).
+    graph_host: Mutex<graph_host::GraphHost>,
 }
 
 impl std::fmt::Debug for Session {
@@ -450,7 +452,9 @@ mod capture;
 mod contexts;
 mod copies;
 mod copies_3d;
+mod graph_host;
 mod graphs;
+pub use graph_host::StagedSide;
 pub use graphs::ExecUpdateInfo;
 mod launches;
 mod managed;
@@ -606,6 +610,7 @@ impl Session {
             callbacks: Arc::default(),
             captures: Mutex::default(),
             mirrors: crate::mirror::Mirrors::default(),
+            graph_host: Mutex::default(),
         })
     }
 

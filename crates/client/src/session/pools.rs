@@ -48,7 +48,10 @@ impl Session {
             },
             super::memory::Reserved::Alloc,
         )
-        .map(|(ptr, ())| ptr)
+        .map(|(ptr, ())| {
+            self.note_stream_alloc(stream, ptr);
+            ptr
+        })
     }
 
     /// `cuMemFreeAsync` on protocol stream `stream` of context `ctx`: frees on the server (in
@@ -60,7 +63,9 @@ impl Session {
             stream,
             ptr
         }))?)?;
-        self.va.release(ptr);
+        if !self.is_graph_alloc(ptr) {
+            self.va.release(ptr);
+        }
         Ok(())
     }
 

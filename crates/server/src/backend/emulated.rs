@@ -161,6 +161,10 @@ enum EmuOp {
     Record(u64),
     /// An event wait node (ordering only).
     Wait(u64),
+    /// A graph memory allocation node: its address (fixed when added) and parameters.
+    MemAlloc(u64, super::graphs::MemAllocNode),
+    /// A graph memory free node.
+    MemFree(u64),
 }
 
 /// A capture in progress.
@@ -582,6 +586,8 @@ impl State {
             }
             EmuOp::Memset2d(m) => self.memset_node(m)?,
             EmuOp::Copy(c) => self.copy_node(c)?,
+            EmuOp::MemAlloc(p, _) => self.graphs.mem.allocated(*p),
+            EmuOp::MemFree(p) => self.graphs.mem.freed(*p),
             // Run by the host-function thread (graphs::launch_with_host_nodes).
             EmuOp::Host(_) => {}
             EmuOp::Record(e) => {
@@ -875,6 +881,27 @@ impl Backend for EmulatedBackend {
     }
 
     /// The emulated device has no L2 cache to reset.
+    fn device_graph_mem_trim(&self, device: i32) -> CuResult<()> {
+        self.check_dev(device)?;
+        self.lock().graphs.mem.trim();
+        Ok(())
+    }
+
+    fn device_get_graph_mem_attribute(&self, device: i32, attribute: i32) -> CuResult<u64> {
+        self.check_dev(device)?;
+        self.lock().graphs.mem.attribute(attribute)
+    }
+
+    fn device_set_graph_mem_attribute(
+        &self,
+        device: i32,
+        attribute: i32,
+        value: u64,
+    ) -> CuResult<()> {
+        self.check_dev(device)?;
+        self.lock().graphs.mem.reset_high(attribute, value)
+    }
+
     fn ctx_reset_persisting_l2_cache(&self, ctx: u64) -> CuResult<()> {
         self.lock().ctx(ctx).map(|_| ())
     }
@@ -934,6 +961,10 @@ impl Backend for EmulatedBackend {
         self.host_pending.wait_idle(ctx, None);
         let mut st = self.lock();
         st.ctx(ctx)?;
+        if st.graphs.mem.owns(ptr) {
+            // An allocation a graph launch left allocated.
+            return st.graphs.mem.free_outside(ptr);
+        }
         match st.allocs.get(&ptr) {
             // cuMemFree of a stream-ordered allocation gives it back to its pool.
             Some(_) if st.pools.owns(ptr) => st.pool_free(ptr),

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use remora_oncrpc::DataArea;
 use remora_proto::cuda::CuResult;
 
+use super::pools::{MemAccessDesc, MemLocation};
+
 /// `CUgraphNodeType` values Remora carries.
 pub mod node_type {
     /// `CU_GRAPH_NODE_TYPE_KERNEL`.
@@ -28,6 +30,22 @@ pub mod node_type {
     pub const WAIT_EVENT: i32 = 6;
     /// `CU_GRAPH_NODE_TYPE_EVENT_RECORD`.
     pub const EVENT_RECORD: i32 = 7;
+    /// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`.
+    pub const MEM_ALLOC: i32 = 10;
+    /// `CU_GRAPH_NODE_TYPE_MEM_FREE`.
+    pub const MEM_FREE: i32 = 11;
+}
+
+/// `CUgraphMem_attribute` values (`cuDeviceGetGraphMemAttribute`).
+pub mod mem_attr {
+    /// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT` (read only).
+    pub const USED_MEM_CURRENT: i32 = 0;
+    /// `CU_GRAPH_MEM_ATTR_USED_MEM_HIGH` (may be reset to 0).
+    pub const USED_MEM_HIGH: i32 = 1;
+    /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` (read only).
+    pub const RESERVED_MEM_CURRENT: i32 = 2;
+    /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH` (may be reset to 0).
+    pub const RESERVED_MEM_HIGH: i32 = 3;
 }
 
 /// The function a host node calls each time a launch reaches it (on the driver's
@@ -114,6 +132,15 @@ pub struct MemcpyNode {
     pub depth: u64,
 }
 
+/// A memory allocation node (`CUDA_MEM_ALLOC_NODE_PARAMS`): pinned memory of one location
+/// (a device id is the client's ordinal), the access others get, and its size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemAllocNode {
+    pub location: MemLocation,
+    pub access: Vec<MemAccessDesc>,
+    pub bytesize: u64,
+}
+
 /// The parameters of a node to add or set.
 #[derive(Debug, Clone)]
 pub enum NodeParams {
@@ -128,6 +155,8 @@ pub enum NodeParams {
     EventWait(u64),
     /// Backend event.
     EventRecord(u64),
+    /// Frees this graph allocation (checked by the executor to be one of the session's).
+    MemFree(u64),
 }
 
 /// Where a memcpy node's side is, as a backend reads it back.
@@ -170,6 +199,13 @@ pub enum NodeInfo {
         height: u64,
         depth: u64,
     },
+    /// A memory allocation node and the address the driver fixed for it.
+    MemAlloc {
+        node: MemAllocNode,
+        dptr: u64,
+    },
+    /// A memory free node's address.
+    MemFree(u64),
 }
 
 /// The parameter layout of a backend function, if the session knows it.
@@ -200,6 +236,14 @@ pub trait Graphs {
         deps: &[u64],
         params: &NodeParams,
     ) -> CuResult<u64>;
+    /// `cuGraphAddMemAllocNode`: the new node and the allocation's address.
+    fn graph_add_mem_alloc_node(
+        &self,
+        ctx: u64,
+        graph: u64,
+        deps: &[u64],
+        node: &MemAllocNode,
+    ) -> CuResult<(u64, u64)>;
     /// `cuGraphDestroyNode`.
     fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()>;
     /// `cuGraphAddDependencies` (`add`) or `cuGraphRemoveDependencies`: edges
@@ -221,7 +265,8 @@ pub trait Graphs {
     /// `cuGraphNodeGetDependencies` (`dependents`: `cuGraphNodeGetDependentNodes`).
     fn graph_node_links(&self, ctx: u64, node: u64, dependents: bool) -> CuResult<Vec<u64>>;
     /// `cuGraphKernelNodeGetParams`, `cuGraphMemsetNodeGetParams`,
-    /// `cuGraphMemcpyNodeGetParams`, by the node's type (others: `INVALID_VALUE`).
+    /// `cuGraphMemcpyNodeGetParams`, `cuGraphMemAllocNodeGetParams`,
+    /// `cuGraphMemFreeNodeGetParams`, by the node's type (others: `INVALID_VALUE`).
     fn graph_node_get_params(
         &self,
         ctx: u64,

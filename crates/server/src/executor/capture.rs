@@ -153,7 +153,9 @@ impl Executor {
             let ctx = if a.ctx == 0 { graph_ctx } else { a.ctx };
             let c = st.ctx(ctx)?;
             let exec = self.inner.backend.graph_instantiate(c, raw, a.flags)?;
-            Ok(st.insert(Resource::GraphExec { raw: exec, ctx }))
+            let h = st.insert(Resource::GraphExec { raw: exec, ctx });
+            st.share_graph_mem(a.graph, h);
+            Ok(h)
         })();
         Ok(handle_reply("RM_GRAPH_INSTANTIATE", r))
     }
@@ -176,7 +178,12 @@ impl Executor {
             |b, c, raw| b.graph_destroy(c, raw),
         );
         // Its node handles go with it (revision 11).
-        self.session(call).lock().forget_nodes_of(h);
+        let session = self.session(call);
+        let mut st = session.lock();
+        st.forget_nodes_of(h);
+        if st.get(h).is_err() {
+            st.graph_mem_released_by(h);
+        }
         r
     }
 }

@@ -7,9 +7,10 @@
 
 use super::*;
 use crate::backend::graphs::{
-    CopySideOut, GraphCopySide, GraphMem, GraphMemOut, HostNode, KernelNode, MemcpyNode,
-    MemsetNode, NodeInfo, NodeParams,
+    CopySideOut, GraphCopySide, GraphMem, GraphMemOut, HostNode, KernelNode, MemAllocNode,
+    MemcpyNode, MemsetNode, NodeInfo, NodeParams,
 };
+use crate::backend::pools::{MemAccessDesc, MemLocation};
 use crate::session::SessionState;
 use remora_proto::cuda::{CuError, cu};
 
@@ -192,7 +193,66 @@ impl Executor {
             RmNodeParams::RmNodeEmpty => NodeParams::Empty,
             RmNodeParams::RmNodeEventWait(e) => NodeParams::EventWait(st.event(*e)?.0),
             RmNodeParams::RmNodeEventRecord(e) => NodeParams::EventRecord(st.event(*e)?.0),
+            RmNodeParams::RmNodeMemFree(p) => {
+                // Only a graph allocation of this session (natively: of a graph, any graph).
+                if !st.graph_mem.contains_key(p) {
+                    return Err(invalid());
+                }
+                NodeParams::MemFree(*p)
+            }
+            // Added with RM_GRAPH_ADD_MEM_ALLOC_NODE, which answers the address.
+            RmNodeParams::RmNodeMemAlloc(_) => return Err(invalid()),
         })
+    }
+
+    /// The backend graph, the backend context and the backend dependencies of a node to add
+    /// to graph handle `graph` after node handles `deps`, all of that graph.
+    fn node_target(
+        st: &SessionState,
+        graph: RmHandle,
+        deps: &[RmHandle],
+    ) -> CuResult<(u64, u64, u64, Vec<u64>)> {
+        let (raw, graph_ctx) = st.explicit_graph(graph)?;
+        let gctx = st.ctx(graph_ctx)?;
+        let deps = deps
+            .iter()
+            .map(|d| match st.graph_node(*d)? {
+                (raw, g) if g == graph => Ok(raw),
+                _ => Err(invalid()),
+            })
+            .collect::<CuResult<Vec<_>>>()?;
+        Ok((raw, graph_ctx, gctx, deps))
+    }
+
+    pub(super) fn graph_add_mem_alloc_node(
+        &self,
+        call: &CallContext,
+        a: RmAddNodeArgs,
+    ) -> ProcResult<RmMemAllocNodeReply> {
+        let session = self.session(call);
+        let mut st = session.lock();
+        let r = (|| {
+            let RmNodeParams::RmNodeMemAlloc(m) = &a.params else {
+                return Err(invalid());
+            };
+            let (graph, graph_ctx, gctx, deps) = Self::node_target(&st, a.graph, &a.dependencies)?;
+            let node = mem_alloc_node(m)?;
+            let (raw, dptr) = self
+                .inner
+                .backend
+                .graph_add_mem_alloc_node(gctx, graph, &deps, &node)?;
+            st.add_graph_mem(dptr, node.bytesize, graph_ctx, a.graph);
+            let node = st.insert(Resource::GraphNode {
+                raw,
+                graph: a.graph,
+            });
+            Ok(RmMemAllocNodeAdded { node, dptr })
+        })();
+        Ok(reply!(
+            "RM_GRAPH_ADD_MEM_ALLOC_NODE",
+            RmMemAllocNodeReply,
+            r
+        ))
     }
 
     pub(super) fn graph_create(
@@ -221,24 +281,28 @@ impl Executor {
         let session = self.session(call);
         let mut st = session.lock();
         let r = (|| {
-            let (graph, graph_ctx) = st.explicit_graph(a.graph)?;
+            let (graph, graph_ctx, gctx, deps) = Self::node_target(&st, a.graph, &a.dependencies)?;
             let ctx = st.ctx(if a.ctx == 0 { graph_ctx } else { a.ctx })?;
-            let gctx = st.ctx(graph_ctx)?;
-            let mut deps = Vec::with_capacity(a.dependencies.len());
-            for d in &a.dependencies {
-                let (raw, g) = st.graph_node(*d)?;
-                if g != a.graph {
-                    return Err(invalid());
-                }
-                deps.push(raw);
-            }
             let params = self.node_params(call, &session, &st, ctx, &a.params)?;
+            if let NodeParams::MemFree(p) = params
+                && !st.graph_mem_held_by(p, a.graph)
+            {
+                // A graph may free only an allocation it (or a graph it came from) holds.
+                return Err(invalid());
+            }
             let raw = self
                 .inner
                 .backend
                 .graph_add_node(gctx, graph, &deps, &params)?;
-            if let NodeParams::Host(h) = params {
-                st.host_nodes.push(h);
+            match params {
+                NodeParams::Host(h) => st.host_nodes.push(h),
+                NodeParams::MemFree(p) => st.graph_mem_freed_by_node(p),
+                NodeParams::Child(_) => {
+                    if let RmNodeParams::RmNodeGraph(child) = a.params {
+                        st.share_graph_mem(child, a.graph);
+                    }
+                }
+                _ => {}
             }
             Ok(st.insert(Resource::GraphNode {
                 raw,
@@ -462,11 +526,13 @@ impl Executor {
         let r = (|| {
             let (graph, ctx) = st.explicit_graph(h)?;
             let raw = self.inner.backend.graph_clone(st.ctx(ctx)?, graph)?;
-            Ok(st.insert(Resource::Graph {
+            let clone = st.insert(Resource::Graph {
                 raw,
                 ctx,
                 capture: None,
-            }))
+            });
+            st.share_graph_mem(h, clone);
+            Ok(clone)
         })();
         Ok(handle_reply("RM_GRAPH_CLONE", r))
     }
@@ -517,6 +583,9 @@ impl Executor {
         let (status, result, error_node) = match r {
             Err(e) => (nz(e), 0, 0),
             Ok((r, info)) => {
+                if r.is_ok() {
+                    st.share_graph_mem(a.graph, a.exec);
+                }
                 let node = match info.error_node {
                     0 => 0,
                     raw => st.node_handle(raw, a.graph),
@@ -531,6 +600,29 @@ impl Executor {
             error_node,
         })
     }
+}
+
+/// A memory allocation node from the wire: pinned device memory, as natively.
+fn mem_alloc_node(m: &RmMemAllocNode) -> CuResult<MemAllocNode> {
+    if m.bytesize == 0 || m.dptr != 0 {
+        return Err(invalid());
+    }
+    let loc = |l: &RmPoolLocation| MemLocation {
+        kind: l.kind,
+        id: l.id,
+    };
+    Ok(MemAllocNode {
+        location: loc(&m.location),
+        access: m
+            .access
+            .iter()
+            .map(|a| MemAccessDesc {
+                location: loc(&a.location),
+                flags: a.flags,
+            })
+            .collect(),
+        bytesize: m.bytesize,
+    })
 }
 
 /// The node types whose parameters can be set (kernel, memset, memcpy).
@@ -556,6 +648,27 @@ fn wire_params(
         z: d[2],
     };
     Ok(match info {
+        NodeInfo::MemAlloc { node, dptr } => {
+            let loc = |l: MemLocation| RmPoolLocation {
+                kind: l.kind,
+                id: l.id,
+            };
+            RmNodeParams::RmNodeMemAlloc(RmMemAllocNode {
+                location: loc(node.location),
+                access: node
+                    .access
+                    .iter()
+                    .take(RM_MAX_POOL_ACCESS as usize)
+                    .map(|a| RmPoolAccess {
+                        location: loc(a.location),
+                        flags: a.flags,
+                    })
+                    .collect(),
+                bytesize: node.bytesize,
+                dptr,
+            })
+        }
+        NodeInfo::MemFree(p) => RmNodeParams::RmNodeMemFree(p),
         NodeInfo::Kernel {
             function,
             grid,

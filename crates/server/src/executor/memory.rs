@@ -50,7 +50,7 @@ impl Executor {
         let r = match st.ranges.get(&a.ptr).copied() {
             Some(
                 r @ Range {
-                    kind: RangeKind::Alloc | RangeKind::StreamOrdered,
+                    kind: RangeKind::Alloc | RangeKind::StreamOrdered | RangeKind::GraphMem,
                     ..
                 },
             ) => st.ctx(r.ctx),
@@ -58,7 +58,7 @@ impl Executor {
         };
         let r = r.and_then(|c| self.inner.backend.mem_free(c, a.ptr));
         if r.is_ok() {
-            st.ranges.remove(&a.ptr);
+            st.range_freed(a.ptr);
         }
         Ok(code("RM_MEM_FREE", r))
     }

@@ -51,14 +51,21 @@ impl Executor {
             Ok((ptr, t.ctx_handle))
         });
         let r = r.map(|(ptr, ctx)| {
-            session.lock().ranges.insert(
-                ptr,
-                Range {
-                    size: a.bytesize,
-                    ctx,
-                    kind: RangeKind::StreamOrdered,
-                },
-            );
+            let mut st = session.lock();
+            // Captured, the allocation is a graph memory node: the address is the graph's.
+            match self.capturing_graph(&st, a.ctx, a.stream) {
+                Some(graph) => st.add_graph_mem(ptr, a.bytesize, ctx, graph),
+                None => {
+                    st.ranges.insert(
+                        ptr,
+                        Range {
+                            size: a.bytesize,
+                            ctx,
+                            kind: RangeKind::StreamOrdered,
+                        },
+                    );
+                }
+            }
             ptr
         });
         Ok(u64_reply("RM_MEM_ALLOC_ASYNC", r))
@@ -77,15 +84,42 @@ impl Executor {
             match st.ranges.get(&a.ptr) {
                 // cuMemAlloc memory too: the driver accepts it (cuSPARSE frees some of its
                 // buffers so) and decides.
-                Some(r) if matches!(r.kind, RangeKind::StreamOrdered | RangeKind::Alloc) => {}
+                Some(r)
+                    if matches!(
+                        r.kind,
+                        RangeKind::StreamOrdered | RangeKind::Alloc | RangeKind::GraphMem
+                    ) => {}
                 _ => return Err(CuError(cu::INVALID_VALUE)),
             }
             self.inner.backend.mem_free_async(t.ctx, t.stream, a.ptr)
         });
         if r.is_ok() {
-            st.ranges.remove(&a.ptr);
+            // Captured, the free is a graph memory node: the graph keeps the address.
+            match self.capturing_graph(&st, a.ctx, a.stream) {
+                Some(graph) if st.graph_mem_held_by(a.ptr, graph) => {
+                    st.graph_mem_freed_by_node(a.ptr);
+                }
+                _ => st.range_freed(a.ptr),
+            }
         }
         Ok(code("RM_MEM_FREE_ASYNC", r))
+    }
+
+    /// The graph handle stream (`ctx`, `stream`) is capturing into, if it is capturing
+    /// (asks the driver only while the session has a capture in progress).
+    fn capturing_graph(&self, st: &SessionState, ctx: RmHandle, stream: RmHandle) -> Option<u64> {
+        if st.captures.is_empty() {
+            return None;
+        }
+        let t = stream_target(st, ctx, stream).ok()?;
+        let info = self
+            .inner
+            .backend
+            .stream_capture_info(t.ctx, t.stream)
+            .ok()?;
+        (info.status == crate::backend::capture_status::ACTIVE)
+            .then(|| st.capture_graph_handle(info.id))
+            .flatten()
     }
 
     /// The session handle of the pool `get(backend, device)` answers.

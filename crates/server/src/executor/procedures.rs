@@ -112,6 +112,7 @@ impl RemoraV1Server for Executor {
         rm_graph_clone(RmHandle) -> RmHandleReply => graph_clone;
         rm_graph_exec_node_set_params(RmExecNodeSetArgs) -> CuResult_ => graph_exec_node_set_params;
         rm_graph_exec_update(RmExecUpdateArgs) -> RmExecUpdateReply => graph_exec_update;
+        rm_graph_add_mem_alloc_node(RmAddNodeArgs) -> RmMemAllocNodeReply => graph_add_mem_alloc_node;
     }
 
     fn remora_null(&self, _call: &CallContext) -> ProcResult<()> {
@@ -474,7 +475,14 @@ impl RemoraV1Server for Executor {
             (a.ctx, a.stream),
             |st| graph_exec_target(st, &a),
             |b, (exec, t)| b.graph_launch(t.ctx, exec, t.stream),
-        )
+        )?;
+        // Its allocations without a free node stay allocated after it (revision 12).
+        let session = self.session(call);
+        let mut st = session.lock();
+        if !st.graph_mem.is_empty() {
+            st.graph_mem_launched(a.exec);
+        }
+        Ok(())
     }
 
     fn rm_graph_upload(&self, call: &CallContext, a: RmGraphLaunchArgs) -> ProcResult<()> {
@@ -488,7 +496,7 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_graph_exec_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        self.destroy_in_ctx(
+        let r = self.destroy_in_ctx(
             call,
             h,
             "RM_GRAPH_EXEC_DESTROY",
@@ -497,7 +505,13 @@ impl RemoraV1Server for Executor {
                 _ => Err(CuError(cu::INVALID_HANDLE)),
             },
             |b, c, raw| b.graph_exec_destroy(c, raw),
-        )
+        );
+        let session = self.session(call);
+        let mut st = session.lock();
+        if st.get(h).is_err() {
+            st.graph_mem_released_by(h);
+        }
+        r
     }
 
     fn rm_graph_node_count(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmU64Reply> {

@@ -80,3 +80,135 @@ impl SessionState {
         );
     }
 }
+
+/// Who keeps a graph memory allocation's address valid (revision 12). The driver fixes the
+/// address when the allocation node is added; the address stays the graph's while the graph,
+/// a clone, a graph with it as a child, or an executable graph made from any of them lives,
+/// and after that while a launch left the memory allocated and nothing freed it. The session
+/// range ([`RangeKind::GraphMem`](super::RangeKind::GraphMem)) lives exactly as long, so a
+/// copy into the address passes the bounds check only while the address is the session's.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GraphMemHold {
+    /// Graph and executable graph handles holding the node.
+    pub(crate) holders: std::collections::HashSet<u64>,
+    /// A free node of the allocation exists in a graph holding it: every launch frees it.
+    pub(crate) freed_by_node: bool,
+    /// A launch may have left it allocated (no free node, no cuMemFree since).
+    pub(crate) live: bool,
+}
+
+impl SessionState {
+    /// Records a new graph allocation at `ptr` of `size` bytes in context handle `ctx`,
+    /// held by graph handle `graph`.
+    pub(crate) fn add_graph_mem(&mut self, ptr: u64, size: u64, ctx: u64, graph: u64) {
+        self.ranges.insert(
+            ptr,
+            super::Range {
+                size,
+                ctx,
+                kind: super::RangeKind::GraphMem,
+            },
+        );
+        let hold = self.graph_mem.entry(ptr).or_default();
+        hold.holders.insert(graph);
+    }
+
+    /// Whether `ptr` is a graph allocation that graph handle `graph` holds.
+    pub(crate) fn graph_mem_held_by(&self, ptr: u64, graph: u64) -> bool {
+        self.graph_mem
+            .get(&ptr)
+            .is_some_and(|h| h.holders.contains(&graph))
+    }
+
+    /// Marks graph allocation `ptr` as freed by a node of a graph that holds it.
+    pub(crate) fn graph_mem_freed_by_node(&mut self, ptr: u64) {
+        if let Some(h) = self.graph_mem.get_mut(&ptr) {
+            h.freed_by_node = true;
+        }
+    }
+
+    /// What `from` holds is now held by `to` too (a clone, a child graph node, an
+    /// instantiation, an update).
+    pub(crate) fn share_graph_mem(&mut self, from: u64, to: u64) {
+        for h in self.graph_mem.values_mut() {
+            if h.holders.contains(&from) {
+                h.holders.insert(to);
+            }
+        }
+    }
+
+    /// A launch of executable graph `exec`: its allocations without a free node stay
+    /// allocated afterwards.
+    pub(crate) fn graph_mem_launched(&mut self, exec: u64) {
+        for h in self.graph_mem.values_mut() {
+            if h.holders.contains(&exec) && !h.freed_by_node {
+                h.live = true;
+            }
+        }
+    }
+
+    /// `cuMemFree`/`cuMemFreeAsync` of graph allocation `ptr` (the driver accepted it).
+    pub(crate) fn graph_mem_freed(&mut self, ptr: u64) {
+        if let Some(h) = self.graph_mem.get_mut(&ptr) {
+            h.live = false;
+        }
+        self.sweep_graph_mem();
+    }
+
+    /// The driver freed `ptr` (`cuMemFree`, `cuMemFreeAsync`): its range goes, unless it is
+    /// a graph allocation that a graph still holds (a later launch allocates it again).
+    pub(crate) fn range_freed(&mut self, ptr: u64) {
+        if self.graph_mem.contains_key(&ptr) {
+            self.graph_mem_freed(ptr);
+        } else {
+            self.ranges.remove(&ptr);
+        }
+    }
+
+    /// The handle of the graph that capture `id` is building, if the session knows it.
+    pub(crate) fn capture_graph_handle(&self, id: u64) -> Option<u64> {
+        self.captures.get(&id).map(|c| c.graph)
+    }
+
+    /// Graph or executable graph handle `h` is gone.
+    pub(crate) fn graph_mem_released_by(&mut self, h: u64) {
+        for hold in self.graph_mem.values_mut() {
+            hold.holders.remove(&h);
+        }
+        self.sweep_graph_mem();
+    }
+
+    /// Forgets the allocations nothing keeps valid, with their ranges.
+    fn sweep_graph_mem(&mut self) {
+        let gone: Vec<u64> = self
+            .graph_mem
+            .iter()
+            .filter(|(_, h)| h.holders.is_empty() && !h.live)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in gone {
+            self.graph_mem.remove(&p);
+            if self
+                .ranges
+                .get(&p)
+                .is_some_and(|r| r.kind == super::RangeKind::GraphMem)
+            {
+                self.ranges.remove(&p);
+            }
+        }
+    }
+
+    /// Context handle `ctx` is going: its graph allocations go with it.
+    pub(crate) fn forget_graph_mem_of(&mut self, ctx: u64) {
+        let gone: Vec<u64> = self
+            .ranges
+            .iter()
+            .filter(|(_, r)| r.ctx == ctx && r.kind == super::RangeKind::GraphMem)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in gone {
+            self.ranges.remove(&p);
+            self.graph_mem.remove(&p);
+        }
+    }
+}

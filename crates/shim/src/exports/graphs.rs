@@ -5,24 +5,30 @@
 //! server, encoded as [`Kind::GraphNode`].
 //!
 //! Kernel nodes pack `kernelParams` as launches do (`extra` is refused loudly). Host nodes
-//! run their function in this process at every launch. A memcpy node's host side must be
-//! page-locked memory in the shared data area (the server reads and writes it when the graph
-//! runs); other host memory is refused with `CUDA_ERROR_NOT_SUPPORTED` and a warning, as are
-//! CUDA arrays, edge data, memory allocation and free nodes and the other node types.
+//! run their function in this process at every launch. A memcpy node's host side in
+//! page-locked memory of the shared data area is read and written by the server when the
+//! graph runs (zero-copy); other host memory gets a device staging buffer whose bytes every
+//! launch moves (revision 12, `remora_client`'s `session/graph_host.rs`). Memory allocation
+//! and free nodes and the graph memory attributes are carried (revision 12); CUDA arrays,
+//! edge data and the other node types are refused with `CUDA_ERROR_NOT_SUPPORTED` and a
+//! warning.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use remora_client::proto::{
-    RmGraphCopySide, RmGraphMemKind, RmKernelNode, RmMemcpyNode, RmMemsetNode, RmNodeParams,
+    RM_MAX_POOL_ACCESS, RmGraphCopySide, RmGraphMemKind, RmKernelNode, RmMemAllocNode,
+    RmMemcpyNode, RmMemsetNode, RmNodeParams, RmPoolAccess, RmPoolLocation,
 };
-use remora_client::{CuError, CuResult, PointerKind, Session, cu};
+use remora_client::{CuError, CuResult, PointerKind, Session, StagedSide, cu};
 use remora_cuda_abi::graphs::{
     ExecUpdateResultInfo, GraphNodeParams, HostNodeParams, KernelNodeParams, KernelNodeParamsV1,
-    MemsetNodeParams,
+    MemAllocNodeParams, MemsetNodeParams,
 };
+use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE, MemPoolProps};
 use remora_cuda_abi::{MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
+use remora_cuda_abi::{MemAccessDesc, MemLocation};
 
 use super::Handle;
 use super::exec::function_info;
@@ -302,59 +308,72 @@ fn memset_get(n: Handle, out: *mut MemsetNodeParams) -> CuResult<()> {
     unsafe { put(out, p) }
 }
 
-/// One side of a memcpy node from `CUDA_MEMCPY3D`.
+/// One side of a memcpy node from `CUDA_MEMCPY3D`: device memory, pinned memory of the
+/// data area (zero-copy), or pageable host memory given a staging buffer (revision 12).
 #[allow(clippy::too_many_arguments)]
 fn copy_side(
     s: &Session,
     what: &str,
+    ctx: u64,
     kind: c_uint,
     host: u64,
     device: u64,
     (x, y, z, pitch, height): (usize, usize, usize, usize, usize),
     extent: (u64, u64, u64),
-) -> CuResult<RmGraphCopySide> {
+    to_device: bool,
+) -> CuResult<(RmGraphCopySide, Option<StagedSide>)> {
     let (w, h, d) = extent;
     let (x, y, z, pitch, height) = (x as u64, y as u64, z as u64, pitch as u64, height as u64);
-    let mem_kind = match kind {
-        MEMORYTYPE_DEVICE => RmGraphMemKind::RmGraphMemDevice,
-        MEMORYTYPE_HOST => RmGraphMemKind::RmGraphMemArea,
+    let base = match kind {
+        MEMORYTYPE_DEVICE => None,
+        MEMORYTYPE_HOST => Some(host),
         4 => match s.pointer_kind(device) {
-            PointerKind::Device { .. } => RmGraphMemKind::RmGraphMemDevice,
-            _ => RmGraphMemKind::RmGraphMemArea,
+            PointerKind::Device { .. } => None,
+            _ => Some(device),
         },
         MEMORYTYPE_ARRAY => return Err(not_supported(what, "CUDA arrays are not supported")),
         _ => return Err(invalid()),
     };
-    let addr = match mem_kind {
-        RmGraphMemKind::RmGraphMemDevice => device,
-        RmGraphMemKind::RmGraphMemArea => {
-            let base = if kind == MEMORYTYPE_HOST {
-                host
-            } else {
-                device
-            };
-            // The bytes the copy touches from `base`: up to the end of its last row.
-            let end = (z + d - 1)
-                .checked_mul(height)
-                .and_then(|v| v.checked_add(y + h - 1))
-                .and_then(|v| v.checked_mul(pitch))
-                .and_then(|v| v.checked_add(x + w))
-                .ok_or_else(invalid)?;
-            s.graph_host_side(what, base, end)?
-        }
-    };
-    Ok(RmGraphCopySide {
-        kind: mem_kind,
+    let side = |kind, addr| RmGraphCopySide {
+        kind,
         addr,
         pitch,
         height,
         x_bytes: x,
         y,
         z,
-    })
+    };
+    let Some(base) = base else {
+        return Ok((side(RmGraphMemKind::RmGraphMemDevice, device), None));
+    };
+    // The bytes the copy touches from `base`: up to the end of its last row.
+    let end = (z + d - 1)
+        .checked_mul(height)
+        .and_then(|v| v.checked_add(y + h - 1))
+        .and_then(|v| v.checked_mul(pitch))
+        .and_then(|v| v.checked_add(x + w))
+        .ok_or_else(invalid)?;
+    if let Some(offset) = s.pinned_offset(base, end) {
+        return Ok((side(RmGraphMemKind::RmGraphMemArea, offset), None));
+    }
+    let ctx = if ctx == 0 { state::current_ctx()? } else { ctx };
+    // SAFETY: cuda.h: a memcpy node's host memory stays valid for every launch of a graph
+    // made from the node (the program's contract, as natively).
+    let (dev, staged) = unsafe {
+        s.graph_stage_host_side(
+            ctx,
+            side(RmGraphMemKind::RmGraphMemDevice, base),
+            extent,
+            to_device,
+        )
+    }?;
+    Ok((dev, Some(staged)))
 }
 
-fn memcpy_params(what: &str, p: *const Memcpy3D) -> CuResult<RmNodeParams> {
+/// A memcpy node's parameters, and the staging records of its pageable host sides.
+type MemcpyParams = (RmNodeParams, Vec<StagedSide>);
+
+fn memcpy_params(what: &str, p: *const Memcpy3D, ctx: u64) -> CuResult<MemcpyParams> {
     if p.is_null() {
         return Err(invalid());
     }
@@ -365,9 +384,10 @@ fn memcpy_params(what: &str, p: *const Memcpy3D) -> CuResult<RmNodeParams> {
     if extent.0 == 0 || extent.1 == 0 || extent.2 == 0 {
         return Err(invalid());
     }
-    let src = copy_side(
+    let (src, src_staged) = copy_side(
         s,
         what,
+        ctx,
         c.src_memory_type,
         c.src_host as usize as u64,
         c.src_device,
@@ -379,10 +399,12 @@ fn memcpy_params(what: &str, p: *const Memcpy3D) -> CuResult<RmNodeParams> {
             c.src_height,
         ),
         extent,
+        true,
     )?;
-    let dst = copy_side(
+    let (dst, dst_staged) = copy_side(
         s,
         what,
+        ctx,
         c.dst_memory_type,
         c.dst_host as usize as u64,
         c.dst_device,
@@ -394,14 +416,36 @@ fn memcpy_params(what: &str, p: *const Memcpy3D) -> CuResult<RmNodeParams> {
             c.dst_height,
         ),
         extent,
+        false,
     )?;
-    Ok(RmNodeParams::RmNodeMemcpy(RmMemcpyNode {
-        src,
-        dst,
-        width_bytes: extent.0,
-        height: extent.1,
-        depth: extent.2,
-    }))
+    Ok((
+        RmNodeParams::RmNodeMemcpy(RmMemcpyNode {
+            src,
+            dst,
+            width_bytes: extent.0,
+            height: extent.1,
+            depth: extent.2,
+        }),
+        src_staged.into_iter().chain(dst_staged).collect(),
+    ))
+}
+
+/// `cuGraphAddMemcpyNode`: the node, then its pageable host sides bound to it.
+fn add_memcpy(
+    out: *mut Handle,
+    g: Handle,
+    deps: *const Handle,
+    n: usize,
+    ctx: u64,
+    (params, staged): MemcpyParams,
+) -> CuResult<()> {
+    add(out, g, deps, n, ctx, params)?;
+    if !staged.is_empty() {
+        // SAFETY: `add` wrote the node to the non-null `out`.
+        let node = node(unsafe { out.read_unaligned() })?;
+        state::session()?.graph_bind_sides(graph(g)?, node, staged);
+    }
+    Ok(())
 }
 
 fn memcpy_get(n: Handle, out: *mut Memcpy3D) -> CuResult<()> {
@@ -409,14 +453,22 @@ fn memcpy_get(n: Handle, out: *mut Memcpy3D) -> CuResult<()> {
     let RmNodeParams::RmNodeMemcpy(c) = s.graph_node_params(node(n)?)? else {
         return Err(invalid());
     };
-    let side = |sd: &RmGraphCopySide| -> CuResult<(c_uint, u64, u64)> {
+    // A staging buffer reads back as the pageable host side it stands for.
+    let host_side = |sd: RmGraphCopySide| match sd.kind {
+        RmGraphMemKind::RmGraphMemDevice => s.graph_host_side_of(sd.addr).unwrap_or(sd),
+        RmGraphMemKind::RmGraphMemArea => sd,
+    };
+    let (src, dst) = (host_side(c.src.clone()), host_side(c.dst.clone()));
+    let side = |sd: &RmGraphCopySide, staged: bool| -> CuResult<(c_uint, u64, u64)> {
         Ok(match sd.kind {
+            RmGraphMemKind::RmGraphMemDevice if staged => (MEMORYTYPE_HOST, sd.addr, 0),
             RmGraphMemKind::RmGraphMemDevice => (MEMORYTYPE_DEVICE, 0, sd.addr),
             RmGraphMemKind::RmGraphMemArea => (MEMORYTYPE_HOST, s.area_host_ptr(sd.addr)?, 0),
         })
     };
-    let (st, sh, sd) = side(&c.src)?;
-    let (dt, dh, dd) = side(&c.dst)?;
+    let (st, sh, sd) = side(&src, src != c.src)?;
+    let (dt, dh, dd) = side(&dst, dst != c.dst)?;
+    let c = RmMemcpyNode { src, dst, ..c };
     let p = Memcpy3D {
         src_x_in_bytes: c.src.x_bytes as usize,
         src_y: c.src.y as usize,
@@ -517,21 +569,24 @@ fn generic(
     let (params, ctx) = unsafe {
         match kind {
             0 => (kernel_v2(WHAT, &u.kernel)?, 0),
-            1 => (
-                memcpy_params(WHAT, &u.memcpy.copy)?,
-                ctx_of(u.memcpy.copy_ctx)?,
-            ),
+            1 => {
+                let ctx = ctx_of(u.memcpy.copy_ctx)?;
+                let p = memcpy_params(WHAT, &u.memcpy.copy, ctx)?;
+                return add_memcpy(out, g, deps, n, ctx, p);
+            }
             2 => (memset_params(&u.memset.params)?, ctx_of(u.memset.ctx)?),
             3 => return host_node(out, g, deps, n, &u.host),
             4 => (RmNodeParams::RmNodeGraph(graph(u.graph.graph)?), 0),
             5 => (RmNodeParams::RmNodeEmpty, 0),
             6 => (RmNodeParams::RmNodeEventWait(event(u.event.event)?), 0),
             7 => (RmNodeParams::RmNodeEventRecord(event(u.event.event)?), 0),
+            10 => return mem_alloc_node(out, g, deps, n, &raw mut (*p).u.alloc),
+            11 => (RmNodeParams::RmNodeMemFree(u.free), 0),
             other => {
                 return Err(not_supported(
                     WHAT,
                     &format!(
-                        "graph node type {other} (memory allocation and free, external semaphores, batch memory operations, conditional nodes) is not carried"
+                        "graph node type {other} (external semaphores, batch memory operations, conditional nodes) is not carried"
                     ),
                 ));
             }
@@ -637,6 +692,163 @@ fn exec_set(e: Handle, n: Handle, p: CuResult<RmNodeParams>) -> CuResult<()> {
     state::session()?.graph_exec_node_set_params(dec(Kind::GraphExec, e)?, node(n)?, p?)
 }
 
+/// `cuGraphMemcpyNodeSetParams`: the node's pageable host sides follow.
+fn memcpy_set(n: Handle, p: *const Memcpy3D) -> CuResult<()> {
+    let (params, staged) = memcpy_params("cuGraphMemcpyNodeSetParams", p, 0)?;
+    state::session()?.graph_memcpy_node_set_params(node(n)?, params, staged)
+}
+
+/// `cuGraphExecMemcpyNodeSetParams`: the executable graph's host sides follow.
+fn memcpy_exec_set(e: Handle, n: Handle, p: *const Memcpy3D, ctx: Handle) -> CuResult<()> {
+    let (params, staged) = memcpy_params("cuGraphExecMemcpyNodeSetParams", p, ctx_of(ctx)?)?;
+    let s = state::session()?;
+    let (e, h) = (dec(Kind::GraphExec, e)?, node(n)?);
+    s.graph_exec_node_set_params(e, h, params)?;
+    s.graph_exec_bind_sides(e, h, staged);
+    Ok(())
+}
+
+// Memory allocation and free nodes (revision 12) ----------------------------------------------
+
+/// `cuGraphAddMemAllocNode`: writes the node and the allocation's address into `p.dptr`.
+fn mem_alloc_node(
+    out: *mut Handle,
+    g: Handle,
+    deps: *const Handle,
+    n: usize,
+    p: *mut MemAllocNodeParams,
+) -> CuResult<()> {
+    const WHAT: &str = "cuGraphAddMemAllocNode";
+    if out.is_null() || p.is_null() {
+        return Err(invalid());
+    }
+    // SAFETY: non-null and readable per cuda.h.
+    let a = unsafe { p.read_unaligned() };
+    let props = a.pool_props;
+    if props.alloc_type != ALLOCATION_TYPE_PINNED || a.bytesize == 0 {
+        return Err(invalid());
+    }
+    if props.handle_types != HANDLE_TYPE_NONE {
+        return Err(not_supported(
+            WHAT,
+            "graph allocations exportable as shareable handles cannot leave the server",
+        ));
+    }
+    if a.access_desc_count > RM_MAX_POOL_ACCESS as usize
+        || (a.access_desc_count > 0 && a.access_descs.is_null())
+    {
+        return Err(invalid());
+    }
+    let access = if a.access_desc_count == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the program passes `accessDescCount` descriptors (cuda.h), bounded above.
+        unsafe { std::slice::from_raw_parts(a.access_descs, a.access_desc_count) }
+    };
+    let loc = |l: MemLocation| RmPoolLocation {
+        kind: l.kind,
+        id: l.id,
+    };
+    let wire = RmMemAllocNode {
+        location: loc(props.location),
+        access: access
+            .iter()
+            .map(|d| RmPoolAccess {
+                location: loc(d.location),
+                flags: d.flags,
+            })
+            .collect(),
+        bytesize: a.bytesize as u64,
+        dptr: 0,
+    };
+    let deps = nodes_in(deps, n)?;
+    let s = state::session()?;
+    let (h, dptr) = s.graph_add_mem_alloc_node(graph(g)?, state::current_ctx()?, &deps, wire)?;
+    // SAFETY: non-null outputs per cuda.h (`dptr` is the struct's out field).
+    unsafe {
+        (&raw mut (*p).dptr).write_unaligned(dptr);
+        put(out, enc(Kind::GraphNode, h))
+    }
+}
+
+/// The access descriptors `cuGraphMemAllocNodeGetParams` hands out, per node (valid until
+/// the next get of the same node or its destruction).
+static ALLOC_ACCESS: Mutex<Option<HashMap<u64, Vec<MemAccessDesc>>>> = Mutex::new(None);
+
+fn mem_alloc_get(n: Handle, out: *mut MemAllocNodeParams) -> CuResult<()> {
+    let h = node(n)?;
+    let RmNodeParams::RmNodeMemAlloc(m) = state::session()?.graph_node_params(h)? else {
+        return Err(invalid());
+    };
+    if out.is_null() {
+        return Err(invalid());
+    }
+    let loc = |l: &RmPoolLocation| MemLocation {
+        kind: l.kind,
+        id: l.id,
+    };
+    let access: Vec<MemAccessDesc> = m
+        .access
+        .iter()
+        .map(|a| MemAccessDesc {
+            location: loc(&a.location),
+            flags: a.flags,
+        })
+        .collect();
+    let mut map = ALLOC_ACCESS.lock().unwrap_or_else(PoisonError::into_inner);
+    let kept = map.get_or_insert_with(HashMap::new).entry(h).or_default();
+    *kept = access;
+    let p = MemAllocNodeParams {
+        pool_props: MemPoolProps {
+            alloc_type: ALLOCATION_TYPE_PINNED,
+            location: loc(&m.location),
+            ..MemPoolProps::default()
+        },
+        access_descs: if kept.is_empty() {
+            std::ptr::null()
+        } else {
+            kept.as_ptr()
+        },
+        access_desc_count: kept.len(),
+        bytesize: usize::try_from(m.bytesize).map_err(|_| invalid())?,
+        dptr: m.dptr,
+    };
+    // SAFETY: non-null output per cuda.h.
+    unsafe { out.write_unaligned(p) };
+    Ok(())
+}
+
+fn mem_free_get(n: Handle, out: *mut u64) -> CuResult<()> {
+    let RmNodeParams::RmNodeMemFree(p) = state::session()?.graph_node_params(node(n)?)? else {
+        return Err(invalid());
+    };
+    // SAFETY: output per cuda.h (null rejected).
+    unsafe { put(out, p) }
+}
+
+fn graph_mem_device(dev: c_int) -> CuResult<&'static Session> {
+    let s = state::session()?;
+    if dev < 0 || dev >= s.device_count() {
+        return Err(CuError(cu::INVALID_DEVICE));
+    }
+    Ok(s)
+}
+
+fn graph_mem_get(dev: c_int, attr: c_int, value: *mut c_void) -> CuResult<()> {
+    let v = graph_mem_device(dev)?.graph_mem_attribute(dev, attr)?;
+    // SAFETY: every CUgraphMem_attribute is a cuuint64_t (cuda.h); null rejected.
+    unsafe { put(value.cast::<u64>(), v) }
+}
+
+fn graph_mem_set(dev: c_int, attr: c_int, value: *mut c_void) -> CuResult<()> {
+    if value.is_null() {
+        return Err(invalid());
+    }
+    // SAFETY: non-null; a cuuint64_t per cuda.h.
+    let v = unsafe { value.cast::<u64>().read_unaligned() };
+    graph_mem_device(dev)?.set_graph_mem_attribute(dev, attr, v)
+}
+
 /// `cuGraphExecUpdate_v2` (`info`) or the CUDA 11 form (`err_node`, `result`).
 fn exec_update(
     e: Handle,
@@ -701,7 +913,14 @@ entry_points! {
     cuGraphAddMemsetNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *const MemsetNodeParams, ctx: Handle)
         => memset_params(p).and_then(|p| add(out, g, d, n, ctx_of(ctx)?, p));
     cuGraphAddMemcpyNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *const Memcpy3D, ctx: Handle)
-        => memcpy_params("cuGraphAddMemcpyNode", p).and_then(|p| add(out, g, d, n, ctx_of(ctx)?, p));
+        => memcpy_params("cuGraphAddMemcpyNode", p, ctx_of(ctx)?).and_then(|p| add_memcpy(out, g, d, n, ctx_of(ctx)?, p));
+    cuGraphAddMemAllocNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *mut MemAllocNodeParams) => mem_alloc_node(out, g, d, n, p);
+    cuGraphAddMemFreeNode(out: *mut Handle, g: Handle, d: Deps, n: usize, dptr: u64) => add(out, g, d, n, 0, RmNodeParams::RmNodeMemFree(dptr));
+    cuGraphMemAllocNodeGetParams(n: Handle, p: *mut MemAllocNodeParams) => mem_alloc_get(n, p);
+    cuGraphMemFreeNodeGetParams(n: Handle, p: *mut u64) => mem_free_get(n, p);
+    cuDeviceGraphMemTrim(dev: c_int) => graph_mem_device(dev)?.graph_mem_trim(dev);
+    cuDeviceGetGraphMemAttribute(dev: c_int, attr: c_int, value: *mut c_void) => graph_mem_get(dev, attr, value);
+    cuDeviceSetGraphMemAttribute(dev: c_int, attr: c_int, value: *mut c_void) => graph_mem_set(dev, attr, value);
     cuGraphAddHostNode(out: *mut Handle, g: Handle, d: Deps, n: usize, p: *const HostNodeParams) => host_node(out, g, d, n, p);
     cuGraphAddChildGraphNode(out: *mut Handle, g: Handle, d: Deps, n: usize, child: Handle)
         => add(out, g, d, n, 0, RmNodeParams::RmNodeGraph(graph(child)?));
@@ -732,12 +951,12 @@ entry_points! {
     cuGraphMemsetNodeGetParams(n: Handle, p: *mut MemsetNodeParams) => memset_get(n, p);
     cuGraphMemsetNodeSetParams(n: Handle, p: *const MemsetNodeParams) => set(n, memset_params(p));
     cuGraphMemcpyNodeGetParams(n: Handle, p: *mut Memcpy3D) => memcpy_get(n, p);
-    cuGraphMemcpyNodeSetParams(n: Handle, p: *const Memcpy3D) => set(n, memcpy_params("cuGraphMemcpyNodeSetParams", p));
+    cuGraphMemcpyNodeSetParams(n: Handle, p: *const Memcpy3D) => memcpy_set(n, p);
     cuGraphClone(out: *mut Handle, g: Handle) => clone(out, g);
     cuGraphExecKernelNodeSetParams(e: Handle, n: Handle, p: *const KernelNodeParamsV1) => exec_set(e, n, kernel_v1("cuGraphExecKernelNodeSetParams", p));
     cuGraphExecKernelNodeSetParams_v2(e: Handle, n: Handle, p: *const KernelNodeParams) => exec_set(e, n, kernel_v2("cuGraphExecKernelNodeSetParams_v2", p));
     cuGraphExecMemsetNodeSetParams(e: Handle, n: Handle, p: *const MemsetNodeParams, _ctx: Handle) => exec_set(e, n, memset_params(p));
-    cuGraphExecMemcpyNodeSetParams(e: Handle, n: Handle, p: *const Memcpy3D, _ctx: Handle) => exec_set(e, n, memcpy_params("cuGraphExecMemcpyNodeSetParams", p));
+    cuGraphExecMemcpyNodeSetParams(e: Handle, n: Handle, p: *const Memcpy3D, ctx: Handle) => memcpy_exec_set(e, n, p, ctx);
     cuGraphExecUpdate(e: Handle, g: Handle, err_node: *mut Handle, result: *mut c_int) => exec_update(e, g, std::ptr::null_mut(), err_node, result);
     cuGraphExecUpdate_v2(e: Handle, g: Handle, info: *mut ExecUpdateResultInfo) => exec_update(e, g, info, std::ptr::null_mut(), std::ptr::null_mut());
 }

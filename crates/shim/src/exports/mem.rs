@@ -208,6 +208,13 @@ fn htod(dst: DevPtr, src: *const c_void, n: usize, stream: Option<(Handle, bool)
     match stream {
         Some((st, ptds)) => {
             let h = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
+            if s.stream_may_capture(h) && s.pinned_offset(src as usize as u64, n as u64).is_none() {
+                // SAFETY: cuda.h: host memory a captured copy names stays valid for every
+                // launch of the graph.
+                return unsafe {
+                    s.graph_capture_host_copy(ctx, h, dst, src as usize as u64, n as u64, true)
+                };
+            }
             s.memcpy_htod_async(ctx, h, dst, data)
         }
         None => s.memcpy_htod(ctx, 1, dst, data),
@@ -241,6 +248,13 @@ fn dtoh(
             if s.pinned_offset(dst as usize as u64, n as u64).is_some() {
                 // Zero-copy pinned memory: the server writes it, nothing is delivered.
                 return s.memcpy_dtoh_pinned(ctx, h, src, dst as usize as u64, n as u64, true);
+            }
+            if s.stream_may_capture(h) {
+                // SAFETY: cuda.h: host memory a captured copy names stays valid for every
+                // launch of the graph.
+                return unsafe {
+                    s.graph_capture_host_copy(ctx, h, src, dst as usize as u64, n as u64, false)
+                };
             }
             let out = HostDst(dst.cast(), n);
             s.memcpy_dtoh_async(

@@ -14,7 +14,7 @@ use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::abi::{LaunchConfig, MemAccessDesc, MemAllocationProp, MemLocation, Memcpy2D, Memcpy3D};
 use remora_cuda_abi::graphs::{
-    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams,
+    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemAllocNodeParams, MemsetNodeParams,
 };
 use remora_cuda_abi::pools::MemPoolProps;
 
@@ -223,6 +223,14 @@ driver_table! {
     graph_exec_memset_node_set_params = "cuGraphExecMemsetNodeSetParams" / "cuGraphExecMemsetNodeSetParams": fn(Ptr, Ptr, *const MemsetNodeParams, Ptr);
     graph_exec_memcpy_node_set_params = "cuGraphExecMemcpyNodeSetParams" / "cuGraphExecMemcpyNodeSetParams": fn(Ptr, Ptr, *const Memcpy3D, Ptr);
     graph_exec_update = "cuGraphExecUpdate" / "cuGraphExecUpdate_v2": fn(Ptr, Ptr, *mut ExecUpdateResultInfo);
+    // Graph memory nodes (revision 12).
+    graph_add_mem_alloc_node = "cuGraphAddMemAllocNode" / "cuGraphAddMemAllocNode": fn(*mut Ptr, Ptr, *const Ptr, usize, *mut MemAllocNodeParams);
+    graph_add_mem_free_node = "cuGraphAddMemFreeNode" / "cuGraphAddMemFreeNode": fn(*mut Ptr, Ptr, *const Ptr, usize, u64);
+    graph_mem_alloc_node_get_params = "cuGraphMemAllocNodeGetParams" / "cuGraphMemAllocNodeGetParams": fn(Ptr, *mut MemAllocNodeParams);
+    graph_mem_free_node_get_params = "cuGraphMemFreeNodeGetParams" / "cuGraphMemFreeNodeGetParams": fn(Ptr, *mut u64);
+    device_graph_mem_trim = "cuDeviceGraphMemTrim" / "cuDeviceGraphMemTrim": fn(c_int);
+    device_get_graph_mem_attribute = "cuDeviceGetGraphMemAttribute" / "cuDeviceGetGraphMemAttribute": fn(c_int, c_int, *mut c_void);
+    device_set_graph_mem_attribute = "cuDeviceSetGraphMemAttribute" / "cuDeviceSetGraphMemAttribute": fn(c_int, c_int, *mut c_void);
 }
 
 /// Calls a driver entry point, or answers cu::NOT_SUPPORTED when the driver lacks it.

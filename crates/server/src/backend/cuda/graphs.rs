@@ -7,17 +7,20 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use remora_cuda_abi::graphs::{
-    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemsetNodeParams,
+    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemAllocNodeParams, MemsetNodeParams,
 };
+use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, MemPoolProps};
 use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
+use remora_cuda_abi::{MemAccessDesc, MemLocation};
 use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::CudaBackend;
 use super::driver::{Driver, Ptr, ptr};
 use crate::backend::graphs::{
     CopySideOut, ExecUpdate, GraphCopySide, GraphMem, GraphMemOut, Graphs, HostNode, KernelNode,
-    LayoutOf, MemcpyNode, MemsetNode, NodeInfo, NodeParams, node_type,
+    LayoutOf, MemAllocNode, MemcpyNode, MemsetNode, NodeInfo, NodeParams, node_type,
 };
+use crate::backend::pools::LOCATION_TYPE_DEVICE;
 
 fn size(v: u64) -> CuResult<usize> {
     usize::try_from(v).map_err(|_| CuError(cu::INVALID_VALUE))
@@ -231,6 +234,9 @@ impl CudaBackend {
             NodeParams::EventWait(e) => {
                 call!(d.t, graph_add_event_wait_node(&mut node, g, dp, n, ptr(*e)))?;
             }
+            NodeParams::MemFree(p) => {
+                call!(d.t, graph_add_mem_free_node(&mut node, g, dp, n, *p))?;
+            }
         }
         Ok(node as usize as u64)
     }
@@ -281,7 +287,66 @@ impl CudaBackend {
     }
 }
 
+/// `location` with the client's device ordinal mapped to the driver's, and back.
+fn map_location(
+    location: MemLocation,
+    map: impl Fn(i32) -> CuResult<i32>,
+) -> CuResult<MemLocation> {
+    if location.kind == LOCATION_TYPE_DEVICE {
+        return Ok(MemLocation {
+            kind: location.kind,
+            id: map(location.id)?,
+        });
+    }
+    Ok(location)
+}
+
 impl Graphs for CudaBackend {
+    fn graph_add_mem_alloc_node(
+        &self,
+        ctx: u64,
+        graph: u64,
+        deps: &[u64],
+        m: &MemAllocNode,
+    ) -> CuResult<(u64, u64)> {
+        let d = self.in_ctx(ctx)?;
+        let real = |id| d.dev(id);
+        let access = m
+            .access
+            .iter()
+            .map(|a| {
+                Ok(MemAccessDesc {
+                    location: map_location(a.location, real)?,
+                    flags: a.flags,
+                })
+            })
+            .collect::<CuResult<Vec<_>>>()?;
+        let mut p = MemAllocNodeParams {
+            pool_props: MemPoolProps {
+                alloc_type: ALLOCATION_TYPE_PINNED,
+                location: map_location(m.location, real)?,
+                ..MemPoolProps::default()
+            },
+            access_descs: if access.is_empty() {
+                std::ptr::null()
+            } else {
+                access.as_ptr()
+            },
+            access_desc_count: access.len(),
+            bytesize: size(m.bytesize)?,
+            dptr: 0,
+        };
+        let deps: Vec<Ptr> = deps.iter().map(|&n| ptr(n)).collect();
+        let mut node: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one CUgraphNode and the params' dptr; `graph` is a graph of this
+        // session, `deps` holds its nodes, and `access` lives across the call.
+        call!(
+            d.t,
+            graph_add_mem_alloc_node(&mut node, ptr(graph), deps.as_ptr(), deps.len(), &mut p)
+        )?;
+        Ok((node as usize as u64, p.dptr))
+    }
+
     fn graph_create(&self, ctx: u64, flags: u32) -> CuResult<u64> {
         let d = self.in_ctx(ctx)?;
         let mut g: Ptr = std::ptr::null_mut();
@@ -483,6 +548,52 @@ impl Graphs for CudaBackend {
                     height: p.height as u64,
                     depth: p.depth as u64,
                 })
+            }
+            node_type::MEM_ALLOC => {
+                // SAFETY: all-zero is a valid value of this plain C struct.
+                let mut p: MemAllocNodeParams = unsafe { std::mem::zeroed() };
+                // SAFETY: an allocation node of this session; writes the struct, whose
+                // access array the driver owns.
+                call!(d.t, graph_mem_alloc_node_get_params(ptr(node), &mut p))?;
+                let n = p
+                    .access_desc_count
+                    .min(remora_proto::remora::RM_MAX_POOL_ACCESS as usize);
+                let access = if n == 0 || p.access_descs.is_null() {
+                    Vec::new()
+                } else {
+                    // SAFETY: the driver's array holds access_desc_count entries (read at
+                    // most that many), valid while the node is unchanged.
+                    unsafe { std::slice::from_raw_parts(p.access_descs, n) }.to_vec()
+                };
+                let client = |id: i32| {
+                    d.devices
+                        .iter()
+                        .position(|&r| r == id)
+                        .and_then(|i| i32::try_from(i).ok())
+                        .ok_or(CuError(cu::INVALID_DEVICE))
+                };
+                Ok(NodeInfo::MemAlloc {
+                    node: MemAllocNode {
+                        location: map_location(p.pool_props.location, client)?,
+                        access: access
+                            .into_iter()
+                            .map(|a| {
+                                Ok(MemAccessDesc {
+                                    location: map_location(a.location, client)?,
+                                    flags: a.flags,
+                                })
+                            })
+                            .collect::<CuResult<Vec<_>>>()?,
+                        bytesize: p.bytesize as u64,
+                    },
+                    dptr: p.dptr,
+                })
+            }
+            node_type::MEM_FREE => {
+                let mut p: u64 = 0;
+                // SAFETY: a free node of this session; writes one CUdeviceptr.
+                call!(d.t, graph_mem_free_node_get_params(ptr(node), &mut p))?;
+                Ok(NodeInfo::MemFree(p))
             }
             _ => Err(CuError(cu::INVALID_VALUE)),
         }

@@ -361,6 +361,47 @@ impl Backend for CudaBackend {
         u64::try_from(v).map_err(|_| CuError(cu::INVALID_VALUE))
     }
 
+    fn device_graph_mem_trim(&self, device: i32) -> CuResult<()> {
+        let d = self.d()?;
+        // SAFETY: a real device ordinal (mapped from the client's).
+        call!(d.t, device_graph_mem_trim(d.dev(device)?))
+    }
+
+    fn device_get_graph_mem_attribute(&self, device: i32, attribute: i32) -> CuResult<u64> {
+        let d = self.d()?;
+        let mut v: u64 = 0;
+        // SAFETY: a real device ordinal; every CUgraphMem_attribute is a cuuint64_t, written
+        // into a live cell.
+        call!(
+            d.t,
+            device_get_graph_mem_attribute(
+                d.dev(device)?,
+                attribute,
+                (&raw mut v).cast::<c_void>()
+            )
+        )?;
+        Ok(v)
+    }
+
+    fn device_set_graph_mem_attribute(
+        &self,
+        device: i32,
+        attribute: i32,
+        value: u64,
+    ) -> CuResult<()> {
+        let d = self.d()?;
+        let mut v = value;
+        // SAFETY: a real device ordinal; the value is a cuuint64_t in a live cell.
+        call!(
+            d.t,
+            device_set_graph_mem_attribute(
+                d.dev(device)?,
+                attribute,
+                (&raw mut v).cast::<c_void>()
+            )
+        )
+    }
+
     fn ctx_reset_persisting_l2_cache(&self, ctx: u64) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
         // SAFETY: no arguments; the context is current.

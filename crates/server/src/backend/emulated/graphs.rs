@@ -18,8 +18,8 @@ use remora_proto::cuda::{CuError, CuResult, cu};
 use super::{EmuOp, EmulatedBackend, State, fill};
 use crate::backend::graphs::{
     CopySideOut, EXEC_UPDATE_NODE_TYPE_CHANGED, EXEC_UPDATE_TOPOLOGY_CHANGED, ExecUpdate,
-    GraphCopySide, GraphMem, GraphMemOut, Graphs, LayoutOf, MemcpyNode, MemsetNode, NodeInfo,
-    NodeParams, node_type,
+    GraphCopySide, GraphMem, GraphMemOut, Graphs, LayoutOf, MemAllocNode, MemcpyNode, MemsetNode,
+    NodeInfo, NodeParams, mem_attr, node_type,
 };
 
 /// One node of an emulated graph.
@@ -57,6 +57,90 @@ pub(super) struct EmuGraphs {
     pub(super) execs: HashMap<u64, EmuExec>,
     /// Node → the graph it belongs to.
     owner: HashMap<u64, u64>,
+    /// Graph memory allocations.
+    pub(super) mem: EmuGraphMem,
+}
+
+/// Graph memory as the emulated device keeps it: every allocation node owns its bytes from
+/// when it is added (so its address is fixed); a launch that reaches the node makes it
+/// "used" until a free node, `cuMemFree` or `cuMemFreeAsync`. Reserved memory follows the
+/// used memory up and goes down only at a trim (`cuDeviceGraphMemTrim`), as on a GPU.
+#[derive(Debug, Default)]
+pub(super) struct EmuGraphMem {
+    /// Address → (size, allocated by a launch now).
+    allocs: HashMap<u64, (u64, bool)>,
+    used_high: u64,
+    reserved: u64,
+    reserved_high: u64,
+}
+
+impl EmuGraphMem {
+    fn used(&self) -> u64 {
+        self.allocs
+            .values()
+            .filter(|(_, a)| *a)
+            .map(|(s, _)| s)
+            .sum()
+    }
+
+    /// Whether `ptr` is a graph allocation.
+    pub(super) fn owns(&self, ptr: u64) -> bool {
+        self.allocs.contains_key(&ptr)
+    }
+
+    /// A launch reached the allocation node of `ptr`.
+    pub(super) fn allocated(&mut self, ptr: u64) {
+        if let Some((_, a)) = self.allocs.get_mut(&ptr) {
+            *a = true;
+        }
+        let used = self.used();
+        self.used_high = self.used_high.max(used);
+        self.reserved = self.reserved.max(used);
+        self.reserved_high = self.reserved_high.max(self.reserved);
+    }
+
+    /// A launch reached a free node of `ptr`.
+    pub(super) fn freed(&mut self, ptr: u64) {
+        if let Some((_, a)) = self.allocs.get_mut(&ptr) {
+            *a = false;
+        }
+    }
+
+    /// `cuMemFree`/`cuMemFreeAsync` of `ptr` outside a graph: only an allocation a launch
+    /// left allocated.
+    pub(super) fn free_outside(&mut self, ptr: u64) -> CuResult<()> {
+        match self.allocs.get_mut(&ptr) {
+            Some((_, a)) if *a => {
+                *a = false;
+                Ok(())
+            }
+            _ => Err(invalid()),
+        }
+    }
+
+    pub(super) fn trim(&mut self) {
+        self.reserved = self.used();
+    }
+
+    pub(super) fn attribute(&self, attribute: i32) -> CuResult<u64> {
+        Ok(match attribute {
+            mem_attr::USED_MEM_CURRENT => self.used(),
+            mem_attr::USED_MEM_HIGH => self.used_high,
+            mem_attr::RESERVED_MEM_CURRENT => self.reserved,
+            mem_attr::RESERVED_MEM_HIGH => self.reserved_high,
+            _ => return Err(invalid()),
+        })
+    }
+
+    /// `cuDeviceSetGraphMemAttribute`: only the high marks, only to 0.
+    pub(super) fn reset_high(&mut self, attribute: i32, value: u64) -> CuResult<()> {
+        match (attribute, value) {
+            (mem_attr::USED_MEM_HIGH, 0) => self.used_high = self.used(),
+            (mem_attr::RESERVED_MEM_HIGH, 0) => self.reserved_high = self.reserved,
+            _ => return Err(invalid()),
+        }
+        Ok(())
+    }
 }
 
 fn op_kind(op: &EmuOp) -> i32 {
@@ -69,6 +153,8 @@ fn op_kind(op: &EmuOp) -> i32 {
         EmuOp::Record(_) => node_type::EVENT_RECORD,
         EmuOp::Wait(_) => node_type::WAIT_EVENT,
         EmuOp::Nop => node_type::EMPTY,
+        EmuOp::MemAlloc(..) => node_type::MEM_ALLOC,
+        EmuOp::MemFree(_) => node_type::MEM_FREE,
     }
 }
 
@@ -218,6 +304,11 @@ fn info(op: &EmuOp) -> CuResult<NodeInfo> {
             height: 1,
             depth: 1,
         },
+        EmuOp::MemAlloc(p, node) => NodeInfo::MemAlloc {
+            node: node.clone(),
+            dptr: *p,
+        },
+        EmuOp::MemFree(p) => NodeInfo::MemFree(*p),
         _ => return Err(invalid()),
     })
 }
@@ -251,6 +342,12 @@ impl State {
                     .clone(),
             ),
             NodeParams::Empty => EmuOp::Nop,
+            NodeParams::MemFree(p) => {
+                if !self.graphs.mem.owns(*p) {
+                    return Err(invalid());
+                }
+                EmuOp::MemFree(*p)
+            }
             NodeParams::EventWait(e) | NodeParams::EventRecord(e) => {
                 self.events.get(e).ok_or(CuError(cu::INVALID_HANDLE))?;
                 match p {
@@ -259,6 +356,18 @@ impl State {
                 }
             }
         })
+    }
+
+    /// The bytes of a new graph allocation on device `dev`: its address is fixed from now.
+    pub(super) fn graph_alloc(
+        &mut self,
+        dev: i32,
+        node: &MemAllocNode,
+        limit: u64,
+    ) -> CuResult<u64> {
+        let p = self.alloc(dev, node.bytesize, limit, false)?;
+        self.graphs.mem.allocs.insert(p, (node.bytesize, false));
+        Ok(p)
     }
 
     fn graph_of(&self, node: u64) -> CuResult<u64> {
@@ -387,6 +496,34 @@ impl EmulatedBackend {
         run(g)
     }
 
+    /// Adds node `op` to graph `graph` of context `ctx` after `deps`.
+    fn add_op(&self, ctx: u64, graph: u64, deps: &[u64], op: EmuOp) -> CuResult<u64> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        if st.captures.values().any(|c| c.graph == graph) {
+            return Err(invalid());
+        }
+        let id = st.handle();
+        let g = st
+            .graphs
+            .graphs
+            .get_mut(&graph)
+            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        for (i, d) in deps.iter().enumerate() {
+            if g.node(*d).is_err() || deps[..i].contains(d) {
+                return Err(invalid());
+            }
+        }
+        g.nodes.push(EmuNode {
+            id,
+            kind: op_kind(&op),
+            op,
+            deps: deps.to_vec(),
+        });
+        st.graphs.owner.insert(id, graph);
+        Ok(id)
+    }
+
     /// Runs the operations of an executable graph with host nodes on the context's
     /// host-function thread.
     pub(super) fn launch_with_host_nodes(
@@ -431,6 +568,35 @@ impl Graphs for EmulatedBackend {
         })
     }
 
+    fn graph_add_mem_alloc_node(
+        &self,
+        ctx: u64,
+        graph: u64,
+        deps: &[u64],
+        node: &MemAllocNode,
+    ) -> CuResult<(u64, u64)> {
+        let dev = {
+            let st = self.lock();
+            let dev = st.ctx(ctx)?;
+            if node.location.kind != crate::backend::pools::LOCATION_TYPE_DEVICE
+                || node.location.id != dev
+            {
+                return Err(invalid());
+            }
+            dev
+        };
+        let p = self
+            .lock()
+            .graph_alloc(dev, node, self.config.memory_per_device)?;
+        let n = self.add_op(ctx, graph, deps, EmuOp::MemAlloc(p, node.clone()));
+        if n.is_err() {
+            let mut st = self.lock();
+            st.graphs.mem.allocs.remove(&p);
+            let _ = st.free(p);
+        }
+        Ok((n?, p))
+    }
+
     fn graph_add_node(
         &self,
         ctx: u64,
@@ -438,31 +604,12 @@ impl Graphs for EmulatedBackend {
         deps: &[u64],
         params: &NodeParams,
     ) -> CuResult<u64> {
-        let mut st = self.lock();
-        st.ctx(ctx)?;
-        let op = st.node_op(params)?;
-        if st.captures.values().any(|c| c.graph == graph) {
-            return Err(invalid());
-        }
-        let id = st.handle();
-        let g = st
-            .graphs
-            .graphs
-            .get_mut(&graph)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
-        for (i, d) in deps.iter().enumerate() {
-            if g.node(*d).is_err() || deps[..i].contains(d) {
-                return Err(invalid());
-            }
-        }
-        g.nodes.push(EmuNode {
-            id,
-            kind: op_kind(&op),
-            op,
-            deps: deps.to_vec(),
-        });
-        st.graphs.owner.insert(id, graph);
-        Ok(id)
+        let op = {
+            let st = self.lock();
+            st.ctx(ctx)?;
+            st.node_op(params)?
+        };
+        self.add_op(ctx, graph, deps, op)
     }
 
     fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()> {

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 
-use super::{EmulatedBackend, State};
+use super::{EmuOp, EmulatedBackend, State};
 use crate::backend::pools::{
     ALLOCATION_TYPE_PINNED, LOCATION_TYPE_DEVICE, MemAccessDesc, MemLocation, MemPools, PoolProps,
     attr,
@@ -178,10 +178,20 @@ impl EmulatedBackend {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
         if st.capturing.contains_key(&(ctx, stream)) {
-            tracing::warn!(
-                "emulated backend: stream-ordered allocation on a capturing stream is not emulated (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)"
-            );
-            st.refuse_in_capture(ctx, stream)?;
+            // Captured: a graph memory allocation node (from the device's memory, not the
+            // pool's: enough for the tests).
+            let dev = st.ctx(ctx)?;
+            let node = crate::backend::graphs::MemAllocNode {
+                location: crate::backend::pools::MemLocation {
+                    kind: crate::backend::pools::LOCATION_TYPE_DEVICE,
+                    id: dev,
+                },
+                access: Vec::new(),
+                bytesize: size,
+            };
+            let p = st.graph_alloc(dev, &node, self.config.memory_per_device)?;
+            st.capture(ctx, stream, EmuOp::MemAlloc(p, node));
+            return Ok(p);
         }
         let pool = match pool {
             Some(p) => p,
@@ -215,6 +225,13 @@ impl MemPools for EmulatedBackend {
     fn mem_free_async(&self, ctx: u64, stream: u64, ptr: u64) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
+        if st.graphs.mem.owns(ptr) {
+            // Captured: a free node; else an allocation a graph launch left allocated.
+            if st.capture(ctx, stream, EmuOp::MemFree(ptr)) {
+                return Ok(());
+            }
+            return st.graphs.mem.free_outside(ptr);
+        }
         st.refuse_in_capture(ctx, stream)?;
         st.pool_free(ptr)
     }
