@@ -18,12 +18,8 @@ pub(crate) fn run(server: &Endpoint, token: Option<&str>) -> Result<()> {
         client_name: concat!("remora info ", env!("CARGO_PKG_VERSION")).into(),
         capabilities: u64::from(REMORA_CAP_ONEWAY),
     };
-    let opening_call = token
-        .map(|t| remora_proto::token::hello_auth_call(&hello, t.as_bytes()))
-        .transpose()
-        .context("cannot encode HELLO_AUTH")?;
     let config = ClientConfig {
-        opening_call,
+        opening_call: crate::opening_call(&hello, token)?,
         ..ClientConfig::default()
     };
     let rpc = crate::connect(server, config)?;

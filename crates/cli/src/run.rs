@@ -173,12 +173,8 @@ pub(crate) fn probe(server: &Endpoint, token: Option<&str>) -> Result<()> {
         client_name: concat!("remora run ", env!("CARGO_PKG_VERSION")).into(),
         capabilities: 0,
     };
-    let opening_call = token
-        .map(|t| remora_proto::token::hello_auth_call(&hello, t.as_bytes()))
-        .transpose()
-        .context("cannot encode HELLO_AUTH")?;
     let config = ClientConfig {
-        opening_call,
+        opening_call: crate::opening_call(&hello, token)?,
         // The socket alone: a probe needs no shared memory.
         transport: match server {
             Endpoint::Unix(_) => TransportChoice::Unix,

@@ -7,16 +7,9 @@
 //! the protocol for implementers in other languages.
 #![forbid(unsafe_code)]
 
-/// Generated from `x/remora.x`.
-#[allow(
-    dead_code,
-    missing_docs,
-    unreachable_pub,
-    non_camel_case_types,
-    clippy::all
-)]
-pub mod remora {
-    include!(concat!(env!("OUT_DIR"), "/remora.rs"));
+remora_xdr::include_generated! {
+    /// Generated from `x/remora.x`.
+    pub mod remora = "remora.rs";
 }
 
 // The per-call glue of the `@glue`-annotated procedures: `client_glue!()`,

@@ -431,23 +431,16 @@ impl<'a> Gen<'a> {
                 let el = self.enc_base(ty, &Place::reference("x")).result();
                 fallible(format!("enc.put_fixed_array({}, {n}, |enc, x| {el})", p.rf))
             }
-            (Shape::Var(b), BaseType::Opaque) => fallible(format!(
-                "enc.put_opaque_bytes({}, {})",
-                p.rf,
-                self.bound_text(b, &self.bound_what(d))?
-            )),
-            (Shape::Var(b), BaseType::String) => fallible(format!(
-                "enc.put_string({}, {})",
-                p.rf,
-                self.bound_text(b, &self.bound_what(d))?
-            )),
             (Shape::Var(b), ty) => {
-                let el = self.enc_base(ty, &Place::reference("x")).result();
-                fallible(format!(
-                    "enc.put_array({}, {}, |enc, x| {el})",
-                    p.rf,
-                    self.bound_text(b, &self.bound_what(d))?
-                ))
+                let b = self.bound_text(b, &self.bound_what(d))?;
+                fallible(match ty {
+                    BaseType::Opaque => format!("enc.put_opaque_bytes({}, {b})", p.rf),
+                    BaseType::String => format!("enc.put_string({}, {b})", p.rf),
+                    ty => {
+                        let el = self.enc_base(ty, &Place::reference("x")).result();
+                        format!("enc.put_array({}, {b}, |enc, x| {el})", p.rf)
+                    }
+                })
             }
             (Shape::Optional, ty) => {
                 let el = self.enc_base(ty, &Place::reference("x")).result();
@@ -471,34 +464,21 @@ impl<'a> Gen<'a> {
     fn dec_decl(&self, d: &Decl) -> Result<String> {
         Ok(match (&d.shape, &d.ty) {
             (Shape::Plain, ty) => self.dec_base(ty),
-            (Shape::Fixed(n), BaseType::Opaque) => {
-                format!(
-                    "dec.get_fixed_opaque::<{}>()",
-                    self.bound(n, &self.size_what(d))?
-                )
+            (Shape::Fixed(n), ty) => {
+                let n = self.bound(n, &self.size_what(d))?;
+                match ty {
+                    BaseType::Opaque => format!("dec.get_fixed_opaque::<{n}>()"),
+                    ty => format!("dec.get_fixed_array::<_, {n}>(|dec| {})", self.dec_base(ty)),
+                }
             }
-            (Shape::Fixed(n), ty) => format!(
-                "dec.get_fixed_array::<_, {}>(|dec| {})",
-                self.bound(n, &self.size_what(d))?,
-                self.dec_base(ty)
-            ),
-            (Shape::Var(b), BaseType::Opaque) => {
-                format!(
-                    "dec.get_opaque({})",
-                    self.bound_text(b, &self.bound_what(d))?
-                )
+            (Shape::Var(b), ty) => {
+                let b = self.bound_text(b, &self.bound_what(d))?;
+                match ty {
+                    BaseType::Opaque => format!("dec.get_opaque({b})"),
+                    BaseType::String => format!("dec.get_string({b})"),
+                    ty => format!("dec.get_array({b}, |dec| {})", self.dec_base(ty)),
+                }
             }
-            (Shape::Var(b), BaseType::String) => {
-                format!(
-                    "dec.get_string({})",
-                    self.bound_text(b, &self.bound_what(d))?
-                )
-            }
-            (Shape::Var(b), ty) => format!(
-                "dec.get_array({}, |dec| {})",
-                self.bound_text(b, &self.bound_what(d))?,
-                self.dec_base(ty)
-            ),
             (Shape::Optional, ty) => {
                 format!("dec.get_option(|dec| {}.map(Box::new))", self.dec_base(ty))
             }

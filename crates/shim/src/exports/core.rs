@@ -378,9 +378,8 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
 pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut c_uint) -> CUresult {
     entry("cuCtxGetApiVersion", || {
         let v = state::session()?.ctx_get_api_version(state::ctx_or_current(ctx)?)?;
-        let v = c_uint::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
         // SAFETY: output pointer per cuda.h.
-        unsafe { put(version, v) }
+        unsafe { state::put_as(version, v) }
     })
 }
 
@@ -388,9 +387,8 @@ pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut c_uint) -
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     entry("cuCtxGetFlags", || {
         let v = state::session()?.ctx_get_flags(state::current_ctx()?)?;
-        let v = c_uint::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
         // SAFETY: output pointer per cuda.h.
-        unsafe { put(flags, v) }
+        unsafe { state::put_as(flags, v) }
     })
 }
 
@@ -416,9 +414,8 @@ pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
 pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
     entry("cuCtxGetCacheConfig", || {
         let v = state::session()?.ctx_get_cache_config(state::current_ctx()?)?;
-        let v = c_int::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
         // SAFETY: output pointer per cuda.h.
-        unsafe { put(config, v) }
+        unsafe { state::put_as(config, v) }
     })
 }
 
