@@ -46,15 +46,7 @@ fn gib(bytes: u64) -> f64 {
 }
 
 fn uuid(bytes: &[u8; 16]) -> String {
-    let h: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
+    format!("GPU-{}", remora_proto::uuid_groups(bytes, false))
 }
 
 /// Formats a HELLO reply.

@@ -1052,23 +1052,39 @@ impl<'a> Gen<'a> {
         })
     }
 
+    /// The number of `kind` `name` (declared at `pos`), which must not be in `seen`, the
+    /// numbers of the other ones of `of` (kind, name); it is added there.
+    fn unique_number(
+        &self,
+        seen: &mut HashMap<u32, Pos>,
+        kind: &str,
+        name: &str,
+        pos: Pos,
+        number: &Value,
+        of: (&str, &str),
+    ) -> Result<u32> {
+        let n = self.proc_number(number, &format!("the number of {kind} '{name}'"))?;
+        if let Some(prev) = seen.insert(n, pos) {
+            return self.err(
+                number.pos,
+                format!(
+                    "{kind} number {n} of {} '{}' is already used (at {})",
+                    of.0,
+                    of.1,
+                    self.files.describe(prev)
+                ),
+            );
+        }
+        Ok(n)
+    }
+
     fn gen_program(&mut self, p: &Program) -> Result<()> {
         let pnum = self.proc_number(&p.number, &format!("the number of program '{}'", p.name))?;
         let pconst = self.number_const(&p.name, p.pos, pnum, "Program number")?;
         let mut vnums: HashMap<u32, Pos> = HashMap::new();
         for v in &p.versions {
-            let vnum =
-                self.proc_number(&v.number, &format!("the number of version '{}'", v.name))?;
-            if let Some(prev) = vnums.insert(vnum, v.pos) {
-                return self.err(
-                    v.number.pos,
-                    format!(
-                        "version number {vnum} of program '{}' is already used (at {})",
-                        p.name,
-                        self.files.describe(prev)
-                    ),
-                );
-            }
+            let of = ("program", p.name.as_str());
+            let vnum = self.unique_number(&mut vnums, "version", &v.name, v.pos, &v.number, of)?;
             let vconst = self.number_const(&v.name, v.pos, vnum, "Version number")?;
             let base = type_name(&v.name);
             let client = format!("{base}Client");
@@ -1092,20 +1108,9 @@ impl<'a> Gen<'a> {
             let mut names = String::new();
             let mut dispatch = String::new();
             for pr in &v.procs {
-                let n = self.proc_number(
-                    &pr.number,
-                    &format!("the number of procedure '{}'", pr.name),
-                )?;
-                if let Some(prev) = pnums.insert(n, pr.pos) {
-                    return self.err(
-                        pr.number.pos,
-                        format!(
-                            "procedure number {n} of version '{}' is already used (at {})",
-                            v.name,
-                            self.files.describe(prev)
-                        ),
-                    );
-                }
+                let of = ("version", v.name.as_str());
+                let n =
+                    self.unique_number(&mut pnums, "procedure", &pr.name, pr.pos, &pr.number, of)?;
                 if pr.oneway && pr.result.ty != BaseType::Void {
                     return self.err(
                         pr.result.ty_pos,
