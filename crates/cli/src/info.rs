@@ -18,12 +18,8 @@ pub(crate) fn run(server: &Endpoint, token: Option<&str>) -> Result<()> {
         client_name: concat!("remora info ", env!("CARGO_PKG_VERSION")).into(),
         capabilities: u64::from(REMORA_CAP_ONEWAY),
     };
-    let opening_call = token
-        .map(|t| remora_proto::token::hello_auth_call(&hello, t.as_bytes()))
-        .transpose()
-        .context("cannot encode HELLO_AUTH")?;
     let config = ClientConfig {
-        opening_call,
+        opening_call: crate::opening_call(&hello, token)?,
         ..ClientConfig::default()
     };
     let rpc = crate::connect(server, config)?;
@@ -50,15 +46,7 @@ fn gib(bytes: u64) -> f64 {
 }
 
 fn uuid(bytes: &[u8; 16]) -> String {
-    let h: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
+    format!("GPU-{}", remora_proto::uuid_groups(bytes, false))
 }
 
 /// Formats a HELLO reply.

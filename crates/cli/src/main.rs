@@ -29,6 +29,18 @@ pub(crate) fn write_out(args: std::fmt::Arguments<'_>) {
 /// Connects to the Remora server at `server`. A connection that cannot be made is one line
 /// naming the URL, the system's reason and what to check; the `io::Error` stays the error's
 /// cause.
+/// The client configuration's opening call: HELLO_AUTH with `hello` and `token`, or none
+/// without a token.
+pub(crate) fn opening_call(
+    hello: &remora_proto::remora::HelloArgs,
+    token: Option<&str>,
+) -> Result<Option<remora_oncrpc::OpeningCall>> {
+    token
+        .map(|t| remora_proto::token::hello_auth_call(hello, t.as_bytes()))
+        .transpose()
+        .context("cannot encode HELLO_AUTH")
+}
+
 pub(crate) fn connect(
     server: &Endpoint,
     config: remora_oncrpc::ClientConfig,

@@ -173,12 +173,8 @@ pub(crate) fn probe(server: &Endpoint, token: Option<&str>) -> Result<()> {
         client_name: concat!("remora run ", env!("CARGO_PKG_VERSION")).into(),
         capabilities: 0,
     };
-    let opening_call = token
-        .map(|t| remora_proto::token::hello_auth_call(&hello, t.as_bytes()))
-        .transpose()
-        .context("cannot encode HELLO_AUTH")?;
     let config = ClientConfig {
-        opening_call,
+        opening_call: crate::opening_call(&hello, token)?,
         // The socket alone: a probe needs no shared memory.
         transport: match server {
             Endpoint::Unix(_) => TransportChoice::Unix,
@@ -269,31 +265,29 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn missing_program_is_a_clear_error() {
-        let err = run(RunOptions {
+    /// The error of `remora run` with `shim` and `command` and nothing else set.
+    fn run_error(shim: &str, command: &[&str]) -> String {
+        run(RunOptions {
             server: None,
             transport: TransportChoice::Auto,
-            shim: Some("/nonexistent".into()),
+            shim: Some(shim.into()),
             serve_args: vec![],
             auth_token_file: None,
-            command: vec![],
+            command: command.iter().map(|c| (*c).into()).collect(),
         })
-        .unwrap_err();
-        assert!(err.to_string().contains("remora run -- ./app"), "{err}");
+        .unwrap_err()
+        .to_string()
+    }
+
+    #[test]
+    fn missing_program_is_a_clear_error() {
+        let err = run_error("/nonexistent", &[]);
+        assert!(err.contains("remora run -- ./app"), "{err}");
     }
 
     #[test]
     fn missing_shim_is_a_clear_error() {
-        let err = run(RunOptions {
-            server: None,
-            transport: TransportChoice::Auto,
-            shim: Some("/nonexistent/libcuda.so".into()),
-            serve_args: vec![],
-            auth_token_file: None,
-            command: vec!["true".into()],
-        })
-        .unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/libcuda.so"), "{err}");
+        let err = run_error("/nonexistent/libcuda.so", &["true"]);
+        assert!(err.contains("/nonexistent/libcuda.so"), "{err}");
     }
 }

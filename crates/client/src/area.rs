@@ -144,14 +144,18 @@ impl Lease {
         }
     }
 
+    /// Counts a copy of `len` bytes into or out of the lease (`Session::area_bytes_copied`);
+    /// whether it fits in the lease.
+    fn count_copy(&self, len: usize) -> bool {
+        self.alloc.copied.fetch_add(len as u64, Ordering::Relaxed);
+        len as u64 <= self.len
+    }
+
     /// Copies `data` to the start of the lease (at most its length). Large copies are split
     /// between two threads: one core copies about 8 GB/s, less than the DMA on the other side
     /// of the area (measured on the H100 host: pageable copies were bounded by this copy).
     pub(crate) fn put(&self, data: &[u8]) -> bool {
-        self.alloc
-            .copied
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        if data.len() as u64 > self.len {
+        if !self.count_copy(data.len()) {
             return false;
         }
         let area = &self.alloc.area;
@@ -163,10 +167,7 @@ impl Lease {
     /// Copies the first `out.len()` bytes of the lease out (large copies on two threads, as
     /// [`Lease::put`]).
     pub(crate) fn get(&self, out: &mut [u8]) -> bool {
-        self.alloc
-            .copied
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
-        if out.len() as u64 > self.len {
+        if !self.count_copy(out.len()) {
             return false;
         }
         let area = &self.alloc.area;

@@ -47,6 +47,7 @@ pub use remora_oncrpc::{Endpoint, TransportChoice};
 pub use remora_proto::mem_prop as proto_mem_prop;
 pub use remora_proto::remora as proto;
 pub use remora_proto::stream_attr as proto_stream_attr;
+pub use remora_proto::uuid_groups;
 pub use safe::{
     Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,
 };

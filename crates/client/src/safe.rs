@@ -241,36 +241,31 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(buf)
     }
 
-    /// Copies `data` (exactly `len` values) to the device.
-    pub fn copy_from(&mut self, data: &[T]) -> CuResult<()> {
-        if data.len() != self.len {
+    /// Checks that a host slice of `n` values matches the buffer's length
+    /// (CUDA_ERROR_INVALID_VALUE otherwise); true when both are empty.
+    fn nothing_to_copy(&self, n: usize) -> CuResult<bool> {
+        if n != self.len {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        if data.is_empty() {
+        Ok(n == 0)
+    }
+
+    /// Copies `data` (exactly `len` values) to the device.
+    pub fn copy_from(&mut self, data: &[T]) -> CuResult<()> {
+        if self.nothing_to_copy(data.len())? {
             return Ok(());
         }
-        self.ctx.session().memcpy_htod(
-            self.ctx.inner.handle,
-            u64::from(RM_STREAM_LEGACY),
-            self.ptr,
-            bytes_of(data),
-        )
+        let (session, legacy) = (self.ctx.session(), u64::from(RM_STREAM_LEGACY));
+        session.memcpy_htod(self.ctx.inner.handle, legacy, self.ptr, bytes_of(data))
     }
 
     /// Copies the device contents into `out` (exactly `len` values).
     pub fn copy_to(&self, out: &mut [T]) -> CuResult<()> {
-        if out.len() != self.len {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        if out.is_empty() {
+        if self.nothing_to_copy(out.len())? {
             return Ok(());
         }
-        self.ctx.session().memcpy_dtoh(
-            self.ctx.inner.handle,
-            u64::from(RM_STREAM_LEGACY),
-            self.ptr,
-            bytes_of_mut(out),
-        )
+        let (session, legacy) = (self.ctx.session(), u64::from(RM_STREAM_LEGACY));
+        session.memcpy_dtoh(self.ctx.inner.handle, legacy, self.ptr, bytes_of_mut(out))
     }
 
     /// The contents as a vector.

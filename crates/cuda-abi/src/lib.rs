@@ -13,6 +13,29 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
+/// Asserts that `$t` is `$size` bytes long and that each field lies at its offset (the tests
+/// pin the layouts to cuda.h with it).
+#[cfg(all(test, target_pointer_width = "64"))]
+macro_rules! assert_layout {
+    // Two structs with the same fields (a struct and its older ABI version), side by side.
+    ([$t:ty, $u:ty], [$size:expr, $size_u:expr], {
+        $($field:ident: [$offset:expr, $offset_u:expr]),* $(,)?
+    }) => {{
+        assert_layout!($t, $size, { $($field: $offset),* });
+        assert_layout!($u, $size_u, { $($field: $offset_u),* });
+    }};
+    ($t:ty, $size:expr, { $($field:ident: $offset:expr),* $(,)? }) => {{
+        assert_eq!(std::mem::size_of::<$t>(), $size, "size of {}", stringify!($t));
+        $(assert_eq!(
+            std::mem::offset_of!($t, $field),
+            $offset,
+            "offset of {}::{}",
+            stringify!($t),
+            stringify!($field)
+        );)*
+    }};
+}
+
 pub mod graphs;
 pub mod pools;
 
@@ -221,147 +244,37 @@ pub struct MemAccessDesc {
 #[cfg(all(test, target_pointer_width = "64"))]
 mod tests {
     use super::*;
-    use std::mem::{offset_of, size_of};
 
     /// Sizes and offsets from CUDA 13.0's cuda.h on x86-64 (`offsetof` of each C field).
     #[test]
     fn layouts_match_cuda_h() {
-        assert_eq!(size_of::<Memcpy2D>(), 128);
-        let m2 = [
-            offset_of!(Memcpy2D, src_x_in_bytes),
-            offset_of!(Memcpy2D, src_y),
-            offset_of!(Memcpy2D, src_memory_type),
-            offset_of!(Memcpy2D, src_host),
-            offset_of!(Memcpy2D, src_device),
-            offset_of!(Memcpy2D, src_array),
-            offset_of!(Memcpy2D, src_pitch),
-            offset_of!(Memcpy2D, dst_x_in_bytes),
-            offset_of!(Memcpy2D, dst_y),
-            offset_of!(Memcpy2D, dst_memory_type),
-            offset_of!(Memcpy2D, dst_host),
-            offset_of!(Memcpy2D, dst_device),
-            offset_of!(Memcpy2D, dst_array),
-            offset_of!(Memcpy2D, dst_pitch),
-            offset_of!(Memcpy2D, width_in_bytes),
-            offset_of!(Memcpy2D, height),
-        ];
-        assert_eq!(
-            m2,
-            [
-                0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120
-            ]
-        );
-
-        assert_eq!(size_of::<Memcpy2DV1>(), 96);
-        let m2v1 = [
-            offset_of!(Memcpy2DV1, src_x_in_bytes),
-            offset_of!(Memcpy2DV1, src_y),
-            offset_of!(Memcpy2DV1, src_memory_type),
-            offset_of!(Memcpy2DV1, src_host),
-            offset_of!(Memcpy2DV1, src_device),
-            offset_of!(Memcpy2DV1, src_array),
-            offset_of!(Memcpy2DV1, src_pitch),
-            offset_of!(Memcpy2DV1, dst_x_in_bytes),
-            offset_of!(Memcpy2DV1, dst_y),
-            offset_of!(Memcpy2DV1, dst_memory_type),
-            offset_of!(Memcpy2DV1, dst_host),
-            offset_of!(Memcpy2DV1, dst_device),
-            offset_of!(Memcpy2DV1, dst_array),
-            offset_of!(Memcpy2DV1, dst_pitch),
-            offset_of!(Memcpy2DV1, width_in_bytes),
-            offset_of!(Memcpy2DV1, height),
-        ];
-        assert_eq!(
-            m2v1,
-            [0, 4, 8, 16, 24, 32, 40, 44, 48, 52, 56, 64, 72, 80, 84, 88]
-        );
-
-        assert_eq!(size_of::<Memcpy3D>(), 200);
-        let m3 = [
-            offset_of!(Memcpy3D, src_x_in_bytes),
-            offset_of!(Memcpy3D, src_y),
-            offset_of!(Memcpy3D, src_z),
-            offset_of!(Memcpy3D, src_lod),
-            offset_of!(Memcpy3D, src_memory_type),
-            offset_of!(Memcpy3D, src_host),
-            offset_of!(Memcpy3D, src_device),
-            offset_of!(Memcpy3D, src_array),
-            offset_of!(Memcpy3D, src_context),
-            offset_of!(Memcpy3D, src_pitch),
-            offset_of!(Memcpy3D, src_height),
-            offset_of!(Memcpy3D, dst_x_in_bytes),
-            offset_of!(Memcpy3D, dst_y),
-            offset_of!(Memcpy3D, dst_z),
-            offset_of!(Memcpy3D, dst_lod),
-            offset_of!(Memcpy3D, dst_memory_type),
-            offset_of!(Memcpy3D, dst_host),
-            offset_of!(Memcpy3D, dst_device),
-            offset_of!(Memcpy3D, dst_array),
-            offset_of!(Memcpy3D, dst_context),
-            offset_of!(Memcpy3D, dst_pitch),
-            offset_of!(Memcpy3D, dst_height),
-            offset_of!(Memcpy3D, width_in_bytes),
-            offset_of!(Memcpy3D, height),
-            offset_of!(Memcpy3D, depth),
-        ];
-        let want: Vec<usize> = (0..25).map(|i| i * 8).collect();
-        assert_eq!(m3.to_vec(), want);
-
-        assert_eq!(size_of::<Memcpy3DV1>(), 144);
-        let m3v1 = [
-            offset_of!(Memcpy3DV1, src_x_in_bytes),
-            offset_of!(Memcpy3DV1, src_y),
-            offset_of!(Memcpy3DV1, src_z),
-            offset_of!(Memcpy3DV1, src_lod),
-            offset_of!(Memcpy3DV1, src_memory_type),
-            offset_of!(Memcpy3DV1, src_host),
-            offset_of!(Memcpy3DV1, src_device),
-            offset_of!(Memcpy3DV1, src_array),
-            offset_of!(Memcpy3DV1, reserved0),
-            offset_of!(Memcpy3DV1, src_pitch),
-            offset_of!(Memcpy3DV1, src_height),
-            offset_of!(Memcpy3DV1, dst_x_in_bytes),
-            offset_of!(Memcpy3DV1, dst_y),
-            offset_of!(Memcpy3DV1, dst_z),
-            offset_of!(Memcpy3DV1, dst_lod),
-            offset_of!(Memcpy3DV1, dst_memory_type),
-            offset_of!(Memcpy3DV1, dst_host),
-            offset_of!(Memcpy3DV1, dst_device),
-            offset_of!(Memcpy3DV1, dst_array),
-            offset_of!(Memcpy3DV1, reserved1),
-            offset_of!(Memcpy3DV1, dst_pitch),
-            offset_of!(Memcpy3DV1, dst_height),
-            offset_of!(Memcpy3DV1, width_in_bytes),
-            offset_of!(Memcpy3DV1, height),
-            offset_of!(Memcpy3DV1, depth),
-        ];
-        assert_eq!(
-            m3v1,
-            [
-                0, 4, 8, 12, 16, 24, 32, 40, 48, 56, 60, 64, 68, 72, 76, 80, 88, 96, 104, 112, 120,
-                124, 128, 132, 136
-            ]
-        );
-
-        assert_eq!(size_of::<MemLocation>(), 8);
-        assert_eq!(size_of::<MemAllocationProp>(), 32);
-        assert_eq!(offset_of!(MemAllocationProp, location), 8);
-        assert_eq!(offset_of!(MemAllocationProp, win32_handle_meta_data), 16);
-        assert_eq!(offset_of!(MemAllocationProp, compression_type), 24);
-        assert_eq!(offset_of!(MemAllocationProp, usage), 26);
-        assert_eq!(size_of::<MemAccessDesc>(), 12);
-        assert_eq!(offset_of!(MemAccessDesc, flags), 8);
-        assert_eq!(size_of::<LaunchAttribute>(), 72);
-        assert_eq!(offset_of!(LaunchAttribute, value), 8);
-        assert_eq!(size_of::<LaunchConfig>(), 56);
-        let lc = [
-            offset_of!(LaunchConfig, grid),
-            offset_of!(LaunchConfig, block),
-            offset_of!(LaunchConfig, shared_mem_bytes),
-            offset_of!(LaunchConfig, stream),
-            offset_of!(LaunchConfig, attrs),
-            offset_of!(LaunchConfig, num_attrs),
-        ];
-        assert_eq!(lc, [0, 12, 24, 32, 40, 48]);
+        assert_layout!([Memcpy2D, Memcpy2DV1], [128, 96], {
+            src_x_in_bytes: [0, 0], src_y: [8, 4], src_memory_type: [16, 8],
+            src_host: [24, 16], src_device: [32, 24], src_array: [40, 32], src_pitch: [48, 40],
+            dst_x_in_bytes: [56, 44], dst_y: [64, 48], dst_memory_type: [72, 52],
+            dst_host: [80, 56], dst_device: [88, 64], dst_array: [96, 72], dst_pitch: [104, 80],
+            width_in_bytes: [112, 84], height: [120, 88],
+        });
+        // The version-1 3-D form has reserved words where the current one has contexts.
+        assert_layout!([Memcpy3D, Memcpy3DV1], [200, 144], {
+            src_x_in_bytes: [0, 0], src_y: [8, 4], src_z: [16, 8], src_lod: [24, 12],
+            src_memory_type: [32, 16], src_host: [40, 24], src_device: [48, 32],
+            src_array: [56, 40], src_pitch: [72, 56], src_height: [80, 60],
+            dst_x_in_bytes: [88, 64], dst_y: [96, 68], dst_z: [104, 72], dst_lod: [112, 76],
+            dst_memory_type: [120, 80], dst_host: [128, 88], dst_device: [136, 96],
+            dst_array: [144, 104], dst_pitch: [160, 120], dst_height: [168, 124],
+            width_in_bytes: [176, 128], height: [184, 132], depth: [192, 136],
+        });
+        assert_layout!(Memcpy3D, 200, { src_context: 64, dst_context: 152 });
+        assert_layout!(Memcpy3DV1, 144, { reserved0: 48, reserved1: 112 });
+        assert_layout!(MemLocation, 8, {});
+        assert_layout!(MemAllocationProp, 32, {
+            location: 8, win32_handle_meta_data: 16, compression_type: 24, usage: 26,
+        });
+        assert_layout!(MemAccessDesc, 12, { flags: 8 });
+        assert_layout!(LaunchAttribute, 72, { value: 8 });
+        assert_layout!(LaunchConfig, 56, {
+            grid: 0, block: 12, shared_mem_bytes: 24, stream: 32, attrs: 40, num_attrs: 48,
+        });
     }
 }

@@ -49,21 +49,13 @@ impl Default for MemPoolProps {
 #[cfg(all(test, target_pointer_width = "64"))]
 mod tests {
     use super::*;
-    use std::mem::{offset_of, size_of};
 
     /// Sizes and offsets from CUDA 13.0's cuda.h on x86-64.
     #[test]
     fn layouts_match_cuda_h() {
-        assert_eq!(size_of::<MemPoolProps>(), 88);
-        let o = [
-            offset_of!(MemPoolProps, alloc_type),
-            offset_of!(MemPoolProps, handle_types),
-            offset_of!(MemPoolProps, location),
-            offset_of!(MemPoolProps, win32_security_attributes),
-            offset_of!(MemPoolProps, max_size),
-            offset_of!(MemPoolProps, usage),
-            offset_of!(MemPoolProps, reserved),
-        ];
-        assert_eq!(o, [0, 4, 8, 16, 24, 32, 34]);
+        assert_layout!(MemPoolProps, 88, {
+            alloc_type: 0, handle_types: 4, location: 8, win32_security_attributes: 16,
+            max_size: 24, usage: 32, reserved: 34,
+        });
     }
 }

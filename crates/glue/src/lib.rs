@@ -398,7 +398,6 @@ impl<'a> Call<'a> {
     }
 
     fn client(&self, out: &mut String) {
-        let params = self.params();
         let conv = match &self.res {
             Res::Status => "CuError::check(reply)".to_owned(),
             Res::Value { union, ok, .. } => format!(
@@ -407,10 +406,8 @@ impl<'a> Call<'a> {
         };
         let _ = write!(
             out,
-            "{doc}pub fn {m}(&self{params}) -> {ret} {{\n let reply = self.rpc.{proc}({arg}).map_err(|e| from_rpc(\"{proc}\", e))?;\n {conv}\n}}\n",
-            doc = self.doc(),
-            m = self.a.method,
-            ret = self.ret(),
+            "{sig} {{\n let reply = self.rpc.{proc}({arg}).map_err(|e| from_rpc(\"{proc}\", e))?;\n {conv}\n}}\n",
+            sig = self.signature("pub "),
             proc = self.p.method,
             arg = self.arg_expr(),
         );
@@ -508,14 +505,19 @@ impl<'a> Call<'a> {
     }
 
     fn backend(&self, out: &mut String) {
-        let params = self.params();
-        let _ = writeln!(
-            out,
-            "{doc}fn {m}(&self{params}) -> {ret};",
+        let _ = writeln!(out, "{};", self.signature(""));
+    }
+
+    /// The documented signature of the method both the client's `Session` and the `Backend`
+    /// trait have (`vis` before `fn`).
+    fn signature(&self, vis: &str) -> String {
+        format!(
+            "{doc}{vis}fn {m}(&self{params}) -> {ret}",
             doc = self.doc(),
             m = self.a.method,
+            params = self.params(),
             ret = self.ret(),
-        );
+        )
     }
 }
 

@@ -74,35 +74,68 @@ fn now_ns() -> u128 {
 type Res = c_int;
 type Ptr = *mut c_void;
 
-/// The driver entry points a worker uses, from the library it loaded.
-struct Api {
-    _lib: libloading::Library,
-    init: unsafe extern "C" fn(c_uint) -> Res,
-    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> Res,
-    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res,
-    ctx_create: unsafe extern "C" fn(*mut Ptr, c_uint, c_int) -> Res,
-    module_load_data: unsafe extern "C" fn(*mut Ptr, *const c_void) -> Res,
-    module_get_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> Res,
-    stream_create: unsafe extern "C" fn(*mut Ptr, c_uint) -> Res,
-    stream_synchronize: unsafe extern "C" fn(Ptr) -> Res,
-    #[allow(clippy::type_complexity)]
-    launch: unsafe extern "C" fn(
-        Ptr,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        Ptr,
-        *mut Ptr,
-        *mut Ptr,
-    ) -> Res,
-    mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> Res,
-    mem_alloc_host: unsafe extern "C" fn(*mut Ptr, usize) -> Res,
-    memcpy_htod: unsafe extern "C" fn(u64, *const c_void, usize) -> Res,
-    memcpy_dtoh: unsafe extern "C" fn(Ptr, u64, usize) -> Res,
+/// `cuLaunchKernel`.
+type LaunchFn = unsafe extern "C" fn(
+    Ptr,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    Ptr,
+    *mut Ptr,
+    *mut Ptr,
+) -> Res;
+
+/// Declares [`Api`], one field per entry point with the C prototype of its cuda.h 13.0
+/// symbol, and `Api::resolve`, which looks every symbol up in the loaded library.
+macro_rules! driver_api {
+    ($($field:ident = $sym:literal: $ty:ty;)*) => {
+        /// The driver entry points a worker uses, from the library it loaded.
+        struct Api {
+            _lib: libloading::Library,
+            $($field: $ty,)*
+        }
+
+        impl Api {
+            /// The entry points of `lib`, loaded from `name`.
+            fn resolve(lib: libloading::Library, name: &std::ffi::OsStr) -> Result<Self> {
+                Ok(Self {
+                    $($field: {
+                        // SAFETY: the symbol is the cuda.h 13.0 entry point of that name,
+                        // whose C prototype is the field's type.
+                        *unsafe { lib.get::<$ty>($sym) }.with_context(|| {
+                            format!(
+                                "{} lacks {}",
+                                name.to_string_lossy(),
+                                String::from_utf8_lossy($sym)
+                            )
+                        })?
+                    },)*
+                    _lib: lib,
+                })
+            }
+        }
+    };
+}
+
+driver_api! {
+    init = b"cuInit": unsafe extern "C" fn(c_uint) -> Res;
+    device_get = b"cuDeviceGet": unsafe extern "C" fn(*mut c_int, c_int) -> Res;
+    device_get_name = b"cuDeviceGetName": unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res;
+    ctx_create = b"cuCtxCreate_v2": unsafe extern "C" fn(*mut Ptr, c_uint, c_int) -> Res;
+    module_load_data = b"cuModuleLoadData": unsafe extern "C" fn(*mut Ptr, *const c_void) -> Res;
+    module_get_function =
+        b"cuModuleGetFunction": unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> Res;
+    stream_create = b"cuStreamCreate": unsafe extern "C" fn(*mut Ptr, c_uint) -> Res;
+    stream_synchronize = b"cuStreamSynchronize": unsafe extern "C" fn(Ptr) -> Res;
+    launch = b"cuLaunchKernel": LaunchFn;
+    mem_alloc = b"cuMemAlloc_v2": unsafe extern "C" fn(*mut u64, usize) -> Res;
+    mem_alloc_host = b"cuMemAllocHost_v2": unsafe extern "C" fn(*mut Ptr, usize) -> Res;
+    memcpy_htod = b"cuMemcpyHtoD_v2": unsafe extern "C" fn(u64, *const c_void, usize) -> Res;
+    memcpy_dtoh = b"cuMemcpyDtoH_v2": unsafe extern "C" fn(Ptr, u64, usize) -> Res;
 }
 
 fn check(what: &str, rc: Res) -> Result<()> {
@@ -135,35 +168,7 @@ impl Api {
         if path.is_some() && !is_shim {
             bail!("{} is not Remora's shim", name.to_string_lossy());
         }
-        macro_rules! sym {
-            ($n:literal) => {
-                // SAFETY: the symbol is the cuda.h 13.0 entry point of that name, whose C
-                // prototype is the field's type.
-                *unsafe { lib.get($n) }.with_context(|| {
-                    format!(
-                        "{} lacks {}",
-                        name.to_string_lossy(),
-                        String::from_utf8_lossy($n)
-                    )
-                })?
-            };
-        }
-        Ok(Self {
-            init: sym!(b"cuInit"),
-            device_get: sym!(b"cuDeviceGet"),
-            device_get_name: sym!(b"cuDeviceGetName"),
-            ctx_create: sym!(b"cuCtxCreate_v2"),
-            module_load_data: sym!(b"cuModuleLoadData"),
-            module_get_function: sym!(b"cuModuleGetFunction"),
-            stream_create: sym!(b"cuStreamCreate"),
-            stream_synchronize: sym!(b"cuStreamSynchronize"),
-            launch: sym!(b"cuLaunchKernel"),
-            mem_alloc: sym!(b"cuMemAlloc_v2"),
-            mem_alloc_host: sym!(b"cuMemAllocHost_v2"),
-            memcpy_htod: sym!(b"cuMemcpyHtoD_v2"),
-            memcpy_dtoh: sym!(b"cuMemcpyDtoH_v2"),
-            _lib: lib,
-        })
+        Self::resolve(lib, &name)
     }
 }
 

@@ -237,6 +237,16 @@ impl fmt::Debug for Client {
 
 /// Makes `call` on the fresh `stream` and returns its results (the bytes after the accepted
 /// reply header), reading exactly its reply.
+/// Encodes the call's credential (`config.credential`) and an AUTH_NONE verifier.
+fn encode_auth(config: &ClientConfig, enc: &mut Encoder) -> Result<(), RpcError> {
+    let cred = config
+        .credential
+        .to_opaque_auth()
+        .map_err(RpcError::Encode)?;
+    xdr::XdrEncode::encode(&cred, enc).map_err(RpcError::Encode)?;
+    xdr::XdrEncode::encode(&OpaqueAuth::NONE, enc).map_err(RpcError::Encode)
+}
+
 fn make_opening_call(
     stream: &mut Stream,
     call: &OpeningCall,
@@ -254,12 +264,7 @@ fn make_opening_call(
     ] {
         enc.put_u32(w);
     }
-    let cred = config
-        .credential
-        .to_opaque_auth()
-        .map_err(RpcError::Encode)?;
-    xdr::XdrEncode::encode(&cred, &mut enc).map_err(RpcError::Encode)?;
-    xdr::XdrEncode::encode(&OpaqueAuth::NONE, &mut enc).map_err(RpcError::Encode)?;
+    encode_auth(config, &mut enc)?;
     enc.put_raw(&call.args);
     let timeout = config
         .connect_timeout
@@ -392,12 +397,7 @@ impl Client {
         let reader = stream.try_clone()?;
         let control = stream.try_clone()?;
         let mut enc = Encoder::new();
-        let cred = config
-            .credential
-            .to_opaque_auth()
-            .map_err(RpcError::Encode)?;
-        xdr::XdrEncode::encode(&cred, &mut enc).map_err(RpcError::Encode)?;
-        xdr::XdrEncode::encode(&OpaqueAuth::NONE, &mut enc).map_err(RpcError::Encode)?;
+        encode_auth(&config, &mut enc)?;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))

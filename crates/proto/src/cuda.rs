@@ -6,36 +6,10 @@ use std::ffi::{CStr, CString};
 use std::fmt;
 use std::sync::OnceLock;
 
-/// The `CUresult` codes this crate produces itself (the full table is [`cu_results`]).
-#[allow(missing_docs)]
+/// Every `CUresult` code by name (`CUDA_ERROR_INVALID_VALUE` is `cu::INVALID_VALUE`), generated
+/// by `build.rs` from the same table as [`cu_results`].
 pub mod cu {
-    pub const SUCCESS: i32 = 0;
-    pub const INVALID_VALUE: i32 = 1;
-    pub const OUT_OF_MEMORY: i32 = 2;
-    pub const NOT_INITIALIZED: i32 = 3;
-    pub const DEINITIALIZED: i32 = 4;
-    pub const DEVICE_UNAVAILABLE: i32 = 46;
-    pub const NO_DEVICE: i32 = 100;
-    pub const INVALID_DEVICE: i32 = 101;
-    pub const INVALID_IMAGE: i32 = 200;
-    pub const FILE_NOT_FOUND: i32 = 301;
-    pub const INVALID_CONTEXT: i32 = 201;
-    pub const UNSUPPORTED_LIMIT: i32 = 215;
-    pub const NOT_FOUND: i32 = 500;
-    pub const NOT_READY: i32 = 600;
-    pub const ILLEGAL_ADDRESS: i32 = 700;
-    pub const CONTEXT_IS_DESTROYED: i32 = 709;
-    pub const LAUNCH_FAILED: i32 = 719;
-    pub const INVALID_HANDLE: i32 = 400;
-    pub const NOT_PERMITTED: i32 = 800;
-    pub const NOT_SUPPORTED: i32 = 801;
-    pub const ILLEGAL_STATE: i32 = 401;
-    pub const STREAM_CAPTURE_UNSUPPORTED: i32 = 900;
-    pub const STREAM_CAPTURE_INVALIDATED: i32 = 901;
-    pub const STREAM_CAPTURE_UNMATCHED: i32 = 903;
-    pub const STREAM_CAPTURE_WRONG_THREAD: i32 = 908;
-    pub const GRAPH_EXEC_UPDATE_FAILURE: i32 = 910;
-    pub const UNKNOWN: i32 = 999;
+    include!(concat!(env!("OUT_DIR"), "/cu.rs"));
 }
 
 /// A CUDA driver error: the `CUresult` code (never 0).

@@ -7,16 +7,9 @@
 //! the protocol for implementers in other languages.
 #![forbid(unsafe_code)]
 
-/// Generated from `x/remora.x`.
-#[allow(
-    dead_code,
-    missing_docs,
-    unreachable_pub,
-    non_camel_case_types,
-    clippy::all
-)]
-pub mod remora {
-    include!(concat!(env!("OUT_DIR"), "/remora.rs"));
+remora_xdr::include_generated! {
+    /// Generated from `x/remora.x`.
+    pub mod remora = "remora.rs";
 }
 
 // The per-call glue of the `@glue`-annotated procedures: `client_glue!()`,
@@ -28,12 +21,30 @@ pub mod mem_prop;
 pub mod stream_attr;
 pub mod token;
 
+/// A device UUID in the 8-4-4-4-12 hex groups CUDA's tools print (upper- or lowercase
+/// digits), without the prefix or braces each tool adds.
+pub fn uuid_groups(uuid: &[u8; 16], upper: bool) -> String {
+    let h: Vec<String> = uuid
+        .iter()
+        .map(|b| {
+            if upper {
+                format!("{b:02X}")
+            } else {
+                format!("{b:02x}")
+            }
+        })
+        .collect();
+    [&h[0..4], &h[4..6], &h[6..8], &h[8..10], &h[10..16]]
+        .map(|g| g.concat())
+        .join("-")
+}
+
 /// The `remora.x` source, for tools that want to show or ship it.
 pub const REMORA_X: &str = include_str!("../x/remora.x");
 
 #[cfg(test)]
 mod tests {
-    use remora_xdr::{Decoder, Encoder, XdrDecode, XdrEncode};
+    use remora_xdr::{Encoder, XdrEncode, decode_all};
 
     use super::remora::*;
 
@@ -60,9 +71,7 @@ mod tests {
                 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 2, b'a', b'b', 0, 0, 0, 0, 0, 0, 0, 0, 0, 1
             ]
         );
-        let mut dec = Decoder::new(bytes);
-        assert_eq!(HelloArgs::decode(&mut dec).unwrap(), args);
-        dec.finish().unwrap();
+        assert_eq!(decode_all::<HelloArgs>(bytes).unwrap(), args);
     }
 
     #[test]
@@ -107,9 +116,7 @@ mod tests {
         for reply in replies {
             let mut enc = Encoder::new();
             reply.encode(&mut enc).unwrap();
-            let mut dec = Decoder::new(enc.to_bytes());
-            assert_eq!(HelloReply::decode(&mut dec).unwrap(), reply);
-            dec.finish().unwrap();
+            assert_eq!(decode_all::<HelloReply>(enc.to_bytes()).unwrap(), reply);
         }
     }
 

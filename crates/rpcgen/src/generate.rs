@@ -431,23 +431,16 @@ impl<'a> Gen<'a> {
                 let el = self.enc_base(ty, &Place::reference("x")).result();
                 fallible(format!("enc.put_fixed_array({}, {n}, |enc, x| {el})", p.rf))
             }
-            (Shape::Var(b), BaseType::Opaque) => fallible(format!(
-                "enc.put_opaque_bytes({}, {})",
-                p.rf,
-                self.bound_text(b, &self.bound_what(d))?
-            )),
-            (Shape::Var(b), BaseType::String) => fallible(format!(
-                "enc.put_string({}, {})",
-                p.rf,
-                self.bound_text(b, &self.bound_what(d))?
-            )),
             (Shape::Var(b), ty) => {
-                let el = self.enc_base(ty, &Place::reference("x")).result();
-                fallible(format!(
-                    "enc.put_array({}, {}, |enc, x| {el})",
-                    p.rf,
-                    self.bound_text(b, &self.bound_what(d))?
-                ))
+                let b = self.bound_text(b, &self.bound_what(d))?;
+                fallible(match ty {
+                    BaseType::Opaque => format!("enc.put_opaque_bytes({}, {b})", p.rf),
+                    BaseType::String => format!("enc.put_string({}, {b})", p.rf),
+                    ty => {
+                        let el = self.enc_base(ty, &Place::reference("x")).result();
+                        format!("enc.put_array({}, {b}, |enc, x| {el})", p.rf)
+                    }
+                })
             }
             (Shape::Optional, ty) => {
                 let el = self.enc_base(ty, &Place::reference("x")).result();
@@ -471,34 +464,21 @@ impl<'a> Gen<'a> {
     fn dec_decl(&self, d: &Decl) -> Result<String> {
         Ok(match (&d.shape, &d.ty) {
             (Shape::Plain, ty) => self.dec_base(ty),
-            (Shape::Fixed(n), BaseType::Opaque) => {
-                format!(
-                    "dec.get_fixed_opaque::<{}>()",
-                    self.bound(n, &self.size_what(d))?
-                )
+            (Shape::Fixed(n), ty) => {
+                let n = self.bound(n, &self.size_what(d))?;
+                match ty {
+                    BaseType::Opaque => format!("dec.get_fixed_opaque::<{n}>()"),
+                    ty => format!("dec.get_fixed_array::<_, {n}>(|dec| {})", self.dec_base(ty)),
+                }
             }
-            (Shape::Fixed(n), ty) => format!(
-                "dec.get_fixed_array::<_, {}>(|dec| {})",
-                self.bound(n, &self.size_what(d))?,
-                self.dec_base(ty)
-            ),
-            (Shape::Var(b), BaseType::Opaque) => {
-                format!(
-                    "dec.get_opaque({})",
-                    self.bound_text(b, &self.bound_what(d))?
-                )
+            (Shape::Var(b), ty) => {
+                let b = self.bound_text(b, &self.bound_what(d))?;
+                match ty {
+                    BaseType::Opaque => format!("dec.get_opaque({b})"),
+                    BaseType::String => format!("dec.get_string({b})"),
+                    ty => format!("dec.get_array({b}, |dec| {})", self.dec_base(ty)),
+                }
             }
-            (Shape::Var(b), BaseType::String) => {
-                format!(
-                    "dec.get_string({})",
-                    self.bound_text(b, &self.bound_what(d))?
-                )
-            }
-            (Shape::Var(b), ty) => format!(
-                "dec.get_array({}, |dec| {})",
-                self.bound_text(b, &self.bound_what(d))?,
-                self.dec_base(ty)
-            ),
             (Shape::Optional, ty) => {
                 format!("dec.get_option(|dec| {}.map(Box::new))", self.dec_base(ty))
             }
@@ -1072,23 +1052,39 @@ impl<'a> Gen<'a> {
         })
     }
 
+    /// The number of `kind` `name` (declared at `pos`), which must not be in `seen`, the
+    /// numbers of the other ones of `of` (kind, name); it is added there.
+    fn unique_number(
+        &self,
+        seen: &mut HashMap<u32, Pos>,
+        kind: &str,
+        name: &str,
+        pos: Pos,
+        number: &Value,
+        of: (&str, &str),
+    ) -> Result<u32> {
+        let n = self.proc_number(number, &format!("the number of {kind} '{name}'"))?;
+        if let Some(prev) = seen.insert(n, pos) {
+            return self.err(
+                number.pos,
+                format!(
+                    "{kind} number {n} of {} '{}' is already used (at {})",
+                    of.0,
+                    of.1,
+                    self.files.describe(prev)
+                ),
+            );
+        }
+        Ok(n)
+    }
+
     fn gen_program(&mut self, p: &Program) -> Result<()> {
         let pnum = self.proc_number(&p.number, &format!("the number of program '{}'", p.name))?;
         let pconst = self.number_const(&p.name, p.pos, pnum, "Program number")?;
         let mut vnums: HashMap<u32, Pos> = HashMap::new();
         for v in &p.versions {
-            let vnum =
-                self.proc_number(&v.number, &format!("the number of version '{}'", v.name))?;
-            if let Some(prev) = vnums.insert(vnum, v.pos) {
-                return self.err(
-                    v.number.pos,
-                    format!(
-                        "version number {vnum} of program '{}' is already used (at {})",
-                        p.name,
-                        self.files.describe(prev)
-                    ),
-                );
-            }
+            let of = ("program", p.name.as_str());
+            let vnum = self.unique_number(&mut vnums, "version", &v.name, v.pos, &v.number, of)?;
             let vconst = self.number_const(&v.name, v.pos, vnum, "Version number")?;
             let base = type_name(&v.name);
             let client = format!("{base}Client");
@@ -1112,20 +1108,9 @@ impl<'a> Gen<'a> {
             let mut names = String::new();
             let mut dispatch = String::new();
             for pr in &v.procs {
-                let n = self.proc_number(
-                    &pr.number,
-                    &format!("the number of procedure '{}'", pr.name),
-                )?;
-                if let Some(prev) = pnums.insert(n, pr.pos) {
-                    return self.err(
-                        pr.number.pos,
-                        format!(
-                            "procedure number {n} of version '{}' is already used (at {})",
-                            v.name,
-                            self.files.describe(prev)
-                        ),
-                    );
-                }
+                let of = ("version", v.name.as_str());
+                let n =
+                    self.unique_number(&mut pnums, "procedure", &pr.name, pr.pos, &pr.number, of)?;
                 if pr.oneway && pr.result.ty != BaseType::Void {
                     return self.err(
                         pr.result.ty_pos,

@@ -127,9 +127,10 @@
 //! * Per version `V`: `VClient`, `VServer` (trait), `VService<S>`.
 //! * Two C names that convert to the same Rust name are an error naming both.
 //! * Generated code may trip `dead_code`, `missing_docs`, `unreachable_pub`,
-//!   `non_camel_case_types` and clippy's style lints ([`ALLOWED_LINTS`]). Put
-//!   `#[allow(..)]` with them on the module that `include!`s the code (an included file cannot
-//!   carry inner attributes); crates written by `remora rpcgen` start with `#![allow(..)]`.
+//!   `non_camel_case_types` and clippy's style lints ([`ALLOWED_LINTS`]). Include the code
+//!   with `remora_xdr::include_generated!`, which puts `#[allow(..)]` with them on the module
+//!   (an included file cannot carry inner attributes); crates written by `remora rpcgen`
+//!   start with `#![allow(..)]`.
 //!
 //! # Generated client and server
 //!

@@ -519,14 +519,7 @@ impl Parser<'_> {
         };
         let plain = shape == Shape::Plain;
         let ty = self.resolve_spec(spec, &name, typedef, plain);
-        check_shape(self.files, &ty, ty_pos, &shape, &name)?;
-        Ok(Decl {
-            name,
-            pos,
-            ty,
-            ty_pos,
-            shape,
-        })
+        self.shaped_decl(name, pos, ty, ty_pos, shape, context)
     }
 
     /// A procedure argument or result: a type, optionally `*` or `<n>`, optionally a name.
@@ -563,13 +556,22 @@ impl Parser<'_> {
             }
             _ => (String::new(), ty_pos),
         };
-        check_shape(
-            self.files,
-            &ty,
-            ty_pos,
-            &shape,
-            if name.is_empty() { context } else { &name },
-        )?;
+        self.shaped_decl(name, pos, ty, ty_pos, shape, context)
+    }
+
+    /// Declaration `name` (at `pos`; `context` when unnamed) of `ty` (at `ty_pos`), once
+    /// `shape` is checked to suit `ty`.
+    fn shaped_decl(
+        &self,
+        name: String,
+        pos: Pos,
+        ty: BaseType,
+        ty_pos: Pos,
+        shape: Shape,
+        context: &str,
+    ) -> Result<Decl> {
+        let what = if name.is_empty() { context } else { &name };
+        check_shape(self.files, &ty, ty_pos, &shape, what)?;
         Ok(Decl {
             name,
             pos,

@@ -31,6 +31,13 @@ static bool_t copy_via_xdr(xdrproc_t proc, void *src, void *dst, size_t dst_size
     return ok;
 }
 
+/* A procedure that answers a deep copy of its argument of type TYPE. */
+#define ECHO_SVC(PROC, TYPE)                                                      \
+    bool_t rt_##PROC##_1_svc(TYPE arg, TYPE *result, struct svc_req *req) {      \
+        (void)req;                                                                \
+        return copy_via_xdr((xdrproc_t)xdr_##TYPE, &arg, result, sizeof *result); \
+    }
+
 bool_t rt_null_1_svc(void *result, struct svc_req *req) {
     (void)result; (void)req;
     return TRUE;
@@ -51,10 +58,7 @@ bool_t rt_add_1_svc(int a, int b, int *result, struct svc_req *req) {
     return TRUE;
 }
 
-bool_t rt_shape_echo_1_svc(shape arg, shape *result, struct svc_req *req) {
-    (void)req;
-    return copy_via_xdr((xdrproc_t)xdr_shape, &arg, result, sizeof *result);
-}
+ECHO_SVC(shape_echo, shape)
 
 bool_t rt_list_reverse_1_svc(int_list arg, int_list *result, struct svc_req *req) {
     (void)req;
@@ -70,15 +74,9 @@ bool_t rt_list_reverse_1_svc(int_list arg, int_list *result, struct svc_req *req
     return TRUE;
 }
 
-bool_t rt_arrays_echo_1_svc(arrays arg, arrays *result, struct svc_req *req) {
-    (void)req;
-    return copy_via_xdr((xdrproc_t)xdr_arrays, &arg, result, sizeof *result);
-}
+ECHO_SVC(arrays_echo, arrays)
 
-bool_t rt_names_echo_1_svc(name_list arg, name_list *result, struct svc_req *req) {
-    (void)req;
-    return copy_via_xdr((xdrproc_t)xdr_name_list, &arg, result, sizeof *result);
-}
+ECHO_SVC(names_echo, name_list)
 
 bool_t rt_list_sum_1_svc(int_list arg, int *result, struct svc_req *req) {
     (void)req;

@@ -20,14 +20,7 @@ mod service;
 
 pub use service::RtService;
 
-/// Code generated from `x/rpctest.x` by `remora-rpcgen` at build time.
-#[allow(
-    dead_code,
-    missing_docs,
-    unreachable_pub,
-    non_camel_case_types,
-    clippy::all
-)]
-pub mod rpctest {
-    include!(concat!(env!("OUT_DIR"), "/rpctest.rs"));
+remora_xdr::include_generated! {
+    /// Code generated from `x/rpctest.x` by `remora-rpcgen` at build time.
+    pub mod rpctest = "rpctest.rs";
 }

@@ -304,22 +304,22 @@ impl PendingCopies {
         }
         let first = !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed);
         let line = "asynchronous device-to-host copy refused with CUDA_ERROR_OUT_OF_MEMORY: the session's undelivered copies would pass --max-pending-copy-bytes (the program issues copies without synchronizing; a synchronizing call delivers them and makes room, or raise the limit)";
+        // Warned once per session, then at debug level.
+        macro_rules! refused {
+            ($level:ident) => {
+                tracing::$level!(
+                    connection = self.connection,
+                    staged,
+                    copy_bytes = bytes,
+                    limit = self.max_bytes,
+                    "{line}"
+                )
+            };
+        }
         if first {
-            tracing::warn!(
-                connection = self.connection,
-                staged,
-                copy_bytes = bytes,
-                limit = self.max_bytes,
-                "{line}"
-            );
+            refused!(warn);
         } else {
-            tracing::debug!(
-                connection = self.connection,
-                staged,
-                copy_bytes = bytes,
-                limit = self.max_bytes,
-                "{line}"
-            );
+            refused!(debug);
         }
         Err(CuError(cu::OUT_OF_MEMORY))
     }
@@ -655,6 +655,15 @@ impl SessionState {
         }
     }
 
+    /// The bases of the session's ranges of `kind` in context handle `ctx`.
+    pub(crate) fn ranges_of(&self, ctx: u64, kind: RangeKind) -> Vec<u64> {
+        self.ranges
+            .iter()
+            .filter(|(_, r)| r.ctx == ctx && r.kind == kind)
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
     /// Checks that `[ptr, ptr + len)` lies inside one of the session's ranges.
     pub(crate) fn check_range(&self, ptr: u64, len: u64) -> CuResult<()> {
         let (base, r) = self
@@ -785,13 +794,7 @@ impl SessionState {
         self.forget_orphan_nodes();
         self.forget_graph_mem_of(ctx);
         self.free_stream_ordered(backend, ctx, raw_ctx);
-        let allocations: Vec<u64> = self
-            .ranges
-            .iter()
-            .filter(|(_, r)| r.ctx == ctx && r.kind == RangeKind::Alloc)
-            .map(|(p, _)| *p)
-            .collect();
-        for ptr in allocations {
+        for ptr in self.ranges_of(ctx, RangeKind::Alloc) {
             self.ranges.remove(&ptr);
             if let Err(e) = backend.mem_free(raw_ctx, ptr) {
                 tracing::debug!(ptr, error = e.0, "cleanup: cuMemFree refused");

@@ -162,15 +162,7 @@ pub const fn uuid(s: &str) -> Uuid {
 
 /// The UUID as CUDA tools print it: `{6BD5FB6C-5BF4-E74A-8987-D93912FD9DF9}`.
 pub fn format_uuid(u: &Uuid) -> String {
-    let h: Vec<String> = u.iter().map(|b| format!("{b:02X}")).collect();
-    format!(
-        "{{{}-{}-{}-{}-{}}}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
+    format!("{{{}}}", remora_client::uuid_groups(u, true))
 }
 
 // Traps --------------------------------------------------------------------------------------

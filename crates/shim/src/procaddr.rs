@@ -46,43 +46,28 @@ mod tests {
 
     #[test]
     fn picks_the_variant_by_version_and_flags() {
-        assert_eq!(resolve_name("cuMemAlloc", 13000, 0), Ok("cuMemAlloc_v2"));
-        assert_eq!(resolve_name("cuMemAlloc", 2000, 0), Ok("cuMemAlloc"));
-        assert_eq!(resolve_name("cuCtxCreate", 12000, 0), Ok("cuCtxCreate_v3"));
-        assert_eq!(resolve_name("cuCtxCreate", 13000, 0), Ok("cuCtxCreate_v4"));
-        assert_eq!(
-            resolve_name("cuEventElapsedTime", 12080, 0),
-            Ok("cuEventElapsedTime_v2")
-        );
-        assert_eq!(
-            resolve_name("cuEventElapsedTime", 12000, 0),
-            Ok("cuEventElapsedTime")
-        );
-        assert_eq!(
-            resolve_name("cuMemcpyHtoD", 13000, 2),
-            Ok("cuMemcpyHtoD_v2_ptds")
-        );
-        assert_eq!(
-            resolve_name("cuMemcpyHtoD", 13000, 1),
-            Ok("cuMemcpyHtoD_v2")
-        );
-        assert_eq!(
-            resolve_name("cuLaunchKernel", 13000, 2),
-            Ok("cuLaunchKernel_ptsz")
-        );
-        assert_eq!(resolve_name("cuInit", 13000, 2), Ok("cuInit"));
-        assert_eq!(
-            resolve_name("cuGetProcAddress", 13000, 0),
-            Ok("cuGetProcAddress_v2")
-        );
-        assert_eq!(
-            resolve_name("cuNoSuchThing", 13000, 0),
-            Err(SYMBOL_NOT_FOUND)
-        );
-        assert_eq!(
-            resolve_name("cuLaunchKernelEx", 11000, 0),
-            Err(VERSION_NOT_SUFFICIENT)
-        );
+        let cases = [
+            ("cuMemAlloc", 13000, 0, Ok("cuMemAlloc_v2")),
+            ("cuMemAlloc", 2000, 0, Ok("cuMemAlloc")),
+            ("cuCtxCreate", 12000, 0, Ok("cuCtxCreate_v3")),
+            ("cuCtxCreate", 13000, 0, Ok("cuCtxCreate_v4")),
+            ("cuEventElapsedTime", 12080, 0, Ok("cuEventElapsedTime_v2")),
+            ("cuEventElapsedTime", 12000, 0, Ok("cuEventElapsedTime")),
+            ("cuMemcpyHtoD", 13000, 2, Ok("cuMemcpyHtoD_v2_ptds")),
+            ("cuMemcpyHtoD", 13000, 1, Ok("cuMemcpyHtoD_v2")),
+            ("cuLaunchKernel", 13000, 2, Ok("cuLaunchKernel_ptsz")),
+            ("cuInit", 13000, 2, Ok("cuInit")),
+            ("cuGetProcAddress", 13000, 0, Ok("cuGetProcAddress_v2")),
+            ("cuNoSuchThing", 13000, 0, Err(SYMBOL_NOT_FOUND)),
+            ("cuLaunchKernelEx", 11000, 0, Err(VERSION_NOT_SUFFICIENT)),
+        ];
+        for (name, version, flags, want) in cases {
+            assert_eq!(
+                resolve_name(name, version, flags),
+                want,
+                "{name} {version} {flags}"
+            );
+        }
     }
 
     #[test]

@@ -315,6 +315,24 @@ pub unsafe fn put<T>(p: *mut T, v: T) -> CuResult<()> {
     Ok(())
 }
 
+/// [`put`] of `v` converted to the output's C type (a value that does not fit is
+/// CUDA_ERROR_UNKNOWN).
+///
+/// # Safety
+/// As for [`put`].
+pub unsafe fn put_as<T: TryFrom<U>, U>(p: *mut T, v: U) -> CuResult<()> {
+    let v = T::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
+    // SAFETY: the caller's contract, as for `put`.
+    unsafe { put(p, v) }
+}
+
+/// [`put`] to an output pointer that cuda.h defines for the calling entry point (null
+/// rejected).
+pub(crate) fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
+    // SAFETY: output pointer per cuda.h (null rejected by `put`).
+    unsafe { put(p, v) }
+}
+
 /// [`put`] for an optional output: a null `p` is skipped, not rejected.
 ///
 /// # Safety

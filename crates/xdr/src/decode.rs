@@ -23,6 +23,18 @@ pub struct Decoder {
     max_depth: u32,
 }
 
+/// `Decoder` methods that read a big-endian integer.
+macro_rules! get_int {
+    ($($(#[$doc:meta])* $name:ident -> $t:ty;)*) => {$(
+        $(#[$doc])*
+        #[inline]
+        pub fn $name(&mut self) -> Result<$t> {
+            self.take_array::<{ std::mem::size_of::<$t>() }>()
+                .map(<$t>::from_be_bytes)
+        }
+    )*};
+}
+
 impl Decoder {
     /// A decoder over `buf` with the default depth limit.
     pub fn new(buf: Bytes) -> Self {
@@ -102,28 +114,15 @@ impl Decoder {
         }
     }
 
-    /// Decodes an `unsigned int`.
-    #[inline]
-    pub fn get_u32(&mut self) -> Result<u32> {
-        self.take_array::<4>().map(u32::from_be_bytes)
-    }
-
-    /// Decodes an `int`.
-    #[inline]
-    pub fn get_i32(&mut self) -> Result<i32> {
-        self.take_array::<4>().map(i32::from_be_bytes)
-    }
-
-    /// Decodes an `unsigned hyper`.
-    #[inline]
-    pub fn get_u64(&mut self) -> Result<u64> {
-        self.take_array::<8>().map(u64::from_be_bytes)
-    }
-
-    /// Decodes a `hyper`.
-    #[inline]
-    pub fn get_i64(&mut self) -> Result<i64> {
-        self.take_array::<8>().map(i64::from_be_bytes)
+    get_int! {
+        /// Decodes an `unsigned int`.
+        get_u32 -> u32;
+        /// Decodes an `int`.
+        get_i32 -> i32;
+        /// Decodes an `unsigned hyper`.
+        get_u64 -> u64;
+        /// Decodes a `hyper`.
+        get_i64 -> i64;
     }
 
     /// Decodes a `float`.

@@ -21,6 +21,18 @@ pub struct Encoder {
     len: usize,
 }
 
+/// `Encoder` methods that append a big-endian integer with the `BufMut` method of their name.
+macro_rules! put_int {
+    ($($(#[$doc:meta])* $name:ident($t:ty);)*) => {$(
+        $(#[$doc])*
+        #[inline]
+        pub fn $name(&mut self, v: $t) {
+            self.buf.$name(v);
+            self.len += std::mem::size_of::<$t>();
+        }
+    )*};
+}
+
 impl Encoder {
     /// An empty encoder.
     pub fn new() -> Self {
@@ -52,32 +64,15 @@ impl Encoder {
         self.len += raw.len();
     }
 
-    /// Encodes an `unsigned int`.
-    #[inline]
-    pub fn put_u32(&mut self, v: u32) {
-        self.buf.put_u32(v);
-        self.len += 4;
-    }
-
-    /// Encodes an `int`.
-    #[inline]
-    pub fn put_i32(&mut self, v: i32) {
-        self.buf.put_i32(v);
-        self.len += 4;
-    }
-
-    /// Encodes an `unsigned hyper`.
-    #[inline]
-    pub fn put_u64(&mut self, v: u64) {
-        self.buf.put_u64(v);
-        self.len += 8;
-    }
-
-    /// Encodes a `hyper`.
-    #[inline]
-    pub fn put_i64(&mut self, v: i64) {
-        self.buf.put_i64(v);
-        self.len += 8;
+    put_int! {
+        /// Encodes an `unsigned int`.
+        put_u32(u32);
+        /// Encodes an `int`.
+        put_i32(i32);
+        /// Encodes an `unsigned hyper`.
+        put_u64(u64);
+        /// Encodes a `hyper`.
+        put_i64(i64);
     }
 
     /// Encodes a `float` (IEEE 754 single precision).

@@ -56,3 +56,24 @@ pub const fn padding(len: usize) -> usize {
 
 /// Result of an XDR operation.
 pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// Declares module `$name` holding the code `remora-rpcgen` wrote to `$file` in the calling
+/// crate's `OUT_DIR` (from its `build.rs`), with `#[allow(..)]` of the lints generated code may
+/// trip (`remora_rpcgen::ALLOWED_LINTS`; an included file cannot carry inner attributes).
+///
+/// ```ignore
+/// remora_xdr::include_generated! {
+///     /// Generated from `x/nfs.x`.
+///     pub mod nfs = "nfs.rs";
+/// }
+/// ```
+#[macro_export]
+macro_rules! include_generated {
+    ($(#[$attr:meta])* $vis:vis mod $name:ident = $file:literal;) => {
+        $(#[$attr])*
+        #[allow(dead_code, missing_docs, unreachable_pub, non_camel_case_types, clippy::all)]
+        $vis mod $name {
+            include!(concat!(env!("OUT_DIR"), "/", $file));
+        }
+    };
+}

@@ -84,33 +84,28 @@ impl XdrDecode for () {
     }
 }
 
-impl XdrEncode for Bytes {
-    fn encode(&self, enc: &mut Encoder) -> Result<()> {
-        enc.put_opaque_bytes(self, UNBOUNDED)
-    }
+/// A variable-length type without a bound: `opaque<>` or `string<>`.
+macro_rules! unbounded {
+    ($t:ty, $put:ident, $get:ident) => {
+        impl XdrEncode for $t {
+            fn encode(&self, enc: &mut Encoder) -> Result<()> {
+                enc.$put(self, UNBOUNDED)
+            }
+        }
+        impl XdrDecode for $t {
+            fn decode(dec: &mut Decoder) -> Result<Self> {
+                dec.$get(UNBOUNDED)
+            }
+        }
+    };
 }
 
-impl XdrDecode for Bytes {
-    fn decode(dec: &mut Decoder) -> Result<Self> {
-        dec.get_opaque(UNBOUNDED)
-    }
-}
+unbounded!(Bytes, put_opaque_bytes, get_opaque);
+unbounded!(String, put_string, get_string);
 
 impl XdrEncode for str {
     fn encode(&self, enc: &mut Encoder) -> Result<()> {
         enc.put_string(self, UNBOUNDED)
-    }
-}
-
-impl XdrEncode for String {
-    fn encode(&self, enc: &mut Encoder) -> Result<()> {
-        enc.put_string(self, UNBOUNDED)
-    }
-}
-
-impl XdrDecode for String {
-    fn decode(dec: &mut Decoder) -> Result<Self> {
-        dec.get_string(UNBOUNDED)
     }
 }
 

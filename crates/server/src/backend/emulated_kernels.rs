@@ -140,21 +140,24 @@ fn vecadd(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
 fn fill_i32(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
     l.expect(&[8, 4, 4])?;
     let v = l.i32(1)?;
-    let m = covered(l, l.i32(2)?);
-    let out: Vec<u8> = (0..m)
-        .flat_map(|i| v.wrapping_add(i as i32).to_le_bytes())
-        .collect();
-    mem.write(l.u64(0)?, &out)
+    fill_covered(l, mem, |i| v.wrapping_add(i as i32).to_le_bytes())
 }
 
 /// `iota_u64(unsigned long long *p, unsigned long long base, int n)`: `p[i] = base + 3i`.
 fn iota_u64(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {
     l.expect(&[8, 8, 4])?;
     let base = l.u64(1)?;
+    fill_covered(l, mem, |i| base.wrapping_add(i * 3).to_le_bytes())
+}
+
+/// For a kernel `(T *p, T x, int n)`: `p[i] = at(i)` for each `i < n` the launch covers.
+fn fill_covered<B: IntoIterator<Item = u8>>(
+    l: &Launch<'_>,
+    mem: &mut dyn Memory,
+    at: impl Fn(u64) -> B,
+) -> CuResult<()> {
     let m = covered(l, l.i32(2)?);
-    let out: Vec<u8> = (0..m)
-        .flat_map(|i| base.wrapping_add(i * 3).to_le_bytes())
-        .collect();
+    let out: Vec<u8> = (0..m).flat_map(at).collect();
     mem.write(l.u64(0)?, &out)
 }
 
@@ -165,25 +168,21 @@ trait Float: Copy + std::ops::Mul<Output = Self> + std::ops::Add<Output = Self> 
     fn to_le(self) -> Vec<u8>;
 }
 
-impl Float for f32 {
-    const SIZE: u32 = 4;
-    fn from_le(b: &[u8]) -> Self {
-        f32::from_le_bytes(b.try_into().unwrap_or([0; 4]))
-    }
-    fn to_le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
+macro_rules! float {
+    ($($t:ty),*) => {$(
+        impl Float for $t {
+            const SIZE: u32 = std::mem::size_of::<$t>() as u32;
+            fn from_le(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b.try_into().unwrap_or([0; std::mem::size_of::<$t>()]))
+            }
+            fn to_le(self) -> Vec<u8> {
+                self.to_le_bytes().to_vec()
+            }
+        }
+    )*};
 }
 
-impl Float for f64 {
-    const SIZE: u32 = 8;
-    fn from_le(b: &[u8]) -> Self {
-        f64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
-    }
-    fn to_le(self) -> Vec<u8> {
-        self.to_le_bytes().to_vec()
-    }
-}
+float!(f32, f64);
 
 /// `saxpy(float a, const float *x, float *y, int n)` and `daxpy` (double): `y = a x + y`.
 fn axpy<T: Float>(l: &Launch<'_>, mem: &mut dyn Memory) -> CuResult<()> {

@@ -6,10 +6,9 @@ use remora_proto::cuda::{CuError, CuResult, cu};
 impl Executor {
     pub(super) fn stream_begin_capture(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmBeginCaptureArgs,
-    ) -> ProcResult<RmCaptureBegunReply> {
-        let session = self.session(call);
+    ) -> RmCaptureBegunReply {
         let mut st = session.lock();
         let r = (|| {
             if !(0..=2).contains(&a.mode) {
@@ -25,7 +24,7 @@ impl Executor {
             st.captures.insert(info.id, Capture { graph, error: None });
             Ok(RmCaptureBegun { id: info.id, graph })
         })();
-        Ok(match r {
+        match r {
             Ok(b) => RmCaptureBegunReply::Case0(b),
             Err(e) => {
                 log_failed("RM_STREAM_BEGIN_CAPTURE", nz(e));
@@ -33,24 +32,23 @@ impl Executor {
                     discriminant: nz(e),
                 }
             }
-        })
+        }
     }
 
     pub(super) fn stream_end_capture(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmStreamArgs,
-    ) -> ProcResult<RmEndCaptureReply> {
-        let session = self.session(call);
+    ) -> RmEndCaptureReply {
         let backend = &*self.inner.backend;
         let t = match stream_target(&session.lock(), a.ctx, a.stream) {
             Ok(t) => t,
             Err(e) => {
-                return Ok(RmEndCaptureReply {
+                return RmEndCaptureReply {
                     status: e.0,
                     graph: 0,
                     still_capturing: false,
-                });
+                };
             }
         };
         let before = backend.stream_capture_info(t.ctx, t.stream);
@@ -103,19 +101,18 @@ impl Executor {
                 (nz(e), 0)
             }
         };
-        Ok(RmEndCaptureReply {
+        RmEndCaptureReply {
             status,
             graph,
             still_capturing,
-        })
+        }
     }
 
     pub(super) fn stream_get_capture_info(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmStreamArgs,
-    ) -> ProcResult<RmCaptureInfoReply> {
-        let session = self.session(call);
+    ) -> RmCaptureInfoReply {
         let st = session.lock();
         let r = stream_target(&st, a.ctx, a.stream)
             .and_then(|t| self.inner.backend.stream_capture_info(t.ctx, t.stream));
@@ -129,15 +126,14 @@ impl Executor {
             graph: capture_graph(&st, &i),
             dependencies: i.dependencies,
         });
-        Ok(reply!("RM_STREAM_GET_CAPTURE_INFO", RmCaptureInfoReply, r))
+        reply!("RM_STREAM_GET_CAPTURE_INFO", RmCaptureInfoReply, r)
     }
 
     pub(super) fn graph_instantiate(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmGraphInstantiateArgs,
-    ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
+    ) -> RmHandleReply {
         let mut st = session.lock();
         let r = (|| {
             let (raw, graph_ctx) = match st.get(a.graph)? {
@@ -157,12 +153,12 @@ impl Executor {
             st.share_graph_mem(a.graph, h);
             Ok(h)
         })();
-        Ok(handle_reply("RM_GRAPH_INSTANTIATE", r))
+        handle_reply("RM_GRAPH_INSTANTIATE", r)
     }
 
-    pub(super) fn graph_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+    pub(super) fn graph_destroy(&self, session: &Session, h: RmHandle) -> CuResult_ {
         let r = self.destroy_in_ctx(
-            call,
+            session,
             h,
             "RM_GRAPH_DESTROY",
             |r| match r {
@@ -178,12 +174,12 @@ impl Executor {
             |b, c, raw| b.graph_destroy(c, raw),
         );
         // Its node handles go with it (revision 11).
-        let session = self.session(call);
         let mut st = session.lock();
         st.forget_nodes_of(h);
         if st.get(h).is_err() {
             st.graph_mem_released_by(h);
         }
+        drop(st);
         r
     }
 }

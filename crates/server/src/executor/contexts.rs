@@ -30,19 +30,14 @@ impl Executor {
     /// RM_PRIMARY_CTX_RESET or at session end). Sharing the server process's real primary
     /// context let one client's sticky error (an illegal address in a kernel) poison every
     /// later session: CUDA keeps such an error in the context for good.
-    pub(super) fn primary_ctx_retain(
-        &self,
-        call: &CallContext,
-        dev: i32,
-    ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
+    pub(super) fn primary_ctx_retain(&self, session: &Session, dev: i32) -> RmHandleReply {
         let mut st = session.lock();
         if let Some((h, refs)) = st.primary.get(&dev).copied() {
             st.primary.insert(dev, (h, refs + 1));
-            return Ok(RmHandleReply::Case0(h));
+            return RmHandleReply::Case0(h);
         }
         let flags = st.primary_flags.get(&dev).copied().unwrap_or(0);
-        Ok(handle_reply(
+        handle_reply(
             "RM_PRIMARY_CTX_RETAIN",
             self.inner.backend.ctx_create(flags, dev).map(|raw| {
                 let h = st.insert(Resource::Context {
@@ -53,7 +48,7 @@ impl Executor {
                 st.primary.insert(dev, (h, 1));
                 h
             }),
-        ))
+        )
     }
 
     /// The flags apply when the session's primary context is next created (after a reset, or
@@ -94,29 +89,23 @@ impl Executor {
         )
     }
 
-    pub(super) fn primary_ctx_reset(&self, call: &CallContext, dev: i32) -> ProcResult<CuResult_> {
+    pub(super) fn primary_ctx_reset(&self, session: &Session, dev: i32) -> CuResult_ {
         // The session's primary context is its own: it is destroyed, with everything in it,
         // and the next retain creates a fresh one (a sticky error goes with it).
-        let session = self.session(call);
         let mut st = session.lock();
         if !st.primary.contains_key(&dev) {
-            return Ok(code("RM_PRIMARY_CTX_RESET", self.inner.check_device(dev)));
+            return code("RM_PRIMARY_CTX_RESET", self.inner.check_device(dev));
         }
-        Ok(code(
+        code(
             "RM_PRIMARY_CTX_RESET",
             self.inner.release_primary(&mut st, dev, true),
-        ))
+        )
     }
 
-    pub(super) fn ctx_create(
-        &self,
-        call: &CallContext,
-        a: RmCtxCreateArgs,
-    ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
+    pub(super) fn ctx_create(&self, session: &Session, a: RmCtxCreateArgs) -> RmHandleReply {
         let r = self.inner.backend.ctx_create(a.flags, a.device);
         let mut st = session.lock();
-        Ok(handle_reply(
+        handle_reply(
             "RM_CTX_CREATE",
             r.map(|raw| {
                 st.insert(Resource::Context {
@@ -125,11 +114,10 @@ impl Executor {
                     primary: false,
                 })
             }),
-        ))
+        )
     }
 
-    pub(super) fn ctx_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        let session = self.session(call);
+    pub(super) fn ctx_destroy(&self, session: &Session, h: RmHandle) -> CuResult_ {
         let mut st = session.lock();
         let raw = match st.get(h) {
             Ok(Resource::Context {
@@ -137,13 +125,13 @@ impl Executor {
                 primary: false,
                 ..
             }) => *raw,
-            Ok(Resource::Context { primary: true, .. }) => return Ok(cu::INVALID_CONTEXT),
-            _ => return Ok(cu::INVALID_HANDLE),
+            Ok(Resource::Context { primary: true, .. }) => return cu::INVALID_CONTEXT,
+            _ => return cu::INVALID_HANDLE,
         };
         st.drop_ctx_resources(&*self.inner.backend, h);
         st.remove(h);
         st.clear_sticky();
-        Ok(code("RM_CTX_DESTROY", self.inner.backend.ctx_destroy(raw)))
+        code("RM_CTX_DESTROY", self.inner.backend.ctx_destroy(raw))
     }
 
     pub(super) fn ctx_synchronize(

@@ -4,9 +4,8 @@ use super::*;
 use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
-    pub(super) fn mem_alloc(&self, call: &CallContext, a: RmAllocArgs) -> ProcResult<RmU64Reply> {
-        let session = self.session(call);
-        let r = self.in_ctx(&session, a.ctx, |b, c| b.mem_alloc(c, a.bytesize));
+    pub(super) fn mem_alloc(&self, session: &Session, a: RmAllocArgs) -> RmU64Reply {
+        let r = self.in_ctx(session, a.ctx, |b, c| b.mem_alloc(c, a.bytesize));
         if let Ok(ptr) = r {
             session.lock().ranges.insert(
                 ptr,
@@ -17,16 +16,11 @@ impl Executor {
                 },
             );
         }
-        Ok(u64_reply("RM_MEM_ALLOC", r))
+        u64_reply("RM_MEM_ALLOC", r)
     }
 
-    pub(super) fn mem_alloc_pitch(
-        &self,
-        call: &CallContext,
-        a: RmAllocPitchArgs,
-    ) -> ProcResult<RmPitchedReply> {
-        let session = self.session(call);
-        let r = self.in_ctx(&session, a.ctx, |b, c| {
+    pub(super) fn mem_alloc_pitch(&self, session: &Session, a: RmAllocPitchArgs) -> RmPitchedReply {
+        let r = self.in_ctx(session, a.ctx, |b, c| {
             b.mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
         });
         let r = r.map(|(ptr, pitch)| {
@@ -40,11 +34,10 @@ impl Executor {
             );
             RmPitched { ptr, pitch }
         });
-        Ok(reply!("RM_MEM_ALLOC_PITCH", RmPitchedReply, r))
+        reply!("RM_MEM_ALLOC_PITCH", RmPitchedReply, r)
     }
 
-    pub(super) fn mem_free(&self, call: &CallContext, a: RmPtrArgs) -> ProcResult<CuResult_> {
-        let session = self.session(call);
+    pub(super) fn mem_free(&self, session: &Session, a: RmPtrArgs) -> CuResult_ {
         let mut st = session.lock();
         // A stream-ordered allocation may be freed with cuMemFree too, as natively.
         let r = match st.ranges.get(&a.ptr).copied() {
@@ -60,31 +53,22 @@ impl Executor {
         if r.is_ok() {
             st.range_freed(a.ptr);
         }
-        Ok(code("RM_MEM_FREE", r))
+        code("RM_MEM_FREE", r)
     }
 
-    pub(super) fn mem_get_info(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmMemInfoReply> {
-        let r = self.in_ctx(&self.session(call), h, |b, c| b.mem_get_info(c));
+    pub(super) fn mem_get_info(&self, session: &Session, h: RmHandle) -> RmMemInfoReply {
+        let r = self.in_ctx(session, h, |b, c| b.mem_get_info(c));
         let r = r.map(|(free_bytes, total_bytes)| RmMemInfo {
             free_bytes,
             total_bytes,
         });
-        Ok(reply!("RM_MEM_GET_INFO", RmMemInfoReply, r))
+        reply!("RM_MEM_GET_INFO", RmMemInfoReply, r)
     }
 
-    pub(super) fn mem_get_address_range(
-        &self,
-        call: &CallContext,
-        a: RmPtrArgs,
-    ) -> ProcResult<RmRangeReply> {
-        let session = self.session(call);
+    pub(super) fn mem_get_address_range(&self, session: &Session, a: RmPtrArgs) -> RmRangeReply {
         let st = session.lock();
         let r = st.ctx(a.ctx).and_then(|_| st.range_of(a.ptr));
         let r = r.map(|(base, r)| RmRange { base, size: r.size });
-        Ok(reply!("RM_MEM_GET_ADDRESS_RANGE", RmRangeReply, r))
+        reply!("RM_MEM_GET_ADDRESS_RANGE", RmRangeReply, r)
     }
 }

@@ -343,16 +343,15 @@ impl Executor {
     /// the session handle of `resource(raw object)`.
     fn create_in_ctx(
         &self,
-        call: &CallContext,
+        session: &Session,
         what: &str,
         ctx: RmHandle,
         create: impl FnOnce(&dyn Backend, u64) -> CuResult<u64>,
         resource: impl FnOnce(u64) -> Resource,
-    ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
-        let r = self.in_ctx(&session, ctx, create);
+    ) -> RmHandleReply {
+        let r = self.in_ctx(session, ctx, create);
         let mut st = session.lock();
-        Ok(handle_reply(what, r.map(|raw| st.insert(resource(raw)))))
+        handle_reply(what, r.map(|raw| st.insert(resource(raw))))
     }
 
     /// A synchronous call answered with the session's deferred error and the copies finished
@@ -443,13 +442,12 @@ impl Executor {
     /// the driver said.
     fn destroy_in_ctx(
         &self,
-        call: &CallContext,
+        session: &Session,
         h: RmHandle,
         what: &str,
         pick: impl FnOnce(&Resource) -> CuResult<(u64, u64)>,
         destroy: impl FnOnce(&dyn Backend, u64, u64) -> CuResult<()>,
-    ) -> ProcResult<CuResult_> {
-        let session = self.session(call);
+    ) -> CuResult_ {
         let mut st = session.lock();
         let (raw, ctx) = match st
             .get(h)
@@ -457,13 +455,13 @@ impl Executor {
             .and_then(pick)
         {
             Ok(found) => found,
-            Err(e) => return Ok(e.0),
+            Err(e) => return e.0,
         };
         let r = st
             .ctx(ctx)
             .and_then(|c| destroy(&*self.inner.backend, c, raw));
         st.remove(h);
-        Ok(code(what, r))
+        code(what, r)
     }
 
     fn poll_briefly(&self, query: impl Fn() -> CuResult<()>) -> bool {

@@ -1,6 +1,6 @@
 //! Procedures on modules, functions, globals, occupancy and kernel launches.
 
-use remora_proto::cuda::{CuError, cu};
+use remora_proto::cuda::{CuError, CuResult, cu};
 use sha2::{Digest, Sha256};
 
 use super::*;
@@ -35,32 +35,26 @@ impl Executor {
         Ok(self.inner.load(&session, a.ctx, &image))
     }
 
-    pub(super) fn module_unload(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        let session = self.session(call);
+    pub(super) fn module_unload(&self, session: &Session, h: RmHandle) -> CuResult_ {
         let mut st = session.lock();
         let (raw, ctx) = match st.get(h) {
             Ok(Resource::Module { raw, ctx }) => (*raw, *ctx),
-            _ => return Ok(cu::INVALID_HANDLE),
+            _ => return cu::INVALID_HANDLE,
         };
         let raw_ctx = match st.ctx(ctx) {
             Ok(c) => c,
-            Err(e) => return Ok(e.0),
+            Err(e) => return e.0,
         };
         let r = self.inner.backend.module_unload(raw_ctx, raw);
         st.remove(h);
         st.remove_module_children(h);
         st.ranges.retain(|_, g| g.module() != Some(h));
-        Ok(code("RM_MODULE_UNLOAD", r))
+        code("RM_MODULE_UNLOAD", r)
     }
 
-    pub(super) fn module_get_global(
-        &self,
-        call: &CallContext,
-        a: RmGetGlobalArgs,
-    ) -> ProcResult<RmGlobalReply> {
-        let session = self.session(call);
+    pub(super) fn module_get_global(&self, session: &Session, a: RmGetGlobalArgs) -> RmGlobalReply {
         let r = self.resolved(
-            &session,
+            session,
             |st| match st.get(a.module) {
                 Ok(Resource::Module { raw, ctx }) => st.ctx(*ctx).map(|c| (*raw, *ctx, c)),
                 _ => Err(CuError(cu::INVALID_HANDLE)),
@@ -75,7 +69,7 @@ impl Executor {
                 Ok((ptr, size))
             },
         );
-        Ok(union_reply(
+        union_reply(
             "RM_MODULE_GET_GLOBAL",
             r,
             |(ptr, size)| RmGlobalReply::RmLoaded(RmGlobal { ptr, size }),
@@ -83,57 +77,35 @@ impl Executor {
                 discriminant: RmLoadStatus::RmLoadFailed,
                 value,
             },
-        ))
+        )
     }
 
-    pub(super) fn func_set_attribute(
-        &self,
-        call: &CallContext,
-        a: RmFuncAttrArgs,
-    ) -> ProcResult<CuResult_> {
-        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+    pub(super) fn func_set_attribute(&self, session: &Session, a: RmFuncAttrArgs) -> CuResult_ {
+        let r = self.in_function(session, a.function, |b, f, c| {
             b.func_set_attribute(c, f, a.attribute, a.value)
         });
-        Ok(code("RM_FUNC_SET_ATTRIBUTE", r))
+        code("RM_FUNC_SET_ATTRIBUTE", r)
     }
 
     pub(super) fn occupancy_max_active_clusters(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmLaunchArgs,
-    ) -> ProcResult<RmIntReply> {
+    ) -> RmIntReply {
         let r = self.resolved(
-            &self.session(call),
-            |st| {
-                let (func, fctx, _) = st.function(a.function)?;
-                let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
-                Ok((func, c, st.stream(a.stream)?))
-            },
-            |b, (func, c, s)| {
-                b.occupancy_max_active_clusters(
-                    c,
-                    &LaunchSpec {
-                        function: func,
-                        grid: [a.grid.x, a.grid.y, a.grid.z],
-                        block: [a.block.x, a.block.y, a.block.z],
-                        shared_mem_bytes: a.shared_mem_bytes,
-                        stream: s,
-                        params: &[],
-                        layout: &[],
-                        attrs: &a.attrs,
-                    },
-                )
-            },
+            session,
+            |st| launch_target(st, &a),
+            |b, t| b.occupancy_max_active_clusters(t.ctx, &launch_spec(&a, &t, &[], &[])),
         );
-        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS", r))
+        int_reply("RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS", r)
     }
 
     pub(super) fn occupancy_max_potential_block_size(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmPotentialBlockArgs,
-    ) -> ProcResult<RmIntPairReply> {
-        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+    ) -> RmIntPairReply {
+        let r = self.in_function(session, a.function, |b, f, c| {
             b.occupancy_max_potential_block_size(
                 c,
                 f,
@@ -142,30 +114,26 @@ impl Executor {
                 a.flags,
             )
         });
-        Ok(int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r))
+        int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r)
     }
 
     pub(super) fn occupancy_max_active_blocks(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmOccupancyArgs,
-    ) -> ProcResult<RmIntReply> {
-        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
+    ) -> RmIntReply {
+        let r = self.in_function(session, a.function, |b, f, c| {
             b.occupancy_max_active_blocks(c, f, a.block_size, a.dynamic_smem_bytes, a.flags)
         });
-        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r))
+        int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r)
     }
 
     pub(super) fn launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_LAUNCH_KERNEL", on, |inner, session| {
-            let (func, c, s, layout) = {
-                let st = session.lock();
-                let (func, fctx, layout) = st.function(a.function)?;
-                let c = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
-                (func, c, st.stream(a.stream)?, layout)
-            };
-            let needed = layout
+            let t = launch_target(&session.lock(), &a)?;
+            let needed = t
+                .layout
                 .iter()
                 .map(|&(o, s)| u64::from(o) + u64::from(s))
                 .max()
@@ -177,24 +145,54 @@ impl Executor {
                 .profile
                 .load(std::sync::atomic::Ordering::Relaxed)
                 .then(std::time::Instant::now);
-            let r = inner.backend.launch(
-                c,
-                &LaunchSpec {
-                    function: func,
-                    grid: [a.grid.x, a.grid.y, a.grid.z],
-                    block: [a.block.x, a.block.y, a.block.z],
-                    shared_mem_bytes: a.shared_mem_bytes,
-                    stream: s,
-                    params: &a.params,
-                    layout: &layout,
-                    attrs: &a.attrs,
-                },
-            );
+            let r = inner
+                .backend
+                .launch(t.ctx, &launch_spec(&a, &t, &a.params, &t.layout));
             if let Some(t) = timed {
                 session.count_launch(t.elapsed());
             }
             r
         })
+    }
+}
+
+/// The raw objects a kernel launch (or its occupancy query) names: its function, the
+/// context (`a.ctx`, or the function's when 0) and the stream.
+struct LaunchTarget {
+    function: u64,
+    ctx: u64,
+    stream: u64,
+    /// The function's parameter layout.
+    layout: Arc<[(u32, u32)]>,
+}
+
+fn launch_target(st: &SessionState, a: &RmLaunchArgs) -> CuResult<LaunchTarget> {
+    let (function, fctx, layout) = st.function(a.function)?;
+    let ctx = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
+    Ok(LaunchTarget {
+        function,
+        ctx,
+        stream: st.stream(a.stream)?,
+        layout,
+    })
+}
+
+/// The backend's description of launch `a` of `t` with `params` laid out as `layout`.
+fn launch_spec<'a>(
+    a: &'a RmLaunchArgs,
+    t: &LaunchTarget,
+    params: &'a [u8],
+    layout: &'a [(u32, u32)],
+) -> LaunchSpec<'a> {
+    LaunchSpec {
+        function: t.function,
+        grid: [a.grid.x, a.grid.y, a.grid.z],
+        block: [a.block.x, a.block.y, a.block.z],
+        shared_mem_bytes: a.shared_mem_bytes,
+        stream: t.stream,
+        params,
+        layout,
+        attrs: &a.attrs,
     }
 }
 

@@ -15,23 +15,7 @@ fn location(l: &RmPoolLocation) -> MemLocation {
 }
 
 impl Executor {
-    /// `run(backend, raw pool)` for pool handle `h` (resolved under the session lock, run
-    /// without it).
-    fn in_pool<T>(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-        run: impl FnOnce(&dyn Backend, u64) -> CuResult<T>,
-    ) -> CuResult<T> {
-        self.resolved(&self.session(call), |st| st.mem_pool(h), run)
-    }
-
-    pub(super) fn mem_alloc_async(
-        &self,
-        call: &CallContext,
-        a: RmAllocAsyncArgs,
-    ) -> ProcResult<RmU64Reply> {
-        let session = self.session(call);
+    pub(super) fn mem_alloc_async(&self, session: &Session, a: RmAllocAsyncArgs) -> RmU64Reply {
         let resolved = {
             let st = session.lock();
             stream_target(&st, a.ctx, a.stream).and_then(|t| {
@@ -68,15 +52,10 @@ impl Executor {
             }
             ptr
         });
-        Ok(u64_reply("RM_MEM_ALLOC_ASYNC", r))
+        u64_reply("RM_MEM_ALLOC_ASYNC", r)
     }
 
-    pub(super) fn mem_free_async(
-        &self,
-        call: &CallContext,
-        a: RmFreeAsyncArgs,
-    ) -> ProcResult<CuResult_> {
-        let session = self.session(call);
+    pub(super) fn mem_free_async(&self, session: &Session, a: RmFreeAsyncArgs) -> CuResult_ {
         // The lock is held across the (non-blocking) driver call, as for RM_MEM_FREE: two
         // threads freeing one pointer must not both reach the driver.
         let mut st = session.lock();
@@ -102,7 +81,7 @@ impl Executor {
                 _ => st.range_freed(a.ptr),
             }
         }
-        Ok(code("RM_MEM_FREE_ASYNC", r))
+        code("RM_MEM_FREE_ASYNC", r)
     }
 
     /// The graph handle stream (`ctx`, `stream`) is capturing into, if it is capturing
@@ -125,36 +104,27 @@ impl Executor {
     /// The session handle of the pool `get(backend, device)` answers.
     fn device_pool(
         &self,
-        call: &CallContext,
+        session: &Session,
         what: &str,
         dev: i32,
         get: impl FnOnce(&dyn Backend, i32) -> CuResult<u64>,
-    ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
+    ) -> RmHandleReply {
         let r = self
             .inner
             .check_device(dev)
             .and_then(|()| get(&*self.inner.backend, dev))
             .map(|raw| session.lock().pool_handle(raw));
-        Ok(handle_reply(what, r))
+        handle_reply(what, r)
     }
 
-    pub(super) fn device_get_default_mem_pool(
-        &self,
-        call: &CallContext,
-        dev: i32,
-    ) -> ProcResult<RmHandleReply> {
-        self.device_pool(call, "RM_DEVICE_GET_DEFAULT_MEM_POOL", dev, |b, d| {
+    pub(super) fn device_get_default_mem_pool(&self, session: &Session, dev: i32) -> RmHandleReply {
+        self.device_pool(session, "RM_DEVICE_GET_DEFAULT_MEM_POOL", dev, |b, d| {
             b.device_get_default_mem_pool(d)
         })
     }
 
-    pub(super) fn device_get_mem_pool(
-        &self,
-        call: &CallContext,
-        dev: i32,
-    ) -> ProcResult<RmHandleReply> {
-        self.device_pool(call, "RM_DEVICE_GET_MEM_POOL", dev, |b, d| {
+    pub(super) fn device_get_mem_pool(&self, session: &Session, dev: i32) -> RmHandleReply {
+        self.device_pool(session, "RM_DEVICE_GET_MEM_POOL", dev, |b, d| {
             b.device_get_mem_pool(d)
         })
     }
@@ -164,10 +134,13 @@ impl Executor {
         call: &CallContext,
         a: RmDevicePoolArgs,
     ) -> ProcResult<CuResult_> {
-        let r = self
-            .inner
-            .check_device(a.device)
-            .and_then(|()| self.in_pool(call, a.pool, |b, p| b.device_set_mem_pool(a.device, p)));
+        let r = self.inner.check_device(a.device).and_then(|()| {
+            self.resolved(
+                &self.session(call),
+                |st| st.mem_pool(a.pool),
+                |b, p| b.device_set_mem_pool(a.device, p),
+            )
+        });
         Ok(code("RM_DEVICE_SET_MEM_POOL", r))
     }
 
@@ -205,12 +178,7 @@ impl Executor {
         Ok(handle_reply("RM_MEM_POOL_CREATE", r))
     }
 
-    pub(super) fn mem_pool_destroy(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<CuResult_> {
-        let session = self.session(call);
+    pub(super) fn mem_pool_destroy(&self, session: &Session, h: RmHandle) -> CuResult_ {
         let mut st = session.lock();
         let r = match st.get(h) {
             Ok(Resource::MemPool {
@@ -228,45 +196,45 @@ impl Executor {
             Ok(Resource::MemPool { .. }) => Err(CuError(cu::INVALID_VALUE)),
             _ => Err(CuError(cu::INVALID_HANDLE)),
         };
-        Ok(code("RM_MEM_POOL_DESTROY", r))
+        code("RM_MEM_POOL_DESTROY", r)
     }
 
-    pub(super) fn mem_pool_set_attribute(
-        &self,
-        call: &CallContext,
-        a: RmPoolAttrArgs,
-    ) -> ProcResult<CuResult_> {
-        let r = self.in_pool(call, a.pool, |b, p| {
-            b.mem_pool_set_attribute(p, a.attribute, a.value)
-        });
-        Ok(code("RM_MEM_POOL_SET_ATTRIBUTE", r))
+    pub(super) fn mem_pool_set_attribute(&self, session: &Session, a: RmPoolAttrArgs) -> CuResult_ {
+        let r = self.resolved(
+            session,
+            |st| st.mem_pool(a.pool),
+            |b, p| b.mem_pool_set_attribute(p, a.attribute, a.value),
+        );
+        code("RM_MEM_POOL_SET_ATTRIBUTE", r)
     }
 
     pub(super) fn mem_pool_get_attribute(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmPoolAttrArgs,
-    ) -> ProcResult<RmU64Reply> {
-        let r = self.in_pool(call, a.pool, |b, p| {
-            b.mem_pool_get_attribute(p, a.attribute)
-        });
-        Ok(u64_reply("RM_MEM_POOL_GET_ATTRIBUTE", r))
+    ) -> RmU64Reply {
+        let r = self.resolved(
+            session,
+            |st| st.mem_pool(a.pool),
+            |b, p| b.mem_pool_get_attribute(p, a.attribute),
+        );
+        u64_reply("RM_MEM_POOL_GET_ATTRIBUTE", r)
     }
 
-    pub(super) fn mem_pool_trim_to(
-        &self,
-        call: &CallContext,
-        a: RmPoolTrimArgs,
-    ) -> ProcResult<CuResult_> {
-        let r = self.in_pool(call, a.pool, |b, p| b.mem_pool_trim_to(p, a.keep));
-        Ok(code("RM_MEM_POOL_TRIM_TO", r))
+    pub(super) fn mem_pool_trim_to(&self, session: &Session, a: RmPoolTrimArgs) -> CuResult_ {
+        let r = self.resolved(
+            session,
+            |st| st.mem_pool(a.pool),
+            |b, p| b.mem_pool_trim_to(p, a.keep),
+        );
+        code("RM_MEM_POOL_TRIM_TO", r)
     }
 
     pub(super) fn mem_pool_set_access(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmPoolSetAccessArgs,
-    ) -> ProcResult<CuResult_> {
+    ) -> CuResult_ {
         let map: Vec<MemAccessDesc> = a
             .map
             .iter()
@@ -275,18 +243,24 @@ impl Executor {
                 flags: d.flags,
             })
             .collect();
-        let r = self.in_pool(call, a.pool, |b, p| b.mem_pool_set_access(p, &map));
-        Ok(code("RM_MEM_POOL_SET_ACCESS", r))
+        let r = self.resolved(
+            session,
+            |st| st.mem_pool(a.pool),
+            |b, p| b.mem_pool_set_access(p, &map),
+        );
+        code("RM_MEM_POOL_SET_ACCESS", r)
     }
 
     pub(super) fn mem_pool_get_access(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmPoolGetAccessArgs,
-    ) -> ProcResult<RmIntReply> {
-        let r = self.in_pool(call, a.pool, |b, p| {
-            b.mem_pool_get_access(p, location(&a.location))
-        });
-        Ok(int_reply("RM_MEM_POOL_GET_ACCESS", r))
+    ) -> RmIntReply {
+        let r = self.resolved(
+            session,
+            |st| st.mem_pool(a.pool),
+            |b, p| b.mem_pool_get_access(p, location(&a.location)),
+        );
+        int_reply("RM_MEM_POOL_GET_ACCESS", r)
     }
 }

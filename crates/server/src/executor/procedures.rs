@@ -15,6 +15,17 @@ macro_rules! forward {
     };
 }
 
+/// Trait methods answered by the `Executor` method that takes the call's session and the
+/// arguments and returns the reply (a procedure that neither defers its reply nor closes the
+/// connection).
+macro_rules! answer {
+    ($($proc:ident($arg:ty) -> $ret:ty => $method:ident;)*) => {
+        $(fn $proc(&self, call: &CallContext, a: $arg) -> ProcResult<$ret> {
+            Ok(self.$method(&self.session(call), a))
+        })*
+    };
+}
+
 impl RemoraV1Server for Executor {
     // The plain calls, generated from their `@glue` annotations in remora.x.
     remora_proto::executor_glue!();
@@ -22,20 +33,11 @@ impl RemoraV1Server for Executor {
     // Procedures answered by an `Executor` method of a concern module.
     forward! {
         rm_device_get_props(i32) -> RmDevicePropsReply => device_get_props;
-        rm_primary_ctx_retain(i32) -> RmHandleReply => primary_ctx_retain;
         rm_primary_ctx_set_flags(RmPrimaryFlagsArgs) -> CuResult_ => primary_ctx_set_flags;
         rm_primary_ctx_get_state(i32) -> RmPrimaryStateReply => primary_ctx_get_state;
-        rm_primary_ctx_reset(i32) -> CuResult_ => primary_ctx_reset;
-        rm_ctx_create(RmCtxCreateArgs) -> RmHandleReply => ctx_create;
-        rm_ctx_destroy(RmHandle) -> CuResult_ => ctx_destroy;
         rm_ctx_synchronize(RmHandle) -> RmSyncReply => ctx_synchronize;
         rm_tools_ctx_query(RmToolsCtxQueryArgs) -> RmU64Reply => tools_ctx_query;
         rm_tools_stream_query(RmToolsStreamQueryArgs) -> RmU64Reply => tools_stream_query;
-        rm_mem_alloc(RmAllocArgs) -> RmU64Reply => mem_alloc;
-        rm_mem_alloc_pitch(RmAllocPitchArgs) -> RmPitchedReply => mem_alloc_pitch;
-        rm_mem_free(RmPtrArgs) -> CuResult_ => mem_free;
-        rm_mem_get_info(RmHandle) -> RmMemInfoReply => mem_get_info;
-        rm_mem_get_address_range(RmPtrArgs) -> RmRangeReply => mem_get_address_range;
         rm_memcpy_htod(RmHtodArgs) -> RmSyncReply => memcpy_htod;
         rm_memcpy_dtoh(RmDtohArgs) -> RmDtohReply => memcpy_dtoh;
         rm_memcpy_dtod(RmDtodArgs) -> RmSyncReply => memcpy_dtod;
@@ -43,28 +45,40 @@ impl RemoraV1Server for Executor {
         rm_memcpy_htod_async(RmHtodArgs) -> () => memcpy_htod_async;
         rm_memcpy_dtoh_async(RmDtohArgs) -> () => memcpy_dtoh_async;
         rm_module_load(RmModuleLoadArgs) -> RmLoadReply => module_load;
+        rm_launch_kernel(RmLaunchArgs) -> () => launch_kernel;
+        rm_stream_synchronize(RmStreamArgs) -> RmSyncReply => stream_synchronize;
+        rm_event_record(RmEventRecordArgs) -> () => event_record;
+        rm_memcpy_peer(RmMemcpyPeerArgs) -> RmSyncReply => memcpy_peer;
+        rm_area_memcpy_htod(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_htod;
+        rm_area_memcpy_dtoh(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_dtoh;
+        rm_area_memcpy_htod_async(RmAreaCopyArgs) -> () => area_memcpy_htod_async;
+        rm_area_memcpy_dtoh_async(RmAreaCopyArgs) -> () => area_memcpy_dtoh_async;
+        rm_mem_host_device_pointer(RmAreaPtrArgs) -> RmU64Reply => mem_host_device_pointer;
+    }
+
+    answer! {
+        rm_primary_ctx_retain(i32) -> RmHandleReply => primary_ctx_retain;
+        rm_primary_ctx_reset(i32) -> CuResult_ => primary_ctx_reset;
+        rm_ctx_create(RmCtxCreateArgs) -> RmHandleReply => ctx_create;
+        rm_ctx_destroy(RmHandle) -> CuResult_ => ctx_destroy;
+        rm_mem_alloc(RmAllocArgs) -> RmU64Reply => mem_alloc;
+        rm_mem_alloc_pitch(RmAllocPitchArgs) -> RmPitchedReply => mem_alloc_pitch;
+        rm_mem_free(RmPtrArgs) -> CuResult_ => mem_free;
+        rm_mem_get_info(RmHandle) -> RmMemInfoReply => mem_get_info;
+        rm_mem_get_address_range(RmPtrArgs) -> RmRangeReply => mem_get_address_range;
         rm_module_unload(RmHandle) -> CuResult_ => module_unload;
         rm_module_get_global(RmGetGlobalArgs) -> RmGlobalReply => module_get_global;
         rm_func_set_attribute(RmFuncAttrArgs) -> CuResult_ => func_set_attribute;
         rm_occupancy_max_active_clusters(RmLaunchArgs) -> RmIntReply => occupancy_max_active_clusters;
         rm_occupancy_max_potential_block_size(RmPotentialBlockArgs) -> RmIntPairReply => occupancy_max_potential_block_size;
         rm_occupancy_max_active_blocks(RmOccupancyArgs) -> RmIntReply => occupancy_max_active_blocks;
-        rm_launch_kernel(RmLaunchArgs) -> () => launch_kernel;
         rm_stream_create(RmStreamCreateArgs) -> RmHandleReply => stream_create;
-        rm_stream_synchronize(RmStreamArgs) -> RmSyncReply => stream_synchronize;
-        rm_event_record(RmEventRecordArgs) -> () => event_record;
         rm_event_elapsed_time(RmElapsedArgs) -> RmFloatReply => event_elapsed_time;
-        rm_memcpy_peer(RmMemcpyPeerArgs) -> RmSyncReply => memcpy_peer;
         rm_stream_begin_capture(RmBeginCaptureArgs) -> RmCaptureBegunReply => stream_begin_capture;
         rm_stream_end_capture(RmStreamArgs) -> RmEndCaptureReply => stream_end_capture;
         rm_stream_get_capture_info(RmStreamArgs) -> RmCaptureInfoReply => stream_get_capture_info;
         rm_graph_instantiate(RmGraphInstantiateArgs) -> RmHandleReply => graph_instantiate;
         rm_graph_destroy(RmHandle) -> CuResult_ => graph_destroy;
-        rm_area_memcpy_htod(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_htod;
-        rm_area_memcpy_dtoh(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_dtoh;
-        rm_area_memcpy_htod_async(RmAreaCopyArgs) -> () => area_memcpy_htod_async;
-        rm_area_memcpy_dtoh_async(RmAreaCopyArgs) -> () => area_memcpy_dtoh_async;
-        rm_mem_host_device_pointer(RmAreaPtrArgs) -> RmU64Reply => mem_host_device_pointer;
         rm_mem_create(RmMemCreateArgs) -> RmHandleReply => mem_create;
         rm_mem_release(RmMemHandleArgs) -> CuResult_ => mem_release;
         rm_mem_address_reserve(RmMemReserveArgs) -> RmU64Reply => mem_address_reserve;
@@ -80,12 +94,15 @@ impl RemoraV1Server for Executor {
 
     // Stream-ordered allocation and memory pools (revision 10): `executor/pools.rs`.
     forward! {
+        rm_device_set_mem_pool(RmDevicePoolArgs) -> CuResult_ => device_set_mem_pool;
+        rm_mem_pool_create(RmPoolProps) -> RmHandleReply => mem_pool_create;
+    }
+
+    answer! {
         rm_mem_alloc_async(RmAllocAsyncArgs) -> RmU64Reply => mem_alloc_async;
         rm_mem_free_async(RmFreeAsyncArgs) -> CuResult_ => mem_free_async;
         rm_device_get_default_mem_pool(i32) -> RmHandleReply => device_get_default_mem_pool;
         rm_device_get_mem_pool(i32) -> RmHandleReply => device_get_mem_pool;
-        rm_device_set_mem_pool(RmDevicePoolArgs) -> CuResult_ => device_set_mem_pool;
-        rm_mem_pool_create(RmPoolProps) -> RmHandleReply => mem_pool_create;
         rm_mem_pool_destroy(RmHandle) -> CuResult_ => mem_pool_destroy;
         rm_mem_pool_set_attribute(RmPoolAttrArgs) -> CuResult_ => mem_pool_set_attribute;
         rm_mem_pool_get_attribute(RmPoolAttrArgs) -> RmU64Reply => mem_pool_get_attribute;
@@ -311,8 +328,8 @@ impl RemoraV1Server for Executor {
     // Streams and events ----------------------------------------------------------------------
 
     fn rm_stream_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
-        self.destroy_in_ctx(
-            call,
+        Ok(self.destroy_in_ctx(
+            &self.session(call),
             h,
             "RM_STREAM_DESTROY",
             |r| match r {
@@ -320,7 +337,7 @@ impl RemoraV1Server for Executor {
                 _ => Err(CuError(cu::INVALID_HANDLE)),
             },
             |b, c, raw| b.stream_destroy(c, raw),
-        )
+        ))
     }
 
     fn rm_stream_query(&self, call: &CallContext, a: RmStreamArgs) -> ProcResult<RmSyncReply> {
@@ -343,13 +360,13 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_event_create(&self, call: &CallContext, a: RmHandleFlags) -> ProcResult<RmHandleReply> {
-        self.create_in_ctx(
-            call,
+        Ok(self.create_in_ctx(
+            &self.session(call),
             "RM_EVENT_CREATE",
             a.handle,
             |b, c| b.event_create(c, a.flags),
             |raw| Resource::Event { raw, ctx: a.handle },
-        )
+        ))
     }
 
     fn rm_event_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
@@ -496,8 +513,9 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_graph_exec_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
+        let session = self.session(call);
         let r = self.destroy_in_ctx(
-            call,
+            &session,
             h,
             "RM_GRAPH_EXEC_DESTROY",
             |r| match r {
@@ -506,12 +524,11 @@ impl RemoraV1Server for Executor {
             },
             |b, c, raw| b.graph_exec_destroy(c, raw),
         );
-        let session = self.session(call);
         let mut st = session.lock();
         if st.get(h).is_err() {
             st.graph_mem_released_by(h);
         }
-        r
+        Ok(r)
     }
 
     fn rm_graph_node_count(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmU64Reply> {

@@ -4,13 +4,9 @@ use super::*;
 use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
-    pub(super) fn stream_create(
-        &self,
-        call: &CallContext,
-        a: RmStreamCreateArgs,
-    ) -> ProcResult<RmHandleReply> {
+    pub(super) fn stream_create(&self, session: &Session, a: RmStreamCreateArgs) -> RmHandleReply {
         self.create_in_ctx(
-            call,
+            session,
             "RM_STREAM_CREATE",
             a.ctx,
             |b, c| b.stream_create(c, a.flags, a.priority),
@@ -59,17 +55,13 @@ impl Executor {
         )
     }
 
-    pub(super) fn event_elapsed_time(
-        &self,
-        call: &CallContext,
-        a: RmElapsedArgs,
-    ) -> ProcResult<RmFloatReply> {
+    pub(super) fn event_elapsed_time(&self, session: &Session, a: RmElapsedArgs) -> RmFloatReply {
         let r = self.resolved(
-            &self.session(call),
+            session,
             |st| Ok((st.event(a.start)?, st.event(a.end)?)),
             |b, ((s, c), (e, _))| b.event_elapsed(c, s, e),
         );
-        Ok(float_reply("RM_EVENT_ELAPSED_TIME", r))
+        float_reply("RM_EVENT_ELAPSED_TIME", r)
     }
 
     /// Answered when callbacks are due (a deferred reply), never on the ordered thread.

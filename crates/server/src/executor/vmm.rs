@@ -50,21 +50,15 @@ impl Executor {
         &*self.inner.backend
     }
 
-    pub(super) fn mem_create(
-        &self,
-        call: &CallContext,
-        a: RmMemCreateArgs,
-    ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
+    pub(super) fn mem_create(&self, session: &Session, a: RmMemCreateArgs) -> RmHandleReply {
         let mut st = session.lock();
         let r = vmm_ctx(&st, a.ctx)
             .and_then(|c| self.backend().mem_create(c, a.size, &a.prop, a.flags))
             .map(|raw| st.insert(Resource::MemHandle { raw, refs: 1 }));
-        Ok(handle_reply("RM_MEM_CREATE", r))
+        handle_reply("RM_MEM_CREATE", r)
     }
 
-    pub(super) fn mem_release(&self, call: &CallContext, a: RmMemHandleArgs) -> ProcResult<i32> {
-        let session = self.session(call);
+    pub(super) fn mem_release(&self, session: &Session, a: RmMemHandleArgs) -> i32 {
         let mut st = session.lock();
         let r = (|| {
             let c = vmm_ctx(&st, a.ctx)?;
@@ -77,15 +71,10 @@ impl Executor {
             }
             Ok(())
         })();
-        Ok(code("RM_MEM_RELEASE", r))
+        code("RM_MEM_RELEASE", r)
     }
 
-    pub(super) fn mem_address_reserve(
-        &self,
-        call: &CallContext,
-        a: RmMemReserveArgs,
-    ) -> ProcResult<RmU64Reply> {
-        let session = self.session(call);
+    pub(super) fn mem_address_reserve(&self, session: &Session, a: RmMemReserveArgs) -> RmU64Reply {
         let mut st = session.lock();
         let r = vmm_ctx(&st, a.ctx).and_then(|c| self.backend().mem_address_reserve(c, &a));
         if let Ok(ptr) = r {
@@ -98,15 +87,10 @@ impl Executor {
                 },
             );
         }
-        Ok(u64_reply("RM_MEM_ADDRESS_RESERVE", r))
+        u64_reply("RM_MEM_ADDRESS_RESERVE", r)
     }
 
-    pub(super) fn mem_address_free(
-        &self,
-        call: &CallContext,
-        a: RmMemRangeArgs,
-    ) -> ProcResult<i32> {
-        let session = self.session(call);
+    pub(super) fn mem_address_free(&self, session: &Session, a: RmMemRangeArgs) -> i32 {
         let mut st = session.lock();
         let r = match st.ranges.get(&a.ptr) {
             Some(r) if r.kind == RangeKind::Reservation && r.size == a.size => vmm_ctx(&st, a.ctx),
@@ -118,11 +102,10 @@ impl Executor {
             let end = a.ptr.saturating_add(a.size);
             st.mappings.retain(|b, _| !(a.ptr..end).contains(b));
         }
-        Ok(code("RM_MEM_ADDRESS_FREE", r))
+        code("RM_MEM_ADDRESS_FREE", r)
     }
 
-    pub(super) fn mem_map(&self, call: &CallContext, a: RmMemMapArgs) -> ProcResult<i32> {
-        let session = self.session(call);
+    pub(super) fn mem_map(&self, session: &Session, a: RmMemMapArgs) -> i32 {
         let mut st = session.lock();
         let r = (|| {
             st.check_reserved(a.ptr, a.size)?;
@@ -132,11 +115,10 @@ impl Executor {
             st.mappings.insert(a.ptr, a.size);
             Ok(())
         })();
-        Ok(code("RM_MEM_MAP", r))
+        code("RM_MEM_MAP", r)
     }
 
-    pub(super) fn mem_unmap(&self, call: &CallContext, a: RmMemRangeArgs) -> ProcResult<i32> {
-        let session = self.session(call);
+    pub(super) fn mem_unmap(&self, session: &Session, a: RmMemRangeArgs) -> i32 {
         let mut st = session.lock();
         let r = (|| {
             st.check_reserved(a.ptr, a.size)?;
@@ -146,29 +128,19 @@ impl Executor {
             st.mappings.retain(|b, _| !(a.ptr..end).contains(b));
             Ok(())
         })();
-        Ok(code("RM_MEM_UNMAP", r))
+        code("RM_MEM_UNMAP", r)
     }
 
-    pub(super) fn mem_set_access(
-        &self,
-        call: &CallContext,
-        a: RmMemSetAccessArgs,
-    ) -> ProcResult<i32> {
-        let session = self.session(call);
+    pub(super) fn mem_set_access(&self, session: &Session, a: RmMemSetAccessArgs) -> i32 {
         let st = session.lock();
         let r = st
             .check_reserved(a.ptr, a.size)
             .and_then(|()| vmm_ctx(&st, a.ctx))
             .and_then(|c| self.backend().mem_set_access(c, a.ptr, a.size, &a.desc));
-        Ok(code("RM_MEM_SET_ACCESS", r))
+        code("RM_MEM_SET_ACCESS", r)
     }
 
-    pub(super) fn mem_get_access(
-        &self,
-        call: &CallContext,
-        a: RmMemGetAccessArgs,
-    ) -> ProcResult<RmU64Reply> {
-        let session = self.session(call);
+    pub(super) fn mem_get_access(&self, session: &Session, a: RmMemGetAccessArgs) -> RmU64Reply {
         let st = session.lock();
         let r = st
             .check_reserved(a.ptr, 1)
@@ -177,40 +149,33 @@ impl Executor {
                 self.backend()
                     .mem_get_access(c, a.ptr, (a.location_type, a.location_id))
             });
-        Ok(u64_reply("RM_MEM_GET_ACCESS", r))
+        u64_reply("RM_MEM_GET_ACCESS", r)
     }
 
     pub(super) fn mem_get_granularity(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmMemGranularityArgs,
-    ) -> ProcResult<RmU64Reply> {
-        let session = self.session(call);
+    ) -> RmU64Reply {
         let r = vmm_ctx(&session.lock(), a.ctx)
             .and_then(|c| self.backend().mem_get_granularity(c, &a.prop, a.option));
-        Ok(u64_reply("RM_MEM_GET_GRANULARITY", r))
+        u64_reply("RM_MEM_GET_GRANULARITY", r)
     }
 
     pub(super) fn mem_get_properties(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmMemHandleArgs,
-    ) -> ProcResult<RmMemPropReply> {
-        let session = self.session(call);
+    ) -> RmMemPropReply {
         let st = session.lock();
         let r = (|| {
             let raw = st.mem_handle(a.handle)?;
             self.backend().mem_get_properties(vmm_ctx(&st, a.ctx)?, raw)
         })();
-        Ok(reply!("RM_MEM_GET_PROPERTIES", RmMemPropReply, r))
+        reply!("RM_MEM_GET_PROPERTIES", RmMemPropReply, r)
     }
 
-    pub(super) fn mem_retain_handle(
-        &self,
-        call: &CallContext,
-        a: RmPtrArgs,
-    ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
+    pub(super) fn mem_retain_handle(&self, session: &Session, a: RmPtrArgs) -> RmHandleReply {
         let mut st = session.lock();
         let r = (|| {
             if !st.is_mapped(a.ptr) {
@@ -221,6 +186,6 @@ impl Executor {
                 .mem_retain_handle(vmm_ctx(&st, a.ctx)?, a.ptr)?;
             Ok(st.retain_mem_handle(raw))
         })();
-        Ok(handle_reply("RM_MEM_RETAIN_HANDLE", r))
+        handle_reply("RM_MEM_RETAIN_HANDLE", r)
     }
 }

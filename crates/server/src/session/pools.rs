@@ -39,12 +39,7 @@ impl SessionState {
     /// Frees the stream-ordered allocations of context handle `ctx` (backend context
     /// `raw_ctx`), after synchronizing it.
     pub(crate) fn free_stream_ordered(&mut self, backend: &dyn Backend, ctx: u64, raw_ctx: u64) {
-        let left: Vec<u64> = self
-            .ranges
-            .iter()
-            .filter(|(_, r)| r.ctx == ctx && r.kind == RangeKind::StreamOrdered)
-            .map(|(p, _)| *p)
-            .collect();
+        let left = self.ranges_of(ctx, RangeKind::StreamOrdered);
         if left.is_empty() {
             return;
         }

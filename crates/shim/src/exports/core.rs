@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use remora_client::{CuError, cu, cu_result_name_c, cu_result_string_c};
+use remora_client::{CuError, CuResult, Session, cu, cu_result_name_c, cu_result_string_c};
 
 use super::Handle;
 use crate::CUresult;
@@ -378,19 +378,25 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
 pub unsafe extern "C" fn cuCtxGetApiVersion(ctx: Handle, version: *mut c_uint) -> CUresult {
     entry("cuCtxGetApiVersion", || {
         let v = state::session()?.ctx_get_api_version(state::ctx_or_current(ctx)?)?;
-        let v = c_uint::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
         // SAFETY: output pointer per cuda.h.
-        unsafe { put(version, v) }
+        unsafe { state::put_as(version, v) }
     })
+}
+
+/// Writes `get(session, current context)` to the output pointer `out`, in its C type.
+fn current_ctx_value<T: TryFrom<U>, U>(
+    out: *mut T,
+    get: impl FnOnce(&Session, u64) -> CuResult<U>,
+) -> CuResult<()> {
+    let v = get(state::session()?, state::current_ctx()?)?;
+    // SAFETY: output pointer per cuda.h.
+    unsafe { state::put_as(out, v) }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
     entry("cuCtxGetFlags", || {
-        let v = state::session()?.ctx_get_flags(state::current_ctx()?)?;
-        let v = c_uint::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
-        // SAFETY: output pointer per cuda.h.
-        unsafe { put(flags, v) }
+        current_ctx_value(flags, |s, c| s.ctx_get_flags(c))
     })
 }
 
@@ -415,10 +421,7 @@ pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
     entry("cuCtxGetCacheConfig", || {
-        let v = state::session()?.ctx_get_cache_config(state::current_ctx()?)?;
-        let v = c_int::try_from(v).map_err(|_| CuError(cu::UNKNOWN))?;
-        // SAFETY: output pointer per cuda.h.
-        unsafe { put(config, v) }
+        current_ctx_value(config, |s, c| s.ctx_get_cache_config(c))
     })
 }
 

@@ -10,7 +10,7 @@ use remora_client::{CuError, CuResult, FunctionInfo, ModuleInfo, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, dec, enc, entry, put, put_opt, stream_ref};
+use crate::state::{self, Kind, dec, enc, entry, put, put_opt, put_out, stream_ref};
 
 /// A `CUfunction`, or a `CUkernel` in its place (as CUDA accepts), to the function's info;
 /// a kernel resolves to its function in the current context.
@@ -170,9 +170,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
     f: Handle,
 ) -> CUresult {
     entry("cuFuncGetAttribute", || {
-        if !(0..=20).contains(&attrib) {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        check_func_attribute(attrib)?;
         let v = state::session()?.func_get_attribute(func_handle(f)?, attrib)?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(value, v) }
@@ -182,9 +180,7 @@ pub unsafe extern "C" fn cuFuncGetAttribute(
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncSetAttribute(f: Handle, attrib: c_int, value: c_int) -> CUresult {
     entry("cuFuncSetAttribute", || {
-        if !(0..=20).contains(&attrib) {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        check_func_attribute(attrib)?;
         state::session()?.func_set_attribute(func_handle(f)?, attrib, value)
     })
 }
@@ -206,16 +202,34 @@ pub unsafe extern "C" fn cuFuncGetParamInfo(
     offset: *mut usize,
     size: *mut usize,
 ) -> CUresult {
-    entry("cuFuncGetParamInfo", || {
-        let (_, info) = function_info(f)?;
-        let p = info.params.get(index).ok_or(CuError(cu::INVALID_VALUE))?;
-        // SAFETY: optional output pointers per cuda.h.
-        unsafe {
-            put_opt(offset, p.offset as usize)?;
-            put_opt(size, p.size as usize)?;
-        }
+    entry("cuFuncGetParamInfo", || param_info(f, index, offset, size))
+}
+
+/// `cuFuncGetParamInfo`/`cuKernelGetParamInfo`: the offset and size of parameter `index` of
+/// function `f` into the optional outputs `offset` and `size`.
+pub(crate) fn param_info(
+    f: Handle,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CuResult<()> {
+    let (_, info) = function_info(f)?;
+    let p = info.params.get(index).ok_or(CuError(cu::INVALID_VALUE))?;
+    // SAFETY: optional output pointers per cuda.h.
+    unsafe {
+        put_opt(offset, p.offset as usize)?;
+        put_opt(size, p.size as usize)?;
+    }
+    Ok(())
+}
+
+/// Checks that `attrib` is a `CUfunction_attribute` (0 to 20).
+pub(crate) fn check_func_attribute(attrib: c_int) -> CuResult<()> {
+    if (0..=20).contains(&attrib) {
         Ok(())
-    })
+    } else {
+        Err(CuError(cu::INVALID_VALUE))
+    }
 }
 
 struct Launch {
@@ -548,11 +562,6 @@ fn stream_callback(
             unsafe { cb(stream.0, status, user.0) }
         }),
     )
-}
-
-fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
-    // SAFETY: output pointer per cuda.h (null rejected by `put`).
-    unsafe { put(p, v) }
 }
 
 /// `cuStreamSetAttribute`: the attributes CUDA defines for streams (access policy window,

@@ -9,12 +9,7 @@ use remora_client::{CuError, CuResult, cu};
 use super::exec::function_info;
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, c_name, dec, enc, entry, put, put_opt};
-
-fn out<T>(p: *mut T, v: T) -> CuResult<()> {
-    // SAFETY: output pointer per cuda.h (null rejected by `put`).
-    unsafe { put(p, v) }
-}
+use crate::state::{self, Kind, c_name, dec, enc, entry, put_opt, put_out};
 
 /// JIT and library options are accepted and ignored (the server's driver uses its defaults).
 #[unsafe(no_mangle)]
@@ -37,7 +32,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
         // SAFETY: `locate` found the image to span `n` readable bytes from `p`.
         let bytes = unsafe { std::slice::from_raw_parts(p, n) };
         let id = state::session()?.library_load(state::current_ctx_opt(), bytes)?;
-        out(library, enc(Kind::Library, id))
+        put_out(library, enc(Kind::Library, id))
     })
 }
 
@@ -53,7 +48,7 @@ pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle
     entry("cuLibraryGetModule", || {
         let m = state::session()?
             .library_module(dec(Kind::Library, library)?, state::current_ctx()?)?;
-        out(module, enc(Kind::Module, m.handle))
+        put_out(module, enc(Kind::Module, m.handle))
     })
 }
 
@@ -70,7 +65,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
             &name,
             state::current_ctx_opt(),
         )?;
-        out(kernel, enc(Kind::Kernel, k))
+        put_out(kernel, enc(Kind::Kernel, k))
     })
 }
 
@@ -79,7 +74,7 @@ pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut c_uint, library: Ha
     entry("cuLibraryGetKernelCount", || {
         let names = state::session()?
             .library_kernel_names(dec(Kind::Library, library)?, state::current_ctx_opt())?;
-        out(count, names.len() as c_uint)
+        put_out(count, names.len() as c_uint)
     })
 }
 
@@ -99,7 +94,7 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
         for (i, name) in names.iter().take(num as usize).enumerate() {
             let k = s.library_get_kernel(lib, name, ctx)?;
             // SAFETY: `kernels` holds `num` entries per cuda.h and `i < num`.
-            out(unsafe { kernels.add(i) }, enc(Kind::Kernel, k))?;
+            put_out(unsafe { kernels.add(i) }, enc(Kind::Kernel, k))?;
         }
         Ok(())
     })
@@ -133,7 +128,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> 
     entry("cuKernelGetFunction", || {
         let info =
             state::session()?.kernel_function(dec(Kind::Kernel, kernel)?, state::current_ctx()?)?;
-        out(f, enc(Kind::Function, info.handle))
+        put_out(f, enc(Kind::Function, info.handle))
     })
 }
 
@@ -141,7 +136,7 @@ pub unsafe extern "C" fn cuKernelGetFunction(f: *mut Handle, kernel: Handle) -> 
 pub unsafe extern "C" fn cuKernelGetLibrary(library: *mut Handle, kernel: Handle) -> CUresult {
     entry("cuKernelGetLibrary", || {
         let (lib, _) = state::session()?.kernel(dec(Kind::Kernel, kernel)?)?;
-        out(library, enc(Kind::Library, lib))
+        put_out(library, enc(Kind::Library, lib))
     })
 }
 
@@ -150,7 +145,7 @@ pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, kernel: Handl
     entry("cuKernelGetName", || {
         dec(Kind::Kernel, kernel)?;
         let (_, info) = function_info(kernel)?;
-        out(name, info.c_name.as_ptr())
+        put_out(name, info.c_name.as_ptr())
     })
 }
 
@@ -174,11 +169,9 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
     dev: c_int,
 ) -> CUresult {
     entry("cuKernelGetAttribute", || {
-        if !(0..=20).contains(&attrib) {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        super::exec::check_func_attribute(attrib)?;
         let v = state::session()?.func_get_attribute(kernel_handle(kernel, dev)?, attrib)?;
-        out(value, v)
+        put_out(value, v)
     })
 }
 
@@ -190,9 +183,7 @@ pub extern "C" fn cuKernelSetAttribute(
     dev: c_int,
 ) -> CUresult {
     entry("cuKernelSetAttribute", || {
-        if !(0..=20).contains(&attrib) {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        super::exec::check_func_attribute(attrib)?;
         state::session()?.func_set_attribute(kernel_handle(kernel, dev)?, attrib, value)
     })
 }
@@ -206,13 +197,6 @@ pub unsafe extern "C" fn cuKernelGetParamInfo(
 ) -> CUresult {
     entry("cuKernelGetParamInfo", || {
         dec(Kind::Kernel, kernel)?;
-        let (_, info) = function_info(kernel)?;
-        let p = info.params.get(index).ok_or(CuError(cu::INVALID_VALUE))?;
-        // SAFETY: optional output pointers per cuda.h.
-        unsafe {
-            put_opt(offset, p.offset as usize)?;
-            put_opt(size, p.size as usize)?;
-        }
-        Ok(())
+        super::exec::param_info(kernel, index, offset, size)
     })
 }
