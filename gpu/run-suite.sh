@@ -174,10 +174,6 @@ for p in "${programs[@]}"; do
   for m in "${remote_modes[@]}"; do
     if [ $have_run = 0 ]; then result "$p" "$m" skipped "remora run not available"; continue; fi
     if [ $native_ok = 0 ]; then result "$p" "$m" skipped "no native reference"; continue; fi
-    if [ "$prog" = explicit_graphs_pinned ] && { [ "$m" = unix ] || [ "$m" = tcp ]; }; then
-      result "$p" "$m" skipped "graph memcpy nodes with a host side need the shared data area (the server reads the host memory when the graph runs); over sockets the shim refuses them with CUDA_ERROR_NOT_SUPPORTED"
-      continue
-    fi
     if [ "$prog" = mapped_memory ] && { [ "$m" = unix ] || [ "$m" = tcp ]; }; then
       result "$p" "$m" skipped "mapped host memory over sockets is not implemented yet (issue 10 §3); the shim refuses it with CUDA_ERROR_NOT_SUPPORTED"
       continue

@@ -35,9 +35,6 @@ static int mem_nodes() {
   cudaGraphNode_t a, set, k, cp, f;
   CHECK(cudaGraphAddMemAllocNode(&a, g, nullptr, 0, &ap));
   uint32_t *p = (uint32_t *)ap.dptr;
-  cudaPointerAttributes attr;
-  CHECK(cudaPointerGetAttributes(&attr, p));
-  EXPECT(attr.type == cudaMemoryTypeDevice);
   cudaMemsetParams ms = {};
   ms.dst = p; ms.value = 3; ms.elementSize = 4; ms.width = n; ms.height = 1;
   CHECK(cudaGraphAddMemsetNode(&set, g, &a, 1, &ms));
@@ -147,13 +144,6 @@ static int pageable_nodes() {
     for (size_t i = 0; i < 4096; i++) EXPECT(dst1[i] == src1[i] * 3 + 5);
     acc ^= hash32(dst1, 4096) + round;
   }
-  // Unsynchronized launches on two streams: the last one's bytes win.
-  for (int round = 20; round < 24; round++) {
-    for (size_t i = 0; i < 4096; i++) src1[i] = (uint32_t)(i * round);
-    CHECK(cudaGraphLaunch(e, st[round % 2]));
-  }
-  CHECK(cudaDeviceSynchronize());
-  for (size_t i = 0; i < 4096; i++) EXPECT(dst1[i] == (uint32_t)(i * 23) * 3 + 5);
   printf("pageable memcpy nodes: %016llx\n", (unsigned long long)acc);
   CHECK(cudaGraphExecDestroy(e));
   CHECK(cudaGraphDestroy(g));

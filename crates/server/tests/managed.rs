@@ -206,3 +206,56 @@ fn bad_arguments_and_context_destruction() {
         "a destroyed context's managed memory is freed"
     );
 }
+
+/// The graphMemoryNodes sample's pattern: with managed memory alive, an asynchronous
+/// device-to-host copy on a second stream completes during a synchronize of the first. That
+/// synchronize's reply carries the copy's bytes; the managed-memory pull runs before the
+/// reply is processed, so it must not wait for that copy (it did: every such synchronize hung
+/// for the 60 s delivery limit).
+#[test]
+fn a_copy_carried_by_the_synchronize_reply_does_not_stall_the_pull() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    for (endpoint, transport) in transports(&server) {
+        let s = session(&endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let m = s.mem_alloc_managed(ctx, 4096, 1).unwrap();
+        let bytes = 64 * 1024;
+        let src: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3) as u8).collect();
+        let d = s.mem_alloc(ctx, bytes as u64).unwrap();
+        s.memcpy_htod(ctx, LEGACY, d, &src).unwrap();
+        let (s1, s2) = (
+            s.stream_create(ctx, 1, 0).unwrap(),
+            s.stream_create(ctx, 1, 0).unwrap(),
+        );
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink_got = Arc::clone(&got);
+        s.memcpy_dtoh_async(
+            ctx,
+            s2,
+            d,
+            bytes as u64,
+            Box::new(move |data: &[u8]| sink_got.lock().unwrap().extend_from_slice(data)),
+        )
+        .unwrap();
+        let e = s.event_create(ctx, 0).unwrap();
+        s.event_record(ctx, e, s2).unwrap();
+        s.stream_wait_event(ctx, s1, e, 0).unwrap();
+        floats(m)[0] = 5.0;
+        let start = std::time::Instant::now();
+        s.stream_synchronize(ctx, s1).unwrap();
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "synchronize took {:?} over {transport:?}",
+            start.elapsed()
+        );
+        assert_eq!(*got.lock().unwrap(), src, "copy bytes over {transport:?}");
+        assert_eq!(floats(m)[0], 5.0);
+        s.event_destroy(e).unwrap();
+        for st in [s1, s2] {
+            s.stream_destroy(st).unwrap();
+        }
+        s.mem_free(ctx, d).unwrap();
+        s.mem_free(ctx, m).unwrap();
+    }
+}

@@ -140,6 +140,15 @@ impl Session {
         self.delivery.settle(&cov, Fetch::Collect)
     }
 
+    /// A context synchronize that takes the copies its reply carries but waits for no other
+    /// delivery: for the managed-memory hooks, which run inside another call whose reply
+    /// (and the copies it carries) the calling thread has not processed yet. Settling there
+    /// would wait for those copies, which arrive only after the hook returns.
+    pub(super) fn ctx_synchronize_unsettled(&self, ctx: RmHandle) -> CuResult<()> {
+        let r = call!(self.rm_ctx_synchronize(&ctx))?;
+        self.finish_sync(r)
+    }
+
     /// The private TOOLS_CONTEXT query cuBLASLt makes (slots 51 and 39), answered by the
     /// server's driver: the 32-bit answer (revision 7).
     pub fn tools_ctx_query(&self, ctx: RmHandle, mask: u64, flag: u32) -> CuResult<u64> {

@@ -250,7 +250,7 @@ impl Session {
             }
             drop(st);
             for ctx in pushed_ctx {
-                if let Err(e) = self.ctx_synchronize(ctx) {
+                if let Err(e) = self.ctx_synchronize_unsettled(ctx) {
                     tracing::error!(
                         "remora: {why}: waiting for managed memory to reach the device failed: {e}"
                     );
@@ -272,7 +272,7 @@ impl Session {
             ctxs.sort_unstable();
             ctxs.dedup();
             for ctx in ctxs {
-                if let Err(e) = self.ctx_synchronize(ctx) {
+                if let Err(e) = self.ctx_synchronize_unsettled(ctx) {
                     tracing::debug!(
                         "remora: {why}: synchronizing before reading managed memory back failed: {e}"
                     );
