@@ -532,6 +532,33 @@ fn child_memcpy_2d_3d_peer() {
         assert_eq!(back, [0x5A; 256], "the launched graph ran the memset");
         assert_eq!(exec_destroy(exec), 0);
         assert_eq!(graph_destroy(graph), 0);
+        // A captured copy into page-locked memory (in the shared data area over shm): staged
+        // around each launch like pageable memory, not refused (it was, with 900).
+        type HostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int;
+        type FreeHost = unsafe extern "C" fn(*mut c_void) -> c_int;
+        type DtohAsync = unsafe extern "C" fn(*mut c_void, u64, usize, *mut c_void) -> c_int;
+        let host_alloc: libloading::Symbol<HostAlloc> = lib.get(b"cuMemHostAlloc").unwrap();
+        let free_host: libloading::Symbol<FreeHost> = lib.get(b"cuMemFreeHost").unwrap();
+        let dtoh_async: libloading::Symbol<DtohAsync> = lib.get(b"cuMemcpyDtoHAsync_v2").unwrap();
+        let mut pinned = std::ptr::null_mut();
+        assert_eq!(host_alloc(&mut pinned, 256, 0), 0);
+        assert_eq!(begin(stream, 2), 0);
+        assert_eq!(memset(target, 0x33, 256, stream), 0);
+        assert_eq!(dtoh_async(pinned, target, 256, stream), 0);
+        assert_eq!(end(stream, &mut graph), 0);
+        let mut exec = std::ptr::null_mut();
+        assert_eq!(instantiate(&mut exec, graph, 0), 0);
+        std::ptr::write_bytes(pinned.cast::<u8>(), 0, 256);
+        assert_eq!(graph_launch(exec, stream), 0);
+        assert_eq!(stream_sync(stream), 0);
+        assert_eq!(
+            std::slice::from_raw_parts(pinned.cast::<u8>(), 256),
+            &[0x33; 256][..],
+            "the graph's copy reached page-locked memory"
+        );
+        assert_eq!(exec_destroy(exec), 0);
+        assert_eq!(graph_destroy(graph), 0);
+        assert_eq!(free_host(pinned), 0);
         // Ending a capture that never began: CUDA_ERROR_ILLEGAL_STATE.
         assert_eq!(end(stream, &mut graph), 401);
         let slab = pattern(4096, 7);

@@ -208,7 +208,10 @@ fn htod(dst: DevPtr, src: *const c_void, n: usize, stream: Option<(Handle, bool)
     match stream {
         Some((st, ptds)) => {
             let h = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
-            if s.stream_may_capture(h) && s.pinned_offset(src as usize as u64, n as u64).is_none() {
+            if s.stream_may_capture(h) {
+                // Pageable or page-locked alike: the capture stages the host bytes around
+                // each launch (page-locked memory in the data area included: its zero-copy
+                // path issues the copy now, which a capture cannot record).
                 // SAFETY: cuda.h: host memory a captured copy names stays valid for every
                 // launch of the graph.
                 return unsafe {
@@ -245,16 +248,17 @@ fn dtoh(
     match stream {
         Some((st, p)) => {
             let h = s.stream_handle(ctx, stream_ref(st, p)?)?;
-            if s.pinned_offset(dst as usize as u64, n as u64).is_some() {
-                // Zero-copy pinned memory: the server writes it, nothing is delivered.
-                return s.memcpy_dtoh_pinned(ctx, h, src, dst as usize as u64, n as u64, true);
-            }
             if s.stream_may_capture(h) {
+                // As in `htod`: staged around each launch, page-locked memory included.
                 // SAFETY: cuda.h: host memory a captured copy names stays valid for every
                 // launch of the graph.
                 return unsafe {
                     s.graph_capture_host_copy(ctx, h, src, dst as usize as u64, n as u64, false)
                 };
+            }
+            if s.pinned_offset(dst as usize as u64, n as u64).is_some() {
+                // Zero-copy pinned memory: the server writes it, nothing is delivered.
+                return s.memcpy_dtoh_pinned(ctx, h, src, dst as usize as u64, n as u64, true);
             }
             let out = HostDst(dst.cast(), n);
             s.memcpy_dtoh_async(

@@ -295,6 +295,7 @@ impl Backend for CudaBackend {
             }
         }
         CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
+        staging::forget_ctx(ctx);
         // SAFETY: a context this backend created.
         call!(d.t, ctx_destroy(ptr(ctx)))
     }
