@@ -34,6 +34,9 @@ const RECYCLE_MIN: usize = 256 * 1024;
 /// client holds a few replies it has not copied out yet, the server a few calls its waiter
 /// threads still copy from), so one is not enough.
 const RECYCLE_SLOTS: usize = 6;
+/// Bytes those buffers may hold in all: a few bulk-copy chunks, or one 32 MiB band of a
+/// 3-D copy as before.
+const RECYCLE_MAX_BYTES: usize = 40 << 20;
 
 /// Why a record could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -118,7 +121,7 @@ impl<R: Read> RecordReader<R> {
             end: 0,
             record: BytesMut::new(),
             filled: 0,
-            recycle: Recycler::new(RECYCLE_SLOTS),
+            recycle: Recycler::new(RECYCLE_SLOTS, RECYCLE_MAX_BYTES),
             hdr: [0; 4],
             hdr_len: 0,
             in_fragment: false,

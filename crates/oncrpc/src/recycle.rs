@@ -9,27 +9,33 @@
 //!
 //! ```text
 //!  take(n) ──► BytesMut (reused if a kept buffer is unique and large enough, else new)
-//!  keep(&Bytes) ──► a clone is kept (at most `slots`; the oldest is let go)
+//!  keep(&Bytes) ──► a clone is kept (at most `slots` buffers and `max_bytes` bytes in all;
+//!                   the oldest are let go)
 //! ```
 
 use std::collections::VecDeque;
 
 use remora_xdr::{Bytes, BytesMut};
 
-/// Keeps up to `slots` large buffers for reuse. Not thread-safe by itself: put it behind the
-/// lock of whatever owns it.
+/// Keeps up to `slots` large buffers, at most `max_bytes` in all, for reuse. Not thread-safe
+/// by itself: put it behind the lock of whatever owns it.
 #[derive(Debug)]
 pub struct Recycler {
     kept: VecDeque<Bytes>,
     slots: usize,
+    max_bytes: usize,
+    /// Sum of the kept buffers' lengths.
+    bytes: usize,
 }
 
 impl Recycler {
-    /// A recycler keeping at most `slots` buffers.
-    pub fn new(slots: usize) -> Self {
+    /// A recycler keeping at most `slots` buffers of at most `max_bytes` in all.
+    pub fn new(slots: usize, max_bytes: usize) -> Self {
         Self {
             kept: VecDeque::with_capacity(slots),
             slots,
+            max_bytes,
+            bytes: 0,
         }
     }
 
@@ -52,18 +58,24 @@ impl Recycler {
             .iter()
             .position(|b| b.len() >= min && b.is_unique())?;
         let b = self.kept.remove(i)?;
+        self.bytes -= b.len();
         // Unique a moment ago, and only this recycler could have cloned it since.
         b.try_into_mut().ok()
     }
 
-    /// Keeps a handle to `buf` for reuse once every other handle is gone.
+    /// Keeps a handle to `buf` for reuse once every other handle is gone (not when it alone
+    /// exceeds `max_bytes`), letting the oldest kept buffers go to stay within the bounds.
     pub fn keep(&mut self, buf: &Bytes) {
-        if self.slots == 0 {
+        if self.slots == 0 || buf.len() > self.max_bytes {
             return;
         }
-        if self.kept.len() == self.slots {
-            self.kept.pop_front();
+        while self.kept.len() == self.slots || self.bytes + buf.len() > self.max_bytes {
+            let Some(old) = self.kept.pop_front() else {
+                break;
+            };
+            self.bytes -= old.len();
         }
+        self.bytes += buf.len();
         self.kept.push_back(buf.clone());
     }
 
@@ -84,7 +96,7 @@ mod tests {
 
     #[test]
     fn reuses_only_released_buffers() {
-        let mut r = Recycler::new(2);
+        let mut r = Recycler::new(2, 1 << 20);
         let a = r.take(1000).freeze();
         assert!(a.iter().all(|&b| b == 0));
         let ptr = a.as_ptr();
@@ -108,7 +120,7 @@ mod tests {
 
     #[test]
     fn keeps_at_most_slots() {
-        let mut r = Recycler::new(2);
+        let mut r = Recycler::new(2, 1 << 20);
         let held: Vec<Bytes> = (0..5)
             .map(|_| {
                 let b = r.take(10).freeze();
@@ -120,8 +132,17 @@ mod tests {
         // The two kept are the newest.
         drop(held);
         assert_eq!(r.take_any(1).map(|b| b.len()), Some(10));
-        let mut none = Recycler::new(0);
+        let mut none = Recycler::new(0, 1 << 20);
         none.keep(&Bytes::from_static(b"x"));
         assert!(none.is_empty());
+        // The byte bound: the oldest go; a buffer larger than it is not kept.
+        let mut r = Recycler::new(8, 25);
+        let held: Vec<Bytes> = (0..3).map(|_| r.take(10).freeze()).collect();
+        for b in &held {
+            r.keep(b);
+        }
+        assert_eq!(r.len(), 2);
+        r.keep(&Bytes::from(vec![0u8; 26]));
+        assert_eq!(r.len(), 2);
     }
 }

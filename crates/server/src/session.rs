@@ -1120,6 +1120,8 @@ pub(crate) struct Session {
 const BULK_BUFFERS: usize = 6;
 /// Smaller buffers come from the allocator's free lists cheaply; they are not kept.
 const BULK_BUFFER_MIN: usize = 256 << 10;
+/// Bytes those buffers may hold in all (a copy's window of chunks, with room).
+const BULK_BUFFER_BYTES: usize = 32 << 20;
 
 impl Session {
     /// A session of `connection` that may hold `max_pending_copy_bytes` in undelivered
@@ -1141,7 +1143,10 @@ impl Session {
             launch_ns: Default::default(),
             area: std::sync::OnceLock::new(),
             area_locked: std::sync::atomic::AtomicBool::new(false),
-            bulk_buffers: Mutex::new(remora_oncrpc::recycle::Recycler::new(BULK_BUFFERS)),
+            bulk_buffers: Mutex::new(remora_oncrpc::recycle::Recycler::new(
+                BULK_BUFFERS,
+                BULK_BUFFER_BYTES,
+            )),
         }
     }
 
