@@ -91,6 +91,10 @@ impl Session {
                 {
                     self.finish_htod_chunk(p, &mut first_err);
                 }
+                // After a failed chunk the copy has failed: send no more.
+                if first_err.is_some() {
+                    break;
+                }
                 let timeout = self.rpc.timeout();
                 match rpc.start_call(
                     REMORA_PROG,
