@@ -38,7 +38,13 @@ pub(crate) struct Options {
     pub(crate) serve_args: Vec<OsString>,
     pub(crate) json: Option<PathBuf>,
     pub(crate) png: Option<PathBuf>,
+    /// `bench copy`: also measure a plain TCP stream over loopback moving the same bytes
+    /// (mode `raw-tcp`), and report each copy figure against it.
+    pub(crate) raw_tcp: bool,
 }
+
+/// The mode of the plain loopback TCP baseline (`--raw-tcp`).
+const RAW_TCP: &str = "raw-tcp";
 
 /// One figure of one group (a mode and a number of clients), median over the rounds.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -52,6 +58,10 @@ pub(crate) struct Figure {
     /// for GB/s); absent for native itself or when native did not run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) ratio_to_native: Option<f64>,
+    /// For copy figures with `--raw-tcp`: this figure over the plain TCP stream's with the
+    /// same clients (the same aggregate or per-client kind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ratio_to_raw_tcp: Option<f64>,
     /// The value of each round.
     pub(crate) rounds: Vec<f64>,
 }
@@ -351,6 +361,13 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
         modes.push("native".into());
     }
     modes.extend(opts.transports.iter().cloned());
+    if opts.raw_tcp {
+        if opts.what == What::Copy {
+            modes.push(RAW_TCP.into());
+        } else {
+            notes.push("--raw-tcp applies to bench copy only: not measured".into());
+        }
+    }
     // (mode, clients) → per round, the aggregate figures.
     let mut per_round: Vec<GroupRounds> = Vec::new();
     let total = opts.rounds as usize * opts.clients.len() * modes.len();
@@ -370,7 +387,12 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
                 );
                 let _ = std::io::stderr().flush();
                 let t0 = Instant::now();
-                let results = match run_group(opts, mode, clients, &endpoints, &shim) {
+                let measured = if mode == RAW_TCP {
+                    raw_tcp_group(clients, &opts.workload)
+                } else {
+                    run_group(opts, mode, clients, &endpoints, &shim)
+                };
+                let results = match measured {
                     Ok(r) => r,
                     Err(e) if mode == "native" => {
                         eprintln!("failed");
@@ -467,6 +489,7 @@ fn figures(per_round: &[GroupRounds]) -> Vec<Figure> {
                 unit: unit.clone(),
                 value: vals[vals.len() / 2],
                 ratio_to_native: None,
+                ratio_to_raw_tcp: None,
                 rounds: raw,
             });
         }
@@ -486,14 +509,99 @@ fn figures(per_round: &[GroupRounds]) -> Vec<Figure> {
             f.ratio_to_native = Some((f.value / n * 1000.0).round() / 1000.0);
         }
     }
+    // copy.<mem>.<dir>.<kind> against copy.raw.send.<kind> of the plain TCP stream.
+    let raws: Vec<(u32, String, f64)> = figs
+        .iter()
+        .filter(|f| f.mode == RAW_TCP)
+        .filter_map(|f| Some((f.clients, f.metric.rsplit('.').next()?.to_owned(), f.value)))
+        .collect();
+    for f in figs
+        .iter_mut()
+        .filter(|f| f.mode != RAW_TCP && f.metric.starts_with("copy."))
+    {
+        let kind = f.metric.rsplit('.').next().unwrap_or_default();
+        if let Some((_, _, r)) = raws.iter().find(|(c, k, _)| *c == f.clients && k == kind)
+            && *r > 0.0
+            && r.is_finite()
+        {
+            f.ratio_to_raw_tcp = Some((f.value / r * 1000.0).round() / 1000.0);
+        }
+    }
     figs
+}
+
+/// The `--raw-tcp` baseline: `clients` plain TCP streams over loopback at once, each moving
+/// `workload.reps` times `workload.bytes` from one buffer to another (after one warm-up
+/// transfer that maps both buffers), each transfer timed until the receiver has all of it
+/// and says so with one byte. Results are shaped like the workers' (`raw.send`).
+fn raw_tcp_group(clients: u32, workload: &Workload) -> Result<Vec<WorkerResult>> {
+    let bytes = usize::try_from(workload.bytes).context("--bytes too large")?;
+    let reps = workload.reps.max(1);
+    let threads: Vec<_> = (0..clients)
+        .map(|_| std::thread::spawn(move || raw_tcp_stream(bytes, reps)))
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| {
+            t.join()
+                .map_err(|_| anyhow::anyhow!("a raw TCP baseline thread panicked"))?
+        })
+        .collect()
+}
+
+fn raw_tcp_stream(bytes: usize, reps: u32) -> Result<WorkerResult> {
+    use std::io::Read as _;
+    use std::net::{TcpListener, TcpStream};
+    let now_ns = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    };
+    let listener =
+        TcpListener::bind("127.0.0.1:0").context("cannot listen on TCP loopback for --raw-tcp")?;
+    let addr = listener.local_addr()?;
+    let receiver = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; bytes];
+        for _ in 0..=reps {
+            s.read_exact(&mut buf)?;
+            s.write_all(&[1])?;
+        }
+        Ok(())
+    });
+    let mut s = TcpStream::connect(addr).context("cannot connect over TCP loopback")?;
+    s.set_nodelay(true)?;
+    let data = vec![0x5au8; bytes];
+    let mut ack = [0u8; 1];
+    s.write_all(&data)?;
+    s.read_exact(&mut ack)?;
+    let w0 = now_ns();
+    let mut gbps = Vec::new();
+    for _ in 0..reps {
+        let t = Instant::now();
+        s.write_all(&data)?;
+        s.read_exact(&mut ack)?;
+        gbps.push(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    let w1 = now_ns();
+    receiver
+        .join()
+        .map_err(|_| anyhow::anyhow!("the raw TCP receiver panicked"))?
+        .context("the raw TCP receiver failed")?;
+    gbps.sort_by(f64::total_cmp);
+    Ok(WorkerResult {
+        copies: vec![("raw.send".into(), gbps[gbps.len() / 2])],
+        spans: vec![("raw.send".into(), w0, w1, bytes as f64 * f64::from(reps))],
+        ..Default::default()
+    })
 }
 
 /// The report as a text table.
 pub(crate) fn table(r: &Report) -> String {
     use std::fmt::Write as _;
     let mut s = format!(
-        "remora bench {} on {} ({} round{}, median)\n{:<32} {:>7} {:>8} {:>20} {:>10}\n",
+        "remora bench {} on {} ({} round{}, median)\n{:<32} {:>7} {:>8} {:>20} {:>10} {:>11}\n",
         r.benchmark,
         if r.device.is_empty() { "?" } else { &r.device },
         r.rounds,
@@ -502,18 +610,21 @@ pub(crate) fn table(r: &Report) -> String {
         "clients",
         "mode",
         "value",
-        "vs native"
+        "vs native",
+        "vs raw tcp"
     );
     for f in &r.figures {
         let _ = writeln!(
             s,
-            "{:<32} {:>7} {:>8} {:>10.3} {:<9} {:>10}",
+            "{:<32} {:>7} {:>8} {:>10.3} {:<9} {:>10} {:>11}",
             f.metric,
             f.clients,
             f.mode,
             f.value,
             f.unit,
             f.ratio_to_native
+                .map_or_else(|| "-".to_owned(), |x| format!("x{x:.3}")),
+            f.ratio_to_raw_tcp
                 .map_or_else(|| "-".to_owned(), |x| format!("x{x:.3}"))
         );
     }
@@ -577,6 +688,72 @@ mod tests {
                 .filter(|f| f.clients == 4)
                 .all(|f| f.ratio_to_native.is_none())
         );
+    }
+
+    #[test]
+    fn copies_compare_with_the_raw_tcp_stream_of_the_same_kind() {
+        let agg = |k: &str, g: f64| {
+            vec![
+                (format!("copy.{k}.per_client"), "GB/s".to_owned(), g),
+                (format!("copy.{k}.aggregate"), "GB/s".to_owned(), g * 2.0),
+            ]
+        };
+        let figs = figures(&[
+            (("tcp".into(), 1), vec![agg("pinned.htod", 3.0)]),
+            ((RAW_TCP.into(), 1), vec![agg("raw.send", 6.0)]),
+            (("tcp".into(), 4), vec![agg("pinned.htod", 3.0)]),
+        ]);
+        let get = |mode: &str, c: u32, m: &str| {
+            figs.iter()
+                .find(|f| f.mode == mode && f.clients == c && f.metric == m)
+                .unwrap()
+                .ratio_to_raw_tcp
+        };
+        assert_eq!(get("tcp", 1, "copy.pinned.htod.per_client"), Some(0.5));
+        assert_eq!(get("tcp", 1, "copy.pinned.htod.aggregate"), Some(0.5));
+        assert_eq!(get(RAW_TCP, 1, "copy.raw.send.aggregate"), None);
+        // No raw stream measured with 4 clients: no ratio.
+        assert_eq!(get("tcp", 4, "copy.pinned.htod.per_client"), None);
+        assert!(
+            table(&Report {
+                benchmark: "copy".into(),
+                date_unix: 0,
+                device: String::new(),
+                remora: String::new(),
+                commit: String::new(),
+                server: "embedded".into(),
+                rounds: 1,
+                workload: Workload {
+                    launches: 1,
+                    syncs: 1,
+                    bytes: 1,
+                    reps: 1
+                },
+                figures: figs.clone(),
+                notes: Vec::new(),
+            })
+            .contains("x0.500")
+        );
+    }
+
+    #[test]
+    fn raw_tcp_stream_moves_the_bytes() {
+        let r = raw_tcp_group(
+            2,
+            &Workload {
+                launches: 1,
+                syncs: 1,
+                bytes: 1 << 20,
+                reps: 3,
+            },
+        )
+        .unwrap();
+        assert_eq!(r.len(), 2);
+        assert!(
+            r.iter()
+                .all(|w| w.copies[0].0 == "raw.send" && w.copies[0].1 > 0.0)
+        );
+        assert_eq!(r[0].spans[0].3, 3.0 * f64::from(1u32 << 20));
     }
 
     #[test]

@@ -203,6 +203,7 @@ mod tests {
             unit: "us".into(),
             value,
             ratio_to_native: None,
+            ratio_to_raw_tcp: None,
             rounds: vec![value],
         };
         let r = Report {

@@ -476,6 +476,10 @@ struct GpuBenchArgs {
     /// Draw the report as a PNG plot to this file.
     #[arg(long, value_name = "FILE")]
     png: Option<PathBuf>,
+    /// bench copy: also measure a plain TCP stream over loopback moving the same bytes in the
+    /// same run (mode raw-tcp), and report every copy against it ("vs raw tcp").
+    #[arg(long)]
+    raw_tcp: bool,
 }
 
 impl GpuBenchArgs {
@@ -492,6 +496,7 @@ impl GpuBenchArgs {
             serve_args: self.serve_arg,
             json: self.json,
             png: self.png,
+            raw_tcp: self.raw_tcp,
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::error::RpcError;
 use crate::msg::{
     AcceptStat, MSG_CALL, MSG_REPLY, MsgBody, RPC_VERSION, RejectedReply, ReplyBody, RpcMsg,
 };
-use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_records};
+use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_record_slices};
 use crate::xdr;
 use remora_shm::DataArea;
 
@@ -155,6 +155,55 @@ impl Default for ClientConfig {
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+}
+
+/// A call sent by [`Client::start_call`] whose reply has not been taken yet. Dropping it
+/// without [`PendingCall::finish`] forgets the call (its reply is dropped when it comes).
+#[must_use = "a pending call's reply is only seen through finish"]
+pub struct PendingCall {
+    inner: Arc<Inner>,
+    xid: u32,
+    cv: Arc<Condvar>,
+    timeout: Duration,
+    /// Program, version and procedure.
+    target: (u32, u32, u32),
+    done: bool,
+}
+
+impl fmt::Debug for PendingCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingCall")
+            .field("xid", &self.xid)
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PendingCall {
+    /// Waits for the reply (within the call's timeout, counted from now) and decodes it with
+    /// `result` (trailing bytes are rejected).
+    pub fn finish<R>(
+        mut self,
+        result: impl FnOnce(&mut Decoder) -> xdr::Result<R>,
+    ) -> Result<R, RpcError> {
+        self.done = true;
+        let (program, version, procedure) = self.target;
+        let record = self.inner.wait(
+            self.xid,
+            &self.cv,
+            self.timeout,
+            PingTarget { program, version },
+        )?;
+        decode_reply(record, program, version, procedure, result)
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        if !self.done {
+            lock(&self.inner.state).pending.remove(&self.xid);
+        }
+    }
 }
 
 struct Inner {
@@ -504,6 +553,27 @@ impl Client {
         args: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
         result: impl FnOnce(&mut Decoder) -> xdr::Result<R>,
     ) -> Result<R, RpcError> {
+        self.start_call(program, version, procedure, timeout, args, &[])?
+            .finish(result)
+    }
+
+    /// Sends a call and returns without waiting for its reply: [`PendingCall::finish`] waits
+    /// for it and decodes it. One thread can so keep several calls in flight (a bulk copy
+    /// sends its next chunk while the server still works on the previous one).
+    ///
+    /// The record is the encoded `args` followed by the `raw` slices, written as they are
+    /// (the caller adds what XDR needs around them, e.g. an `opaque<>` length before and its
+    /// padding after): a large payload goes from the caller's memory to the socket without
+    /// being copied first. The call has been written when this returns.
+    pub fn start_call(
+        &self,
+        program: u32,
+        version: u32,
+        procedure: u32,
+        timeout: Option<Duration>,
+        args: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
+        raw: &[&[u8]],
+    ) -> Result<PendingCall, RpcError> {
         let timeout = timeout.unwrap_or(self.inner.config.default_timeout);
         let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
         let chunks = self.encode_call(xid, program, version, procedure, args)?;
@@ -521,14 +591,37 @@ impl Client {
                 },
             );
         }
-        if let Err(e) = self.inner.send(&chunks) {
+        if let Err(e) = self.inner.send_parts(&chunks, raw) {
             lock(&self.inner.state).pending.remove(&xid);
             return Err(e);
         }
-        let record = self
-            .inner
-            .wait(xid, &cv, timeout, PingTarget { program, version })?;
-        decode_reply(record, program, version, procedure, result)
+        Ok(PendingCall {
+            inner: Arc::clone(&self.inner),
+            xid,
+            cv,
+            timeout,
+            target: (program, version, procedure),
+            done: false,
+        })
+    }
+
+    /// A one-way call whose record is the encoded `args` followed by the `raw` slices (as
+    /// [`Client::start_call`]), written before this returns (one-way calls queued for a batch
+    /// go first, so order is kept): the caller's buffer is never copied.
+    pub fn call_oneway_raw(
+        &self,
+        program: u32,
+        version: u32,
+        procedure: u32,
+        args: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
+        raw: &[&[u8]],
+    ) -> Result<(), RpcError> {
+        let xid = self.inner.next_xid.fetch_add(1, Ordering::Relaxed);
+        let chunks = self.encode_call(xid, program, version, procedure, args)?;
+        if lock(&self.inner.state).dead {
+            return Err(RpcError::ConnectionLost);
+        }
+        self.inner.send_parts(&chunks, raw)
     }
 
     /// Sends a one-way call: no reply is awaited (if the server replies anyway, the reply is
@@ -757,6 +850,12 @@ impl Inner {
 
     /// Writes the queued one-way calls, then the record `chunks` (none if empty), in order.
     fn send(&self, chunks: &[Bytes]) -> Result<(), RpcError> {
+        self.send_parts(chunks, &[])
+    }
+
+    /// [`Inner::send`] of the record made of `chunks` followed by the borrowed `tail` slices,
+    /// which are written as they are, never copied.
+    fn send_parts(&self, chunks: &[Bytes], tail: &[&[u8]]) -> Result<(), RpcError> {
         let res = {
             let mut w = lock(&self.writer);
             let queued = {
@@ -764,9 +863,18 @@ impl Inner {
                 q.bytes = 0;
                 std::mem::take(&mut q.records)
             };
-            let mut records: Vec<&[Bytes]> = queued.iter().map(Vec::as_slice).collect();
-            if !chunks.is_empty() {
-                records.push(chunks);
+            let mut records: Vec<Vec<&[u8]>> = queued
+                .iter()
+                .map(|r| r.iter().map(|b| &b[..]).collect())
+                .collect();
+            if !chunks.is_empty() || !tail.is_empty() {
+                records.push(
+                    chunks
+                        .iter()
+                        .map(|b| &b[..])
+                        .chain(tail.iter().copied())
+                        .collect(),
+                );
             }
             if records.is_empty() {
                 return Ok(());
@@ -775,7 +883,7 @@ impl Inner {
                 inner: self,
                 stream: &mut w,
             };
-            write_records(&mut pumping, &records, self.config.max_fragment_size)
+            write_record_slices(&mut pumping, &records, self.config.max_fragment_size)
         };
         res.map_err(|e| {
             tracing::debug!(endpoint = %self.endpoint, error = %e, "RPC client: write failed; connection lost");

@@ -147,6 +147,21 @@ impl fmt::Display for TransportChoice {
     }
 }
 
+/// Socket buffer size asked for on Unix sockets (the kernel caps it at `net.core.wmem_max` /
+/// `rmem_max`).
+const UNIX_SOCKET_BUFFER: usize = 4 << 20;
+
+/// Raises a Unix socket's send and receive buffers from the default (`wmem_default`, about
+/// 208 KiB) towards [`UNIX_SOCKET_BUFFER`]: a bulk copy otherwise moves at most that much per
+/// wake-up of the peer. Best effort. TCP sockets are left to the kernel's autotuning, which
+/// grows further than a fixed size would (`tcp_wmem`/`tcp_rmem`) and which setting a size
+/// turns off.
+pub(crate) fn widen_unix_buffers(s: &UnixStream) {
+    let sock = socket2::SockRef::from(s);
+    let _ = sock.set_send_buffer_size(UNIX_SOCKET_BUFFER);
+    let _ = sock.set_recv_buffer_size(UNIX_SOCKET_BUFFER);
+}
+
 /// A connected stream: a TCP or Unix socket, or the shared-memory rings of a Unix
 /// connection that moved into shared memory.
 #[derive(Debug)]
@@ -179,7 +194,11 @@ impl Stream {
                     io::Error::new(io::ErrorKind::NotFound, "host name resolved to no address")
                 }))
             }
-            Endpoint::Unix(path) => UnixStream::connect(path).map(Stream::Unix),
+            Endpoint::Unix(path) => {
+                let s = UnixStream::connect(path)?;
+                widen_unix_buffers(&s);
+                Ok(Stream::Unix(s))
+            }
         }
     }
 

@@ -55,6 +55,7 @@ mod error;
 pub mod fuzzing;
 pub mod msg;
 pub mod record;
+pub mod recycle;
 pub mod rpcbind;
 mod server;
 pub mod shm;
@@ -63,6 +64,7 @@ pub use remora_shm::{DataArea, OutOfArea};
 pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
 pub use client::{
     Client, ClientConfig, DEFAULT_MAX_RECORD_SIZE, DEFAULT_TIMEOUT, Liveness, OpeningCall,
+    PendingCall,
 };
 pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket_dir};
 pub use error::RpcError;

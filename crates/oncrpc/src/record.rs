@@ -16,6 +16,8 @@ use std::io::{self, IoSlice, Read, Write};
 
 use remora_xdr::{Bytes, BytesMut};
 
+use crate::recycle::Recycler;
+
 /// Largest fragment length the header can express (2^31 - 1), the default maximum fragment
 /// size of the writer.
 pub const MAX_FRAGMENT_SIZE: usize = 0x7FFF_FFFF;
@@ -27,6 +29,14 @@ const READ_AHEAD: usize = 8 * 1024;
 
 /// Records at least this large leave their buffer for reuse by the next large record.
 const RECYCLE_MIN: usize = 256 * 1024;
+
+/// Large record buffers kept for reuse. A bulk copy keeps several records in flight (the
+/// client holds a few replies it has not copied out yet, the server a few calls its waiter
+/// threads still copy from), so one is not enough.
+const RECYCLE_SLOTS: usize = 6;
+/// Bytes those buffers may hold in all: a few bulk-copy chunks, or one 32 MiB band of a
+/// 3-D copy as before.
+const RECYCLE_MAX_BYTES: usize = 40 << 20;
 
 /// Why a record could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -83,9 +93,10 @@ pub struct RecordReader<R> {
     /// spare space that the next reads fill (see [`RecordReader::ensure_spare`]).
     record: BytesMut,
     filled: usize,
-    /// The last large record handed out. Once every handle to it is dropped, its buffer (already
-    /// initialised, pages already mapped) is reused for the next large record without zeroing.
-    recycle: Option<Bytes>,
+    /// The last large records handed out. Once every handle to one is dropped, its buffer
+    /// (already initialised, pages already mapped) is reused for the next large record without
+    /// zeroing.
+    recycle: Recycler,
     hdr: [u8; 4],
     hdr_len: usize,
     /// Whether the current fragment's header has been read and its body is being read.
@@ -110,7 +121,7 @@ impl<R: Read> RecordReader<R> {
             end: 0,
             record: BytesMut::new(),
             filled: 0,
-            recycle: None,
+            recycle: Recycler::new(RECYCLE_SLOTS, RECYCLE_MAX_BYTES),
             hdr: [0; 4],
             hdr_len: 0,
             in_fragment: false,
@@ -204,11 +215,14 @@ impl<R: Read> RecordReader<R> {
         self.record.resize(self.filled + grow.max(1), 0);
     }
 
-    /// At the start of a large record, takes back the previous large record's buffer if
-    /// nobody holds it any more.
-    fn try_recycle(&mut self) {
-        if let Some(old) = self.recycle.take()
-            && let Ok(buf) = old.try_into_mut()
+    /// At the start of a large record of at least `len` bytes, takes back an earlier large
+    /// record's buffer that nobody holds any more, preferring one that holds `len` bytes
+    /// (the record is then read without growing its buffer).
+    fn try_recycle(&mut self, len: usize) {
+        if let Some(buf) = self
+            .recycle
+            .take_any(len)
+            .or_else(|| self.recycle.take_any(0))
         {
             self.record = buf;
         }
@@ -277,7 +291,7 @@ impl<R: Read> RecordReader<R> {
                     });
                 }
                 if self.filled == 0 && len >= READ_AHEAD {
-                    self.try_recycle();
+                    self.try_recycle(len);
                 }
                 self.hdr_len = 0;
                 self.in_fragment = true;
@@ -332,7 +346,7 @@ impl<R: Read> RecordReader<R> {
                 // Drop the empty remainder so that `out` can become the buffer's only owner.
                 self.record = BytesMut::new();
                 if out.len() >= RECYCLE_MIN {
-                    self.recycle = Some(out.clone());
+                    self.recycle.keep(&out);
                 }
                 return Ok(Some(out));
             }
@@ -366,10 +380,24 @@ pub fn write_records<W: Write + ?Sized>(
     records: &[&[Bytes]],
     max_fragment: usize,
 ) -> io::Result<()> {
+    let slices: Vec<Vec<&[u8]>> = records
+        .iter()
+        .map(|chunks| chunks.iter().map(|b| &b[..]).collect())
+        .collect();
+    write_record_slices(w, &slices, max_fragment)
+}
+
+/// [`write_records`] for records given as borrowed byte slices (e.g. a call's encoded header
+/// followed by the caller's own buffer, written without copying it anywhere first).
+pub fn write_record_slices<W: Write + ?Sized>(
+    w: &mut W,
+    records: &[Vec<&[u8]>],
+    max_fragment: usize,
+) -> io::Result<()> {
     let max_fragment = max_fragment.clamp(1, MAX_FRAGMENT_SIZE);
     let totals: Vec<usize> = records
         .iter()
-        .map(|chunks| chunks.iter().map(Bytes::len).sum())
+        .map(|chunks| chunks.iter().map(|c| c.len()).sum())
         .collect();
     let mut headers: Vec<[u8; 4]> = Vec::new();
     for &total in &totals {

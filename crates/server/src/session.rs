@@ -1110,7 +1110,18 @@ pub(crate) struct Session {
     /// Whether the backend was told of the area ([`crate::Backend::area_attach`]: page-locked
     /// for DMA); false when the server's locked-memory budget had no room for it.
     pub(crate) area_locked: std::sync::atomic::AtomicBool,
+    /// Buffers of synchronous device-to-host copies over sockets, reused once their reply
+    /// has been written (fresh ones cost a page fault per page: `remora_oncrpc::recycle`).
+    pub(crate) bulk_buffers: Mutex<remora_oncrpc::recycle::Recycler>,
 }
+
+/// Buffers a session keeps for reuse ([`Session::bulk_buffers`]): a pipelined copy has a
+/// few chunks in flight (the client's window) plus one being written.
+const BULK_BUFFERS: usize = 6;
+/// Smaller buffers come from the allocator's free lists cheaply; they are not kept.
+const BULK_BUFFER_MIN: usize = 256 << 10;
+/// Bytes those buffers may hold in all (a copy's window of chunks, with room).
+const BULK_BUFFER_BYTES: usize = 32 << 20;
 
 impl Session {
     /// A session of `connection` that may hold `max_pending_copy_bytes` in undelivered
@@ -1132,6 +1143,29 @@ impl Session {
             launch_ns: Default::default(),
             area: std::sync::OnceLock::new(),
             area_locked: std::sync::atomic::AtomicBool::new(false),
+            bulk_buffers: Mutex::new(remora_oncrpc::recycle::Recycler::new(
+                BULK_BUFFERS,
+                BULK_BUFFER_BYTES,
+            )),
+        }
+    }
+
+    /// A buffer of `len` bytes for a copy's reply: a reused one whose earlier reply has been
+    /// written, else a new one. Pass the frozen buffer to [`Session::keep_bulk_buffer`].
+    pub(crate) fn bulk_buffer(&self, len: usize) -> remora_xdr::BytesMut {
+        self.bulk_buffers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(len)
+    }
+
+    /// Keeps `buf` (from [`Session::bulk_buffer`]) for reuse once its reply is written.
+    pub(crate) fn keep_bulk_buffer(&self, buf: &remora_xdr::Bytes) {
+        if buf.len() >= BULK_BUFFER_MIN {
+            self.bulk_buffers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .keep(buf);
         }
     }
 

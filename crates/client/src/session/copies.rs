@@ -19,16 +19,7 @@ impl Session {
             let args = area_args(ctx, stream, dst);
             return self.area_htod(args, data, &staging, chunk, false);
         }
-        for (off, len) in chunks(data.len()) {
-            let r = call!(self.rm_memcpy_htod(&RmHtodArgs {
-                ctx,
-                stream,
-                dst: dst + off as u64,
-                data: Bytes::copy_from_slice(&data[off..off + len])
-            }))?;
-            self.finish_sync(r)?;
-        }
-        Ok(())
+        self.htod_socket(ctx, stream, dst, data, false)
     }
 
     /// `cuMemcpyDtoH` (synchronous) into `out`. Like every synchronizing call, its reply
@@ -49,24 +40,7 @@ impl Session {
             self.area_dtoh(area_args(ctx, stream, src), out, &staging, chunk)?;
             return self.settle_stream(ctx, stream, mark);
         }
-        for (off, len) in chunks(out.len()) {
-            let r = call!(self.rm_memcpy_dtoh(&RmDtohArgs {
-                ctx,
-                stream,
-                src: src + off as u64,
-                size: len as u64,
-                copy_id: 0
-            }))?;
-            self.finish_sync(RmSyncReply {
-                status: r.status,
-                copies: r.copies,
-            })?;
-            if r.data.len() != len {
-                tracing::error!("remora: DtoH of {len} bytes returned {}", r.data.len());
-                return Err(CuError(cu::UNKNOWN));
-            }
-            out[off..off + len].copy_from_slice(&r.data);
-        }
+        self.dtoh_socket(ctx, stream, src, out)?;
         self.settle_stream(ctx, stream, mark)
     }
 
@@ -117,15 +91,7 @@ impl Session {
             let args = area_args(ctx, stream, dst);
             return self.area_htod(args, data, &staging, chunk, true);
         }
-        for (off, len) in chunks(data.len()) {
-            call!(self.rm_memcpy_htod_async(&RmHtodArgs {
-                ctx,
-                stream,
-                dst: dst + off as u64,
-                data: Bytes::copy_from_slice(&data[off..off + len])
-            }))?;
-        }
-        Ok(())
+        self.htod_socket(ctx, stream, dst, data, true)
     }
 
     /// `cuMemcpyDtoHAsync`: one-way; `sink` gets the data when a later synchronizing call's

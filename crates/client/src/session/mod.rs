@@ -462,6 +462,7 @@ pub use launches::{KernelArgs, LaunchConfig};
 mod memory;
 mod modules;
 mod pools;
+mod socket_copies;
 mod streams;
 mod vmm;
 

@@ -162,6 +162,7 @@ impl Server {
         let (stream, peer) = if domain == socket2::Domain::UNIX {
             let s = UnixStream::from(fd);
             s.set_nonblocking(false).map_err(ServerError::Io)?;
+            crate::endpoint::widen_unix_buffers(&s);
             let peer = unix_peer(&s);
             (Stream::Unix(s), peer)
         } else if domain == socket2::Domain::IPV4 || domain == socket2::Domain::IPV6 {
@@ -388,6 +389,7 @@ fn accept_loop(listener: Listener, wake: UnixStream, shared: Arc<Shared>) {
             }),
             Listener::Unix(l) => l.accept().and_then(|(s, _)| {
                 s.set_nonblocking(false)?;
+                crate::endpoint::widen_unix_buffers(&s);
                 let peer = unix_peer(&s);
                 Ok((Stream::Unix(s), peer))
             }),

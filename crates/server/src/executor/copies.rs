@@ -4,17 +4,34 @@
 use super::*;
 use remora_proto::cuda::{CuError, CuResult, cu};
 
+/// Synchronous host-to-device copies at least this large run on a waiter thread
+/// ([`Executor::memcpy_htod`]).
+const HTOD_ON_WAITER_MIN: usize = 1 << 20;
+
 impl Executor {
     pub(super) fn memcpy_htod(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_MEMCPY_HTOD",
-            |st| {
-                st.check_range(a.dst, a.data.len() as u64)?;
-                st.ctx(a.ctx)
-            },
-            |b, c| b.memcpy_htod(c, None, a.dst, &a.data),
-        )
+        fn resolve(st: &SessionState, a: &RmHtodArgs) -> CuResult<u64> {
+            st.check_range(a.dst, a.data.len() as u64)?;
+            st.ctx(a.ctx)
+        }
+        if a.data.len() < HTOD_ON_WAITER_MIN {
+            return self.sync_call(
+                call,
+                "RM_MEMCPY_HTOD",
+                |st| resolve(st, &a),
+                |b, c| b.memcpy_htod(c, None, a.dst, &a.data),
+            );
+        }
+        // A large copy is a chunk of a pipelined one (the client sends the next chunks without
+        // waiting): copy it on a waiter thread, so that the connection thread receives the
+        // next chunk meanwhile.
+        self.blocking(call, move |inner, session| {
+            let c = resolve(&session.lock(), &a);
+            let own = c.and_then(|c| inner.backend.memcpy_htod(c, None, a.dst, &a.data));
+            drop(a);
+            let mut st = session.lock();
+            inner.sync_reply("RM_MEMCPY_HTOD", &mut st, own, Scope::Finished)
+        })
     }
 
     pub(super) fn memcpy_dtoh(&self, call: &CallContext, a: RmDtohArgs) -> ProcResult<RmDtohReply> {
@@ -32,9 +49,11 @@ impl Executor {
                     })
             };
             let r = raw.and_then(|c| {
-                let mut buf = vec![0u8; a.size as usize];
+                let mut buf = session.bulk_buffer(a.size as usize);
                 inner.backend.memcpy_dtoh(c, &mut buf, a.src)?;
-                Ok(remora_xdr::Bytes::from(buf))
+                let buf = buf.freeze();
+                session.keep_bulk_buffer(&buf);
+                Ok(buf)
             });
             let mut st = session.lock();
             let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
