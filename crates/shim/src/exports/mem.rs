@@ -347,16 +347,7 @@ fn memset(
     }
 }
 
-macro_rules! copies {
-    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )* };
-}
-
-copies! {
+entry_points! {
     cuMemcpyHtoD_v2(dst: DevPtr, src: *const c_void, n: usize) => htod(dst, src, n, None);
     cuMemcpyHtoD_v2_ptds(dst: DevPtr, src: *const c_void, n: usize) => htod(dst, src, n, None);
     cuMemcpyHtoDAsync_v2(dst: DevPtr, src: *const c_void, n: usize, st: Handle) => htod(dst, src, n, Some((st, false)));
@@ -570,7 +561,7 @@ fn unified(dst: DevPtr, src: DevPtr, n: usize, stream: Option<(Handle, bool)>) -
     }
 }
 
-copies! {
+entry_points! {
     cuMemcpy(dst: DevPtr, src: DevPtr, n: usize) => unified(dst, src, n, None);
     cuMemcpy_ptds(dst: DevPtr, src: DevPtr, n: usize) => unified(dst, src, n, None);
     cuMemcpyAsync(dst: DevPtr, src: DevPtr, n: usize, st: Handle) => unified(dst, src, n, Some((st, false)));

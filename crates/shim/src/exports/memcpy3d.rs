@@ -23,8 +23,7 @@ use remora_cuda_abi::{
 };
 
 use super::{DevPtr, Handle};
-use crate::CUresult;
-use crate::state::{self, Kind, entry, stream_ref};
+use crate::state::{self, Kind, stream_ref};
 
 /// One side of a copy as the call describes it.
 #[derive(Clone, Copy)]
@@ -363,18 +362,9 @@ fn peer(
     }
 }
 
-macro_rules! exports {
-    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )* };
-}
-
 use RmCopyForm::{RmCopy2D as D2, RmCopy2DUnaligned as U2};
 
-exports! {
+entry_points! {
     cuMemcpy2D(p: *const Memcpy2DV1) => copy_2d_v1("cuMemcpy2D", p, D2, None);
     cuMemcpy2D_v2(p: *const Memcpy2D) => copy_2d("cuMemcpy2D_v2", p, D2, None, false);
     cuMemcpy2D_v2_ptds(p: *const Memcpy2D) => copy_2d("cuMemcpy2D_v2_ptds", p, D2, None, true);
