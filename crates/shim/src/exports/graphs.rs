@@ -27,7 +27,9 @@ use remora_cuda_abi::graphs::{
     MemAllocNodeParams, MemsetNodeParams,
 };
 use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE, MemPoolProps};
-use remora_cuda_abi::{MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
+use remora_cuda_abi::{
+    MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D, Memcpy3DSide,
+};
 use remora_cuda_abi::{MemAccessDesc, MemLocation};
 
 use super::Handle;
@@ -459,43 +461,31 @@ fn memcpy_get(n: Handle, out: *mut Memcpy3D) -> CuResult<()> {
         RmGraphMemKind::RmGraphMemArea => sd,
     };
     let (src, dst) = (host_side(c.src.clone()), host_side(c.dst.clone()));
-    let side = |sd: &RmGraphCopySide, staged: bool| -> CuResult<(c_uint, u64, u64)> {
-        Ok(match sd.kind {
+    let side = |sd: &RmGraphCopySide, staged: bool| -> CuResult<Memcpy3DSide> {
+        let (memory_type, host, device) = match sd.kind {
             RmGraphMemKind::RmGraphMemDevice if staged => (MEMORYTYPE_HOST, sd.addr, 0),
             RmGraphMemKind::RmGraphMemDevice => (MEMORYTYPE_DEVICE, 0, sd.addr),
             RmGraphMemKind::RmGraphMemArea => (MEMORYTYPE_HOST, s.area_host_ptr(sd.addr)?, 0),
+        };
+        Ok(Memcpy3DSide {
+            memory_type,
+            host: host as usize as *mut c_void,
+            device,
+            context: std::ptr::null_mut(),
+            x_in_bytes: sd.x_bytes as usize,
+            y: sd.y as usize,
+            z: sd.z as usize,
+            pitch: sd.pitch as usize,
+            height: sd.height as usize,
         })
     };
-    let (st, sh, sd) = side(&src, src != c.src)?;
-    let (dt, dh, dd) = side(&dst, dst != c.dst)?;
-    let c = RmMemcpyNode { src, dst, ..c };
-    let p = Memcpy3D {
-        src_x_in_bytes: c.src.x_bytes as usize,
-        src_y: c.src.y as usize,
-        src_z: c.src.z as usize,
-        src_lod: 0,
-        src_memory_type: st,
-        src_host: sh as usize as *const c_void,
-        src_device: sd,
-        src_array: std::ptr::null_mut(),
-        src_context: std::ptr::null_mut(),
-        src_pitch: c.src.pitch as usize,
-        src_height: c.src.height as usize,
-        dst_x_in_bytes: c.dst.x_bytes as usize,
-        dst_y: c.dst.y as usize,
-        dst_z: c.dst.z as usize,
-        dst_lod: 0,
-        dst_memory_type: dt,
-        dst_host: dh as usize as *mut c_void,
-        dst_device: dd,
-        dst_array: std::ptr::null_mut(),
-        dst_context: std::ptr::null_mut(),
-        dst_pitch: c.dst.pitch as usize,
-        dst_height: c.dst.height as usize,
-        width_in_bytes: c.width_bytes as usize,
-        height: c.height as usize,
-        depth: c.depth as usize,
-    };
+    let p = Memcpy3D::between(
+        side(&src, src != c.src)?,
+        side(&dst, dst != c.dst)?,
+        c.width_bytes as usize,
+        c.height as usize,
+        c.depth as usize,
+    );
     // SAFETY: output per cuda.h (null rejected).
     unsafe { put(out, p) }
 }
