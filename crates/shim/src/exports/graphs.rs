@@ -26,7 +26,7 @@ use remora_cuda_abi::graphs::{
     ExecUpdateResultInfo, GraphNodeParams, HostNodeParams, KernelNodeParams, KernelNodeParamsV1,
     MemAllocNodeParams, MemsetNodeParams,
 };
-use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE, MemPoolProps};
+use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE};
 use remora_cuda_abi::{
     MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D, Memcpy3DSide,
 };
@@ -788,21 +788,12 @@ fn mem_alloc_get(n: Handle, out: *mut MemAllocNodeParams) -> CuResult<()> {
     let mut map = ALLOC_ACCESS.lock().unwrap_or_else(PoisonError::into_inner);
     let kept = map.get_or_insert_with(HashMap::new).entry(h).or_default();
     *kept = access;
-    let p = MemAllocNodeParams {
-        pool_props: MemPoolProps {
-            alloc_type: ALLOCATION_TYPE_PINNED,
-            location: loc(&m.location),
-            ..MemPoolProps::default()
-        },
-        access_descs: if kept.is_empty() {
-            std::ptr::null()
-        } else {
-            kept.as_ptr()
-        },
-        access_desc_count: kept.len(),
-        bytesize: usize::try_from(m.bytesize).map_err(|_| invalid())?,
-        dptr: m.dptr,
-    };
+    let p = MemAllocNodeParams::pinned(
+        loc(&m.location),
+        kept,
+        usize::try_from(m.bytesize).map_err(|_| invalid())?,
+        m.dptr,
+    );
     // SAFETY: non-null output per cuda.h.
     unsafe { out.write_unaligned(p) };
     Ok(())
