@@ -5,6 +5,7 @@
 //! backend sees it. Graph calls never wait for a stream, so the session lock is held across
 //! each (two threads cannot race a node's handle against its graph's destruction).
 
+use super::copies::side_span;
 use super::*;
 use crate::backend::graphs::{
     CopySideOut, GraphCopySide, GraphMem, GraphMemOut, HostNode, KernelNode, MemAllocNode,
@@ -78,21 +79,15 @@ fn copy_side(
     {
         return Err(invalid());
     }
-    let row = |k: u64, r: u64| -> Option<u64> {
-        s.z.checked_add(k)?
-            .checked_mul(s.height)?
-            .checked_add(s.y.checked_add(r)?)?
-            .checked_mul(s.pitch)?
-            .checked_add(s.x_bytes)
-    };
-    let first = row(0, 0).ok_or_else(invalid)?;
-    let end = row(c.depth - 1, c.height - 1)
-        .and_then(|l| l.checked_add(c.width_bytes))
-        .ok_or_else(invalid)?;
-    let start = s.addr.checked_add(first).ok_or_else(invalid)?;
+    let (start, len) = side_span(
+        s.addr,
+        [s.x_bytes, s.y, s.z],
+        (s.pitch, s.height),
+        (c.width_bytes, c.height, c.depth),
+    )?;
     let mem = match s.kind {
         RmGraphMemKind::RmGraphMemDevice => {
-            st.check_range(start, end - first)?;
+            st.check_range(start, len)?;
             GraphMem::Device(s.addr)
         }
         RmGraphMemKind::RmGraphMemArea => {
@@ -102,7 +97,7 @@ fn copy_side(
                 );
                 invalid()
             })?;
-            if area.check(start, end - first).is_err() {
+            if area.check(start, len).is_err() {
                 return Err(invalid());
             }
             GraphMem::Area(area.clone(), s.addr)
