@@ -10,7 +10,7 @@ use remora_client::{CuError, CuResult, FunctionInfo, ModuleInfo, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, dec, enc, entry, put, put_opt, put_out, stream_ref};
+use crate::state::{self, Kind, dec, enc, entry, put, put_opt, put_out, read_in, stream_ref};
 
 /// A `CUfunction`, or a `CUkernel` in its place (as CUDA accepts), to the function's info;
 /// a kernel resolves to its function in the current context.
@@ -568,11 +568,8 @@ fn stream_callback(
 /// synchronization policy, priority, memory sync domain and its map); others are
 /// `CUDA_ERROR_INVALID_VALUE`, as natively.
 fn set_attribute(st: Handle, kind: c_int, value: *const [u8; 64], ptds: bool) -> CuResult<()> {
-    if value.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: cuda.h: `value` points to a CUstreamAttrValue (64 bytes; read unaligned).
-    let v = unsafe { value.read_unaligned() };
+    // A CUstreamAttrValue (64 bytes) per cuda.h.
+    let v = read_in(value)?;
     let attr =
         remora_client::proto_stream_attr::from_abi(kind, &v).ok_or(CuError(cu::INVALID_VALUE))?;
     let (s, ctx, h) = mapped(st, ptds)?;

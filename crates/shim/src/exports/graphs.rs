@@ -34,7 +34,7 @@ use remora_cuda_abi::{MemAccessDesc, MemLocation};
 
 use super::Handle;
 use super::exec::function_info;
-use crate::state::{self, Kind, dec, enc, put};
+use crate::state::{self, Kind, dec, enc, put, read_in};
 
 /// Most nodes one call may pass (a bound on what is read from the program).
 const MAX_NODES: usize = 65536;
@@ -149,11 +149,7 @@ fn kernel_params(
 }
 
 fn kernel_v2(what: &str, p: *const KernelNodeParams) -> CuResult<RmNodeParams> {
-    if p.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null and readable per cuda.h.
-    let p = unsafe { p.read_unaligned() };
+    let p = read_in(p)?;
     kernel_params(
         what,
         p.func,
@@ -167,11 +163,7 @@ fn kernel_v2(what: &str, p: *const KernelNodeParams) -> CuResult<RmNodeParams> {
 }
 
 fn kernel_v1(what: &str, p: *const KernelNodeParamsV1) -> CuResult<RmNodeParams> {
-    if p.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null and readable per cuda.h.
-    let p = unsafe { p.read_unaligned() };
+    let p = read_in(p)?;
     kernel_params(
         what,
         p.func,
@@ -279,11 +271,7 @@ fn kernel_get(
 // Memset and memcpy nodes -------------------------------------------------------------------
 
 fn memset_params(p: *const MemsetNodeParams) -> CuResult<RmNodeParams> {
-    if p.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null and readable per cuda.h.
-    let p = unsafe { p.read_unaligned() };
+    let p = read_in(p)?;
     Ok(RmNodeParams::RmNodeMemset(RmMemsetNode {
         dst: p.dst,
         pitch: p.pitch as u64,
@@ -376,11 +364,7 @@ fn copy_side(
 type MemcpyParams = (RmNodeParams, Vec<StagedSide>);
 
 fn memcpy_params(what: &str, p: *const Memcpy3D, ctx: u64) -> CuResult<MemcpyParams> {
-    if p.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null and readable per cuda.h.
-    let c = unsafe { p.read_unaligned() };
+    let c = read_in(p)?;
     let s = state::session()?;
     let extent = (c.width_in_bytes as u64, c.height as u64, c.depth as u64);
     if extent.0 == 0 || extent.1 == 0 || extent.2 == 0 {
@@ -505,11 +489,10 @@ fn host_node(
     n: usize,
     p: *const HostNodeParams,
 ) -> CuResult<()> {
-    if out.is_null() || p.is_null() {
+    if out.is_null() {
         return Err(invalid());
     }
-    // SAFETY: non-null and readable per cuda.h.
-    let p = unsafe { p.read_unaligned() };
+    let p = read_in(p)?;
     let f = p.func.ok_or_else(invalid)?;
     let hf = HostFn {
         f,
@@ -709,11 +692,10 @@ fn mem_alloc_node(
     p: *mut MemAllocNodeParams,
 ) -> CuResult<()> {
     const WHAT: &str = "cuGraphAddMemAllocNode";
-    if out.is_null() || p.is_null() {
+    if out.is_null() {
         return Err(invalid());
     }
-    // SAFETY: non-null and readable per cuda.h.
-    let a = unsafe { p.read_unaligned() };
+    let a = read_in(p)?;
     let props = a.pool_props;
     if props.alloc_type != ALLOCATION_TYPE_PINNED || a.bytesize == 0 {
         return Err(invalid());
@@ -822,11 +804,8 @@ fn graph_mem_get(dev: c_int, attr: c_int, value: *mut c_void) -> CuResult<()> {
 }
 
 fn graph_mem_set(dev: c_int, attr: c_int, value: *mut c_void) -> CuResult<()> {
-    if value.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null; a cuuint64_t per cuda.h.
-    let v = unsafe { value.cast::<u64>().read_unaligned() };
+    // A cuuint64_t per cuda.h.
+    let v = read_in(value.cast::<u64>())?;
     graph_mem_device(dev)?.set_graph_mem_attribute(dev, attr, v)
 }
 

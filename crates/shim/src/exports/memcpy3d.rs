@@ -23,7 +23,7 @@ use remora_cuda_abi::{
 };
 
 use super::{DevPtr, Handle};
-use crate::state::{self, Kind, stream_ref};
+use crate::state::{self, Kind, read_in, stream_ref};
 
 /// One side of a copy as the call describes it.
 #[derive(Clone, Copy)]
@@ -106,15 +106,6 @@ macro_rules! desc_3d {
         d.extent.depth = $c.depth as u64;
         d
     }};
-}
-
-/// Reads a descriptor the caller passed.
-fn read<T: Copy>(p: *const T) -> CuResult<T> {
-    if p.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: non-null, and points to a `T` per cuda.h; unaligned is allowed.
-    Ok(unsafe { p.read_unaligned() })
 }
 
 /// CUDA arrays are not remoted yet: CUDA_ERROR_NOT_SUPPORTED, logged once per entry point.
@@ -302,7 +293,7 @@ fn copy_2d(
     st: Option<(Handle, bool)>,
     ptds: bool,
 ) -> CuResult<()> {
-    let c = read(p)?;
+    let c = read_in(p)?;
     copy(name, desc_2d!(c, form), st, ptds, false)
 }
 
@@ -312,7 +303,7 @@ fn copy_2d_v1(
     form: RmCopyForm,
     st: Option<(Handle, bool)>,
 ) -> CuResult<()> {
-    let c = read(p)?;
+    let c = read_in(p)?;
     copy(name, desc_2d!(c, form), st, false, false)
 }
 
@@ -323,7 +314,7 @@ fn copy_3d(
     ptds: bool,
     peer: bool,
 ) -> CuResult<()> {
-    let c = read(p)?;
+    let c = read_in(p)?;
     copy(name, desc_3d!(c, src_context, dst_context), st, ptds, peer)
 }
 
@@ -332,7 +323,7 @@ fn copy_3d_v1(
     p: *const Memcpy3DV1,
     st: Option<(Handle, bool)>,
 ) -> CuResult<()> {
-    let c = read(p)?;
+    let c = read_in(p)?;
     copy(name, desc_3d!(c, reserved0, reserved1), st, false, false)
 }
 
