@@ -71,6 +71,31 @@ pub struct Memcpy2D {
     pub height: usize,
 }
 
+impl Memcpy2D {
+    /// The copy of `width_in_bytes × height` bytes from `src` to `dst` (their `z`, `height`
+    /// and `context` do not apply).
+    pub fn between(src: MemcpySide, dst: MemcpySide, width_in_bytes: usize, height: usize) -> Self {
+        Self {
+            src_x_in_bytes: src.x_in_bytes,
+            src_y: src.y,
+            src_memory_type: src.memory_type,
+            src_host: src.host.cast_const(),
+            src_device: src.device,
+            src_array: std::ptr::null_mut(),
+            src_pitch: src.pitch,
+            dst_x_in_bytes: dst.x_in_bytes,
+            dst_y: dst.y,
+            dst_memory_type: dst.memory_type,
+            dst_host: dst.host,
+            dst_device: dst.device,
+            dst_array: std::ptr::null_mut(),
+            dst_pitch: dst.pitch,
+            width_in_bytes,
+            height,
+        }
+    }
+}
+
 /// `CUDA_MEMCPY2D_v1` (`__CUDA_API_VERSION_INTERNAL`): the ABI of `cuMemcpy2D`,
 /// `cuMemcpy2DUnaligned` and `cuMemcpy2DAsync` without `_v2` (32-bit sizes and device
 /// pointers). 96 bytes.
@@ -130,9 +155,10 @@ pub struct Memcpy3D {
     pub depth: usize,
 }
 
-/// One side of a [`Memcpy3D`] without an array and at LOD 0, as [`Memcpy3D::between`] takes it.
+/// One side of a [`Memcpy3D`] or [`Memcpy2D`] without an array (and at LOD 0), as
+/// [`Memcpy3D::between`] and [`Memcpy2D::between`] take it.
 #[derive(Debug, Clone, Copy)]
-pub struct Memcpy3DSide {
+pub struct MemcpySide {
     /// `CU_MEMORYTYPE_*`.
     pub memory_type: c_uint,
     /// The host pointer of a host side (else NULL).
@@ -156,8 +182,8 @@ pub struct Memcpy3DSide {
 impl Memcpy3D {
     /// The copy of `width_in_bytes × height × depth` bytes from `src` to `dst`.
     pub fn between(
-        src: Memcpy3DSide,
-        dst: Memcpy3DSide,
+        src: MemcpySide,
+        dst: MemcpySide,
         width_in_bytes: usize,
         height: usize,
         depth: usize,

@@ -27,9 +27,7 @@ use remora_cuda_abi::graphs::{
     MemAllocNodeParams, MemsetNodeParams,
 };
 use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE};
-use remora_cuda_abi::{
-    MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D, Memcpy3DSide,
-};
+use remora_cuda_abi::{MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D, MemcpySide};
 use remora_cuda_abi::{MemAccessDesc, MemLocation};
 
 use super::Handle;
@@ -445,13 +443,13 @@ fn memcpy_get(n: Handle, out: *mut Memcpy3D) -> CuResult<()> {
         RmGraphMemKind::RmGraphMemArea => sd,
     };
     let (src, dst) = (host_side(c.src.clone()), host_side(c.dst.clone()));
-    let side = |sd: &RmGraphCopySide, staged: bool| -> CuResult<Memcpy3DSide> {
+    let side = |sd: &RmGraphCopySide, staged: bool| -> CuResult<MemcpySide> {
         let (memory_type, host, device) = match sd.kind {
             RmGraphMemKind::RmGraphMemDevice if staged => (MEMORYTYPE_HOST, sd.addr, 0),
             RmGraphMemKind::RmGraphMemDevice => (MEMORYTYPE_DEVICE, 0, sd.addr),
             RmGraphMemKind::RmGraphMemArea => (MEMORYTYPE_HOST, s.area_host_ptr(sd.addr)?, 0),
         };
-        Ok(Memcpy3DSide {
+        Ok(MemcpySide {
             memory_type,
             host: host as usize as *mut c_void,
             device,
