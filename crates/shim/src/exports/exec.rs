@@ -195,14 +195,9 @@ pub extern "C" fn cuFuncSetCacheConfig(f: Handle, config: c_uint) -> CUresult {
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuFuncGetParamInfo(
-    f: Handle,
-    index: usize,
-    offset: *mut usize,
-    size: *mut usize,
-) -> CUresult {
-    entry("cuFuncGetParamInfo", || param_info(f, index, offset, size))
+entry_points! {
+    cuFuncGetParamInfo(f: Handle, index: usize, offset: *mut usize, size: *mut usize) =>
+        param_info(f, index, offset, size);
 }
 
 /// `cuFuncGetParamInfo`/`cuKernelGetParamInfo`: the offset and size of parameter `index` of
@@ -763,33 +758,15 @@ fn potential_block_size(
     put_out(block, b)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
-    min_grid: *mut c_int,
-    block: *mut c_int,
-    f: Handle,
-    callback: B2DSize,
-    smem: usize,
-    limit: c_int,
-) -> CUresult {
-    entry("cuOccupancyMaxPotentialBlockSize", || {
-        potential_block_size(min_grid, block, f, callback, smem, limit, 0)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
-    min_grid: *mut c_int,
-    block: *mut c_int,
-    f: Handle,
-    callback: B2DSize,
-    smem: usize,
-    limit: c_int,
-    flags: c_uint,
-) -> CUresult {
-    entry("cuOccupancyMaxPotentialBlockSizeWithFlags", || {
-        potential_block_size(min_grid, block, f, callback, smem, limit, flags)
-    })
+entry_points! {
+    cuOccupancyMaxPotentialBlockSize(
+        min_grid: *mut c_int, block: *mut c_int, f: Handle, callback: B2DSize, smem: usize,
+        limit: c_int,
+    ) => potential_block_size(min_grid, block, f, callback, smem, limit, 0);
+    cuOccupancyMaxPotentialBlockSizeWithFlags(
+        min_grid: *mut c_int, block: *mut c_int, f: Handle, callback: B2DSize, smem: usize,
+        limit: c_int, flags: c_uint,
+    ) => potential_block_size(min_grid, block, f, callback, smem, limit, flags);
 }
 
 /// Searched with RM_OCCUPANCY_MAX_ACTIVE_BLOCKS (see
