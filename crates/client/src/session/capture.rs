@@ -178,9 +178,9 @@ impl Session {
         Ok(())
     }
 
-    /// `cuGraphGetNodes` with a NULL array: the number of nodes.
-    pub fn graph_node_count(&self, graph: RmHandle) -> CuResult<u64> {
-        self.need_revision(5, "a CUDA graph")?;
-        u64r(call!(self.rm_graph_node_count(&graph))?)
+    revision_calls! {
+        /// `cuGraphGetNodes` with a NULL array: the number of nodes.
+        graph_node_count(graph: RmHandle) -> u64
+            = 5, "a CUDA graph": u64r, rm_graph_node_count(&graph);
     }
 }

@@ -140,34 +140,16 @@ impl Session {
         self.delivery.settle(&cov, Fetch::Collect)
     }
 
-    /// The private TOOLS_CONTEXT query cuBLASLt makes (slots 51 and 39), answered by the
-    /// server's driver: the 32-bit answer (revision 7).
-    pub fn tools_ctx_query(&self, ctx: RmHandle, mask: u64, flag: u32) -> CuResult<u64> {
-        self.need_revision(7, "the TOOLS_CONTEXT query of cuBLASLt")?;
-        u64r(call!(self.rm_tools_ctx_query(&RmToolsCtxQueryArgs {
-            ctx,
-            mask,
-            flag
-        }))?)
-    }
-
-    /// The same query about stream `stream` of `ctx` (revision 10; cuBLAS asks it for
-    /// reductions on a created stream).
-    pub fn tools_stream_query(
-        &self,
-        ctx: RmHandle,
-        stream: RmHandle,
-        mask: u64,
-        flag: u32,
-    ) -> CuResult<u64> {
-        self.need_revision(10, "the TOOLS_CONTEXT query of cuBLAS about a stream")?;
-        u64r(call!(self.rm_tools_stream_query(
-            &RmToolsStreamQueryArgs {
-                ctx,
-                stream,
-                mask,
-                flag
-            }
-        ))?)
+    revision_calls! {
+        /// The private TOOLS_CONTEXT query cuBLASLt makes (slots 51 and 39), answered by the
+        /// server's driver: the 32-bit answer (revision 7).
+        tools_ctx_query(ctx: RmHandle, mask: u64, flag: u32) -> u64
+            = 7, "the TOOLS_CONTEXT query of cuBLASLt": u64r,
+            rm_tools_ctx_query(&RmToolsCtxQueryArgs { ctx, mask, flag });
+        /// The same query about stream `stream` of `ctx` (revision 10; cuBLAS asks it for
+        /// reductions on a created stream).
+        tools_stream_query(ctx: RmHandle, stream: RmHandle, mask: u64, flag: u32) -> u64
+            = 10, "the TOOLS_CONTEXT query of cuBLAS about a stream": u64r,
+            rm_tools_stream_query(&RmToolsStreamQueryArgs { ctx, stream, mask, flag });
     }
 }

@@ -29,12 +29,21 @@ pub struct ExecUpdateInfo {
 }
 
 impl Session {
-    /// `cuGraphCreate` in context `ctx`.
-    pub fn graph_create(&self, ctx: RmHandle, flags: u32) -> CuResult<RmHandle> {
-        self.need_revision(11, "cuGraphCreate")?;
-        handle(call!(
-            self.rm_graph_create(&RmGraphCreateArgs { ctx, flags })
-        )?)
+    revision_calls! {
+        /// `cuGraphCreate` in context `ctx`.
+        graph_create(ctx: RmHandle, flags: u32) -> RmHandle
+            = 11, "cuGraphCreate": handle, rm_graph_create(&RmGraphCreateArgs { ctx, flags });
+        /// `cuGraphNodeGetType`.
+        graph_node_type(node: RmHandle) -> i32
+            = 11, "cuGraphNodeGetType": int, rm_graph_node_get_type(&node);
+        /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams`.
+        graph_node_set_params(node: RmHandle, params: RmNodeParams) -> ()
+            = 11, "cuGraphKernelNodeSetParams": CuError::check,
+            rm_graph_node_set_params(&RmNodeSetArgs { node, params });
+        /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
+        graph_exec_node_set_params(exec: RmHandle, node: RmHandle, params: RmNodeParams) -> ()
+            = 11, "cuGraphExecKernelNodeSetParams": CuError::check,
+            rm_graph_exec_node_set_params(&RmExecNodeSetArgs { exec, node, params });
     }
 
     /// `cuGraphAdd*Node`/`cuGraphAddNode`: a node of `graph` after `deps`; memset and memcpy
@@ -194,12 +203,6 @@ impl Session {
         }
     }
 
-    /// `cuGraphNodeGetType`.
-    pub fn graph_node_type(&self, node: RmHandle) -> CuResult<i32> {
-        self.need_revision(11, "cuGraphNodeGetType")?;
-        int(call!(self.rm_graph_node_get_type(&node))?)
-    }
-
     /// `cuGraphNodeGetDependencies` (`dependents`: `cuGraphNodeGetDependentNodes`).
     pub fn graph_node_links(&self, node: RmHandle, dependents: bool) -> CuResult<Vec<RmHandle>> {
         self.need_revision(11, "cuGraphNodeGetDependencies")?;
@@ -219,33 +222,12 @@ impl Session {
         }
     }
 
-    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams`.
-    pub fn graph_node_set_params(&self, node: RmHandle, params: RmNodeParams) -> CuResult<()> {
-        self.need_revision(11, "cuGraphKernelNodeSetParams")?;
-        CuError::check(call!(
-            self.rm_graph_node_set_params(&RmNodeSetArgs { node, params })
-        )?)
-    }
-
     /// `cuGraphClone`.
     pub fn graph_clone(&self, graph: RmHandle) -> CuResult<RmHandle> {
         self.need_revision(11, "cuGraphClone")?;
         let clone = handle(call!(self.rm_graph_clone(&graph))?)?;
         self.graph_note_clone(graph, clone);
         Ok(clone)
-    }
-
-    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
-    pub fn graph_exec_node_set_params(
-        &self,
-        exec: RmHandle,
-        node: RmHandle,
-        params: RmNodeParams,
-    ) -> CuResult<()> {
-        self.need_revision(11, "cuGraphExecKernelNodeSetParams")?;
-        CuError::check(call!(self.rm_graph_exec_node_set_params(
-            &RmExecNodeSetArgs { exec, node, params }
-        ))?)
     }
 
     /// `cuGraphExecUpdate`: the status, with the update result and failing node.

@@ -419,6 +419,21 @@ macro_rules! call {
     };
 }
 
+/// [`Session`] methods that need protocol revision `$rev` (`$what` names the call in the
+/// error) and make one call, whose argument is built from the method's parameters; `$answer`
+/// turns the reply into the result (`CuError::check`, `handle`, `u64r`, `int`). A row:
+/// `name(param: Type, ...) -> T = revision, "what": answer, rm_procedure(&argument);`.
+macro_rules! revision_calls {
+    ($($(#[$m:meta])* $name:ident($($a:ident: $t:ty),* $(,)?) -> $ret:ty
+        = $rev:literal, $what:literal: $answer:path, $proc:ident($arg:expr);)*) => {$(
+        $(#[$m])*
+        pub fn $name(&self, $($a: $t),*) -> CuResult<$ret> {
+            self.need_revision($rev, $what)?;
+            $answer(call!(self.$proc($arg))?)
+        }
+    )*};
+}
+
 fn int(r: RmIntReply) -> CuResult<i32> {
     match r {
         RmIntReply::Case0(v) => Ok(v),

@@ -106,44 +106,27 @@ impl Session {
         handle(call!(self.rm_mem_pool_create(props))?)
     }
 
-    /// `cuMemPoolDestroy`.
-    pub fn mem_pool_destroy(&self, pool: RmHandle) -> CuResult<()> {
-        self.need_revision(10, "cuMemPoolDestroy")?;
-        CuError::check(call!(self.rm_mem_pool_destroy(&pool))?)
-    }
-
-    /// `cuMemPoolSetAttribute`: `value` is 0 or 1 for the reuse flags (attributes 1 to 3),
-    /// the `cuuint64_t` value for the others.
-    pub fn mem_pool_set_attribute(
-        &self,
-        pool: RmHandle,
-        attribute: i32,
-        value: u64,
-    ) -> CuResult<()> {
-        self.need_revision(10, "cuMemPoolSetAttribute")?;
-        CuError::check(call!(self.rm_mem_pool_set_attribute(&RmPoolAttrArgs {
-            pool,
-            attribute,
-            value
-        }))?)
-    }
-
-    /// `cuMemPoolGetAttribute`, widened to 64 bits.
-    pub fn mem_pool_get_attribute(&self, pool: RmHandle, attribute: i32) -> CuResult<u64> {
-        self.need_revision(10, "cuMemPoolGetAttribute")?;
-        u64r(call!(self.rm_mem_pool_get_attribute(&RmPoolAttrArgs {
-            pool,
-            attribute,
-            value: 0
-        }))?)
-    }
-
-    /// `cuMemPoolTrimTo`.
-    pub fn mem_pool_trim_to(&self, pool: RmHandle, keep: u64) -> CuResult<()> {
-        self.need_revision(10, "cuMemPoolTrimTo")?;
-        CuError::check(call!(
-            self.rm_mem_pool_trim_to(&RmPoolTrimArgs { pool, keep })
-        )?)
+    revision_calls! {
+        /// `cuMemPoolDestroy`.
+        mem_pool_destroy(pool: RmHandle) -> ()
+            = 10, "cuMemPoolDestroy": CuError::check, rm_mem_pool_destroy(&pool);
+        /// `cuMemPoolSetAttribute`: `value` is 0 or 1 for the reuse flags (attributes 1 to 3),
+        /// the `cuuint64_t` value for the others.
+        mem_pool_set_attribute(pool: RmHandle, attribute: i32, value: u64) -> ()
+            = 10, "cuMemPoolSetAttribute": CuError::check,
+            rm_mem_pool_set_attribute(&RmPoolAttrArgs { pool, attribute, value });
+        /// `cuMemPoolGetAttribute`, widened to 64 bits.
+        mem_pool_get_attribute(pool: RmHandle, attribute: i32) -> u64
+            = 10, "cuMemPoolGetAttribute": u64r,
+            rm_mem_pool_get_attribute(&RmPoolAttrArgs { pool, attribute, value: 0 });
+        /// `cuMemPoolTrimTo`.
+        mem_pool_trim_to(pool: RmHandle, keep: u64) -> ()
+            = 10, "cuMemPoolTrimTo": CuError::check,
+            rm_mem_pool_trim_to(&RmPoolTrimArgs { pool, keep });
+        /// `cuMemPoolGetAccess`: the `CUmemAccess_flags` of `location`.
+        mem_pool_get_access(pool: RmHandle, location: RmPoolLocation) -> i32
+            = 10, "cuMemPoolGetAccess": int,
+            rm_mem_pool_get_access(&RmPoolGetAccessArgs { pool, location });
     }
 
     /// `cuMemPoolSetAccess`: at most `RM_MAX_POOL_ACCESS` descriptors in one call (more are
@@ -157,14 +140,5 @@ impl Session {
             }))?)?;
         }
         Ok(())
-    }
-
-    /// `cuMemPoolGetAccess`: the `CUmemAccess_flags` of `location`.
-    pub fn mem_pool_get_access(&self, pool: RmHandle, location: RmPoolLocation) -> CuResult<i32> {
-        self.need_revision(10, "cuMemPoolGetAccess")?;
-        int(call!(self.rm_mem_pool_get_access(&RmPoolGetAccessArgs {
-            pool,
-            location
-        }))?)
     }
 }

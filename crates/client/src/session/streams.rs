@@ -4,16 +4,11 @@ use super::*;
 use crate::host_callbacks::HostCallback;
 
 impl Session {
-    /// `cuStreamSetAttribute` (revision 10).
-    pub fn stream_set_attribute(
-        &self,
-        ctx: RmHandle,
-        stream: RmHandle,
-        value: RmStreamAttr,
-    ) -> CuResult<()> {
-        self.need_revision(10, "cuStreamSetAttribute")?;
-        let args = RmStreamAttrArgs { ctx, stream, value };
-        CuError::check(call!(self.rm_stream_set_attribute(&args))?)
+    revision_calls! {
+        /// `cuStreamSetAttribute` (revision 10).
+        stream_set_attribute(ctx: RmHandle, stream: RmHandle, value: RmStreamAttr) -> ()
+            = 10, "cuStreamSetAttribute": CuError::check,
+            rm_stream_set_attribute(&RmStreamAttrArgs { ctx, stream, value });
     }
 
     /// `cuStreamGetAttribute` of attribute id `kind` (revision 10).

@@ -7,30 +7,29 @@ use super::memory::Reserved;
 use super::*;
 
 impl Session {
-    /// `cuMemCreate`: the session handle of a new physical allocation.
-    pub fn mem_create(
-        &self,
-        ctx: RmHandle,
-        size: u64,
-        prop: RmMemProp,
-        flags: u64,
-    ) -> CuResult<RmHandle> {
-        self.need_revision(10, "cuMemCreate")?;
-        let args = RmMemCreateArgs {
-            ctx,
-            size,
-            prop,
-            flags,
-        };
-        handle(call!(self.rm_mem_create(&args))?)
-    }
-
-    /// `cuMemRelease`.
-    pub fn mem_release(&self, ctx: RmHandle, handle: RmHandle) -> CuResult<()> {
-        self.need_revision(10, "cuMemRelease")?;
-        CuError::check(call!(
-            self.rm_mem_release(&RmMemHandleArgs { ctx, handle })
-        )?)
+    revision_calls! {
+        /// `cuMemCreate`: the session handle of a new physical allocation.
+        mem_create(ctx: RmHandle, size: u64, prop: RmMemProp, flags: u64) -> RmHandle
+            = 10, "cuMemCreate": handle, rm_mem_create(&RmMemCreateArgs { ctx, size, prop, flags });
+        /// `cuMemRelease`.
+        mem_release(ctx: RmHandle, handle: RmHandle) -> ()
+            = 10, "cuMemRelease": CuError::check, rm_mem_release(&RmMemHandleArgs { ctx, handle });
+        /// `cuMemMap` of physical allocation `handle` at `[ptr, ptr + size)`.
+        mem_map(ctx: RmHandle, ptr: u64, size: u64, offset: u64, handle: RmHandle, flags: u64) -> ()
+            = 10, "cuMemMap": CuError::check,
+            rm_mem_map(&RmMemMapArgs { ctx, ptr, size, offset, handle, flags });
+        /// `cuMemUnmap`.
+        mem_unmap(ctx: RmHandle, ptr: u64, size: u64) -> ()
+            = 10, "cuMemUnmap": CuError::check, rm_mem_unmap(&RmMemRangeArgs { ctx, ptr, size });
+        /// `cuMemGetAllocationGranularity`.
+        mem_get_granularity(ctx: RmHandle, prop: RmMemProp, option: u32) -> u64
+            = 10, "cuMemGetAllocationGranularity": u64r,
+            rm_mem_get_granularity(&RmMemGranularityArgs { ctx, prop, option });
+        /// `cuMemRetainAllocationHandle`: the handle of the allocation mapped at `ptr`, with one
+        /// more reference (the same handle `cuMemCreate` gave, while the session still holds it).
+        mem_retain_handle(ctx: RmHandle, ptr: u64) -> RmHandle
+            = 10, "cuMemRetainAllocationHandle": handle,
+            rm_mem_retain_handle(&RmPtrArgs { ctx, ptr });
     }
 
     /// `cuMemAddressReserve`: the base of the reserved range.
@@ -72,38 +71,6 @@ impl Session {
         Ok(())
     }
 
-    /// `cuMemMap` of physical allocation `handle` at `[ptr, ptr + size)`.
-    pub fn mem_map(
-        &self,
-        ctx: RmHandle,
-        ptr: u64,
-        size: u64,
-        offset: u64,
-        handle: RmHandle,
-        flags: u64,
-    ) -> CuResult<()> {
-        self.need_revision(10, "cuMemMap")?;
-        let args = RmMemMapArgs {
-            ctx,
-            ptr,
-            size,
-            offset,
-            handle,
-            flags,
-        };
-        CuError::check(call!(self.rm_mem_map(&args))?)
-    }
-
-    /// `cuMemUnmap`.
-    pub fn mem_unmap(&self, ctx: RmHandle, ptr: u64, size: u64) -> CuResult<()> {
-        self.need_revision(10, "cuMemUnmap")?;
-        CuError::check(call!(self.rm_mem_unmap(&RmMemRangeArgs {
-            ctx,
-            ptr,
-            size
-        }))?)
-    }
-
     /// `cuMemSetAccess`.
     pub fn mem_set_access(
         &self,
@@ -141,18 +108,6 @@ impl Session {
         u64r(call!(self.rm_mem_get_access(&args))?)
     }
 
-    /// `cuMemGetAllocationGranularity`.
-    pub fn mem_get_granularity(
-        &self,
-        ctx: RmHandle,
-        prop: RmMemProp,
-        option: u32,
-    ) -> CuResult<u64> {
-        self.need_revision(10, "cuMemGetAllocationGranularity")?;
-        let args = RmMemGranularityArgs { ctx, prop, option };
-        u64r(call!(self.rm_mem_get_granularity(&args))?)
-    }
-
     /// `cuMemGetAllocationPropertiesFromHandle`.
     pub fn mem_get_properties(&self, ctx: RmHandle, handle: RmHandle) -> CuResult<RmMemProp> {
         self.need_revision(10, "cuMemGetAllocationPropertiesFromHandle")?;
@@ -160,12 +115,5 @@ impl Session {
             RmMemPropReply::Case0(p) => Ok(p),
             RmMemPropReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
         }
-    }
-
-    /// `cuMemRetainAllocationHandle`: the handle of the allocation mapped at `ptr`, with one
-    /// more reference (the same handle `cuMemCreate` gave, while the session still holds it).
-    pub fn mem_retain_handle(&self, ctx: RmHandle, ptr: u64) -> CuResult<RmHandle> {
-        self.need_revision(10, "cuMemRetainAllocationHandle")?;
-        handle(call!(self.rm_mem_retain_handle(&RmPtrArgs { ctx, ptr }))?)
     }
 }
