@@ -12,13 +12,6 @@
 use super::*;
 use crate::host_callbacks::RepeatedCallback;
 
-fn node_list(r: RmNodeListReply) -> CuResult<Vec<RmHandle>> {
-    match r {
-        RmNodeListReply::Case0(v) => Ok(v),
-        RmNodeListReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-    }
-}
-
 /// What `cuGraphExecUpdate` answers besides its status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ExecUpdateInfo {
@@ -32,10 +25,10 @@ impl Session {
     revision_calls! {
         /// `cuGraphCreate` in context `ctx`.
         graph_create(ctx: RmHandle, flags: u32) -> RmHandle
-            = 11, "cuGraphCreate": handle, rm_graph_create(&RmGraphCreateArgs { ctx, flags });
+            = 11, "cuGraphCreate": Reply::value, rm_graph_create(&RmGraphCreateArgs { ctx, flags });
         /// `cuGraphNodeGetType`.
         graph_node_type(node: RmHandle) -> i32
-            = 11, "cuGraphNodeGetType": int, rm_graph_node_get_type(&node);
+            = 11, "cuGraphNodeGetType": Reply::value, rm_graph_node_get_type(&node);
         /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams`.
         graph_node_set_params(node: RmHandle, params: RmNodeParams) -> ()
             = 11, "cuGraphKernelNodeSetParams": CuError::check,
@@ -63,7 +56,7 @@ impl Session {
             RmNodeParams::RmNodeGraph(c) => Some(c),
             _ => None,
         };
-        let node = handle(call!(self.rm_graph_add_node(&RmAddNodeArgs {
+        let node = Reply::value(call!(self.rm_graph_add_node(&RmAddNodeArgs {
             graph,
             ctx,
             dependencies: deps.to_vec(),
@@ -187,7 +180,7 @@ impl Session {
     /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`).
     pub fn graph_nodes(&self, graph: RmHandle, roots: bool) -> CuResult<Vec<RmHandle>> {
         self.need_revision(11, "cuGraphGetNodes")?;
-        node_list(if roots {
+        Reply::value(if roots {
             call!(self.rm_graph_get_root_nodes(&graph))?
         } else {
             call!(self.rm_graph_get_nodes(&graph))?
@@ -197,16 +190,13 @@ impl Session {
     /// `cuGraphGetEdges`: (from, to).
     pub fn graph_edges(&self, graph: RmHandle) -> CuResult<(Vec<RmHandle>, Vec<RmHandle>)> {
         self.need_revision(11, "cuGraphGetEdges")?;
-        match call!(self.rm_graph_get_edges(&graph))? {
-            RmGraphEdgesReply::Case0(e) => Ok((e.from, e.to)),
-            RmGraphEdgesReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        Reply::value(call!(self.rm_graph_get_edges(&graph))?).map(|e| (e.from, e.to))
     }
 
     /// `cuGraphNodeGetDependencies` (`dependents`: `cuGraphNodeGetDependentNodes`).
     pub fn graph_node_links(&self, node: RmHandle, dependents: bool) -> CuResult<Vec<RmHandle>> {
         self.need_revision(11, "cuGraphNodeGetDependencies")?;
-        node_list(if dependents {
+        Reply::value(if dependents {
             call!(self.rm_graph_node_get_dependent_nodes(&node))?
         } else {
             call!(self.rm_graph_node_get_dependencies(&node))?
@@ -216,16 +206,13 @@ impl Session {
     /// `cuGraph{Kernel,Memset,Memcpy}NodeGetParams`.
     pub fn graph_node_params(&self, node: RmHandle) -> CuResult<RmNodeParams> {
         self.need_revision(11, "cuGraphKernelNodeGetParams")?;
-        match call!(self.rm_graph_node_get_params(&node))? {
-            RmNodeParamsReply::Case0(p) => Ok(p),
-            RmNodeParamsReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        Reply::value(call!(self.rm_graph_node_get_params(&node))?)
     }
 
     /// `cuGraphClone`.
     pub fn graph_clone(&self, graph: RmHandle) -> CuResult<RmHandle> {
         self.need_revision(11, "cuGraphClone")?;
-        let clone = handle(call!(self.rm_graph_clone(&graph))?)?;
+        let clone = Reply::value(call!(self.rm_graph_clone(&graph))?)?;
         self.graph_note_clone(graph, clone);
         Ok(clone)
     }

@@ -38,7 +38,7 @@ impl Session {
         self.alloc_reserved(
             ctx,
             || {
-                let ptr = u64r(call!(self.rm_mem_alloc_async(&RmAllocAsyncArgs {
+                let ptr = Reply::value(call!(self.rm_mem_alloc_async(&RmAllocAsyncArgs {
                     ctx,
                     stream,
                     bytesize,
@@ -73,14 +73,14 @@ impl Session {
     pub fn device_get_default_mem_pool(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.need_revision(10, "cuDeviceGetDefaultMemPool")?;
         self.check_device(dev)?;
-        handle(call!(self.rm_device_get_default_mem_pool(&dev))?)
+        Reply::value(call!(self.rm_device_get_default_mem_pool(&dev))?)
     }
 
     /// `cuDeviceGetMemPool`: the session's handle of the device's current pool.
     pub fn device_get_mem_pool(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.need_revision(10, "cuDeviceGetMemPool")?;
         self.check_device(dev)?;
-        handle(call!(self.rm_device_get_mem_pool(&dev))?)
+        Reply::value(call!(self.rm_device_get_mem_pool(&dev))?)
     }
 
     /// `cuDeviceSetMemPool`.
@@ -103,7 +103,7 @@ impl Session {
             );
             return Err(CuError(cu::NOT_SUPPORTED));
         }
-        handle(call!(self.rm_mem_pool_create(props))?)
+        Reply::value(call!(self.rm_mem_pool_create(props))?)
     }
 
     revision_calls! {
@@ -117,7 +117,7 @@ impl Session {
             rm_mem_pool_set_attribute(&RmPoolAttrArgs { pool, attribute, value });
         /// `cuMemPoolGetAttribute`, widened to 64 bits.
         mem_pool_get_attribute(pool: RmHandle, attribute: i32) -> u64
-            = 10, "cuMemPoolGetAttribute": u64r,
+            = 10, "cuMemPoolGetAttribute": Reply::value,
             rm_mem_pool_get_attribute(&RmPoolAttrArgs { pool, attribute, value: 0 });
         /// `cuMemPoolTrimTo`.
         mem_pool_trim_to(pool: RmHandle, keep: u64) -> ()
@@ -125,7 +125,7 @@ impl Session {
             rm_mem_pool_trim_to(&RmPoolTrimArgs { pool, keep });
         /// `cuMemPoolGetAccess`: the `CUmemAccess_flags` of `location`.
         mem_pool_get_access(pool: RmHandle, location: RmPoolLocation) -> i32
-            = 10, "cuMemPoolGetAccess": int,
+            = 10, "cuMemPoolGetAccess": Reply::value,
             rm_mem_pool_get_access(&RmPoolGetAccessArgs { pool, location });
     }
 

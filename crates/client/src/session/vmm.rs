@@ -10,7 +10,7 @@ impl Session {
     revision_calls! {
         /// `cuMemCreate`: the session handle of a new physical allocation.
         mem_create(ctx: RmHandle, size: u64, prop: RmMemProp, flags: u64) -> RmHandle
-            = 10, "cuMemCreate": handle, rm_mem_create(&RmMemCreateArgs { ctx, size, prop, flags });
+            = 10, "cuMemCreate": Reply::value, rm_mem_create(&RmMemCreateArgs { ctx, size, prop, flags });
         /// `cuMemRelease`.
         mem_release(ctx: RmHandle, handle: RmHandle) -> ()
             = 10, "cuMemRelease": CuError::check, rm_mem_release(&RmMemHandleArgs { ctx, handle });
@@ -23,12 +23,12 @@ impl Session {
             = 10, "cuMemUnmap": CuError::check, rm_mem_unmap(&RmMemRangeArgs { ctx, ptr, size });
         /// `cuMemGetAllocationGranularity`.
         mem_get_granularity(ctx: RmHandle, prop: RmMemProp, option: u32) -> u64
-            = 10, "cuMemGetAllocationGranularity": u64r,
+            = 10, "cuMemGetAllocationGranularity": Reply::value,
             rm_mem_get_granularity(&RmMemGranularityArgs { ctx, prop, option });
         /// `cuMemRetainAllocationHandle`: the handle of the allocation mapped at `ptr`, with one
         /// more reference (the same handle `cuMemCreate` gave, while the session still holds it).
         mem_retain_handle(ctx: RmHandle, ptr: u64) -> RmHandle
-            = 10, "cuMemRetainAllocationHandle": handle,
+            = 10, "cuMemRetainAllocationHandle": Reply::value,
             rm_mem_retain_handle(&RmPtrArgs { ctx, ptr });
     }
 
@@ -56,7 +56,13 @@ impl Session {
         };
         self.alloc_reserved(
             ctx,
-            || Ok((u64r(call!(self.rm_mem_address_reserve(&args))?)?, size, ())),
+            || {
+                Ok((
+                    Reply::value(call!(self.rm_mem_address_reserve(&args))?)?,
+                    size,
+                    (),
+                ))
+            },
             Reserved::Virtual(&free),
         )
         .map(|(ptr, ())| ptr)
@@ -105,15 +111,14 @@ impl Session {
             location_type: location.0,
             location_id: location.1,
         };
-        u64r(call!(self.rm_mem_get_access(&args))?)
+        Reply::value(call!(self.rm_mem_get_access(&args))?)
     }
 
     /// `cuMemGetAllocationPropertiesFromHandle`.
     pub fn mem_get_properties(&self, ctx: RmHandle, handle: RmHandle) -> CuResult<RmMemProp> {
         self.need_revision(10, "cuMemGetAllocationPropertiesFromHandle")?;
-        match call!(self.rm_mem_get_properties(&RmMemHandleArgs { ctx, handle }))? {
-            RmMemPropReply::Case0(p) => Ok(p),
-            RmMemPropReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        Reply::value(call!(
+            self.rm_mem_get_properties(&RmMemHandleArgs { ctx, handle })
+        )?)
     }
 }
