@@ -24,6 +24,11 @@
 //! Test module format (UTF-8 text): a first line `REMORA-EMU-MODULE`, then lines
 //! `func NAME SIZE,SIZE,...` (parameters, each aligned to its size up to 8) and
 //! `global NAME BYTES`.
+//!
+//! This file holds the configuration, the shared state and the [`Backend`] implementation;
+//! the concerns behind it have modules of their own: `capture` (captured operations and their
+//! replay), `copies` (2-D/3-D rows, staged device-to-host copies), `graphs`, `host_functions`,
+//! `memory` (allocations and address ranges), `module_format`, `pools` and `vmm`.
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::{BTreeMap, HashMap};
