@@ -3,8 +3,8 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::pools::MemPoolProps;
-use crate::{MemAccessDesc, Memcpy3D};
+use crate::pools::{ALLOCATION_TYPE_PINNED, MemPoolProps};
+use crate::{MemAccessDesc, MemLocation, Memcpy3D};
 
 /// `CUDA_KERNEL_NODE_PARAMS_v1`: the ABI of `cuGraphAddKernelNode` and its getters without
 /// `_v2`. 56 bytes.
@@ -107,6 +107,34 @@ pub struct MemAllocNodeParams {
     pub access_desc_count: usize,
     pub bytesize: usize,
     pub dptr: u64,
+}
+
+impl MemAllocNodeParams {
+    /// An allocation of `bytesize` bytes of pinned memory at `location`, at `dptr` (0 when
+    /// the driver is to answer it), with the access `access` gives others. The struct points
+    /// into `access`, which must outlive its use.
+    pub fn pinned(
+        location: MemLocation,
+        access: &[MemAccessDesc],
+        bytesize: usize,
+        dptr: u64,
+    ) -> Self {
+        Self {
+            pool_props: MemPoolProps {
+                alloc_type: ALLOCATION_TYPE_PINNED,
+                location,
+                ..MemPoolProps::default()
+            },
+            access_descs: if access.is_empty() {
+                std::ptr::null()
+            } else {
+                access.as_ptr()
+            },
+            access_desc_count: access.len(),
+            bytesize,
+            dptr,
+        }
+    }
 }
 
 /// The union inside `CUgraphNodeParams` (232 bytes), for the node types Remora carries.

@@ -71,6 +71,31 @@ pub struct Memcpy2D {
     pub height: usize,
 }
 
+impl Memcpy2D {
+    /// The copy of `width_in_bytes × height` bytes from `src` to `dst` (their `z`, `height`
+    /// and `context` do not apply).
+    pub fn between(src: MemcpySide, dst: MemcpySide, width_in_bytes: usize, height: usize) -> Self {
+        Self {
+            src_x_in_bytes: src.x_in_bytes,
+            src_y: src.y,
+            src_memory_type: src.memory_type,
+            src_host: src.host.cast_const(),
+            src_device: src.device,
+            src_array: std::ptr::null_mut(),
+            src_pitch: src.pitch,
+            dst_x_in_bytes: dst.x_in_bytes,
+            dst_y: dst.y,
+            dst_memory_type: dst.memory_type,
+            dst_host: dst.host,
+            dst_device: dst.device,
+            dst_array: std::ptr::null_mut(),
+            dst_pitch: dst.pitch,
+            width_in_bytes,
+            height,
+        }
+    }
+}
+
 /// `CUDA_MEMCPY2D_v1` (`__CUDA_API_VERSION_INTERNAL`): the ABI of `cuMemcpy2D`,
 /// `cuMemcpy2DUnaligned` and `cuMemcpy2DAsync` without `_v2` (32-bit sizes and device
 /// pointers). 96 bytes.
@@ -128,6 +153,69 @@ pub struct Memcpy3D {
     pub width_in_bytes: usize,
     pub height: usize,
     pub depth: usize,
+}
+
+/// One side of a [`Memcpy3D`] or [`Memcpy2D`] without an array (and at LOD 0), as
+/// [`Memcpy3D::between`] and [`Memcpy2D::between`] take it.
+#[derive(Debug, Clone, Copy)]
+pub struct MemcpySide {
+    /// `CU_MEMORYTYPE_*`.
+    pub memory_type: c_uint,
+    /// The host pointer of a host side (else NULL).
+    pub host: *mut c_void,
+    /// The device pointer of a device side (else 0).
+    pub device: u64,
+    /// The context of a peer copy's side (else NULL: `reserved0/1`).
+    pub context: *mut c_void,
+    /// Where the copy starts: bytes, rows and slices.
+    pub x_in_bytes: usize,
+    #[allow(missing_docs)]
+    pub y: usize,
+    #[allow(missing_docs)]
+    pub z: usize,
+    /// Bytes per row and rows per slice.
+    pub pitch: usize,
+    #[allow(missing_docs)]
+    pub height: usize,
+}
+
+impl Memcpy3D {
+    /// The copy of `width_in_bytes × height × depth` bytes from `src` to `dst`.
+    pub fn between(
+        src: MemcpySide,
+        dst: MemcpySide,
+        width_in_bytes: usize,
+        height: usize,
+        depth: usize,
+    ) -> Self {
+        Self {
+            src_x_in_bytes: src.x_in_bytes,
+            src_y: src.y,
+            src_z: src.z,
+            src_lod: 0,
+            src_memory_type: src.memory_type,
+            src_host: src.host.cast_const(),
+            src_device: src.device,
+            src_array: std::ptr::null_mut(),
+            src_context: src.context,
+            src_pitch: src.pitch,
+            src_height: src.height,
+            dst_x_in_bytes: dst.x_in_bytes,
+            dst_y: dst.y,
+            dst_z: dst.z,
+            dst_lod: 0,
+            dst_memory_type: dst.memory_type,
+            dst_host: dst.host,
+            dst_device: dst.device,
+            dst_array: std::ptr::null_mut(),
+            dst_context: dst.context,
+            dst_pitch: dst.pitch,
+            dst_height: dst.height,
+            width_in_bytes,
+            height,
+            depth,
+        }
+    }
 }
 
 /// `CUDA_MEMCPY3D_v1` (`__CUDA_API_VERSION_INTERNAL`): the ABI of `cuMemcpy3D` and

@@ -333,6 +333,16 @@ pub(crate) fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
     unsafe { put(p, v) }
 }
 
+/// Reads an input pointer that cuda.h defines for the calling entry point (null is
+/// CUDA_ERROR_INVALID_VALUE; unaligned is allowed).
+pub(crate) fn read_in<T: Copy>(p: *const T) -> CuResult<T> {
+    if p.is_null() {
+        return Err(CuError(cu::INVALID_VALUE));
+    }
+    // SAFETY: non-null, and points to a `T` per cuda.h; unaligned is allowed.
+    Ok(unsafe { p.read_unaligned() })
+}
+
 /// [`put`] for an optional output: a null `p` is skipped, not rejected.
 ///
 /// # Safety

@@ -36,6 +36,25 @@ impl Session {
         (0..size.div_ceil(max)).map(move |i| (i * max, max.min(size - i * max)))
     }
 
+    /// The data-area offset of the `size` pinned bytes at `host` (`CUDA_ERROR_INVALID_VALUE`
+    /// unless they lie inside one live allocation there); an asynchronous copy (`Some(what)`)
+    /// is also refused on a capturing `stream`.
+    fn pinned_area_offset(
+        &self,
+        stream: RmHandle,
+        host: u64,
+        size: u64,
+        asynchronous: Option<&str>,
+    ) -> CuResult<u64> {
+        let offset = self
+            .pinned_offset(host, size)
+            .ok_or(CuError(cu::INVALID_VALUE))?;
+        if let Some(what) = asynchronous {
+            self.not_captured(stream, what)?;
+        }
+        Ok(offset)
+    }
+
     /// `cuMemcpyHtoD[Async]` from zero-copy pinned memory: `size` bytes at `host`, which must
     /// lie inside one live allocation in the data area (`CUDA_ERROR_INVALID_VALUE`
     /// otherwise, e.g. after `cuMemFreeHost`). Only `(offset, size)` travels; the server
@@ -49,12 +68,8 @@ impl Session {
         size: u64,
         asynchronous: bool,
     ) -> CuResult<()> {
-        let offset = self
-            .pinned_offset(host, size)
-            .ok_or(CuError(cu::INVALID_VALUE))?;
-        if asynchronous {
-            self.not_captured(stream, "an asynchronous host-to-device copy")?;
-        }
+        let what = "an asynchronous host-to-device copy";
+        let offset = self.pinned_area_offset(stream, host, size, asynchronous.then_some(what))?;
         for (rel, len) in Self::pinned_pieces(size) {
             let a = RmAreaCopyArgs {
                 ctx,
@@ -88,12 +103,8 @@ impl Session {
         size: u64,
         asynchronous: bool,
     ) -> CuResult<()> {
-        let offset = self
-            .pinned_offset(host, size)
-            .ok_or(CuError(cu::INVALID_VALUE))?;
-        if asynchronous {
-            self.not_captured(stream, "an asynchronous device-to-host copy")?;
-        }
+        let what = "an asynchronous device-to-host copy";
+        let offset = self.pinned_area_offset(stream, host, size, asynchronous.then_some(what))?;
         let mark = self.copy_mark();
         for (rel, len) in Self::pinned_pieces(size) {
             let a = RmAreaCopyArgs {

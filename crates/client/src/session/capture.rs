@@ -104,15 +104,13 @@ impl Session {
         if !ask {
             return Ok(CaptureInfo::default());
         }
-        match call!(self.rm_stream_get_capture_info(&RmStreamArgs { ctx, stream }))? {
-            RmCaptureInfoReply::Case0(i) => Ok(CaptureInfo {
-                status: i.status,
-                id: i.id,
-                graph: i.graph,
-                dependencies: i.dependencies,
-            }),
-            RmCaptureInfoReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        let info = call!(self.rm_stream_get_capture_info(&RmStreamArgs { ctx, stream }))?;
+        Reply::value(info).map(|i| CaptureInfo {
+            status: i.status,
+            id: i.id,
+            graph: i.graph,
+            dependencies: i.dependencies,
+        })
     }
 
     /// Whether `stream` takes part in a capture this client began (no round trip).
@@ -128,7 +126,7 @@ impl Session {
         flags: u64,
     ) -> CuResult<RmHandle> {
         self.need_revision(5, "a CUDA graph")?;
-        let h = handle(call!(self.rm_graph_instantiate(&RmGraphInstantiateArgs {
+        let h = Reply::value(call!(self.rm_graph_instantiate(&RmGraphInstantiateArgs {
             ctx,
             graph,
             flags
@@ -178,9 +176,9 @@ impl Session {
         Ok(())
     }
 
-    /// `cuGraphGetNodes` with a NULL array: the number of nodes.
-    pub fn graph_node_count(&self, graph: RmHandle) -> CuResult<u64> {
-        self.need_revision(5, "a CUDA graph")?;
-        u64r(call!(self.rm_graph_node_count(&graph))?)
+    revision_calls! {
+        /// `cuGraphGetNodes` with a NULL array: the number of nodes.
+        graph_node_count(graph: RmHandle) -> u64
+            = 5, "a CUDA graph": Reply::value, rm_graph_node_count(&graph);
     }
 }

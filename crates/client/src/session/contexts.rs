@@ -12,12 +12,7 @@ impl Session {
         if let Some(p) = lock(&self.props).get(&dev) {
             return Ok(Arc::clone(p));
         }
-        let props = match call!(self.rm_device_get_props(&dev))? {
-            RmDevicePropsReply::Case0(p) => Arc::new(p),
-            RmDevicePropsReply::Default { discriminant } => {
-                return Err(CuError(nonzero(discriminant)));
-            }
-        };
+        let props = Arc::new(Reply::value(call!(self.rm_device_get_props(&dev))?)?);
         lock(&self.props).insert(dev, Arc::clone(&props));
         Ok(props)
     }
@@ -41,7 +36,7 @@ impl Session {
         if let Some(v) = lock(&self.attrs).get(&(dev, attribute)) {
             return Ok(*v);
         }
-        let v = int(call!(self.rm_device_get_attribute(&RmDeviceAttrArgs {
+        let v = Reply::value(call!(self.rm_device_get_attribute(&RmDeviceAttrArgs {
             attribute,
             device: dev
         }))?)?;
@@ -54,7 +49,7 @@ impl Session {
     /// `cuDevicePrimaryCtxRetain`.
     pub fn primary_ctx_retain(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.check_device(dev)?;
-        let h = handle(call!(self.rm_primary_ctx_retain(&dev))?)?;
+        let h = Reply::value(call!(self.rm_primary_ctx_retain(&dev))?)?;
         lock(&self.ctx_devices).insert(h, dev);
         Ok(h)
     }
@@ -78,10 +73,7 @@ impl Session {
     /// `cuDevicePrimaryCtxGetState`: (flags, active).
     pub fn primary_ctx_get_state(&self, dev: DeviceHandle) -> CuResult<(u32, bool)> {
         self.check_device(dev)?;
-        match call!(self.rm_primary_ctx_get_state(&dev))? {
-            RmPrimaryStateReply::Case0(s) => Ok((s.flags, s.active != 0)),
-            RmPrimaryStateReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        Reply::value(call!(self.rm_primary_ctx_get_state(&dev))?).map(|s| (s.flags, s.active != 0))
     }
 
     /// `cuDevicePrimaryCtxReset`.
@@ -95,7 +87,7 @@ impl Session {
     /// `cuCtxCreate`.
     pub fn ctx_create(&self, flags: u32, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.check_device(dev)?;
-        let h = handle(call!(
+        let h = Reply::value(call!(
             self.rm_ctx_create(&RmCtxCreateArgs { flags, device: dev })
         )?)?;
         lock(&self.ctx_devices).insert(h, dev);
@@ -149,34 +141,16 @@ impl Session {
         self.finish_sync(r)
     }
 
-    /// The private TOOLS_CONTEXT query cuBLASLt makes (slots 51 and 39), answered by the
-    /// server's driver: the 32-bit answer (revision 7).
-    pub fn tools_ctx_query(&self, ctx: RmHandle, mask: u64, flag: u32) -> CuResult<u64> {
-        self.need_revision(7, "the TOOLS_CONTEXT query of cuBLASLt")?;
-        u64r(call!(self.rm_tools_ctx_query(&RmToolsCtxQueryArgs {
-            ctx,
-            mask,
-            flag
-        }))?)
-    }
-
-    /// The same query about stream `stream` of `ctx` (revision 10; cuBLAS asks it for
-    /// reductions on a created stream).
-    pub fn tools_stream_query(
-        &self,
-        ctx: RmHandle,
-        stream: RmHandle,
-        mask: u64,
-        flag: u32,
-    ) -> CuResult<u64> {
-        self.need_revision(10, "the TOOLS_CONTEXT query of cuBLAS about a stream")?;
-        u64r(call!(self.rm_tools_stream_query(
-            &RmToolsStreamQueryArgs {
-                ctx,
-                stream,
-                mask,
-                flag
-            }
-        ))?)
+    revision_calls! {
+        /// The private TOOLS_CONTEXT query cuBLASLt makes (slots 51 and 39), answered by the
+        /// server's driver: the 32-bit answer (revision 7).
+        tools_ctx_query(ctx: RmHandle, mask: u64, flag: u32) -> u64
+            = 7, "the TOOLS_CONTEXT query of cuBLASLt": Reply::value,
+            rm_tools_ctx_query(&RmToolsCtxQueryArgs { ctx, mask, flag });
+        /// The same query about stream `stream` of `ctx` (revision 10; cuBLAS asks it for
+        /// reductions on a created stream).
+        tools_stream_query(ctx: RmHandle, stream: RmHandle, mask: u64, flag: u32) -> u64
+            = 10, "the TOOLS_CONTEXT query of cuBLAS about a stream": Reply::value,
+            rm_tools_stream_query(&RmToolsStreamQueryArgs { ctx, stream, mask, flag });
     }
 }

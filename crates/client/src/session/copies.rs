@@ -11,15 +11,7 @@ impl Session {
         dst: u64,
         data: &[u8],
     ) -> CuResult<()> {
-        let (host, size) = (data.as_ptr() as u64, data.len() as u64);
-        if size > 0 && self.pinned_offset(host, size).is_some() {
-            return self.memcpy_htod_pinned(ctx, stream, dst, host, size, false);
-        }
-        if let Some((staging, chunk)) = self.area_staging(data.len()) {
-            let args = area_args(ctx, stream, dst);
-            return self.area_htod(args, data, &staging, chunk, false);
-        }
-        self.htod_socket(ctx, stream, dst, data, false)
+        self.htod(ctx, stream, dst, data, false)
     }
 
     /// `cuMemcpyDtoH` (synchronous) into `out`. Like every synchronizing call, its reply
@@ -80,18 +72,34 @@ impl Session {
         dst: u64,
         data: &[u8],
     ) -> CuResult<()> {
+        self.htod(ctx, stream, dst, data, true)
+    }
+
+    /// A host-to-device copy: from pinned memory through the data area, else staged in the
+    /// data area (an asynchronous copy only from [`AREA_ASYNC_MIN`] bytes), else with the
+    /// bytes in the calls. An asynchronous copy is one-way and refused on a capturing stream.
+    fn htod(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dst: u64,
+        data: &[u8],
+        asynchronous: bool,
+    ) -> CuResult<()> {
         let (host, size) = (data.as_ptr() as u64, data.len() as u64);
         if size > 0 && self.pinned_offset(host, size).is_some() {
-            return self.memcpy_htod_pinned(ctx, stream, dst, host, size, true);
+            return self.memcpy_htod_pinned(ctx, stream, dst, host, size, asynchronous);
         }
-        self.not_captured(stream, "an asynchronous host-to-device copy")?;
-        if data.len() >= AREA_ASYNC_MIN
+        if asynchronous {
+            self.not_captured(stream, "an asynchronous host-to-device copy")?;
+        }
+        if (!asynchronous || data.len() >= AREA_ASYNC_MIN)
             && let Some((staging, chunk)) = self.area_staging(data.len())
         {
             let args = area_args(ctx, stream, dst);
-            return self.area_htod(args, data, &staging, chunk, true);
+            return self.area_htod(args, data, &staging, chunk, asynchronous);
         }
-        self.htod_socket(ctx, stream, dst, data, true)
+        self.htod_socket(ctx, stream, dst, data, asynchronous)
     }
 
     /// `cuMemcpyDtoHAsync`: one-way; `sink` gets the data when a later synchronizing call's

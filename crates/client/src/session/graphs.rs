@@ -12,13 +12,6 @@
 use super::*;
 use crate::host_callbacks::RepeatedCallback;
 
-fn node_list(r: RmNodeListReply) -> CuResult<Vec<RmHandle>> {
-    match r {
-        RmNodeListReply::Case0(v) => Ok(v),
-        RmNodeListReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-    }
-}
-
 /// What `cuGraphExecUpdate` answers besides its status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ExecUpdateInfo {
@@ -29,12 +22,21 @@ pub struct ExecUpdateInfo {
 }
 
 impl Session {
-    /// `cuGraphCreate` in context `ctx`.
-    pub fn graph_create(&self, ctx: RmHandle, flags: u32) -> CuResult<RmHandle> {
-        self.need_revision(11, "cuGraphCreate")?;
-        handle(call!(
-            self.rm_graph_create(&RmGraphCreateArgs { ctx, flags })
-        )?)
+    revision_calls! {
+        /// `cuGraphCreate` in context `ctx`.
+        graph_create(ctx: RmHandle, flags: u32) -> RmHandle
+            = 11, "cuGraphCreate": Reply::value, rm_graph_create(&RmGraphCreateArgs { ctx, flags });
+        /// `cuGraphNodeGetType`.
+        graph_node_type(node: RmHandle) -> i32
+            = 11, "cuGraphNodeGetType": Reply::value, rm_graph_node_get_type(&node);
+        /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams`.
+        graph_node_set_params(node: RmHandle, params: RmNodeParams) -> ()
+            = 11, "cuGraphKernelNodeSetParams": CuError::check,
+            rm_graph_node_set_params(&RmNodeSetArgs { node, params });
+        /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
+        graph_exec_node_set_params(exec: RmHandle, node: RmHandle, params: RmNodeParams) -> ()
+            = 11, "cuGraphExecKernelNodeSetParams": CuError::check,
+            rm_graph_exec_node_set_params(&RmExecNodeSetArgs { exec, node, params });
     }
 
     /// `cuGraphAdd*Node`/`cuGraphAddNode`: a node of `graph` after `deps`; memset and memcpy
@@ -54,7 +56,7 @@ impl Session {
             RmNodeParams::RmNodeGraph(c) => Some(c),
             _ => None,
         };
-        let node = handle(call!(self.rm_graph_add_node(&RmAddNodeArgs {
+        let node = Reply::value(call!(self.rm_graph_add_node(&RmAddNodeArgs {
             graph,
             ctx,
             dependencies: deps.to_vec(),
@@ -178,7 +180,7 @@ impl Session {
     /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`).
     pub fn graph_nodes(&self, graph: RmHandle, roots: bool) -> CuResult<Vec<RmHandle>> {
         self.need_revision(11, "cuGraphGetNodes")?;
-        node_list(if roots {
+        Reply::value(if roots {
             call!(self.rm_graph_get_root_nodes(&graph))?
         } else {
             call!(self.rm_graph_get_nodes(&graph))?
@@ -188,22 +190,13 @@ impl Session {
     /// `cuGraphGetEdges`: (from, to).
     pub fn graph_edges(&self, graph: RmHandle) -> CuResult<(Vec<RmHandle>, Vec<RmHandle>)> {
         self.need_revision(11, "cuGraphGetEdges")?;
-        match call!(self.rm_graph_get_edges(&graph))? {
-            RmGraphEdgesReply::Case0(e) => Ok((e.from, e.to)),
-            RmGraphEdgesReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
-    }
-
-    /// `cuGraphNodeGetType`.
-    pub fn graph_node_type(&self, node: RmHandle) -> CuResult<i32> {
-        self.need_revision(11, "cuGraphNodeGetType")?;
-        int(call!(self.rm_graph_node_get_type(&node))?)
+        Reply::value(call!(self.rm_graph_get_edges(&graph))?).map(|e| (e.from, e.to))
     }
 
     /// `cuGraphNodeGetDependencies` (`dependents`: `cuGraphNodeGetDependentNodes`).
     pub fn graph_node_links(&self, node: RmHandle, dependents: bool) -> CuResult<Vec<RmHandle>> {
         self.need_revision(11, "cuGraphNodeGetDependencies")?;
-        node_list(if dependents {
+        Reply::value(if dependents {
             call!(self.rm_graph_node_get_dependent_nodes(&node))?
         } else {
             call!(self.rm_graph_node_get_dependencies(&node))?
@@ -213,39 +206,15 @@ impl Session {
     /// `cuGraph{Kernel,Memset,Memcpy}NodeGetParams`.
     pub fn graph_node_params(&self, node: RmHandle) -> CuResult<RmNodeParams> {
         self.need_revision(11, "cuGraphKernelNodeGetParams")?;
-        match call!(self.rm_graph_node_get_params(&node))? {
-            RmNodeParamsReply::Case0(p) => Ok(p),
-            RmNodeParamsReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
-    }
-
-    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams`.
-    pub fn graph_node_set_params(&self, node: RmHandle, params: RmNodeParams) -> CuResult<()> {
-        self.need_revision(11, "cuGraphKernelNodeSetParams")?;
-        CuError::check(call!(
-            self.rm_graph_node_set_params(&RmNodeSetArgs { node, params })
-        )?)
+        Reply::value(call!(self.rm_graph_node_get_params(&node))?)
     }
 
     /// `cuGraphClone`.
     pub fn graph_clone(&self, graph: RmHandle) -> CuResult<RmHandle> {
         self.need_revision(11, "cuGraphClone")?;
-        let clone = handle(call!(self.rm_graph_clone(&graph))?)?;
+        let clone = Reply::value(call!(self.rm_graph_clone(&graph))?)?;
         self.graph_note_clone(graph, clone);
         Ok(clone)
-    }
-
-    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
-    pub fn graph_exec_node_set_params(
-        &self,
-        exec: RmHandle,
-        node: RmHandle,
-        params: RmNodeParams,
-    ) -> CuResult<()> {
-        self.need_revision(11, "cuGraphExecKernelNodeSetParams")?;
-        CuError::check(call!(self.rm_graph_exec_node_set_params(
-            &RmExecNodeSetArgs { exec, node, params }
-        ))?)
     }
 
     /// `cuGraphExecUpdate`: the status, with the update result and failing node.

@@ -34,7 +34,7 @@ impl Session {
         dynamic_smem_bytes: u64,
         flags: u32,
     ) -> CuResult<i32> {
-        int(call!(self.rm_occupancy_max_active_blocks(
+        Reply::value(call!(self.rm_occupancy_max_active_blocks(
             &RmOccupancyArgs {
                 function,
                 block_size,
@@ -46,7 +46,7 @@ impl Session {
 
     /// `cuOccupancyMaxActiveClusters`: `args` is the launch configuration (params unused).
     pub fn occupancy_max_active_clusters(&self, args: &RmLaunchArgs) -> CuResult<i32> {
-        int(call!(self.rm_occupancy_max_active_clusters(args))?)
+        Reply::value(call!(self.rm_occupancy_max_active_clusters(args))?)
     }
 
     /// `cuOccupancyMaxPotentialBlockSize(WithFlags)` without a callback, on the server:

@@ -68,7 +68,7 @@ impl Session {
         self.alloc_reserved(
             ctx,
             || {
-                let ptr = u64r(call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize }))?)?;
+                let ptr = Reply::value(call!(self.rm_mem_alloc(&RmAllocArgs { ctx, bytesize }))?)?;
                 Ok((ptr, bytesize, ()))
             },
             Reserved::Alloc,
@@ -89,14 +89,15 @@ impl Session {
         }
         self.alloc_reserved(
             ctx,
-            || match call!(self.rm_mem_alloc_pitch(&RmAllocPitchArgs {
-                ctx,
-                width_bytes,
-                height,
-                element_size
-            }))? {
-                RmPitchedReply::Case0(a) => Ok((a.ptr, a.pitch.saturating_mul(height), a.pitch)),
-                RmPitchedReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+            || {
+                let args = RmAllocPitchArgs {
+                    ctx,
+                    width_bytes,
+                    height,
+                    element_size,
+                };
+                Reply::value(call!(self.rm_mem_alloc_pitch(&args))?)
+                    .map(|a| (a.ptr, a.pitch.saturating_mul(height), a.pitch))
             },
             Reserved::Alloc,
         )
@@ -116,18 +117,13 @@ impl Session {
 
     /// `cuMemGetInfo`: (free, total).
     pub fn mem_get_info(&self, ctx: RmHandle) -> CuResult<(u64, u64)> {
-        match call!(self.rm_mem_get_info(&ctx))? {
-            RmMemInfoReply::Case0(i) => Ok((i.free_bytes, i.total_bytes)),
-            RmMemInfoReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        Reply::value(call!(self.rm_mem_get_info(&ctx))?).map(|i| (i.free_bytes, i.total_bytes))
     }
 
     /// `cuMemGetAddressRange`: (base, size).
     pub fn mem_get_address_range(&self, ctx: RmHandle, ptr: u64) -> CuResult<(u64, u64)> {
-        match call!(self.rm_mem_get_address_range(&RmPtrArgs { ctx, ptr }))? {
-            RmRangeReply::Case0(r) => Ok((r.base, r.size)),
-            RmRangeReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        let range = call!(self.rm_mem_get_address_range(&RmPtrArgs { ctx, ptr }))?;
+        Reply::value(range).map(|r| (r.base, r.size))
     }
 
     /// Classifies a pointer as host or device (unified addressing), locally.
@@ -181,7 +177,7 @@ impl Session {
             );
             return Err(CuError(cu::NOT_SUPPORTED));
         }
-        let dev = u64r(call!(
+        let dev = Reply::value(call!(
             self.rm_mem_host_device_pointer(&RmAreaPtrArgs { ctx, offset })
         )?)?;
         if !area.same_address_as_peer() {

@@ -419,25 +419,60 @@ macro_rules! call {
     };
 }
 
-fn int(r: RmIntReply) -> CuResult<i32> {
-    match r {
-        RmIntReply::Case0(v) => Ok(v),
-        RmIntReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-    }
+/// [`Session`] methods that need protocol revision `$rev` (`$what` names the call in the
+/// error) and make one call, whose argument is built from the method's parameters; `$answer`
+/// turns the reply into the result (`CuError::check`, `Reply::value`). A row:
+/// `name(param: Type, ...) -> T = revision, "what": answer, rm_procedure(&argument);`.
+macro_rules! revision_calls {
+    ($($(#[$m:meta])* $name:ident($($a:ident: $t:ty),* $(,)?) -> $ret:ty
+        = $rev:literal, $what:literal: $answer:path, $proc:ident($arg:expr);)*) => {$(
+        $(#[$m])*
+        pub fn $name(&self, $($a: $t),*) -> CuResult<$ret> {
+            self.need_revision($rev, $what)?;
+            $answer(call!(self.$proc($arg))?)
+        }
+    )*};
 }
 
-fn u64r(r: RmU64Reply) -> CuResult<u64> {
-    match r {
-        RmU64Reply::Case0(v) => Ok(v),
-        RmU64Reply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-    }
+/// A reply union: a value (`case 0`) or a failure status (its default arm).
+trait Reply {
+    /// What `case 0` holds.
+    type Value;
+    /// The value, or the failure status as the error.
+    fn value(self) -> CuResult<Self::Value>;
 }
 
-fn handle(r: RmHandleReply) -> CuResult<RmHandle> {
-    match r {
-        RmHandleReply::Case0(v) => Ok(v),
-        RmHandleReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-    }
+macro_rules! replies {
+    ($($reply:ident => $value:ty,)*) => {$(
+        impl Reply for $reply {
+            type Value = $value;
+            fn value(self) -> CuResult<$value> {
+                match self {
+                    $reply::Case0(v) => Ok(v),
+                    $reply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
+                }
+            }
+        }
+    )*};
+}
+
+replies! {
+    RmIntReply => i32,
+    RmDevicePropsReply => RmDeviceProps,
+    RmU64Reply => u64,
+    RmFloatReply => f32,
+    RmHandleReply => RmHandle,
+    RmIntPairReply => RmIntPair,
+    RmPitchedReply => RmPitched,
+    RmMemInfoReply => RmMemInfo,
+    RmRangeReply => RmRange,
+    RmMemPropReply => RmMemProp,
+    RmPrimaryStateReply => RmPrimaryState,
+    RmStreamAttrReply => RmStreamAttr,
+    RmCaptureInfoReply => RmCaptureInfo,
+    RmNodeListReply => RmNodeList,
+    RmNodeParamsReply => RmNodeParams,
+    RmGraphEdgesReply => RmGraphEdges,
 }
 
 /// A union's default arm with status 0 cannot happen (0 has its own arm); be safe anyway.
@@ -712,10 +747,7 @@ impl Session {
 }
 
 fn pair(r: RmIntPairReply) -> CuResult<(i32, i32)> {
-    match r {
-        RmIntPairReply::Case0(p) => Ok((p.first, p.second)),
-        RmIntPairReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-    }
+    r.value().map(|p| (p.first, p.second))
 }
 
 fn ready(r: CuResult<()>) -> CuResult<bool> {

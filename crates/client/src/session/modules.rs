@@ -98,7 +98,7 @@ impl Session {
         if cacheable && let Some(v) = lock(&self.func_attrs).get(&(function, attribute)) {
             return Ok(*v);
         }
-        let v = int(call!(self.rm_func_get_attribute(&RmFuncAttrArgs {
+        let v = Reply::value(call!(self.rm_func_get_attribute(&RmFuncAttrArgs {
             function,
             attribute,
             value: 0

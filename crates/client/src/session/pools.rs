@@ -38,7 +38,7 @@ impl Session {
         self.alloc_reserved(
             ctx,
             || {
-                let ptr = u64r(call!(self.rm_mem_alloc_async(&RmAllocAsyncArgs {
+                let ptr = Reply::value(call!(self.rm_mem_alloc_async(&RmAllocAsyncArgs {
                     ctx,
                     stream,
                     bytesize,
@@ -73,14 +73,14 @@ impl Session {
     pub fn device_get_default_mem_pool(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.need_revision(10, "cuDeviceGetDefaultMemPool")?;
         self.check_device(dev)?;
-        handle(call!(self.rm_device_get_default_mem_pool(&dev))?)
+        Reply::value(call!(self.rm_device_get_default_mem_pool(&dev))?)
     }
 
     /// `cuDeviceGetMemPool`: the session's handle of the device's current pool.
     pub fn device_get_mem_pool(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.need_revision(10, "cuDeviceGetMemPool")?;
         self.check_device(dev)?;
-        handle(call!(self.rm_device_get_mem_pool(&dev))?)
+        Reply::value(call!(self.rm_device_get_mem_pool(&dev))?)
     }
 
     /// `cuDeviceSetMemPool`.
@@ -103,47 +103,30 @@ impl Session {
             );
             return Err(CuError(cu::NOT_SUPPORTED));
         }
-        handle(call!(self.rm_mem_pool_create(props))?)
+        Reply::value(call!(self.rm_mem_pool_create(props))?)
     }
 
-    /// `cuMemPoolDestroy`.
-    pub fn mem_pool_destroy(&self, pool: RmHandle) -> CuResult<()> {
-        self.need_revision(10, "cuMemPoolDestroy")?;
-        CuError::check(call!(self.rm_mem_pool_destroy(&pool))?)
-    }
-
-    /// `cuMemPoolSetAttribute`: `value` is 0 or 1 for the reuse flags (attributes 1 to 3),
-    /// the `cuuint64_t` value for the others.
-    pub fn mem_pool_set_attribute(
-        &self,
-        pool: RmHandle,
-        attribute: i32,
-        value: u64,
-    ) -> CuResult<()> {
-        self.need_revision(10, "cuMemPoolSetAttribute")?;
-        CuError::check(call!(self.rm_mem_pool_set_attribute(&RmPoolAttrArgs {
-            pool,
-            attribute,
-            value
-        }))?)
-    }
-
-    /// `cuMemPoolGetAttribute`, widened to 64 bits.
-    pub fn mem_pool_get_attribute(&self, pool: RmHandle, attribute: i32) -> CuResult<u64> {
-        self.need_revision(10, "cuMemPoolGetAttribute")?;
-        u64r(call!(self.rm_mem_pool_get_attribute(&RmPoolAttrArgs {
-            pool,
-            attribute,
-            value: 0
-        }))?)
-    }
-
-    /// `cuMemPoolTrimTo`.
-    pub fn mem_pool_trim_to(&self, pool: RmHandle, keep: u64) -> CuResult<()> {
-        self.need_revision(10, "cuMemPoolTrimTo")?;
-        CuError::check(call!(
-            self.rm_mem_pool_trim_to(&RmPoolTrimArgs { pool, keep })
-        )?)
+    revision_calls! {
+        /// `cuMemPoolDestroy`.
+        mem_pool_destroy(pool: RmHandle) -> ()
+            = 10, "cuMemPoolDestroy": CuError::check, rm_mem_pool_destroy(&pool);
+        /// `cuMemPoolSetAttribute`: `value` is 0 or 1 for the reuse flags (attributes 1 to 3),
+        /// the `cuuint64_t` value for the others.
+        mem_pool_set_attribute(pool: RmHandle, attribute: i32, value: u64) -> ()
+            = 10, "cuMemPoolSetAttribute": CuError::check,
+            rm_mem_pool_set_attribute(&RmPoolAttrArgs { pool, attribute, value });
+        /// `cuMemPoolGetAttribute`, widened to 64 bits.
+        mem_pool_get_attribute(pool: RmHandle, attribute: i32) -> u64
+            = 10, "cuMemPoolGetAttribute": Reply::value,
+            rm_mem_pool_get_attribute(&RmPoolAttrArgs { pool, attribute, value: 0 });
+        /// `cuMemPoolTrimTo`.
+        mem_pool_trim_to(pool: RmHandle, keep: u64) -> ()
+            = 10, "cuMemPoolTrimTo": CuError::check,
+            rm_mem_pool_trim_to(&RmPoolTrimArgs { pool, keep });
+        /// `cuMemPoolGetAccess`: the `CUmemAccess_flags` of `location`.
+        mem_pool_get_access(pool: RmHandle, location: RmPoolLocation) -> i32
+            = 10, "cuMemPoolGetAccess": Reply::value,
+            rm_mem_pool_get_access(&RmPoolGetAccessArgs { pool, location });
     }
 
     /// `cuMemPoolSetAccess`: at most `RM_MAX_POOL_ACCESS` descriptors in one call (more are
@@ -157,14 +140,5 @@ impl Session {
             }))?)?;
         }
         Ok(())
-    }
-
-    /// `cuMemPoolGetAccess`: the `CUmemAccess_flags` of `location`.
-    pub fn mem_pool_get_access(&self, pool: RmHandle, location: RmPoolLocation) -> CuResult<i32> {
-        self.need_revision(10, "cuMemPoolGetAccess")?;
-        int(call!(self.rm_mem_pool_get_access(&RmPoolGetAccessArgs {
-            pool,
-            location
-        }))?)
     }
 }

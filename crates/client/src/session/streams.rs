@@ -4,16 +4,11 @@ use super::*;
 use crate::host_callbacks::HostCallback;
 
 impl Session {
-    /// `cuStreamSetAttribute` (revision 10).
-    pub fn stream_set_attribute(
-        &self,
-        ctx: RmHandle,
-        stream: RmHandle,
-        value: RmStreamAttr,
-    ) -> CuResult<()> {
-        self.need_revision(10, "cuStreamSetAttribute")?;
-        let args = RmStreamAttrArgs { ctx, stream, value };
-        CuError::check(call!(self.rm_stream_set_attribute(&args))?)
+    revision_calls! {
+        /// `cuStreamSetAttribute` (revision 10).
+        stream_set_attribute(ctx: RmHandle, stream: RmHandle, value: RmStreamAttr) -> ()
+            = 10, "cuStreamSetAttribute": CuError::check,
+            rm_stream_set_attribute(&RmStreamAttrArgs { ctx, stream, value });
     }
 
     /// `cuStreamGetAttribute` of attribute id `kind` (revision 10).
@@ -25,10 +20,7 @@ impl Session {
     ) -> CuResult<RmStreamAttr> {
         self.need_revision(10, "cuStreamGetAttribute")?;
         let args = RmStreamAttrQuery { ctx, stream, kind };
-        match call!(self.rm_stream_get_attribute(&args))? {
-            RmStreamAttrReply::Case0(v) => Ok(v),
-            RmStreamAttrReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        Reply::value(call!(self.rm_stream_get_attribute(&args))?)
     }
 
     /// Maps a [`StreamRef`] to a protocol handle; the per-thread stream is created on first
@@ -61,7 +53,7 @@ impl Session {
 
     /// `cuStreamCreateWithPriority`.
     pub fn stream_create(&self, ctx: RmHandle, flags: u32, priority: i32) -> CuResult<RmHandle> {
-        let h = handle(call!(self.rm_stream_create(&RmStreamCreateArgs {
+        let h = Reply::value(call!(self.rm_stream_create(&RmStreamCreateArgs {
             ctx,
             flags,
             priority
@@ -182,7 +174,7 @@ impl Session {
 
     /// `cuEventCreate`.
     pub fn event_create(&self, ctx: RmHandle, flags: u32) -> CuResult<RmHandle> {
-        handle(call!(
+        Reply::value(call!(
             self.rm_event_create(&RmHandleFlags { handle: ctx, flags })
         )?)
     }
@@ -244,9 +236,8 @@ impl Session {
 
     /// `cuEventElapsedTime` in milliseconds.
     pub fn event_elapsed_time(&self, start: RmHandle, end: RmHandle) -> CuResult<f32> {
-        match call!(self.rm_event_elapsed_time(&RmElapsedArgs { start, end }))? {
-            RmFloatReply::Case0(v) => Ok(v),
-            RmFloatReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
+        Reply::value(call!(
+            self.rm_event_elapsed_time(&RmElapsedArgs { start, end })
+        )?)
     }
 }

@@ -7,30 +7,29 @@ use super::memory::Reserved;
 use super::*;
 
 impl Session {
-    /// `cuMemCreate`: the session handle of a new physical allocation.
-    pub fn mem_create(
-        &self,
-        ctx: RmHandle,
-        size: u64,
-        prop: RmMemProp,
-        flags: u64,
-    ) -> CuResult<RmHandle> {
-        self.need_revision(10, "cuMemCreate")?;
-        let args = RmMemCreateArgs {
-            ctx,
-            size,
-            prop,
-            flags,
-        };
-        handle(call!(self.rm_mem_create(&args))?)
-    }
-
-    /// `cuMemRelease`.
-    pub fn mem_release(&self, ctx: RmHandle, handle: RmHandle) -> CuResult<()> {
-        self.need_revision(10, "cuMemRelease")?;
-        CuError::check(call!(
-            self.rm_mem_release(&RmMemHandleArgs { ctx, handle })
-        )?)
+    revision_calls! {
+        /// `cuMemCreate`: the session handle of a new physical allocation.
+        mem_create(ctx: RmHandle, size: u64, prop: RmMemProp, flags: u64) -> RmHandle
+            = 10, "cuMemCreate": Reply::value, rm_mem_create(&RmMemCreateArgs { ctx, size, prop, flags });
+        /// `cuMemRelease`.
+        mem_release(ctx: RmHandle, handle: RmHandle) -> ()
+            = 10, "cuMemRelease": CuError::check, rm_mem_release(&RmMemHandleArgs { ctx, handle });
+        /// `cuMemMap` of physical allocation `handle` at `[ptr, ptr + size)`.
+        mem_map(ctx: RmHandle, ptr: u64, size: u64, offset: u64, handle: RmHandle, flags: u64) -> ()
+            = 10, "cuMemMap": CuError::check,
+            rm_mem_map(&RmMemMapArgs { ctx, ptr, size, offset, handle, flags });
+        /// `cuMemUnmap`.
+        mem_unmap(ctx: RmHandle, ptr: u64, size: u64) -> ()
+            = 10, "cuMemUnmap": CuError::check, rm_mem_unmap(&RmMemRangeArgs { ctx, ptr, size });
+        /// `cuMemGetAllocationGranularity`.
+        mem_get_granularity(ctx: RmHandle, prop: RmMemProp, option: u32) -> u64
+            = 10, "cuMemGetAllocationGranularity": Reply::value,
+            rm_mem_get_granularity(&RmMemGranularityArgs { ctx, prop, option });
+        /// `cuMemRetainAllocationHandle`: the handle of the allocation mapped at `ptr`, with one
+        /// more reference (the same handle `cuMemCreate` gave, while the session still holds it).
+        mem_retain_handle(ctx: RmHandle, ptr: u64) -> RmHandle
+            = 10, "cuMemRetainAllocationHandle": Reply::value,
+            rm_mem_retain_handle(&RmPtrArgs { ctx, ptr });
     }
 
     /// `cuMemAddressReserve`: the base of the reserved range.
@@ -57,7 +56,13 @@ impl Session {
         };
         self.alloc_reserved(
             ctx,
-            || Ok((u64r(call!(self.rm_mem_address_reserve(&args))?)?, size, ())),
+            || {
+                Ok((
+                    Reply::value(call!(self.rm_mem_address_reserve(&args))?)?,
+                    size,
+                    (),
+                ))
+            },
             Reserved::Virtual(&free),
         )
         .map(|(ptr, ())| ptr)
@@ -70,38 +75,6 @@ impl Session {
         CuError::check(call!(self.rm_mem_address_free(&args))?)?;
         self.va.release(ptr);
         Ok(())
-    }
-
-    /// `cuMemMap` of physical allocation `handle` at `[ptr, ptr + size)`.
-    pub fn mem_map(
-        &self,
-        ctx: RmHandle,
-        ptr: u64,
-        size: u64,
-        offset: u64,
-        handle: RmHandle,
-        flags: u64,
-    ) -> CuResult<()> {
-        self.need_revision(10, "cuMemMap")?;
-        let args = RmMemMapArgs {
-            ctx,
-            ptr,
-            size,
-            offset,
-            handle,
-            flags,
-        };
-        CuError::check(call!(self.rm_mem_map(&args))?)
-    }
-
-    /// `cuMemUnmap`.
-    pub fn mem_unmap(&self, ctx: RmHandle, ptr: u64, size: u64) -> CuResult<()> {
-        self.need_revision(10, "cuMemUnmap")?;
-        CuError::check(call!(self.rm_mem_unmap(&RmMemRangeArgs {
-            ctx,
-            ptr,
-            size
-        }))?)
     }
 
     /// `cuMemSetAccess`.
@@ -138,34 +111,14 @@ impl Session {
             location_type: location.0,
             location_id: location.1,
         };
-        u64r(call!(self.rm_mem_get_access(&args))?)
-    }
-
-    /// `cuMemGetAllocationGranularity`.
-    pub fn mem_get_granularity(
-        &self,
-        ctx: RmHandle,
-        prop: RmMemProp,
-        option: u32,
-    ) -> CuResult<u64> {
-        self.need_revision(10, "cuMemGetAllocationGranularity")?;
-        let args = RmMemGranularityArgs { ctx, prop, option };
-        u64r(call!(self.rm_mem_get_granularity(&args))?)
+        Reply::value(call!(self.rm_mem_get_access(&args))?)
     }
 
     /// `cuMemGetAllocationPropertiesFromHandle`.
     pub fn mem_get_properties(&self, ctx: RmHandle, handle: RmHandle) -> CuResult<RmMemProp> {
         self.need_revision(10, "cuMemGetAllocationPropertiesFromHandle")?;
-        match call!(self.rm_mem_get_properties(&RmMemHandleArgs { ctx, handle }))? {
-            RmMemPropReply::Case0(p) => Ok(p),
-            RmMemPropReply::Default { discriminant } => Err(CuError(nonzero(discriminant))),
-        }
-    }
-
-    /// `cuMemRetainAllocationHandle`: the handle of the allocation mapped at `ptr`, with one
-    /// more reference (the same handle `cuMemCreate` gave, while the session still holds it).
-    pub fn mem_retain_handle(&self, ctx: RmHandle, ptr: u64) -> CuResult<RmHandle> {
-        self.need_revision(10, "cuMemRetainAllocationHandle")?;
-        handle(call!(self.rm_mem_retain_handle(&RmPtrArgs { ctx, ptr }))?)
+        Reply::value(call!(
+            self.rm_mem_get_properties(&RmMemHandleArgs { ctx, handle })
+        )?)
     }
 }

@@ -24,25 +24,39 @@
 //! Test module format (UTF-8 text): a first line `REMORA-EMU-MODULE`, then lines
 //! `func NAME SIZE,SIZE,...` (parameters, each aligned to its size up to 8) and
 //! `global NAME BYTES`.
+//!
+//! This file holds the configuration, the shared state and the [`Backend`] implementation;
+//! the concerns behind it have modules of their own: `capture` (captured operations and their
+//! replay), `copies` (2-D/3-D rows, staged device-to-host copies), `graphs`, `host_functions`,
+//! `memory` (allocations and address ranges), `module_format`, `pools` and `vmm`.
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use remora_proto::remora::{
-    RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs, RmStreamAttr,
-};
+use remora_proto::remora::{RmLaunchAttr, RmStreamAttr};
 
 use super::emulated_kernels;
 
+mod capture;
+mod copies;
 mod graphs;
+mod host_functions;
+mod memory;
+mod module_format;
 mod pools;
+mod vmm;
+
 use super::{
     Backend, CaptureInfo, Copy3d, CopyPlace, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
     LaunchSpec, LoadedModule, Memset, StagedCopy,
 };
+use capture::{EmuCapture, EmuOp};
+use host_functions::{HostPending, HostQueue};
+use memory::{Alloc, fill};
+use module_format::parse_module;
+use vmm::{EmuMapping, EmuPhys};
 
 /// First line of the emulated test module format.
 pub const EMU_MODULE_MAGIC: &str = "REMORA-EMU-MODULE";
@@ -119,89 +133,6 @@ pub struct LiveCounts {
     pub vmm_mappings: usize,
 }
 
-/// A captured operation of an emulated graph.
-#[derive(Debug, Clone)]
-enum EmuOp {
-    Htod {
-        dst: u64,
-        data: Vec<u8>,
-    },
-    Dtod {
-        dst: u64,
-        src: u64,
-        size: u64,
-    },
-    Memset {
-        dst: u64,
-        value: u32,
-        elem: u32,
-        count: u64,
-    },
-    /// A kernel launch: the function, the kernel's name, grid, block, parameters and their
-    /// layout.
-    Launch {
-        function: u64,
-        name: String,
-        grid: [u32; 3],
-        block: [u32; 3],
-        params: Vec<u8>,
-        layout: Vec<(u32, u32)>,
-    },
-    /// Event records and waits: ordering only, nothing to replay here.
-    Nop,
-    /// A memset node (2-D).
-    Memset2d(super::graphs::MemsetNode),
-    /// A memcpy node (device memory or the data area on either side).
-    Copy(super::graphs::MemcpyNode),
-    /// A host node: runs on the host-function thread.
-    Host(Arc<super::graphs::HostNode>),
-    /// A child graph node: a copy of the child, flattened when instantiated.
-    Child(graphs::EmuGraph),
-    /// An event record node.
-    Record(u64),
-    /// An event wait node (ordering only).
-    Wait(u64),
-    /// A graph memory allocation node: its address (fixed when added) and parameters.
-    MemAlloc(u64, super::graphs::MemAllocNode),
-    /// A graph memory free node.
-    MemFree(u64),
-}
-
-/// A capture in progress.
-struct EmuCapture {
-    graph: u64,
-    /// (context, stream) that began it.
-    origin: (u64, u64),
-    invalidated: bool,
-}
-
-struct Alloc {
-    dev: i32,
-    data: Vec<u8>,
-    global: bool,
-}
-
-/// A physical allocation of `cuMemCreate`: alive while referenced or mapped.
-struct EmuPhys {
-    dev: i32,
-    data: Vec<u8>,
-    prop: RmMemProp,
-    refs: u32,
-    maps: u32,
-}
-
-/// A `cuMemMap` mapping.
-struct EmuMapping {
-    phys: u64,
-    offset: u64,
-    size: u64,
-    /// `CUmemAccess_flags` of the device (0 until `cuMemSetAccess`: accesses fail).
-    access: u64,
-}
-
-/// The granularity of emulated physical allocations and mappings (the H100's is 2 MiB).
-const VMM_GRANULARITY: u64 = 2 << 20;
-
 struct EmuModule {
     globals: HashMap<String, (u64, u64)>,
 }
@@ -239,59 +170,6 @@ struct State {
     mapped: BTreeMap<u64, EmuMapping>,
     /// Memory pools and their stream-ordered allocations (`emulated/pools.rs`).
     pools: pools::Pools,
-}
-
-/// The queue of a context's host-function thread: (context, stream) and the function.
-type HostQueue = mpsc::Sender<((u64, u64), HostFn)>;
-
-/// Host functions enqueued and not yet returned, by (context, stream).
-#[derive(Default)]
-struct HostPending {
-    busy: Mutex<HashMap<(u64, u64), usize>>,
-    changed: Condvar,
-}
-
-impl HostPending {
-    fn lock(&self) -> MutexGuard<'_, HashMap<(u64, u64), usize>> {
-        self.busy.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Waits until no host function of `ctx` (of `stream` only, if given) is pending.
-    fn wait_idle(&self, ctx: u64, stream: Option<u64>) {
-        let mut busy = self.lock();
-        while busy
-            .iter()
-            .any(|(&(c, s), &n)| n > 0 && c == ctx && stream.is_none_or(|st| st == s))
-        {
-            busy = self
-                .changed
-                .wait(busy)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-
-    /// Waits until no host function is pending anywhere.
-    fn wait_none(&self) {
-        let mut busy = self.lock();
-        while !busy.is_empty() {
-            busy = self
-                .changed
-                .wait(busy)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-
-    fn finished(&self, key: (u64, u64)) {
-        let mut busy = self.lock();
-        if let Some(n) = busy.get_mut(&key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                busy.remove(&key);
-            }
-        }
-        drop(busy);
-        self.changed.notify_all();
-    }
 }
 
 /// The emulated **test** backend (see the module documentation).
@@ -340,32 +218,6 @@ impl EmulatedBackend {
         if let Some(text) = &self.config.device_printf {
             crate::device_output::write_stdout(text);
         }
-    }
-
-    /// The queue of `ctx`'s host-function thread, started on first use.
-    fn host_thread(&self, ctx: u64) -> CuResult<HostQueue> {
-        let mut threads = self
-            .host_threads
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(tx) = threads.get(&ctx) {
-            return Ok(tx.clone());
-        }
-        let (tx, rx) = mpsc::channel::<((u64, u64), HostFn)>();
-        let pending = Arc::clone(&self.host_pending);
-        std::thread::Builder::new()
-            .name("remora-emu-hostfn".into())
-            .spawn(move || {
-                while let Ok((key, f)) = rx.recv() {
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
-                        tracing::error!("emulated backend: a host function panicked");
-                    }
-                    pending.finished(key);
-                }
-            })
-            .map_err(|_| CuError(cu::OUT_OF_MEMORY))?;
-        threads.insert(ctx, tx.clone());
-        Ok(tx)
     }
 
     /// What is alive now.
@@ -432,318 +284,6 @@ impl State {
             Err(CuError(cu::INVALID_HANDLE))
         }
     }
-
-    fn alloc(&mut self, dev: i32, size: u64, limit: u64, global: bool) -> CuResult<u64> {
-        if size == 0 {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        let used = self.used.entry(dev).or_default();
-        if size > limit.saturating_sub(*used) {
-            return Err(CuError(cu::OUT_OF_MEMORY));
-        }
-        let data = vec![0u8; usize::try_from(size).map_err(|_| CuError(cu::OUT_OF_MEMORY))?];
-        *used += size;
-        let ptr = self.next_addr;
-        // Leave a gap so that off-by-one accesses land outside every allocation.
-        self.next_addr = align_up(ptr + size, 0x1000) + 0x1000;
-        self.allocs.insert(ptr, Alloc { dev, data, global });
-        Ok(ptr)
-    }
-
-    fn free(&mut self, ptr: u64) -> CuResult<()> {
-        let a = self.allocs.remove(&ptr).ok_or(CuError(cu::INVALID_VALUE))?;
-        if let Some(u) = self.used.get_mut(&a.dev) {
-            *u -= a.data.len() as u64;
-        }
-        Ok(())
-    }
-
-    /// Forgets physical allocation `h` once it is neither referenced nor mapped.
-    fn drop_unused_phys(&mut self, h: u64) {
-        if self
-            .phys
-            .get(&h)
-            .is_some_and(|p| p.refs == 0 && p.maps == 0)
-            && let Some(p) = self.phys.remove(&h)
-            && let Some(u) = self.used.get_mut(&p.dev)
-        {
-            *u -= p.data.len() as u64;
-        }
-    }
-
-    /// The bases of the mappings that exactly tile `[ptr, end)` (`CUDA_ERROR_INVALID_VALUE`
-    /// when a part is unmapped or a mapping sticks out).
-    fn whole_mappings(&self, ptr: u64, end: u64) -> CuResult<Vec<u64>> {
-        let mut at = ptr;
-        let mut bases = Vec::new();
-        while at < end {
-            match self.mapped.get(&at) {
-                Some(m) if at + m.size <= end => {
-                    bases.push(at);
-                    at += m.size;
-                }
-                _ => return Err(CuError(cu::INVALID_VALUE)),
-            }
-        }
-        if bases.is_empty() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        Ok(bases)
-    }
-
-    /// The bytes `[ptr, ptr + len)` of one allocation or one mapping (with access set).
-    fn range(&mut self, ptr: u64, len: u64) -> CuResult<&mut [u8]> {
-        if let Some((&va, m)) = self.mapped.range(..=ptr).next_back()
-            && ptr < va + m.size
-        {
-            let off = ptr - va;
-            let end = off.checked_add(len).ok_or(CuError(cu::INVALID_VALUE))?;
-            if end > m.size || m.access == 0 {
-                return Err(CuError(cu::INVALID_VALUE));
-            }
-            let p = self
-                .phys
-                .get_mut(&m.phys)
-                .ok_or(CuError(cu::INVALID_VALUE))?;
-            let start = (m.offset + off) as usize;
-            return Ok(&mut p.data[start..start + len as usize]);
-        }
-        let (base, a) = self
-            .allocs
-            .range_mut(..=ptr)
-            .next_back()
-            .ok_or(CuError(cu::INVALID_VALUE))?;
-        let off = ptr - base;
-        let end = off.checked_add(len).ok_or(CuError(cu::INVALID_VALUE))?;
-        if end > a.data.len() as u64 {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        Ok(&mut a.data[off as usize..end as usize])
-    }
-}
-
-impl State {
-    /// Whether `stream` of `ctx` is capturing; if so records `op` (already validated) into
-    /// the capture's graph.
-    fn capture(&mut self, ctx: u64, stream: u64, op: EmuOp) -> bool {
-        let Some(id) = self.capturing.get(&(ctx, stream)).copied() else {
-            return false;
-        };
-        if let Some(g) = self.captures.get(&id).map(|c| c.graph) {
-            self.capture_into(g, op);
-        }
-        true
-    }
-
-    /// Refuses an operation that cannot be captured on a capturing stream, invalidating the
-    /// capture as the driver does.
-    fn refuse_in_capture(&mut self, ctx: u64, stream: u64) -> CuResult<()> {
-        if let Some(id) = self.capturing.get(&(ctx, stream)).copied() {
-            if let Some(c) = self.captures.get_mut(&id) {
-                c.invalidated = true;
-            }
-            return Err(CuError(cu::STREAM_CAPTURE_UNSUPPORTED));
-        }
-        Ok(())
-    }
-
-    /// Runs one operation of an executable graph.
-    fn replay(&mut self, op: &EmuOp) -> CuResult<()> {
-        match op {
-            EmuOp::Htod { dst, data } => {
-                self.range(*dst, data.len() as u64)?.copy_from_slice(data);
-            }
-            EmuOp::Dtod { dst, src, size } => {
-                let bytes = self.range(*src, *size)?.to_vec();
-                self.range(*dst, *size)?.copy_from_slice(&bytes);
-            }
-            EmuOp::Memset {
-                dst,
-                value,
-                elem,
-                count,
-            } => fill(self.range(*dst, count * u64::from(*elem))?, *value, *elem),
-            EmuOp::Launch {
-                name,
-                function: _,
-                grid,
-                block,
-                params,
-                layout,
-            } => {
-                let l = emulated_kernels::Launch {
-                    name,
-                    grid: *grid,
-                    block: *block,
-                    params,
-                    layout,
-                };
-                emulated_kernels::run(&l, self)?;
-            }
-            EmuOp::Nop | EmuOp::Child(_) => {}
-            EmuOp::Wait(e) => {
-                self.events.get(e).ok_or(CuError(cu::INVALID_HANDLE))?;
-            }
-            EmuOp::Memset2d(m) => self.memset_node(m)?,
-            EmuOp::Copy(c) => self.copy_node(c)?,
-            EmuOp::MemAlloc(p, _) => self.graphs.mem.allocated(*p),
-            EmuOp::MemFree(p) => self.graphs.mem.freed(*p),
-            // Run by the host-function thread (graphs::launch_with_host_nodes).
-            EmuOp::Host(_) => {}
-            EmuOp::Record(e) => {
-                if let Some(t) = self.events.get_mut(e) {
-                    *t = Some(Instant::now());
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-impl emulated_kernels::Memory for State {
-    fn read(&mut self, ptr: u64, len: u64) -> CuResult<Vec<u8>> {
-        Ok(self.range(ptr, len)?.to_vec())
-    }
-    fn write(&mut self, ptr: u64, data: &[u8]) -> CuResult<()> {
-        self.range(ptr, data.len() as u64)?.copy_from_slice(data);
-        Ok(())
-    }
-}
-
-/// Fills `bytes` with `value` as elements of `elem` bytes.
-fn fill(bytes: &mut [u8], value: u32, elem: u32) {
-    let v = value.to_le_bytes();
-    for chunk in bytes.chunks_mut(elem as usize) {
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
-}
-
-impl State {
-    /// The rows of a 2-D or 3-D copy's source, packed.
-    fn gather(&mut self, copy: &Copy3d, src_host: &[u8]) -> CuResult<Vec<u8>> {
-        let len = usize::try_from(copy.packed_len()).map_err(|_| CuError(cu::INVALID_VALUE))?;
-        match copy.src.place {
-            CopyPlace::Host if src_host.len() == len => Ok(src_host.to_vec()),
-            CopyPlace::Host => Err(CuError(cu::INVALID_VALUE)),
-            CopyPlace::Device(base) => {
-                let mut out = Vec::with_capacity(len);
-                for off in copy.row_offsets(&copy.src) {
-                    let p = base.checked_add(off).ok_or(CuError(cu::INVALID_VALUE))?;
-                    out.extend_from_slice(self.range(p, copy.width)?);
-                }
-                Ok(out)
-            }
-        }
-    }
-
-    /// Writes packed rows to a 2-D or 3-D copy's device destination.
-    fn scatter(&mut self, copy: &Copy3d, packed: &[u8]) -> CuResult<()> {
-        let CopyPlace::Device(base) = copy.dst.place else {
-            return Err(CuError(cu::INVALID_VALUE));
-        };
-        let width = usize::try_from(copy.width).map_err(|_| CuError(cu::INVALID_VALUE))?;
-        let rows = packed.chunks(width.max(1));
-        for (off, row) in copy.row_offsets(&copy.dst).zip(rows) {
-            let p = base.checked_add(off).ok_or(CuError(cu::INVALID_VALUE))?;
-            self.range(p, copy.width)?.copy_from_slice(row);
-        }
-        Ok(())
-    }
-
-    /// Checks the contexts a copy names (peer copies) and the calling context's stream.
-    fn copy_contexts(&self, ctx: u64, stream: u64, copy: &Copy3d) -> CuResult<()> {
-        self.stream(ctx, stream)?;
-        for c in [copy.src.ctx, copy.dst.ctx].into_iter().flatten() {
-            self.ctx(c)?;
-        }
-        Ok(())
-    }
-}
-
-/// An emulated asynchronous copy: its bytes, taken when issued, when it completes, and the
-/// host functions its queries wait for (`EmulatedConfig::driver_busy_during_host_functions`).
-struct ReadyCopy(Vec<u8>, std::time::Instant, Option<Arc<HostPending>>);
-
-impl EmulatedBackend {
-    /// Checks that `stream` of `ctx` exists and is not capturing: a blocking call on a
-    /// capturing stream is refused and invalidates the capture, as CUDA does.
-    fn outside_capture(&self, ctx: u64, stream: u64) -> CuResult<()> {
-        let mut st = self.lock();
-        st.stream(ctx, stream)?;
-        st.refuse_in_capture(ctx, stream)
-    }
-
-    fn staged(&self, data: Vec<u8>) -> ReadyCopy {
-        ReadyCopy(
-            data,
-            std::time::Instant::now() + self.config.copy_latency,
-            self.config
-                .driver_busy_during_host_functions
-                .then(|| Arc::clone(&self.host_pending)),
-        )
-    }
-}
-
-impl StagedCopy for ReadyCopy {
-    fn query(&self) -> CuResult<bool> {
-        if let Some(h) = &self.2 {
-            h.wait_none();
-        }
-        Ok(std::time::Instant::now() >= self.1)
-    }
-    fn wait(&self) -> CuResult<()> {
-        if let Some(h) = &self.2 {
-            h.wait_none();
-        }
-        std::thread::sleep(self.1.saturating_duration_since(std::time::Instant::now()));
-        Ok(())
-    }
-    fn data(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-/// Parses the test module format: `(functions, globals)`.
-type ParsedModule = (Vec<(String, Vec<(u32, u32)>)>, Vec<(String, u64)>);
-
-fn parse_module(image: &[u8]) -> CuResult<ParsedModule> {
-    let Ok(text) = std::str::from_utf8(image) else {
-        return Ok((Vec::new(), Vec::new()));
-    };
-    // Text images reach the server with their NUL terminator (as PTX does through the shim).
-    let mut lines = text.trim_end_matches('\0').lines();
-    if lines.next() != Some(EMU_MODULE_MAGIC) {
-        return Ok((Vec::new(), Vec::new()));
-    }
-    let (mut funcs, mut globals) = (Vec::new(), Vec::new());
-    for line in lines {
-        let mut words = line.split_whitespace();
-        match (words.next(), words.next(), words.next()) {
-            (Some("func"), Some(name), sizes) => {
-                let mut params = Vec::new();
-                let mut offset = 0u32;
-                for s in sizes.unwrap_or("").split(',').filter(|s| !s.is_empty()) {
-                    let size: u32 = s.parse().map_err(|_| CuError(cu::INVALID_IMAGE))?;
-                    if size == 0 || size > remora_proto::remora::RM_MAX_PARAMS {
-                        return Err(CuError(cu::INVALID_IMAGE));
-                    }
-                    offset = align_up(u64::from(offset), u64::from(size.min(8))) as u32;
-                    params.push((offset, size));
-                    offset += size;
-                }
-                funcs.push((name.to_owned(), params));
-            }
-            (Some("global"), Some(name), Some(size)) => {
-                globals.push((
-                    name.to_owned(),
-                    size.parse().map_err(|_| CuError(cu::INVALID_IMAGE))?,
-                ));
-            }
-            (None, ..) => {}
-            _ => return Err(CuError(cu::INVALID_IMAGE)),
-        }
-    }
-    Ok((funcs, globals))
 }
 
 /// Forgets object `h` of `map`, answering it (`INVALID_HANDLE` when there is none).
@@ -979,207 +519,6 @@ impl Backend for EmulatedBackend {
         let used = st.used.get(&dev).copied().unwrap_or(0);
         let total = self.config.memory_per_device;
         Ok((total - used, total))
-    }
-
-    fn mem_create(&self, ctx: u64, size: u64, prop: &RmMemProp, flags: u64) -> CuResult<u64> {
-        let mut st = self.lock();
-        if ctx != 0 {
-            st.ctx(ctx)?;
-        }
-        // CU_MEM_ALLOCATION_TYPE_PINNED on CU_MEM_LOCATION_TYPE_DEVICE, sizes in granules.
-        if prop.r#type != 1 || prop.location_type != 1 || flags != 0 {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        self.check_dev(prop.location_id)?;
-        if size == 0 || !size.is_multiple_of(VMM_GRANULARITY) {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        let dev = prop.location_id;
-        let used = st.used.entry(dev).or_default();
-        if size > self.config.memory_per_device.saturating_sub(*used) {
-            return Err(CuError(cu::OUT_OF_MEMORY));
-        }
-        let data = vec![0u8; usize::try_from(size).map_err(|_| CuError(cu::OUT_OF_MEMORY))?];
-        *used += size;
-        st.next_handle += 1;
-        let h = st.next_handle;
-        st.phys.insert(
-            h,
-            EmuPhys {
-                dev,
-                data,
-                prop: prop.clone(),
-                refs: 1,
-                maps: 0,
-            },
-        );
-        Ok(h)
-    }
-
-    fn mem_release(&self, _ctx: u64, handle: u64) -> CuResult<()> {
-        let mut st = self.lock();
-        let p = st.phys.get_mut(&handle).ok_or(CuError(cu::INVALID_VALUE))?;
-        if p.refs == 0 {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        p.refs -= 1;
-        st.drop_unused_phys(handle);
-        Ok(())
-    }
-
-    fn mem_address_reserve(&self, _ctx: u64, r: &RmMemReserveArgs) -> CuResult<u64> {
-        let mut st = self.lock();
-        if r.size == 0 || !r.size.is_multiple_of(VMM_GRANULARITY) || r.flags != 0 {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        let align = r.alignment.max(VMM_GRANULARITY);
-        if !align.is_power_of_two() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        // The hint is ignored, as the driver may.
-        let base = align_up(st.next_addr, align);
-        st.next_addr = base
-            .checked_add(r.size)
-            .and_then(|e| e.checked_add(0x1000))
-            .ok_or(CuError(cu::OUT_OF_MEMORY))?;
-        st.reserved.insert(base, r.size);
-        Ok(base)
-    }
-
-    fn mem_address_free(&self, _ctx: u64, ptr: u64, size: u64) -> CuResult<()> {
-        let mut st = self.lock();
-        if st.reserved.get(&ptr) != Some(&size) || st.mapped.range(ptr..ptr + size).next().is_some()
-        {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        st.reserved.remove(&ptr);
-        Ok(())
-    }
-
-    fn mem_map(&self, _ctx: u64, m: &RmMemMapArgs, handle: u64) -> CuResult<()> {
-        let mut st = self.lock();
-        let aligned = |v: u64| v.is_multiple_of(VMM_GRANULARITY);
-        let end = m
-            .ptr
-            .checked_add(m.size)
-            .ok_or(CuError(cu::INVALID_VALUE))?;
-        let inside = st
-            .reserved
-            .range(..=m.ptr)
-            .next_back()
-            .is_some_and(|(b, s)| end <= b + s);
-        let overlaps = st
-            .mapped
-            .range(..end)
-            .next_back()
-            .is_some_and(|(b, x)| b + x.size > m.ptr);
-        let phys = st.phys.get(&handle).ok_or(CuError(cu::INVALID_HANDLE))?;
-        let fits = m
-            .offset
-            .checked_add(m.size)
-            .is_some_and(|e| e <= phys.data.len() as u64);
-        if m.flags != 0
-            || m.size == 0
-            || !aligned(m.ptr)
-            || !aligned(m.size)
-            || !aligned(m.offset)
-            || !inside
-            || overlaps
-            || !fits
-        {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        if let Some(p) = st.phys.get_mut(&handle) {
-            p.maps += 1;
-        }
-        st.mapped.insert(
-            m.ptr,
-            EmuMapping {
-                phys: handle,
-                offset: m.offset,
-                size: m.size,
-                access: 0,
-            },
-        );
-        Ok(())
-    }
-
-    fn mem_unmap(&self, _ctx: u64, ptr: u64, size: u64) -> CuResult<()> {
-        let mut st = self.lock();
-        let end = ptr.checked_add(size).ok_or(CuError(cu::INVALID_VALUE))?;
-        let bases = st.whole_mappings(ptr, end)?;
-        for b in bases {
-            if let Some(m) = st.mapped.remove(&b) {
-                if let Some(p) = st.phys.get_mut(&m.phys) {
-                    p.maps -= 1;
-                }
-                st.drop_unused_phys(m.phys);
-            }
-        }
-        Ok(())
-    }
-
-    fn mem_set_access(&self, _ctx: u64, ptr: u64, size: u64, desc: &[RmMemAccess]) -> CuResult<()> {
-        let mut st = self.lock();
-        let end = ptr.checked_add(size).ok_or(CuError(cu::INVALID_VALUE))?;
-        if desc.is_empty() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        for d in desc {
-            // CU_MEM_LOCATION_TYPE_DEVICE; flags NONE (0), READ (1), READWRITE (3).
-            if d.location_type != 1 || !matches!(d.flags, 0 | 1 | 3) {
-                return Err(CuError(cu::INVALID_VALUE));
-            }
-            self.check_dev(d.location_id)?;
-        }
-        let bases = st.whole_mappings(ptr, end)?;
-        let flags = u64::from(desc.last().map_or(0, |d| d.flags));
-        for b in bases {
-            if let Some(m) = st.mapped.get_mut(&b) {
-                m.access = flags;
-            }
-        }
-        Ok(())
-    }
-
-    fn mem_get_access(&self, _ctx: u64, ptr: u64, location: (i32, i32)) -> CuResult<u64> {
-        let st = self.lock();
-        if location.0 != 1 {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        self.check_dev(location.1)?;
-        match st.mapped.range(..=ptr).next_back() {
-            Some((b, m)) if ptr < b + m.size => Ok(m.access),
-            _ => Err(CuError(cu::INVALID_VALUE)),
-        }
-    }
-
-    fn mem_get_granularity(&self, _ctx: u64, prop: &RmMemProp, option: u32) -> CuResult<u64> {
-        if prop.r#type != 1 || prop.location_type != 1 || option > 1 {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        self.check_dev(prop.location_id)?;
-        Ok(VMM_GRANULARITY)
-    }
-
-    fn mem_get_properties(&self, _ctx: u64, handle: u64) -> CuResult<RmMemProp> {
-        let st = self.lock();
-        match st.phys.get(&handle) {
-            Some(p) if p.refs > 0 => Ok(p.prop.clone()),
-            _ => Err(CuError(cu::INVALID_VALUE)),
-        }
-    }
-
-    fn mem_retain_handle(&self, _ctx: u64, ptr: u64) -> CuResult<u64> {
-        let mut st = self.lock();
-        let phys = match st.mapped.range(..=ptr).next_back() {
-            Some((b, m)) if ptr < b + m.size => m.phys,
-            _ => return Err(CuError(cu::INVALID_VALUE)),
-        };
-        if let Some(p) = st.phys.get_mut(&phys) {
-            p.refs += 1;
-        }
-        Ok(phys)
     }
 
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()> {
@@ -1790,22 +1129,5 @@ impl Backend for EmulatedBackend {
             .get(&graph)
             .map(|g| g.len() as u64)
             .ok_or(CuError(cu::INVALID_HANDLE))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_the_test_module_format() {
-        let (f, g) = parse_module(b"REMORA-EMU-MODULE\nfunc k 4,8,1,8\nglobal g 16\n").unwrap();
-        assert_eq!(f, [("k".into(), vec![(0, 4), (8, 8), (16, 1), (24, 8)])]);
-        assert_eq!(g, [("g".into(), 16)]);
-        assert_eq!(parse_module(b"\x7fELF...").unwrap(), (vec![], vec![]));
-        assert_eq!(
-            parse_module(b"REMORA-EMU-MODULE\nbogus\n"),
-            Err(CuError(cu::INVALID_IMAGE))
-        );
     }
 }

@@ -8,20 +8,20 @@
 
 use remora_oncrpc::DataArea;
 use remora_proto::cuda::{CuError, CuResult, cu};
-use remora_proto::remora::{
-    RmLaunchAttr, RmMemAccess, RmMemMapArgs, RmMemProp, RmMemReserveArgs, RmStreamAttr,
-};
+use remora_proto::remora::{RmLaunchAttr, RmStreamAttr};
 
 pub mod cuda;
 pub mod emulated;
 mod emulated_kernels;
 pub mod graphs;
 pub mod pools;
+pub mod vmm;
 
 pub use cuda::CudaBackend;
 pub use emulated::{EmulatedBackend, EmulatedConfig, LiveCounts};
 pub use graphs::Graphs;
 pub use pools::MemPools;
+pub use vmm::Vmm;
 
 /// The backend value of the CUDA legacy default stream (`CU_STREAM_LEGACY`).
 pub const LEGACY_STREAM: u64 = 1;
@@ -292,8 +292,8 @@ pub type HostFn = Box<dyn FnOnce() + Send + 'static>;
 /// `--devices`); every call that works in a context takes it explicitly and the backend makes it
 /// current on the calling thread when needed. Implementations must be callable from several
 /// threads at once. Stream-ordered allocation and memory pools are the [`MemPools`] part,
-/// explicit graphs the [`Graphs`] part.
-pub trait Backend: MemPools + Graphs + Send + Sync + 'static {
+/// explicit graphs the [`Graphs`] part, virtual memory management the [`Vmm`] part.
+pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     /// A short name for logs ("cuda", "emulated").
     fn kind(&self) -> &'static str;
     /// `cuDriverGetVersion`.
@@ -332,32 +332,6 @@ pub trait Backend: MemPools + Graphs + Send + Sync + 'static {
     fn mem_free(&self, ctx: u64, ptr: u64) -> CuResult<()>;
     /// `cuMemGetInfo`: `(free, total)`.
     fn mem_get_info(&self, ctx: u64) -> CuResult<(u64, u64)>;
-    // Virtual memory management (revision 10). `ctx` is the raw context the call runs in, or
-    // 0 for none (these calls do not need one). Handles are the driver's
-    // `CUmemGenericAllocationHandle`; the executor checks ranges and handles first.
-    /// `cuMemCreate`: a physical allocation's handle.
-    fn mem_create(&self, ctx: u64, size: u64, prop: &RmMemProp, flags: u64) -> CuResult<u64>;
-    /// `cuMemRelease`.
-    fn mem_release(&self, ctx: u64, handle: u64) -> CuResult<()>;
-    /// `cuMemAddressReserve`: the reserved range's base.
-    fn mem_address_reserve(&self, ctx: u64, r: &RmMemReserveArgs) -> CuResult<u64>;
-    /// `cuMemAddressFree`.
-    fn mem_address_free(&self, ctx: u64, ptr: u64, size: u64) -> CuResult<()>;
-    /// `cuMemMap` of `handle` (raw) as in `m` (whose `ctx` and `handle` fields are ignored).
-    fn mem_map(&self, ctx: u64, m: &RmMemMapArgs, handle: u64) -> CuResult<()>;
-    /// `cuMemUnmap`.
-    fn mem_unmap(&self, ctx: u64, ptr: u64, size: u64) -> CuResult<()>;
-    /// `cuMemSetAccess`.
-    fn mem_set_access(&self, ctx: u64, ptr: u64, size: u64, desc: &[RmMemAccess]) -> CuResult<()>;
-    /// `cuMemGetAccess`: the `CUmemAccess_flags` of `location` on the mapping at `ptr`.
-    fn mem_get_access(&self, ctx: u64, ptr: u64, location: (i32, i32)) -> CuResult<u64>;
-    /// `cuMemGetAllocationGranularity`.
-    fn mem_get_granularity(&self, ctx: u64, prop: &RmMemProp, option: u32) -> CuResult<u64>;
-    /// `cuMemGetAllocationPropertiesFromHandle`.
-    fn mem_get_properties(&self, ctx: u64, handle: u64) -> CuResult<RmMemProp>;
-    /// `cuMemRetainAllocationHandle` of the allocation mapped at `ptr`: its handle, with one
-    /// more reference (released by [`Backend::mem_release`]).
-    fn mem_retain_handle(&self, ctx: u64, ptr: u64) -> CuResult<u64>;
     /// `cuMemcpyHtoD` (`stream` `None`) or `cuMemcpyHtoDAsync`.
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()>;
     /// `cuMemcpyDtoH` (blocks).

@@ -161,16 +161,7 @@ impl Executor {
             session,
             h,
             "RM_GRAPH_DESTROY",
-            |r| match r {
-                Resource::Graph {
-                    raw,
-                    ctx,
-                    capture: None,
-                } => Ok((*raw, *ctx)),
-                // The graph of a capture in progress belongs to the capture.
-                Resource::Graph { .. } => Err(CuError(cu::INVALID_VALUE)),
-                _ => Err(CuError(cu::INVALID_HANDLE)),
-            },
+            Resource::explicit_graph,
             |b, c, raw| b.graph_destroy(c, raw),
         );
         // Its node handles go with it (revision 11).

@@ -510,6 +510,31 @@ pub(super) fn peer_target(
     Ok((c, s, copy))
 }
 
+/// The bytes one side of a copy of `(width, rows, depth)` touches at `base`, placed at
+/// `[x_bytes, y, z]` in rows of `pitch` bytes and slices of `height` rows: `(start, length)`.
+/// Rows start at ((z + k) * height + y + r) * pitch + x, increasing in k and r: the copy
+/// touches bytes between the first row's start and the last row's end only.
+pub(super) fn side_span(
+    base: u64,
+    [x_bytes, y, z]: [u64; 3],
+    (pitch, height): (u64, u64),
+    (width, rows, depth): (u64, u64, u64),
+) -> CuResult<(u64, u64)> {
+    let row = |k: u64, r: u64| -> Option<u64> {
+        z.checked_add(k)?
+            .checked_mul(height)?
+            .checked_add(y.checked_add(r)?)?
+            .checked_mul(pitch)?
+            .checked_add(x_bytes)
+    };
+    let first = row(0, 0).ok_or(CuError(cu::INVALID_VALUE))?;
+    let end = row(depth - 1, rows - 1)
+        .and_then(|l| l.checked_add(width))
+        .ok_or(CuError(cu::INVALID_VALUE))?;
+    let start = base.checked_add(first).ok_or(CuError(cu::INVALID_VALUE))?;
+    Ok((start, end - first))
+}
+
 /// Checks one side of a 2-D or 3-D copy from the wire (see [`copy_target`]).
 fn copy_side(
     st: &SessionState,
@@ -546,21 +571,13 @@ fn copy_side(
             if s.pitch < w || (depth > 1 && s.height < h) {
                 return Err(CuError(cu::INVALID_VALUE));
             }
-            // Rows start at ((z + k) * height + y + r) * pitch + x, increasing in k and r: the
-            // copy touches bytes between the first row's start and the last row's end only.
-            let row = |k: u64, r: u64| -> Option<u64> {
-                s.z.checked_add(k)?
-                    .checked_mul(s.height)?
-                    .checked_add(s.y.checked_add(r)?)?
-                    .checked_mul(s.pitch)?
-                    .checked_add(s.x_bytes)
-            };
-            let first = row(0, 0).ok_or(CuError(cu::INVALID_VALUE))?;
-            let end = row(depth - 1, h - 1)
-                .and_then(|l| l.checked_add(w))
-                .ok_or(CuError(cu::INVALID_VALUE))?;
-            let start = s.ptr.checked_add(first).ok_or(CuError(cu::INVALID_VALUE))?;
-            st.check_range(start, end - first)?;
+            let (start, len) = side_span(
+                s.ptr,
+                [s.x_bytes, s.y, s.z],
+                (s.pitch, s.height),
+                (w, h, depth),
+            )?;
+            st.check_range(start, len)?;
             Ok(CopySide {
                 place: CopyPlace::Device(s.ptr),
                 pitch: s.pitch,

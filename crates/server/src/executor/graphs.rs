@@ -5,6 +5,7 @@
 //! backend sees it. Graph calls never wait for a stream, so the session lock is held across
 //! each (two threads cannot race a node's handle against its graph's destruction).
 
+use super::copies::side_span;
 use super::*;
 use crate::backend::graphs::{
     CopySideOut, GraphCopySide, GraphMem, GraphMemOut, HostNode, KernelNode, MemAllocNode,
@@ -78,21 +79,15 @@ fn copy_side(
     {
         return Err(invalid());
     }
-    let row = |k: u64, r: u64| -> Option<u64> {
-        s.z.checked_add(k)?
-            .checked_mul(s.height)?
-            .checked_add(s.y.checked_add(r)?)?
-            .checked_mul(s.pitch)?
-            .checked_add(s.x_bytes)
-    };
-    let first = row(0, 0).ok_or_else(invalid)?;
-    let end = row(c.depth - 1, c.height - 1)
-        .and_then(|l| l.checked_add(c.width_bytes))
-        .ok_or_else(invalid)?;
-    let start = s.addr.checked_add(first).ok_or_else(invalid)?;
+    let (start, len) = side_span(
+        s.addr,
+        [s.x_bytes, s.y, s.z],
+        (s.pitch, s.height),
+        (c.width_bytes, c.height, c.depth),
+    )?;
     let mem = match s.kind {
         RmGraphMemKind::RmGraphMemDevice => {
-            st.check_range(start, end - first)?;
+            st.check_range(start, len)?;
             GraphMem::Device(s.addr)
         }
         RmGraphMemKind::RmGraphMemArea => {
@@ -102,7 +97,7 @@ fn copy_side(
                 );
                 invalid()
             })?;
-            if area.check(start, end - first).is_err() {
+            if area.check(start, len).is_err() {
                 return Err(invalid());
             }
             GraphMem::Area(area.clone(), s.addr)
@@ -226,10 +221,9 @@ impl Executor {
 
     pub(super) fn graph_add_mem_alloc_node(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmAddNodeArgs,
-    ) -> ProcResult<RmMemAllocNodeReply> {
-        let session = self.session(call);
+    ) -> RmMemAllocNodeReply {
         let mut st = session.lock();
         let r = (|| {
             let RmNodeParams::RmNodeMemAlloc(m) = &a.params else {
@@ -248,19 +242,10 @@ impl Executor {
             });
             Ok(RmMemAllocNodeAdded { node, dptr })
         })();
-        Ok(reply!(
-            "RM_GRAPH_ADD_MEM_ALLOC_NODE",
-            RmMemAllocNodeReply,
-            r
-        ))
+        reply!("RM_GRAPH_ADD_MEM_ALLOC_NODE", RmMemAllocNodeReply, r)
     }
 
-    pub(super) fn graph_create(
-        &self,
-        call: &CallContext,
-        a: RmGraphCreateArgs,
-    ) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
+    pub(super) fn graph_create(&self, session: &Session, a: RmGraphCreateArgs) -> RmHandleReply {
         let mut st = session.lock();
         let r = st.ctx(a.ctx).and_then(|c| {
             let raw = self.inner.backend.graph_create(c, a.flags)?;
@@ -270,7 +255,7 @@ impl Executor {
                 capture: None,
             }))
         });
-        Ok(handle_reply("RM_GRAPH_CREATE", r))
+        handle_reply("RM_GRAPH_CREATE", r)
     }
 
     pub(super) fn graph_add_node(
@@ -324,22 +309,31 @@ impl Executor {
         run(&*self.inner.backend, st.ctx(ctx)?, node, graph)
     }
 
-    pub(super) fn graph_destroy_node(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<CuResult_> {
-        let session = self.session(call);
+    pub(super) fn graph_destroy_node(&self, session: &Session, h: RmHandle) -> CuResult_ {
         let mut st = session.lock();
         let r = self.in_node(&st, h, |b, c, n, _| b.graph_destroy_node(c, n));
         if r.is_ok() {
             st.remove(h);
         }
-        Ok(code("RM_GRAPH_DESTROY_NODE", r))
+        code("RM_GRAPH_DESTROY_NODE", r)
     }
 
-    fn edges_change(&self, call: &CallContext, a: RmGraphEdgesArgs, add: bool) -> CuResult<()> {
-        let session = self.session(call);
+    /// RM_GRAPH_ADD_DEPENDENCIES (`add`) or RM_GRAPH_REMOVE_DEPENDENCIES.
+    pub(super) fn edges_change(
+        &self,
+        session: &Session,
+        a: RmGraphEdgesArgs,
+        add: bool,
+    ) -> CuResult_ {
+        let what = if add {
+            "RM_GRAPH_ADD_DEPENDENCIES"
+        } else {
+            "RM_GRAPH_REMOVE_DEPENDENCIES"
+        };
+        code(what, self.edges_changed(session, a, add))
+    }
+
+    fn edges_changed(&self, session: &Session, a: RmGraphEdgesArgs, add: bool) -> CuResult<()> {
         let st = session.lock();
         let (graph, ctx) = st.explicit_graph(a.graph)?;
         if a.from.len() != a.to.len() {
@@ -358,36 +352,23 @@ impl Executor {
             .graph_edges_change(st.ctx(ctx)?, graph, &from, &to, add)
     }
 
-    pub(super) fn graph_add_dependencies(
-        &self,
-        call: &CallContext,
-        a: RmGraphEdgesArgs,
-    ) -> ProcResult<CuResult_> {
-        let r = self.edges_change(call, a, true);
-        Ok(code("RM_GRAPH_ADD_DEPENDENCIES", r))
-    }
-
-    pub(super) fn graph_remove_dependencies(
-        &self,
-        call: &CallContext,
-        a: RmGraphEdgesArgs,
-    ) -> ProcResult<CuResult_> {
-        let r = self.edges_change(call, a, false);
-        Ok(code("RM_GRAPH_REMOVE_DEPENDENCIES", r))
-    }
-
     /// The handles of backend nodes `raw` of graph handle `graph`.
     fn handles(st: &mut SessionState, raw: Vec<u64>, graph: u64) -> Vec<u64> {
         raw.into_iter().map(|n| st.node_handle(n, graph)).collect()
     }
 
-    fn graph_node_list(&self, call: &CallContext, h: RmHandle, roots: bool) -> RmNodeListReply {
+    /// RM_GRAPH_GET_NODES, or RM_GRAPH_GET_ROOT_NODES (`roots`).
+    pub(super) fn graph_node_list(
+        &self,
+        session: &Session,
+        h: RmHandle,
+        roots: bool,
+    ) -> RmNodeListReply {
         let what = if roots {
             "RM_GRAPH_GET_ROOT_NODES"
         } else {
             "RM_GRAPH_GET_NODES"
         };
-        let session = self.session(call);
         let mut st = session.lock();
         let r = (|| {
             let (graph, ctx) = st.explicit_graph(h)?;
@@ -398,28 +379,7 @@ impl Executor {
         list_reply(what, r)
     }
 
-    pub(super) fn graph_get_nodes(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmNodeListReply> {
-        Ok(self.graph_node_list(call, h, false))
-    }
-
-    pub(super) fn graph_get_root_nodes(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmNodeListReply> {
-        Ok(self.graph_node_list(call, h, true))
-    }
-
-    pub(super) fn graph_get_edges(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmGraphEdgesReply> {
-        let session = self.session(call);
+    pub(super) fn graph_get_edges(&self, session: &Session, h: RmHandle) -> RmGraphEdgesReply {
         let mut st = session.lock();
         let r = (|| {
             let (graph, ctx) = st.explicit_graph(h)?;
@@ -430,27 +390,27 @@ impl Executor {
                 to: Self::handles(&mut st, to, h),
             })
         })();
-        Ok(reply!("RM_GRAPH_GET_EDGES", RmGraphEdgesReply, r))
+        reply!("RM_GRAPH_GET_EDGES", RmGraphEdgesReply, r)
     }
 
-    pub(super) fn graph_node_get_type(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmIntReply> {
-        let session = self.session(call);
+    pub(super) fn graph_node_get_type(&self, session: &Session, h: RmHandle) -> RmIntReply {
         let st = session.lock();
         let r = self.in_node(&st, h, |b, c, n, _| b.graph_node_type(c, n));
-        Ok(int_reply("RM_GRAPH_NODE_GET_TYPE", r))
+        int_reply("RM_GRAPH_NODE_GET_TYPE", r)
     }
 
-    fn node_links(&self, call: &CallContext, h: RmHandle, dependents: bool) -> RmNodeListReply {
+    /// RM_GRAPH_NODE_GET_DEPENDENCIES, or RM_GRAPH_NODE_GET_DEPENDENT_NODES (`dependents`).
+    pub(super) fn node_links(
+        &self,
+        session: &Session,
+        h: RmHandle,
+        dependents: bool,
+    ) -> RmNodeListReply {
         let what = if dependents {
             "RM_GRAPH_NODE_GET_DEPENDENT_NODES"
         } else {
             "RM_GRAPH_NODE_GET_DEPENDENCIES"
         };
-        let session = self.session(call);
         let mut st = session.lock();
         let r = self
             .in_node(&st, h, |b, c, n, g| {
@@ -461,22 +421,6 @@ impl Executor {
                 Ok(Self::handles(&mut st, raw, g))
             });
         list_reply(what, r)
-    }
-
-    pub(super) fn graph_node_get_dependencies(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmNodeListReply> {
-        Ok(self.node_links(call, h, false))
-    }
-
-    pub(super) fn graph_node_get_dependent_nodes(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmNodeListReply> {
-        Ok(self.node_links(call, h, true))
     }
 
     pub(super) fn graph_node_get_params(
@@ -520,8 +464,7 @@ impl Executor {
         Ok(code("RM_GRAPH_NODE_SET_PARAMS", r))
     }
 
-    pub(super) fn graph_clone(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmHandleReply> {
-        let session = self.session(call);
+    pub(super) fn graph_clone(&self, session: &Session, h: RmHandle) -> RmHandleReply {
         let mut st = session.lock();
         let r = (|| {
             let (graph, ctx) = st.explicit_graph(h)?;
@@ -534,7 +477,7 @@ impl Executor {
             st.share_graph_mem(h, clone);
             Ok(clone)
         })();
-        Ok(handle_reply("RM_GRAPH_CLONE", r))
+        handle_reply("RM_GRAPH_CLONE", r)
     }
 
     pub(super) fn graph_exec_node_set_params(
@@ -564,10 +507,9 @@ impl Executor {
 
     pub(super) fn graph_exec_update(
         &self,
-        call: &CallContext,
+        session: &Session,
         a: RmExecUpdateArgs,
-    ) -> ProcResult<RmExecUpdateReply> {
-        let session = self.session(call);
+    ) -> RmExecUpdateReply {
         let mut st = session.lock();
         let r = (|| {
             let (exec, ectx) = match st.get(a.exec)? {
@@ -594,11 +536,11 @@ impl Executor {
             }
         };
         log_failed("RM_GRAPH_EXEC_UPDATE", status);
-        Ok(RmExecUpdateReply {
+        RmExecUpdateReply {
             status,
             result,
             error_node,
-        })
+        }
     }
 }
 

@@ -17,11 +17,11 @@ macro_rules! forward {
 
 /// Trait methods answered by the `Executor` method that takes the call's session and the
 /// arguments and returns the reply (a procedure that neither defers its reply nor closes the
-/// connection).
+/// connection). A row may name further arguments of the method: `=> method(true);`.
 macro_rules! answer {
-    ($($proc:ident($arg:ty) -> $ret:ty => $method:ident;)*) => {
+    ($($proc:ident($arg:ty) -> $ret:ty => $method:ident $(($($flag:expr),*))?;)*) => {
         $(fn $proc(&self, call: &CallContext, a: $arg) -> ProcResult<$ret> {
-            Ok(self.$method(&self.session(call), a))
+            Ok(self.$method(&self.session(call), a $($(, $flag)*)?))
         })*
     };
 }
@@ -113,21 +113,24 @@ impl RemoraV1Server for Executor {
 
     // Explicit CUDA graphs (revision 11): `executor/graphs.rs`.
     forward! {
-        rm_graph_create(RmGraphCreateArgs) -> RmHandleReply => graph_create;
         rm_graph_add_node(RmAddNodeArgs) -> RmHandleReply => graph_add_node;
-        rm_graph_destroy_node(RmHandle) -> CuResult_ => graph_destroy_node;
-        rm_graph_add_dependencies(RmGraphEdgesArgs) -> CuResult_ => graph_add_dependencies;
-        rm_graph_remove_dependencies(RmGraphEdgesArgs) -> CuResult_ => graph_remove_dependencies;
-        rm_graph_get_nodes(RmHandle) -> RmNodeListReply => graph_get_nodes;
-        rm_graph_get_root_nodes(RmHandle) -> RmNodeListReply => graph_get_root_nodes;
-        rm_graph_get_edges(RmHandle) -> RmGraphEdgesReply => graph_get_edges;
-        rm_graph_node_get_type(RmHandle) -> RmIntReply => graph_node_get_type;
-        rm_graph_node_get_dependencies(RmHandle) -> RmNodeListReply => graph_node_get_dependencies;
-        rm_graph_node_get_dependent_nodes(RmHandle) -> RmNodeListReply => graph_node_get_dependent_nodes;
         rm_graph_node_get_params(RmHandle) -> RmNodeParamsReply => graph_node_get_params;
         rm_graph_node_set_params(RmNodeSetArgs) -> CuResult_ => graph_node_set_params;
-        rm_graph_clone(RmHandle) -> RmHandleReply => graph_clone;
         rm_graph_exec_node_set_params(RmExecNodeSetArgs) -> CuResult_ => graph_exec_node_set_params;
+    }
+
+    answer! {
+        rm_graph_create(RmGraphCreateArgs) -> RmHandleReply => graph_create;
+        rm_graph_destroy_node(RmHandle) -> CuResult_ => graph_destroy_node;
+        rm_graph_add_dependencies(RmGraphEdgesArgs) -> CuResult_ => edges_change(true);
+        rm_graph_remove_dependencies(RmGraphEdgesArgs) -> CuResult_ => edges_change(false);
+        rm_graph_get_nodes(RmHandle) -> RmNodeListReply => graph_node_list(false);
+        rm_graph_get_root_nodes(RmHandle) -> RmNodeListReply => graph_node_list(true);
+        rm_graph_get_edges(RmHandle) -> RmGraphEdgesReply => graph_get_edges;
+        rm_graph_node_get_type(RmHandle) -> RmIntReply => graph_node_get_type;
+        rm_graph_node_get_dependencies(RmHandle) -> RmNodeListReply => node_links(false);
+        rm_graph_node_get_dependent_nodes(RmHandle) -> RmNodeListReply => node_links(true);
+        rm_graph_clone(RmHandle) -> RmHandleReply => graph_clone;
         rm_graph_exec_update(RmExecUpdateArgs) -> RmExecUpdateReply => graph_exec_update;
         rm_graph_add_mem_alloc_node(RmAddNodeArgs) -> RmMemAllocNodeReply => graph_add_mem_alloc_node;
     }

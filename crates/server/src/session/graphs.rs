@@ -10,10 +10,11 @@ use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::{Resource, SessionState};
 
-impl SessionState {
-    /// The backend graph and context handle of graph handle `h` (not being captured).
-    pub(crate) fn explicit_graph(&self, h: u64) -> CuResult<(u64, u64)> {
-        match self.get(h)? {
+impl Resource {
+    /// The backend graph and context handle of a graph not being captured
+    /// (`CUDA_ERROR_INVALID_HANDLE` for anything else than a graph).
+    pub(crate) fn explicit_graph(&self) -> CuResult<(u64, u64)> {
+        match self {
             Resource::Graph {
                 raw,
                 ctx,
@@ -23,6 +24,13 @@ impl SessionState {
             Resource::Graph { .. } => Err(CuError(cu::INVALID_VALUE)),
             _ => Err(CuError(cu::INVALID_HANDLE)),
         }
+    }
+}
+
+impl SessionState {
+    /// The backend graph and context handle of graph handle `h` (not being captured).
+    pub(crate) fn explicit_graph(&self, h: u64) -> CuResult<(u64, u64)> {
+        self.get(h)?.explicit_graph()
     }
 
     /// The backend node and graph handle of node handle `h`.

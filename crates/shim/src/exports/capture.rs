@@ -29,7 +29,7 @@ use remora_client::{CuError, CuResult, cu};
 
 use super::Handle;
 use super::exec::mapped;
-use crate::state::{self, Kind, dec, enc, put};
+use crate::state::{self, Kind, dec, enc, put, read_in};
 
 /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
 const CAPTURE_ACTIVE: c_int = 1;
@@ -242,11 +242,7 @@ entry_points! {
 
 /// `cuThreadExchangeStreamCaptureMode`: swaps this thread's mode with `*mode`.
 fn exchange_mode(mode: *mut c_int) -> CuResult<()> {
-    if mode.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: non-null and valid for reads and writes per cuda.h.
-    let new = unsafe { mode.read_unaligned() };
+    let new = read_in(mode)?;
     if !(0..=2).contains(&new) {
         return Err(CuError(cu::INVALID_VALUE));
     }

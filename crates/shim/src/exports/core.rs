@@ -393,11 +393,8 @@ fn current_ctx_value<T: TryFrom<U>, U>(
     unsafe { state::put_as(out, v) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
-    entry("cuCtxGetFlags", || {
-        current_ctx_value(flags, |s, c| s.ctx_get_flags(c))
-    })
+entry_points! {
+    cuCtxGetFlags(flags: *mut c_uint) => current_ctx_value(flags, |s, c| s.ctx_get_flags(c));
 }
 
 #[unsafe(no_mangle)]
@@ -418,11 +415,9 @@ pub extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetCacheConfig(config: *mut c_int) -> CUresult {
-    entry("cuCtxGetCacheConfig", || {
-        current_ctx_value(config, |s, c| s.ctx_get_cache_config(c))
-    })
+entry_points! {
+    cuCtxGetCacheConfig(config: *mut c_int) =>
+        current_ctx_value(config, |s, c| s.ctx_get_cache_config(c));
 }
 
 #[unsafe(no_mangle)]

@@ -10,7 +10,7 @@ use remora_client::{CuError, CuResult, FunctionInfo, ModuleInfo, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, dec, enc, entry, put, put_opt, put_out, stream_ref};
+use crate::state::{self, Kind, dec, enc, entry, put, put_opt, put_out, read_in, stream_ref};
 
 /// A `CUfunction`, or a `CUkernel` in its place (as CUDA accepts), to the function's info;
 /// a kernel resolves to its function in the current context.
@@ -195,14 +195,9 @@ pub extern "C" fn cuFuncSetCacheConfig(f: Handle, config: c_uint) -> CUresult {
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuFuncGetParamInfo(
-    f: Handle,
-    index: usize,
-    offset: *mut usize,
-    size: *mut usize,
-) -> CUresult {
-    entry("cuFuncGetParamInfo", || param_info(f, index, offset, size))
+entry_points! {
+    cuFuncGetParamInfo(f: Handle, index: usize, offset: *mut usize, size: *mut usize) =>
+        param_info(f, index, offset, size);
 }
 
 /// `cuFuncGetParamInfo`/`cuKernelGetParamInfo`: the offset and size of parameter `index` of
@@ -568,11 +563,8 @@ fn stream_callback(
 /// synchronization policy, priority, memory sync domain and its map); others are
 /// `CUDA_ERROR_INVALID_VALUE`, as natively.
 fn set_attribute(st: Handle, kind: c_int, value: *const [u8; 64], ptds: bool) -> CuResult<()> {
-    if value.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: cuda.h: `value` points to a CUstreamAttrValue (64 bytes; read unaligned).
-    let v = unsafe { value.read_unaligned() };
+    // A CUstreamAttrValue (64 bytes) per cuda.h.
+    let v = read_in(value)?;
     let attr =
         remora_client::proto_stream_attr::from_abi(kind, &v).ok_or(CuError(cu::INVALID_VALUE))?;
     let (s, ctx, h) = mapped(st, ptds)?;
@@ -766,33 +758,15 @@ fn potential_block_size(
     put_out(block, b)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSize(
-    min_grid: *mut c_int,
-    block: *mut c_int,
-    f: Handle,
-    callback: B2DSize,
-    smem: usize,
-    limit: c_int,
-) -> CUresult {
-    entry("cuOccupancyMaxPotentialBlockSize", || {
-        potential_block_size(min_grid, block, f, callback, smem, limit, 0)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxPotentialBlockSizeWithFlags(
-    min_grid: *mut c_int,
-    block: *mut c_int,
-    f: Handle,
-    callback: B2DSize,
-    smem: usize,
-    limit: c_int,
-    flags: c_uint,
-) -> CUresult {
-    entry("cuOccupancyMaxPotentialBlockSizeWithFlags", || {
-        potential_block_size(min_grid, block, f, callback, smem, limit, flags)
-    })
+entry_points! {
+    cuOccupancyMaxPotentialBlockSize(
+        min_grid: *mut c_int, block: *mut c_int, f: Handle, callback: B2DSize, smem: usize,
+        limit: c_int,
+    ) => potential_block_size(min_grid, block, f, callback, smem, limit, 0);
+    cuOccupancyMaxPotentialBlockSizeWithFlags(
+        min_grid: *mut c_int, block: *mut c_int, f: Handle, callback: B2DSize, smem: usize,
+        limit: c_int, flags: c_uint,
+    ) => potential_block_size(min_grid, block, f, callback, smem, limit, flags);
 }
 
 /// Searched with RM_OCCUPANCY_MAX_ACTIVE_BLOCKS (see

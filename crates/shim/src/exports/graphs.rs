@@ -26,13 +26,13 @@ use remora_cuda_abi::graphs::{
     ExecUpdateResultInfo, GraphNodeParams, HostNodeParams, KernelNodeParams, KernelNodeParamsV1,
     MemAllocNodeParams, MemsetNodeParams,
 };
-use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE, MemPoolProps};
-use remora_cuda_abi::{MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
+use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE};
+use remora_cuda_abi::{MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D, MemcpySide};
 use remora_cuda_abi::{MemAccessDesc, MemLocation};
 
 use super::Handle;
 use super::exec::function_info;
-use crate::state::{self, Kind, dec, enc, put};
+use crate::state::{self, Kind, dec, enc, put, read_in};
 
 /// Most nodes one call may pass (a bound on what is read from the program).
 const MAX_NODES: usize = 65536;
@@ -147,11 +147,7 @@ fn kernel_params(
 }
 
 fn kernel_v2(what: &str, p: *const KernelNodeParams) -> CuResult<RmNodeParams> {
-    if p.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null and readable per cuda.h.
-    let p = unsafe { p.read_unaligned() };
+    let p = read_in(p)?;
     kernel_params(
         what,
         p.func,
@@ -165,11 +161,7 @@ fn kernel_v2(what: &str, p: *const KernelNodeParams) -> CuResult<RmNodeParams> {
 }
 
 fn kernel_v1(what: &str, p: *const KernelNodeParamsV1) -> CuResult<RmNodeParams> {
-    if p.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null and readable per cuda.h.
-    let p = unsafe { p.read_unaligned() };
+    let p = read_in(p)?;
     kernel_params(
         what,
         p.func,
@@ -277,11 +269,7 @@ fn kernel_get(
 // Memset and memcpy nodes -------------------------------------------------------------------
 
 fn memset_params(p: *const MemsetNodeParams) -> CuResult<RmNodeParams> {
-    if p.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null and readable per cuda.h.
-    let p = unsafe { p.read_unaligned() };
+    let p = read_in(p)?;
     Ok(RmNodeParams::RmNodeMemset(RmMemsetNode {
         dst: p.dst,
         pitch: p.pitch as u64,
@@ -374,11 +362,7 @@ fn copy_side(
 type MemcpyParams = (RmNodeParams, Vec<StagedSide>);
 
 fn memcpy_params(what: &str, p: *const Memcpy3D, ctx: u64) -> CuResult<MemcpyParams> {
-    if p.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null and readable per cuda.h.
-    let c = unsafe { p.read_unaligned() };
+    let c = read_in(p)?;
     let s = state::session()?;
     let extent = (c.width_in_bytes as u64, c.height as u64, c.depth as u64);
     if extent.0 == 0 || extent.1 == 0 || extent.2 == 0 {
@@ -459,43 +443,31 @@ fn memcpy_get(n: Handle, out: *mut Memcpy3D) -> CuResult<()> {
         RmGraphMemKind::RmGraphMemArea => sd,
     };
     let (src, dst) = (host_side(c.src.clone()), host_side(c.dst.clone()));
-    let side = |sd: &RmGraphCopySide, staged: bool| -> CuResult<(c_uint, u64, u64)> {
-        Ok(match sd.kind {
+    let side = |sd: &RmGraphCopySide, staged: bool| -> CuResult<MemcpySide> {
+        let (memory_type, host, device) = match sd.kind {
             RmGraphMemKind::RmGraphMemDevice if staged => (MEMORYTYPE_HOST, sd.addr, 0),
             RmGraphMemKind::RmGraphMemDevice => (MEMORYTYPE_DEVICE, 0, sd.addr),
             RmGraphMemKind::RmGraphMemArea => (MEMORYTYPE_HOST, s.area_host_ptr(sd.addr)?, 0),
+        };
+        Ok(MemcpySide {
+            memory_type,
+            host: host as usize as *mut c_void,
+            device,
+            context: std::ptr::null_mut(),
+            x_in_bytes: sd.x_bytes as usize,
+            y: sd.y as usize,
+            z: sd.z as usize,
+            pitch: sd.pitch as usize,
+            height: sd.height as usize,
         })
     };
-    let (st, sh, sd) = side(&src, src != c.src)?;
-    let (dt, dh, dd) = side(&dst, dst != c.dst)?;
-    let c = RmMemcpyNode { src, dst, ..c };
-    let p = Memcpy3D {
-        src_x_in_bytes: c.src.x_bytes as usize,
-        src_y: c.src.y as usize,
-        src_z: c.src.z as usize,
-        src_lod: 0,
-        src_memory_type: st,
-        src_host: sh as usize as *const c_void,
-        src_device: sd,
-        src_array: std::ptr::null_mut(),
-        src_context: std::ptr::null_mut(),
-        src_pitch: c.src.pitch as usize,
-        src_height: c.src.height as usize,
-        dst_x_in_bytes: c.dst.x_bytes as usize,
-        dst_y: c.dst.y as usize,
-        dst_z: c.dst.z as usize,
-        dst_lod: 0,
-        dst_memory_type: dt,
-        dst_host: dh as usize as *mut c_void,
-        dst_device: dd,
-        dst_array: std::ptr::null_mut(),
-        dst_context: std::ptr::null_mut(),
-        dst_pitch: c.dst.pitch as usize,
-        dst_height: c.dst.height as usize,
-        width_in_bytes: c.width_bytes as usize,
-        height: c.height as usize,
-        depth: c.depth as usize,
-    };
+    let p = Memcpy3D::between(
+        side(&src, src != c.src)?,
+        side(&dst, dst != c.dst)?,
+        c.width_bytes as usize,
+        c.height as usize,
+        c.depth as usize,
+    );
     // SAFETY: output per cuda.h (null rejected).
     unsafe { put(out, p) }
 }
@@ -515,11 +487,10 @@ fn host_node(
     n: usize,
     p: *const HostNodeParams,
 ) -> CuResult<()> {
-    if out.is_null() || p.is_null() {
+    if out.is_null() {
         return Err(invalid());
     }
-    // SAFETY: non-null and readable per cuda.h.
-    let p = unsafe { p.read_unaligned() };
+    let p = read_in(p)?;
     let f = p.func.ok_or_else(invalid)?;
     let hf = HostFn {
         f,
@@ -719,11 +690,10 @@ fn mem_alloc_node(
     p: *mut MemAllocNodeParams,
 ) -> CuResult<()> {
     const WHAT: &str = "cuGraphAddMemAllocNode";
-    if out.is_null() || p.is_null() {
+    if out.is_null() {
         return Err(invalid());
     }
-    // SAFETY: non-null and readable per cuda.h.
-    let a = unsafe { p.read_unaligned() };
+    let a = read_in(p)?;
     let props = a.pool_props;
     if props.alloc_type != ALLOCATION_TYPE_PINNED || a.bytesize == 0 {
         return Err(invalid());
@@ -798,21 +768,12 @@ fn mem_alloc_get(n: Handle, out: *mut MemAllocNodeParams) -> CuResult<()> {
     let mut map = ALLOC_ACCESS.lock().unwrap_or_else(PoisonError::into_inner);
     let kept = map.get_or_insert_with(HashMap::new).entry(h).or_default();
     *kept = access;
-    let p = MemAllocNodeParams {
-        pool_props: MemPoolProps {
-            alloc_type: ALLOCATION_TYPE_PINNED,
-            location: loc(&m.location),
-            ..MemPoolProps::default()
-        },
-        access_descs: if kept.is_empty() {
-            std::ptr::null()
-        } else {
-            kept.as_ptr()
-        },
-        access_desc_count: kept.len(),
-        bytesize: usize::try_from(m.bytesize).map_err(|_| invalid())?,
-        dptr: m.dptr,
-    };
+    let p = MemAllocNodeParams::pinned(
+        loc(&m.location),
+        kept,
+        usize::try_from(m.bytesize).map_err(|_| invalid())?,
+        m.dptr,
+    );
     // SAFETY: non-null output per cuda.h.
     unsafe { out.write_unaligned(p) };
     Ok(())
@@ -841,11 +802,8 @@ fn graph_mem_get(dev: c_int, attr: c_int, value: *mut c_void) -> CuResult<()> {
 }
 
 fn graph_mem_set(dev: c_int, attr: c_int, value: *mut c_void) -> CuResult<()> {
-    if value.is_null() {
-        return Err(invalid());
-    }
-    // SAFETY: non-null; a cuuint64_t per cuda.h.
-    let v = unsafe { value.cast::<u64>().read_unaligned() };
+    // A cuuint64_t per cuda.h.
+    let v = read_in(value.cast::<u64>())?;
     graph_mem_device(dev)?.set_graph_mem_attribute(dev, attr, v)
 }
 

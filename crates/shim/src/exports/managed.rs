@@ -55,16 +55,7 @@ fn advise(ptr: DevPtr, count: usize, advice: c_int) -> CuResult<()> {
     state::session()?.managed_hint(ptr, count as u64)
 }
 
-macro_rules! hints {
-    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )* };
-}
-
-hints! {
+entry_points! {
     cuMemPrefetchAsync(dev_ptr: DevPtr, count: usize, dst_device: c_int, stream: Handle) =>
         { let _ = dst_device; prefetch(dev_ptr, count, stream, false) };
     cuMemPrefetchAsync_ptsz(dev_ptr: DevPtr, count: usize, dst_device: c_int, stream: Handle) =>

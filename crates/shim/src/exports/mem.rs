@@ -351,16 +351,7 @@ fn memset(
     }
 }
 
-macro_rules! copies {
-    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )* };
-}
-
-copies! {
+entry_points! {
     cuMemcpyHtoD_v2(dst: DevPtr, src: *const c_void, n: usize) => htod(dst, src, n, None);
     cuMemcpyHtoD_v2_ptds(dst: DevPtr, src: *const c_void, n: usize) => htod(dst, src, n, None);
     cuMemcpyHtoDAsync_v2(dst: DevPtr, src: *const c_void, n: usize, st: Handle) => htod(dst, src, n, Some((st, false)));
@@ -443,29 +434,16 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CuResult<()> 
     unsafe { put(pp, p as usize as *mut c_void) }
 }
 
-/// Host memory is allocated by the client: on a shared-memory session in the data area
-/// (zero-copy: 1-D copies from and to it pass only its offset), else page-aligned private
-/// memory whose copies go through the transport. PORTABLE and WRITECOMBINED are accepted.
-/// Memory in the data area is mapped for the GPU (`cuMemHostGetDevicePointer`, as with
-/// unified addressing every page-locked allocation is); private memory cannot be
-/// (CUDA_ERROR_NOT_SUPPORTED, logged).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostAlloc(
-    pp: *mut *mut c_void,
-    size: usize,
-    flags: c_uint,
-) -> CUresult {
-    entry("cuMemHostAlloc", || host_alloc(pp, size, flags))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) -> CUresult {
-    entry("cuMemAllocHost_v2", || host_alloc(pp, size, 0))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) -> CUresult {
-    entry("cuMemAllocHost", || host_alloc(pp, size as usize, 0))
+entry_points! {
+    /// Host memory is allocated by the client: on a shared-memory session in the data area
+    /// (zero-copy: 1-D copies from and to it pass only its offset), else page-aligned private
+    /// memory whose copies go through the transport. PORTABLE and WRITECOMBINED are accepted.
+    /// Memory in the data area is mapped for the GPU (`cuMemHostGetDevicePointer`, as with
+    /// unified addressing every page-locked allocation is); private memory cannot be
+    /// (CUDA_ERROR_NOT_SUPPORTED, logged).
+    cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) => host_alloc(pp, size, flags);
+    cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) => host_alloc(pp, size, 0);
+    cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) => host_alloc(pp, size as usize, 0);
 }
 
 #[unsafe(no_mangle)]
@@ -524,26 +502,11 @@ fn host_device_pointer(dptr: *mut DevPtr, p: *mut c_void, flags: c_uint) -> CuRe
     unsafe { put(dptr, dev) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
-    dptr: *mut DevPtr,
-    p: *mut c_void,
-    flags: c_uint,
-) -> CUresult {
-    entry("cuMemHostGetDevicePointer_v2", || {
-        host_device_pointer(dptr, p, flags)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemHostGetDevicePointer(
-    dptr: *mut DevPtr,
-    p: *mut c_void,
-    flags: c_uint,
-) -> CUresult {
-    entry("cuMemHostGetDevicePointer", || {
-        host_device_pointer(dptr, p, flags)
-    })
+entry_points! {
+    cuMemHostGetDevicePointer_v2(dptr: *mut DevPtr, p: *mut c_void, flags: c_uint) =>
+        host_device_pointer(dptr, p, flags);
+    cuMemHostGetDevicePointer(dptr: *mut DevPtr, p: *mut c_void, flags: c_uint) =>
+        host_device_pointer(dptr, p, flags);
 }
 
 /// `cuMemcpy(Async)`: unified addressing infers the direction. A pointer in no device
@@ -574,7 +537,7 @@ fn unified(dst: DevPtr, src: DevPtr, n: usize, stream: Option<(Handle, bool)>) -
     }
 }
 
-copies! {
+entry_points! {
     cuMemcpy(dst: DevPtr, src: DevPtr, n: usize) => unified(dst, src, n, None);
     cuMemcpy_ptds(dst: DevPtr, src: DevPtr, n: usize) => unified(dst, src, n, None);
     cuMemcpyAsync(dst: DevPtr, src: DevPtr, n: usize, st: Handle) => unified(dst, src, n, Some((st, false)));

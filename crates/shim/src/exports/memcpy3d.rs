@@ -23,8 +23,7 @@ use remora_cuda_abi::{
 };
 
 use super::{DevPtr, Handle};
-use crate::CUresult;
-use crate::state::{self, Kind, entry, stream_ref};
+use crate::state::{self, Kind, read_in, stream_ref};
 
 /// One side of a copy as the call describes it.
 #[derive(Clone, Copy)]
@@ -107,15 +106,6 @@ macro_rules! desc_3d {
         d.extent.depth = $c.depth as u64;
         d
     }};
-}
-
-/// Reads a descriptor the caller passed.
-fn read<T: Copy>(p: *const T) -> CuResult<T> {
-    if p.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: non-null, and points to a `T` per cuda.h; unaligned is allowed.
-    Ok(unsafe { p.read_unaligned() })
 }
 
 /// CUDA arrays are not remoted yet: CUDA_ERROR_NOT_SUPPORTED, logged once per entry point.
@@ -303,7 +293,7 @@ fn copy_2d(
     st: Option<(Handle, bool)>,
     ptds: bool,
 ) -> CuResult<()> {
-    let c = read(p)?;
+    let c = read_in(p)?;
     copy(name, desc_2d!(c, form), st, ptds, false)
 }
 
@@ -313,7 +303,7 @@ fn copy_2d_v1(
     form: RmCopyForm,
     st: Option<(Handle, bool)>,
 ) -> CuResult<()> {
-    let c = read(p)?;
+    let c = read_in(p)?;
     copy(name, desc_2d!(c, form), st, false, false)
 }
 
@@ -324,7 +314,7 @@ fn copy_3d(
     ptds: bool,
     peer: bool,
 ) -> CuResult<()> {
-    let c = read(p)?;
+    let c = read_in(p)?;
     copy(name, desc_3d!(c, src_context, dst_context), st, ptds, peer)
 }
 
@@ -333,7 +323,7 @@ fn copy_3d_v1(
     p: *const Memcpy3DV1,
     st: Option<(Handle, bool)>,
 ) -> CuResult<()> {
-    let c = read(p)?;
+    let c = read_in(p)?;
     copy(name, desc_3d!(c, reserved0, reserved1), st, false, false)
 }
 
@@ -363,18 +353,9 @@ fn peer(
     }
 }
 
-macro_rules! exports {
-    ($($name:ident ($($a:ident : $t:ty),*) => $body:expr;)*) => { $(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            entry(stringify!($name), || $body)
-        }
-    )* };
-}
-
 use RmCopyForm::{RmCopy2D as D2, RmCopy2DUnaligned as U2};
 
-exports! {
+entry_points! {
     cuMemcpy2D(p: *const Memcpy2DV1) => copy_2d_v1("cuMemcpy2D", p, D2, None);
     cuMemcpy2D_v2(p: *const Memcpy2D) => copy_2d("cuMemcpy2D_v2", p, D2, None, false);
     cuMemcpy2D_v2_ptds(p: *const Memcpy2D) => copy_2d("cuMemcpy2D_v2_ptds", p, D2, None, true);

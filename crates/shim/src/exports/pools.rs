@@ -20,7 +20,7 @@ use remora_cuda_abi::pools::{
 
 use super::exec::mapped;
 use super::{DevPtr, Handle};
-use crate::state::{self, Kind, dec, enc, put};
+use crate::state::{self, Kind, dec, enc, put, read_in};
 
 /// Most descriptors one `cuMemPoolSetAccess` may pass (a bound on what is read from the
 /// program; the driver knows far fewer locations).
@@ -157,11 +157,7 @@ fn set_access(p: Handle, map: *const MemAccessDesc, count: usize) -> CuResult<()
 }
 
 fn get_access(flags: *mut c_int, p: Handle, location: *mut MemLocation) -> CuResult<()> {
-    if location.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: `location` points to a CUmemLocation per cuda.h (non-null checked above).
-    let l = unsafe { location.read_unaligned() };
+    let l = read_in(location)?;
     let f = state::session()?.mem_pool_get_access(
         pool(p)?,
         RmPoolLocation {
@@ -176,11 +172,7 @@ fn get_access(flags: *mut c_int, p: Handle, location: *mut MemLocation) -> CuRes
 /// The device of a CUDA 13 location-based pool call, when it names pinned memory of a device;
 /// otherwise CUDA_ERROR_NOT_SUPPORTED, logged.
 fn pinned_device(what: &str, location: *mut MemLocation, kind: c_int) -> CuResult<c_int> {
-    if location.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
-    // SAFETY: `location` points to a CUmemLocation per cuda.h (non-null checked above).
-    let l = unsafe { location.read_unaligned() };
+    let l = read_in(location)?;
     if l.kind != LOCATION_TYPE_DEVICE || kind != ALLOCATION_TYPE_PINNED {
         tracing::warn!(
             "remora: {what} for location type {} and allocation type {kind}: only pinned device memory pools are carried; returning CUDA_ERROR_NOT_SUPPORTED",

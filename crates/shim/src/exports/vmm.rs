@@ -15,7 +15,7 @@ use remora_client::{CuError, CuResult, cu};
 use remora_cuda_abi::{MemAccessDesc, MemAllocationProp, MemLocation};
 
 use super::DevPtr;
-use crate::state::{self, put};
+use crate::state::{self, put, read_in};
 
 /// The session and the caller's current context (0 when it has none).
 fn session_ctx() -> CuResult<(&'static remora_client::Session, u64)> {
@@ -106,11 +106,10 @@ entry_points! {
         s.mem_set_access(ctx, ptr, size as u64, desc)
     };
     cuMemGetAccess(flags: *mut c_ulonglong, location: *const MemLocation, ptr: DevPtr) => {
-        if flags.is_null() || location.is_null() {
+        if flags.is_null() {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        // SAFETY: non-null, a CUmemLocation per cuda.h.
-        let loc = unsafe { location.read_unaligned() };
+        let loc = read_in(location)?;
         let (s, ctx) = session_ctx()?;
         let f = s.mem_get_access(ctx, ptr, (loc.kind, loc.id))?;
         // SAFETY: output pointer per cuda.h.

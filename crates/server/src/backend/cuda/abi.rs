@@ -7,7 +7,7 @@ pub(super) use remora_cuda_abi::{
     LaunchAttribute, LaunchConfig, MemAccessDesc, MemAllocationProp, MemLocation, Memcpy2D,
     Memcpy3D,
 };
-use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST};
+use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, MemcpySide};
 
 use super::super::{Copy3d, CopyPlace, CopySide};
 use super::driver::{Ptr, ptr};
@@ -22,58 +22,39 @@ pub(super) fn side_kind(side: &CopySide) -> (c_uint, u64) {
 
 /// The `CUDA_MEMCPY2D` of `c`.
 pub(super) fn memcpy_2d(c: &Copy3d, src_host: *const c_void, dst_host: Ptr) -> Memcpy2D {
-    let (src_memory_type, src_device) = side_kind(&c.src);
-    let (dst_memory_type, dst_device) = side_kind(&c.dst);
-    Memcpy2D {
-        src_x_in_bytes: c.src.x_bytes as usize,
-        src_y: c.src.y as usize,
-        src_memory_type,
-        src_host,
-        src_device,
-        src_array: std::ptr::null_mut(),
-        src_pitch: c.src.pitch as usize,
-        dst_x_in_bytes: c.dst.x_bytes as usize,
-        dst_y: c.dst.y as usize,
-        dst_memory_type,
-        dst_host,
-        dst_device,
-        dst_array: std::ptr::null_mut(),
-        dst_pitch: c.dst.pitch as usize,
-        width_in_bytes: c.width as usize,
-        height: c.height as usize,
-    }
+    let (src, dst) = sides(c, src_host, dst_host);
+    Memcpy2D::between(src, dst, c.width as usize, c.height as usize)
+}
+
+/// The two sides of `c`'s `CUDA_MEMCPY2D`/`3D`: a host side is `src_host` or `dst_host` (the
+/// packed buffer); a peer copy's sides name their contexts.
+fn sides(c: &Copy3d, src_host: *const c_void, dst_host: Ptr) -> (MemcpySide, MemcpySide) {
+    let side = |side: &CopySide, host: Ptr| {
+        let (memory_type, device) = side_kind(side);
+        MemcpySide {
+            memory_type,
+            host,
+            device,
+            context: ptr(side.ctx.unwrap_or(0)),
+            x_in_bytes: side.x_bytes as usize,
+            y: side.y as usize,
+            z: side.z as usize,
+            pitch: side.pitch as usize,
+            height: side.height as usize,
+        }
+    };
+    (side(&c.src, src_host.cast_mut()), side(&c.dst, dst_host))
 }
 
 /// The `CUDA_MEMCPY3D` of `c`; the contexts are set for a peer copy, else NULL
 /// (`reserved0/1`).
 pub(super) fn memcpy_3d(c: &Copy3d, src_host: *const c_void, dst_host: Ptr) -> Memcpy3D {
-    let (src_memory_type, src_device) = side_kind(&c.src);
-    let (dst_memory_type, dst_device) = side_kind(&c.dst);
-    Memcpy3D {
-        src_x_in_bytes: c.src.x_bytes as usize,
-        src_y: c.src.y as usize,
-        src_z: c.src.z as usize,
-        src_lod: 0,
-        src_memory_type,
-        src_host,
-        src_device,
-        src_array: std::ptr::null_mut(),
-        src_context: ptr(c.src.ctx.unwrap_or(0)),
-        src_pitch: c.src.pitch as usize,
-        src_height: c.src.height as usize,
-        dst_x_in_bytes: c.dst.x_bytes as usize,
-        dst_y: c.dst.y as usize,
-        dst_z: c.dst.z as usize,
-        dst_lod: 0,
-        dst_memory_type,
-        dst_host,
-        dst_device,
-        dst_array: std::ptr::null_mut(),
-        dst_context: ptr(c.dst.ctx.unwrap_or(0)),
-        dst_pitch: c.dst.pitch as usize,
-        dst_height: c.dst.height as usize,
-        width_in_bytes: c.width as usize,
-        height: c.height as usize,
-        depth: c.depth as usize,
-    }
+    let (src, dst) = sides(c, src_host, dst_host);
+    Memcpy3D::between(
+        src,
+        dst,
+        c.width as usize,
+        c.height as usize,
+        c.depth as usize,
+    )
 }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use remora_cuda_abi::graphs::{
     ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemAllocNodeParams, MemsetNodeParams,
 };
-use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, MemPoolProps};
 use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
 use remora_cuda_abi::{MemAccessDesc, MemLocation};
 use remora_proto::cuda::{CuError, CuResult, cu};
@@ -321,21 +320,12 @@ impl Graphs for CudaBackend {
                 })
             })
             .collect::<CuResult<Vec<_>>>()?;
-        let mut p = MemAllocNodeParams {
-            pool_props: MemPoolProps {
-                alloc_type: ALLOCATION_TYPE_PINNED,
-                location: map_location(m.location, real)?,
-                ..MemPoolProps::default()
-            },
-            access_descs: if access.is_empty() {
-                std::ptr::null()
-            } else {
-                access.as_ptr()
-            },
-            access_desc_count: access.len(),
-            bytesize: size(m.bytesize)?,
-            dptr: 0,
-        };
+        let mut p = MemAllocNodeParams::pinned(
+            map_location(m.location, real)?,
+            &access,
+            size(m.bytesize)?,
+            0,
+        );
         let deps: Vec<Ptr> = deps.iter().map(|&n| ptr(n)).collect();
         let mut node: Ptr = std::ptr::null_mut();
         // SAFETY: writes one CUgraphNode and the params' dptr; `graph` is a graph of this

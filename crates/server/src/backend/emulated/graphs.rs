@@ -74,6 +74,18 @@ pub(super) struct EmuGraphMem {
     reserved_high: u64,
 }
 
+impl EmuGraphs {
+    /// Graph `g` (`CUDA_ERROR_INVALID_HANDLE` when there is none).
+    pub(super) fn graph(&self, g: u64) -> CuResult<&EmuGraph> {
+        self.graphs.get(&g).ok_or(CuError(cu::INVALID_HANDLE))
+    }
+
+    /// Graph `g`, to change (`CUDA_ERROR_INVALID_HANDLE` when there is none).
+    pub(super) fn graph_mut(&mut self, g: u64) -> CuResult<&mut EmuGraph> {
+        self.graphs.get_mut(&g).ok_or(CuError(cu::INVALID_HANDLE))
+    }
+}
+
 impl EmuGraphMem {
     fn used(&self) -> u64 {
         self.allocs
@@ -334,13 +346,7 @@ impl State {
             NodeParams::Memset(m) => EmuOp::Memset2d(*m),
             NodeParams::Memcpy(c) => EmuOp::Copy(c.clone()),
             NodeParams::Host(h) => EmuOp::Host(Arc::clone(h)),
-            NodeParams::Child(g) => EmuOp::Child(
-                self.graphs
-                    .graphs
-                    .get(g)
-                    .ok_or(CuError(cu::INVALID_HANDLE))?
-                    .clone(),
-            ),
+            NodeParams::Child(g) => EmuOp::Child(self.graphs.graph(*g)?.clone()),
             NodeParams::Empty => EmuOp::Nop,
             NodeParams::MemFree(p) => {
                 if !self.graphs.mem.owns(*p) {
@@ -438,11 +444,7 @@ impl State {
     /// Instantiates graph `g`.
     pub(super) fn instantiate(&mut self, g: u64) -> CuResult<u64> {
         let mut ops = Vec::new();
-        self.graphs
-            .graphs
-            .get(&g)
-            .ok_or(CuError(cu::INVALID_HANDLE))?
-            .flatten(&mut ops)?;
+        self.graphs.graph(g)?.flatten(&mut ops)?;
         let exec = self.handle();
         self.graphs.execs.insert(exec, EmuExec { ops });
         Ok(exec)
@@ -450,12 +452,7 @@ impl State {
 
     /// Copies graph `g` into a new graph with new node ids.
     fn clone_graph(&mut self, g: u64) -> CuResult<u64> {
-        let mut graph = self
-            .graphs
-            .graphs
-            .get(&g)
-            .ok_or(CuError(cu::INVALID_HANDLE))?
-            .clone();
+        let mut graph = self.graphs.graph(g)?.clone();
         let h = self.handle();
         let mut ids = HashMap::new();
         for n in &mut graph.nodes {
@@ -488,11 +485,7 @@ impl EmulatedBackend {
             // Being captured: the capture owns it.
             return Err(invalid());
         }
-        let g = st
-            .graphs
-            .graphs
-            .get_mut(&graph)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let g = st.graphs.graph_mut(graph)?;
         run(g)
     }
 
@@ -504,11 +497,7 @@ impl EmulatedBackend {
             return Err(invalid());
         }
         let id = st.handle();
-        let g = st
-            .graphs
-            .graphs
-            .get_mut(&graph)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let g = st.graphs.graph_mut(graph)?;
         for (i, d) in deps.iter().enumerate() {
             if g.node(*d).is_err() || deps[..i].contains(d) {
                 return Err(invalid());
@@ -616,11 +605,7 @@ impl Graphs for EmulatedBackend {
         let mut st = self.lock();
         st.ctx(ctx)?;
         let g = st.graph_of(node)?;
-        let graph = st
-            .graphs
-            .graphs
-            .get_mut(&g)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let graph = st.graphs.graph_mut(g)?;
         graph.nodes.retain(|n| n.id != node);
         for n in &mut graph.nodes {
             n.deps.retain(|d| *d != node);
@@ -664,11 +649,7 @@ impl Graphs for EmulatedBackend {
     fn graph_nodes(&self, ctx: u64, graph: u64, roots: bool) -> CuResult<Vec<u64>> {
         let st = self.lock();
         st.ctx(ctx)?;
-        let g = st
-            .graphs
-            .graphs
-            .get(&graph)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let g = st.graphs.graph(graph)?;
         Ok(g.nodes
             .iter()
             .filter(|n| !roots || n.deps.is_empty())
@@ -679,11 +660,7 @@ impl Graphs for EmulatedBackend {
     fn graph_edges(&self, ctx: u64, graph: u64) -> CuResult<(Vec<u64>, Vec<u64>)> {
         let st = self.lock();
         st.ctx(ctx)?;
-        let g = st
-            .graphs
-            .graphs
-            .get(&graph)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        let g = st.graphs.graph(graph)?;
         Ok(g.nodes
             .iter()
             .flat_map(|n| n.deps.iter().map(move |d| (*d, n.id)))
@@ -729,12 +706,7 @@ impl Graphs for EmulatedBackend {
         st.ctx(ctx)?;
         let op = st.node_op(params)?;
         let g = st.graph_of(node)?;
-        let n = st
-            .graphs
-            .graphs
-            .get_mut(&g)
-            .ok_or(CuError(cu::INVALID_HANDLE))?
-            .node_mut(node)?;
+        let n = st.graphs.graph_mut(g)?.node_mut(node)?;
         if n.kind != op_kind(&op) {
             return Err(invalid());
         }
