@@ -171,6 +171,36 @@ fn memory_nodes_allocate_and_free_at_every_launch() {
         assert_eq!(code(s.memcpy_htod(ctx, LEGACY, q, &data)), INVALID_VALUE);
         // The reservation stays: the address is never taken for host memory.
         assert!(matches!(s.pointer_kind(q), PointerKind::Device { .. }));
+
+        // Freed by a free node of another graph (the graphMemoryNodes sample): allowed, and a
+        // launch of that graph frees it.
+        let g = s.graph_create(ctx, 0).unwrap();
+        let (_, r) = s
+            .graph_add_mem_alloc_node(g, ctx, &[], alloc_node(N))
+            .unwrap();
+        let exec = s.graph_instantiate(ctx, g, 0).unwrap();
+        s.graph_destroy(g).unwrap();
+        s.graph_launch(ctx, exec, LEGACY).unwrap();
+        s.stream_synchronize(ctx, LEGACY).unwrap();
+        let fg = s.graph_create(ctx, 0).unwrap();
+        s.graph_add_node(fg, 0, &[], RmNodeParams::RmNodeMemFree(r))
+            .unwrap();
+        let fexec = s.graph_instantiate(ctx, fg, 0).unwrap();
+        s.graph_destroy(fg).unwrap();
+        s.memcpy_htod(ctx, LEGACY, r, &data).unwrap();
+        assert_eq!(read(&s, ctx, r, N), data);
+        s.graph_launch(ctx, fexec, LEGACY).unwrap();
+        s.stream_synchronize(ctx, LEGACY).unwrap();
+        assert_eq!(s.graph_mem_attribute(0, 0).unwrap(), 0);
+        // Allocated again by the next launch of its graph, freed again by the other.
+        s.graph_launch(ctx, exec, LEGACY).unwrap();
+        s.memcpy_htod(ctx, LEGACY, r, &data).unwrap();
+        s.graph_launch(ctx, fexec, LEGACY).unwrap();
+        s.stream_synchronize(ctx, LEGACY).unwrap();
+        assert_eq!(s.graph_mem_attribute(0, 0).unwrap(), 0);
+        s.graph_exec_destroy(fexec).unwrap();
+        s.graph_exec_destroy(exec).unwrap();
+        assert_eq!(code(s.memcpy_htod(ctx, LEGACY, r, &data)), INVALID_VALUE);
     }
 }
 

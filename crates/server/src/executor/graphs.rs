@@ -270,9 +270,10 @@ impl Executor {
             let ctx = st.ctx(if a.ctx == 0 { graph_ctx } else { a.ctx })?;
             let params = self.node_params(call, &session, &st, ctx, &a.params)?;
             if let NodeParams::MemFree(p) = params
-                && !st.graph_mem_held_by(p, a.graph)
+                && !st.is_graph_mem(p)
             {
-                // A graph may free only an allocation it (or a graph it came from) holds.
+                // A free node may name only a graph allocation of this session (made by this
+                // graph or another: CUDA allows both).
                 return Err(invalid());
             }
             let raw = self
@@ -281,7 +282,7 @@ impl Executor {
                 .graph_add_node(gctx, graph, &deps, &params)?;
             match params {
                 NodeParams::Host(h) => st.host_nodes.push(h),
-                NodeParams::MemFree(p) => st.graph_mem_freed_by_node(p),
+                NodeParams::MemFree(p) => st.graph_mem_freed_by_node(p, a.graph),
                 NodeParams::Child(_) => {
                     if let RmNodeParams::RmNodeGraph(child) = a.params {
                         st.share_graph_mem(child, a.graph);

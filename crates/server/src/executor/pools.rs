@@ -75,8 +75,8 @@ impl Executor {
         if r.is_ok() {
             // Captured, the free is a graph memory node: the graph keeps the address.
             match self.capturing_graph(&st, a.ctx, a.stream) {
-                Some(graph) if st.graph_mem_held_by(a.ptr, graph) => {
-                    st.graph_mem_freed_by_node(a.ptr);
+                Some(graph) if st.is_graph_mem(a.ptr) => {
+                    st.graph_mem_freed_by_node(a.ptr, graph);
                 }
                 _ => st.range_freed(a.ptr),
             }

@@ -101,6 +101,9 @@ pub(crate) struct GraphMemHold {
     pub(crate) holders: std::collections::HashSet<u64>,
     /// A free node of the allocation exists in a graph holding it: every launch frees it.
     pub(crate) freed_by_node: bool,
+    /// Graph and executable graph handles with a free node of the allocation that do not
+    /// hold it (CUDA lets another graph free it): a launch of one frees it.
+    pub(crate) freers: std::collections::HashSet<u64>,
     /// A launch may have left it allocated (no free node, no cuMemFree since).
     pub(crate) live: bool,
 }
@@ -121,17 +124,21 @@ impl SessionState {
         hold.holders.insert(graph);
     }
 
-    /// Whether `ptr` is a graph allocation that graph handle `graph` holds.
-    pub(crate) fn graph_mem_held_by(&self, ptr: u64, graph: u64) -> bool {
-        self.graph_mem
-            .get(&ptr)
-            .is_some_and(|h| h.holders.contains(&graph))
+    /// Whether `ptr` is a graph allocation of this session (a free node may name only one).
+    pub(crate) fn is_graph_mem(&self, ptr: u64) -> bool {
+        self.graph_mem.contains_key(&ptr)
     }
 
-    /// Marks graph allocation `ptr` as freed by a node of a graph that holds it.
-    pub(crate) fn graph_mem_freed_by_node(&mut self, ptr: u64) {
+    /// A free node of graph allocation `ptr` was added to graph handle `graph`: in a graph
+    /// that holds the allocation every launch frees it; in another graph, that graph's
+    /// launches free it.
+    pub(crate) fn graph_mem_freed_by_node(&mut self, ptr: u64, graph: u64) {
         if let Some(h) = self.graph_mem.get_mut(&ptr) {
-            h.freed_by_node = true;
+            if h.holders.contains(&graph) {
+                h.freed_by_node = true;
+            } else {
+                h.freers.insert(graph);
+            }
         }
     }
 
@@ -142,17 +149,24 @@ impl SessionState {
             if h.holders.contains(&from) {
                 h.holders.insert(to);
             }
+            if h.freers.contains(&from) {
+                h.freers.insert(to);
+            }
         }
     }
 
     /// A launch of executable graph `exec`: its allocations without a free node stay
-    /// allocated afterwards.
+    /// allocated afterwards; the allocations of other graphs it frees do not.
     pub(crate) fn graph_mem_launched(&mut self, exec: u64) {
         for h in self.graph_mem.values_mut() {
             if h.holders.contains(&exec) && !h.freed_by_node {
                 h.live = true;
             }
+            if h.freers.contains(&exec) {
+                h.live = false;
+            }
         }
+        self.sweep_graph_mem();
     }
 
     /// `cuMemFree`/`cuMemFreeAsync` of graph allocation `ptr` (the driver accepted it).
@@ -182,6 +196,7 @@ impl SessionState {
     pub(crate) fn graph_mem_released_by(&mut self, h: u64) {
         for hold in self.graph_mem.values_mut() {
             hold.holders.remove(&h);
+            hold.freers.remove(&h);
         }
         self.sweep_graph_mem();
     }
