@@ -59,6 +59,9 @@ fi
 # mapped_memory: mapped (zero-copy) host memory through device and host pointers
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/mapped_memory" \
   "$src/tests/mapped_memory.cu"
+# mapped_default: cudaMallocHost memory used as mapped memory (default flags)
+"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/mapped_default" \
+  "$src/tests/mapped_default.cu"
 # managed_memory: cudaMallocManaged with host and kernel turns, copies, memsets, hints, attributes
 "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/managed_memory" \
   "$src/tests/managed_memory.cu"

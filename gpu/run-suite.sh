@@ -140,7 +140,7 @@ echo "== 4. programs: native (twice) and remoted, outputs compared byte for byte
 export REMORA_GPU_KERNELS="$build"  # the programs find their kernel images here (see common.h)
 programs=("vecadd cubin" "vecadd ptx" "vecadd fatbin" "vecadd library" "multikernel" "streams_events"
           "memcpy_sweep" "memcpy2d3d" "occupancy" "cluster" "multithread" "errors illegal" "errors trap"
-          "errors assert" "errors api" "devprintf" "hostfunc" "runtime_static" "runtime_shared" "device_props" "graphs" "async_visibility" "mapped_memory" "managed_memory" "vmm" "stream_ordered" "explicit_graphs" "explicit_graphs_pinned" "graph_memory" "libraries"
+          "errors assert" "errors api" "devprintf" "hostfunc" "runtime_static" "runtime_shared" "device_props" "graphs" "async_visibility" "mapped_memory" "mapped_default" "managed_memory" "vmm" "stream_ordered" "explicit_graphs" "explicit_graphs_pinned" "graph_memory" "libraries"
           "matmul" "histogram" "lu_solve" "bandwidth" "streams_overlap" "cublas_simple")
 remote_modes=(shm unix tcp embedded)
 for p in "${programs[@]}"; do
@@ -174,8 +174,8 @@ for p in "${programs[@]}"; do
   for m in "${remote_modes[@]}"; do
     if [ $have_run = 0 ]; then result "$p" "$m" skipped "remora run not available"; continue; fi
     if [ $native_ok = 0 ]; then result "$p" "$m" skipped "no native reference"; continue; fi
-    if [ "$prog" = mapped_memory ] && { [ "$m" = unix ] || [ "$m" = tcp ]; }; then
-      result "$p" "$m" skipped "mapped host memory over sockets is not implemented yet (issue 10 §3); the shim refuses it with CUDA_ERROR_NOT_SUPPORTED"
+    if [ "$prog" = mapped_default ] && { [ "$m" = unix ] || [ "$m" = tcp ]; }; then
+      result "$p" "$m" skipped "over sockets only cudaHostAllocMapped memory is mapped (mirrored on the device); cudaMallocHost memory is private and cudaHostGetDevicePointer on it is refused with CUDA_ERROR_NOT_SUPPORTED"
       continue
     fi
     # shellcheck disable=SC2086

@@ -5,12 +5,12 @@
 //      sees every byte the kernel wrote, and the kernel saw every byte the host wrote before
 //      the launch.
 //   2. Unified addressing: the same kernel given the host pointer itself.
-//   3. cudaMallocHost (default flags; with unified addressing every page-locked allocation is
-//      mapped) and cudaPointerGetAttributes: type host, device pointer = host pointer.
 //   4. Several rounds of host write → kernel → host read on the same buffer, on a stream.
+//   (3., cudaMallocHost memory used as mapped memory, is mapped_default.cu.)
 // Each section prints one line with a checksum; any mismatch prints FAIL and exits 1.
 // Through Remora this works over shared memory (the buffer lies in the session's data area,
-// page-locked by the server with DEVICEMAP); over sockets it is refused loudly.
+// page-locked by the server with DEVICEMAP) and over sockets (the client mirrors the
+// allocation on the device at the same address, coherent at launches and synchronizations).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -61,20 +61,6 @@ int main() {
     printf("2. mapped through the host pointer: %016llx\n", (unsigned long long)hash32(h, n));
   }
 
-  // 3. cudaMallocHost and pointer attributes
-  uint32_t *m = nullptr;
-  CHECK(cudaMallocHost((void **)&m, n * 4));
-  cudaPointerAttributes a;
-  CHECK(cudaPointerGetAttributes(&a, m));
-  void *dm = nullptr;
-  CHECK(cudaHostGetDevicePointer(&dm, m, 0));
-  printf("3. cudaMallocHost: type %d, device pointer %s host pointer, cudaHostGetDevicePointer %s\n",
-         (int)a.type, a.devicePointer == (void *)m ? "==" : "!=", dm == a.devicePointer ? "agrees" : "differs");
-  fill(m, n, 3);
-  affine32<<<264, 256>>>((uint32_t *)dm, n, 9, 4);
-  CHECK(cudaDeviceSynchronize());
-  if (check("cudaMallocHost", m, n, 3, 9, 4)) return 1;
-
   // 4. rounds on a stream
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -88,7 +74,6 @@ int main() {
   }
   printf("4. 8 rounds on a stream: %016llx\n", (unsigned long long)acc);
   CHECK(cudaStreamDestroy(s));
-  CHECK(cudaFreeHost(m));
   CHECK(cudaFreeHost(h));
   printf("mapped_memory: all checks passed\n");
   return 0;

@@ -37,6 +37,9 @@ pub struct HostRange {
     pub registered: bool,
     /// Offset of the allocation in the session's shared data area, when it lies there.
     pub area_offset: Option<u64>,
+    /// Mapped host memory that the session mirrors on the device (its pages belong to the
+    /// mirror, which frees them).
+    pub mirrored: bool,
     mapped: u64,
 }
 
@@ -177,9 +180,26 @@ impl HostMem {
             ctx,
             registered: false,
             area_offset: lease.as_ref().map(Lease::offset),
+            mirrored: false,
             mapped,
         };
         self.lock().insert(base, Entry { range, lease });
+    }
+
+    /// Records mapped host memory at `base` whose pages a device mirror owns (the session
+    /// frees them; [`HostMem::free`] only forgets the range).
+    pub(crate) fn insert_mirrored(&self, base: u64, size: u64, flags: u32, ctx: RmHandle) {
+        let range = HostRange {
+            base,
+            size,
+            flags,
+            ctx,
+            registered: false,
+            area_offset: None,
+            mirrored: true,
+            mapped: 0,
+        };
+        self.lock().insert(base, Entry { range, lease: None });
     }
 
     /// Frees an allocation made by [`HostMem::alloc`]; `ptr` must be its base.
@@ -192,8 +212,9 @@ impl HostMem {
             }
         }
         .ok_or(CuError(cu::INVALID_VALUE))?;
-        if e.lease.is_some() {
-            // Dropping the lease returns the space to the area's allocator.
+        if e.lease.is_some() || e.range.mirrored {
+            // Dropping the lease returns the space to the area's allocator; a mirror's pages
+            // are its owner's to free.
             return Ok(());
         }
         let r = e.range;
@@ -223,6 +244,7 @@ impl HostMem {
             ctx,
             registered: true,
             area_offset: None,
+            mirrored: false,
             mapped: 0,
         };
         m.insert(ptr, Entry { range, lease: None });
@@ -257,7 +279,7 @@ impl Drop for HostMem {
         let m = self.ranges.get_mut().unwrap_or_else(|e| e.into_inner());
         for r in m
             .values()
-            .filter(|e| !e.range.registered && e.lease.is_none())
+            .filter(|e| !e.range.registered && e.lease.is_none() && !e.range.mirrored)
             .map(|e| e.range)
         {
             // SAFETY: mappings made by `alloc`, not freed; the table is going away.

@@ -45,6 +45,9 @@ pub(crate) struct Mirror {
     pub(crate) ctx: RmHandle,
     /// What the device memory is, for freeing it.
     pub(crate) backing: Backing,
+    /// Mapped host memory (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_DEVICEMAP` on a session
+    /// without a shared data area): host memory to the program, not managed memory.
+    pub(crate) mapped_host: bool,
     /// The bytes host and device last agreed on.
     snapshot: Vec<u8>,
 }
@@ -66,6 +69,7 @@ impl Mirror {
             size,
             ctx,
             backing,
+            mapped_host: false,
             snapshot: vec![0; size as usize],
         }
     }
@@ -164,15 +168,20 @@ impl Mirrors {
         self.active.store(true, Ordering::Release);
     }
 
-    pub(crate) fn remove(&self, dev: u64) -> Option<Mirror> {
+    /// Removes the mirror at `dev` when it is mapped host memory (`mapped_host`) or managed
+    /// memory (`!mapped_host`), as the freeing call expects.
+    pub(crate) fn remove(&self, dev: u64, mapped_host: bool) -> Option<Mirror> {
         let mut s = self.lock();
+        if s.list.get(&dev)?.mapped_host != mapped_host {
+            return None;
+        }
         let m = s.list.remove(&dev);
         self.active.store(!s.list.is_empty(), Ordering::Release);
         m
     }
 
-    /// The mirror containing device address `ptr`: (base, size).
-    pub(crate) fn find(&self, ptr: u64) -> Option<(u64, u64)> {
+    /// The managed-memory mirror containing device address `ptr`: (base, size).
+    pub(crate) fn find_managed(&self, ptr: u64) -> Option<(u64, u64)> {
         if !self.active() {
             return None;
         }
@@ -180,7 +189,7 @@ impl Mirrors {
         s.list
             .range(..=ptr)
             .next_back()
-            .filter(|(b, m)| ptr - **b < m.size.max(1))
+            .filter(|(b, m)| ptr - **b < m.size.max(1) && !m.mapped_host)
             .map(|(b, m)| (*b, m.size))
     }
 

@@ -259,3 +259,85 @@ fn a_copy_carried_by_the_synchronize_reply_does_not_stall_the_pull() {
         s.mem_free(ctx, m).unwrap();
     }
 }
+
+/// Mapped host memory (`cuMemHostAlloc` with `CU_MEMHOSTALLOC_DEVICEMAP`): over shared memory
+/// it lies in the data area; over sockets it is mirrored like managed memory, at one address
+/// for host and device. Kernels read what the host wrote before the launch and the host reads
+/// what they wrote after a synchronization, through the device pointer.
+#[test]
+fn mapped_host_memory_over_every_transport() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    for (endpoint, transport) in transports(&server) {
+        let s = session(&endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let f = vecadd(&s, ctx);
+        let bytes = (N * 4) as u64;
+        let [a, b, c] = [0; 3].map(|_| s.mem_host_alloc(ctx, bytes, 2).unwrap());
+        let dev = [a, b, c].map(|p| s.mem_host_device_pointer(ctx, p).unwrap());
+        let sockets = transport != TransportChoice::Shm;
+        if !sockets {
+            // In the data area: zero-copy, mapped by the server (the emulated backend's
+            // kernels cannot reach the area; the GPU suite runs this over shm).
+            assert!(dev.iter().all(|&d| d != 0));
+            for p in [a, b, c] {
+                s.mem_free_host(p).unwrap();
+            }
+            continue;
+        }
+        assert_eq!(
+            dev,
+            [a, b, c],
+            "one address on both sides over {transport:?}"
+        );
+        assert!(
+            matches!(s.pointer_kind(a + 4), PointerKind::HostTracked(r) if r.base == a),
+            "host memory to the program over {transport:?}"
+        );
+        assert_eq!(s.managed_range(a), None, "not managed memory");
+        for round in 0..3u32 {
+            for (i, (x, y)) in floats(a).iter_mut().zip(floats(b).iter_mut()).enumerate() {
+                *x = (i as u32 + round) as f32;
+                *y = (round * 100) as f32;
+            }
+            add(&s, ctx, &f, (dev[0], dev[1], dev[2]), StreamRef::Legacy);
+            s.ctx_synchronize(ctx).unwrap();
+            for (i, &z) in floats(c).iter().enumerate() {
+                assert_eq!(
+                    z,
+                    (i as u32 + round) as f32 + (round * 100) as f32,
+                    "round {round}, element {i} over {transport:?}"
+                );
+            }
+        }
+        // A copy into mapped memory lands in the host view and reaches the device too.
+        let plain = s.mem_alloc(ctx, bytes).unwrap();
+        let ones = vec![0x11u8; bytes as usize];
+        s.memcpy_htod(ctx, LEGACY, plain, &ones).unwrap();
+        // SAFETY: `a` is a live host allocation of `bytes` bytes.
+        let host_a =
+            unsafe { std::slice::from_raw_parts_mut(a as usize as *mut u8, bytes as usize) };
+        s.memcpy_dtoh(ctx, LEGACY, plain, host_a).unwrap();
+        s.memcpy_dtod(ctx, LEGACY, plain, dev[0], bytes).unwrap();
+        let mut out = vec![0u8; bytes as usize];
+        s.memcpy_dtoh(ctx, LEGACY, plain, &mut out).unwrap();
+        assert_eq!(out, ones, "over {transport:?}");
+        assert_eq!(
+            s.mem_free(ctx, a),
+            Err(CuError(cu::INVALID_VALUE)),
+            "cuMemFree of host memory"
+        );
+        for p in [a, b, c] {
+            s.mem_free_host(p).unwrap();
+        }
+        assert!(matches!(s.pointer_kind(a), PointerKind::Host));
+        // Without DEVICEMAP over sockets: private memory, and a device pointer is refused.
+        let p = s.mem_host_alloc(ctx, 4096, 0).unwrap();
+        assert_eq!(
+            s.mem_host_device_pointer(ctx, p),
+            Err(CuError(cu::NOT_SUPPORTED))
+        );
+        s.mem_free_host(p).unwrap();
+        s.mem_free(ctx, plain).unwrap();
+    }
+}

@@ -354,7 +354,8 @@ fn area_memory_is_mapped_for_the_device_and_other_memory_is_refused() {
     s.mem_free_host(a).unwrap();
     s.mem_free_host(b).unwrap();
 
-    // A socket session has no area: nothing can be mapped.
+    // A socket session has no area: memory from HostMem itself is private and cannot be
+    // mapped (Session::mem_host_alloc mirrors DEVICEMAP allocations instead: managed.rs).
     let u = session(&server.endpoint, TransportChoice::Unix);
     let uctx = u.primary_ctx_retain(0).unwrap();
     let h = u.host_memory().alloc(4096, 2, uctx).unwrap();

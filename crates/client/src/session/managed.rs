@@ -41,7 +41,20 @@ impl Session {
             );
             return Err(CuError(cu::OUT_OF_MEMORY));
         }
-        self.need_revision(10, "cuMemAllocManaged")?;
+        self.mirrored_alloc(ctx, size, false, "cuMemAllocManaged")
+    }
+
+    /// Device memory from the virtual memory calls with the same address mapped read-write
+    /// in this process, zeroed, and registered as a mirror: managed memory, or mapped host
+    /// memory on a session without a data area (`mapped_host`).
+    pub(super) fn mirrored_alloc(
+        &self,
+        ctx: RmHandle,
+        size: u64,
+        mapped_host: bool,
+        what: &'static str,
+    ) -> CuResult<u64> {
+        self.need_revision(10, what)?;
         let dev = self.ctx_device(ctx)?;
         let prop = RmMemProp {
             r#type: 1,        // CU_MEM_ALLOCATION_TYPE_PINNED
@@ -82,7 +95,7 @@ impl Session {
         };
         if let Err(e) = mapped {
             tracing::warn!(
-                "remora: cuMemAllocManaged: mapping host memory at {base:#x} failed: {e}; returning CUDA_ERROR_OUT_OF_MEMORY"
+                "remora: {what}: mapping host memory at {base:#x} failed: {e}; returning CUDA_ERROR_OUT_OF_MEMORY"
             );
             return Err(unwind(CuError(cu::OUT_OF_MEMORY)));
         }
@@ -97,9 +110,10 @@ impl Session {
             return Err(unwind(e));
         }
         let backing = Backing::Managed { handle, span };
-        self.mirrors
-            .insert(Mirror::zeroed(base, base, size, ctx, backing));
-        tracing::debug!("remora: managed allocation {base:#x}+{size:#x} (span {span:#x})");
+        let mut mirror = Mirror::zeroed(base, base, size, ctx, backing);
+        mirror.mapped_host = mapped_host;
+        self.mirrors.insert(mirror);
+        tracing::debug!("remora: {what}: mirrored allocation {base:#x}+{size:#x} (span {span:#x})");
         Ok(base)
     }
 
@@ -129,9 +143,10 @@ impl Session {
         Ok(handle)
     }
 
-    /// `cuMemFree` of a managed allocation: `None` when `ptr` is not one.
-    pub(super) fn mem_free_managed(&self, ptr: u64) -> Option<CuResult<()>> {
-        let m = self.mirrors.remove(ptr)?;
+    /// `cuMemFree` of a managed allocation (`cuMemFreeHost` of mapped host memory when
+    /// `mapped_host`): `None` when `ptr` is not one.
+    pub(super) fn mem_free_mirrored(&self, ptr: u64, mapped_host: bool) -> Option<CuResult<()>> {
+        let m = self.mirrors.remove(ptr, mapped_host)?;
         let Backing::Managed { handle, span } = m.backing;
         let ctx = m.ctx;
         let r = self
@@ -141,10 +156,14 @@ impl Session {
         Some(r)
     }
 
-    /// Frees the managed allocations of a context being destroyed.
+    /// Frees the mirrored allocations (managed and mapped host memory) of a context being
+    /// destroyed.
     pub(super) fn free_managed_of(&self, ctx: RmHandle) {
         for base in self.mirrors.of_context(ctx) {
-            if let Some(Err(e)) = self.mem_free_managed(base) {
+            let r = self
+                .mem_free_mirrored(base, false)
+                .or_else(|| self.mem_free_mirrored(base, true));
+            if let Some(Err(e)) = r {
                 tracing::debug!(
                     "remora: freeing managed memory {base:#x} of a destroyed context: {e}"
                 );
@@ -154,7 +173,7 @@ impl Session {
 
     /// The managed allocation containing `ptr`: (base, size).
     pub fn managed_range(&self, ptr: u64) -> Option<(u64, u64)> {
-        self.mirrors.find(ptr)
+        self.mirrors.find_managed(ptr)
     }
 
     /// `cuMemPrefetchAsync` and `cuMemAdvise`: hints. Remora's managed memory lives on the

@@ -105,7 +105,7 @@ impl Session {
 
     /// `cuMemFree`: frees on the server, then releases the reservation.
     pub fn mem_free(&self, ctx: RmHandle, ptr: u64) -> CuResult<()> {
-        if let Some(r) = self.mem_free_managed(ptr) {
+        if let Some(r) = self.mem_free_mirrored(ptr, false) {
             return r;
         }
         CuError::check(call!(self.rm_mem_free(&RmPtrArgs { ctx, ptr }))?)?;
@@ -128,6 +128,13 @@ impl Session {
 
     /// Classifies a pointer as host or device (unified addressing), locally.
     pub fn pointer_kind(&self, ptr: u64) -> PointerKind {
+        // Mapped host memory of a socket session lies in a device reservation too, but it
+        // is host memory to the program.
+        if self.mirrors.active()
+            && let Some(r) = self.host.find(ptr).filter(|r| r.mirrored)
+        {
+            return PointerKind::HostTracked(r);
+        }
         match self.va.find(ptr) {
             Some((base, r)) => {
                 // A managed allocation is known by its own extent, not its reservation's.
@@ -151,6 +158,34 @@ impl Session {
         &self.host
     }
 
+    /// `cuMemHostAlloc`. With `CU_MEMHOSTALLOC_DEVICEMAP`, memory that does not lie in the
+    /// shared data area (a socket session, or a full area) is mapped host memory built like
+    /// managed memory: device memory on the server at the same address as host pages here,
+    /// made coherent at launches and synchronizations ([`crate::mirror`]). Other allocations
+    /// come from [`HostMem::alloc`].
+    pub fn mem_host_alloc(&self, ctx: RmHandle, size: u64, flags: u32) -> CuResult<u64> {
+        const DEVICEMAP: u32 = 0x2;
+        let p = self.host.alloc(size, flags, ctx)?;
+        if flags & DEVICEMAP == 0 || self.host.find(p).is_some_and(|r| r.area_offset.is_some()) {
+            return Ok(p);
+        }
+        self.host.free(p)?;
+        let base = self.mirrored_alloc(
+            ctx,
+            size.max(1),
+            true,
+            "cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP",
+        )?;
+        self.host.insert_mirrored(base, size, flags, ctx);
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            tracing::info!(
+                "remora: mapped host memory outside a shared data area is emulated: the server keeps a device copy, made coherent before launches and copies and after synchronizations (each costs a comparison and copies of the mapped bytes; see docs/architecture.md)"
+            );
+        });
+        Ok(base)
+    }
+
     /// `cuMemHostGetDevicePointer` (and the DEVICE_POINTER attribute of host memory): the
     /// device address of mapped host memory. Only host memory in the shared data area can be
     /// mapped — the server page-locks the area with `CU_MEMHOSTREGISTER_DEVICEMAP` and asks
@@ -160,9 +195,13 @@ impl Session {
     /// reach: CUDA_ERROR_NOT_SUPPORTED, logged.
     pub fn mem_host_device_pointer(&self, ctx: RmHandle, ptr: u64) -> CuResult<u64> {
         let r = self.host.find(ptr).ok_or(CuError(cu::INVALID_VALUE))?;
+        if r.mirrored {
+            // Mapped host memory of a socket session: the same address on both sides.
+            return Ok(ptr);
+        }
         let (Some(area), Some(base_off)) = (self.area.as_ref(), r.area_offset) else {
             tracing::warn!(
-                "remora: host memory at {ptr:#x} is not in the session's shared data area (a socket session, memory registered with cuMemHostRegister, or an area that was full), so the remote GPU cannot map it (CU_MEMHOSTALLOC_DEVICEMAP / cuMemHostGetDevicePointer); returning CUDA_ERROR_NOT_SUPPORTED"
+                "remora: host memory at {ptr:#x} was not allocated mapped (over a socket session only cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP, cudaHostAlloc with cudaHostAllocMapped, gives the remote GPU a view of host memory; memory from cudaMallocHost or cuMemHostRegister is not mapped there), so cuMemHostGetDevicePointer cannot answer; returning CUDA_ERROR_NOT_SUPPORTED"
             );
             return Err(CuError(cu::NOT_SUPPORTED));
         };
@@ -193,6 +232,21 @@ impl Session {
     /// data area that matters, because the space may be handed out again at once: its
     /// context is synchronized first, so that no copy into it is still in flight.
     pub fn mem_free_host(&self, ptr: u64) -> CuResult<()> {
+        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr && r.mirrored) {
+            self.deliver_pending("cuMemFreeHost");
+            self.host.free(ptr)?;
+            return match self.mem_free_mirrored(ptr, true) {
+                Some(res) => res,
+                // Its context was destroyed, which freed it.
+                None => {
+                    tracing::debug!(
+                        "remora: mapped host memory {ptr:#x} of context {} went with it",
+                        r.ctx
+                    );
+                    Ok(())
+                }
+            };
+        }
         if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
             && r.area_offset.is_some()
             && r.ctx != 0

@@ -429,7 +429,7 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CuResult<()> 
         return Err(CuError(cu::INVALID_VALUE));
     }
     let (s, ctx) = ctx_session()?;
-    let p = s.host_memory().alloc(size as u64, flags, ctx)?;
+    let p = s.mem_host_alloc(ctx, size as u64, flags)?;
     // SAFETY: output pointer per cuda.h.
     unsafe { put(pp, p as usize as *mut c_void) }
 }
