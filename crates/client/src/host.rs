@@ -2,7 +2,7 @@
 //! anonymous mappings of this process) and `cuMemHostRegister` ranges.
 //!
 //! On a session in shared memory with a data area, allocations come from the area (the
-//! client's [`AreaAlloc`]): the server sees those bytes too, so copies from and to them pass
+//! client's `AreaAlloc`): the server sees those bytes too, so copies from and to them pass
 //! only `(offset, size)` and nobody on the client copies them ("zero-copy pinned memory").
 //! Otherwise, or when the area has no room, "pinned" memory is an ordinary private mapping:
 //! copies from and to it go through the transport like any other host memory. The ranges are

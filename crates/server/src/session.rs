@@ -26,7 +26,7 @@ pub(crate) const MAX_WAITERS: usize = 32;
 pub(crate) const REPLY_COPY_BUDGET: usize = 64 << 20;
 
 /// Default of the bound on the bytes one session may hold staged on the server in
-/// asynchronous device-to-host copies not yet delivered ([`PendingCopies`]): a quarter of
+/// asynchronous device-to-host copies not yet delivered (`PendingCopies`): a quarter of
 /// the host's memory, between 4 GiB and 64 GiB (4 GiB when the size is unknown).
 /// `remora serve --max-pending-copy-bytes` sets it.
 ///

@@ -58,7 +58,7 @@ pub enum Table {
     /// The tools' view of modules and functions (`ToolsModule`), asked for by cuFFT.
     ToolsModule,
     /// Asked for by cuBLASLt (bf16/fp16 GEMMs), which dereferences it without checking: a
-    /// table must exist. Only its size is served; slot 4 declines (see [`DECLINED`]).
+    /// table must exist. Only its size is served; slot 4 declines (see `DECLINED`).
     CublasLt1734,
 }
 

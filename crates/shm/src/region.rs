@@ -257,7 +257,7 @@ impl Region {
     /// the server mapped it: when that range is free here, both processes see the region at
     /// the same addresses, so a pointer into the data area means the same bytes on both sides
     /// (what a GPU kernel given a mapped host pointer needs; see
-    /// [`DataArea::same_address_as_peer`]).
+    /// `DataArea::same_address_as_peer`).
     pub fn open_at(
         fd: OwnedFd,
         layout: Layout,

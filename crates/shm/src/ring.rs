@@ -333,7 +333,7 @@ impl Producer {
     /// Publishes one message, waiting for room (spin, then futex) while `alive()` holds and
     /// `deadline` (if any) has not passed: `Ok(false)` when it passed with no room.
     /// `alive()` is asked after each sleep, so a dead consumer is noticed within a
-    /// [`SLEEP_SLICE`].
+    /// `SLEEP_SLICE`.
     pub fn push_until(
         &mut self,
         parts: &[&[u8]],

@@ -94,7 +94,7 @@ impl Session {
     }
 
     /// `cuStreamGetCaptureInfo` / `cuStreamIsCapturing`. Answered locally for a stream that
-    /// takes part in no capture (see [`Captures`]), else by the server.
+    /// takes part in no capture (see `Captures`), else by the server.
     pub fn stream_capture_info(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<CaptureInfo> {
         let ask = {
             let caps = lock(&self.captures);

@@ -161,7 +161,7 @@ impl Session {
     /// `cuMemHostAlloc`. With `CU_MEMHOSTALLOC_DEVICEMAP`, memory that does not lie in the
     /// shared data area (a socket session, or a full area) is mapped host memory built like
     /// managed memory: device memory on the server at the same address as host pages here,
-    /// made coherent at launches and synchronizations ([`crate::mirror`]). Other allocations
+    /// made coherent at launches and synchronizations (the `mirror` module). Other allocations
     /// come from [`HostMem::alloc`].
     pub fn mem_host_alloc(&self, ctx: RmHandle, size: u64, flags: u32) -> CuResult<u64> {
         const DEVICEMAP: u32 = 0x2;

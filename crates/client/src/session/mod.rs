@@ -697,7 +697,7 @@ impl Session {
     }
 
     /// Delivers the copies of a sync reply to their sinks, then returns its status
-    /// ([`Delivery::finish`]).
+    /// (`Delivery::finish`).
     pub fn finish_sync(&self, reply: RmSyncReply) -> CuResult<()> {
         self.delivery.finish(reply)
     }
