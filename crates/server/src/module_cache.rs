@@ -2,6 +2,13 @@
 //! out first. Shared by every session, so a client that loads an image another client sent
 //! sends only its hash.
 //!
+//! Entries are scoped (issue 13, module-cache privacy): an image is found only by clients of
+//! the scope that uploaded it, its tenant (or, without authentication, its Unix user, or all
+//! anonymous TCP clients together). Knowing an image's SHA-256 is therefore not enough to load
+//! another tenant's module or to learn that it was uploaded. The key of an entry is
+//! SHA-256(`remora-module-scope`, scope, image hash); the file holds the image, checked
+//! against the image hash when read.
+//!
 //! Sessions in worker processes share it through a directory: one file per image, named by
 //! the hex SHA-256, written to a temporary name and renamed (so readers never see a partial
 //! file), checked against its hash when read, and bounded in total size by evicting the least
@@ -59,18 +66,19 @@ impl ModuleCache {
         self.lock().map.len()
     }
 
-    /// The image with `hash`, marking it recently used: from memory, else from the shared
-    /// directory (checked against its hash).
-    pub(crate) fn get(&self, hash: &[u8; 32]) -> Option<Bytes> {
-        if let Some(image) = self.get_memory(hash) {
+    /// The image with `hash` that scope `scope` uploaded, marking it recently used: from
+    /// memory, else from the shared directory (checked against its hash).
+    pub(crate) fn get(&self, scope: &str, hash: &[u8; 32]) -> Option<Bytes> {
+        let key = scoped(scope, hash);
+        if let Some(image) = self.get_memory(&key) {
             if let Some(dir) = &self.dir {
-                touch(&dir.join(hex(hash)));
+                touch(&dir.join(hex(&key)));
             }
             return Some(image);
         }
         let dir = self.dir.as_ref()?;
-        let image = disk_get(dir, hash)?;
-        self.insert_memory(*hash, &image);
+        let image = disk_get(dir, &key, hash)?;
+        self.insert_memory(key, &image);
         Some(image)
     }
 
@@ -86,16 +94,17 @@ impl ModuleCache {
 
     /// Adds an image (whose hash the caller has verified), evicting the least recently used
     /// ones to stay within the bound. An image larger than the whole cache is not kept.
-    pub(crate) fn insert(&self, hash: [u8; 32], image: Bytes) {
+    pub(crate) fn insert(&self, scope: &str, hash: [u8; 32], image: Bytes) {
         if image.len() as u64 > self.capacity {
             return;
         }
+        let key = scoped(scope, &hash);
         if let Some(dir) = &self.dir
-            && let Err(e) = disk_put(dir, &hash, &image, self.capacity)
+            && let Err(e) = disk_put(dir, &key, &image, self.capacity)
         {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot write to the module cache directory");
         }
-        self.insert_memory(hash, &image);
+        self.insert_memory(key, &image);
     }
 
     fn insert_memory(&self, hash: [u8; 32], image: &Bytes) {
@@ -124,6 +133,16 @@ impl ModuleCache {
     }
 }
 
+/// The cache key of image `hash` in scope `scope`.
+fn scoped(scope: &str, hash: &[u8; 32]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"remora-module-scope\0");
+    h.update((scope.len() as u64).to_le_bytes());
+    h.update(scope.as_bytes());
+    h.update(hash);
+    h.finalize().into()
+}
+
 fn hex(hash: &[u8; 32]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -139,10 +158,10 @@ fn touch(path: &Path) {
     }
 }
 
-/// The image with `hash` from `dir`, if there and intact (a file that does not match its hash
-/// is removed).
-fn disk_get(dir: &Path, hash: &[u8; 32]) -> Option<Bytes> {
-    let path = dir.join(hex(hash));
+/// The image with `hash` stored under `key` in `dir`, if there and intact (a file that does
+/// not match its hash is removed).
+fn disk_get(dir: &Path, key: &[u8; 32], hash: &[u8; 32]) -> Option<Bytes> {
+    let path = dir.join(hex(key));
     let data = std::fs::read(&path).ok()?;
     let digest: [u8; 32] = Sha256::digest(&data).into();
     if &digest != hash {
@@ -218,17 +237,19 @@ fn evict(dir: &Path, capacity: u64, keep: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    const S: &str = "tenant:a";
+
     #[test]
     fn evicts_least_recently_used_within_the_bound() {
         let c = ModuleCache::new(10);
-        c.insert([1; 32], Bytes::from_static(b"aaaa"));
-        c.insert([2; 32], Bytes::from_static(b"bbbb"));
-        assert!(c.get(&[1; 32]).is_some());
-        c.insert([3; 32], Bytes::from_static(b"cccc"));
-        assert!(c.get(&[2; 32]).is_none(), "2 was least recently used");
-        assert!(c.get(&[1; 32]).is_some() && c.get(&[3; 32]).is_some());
-        c.insert([4; 32], Bytes::from(vec![0u8; 11]));
-        assert!(c.get(&[4; 32]).is_none(), "larger than the cache");
+        c.insert(S, [1; 32], Bytes::from_static(b"aaaa"));
+        c.insert(S, [2; 32], Bytes::from_static(b"bbbb"));
+        assert!(c.get(S, &[1; 32]).is_some());
+        c.insert(S, [3; 32], Bytes::from_static(b"cccc"));
+        assert!(c.get(S, &[2; 32]).is_none(), "2 was least recently used");
+        assert!(c.get(S, &[1; 32]).is_some() && c.get(S, &[3; 32]).is_some());
+        c.insert(S, [4; 32], Bytes::from(vec![0u8; 11]));
+        assert!(c.get(S, &[4; 32]).is_none(), "larger than the cache");
     }
 
     fn image(fill: u8, len: usize) -> (Bytes, [u8; 32]) {
@@ -243,9 +264,9 @@ mod tests {
         let a = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
         let b = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
         let (img, hash) = image(7, 30);
-        a.insert(hash, img.clone());
+        a.insert(S, hash, img.clone());
         assert_eq!(
-            b.get(&hash).as_deref(),
+            b.get(S, &hash).as_deref(),
             Some(&img[..]),
             "b reads what a wrote"
         );
@@ -255,15 +276,15 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(names, vec![hex(&hash)]);
+        assert_eq!(names, vec![hex(&scoped(S, &hash))]);
         // A corrupted file is refused and removed.
         let (img2, hash2) = image(8, 30);
-        std::fs::write(dir.path().join(hex(&hash2)), b"not the image").unwrap();
+        std::fs::write(dir.path().join(hex(&scoped(S, &hash2))), b"not the image").unwrap();
         let c = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
-        assert!(c.get(&hash2).is_none());
-        assert!(!dir.path().join(hex(&hash2)).exists());
-        c.insert(hash2, img2);
-        assert!(dir.path().join(hex(&hash2)).exists());
+        assert!(c.get(S, &hash2).is_none());
+        assert!(!dir.path().join(hex(&scoped(S, &hash2))).exists());
+        c.insert(S, hash2, img2);
+        assert!(dir.path().join(hex(&scoped(S, &hash2))).exists());
     }
 
     #[test]
@@ -274,25 +295,49 @@ mod tests {
         let (i1, h1) = image(1, 40);
         let (i2, h2) = image(2, 40);
         let (i3, h3) = image(3, 40);
-        c.insert(h1, i1);
-        c.insert(h2, i2);
+        c.insert(S, h1, i1);
+        c.insert(S, h2, i2);
         // h1 oldest on disk, but h2 older still once h1 is used again.
         for (h, age) in [(h1, 50), (h2, 60)] {
             let f = std::fs::File::options()
                 .write(true)
-                .open(dir.path().join(hex(&h)))
+                .open(dir.path().join(hex(&scoped(S, &h))))
                 .unwrap();
             f.set_modified(old + std::time::Duration::from_secs(age))
                 .unwrap();
         }
         let fresh = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
-        assert!(fresh.get(&h1).is_some(), "refreshes h1");
-        fresh.insert(h3, i3);
-        assert!(dir.path().join(hex(&h1)).exists());
+        assert!(fresh.get(S, &h1).is_some(), "refreshes h1");
+        fresh.insert(S, h3, i3);
+        assert!(dir.path().join(hex(&scoped(S, &h1))).exists());
         assert!(
-            !dir.path().join(hex(&h2)).exists(),
+            !dir.path().join(hex(&scoped(S, &h2))).exists(),
             "h2 was least recently used"
         );
-        assert!(dir.path().join(hex(&h3)).exists());
+        assert!(dir.path().join(hex(&scoped(S, &h3))).exists());
+    }
+
+    /// Scopes never see each other's images, in memory or through the directory.
+    #[test]
+    fn a_scope_finds_only_its_own_uploads() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
+        let (img, hash) = image(9, 20);
+        a.insert("tenant:a", hash, img.clone());
+        assert_eq!(a.get("tenant:a", &hash).as_deref(), Some(&img[..]));
+        assert!(a.get("tenant:b", &hash).is_none(), "another tenant");
+        assert!(
+            a.get("uid:1000", &hash).is_none(),
+            "an unauthenticated user"
+        );
+        let other_process = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
+        assert!(other_process.get("tenant:b", &hash).is_none());
+        assert!(other_process.get("tenant:a", &hash).is_some());
+        // Scope names cannot be spliced into each other.
+        assert_ne!(scoped("ab", &hash), scoped("a", &hash));
+        assert!(
+            !dir.path().join(hex(&hash)).exists(),
+            "no entry named by the bare hash"
+        );
     }
 }

@@ -5,6 +5,18 @@ use sha2::{Digest, Sha256};
 
 use super::*;
 
+/// The module-cache scope of a session: its authenticated tenant; without authentication,
+/// its Unix user (from SO_PEERCRED), or one scope for all anonymous TCP clients.
+fn cache_scope(call: &CallContext, session: &Session) -> String {
+    if let Some(t) = session.tenant.get() {
+        return format!("tenant:{t}");
+    }
+    match call.peer {
+        remora_oncrpc::Peer::Unix { uid, .. } => format!("uid:{uid}"),
+        _ => "anonymous".to_owned(),
+    }
+}
+
 impl Executor {
     pub(super) fn module_load(
         &self,
@@ -15,8 +27,9 @@ impl Executor {
         if let Err(e) = session.lock().ctx(a.ctx) {
             return Ok(RmLoadReply::RmLoadFailed(e.0));
         }
+        let scope = cache_scope(call, &session);
         let image = if a.image.is_empty() {
-            match self.inner.cache.get(&a.hash) {
+            match self.inner.cache.get(&scope, &a.hash) {
                 Some(image) => image,
                 None => return Ok(RmLoadReply::RmNeedImage),
             }
@@ -29,7 +42,7 @@ impl Executor {
                 );
                 return Ok(RmLoadReply::RmLoadFailed(cu::INVALID_VALUE));
             }
-            self.inner.cache.insert(a.hash, a.image.clone());
+            self.inner.cache.insert(&scope, a.hash, a.image.clone());
             a.image
         };
         Ok(self.inner.load(&session, a.ctx, &image))
