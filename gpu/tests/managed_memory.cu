@@ -16,21 +16,6 @@
 #include <cuda_runtime.h>
 #include "test_rt.h"
 
-static void fill(uint32_t *p, size_t n, uint32_t seed) {
-  for (size_t i = 0; i < n; i++) p[i] = (uint32_t)(i * 2654435761u + seed);
-}
-
-static int check(const char *what, const uint32_t *p, size_t n, uint32_t seed, uint32_t mul, uint32_t add) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t want = (uint32_t)(i * 2654435761u + seed) * mul + add;
-    if (p[i] != want) {
-      printf("FAIL %s: element %zu is %u, want %u\n", what, i, p[i], want);
-      return 1;
-    }
-  }
-  return 0;
-}
-
 __global__ void flag_mismatch(const uint32_t *a, const uint32_t *b, size_t n, bool *failed) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i < n && a[i] != b[i]) *failed = true;
@@ -47,11 +32,11 @@ int main() {
   CHECK(cudaMallocManaged(&m, n * 4));
   uint64_t acc = 0;
   for (uint32_t r = 0; r < 4; r++) {
-    fill(m, n, r);
+    fill_seq(m, n, r);
     affine32<<<264, 256>>>(m, n, 2 * r + 3, r);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
-    if (check("legacy round", m, n, r, 2 * r + 3, r)) return 1;
+    if (check_affine("legacy round", m, n, r, 2 * r + 3, r)) return 1;
     acc ^= hash32(m, n) + r;
   }
   printf("1. 4 rounds, cudaDeviceSynchronize: %016llx\n", (unsigned long long)acc);
@@ -63,7 +48,7 @@ int main() {
   CHECK(cudaEventCreate(&e));
   acc = 0;
   for (uint32_t r = 0; r < 6; r++) {
-    fill(m, n, 10 + r);
+    fill_seq(m, n, 10 + r);
     affine32<<<132, 512, 0, s>>>(m, n, 5, r);
     switch (r % 3) {
       case 0: CHECK(cudaStreamSynchronize(s)); break;
@@ -75,7 +60,7 @@ int main() {
       }
       default: CHECK(cudaEventRecord(e, s)); CHECK(cudaEventSynchronize(e)); break;
     }
-    if (check("stream round", m, n, 10 + r, 5, r)) return 1;
+    if (check_affine("stream round", m, n, 10 + r, 5, r)) return 1;
     acc ^= hash32(m, n) + r;
   }
   printf("2. 6 rounds on a stream: %016llx\n", (unsigned long long)acc);
@@ -83,11 +68,11 @@ int main() {
   // 3. copies and memsets
   uint32_t *d = nullptr, *h = (uint32_t *)malloc(n * 4);
   CHECK(cudaMalloc(&d, n * 4));
-  fill(m, n, 99);
+  fill_seq(m, n, 99);
   CHECK(cudaMemcpy(d, m, n * 4, cudaMemcpyDefault));  // managed -> device
   affine32<<<264, 256>>>(d, n, 3, 1);
   CHECK(cudaMemcpy(m, d, n * 4, cudaMemcpyDeviceToDevice));  // device -> managed
-  if (check("copy back", m, n, 99, 3, 1)) return 1;
+  if (check_affine("copy back", m, n, 99, 3, 1)) return 1;
   CHECK(cudaMemset(m + 100, 0xab, 4000));
   CHECK(cudaMemcpy(h, m, n * 4, cudaMemcpyDefault));  // managed -> host
   for (size_t i = 0; i < n; i++) {

@@ -17,21 +17,6 @@
 #include <cuda_runtime.h>
 #include "test_rt.h"
 
-static int check(const char *what, const uint32_t *p, size_t n, uint32_t seed, uint32_t mul, uint32_t add) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t want = (uint32_t)(i * 2654435761u + seed) * mul + add;
-    if (p[i] != want) {
-      printf("FAIL %s: element %zu is %u, want %u\n", what, i, p[i], want);
-      return 1;
-    }
-  }
-  return 0;
-}
-
-static void fill(uint32_t *p, size_t n, uint32_t seed) {
-  for (size_t i = 0; i < n; i++) p[i] = (uint32_t)(i * 2654435761u + seed);
-}
-
 int main() {
   const size_t n = (8u << 20) / 4 + 123;  // a little over 8 MiB, odd length
   CHECK(cudaSetDeviceFlags(cudaDeviceMapHost));
@@ -44,20 +29,20 @@ int main() {
   uint32_t *h = nullptr, *d = nullptr;
   CHECK(cudaHostAlloc((void **)&h, n * 4, cudaHostAllocMapped));
   CHECK(cudaHostGetDevicePointer((void **)&d, h, 0));
-  fill(h, n, 1);
+  fill_seq(h, n, 1);
   affine32<<<264, 256>>>(d, n, 3, 7);
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
-  if (check("device pointer", h, n, 1, 3, 7)) return 1;
+  if (check_affine("device pointer", h, n, 1, 3, 7)) return 1;
   printf("1. mapped through the device pointer: %016llx\n", (unsigned long long)hash32(h, n));
 
   // 2. the host pointer itself (unified addressing)
   if (uva) {
-    fill(h, n, 2);
+    fill_seq(h, n, 2);
     affine32<<<264, 256>>>(h, n, 5, 1);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
-    if (check("host pointer", h, n, 2, 5, 1)) return 1;
+    if (check_affine("host pointer", h, n, 2, 5, 1)) return 1;
     printf("2. mapped through the host pointer: %016llx\n", (unsigned long long)hash32(h, n));
   }
 
@@ -66,10 +51,10 @@ int main() {
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   uint64_t acc = 0;
   for (uint32_t r = 0; r < 8; r++) {
-    fill(h, n, 100 + r);
+    fill_seq(h, n, 100 + r);
     affine32<<<132, 512, 0, s>>>(d, n, 2 * r + 1, r);
     CHECK(cudaStreamSynchronize(s));
-    if (check("stream round", h, n, 100 + r, 2 * r + 1, r)) return 1;
+    if (check_affine("stream round", h, n, 100 + r, 2 * r + 1, r)) return 1;
     acc ^= hash32(h, n) + r;
   }
   printf("4. 8 rounds on a stream: %016llx\n", (unsigned long long)acc);

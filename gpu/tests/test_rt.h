@@ -29,6 +29,25 @@ __global__ void affine32(uint32_t *p, size_t n, uint32_t mul, uint32_t add) {
     p[i] = p[i] * mul + add;
 }
 
+// The test pattern: p[i] = i * 2654435761 + seed (32-bit wrap-around).
+static inline void fill_seq(uint32_t *p, size_t n, uint32_t seed) {
+  for (size_t i = 0; i < n; i++) p[i] = (uint32_t)(i * 2654435761u + seed);
+}
+
+// Whether p holds fill_seq(seed) after affine32(mul, add); prints FAIL with the first wrong
+// element and returns 1 if not.
+static inline int check_affine(const char *what, const uint32_t *p, size_t n, uint32_t seed, uint32_t mul,
+                               uint32_t add) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t want = (uint32_t)(i * 2654435761u + seed) * mul + add;
+    if (p[i] != want) {
+      printf("FAIL %s: element %zu is %u, want %u\n", what, i, p[i], want);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 // FNV-1a over n 32-bit words (word-wise, as the tests have always printed it).
 static inline uint64_t hash32(const uint32_t *p, size_t n) {
   uint64_t s = 1469598103934665603ull;

@@ -36,17 +36,6 @@ __global__ void fill(uint32_t *p, size_t n, uint32_t seed) {
     p[i] = (uint32_t)(i * 2654435761u) + seed;
 }
 
-static int check(const char *what, const uint32_t *p, size_t n, uint32_t seed, uint32_t mul, uint32_t add) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t want = ((uint32_t)(i * 2654435761u) + seed) * mul + add;
-    if (p[i] != want) {
-      printf("FAIL %s: element %zu is %u, want %u\n", what, i, p[i], want);
-      return 1;
-    }
-  }
-  return 0;
-}
-
 int main() {
   CHECK(cudaSetDevice(0));
   CHECK(cudaFree(0));
@@ -92,7 +81,7 @@ int main() {
     CHECK(cudaGetLastError());
     CHECK(cudaMemcpyAsync(host, (void *)base, n * 4, cudaMemcpyDeviceToHost, st));
     CHECK(cudaStreamSynchronize(st));
-    if (check("segment", host, n, 7 + (uint32_t)c, 3, (uint32_t)c)) return 1;
+    if (check_affine("segment", host, n, 7 + (uint32_t)c, 3, (uint32_t)c)) return 1;
     printf("segment grown to %zu chunks: %016llx\n", c + 1, (unsigned long long)hash32(host, n));
   }
 
@@ -102,7 +91,7 @@ int main() {
   CHECK(cudaMemcpy((char *)base + off, host, len, cudaMemcpyHostToDevice));
   memset(host, 0, len);
   CHECK(cudaMemcpy(host, (char *)base + off, len, cudaMemcpyDeviceToHost));
-  if (check("across chunks", host, len / 4, 99, 1, 0)) return 1;
+  if (check_affine("across chunks", host, len / 4, 99, 1, 0)) return 1;
   printf("copy across chunks: %016llx\n", (unsigned long long)hash32(host, len / 4));
 
   // 3. Chunk 1 mapped again elsewhere.

@@ -165,11 +165,18 @@ impl Session {
     /// come from [`HostMem::alloc`].
     pub fn mem_host_alloc(&self, ctx: RmHandle, size: u64, flags: u32) -> CuResult<u64> {
         const DEVICEMAP: u32 = 0x2;
-        let p = self.host.alloc(size, flags, ctx)?;
-        if flags & DEVICEMAP == 0 || self.host.find(p).is_some_and(|r| r.area_offset.is_some()) {
-            return Ok(p);
+        if flags & DEVICEMAP == 0 {
+            return self.host.alloc(size, flags, ctx);
         }
-        self.host.free(p)?;
+        if self.area.is_some() {
+            // In the area when it has room; private memory (which the GPU cannot reach) is
+            // given back for a mirror.
+            let p = self.host.alloc(size, flags, ctx)?;
+            if self.host.find(p).is_some_and(|r| r.area_offset.is_some()) {
+                return Ok(p);
+            }
+            self.host.free(p)?;
+        }
         let base = self.mirrored_alloc(
             ctx,
             size.max(1),
