@@ -174,10 +174,6 @@ for p in "${programs[@]}"; do
   for m in "${remote_modes[@]}"; do
     if [ $have_run = 0 ]; then result "$p" "$m" skipped "remora run not available"; continue; fi
     if [ $native_ok = 0 ]; then result "$p" "$m" skipped "no native reference"; continue; fi
-    if [ "$prog" = mapped_default ] && { [ "$m" = unix ] || [ "$m" = tcp ]; }; then
-      result "$p" "$m" skipped "over sockets only cudaHostAllocMapped memory is mapped (mirrored on the device); cudaMallocHost memory is private and cudaHostGetDevicePointer on it is refused with CUDA_ERROR_NOT_SUPPORTED"
-      continue
-    fi
     # shellcheck disable=SC2086
     run_mode "$m" "$tag" "$build/$prog" $args
     rrc=$(cat "$o.$m.rc")

@@ -10,6 +10,7 @@
 //! `cuMemFreeHost` know them.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use remora_proto::remora::RmHandle;
@@ -37,10 +38,42 @@ pub struct HostRange {
     pub registered: bool,
     /// Offset of the allocation in the session's shared data area, when it lies there.
     pub area_offset: Option<u64>,
-    /// Mapped host memory that the session mirrors on the device (its pages belong to the
-    /// mirror, which frees them).
-    pub mirrored: bool,
+    /// How the remote GPU sees it, on a session where it lies outside a shared data area.
+    pub view: DeviceView,
     mapped: u64,
+}
+
+/// How the remote GPU sees host memory that lies outside a shared data area (a socket
+/// session, or a full area): it cannot reach this process's pages, so mapped host memory is a
+/// device copy that the session keeps coherent (the `mirror` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceView {
+    /// None: private memory, or a registered range nobody asked a device pointer for.
+    #[default]
+    Private,
+    /// Page-locked memory at an address that is reserved on the device too (a
+    /// `cuMemAddressReserve` range of `span` bytes with the host pages mapped over it here):
+    /// its device pointer is its host pointer, and device memory backs it (a mirror) from the
+    /// first time a kernel may use it. The session owns the pages.
+    Reserved {
+        /// Bytes of the reservation.
+        span: u64,
+    },
+    /// Mirrored on the device: device memory at `dev` holds a copy of the range, coherent at
+    /// launches and synchronizations. For an allocation `dev` is its own address and the
+    /// session owns the pages; a registered range keeps its pages and has a device copy
+    /// elsewhere.
+    Mirrored {
+        /// The device address of the range's first byte.
+        dev: u64,
+    },
+}
+
+impl HostRange {
+    /// Whether the session owns this range's pages (they lie in a device reservation).
+    fn pages_owned_by_session(&self) -> bool {
+        !self.registered && self.view != DeviceView::Private
+    }
 }
 
 impl HostRange {
@@ -65,6 +98,13 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct HostMem {
     ranges: Mutex<BTreeMap<u64, Entry>>,
+    /// How many ranges have a view other than [`DeviceView::Private`].
+    device_views: AtomicUsize,
+    /// How many ranges are [`DeviceView::Reserved`], and the bounds of every such range ever
+    /// recorded (a launch's parameter words outside them need no lookup).
+    reserved: AtomicUsize,
+    reserved_lo: AtomicU64,
+    reserved_hi: AtomicU64,
     /// The shared data area that allocations come from first (sessions in shared memory).
     area: Option<Arc<AreaAlloc>>,
 }
@@ -81,6 +121,10 @@ impl HostMem {
     pub(crate) fn with_area(area: Option<Arc<AreaAlloc>>) -> Self {
         Self {
             ranges: Mutex::default(),
+            device_views: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(0),
+            reserved_lo: AtomicU64::new(u64::MAX),
+            reserved_hi: AtomicU64::new(0),
             area,
         }
     }
@@ -120,28 +164,51 @@ impl HostMem {
     /// Allocates `size` bytes of page-aligned, zero-filled host memory: in the shared data
     /// area when the session has one with room, else a private mapping.
     pub fn alloc(&self, size: u64, flags: u32, ctx: RmHandle) -> CuResult<u64> {
+        if let Some(base) = self.alloc_in_area(size, flags, ctx)? {
+            return Ok(base);
+        }
+        self.alloc_private(size, flags, ctx)
+    }
+
+    /// Allocates `size` bytes of zero-filled host memory in the shared data area: `None`
+    /// when the session has no area or the area has no room.
+    pub(crate) fn alloc_in_area(
+        &self,
+        size: u64,
+        flags: u32,
+        ctx: RmHandle,
+    ) -> CuResult<Option<u64>> {
         let len = page_round(size)?;
-        if let Some(area) = &self.area {
-            // Pinned memory may not take the staging space that pageable copies stream
-            // through (a full area would send them inside the calls, several times slower).
-            let reserve = staging_reserve(area.len());
-            let room = area.free_bytes().saturating_sub(reserve) >= len;
-            match area
-                .alloc(len, rustix::param::page_size() as u64)
-                .filter(|_| room)
-            {
-                Some(lease) => {
-                    lease.zero();
-                    let base = lease.addr();
-                    self.insert_alloc(base, size, flags, ctx, 0, Some(lease));
-                    return Ok(base);
-                }
-                None => tracing::debug!(
+        let Some(area) = &self.area else {
+            return Ok(None);
+        };
+        // Pinned memory may not take the staging space that pageable copies stream
+        // through (a full area would send them inside the calls, several times slower).
+        let reserve = staging_reserve(area.len());
+        let room = area.free_bytes().saturating_sub(reserve) >= len;
+        match area
+            .alloc(len, rustix::param::page_size() as u64)
+            .filter(|_| room)
+        {
+            Some(lease) => {
+                lease.zero();
+                let base = lease.addr();
+                self.insert_alloc(base, size, flags, ctx, 0, Some(lease));
+                Ok(Some(base))
+            }
+            None => {
+                tracing::debug!(
                     "remora: no room for {size} bytes of host memory in the shared data area; \
-                     allocating private memory (copies from and to it are not zero-copy)"
-                ),
+                     allocating outside it (copies from and to it are not zero-copy)"
+                );
+                Ok(None)
             }
         }
+    }
+
+    /// Allocates `size` bytes of page-aligned, zero-filled private host memory.
+    pub(crate) fn alloc_private(&self, size: u64, flags: u32, ctx: RmHandle) -> CuResult<u64> {
+        let len = page_round(size)?;
         let len_usize = usize::try_from(len).map_err(|_| CuError(cu::OUT_OF_MEMORY))?;
         // SAFETY: a fresh anonymous private mapping at an address of the kernel's choosing
         // aliases nothing; it is unmapped only by `free`.
@@ -180,15 +247,23 @@ impl HostMem {
             ctx,
             registered: false,
             area_offset: lease.as_ref().map(Lease::offset),
-            mirrored: false,
+            view: DeviceView::Private,
             mapped,
         };
         self.lock().insert(base, Entry { range, lease });
     }
 
-    /// Records mapped host memory at `base` whose pages a device mirror owns (the session
-    /// frees them; [`HostMem::free`] only forgets the range).
-    pub(crate) fn insert_mirrored(&self, base: u64, size: u64, flags: u32, ctx: RmHandle) {
+    /// Records host memory at `base` whose pages lie in a device reservation (`view` is not
+    /// [`DeviceView::Private`]): the session frees them; [`HostMem::free`] only forgets the
+    /// range.
+    pub(crate) fn insert_device_view(
+        &self,
+        base: u64,
+        size: u64,
+        flags: u32,
+        ctx: RmHandle,
+        view: DeviceView,
+    ) {
         let range = HostRange {
             base,
             size,
@@ -196,10 +271,64 @@ impl HostMem {
             ctx,
             registered: false,
             area_offset: None,
-            mirrored: true,
+            view,
             mapped: 0,
         };
         self.lock().insert(base, Entry { range, lease: None });
+        self.device_views.fetch_add(1, Ordering::Release);
+        if matches!(view, DeviceView::Reserved { .. }) {
+            self.reserved_lo.fetch_min(base, Ordering::Relaxed);
+            self.reserved_hi
+                .fetch_max(base.saturating_add(size.max(1)), Ordering::Relaxed);
+            self.reserved.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// The [`DeviceView::Reserved`] range containing `ptr`, if any (cheap when there is
+    /// none, or `ptr` lies outside every one).
+    pub(crate) fn reserved_at(&self, ptr: u64) -> Option<HostRange> {
+        if self.reserved.load(Ordering::Acquire) == 0
+            || ptr < self.reserved_lo.load(Ordering::Relaxed)
+            || ptr >= self.reserved_hi.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        self.find(ptr)
+            .filter(|r| matches!(r.view, DeviceView::Reserved { .. }))
+    }
+
+    /// Whether some range is [`DeviceView::Reserved`].
+    pub(crate) fn has_reserved(&self) -> bool {
+        self.reserved.load(Ordering::Acquire) > 0
+    }
+
+    /// Changes how the device sees the range at `base` (a mirror was made for it).
+    pub(crate) fn set_view(&self, base: u64, view: DeviceView) {
+        let mut m = self.lock();
+        if let Some(e) = m.get_mut(&base) {
+            if e.range.view == DeviceView::Private {
+                self.device_views.fetch_add(1, Ordering::Release);
+            }
+            if matches!(e.range.view, DeviceView::Reserved { .. }) {
+                self.reserved.fetch_sub(1, Ordering::Release);
+            }
+            e.range.view = view;
+        }
+    }
+
+    /// Whether some range lies in a device reservation or has a device copy (so that pointer
+    /// classification must ask this table before the device allocations).
+    pub(crate) fn has_device_views(&self) -> bool {
+        self.device_views.load(Ordering::Acquire) > 0
+    }
+
+    fn forget(&self, e: &Entry) {
+        if e.range.view != DeviceView::Private {
+            self.device_views.fetch_sub(1, Ordering::Release);
+        }
+        if matches!(e.range.view, DeviceView::Reserved { .. }) {
+            self.reserved.fetch_sub(1, Ordering::Release);
+        }
     }
 
     /// Frees an allocation made by [`HostMem::alloc`]; `ptr` must be its base.
@@ -212,9 +341,10 @@ impl HostMem {
             }
         }
         .ok_or(CuError(cu::INVALID_VALUE))?;
-        if e.lease.is_some() || e.range.mirrored {
-            // Dropping the lease returns the space to the area's allocator; a mirror's pages
-            // are its owner's to free.
+        self.forget(&e);
+        if e.lease.is_some() || e.range.pages_owned_by_session() {
+            // Dropping the lease returns the space to the area's allocator; pages in a device
+            // reservation are the session's to free.
             return Ok(());
         }
         let r = e.range;
@@ -244,7 +374,7 @@ impl HostMem {
             ctx,
             registered: true,
             area_offset: None,
-            mirrored: false,
+            view: DeviceView::Private,
             mapped: 0,
         };
         m.insert(ptr, Entry { range, lease: None });
@@ -256,7 +386,9 @@ impl HostMem {
         let mut m = self.lock();
         match m.get(&ptr) {
             Some(e) if e.range.registered => {
-                m.remove(&ptr);
+                if let Some(e) = m.remove(&ptr) {
+                    self.forget(&e);
+                }
                 Ok(())
             }
             _ => Err(CuError(HOST_MEMORY_NOT_REGISTERED)),
@@ -279,7 +411,9 @@ impl Drop for HostMem {
         let m = self.ranges.get_mut().unwrap_or_else(|e| e.into_inner());
         for r in m
             .values()
-            .filter(|e| !e.range.registered && e.lease.is_none() && !e.range.mirrored)
+            .filter(|e| {
+                !e.range.registered && e.lease.is_none() && !e.range.pages_owned_by_session()
+            })
             .map(|e| e.range)
         {
             // SAFETY: mappings made by `alloc`, not freed; the table is going away.

@@ -35,7 +35,8 @@ pub(crate) const MIRROR_PAGE: usize = 4096;
 /// One host mirror of device memory.
 #[derive(Debug)]
 pub(crate) struct Mirror {
-    /// The address the program uses on the host (for managed memory the device address too).
+    /// The address the program uses on the host (for managed memory and mapped host
+    /// allocations the device address too; a registered range has its copy elsewhere).
     pub(crate) host: u64,
     /// The device address of the same bytes.
     pub(crate) dev: u64,
@@ -71,6 +72,25 @@ impl Mirror {
             backing,
             mapped_host: false,
             snapshot: vec![0; size as usize],
+        }
+    }
+
+    /// A mirror whose host and device bytes both hold `snapshot` (just copied to the device).
+    pub(crate) fn agreed_on(
+        host: u64,
+        dev: u64,
+        ctx: RmHandle,
+        backing: Backing,
+        snapshot: Vec<u8>,
+    ) -> Self {
+        Self {
+            host,
+            dev,
+            size: snapshot.len() as u64,
+            ctx,
+            backing,
+            mapped_host: false,
+            snapshot,
         }
     }
 

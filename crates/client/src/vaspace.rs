@@ -173,6 +173,33 @@ impl VaSpace {
         Some(r)
     }
 
+    /// Makes `[base, base + len)` (page-aligned, inside a range this space holds, where the
+    /// session mapped host pages) the unbacked PROT_NONE reservation again, so that freeing
+    /// the range leaves no host memory behind even while its chunk stays reserved.
+    pub(crate) fn hide(&self, base: u64, len: u64) {
+        let held = self
+            .find(base)
+            .is_some_and(|(b, r)| base + len <= b + r.size.max(1));
+        if !held || !base.is_multiple_of(rustix::param::page_size() as u64) {
+            tracing::error!("remora: not hiding {base:#x}+{len:#x}: no reserved range holds it");
+            return;
+        }
+        // SAFETY: the range lies inside a reservation of this space (checked above) whose
+        // pages the session mapped for host use and no longer uses; replacing them with an
+        // unbacked PROT_NONE mapping touches nothing else.
+        let res = unsafe {
+            rustix::mm::mmap_anonymous(
+                base as usize as *mut c_void,
+                len as usize,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
+            )
+        };
+        if let Err(e) = res {
+            tracing::warn!("remora: returning host pages at {base:#x}+{len:#x} failed: {e}");
+        }
+    }
+
     /// The allocation containing `ptr`, as (base, range).
     pub(crate) fn find(&self, ptr: u64) -> Option<(u64, Range)> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());

@@ -9,6 +9,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use common::*;
+use remora_client::host::DeviceView;
 use remora_client::proto::RmMemsetArgs;
 use remora_client::{
     CuError, FunctionInfo, KernelArgs, LaunchConfig, PointerKind, Session, StreamRef, cu,
@@ -331,13 +332,143 @@ fn mapped_host_memory_over_every_transport() {
             s.mem_free_host(p).unwrap();
         }
         assert!(matches!(s.pointer_kind(a), PointerKind::Host));
-        // Without DEVICEMAP over sockets: private memory, and a device pointer is refused.
-        let p = s.mem_host_alloc(ctx, 4096, 0).unwrap();
-        assert_eq!(
-            s.mem_host_device_pointer(ctx, p),
-            Err(CuError(cu::NOT_SUPPORTED))
-        );
-        s.mem_free_host(p).unwrap();
         s.mem_free(ctx, plain).unwrap();
     }
+}
+
+/// A registered range of `N` floats (heap memory of the test), and its host view.
+fn registered(s: &Session, ctx: u64) -> (Vec<f32>, u64) {
+    let v = vec![0f32; N];
+    let p = v.as_ptr() as u64;
+    s.host_memory().register(p, (N * 4) as u64, 0, ctx).unwrap();
+    (v, p)
+}
+
+#[test]
+fn page_locked_memory_is_mapped_on_first_device_pointer() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    for (endpoint, transport) in transports(&server) {
+        let s = session(&endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let f = vecadd(&s, ctx);
+        let bytes = (N * 4) as u64;
+        let sockets = transport != TransportChoice::Shm;
+        // Registered memory (outside any data area on every transport) gets a device copy
+        // at another address when a device pointer is asked for.
+        let (mut rv, r) = registered(&s, ctx);
+        let (wv, w) = registered(&s, ctx);
+        for (i, x) in rv.iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        let [dr, dw] = [r, w].map(|p| s.mem_host_device_pointer(ctx, p).unwrap());
+        assert!(dr != r && dw != w, "registered ranges are copied elsewhere");
+        assert_eq!(s.mem_host_device_pointer(ctx, r + 8).unwrap(), dr + 8);
+        assert!(matches!(s.pointer_kind(dr), PointerKind::Device { .. }));
+        assert!(matches!(s.pointer_kind(r), PointerKind::HostTracked(h) if h.registered));
+        for round in 0..2u32 {
+            add(&s, ctx, &f, (dr, dr, dw), StreamRef::Legacy);
+            s.ctx_synchronize(ctx).unwrap();
+            for (i, &z) in wv.iter().enumerate() {
+                assert_eq!(
+                    z,
+                    2.0 * (i as u32 + round) as f32,
+                    "round {round}, {i}, {transport:?}"
+                );
+            }
+            // A host write reaches the next launch.
+            for x in rv.iter_mut() {
+                *x += 1.0;
+            }
+        }
+        for p in [r, w] {
+            s.mem_host_unregister(p).unwrap();
+        }
+        assert!(
+            matches!(s.pointer_kind(dr), PointerKind::Host),
+            "device copy freed"
+        );
+        drop((rv, wv));
+        if !sockets {
+            // cudaMallocHost memory lies in the data area (zero-copy; the emulated backend's
+            // kernels cannot reach it, the GPU suite runs it).
+            continue;
+        }
+        // cudaMallocHost memory: its address is reserved on the device, and no device copy
+        // exists until a device pointer is asked for.
+        let [a, c] = [0; 2].map(|_| s.mem_host_alloc(ctx, bytes, 0).unwrap());
+        let view = |p| s.host_memory().find(p).unwrap().view;
+        assert!(
+            matches!(view(a), DeviceView::Reserved { .. }),
+            "{transport:?}"
+        );
+        assert!(matches!(s.pointer_kind(a + 4), PointerKind::HostTracked(h) if h.base == a));
+        assert_eq!(s.mem_host_device_address(ctx, a).unwrap(), a);
+        assert!(
+            matches!(view(a), DeviceView::Reserved { .. }),
+            "an attribute maps nothing"
+        );
+        // Used for copies only, it is ordinary host memory.
+        let plain = s.mem_alloc(ctx, bytes).unwrap();
+        for (i, x) in floats(a).iter_mut().enumerate() {
+            *x = (3 * i) as f32;
+        }
+        s.memcpy_htod(ctx, LEGACY, plain, &bytes_of(a, bytes))
+            .unwrap();
+        s.memcpy_dtoh(ctx, LEGACY, plain, bytes_of_mut(c, bytes))
+            .unwrap();
+        assert!(
+            floats(c)
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == (3 * i) as f32)
+        );
+        // Mapped on demand, at the same address; the host's bytes go with it.
+        let [da, dc] = [a, c].map(|p| s.mem_host_device_pointer(ctx, p).unwrap());
+        assert_eq!(
+            (da, dc),
+            (a, c),
+            "one address on both sides over {transport:?}"
+        );
+        assert_eq!(view(a), DeviceView::Mirrored { dev: a });
+        add(&s, ctx, &f, (a, c, c), StreamRef::Legacy);
+        s.ctx_synchronize(ctx).unwrap();
+        assert!(
+            floats(c)
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == (6 * i) as f32),
+            "{transport:?}"
+        );
+        // Unified addressing: a host pointer handed to a kernel directly maps its allocation.
+        let e = s.mem_host_alloc(ctx, bytes, 0).unwrap();
+        for (i, x) in floats(e).iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        add(&s, ctx, &f, (e, e, e), StreamRef::Legacy);
+        s.ctx_synchronize(ctx).unwrap();
+        assert_eq!(view(e), DeviceView::Mirrored { dev: e });
+        assert!(
+            floats(e)
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == (2 * i) as f32),
+            "{transport:?}"
+        );
+        for p in [a, c, e] {
+            s.mem_free_host(p).unwrap();
+            assert!(matches!(s.pointer_kind(p), PointerKind::Host));
+        }
+        s.mem_free(ctx, plain).unwrap();
+    }
+}
+
+fn bytes_of(p: u64, n: u64) -> Vec<u8> {
+    // SAFETY: `p` is a live host allocation of at least `n` bytes.
+    unsafe { std::slice::from_raw_parts(p as usize as *const u8, n as usize) }.to_vec()
+}
+
+fn bytes_of_mut<'a>(p: u64, n: u64) -> &'a mut [u8] {
+    // SAFETY: `p` is a live host allocation of at least `n` bytes that nothing else uses now.
+    unsafe { std::slice::from_raw_parts_mut(p as usize as *mut u8, n as usize) }
 }

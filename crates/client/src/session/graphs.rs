@@ -111,6 +111,8 @@ impl Session {
             // SAFETY: the caller's contract.
             unsafe { crate::params::pack_kernel_params(&function.params, params) }?
         };
+        // Reserved host ranges carry their own context.
+        self.map_pointed_host_memory(0, &packed);
         let dim = |d: [u32; 3]| RmDim3 {
             x: d[0],
             y: d[1],

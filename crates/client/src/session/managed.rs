@@ -12,6 +12,7 @@ use std::ffi::c_void;
 use rustix::mm::{MapFlags, ProtFlags};
 
 use super::*;
+use crate::host::{DeviceView, HostRange};
 use crate::mirror::{self, Backing, Mirror};
 
 /// `CU_MEM_ATTACH_GLOBAL`.
@@ -44,6 +45,71 @@ impl Session {
         self.mirrored_alloc(ctx, size, false, "cuMemAllocManaged")
     }
 
+    /// The allocation properties, device and granularity of mirrored device memory in `ctx`.
+    pub(super) fn mirror_prop(&self, ctx: RmHandle) -> CuResult<(RmMemProp, DeviceHandle, u64)> {
+        let dev = self.ctx_device(ctx)?;
+        let prop = RmMemProp {
+            r#type: 1,        // CU_MEM_ALLOCATION_TYPE_PINNED
+            location_type: 1, // CU_MEM_LOCATION_TYPE_DEVICE
+            location_id: dev,
+            ..RmMemProp::default()
+        };
+        let granularity = self.mem_get_granularity(ctx, prop.clone(), 0)?.max(1);
+        Ok((prop, dev, granularity))
+    }
+
+    /// Reserves a device address range for `size` bytes (rounded up to `granularity`: the
+    /// span) and maps zero-filled read-write host pages at the same address here, over the
+    /// PROT_NONE reservation that unified addressing made. Nothing backs the device side yet.
+    /// Returns (base, span).
+    pub(super) fn reserve_same_address(
+        &self,
+        ctx: RmHandle,
+        size: u64,
+        granularity: u64,
+        what: &'static str,
+    ) -> CuResult<(u64, u64)> {
+        let span = size
+            .max(1)
+            .checked_next_multiple_of(granularity)
+            .ok_or(CuError(cu::OUT_OF_MEMORY))?;
+        let base = self.mem_address_reserve(ctx, span, granularity, 0, 0)?;
+        // SAFETY: [base, base + page_round(size)) lies inside the PROT_NONE reservation that
+        // `mem_address_reserve` made in this process for unified addressing (span is a multiple
+        // of the granularity, itself a multiple of the page); nothing else maps it, and
+        // replacing it with fresh zero-filled read-write pages affects only that range. The
+        // pages are made PROT_NONE again by `release_same_address`.
+        let mapped = unsafe {
+            rustix::mm::mmap_anonymous(
+                base as usize as *mut c_void,
+                page_round(size.max(1)) as usize,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE | MapFlags::FIXED,
+            )
+        };
+        if let Err(e) = mapped {
+            tracing::warn!(
+                "remora: {what}: mapping host memory at {base:#x} failed: {e}; returning CUDA_ERROR_OUT_OF_MEMORY"
+            );
+            let _ = self.mem_address_free(ctx, base, span);
+            return Err(CuError(cu::OUT_OF_MEMORY));
+        }
+        Ok((base, span))
+    }
+
+    /// Undoes [`Session::reserve_same_address`]: the host pages become the PROT_NONE
+    /// reservation again (another allocation may share its chunk) and the range is freed.
+    pub(super) fn release_same_address(
+        &self,
+        ctx: RmHandle,
+        base: u64,
+        size: u64,
+        span: u64,
+    ) -> CuResult<()> {
+        self.va.hide(base, page_round(size.max(1)));
+        self.mem_address_free(ctx, base, span)
+    }
+
     /// Device memory from the virtual memory calls with the same address mapped read-write
     /// in this process, zeroed, and registered as a mirror: managed memory, or mapped host
     /// memory on a session without a data area (`mapped_host`).
@@ -55,50 +121,15 @@ impl Session {
         what: &'static str,
     ) -> CuResult<u64> {
         self.need_revision(10, what)?;
-        let dev = self.ctx_device(ctx)?;
-        let prop = RmMemProp {
-            r#type: 1,        // CU_MEM_ALLOCATION_TYPE_PINNED
-            location_type: 1, // CU_MEM_LOCATION_TYPE_DEVICE
-            location_id: dev,
-            ..RmMemProp::default()
-        };
-        let granularity = self.mem_get_granularity(ctx, prop.clone(), 0)?.max(1);
-        let span = size
-            .checked_next_multiple_of(granularity)
-            .ok_or(CuError(cu::OUT_OF_MEMORY))?;
-        let base = self.mem_address_reserve(ctx, span, granularity, 0, 0)?;
+        let (prop, dev, granularity) = self.mirror_prop(ctx)?;
+        let (base, span) = self.reserve_same_address(ctx, size, granularity, what)?;
         let handle = match self.back_managed(ctx, base, span, prop, dev) {
             Ok(h) => h,
             Err(e) => {
-                let _ = self.mem_address_free(ctx, base, span);
+                let _ = self.release_same_address(ctx, base, size, span);
                 return Err(e);
             }
         };
-        let unwind = |e: CuError| {
-            let _ = self.mem_unmap(ctx, base, span);
-            let _ = self.mem_release(ctx, handle);
-            let _ = self.mem_address_free(ctx, base, span);
-            e
-        };
-        // SAFETY: [base, base + page_round(size)) lies inside the PROT_NONE reservation that
-        // `mem_address_reserve` made in this process for unified addressing (span is a multiple
-        // of the granularity, itself a multiple of the page); nothing else maps it, and
-        // replacing it with fresh zero-filled read-write pages affects only that range. The
-        // reservation is unmapped as a whole by `mem_address_free`.
-        let mapped = unsafe {
-            rustix::mm::mmap_anonymous(
-                base as usize as *mut c_void,
-                page_round(size) as usize,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE | MapFlags::FIXED,
-            )
-        };
-        if let Err(e) = mapped {
-            tracing::warn!(
-                "remora: {what}: mapping host memory at {base:#x} failed: {e}; returning CUDA_ERROR_OUT_OF_MEMORY"
-            );
-            return Err(unwind(CuError(cu::OUT_OF_MEMORY)));
-        }
         if let Err(e) = self.memset(&RmMemsetArgs {
             ctx,
             stream: u64::from(RM_STREAM_LEGACY),
@@ -107,7 +138,10 @@ impl Session {
             element_size: 1,
             count: span,
         }) {
-            return Err(unwind(e));
+            let _ = self.mem_unmap(ctx, base, span);
+            let _ = self.mem_release(ctx, handle);
+            let _ = self.release_same_address(ctx, base, size, span);
+            return Err(e);
         }
         let backing = Backing::Managed { handle, span };
         let mut mirror = Mirror::zeroed(base, base, size, ctx, backing);
@@ -115,6 +149,100 @@ impl Session {
         self.mirrors.insert(mirror);
         tracing::debug!("remora: {what}: mirrored allocation {base:#x}+{size:#x} (span {span:#x})");
         Ok(base)
+    }
+
+    /// Gives host memory outside a data area a device copy, so that kernels can use it as
+    /// mapped memory: device memory at the same address for an allocation whose address is
+    /// reserved on the device ([`DeviceView::Reserved`]), at a new address for a registered
+    /// range. The host's bytes are copied there and the pair becomes a mirror (coherent at
+    /// launches and synchronizations). Returns the device address of `r.base`.
+    pub(super) fn mirror_host_range(&self, r: HostRange, ctx: RmHandle) -> CuResult<u64> {
+        const WHAT: &str = "mapped host memory";
+        let _one_at_a_time = lock(&self.mirroring);
+        // Another thread may have mirrored it meanwhile.
+        let r = self
+            .host
+            .find(r.base)
+            .filter(|f| f.base == r.base)
+            .unwrap_or(r);
+        let ctx = if r.ctx != 0 { r.ctx } else { ctx };
+        let size = r.size.max(1);
+        let (prop, dev, granularity) = self.mirror_prop(ctx)?;
+        let (base, span) = match r.view {
+            DeviceView::Mirrored { dev } => return Ok(dev),
+            DeviceView::Reserved { span } => (r.base, span),
+            DeviceView::Private => {
+                self.need_revision(10, WHAT)?;
+                let span = size
+                    .checked_next_multiple_of(granularity)
+                    .ok_or(CuError(cu::OUT_OF_MEMORY))?;
+                (
+                    self.mem_address_reserve(ctx, span, granularity, 0, 0)?,
+                    span,
+                )
+            }
+        };
+        let unreserve = || {
+            if r.view == DeviceView::Private {
+                let _ = self.mem_address_free(ctx, base, span);
+            }
+        };
+        let handle = self
+            .back_managed(ctx, base, span, prop, dev)
+            .inspect_err(|_| unreserve())?;
+        // SAFETY: a tracked host range: allocated pages of the session, or memory the program
+        // registered and keeps mapped until it unregisters it (CUDA's contract).
+        let host =
+            unsafe { std::slice::from_raw_parts(r.base as usize as *const u8, size as usize) };
+        if let Err(e) = self.memcpy_htod(ctx, u64::from(RM_STREAM_LEGACY), base, host) {
+            let _ = self.mem_unmap(ctx, base, span);
+            let _ = self.mem_release(ctx, handle);
+            unreserve();
+            return Err(e);
+        }
+        let backing = Backing::Managed { handle, span };
+        let mut mirror = Mirror::agreed_on(r.base, base, ctx, backing, host.to_vec());
+        mirror.mapped_host = true;
+        self.mirrors.insert(mirror);
+        self.host
+            .set_view(r.base, DeviceView::Mirrored { dev: base });
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            tracing::info!(
+                "remora: host memory outside a shared data area is used as mapped memory: the server keeps a device copy of it, made coherent before launches and copies and after synchronizations (each costs a comparison and copies of the mapped bytes; see docs/architecture.md)"
+            );
+        });
+        tracing::debug!(
+            "remora: {WHAT}: {:#x}+{size:#x} mirrored at device address {base:#x}",
+            r.base
+        );
+        Ok(base)
+    }
+
+    /// Unified addressing lets a program hand a kernel the host pointer of page-locked
+    /// memory directly, without asking `cuMemHostGetDevicePointer`. Before a launch (or a
+    /// kernel node) whose packed parameters hold a word pointing into an allocation whose
+    /// address is reserved on the device but not yet backed ([`DeviceView::Reserved`]), that
+    /// allocation gets its device copy, as if the pointer had been asked for. A word that
+    /// only looks like such a pointer costs that copy and nothing else. Pointers stored in
+    /// memory rather than passed as parameters are not seen: ask for them first.
+    pub(super) fn map_pointed_host_memory(&self, ctx: RmHandle, params: &[u8]) {
+        if !self.host.has_reserved() {
+            return;
+        }
+        for word in params.chunks_exact(8) {
+            let Ok(word) = <[u8; 8]>::try_from(word) else {
+                continue;
+            };
+            if let Some(r) = self.host.reserved_at(u64::from_ne_bytes(word))
+                && let Err(e) = self.mirror_host_range(r, ctx)
+            {
+                tracing::warn!(
+                    "remora: a kernel parameter points into page-locked host memory at {:#x} that could not be mapped for the device ({e}); the kernel will not reach it",
+                    r.base
+                );
+            }
+        }
     }
 
     /// The physical allocation behind a managed range, mapped and accessible.
@@ -143,16 +271,23 @@ impl Session {
         Ok(handle)
     }
 
-    /// `cuMemFree` of a managed allocation (`cuMemFreeHost` of mapped host memory when
-    /// `mapped_host`): `None` when `ptr` is not one.
-    pub(super) fn mem_free_mirrored(&self, ptr: u64, mapped_host: bool) -> Option<CuResult<()>> {
-        let m = self.mirrors.remove(ptr, mapped_host)?;
+    /// `cuMemFree` of a managed allocation (`cuMemFreeHost` of mapped host memory, or
+    /// `cuMemHostUnregister` of a mirrored registered range, when `mapped_host`): `None` when
+    /// `dev` is not one.
+    pub(super) fn mem_free_mirrored(&self, dev: u64, mapped_host: bool) -> Option<CuResult<()>> {
+        let m = self.mirrors.remove(dev, mapped_host)?;
         let Backing::Managed { handle, span } = m.backing;
         let ctx = m.ctx;
         let r = self
-            .mem_unmap(ctx, ptr, span)
+            .mem_unmap(ctx, dev, span)
             .and_then(|()| self.mem_release(ctx, handle))
-            .and_then(|()| self.mem_address_free(ctx, ptr, span));
+            .and_then(|()| {
+                if m.host == m.dev {
+                    self.release_same_address(ctx, dev, m.size, span)
+                } else {
+                    self.mem_address_free(ctx, dev, span)
+                }
+            });
         Some(r)
     }
 
@@ -319,7 +454,12 @@ impl Session {
                 let host = unsafe {
                     std::slice::from_raw_parts_mut(m.host as usize as *mut u8, m.size as usize)
                 };
-                kept += m.merge_pulled(host, &device);
+                let k = m.merge_pulled(host, &device);
+                // Mapped host memory may change while kernels run (copies land in it, and
+                // natively the program may write it): only managed memory breaks a rule.
+                if !m.mapped_host {
+                    kept += k;
+                }
             }
             if !failed {
                 st.pulled = epoch;

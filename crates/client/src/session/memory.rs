@@ -2,6 +2,7 @@
 //! addressing.
 
 use super::*;
+use crate::host::DeviceView;
 use crate::vaspace::ReserveError;
 
 /// What a range [`Session::alloc_reserved`] reserves stands for.
@@ -128,10 +129,13 @@ impl Session {
 
     /// Classifies a pointer as host or device (unified addressing), locally.
     pub fn pointer_kind(&self, ptr: u64) -> PointerKind {
-        // Mapped host memory of a socket session lies in a device reservation too, but it
+        // Page-locked memory outside a data area lies in a device reservation too, but it
         // is host memory to the program.
-        if self.mirrors.active()
-            && let Some(r) = self.host.find(ptr).filter(|r| r.mirrored)
+        if self.host.has_device_views()
+            && let Some(r) = self
+                .host
+                .find(ptr)
+                .filter(|r| r.view != DeviceView::Private)
         {
             return PointerKind::HostTracked(r);
         }
@@ -158,60 +162,75 @@ impl Session {
         &self.host
     }
 
-    /// `cuMemHostAlloc`. With `CU_MEMHOSTALLOC_DEVICEMAP`, memory that does not lie in the
-    /// shared data area (a socket session, or a full area) is mapped host memory built like
-    /// managed memory: device memory on the server at the same address as host pages here,
-    /// made coherent at launches and synchronizations (the `mirror` module). Other allocations
-    /// come from [`HostMem::alloc`].
+    /// `cuMemHostAlloc`. In the shared data area when the session has one with room (the
+    /// server maps the area for the GPU: zero-copy both ways). Elsewhere (a socket session,
+    /// or a full area) the GPU cannot reach this process's pages, so mapped host memory is
+    /// emulated like managed memory (the `mirror` module): the allocation's address is
+    /// reserved on the device too and host pages are mapped at it here. With
+    /// `CU_MEMHOSTALLOC_DEVICEMAP` device memory backs it at once; without (`cudaMallocHost`,
+    /// which unified addressing maps all the same) only when a device pointer is asked for
+    /// with `cuMemHostGetDevicePointer`, so that pinned buffers used only for copies cost no
+    /// coherence work. Against a server older than revision 10 memory without DEVICEMAP is
+    /// private and cannot be mapped.
     pub fn mem_host_alloc(&self, ctx: RmHandle, size: u64, flags: u32) -> CuResult<u64> {
         const DEVICEMAP: u32 = 0x2;
-        if flags & DEVICEMAP == 0 {
-            return self.host.alloc(size, flags, ctx);
+        if let Some(p) = self.host.alloc_in_area(size, flags, ctx)? {
+            return Ok(p);
         }
-        if self.area.is_some() {
-            // In the area when it has room; private memory (which the GPU cannot reach) is
-            // given back for a mirror.
-            let p = self.host.alloc(size, flags, ctx)?;
-            if self.host.find(p).is_some_and(|r| r.area_offset.is_some()) {
-                return Ok(p);
-            }
-            self.host.free(p)?;
+        if flags & DEVICEMAP != 0 {
+            const WHAT: &str = "cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP";
+            let base = self.mirrored_alloc(ctx, size.max(1), true, WHAT)?;
+            let view = DeviceView::Mirrored { dev: base };
+            self.host.insert_device_view(base, size, flags, ctx, view);
+            return Ok(base);
         }
-        let base = self.mirrored_alloc(
-            ctx,
-            size.max(1),
-            true,
-            "cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP",
-        )?;
-        self.host.insert_mirrored(base, size, flags, ctx);
-        static ONCE: std::sync::Once = std::sync::Once::new();
-        ONCE.call_once(|| {
-            tracing::info!(
-                "remora: mapped host memory outside a shared data area is emulated: the server keeps a device copy, made coherent before launches and copies and after synchronizations (each costs a comparison and copies of the mapped bytes; see docs/architecture.md)"
-            );
+        if self.welcome.revision < 10 || ctx == 0 {
+            return self.host.alloc_private(size, flags, ctx);
+        }
+        let reserved = self.mirror_prop(ctx).and_then(|(_, _, granularity)| {
+            self.reserve_same_address(ctx, size, granularity, "cuMemHostAlloc")
         });
-        Ok(base)
+        match reserved {
+            Ok((base, span)) => {
+                let view = DeviceView::Reserved { span };
+                self.host.insert_device_view(base, size, flags, ctx, view);
+                Ok(base)
+            }
+            Err(e) => {
+                tracing::debug!(
+                    "remora: cuMemHostAlloc: reserving a device address for {size} bytes failed ({e}); the memory is private to this process (not mappable)"
+                );
+                self.host.alloc_private(size, flags, ctx)
+            }
+        }
     }
 
-    /// `cuMemHostGetDevicePointer` (and the DEVICE_POINTER attribute of host memory): the
-    /// device address of mapped host memory. Only host memory in the shared data area can be
-    /// mapped — the server page-locks the area with `CU_MEMHOSTREGISTER_DEVICEMAP` and asks
-    /// its driver (`RM_MEM_HOST_DEVICE_POINTER`, revision 9); the registration is one range,
-    /// so the answer's distance from the area's offset is kept and later pointers cost no
-    /// call. Other host memory lives only in this process, which the remote GPU cannot
-    /// reach: CUDA_ERROR_NOT_SUPPORTED, logged.
+    /// `cuMemHostGetDevicePointer`: the device address of page-locked host memory. Memory in
+    /// the shared data area is mapped by the server, which page-locks the area with
+    /// `CU_MEMHOSTREGISTER_DEVICEMAP` and asks its driver (`RM_MEM_HOST_DEVICE_POINTER`,
+    /// revision 9); the registration is one range, so the answer's distance from the area's
+    /// offset is kept and later pointers cost no call. Other page-locked memory gets a
+    /// device copy now ([`Session::mirror_host_range`]): at its own address for an
+    /// allocation, at a new one for a registered range.
     pub fn mem_host_device_pointer(&self, ctx: RmHandle, ptr: u64) -> CuResult<u64> {
         let r = self.host.find(ptr).ok_or(CuError(cu::INVALID_VALUE))?;
-        if r.mirrored {
-            // Mapped host memory of a socket session: the same address on both sides.
-            return Ok(ptr);
-        }
-        let (Some(area), Some(base_off)) = (self.area.as_ref(), r.area_offset) else {
-            tracing::warn!(
-                "remora: host memory at {ptr:#x} was not allocated mapped (over a socket session only cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP, cudaHostAlloc with cudaHostAllocMapped, gives the remote GPU a view of host memory; memory from cudaMallocHost or cuMemHostRegister is not mapped there), so cuMemHostGetDevicePointer cannot answer; returning CUDA_ERROR_NOT_SUPPORTED"
-            );
-            return Err(CuError(cu::NOT_SUPPORTED));
+        let Some(base_off) = r.area_offset else {
+            return match r.view {
+                DeviceView::Mirrored { dev } => Ok(dev + (ptr - r.base)),
+                DeviceView::Reserved { .. } => Ok(self.mirror_host_range(r, ctx)? + (ptr - r.base)),
+                DeviceView::Private if r.registered => {
+                    Ok(self.mirror_host_range(r, ctx)? + (ptr - r.base))
+                }
+                DeviceView::Private => {
+                    tracing::warn!(
+                        "remora: host memory at {ptr:#x} is private to this process (the server speaks protocol revision {}; mapping page-locked memory outside a shared data area needs 10), so cuMemHostGetDevicePointer cannot answer; returning CUDA_ERROR_NOT_SUPPORTED (allocate it with cuMemHostAlloc and CU_MEMHOSTALLOC_DEVICEMAP, or upgrade the server)",
+                        self.welcome.revision
+                    );
+                    Err(CuError(cu::NOT_SUPPORTED))
+                }
+            };
         };
+        let area = self.area.as_ref().ok_or(CuError(cu::INVALID_VALUE))?;
         let offset = base_off + (ptr - r.base);
         if let Some(delta) = *lock(&self.area_device_delta) {
             return Ok(offset.wrapping_add(delta));
@@ -235,14 +254,34 @@ impl Session {
         Ok(dev)
     }
 
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER` of host memory: as
+    /// [`Session::mem_host_device_pointer`], except that an allocation whose address is
+    /// reserved on the device answers that address without making its device copy
+    /// (`cudaPointerGetAttributes`, which PyTorch calls on every pinned tensor, asks for it).
+    pub fn mem_host_device_address(&self, ctx: RmHandle, ptr: u64) -> CuResult<u64> {
+        match self.host.find(ptr) {
+            Some(r) if matches!(r.view, DeviceView::Reserved { .. }) => Ok(ptr),
+            _ => self.mem_host_device_pointer(ctx, ptr),
+        }
+    }
+
     /// `cuMemFreeHost`. Natively it synchronizes the device first; for an allocation in the
     /// data area that matters, because the space may be handed out again at once: its
     /// context is synchronized first, so that no copy into it is still in flight.
     pub fn mem_free_host(&self, ptr: u64) -> CuResult<()> {
-        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr && r.mirrored) {
+        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
+            && let DeviceView::Reserved { span } = r.view
+        {
             self.deliver_pending("cuMemFreeHost");
             self.host.free(ptr)?;
-            return match self.mem_free_mirrored(ptr, true) {
+            return self.release_same_address(r.ctx, ptr, r.size, span);
+        }
+        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
+            && let DeviceView::Mirrored { dev } = r.view
+        {
+            self.deliver_pending("cuMemFreeHost");
+            self.host.free(ptr)?;
+            return match self.mem_free_mirrored(dev, true) {
                 Some(res) => res,
                 // Its context was destroyed, which freed it.
                 None => {
@@ -267,9 +306,23 @@ impl Session {
 
     /// `cuMemHostUnregister`: like the native call, waits for the asynchronous copies still
     /// pending (their bytes land before the memory stops being registered).
+    /// A registered range that was given a device copy loses it.
     pub fn mem_host_unregister(&self, ptr: u64) -> CuResult<()> {
         self.deliver_pending("cuMemHostUnregister");
-        self.host.unregister(ptr)
+        let view = self
+            .host
+            .find(ptr)
+            .filter(|r| r.base == ptr)
+            .map(|r| r.view);
+        self.host.unregister(ptr)?;
+        if let Some(DeviceView::Mirrored { dev }) = view
+            && let Some(Err(e)) = self.mem_free_mirrored(dev, true)
+        {
+            tracing::debug!(
+                "remora: cuMemHostUnregister: freeing the device copy of {ptr:#x} failed: {e}"
+            );
+        }
+        Ok(())
     }
 
     /// Synchronizes every context with asynchronous copies pending, so that their bytes are

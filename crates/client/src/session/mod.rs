@@ -26,8 +26,10 @@ pub type DeviceHandle = i32;
 /// `CONCURRENT_MANAGED_ACCESS` (89), `PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES` (100)
 /// and `DIRECT_MANAGED_MEM_ACCESS_FROM_HOST` (101). `MANAGED_MEMORY` (83) is the server's
 /// answer: Remora's managed memory follows CUDA's model for devices without concurrent
-/// managed access (see `crate::mirror`).
-pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 4] = [88, 89, 100, 101];
+/// managed access (see `crate::mirror`). Also `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM` (91):
+/// the device copy of a registered range lies at another address, so programs must ask
+/// `cuMemHostGetDevicePointer`.
+pub const UNSUPPORTED_MEMORY_ATTRIBUTES: [i32; 5] = [88, 89, 91, 100, 101];
 
 pub use crate::delivery::CopySink;
 use crate::delivery::{Delivery, Fetch};
@@ -388,6 +390,8 @@ pub struct Session {
     captures: Mutex<Captures>,
     /// Host mirrors of managed memory ([`crate::mirror`]).
     mirrors: crate::mirror::Mirrors,
+    /// Held while host memory gets its device copy ([`Session::mirror_host_range`]).
+    mirroring: Mutex<()>,
     /// Graph memory allocations and host sides of memcpy nodes (`session/graphs.rs`).
     graph_host: Mutex<graph_host::GraphHost>,
 }
@@ -646,6 +650,7 @@ impl Session {
             callbacks: Arc::default(),
             captures: Mutex::default(),
             mirrors: crate::mirror::Mirrors::default(),
+            mirroring: Mutex::new(()),
             graph_host: Mutex::default(),
         })
     }

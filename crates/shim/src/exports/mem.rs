@@ -103,10 +103,11 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 /// Pointer attributes answered from unified addressing: CONTEXT (1), MEMORY_TYPE (2),
 /// DEVICE_POINTER (3), IS_MANAGED (8), DEVICE_ORDINAL (9), RANGE_START_ADDR (11),
 /// RANGE_SIZE (12), MAPPED (13), and HOST_POINTER (4) of managed memory (the same address);
-/// for host memory of `cuMemHostAlloc`/`cuMemHostRegister`
-/// also HOST_POINTER (4), while DEVICE_POINTER is CUDA_ERROR_NOT_SUPPORTED (the device
-/// cannot map client memory). Other host pointers are CUDA_ERROR_INVALID_VALUE, as for
-/// memory CUDA does not know.
+/// for host memory of `cuMemHostAlloc`/`cuMemHostRegister` also HOST_POINTER (4), and
+/// DEVICE_POINTER as `cuMemHostGetDevicePointer` answers it (page-locked allocations outside
+/// a data area answer their own address without being mapped yet: PyTorch asks this of every
+/// pinned tensor). Other host pointers are CUDA_ERROR_INVALID_VALUE, as for memory CUDA does
+/// not know.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuPointerGetAttribute(
     data: *mut c_void,
@@ -405,7 +406,7 @@ fn host_attribute(data: *mut c_void, attribute: c_int, ptr: DevPtr, r: &HostRang
             2 => put(data.cast::<c_uint>(), 1), // CU_MEMORYTYPE_HOST
             3 => {
                 let (s, ctx) = ctx_session()?;
-                put(data.cast::<DevPtr>(), s.mem_host_device_pointer(ctx, ptr)?)
+                put(data.cast::<DevPtr>(), s.mem_host_device_address(ctx, ptr)?)
             }
             4 => put(data.cast::<*mut c_void>(), ptr as usize as *mut c_void),
             8 => put(data.cast::<c_uint>(), 0),
@@ -436,11 +437,13 @@ fn host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> CuResult<()> 
 
 entry_points! {
     /// Host memory is allocated by the client: on a shared-memory session in the data area
-    /// (zero-copy: 1-D copies from and to it pass only its offset), else page-aligned private
-    /// memory whose copies go through the transport. PORTABLE and WRITECOMBINED are accepted.
-    /// Memory in the data area is mapped for the GPU (`cuMemHostGetDevicePointer`, as with
-    /// unified addressing every page-locked allocation is); private memory cannot be
-    /// (CUDA_ERROR_NOT_SUPPORTED, logged).
+    /// (zero-copy: 1-D copies from and to it pass only its offset), else page-aligned memory
+    /// at an address reserved on the device too, whose copies go through the transport.
+    /// PORTABLE and WRITECOMBINED are accepted. Every allocation is mapped for the GPU, as
+    /// with unified addressing: the data area by the server; other memory through a device
+    /// copy kept coherent at launches and synchronizations, made at once with DEVICEMAP and
+    /// otherwise when `cuMemHostGetDevicePointer` is asked or a kernel parameter points into
+    /// it (see `Session::mem_host_alloc`).
     cuMemHostAlloc(pp: *mut *mut c_void, size: usize, flags: c_uint) => host_alloc(pp, size, flags);
     cuMemAllocHost_v2(pp: *mut *mut c_void, size: usize) => host_alloc(pp, size, 0);
     cuMemAllocHost(pp: *mut *mut c_void, size: c_uint) => host_alloc(pp, size as usize, 0);
@@ -462,7 +465,10 @@ fn host_register(p: *mut c_void, size: usize, flags: c_uint) -> CuResult<()> {
         .register(p as usize as u64, size as u64, flags, ctx)
 }
 
-/// The range is recorded and accepted; nothing is pinned (see cuMemHostAlloc).
+/// The range is recorded and accepted; nothing is pinned (see cuMemHostAlloc). It is mapped
+/// for the GPU when `cuMemHostGetDevicePointer` is asked: a device copy at another address,
+/// kept coherent at launches and synchronizations (so `CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`
+/// answers 0).
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemHostRegister_v2(p: *mut c_void, size: usize, flags: c_uint) -> CUresult {
     entry("cuMemHostRegister_v2", || host_register(p, size, flags))
