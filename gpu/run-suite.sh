@@ -22,7 +22,12 @@
 #      `remora bench null` and one profiled remoted run per transport; write median
 #      remoted/native ratios; `remora bench launch|copy` with 1, 4 and 16 clients
 #      (bench_launch.{json,png}, bench_copy.{json,png});
-#   5. write suite.json and bench.json and print "N passed, M failed, K skipped".
+#   5. only with REMORA_SUITE_TORCH=1 (all four modes) or REMORA_SUITE_TORCH="shm tcp ..." (those
+#      modes), and when python3 can import torch: the PyTorch suite, gpu/torch/suite.sh (its
+#      TORCH_* variables apply), into OUT_DIR/torch (torch-suite.{json,md}, logs/), counted as one
+#      result; it takes several minutes per mode, so give it a device call of its own
+#      (REMORA_SUITE_ONLY=none: no programs, no benchmarks), or run gpu/torch/suite.sh directly;
+#   6. write suite.json and bench.json and print "N passed, M failed, K skipped".
 set -uo pipefail
 usage="usage: run-suite.sh BIN_DIR OUT_DIR"
 bin=$(cd "${1:?$usage}" && pwd)
@@ -32,6 +37,8 @@ out=$(cd "$out" && pwd)
 src=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 serve_pid=
+# shellcheck source=gpu/modes.sh
+. "$src/modes.sh"  # start_serve, mode_cmd
 cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 # Seconds per program run. Most programs take seconds; a hang must not eat the machine's time
@@ -73,11 +80,7 @@ if [ -x "$bin/remora" ]; then
   else
     echo "remora run: NOT AVAILABLE (\`remora run --help\` failed): the remoted runs are marked skipped"
   fi
-  sock="$work/remora.sock"
-  "$bin/remora" serve --listen "unix://$sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2> "$work/serve.err" &
-  serve_pid=$!
-  for _ in $(seq 100); do [ "$(grep -c 'listening on' "$work/serve.out")" -ge 2 ] && break; sleep 0.1; done
-  tcp=$(grep -o 'tcp://[0-9.:]*' "$work/serve.out" | head -n 1)
+  start_serve "$bin" "$work"
   echo "serve: unix://$sock and $tcp"
 else
   echo "no $bin/remora: native runs only; the remoted runs are marked skipped"
@@ -121,17 +124,12 @@ cp "$work/native.csv" "$out/nvidia-smi.csv"
 # Runs one program under a mode; stdout to $o.out, stderr to $o.err, exit status to $o.rc.
 run_mode() { # mode tag prog args...
   local mode=$1 tag=$2; shift 2
-  local limit=$limit
+  local limit=$limit run
   case $tag in memcpy_sweep*|driver_bench*) limit=$long_limit ;; esac
   local o="$out/outputs/$tag.$mode"
   local t0; t0=$(date +%s.%N)
-  case $mode in
-    native|native2) timeout "$limit" "$@" > "$o.out" 2> "$o.err" ;;
-    shm) timeout "$limit" "$bin/remora" run --transport shm --server "unix://$sock" -- "$@" > "$o.out" 2> "$o.err" ;;
-    unix) timeout "$limit" "$bin/remora" run --transport unix --server "unix://$sock" -- "$@" > "$o.out" 2> "$o.err" ;;
-    tcp) timeout "$limit" "$bin/remora" run --server "$tcp" -- "$@" > "$o.out" 2> "$o.err" ;;
-    embedded) timeout "$limit" "$bin/remora" run -- "$@" > "$o.out" 2> "$o.err" ;;
-  esac
+  mode_cmd "$bin" "$mode"
+  timeout "$limit" "${run[@]}" "$@" > "$o.out" 2> "$o.err"
   echo $? > "$o.rc"
   echo "$(date +%s.%N) $t0" | awk '{printf "%.3f\n", $1 - $2}' > "$o.time"
 }
@@ -328,6 +326,21 @@ for m, n in null.items():
     print(f"rpc null round trip {m}: p50 {n['p50_us']} us, p99 {n['p99_us']} us")
 PY
   echo "native (round 1): $(tr -d '\n' < "$out/outputs/driver_bench.r1.native.out" | head -c 400)..."
+fi
+
+# 6. the PyTorch suite, when asked for (REMORA_SUITE_TORCH) and python3 can import torch
+if [ -n "${REMORA_SUITE_TORCH:-}" ] && [ "$REMORA_SUITE_TORCH" != 0 ]; then
+  echo "== 6. PyTorch suite (gpu/torch/suite.sh)"
+  torch_modes=(); [ "$REMORA_SUITE_TORCH" != 1 ] && read -r -a torch_modes <<< "$REMORA_SUITE_TORCH"
+  if ! python3 -c 'import torch' > "$out/outputs/torch-import.err" 2>&1; then
+    result "torch suite" all skipped "python3 cannot import torch: $(tail -n 1 "$out/outputs/torch-import.err")"
+  else
+    "$src/torch/suite.sh" "$bin" "$out/torch" "${torch_modes[@]}"; trc=$?
+    tsum=$(grep -o '[0-9]* passed, [0-9]* failed, [0-9]* skipped' "$out/torch/torch-suite.md" 2>/dev/null | head -n 1)
+    if [ $trc -ne 0 ]; then result "torch suite" all fail "exit $trc: ${tsum:-no summary} (torch/torch-suite.md)"
+    elif [[ ${tsum:-0 passed} == 0\ passed* ]]; then result "torch suite" all skipped "${tsum:-no summary}"
+    else result "torch suite" all pass "$tsum (torch/torch-suite.md)"; fi
+  fi
 fi
 
 echo "== summary"

@@ -13,24 +13,18 @@ modes=("${@:-embedded}")
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d); serve_pid=
 trap '[ -n "$serve_pid" ] && kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
-# every check smoke.py lists (or TORCH_CHECKS="a b")
-read -r -a checks <<< "${TORCH_CHECKS:-$(python3 -c "import ast,sys; t=ast.parse(open(sys.argv[1]).read()); print(' '.join(next(ast.literal_eval(n.value) for n in t.body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', None) == 'CHECKS')))" "$here/smoke.py")}"
+# shellcheck source=gpu/modes.sh
+. "$here/../modes.sh"
+read -r -a checks <<< "${TORCH_CHECKS:-$(python3 "$here/smoke.py" --list)}"  # or TORCH_CHECKS="a b"
 limit=${TORCH_TIMEOUT:-180}
 if [[ " ${modes[*]} " != " embedded " ]]; then
-  "$bin/remora" serve --listen "unix://$work/r.sock" --listen tcp://127.0.0.1:0 > "$work/serve.out" 2> "$work/serve.err" &
-  serve_pid=$!
-  for _ in $(seq 100); do [ "$(grep -c 'listening on' "$work/serve.out")" -ge 2 ] && break; sleep 0.1; done
-  tcp=$(grep -o 'tcp://[0-9.:]*' "$work/serve.out" | head -n 1)
+  start_serve "$bin" "$work"
 fi
 pass=0; fail=0
 for c in "${checks[@]}"; do
   timeout "$limit" python3 "$here/smoke.py" "$c" > "$work/$c.native" 2> "$work/$c.native.err"; nrc=$?
   for m in "${modes[@]}"; do
-    case $m in
-      embedded) run=("$bin/remora" run --) ;;
-      tcp) run=("$bin/remora" run --server "$tcp" --) ;;
-      *) run=("$bin/remora" run --transport "$m" --server "unix://$work/r.sock" --) ;;
-    esac
+    mode_cmd "$bin" "$m" || exit 2
     timeout "$limit" "${run[@]}" python3 "$here/smoke.py" "$c" > "$work/$c.$m" 2> "$work/$c.$m.err"; rc=$?
     if [ $nrc -ne 0 ]; then
       echo "$c $m skip (native exit $nrc)"

@@ -2,7 +2,8 @@
 
     python3 gpu/torch/smoke.py CHECK
 
-runs one check and prints `CHECK <checksum>`; run it natively and under `remora run` and
+runs one check and prints `CHECK <checksum>` (`--list` prints the checks' names, without
+importing torch); run it natively and under `remora run` and
 compare the lines (each check in its own process, so that one crash hides nothing else).
 Checks: see CHECKS below. Deterministic: fixed seeds, deterministic algorithms,
 CUBLAS_WORKSPACE_CONFIG; what varies between runs (timings, addresses) is printed only as a
@@ -18,6 +19,9 @@ CHECKS = [
     "cuda_graphs", "expandable_segments", "malloc_async", "memory_stats", "train_step",
     "compile",
 ]
+if sys.argv[1:] == ["--list"]:
+    print(" ".join(CHECKS))
+    sys.exit(0)
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 if len(sys.argv) > 1 and sys.argv[1] == "expandable_segments":
     os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"

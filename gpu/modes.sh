@@ -1,0 +1,30 @@
+# Sourced by the GPU scripts (run-suite.sh, torch/run.sh, torch/suite.sh): one standing
+# `remora serve` for the shm, unix and tcp modes, and the command line of each mode.
+#
+#   start_serve BIN WORK  starts `BIN/remora serve` on unix://WORK/remora.sock and an ephemeral
+#                         tcp://127.0.0.1 port (output in WORK/serve.{out,err}) and waits until
+#                         both listen; sets serve_pid, sock (the socket's path), tcp (its URL)
+#   mode_cmd BIN MODE     sets the array `run` to the prefix that runs a program in MODE:
+#                         native (nothing), shm and unix (`remora run --transport MODE --server
+#                         unix://$sock --`), tcp (`--server $tcp`), embedded (plain `remora run --`)
+# shellcheck shell=bash
+
+# shellcheck disable=SC2034  # serve_pid, sock, tcp and run are for the caller
+start_serve() {
+  sock="$2/remora.sock"
+  "$1/remora" serve --listen "unix://$sock" --listen tcp://127.0.0.1:0 > "$2/serve.out" 2> "$2/serve.err" &
+  serve_pid=$!
+  for _ in $(seq 100); do [ "$(grep -c 'listening on' "$2/serve.out")" -ge 2 ] && break; sleep 0.1; done
+  tcp=$(grep -o 'tcp://[0-9.:]*' "$2/serve.out" | head -n 1)
+}
+
+# shellcheck disable=SC2034
+mode_cmd() {
+  case $2 in
+    native*) run=() ;;
+    shm|unix) run=("$1/remora" run --transport "$2" --server "unix://$sock" --) ;;
+    tcp) run=("$1/remora" run --server "$tcp" --) ;;
+    embedded) run=("$1/remora" run --) ;;
+    *) echo "unknown mode $2" >&2; return 1 ;;
+  esac
+}
