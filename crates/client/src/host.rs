@@ -17,11 +17,6 @@ use remora_proto::remora::RmHandle;
 use crate::area::{AreaAlloc, Lease};
 use crate::error::{CuError, CuResult, cu};
 
-/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
-pub const HOST_MEMORY_ALREADY_REGISTERED: i32 = 712;
-/// `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED`.
-pub const HOST_MEMORY_NOT_REGISTERED: i32 = 713;
-
 /// One tracked host range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostRange {
@@ -44,6 +39,21 @@ pub struct HostRange {
 }
 
 impl HostRange {
+    /// A range of `size` bytes at `base`: allocated by the client (not registered), outside
+    /// the data area, not mirrored, nothing mapped.
+    fn new(base: u64, size: u64, flags: u32, ctx: RmHandle) -> Self {
+        Self {
+            base,
+            size,
+            flags,
+            ctx,
+            registered: false,
+            area_offset: None,
+            mirrored: false,
+            mapped: 0,
+        }
+    }
+
     fn span(&self) -> u64 {
         self.size.max(1)
     }
@@ -174,14 +184,9 @@ impl HostMem {
         lease: Option<Lease>,
     ) {
         let range = HostRange {
-            base,
-            size,
-            flags,
-            ctx,
-            registered: false,
             area_offset: lease.as_ref().map(Lease::offset),
-            mirrored: false,
             mapped,
+            ..HostRange::new(base, size, flags, ctx)
         };
         self.lock().insert(base, Entry { range, lease });
     }
@@ -190,14 +195,8 @@ impl HostMem {
     /// frees them; [`HostMem::free`] only forgets the range).
     pub(crate) fn insert_mirrored(&self, base: u64, size: u64, flags: u32, ctx: RmHandle) {
         let range = HostRange {
-            base,
-            size,
-            flags,
-            ctx,
-            registered: false,
-            area_offset: None,
             mirrored: true,
-            mapped: 0,
+            ..HostRange::new(base, size, flags, ctx)
         };
         self.lock().insert(base, Entry { range, lease: None });
     }
@@ -235,17 +234,11 @@ impl HostMem {
         }
         let mut m = self.lock();
         if Self::overlaps(&m, ptr, size) {
-            return Err(CuError(HOST_MEMORY_ALREADY_REGISTERED));
+            return Err(CuError(cu::HOST_MEMORY_ALREADY_REGISTERED));
         }
         let range = HostRange {
-            base: ptr,
-            size,
-            flags,
-            ctx,
             registered: true,
-            area_offset: None,
-            mirrored: false,
-            mapped: 0,
+            ..HostRange::new(ptr, size, flags, ctx)
         };
         m.insert(ptr, Entry { range, lease: None });
         Ok(())
@@ -259,7 +252,7 @@ impl HostMem {
                 m.remove(&ptr);
                 Ok(())
             }
-            _ => Err(CuError(HOST_MEMORY_NOT_REGISTERED)),
+            _ => Err(CuError(cu::HOST_MEMORY_NOT_REGISTERED)),
         }
     }
 
@@ -341,11 +334,11 @@ mod tests {
         h.register(p + 100, 1000, 2, 1).unwrap();
         assert_eq!(
             h.register(p, 200, 0, 1),
-            Err(CuError(HOST_MEMORY_ALREADY_REGISTERED))
+            Err(CuError(cu::HOST_MEMORY_ALREADY_REGISTERED))
         );
         assert_eq!(
             h.register(p + 500, 10, 0, 1),
-            Err(CuError(HOST_MEMORY_ALREADY_REGISTERED))
+            Err(CuError(cu::HOST_MEMORY_ALREADY_REGISTERED))
         );
         h.register(p + 1100, 10, 0, 1).unwrap();
         assert!(h.find(p + 1099).unwrap().registered);
@@ -354,7 +347,7 @@ mod tests {
         assert_eq!(h.free(p + 100), Err(CuError(cu::INVALID_VALUE)));
         assert_eq!(
             h.unregister(p + 101),
-            Err(CuError(HOST_MEMORY_NOT_REGISTERED))
+            Err(CuError(cu::HOST_MEMORY_NOT_REGISTERED))
         );
         h.unregister(p + 100).unwrap();
         h.unregister(p + 1100).unwrap();

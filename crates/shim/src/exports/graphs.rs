@@ -21,7 +21,7 @@ use remora_client::proto::{
     RM_MAX_POOL_ACCESS, RmGraphCopySide, RmGraphMemKind, RmKernelNode, RmMemAllocNode,
     RmMemcpyNode, RmMemsetNode, RmNodeParams, RmPoolAccess, RmPoolLocation,
 };
-use remora_client::{CuError, CuResult, PointerKind, Session, StagedSide, cu};
+use remora_client::{CuError, CuResult, NodeList, PointerKind, Session, StagedSide, cu};
 use remora_cuda_abi::graphs::{
     ExecUpdateResultInfo, GraphNodeParams, HostNodeParams, KernelNodeParams, KernelNodeParamsV1,
     MemAllocNodeParams, MemsetNodeParams,
@@ -590,8 +590,8 @@ fn deps_change(
     state::session()?.graph_change_dependencies(graph(g)?, &f, &t, add)
 }
 
-fn get_nodes(g: Handle, out: *mut Handle, count: *mut usize, roots: bool) -> CuResult<()> {
-    let nodes = state::session()?.graph_nodes(graph(g)?, roots)?;
+fn get_nodes(g: Handle, out: *mut Handle, count: *mut usize, list: NodeList) -> CuResult<()> {
+    let nodes = state::session()?.graph_node_list(graph(g)?, list)?;
     put_nodes(out, count, &nodes)
 }
 
@@ -631,7 +631,7 @@ fn links(
     out: *mut Handle,
     edges: *mut c_void,
     count: *mut usize,
-    dependents: bool,
+    list: NodeList,
 ) -> CuResult<()> {
     if !edges.is_null() {
         return Err(not_supported(
@@ -639,7 +639,7 @@ fn links(
             "edge data is not carried",
         ));
     }
-    let nodes = state::session()?.graph_node_links(node(n)?, dependents)?;
+    let nodes = state::session()?.graph_node_list(node(n)?, list)?;
     put_nodes(out, count, &nodes)
 }
 
@@ -893,15 +893,15 @@ entry_points! {
     cuGraphAddDependencies_v2(g: Handle, from: Deps, to: Deps, edges: *const c_void, n: usize) => deps_change(g, from, to, edges, n, true);
     cuGraphRemoveDependencies(g: Handle, from: Deps, to: Deps, n: usize) => deps_change(g, from, to, std::ptr::null(), n, false);
     cuGraphRemoveDependencies_v2(g: Handle, from: Deps, to: Deps, edges: *const c_void, n: usize) => deps_change(g, from, to, edges, n, false);
-    cuGraphGetNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, false);
-    cuGraphGetRootNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, true);
+    cuGraphGetNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, NodeList::Nodes);
+    cuGraphGetRootNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, NodeList::Roots);
     cuGraphGetEdges(g: Handle, from: *mut Handle, to: *mut Handle, count: *mut usize) => get_edges(g, from, to, std::ptr::null_mut(), count);
     cuGraphGetEdges_v2(g: Handle, from: *mut Handle, to: *mut Handle, edges: *mut c_void, count: *mut usize) => get_edges(g, from, to, edges, count);
     cuGraphNodeGetType(n: Handle, out: *mut c_int) => node_type(n, out);
-    cuGraphNodeGetDependencies(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, false);
-    cuGraphNodeGetDependencies_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, false);
-    cuGraphNodeGetDependentNodes(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, true);
-    cuGraphNodeGetDependentNodes_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, true);
+    cuGraphNodeGetDependencies(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, NodeList::Dependencies);
+    cuGraphNodeGetDependencies_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, NodeList::Dependencies);
+    cuGraphNodeGetDependentNodes(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, NodeList::Dependents);
+    cuGraphNodeGetDependentNodes_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, NodeList::Dependents);
     cuGraphKernelNodeGetParams(n: Handle, p: *mut KernelNodeParamsV1) => kernel_get(n, std::ptr::null_mut(), p);
     cuGraphKernelNodeGetParams_v2(n: Handle, p: *mut KernelNodeParams) => kernel_get(n, p, std::ptr::null_mut());
     cuGraphKernelNodeSetParams(n: Handle, p: *const KernelNodeParamsV1) => set(n, kernel_v1("cuGraphKernelNodeSetParams", p));
