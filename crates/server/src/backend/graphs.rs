@@ -263,18 +263,18 @@ pub trait Graphs {
         node: u64,
         layout: LayoutOf<'_>,
     ) -> CuResult<NodeInfo>;
-    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams` (the node keeps its type).
-    fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()>;
-    /// `cuGraphClone`.
-    fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64>;
-    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
-    fn graph_exec_node_set_params(
+    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams` (the node keeps its type); with `exec`,
+    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams` on that node of executable graph
+    /// `exec`.
+    fn graph_node_set_params(
         &self,
         ctx: u64,
-        exec: u64,
+        exec: Option<u64>,
         node: u64,
         params: &NodeParams,
     ) -> CuResult<()>;
+    /// `cuGraphClone`.
+    fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64>;
     /// `cuGraphExecUpdate_v2`: `Err` with the update result when it failed.
     fn graph_exec_update(&self, ctx: u64, exec: u64, graph: u64) -> (CuResult<()>, ExecUpdate);
 }

@@ -114,16 +114,15 @@ fn add(
 
 // Kernel nodes ------------------------------------------------------------------------------
 
-fn kernel_params(
-    what: &str,
-    func: Handle,
-    kern: Handle,
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared: c_uint,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CuResult<RmNodeParams> {
+fn kernel_params(what: &str, p: KernelNodeParamsV1, kern: Handle) -> CuResult<RmNodeParams> {
+    let KernelNodeParamsV1 {
+        func,
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: shared,
+        kernel_params: params,
+        extra,
+    } = p;
     if !extra.is_null() {
         return Err(not_supported(
             what,
@@ -148,30 +147,11 @@ fn kernel_params(
 
 fn kernel_v2(what: &str, p: *const KernelNodeParams) -> CuResult<RmNodeParams> {
     let p = read_in(p)?;
-    kernel_params(
-        what,
-        p.func,
-        p.kern,
-        p.grid_dim,
-        p.block_dim,
-        p.shared_mem_bytes,
-        p.kernel_params,
-        p.extra,
-    )
+    kernel_params(what, p.params, p.kern)
 }
 
 fn kernel_v1(what: &str, p: *const KernelNodeParamsV1) -> CuResult<RmNodeParams> {
-    let p = read_in(p)?;
-    kernel_params(
-        what,
-        p.func,
-        std::ptr::null_mut(),
-        p.grid_dim,
-        p.block_dim,
-        p.shared_mem_bytes,
-        p.kernel_params,
-        p.extra,
-    )
+    kernel_params(what, read_in(p)?, std::ptr::null_mut())
 }
 
 /// The parameter storage `cuGraphKernelNodeGetParams` hands out, per node (valid until the
@@ -235,30 +215,24 @@ fn kernel_get(
     };
     let (_, args) = kernel_args(s, h, &k)?;
     let (func, kern) = program_func(k.function);
-    let grid = [k.grid.x, k.grid.y, k.grid.z];
-    let block = [k.block.x, k.block.y, k.block.z];
+    let params = KernelNodeParamsV1 {
+        func,
+        grid_dim: [k.grid.x, k.grid.y, k.grid.z],
+        block_dim: [k.block.x, k.block.y, k.block.z],
+        shared_mem_bytes: k.shared_mem_bytes,
+        kernel_params: args,
+        extra: std::ptr::null_mut(),
+    };
     // SAFETY: the non-null output is writable per cuda.h.
     unsafe {
         if !out_v2.is_null() {
             out_v2.write_unaligned(KernelNodeParams {
-                func,
-                grid_dim: grid,
-                block_dim: block,
-                shared_mem_bytes: k.shared_mem_bytes,
-                kernel_params: args,
-                extra: std::ptr::null_mut(),
+                params,
                 kern,
                 ctx: std::ptr::null_mut(),
             });
         } else if !out_v1.is_null() {
-            out_v1.write_unaligned(KernelNodeParamsV1 {
-                func,
-                grid_dim: grid,
-                block_dim: block,
-                shared_mem_bytes: k.shared_mem_bytes,
-                kernel_params: args,
-                extra: std::ptr::null_mut(),
-            });
+            out_v1.write_unaligned(params);
         } else {
             return Err(invalid());
         }

@@ -7,7 +7,8 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use remora_cuda_abi::graphs::{
-    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemAllocNodeParams, MemsetNodeParams,
+    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, KernelNodeParamsV1, MemAllocNodeParams,
+    MemsetNodeParams,
 };
 use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
 use remora_cuda_abi::{MemAccessDesc, MemLocation};
@@ -54,16 +55,18 @@ fn kernel_params(k: &KernelNode) -> (KernelNodeParams, KernelArgs) {
         .map(|&(off, _)| unsafe { base.add(off as usize) }.cast::<c_void>())
         .collect();
     let p = KernelNodeParams {
-        func: ptr(k.function),
-        grid_dim: k.grid,
-        block_dim: k.block,
-        shared_mem_bytes: k.shared_mem_bytes,
-        kernel_params: if args.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            args.as_mut_ptr()
+        params: KernelNodeParamsV1 {
+            func: ptr(k.function),
+            grid_dim: k.grid,
+            block_dim: k.block,
+            shared_mem_bytes: k.shared_mem_bytes,
+            kernel_params: if args.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                args.as_mut_ptr()
+            },
+            extra: std::ptr::null_mut(),
         },
-        extra: std::ptr::null_mut(),
         kern: std::ptr::null_mut(),
         ctx: std::ptr::null_mut(),
     };
@@ -239,50 +242,46 @@ impl CudaBackend {
         }
         Ok(node as usize as u64)
     }
+}
 
-    fn set_params(
-        &self,
-        d: &Driver,
-        exec: Option<u64>,
-        node: u64,
-        params: &NodeParams,
-    ) -> CuResult<()> {
-        let nd = ptr(node);
-        // SAFETY (every call below): `nd` is a node of this session (of the graph `exec` was
-        // made from, for the exec forms); the parameter structs live across the call.
-        match (params, exec) {
-            (NodeParams::Kernel(k), None) => {
-                let (p, _args) = kernel_params(k);
-                call!(d.t, graph_kernel_node_set_params(nd, &p))
+/// `cuGraph*NodeSetParams` of `node`, or with `exec` `cuGraphExec*NodeSetParams`.
+fn set_params(d: &Driver, exec: Option<u64>, node: u64, params: &NodeParams) -> CuResult<()> {
+    let nd = ptr(node);
+    // The plain call of a node, or the exec form: the memset and memcpy ones also take the
+    // node's context.
+    macro_rules! set {
+        ($plain:ident, $exec:ident, $p:expr $(, $ctx:expr)?) => {{
+            let p = $p;
+            // SAFETY: `nd` is a node of this session (of the graph `exec` was made from, for
+            // the exec forms); the parameter struct lives across the call.
+            match exec {
+                None => call!(d.t, $plain(nd, &p)),
+                Some(e) => call!(d.t, $exec(ptr(e), nd, &p $(, ptr($ctx))?)),
             }
-            (NodeParams::Kernel(k), Some(e)) => {
-                let (p, _args) = kernel_params(k);
-                call!(d.t, graph_exec_kernel_node_set_params(ptr(e), nd, &p))
-            }
-            (NodeParams::Memset(m), None) => {
-                let p = memset_params(m)?;
-                call!(d.t, graph_memset_node_set_params(nd, &p))
-            }
-            (NodeParams::Memset(m), Some(e)) => {
-                let p = memset_params(m)?;
-                call!(
-                    d.t,
-                    graph_exec_memset_node_set_params(ptr(e), nd, &p, ptr(m.ctx))
-                )
-            }
-            (NodeParams::Memcpy(c), None) => {
-                let p = memcpy_params(c)?;
-                call!(d.t, graph_memcpy_node_set_params(nd, &p))
-            }
-            (NodeParams::Memcpy(c), Some(e)) => {
-                let p = memcpy_params(c)?;
-                call!(
-                    d.t,
-                    graph_exec_memcpy_node_set_params(ptr(e), nd, &p, ptr(c.ctx))
-                )
-            }
-            _ => Err(CuError(cu::INVALID_VALUE)),
+        }};
+    }
+    match params {
+        NodeParams::Kernel(k) => {
+            let (p, _args) = kernel_params(k);
+            set!(
+                graph_kernel_node_set_params,
+                graph_exec_kernel_node_set_params,
+                p
+            )
         }
+        NodeParams::Memset(m) => set!(
+            graph_memset_node_set_params,
+            graph_exec_memset_node_set_params,
+            memset_params(m)?,
+            m.ctx
+        ),
+        NodeParams::Memcpy(c) => set!(
+            graph_memcpy_node_set_params,
+            graph_exec_memcpy_node_set_params,
+            memcpy_params(c)?,
+            c.ctx
+        ),
+        _ => Err(CuError(cu::INVALID_VALUE)),
     }
 }
 
@@ -460,9 +459,10 @@ impl Graphs for CudaBackend {
         match kind {
             node_type::KERNEL => {
                 // SAFETY: all-zero is a valid value of this plain C struct.
-                let mut p: KernelNodeParams = unsafe { std::mem::zeroed() };
+                let mut v2: KernelNodeParams = unsafe { std::mem::zeroed() };
                 // SAFETY: a kernel node of this session; writes the struct.
-                call!(d.t, graph_kernel_node_get_params(ptr(node), &mut p))?;
+                call!(d.t, graph_kernel_node_get_params(ptr(node), &mut v2))?;
+                let p = v2.params;
                 let function = p.func as usize as u64;
                 let layout = layout(function).ok_or_else(|| {
                     tracing::warn!("remora: cuGraphKernelNodeGetParams: the node's kernel is not a function of this session; returning CUDA_ERROR_NOT_SUPPORTED");
@@ -589,9 +589,14 @@ impl Graphs for CudaBackend {
         }
     }
 
-    fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        self.set_params(d, None, node, params)
+    fn graph_node_set_params(
+        &self,
+        ctx: u64,
+        exec: Option<u64>,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()> {
+        set_params(self.in_ctx(ctx)?, exec, node, params)
     }
 
     fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64> {
@@ -600,17 +605,6 @@ impl Graphs for CudaBackend {
         // SAFETY: a graph of this session; writes one CUgraph.
         call!(d.t, graph_clone(&mut g, ptr(graph)))?;
         Ok(g as usize as u64)
-    }
-
-    fn graph_exec_node_set_params(
-        &self,
-        ctx: u64,
-        exec: u64,
-        node: u64,
-        params: &NodeParams,
-    ) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        self.set_params(d, Some(exec), node, params)
     }
 
     fn graph_exec_update(&self, ctx: u64, exec: u64, graph: u64) -> (CuResult<()>, ExecUpdate) {
