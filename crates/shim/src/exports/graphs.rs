@@ -272,23 +272,21 @@ fn memset_get(n: Handle, out: *mut MemsetNodeParams) -> CuResult<()> {
 
 /// One side of a memcpy node from `CUDA_MEMCPY3D`: device memory, pinned memory of the
 /// data area (zero-copy), or pageable host memory given a staging buffer (revision 12).
-#[allow(clippy::too_many_arguments)]
 fn copy_side(
     s: &Session,
     what: &str,
     ctx: u64,
-    kind: c_uint,
-    host: u64,
-    device: u64,
-    (x, y, z, pitch, height): (usize, usize, usize, usize, usize),
+    c: &MemcpySide,
     extent: (u64, u64, u64),
     to_device: bool,
 ) -> CuResult<(RmGraphCopySide, Option<StagedSide>)> {
     let (w, h, d) = extent;
-    let (x, y, z, pitch, height) = (x as u64, y as u64, z as u64, pitch as u64, height as u64);
-    let base = match kind {
+    let device = c.device;
+    let (x, y, z) = (c.x_in_bytes as u64, c.y as u64, c.z as u64);
+    let (pitch, height) = (c.pitch as u64, c.height as u64);
+    let base = match c.memory_type {
         MEMORYTYPE_DEVICE => None,
-        MEMORYTYPE_HOST => Some(host),
+        MEMORYTYPE_HOST => Some(c.host as usize as u64),
         4 => match s.pointer_kind(device) {
             PointerKind::Device { .. } => None,
             _ => Some(device),
@@ -342,40 +340,9 @@ fn memcpy_params(what: &str, p: *const Memcpy3D, ctx: u64) -> CuResult<MemcpyPar
     if extent.0 == 0 || extent.1 == 0 || extent.2 == 0 {
         return Err(invalid());
     }
-    let (src, src_staged) = copy_side(
-        s,
-        what,
-        ctx,
-        c.src_memory_type,
-        c.src_host as usize as u64,
-        c.src_device,
-        (
-            c.src_x_in_bytes,
-            c.src_y,
-            c.src_z,
-            c.src_pitch,
-            c.src_height,
-        ),
-        extent,
-        true,
-    )?;
-    let (dst, dst_staged) = copy_side(
-        s,
-        what,
-        ctx,
-        c.dst_memory_type,
-        c.dst_host as usize as u64,
-        c.dst_device,
-        (
-            c.dst_x_in_bytes,
-            c.dst_y,
-            c.dst_z,
-            c.dst_pitch,
-            c.dst_height,
-        ),
-        extent,
-        false,
-    )?;
+    let (src, dst) = c.sides();
+    let (src, src_staged) = copy_side(s, what, ctx, &src, extent, true)?;
+    let (dst, dst_staged) = copy_side(s, what, ctx, &dst, extent, false)?;
     Ok((
         RmNodeParams::RmNodeMemcpy(RmMemcpyNode {
             src,
