@@ -32,7 +32,7 @@ use remora_cuda_abi::{MemAccessDesc, MemLocation};
 
 use super::Handle;
 use super::exec::function_info;
-use crate::state::{self, Kind, dec, enc, put, read_in};
+use crate::state::{self, Kind, dec, enc, non_null, put, read_in};
 
 /// Most nodes one call may pass (a bound on what is read from the program).
 const MAX_NODES: usize = 65536;
@@ -78,9 +78,7 @@ fn nodes_in(p: *const Handle, n: usize) -> CuResult<Vec<u64>> {
 /// Writes a node list the cuda.h way: with a NULL array only the count; else at most
 /// `*count` entries, and the number written (the count if smaller).
 fn put_nodes(out: *mut Handle, count: *mut usize, nodes: &[u64]) -> CuResult<()> {
-    if count.is_null() {
-        return Err(invalid());
-    }
+    non_null(count)?;
     if out.is_null() {
         // SAFETY: non-null output per cuda.h.
         return unsafe { put(count, nodes.len()) };
@@ -103,9 +101,7 @@ fn add(
     ctx: u64,
     params: RmNodeParams,
 ) -> CuResult<()> {
-    if out.is_null() {
-        return Err(invalid());
-    }
+    non_null(out)?;
     let deps = nodes_in(deps, n)?;
     let h = state::session()?.graph_add_node(graph(g)?, ctx, &deps, params)?;
     // SAFETY: non-null output per cuda.h.
@@ -428,9 +424,7 @@ fn host_node(
     n: usize,
     p: *const HostNodeParams,
 ) -> CuResult<()> {
-    if out.is_null() {
-        return Err(invalid());
-    }
+    non_null(out)?;
     let p = read_in(p)?;
     let f = p.func.ok_or_else(invalid)?;
     let hf = HostFn {
@@ -470,9 +464,7 @@ fn generic(
     if !edges.is_null() {
         return Err(not_supported(WHAT, "edge data is not carried"));
     }
-    if p.is_null() {
-        return Err(invalid());
-    }
+    non_null(p)?;
     // SAFETY: non-null and readable per cuda.h; the union member read is the one `kind`
     // names.
     let (kind, u) = unsafe { ((*p).kind, (*p).u) };
@@ -631,9 +623,7 @@ fn mem_alloc_node(
     p: *mut MemAllocNodeParams,
 ) -> CuResult<()> {
     const WHAT: &str = "cuGraphAddMemAllocNode";
-    if out.is_null() {
-        return Err(invalid());
-    }
+    non_null(out)?;
     let a = read_in(p)?;
     let props = a.pool_props;
     if props.alloc_type != ALLOCATION_TYPE_PINNED || a.bytesize == 0 {
@@ -691,9 +681,7 @@ fn mem_alloc_get(n: Handle, out: *mut MemAllocNodeParams) -> CuResult<()> {
     let RmNodeParams::RmNodeMemAlloc(m) = state::session()?.graph_node_params(h)? else {
         return Err(invalid());
     };
-    if out.is_null() {
-        return Err(invalid());
-    }
+    non_null(out)?;
     let loc = |l: &RmPoolLocation| MemLocation {
         kind: l.kind,
         id: l.id,
