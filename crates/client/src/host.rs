@@ -18,11 +18,6 @@ use remora_proto::remora::RmHandle;
 use crate::area::{AreaAlloc, Lease};
 use crate::error::{CuError, CuResult, cu};
 
-/// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
-pub const HOST_MEMORY_ALREADY_REGISTERED: i32 = 712;
-/// `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED`.
-pub const HOST_MEMORY_NOT_REGISTERED: i32 = 713;
-
 /// One tracked host range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostRange {
@@ -74,9 +69,22 @@ impl HostRange {
     fn pages_owned_by_session(&self) -> bool {
         !self.registered && self.view != DeviceView::Private
     }
-}
 
-impl HostRange {
+    /// A range of `size` bytes at `base`: allocated by the client (not registered), outside
+    /// the data area, private to this process, nothing mapped.
+    fn new(base: u64, size: u64, flags: u32, ctx: RmHandle) -> Self {
+        Self {
+            base,
+            size,
+            flags,
+            ctx,
+            registered: false,
+            area_offset: None,
+            view: DeviceView::Private,
+            mapped: 0,
+        }
+    }
+
     fn span(&self) -> u64 {
         self.size.max(1)
     }
@@ -241,14 +249,9 @@ impl HostMem {
         lease: Option<Lease>,
     ) {
         let range = HostRange {
-            base,
-            size,
-            flags,
-            ctx,
-            registered: false,
             area_offset: lease.as_ref().map(Lease::offset),
-            view: DeviceView::Private,
             mapped,
+            ..HostRange::new(base, size, flags, ctx)
         };
         self.lock().insert(base, Entry { range, lease });
     }
@@ -265,14 +268,8 @@ impl HostMem {
         view: DeviceView,
     ) {
         let range = HostRange {
-            base,
-            size,
-            flags,
-            ctx,
-            registered: false,
-            area_offset: None,
             view,
-            mapped: 0,
+            ..HostRange::new(base, size, flags, ctx)
         };
         self.lock().insert(base, Entry { range, lease: None });
         self.device_views.fetch_add(1, Ordering::Release);
@@ -365,17 +362,11 @@ impl HostMem {
         }
         let mut m = self.lock();
         if Self::overlaps(&m, ptr, size) {
-            return Err(CuError(HOST_MEMORY_ALREADY_REGISTERED));
+            return Err(CuError(cu::HOST_MEMORY_ALREADY_REGISTERED));
         }
         let range = HostRange {
-            base: ptr,
-            size,
-            flags,
-            ctx,
             registered: true,
-            area_offset: None,
-            view: DeviceView::Private,
-            mapped: 0,
+            ..HostRange::new(ptr, size, flags, ctx)
         };
         m.insert(ptr, Entry { range, lease: None });
         Ok(())
@@ -391,7 +382,7 @@ impl HostMem {
                 }
                 Ok(())
             }
-            _ => Err(CuError(HOST_MEMORY_NOT_REGISTERED)),
+            _ => Err(CuError(cu::HOST_MEMORY_NOT_REGISTERED)),
         }
     }
 
@@ -475,11 +466,11 @@ mod tests {
         h.register(p + 100, 1000, 2, 1).unwrap();
         assert_eq!(
             h.register(p, 200, 0, 1),
-            Err(CuError(HOST_MEMORY_ALREADY_REGISTERED))
+            Err(CuError(cu::HOST_MEMORY_ALREADY_REGISTERED))
         );
         assert_eq!(
             h.register(p + 500, 10, 0, 1),
-            Err(CuError(HOST_MEMORY_ALREADY_REGISTERED))
+            Err(CuError(cu::HOST_MEMORY_ALREADY_REGISTERED))
         );
         h.register(p + 1100, 10, 0, 1).unwrap();
         assert!(h.find(p + 1099).unwrap().registered);
@@ -488,7 +479,7 @@ mod tests {
         assert_eq!(h.free(p + 100), Err(CuError(cu::INVALID_VALUE)));
         assert_eq!(
             h.unregister(p + 101),
-            Err(CuError(HOST_MEMORY_NOT_REGISTERED))
+            Err(CuError(cu::HOST_MEMORY_NOT_REGISTERED))
         );
         h.unregister(p + 100).unwrap();
         h.unregister(p + 1100).unwrap();

@@ -13,26 +13,22 @@ pub const DEFAULT_MAX_DYNAMIC_SMEM: u32 = 48 * 1024;
 
 /// `CU_DEVICE_ATTRIBUTE_*` used here.
 pub mod dev_attr {
-    /// MAX_THREADS_PER_BLOCK
-    pub const MAX_THREADS_PER_BLOCK: i32 = 1;
-    /// MAX_BLOCK_DIM_X (Y, Z follow)
-    pub const MAX_BLOCK_DIM_X: i32 = 2;
-    /// MAX_GRID_DIM_X (Y, Z follow)
-    pub const MAX_GRID_DIM_X: i32 = 5;
-    /// WARP_SIZE
-    pub const WARP_SIZE: i32 = 10;
-    /// MULTIPROCESSOR_COUNT
-    pub const MULTIPROCESSOR_COUNT: i32 = 16;
-    /// MAX_THREADS_PER_MULTIPROCESSOR
-    pub const MAX_THREADS_PER_MULTIPROCESSOR: i32 = 39;
+    remora_proto::cuda_consts!(i32, "CU_DEVICE_ATTRIBUTE_" {
+        MAX_THREADS_PER_BLOCK = 1,
+        MAX_BLOCK_DIM_X = 2 ("Y, Z follow"),
+        MAX_GRID_DIM_X = 5 ("Y, Z follow"),
+        WARP_SIZE = 10,
+        MULTIPROCESSOR_COUNT = 16,
+        MAX_THREADS_PER_MULTIPROCESSOR = 39,
+    });
 }
 
 /// `CU_FUNC_ATTRIBUTE_*` used here.
 pub mod func_attr {
-    /// MAX_THREADS_PER_BLOCK
-    pub const MAX_THREADS_PER_BLOCK: i32 = 0;
-    /// MAX_DYNAMIC_SHARED_SIZE_BYTES
-    pub const MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+    remora_proto::cuda_consts!(i32, "CU_FUNC_ATTRIBUTE_" {
+        MAX_THREADS_PER_BLOCK = 0,
+        MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+    });
 }
 
 /// What a launch may ask for.

@@ -53,6 +53,6 @@ pub use safe::{
 };
 pub use session::{
     BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, ExecUpdateInfo,
-    FunctionInfo, KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, PointerKind, Session,
+    FunctionInfo, KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, NodeList, PointerKind, Session,
     SessionConfig, StagedSide, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

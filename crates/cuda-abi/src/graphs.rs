@@ -26,12 +26,8 @@ pub struct KernelNodeParamsV1 {
 #[derive(Debug, Clone, Copy)]
 #[allow(missing_docs)]
 pub struct KernelNodeParams {
-    pub func: *mut c_void,
-    pub grid_dim: [c_uint; 3],
-    pub block_dim: [c_uint; 3],
-    pub shared_mem_bytes: c_uint,
-    pub kernel_params: *mut *mut c_void,
-    pub extra: *mut *mut c_void,
+    /// The `_v1` fields, which come first.
+    pub params: KernelNodeParamsV1,
     pub kern: *mut c_void,
     pub ctx: *mut c_void,
 }
@@ -185,6 +181,7 @@ mod tests {
         assert_eq!(size_of::<KernelNodeParamsV1>(), 56);
         assert_eq!(offset_of!(KernelNodeParamsV1, kernel_params), 40);
         assert_eq!(size_of::<KernelNodeParams>(), 72);
+        assert_eq!(offset_of!(KernelNodeParams, params.kernel_params), 40);
         assert_eq!(offset_of!(KernelNodeParams, kern), 56);
         assert_eq!(offset_of!(KernelNodeParams, ctx), 64);
         assert_eq!(size_of::<MemsetNodeParams>(), 40);

@@ -216,6 +216,35 @@ impl Memcpy3D {
             depth,
         }
     }
+
+    /// The source and destination sides (the arrays and LODs left out): the inverse of
+    /// [`Memcpy3D::between`].
+    pub fn sides(&self) -> (MemcpySide, MemcpySide) {
+        (
+            MemcpySide {
+                memory_type: self.src_memory_type,
+                host: self.src_host.cast_mut(),
+                device: self.src_device,
+                context: self.src_context,
+                x_in_bytes: self.src_x_in_bytes,
+                y: self.src_y,
+                z: self.src_z,
+                pitch: self.src_pitch,
+                height: self.src_height,
+            },
+            MemcpySide {
+                memory_type: self.dst_memory_type,
+                host: self.dst_host,
+                device: self.dst_device,
+                context: self.dst_context,
+                x_in_bytes: self.dst_x_in_bytes,
+                y: self.dst_y,
+                z: self.dst_z,
+                pitch: self.dst_pitch,
+                height: self.dst_height,
+            },
+        )
+    }
 }
 
 /// `CUDA_MEMCPY3D_v1` (`__CUDA_API_VERSION_INTERNAL`): the ABI of `cuMemcpy3D` and

@@ -12,6 +12,26 @@ pub mod cu {
     include!(concat!(env!("OUT_DIR"), "/cu.rs"));
 }
 
+/// `pub const`s of a CUDA enum, each documented with its full name in `cuda.h`: the enum's
+/// `$prefix` and the constant's own name, then the note in parentheses, if any.
+///
+/// ```
+/// pub mod capture_status {
+///     remora_proto::cuda_consts!(i32, "CU_STREAM_CAPTURE_STATUS_" {
+///         NONE = 0,
+///         ACTIVE = 1 ("capturing"),
+///     });
+/// }
+/// assert_eq!(capture_status::ACTIVE, 1);
+/// ```
+#[macro_export]
+macro_rules! cuda_consts {
+    ($ty:ty, $prefix:literal { $($name:ident = $value:literal $(($note:literal))?,)* }) => {
+        $(#[doc = concat!("`", $prefix, stringify!($name), "`", $(" (", $note, ")",)? ".")]
+        pub const $name: $ty = $value;)*
+    };
+}
+
 /// A CUDA driver error: the `CUresult` code (never 0).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CuError(pub i32);

@@ -15,7 +15,7 @@ use common::*;
 use remora_client::proto::{
     RmGraphCopySide, RmGraphMemKind, RmMemcpyNode, RmMemsetNode, RmNodeParams,
 };
-use remora_client::{FunctionInfo, Session};
+use remora_client::{FunctionInfo, NodeList, Session};
 use remora_oncrpc::TransportChoice;
 
 const INVALID_VALUE: i32 = 1;
@@ -135,12 +135,12 @@ fn nodes_with_dependencies_run_in_order_and_can_be_queried_and_changed() {
             .graph_add_node(g, 0, &[cp1, cp2], RmNodeParams::RmNodeEmpty)
             .unwrap();
 
-        let mut nodes = s.graph_nodes(g, false).unwrap();
+        let mut nodes = s.graph_node_list(g, NodeList::Nodes).unwrap();
         nodes.sort();
         let mut all = vec![ms, k, cp1, cp2, end];
         all.sort();
         assert_eq!(nodes, all);
-        let mut roots = s.graph_nodes(g, true).unwrap();
+        let mut roots = s.graph_node_list(g, NodeList::Roots).unwrap();
         roots.sort();
         let mut want = vec![ms, k];
         want.sort();
@@ -153,12 +153,15 @@ fn nodes_with_dependencies_run_in_order_and_can_be_queried_and_changed() {
         assert_eq!(s.graph_node_type(ms).unwrap(), MEMSET);
         assert_eq!(s.graph_node_type(cp1).unwrap(), MEMCPY);
         assert_eq!(s.graph_node_type(end).unwrap(), EMPTY);
-        let mut deps = s.graph_node_links(end, false).unwrap();
+        let mut deps = s.graph_node_list(end, NodeList::Dependencies).unwrap();
         deps.sort();
         let mut want = vec![cp1, cp2];
         want.sort();
         assert_eq!(deps, want);
-        assert_eq!(s.graph_node_links(k, true).unwrap(), vec![cp2]);
+        assert_eq!(
+            s.graph_node_list(k, NodeList::Dependents).unwrap(),
+            vec![cp2]
+        );
         // A node of this graph as a dependency of itself, a dependency twice: refused.
         assert_eq!(
             code(s.graph_change_dependencies(g, &[k], &[cp2], true)),
@@ -240,7 +243,7 @@ fn nodes_with_dependencies_run_in_order_and_can_be_queried_and_changed() {
 
         // Removing an edge makes the copy a root.
         s.graph_change_dependencies(g, &[k], &[cp2], false).unwrap();
-        assert_eq!(s.graph_nodes(g, true).unwrap().len(), 3);
+        assert_eq!(s.graph_node_list(g, NodeList::Roots).unwrap().len(), 3);
 
         // A memset outside the session's memory is refused when the node is added.
         assert_eq!(

@@ -19,7 +19,7 @@ use std::sync::{Mutex, OnceLock};
 use remora_client::{CuError, CuResult, cu};
 
 use crate::exports::Handle;
-use crate::state::{self, Kind, enc, entry, put};
+use crate::state::{self, Kind, enc, entry, non_null, put};
 
 /// A `CUuuid`, as its 16 bytes.
 pub type Uuid = [u8; 16];
@@ -933,9 +933,7 @@ pub unsafe fn get_export_table(out: *mut *const c_void, id: *const Uuid) -> CuRe
     };
     // SAFETY: `out` is non-null and writable per cuda.h.
     unsafe { put(out, table)? };
-    if table.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(table)?;
     Ok(())
 }
 

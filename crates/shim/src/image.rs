@@ -2,6 +2,7 @@
 //! the fatbin wrapper, a fatbin container, an ELF64 cubin, or NUL-terminated PTX. The image
 //! itself is never interpreted beyond these headers; the server's driver loads it.
 
+use crate::state::non_null;
 use remora_client::{CuError, CuResult, cu};
 
 /// `__fatBinC_Wrapper_t` magic.
@@ -42,9 +43,7 @@ fn bounded(size: u64) -> CuResult<usize> {
 /// `ptr` is a kernel image as `cuModuleLoadData` accepts: readable for the whole image that
 /// its headers describe (or up to and including the NUL of PTX text).
 pub unsafe fn locate(ptr: *const u8) -> CuResult<(*const u8, usize)> {
-    if ptr.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(ptr)?;
     match u32_at(ptr, 0) as u32 {
         FATBINC_MAGIC => {
             let data = u64_at(ptr, 8) as usize as *const u8;

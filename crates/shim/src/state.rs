@@ -302,14 +302,21 @@ pub fn entry(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
     }
 }
 
+/// `Ok` for a pointer argument that is not null, else CUDA_ERROR_INVALID_VALUE.
+pub fn non_null<T>(p: *const T) -> CuResult<()> {
+    if p.is_null() {
+        Err(CuError(cu::INVALID_VALUE))
+    } else {
+        Ok(())
+    }
+}
+
 /// Writes `v` to an output pointer.
 ///
 /// # Safety
 /// `p` is null (rejected with CUDA_ERROR_INVALID_VALUE) or valid for a write of `T`.
 pub unsafe fn put<T>(p: *mut T, v: T) -> CuResult<()> {
-    if p.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(p)?;
     // SAFETY: non-null and valid for writes by the caller's contract; unaligned is allowed.
     unsafe { p.write_unaligned(v) };
     Ok(())
@@ -336,9 +343,7 @@ pub(crate) fn put_out<T>(p: *mut T, v: T) -> CuResult<()> {
 /// Reads an input pointer that cuda.h defines for the calling entry point (null is
 /// CUDA_ERROR_INVALID_VALUE; unaligned is allowed).
 pub(crate) fn read_in<T: Copy>(p: *const T) -> CuResult<T> {
-    if p.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(p)?;
     // SAFETY: non-null, and points to a `T` per cuda.h; unaligned is allowed.
     Ok(unsafe { p.read_unaligned() })
 }
@@ -357,9 +362,7 @@ pub unsafe fn put_opt<T>(p: *mut T, v: T) -> CuResult<()> {
 
 /// A NUL-terminated name from the application (null is CUDA_ERROR_INVALID_VALUE).
 pub(crate) fn c_name<'a>(name: *const std::ffi::c_char) -> CuResult<std::borrow::Cow<'a, str>> {
-    if name.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(name)?;
     // SAFETY: a non-null name is NUL-terminated per cuda.h.
     Ok(unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
 }

@@ -21,6 +21,19 @@ pub struct ExecUpdateInfo {
     pub error_node: RmHandle,
 }
 
+/// Which nodes [`Session::graph_node_list`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeList {
+    /// `cuGraphGetNodes`: every node of a graph.
+    Nodes,
+    /// `cuGraphGetRootNodes`: a graph's nodes without dependencies.
+    Roots,
+    /// `cuGraphNodeGetDependencies`: the nodes a node depends on.
+    Dependencies,
+    /// `cuGraphNodeGetDependentNodes`: the nodes that depend on a node.
+    Dependents,
+}
+
 impl Session {
     revision_calls! {
         /// `cuGraphCreate` in context `ctx`.
@@ -179,13 +192,19 @@ impl Session {
         })
     }
 
-    /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`).
-    pub fn graph_nodes(&self, graph: RmHandle, roots: bool) -> CuResult<Vec<RmHandle>> {
-        self.need_revision(11, "cuGraphGetNodes")?;
-        Reply::value(if roots {
-            call!(self.rm_graph_get_root_nodes(&graph))?
-        } else {
-            call!(self.rm_graph_get_nodes(&graph))?
+    /// The nodes `list` names of `h`: a graph's for [`NodeList::Nodes`] and
+    /// [`NodeList::Roots`], a node's for the others.
+    pub fn graph_node_list(&self, h: RmHandle, list: NodeList) -> CuResult<Vec<RmHandle>> {
+        let what = match list {
+            NodeList::Nodes | NodeList::Roots => "cuGraphGetNodes",
+            NodeList::Dependencies | NodeList::Dependents => "cuGraphNodeGetDependencies",
+        };
+        self.need_revision(11, what)?;
+        Reply::value(match list {
+            NodeList::Nodes => call!(self.rm_graph_get_nodes(&h))?,
+            NodeList::Roots => call!(self.rm_graph_get_root_nodes(&h))?,
+            NodeList::Dependencies => call!(self.rm_graph_node_get_dependencies(&h))?,
+            NodeList::Dependents => call!(self.rm_graph_node_get_dependent_nodes(&h))?,
         })
     }
 
@@ -193,16 +212,6 @@ impl Session {
     pub fn graph_edges(&self, graph: RmHandle) -> CuResult<(Vec<RmHandle>, Vec<RmHandle>)> {
         self.need_revision(11, "cuGraphGetEdges")?;
         Reply::value(call!(self.rm_graph_get_edges(&graph))?).map(|e| (e.from, e.to))
-    }
-
-    /// `cuGraphNodeGetDependencies` (`dependents`: `cuGraphNodeGetDependentNodes`).
-    pub fn graph_node_links(&self, node: RmHandle, dependents: bool) -> CuResult<Vec<RmHandle>> {
-        self.need_revision(11, "cuGraphNodeGetDependencies")?;
-        Reply::value(if dependents {
-            call!(self.rm_graph_node_get_dependent_nodes(&node))?
-        } else {
-            call!(self.rm_graph_node_get_dependencies(&node))?
-        })
     }
 
     /// `cuGraph{Kernel,Memset,Memcpy}NodeGetParams`.

@@ -494,7 +494,7 @@ mod copies_3d;
 mod graph_host;
 mod graphs;
 pub use graph_host::StagedSide;
-pub use graphs::ExecUpdateInfo;
+pub use graphs::{ExecUpdateInfo, NodeList};
 mod launches;
 mod managed;
 pub use launches::{KernelArgs, LaunchConfig};

@@ -14,38 +14,28 @@ use super::pools::{MemAccessDesc, MemLocation};
 
 /// `CUgraphNodeType` values Remora carries.
 pub mod node_type {
-    /// `CU_GRAPH_NODE_TYPE_KERNEL`.
-    pub const KERNEL: i32 = 0;
-    /// `CU_GRAPH_NODE_TYPE_MEMCPY`.
-    pub const MEMCPY: i32 = 1;
-    /// `CU_GRAPH_NODE_TYPE_MEMSET`.
-    pub const MEMSET: i32 = 2;
-    /// `CU_GRAPH_NODE_TYPE_HOST`.
-    pub const HOST: i32 = 3;
-    /// `CU_GRAPH_NODE_TYPE_GRAPH`.
-    pub const GRAPH: i32 = 4;
-    /// `CU_GRAPH_NODE_TYPE_EMPTY`.
-    pub const EMPTY: i32 = 5;
-    /// `CU_GRAPH_NODE_TYPE_WAIT_EVENT`.
-    pub const WAIT_EVENT: i32 = 6;
-    /// `CU_GRAPH_NODE_TYPE_EVENT_RECORD`.
-    pub const EVENT_RECORD: i32 = 7;
-    /// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`.
-    pub const MEM_ALLOC: i32 = 10;
-    /// `CU_GRAPH_NODE_TYPE_MEM_FREE`.
-    pub const MEM_FREE: i32 = 11;
+    remora_proto::cuda_consts!(i32, "CU_GRAPH_NODE_TYPE_" {
+        KERNEL = 0,
+        MEMCPY = 1,
+        MEMSET = 2,
+        HOST = 3,
+        GRAPH = 4,
+        EMPTY = 5,
+        WAIT_EVENT = 6,
+        EVENT_RECORD = 7,
+        MEM_ALLOC = 10,
+        MEM_FREE = 11,
+    });
 }
 
 /// `CUgraphMem_attribute` values (`cuDeviceGetGraphMemAttribute`).
 pub mod mem_attr {
-    /// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT` (read only).
-    pub const USED_MEM_CURRENT: i32 = 0;
-    /// `CU_GRAPH_MEM_ATTR_USED_MEM_HIGH` (may be reset to 0).
-    pub const USED_MEM_HIGH: i32 = 1;
-    /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` (read only).
-    pub const RESERVED_MEM_CURRENT: i32 = 2;
-    /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH` (may be reset to 0).
-    pub const RESERVED_MEM_HIGH: i32 = 3;
+    remora_proto::cuda_consts!(i32, "CU_GRAPH_MEM_ATTR_" {
+        USED_MEM_CURRENT = 0 ("read only"),
+        USED_MEM_HIGH = 1 ("may be reset to 0"),
+        RESERVED_MEM_CURRENT = 2 ("read only"),
+        RESERVED_MEM_HIGH = 3 ("may be reset to 0"),
+    });
 }
 
 /// The function a host node calls each time a launch reaches it (on the driver's
@@ -273,18 +263,18 @@ pub trait Graphs {
         node: u64,
         layout: LayoutOf<'_>,
     ) -> CuResult<NodeInfo>;
-    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams` (the node keeps its type).
-    fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()>;
-    /// `cuGraphClone`.
-    fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64>;
-    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams`.
-    fn graph_exec_node_set_params(
+    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams` (the node keeps its type); with `exec`,
+    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams` on that node of executable graph
+    /// `exec`.
+    fn graph_node_set_params(
         &self,
         ctx: u64,
-        exec: u64,
+        exec: Option<u64>,
         node: u64,
         params: &NodeParams,
     ) -> CuResult<()>;
+    /// `cuGraphClone`.
+    fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64>;
     /// `cuGraphExecUpdate_v2`: `Err` with the update result when it failed.
     fn graph_exec_update(&self, ctx: u64, exec: u64, graph: u64) -> (CuResult<()>, ExecUpdate);
 }

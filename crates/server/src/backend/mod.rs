@@ -237,12 +237,11 @@ pub struct PeerCopy {
 
 /// `CUstreamCaptureStatus` values.
 pub mod capture_status {
-    /// `CU_STREAM_CAPTURE_STATUS_NONE`.
-    pub const NONE: i32 = 0;
-    /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
-    pub const ACTIVE: i32 = 1;
-    /// `CU_STREAM_CAPTURE_STATUS_INVALIDATED`.
-    pub const INVALIDATED: i32 = 2;
+    remora_proto::cuda_consts!(i32, "CU_STREAM_CAPTURE_STATUS_" {
+        NONE = 0,
+        ACTIVE = 1,
+        INVALIDATED = 2,
+    });
 }
 
 /// What `cuStreamGetCaptureInfo` says about a stream.

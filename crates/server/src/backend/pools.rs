@@ -14,22 +14,16 @@ pub use remora_cuda_abi::pools::{
 
 /// `CUmemPool_attribute` values.
 pub mod attr {
-    /// `CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES` (int).
-    pub const REUSE_FOLLOW_EVENT_DEPENDENCIES: i32 = 1;
-    /// `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC` (int).
-    pub const REUSE_ALLOW_OPPORTUNISTIC: i32 = 2;
-    /// `CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES` (int).
-    pub const REUSE_ALLOW_INTERNAL_DEPENDENCIES: i32 = 3;
-    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (cuuint64_t).
-    pub const RELEASE_THRESHOLD: i32 = 4;
-    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (cuuint64_t, read only).
-    pub const RESERVED_MEM_CURRENT: i32 = 5;
-    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` (cuuint64_t, may be reset to 0).
-    pub const RESERVED_MEM_HIGH: i32 = 6;
-    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` (cuuint64_t, read only).
-    pub const USED_MEM_CURRENT: i32 = 7;
-    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH` (cuuint64_t, may be reset to 0).
-    pub const USED_MEM_HIGH: i32 = 8;
+    remora_proto::cuda_consts!(i32, "CU_MEMPOOL_ATTR_" {
+        REUSE_FOLLOW_EVENT_DEPENDENCIES = 1 ("int"),
+        REUSE_ALLOW_OPPORTUNISTIC = 2 ("int"),
+        REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3 ("int"),
+        RELEASE_THRESHOLD = 4 ("cuuint64_t"),
+        RESERVED_MEM_CURRENT = 5 ("cuuint64_t, read only"),
+        RESERVED_MEM_HIGH = 6 ("cuuint64_t, may be reset to 0"),
+        USED_MEM_CURRENT = 7 ("cuuint64_t, read only"),
+        USED_MEM_HIGH = 8 ("cuuint64_t, may be reset to 0"),
+    });
 
     /// Whether `a` is one of the `int` attributes (the reuse flags); the others are 64-bit.
     pub fn is_int(a: i32) -> bool {

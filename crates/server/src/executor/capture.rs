@@ -180,10 +180,7 @@ pub(super) fn graph_exec_target(
     st: &SessionState,
     a: &RmGraphLaunchArgs,
 ) -> CuResult<(u64, StreamTarget)> {
-    let (exec, exec_ctx) = match st.get(a.exec)? {
-        Resource::GraphExec { raw, ctx } => (*raw, *ctx),
-        _ => return Err(CuError(cu::INVALID_HANDLE)),
-    };
+    let (exec, exec_ctx) = st.graph_exec(a.exec)?;
     let ctx = if a.ctx == 0 { exec_ctx } else { a.ctx };
     Ok((exec, stream_target(st, ctx, a.stream)?))
 }

@@ -358,18 +358,14 @@ impl Executor {
         raw.into_iter().map(|n| st.node_handle(n, graph)).collect()
     }
 
-    /// RM_GRAPH_GET_NODES, or RM_GRAPH_GET_ROOT_NODES (`roots`).
+    /// RM_GRAPH_GET_NODES, or RM_GRAPH_GET_ROOT_NODES (`roots`), named `what`.
     pub(super) fn graph_node_list(
         &self,
         session: &Session,
         h: RmHandle,
         roots: bool,
+        what: &str,
     ) -> RmNodeListReply {
-        let what = if roots {
-            "RM_GRAPH_GET_ROOT_NODES"
-        } else {
-            "RM_GRAPH_GET_NODES"
-        };
         let mut st = session.lock();
         let r = (|| {
             let (graph, ctx) = st.explicit_graph(h)?;
@@ -400,18 +396,15 @@ impl Executor {
         int_reply("RM_GRAPH_NODE_GET_TYPE", r)
     }
 
-    /// RM_GRAPH_NODE_GET_DEPENDENCIES, or RM_GRAPH_NODE_GET_DEPENDENT_NODES (`dependents`).
+    /// RM_GRAPH_NODE_GET_DEPENDENCIES, or RM_GRAPH_NODE_GET_DEPENDENT_NODES (`dependents`),
+    /// named `what`.
     pub(super) fn node_links(
         &self,
         session: &Session,
         h: RmHandle,
         dependents: bool,
+        what: &str,
     ) -> RmNodeListReply {
-        let what = if dependents {
-            "RM_GRAPH_NODE_GET_DEPENDENT_NODES"
-        } else {
-            "RM_GRAPH_NODE_GET_DEPENDENCIES"
-        };
         let mut st = session.lock();
         let r = self
             .in_node(&st, h, |b, c, n, g| {
@@ -445,24 +438,35 @@ impl Executor {
         Ok(reply!("RM_GRAPH_NODE_GET_PARAMS", RmNodeParamsReply, r))
     }
 
-    pub(super) fn graph_node_set_params(
+    /// `cuGraph*NodeSetParams` of node handle `node`, or with `exec`
+    /// `cuGraphExec*NodeSetParams` of that node in executable graph handle `exec`.
+    pub(super) fn node_set_params(
         &self,
         call: &CallContext,
-        a: RmNodeSetArgs,
-    ) -> ProcResult<CuResult_> {
+        exec: Option<RmHandle>,
+        node: RmHandle,
+        params: &RmNodeParams,
+    ) -> CuResult<()> {
         let session = self.session(call);
         let st = session.lock();
-        let r = (|| {
-            if !settable(&a.params) {
-                return Err(invalid());
+        if !settable(params) {
+            return Err(invalid());
+        }
+        let (exec, ctx, node) = match exec {
+            None => {
+                let (node, graph) = st.graph_node(node)?;
+                (None, st.explicit_graph(graph)?.1, node)
             }
-            let (node, graph) = st.graph_node(a.node)?;
-            let (_, gctx) = st.explicit_graph(graph)?;
-            let c = st.ctx(gctx)?;
-            let params = self.node_params(call, &session, &st, c, &a.params)?;
-            self.inner.backend.graph_node_set_params(c, node, &params)
-        })();
-        Ok(code("RM_GRAPH_NODE_SET_PARAMS", r))
+            Some(h) => {
+                let (exec, ctx) = st.graph_exec(h)?;
+                (Some(exec), ctx, st.graph_node(node)?.0)
+            }
+        };
+        let c = st.ctx(ctx)?;
+        let params = self.node_params(call, &session, &st, c, params)?;
+        self.inner
+            .backend
+            .graph_node_set_params(c, exec, node, &params)
     }
 
     pub(super) fn graph_clone(&self, session: &Session, h: RmHandle) -> RmHandleReply {
@@ -481,31 +485,6 @@ impl Executor {
         handle_reply("RM_GRAPH_CLONE", r)
     }
 
-    pub(super) fn graph_exec_node_set_params(
-        &self,
-        call: &CallContext,
-        a: RmExecNodeSetArgs,
-    ) -> ProcResult<CuResult_> {
-        let session = self.session(call);
-        let st = session.lock();
-        let r = (|| {
-            if !settable(&a.params) {
-                return Err(invalid());
-            }
-            let (exec, ectx) = match st.get(a.exec)? {
-                Resource::GraphExec { raw, ctx } => (*raw, *ctx),
-                _ => return Err(CuError(cu::INVALID_HANDLE)),
-            };
-            let (node, _) = st.graph_node(a.node)?;
-            let c = st.ctx(ectx)?;
-            let params = self.node_params(call, &session, &st, c, &a.params)?;
-            self.inner
-                .backend
-                .graph_exec_node_set_params(c, exec, node, &params)
-        })();
-        Ok(code("RM_GRAPH_EXEC_NODE_SET_PARAMS", r))
-    }
-
     pub(super) fn graph_exec_update(
         &self,
         session: &Session,
@@ -513,10 +492,7 @@ impl Executor {
     ) -> RmExecUpdateReply {
         let mut st = session.lock();
         let r = (|| {
-            let (exec, ectx) = match st.get(a.exec)? {
-                Resource::GraphExec { raw, ctx } => (*raw, *ctx),
-                _ => return Err(CuError(cu::INVALID_HANDLE)),
-            };
+            let (exec, ectx) = st.graph_exec(a.exec)?;
             let (graph, _) = st.explicit_graph(a.graph)?;
             Ok(self
                 .inner

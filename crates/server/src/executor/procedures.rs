@@ -115,8 +115,6 @@ impl RemoraV1Server for Executor {
     forward! {
         rm_graph_add_node(RmAddNodeArgs) -> RmHandleReply => graph_add_node;
         rm_graph_node_get_params(RmHandle) -> RmNodeParamsReply => graph_node_get_params;
-        rm_graph_node_set_params(RmNodeSetArgs) -> CuResult_ => graph_node_set_params;
-        rm_graph_exec_node_set_params(RmExecNodeSetArgs) -> CuResult_ => graph_exec_node_set_params;
     }
 
     answer! {
@@ -124,12 +122,12 @@ impl RemoraV1Server for Executor {
         rm_graph_destroy_node(RmHandle) -> CuResult_ => graph_destroy_node;
         rm_graph_add_dependencies(RmGraphEdgesArgs) -> CuResult_ => edges_change(true);
         rm_graph_remove_dependencies(RmGraphEdgesArgs) -> CuResult_ => edges_change(false);
-        rm_graph_get_nodes(RmHandle) -> RmNodeListReply => graph_node_list(false);
-        rm_graph_get_root_nodes(RmHandle) -> RmNodeListReply => graph_node_list(true);
+        rm_graph_get_nodes(RmHandle) -> RmNodeListReply => graph_node_list(false, "RM_GRAPH_GET_NODES");
+        rm_graph_get_root_nodes(RmHandle) -> RmNodeListReply => graph_node_list(true, "RM_GRAPH_GET_ROOT_NODES");
         rm_graph_get_edges(RmHandle) -> RmGraphEdgesReply => graph_get_edges;
         rm_graph_node_get_type(RmHandle) -> RmIntReply => graph_node_get_type;
-        rm_graph_node_get_dependencies(RmHandle) -> RmNodeListReply => node_links(false);
-        rm_graph_node_get_dependent_nodes(RmHandle) -> RmNodeListReply => node_links(true);
+        rm_graph_node_get_dependencies(RmHandle) -> RmNodeListReply => node_links(false, "RM_GRAPH_NODE_GET_DEPENDENCIES");
+        rm_graph_node_get_dependent_nodes(RmHandle) -> RmNodeListReply => node_links(true, "RM_GRAPH_NODE_GET_DEPENDENT_NODES");
         rm_graph_clone(RmHandle) -> RmHandleReply => graph_clone;
         rm_graph_exec_update(RmExecUpdateArgs) -> RmExecUpdateReply => graph_exec_update;
         rm_graph_add_mem_alloc_node(RmAddNodeArgs) -> RmMemAllocNodeReply => graph_add_mem_alloc_node;
@@ -532,6 +530,24 @@ impl RemoraV1Server for Executor {
             st.graph_mem_released_by(h);
         }
         Ok(r)
+    }
+
+    fn rm_graph_node_set_params(
+        &self,
+        call: &CallContext,
+        a: RmNodeSetArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self.node_set_params(call, None, a.node, &a.params);
+        Ok(code("RM_GRAPH_NODE_SET_PARAMS", r))
+    }
+
+    fn rm_graph_exec_node_set_params(
+        &self,
+        call: &CallContext,
+        a: RmExecNodeSetArgs,
+    ) -> ProcResult<CuResult_> {
+        let r = self.node_set_params(call, Some(a.exec), a.node, &a.params);
+        Ok(code("RM_GRAPH_EXEC_NODE_SET_PARAMS", r))
     }
 
     fn rm_graph_node_count(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmU64Reply> {

@@ -41,6 +41,14 @@ impl SessionState {
         }
     }
 
+    /// The backend executable graph and context handle of executable graph handle `h`.
+    pub(crate) fn graph_exec(&self, h: u64) -> CuResult<(u64, u64)> {
+        match self.get(h)? {
+            Resource::GraphExec { raw, ctx } => Ok((*raw, *ctx)),
+            _ => Err(CuError(cu::INVALID_HANDLE)),
+        }
+    }
+
     /// The handle of backend node `raw` of graph handle `graph`: the one it has, else a new
     /// one.
     pub(crate) fn node_handle(&mut self, raw: u64, graph: u64) -> u64 {

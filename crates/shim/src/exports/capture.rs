@@ -29,7 +29,7 @@ use remora_client::{CuError, CuResult, cu};
 
 use super::Handle;
 use super::exec::mapped;
-use crate::state::{self, Kind, dec, enc, put, read_in};
+use crate::state::{self, Kind, dec, enc, non_null, put, read_in};
 
 /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
 const CAPTURE_ACTIVE: c_int = 1;
@@ -57,9 +57,7 @@ fn capture_info(
     edges: *mut *const c_void,
     count: *mut usize,
 ) -> CuResult<()> {
-    if status.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(status)?;
     let (s, ctx, h) = mapped(st, ptds)?;
     let info = s.stream_capture_info(ctx, h)?;
     let active = info.status == CAPTURE_ACTIVE;
@@ -123,9 +121,7 @@ fn begin(st: Handle, mode: c_int, ptds: bool) -> CuResult<()> {
 }
 
 fn end(st: Handle, graph: *mut Handle, ptds: bool) -> CuResult<()> {
-    if graph.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(graph)?;
     let (s, ctx, h) = mapped(st, ptds)?;
     let g = s.stream_end_capture(ctx, h);
     // SAFETY: `graph` is non-null and writable per cuda.h; NULL on failure, as CUDA does.
@@ -141,9 +137,7 @@ fn end(st: Handle, graph: *mut Handle, ptds: bool) -> CuResult<()> {
 
 /// Instantiates `graph` in the current context and writes the executable graph.
 fn instantiate(exec: *mut Handle, graph: Handle, flags: u64) -> CuResult<u64> {
-    if exec.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(exec)?;
     let s = state::session()?;
     let g = dec(Kind::Graph, graph)?;
     let e = s.graph_instantiate(state::current_ctx()?, g, flags)?;
@@ -177,9 +171,7 @@ fn instantiate_with_params(
     params: *mut InstantiateParams,
     ptds: bool,
 ) -> CuResult<()> {
-    if params.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(params)?;
     // SAFETY: non-null and valid for reads and writes of the struct per cuda.h.
     let p = unsafe { &mut *params };
     let upload = p.flags & INSTANTIATE_FLAG_UPLOAD != 0;

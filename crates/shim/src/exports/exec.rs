@@ -10,7 +10,9 @@ use remora_client::{CuError, CuResult, FunctionInfo, ModuleInfo, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, dec, enc, entry, put, put_opt, put_out, read_in, stream_ref};
+use crate::state::{
+    self, Kind, dec, enc, entry, non_null, put, put_opt, put_out, read_in, stream_ref,
+};
 
 /// A `CUfunction`, or a `CUkernel` in its place (as CUDA accepts), to the function's info;
 /// a kernel resolves to its function in the current context.
@@ -40,9 +42,7 @@ pub(crate) fn load_image(
     module: *mut Handle,
     image: *const c_void,
 ) -> CuResult<(Arc<ModuleInfo>, usize)> {
-    if module.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(module)?;
     // SAFETY: `image` is a kernel image as cuModuleLoadData documents (from the CUDA runtime:
     // its registered fatbin), readable for the extent its headers describe; `locate` reads
     // only those headers.
@@ -64,9 +64,7 @@ fn load(module: *mut Handle, image: *const c_void) -> CuResult<()> {
 /// the server). A text image (PTX, or anything but an ELF cubin or a fatbin) gets the NUL
 /// terminator that `cuModuleLoadData` expects of text.
 fn module_file(fname: *const c_char) -> CuResult<Vec<u8>> {
-    if fname.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(fname)?;
     // SAFETY: a NUL-terminated path per cuda.h.
     let bytes = unsafe { std::ffi::CStr::from_ptr(fname) }.to_bytes();
     let path =
@@ -99,9 +97,7 @@ fn module_file(fname: *const c_char) -> CuResult<Vec<u8>> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char) -> CUresult {
     entry("cuModuleLoad", || {
-        if module.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(module)?;
         let image = module_file(fname)?;
         let m = state::session()?.module_load(state::current_ctx()?, &image)?;
         // SAFETY: output pointer per cuda.h.
@@ -372,9 +368,7 @@ fn launch_ex(
     extra: *mut *mut c_void,
     ptds: bool,
 ) -> CuResult<()> {
-    if cfg.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(cfg)?;
     // SAFETY: a valid CUlaunchConfig per cuda.h.
     let cfg = unsafe { &*cfg };
     launch(Launch {
@@ -687,9 +681,7 @@ pub unsafe extern "C" fn cuFuncGetModule(module: *mut Handle, f: Handle) -> CUre
 
 /// The launch configuration as the protocol carries it (no parameters).
 fn config_args(f: Handle, cfg: *const LaunchConfig) -> CuResult<RmLaunchArgs> {
-    if cfg.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(cfg)?;
     // SAFETY: a valid CUlaunchConfig per cuda.h.
     let cfg = unsafe { &*cfg };
     let (s, info) = function_info(f)?;

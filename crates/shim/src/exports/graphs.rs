@@ -21,7 +21,7 @@ use remora_client::proto::{
     RM_MAX_POOL_ACCESS, RmGraphCopySide, RmGraphMemKind, RmKernelNode, RmMemAllocNode,
     RmMemcpyNode, RmMemsetNode, RmNodeParams, RmPoolAccess, RmPoolLocation,
 };
-use remora_client::{CuError, CuResult, PointerKind, Session, StagedSide, cu};
+use remora_client::{CuError, CuResult, NodeList, PointerKind, Session, StagedSide, cu};
 use remora_cuda_abi::graphs::{
     ExecUpdateResultInfo, GraphNodeParams, HostNodeParams, KernelNodeParams, KernelNodeParamsV1,
     MemAllocNodeParams, MemsetNodeParams,
@@ -32,7 +32,7 @@ use remora_cuda_abi::{MemAccessDesc, MemLocation};
 
 use super::Handle;
 use super::exec::function_info;
-use crate::state::{self, Kind, dec, enc, put, read_in};
+use crate::state::{self, Kind, dec, enc, non_null, put, read_in};
 
 /// Most nodes one call may pass (a bound on what is read from the program).
 const MAX_NODES: usize = 65536;
@@ -78,9 +78,7 @@ fn nodes_in(p: *const Handle, n: usize) -> CuResult<Vec<u64>> {
 /// Writes a node list the cuda.h way: with a NULL array only the count; else at most
 /// `*count` entries, and the number written (the count if smaller).
 fn put_nodes(out: *mut Handle, count: *mut usize, nodes: &[u64]) -> CuResult<()> {
-    if count.is_null() {
-        return Err(invalid());
-    }
+    non_null(count)?;
     if out.is_null() {
         // SAFETY: non-null output per cuda.h.
         return unsafe { put(count, nodes.len()) };
@@ -103,9 +101,7 @@ fn add(
     ctx: u64,
     params: RmNodeParams,
 ) -> CuResult<()> {
-    if out.is_null() {
-        return Err(invalid());
-    }
+    non_null(out)?;
     let deps = nodes_in(deps, n)?;
     let h = state::session()?.graph_add_node(graph(g)?, ctx, &deps, params)?;
     // SAFETY: non-null output per cuda.h.
@@ -114,16 +110,15 @@ fn add(
 
 // Kernel nodes ------------------------------------------------------------------------------
 
-fn kernel_params(
-    what: &str,
-    func: Handle,
-    kern: Handle,
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    shared: c_uint,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CuResult<RmNodeParams> {
+fn kernel_params(what: &str, p: KernelNodeParamsV1, kern: Handle) -> CuResult<RmNodeParams> {
+    let KernelNodeParamsV1 {
+        func,
+        grid_dim: grid,
+        block_dim: block,
+        shared_mem_bytes: shared,
+        kernel_params: params,
+        extra,
+    } = p;
     if !extra.is_null() {
         return Err(not_supported(
             what,
@@ -148,30 +143,11 @@ fn kernel_params(
 
 fn kernel_v2(what: &str, p: *const KernelNodeParams) -> CuResult<RmNodeParams> {
     let p = read_in(p)?;
-    kernel_params(
-        what,
-        p.func,
-        p.kern,
-        p.grid_dim,
-        p.block_dim,
-        p.shared_mem_bytes,
-        p.kernel_params,
-        p.extra,
-    )
+    kernel_params(what, p.params, p.kern)
 }
 
 fn kernel_v1(what: &str, p: *const KernelNodeParamsV1) -> CuResult<RmNodeParams> {
-    let p = read_in(p)?;
-    kernel_params(
-        what,
-        p.func,
-        std::ptr::null_mut(),
-        p.grid_dim,
-        p.block_dim,
-        p.shared_mem_bytes,
-        p.kernel_params,
-        p.extra,
-    )
+    kernel_params(what, read_in(p)?, std::ptr::null_mut())
 }
 
 /// The parameter storage `cuGraphKernelNodeGetParams` hands out, per node (valid until the
@@ -235,30 +211,24 @@ fn kernel_get(
     };
     let (_, args) = kernel_args(s, h, &k)?;
     let (func, kern) = program_func(k.function);
-    let grid = [k.grid.x, k.grid.y, k.grid.z];
-    let block = [k.block.x, k.block.y, k.block.z];
+    let params = KernelNodeParamsV1 {
+        func,
+        grid_dim: [k.grid.x, k.grid.y, k.grid.z],
+        block_dim: [k.block.x, k.block.y, k.block.z],
+        shared_mem_bytes: k.shared_mem_bytes,
+        kernel_params: args,
+        extra: std::ptr::null_mut(),
+    };
     // SAFETY: the non-null output is writable per cuda.h.
     unsafe {
         if !out_v2.is_null() {
             out_v2.write_unaligned(KernelNodeParams {
-                func,
-                grid_dim: grid,
-                block_dim: block,
-                shared_mem_bytes: k.shared_mem_bytes,
-                kernel_params: args,
-                extra: std::ptr::null_mut(),
+                params,
                 kern,
                 ctx: std::ptr::null_mut(),
             });
         } else if !out_v1.is_null() {
-            out_v1.write_unaligned(KernelNodeParamsV1 {
-                func,
-                grid_dim: grid,
-                block_dim: block,
-                shared_mem_bytes: k.shared_mem_bytes,
-                kernel_params: args,
-                extra: std::ptr::null_mut(),
-            });
+            out_v1.write_unaligned(params);
         } else {
             return Err(invalid());
         }
@@ -298,23 +268,21 @@ fn memset_get(n: Handle, out: *mut MemsetNodeParams) -> CuResult<()> {
 
 /// One side of a memcpy node from `CUDA_MEMCPY3D`: device memory, pinned memory of the
 /// data area (zero-copy), or pageable host memory given a staging buffer (revision 12).
-#[allow(clippy::too_many_arguments)]
 fn copy_side(
     s: &Session,
     what: &str,
     ctx: u64,
-    kind: c_uint,
-    host: u64,
-    device: u64,
-    (x, y, z, pitch, height): (usize, usize, usize, usize, usize),
+    c: &MemcpySide,
     extent: (u64, u64, u64),
     to_device: bool,
 ) -> CuResult<(RmGraphCopySide, Option<StagedSide>)> {
     let (w, h, d) = extent;
-    let (x, y, z, pitch, height) = (x as u64, y as u64, z as u64, pitch as u64, height as u64);
-    let base = match kind {
+    let device = c.device;
+    let (x, y, z) = (c.x_in_bytes as u64, c.y as u64, c.z as u64);
+    let (pitch, height) = (c.pitch as u64, c.height as u64);
+    let base = match c.memory_type {
         MEMORYTYPE_DEVICE => None,
-        MEMORYTYPE_HOST => Some(host),
+        MEMORYTYPE_HOST => Some(c.host as usize as u64),
         4 => match s.pointer_kind(device) {
             PointerKind::Device { .. } => None,
             _ => Some(device),
@@ -368,40 +336,9 @@ fn memcpy_params(what: &str, p: *const Memcpy3D, ctx: u64) -> CuResult<MemcpyPar
     if extent.0 == 0 || extent.1 == 0 || extent.2 == 0 {
         return Err(invalid());
     }
-    let (src, src_staged) = copy_side(
-        s,
-        what,
-        ctx,
-        c.src_memory_type,
-        c.src_host as usize as u64,
-        c.src_device,
-        (
-            c.src_x_in_bytes,
-            c.src_y,
-            c.src_z,
-            c.src_pitch,
-            c.src_height,
-        ),
-        extent,
-        true,
-    )?;
-    let (dst, dst_staged) = copy_side(
-        s,
-        what,
-        ctx,
-        c.dst_memory_type,
-        c.dst_host as usize as u64,
-        c.dst_device,
-        (
-            c.dst_x_in_bytes,
-            c.dst_y,
-            c.dst_z,
-            c.dst_pitch,
-            c.dst_height,
-        ),
-        extent,
-        false,
-    )?;
+    let (src, dst) = c.sides();
+    let (src, src_staged) = copy_side(s, what, ctx, &src, extent, true)?;
+    let (dst, dst_staged) = copy_side(s, what, ctx, &dst, extent, false)?;
     Ok((
         RmNodeParams::RmNodeMemcpy(RmMemcpyNode {
             src,
@@ -487,9 +424,7 @@ fn host_node(
     n: usize,
     p: *const HostNodeParams,
 ) -> CuResult<()> {
-    if out.is_null() {
-        return Err(invalid());
-    }
+    non_null(out)?;
     let p = read_in(p)?;
     let f = p.func.ok_or_else(invalid)?;
     let hf = HostFn {
@@ -529,9 +464,7 @@ fn generic(
     if !edges.is_null() {
         return Err(not_supported(WHAT, "edge data is not carried"));
     }
-    if p.is_null() {
-        return Err(invalid());
-    }
+    non_null(p)?;
     // SAFETY: non-null and readable per cuda.h; the union member read is the one `kind`
     // names.
     let (kind, u) = unsafe { ((*p).kind, (*p).u) };
@@ -590,8 +523,8 @@ fn deps_change(
     state::session()?.graph_change_dependencies(graph(g)?, &f, &t, add)
 }
 
-fn get_nodes(g: Handle, out: *mut Handle, count: *mut usize, roots: bool) -> CuResult<()> {
-    let nodes = state::session()?.graph_nodes(graph(g)?, roots)?;
+fn get_nodes(g: Handle, out: *mut Handle, count: *mut usize, list: NodeList) -> CuResult<()> {
+    let nodes = state::session()?.graph_node_list(graph(g)?, list)?;
     put_nodes(out, count, &nodes)
 }
 
@@ -631,7 +564,7 @@ fn links(
     out: *mut Handle,
     edges: *mut c_void,
     count: *mut usize,
-    dependents: bool,
+    list: NodeList,
 ) -> CuResult<()> {
     if !edges.is_null() {
         return Err(not_supported(
@@ -639,7 +572,7 @@ fn links(
             "edge data is not carried",
         ));
     }
-    let nodes = state::session()?.graph_node_links(node(n)?, dependents)?;
+    let nodes = state::session()?.graph_node_list(node(n)?, list)?;
     put_nodes(out, count, &nodes)
 }
 
@@ -690,9 +623,7 @@ fn mem_alloc_node(
     p: *mut MemAllocNodeParams,
 ) -> CuResult<()> {
     const WHAT: &str = "cuGraphAddMemAllocNode";
-    if out.is_null() {
-        return Err(invalid());
-    }
+    non_null(out)?;
     let a = read_in(p)?;
     let props = a.pool_props;
     if props.alloc_type != ALLOCATION_TYPE_PINNED || a.bytesize == 0 {
@@ -750,9 +681,7 @@ fn mem_alloc_get(n: Handle, out: *mut MemAllocNodeParams) -> CuResult<()> {
     let RmNodeParams::RmNodeMemAlloc(m) = state::session()?.graph_node_params(h)? else {
         return Err(invalid());
     };
-    if out.is_null() {
-        return Err(invalid());
-    }
+    non_null(out)?;
     let loc = |l: &RmPoolLocation| MemLocation {
         kind: l.kind,
         id: l.id,
@@ -893,15 +822,15 @@ entry_points! {
     cuGraphAddDependencies_v2(g: Handle, from: Deps, to: Deps, edges: *const c_void, n: usize) => deps_change(g, from, to, edges, n, true);
     cuGraphRemoveDependencies(g: Handle, from: Deps, to: Deps, n: usize) => deps_change(g, from, to, std::ptr::null(), n, false);
     cuGraphRemoveDependencies_v2(g: Handle, from: Deps, to: Deps, edges: *const c_void, n: usize) => deps_change(g, from, to, edges, n, false);
-    cuGraphGetNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, false);
-    cuGraphGetRootNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, true);
+    cuGraphGetNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, NodeList::Nodes);
+    cuGraphGetRootNodes(g: Handle, out: *mut Handle, count: *mut usize) => get_nodes(g, out, count, NodeList::Roots);
     cuGraphGetEdges(g: Handle, from: *mut Handle, to: *mut Handle, count: *mut usize) => get_edges(g, from, to, std::ptr::null_mut(), count);
     cuGraphGetEdges_v2(g: Handle, from: *mut Handle, to: *mut Handle, edges: *mut c_void, count: *mut usize) => get_edges(g, from, to, edges, count);
     cuGraphNodeGetType(n: Handle, out: *mut c_int) => node_type(n, out);
-    cuGraphNodeGetDependencies(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, false);
-    cuGraphNodeGetDependencies_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, false);
-    cuGraphNodeGetDependentNodes(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, true);
-    cuGraphNodeGetDependentNodes_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, true);
+    cuGraphNodeGetDependencies(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, NodeList::Dependencies);
+    cuGraphNodeGetDependencies_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, NodeList::Dependencies);
+    cuGraphNodeGetDependentNodes(n: Handle, out: *mut Handle, count: *mut usize) => links(n, out, std::ptr::null_mut(), count, NodeList::Dependents);
+    cuGraphNodeGetDependentNodes_v2(n: Handle, out: *mut Handle, edges: *mut c_void, count: *mut usize) => links(n, out, edges, count, NodeList::Dependents);
     cuGraphKernelNodeGetParams(n: Handle, p: *mut KernelNodeParamsV1) => kernel_get(n, std::ptr::null_mut(), p);
     cuGraphKernelNodeGetParams_v2(n: Handle, p: *mut KernelNodeParams) => kernel_get(n, p, std::ptr::null_mut());
     cuGraphKernelNodeSetParams(n: Handle, p: *const KernelNodeParamsV1) => set(n, kernel_v1("cuGraphKernelNodeSetParams", p));

@@ -9,7 +9,7 @@ use remora_client::{CuError, CuResult, cu};
 use super::exec::function_info;
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, c_name, dec, enc, entry, put_opt, put_out};
+use crate::state::{self, Kind, c_name, dec, enc, entry, non_null, put_opt, put_out};
 
 /// JIT and library options are accepted and ignored (the server's driver uses its defaults).
 #[unsafe(no_mangle)]
@@ -24,9 +24,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _num_lib: c_uint,
 ) -> CUresult {
     entry("cuLibraryLoadData", || {
-        if library.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(library)?;
         // SAFETY: `code` is a kernel image as cuLibraryLoadData documents.
         let (p, n) = unsafe { crate::image::locate(code.cast()) }?;
         // SAFETY: `locate` found the image to span `n` readable bytes from `p`.
@@ -85,9 +83,7 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
     library: Handle,
 ) -> CUresult {
     entry("cuLibraryEnumerateKernels", || {
-        if kernels.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(kernels)?;
         let s = state::session()?;
         let (lib, ctx) = (dec(Kind::Library, library)?, state::current_ctx_opt());
         let names = s.library_kernel_names(lib, ctx)?;

@@ -18,7 +18,7 @@ use remora_cuda_abi::MemLocation;
 use super::exec::mapped;
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, entry, put};
+use crate::state::{self, entry, non_null, put};
 
 /// `CU_MEM_ADVISE_SET_READ_MOSTLY` .. `CU_MEM_ADVISE_UNSET_ACCESSED_BY`.
 const ADVICE: std::ops::RangeInclusive<c_int> = 1..=6;
@@ -30,9 +30,7 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     flags: c_uint,
 ) -> CUresult {
     entry("cuMemAllocManaged", || {
-        if dptr.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(dptr)?;
         let s = state::session()?;
         let ctx = state::current_ctx()?;
         let p = s.mem_alloc_managed(ctx, bytesize as u64, flags)?;

@@ -4,11 +4,11 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use remora_client::host::HostRange;
 use remora_client::proto::{RmMemset2dArgs, RmMemsetArgs};
-use remora_client::{CuError, CuResult, PointerKind, cu};
+use remora_client::{CuError, CuResult, PointerKind, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, enc, entry, put, put_opt, stream_ref};
+use crate::state::{self, Kind, enc, entry, non_null, put, put_opt, stream_ref};
 
 fn ctx_session() -> CuResult<(&'static remora_client::Session, u64)> {
     Ok((state::session()?, state::current_ctx()?))
@@ -17,9 +17,7 @@ fn ctx_session() -> CuResult<(&'static remora_client::Session, u64)> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut DevPtr, bytesize: usize) -> CUresult {
     entry("cuMemAlloc_v2", || {
-        if dptr.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(dptr)?;
         let (s, ctx) = ctx_session()?;
         let p = s.mem_alloc(ctx, bytesize as u64)?;
         // SAFETY: output pointer per cuda.h.
@@ -201,28 +199,41 @@ fn htod(dst: DevPtr, src: *const c_void, n: usize, stream: Option<(Handle, bool)
     if n == 0 {
         return Ok(());
     }
-    if src.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(src)?;
     // SAFETY: `src` is readable for `n` bytes per cuda.h; the slice is used only here.
     let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), n) };
     match stream {
-        Some((st, ptds)) => {
-            let h = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
-            if s.stream_may_capture(h) {
-                // Pageable or page-locked alike: the capture stages the host bytes around
-                // each launch (page-locked memory in the data area included: its zero-copy
-                // path issues the copy now, which a capture cannot record).
-                // SAFETY: cuda.h: host memory a captured copy names stays valid for every
-                // launch of the graph.
-                return unsafe {
-                    s.graph_capture_host_copy(ctx, h, dst, src as usize as u64, n as u64, true)
-                };
-            }
-            s.memcpy_htod_async(ctx, h, dst, data)
-        }
+        Some(st) => match async_host_copy(s, ctx, st, dst, src as usize as u64, n, true)? {
+            Some(h) => s.memcpy_htod_async(ctx, h, dst, data),
+            None => Ok(()),
+        },
         None => s.memcpy_htod(ctx, 1, dst, data),
     }
+}
+
+/// The stream handle of an asynchronous copy of `n` bytes between device address `dev` and
+/// host address `host` on `(stream, per-thread default)`; `None` when that stream is
+/// capturing and the copy went into the graph instead.
+fn async_host_copy(
+    s: &Session,
+    ctx: u64,
+    (stream, ptds): (Handle, bool),
+    dev: DevPtr,
+    host: u64,
+    n: usize,
+    to_device: bool,
+) -> CuResult<Option<u64>> {
+    let h = s.stream_handle(ctx, stream_ref(stream, ptds)?)?;
+    if !s.stream_may_capture(h) {
+        return Ok(Some(h));
+    }
+    // Pageable or page-locked alike: the capture stages the host bytes around each launch
+    // (page-locked memory in the data area included: its zero-copy path issues the copy now,
+    // which a capture cannot record).
+    // SAFETY: cuda.h: host memory a captured copy names stays valid for every launch of the
+    // graph.
+    unsafe { s.graph_capture_host_copy(ctx, h, dev, host, n as u64, to_device) }?;
+    Ok(None)
 }
 
 /// A host destination that a later synchronizing call fills.
@@ -243,20 +254,12 @@ fn dtoh(
     if n == 0 {
         return Ok(());
     }
-    if dst.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(dst)?;
     match stream {
-        Some((st, p)) => {
-            let h = s.stream_handle(ctx, stream_ref(st, p)?)?;
-            if s.stream_may_capture(h) {
-                // As in `htod`: staged around each launch, page-locked memory included.
-                // SAFETY: cuda.h: host memory a captured copy names stays valid for every
-                // launch of the graph.
-                return unsafe {
-                    s.graph_capture_host_copy(ctx, h, src, dst as usize as u64, n as u64, false)
-                };
-            }
+        Some(st) => {
+            let Some(h) = async_host_copy(s, ctx, st, src, dst as usize as u64, n, false)? else {
+                return Ok(());
+            };
             if s.pinned_offset(dst as usize as u64, n as u64).is_some() {
                 // Zero-copy pinned memory: the server writes it, nothing is delivered.
                 return s.memcpy_dtoh_pinned(ctx, h, src, dst as usize as u64, n as u64, true);

@@ -20,7 +20,7 @@ use remora_cuda_abi::pools::{
 
 use super::exec::mapped;
 use super::{DevPtr, Handle};
-use crate::state::{self, Kind, dec, enc, put, read_in};
+use crate::state::{self, Kind, dec, enc, non_null, put, read_in};
 
 /// Most descriptors one `cuMemPoolSetAccess` may pass (a bound on what is read from the
 /// program; the driver knows far fewer locations).
@@ -50,9 +50,7 @@ fn alloc_async(
     st: Handle,
     ptsz: bool,
 ) -> CuResult<()> {
-    if dptr.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(dptr)?;
     let pool = match p {
         Some(p) => pool(p)?,
         None => 0,
@@ -104,9 +102,7 @@ fn int_attr(attr: c_int) -> CuResult<bool> {
 }
 
 fn set_attribute(p: Handle, attr: c_int, value: *mut c_void) -> CuResult<()> {
-    if value.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(value)?;
     let v = if int_attr(attr)? {
         // SAFETY: `value` points to the attribute's type per cuda.h, an int here (non-null
         // checked above).

@@ -15,7 +15,7 @@ use remora_client::{CuError, CuResult, cu};
 use remora_cuda_abi::{MemAccessDesc, MemAllocationProp, MemLocation};
 
 use super::DevPtr;
-use crate::state::{self, put, read_in};
+use crate::state::{self, non_null, put, read_in};
 
 /// The session and the caller's current context (0 when it has none).
 fn session_ctx() -> CuResult<(&'static remora_client::Session, u64)> {
@@ -27,9 +27,7 @@ fn session_ctx() -> CuResult<(&'static remora_client::Session, u64)> {
 /// # Safety
 /// `prop` is null or points to a `CUmemAllocationProp`.
 unsafe fn wire_prop(prop: *const MemAllocationProp) -> CuResult<RmMemProp> {
-    if prop.is_null() {
-        return Err(CuError(cu::INVALID_VALUE));
-    }
+    non_null(prop)?;
     // SAFETY: non-null and a CUmemAllocationProp by the caller's contract (unaligned allowed).
     let p = unsafe { prop.read_unaligned() };
     Ok(remora_client::proto_mem_prop::from_abi(&p))
@@ -45,9 +43,7 @@ fn refuse_shareable(name: &str) -> CuResult<()> {
 
 entry_points! {
     cuMemCreate(handle: *mut c_ulonglong, size: usize, prop: *const MemAllocationProp, flags: c_ulonglong) => {
-        if handle.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(handle)?;
         // SAFETY: `prop` per cuda.h.
         let prop = unsafe { wire_prop(prop)? };
         let (s, ctx) = session_ctx()?;
@@ -60,9 +56,7 @@ entry_points! {
         s.mem_release(ctx, handle)
     };
     cuMemAddressReserve(ptr: *mut DevPtr, size: usize, alignment: usize, addr: DevPtr, flags: c_ulonglong) => {
-        if ptr.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(ptr)?;
         let (s, ctx) = session_ctx()?;
         let p = s.mem_address_reserve(ctx, size as u64, alignment as u64, addr, flags)?;
         // SAFETY: output pointer per cuda.h.
@@ -106,9 +100,7 @@ entry_points! {
         s.mem_set_access(ctx, ptr, size as u64, desc)
     };
     cuMemGetAccess(flags: *mut c_ulonglong, location: *const MemLocation, ptr: DevPtr) => {
-        if flags.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(flags)?;
         let loc = read_in(location)?;
         let (s, ctx) = session_ctx()?;
         let f = s.mem_get_access(ctx, ptr, (loc.kind, loc.id))?;
@@ -116,9 +108,7 @@ entry_points! {
         unsafe { put(flags, f) }
     };
     cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const MemAllocationProp, option: c_int) => {
-        if granularity.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(granularity)?;
         // SAFETY: `prop` per cuda.h.
         let prop = unsafe { wire_prop(prop)? };
         let (s, ctx) = session_ctx()?;
@@ -127,9 +117,7 @@ entry_points! {
         unsafe { put(granularity, g as usize) }
     };
     cuMemGetAllocationPropertiesFromHandle(prop: *mut MemAllocationProp, handle: c_ulonglong) => {
-        if prop.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(prop)?;
         let (s, ctx) = session_ctx()?;
         let p = s.mem_get_properties(ctx, handle)?;
         let out = remora_client::proto_mem_prop::to_abi(&p).ok_or(CuError(cu::INVALID_VALUE))?;
@@ -137,9 +125,7 @@ entry_points! {
         unsafe { put(prop, out) }
     };
     cuMemRetainAllocationHandle(handle: *mut c_ulonglong, addr: *mut c_void) => {
-        if handle.is_null() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
+        non_null(handle)?;
         let (s, ctx) = session_ctx()?;
         let h = s.mem_retain_handle(ctx, addr as u64)?;
         // SAFETY: output pointer per cuda.h.

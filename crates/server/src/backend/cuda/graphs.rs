@@ -7,9 +7,10 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use remora_cuda_abi::graphs::{
-    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, MemAllocNodeParams, MemsetNodeParams,
+    ExecUpdateResultInfo, HostNodeParams, KernelNodeParams, KernelNodeParamsV1, MemAllocNodeParams,
+    MemsetNodeParams,
 };
-use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D};
+use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D, MemcpySide};
 use remora_cuda_abi::{MemAccessDesc, MemLocation};
 use remora_proto::cuda::{CuError, CuResult, cu};
 
@@ -54,16 +55,18 @@ fn kernel_params(k: &KernelNode) -> (KernelNodeParams, KernelArgs) {
         .map(|&(off, _)| unsafe { base.add(off as usize) }.cast::<c_void>())
         .collect();
     let p = KernelNodeParams {
-        func: ptr(k.function),
-        grid_dim: k.grid,
-        block_dim: k.block,
-        shared_mem_bytes: k.shared_mem_bytes,
-        kernel_params: if args.is_empty() {
-            std::ptr::null_mut()
-        } else {
-            args.as_mut_ptr()
+        params: KernelNodeParamsV1 {
+            func: ptr(k.function),
+            grid_dim: k.grid,
+            block_dim: k.block,
+            shared_mem_bytes: k.shared_mem_bytes,
+            kernel_params: if args.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                args.as_mut_ptr()
+            },
+            extra: std::ptr::null_mut(),
         },
-        extra: std::ptr::null_mut(),
         kern: std::ptr::null_mut(),
         ctx: std::ptr::null_mut(),
     };
@@ -87,18 +90,29 @@ fn memset_params(m: &MemsetNode) -> CuResult<MemsetNodeParams> {
     })
 }
 
-/// `(memory type, host pointer, device address)` of one side.
-fn side(s: &GraphCopySide, extent: u64) -> CuResult<(u32, Ptr, u64)> {
-    match &s.mem {
-        GraphMem::Device(p) => Ok((MEMORYTYPE_DEVICE, std::ptr::null_mut(), *p)),
+/// One side of a memcpy node for the driver; `extent` is the span the copy touches.
+fn side(s: &GraphCopySide, extent: u64) -> CuResult<MemcpySide> {
+    let (memory_type, host, device) = match &s.mem {
+        GraphMem::Device(p) => (MEMORYTYPE_DEVICE, std::ptr::null_mut(), *p),
         GraphMem::Area(area, off) => {
             // The executor checked the span the copy touches from `off`.
             let p = area
                 .ptr(*off, extent)
                 .map_err(|_| CuError(cu::INVALID_VALUE))?;
-            Ok((MEMORYTYPE_HOST, p.cast(), 0))
+            (MEMORYTYPE_HOST, p.cast(), 0)
         }
-    }
+    };
+    Ok(MemcpySide {
+        memory_type,
+        host,
+        device,
+        context: std::ptr::null_mut(),
+        x_in_bytes: size(s.x_bytes)?,
+        y: size(s.y)?,
+        z: size(s.z)?,
+        pitch: size(s.pitch)?,
+        height: size(s.height)?,
+    })
 }
 
 fn memcpy_params(c: &MemcpyNode) -> CuResult<Memcpy3D> {
@@ -110,35 +124,13 @@ fn memcpy_params(c: &MemcpyNode) -> CuResult<Memcpy3D> {
                 s.row_offset(k, r) - s.row_offset(0, 0) + c.width
             })
     };
-    let (st, sh, sd) = side(&c.src, span(&c.src))?;
-    let (dt, dh, dd) = side(&c.dst, span(&c.dst))?;
-    Ok(Memcpy3D {
-        src_x_in_bytes: size(c.src.x_bytes)?,
-        src_y: size(c.src.y)?,
-        src_z: size(c.src.z)?,
-        src_lod: 0,
-        src_memory_type: st,
-        src_host: sh.cast_const(),
-        src_device: sd,
-        src_array: std::ptr::null_mut(),
-        src_context: std::ptr::null_mut(),
-        src_pitch: size(c.src.pitch)?,
-        src_height: size(c.src.height)?,
-        dst_x_in_bytes: size(c.dst.x_bytes)?,
-        dst_y: size(c.dst.y)?,
-        dst_z: size(c.dst.z)?,
-        dst_lod: 0,
-        dst_memory_type: dt,
-        dst_host: dh,
-        dst_device: dd,
-        dst_array: std::ptr::null_mut(),
-        dst_context: std::ptr::null_mut(),
-        dst_pitch: size(c.dst.pitch)?,
-        dst_height: size(c.dst.height)?,
-        width_in_bytes: size(c.width)?,
-        height: size(c.height)?,
-        depth: size(c.depth)?,
-    })
+    Ok(Memcpy3D::between(
+        side(&c.src, span(&c.src))?,
+        side(&c.dst, span(&c.dst))?,
+        size(c.width)?,
+        size(c.height)?,
+        size(c.depth)?,
+    ))
 }
 
 /// Reads a node list of the driver: asks for the count, then the nodes.
@@ -153,32 +145,23 @@ fn list(mut get: impl FnMut(*mut Ptr, *mut usize) -> CuResult<()>) -> CuResult<V
     Ok(v.into_iter().map(|p| p as usize as u64).collect())
 }
 
-fn copy_side_out(
-    mem: GraphMemOut,
-    x: usize,
-    y: usize,
-    z: usize,
-    pitch: usize,
-    height: usize,
-) -> CopySideOut {
-    CopySideOut {
-        mem,
-        pitch: pitch as u64,
-        height: height as u64,
-        x_bytes: x as u64,
-        y: y as u64,
-        z: z as u64,
-    }
-}
-
-fn mem_out(kind: u32, host: u64, dev: u64) -> CuResult<GraphMemOut> {
-    match kind {
-        MEMORYTYPE_DEVICE => Ok(GraphMemOut::Device(dev)),
-        MEMORYTYPE_HOST => Ok(GraphMemOut::Host(host)),
+/// One side of a memcpy node the driver describes.
+fn side_out(s: &MemcpySide) -> CuResult<CopySideOut> {
+    let mem = match s.memory_type {
+        MEMORYTYPE_DEVICE => GraphMemOut::Device(s.device),
+        MEMORYTYPE_HOST => GraphMemOut::Host(s.host as usize as u64),
         // Unified: a device address with unified addressing.
-        4 => Ok(GraphMemOut::Device(dev)),
-        _ => Err(CuError(cu::NOT_SUPPORTED)),
-    }
+        4 => GraphMemOut::Device(s.device),
+        _ => return Err(CuError(cu::NOT_SUPPORTED)),
+    };
+    Ok(CopySideOut {
+        mem,
+        pitch: s.pitch as u64,
+        height: s.height as u64,
+        x_bytes: s.x_in_bytes as u64,
+        y: s.y as u64,
+        z: s.z as u64,
+    })
 }
 
 impl CudaBackend {
@@ -239,50 +222,46 @@ impl CudaBackend {
         }
         Ok(node as usize as u64)
     }
+}
 
-    fn set_params(
-        &self,
-        d: &Driver,
-        exec: Option<u64>,
-        node: u64,
-        params: &NodeParams,
-    ) -> CuResult<()> {
-        let nd = ptr(node);
-        // SAFETY (every call below): `nd` is a node of this session (of the graph `exec` was
-        // made from, for the exec forms); the parameter structs live across the call.
-        match (params, exec) {
-            (NodeParams::Kernel(k), None) => {
-                let (p, _args) = kernel_params(k);
-                call!(d.t, graph_kernel_node_set_params(nd, &p))
+/// `cuGraph*NodeSetParams` of `node`, or with `exec` `cuGraphExec*NodeSetParams`.
+fn set_params(d: &Driver, exec: Option<u64>, node: u64, params: &NodeParams) -> CuResult<()> {
+    let nd = ptr(node);
+    // The plain call of a node, or the exec form: the memset and memcpy ones also take the
+    // node's context.
+    macro_rules! set {
+        ($plain:ident, $exec:ident, $p:expr $(, $ctx:expr)?) => {{
+            let p = $p;
+            // SAFETY: `nd` is a node of this session (of the graph `exec` was made from, for
+            // the exec forms); the parameter struct lives across the call.
+            match exec {
+                None => call!(d.t, $plain(nd, &p)),
+                Some(e) => call!(d.t, $exec(ptr(e), nd, &p $(, ptr($ctx))?)),
             }
-            (NodeParams::Kernel(k), Some(e)) => {
-                let (p, _args) = kernel_params(k);
-                call!(d.t, graph_exec_kernel_node_set_params(ptr(e), nd, &p))
-            }
-            (NodeParams::Memset(m), None) => {
-                let p = memset_params(m)?;
-                call!(d.t, graph_memset_node_set_params(nd, &p))
-            }
-            (NodeParams::Memset(m), Some(e)) => {
-                let p = memset_params(m)?;
-                call!(
-                    d.t,
-                    graph_exec_memset_node_set_params(ptr(e), nd, &p, ptr(m.ctx))
-                )
-            }
-            (NodeParams::Memcpy(c), None) => {
-                let p = memcpy_params(c)?;
-                call!(d.t, graph_memcpy_node_set_params(nd, &p))
-            }
-            (NodeParams::Memcpy(c), Some(e)) => {
-                let p = memcpy_params(c)?;
-                call!(
-                    d.t,
-                    graph_exec_memcpy_node_set_params(ptr(e), nd, &p, ptr(c.ctx))
-                )
-            }
-            _ => Err(CuError(cu::INVALID_VALUE)),
+        }};
+    }
+    match params {
+        NodeParams::Kernel(k) => {
+            let (p, _args) = kernel_params(k);
+            set!(
+                graph_kernel_node_set_params,
+                graph_exec_kernel_node_set_params,
+                p
+            )
         }
+        NodeParams::Memset(m) => set!(
+            graph_memset_node_set_params,
+            graph_exec_memset_node_set_params,
+            memset_params(m)?,
+            m.ctx
+        ),
+        NodeParams::Memcpy(c) => set!(
+            graph_memcpy_node_set_params,
+            graph_exec_memcpy_node_set_params,
+            memcpy_params(c)?,
+            c.ctx
+        ),
+        _ => Err(CuError(cu::INVALID_VALUE)),
     }
 }
 
@@ -460,9 +439,10 @@ impl Graphs for CudaBackend {
         match kind {
             node_type::KERNEL => {
                 // SAFETY: all-zero is a valid value of this plain C struct.
-                let mut p: KernelNodeParams = unsafe { std::mem::zeroed() };
+                let mut v2: KernelNodeParams = unsafe { std::mem::zeroed() };
                 // SAFETY: a kernel node of this session; writes the struct.
-                call!(d.t, graph_kernel_node_get_params(ptr(node), &mut p))?;
+                call!(d.t, graph_kernel_node_get_params(ptr(node), &mut v2))?;
+                let p = v2.params;
                 let function = p.func as usize as u64;
                 let layout = layout(function).ok_or_else(|| {
                     tracing::warn!("remora: cuGraphKernelNodeGetParams: the node's kernel is not a function of this session; returning CUDA_ERROR_NOT_SUPPORTED");
@@ -517,23 +497,10 @@ impl Graphs for CudaBackend {
                 let mut p: Memcpy3D = unsafe { std::mem::zeroed() };
                 // SAFETY: a memcpy node of this session; writes the struct.
                 call!(d.t, graph_memcpy_node_get_params(ptr(node), &mut p))?;
+                let (src, dst) = p.sides();
                 Ok(NodeInfo::Memcpy {
-                    src: copy_side_out(
-                        mem_out(p.src_memory_type, p.src_host as usize as u64, p.src_device)?,
-                        p.src_x_in_bytes,
-                        p.src_y,
-                        p.src_z,
-                        p.src_pitch,
-                        p.src_height,
-                    ),
-                    dst: copy_side_out(
-                        mem_out(p.dst_memory_type, p.dst_host as usize as u64, p.dst_device)?,
-                        p.dst_x_in_bytes,
-                        p.dst_y,
-                        p.dst_z,
-                        p.dst_pitch,
-                        p.dst_height,
-                    ),
+                    src: side_out(&src)?,
+                    dst: side_out(&dst)?,
                     width: p.width_in_bytes as u64,
                     height: p.height as u64,
                     depth: p.depth as u64,
@@ -589,9 +556,14 @@ impl Graphs for CudaBackend {
         }
     }
 
-    fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        self.set_params(d, None, node, params)
+    fn graph_node_set_params(
+        &self,
+        ctx: u64,
+        exec: Option<u64>,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()> {
+        set_params(self.in_ctx(ctx)?, exec, node, params)
     }
 
     fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64> {
@@ -600,17 +572,6 @@ impl Graphs for CudaBackend {
         // SAFETY: a graph of this session; writes one CUgraph.
         call!(d.t, graph_clone(&mut g, ptr(graph)))?;
         Ok(g as usize as u64)
-    }
-
-    fn graph_exec_node_set_params(
-        &self,
-        ctx: u64,
-        exec: u64,
-        node: u64,
-        params: &NodeParams,
-    ) -> CuResult<()> {
-        let d = self.in_ctx(ctx)?;
-        self.set_params(d, Some(exec), node, params)
     }
 
     fn graph_exec_update(&self, ctx: u64, exec: u64, graph: u64) -> (CuResult<()>, ExecUpdate) {

@@ -363,16 +363,12 @@ impl Backend for CudaBackend {
 
     fn device_get_graph_mem_attribute(&self, device: i32, attribute: i32) -> CuResult<u64> {
         let d = self.d()?;
-        let mut v: u64 = 0;
+        let (dev, mut v) = (d.dev(device)?, 0u64);
         // SAFETY: a real device ordinal; every CUgraphMem_attribute is a cuuint64_t, written
         // into a live cell.
         call!(
             d.t,
-            device_get_graph_mem_attribute(
-                d.dev(device)?,
-                attribute,
-                (&raw mut v).cast::<c_void>()
-            )
+            device_get_graph_mem_attribute(dev, attribute, (&raw mut v).cast())
         )?;
         Ok(v)
     }
@@ -384,15 +380,11 @@ impl Backend for CudaBackend {
         value: u64,
     ) -> CuResult<()> {
         let d = self.d()?;
-        let mut v = value;
+        let (dev, mut v) = (d.dev(device)?, value);
         // SAFETY: a real device ordinal; the value is a cuuint64_t in a live cell.
         call!(
             d.t,
-            device_set_graph_mem_attribute(
-                d.dev(device)?,
-                attribute,
-                (&raw mut v).cast::<c_void>()
-            )
+            device_set_graph_mem_attribute(dev, attribute, (&raw mut v).cast())
         )
     }
 

@@ -701,16 +701,40 @@ impl Graphs for EmulatedBackend {
         info(&g.node(node)?.op)
     }
 
-    fn graph_node_set_params(&self, ctx: u64, node: u64, params: &NodeParams) -> CuResult<()> {
+    fn graph_node_set_params(
+        &self,
+        ctx: u64,
+        exec: Option<u64>,
+        node: u64,
+        params: &NodeParams,
+    ) -> CuResult<()> {
         let mut st = self.lock();
         st.ctx(ctx)?;
         let op = st.node_op(params)?;
-        let g = st.graph_of(node)?;
-        let n = st.graphs.graph_mut(g)?.node_mut(node)?;
-        if n.kind != op_kind(&op) {
+        let (kind, slot) = match exec {
+            None => {
+                let g = st.graph_of(node)?;
+                let n = st.graphs.graph_mut(g)?.node_mut(node)?;
+                (n.kind, &mut n.op)
+            }
+            Some(exec) => {
+                let e = st
+                    .graphs
+                    .execs
+                    .get_mut(&exec)
+                    .ok_or(CuError(cu::INVALID_HANDLE))?;
+                let slot = e
+                    .ops
+                    .iter_mut()
+                    .find(|(id, _)| *id == node)
+                    .ok_or_else(invalid)?;
+                (op_kind(&slot.1), &mut slot.1)
+            }
+        };
+        if kind != op_kind(&op) {
             return Err(invalid());
         }
-        n.op = op;
+        *slot = op;
         Ok(())
     }
 
@@ -718,33 +742,6 @@ impl Graphs for EmulatedBackend {
         let mut st = self.lock();
         st.ctx(ctx)?;
         st.clone_graph(graph)
-    }
-
-    fn graph_exec_node_set_params(
-        &self,
-        ctx: u64,
-        exec: u64,
-        node: u64,
-        params: &NodeParams,
-    ) -> CuResult<()> {
-        let mut st = self.lock();
-        st.ctx(ctx)?;
-        let op = st.node_op(params)?;
-        let e = st
-            .graphs
-            .execs
-            .get_mut(&exec)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
-        let slot = e
-            .ops
-            .iter_mut()
-            .find(|(id, _)| *id == node)
-            .ok_or_else(invalid)?;
-        if op_kind(&slot.1) != op_kind(&op) {
-            return Err(invalid());
-        }
-        slot.1 = op;
-        Ok(())
     }
 
     fn graph_exec_update(&self, ctx: u64, exec: u64, graph: u64) -> (CuResult<()>, ExecUpdate) {
