@@ -217,7 +217,12 @@ fn bad_arguments_and_context_destruction() {
 fn a_copy_carried_by_the_synchronize_reply_does_not_stall_the_pull() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = serve(4 * AREA);
-    for (endpoint, transport) in transports(&server) {
+    // Non-blocking streams, and blocking ones (whose copies the legacy stream, on which the
+    // pull reads managed memory back, waits for).
+    for ((endpoint, transport), flags) in transports(&server)
+        .into_iter()
+        .flat_map(|t| [(t.clone(), 1), (t, 0)])
+    {
         let s = session(&endpoint, transport);
         let ctx = s.primary_ctx_retain(0).unwrap();
         let m = s.mem_alloc_managed(ctx, 4096, 1).unwrap();
@@ -226,8 +231,8 @@ fn a_copy_carried_by_the_synchronize_reply_does_not_stall_the_pull() {
         let d = s.mem_alloc(ctx, bytes as u64).unwrap();
         s.memcpy_htod(ctx, LEGACY, d, &src).unwrap();
         let (s1, s2) = (
-            s.stream_create(ctx, 1, 0).unwrap(),
-            s.stream_create(ctx, 1, 0).unwrap(),
+            s.stream_create(ctx, flags, 0).unwrap(),
+            s.stream_create(ctx, flags, 0).unwrap(),
         );
         let got = Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink_got = Arc::clone(&got);
@@ -247,7 +252,7 @@ fn a_copy_carried_by_the_synchronize_reply_does_not_stall_the_pull() {
         s.stream_synchronize(ctx, s1).unwrap();
         assert!(
             start.elapsed() < std::time::Duration::from_secs(10),
-            "synchronize took {:?} over {transport:?}",
+            "synchronize took {:?} over {transport:?}, stream flags {flags}",
             start.elapsed()
         );
         assert_eq!(*got.lock().unwrap(), src, "copy bytes over {transport:?}");

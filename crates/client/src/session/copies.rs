@@ -28,12 +28,25 @@ impl Session {
             return self.memcpy_dtoh_pinned(ctx, stream, src, host, size, false);
         }
         let mark = self.copy_mark();
-        if let Some((staging, chunk)) = self.area_staging(out.len()) {
-            self.area_dtoh(area_args(ctx, stream, src), out, &staging, chunk)?;
-            return self.settle_stream(ctx, stream, mark);
-        }
-        self.dtoh_socket(ctx, stream, src, out)?;
+        self.memcpy_dtoh_unsettled(ctx, stream, src, out)?;
         self.settle_stream(ctx, stream, mark)
+    }
+
+    /// The copy of [`Session::memcpy_dtoh`] without waiting for the delivery of earlier
+    /// asynchronous copies: for the managed-memory hooks, which run inside another call whose
+    /// reply (and the copies it carries) the calling thread has not processed yet (see
+    /// `ctx_synchronize_unsettled`).
+    pub(super) fn memcpy_dtoh_unsettled(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        out: &mut [u8],
+    ) -> CuResult<()> {
+        if let Some((staging, chunk)) = self.area_staging(out.len()) {
+            return self.area_dtoh(area_args(ctx, stream, src), out, &staging, chunk);
+        }
+        self.dtoh_socket(ctx, stream, src, out)
     }
 
     /// `cuMemcpyDtoD` (synchronous).

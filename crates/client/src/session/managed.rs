@@ -437,9 +437,8 @@ impl Session {
             let mut device = Vec::new();
             for m in st.list.values_mut() {
                 device.resize(m.size as usize, 0);
-                if let Err(e) =
-                    self.memcpy_dtoh(m.ctx, u64::from(RM_STREAM_LEGACY), m.dev, &mut device)
-                {
+                let legacy = u64::from(RM_STREAM_LEGACY);
+                if let Err(e) = self.memcpy_dtoh_unsettled(m.ctx, legacy, m.dev, &mut device) {
                     tracing::error!(
                         "remora: {why}: reading managed memory {:#x}+{:#x} back from the device failed: {e}; the host keeps its bytes",
                         m.dev,
