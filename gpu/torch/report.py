@@ -3,7 +3,8 @@
     python3 gpu/torch/report.py OUT_DIR [IN_DIR...]
 
 IN_DIR (default OUT_DIR) is an OUT_DIR of suite.sh: logs/results.tsv (NAME, MODE, STATUS,
-SECONDS, DETAIL per run) and logs/NAME.MODE.err (train.py's `train-stats` lines). Several
+SECONDS, DETAIL per run) and logs/NAME.MODE.err (train.py's `train-stats` lines; without them
+the step times in results.tsv are used). Several
 IN_DIRs, from suite.sh runs split over several device calls, are merged into one report (a
 check or model in several: the last one's runs). Device and commit: env TORCH_SUITE_DEVICE and
 REMORA_COMMIT, else what the first IN_DIR's torch-suite.json says. Standard library only.
@@ -11,6 +12,7 @@ REMORA_COMMIT, else what the first IN_DIR's torch-suite.json says. Standard libr
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 
@@ -66,7 +68,10 @@ def main():
             e["match"] = native[0] == "ok" and any(m in r for m in modes) and all(
                 r[m][0] == "pass" for m in modes if m in r)
             if native[0] == "ok":
-                e["output"] = open(f"{d}/logs/{name}.native.out").read().strip()
+                try:
+                    e["output"] = open(f"{d}/logs/{name}.native.out").read().strip()
+                except OSError:  # logs not kept (a device call returns few files)
+                    e["output"] = native[2]
             else:
                 e["reason"] = native[2]
             e["seconds"] = {m: v[1] for m, v in r.items()}
@@ -94,6 +99,12 @@ def main():
             status, secs, detail = r[m]
             s = stats(d, name, m) if status != "skip" else {}
             rem = s.get("median_step_ms")
+            # Without the run's stderr, the figures suite.sh wrote into results.tsv.
+            got = re.search(r"([\d.]+) ms/step, native ([\d.]+)", detail)
+            if rem is None and got:
+                rem = float(got.group(1))
+                common["native_step_ms"] = common["native_step_ms"] or float(got.group(2))
+            native_ms = common["native_step_ms"]
             training.append({
                 "model": model, "mode": m, "status": status, "losses_match": status == "pass",
                 "remote_step_ms": rem, "ratio": round(rem / native_ms, 3) if rem and native_ms else None,
