@@ -224,6 +224,41 @@ impl Mirrors {
     }
 }
 
+/// The device's bytes of one mirror, read back for a host function.
+pub(crate) type ReadBack = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;
+
+impl Mirrors {
+    /// Merges bytes read back before a host function ([`ReadBack`] per device address) into
+    /// the mirrors still alive, as a pull does (pages the host changed keep the host's bytes).
+    pub(crate) fn merge_read_back(&self, read: &[(u64, ReadBack)]) {
+        if read.is_empty() {
+            return;
+        }
+        let mut st = self.lock();
+        for (dev, buf) in read {
+            let device = buf.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(m) = st.list.get_mut(dev) else {
+                continue;
+            };
+            if device.len() != m.size as usize {
+                tracing::error!(
+                    "remora: managed memory {dev:#x} read back for a host function came with {} of {} bytes; the function sees the host's bytes",
+                    device.len(),
+                    m.size
+                );
+                continue;
+            }
+            // SAFETY: the mirror's host range is mapped read-write while it is in the
+            // (locked) list; the host function is the program's only code touching it now, as
+            // CUDA's model for managed memory requires.
+            let host = unsafe {
+                std::slice::from_raw_parts_mut(m.host as usize as *mut u8, m.size as usize)
+            };
+            m.merge_pulled(host, &device);
+        }
+    }
+}
+
 /// What a remote procedure means for mirrors, by its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ProcClass {

@@ -477,3 +477,55 @@ fn bytes_of_mut<'a>(p: u64, n: u64) -> &'a mut [u8] {
     // SAFETY: `p` is a live host allocation of at least `n` bytes that nothing else uses now.
     unsafe { std::slice::from_raw_parts_mut(p as usize as *mut u8, n as usize) }
 }
+
+/// A host function sees what device work before it on its stream wrote to managed memory
+/// (read back on that stream before the function runs), and what it writes reaches later
+/// kernels.
+#[test]
+fn host_functions_see_managed_memory_written_before_them() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    for (endpoint, transport) in transports(&server) {
+        let s = session(&endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let f = vecadd(&s, ctx);
+        let bytes = (N * 4) as u64;
+        let [a, c] = [0; 2].map(|_| s.mem_alloc_managed(ctx, bytes, 1).unwrap());
+        for (i, x) in floats(a).iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        let st = s.stream_create(ctx, 0, 0).unwrap();
+        add(&s, ctx, &f, (a, a, c), StreamRef::Handle(st));
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen_cb = Arc::clone(&seen);
+        s.launch_host_func(
+            ctx,
+            st,
+            Box::new(move |_| {
+                let c = floats(c);
+                seen_cb.lock().unwrap().extend_from_slice(c);
+                // The function changes managed memory; the next kernel reads the change.
+                c[0] = 1000.0;
+            }),
+        )
+        .unwrap();
+        s.stream_synchronize(ctx, st).unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), N);
+        for (i, &z) in seen.iter().enumerate() {
+            assert_eq!(
+                z,
+                (2 * i) as f32,
+                "element {i} in the host function over {transport:?}"
+            );
+        }
+        add(&s, ctx, &f, (c, c, a), StreamRef::Handle(st));
+        s.stream_synchronize(ctx, st).unwrap();
+        assert_eq!(floats(a)[0], 2000.0, "over {transport:?}");
+        assert_eq!(floats(a)[5], 20.0, "over {transport:?}");
+        s.stream_destroy(st).unwrap();
+        for p in [a, c] {
+            s.mem_free(ctx, p).unwrap();
+        }
+    }
+}

@@ -245,6 +245,46 @@ impl Session {
         }
     }
 
+    /// Before a host function on `stream`: enqueues an asynchronous copy of every mirror of
+    /// `ctx` back to the host, on that stream, so that the function sees what device work
+    /// before it wrote to managed (and mapped) memory. Their bytes arrive before the function
+    /// runs (as every copy before a host function does); the function's wrapper merges them
+    /// with [`crate::mirror::Mirrors::merge_read_back`]. Nothing when there is no mirror.
+    pub(super) fn read_mirrors_before(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+    ) -> Vec<(u64, mirror::ReadBack)> {
+        if !self.mirrors.active() || mirror::in_coherence() {
+            return Vec::new();
+        }
+        let list: Vec<(u64, u64)> = {
+            let st = self.mirrors.lock();
+            st.list
+                .values()
+                .filter(|m| m.ctx == ctx)
+                .map(|m| (m.dev, m.size))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (dev, size) in list {
+            let buf = mirror::ReadBack::default();
+            let sink_buf = Arc::clone(&buf);
+            let sink: crate::CopySink = Box::new(move |data: &[u8]| {
+                lock(&sink_buf).extend_from_slice(data);
+            });
+            let r = mirror::guarded(|| self.memcpy_dtoh_async(ctx, stream, dev, size, sink));
+            match r {
+                Some(Ok(())) => out.push((dev, buf)),
+                Some(Err(e)) => tracing::error!(
+                    "remora: reading managed memory {dev:#x}+{size:#x} back for a host function failed: {e}; the function sees the host's bytes"
+                ),
+                None => {}
+            }
+        }
+        out
+    }
+
     /// The physical allocation behind a managed range, mapped and accessible.
     fn back_managed(
         &self,

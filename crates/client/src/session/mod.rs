@@ -389,7 +389,7 @@ pub struct Session {
     callbacks: Arc<HostCallbacks>,
     captures: Mutex<Captures>,
     /// Host mirrors of managed memory ([`crate::mirror`]).
-    mirrors: crate::mirror::Mirrors,
+    mirrors: Arc<crate::mirror::Mirrors>,
     /// Held while host memory gets its device copy ([`Session::mirror_host_range`]).
     mirroring: Mutex<()>,
     /// Graph memory allocations and host sides of memcpy nodes (`session/graphs.rs`).
@@ -649,7 +649,7 @@ impl Session {
             libraries: Libraries::default(),
             callbacks: Arc::default(),
             captures: Mutex::default(),
-            mirrors: crate::mirror::Mirrors::default(),
+            mirrors: Arc::default(),
             mirroring: Mutex::new(()),
             graph_host: Mutex::default(),
         })

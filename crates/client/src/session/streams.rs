@@ -102,6 +102,7 @@ impl Session {
     ) -> CuResult<()> {
         self.need_revision(4, "a host callback")?;
         self.not_captured(stream, "a host callback")?;
+        let mirrored = self.read_mirrors_before(ctx, stream);
         // The callback must see the bytes of the copies its stream is ordered after: they are
         // named to the server, whose host function publishes them (revision 8), and the
         // callback thread takes them before it runs the callback.
@@ -109,12 +110,14 @@ impl Session {
         let copies = self.delivery.covered_ids(&cov);
         let named = self.delivery.revision() >= 8;
         let delivery = Arc::clone(&self.delivery);
+        let mirrors = Arc::clone(&self.mirrors);
         let cb: HostCallback = Box::new(move |status| {
             if named && let Err(e) = delivery.settle(&cov, Fetch::Ready) {
                 tracing::error!(
                     "remora: a host callback runs without the data of copies before it: {e}"
                 );
             }
+            mirrors.merge_read_back(&mirrored);
             cb(status)
         });
         let id = self.callbacks.register(&self.rpc, cb).map_err(|e| {
