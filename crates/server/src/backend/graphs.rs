@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use remora_oncrpc::DataArea;
 use remora_proto::cuda::CuResult;
+use remora_proto::remora::RmMemsetNode;
 
 use super::pools::{MemAccessDesc, MemLocation};
 
@@ -75,6 +76,33 @@ pub struct MemsetNode {
     /// Elements per row.
     pub width: u64,
     pub height: u64,
+}
+
+impl MemsetNode {
+    /// The memset `m` of the wire, in backend context `ctx`.
+    pub fn new(ctx: u64, m: &RmMemsetNode) -> Self {
+        MemsetNode {
+            ctx,
+            dst: m.dst,
+            pitch: m.pitch,
+            value: m.value,
+            element_size: m.element_size,
+            width: m.width,
+            height: m.height,
+        }
+    }
+
+    /// The wire form (without the context).
+    pub fn wire(&self) -> RmMemsetNode {
+        RmMemsetNode {
+            dst: self.dst,
+            pitch: self.pitch,
+            value: self.value,
+            element_size: self.element_size,
+            width: self.width,
+            height: self.height,
+        }
+    }
 }
 
 /// Where one side of a memcpy node is.

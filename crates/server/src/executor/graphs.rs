@@ -11,9 +11,9 @@ use crate::backend::graphs::{
     CopySideOut, GraphCopySide, GraphMem, GraphMemOut, HostNode, KernelNode, MemAllocNode,
     MemcpyNode, MemsetNode, NodeInfo, NodeParams,
 };
-use crate::backend::pools::{MemAccessDesc, MemLocation};
 use crate::session::SessionState;
 use remora_proto::cuda::{CuError, cu};
+use remora_proto::pool_access;
 
 fn invalid() -> CuError {
     CuError(cu::INVALID_VALUE)
@@ -53,15 +53,7 @@ fn memset_node(st: &SessionState, ctx: u64, m: &RmMemsetNode) -> CuResult<Memset
         .and_then(|s| s.checked_add(row))
         .ok_or_else(invalid)?;
     st.check_range(m.dst, span)?;
-    Ok(MemsetNode {
-        ctx,
-        dst: m.dst,
-        pitch: m.pitch,
-        value: m.value,
-        element_size: m.element_size,
-        width: m.width,
-        height: m.height,
-    })
+    Ok(MemsetNode::new(ctx, m))
 }
 
 /// Checks one side of a memcpy node: the bytes it touches lie in one range of the session
@@ -526,20 +518,9 @@ fn mem_alloc_node(m: &RmMemAllocNode) -> CuResult<MemAllocNode> {
     if m.bytesize == 0 || m.dptr != 0 {
         return Err(invalid());
     }
-    let loc = |l: &RmPoolLocation| MemLocation {
-        kind: l.kind,
-        id: l.id,
-    };
     Ok(MemAllocNode {
-        location: loc(&m.location),
-        access: m
-            .access
-            .iter()
-            .map(|a| MemAccessDesc {
-                location: loc(&a.location),
-                flags: a.flags,
-            })
-            .collect(),
+        location: pool_access::location_to_abi(&m.location),
+        access: m.access.iter().map(pool_access::access_to_abi).collect(),
         bytesize: m.bytesize,
     })
 }
@@ -568,20 +549,13 @@ fn wire_params(
     };
     Ok(match info {
         NodeInfo::MemAlloc { node, dptr } => {
-            let loc = |l: MemLocation| RmPoolLocation {
-                kind: l.kind,
-                id: l.id,
-            };
             RmNodeParams::RmNodeMemAlloc(RmMemAllocNode {
-                location: loc(node.location),
+                location: pool_access::location_from_abi(node.location),
                 access: node
                     .access
                     .iter()
                     .take(RM_MAX_POOL_ACCESS as usize)
-                    .map(|a| RmPoolAccess {
-                        location: loc(a.location),
-                        flags: a.flags,
-                    })
+                    .map(pool_access::access_from_abi)
                     .collect(),
                 bytesize: node.bytesize,
                 dptr,
@@ -604,14 +578,7 @@ fn wire_params(
             shared_mem_bytes,
             params: params.into(),
         }),
-        NodeInfo::Memset(m) => RmNodeParams::RmNodeMemset(RmMemsetNode {
-            dst: m.dst,
-            pitch: m.pitch,
-            value: m.value,
-            element_size: m.element_size,
-            width: m.width,
-            height: m.height,
-        }),
+        NodeInfo::Memset(m) => RmNodeParams::RmNodeMemset(m.wire()),
         NodeInfo::Memcpy {
             src,
             dst,
