@@ -213,28 +213,24 @@ impl Executor {
 
     pub(super) fn graph_add_mem_alloc_node(
         &self,
-        session: &Session,
+        st: &mut SessionState,
         a: RmAddNodeArgs,
-    ) -> RmMemAllocNodeReply {
-        let mut st = session.lock();
-        let r = (|| {
-            let RmNodeParams::RmNodeMemAlloc(m) = &a.params else {
-                return Err(invalid());
-            };
-            let (graph, graph_ctx, gctx, deps) = Self::node_target(&st, a.graph, &a.dependencies)?;
-            let node = mem_alloc_node(m)?;
-            let (raw, dptr) = self
-                .inner
-                .backend
-                .graph_add_mem_alloc_node(gctx, graph, &deps, &node)?;
-            st.add_graph_mem(dptr, node.bytesize, graph_ctx, a.graph);
-            let node = st.insert(Resource::GraphNode {
-                raw,
-                graph: a.graph,
-            });
-            Ok(RmMemAllocNodeAdded { node, dptr })
-        })();
-        reply!("RM_GRAPH_ADD_MEM_ALLOC_NODE", RmMemAllocNodeReply, r)
+    ) -> CuResult<RmMemAllocNodeAdded> {
+        let RmNodeParams::RmNodeMemAlloc(m) = &a.params else {
+            return Err(invalid());
+        };
+        let (graph, graph_ctx, gctx, deps) = Self::node_target(st, a.graph, &a.dependencies)?;
+        let node = mem_alloc_node(m)?;
+        let (raw, dptr) = self
+            .inner
+            .backend
+            .graph_add_mem_alloc_node(gctx, graph, &deps, &node)?;
+        st.add_graph_mem(dptr, node.bytesize, graph_ctx, a.graph);
+        let node = st.insert(Resource::GraphNode {
+            raw,
+            graph: a.graph,
+        });
+        Ok(RmMemAllocNodeAdded { node, dptr })
     }
 
     pub(super) fn graph_create(&self, session: &Session, a: RmGraphCreateArgs) -> RmHandleReply {
@@ -368,18 +364,18 @@ impl Executor {
         list_reply(what, r)
     }
 
-    pub(super) fn graph_get_edges(&self, session: &Session, h: RmHandle) -> RmGraphEdgesReply {
-        let mut st = session.lock();
-        let r = (|| {
-            let (graph, ctx) = st.explicit_graph(h)?;
-            let (from, to) = self.inner.backend.graph_edges(st.ctx(ctx)?, graph)?;
-            node_list("RM_GRAPH_GET_EDGES", from.len())?;
-            Ok(RmGraphEdges {
-                from: Self::handles(&mut st, from, h),
-                to: Self::handles(&mut st, to, h),
-            })
-        })();
-        reply!("RM_GRAPH_GET_EDGES", RmGraphEdgesReply, r)
+    pub(super) fn graph_get_edges(
+        &self,
+        st: &mut SessionState,
+        h: RmHandle,
+    ) -> CuResult<RmGraphEdges> {
+        let (graph, ctx) = st.explicit_graph(h)?;
+        let (from, to) = self.inner.backend.graph_edges(st.ctx(ctx)?, graph)?;
+        node_list("RM_GRAPH_GET_EDGES", from.len())?;
+        Ok(RmGraphEdges {
+            from: Self::handles(st, from, h),
+            to: Self::handles(st, to, h),
+        })
     }
 
     pub(super) fn graph_node_get_type(&self, session: &Session, h: RmHandle) -> RmIntReply {
@@ -461,20 +457,16 @@ impl Executor {
             .graph_node_set_params(c, exec, node, &params)
     }
 
-    pub(super) fn graph_clone(&self, session: &Session, h: RmHandle) -> RmHandleReply {
-        let mut st = session.lock();
-        let r = (|| {
-            let (graph, ctx) = st.explicit_graph(h)?;
-            let raw = self.inner.backend.graph_clone(st.ctx(ctx)?, graph)?;
-            let clone = st.insert(Resource::Graph {
-                raw,
-                ctx,
-                capture: None,
-            });
-            st.share_graph_mem(h, clone);
-            Ok(clone)
-        })();
-        handle_reply("RM_GRAPH_CLONE", r)
+    pub(super) fn graph_clone(&self, st: &mut SessionState, h: RmHandle) -> CuResult<RmHandle> {
+        let (graph, ctx) = st.explicit_graph(h)?;
+        let raw = self.inner.backend.graph_clone(st.ctx(ctx)?, graph)?;
+        let clone = st.insert(Resource::Graph {
+            raw,
+            ctx,
+            capture: None,
+        });
+        st.share_graph_mem(h, clone);
+        Ok(clone)
     }
 
     pub(super) fn graph_exec_update(

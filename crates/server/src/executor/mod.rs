@@ -107,6 +107,35 @@ reply_fn!(u64_reply, RmU64Reply, u64);
 reply_fn!(handle_reply, RmHandleReply, u64);
 reply_fn!(float_reply, RmFloatReply, f32);
 
+/// A reply made of a call's result, a failure logged as `what`: a plain code ([`code`]) or a
+/// union that carries the value on success ([`reply!`]).
+trait FromResult<T> {
+    fn from_result(what: &str, r: CuResult<T>) -> Self;
+}
+
+impl FromResult<()> for CuResult_ {
+    fn from_result(what: &str, r: CuResult<()>) -> Self {
+        code(what, r)
+    }
+}
+
+macro_rules! union_from_result {
+    ($($ty:ident($val:ty),)*) => {
+        $(impl FromResult<$val> for $ty {
+            fn from_result(what: &str, r: CuResult<$val>) -> Self {
+                reply!(what, $ty, r)
+            }
+        })*
+    };
+}
+union_from_result! {
+    RmHandleReply(u64),
+    RmCaptureBegunReply(RmCaptureBegun),
+    RmMemAllocNodeReply(RmMemAllocNodeAdded),
+    RmGraphEdgesReply(RmGraphEdges),
+    RmMemPropReply(RmMemProp),
+}
+
 fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
     let r = r.map(|(first, second)| RmIntPair { first, second });
     reply!(what, RmIntPairReply, r)
