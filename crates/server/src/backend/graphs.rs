@@ -115,16 +115,34 @@ pub enum GraphMem {
     Area(DataArea, u64),
 }
 
-/// One side of a memcpy node.
-#[derive(Debug, Clone)]
-pub struct GraphCopySide {
-    pub mem: GraphMem,
+/// One side of a memcpy node: its memory `M` ([`GraphMem`] given, [`GraphMemOut`] read back)
+/// and where the copy lies in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopySide<M> {
+    pub mem: M,
     pub pitch: u64,
     pub height: u64,
     pub x_bytes: u64,
     pub y: u64,
     pub z: u64,
 }
+
+impl<M> CopySide<M> {
+    /// The same side in memory `mem`.
+    pub fn with_mem<N>(&self, mem: N) -> CopySide<N> {
+        CopySide {
+            mem,
+            pitch: self.pitch,
+            height: self.height,
+            x_bytes: self.x_bytes,
+            y: self.y,
+            z: self.z,
+        }
+    }
+}
+
+/// One side of a memcpy node.
+pub type GraphCopySide = CopySide<GraphMem>;
 
 impl GraphCopySide {
     /// The offset of the first byte of row `r` of slice `k` from the side's base.
@@ -188,15 +206,7 @@ pub enum GraphMemOut {
 }
 
 /// One side of a memcpy node read back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CopySideOut {
-    pub mem: GraphMemOut,
-    pub pitch: u64,
-    pub height: u64,
-    pub x_bytes: u64,
-    pub y: u64,
-    pub z: u64,
-}
+pub type CopySideOut = CopySide<GraphMemOut>;
 
 /// A node's parameters read back (kernel, memset and memcpy nodes).
 #[derive(Debug, Clone, PartialEq, Eq)]
