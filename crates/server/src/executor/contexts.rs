@@ -139,26 +139,23 @@ impl Executor {
         call: &CallContext,
         h: RmHandle,
     ) -> ProcResult<RmSyncReply> {
-        // Polling first: the context is idle once its legacy stream and every stream the
-        // session made in it are; then the synchronize returns at once and is answered inline.
-        let session = self.session(call);
-        let target = {
-            let st = session.lock();
-            st.ctx(h).map(|raw| (raw, st.streams_in(h)))
-        };
-        let done = target.is_ok_and(|(raw, streams)| {
-            self.poll_briefly(|| {
+        // The context is idle once its legacy stream and every stream the session made in it
+        // are.
+        self.synchronizing(
+            call,
+            |st| st.ctx(h).map(|raw| (raw, st.streams_in(h))),
+            |b, (raw, streams)| {
                 std::iter::once(crate::backend::LEGACY_STREAM)
                     .chain(streams.iter().copied())
-                    .try_for_each(|s| self.inner.backend.stream_query(raw, s))
-            })
-        });
-        self.blocking_unless(call, done, move |inner, session| {
-            let own = session.lock().ctx(h);
-            let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
-            let mut st = session.lock();
-            inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
-        })
+                    .try_for_each(|s| b.stream_query(*raw, s))
+            },
+            move |inner, session| {
+                let own = session.lock().ctx(h);
+                let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
+                let mut st = session.lock();
+                inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
+            },
+        )
     }
 
     pub(super) fn tools_ctx_query(

@@ -506,15 +506,20 @@ impl Executor {
         }
     }
 
-    /// Runs `job` inline when `done` (its wait would not block), else as [`Executor::blocking`].
-    fn blocking_unless<T: XdrEncode + Send + 'static>(
+    /// A synchronizing call: `resolve` finds what it waits for under the session lock and
+    /// `idle(backend, that)` is polled briefly ([`Executor::poll_briefly`]); when the work is
+    /// complete the wait would not block and `job` runs inline, else as
+    /// [`Executor::blocking`].
+    fn synchronizing<X, T: XdrEncode + Send + 'static>(
         &self,
         call: &CallContext,
-        done: bool,
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        idle: impl Fn(&dyn Backend, &X) -> CuResult<()>,
         job: impl FnOnce(&Inner, &Session) -> T + Send + 'static,
     ) -> ProcResult<T> {
-        if done {
-            let session = self.session(call);
+        let session = self.session(call);
+        let target = resolve(&session.lock());
+        if target.is_ok_and(|x| self.poll_briefly(|| idle(&*self.inner.backend, &x))) {
             return Ok(job(&self.inner, &session));
         }
         self.blocking(call, job)

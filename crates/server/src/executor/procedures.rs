@@ -402,16 +402,17 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_event_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let ev = session.lock().event(h);
-        let done =
-            ev.is_ok_and(|(e, c)| self.poll_briefly(|| self.inner.backend.event_query(c, e)));
-        self.blocking_unless(call, done, move |inner, session| {
-            let ev = session.lock().event(h);
-            let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
-            let mut st = session.lock();
-            inner.sync_reply("RM_EVENT_SYNCHRONIZE", &mut st, own, Scope::Finished)
-        })
+        self.synchronizing(
+            call,
+            |st| st.event(h),
+            |b, &(e, c)| b.event_query(c, e),
+            move |inner, session| {
+                let ev = session.lock().event(h);
+                let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
+                let mut st = session.lock();
+                inner.sync_reply("RM_EVENT_SYNCHRONIZE", &mut st, own, Scope::Finished)
+            },
+        )
     }
 
     fn rm_event_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
