@@ -163,17 +163,8 @@ impl Executor {
         call: &CallContext,
         a: RmToolsCtxQueryArgs,
     ) -> ProcResult<RmU64Reply> {
-        if let Some(refused) = self.private_calls_refused("RM_TOOLS_CTX_QUERY") {
-            return Ok(refused);
-        }
-        // The mask and flag are passed on as the library gave them: they may be register
-        // leftovers of a three-argument function (observed values: 0x7ffffffeffff and 1,
-        // then other low bytes in later runs), so no value is refused; they are plain
-        // integers, never dereferenced by Remora.
-        let r = self.in_ctx(&self.session(call), a.ctx, |b, c| {
-            b.tools_ctx_query(c, 0, a.mask, a.flag & 0xff)
-        });
-        Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
+        let ctx = |st: &SessionState| Ok((st.ctx(a.ctx)?, 0));
+        self.tools_query(call, "RM_TOOLS_CTX_QUERY", ctx, a.mask, a.flag)
     }
 
     /// RM_TOOLS_STREAM_QUERY: the TOOLS_CONTEXT query about one of the session's streams.
@@ -182,15 +173,34 @@ impl Executor {
         call: &CallContext,
         a: RmToolsStreamQueryArgs,
     ) -> ProcResult<RmU64Reply> {
-        if let Some(refused) = self.private_calls_refused("RM_TOOLS_STREAM_QUERY") {
+        let stream = |st: &SessionState| {
+            let t = stream_target(st, a.ctx, a.stream)?;
+            Ok((t.ctx, t.stream))
+        };
+        self.tools_query(call, "RM_TOOLS_STREAM_QUERY", stream, a.mask, a.flag)
+    }
+
+    /// The TOOLS_CONTEXT query `what` (RM_TOOLS_CTX_QUERY or RM_TOOLS_STREAM_QUERY) about the
+    /// (raw context, raw stream or 0) that `resolve` finds, unless private driver calls are
+    /// refused. The mask and flag are passed on as the library gave them: they may be
+    /// register leftovers of a three-argument function (observed values: 0x7ffffffeffff and
+    /// 1, then other low bytes in later runs), so no value is refused; they are plain
+    /// integers, never dereferenced by Remora.
+    fn tools_query(
+        &self,
+        call: &CallContext,
+        what: &str,
+        resolve: impl FnOnce(&SessionState) -> CuResult<(u64, u64)>,
+        mask: u64,
+        flag: u32,
+    ) -> ProcResult<RmU64Reply> {
+        if let Some(refused) = self.private_calls_refused(what) {
             return Ok(refused);
         }
-        let r = self.resolved(
-            &self.session(call),
-            |st| stream_target(st, a.ctx, a.stream),
-            |b, t| b.tools_ctx_query(t.ctx, t.stream, a.mask, a.flag & 0xff),
-        );
-        Ok(u64_reply("RM_TOOLS_STREAM_QUERY", r))
+        let r = self.resolved(&self.session(call), resolve, |b, (c, s)| {
+            b.tools_ctx_query(c, s, mask, flag & 0xff)
+        });
+        Ok(u64_reply(what, r))
     }
 
     /// The refusal of a private driver query when the server runs with
