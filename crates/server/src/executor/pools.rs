@@ -21,11 +21,10 @@ impl Executor {
             })
         };
         let r = resolved.and_then(|(t, pool)| {
-            let b = &*self.inner.backend;
-            let ptr = match pool {
-                None => b.mem_alloc_async(t.ctx, t.stream, a.bytesize),
-                Some(p) => b.mem_alloc_from_pool_async(t.ctx, t.stream, a.bytesize, p),
-            }?;
+            let ptr = self
+                .inner
+                .backend
+                .mem_alloc_async(t.ctx, t.stream, a.bytesize, pool)?;
             Ok((ptr, t.ctx_handle))
         });
         let r = r.map(|(ptr, ctx)| {
