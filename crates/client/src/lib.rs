@@ -45,6 +45,8 @@ pub use error::{
 pub use host_callbacks::{HostCallback, RepeatedCallback, in_host_callback};
 pub use remora_oncrpc::{Endpoint, TransportChoice};
 pub use remora_proto::mem_prop as proto_mem_prop;
+pub use remora_proto::memset_node as proto_memset_node;
+pub use remora_proto::pool_access as proto_pool_access;
 pub use remora_proto::remora as proto;
 pub use remora_proto::stream_attr as proto_stream_attr;
 pub use remora_proto::uuid_groups;

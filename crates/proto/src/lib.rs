@@ -18,6 +18,8 @@ include!(concat!(env!("OUT_DIR"), "/glue.rs"));
 
 pub mod cuda;
 pub mod mem_prop;
+pub mod memset_node;
+pub mod pool_access;
 pub mod stream_attr;
 pub mod token;
 

@@ -210,7 +210,7 @@ impl Session {
     /// `CU_MEMHOSTREGISTER_DEVICEMAP` and asks its driver (`RM_MEM_HOST_DEVICE_POINTER`,
     /// revision 9); the registration is one range, so the answer's distance from the area's
     /// offset is kept and later pointers cost no call. Other page-locked memory gets a
-    /// device copy now ([`Session::mirror_host_range`]): at its own address for an
+    /// device copy now (`Session::mirror_host_range`): at its own address for an
     /// allocation, at a new one for a registered range.
     pub fn mem_host_device_pointer(&self, ctx: RmHandle, ptr: u64) -> CuResult<u64> {
         let r = self.host.find(ptr).ok_or(CuError(cu::INVALID_VALUE))?;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use remora_oncrpc::DataArea;
 use remora_proto::cuda::CuResult;
+use remora_proto::remora::RmMemsetNode;
 
 use super::pools::{MemAccessDesc, MemLocation};
 
@@ -77,6 +78,33 @@ pub struct MemsetNode {
     pub height: u64,
 }
 
+impl MemsetNode {
+    /// The memset `m` of the wire, in backend context `ctx`.
+    pub fn new(ctx: u64, m: &RmMemsetNode) -> Self {
+        MemsetNode {
+            ctx,
+            dst: m.dst,
+            pitch: m.pitch,
+            value: m.value,
+            element_size: m.element_size,
+            width: m.width,
+            height: m.height,
+        }
+    }
+
+    /// The wire form (without the context).
+    pub fn wire(&self) -> RmMemsetNode {
+        RmMemsetNode {
+            dst: self.dst,
+            pitch: self.pitch,
+            value: self.value,
+            element_size: self.element_size,
+            width: self.width,
+            height: self.height,
+        }
+    }
+}
+
 /// Where one side of a memcpy node is.
 #[derive(Debug, Clone)]
 pub enum GraphMem {
@@ -87,16 +115,34 @@ pub enum GraphMem {
     Area(DataArea, u64),
 }
 
-/// One side of a memcpy node.
-#[derive(Debug, Clone)]
-pub struct GraphCopySide {
-    pub mem: GraphMem,
+/// One side of a memcpy node: its memory `M` ([`GraphMem`] given, [`GraphMemOut`] read back)
+/// and where the copy lies in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopySide<M> {
+    pub mem: M,
     pub pitch: u64,
     pub height: u64,
     pub x_bytes: u64,
     pub y: u64,
     pub z: u64,
 }
+
+impl<M> CopySide<M> {
+    /// The same side in memory `mem`.
+    pub fn with_mem<N>(&self, mem: N) -> CopySide<N> {
+        CopySide {
+            mem,
+            pitch: self.pitch,
+            height: self.height,
+            x_bytes: self.x_bytes,
+            y: self.y,
+            z: self.z,
+        }
+    }
+}
+
+/// One side of a memcpy node.
+pub type GraphCopySide = CopySide<GraphMem>;
 
 impl GraphCopySide {
     /// The offset of the first byte of row `r` of slice `k` from the side's base.
@@ -160,15 +206,7 @@ pub enum GraphMemOut {
 }
 
 /// One side of a memcpy node read back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CopySideOut {
-    pub mem: GraphMemOut,
-    pub pitch: u64,
-    pub height: u64,
-    pub x_bytes: u64,
-    pub y: u64,
-    pub z: u64,
-}
+pub type CopySideOut = CopySide<GraphMemOut>;
 
 /// A node's parameters read back (kernel, memset and memcpy nodes).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -48,16 +48,10 @@ pub struct PoolProps {
 /// Stream-ordered allocation and memory pools. Every call that works on a stream takes the
 /// stream's context, made current by the backend as for other stream calls.
 pub trait MemPools {
-    /// `cuMemAllocAsync`: from the current pool of the stream's device.
-    fn mem_alloc_async(&self, ctx: u64, stream: u64, size: u64) -> CuResult<u64>;
-    /// `cuMemAllocFromPoolAsync`.
-    fn mem_alloc_from_pool_async(
-        &self,
-        ctx: u64,
-        stream: u64,
-        size: u64,
-        pool: u64,
-    ) -> CuResult<u64>;
+    /// `cuMemAllocFromPoolAsync` from `pool`, or without one `cuMemAllocAsync`: from the
+    /// current pool of the stream's device.
+    fn mem_alloc_async(&self, ctx: u64, stream: u64, size: u64, pool: Option<u64>)
+    -> CuResult<u64>;
     /// `cuMemFreeAsync` of an allocation the session made with one of the above.
     fn mem_free_async(&self, ctx: u64, stream: u64, ptr: u64) -> CuResult<()>;
     /// `cuDeviceGetDefaultMemPool`.

@@ -6,33 +6,21 @@ use remora_proto::cuda::{CuError, CuResult, cu};
 impl Executor {
     pub(super) fn stream_begin_capture(
         &self,
-        session: &Session,
+        st: &mut SessionState,
         a: RmBeginCaptureArgs,
-    ) -> RmCaptureBegunReply {
-        let mut st = session.lock();
-        let r = (|| {
-            if !(0..=2).contains(&a.mode) {
-                return Err(CuError(cu::INVALID_VALUE));
-            }
-            let t = stream_target(&st, a.ctx, a.stream)?;
-            let info = self.inner.backend.stream_begin_capture(t.ctx, t.stream)?;
-            let graph = st.insert(Resource::Graph {
-                raw: info.graph,
-                ctx: t.ctx_handle,
-                capture: Some(t.stream),
-            });
-            st.captures.insert(info.id, Capture { graph, error: None });
-            Ok(RmCaptureBegun { id: info.id, graph })
-        })();
-        match r {
-            Ok(b) => RmCaptureBegunReply::Case0(b),
-            Err(e) => {
-                log_failed("RM_STREAM_BEGIN_CAPTURE", nz(e));
-                RmCaptureBegunReply::Default {
-                    discriminant: nz(e),
-                }
-            }
+    ) -> CuResult<RmCaptureBegun> {
+        if !(0..=2).contains(&a.mode) {
+            return Err(CuError(cu::INVALID_VALUE));
         }
+        let t = stream_target(st, a.ctx, a.stream)?;
+        let info = self.inner.backend.stream_begin_capture(t.ctx, t.stream)?;
+        let graph = st.insert(Resource::Graph {
+            raw: info.graph,
+            ctx: t.ctx_handle,
+            capture: Some(t.stream),
+        });
+        st.captures.insert(info.id, Capture { graph, error: None });
+        Ok(RmCaptureBegun { id: info.id, graph })
     }
 
     pub(super) fn stream_end_capture(
@@ -131,29 +119,25 @@ impl Executor {
 
     pub(super) fn graph_instantiate(
         &self,
-        session: &Session,
+        st: &mut SessionState,
         a: RmGraphInstantiateArgs,
-    ) -> RmHandleReply {
-        let mut st = session.lock();
-        let r = (|| {
-            let (raw, graph_ctx) = match st.get(a.graph)? {
-                Resource::Graph {
-                    raw,
-                    ctx,
-                    capture: None,
-                } => (*raw, *ctx),
-                // Still being captured.
-                Resource::Graph { .. } => return Err(CuError(cu::INVALID_VALUE)),
-                _ => return Err(CuError(cu::INVALID_HANDLE)),
-            };
-            let ctx = if a.ctx == 0 { graph_ctx } else { a.ctx };
-            let c = st.ctx(ctx)?;
-            let exec = self.inner.backend.graph_instantiate(c, raw, a.flags)?;
-            let h = st.insert(Resource::GraphExec { raw: exec, ctx });
-            st.share_graph_mem(a.graph, h);
-            Ok(h)
-        })();
-        handle_reply("RM_GRAPH_INSTANTIATE", r)
+    ) -> CuResult<RmHandle> {
+        let (raw, graph_ctx) = match st.get(a.graph)? {
+            Resource::Graph {
+                raw,
+                ctx,
+                capture: None,
+            } => (*raw, *ctx),
+            // Still being captured.
+            Resource::Graph { .. } => return Err(CuError(cu::INVALID_VALUE)),
+            _ => return Err(CuError(cu::INVALID_HANDLE)),
+        };
+        let ctx = if a.ctx == 0 { graph_ctx } else { a.ctx };
+        let c = st.ctx(ctx)?;
+        let exec = self.inner.backend.graph_instantiate(c, raw, a.flags)?;
+        let h = st.insert(Resource::GraphExec { raw: exec, ctx });
+        st.share_graph_mem(a.graph, h);
+        Ok(h)
     }
 
     pub(super) fn graph_destroy(&self, session: &Session, h: RmHandle) -> CuResult_ {

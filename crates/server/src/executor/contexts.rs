@@ -139,26 +139,23 @@ impl Executor {
         call: &CallContext,
         h: RmHandle,
     ) -> ProcResult<RmSyncReply> {
-        // Polling first: the context is idle once its legacy stream and every stream the
-        // session made in it are; then the synchronize returns at once and is answered inline.
-        let session = self.session(call);
-        let target = {
-            let st = session.lock();
-            st.ctx(h).map(|raw| (raw, st.streams_in(h)))
-        };
-        let done = target.is_ok_and(|(raw, streams)| {
-            self.poll_briefly(|| {
+        // The context is idle once its legacy stream and every stream the session made in it
+        // are.
+        self.synchronizing(
+            call,
+            |st| st.ctx(h).map(|raw| (raw, st.streams_in(h))),
+            |b, (raw, streams)| {
                 std::iter::once(crate::backend::LEGACY_STREAM)
                     .chain(streams.iter().copied())
-                    .try_for_each(|s| self.inner.backend.stream_query(raw, s))
-            })
-        });
-        self.blocking_unless(call, done, move |inner, session| {
-            let own = session.lock().ctx(h);
-            let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
-            let mut st = session.lock();
-            inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
-        })
+                    .try_for_each(|s| b.stream_query(*raw, s))
+            },
+            move |inner, session| {
+                let own = session.lock().ctx(h);
+                let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
+                let mut st = session.lock();
+                inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
+            },
+        )
     }
 
     pub(super) fn tools_ctx_query(
@@ -166,17 +163,8 @@ impl Executor {
         call: &CallContext,
         a: RmToolsCtxQueryArgs,
     ) -> ProcResult<RmU64Reply> {
-        if let Some(refused) = self.private_calls_refused("RM_TOOLS_CTX_QUERY") {
-            return Ok(refused);
-        }
-        // The mask and flag are passed on as the library gave them: they may be register
-        // leftovers of a three-argument function (observed values: 0x7ffffffeffff and 1,
-        // then other low bytes in later runs), so no value is refused; they are plain
-        // integers, never dereferenced by Remora.
-        let r = self.in_ctx(&self.session(call), a.ctx, |b, c| {
-            b.tools_ctx_query(c, 0, a.mask, a.flag & 0xff)
-        });
-        Ok(u64_reply("RM_TOOLS_CTX_QUERY", r))
+        let ctx = |st: &SessionState| Ok((st.ctx(a.ctx)?, 0));
+        self.tools_query(call, "RM_TOOLS_CTX_QUERY", ctx, a.mask, a.flag)
     }
 
     /// RM_TOOLS_STREAM_QUERY: the TOOLS_CONTEXT query about one of the session's streams.
@@ -185,15 +173,34 @@ impl Executor {
         call: &CallContext,
         a: RmToolsStreamQueryArgs,
     ) -> ProcResult<RmU64Reply> {
-        if let Some(refused) = self.private_calls_refused("RM_TOOLS_STREAM_QUERY") {
+        let stream = |st: &SessionState| {
+            let t = stream_target(st, a.ctx, a.stream)?;
+            Ok((t.ctx, t.stream))
+        };
+        self.tools_query(call, "RM_TOOLS_STREAM_QUERY", stream, a.mask, a.flag)
+    }
+
+    /// The TOOLS_CONTEXT query `what` (RM_TOOLS_CTX_QUERY or RM_TOOLS_STREAM_QUERY) about the
+    /// (raw context, raw stream or 0) that `resolve` finds, unless private driver calls are
+    /// refused. The mask and flag are passed on as the library gave them: they may be
+    /// register leftovers of a three-argument function (observed values: 0x7ffffffeffff and
+    /// 1, then other low bytes in later runs), so no value is refused; they are plain
+    /// integers, never dereferenced by Remora.
+    fn tools_query(
+        &self,
+        call: &CallContext,
+        what: &str,
+        resolve: impl FnOnce(&SessionState) -> CuResult<(u64, u64)>,
+        mask: u64,
+        flag: u32,
+    ) -> ProcResult<RmU64Reply> {
+        if let Some(refused) = self.private_calls_refused(what) {
             return Ok(refused);
         }
-        let r = self.resolved(
-            &self.session(call),
-            |st| stream_target(st, a.ctx, a.stream),
-            |b, t| b.tools_ctx_query(t.ctx, t.stream, a.mask, a.flag & 0xff),
-        );
-        Ok(u64_reply("RM_TOOLS_STREAM_QUERY", r))
+        let r = self.resolved(&self.session(call), resolve, |b, (c, s)| {
+            b.tools_ctx_query(c, s, mask, flag & 0xff)
+        });
+        Ok(u64_reply(what, r))
     }
 
     /// The refusal of a private driver query when the server runs with

@@ -11,9 +11,9 @@ use crate::backend::graphs::{
     CopySideOut, GraphCopySide, GraphMem, GraphMemOut, HostNode, KernelNode, MemAllocNode,
     MemcpyNode, MemsetNode, NodeInfo, NodeParams,
 };
-use crate::backend::pools::{MemAccessDesc, MemLocation};
 use crate::session::SessionState;
 use remora_proto::cuda::{CuError, cu};
+use remora_proto::pool_access;
 
 fn invalid() -> CuError {
     CuError(cu::INVALID_VALUE)
@@ -53,15 +53,7 @@ fn memset_node(st: &SessionState, ctx: u64, m: &RmMemsetNode) -> CuResult<Memset
         .and_then(|s| s.checked_add(row))
         .ok_or_else(invalid)?;
     st.check_range(m.dst, span)?;
-    Ok(MemsetNode {
-        ctx,
-        dst: m.dst,
-        pitch: m.pitch,
-        value: m.value,
-        element_size: m.element_size,
-        width: m.width,
-        height: m.height,
-    })
+    Ok(MemsetNode::new(ctx, m))
 }
 
 /// Checks one side of a memcpy node: the bytes it touches lie in one range of the session
@@ -221,28 +213,24 @@ impl Executor {
 
     pub(super) fn graph_add_mem_alloc_node(
         &self,
-        session: &Session,
+        st: &mut SessionState,
         a: RmAddNodeArgs,
-    ) -> RmMemAllocNodeReply {
-        let mut st = session.lock();
-        let r = (|| {
-            let RmNodeParams::RmNodeMemAlloc(m) = &a.params else {
-                return Err(invalid());
-            };
-            let (graph, graph_ctx, gctx, deps) = Self::node_target(&st, a.graph, &a.dependencies)?;
-            let node = mem_alloc_node(m)?;
-            let (raw, dptr) = self
-                .inner
-                .backend
-                .graph_add_mem_alloc_node(gctx, graph, &deps, &node)?;
-            st.add_graph_mem(dptr, node.bytesize, graph_ctx, a.graph);
-            let node = st.insert(Resource::GraphNode {
-                raw,
-                graph: a.graph,
-            });
-            Ok(RmMemAllocNodeAdded { node, dptr })
-        })();
-        reply!("RM_GRAPH_ADD_MEM_ALLOC_NODE", RmMemAllocNodeReply, r)
+    ) -> CuResult<RmMemAllocNodeAdded> {
+        let RmNodeParams::RmNodeMemAlloc(m) = &a.params else {
+            return Err(invalid());
+        };
+        let (graph, graph_ctx, gctx, deps) = Self::node_target(st, a.graph, &a.dependencies)?;
+        let node = mem_alloc_node(m)?;
+        let (raw, dptr) = self
+            .inner
+            .backend
+            .graph_add_mem_alloc_node(gctx, graph, &deps, &node)?;
+        st.add_graph_mem(dptr, node.bytesize, graph_ctx, a.graph);
+        let node = st.insert(Resource::GraphNode {
+            raw,
+            graph: a.graph,
+        });
+        Ok(RmMemAllocNodeAdded { node, dptr })
     }
 
     pub(super) fn graph_create(&self, session: &Session, a: RmGraphCreateArgs) -> RmHandleReply {
@@ -376,18 +364,18 @@ impl Executor {
         list_reply(what, r)
     }
 
-    pub(super) fn graph_get_edges(&self, session: &Session, h: RmHandle) -> RmGraphEdgesReply {
-        let mut st = session.lock();
-        let r = (|| {
-            let (graph, ctx) = st.explicit_graph(h)?;
-            let (from, to) = self.inner.backend.graph_edges(st.ctx(ctx)?, graph)?;
-            node_list("RM_GRAPH_GET_EDGES", from.len())?;
-            Ok(RmGraphEdges {
-                from: Self::handles(&mut st, from, h),
-                to: Self::handles(&mut st, to, h),
-            })
-        })();
-        reply!("RM_GRAPH_GET_EDGES", RmGraphEdgesReply, r)
+    pub(super) fn graph_get_edges(
+        &self,
+        st: &mut SessionState,
+        h: RmHandle,
+    ) -> CuResult<RmGraphEdges> {
+        let (graph, ctx) = st.explicit_graph(h)?;
+        let (from, to) = self.inner.backend.graph_edges(st.ctx(ctx)?, graph)?;
+        node_list("RM_GRAPH_GET_EDGES", from.len())?;
+        Ok(RmGraphEdges {
+            from: Self::handles(st, from, h),
+            to: Self::handles(st, to, h),
+        })
     }
 
     pub(super) fn graph_node_get_type(&self, session: &Session, h: RmHandle) -> RmIntReply {
@@ -469,20 +457,16 @@ impl Executor {
             .graph_node_set_params(c, exec, node, &params)
     }
 
-    pub(super) fn graph_clone(&self, session: &Session, h: RmHandle) -> RmHandleReply {
-        let mut st = session.lock();
-        let r = (|| {
-            let (graph, ctx) = st.explicit_graph(h)?;
-            let raw = self.inner.backend.graph_clone(st.ctx(ctx)?, graph)?;
-            let clone = st.insert(Resource::Graph {
-                raw,
-                ctx,
-                capture: None,
-            });
-            st.share_graph_mem(h, clone);
-            Ok(clone)
-        })();
-        handle_reply("RM_GRAPH_CLONE", r)
+    pub(super) fn graph_clone(&self, st: &mut SessionState, h: RmHandle) -> CuResult<RmHandle> {
+        let (graph, ctx) = st.explicit_graph(h)?;
+        let raw = self.inner.backend.graph_clone(st.ctx(ctx)?, graph)?;
+        let clone = st.insert(Resource::Graph {
+            raw,
+            ctx,
+            capture: None,
+        });
+        st.share_graph_mem(h, clone);
+        Ok(clone)
     }
 
     pub(super) fn graph_exec_update(
@@ -526,20 +510,9 @@ fn mem_alloc_node(m: &RmMemAllocNode) -> CuResult<MemAllocNode> {
     if m.bytesize == 0 || m.dptr != 0 {
         return Err(invalid());
     }
-    let loc = |l: &RmPoolLocation| MemLocation {
-        kind: l.kind,
-        id: l.id,
-    };
     Ok(MemAllocNode {
-        location: loc(&m.location),
-        access: m
-            .access
-            .iter()
-            .map(|a| MemAccessDesc {
-                location: loc(&a.location),
-                flags: a.flags,
-            })
-            .collect(),
+        location: pool_access::location_to_abi(&m.location),
+        access: m.access.iter().map(pool_access::access_to_abi).collect(),
         bytesize: m.bytesize,
     })
 }
@@ -568,20 +541,13 @@ fn wire_params(
     };
     Ok(match info {
         NodeInfo::MemAlloc { node, dptr } => {
-            let loc = |l: MemLocation| RmPoolLocation {
-                kind: l.kind,
-                id: l.id,
-            };
             RmNodeParams::RmNodeMemAlloc(RmMemAllocNode {
-                location: loc(node.location),
+                location: pool_access::location_from_abi(node.location),
                 access: node
                     .access
                     .iter()
                     .take(RM_MAX_POOL_ACCESS as usize)
-                    .map(|a| RmPoolAccess {
-                        location: loc(a.location),
-                        flags: a.flags,
-                    })
+                    .map(pool_access::access_from_abi)
                     .collect(),
                 bytesize: node.bytesize,
                 dptr,
@@ -604,14 +570,7 @@ fn wire_params(
             shared_mem_bytes,
             params: params.into(),
         }),
-        NodeInfo::Memset(m) => RmNodeParams::RmNodeMemset(RmMemsetNode {
-            dst: m.dst,
-            pitch: m.pitch,
-            value: m.value,
-            element_size: m.element_size,
-            width: m.width,
-            height: m.height,
-        }),
+        NodeInfo::Memset(m) => RmNodeParams::RmNodeMemset(m.wire()),
         NodeInfo::Memcpy {
             src,
             dst,

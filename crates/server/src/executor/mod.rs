@@ -107,6 +107,35 @@ reply_fn!(u64_reply, RmU64Reply, u64);
 reply_fn!(handle_reply, RmHandleReply, u64);
 reply_fn!(float_reply, RmFloatReply, f32);
 
+/// A reply made of a call's result, a failure logged as `what`: a plain code ([`code`]) or a
+/// union that carries the value on success ([`reply!`]).
+trait FromResult<T> {
+    fn from_result(what: &str, r: CuResult<T>) -> Self;
+}
+
+impl FromResult<()> for CuResult_ {
+    fn from_result(what: &str, r: CuResult<()>) -> Self {
+        code(what, r)
+    }
+}
+
+macro_rules! union_from_result {
+    ($($ty:ident($val:ty),)*) => {
+        $(impl FromResult<$val> for $ty {
+            fn from_result(what: &str, r: CuResult<$val>) -> Self {
+                reply!(what, $ty, r)
+            }
+        })*
+    };
+}
+union_from_result! {
+    RmHandleReply(u64),
+    RmCaptureBegunReply(RmCaptureBegun),
+    RmMemAllocNodeReply(RmMemAllocNodeAdded),
+    RmGraphEdgesReply(RmGraphEdges),
+    RmMemPropReply(RmMemProp),
+}
+
 fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
     let r = r.map(|(first, second)| RmIntPair { first, second });
     reply!(what, RmIntPairReply, r)
@@ -477,15 +506,20 @@ impl Executor {
         }
     }
 
-    /// Runs `job` inline when `done` (its wait would not block), else as [`Executor::blocking`].
-    fn blocking_unless<T: XdrEncode + Send + 'static>(
+    /// A synchronizing call: `resolve` finds what it waits for under the session lock and
+    /// `idle(backend, that)` is polled briefly ([`Executor::poll_briefly`]); when the work is
+    /// complete the wait would not block and `job` runs inline, else as
+    /// [`Executor::blocking`].
+    fn synchronizing<X, T: XdrEncode + Send + 'static>(
         &self,
         call: &CallContext,
-        done: bool,
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        idle: impl Fn(&dyn Backend, &X) -> CuResult<()>,
         job: impl FnOnce(&Inner, &Session) -> T + Send + 'static,
     ) -> ProcResult<T> {
-        if done {
-            let session = self.session(call);
+        let session = self.session(call);
+        let target = resolve(&session.lock());
+        if target.is_ok_and(|x| self.poll_briefly(|| idle(&*self.inner.backend, &x))) {
             return Ok(job(&self.inner, &session));
         }
         self.blocking(call, job)

@@ -4,15 +4,9 @@
 //! a session range ([`RangeKind::StreamOrdered`]) so copies into it pass the bounds check.
 
 use super::*;
-use crate::backend::pools::{MemAccessDesc, MemLocation, PoolProps};
+use crate::backend::pools::{MemAccessDesc, PoolProps};
 use remora_proto::cuda::{CuError, cu};
-
-fn location(l: &RmPoolLocation) -> MemLocation {
-    MemLocation {
-        kind: l.kind,
-        id: l.id,
-    }
-}
+use remora_proto::pool_access;
 
 impl Executor {
     pub(super) fn mem_alloc_async(&self, session: &Session, a: RmAllocAsyncArgs) -> RmU64Reply {
@@ -27,11 +21,10 @@ impl Executor {
             })
         };
         let r = resolved.and_then(|(t, pool)| {
-            let b = &*self.inner.backend;
-            let ptr = match pool {
-                None => b.mem_alloc_async(t.ctx, t.stream, a.bytesize),
-                Some(p) => b.mem_alloc_from_pool_async(t.ctx, t.stream, a.bytesize, p),
-            }?;
+            let ptr = self
+                .inner
+                .backend
+                .mem_alloc_async(t.ctx, t.stream, a.bytesize, pool)?;
             Ok((ptr, t.ctx_handle))
         });
         let r = r.map(|(ptr, ctx)| {
@@ -165,7 +158,7 @@ impl Executor {
             .and_then(|usage| {
                 self.inner.backend.mem_pool_create(&PoolProps {
                     alloc_type: a.alloc_type,
-                    location: location(&a.location),
+                    location: pool_access::location_to_abi(&a.location),
                     max_size: a.max_size,
                     usage,
                 })
@@ -235,14 +228,7 @@ impl Executor {
         session: &Session,
         a: RmPoolSetAccessArgs,
     ) -> CuResult_ {
-        let map: Vec<MemAccessDesc> = a
-            .map
-            .iter()
-            .map(|d| MemAccessDesc {
-                location: location(&d.location),
-                flags: d.flags,
-            })
-            .collect();
+        let map: Vec<MemAccessDesc> = a.map.iter().map(pool_access::access_to_abi).collect();
         let r = self.resolved(
             session,
             |st| st.mem_pool(a.pool),
@@ -259,7 +245,7 @@ impl Executor {
         let r = self.resolved(
             session,
             |st| st.mem_pool(a.pool),
-            |b, p| b.mem_pool_get_access(p, location(&a.location)),
+            |b, p| b.mem_pool_get_access(p, pool_access::location_to_abi(&a.location)),
         );
         int_reply("RM_MEM_POOL_GET_ACCESS", r)
     }

@@ -26,6 +26,19 @@ macro_rules! answer {
     };
 }
 
+/// Trait methods answered by the `Executor` method that works on the call's session state,
+/// locked for the whole call, and returns a `CuResult`: the reply is made of it, a failure
+/// logged as the row's procedure name.
+macro_rules! locked {
+    ($($proc:ident($arg:ty) -> $ret:ty => $method:ident, $what:literal;)*) => {
+        $(fn $proc(&self, call: &CallContext, a: $arg) -> ProcResult<$ret> {
+            let session = self.session(call);
+            let r = self.$method(&mut session.lock(), a);
+            Ok(<$ret>::from_result($what, r))
+        })*
+    };
+}
+
 impl RemoraV1Server for Executor {
     // The plain calls, generated from their `@glue` annotations in remora.x.
     remora_proto::executor_glue!();
@@ -74,22 +87,25 @@ impl RemoraV1Server for Executor {
         rm_occupancy_max_active_blocks(RmOccupancyArgs) -> RmIntReply => occupancy_max_active_blocks;
         rm_stream_create(RmStreamCreateArgs) -> RmHandleReply => stream_create;
         rm_event_elapsed_time(RmElapsedArgs) -> RmFloatReply => event_elapsed_time;
-        rm_stream_begin_capture(RmBeginCaptureArgs) -> RmCaptureBegunReply => stream_begin_capture;
         rm_stream_end_capture(RmStreamArgs) -> RmEndCaptureReply => stream_end_capture;
         rm_stream_get_capture_info(RmStreamArgs) -> RmCaptureInfoReply => stream_get_capture_info;
-        rm_graph_instantiate(RmGraphInstantiateArgs) -> RmHandleReply => graph_instantiate;
         rm_graph_destroy(RmHandle) -> CuResult_ => graph_destroy;
         rm_mem_create(RmMemCreateArgs) -> RmHandleReply => mem_create;
-        rm_mem_release(RmMemHandleArgs) -> CuResult_ => mem_release;
         rm_mem_address_reserve(RmMemReserveArgs) -> RmU64Reply => mem_address_reserve;
         rm_mem_address_free(RmMemRangeArgs) -> CuResult_ => mem_address_free;
-        rm_mem_map(RmMemMapArgs) -> CuResult_ => mem_map;
-        rm_mem_unmap(RmMemRangeArgs) -> CuResult_ => mem_unmap;
         rm_mem_set_access(RmMemSetAccessArgs) -> CuResult_ => mem_set_access;
         rm_mem_get_access(RmMemGetAccessArgs) -> RmU64Reply => mem_get_access;
         rm_mem_get_granularity(RmMemGranularityArgs) -> RmU64Reply => mem_get_granularity;
-        rm_mem_get_properties(RmMemHandleArgs) -> RmMemPropReply => mem_get_properties;
-        rm_mem_retain_handle(RmPtrArgs) -> RmHandleReply => mem_retain_handle;
+    }
+
+    locked! {
+        rm_stream_begin_capture(RmBeginCaptureArgs) -> RmCaptureBegunReply => stream_begin_capture, "RM_STREAM_BEGIN_CAPTURE";
+        rm_graph_instantiate(RmGraphInstantiateArgs) -> RmHandleReply => graph_instantiate, "RM_GRAPH_INSTANTIATE";
+        rm_mem_release(RmMemHandleArgs) -> CuResult_ => mem_release, "RM_MEM_RELEASE";
+        rm_mem_map(RmMemMapArgs) -> CuResult_ => mem_map, "RM_MEM_MAP";
+        rm_mem_unmap(RmMemRangeArgs) -> CuResult_ => mem_unmap, "RM_MEM_UNMAP";
+        rm_mem_get_properties(RmMemHandleArgs) -> RmMemPropReply => mem_get_properties, "RM_MEM_GET_PROPERTIES";
+        rm_mem_retain_handle(RmPtrArgs) -> RmHandleReply => mem_retain_handle, "RM_MEM_RETAIN_HANDLE";
     }
 
     // Stream-ordered allocation and memory pools (revision 10): `executor/pools.rs`.
@@ -124,13 +140,16 @@ impl RemoraV1Server for Executor {
         rm_graph_remove_dependencies(RmGraphEdgesArgs) -> CuResult_ => edges_change(false);
         rm_graph_get_nodes(RmHandle) -> RmNodeListReply => graph_node_list(false, "RM_GRAPH_GET_NODES");
         rm_graph_get_root_nodes(RmHandle) -> RmNodeListReply => graph_node_list(true, "RM_GRAPH_GET_ROOT_NODES");
-        rm_graph_get_edges(RmHandle) -> RmGraphEdgesReply => graph_get_edges;
         rm_graph_node_get_type(RmHandle) -> RmIntReply => graph_node_get_type;
         rm_graph_node_get_dependencies(RmHandle) -> RmNodeListReply => node_links(false, "RM_GRAPH_NODE_GET_DEPENDENCIES");
         rm_graph_node_get_dependent_nodes(RmHandle) -> RmNodeListReply => node_links(true, "RM_GRAPH_NODE_GET_DEPENDENT_NODES");
-        rm_graph_clone(RmHandle) -> RmHandleReply => graph_clone;
         rm_graph_exec_update(RmExecUpdateArgs) -> RmExecUpdateReply => graph_exec_update;
-        rm_graph_add_mem_alloc_node(RmAddNodeArgs) -> RmMemAllocNodeReply => graph_add_mem_alloc_node;
+    }
+
+    locked! {
+        rm_graph_get_edges(RmHandle) -> RmGraphEdgesReply => graph_get_edges, "RM_GRAPH_GET_EDGES";
+        rm_graph_clone(RmHandle) -> RmHandleReply => graph_clone, "RM_GRAPH_CLONE";
+        rm_graph_add_mem_alloc_node(RmAddNodeArgs) -> RmMemAllocNodeReply => graph_add_mem_alloc_node, "RM_GRAPH_ADD_MEM_ALLOC_NODE";
     }
 
     fn remora_null(&self, _call: &CallContext) -> ProcResult<()> {
@@ -383,16 +402,17 @@ impl RemoraV1Server for Executor {
     }
 
     fn rm_event_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let ev = session.lock().event(h);
-        let done =
-            ev.is_ok_and(|(e, c)| self.poll_briefly(|| self.inner.backend.event_query(c, e)));
-        self.blocking_unless(call, done, move |inner, session| {
-            let ev = session.lock().event(h);
-            let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
-            let mut st = session.lock();
-            inner.sync_reply("RM_EVENT_SYNCHRONIZE", &mut st, own, Scope::Finished)
-        })
+        self.synchronizing(
+            call,
+            |st| st.event(h),
+            |b, &(e, c)| b.event_query(c, e),
+            move |inner, session| {
+                let ev = session.lock().event(h);
+                let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
+                let mut st = session.lock();
+                inner.sync_reply("RM_EVENT_SYNCHRONIZE", &mut st, own, Scope::Finished)
+            },
+        )
     }
 
     fn rm_event_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {

@@ -19,22 +19,23 @@ impl Executor {
         call: &CallContext,
         a: RmStreamArgs,
     ) -> ProcResult<RmSyncReply> {
-        let session = self.session(call);
-        let target = stream_target(&session.lock(), a.ctx, a.stream);
-        let done = target
-            .is_ok_and(|t| self.poll_briefly(|| self.inner.backend.stream_query(t.ctx, t.stream)));
-        self.blocking_unless(call, done, move |inner, session| {
-            let target = stream_target(&session.lock(), a.ctx, a.stream);
-            let (own, scope) = match target {
-                Ok(t) => (
-                    inner.backend.stream_synchronize(t.ctx, t.stream),
-                    Scope::Stream(t.ctx_handle, t.stream_handle),
-                ),
-                Err(e) => (Err(e), Scope::Finished),
-            };
-            let mut st = session.lock();
-            inner.sync_reply("RM_STREAM_SYNCHRONIZE", &mut st, own, scope)
-        })
+        self.synchronizing(
+            call,
+            |st| stream_target(st, a.ctx, a.stream),
+            |b, t| b.stream_query(t.ctx, t.stream),
+            move |inner, session| {
+                let target = stream_target(&session.lock(), a.ctx, a.stream);
+                let (own, scope) = match target {
+                    Ok(t) => (
+                        inner.backend.stream_synchronize(t.ctx, t.stream),
+                        Scope::Stream(t.ctx_handle, t.stream_handle),
+                    ),
+                    Err(e) => (Err(e), Scope::Finished),
+                };
+                let mut st = session.lock();
+                inner.sync_reply("RM_STREAM_SYNCHRONIZE", &mut st, own, scope)
+            },
+        )
     }
 
     pub(super) fn event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {

@@ -58,20 +58,16 @@ impl Executor {
         handle_reply("RM_MEM_CREATE", r)
     }
 
-    pub(super) fn mem_release(&self, session: &Session, a: RmMemHandleArgs) -> i32 {
-        let mut st = session.lock();
-        let r = (|| {
-            let c = vmm_ctx(&st, a.ctx)?;
-            self.backend().mem_release(c, st.mem_handle(a.handle)?)?;
-            if let Ok(Resource::MemHandle { refs, .. }) = st.get_mut(a.handle) {
-                *refs -= 1;
-                if *refs == 0 {
-                    st.remove(a.handle);
-                }
+    pub(super) fn mem_release(&self, st: &mut SessionState, a: RmMemHandleArgs) -> CuResult<()> {
+        let c = vmm_ctx(st, a.ctx)?;
+        self.backend().mem_release(c, st.mem_handle(a.handle)?)?;
+        if let Ok(Resource::MemHandle { refs, .. }) = st.get_mut(a.handle) {
+            *refs -= 1;
+            if *refs == 0 {
+                st.remove(a.handle);
             }
-            Ok(())
-        })();
-        code("RM_MEM_RELEASE", r)
+        }
+        Ok(())
     }
 
     pub(super) fn mem_address_reserve(&self, session: &Session, a: RmMemReserveArgs) -> RmU64Reply {
@@ -105,30 +101,22 @@ impl Executor {
         code("RM_MEM_ADDRESS_FREE", r)
     }
 
-    pub(super) fn mem_map(&self, session: &Session, a: RmMemMapArgs) -> i32 {
-        let mut st = session.lock();
-        let r = (|| {
-            st.check_reserved(a.ptr, a.size)?;
-            let raw = st.mem_handle(a.handle)?;
-            let c = vmm_ctx(&st, a.ctx)?;
-            self.backend().mem_map(c, &a, raw)?;
-            st.mappings.insert(a.ptr, a.size);
-            Ok(())
-        })();
-        code("RM_MEM_MAP", r)
+    pub(super) fn mem_map(&self, st: &mut SessionState, a: RmMemMapArgs) -> CuResult<()> {
+        st.check_reserved(a.ptr, a.size)?;
+        let raw = st.mem_handle(a.handle)?;
+        let c = vmm_ctx(st, a.ctx)?;
+        self.backend().mem_map(c, &a, raw)?;
+        st.mappings.insert(a.ptr, a.size);
+        Ok(())
     }
 
-    pub(super) fn mem_unmap(&self, session: &Session, a: RmMemRangeArgs) -> i32 {
-        let mut st = session.lock();
-        let r = (|| {
-            st.check_reserved(a.ptr, a.size)?;
-            let c = vmm_ctx(&st, a.ctx)?;
-            self.backend().mem_unmap(c, a.ptr, a.size)?;
-            let end = a.ptr + a.size;
-            st.mappings.retain(|b, _| !(a.ptr..end).contains(b));
-            Ok(())
-        })();
-        code("RM_MEM_UNMAP", r)
+    pub(super) fn mem_unmap(&self, st: &mut SessionState, a: RmMemRangeArgs) -> CuResult<()> {
+        st.check_reserved(a.ptr, a.size)?;
+        let c = vmm_ctx(st, a.ctx)?;
+        self.backend().mem_unmap(c, a.ptr, a.size)?;
+        let end = a.ptr + a.size;
+        st.mappings.retain(|b, _| !(a.ptr..end).contains(b));
+        Ok(())
     }
 
     pub(super) fn mem_set_access(&self, session: &Session, a: RmMemSetAccessArgs) -> i32 {
@@ -164,28 +152,24 @@ impl Executor {
 
     pub(super) fn mem_get_properties(
         &self,
-        session: &Session,
+        st: &SessionState,
         a: RmMemHandleArgs,
-    ) -> RmMemPropReply {
-        let st = session.lock();
-        let r = (|| {
-            let raw = st.mem_handle(a.handle)?;
-            self.backend().mem_get_properties(vmm_ctx(&st, a.ctx)?, raw)
-        })();
-        reply!("RM_MEM_GET_PROPERTIES", RmMemPropReply, r)
+    ) -> CuResult<RmMemProp> {
+        let raw = st.mem_handle(a.handle)?;
+        self.backend().mem_get_properties(vmm_ctx(st, a.ctx)?, raw)
     }
 
-    pub(super) fn mem_retain_handle(&self, session: &Session, a: RmPtrArgs) -> RmHandleReply {
-        let mut st = session.lock();
-        let r = (|| {
-            if !st.is_mapped(a.ptr) {
-                return Err(CuError(cu::INVALID_VALUE));
-            }
-            let raw = self
-                .backend()
-                .mem_retain_handle(vmm_ctx(&st, a.ctx)?, a.ptr)?;
-            Ok(st.retain_mem_handle(raw))
-        })();
-        handle_reply("RM_MEM_RETAIN_HANDLE", r)
+    pub(super) fn mem_retain_handle(
+        &self,
+        st: &mut SessionState,
+        a: RmPtrArgs,
+    ) -> CuResult<RmHandle> {
+        if !st.is_mapped(a.ptr) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let raw = self
+            .backend()
+            .mem_retain_handle(vmm_ctx(st, a.ctx)?, a.ptr)?;
+        Ok(st.retain_mem_handle(raw))
     }
 }

@@ -19,16 +19,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use remora_client::proto::{
     RM_MAX_POOL_ACCESS, RmGraphCopySide, RmGraphMemKind, RmKernelNode, RmMemAllocNode,
-    RmMemcpyNode, RmMemsetNode, RmNodeParams, RmPoolAccess, RmPoolLocation,
+    RmMemcpyNode, RmNodeParams,
 };
+use remora_client::proto_memset_node as memset_node;
+use remora_client::proto_pool_access as pool_access;
 use remora_client::{CuError, CuResult, NodeList, PointerKind, Session, StagedSide, cu};
+use remora_cuda_abi::MemAccessDesc;
 use remora_cuda_abi::graphs::{
     ExecUpdateResultInfo, GraphNodeParams, HostNodeParams, KernelNodeParams, KernelNodeParamsV1,
     MemAllocNodeParams, MemsetNodeParams,
 };
 use remora_cuda_abi::pools::{ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE};
 use remora_cuda_abi::{MEMORYTYPE_ARRAY, MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D, MemcpySide};
-use remora_cuda_abi::{MemAccessDesc, MemLocation};
 
 use super::Handle;
 use super::exec::function_info;
@@ -240,28 +242,14 @@ fn kernel_get(
 
 fn memset_params(p: *const MemsetNodeParams) -> CuResult<RmNodeParams> {
     let p = read_in(p)?;
-    Ok(RmNodeParams::RmNodeMemset(RmMemsetNode {
-        dst: p.dst,
-        pitch: p.pitch as u64,
-        value: p.value,
-        element_size: p.element_size,
-        width: p.width as u64,
-        height: p.height as u64,
-    }))
+    Ok(RmNodeParams::RmNodeMemset(memset_node::from_abi(&p)))
 }
 
 fn memset_get(n: Handle, out: *mut MemsetNodeParams) -> CuResult<()> {
     let RmNodeParams::RmNodeMemset(m) = state::session()?.graph_node_params(node(n)?)? else {
         return Err(invalid());
     };
-    let p = MemsetNodeParams {
-        dst: m.dst,
-        pitch: m.pitch as usize,
-        value: m.value,
-        element_size: m.element_size,
-        width: m.width as usize,
-        height: m.height as usize,
-    };
+    let p = memset_node::to_abi(&m).ok_or_else(invalid)?;
     // SAFETY: output per cuda.h (null rejected).
     unsafe { put(out, p) }
 }
@@ -646,19 +634,9 @@ fn mem_alloc_node(
         // SAFETY: the program passes `accessDescCount` descriptors (cuda.h), bounded above.
         unsafe { std::slice::from_raw_parts(a.access_descs, a.access_desc_count) }
     };
-    let loc = |l: MemLocation| RmPoolLocation {
-        kind: l.kind,
-        id: l.id,
-    };
     let wire = RmMemAllocNode {
-        location: loc(props.location),
-        access: access
-            .iter()
-            .map(|d| RmPoolAccess {
-                location: loc(d.location),
-                flags: d.flags,
-            })
-            .collect(),
+        location: pool_access::location_from_abi(props.location),
+        access: access.iter().map(pool_access::access_from_abi).collect(),
         bytesize: a.bytesize as u64,
         dptr: 0,
     };
@@ -682,23 +660,12 @@ fn mem_alloc_get(n: Handle, out: *mut MemAllocNodeParams) -> CuResult<()> {
         return Err(invalid());
     };
     non_null(out)?;
-    let loc = |l: &RmPoolLocation| MemLocation {
-        kind: l.kind,
-        id: l.id,
-    };
-    let access: Vec<MemAccessDesc> = m
-        .access
-        .iter()
-        .map(|a| MemAccessDesc {
-            location: loc(&a.location),
-            flags: a.flags,
-        })
-        .collect();
+    let access: Vec<MemAccessDesc> = m.access.iter().map(pool_access::access_to_abi).collect();
     let mut map = ALLOC_ACCESS.lock().unwrap_or_else(PoisonError::into_inner);
     let kept = map.get_or_insert_with(HashMap::new).entry(h).or_default();
     *kept = access;
     let p = MemAllocNodeParams::pinned(
-        loc(&m.location),
+        pool_access::location_to_abi(&m.location),
         kept,
         usize::try_from(m.bytesize).map_err(|_| invalid())?,
         m.dptr,

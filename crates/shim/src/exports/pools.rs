@@ -12,7 +12,8 @@
 
 use std::ffi::{c_int, c_ulonglong, c_void};
 
-use remora_client::proto::{RmPoolAccess, RmPoolLocation, RmPoolProps};
+use remora_client::proto::{RmPoolAccess, RmPoolProps};
+use remora_client::proto_pool_access as pool_access;
 use remora_client::{CuError, CuResult, cu};
 use remora_cuda_abi::pools::{
     ALLOCATION_TYPE_PINNED, LOCATION_TYPE_DEVICE, MemAccessDesc, MemLocation, MemPoolProps,
@@ -82,10 +83,7 @@ fn pool_create(out: *mut Handle, props: *const MemPoolProps) -> CuResult<()> {
     let h = state::session()?.mem_pool_create(&RmPoolProps {
         alloc_type: p.alloc_type,
         handle_types: p.handle_types,
-        location: RmPoolLocation {
-            kind: p.location.kind,
-            id: p.location.id,
-        },
+        location: pool_access::location_from_abi(p.location),
         max_size: p.max_size as u64,
         usage: u32::from(p.usage),
     })?;
@@ -140,13 +138,7 @@ fn set_access(p: Handle, map: *const MemAccessDesc, count: usize) -> CuResult<()
             // SAFETY: `map` holds `count` CUmemAccessDesc per cuda.h (non-null and bounded
             // above); each is read unaligned.
             let d = unsafe { map.add(i).read_unaligned() };
-            RmPoolAccess {
-                location: RmPoolLocation {
-                    kind: d.location.kind,
-                    id: d.location.id,
-                },
-                flags: d.flags,
-            }
+            pool_access::access_from_abi(&d)
         })
         .collect();
     state::session()?.mem_pool_set_access(pool(p)?, &descs)
@@ -154,13 +146,7 @@ fn set_access(p: Handle, map: *const MemAccessDesc, count: usize) -> CuResult<()
 
 fn get_access(flags: *mut c_int, p: Handle, location: *mut MemLocation) -> CuResult<()> {
     let l = read_in(location)?;
-    let f = state::session()?.mem_pool_get_access(
-        pool(p)?,
-        RmPoolLocation {
-            kind: l.kind,
-            id: l.id,
-        },
-    )?;
+    let f = state::session()?.mem_pool_get_access(pool(p)?, pool_access::location_from_abi(l))?;
     // SAFETY: output pointer per cuda.h (null rejected by `put`).
     unsafe { put(flags, f) }
 }

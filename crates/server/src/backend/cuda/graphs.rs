@@ -13,6 +13,7 @@ use remora_cuda_abi::graphs::{
 use remora_cuda_abi::{MEMORYTYPE_DEVICE, MEMORYTYPE_HOST, Memcpy3D, MemcpySide};
 use remora_cuda_abi::{MemAccessDesc, MemLocation};
 use remora_proto::cuda::{CuError, CuResult, cu};
+use remora_proto::memset_node;
 
 use super::CudaBackend;
 use super::driver::{Driver, Ptr, ptr};
@@ -80,14 +81,7 @@ fn kernel_params(k: &KernelNode) -> (KernelNodeParams, KernelArgs) {
 }
 
 fn memset_params(m: &MemsetNode) -> CuResult<MemsetNodeParams> {
-    Ok(MemsetNodeParams {
-        dst: m.dst,
-        pitch: size(m.pitch)?,
-        value: m.value,
-        element_size: m.element_size,
-        width: size(m.width)?,
-        height: size(m.height)?,
-    })
+    memset_node::to_abi(&m.wire()).ok_or(CuError(cu::INVALID_VALUE))
 }
 
 /// One side of a memcpy node for the driver; `extent` is the span the copy touches.
@@ -482,15 +476,10 @@ impl Graphs for CudaBackend {
                 let mut p: MemsetNodeParams = unsafe { std::mem::zeroed() };
                 // SAFETY: a memset node of this session; writes the struct.
                 call!(d.t, graph_memset_node_get_params(ptr(node), &mut p))?;
-                Ok(NodeInfo::Memset(MemsetNode {
+                Ok(NodeInfo::Memset(MemsetNode::new(
                     ctx,
-                    dst: p.dst,
-                    pitch: p.pitch as u64,
-                    value: p.value,
-                    element_size: p.element_size,
-                    width: p.width as u64,
-                    height: p.height as u64,
-                }))
+                    &memset_node::from_abi(&p),
+                )))
             }
             node_type::MEMCPY => {
                 // SAFETY: all-zero is a valid value of this plain C struct.

@@ -30,30 +30,27 @@ fn size(v: u64) -> CuResult<usize> {
 }
 
 impl MemPools for CudaBackend {
-    fn mem_alloc_async(&self, ctx: u64, stream: u64, bytes: u64) -> CuResult<u64> {
-        let d = self.in_ctx(ctx)?;
-        let mut p: u64 = 0;
-        // SAFETY: writes one CUdeviceptr; `stream` is a stream of this context or
-        // CU_STREAM_LEGACY; the context is current.
-        call!(d.t, mem_alloc_async(&mut p, size(bytes)?, ptr(stream)))?;
-        Ok(p)
-    }
-
-    fn mem_alloc_from_pool_async(
+    fn mem_alloc_async(
         &self,
         ctx: u64,
         stream: u64,
         bytes: u64,
-        pool: u64,
+        pool: Option<u64>,
     ) -> CuResult<u64> {
         let d = self.in_ctx(ctx)?;
         let mut p: u64 = 0;
-        // SAFETY: writes one CUdeviceptr; `pool` is a pool the driver gave this process and
-        // `stream` a stream of this context (or CU_STREAM_LEGACY); the context is current.
-        call!(
-            d.t,
-            mem_alloc_from_pool_async(&mut p, size(bytes)?, ptr(pool), ptr(stream))
-        )?;
+        match pool {
+            // SAFETY: writes one CUdeviceptr; `stream` is a stream of this context or
+            // CU_STREAM_LEGACY; the context is current.
+            None => call!(d.t, mem_alloc_async(&mut p, size(bytes)?, ptr(stream)))?,
+            // SAFETY: writes one CUdeviceptr; `pool` is a pool the driver gave this process
+            // and `stream` a stream of this context (or CU_STREAM_LEGACY); the context is
+            // current.
+            Some(pool) => call!(
+                d.t,
+                mem_alloc_from_pool_async(&mut p, size(bytes)?, ptr(pool), ptr(stream))
+            )?,
+        }
         Ok(p)
     }
 

@@ -17,9 +17,9 @@ use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::{EmuOp, EmulatedBackend, State, fill};
 use crate::backend::graphs::{
-    CopySideOut, EXEC_UPDATE_NODE_TYPE_CHANGED, EXEC_UPDATE_TOPOLOGY_CHANGED, ExecUpdate,
-    GraphCopySide, GraphMem, GraphMemOut, Graphs, LayoutOf, MemAllocNode, MemcpyNode, MemsetNode,
-    NodeInfo, NodeParams, mem_attr, node_type,
+    CopySideOut, EXEC_UPDATE_NODE_TYPE_CHANGED, EXEC_UPDATE_TOPOLOGY_CHANGED, ExecUpdate, GraphMem,
+    GraphMemOut, Graphs, LayoutOf, MemAllocNode, MemcpyNode, MemsetNode, NodeInfo, NodeParams,
+    mem_attr, node_type,
 };
 
 /// One node of an emulated graph.
@@ -253,14 +253,6 @@ impl EmuGraph {
 
 /// Reads a node's parameters back.
 fn info(op: &EmuOp) -> CuResult<NodeInfo> {
-    let side = |mem: GraphMemOut, s: &GraphCopySide| CopySideOut {
-        mem,
-        pitch: s.pitch,
-        height: s.height,
-        x_bytes: s.x_bytes,
-        y: s.y,
-        z: s.z,
-    };
     let mem = |m: &GraphMem| match m {
         GraphMem::Device(p) => GraphMemOut::Device(*p),
         GraphMem::Area(_, off) => GraphMemOut::Area(*off),
@@ -303,8 +295,8 @@ fn info(op: &EmuOp) -> CuResult<NodeInfo> {
             height: 1,
         }),
         EmuOp::Copy(c) => NodeInfo::Memcpy {
-            src: side(mem(&c.src.mem), &c.src),
-            dst: side(mem(&c.dst.mem), &c.dst),
+            src: c.src.with_mem(mem(&c.src.mem)),
+            dst: c.dst.with_mem(mem(&c.dst.mem)),
             width: c.width,
             height: c.height,
             depth: c.depth,

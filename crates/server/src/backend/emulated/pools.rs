@@ -208,18 +208,14 @@ impl EmulatedBackend {
 }
 
 impl MemPools for EmulatedBackend {
-    fn mem_alloc_async(&self, ctx: u64, stream: u64, size: u64) -> CuResult<u64> {
-        self.pool_alloc_on(ctx, stream, size, None)
-    }
-
-    fn mem_alloc_from_pool_async(
+    fn mem_alloc_async(
         &self,
         ctx: u64,
         stream: u64,
         size: u64,
-        pool: u64,
+        pool: Option<u64>,
     ) -> CuResult<u64> {
-        self.pool_alloc_on(ctx, stream, size, Some(pool))
+        self.pool_alloc_on(ctx, stream, size, pool)
     }
 
     fn mem_free_async(&self, ctx: u64, stream: u64, ptr: u64) -> CuResult<()> {
