@@ -47,6 +47,13 @@ impl Session {
 
     /// The allocation properties, device and granularity of mirrored device memory in `ctx`.
     pub(super) fn mirror_prop(&self, ctx: RmHandle) -> CuResult<(RmMemProp, DeviceHandle, u64)> {
+        let (prop, dev) = self.mirror_location(ctx)?;
+        let granularity = self.mem_get_granularity(ctx, prop.clone(), 0)?.max(1);
+        Ok((prop, dev, granularity))
+    }
+
+    /// The allocation properties and device of mirrored device memory in `ctx` (no call).
+    fn mirror_location(&self, ctx: RmHandle) -> CuResult<(RmMemProp, DeviceHandle)> {
         let dev = self.ctx_device(ctx)?;
         let prop = RmMemProp {
             r#type: 1,        // CU_MEM_ALLOCATION_TYPE_PINNED
@@ -54,8 +61,7 @@ impl Session {
             location_id: dev,
             ..RmMemProp::default()
         };
-        let granularity = self.mem_get_granularity(ctx, prop.clone(), 0)?.max(1);
-        Ok((prop, dev, granularity))
+        Ok((prop, dev))
     }
 
     /// Reserves a device address range for `size` bytes (rounded up to `granularity`: the
@@ -167,12 +173,12 @@ impl Session {
             .unwrap_or(r);
         let ctx = if r.ctx != 0 { r.ctx } else { ctx };
         let size = r.size.max(1);
-        let (prop, dev, granularity) = self.mirror_prop(ctx)?;
         let (base, span) = match r.view {
             DeviceView::Mirrored { dev } => return Ok(dev),
             DeviceView::Reserved { span } => (r.base, span),
             DeviceView::Private => {
                 self.need_revision(10, WHAT)?;
+                let (_, _, granularity) = self.mirror_prop(ctx)?;
                 let span = size
                     .checked_next_multiple_of(granularity)
                     .ok_or(CuError(cu::OUT_OF_MEMORY))?;
@@ -182,6 +188,7 @@ impl Session {
                 )
             }
         };
+        let (prop, dev) = self.mirror_location(ctx)?;
         let unreserve = || {
             if r.view == DeviceView::Private {
                 let _ = self.mem_address_free(ctx, base, span);

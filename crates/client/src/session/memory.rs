@@ -269,32 +269,34 @@ impl Session {
     /// data area that matters, because the space may be handed out again at once: its
     /// context is synchronized first, so that no copy into it is still in flight.
     pub fn mem_free_host(&self, ptr: u64) -> CuResult<()> {
-        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
-            && let DeviceView::Reserved { span } = r.view
-        {
+        let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr) else {
             self.deliver_pending("cuMemFreeHost");
-            self.host.free(ptr)?;
-            return self.release_same_address(r.ctx, ptr, r.size, span);
+            return self.host.free(ptr);
+        };
+        match r.view {
+            DeviceView::Reserved { span } => {
+                self.deliver_pending("cuMemFreeHost");
+                self.host.free(ptr)?;
+                return self.release_same_address(r.ctx, ptr, r.size, span);
+            }
+            DeviceView::Mirrored { dev } => {
+                self.deliver_pending("cuMemFreeHost");
+                self.host.free(ptr)?;
+                return match self.mem_free_mirrored(dev, true) {
+                    Some(res) => res,
+                    // Its context was destroyed, which freed it.
+                    None => {
+                        tracing::debug!(
+                            "remora: mapped host memory {ptr:#x} of context {} went with it",
+                            r.ctx
+                        );
+                        Ok(())
+                    }
+                };
+            }
+            DeviceView::Private => {}
         }
-        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
-            && let DeviceView::Mirrored { dev } = r.view
-        {
-            self.deliver_pending("cuMemFreeHost");
-            self.host.free(ptr)?;
-            return match self.mem_free_mirrored(dev, true) {
-                Some(res) => res,
-                // Its context was destroyed, which freed it.
-                None => {
-                    tracing::debug!(
-                        "remora: mapped host memory {ptr:#x} of context {} went with it",
-                        r.ctx
-                    );
-                    Ok(())
-                }
-            };
-        }
-        if let Some(r) = self.host.find(ptr).filter(|r| r.base == ptr)
-            && r.area_offset.is_some()
+        if r.area_offset.is_some()
             && r.ctx != 0
             && let Err(e) = self.ctx_synchronize(r.ctx)
         {
