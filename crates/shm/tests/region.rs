@@ -1,5 +1,6 @@
 //! A region made by one side and mapped from its descriptor by the other.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use remora_shm::{Layout, Region, RegionError, Waiter};
@@ -9,8 +10,13 @@ const LAYOUT: Layout = Layout {
     data_size: 1 << 20,
 };
 
+/// The tests of this file map memory; one of them needs an address range to stay free
+/// between finding it and mapping it, so they run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 #[test]
 fn both_sides_see_the_same_rings_and_data() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = Region::create("remora-test", LAYOUT).unwrap();
     let fd = server.fd().try_clone().unwrap();
     let client = Region::open(fd, LAYOUT).unwrap();
@@ -42,6 +48,7 @@ fn both_sides_see_the_same_rings_and_data() {
 
 #[test]
 fn a_descriptor_that_does_not_match_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = Region::create("remora-test", LAYOUT).unwrap();
     let other = Layout {
         ring_capacity: 1 << 17,
@@ -67,6 +74,7 @@ fn a_descriptor_that_does_not_match_is_refused() {
 
 #[test]
 fn a_client_maps_the_region_at_the_servers_address_when_it_is_free() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = Region::create("remora-test", LAYOUT).unwrap();
     // A range that is free in this process: reserve it, note it, give it back.
     // SAFETY: a fresh private mapping, unmapped again at once and never touched.
