@@ -88,7 +88,7 @@ impl Executor {
                 st.check_range(a.src, a.size)?;
                 st.ctx(a.ctx)
             },
-            |b, c| b.memcpy_dtod(c, None, a.dst, a.src, a.size),
+            |b, c| b.memcpy_dtod(c, None, dtod_copy(&a)),
         )
     }
 
@@ -186,7 +186,7 @@ impl Executor {
                 st.check_range(a.dev, a.size)?;
                 Ok((st.ctx(a.ctx)?, area))
             },
-            |b, (c, area)| b.memcpy_htod_area(c, None, a.dev, area_span(&area, &a)),
+            |b, (c, area)| b.memcpy_htod_area(c, AreaHtod::Sync, area_copy(&area, &a)),
         )
     }
 
@@ -202,11 +202,8 @@ impl Executor {
                 st.check_range(a.dev, a.size)?;
                 Ok((st.ctx(a.ctx)?, area))
             });
-            let r = raw.and_then(|(c, area)| {
-                inner
-                    .backend
-                    .memcpy_dtoh_area(c, a.dev, area_span(&area, &a))
-            });
+            let r =
+                raw.and_then(|(c, area)| inner.backend.memcpy_dtoh_area(c, area_copy(&area, &a)));
             let mut st = session.lock();
             let mut status = st.sync_status(r);
             // As RM_MEMCPY_DTOH: the legacy stream's earlier async copies are complete too.
@@ -233,19 +230,14 @@ impl Executor {
             let (c, s, capturing) =
                 copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
             not_captured(inner, capturing, c, s)?;
-            if a.copy_id == AREA_PINNED_SOURCE {
-                // Zero-copy pinned memory: the client does not reuse the bytes before the
-                // stream reaches the copy, so the backend may read them as late as that.
-                return inner.backend.memcpy_htod_async_area_pinned(
-                    c,
-                    s,
-                    a.dev,
-                    area_span(&area, &a),
-                );
-            }
-            inner
-                .backend
-                .memcpy_htod_area(c, Some(s), a.dev, area_span(&area, &a))
+            // Zero-copy pinned memory: the client does not reuse the bytes before the stream
+            // reaches the copy, so the backend may read them as late as that.
+            let how = if a.copy_id == AREA_PINNED_SOURCE {
+                AreaHtod::AsyncPinned(s)
+            } else {
+                AreaHtod::Async(s)
+            };
+            inner.backend.memcpy_htod_area(c, how, area_copy(&area, &a))
         })
     }
 
@@ -268,7 +260,7 @@ impl Executor {
                 not_captured(inner, capturing, c, s)?;
                 return inner
                     .backend
-                    .memcpy_dtoh_async_area(c, s, a.dev, area_span(&area, &a));
+                    .memcpy_dtoh_async_area(c, s, area_copy(&area, &a));
             }
             let area = area_of(call, a.offset, a.size);
             let issued = (|| {
@@ -315,9 +307,15 @@ impl Executor {
                 } else {
                     Vec::new()
                 };
-                inner
-                    .backend
-                    .memcpy_3d(ctx, None, &copy, &a.data, &mut buf)?;
+                inner.backend.memcpy_3d(
+                    ctx,
+                    None,
+                    Copy3dIo {
+                        copy: &copy,
+                        src_host: &a.data,
+                        dst_host: &mut buf,
+                    },
+                )?;
                 Ok(remora_xdr::Bytes::from(buf))
             });
             let mut st = session.lock();
@@ -390,9 +388,15 @@ impl Executor {
                         inner.backend.memcpy_3d_dtoh_async(ctx, stream, &copy)?,
                     ))
                 } else {
-                    inner
-                        .backend
-                        .memcpy_3d(ctx, Some(stream), &copy, &a.data, &mut [])?;
+                    inner.backend.memcpy_3d(
+                        ctx,
+                        Some(stream),
+                        Copy3dIo {
+                            copy: &copy,
+                            src_host: &a.data,
+                            dst_host: &mut [],
+                        },
+                    )?;
                     Ok(None)
                 }
             })();
@@ -468,11 +472,23 @@ fn copy_on_stream(
     Ok((st.ctx(ctx)?, st.stream(stream)?, !st.captures.is_empty()))
 }
 
-/// The span of the data area that an area copy names.
-fn area_span<'a>(area: &'a remora_oncrpc::DataArea, a: &RmAreaCopyArgs) -> AreaSpan<'a> {
-    AreaSpan {
-        area,
-        offset: a.offset,
+/// The copy between device memory and the data area that an area copy names.
+fn area_copy<'a>(area: &'a remora_oncrpc::DataArea, a: &RmAreaCopyArgs) -> AreaCopy<'a> {
+    AreaCopy {
+        dev: a.dev,
+        span: AreaSpan {
+            area,
+            offset: a.offset,
+            size: a.size,
+        },
+    }
+}
+
+/// The device-to-device copy that `RM_MEMCPY_DTOD[_ASYNC]` names.
+pub(super) fn dtod_copy(a: &RmDtodArgs) -> DtodCopy {
+    DtodCopy {
+        dst: a.dst,
+        src: a.src,
         size: a.size,
     }
 }

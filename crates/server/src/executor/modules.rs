@@ -119,13 +119,13 @@ impl Executor {
         a: RmPotentialBlockArgs,
     ) -> RmIntPairReply {
         let r = self.in_function(session, a.function, |b, f, c| {
-            b.occupancy_max_potential_block_size(
-                c,
-                f,
-                a.dynamic_smem_bytes,
-                a.block_size_limit,
-                a.flags,
-            )
+            let q = Occupancy {
+                func: f,
+                block_size: a.block_size_limit,
+                dynamic_smem: a.dynamic_smem_bytes,
+                flags: a.flags,
+            };
+            b.occupancy_max_potential_block_size(c, &q)
         });
         int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r)
     }
@@ -136,7 +136,13 @@ impl Executor {
         a: RmOccupancyArgs,
     ) -> RmIntReply {
         let r = self.in_function(session, a.function, |b, f, c| {
-            b.occupancy_max_active_blocks(c, f, a.block_size, a.dynamic_smem_bytes, a.flags)
+            let q = Occupancy {
+                func: f,
+                block_size: a.block_size,
+                dynamic_smem: a.dynamic_smem_bytes,
+                flags: a.flags,
+            };
+            b.occupancy_max_active_blocks(c, &q)
         });
         int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r)
     }

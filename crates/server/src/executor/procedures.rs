@@ -2,7 +2,7 @@
 //! answered here; the longer ones call the `Executor` methods of the concern modules.
 
 use super::capture::graph_exec_target;
-use super::copies::{memset_2d_target, memset_target, peer_target};
+use super::copies::{dtod_copy, memset_2d_target, memset_target, peer_target};
 use super::*;
 use remora_proto::cuda::{CuError, cu};
 
@@ -248,7 +248,7 @@ impl RemoraV1Server for Executor {
                 st.check_range(a.src, a.size)?;
                 Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
             },
-            |b, (c, s)| b.memcpy_dtod(c, Some(s), a.dst, a.src, a.size),
+            |b, (c, s)| b.memcpy_dtod(c, Some(s), dtod_copy(&a)),
         )
     }
 
