@@ -113,19 +113,35 @@ impl Executor {
         int_reply("RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS", r)
     }
 
+    /// Asks `ask` an occupancy question about function handle `function`: blocks of
+    /// `block_size` threads (or at most that many), with `dynamic_smem` bytes of dynamic
+    /// shared memory and `flags`.
+    fn occupancy<T>(
+        &self,
+        session: &Session,
+        function: RmHandle,
+        (block_size, dynamic_smem, flags): (i32, u64, u32),
+        ask: impl FnOnce(&dyn Backend, u64, &Occupancy) -> CuResult<T>,
+    ) -> CuResult<T> {
+        self.in_function(session, function, |b, func, c| {
+            let q = Occupancy {
+                func,
+                block_size,
+                dynamic_smem,
+                flags,
+            };
+            ask(b, c, &q)
+        })
+    }
+
     pub(super) fn occupancy_max_potential_block_size(
         &self,
         session: &Session,
         a: RmPotentialBlockArgs,
     ) -> RmIntPairReply {
-        let r = self.in_function(session, a.function, |b, f, c| {
-            let q = Occupancy {
-                func: f,
-                block_size: a.block_size_limit,
-                dynamic_smem: a.dynamic_smem_bytes,
-                flags: a.flags,
-            };
-            b.occupancy_max_potential_block_size(c, &q)
+        let q = (a.block_size_limit, a.dynamic_smem_bytes, a.flags);
+        let r = self.occupancy(session, a.function, q, |b, c, q| {
+            b.occupancy_max_potential_block_size(c, q)
         });
         int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r)
     }
@@ -135,14 +151,9 @@ impl Executor {
         session: &Session,
         a: RmOccupancyArgs,
     ) -> RmIntReply {
-        let r = self.in_function(session, a.function, |b, f, c| {
-            let q = Occupancy {
-                func: f,
-                block_size: a.block_size,
-                dynamic_smem: a.dynamic_smem_bytes,
-                flags: a.flags,
-            };
-            b.occupancy_max_active_blocks(c, &q)
+        let q = (a.block_size, a.dynamic_smem_bytes, a.flags);
+        let r = self.occupancy(session, a.function, q, |b, c, q| {
+            b.occupancy_max_active_blocks(c, q)
         });
         int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r)
     }

@@ -792,18 +792,7 @@ impl Backend for CudaBackend {
     fn occupancy_max_active_clusters(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<i32> {
         let d = self.in_ctx(ctx)?;
         let mut attrs = launch_attributes(spec.attrs);
-        let config = LaunchConfig {
-            grid: spec.grid,
-            block: spec.block,
-            shared_mem_bytes: spec.shared_mem_bytes,
-            stream: ptr(spec.stream),
-            attrs: if attrs.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                attrs.as_mut_ptr()
-            },
-            num_attrs: attrs.len() as c_uint,
-        };
+        let config = launch_config(spec, &mut attrs);
         let mut n: c_int = 0;
         // SAFETY: writes one int; `config` and `attrs` outlive the call.
         call!(
@@ -1021,19 +1010,29 @@ fn launch_with(
         );
     }
     let mut attrs = launch_attributes(spec.attrs);
-    let config = LaunchConfig {
-        grid: spec.grid,
-        block: spec.block,
-        shared_mem_bytes: spec.shared_mem_bytes,
-        stream: ptr(spec.stream),
-        attrs: attrs.as_mut_ptr(),
-        num_attrs: attrs.len() as c_uint,
-    };
+    let config = launch_config(spec, &mut attrs);
     // SAFETY: `config`, `attrs`, `args` and `aligned` outlive the call.
     call!(
         d.t,
         launch_kernel_ex(&config, ptr(spec.function), args_ptr, std::ptr::null_mut())
     )
+}
+
+/// The `CUlaunchConfig` of `spec`, pointing at `attrs`, its attributes (NULL when there are
+/// none); `attrs` must outlive every use of it.
+fn launch_config(spec: &LaunchSpec<'_>, attrs: &mut [LaunchAttribute]) -> LaunchConfig {
+    LaunchConfig {
+        grid: spec.grid,
+        block: spec.block,
+        shared_mem_bytes: spec.shared_mem_bytes,
+        stream: ptr(spec.stream),
+        attrs: if attrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            attrs.as_mut_ptr()
+        },
+        num_attrs: attrs.len() as c_uint,
+    }
 }
 
 fn launch_attributes(attrs: &[RmLaunchAttr]) -> Vec<LaunchAttribute> {
