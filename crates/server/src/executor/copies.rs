@@ -107,9 +107,13 @@ impl Executor {
     pub(super) fn memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_MEMCPY_HTOD_ASYNC", on, |inner, session| {
-            let (c, s, capturing) =
-                copy_on_stream(&session.lock(), a.ctx, a.stream, a.dst, a.data.len() as u64)?;
-            not_captured(inner, capturing, c, s)?;
+            let (c, s) = copy_on_stream(
+                inner,
+                session,
+                (a.ctx, a.stream),
+                a.dst,
+                a.data.len() as u64,
+            )?;
             inner.backend.memcpy_htod(c, Some(s), a.dst, &a.data)
         })
     }
@@ -227,9 +231,7 @@ impl Executor {
         // as a one-way call's.
         self.oneway_on(call, "RM_AREA_MEMCPY_HTOD_ASYNC", on, |inner, session| {
             let area = area_of(call, a.offset, a.size)?;
-            let (c, s, capturing) =
-                copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
-            not_captured(inner, capturing, c, s)?;
+            let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.dev, a.size)?;
             // Zero-copy pinned memory: the client does not reuse the bytes before the stream
             // reaches the copy, so the backend may read them as late as that.
             let how = if a.copy_id == AREA_PINNED_SOURCE {
@@ -255,9 +257,7 @@ impl Executor {
                 // Zero-copy pinned memory: the bytes go straight into the area when the
                 // copy executes, and nothing is delivered (the client waits for nothing).
                 let area = area_of(call, a.offset, a.size)?;
-                let (c, s, capturing) =
-                    copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
-                not_captured(inner, capturing, c, s)?;
+                let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.dev, a.size)?;
                 return inner
                     .backend
                     .memcpy_dtoh_async_area(c, s, area_copy(&area, &a));
@@ -265,9 +265,7 @@ impl Executor {
             let area = area_of(call, a.offset, a.size);
             let issued = (|| {
                 let area = area.clone()?;
-                let (c, s, capturing) =
-                    copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
-                not_captured(inner, capturing, c, s)?;
+                let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.dev, a.size)?;
                 session.copies.admit(a.size)?;
                 // `area_of` bounded the size by the area's.
                 let copy = inner
@@ -459,17 +457,22 @@ fn push_pending(
     result
 }
 
-/// The raw context and stream of an asynchronous copy that touches `size` bytes at device
-/// address `dev`, and whether the session has a capture in progress.
+/// The raw context and stream of an asynchronous copy from or to client memory that touches
+/// `size` bytes at device address `dev`; refused on a capturing stream ([`not_captured`]).
 fn copy_on_stream(
-    st: &SessionState,
-    ctx: u64,
-    stream: u64,
+    inner: &Inner,
+    session: &Session,
+    (ctx, stream): (u64, u64),
     dev: u64,
     size: u64,
-) -> CuResult<(u64, u64, bool)> {
-    st.check_range(dev, size)?;
-    Ok((st.ctx(ctx)?, st.stream(stream)?, !st.captures.is_empty()))
+) -> CuResult<(u64, u64)> {
+    let (c, s, capturing) = {
+        let st = session.lock();
+        st.check_range(dev, size)?;
+        (st.ctx(ctx)?, st.stream(stream)?, !st.captures.is_empty())
+    };
+    not_captured(inner, capturing, c, s)?;
+    Ok((c, s))
 }
 
 /// The copy between device memory and the data area that an area copy names.
