@@ -87,6 +87,18 @@ pub fn stream_ref(p: *mut c_void, per_thread_default: bool) -> CuResult<StreamRe
     }
 }
 
+/// The session handle of the stream of an asynchronous call, from the `(stream, per-thread
+/// default)` its entry point got; `None` (no stream) for a synchronous call.
+pub fn async_stream(
+    s: &Session,
+    ctx: u64,
+    stream: Option<(*mut c_void, bool)>,
+) -> CuResult<Option<u64>> {
+    stream
+        .map(|(st, ptds)| s.stream_handle(ctx, stream_ref(st, ptds)?))
+        .transpose()
+}
+
 static SESSION: OnceLock<Result<Arc<Session>, i32>> = OnceLock::new();
 
 /// Connects once; the outcome is kept (a later cuInit returns the same result).

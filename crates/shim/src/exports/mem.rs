@@ -293,11 +293,8 @@ fn dtoh(
 
 fn dtod(dst: DevPtr, src: DevPtr, n: usize, stream: Option<(Handle, bool)>) -> CuResult<()> {
     let (s, ctx) = ctx_session()?;
-    match stream {
-        Some((st, ptds)) => {
-            let h = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
-            s.memcpy_dtod_async(ctx, h, dst, src, n as u64)
-        }
+    match state::async_stream(s, ctx, stream)? {
+        Some(h) => s.memcpy_dtod_async(ctx, h, dst, src, n as u64),
         None => s.memcpy_dtod(ctx, 1, dst, src, n as u64),
     }
 }
@@ -311,7 +308,7 @@ fn memset_rows(
     stream: Option<(Handle, bool)>,
 ) -> CuResult<()> {
     let (s, ctx) = ctx_session()?;
-    let mut args = RmMemset2dArgs {
+    let args = RmMemset2dArgs {
         ctx,
         stream: 1,
         dst,
@@ -321,11 +318,8 @@ fn memset_rows(
         width: width as u64,
         height: height as u64,
     };
-    match stream {
-        Some((st, ptds)) => {
-            args.stream = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
-            s.memset_rows_async(&args)
-        }
+    match state::async_stream(s, ctx, stream)? {
+        Some(stream) => s.memset_rows_async(&RmMemset2dArgs { stream, ..args }),
         None => s.memset_rows(&args),
     }
 }
@@ -338,7 +332,7 @@ fn memset(
     stream: Option<(Handle, bool)>,
 ) -> CuResult<()> {
     let (s, ctx) = ctx_session()?;
-    let mut args = RmMemsetArgs {
+    let args = RmMemsetArgs {
         ctx,
         stream: 1,
         dst,
@@ -346,11 +340,8 @@ fn memset(
         element_size,
         count: count as u64,
     };
-    match stream {
-        Some((st, ptds)) => {
-            args.stream = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
-            s.memset_async(&args)
-        }
+    match state::async_stream(s, ctx, stream)? {
+        Some(stream) => s.memset_async(&RmMemsetArgs { stream, ..args }),
         None => s.memset(&args),
     }
 }
