@@ -116,7 +116,7 @@ impl Executor {
     /// Asks `ask` an occupancy question about function handle `function`: blocks of
     /// `block_size` threads (or at most that many), with `dynamic_smem` bytes of dynamic
     /// shared memory and `flags`.
-    fn occupancy<T>(
+    pub(super) fn occupancy<T>(
         &self,
         session: &Session,
         function: RmHandle,
@@ -132,30 +132,6 @@ impl Executor {
             };
             ask(b, c, &q)
         })
-    }
-
-    pub(super) fn occupancy_max_potential_block_size(
-        &self,
-        session: &Session,
-        a: RmPotentialBlockArgs,
-    ) -> RmIntPairReply {
-        let q = (a.block_size_limit, a.dynamic_smem_bytes, a.flags);
-        let r = self.occupancy(session, a.function, q, |b, c, q| {
-            b.occupancy_max_potential_block_size(c, q)
-        });
-        int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r)
-    }
-
-    pub(super) fn occupancy_max_active_blocks(
-        &self,
-        session: &Session,
-        a: RmOccupancyArgs,
-    ) -> RmIntReply {
-        let q = (a.block_size, a.dynamic_smem_bytes, a.flags);
-        let r = self.occupancy(session, a.function, q, |b, c, q| {
-            b.occupancy_max_active_blocks(c, q)
-        });
-        int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r)
     }
 
     pub(super) fn launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
