@@ -262,7 +262,14 @@ fn dtoh(
             };
             if s.pinned_offset(dst as usize as u64, n as u64).is_some() {
                 // Zero-copy pinned memory: the server writes it, nothing is delivered.
-                return s.memcpy_dtoh_pinned(ctx, h, src, dst as usize as u64, n as u64, true);
+                return s.memcpy_dtoh_pinned(remora_client::PinnedCopy {
+                    ctx,
+                    stream: h,
+                    dev: src,
+                    host: dst as usize as u64,
+                    size: n as u64,
+                    asynchronous: true,
+                });
             }
             let out = HostDst(dst.cast(), n);
             s.memcpy_dtoh_async(
