@@ -192,32 +192,26 @@ impl Session {
                 }
                 sink(&buf);
             });
-            let copy_id = self.delivery.register(ctx, stream, from_area);
-            let r = call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
+            return self.delivery.issue(ctx, stream, from_area, |copy_id| {
+                call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
+                    ctx,
+                    stream,
+                    dev: src,
+                    offset,
+                    size,
+                    copy_id
+                }))
+            });
+        }
+        self.delivery.issue(ctx, stream, sink, |copy_id| {
+            call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
                 ctx,
                 stream,
-                dev: src,
-                offset,
+                src,
                 size,
                 copy_id
-            }));
-            if r.is_err() {
-                self.delivery.forget(copy_id);
-            }
-            return r;
-        }
-        let copy_id = self.delivery.register(ctx, stream, sink);
-        let r = call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
-            ctx,
-            stream,
-            src,
-            size,
-            copy_id
-        }));
-        if r.is_err() {
-            self.delivery.forget(copy_id);
-        }
-        r
+            }))
+        })
     }
 
     /// `cuMemcpyDtoDAsync`: one-way.
