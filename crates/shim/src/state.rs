@@ -372,6 +372,23 @@ pub unsafe fn put_opt<T>(p: *mut T, v: T) -> CuResult<()> {
     unsafe { put(p, v) }
 }
 
+/// Writes a device range, its address `p` and `n` bytes, to the optional outputs `ptr_out`
+/// and `size_out` (`cuModuleGetGlobal`, `cuLibraryGetGlobal`, `cuMemGetAddressRange`).
+///
+/// # Safety
+/// Each pointer is null or valid for writes of its type (unaligned allowed).
+pub unsafe fn put_range(
+    ptr_out: *mut u64,
+    size_out: *mut usize,
+    (p, n): (u64, u64),
+) -> CuResult<()> {
+    // SAFETY: the caller's contract, for each pointer.
+    unsafe {
+        put_opt(ptr_out, p)?;
+        put_opt(size_out, n as usize)
+    }
+}
+
 /// A NUL-terminated name from the application (null is CUDA_ERROR_INVALID_VALUE).
 pub(crate) fn c_name<'a>(name: *const std::ffi::c_char) -> CuResult<std::borrow::Cow<'a, str>> {
     non_null(name)?;

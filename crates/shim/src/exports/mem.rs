@@ -8,7 +8,7 @@ use remora_client::{CuError, CuResult, PointerKind, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, enc, entry, non_null, put, put_opt, stream_ref};
+use crate::state::{self, Kind, enc, entry, non_null, put, stream_ref};
 
 fn ctx_session() -> CuResult<(&'static remora_client::Session, u64)> {
     Ok((state::session()?, state::current_ctx()?))
@@ -83,18 +83,14 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 ) -> CUresult {
     entry("cuMemGetAddressRange_v2", || {
         let (s, ctx) = ctx_session()?;
-        let (b, n) = match s.pointer_kind(dptr) {
+        let range = match s.pointer_kind(dptr) {
             PointerKind::Device { base, size, .. } => (base, size),
             PointerKind::Host | PointerKind::HostTracked(_) => {
                 s.mem_get_address_range(ctx, dptr)?
             }
         };
         // SAFETY: optional output pointers per cuda.h.
-        unsafe {
-            put_opt(base, b)?;
-            put_opt(size, n as usize)?;
-        }
-        Ok(())
+        unsafe { state::put_range(base, size, range) }
     })
 }
 
