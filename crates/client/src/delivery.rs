@@ -234,6 +234,23 @@ impl Delivery {
         self.delivered.notify_all();
     }
 
+    /// [`Delivery::register`]s `sink` and issues the copy with `issue(copy id)`; a copy that
+    /// could not be issued is forgotten again.
+    pub(crate) fn issue<E>(
+        &self,
+        ctx: Handle,
+        stream: Handle,
+        sink: CopySink,
+        issue: impl FnOnce(u64) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let id = self.register(ctx, stream, sink);
+        let r = issue(id);
+        if r.is_err() {
+            self.forget(id);
+        }
+        r
+    }
+
     /// Number of asynchronous device-to-host copies not yet delivered.
     pub(crate) fn pending(&self) -> usize {
         lock(&self.pending).len()

@@ -55,6 +55,6 @@ pub use safe::{
 };
 pub use session::{
     BandSink, CaptureInfo, Copy3dParams, CopyDst, CopySink, CopySrc, DeviceHandle, ExecUpdateInfo,
-    FunctionInfo, KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, NodeList, PointerKind, Session,
-    SessionConfig, StagedSide, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
+    FunctionInfo, KernelArgs, LaunchAttr, LaunchConfig, ModuleInfo, NodeList, PinnedCopy,
+    PointerKind, Session, SessionConfig, StagedSide, StreamRef, UNSUPPORTED_MEMORY_ATTRIBUTES,
 };

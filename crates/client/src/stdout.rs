@@ -20,7 +20,9 @@ pub(crate) fn write_device_output(mut bytes: &[u8]) {
     let _serial = STDOUT
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    flush_c_stdout();
+    // The program's buffered C stdio output goes out before the device's, as when the
+    // driver appends to and flushes the same stream.
+    remora_stdio::flush_c_stdout();
     let fd = rustix::stdio::stdout();
     while !bytes.is_empty() {
         match rustix::io::write(fd, bytes) {
@@ -37,24 +39,6 @@ pub(crate) fn write_device_output(mut bytes: &[u8]) {
                 }
             }
             Err(_) => return,
-        }
-    }
-}
-
-/// `fflush(stdout)`: the program's buffered C stdio output goes out before the device's, as
-/// when the driver appends to and flushes the same stream.
-fn flush_c_stdout() {
-    unsafe extern "C" {
-        static stdout: *mut std::ffi::c_void;
-        fn fflush(stream: *mut std::ffi::c_void) -> std::ffi::c_int;
-    }
-    // SAFETY: `stdout` is the C library's standard output stream pointer, set before any
-    // Rust code runs and never freed; it is read by value through a raw pointer (no
-    // reference to the static). fflush locks the stream itself and accepts it in any state.
-    unsafe {
-        let stream = (&raw const stdout).read();
-        if !stream.is_null() {
-            fflush(stream);
         }
     }
 }

@@ -169,26 +169,22 @@ pub(crate) enum Def {
 
 impl Def {
     pub(crate) fn name(&self) -> &str {
-        match self {
-            Def::Const { name, .. }
-            | Def::StrConst { name, .. }
-            | Def::Enum { name, .. }
-            | Def::Struct { name, .. }
-            | Def::Union { name, .. }
-            | Def::Typedef { name, .. } => name,
-            Def::Program(p) => &p.name,
-        }
+        self.name_pos().0
     }
 
     pub(crate) fn pos(&self) -> Pos {
+        self.name_pos().1
+    }
+
+    fn name_pos(&self) -> (&str, Pos) {
         match self {
-            Def::Const { pos, .. }
-            | Def::StrConst { pos, .. }
-            | Def::Enum { pos, .. }
-            | Def::Struct { pos, .. }
-            | Def::Union { pos, .. }
-            | Def::Typedef { pos, .. } => *pos,
-            Def::Program(p) => p.pos,
+            Def::Const { name, pos, .. }
+            | Def::StrConst { name, pos, .. }
+            | Def::Enum { name, pos, .. }
+            | Def::Struct { name, pos, .. }
+            | Def::Union { name, pos, .. }
+            | Def::Typedef { name, pos, .. } => (name, *pos),
+            Def::Program(p) => (&p.name, p.pos),
         }
     }
 

@@ -188,7 +188,9 @@ impl DeviceOutput {
         if !st.deliver {
             return None;
         }
-        flush_c_stdio();
+        // NVIDIA's driver writes device output through C stdio's `stdout` and flushes it
+        // itself; this only makes sure nothing stays in its buffer.
+        remora_stdio::flush_c_stdout();
         self.drain(&mut st);
         if st.buf.is_empty() {
             return None;
@@ -206,24 +208,6 @@ impl DeviceOutput {
     /// Bytes dropped so far because the client did not collect them in time.
     pub(crate) fn dropped(&self) -> u64 {
         self.lock().dropped
-    }
-}
-
-/// Flushes C stdio's `stdout`. NVIDIA's driver writes device output through that stream and
-/// flushes it itself; this only makes sure nothing stays in its buffer.
-fn flush_c_stdio() {
-    unsafe extern "C" {
-        static stdout: *mut std::ffi::c_void;
-        fn fflush(stream: *mut std::ffi::c_void) -> std::ffi::c_int;
-    }
-    // SAFETY: `stdout` is the C library's standard output stream pointer, set before any
-    // Rust code runs and never freed; it is read by value through a raw pointer (no
-    // reference to the static). fflush locks the stream itself and accepts it in any state.
-    unsafe {
-        let stream = (&raw const stdout).read();
-        if !stream.is_null() {
-            fflush(stream);
-        }
     }
 }
 

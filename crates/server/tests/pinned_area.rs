@@ -9,6 +9,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
+use remora_client::PinnedCopy;
 use remora_oncrpc::TransportChoice;
 
 /// `n` bytes of host memory at `p` as a slice.
@@ -55,8 +56,15 @@ fn pinned_memory_lies_in_the_area_and_copies_are_zero_copy() {
     hs.copy_from_slice(&data2);
     hd.fill(0);
     s.memcpy_htod_async(ctx, stream, dev, hs).unwrap();
-    s.memcpy_dtoh_pinned(ctx, stream, dev, dst, N as u64, true)
-        .unwrap();
+    s.memcpy_dtoh_pinned(PinnedCopy {
+        ctx,
+        stream,
+        dev,
+        host: dst,
+        size: N as u64,
+        asynchronous: true,
+    })
+    .unwrap();
     assert_eq!(s.pending_copies(), 0);
     s.stream_synchronize(ctx, stream).unwrap();
     assert_eq!(hd, &data2[..]);
@@ -65,10 +73,24 @@ fn pinned_memory_lies_in_the_area_and_copies_are_zero_copy() {
     let data3 = pattern(N, 3);
     hs.copy_from_slice(&data3);
     hd.fill(0);
-    s.memcpy_htod_pinned(ctx, stream, dev, src, N as u64, true)
-        .unwrap();
-    s.memcpy_dtoh_pinned(ctx, stream, dev, dst + 10, (N - 10) as u64, true)
-        .unwrap();
+    s.memcpy_htod_pinned(PinnedCopy {
+        ctx,
+        stream,
+        dev,
+        host: src,
+        size: N as u64,
+        asynchronous: true,
+    })
+    .unwrap();
+    s.memcpy_dtoh_pinned(PinnedCopy {
+        ctx,
+        stream,
+        dev,
+        host: dst + 10,
+        size: (N - 10) as u64,
+        asynchronous: true,
+    })
+    .unwrap();
     let ev = s.event_create(ctx, 0).unwrap();
     s.event_record(ctx, ev, stream).unwrap();
     s.event_synchronize(ev).unwrap();
@@ -103,19 +125,47 @@ fn freed_pinned_memory_is_refused_not_a_crash() {
     s.host_memory().free(p).unwrap();
     let invalid = Err(remora_client::CuError(remora_client::cu::INVALID_VALUE));
     assert_eq!(
-        s.memcpy_htod_pinned(ctx, LEGACY, dev, p, 4096, false),
+        s.memcpy_htod_pinned(PinnedCopy {
+            ctx,
+            stream: LEGACY,
+            dev,
+            host: p,
+            size: 4096,
+            asynchronous: false
+        }),
         invalid
     );
     assert_eq!(
-        s.memcpy_dtoh_pinned(ctx, LEGACY, dev, p, 4096, false),
+        s.memcpy_dtoh_pinned(PinnedCopy {
+            ctx,
+            stream: LEGACY,
+            dev,
+            host: p,
+            size: 4096,
+            asynchronous: false
+        }),
         invalid
     );
     assert_eq!(
-        s.memcpy_htod_pinned(ctx, LEGACY, dev, p, 4096, true),
+        s.memcpy_htod_pinned(PinnedCopy {
+            ctx,
+            stream: LEGACY,
+            dev,
+            host: p,
+            size: 4096,
+            asynchronous: true
+        }),
         invalid
     );
     assert_eq!(
-        s.memcpy_dtoh_pinned(ctx, LEGACY, dev, p, 4096, true),
+        s.memcpy_dtoh_pinned(PinnedCopy {
+            ctx,
+            stream: LEGACY,
+            dev,
+            host: p,
+            size: 4096,
+            asynchronous: true
+        }),
         invalid
     );
     assert_eq!(s.pending_copies(), 0);
@@ -175,7 +225,14 @@ fn unix_sessions_keep_private_host_memory() {
     s.stream_synchronize(ctx, stream).unwrap();
     assert_eq!(got.lock().unwrap().take().unwrap(), data);
     assert_eq!(
-        s.memcpy_htod_pinned(ctx, LEGACY, dev, p, N as u64, false),
+        s.memcpy_htod_pinned(PinnedCopy {
+            ctx,
+            stream: LEGACY,
+            dev,
+            host: p,
+            size: N as u64,
+            asynchronous: false
+        }),
         Err(remora_client::CuError(remora_client::cu::INVALID_VALUE))
     );
     s.stream_destroy(stream).unwrap();

@@ -87,6 +87,18 @@ pub fn stream_ref(p: *mut c_void, per_thread_default: bool) -> CuResult<StreamRe
     }
 }
 
+/// The session handle of the stream of an asynchronous call, from the `(stream, per-thread
+/// default)` its entry point got; `None` (no stream) for a synchronous call.
+pub fn async_stream(
+    s: &Session,
+    ctx: u64,
+    stream: Option<(*mut c_void, bool)>,
+) -> CuResult<Option<u64>> {
+    stream
+        .map(|(st, ptds)| s.stream_handle(ctx, stream_ref(st, ptds)?))
+        .transpose()
+}
+
 static SESSION: OnceLock<Result<Arc<Session>, i32>> = OnceLock::new();
 
 /// Connects once; the outcome is kept (a later cuInit returns the same result).
@@ -358,6 +370,23 @@ pub unsafe fn put_opt<T>(p: *mut T, v: T) -> CuResult<()> {
     }
     // SAFETY: non-null, and valid for writes by the caller's contract.
     unsafe { put(p, v) }
+}
+
+/// Writes a device range, its address `p` and `n` bytes, to the optional outputs `ptr_out`
+/// and `size_out` (`cuModuleGetGlobal`, `cuLibraryGetGlobal`, `cuMemGetAddressRange`).
+///
+/// # Safety
+/// Each pointer is null or valid for writes of its type (unaligned allowed).
+pub unsafe fn put_range(
+    ptr_out: *mut u64,
+    size_out: *mut usize,
+    (p, n): (u64, u64),
+) -> CuResult<()> {
+    // SAFETY: the caller's contract, for each pointer.
+    unsafe {
+        put_opt(ptr_out, p)?;
+        put_opt(size_out, n as usize)
+    }
 }
 
 /// A NUL-terminated name from the application (null is CUDA_ERROR_INVALID_VALUE).

@@ -29,57 +29,56 @@ impl Session {
         self.host.area_offset(host, len)
     }
 
-    /// The `(relative offset, size)` pieces of a zero-copy copy of `size` bytes, each within
-    /// one copy's bound.
-    fn pinned_pieces(size: u64) -> impl Iterator<Item = (u64, u64)> {
-        let max = u64::from(RM_MAX_COPY);
-        (0..size.div_ceil(max)).map(move |i| (i * max, max.min(size - i * max)))
-    }
-
-    /// The data-area offset of the `size` pinned bytes at `host` (`CUDA_ERROR_INVALID_VALUE`
-    /// unless they lie inside one live allocation there); an asynchronous copy (`Some(what)`)
-    /// is also refused on a capturing `stream`.
-    fn pinned_area_offset(
+    /// The area copies of `c`, one per piece within a copy's bound, with `copy_id`: the
+    /// data-area offset of its pinned bytes is found first (`CUDA_ERROR_INVALID_VALUE` unless
+    /// they lie inside one live allocation there), and an asynchronous copy (`what` names
+    /// it) is refused on a capturing stream.
+    fn pinned_pieces(
         &self,
-        stream: RmHandle,
-        host: u64,
-        size: u64,
-        asynchronous: Option<&str>,
-    ) -> CuResult<u64> {
+        c: &PinnedCopy,
+        what: &str,
+        copy_id: u64,
+    ) -> CuResult<impl Iterator<Item = RmAreaCopyArgs> + use<>> {
         let offset = self
-            .pinned_offset(host, size)
+            .pinned_offset(c.host, c.size)
             .ok_or(CuError(cu::INVALID_VALUE))?;
-        if let Some(what) = asynchronous {
-            self.not_captured(stream, what)?;
+        if c.asynchronous {
+            self.not_captured(c.stream, what)?;
         }
-        Ok(offset)
-    }
-
-    /// `cuMemcpyHtoD[Async]` from zero-copy pinned memory: `size` bytes at `host`, which must
-    /// lie inside one live allocation in the data area (`CUDA_ERROR_INVALID_VALUE`
-    /// otherwise, e.g. after `cuMemFreeHost`). Only `(offset, size)` travels; the server
-    /// reads the bytes where they are. `asynchronous`: on `stream`, errors deferred.
-    pub fn memcpy_htod_pinned(
-        &self,
-        ctx: RmHandle,
-        stream: RmHandle,
-        dst: u64,
-        host: u64,
-        size: u64,
-        asynchronous: bool,
-    ) -> CuResult<()> {
-        let what = "an asynchronous host-to-device copy";
-        let offset = self.pinned_area_offset(stream, host, size, asynchronous.then_some(what))?;
-        for (rel, len) in Self::pinned_pieces(size) {
-            let a = RmAreaCopyArgs {
+        let (
+            max,
+            &PinnedCopy {
                 ctx,
                 stream,
-                dev: dst + rel,
+                dev,
+                size,
+                ..
+            },
+        ) = (u64::from(RM_MAX_COPY), c);
+        Ok((0..size.div_ceil(max)).map(move |i| {
+            let rel = i * max;
+            RmAreaCopyArgs {
+                ctx,
+                stream,
+                dev: dev + rel,
                 offset: offset + rel,
-                size: len,
-                copy_id: if asynchronous { AREA_PINNED_SOURCE } else { 0 },
-            };
-            if asynchronous {
+                size: max.min(size - rel),
+                copy_id,
+            }
+        }))
+    }
+
+    /// `cuMemcpyHtoD[Async]` from zero-copy pinned memory (`c.dev` is the destination), e.g.
+    /// refused after `cuMemFreeHost`. Only `(offset, size)` travels; the server reads the
+    /// bytes where they are.
+    pub fn memcpy_htod_pinned(&self, c: PinnedCopy) -> CuResult<()> {
+        let copy_id = if c.asynchronous {
+            AREA_PINNED_SOURCE
+        } else {
+            0
+        };
+        for a in self.pinned_pieces(&c, "an asynchronous host-to-device copy", copy_id)? {
+            if c.asynchronous {
                 call!(self.rm_area_memcpy_htod_async(&a))?;
             } else {
                 self.finish_sync(call!(self.rm_area_memcpy_htod(&a))?)?;
@@ -88,43 +87,25 @@ impl Session {
         Ok(())
     }
 
-    /// `cuMemcpyDtoH[Async]` into zero-copy pinned memory: `size` bytes at `host`, which must
-    /// lie inside one live allocation in the data area (`CUDA_ERROR_INVALID_VALUE`
-    /// otherwise). The server writes the bytes straight there. Synchronous: they are there
-    /// when this returns. Asynchronous (one-way, copy id 0: no delivery): they are there
-    /// once the stream's work up to the copy has completed, i.e. when the synchronize, event
-    /// or query that CUDA defines says so; no pending copy is recorded on the client.
-    pub fn memcpy_dtoh_pinned(
-        &self,
-        ctx: RmHandle,
-        stream: RmHandle,
-        src: u64,
-        host: u64,
-        size: u64,
-        asynchronous: bool,
-    ) -> CuResult<()> {
-        let what = "an asynchronous device-to-host copy";
-        let offset = self.pinned_area_offset(stream, host, size, asynchronous.then_some(what))?;
+    /// `cuMemcpyDtoH[Async]` into zero-copy pinned memory (`c.dev` is the source). The server
+    /// writes the bytes straight there. Synchronous: they are there when this returns.
+    /// Asynchronous (one-way, copy id 0: no delivery): they are there once the stream's work
+    /// up to the copy has completed, i.e. when the synchronize, event or query that CUDA
+    /// defines says so; no pending copy is recorded on the client.
+    pub fn memcpy_dtoh_pinned(&self, c: PinnedCopy) -> CuResult<()> {
+        let pieces = self.pinned_pieces(&c, "an asynchronous device-to-host copy", 0)?;
         let mark = self.copy_mark();
-        for (rel, len) in Self::pinned_pieces(size) {
-            let a = RmAreaCopyArgs {
-                ctx,
-                stream,
-                dev: src + rel,
-                offset: offset + rel,
-                size: len,
-                copy_id: 0,
-            };
-            if asynchronous {
+        for a in pieces {
+            if c.asynchronous {
                 call!(self.rm_area_memcpy_dtoh_async(&a))?;
             } else {
                 self.finish_sync(call!(self.rm_area_memcpy_dtoh(&a))?)?;
             }
         }
-        if asynchronous {
+        if c.asynchronous {
             return Ok(());
         }
-        self.settle_stream(ctx, stream, mark)
+        self.settle_stream(c.ctx, c.stream, mark)
     }
 
     /// Staging space for a copy of `total` bytes through the data area: one lease, or two

@@ -25,7 +25,14 @@ impl Session {
     ) -> CuResult<()> {
         let (host, size) = (out.as_mut_ptr() as u64, out.len() as u64);
         if size > 0 && self.pinned_offset(host, size).is_some() {
-            return self.memcpy_dtoh_pinned(ctx, stream, src, host, size, false);
+            return self.memcpy_dtoh_pinned(PinnedCopy {
+                ctx,
+                stream,
+                dev: src,
+                host,
+                size,
+                asynchronous: false,
+            });
         }
         let mark = self.copy_mark();
         self.memcpy_dtoh_unsettled(ctx, stream, src, out)?;
@@ -101,7 +108,14 @@ impl Session {
     ) -> CuResult<()> {
         let (host, size) = (data.as_ptr() as u64, data.len() as u64);
         if size > 0 && self.pinned_offset(host, size).is_some() {
-            return self.memcpy_htod_pinned(ctx, stream, dst, host, size, asynchronous);
+            return self.memcpy_htod_pinned(PinnedCopy {
+                ctx,
+                stream,
+                dev: dst,
+                host,
+                size,
+                asynchronous,
+            });
         }
         if asynchronous {
             self.not_captured(stream, "an asynchronous host-to-device copy")?;
@@ -178,32 +192,26 @@ impl Session {
                 }
                 sink(&buf);
             });
-            let copy_id = self.delivery.register(ctx, stream, from_area);
-            let r = call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
+            return self.delivery.issue(ctx, stream, from_area, |copy_id| {
+                call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
+                    ctx,
+                    stream,
+                    dev: src,
+                    offset,
+                    size,
+                    copy_id
+                }))
+            });
+        }
+        self.delivery.issue(ctx, stream, sink, |copy_id| {
+            call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
                 ctx,
                 stream,
-                dev: src,
-                offset,
+                src,
                 size,
                 copy_id
-            }));
-            if r.is_err() {
-                self.delivery.forget(copy_id);
-            }
-            return r;
-        }
-        let copy_id = self.delivery.register(ctx, stream, sink);
-        let r = call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
-            ctx,
-            stream,
-            src,
-            size,
-            copy_id
-        }));
-        if r.is_err() {
-            self.delivery.forget(copy_id);
-        }
-        r
+            }))
+        })
     }
 
     /// `cuMemcpyDtoDAsync`: one-way.

@@ -192,28 +192,23 @@ impl Session {
         }
         for b in copy3d::bands(&p.extent, COPY_CHUNK as u64) {
             let mut args = Self::band_args(p, &src, &dst, &b)?;
-            let mut issued = None;
+            let send = |args: &RmMemcpy3dArgs| {
+                if p.peer.is_some() {
+                    call!(self.rm_memcpy_3_d_peer_async(args))
+                } else {
+                    call!(self.rm_memcpy_3_d_async(args))
+                }
+            };
             if let CopyDst::Later { layout, sink } = &dst {
                 let (sink, layout, extent) = (Arc::clone(sink), layout.band(&b), b.extent);
-                let copy_id = self.delivery.register(
-                    p.ctx,
-                    p.stream,
-                    Box::new(move |data: &[u8]| sink(&layout, &extent, data)),
-                );
-                args.copy_id = copy_id;
-                issued = Some(copy_id);
-            }
-            let r = if p.peer.is_some() {
-                call!(self.rm_memcpy_3_d_peer_async(&args))
+                let sink: CopySink = Box::new(move |data: &[u8]| sink(&layout, &extent, data));
+                self.delivery.issue(p.ctx, p.stream, sink, |copy_id| {
+                    args.copy_id = copy_id;
+                    send(&args)
+                })?;
             } else {
-                call!(self.rm_memcpy_3_d_async(&args))
-            };
-            if r.is_err()
-                && let Some(id) = issued
-            {
-                self.delivery.forget(id);
+                send(&args)?;
             }
-            r?;
         }
         Ok(())
     }

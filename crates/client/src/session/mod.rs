@@ -79,6 +79,20 @@ fn area_args(ctx: RmHandle, stream: RmHandle, dev: u64) -> RmAreaCopyArgs {
     }
 }
 
+/// A zero-copy copy between device memory at `dev` and `size` bytes of pinned host memory
+/// at `host`, which must lie inside one live allocation in the shared data area
+/// (`CUDA_ERROR_INVALID_VALUE` otherwise), on `stream` of `ctx` ([`Session::memcpy_htod_pinned`],
+/// [`Session::memcpy_dtoh_pinned`]). `asynchronous`: one-way on `stream`, errors deferred.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedCopy {
+    pub ctx: RmHandle,
+    pub stream: RmHandle,
+    pub dev: u64,
+    pub host: u64,
+    pub size: u64,
+    pub asynchronous: bool,
+}
+
 /// `copy_id` of an `RM_AREA_MEMCPY_HTOD_ASYNC` from zero-copy pinned memory
 /// (docs/protocol.md): the server may read the bytes until the stream reaches the copy, as
 /// CUDA allows for a pinned source. Staging leases send 0 (read before the reply).

@@ -49,8 +49,8 @@ mod pools;
 mod vmm;
 
 use super::{
-    Backend, CaptureInfo, Copy3d, CopyPlace, DeviceProps, FunctionInfo, HostFn, LEGACY_STREAM,
-    LaunchSpec, LoadedModule, Memset, StagedCopy,
+    Backend, CaptureInfo, Copy3d, Copy3dIo, CopyPlace, DeviceProps, DtodCopy, FunctionInfo, HostFn,
+    LEGACY_STREAM, LaunchSpec, LoadedModule, Memset, Occupancy, StagedCopy, StagedResult,
 };
 use capture::{EmuCapture, EmuOp};
 use host_functions::{HostPending, HostQueue};
@@ -559,13 +559,7 @@ impl Backend for EmulatedBackend {
         Ok(area.base() as u64 + offset)
     }
 
-    fn memcpy_dtoh_async(
-        &self,
-        ctx: u64,
-        stream: u64,
-        src: u64,
-        size: usize,
-    ) -> CuResult<Box<dyn StagedCopy>> {
+    fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult {
         let mut st = self.lock();
         st.stream(ctx, stream)?;
         st.refuse_in_capture(ctx, stream)?;
@@ -573,14 +567,8 @@ impl Backend for EmulatedBackend {
         Ok(Box::new(self.staged(data)))
     }
 
-    fn memcpy_dtod(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        src: u64,
-        size: u64,
-    ) -> CuResult<()> {
+    fn memcpy_dtod(&self, ctx: u64, stream: Option<u64>, copy: DtodCopy) -> CuResult<()> {
+        let DtodCopy { dst, src, size } = copy;
         let mut st = self.lock();
         let s = stream.unwrap_or(LEGACY_STREAM);
         st.stream(ctx, s)?;
@@ -593,24 +581,18 @@ impl Backend for EmulatedBackend {
         Ok(())
     }
 
-    fn memcpy_3d(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        copy: &Copy3d,
-        src_host: &[u8],
-        dst_host: &mut [u8],
-    ) -> CuResult<()> {
+    fn memcpy_3d(&self, ctx: u64, stream: Option<u64>, io: Copy3dIo<'_>) -> CuResult<()> {
+        let copy = io.copy;
         let mut st = self.lock();
         st.copy_contexts(ctx, stream.unwrap_or(LEGACY_STREAM), copy)?;
         if let Some(s) = stream {
             st.refuse_in_capture(ctx, s)?;
         }
         // Gathered first, so overlapping device ranges copy as from a snapshot.
-        let packed = st.gather(copy, src_host)?;
+        let packed = st.gather(copy, io.src_host)?;
         match copy.dst.place {
-            CopyPlace::Host if dst_host.len() == packed.len() => {
-                dst_host.copy_from_slice(&packed);
+            CopyPlace::Host if io.dst_host.len() == packed.len() => {
+                io.dst_host.copy_from_slice(&packed);
                 Ok(())
             }
             CopyPlace::Host => Err(CuError(cu::INVALID_VALUE)),
@@ -618,12 +600,7 @@ impl Backend for EmulatedBackend {
         }
     }
 
-    fn memcpy_3d_dtoh_async(
-        &self,
-        ctx: u64,
-        stream: u64,
-        copy: &Copy3d,
-    ) -> CuResult<Box<dyn StagedCopy>> {
+    fn memcpy_3d_dtoh_async(&self, ctx: u64, stream: u64, copy: &Copy3d) -> StagedResult {
         let mut st = self.lock();
         st.copy_contexts(ctx, stream, copy)?;
         st.refuse_in_capture(ctx, stream)?;
@@ -750,19 +727,12 @@ impl Backend for EmulatedBackend {
         Ok(())
     }
 
-    fn occupancy_max_active_blocks(
-        &self,
-        ctx: u64,
-        func: u64,
-        block_size: i32,
-        _dynamic_smem: u64,
-        _flags: u32,
-    ) -> CuResult<i32> {
-        self.func_get_attribute(ctx, func, 0)?;
-        if !(1..=1024).contains(&block_size) {
+    fn occupancy_max_active_blocks(&self, ctx: u64, q: &Occupancy) -> CuResult<i32> {
+        self.func_get_attribute(ctx, q.func, 0)?;
+        if !(1..=1024).contains(&q.block_size) {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        Ok((2048 / block_size).min(32))
+        Ok((2048 / q.block_size).min(32))
     }
 
     fn occupancy_max_active_clusters(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<i32> {
@@ -794,15 +764,9 @@ impl Backend for EmulatedBackend {
         Ok(i32::try_from(blocks / cluster).unwrap_or(i32::MAX))
     }
 
-    fn occupancy_max_potential_block_size(
-        &self,
-        ctx: u64,
-        func: u64,
-        _dynamic_smem: u64,
-        block_size_limit: i32,
-        _flags: u32,
-    ) -> CuResult<(i32, i32)> {
-        self.func_get_attribute(ctx, func, 0)?;
+    fn occupancy_max_potential_block_size(&self, ctx: u64, q: &Occupancy) -> CuResult<(i32, i32)> {
+        self.func_get_attribute(ctx, q.func, 0)?;
+        let block_size_limit = q.block_size;
         if block_size_limit < 0 {
             return Err(CuError(cu::INVALID_VALUE));
         }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use remora_oncrpc::DataArea;
-use remora_proto::cuda::CuResult;
+use remora_proto::cuda::{CuError, CuResult, cu};
 use remora_proto::remora::RmMemsetNode;
 
 use super::pools::{MemAccessDesc, MemLocation};
@@ -236,6 +236,71 @@ pub enum NodeInfo {
     MemFree(u64),
 }
 
+/// A node to add to `graph` (which runs in backend context `ctx`), after `deps` (nodes of
+/// `graph`), with `params`.
+#[derive(Debug)]
+pub struct NewNode<'a, P> {
+    pub ctx: u64,
+    pub graph: u64,
+    pub deps: &'a [u64],
+    pub params: &'a P,
+}
+
+/// Edges `from[i] -> to[i]` between nodes of `graph`: as many sources as targets.
+#[derive(Debug, Clone, Copy)]
+pub struct Edges<'a> {
+    graph: u64,
+    from: &'a [u64],
+    to: &'a [u64],
+}
+
+impl<'a> Edges<'a> {
+    /// `INVALID_VALUE` unless there are as many sources as targets.
+    pub fn new(graph: u64, from: &'a [u64], to: &'a [u64]) -> CuResult<Self> {
+        if from.len() != to.len() {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        Ok(Self { graph, from, to })
+    }
+
+    /// The graph.
+    pub fn graph(&self) -> u64 {
+        self.graph
+    }
+
+    /// The sources.
+    pub fn from(&self) -> &'a [u64] {
+        self.from
+    }
+
+    /// The targets.
+    pub fn to(&self) -> &'a [u64] {
+        self.to
+    }
+
+    /// `(from, to)` of every edge.
+    pub fn pairs(&self) -> impl Iterator<Item = (&'a u64, &'a u64)> + use<'a> {
+        self.from.iter().zip(self.to)
+    }
+}
+
+/// A node of a graph and the backend context the graph runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphNode {
+    pub ctx: u64,
+    pub node: u64,
+}
+
+/// New parameters for `node`, in backend context `ctx`; with `exec`, for that node's copy in
+/// executable graph `exec`.
+#[derive(Debug)]
+pub struct NodeUpdate<'a> {
+    pub ctx: u64,
+    pub exec: Option<u64>,
+    pub node: u64,
+    pub params: &'a NodeParams,
+}
+
 /// The parameter layout of a backend function, if the session knows it.
 pub type LayoutOf<'a> = &'a dyn Fn(u64) -> Option<Arc<[(u32, u32)]>>;
 
@@ -256,34 +321,14 @@ pub const EXEC_UPDATE_NODE_TYPE_CHANGED: i32 = 3;
 pub trait Graphs {
     /// `cuGraphCreate`.
     fn graph_create(&self, ctx: u64, flags: u32) -> CuResult<u64>;
-    /// `cuGraphAdd*Node`: the new node, after `deps` (nodes of `graph`).
-    fn graph_add_node(
-        &self,
-        ctx: u64,
-        graph: u64,
-        deps: &[u64],
-        params: &NodeParams,
-    ) -> CuResult<u64>;
+    /// `cuGraphAdd*Node`: the new node.
+    fn graph_add_node(&self, node: NewNode<'_, NodeParams>) -> CuResult<u64>;
     /// `cuGraphAddMemAllocNode`: the new node and the allocation's address.
-    fn graph_add_mem_alloc_node(
-        &self,
-        ctx: u64,
-        graph: u64,
-        deps: &[u64],
-        node: &MemAllocNode,
-    ) -> CuResult<(u64, u64)>;
+    fn graph_add_mem_alloc_node(&self, node: NewNode<'_, MemAllocNode>) -> CuResult<(u64, u64)>;
     /// `cuGraphDestroyNode`.
     fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()>;
-    /// `cuGraphAddDependencies` (`add`) or `cuGraphRemoveDependencies`: edges
-    /// `from[i] -> to[i]`.
-    fn graph_edges_change(
-        &self,
-        ctx: u64,
-        graph: u64,
-        from: &[u64],
-        to: &[u64],
-        add: bool,
-    ) -> CuResult<()>;
+    /// `cuGraphAddDependencies` (`add`) or `cuGraphRemoveDependencies` of `edges`.
+    fn graph_edges_change(&self, ctx: u64, edges: Edges<'_>, add: bool) -> CuResult<()>;
     /// `cuGraphGetNodes` (`roots`: `cuGraphGetRootNodes`).
     fn graph_nodes(&self, ctx: u64, graph: u64, roots: bool) -> CuResult<Vec<u64>>;
     /// `cuGraphGetEdges`: (from, to).
@@ -295,22 +340,11 @@ pub trait Graphs {
     /// `cuGraphKernelNodeGetParams`, `cuGraphMemsetNodeGetParams`,
     /// `cuGraphMemcpyNodeGetParams`, `cuGraphMemAllocNodeGetParams`,
     /// `cuGraphMemFreeNodeGetParams`, by the node's type (others: `INVALID_VALUE`).
-    fn graph_node_get_params(
-        &self,
-        ctx: u64,
-        node: u64,
-        layout: LayoutOf<'_>,
-    ) -> CuResult<NodeInfo>;
-    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams` (the node keeps its type); with `exec`,
-    /// `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams` on that node of executable graph
-    /// `exec`.
-    fn graph_node_set_params(
-        &self,
-        ctx: u64,
-        exec: Option<u64>,
-        node: u64,
-        params: &NodeParams,
-    ) -> CuResult<()>;
+    fn graph_node_get_params(&self, n: GraphNode, layout: LayoutOf<'_>) -> CuResult<NodeInfo>;
+    /// `cuGraph{Kernel,Memset,Memcpy}NodeSetParams` (the node keeps its type); with
+    /// `update.exec`, `cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams` on that node of the
+    /// executable graph.
+    fn graph_node_set_params(&self, update: NodeUpdate<'_>) -> CuResult<()>;
     /// `cuGraphClone`.
     fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64>;
     /// `cuGraphExecUpdate_v2`: `Err` with the update result when it failed.

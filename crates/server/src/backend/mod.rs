@@ -235,6 +235,44 @@ pub struct PeerCopy {
     pub size: u64,
 }
 
+/// A device-to-device copy in one context (`cuMemcpyDtoD`), checked by the executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DtodCopy {
+    /// Destination device address.
+    pub dst: u64,
+    /// Source device address.
+    pub src: u64,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// A [`Copy3d`] with its packed host bytes: `src_host` when `copy.src` is
+/// [`CopyPlace::Host`] (else empty), `dst_host` when `copy.dst` is (synchronous copies only;
+/// else empty).
+#[derive(Debug)]
+pub struct Copy3dIo<'a> {
+    /// The copy.
+    pub copy: &'a Copy3d,
+    /// The packed source.
+    pub src_host: &'a [u8],
+    /// Where the packed destination goes.
+    pub dst_host: &'a mut [u8],
+}
+
+/// What the occupancy calculator is asked about one kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Occupancy {
+    /// The backend function.
+    pub func: u64,
+    /// Threads per block (`cuOccupancyMaxActiveBlocksPerMultiprocessor`), or the largest
+    /// block size to consider (`cuOccupancyMaxPotentialBlockSize`; 0: no limit).
+    pub block_size: i32,
+    /// Dynamic shared memory per block, bytes.
+    pub dynamic_smem: u64,
+    /// `CU_OCCUPANCY_*` flags.
+    pub flags: u32,
+}
+
 /// `CUstreamCaptureStatus` values.
 pub mod capture_status {
     remora_proto::cuda_consts!(i32, "CU_STREAM_CAPTURE_STATUS_" {
@@ -266,6 +304,9 @@ pub trait StagedCopy: Send + Sync {
     /// The copied bytes; meaningful once [`StagedCopy::query`] says complete.
     fn data(&self) -> &[u8];
 }
+
+/// An asynchronous device-to-host copy into a staging buffer, once issued.
+pub type StagedResult = CuResult<Box<dyn StagedCopy>>;
 
 /// A copy that carries no bytes and is complete: an empty copy, or one that could not be
 /// issued (delivered empty, so that the client waits for nothing; its error is deferred).
@@ -335,53 +376,26 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()>;
     /// `cuMemcpyDtoH` (blocks).
     fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()>;
-    /// `cuMemcpyHtoD[Async]` from `span` of a session's shared data area. The client may
-    /// write those bytes at any time; when this returns they are no longer read (the client
-    /// may reuse the space). The default copies them out once and calls
-    /// [`Backend::memcpy_htod`].
-    fn memcpy_htod_area(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        span: AreaSpan<'_>,
-    ) -> CuResult<()> {
-        self.memcpy_htod(ctx, stream, dst, &span.read()?)
+    /// `cuMemcpyHtoD[Async]` from `copy.span` of a session's shared data area. The client may
+    /// write those bytes at any time; a synchronous or plain asynchronous copy no longer reads
+    /// them when this returns (the client may reuse the space). The source of
+    /// [`AreaHtod::AsyncPinned`] is zero-copy pinned memory: its bytes may still be read after
+    /// this returns, until the stream reaches the copy (CUDA's contract for pinned sources).
+    /// The default copies the bytes out once and calls [`Backend::memcpy_htod`].
+    fn memcpy_htod_area(&self, ctx: u64, how: AreaHtod, copy: AreaCopy<'_>) -> CuResult<()> {
+        self.memcpy_htod(ctx, how.stream(), copy.dev, &copy.span.read()?)
     }
-    /// `cuMemcpyDtoH` into `span` of a session's shared data area (blocks). The default
+    /// `cuMemcpyDtoH` into `copy.span` of a session's shared data area (blocks). The default
     /// copies through a private buffer.
-    fn memcpy_dtoh_area(&self, ctx: u64, src: u64, span: AreaSpan<'_>) -> CuResult<()> {
-        let mut buf = vec![0u8; span.len_usize()?];
-        self.memcpy_dtoh(ctx, &mut buf, src)?;
-        span.write(&buf)
+    fn memcpy_dtoh_area(&self, ctx: u64, copy: AreaCopy<'_>) -> CuResult<()> {
+        buffered_dtoh_area(self, ctx, copy)
     }
-    /// `cuMemcpyHtoDAsync` on `stream` from `span` of a session's shared data area, which
-    /// holds zero-copy pinned memory. Unlike [`Backend::memcpy_htod_area`], the bytes may
-    /// still be read after this returns, until the stream reaches the copy (CUDA's contract
-    /// for pinned sources). The default is [`Backend::memcpy_htod_area`].
-    fn memcpy_htod_async_area_pinned(
-        &self,
-        ctx: u64,
-        stream: u64,
-        dst: u64,
-        span: AreaSpan<'_>,
-    ) -> CuResult<()> {
-        self.memcpy_htod_area(ctx, Some(stream), dst, span)
-    }
-    /// `cuMemcpyDtoHAsync` straight into `span` of a session's shared data area (zero-copy
-    /// pinned memory): the bytes must be there once `stream`'s work up to this copy has
-    /// completed, and nothing is delivered. The default stages the copy, waits for it and
-    /// writes the bytes (correct, but it blocks until the stream reaches the copy).
-    fn memcpy_dtoh_async_area(
-        &self,
-        ctx: u64,
-        stream: u64,
-        src: u64,
-        span: AreaSpan<'_>,
-    ) -> CuResult<()> {
-        let copy = self.memcpy_dtoh_async(ctx, stream, src, span.len_usize()?)?;
-        copy.wait()?;
-        span.write(copy.data())
+    /// `cuMemcpyDtoHAsync` straight into `copy.span` of a session's shared data area
+    /// (zero-copy pinned memory): the bytes must be there once `stream`'s work up to this
+    /// copy has completed, and nothing is delivered. The default stages the copy, waits for
+    /// it and writes the bytes (correct, but it blocks until the stream reaches the copy).
+    fn memcpy_dtoh_async_area(&self, ctx: u64, stream: u64, copy: AreaCopy<'_>) -> CuResult<()> {
+        staged_dtoh_area(self, ctx, stream, copy)
     }
     /// A session with a shared data area begins: a backend may prepare the area for DMA
     /// (the CUDA backend registers it with `cuMemHostRegister`). Best effort; the default
@@ -395,41 +409,14 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     /// `CU_MEMHOSTREGISTER_DEVICEMAP` first if it has not yet.
     fn area_device_pointer(&self, ctx: u64, area: &DataArea, offset: u64) -> CuResult<u64>;
     /// `cuMemcpyDtoHAsync` into a staging buffer.
-    fn memcpy_dtoh_async(
-        &self,
-        ctx: u64,
-        stream: u64,
-        src: u64,
-        size: usize,
-    ) -> CuResult<Box<dyn StagedCopy>>;
+    fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult;
     /// `cuMemcpyDtoD` (`stream` `None`) or `cuMemcpyDtoDAsync`.
-    fn memcpy_dtod(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        src: u64,
-        size: u64,
-    ) -> CuResult<()>;
-    /// `cuMemcpy2D/2DUnaligned/3D/3DPeer` (`stream` `None`) or the async forms. `src_host` is
-    /// the packed source when `copy.src` is [`CopyPlace::Host`] (else empty), `dst_host` the
-    /// packed destination when `copy.dst` is (synchronous copies only; else empty).
-    fn memcpy_3d(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        copy: &Copy3d,
-        src_host: &[u8],
-        dst_host: &mut [u8],
-    ) -> CuResult<()>;
+    fn memcpy_dtod(&self, ctx: u64, stream: Option<u64>, copy: DtodCopy) -> CuResult<()>;
+    /// `cuMemcpy2D/2DUnaligned/3D/3DPeer` (`stream` `None`) or the async forms.
+    fn memcpy_3d(&self, ctx: u64, stream: Option<u64>, io: Copy3dIo<'_>) -> CuResult<()>;
     /// `cuMemcpy2DAsync/3DAsync/3DPeerAsync` from device memory into a packed staging buffer
     /// (`copy.dst` is [`CopyPlace::Host`]).
-    fn memcpy_3d_dtoh_async(
-        &self,
-        ctx: u64,
-        stream: u64,
-        copy: &Copy3d,
-    ) -> CuResult<Box<dyn StagedCopy>>;
+    fn memcpy_3d_dtoh_async(&self, ctx: u64, stream: u64, copy: &Copy3d) -> StagedResult;
     /// `cuMemcpyPeer` (`stream` `None`) or `cuMemcpyPeerAsync`; `ctx` is the calling context.
     fn memcpy_peer(&self, ctx: u64, stream: Option<u64>, copy: PeerCopy) -> CuResult<()>;
     /// `cuMemsetD8/16/32` and `cuMemsetD2D8/16/32` (`stream` `None`) or their async forms.
@@ -448,26 +435,12 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     /// `cuFuncSetCacheConfig`.
     fn func_set_cache_config(&self, ctx: u64, func: u64, config: u32) -> CuResult<()>;
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags`.
-    fn occupancy_max_active_blocks(
-        &self,
-        ctx: u64,
-        func: u64,
-        block_size: i32,
-        dynamic_smem: u64,
-        flags: u32,
-    ) -> CuResult<i32>;
+    fn occupancy_max_active_blocks(&self, ctx: u64, q: &Occupancy) -> CuResult<i32>;
     /// `cuOccupancyMaxActiveClusters` for a launch configuration (`spec.params` is ignored).
     fn occupancy_max_active_clusters(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<i32>;
-    /// `cuOccupancyMaxPotentialBlockSize` without a shared-memory callback:
-    /// `(min_grid_size, block_size)`.
-    fn occupancy_max_potential_block_size(
-        &self,
-        ctx: u64,
-        func: u64,
-        dynamic_smem: u64,
-        block_size_limit: i32,
-        flags: u32,
-    ) -> CuResult<(i32, i32)>;
+    /// `cuOccupancyMaxPotentialBlockSize` without a shared-memory callback, block sizes up to
+    /// `q.block_size`: `(min_grid_size, block_size)`.
+    fn occupancy_max_potential_block_size(&self, ctx: u64, q: &Occupancy) -> CuResult<(i32, i32)>;
     /// `cuLaunchKernel` / `cuLaunchKernelEx`.
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()>;
 
@@ -534,6 +507,62 @@ pub struct AreaSpan<'a> {
     pub offset: u64,
     /// Bytes.
     pub size: u64,
+}
+
+/// A copy between device memory at `dev` and `span` of a session's shared data area.
+#[derive(Debug, Clone, Copy)]
+pub struct AreaCopy<'a> {
+    /// The device address.
+    pub dev: u64,
+    /// The bytes in the area.
+    pub span: AreaSpan<'a>,
+}
+
+/// How [`Backend::memcpy_htod_area`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AreaHtod {
+    /// `cuMemcpyHtoD`.
+    Sync,
+    /// `cuMemcpyHtoDAsync` on a stream; the bytes are consumed when the call returns.
+    Async(u64),
+    /// `cuMemcpyHtoDAsync` on a stream from zero-copy pinned memory, which the client keeps
+    /// until the stream reaches the copy.
+    AsyncPinned(u64),
+}
+
+impl AreaHtod {
+    /// The stream of an asynchronous copy.
+    pub fn stream(self) -> Option<u64> {
+        match self {
+            AreaHtod::Sync => None,
+            AreaHtod::Async(s) | AreaHtod::AsyncPinned(s) => Some(s),
+        }
+    }
+}
+
+/// [`Backend::memcpy_dtoh_area`] through a private buffer: the default, and the CUDA
+/// backend's way for an area it cannot reach by DMA.
+pub(crate) fn buffered_dtoh_area<B: Backend + ?Sized>(
+    b: &B,
+    ctx: u64,
+    copy: AreaCopy<'_>,
+) -> CuResult<()> {
+    let mut buf = vec![0u8; copy.span.len_usize()?];
+    b.memcpy_dtoh(ctx, &mut buf, copy.dev)?;
+    copy.span.write(&buf)
+}
+
+/// [`Backend::memcpy_dtoh_async_area`] through a staging buffer, waited for: the default, and
+/// the CUDA backend's way for an area it cannot reach by DMA.
+pub(crate) fn staged_dtoh_area<B: Backend + ?Sized>(
+    b: &B,
+    ctx: u64,
+    stream: u64,
+    copy: AreaCopy<'_>,
+) -> CuResult<()> {
+    let staged = b.memcpy_dtoh_async(ctx, stream, copy.dev, copy.span.len_usize()?)?;
+    staged.wait()?;
+    copy.span.write(staged.data())
 }
 
 impl AreaSpan<'_> {

@@ -88,7 +88,7 @@ impl Executor {
                 st.check_range(a.src, a.size)?;
                 st.ctx(a.ctx)
             },
-            |b, c| b.memcpy_dtod(c, None, a.dst, a.src, a.size),
+            |b, c| b.memcpy_dtod(c, None, dtod_copy(&a)),
         )
     }
 
@@ -107,9 +107,13 @@ impl Executor {
     pub(super) fn memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_MEMCPY_HTOD_ASYNC", on, |inner, session| {
-            let (c, s, capturing) =
-                copy_on_stream(&session.lock(), a.ctx, a.stream, a.dst, a.data.len() as u64)?;
-            not_captured(inner, capturing, c, s)?;
+            let (c, s) = copy_on_stream(
+                inner,
+                session,
+                (a.ctx, a.stream),
+                a.dst,
+                a.data.len() as u64,
+            )?;
             inner.backend.memcpy_htod(c, Some(s), a.dst, &a.data)
         })
     }
@@ -186,7 +190,7 @@ impl Executor {
                 st.check_range(a.dev, a.size)?;
                 Ok((st.ctx(a.ctx)?, area))
             },
-            |b, (c, area)| b.memcpy_htod_area(c, None, a.dev, area_span(&area, &a)),
+            |b, (c, area)| b.memcpy_htod_area(c, AreaHtod::Sync, area_copy(&area, &a)),
         )
     }
 
@@ -202,11 +206,8 @@ impl Executor {
                 st.check_range(a.dev, a.size)?;
                 Ok((st.ctx(a.ctx)?, area))
             });
-            let r = raw.and_then(|(c, area)| {
-                inner
-                    .backend
-                    .memcpy_dtoh_area(c, a.dev, area_span(&area, &a))
-            });
+            let r =
+                raw.and_then(|(c, area)| inner.backend.memcpy_dtoh_area(c, area_copy(&area, &a)));
             let mut st = session.lock();
             let mut status = st.sync_status(r);
             // As RM_MEMCPY_DTOH: the legacy stream's earlier async copies are complete too.
@@ -230,22 +231,15 @@ impl Executor {
         // as a one-way call's.
         self.oneway_on(call, "RM_AREA_MEMCPY_HTOD_ASYNC", on, |inner, session| {
             let area = area_of(call, a.offset, a.size)?;
-            let (c, s, capturing) =
-                copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
-            not_captured(inner, capturing, c, s)?;
-            if a.copy_id == AREA_PINNED_SOURCE {
-                // Zero-copy pinned memory: the client does not reuse the bytes before the
-                // stream reaches the copy, so the backend may read them as late as that.
-                return inner.backend.memcpy_htod_async_area_pinned(
-                    c,
-                    s,
-                    a.dev,
-                    area_span(&area, &a),
-                );
-            }
-            inner
-                .backend
-                .memcpy_htod_area(c, Some(s), a.dev, area_span(&area, &a))
+            let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.dev, a.size)?;
+            // Zero-copy pinned memory: the client does not reuse the bytes before the stream
+            // reaches the copy, so the backend may read them as late as that.
+            let how = if a.copy_id == AREA_PINNED_SOURCE {
+                AreaHtod::AsyncPinned(s)
+            } else {
+                AreaHtod::Async(s)
+            };
+            inner.backend.memcpy_htod_area(c, how, area_copy(&area, &a))
         })
     }
 
@@ -263,19 +257,15 @@ impl Executor {
                 // Zero-copy pinned memory: the bytes go straight into the area when the
                 // copy executes, and nothing is delivered (the client waits for nothing).
                 let area = area_of(call, a.offset, a.size)?;
-                let (c, s, capturing) =
-                    copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
-                not_captured(inner, capturing, c, s)?;
+                let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.dev, a.size)?;
                 return inner
                     .backend
-                    .memcpy_dtoh_async_area(c, s, a.dev, area_span(&area, &a));
+                    .memcpy_dtoh_async_area(c, s, area_copy(&area, &a));
             }
             let area = area_of(call, a.offset, a.size);
             let issued = (|| {
                 let area = area.clone()?;
-                let (c, s, capturing) =
-                    copy_on_stream(&session.lock(), a.ctx, a.stream, a.dev, a.size)?;
-                not_captured(inner, capturing, c, s)?;
+                let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.dev, a.size)?;
                 session.copies.admit(a.size)?;
                 // `area_of` bounded the size by the area's.
                 let copy = inner
@@ -315,9 +305,15 @@ impl Executor {
                 } else {
                     Vec::new()
                 };
-                inner
-                    .backend
-                    .memcpy_3d(ctx, None, &copy, &a.data, &mut buf)?;
+                inner.backend.memcpy_3d(
+                    ctx,
+                    None,
+                    Copy3dIo {
+                        copy: &copy,
+                        src_host: &a.data,
+                        dst_host: &mut buf,
+                    },
+                )?;
                 Ok(remora_xdr::Bytes::from(buf))
             });
             let mut st = session.lock();
@@ -390,9 +386,15 @@ impl Executor {
                         inner.backend.memcpy_3d_dtoh_async(ctx, stream, &copy)?,
                     ))
                 } else {
-                    inner
-                        .backend
-                        .memcpy_3d(ctx, Some(stream), &copy, &a.data, &mut [])?;
+                    inner.backend.memcpy_3d(
+                        ctx,
+                        Some(stream),
+                        Copy3dIo {
+                            copy: &copy,
+                            src_host: &a.data,
+                            dst_host: &mut [],
+                        },
+                    )?;
                     Ok(None)
                 }
             })();
@@ -455,24 +457,41 @@ fn push_pending(
     result
 }
 
-/// The raw context and stream of an asynchronous copy that touches `size` bytes at device
-/// address `dev`, and whether the session has a capture in progress.
+/// The raw context and stream of an asynchronous copy from or to client memory that touches
+/// `size` bytes at device address `dev`; refused on a capturing stream ([`not_captured`]).
 fn copy_on_stream(
-    st: &SessionState,
-    ctx: u64,
-    stream: u64,
+    inner: &Inner,
+    session: &Session,
+    (ctx, stream): (u64, u64),
     dev: u64,
     size: u64,
-) -> CuResult<(u64, u64, bool)> {
-    st.check_range(dev, size)?;
-    Ok((st.ctx(ctx)?, st.stream(stream)?, !st.captures.is_empty()))
+) -> CuResult<(u64, u64)> {
+    let (c, s, capturing) = {
+        let st = session.lock();
+        st.check_range(dev, size)?;
+        (st.ctx(ctx)?, st.stream(stream)?, !st.captures.is_empty())
+    };
+    not_captured(inner, capturing, c, s)?;
+    Ok((c, s))
 }
 
-/// The span of the data area that an area copy names.
-fn area_span<'a>(area: &'a remora_oncrpc::DataArea, a: &RmAreaCopyArgs) -> AreaSpan<'a> {
-    AreaSpan {
-        area,
-        offset: a.offset,
+/// The copy between device memory and the data area that an area copy names.
+fn area_copy<'a>(area: &'a remora_oncrpc::DataArea, a: &RmAreaCopyArgs) -> AreaCopy<'a> {
+    AreaCopy {
+        dev: a.dev,
+        span: AreaSpan {
+            area,
+            offset: a.offset,
+            size: a.size,
+        },
+    }
+}
+
+/// The device-to-device copy that `RM_MEMCPY_DTOD[_ASYNC]` names.
+pub(super) fn dtod_copy(a: &RmDtodArgs) -> DtodCopy {
+    DtodCopy {
+        dst: a.dst,
+        src: a.src,
         size: a.size,
     }
 }

@@ -8,8 +8,8 @@
 use super::copies::side_span;
 use super::*;
 use crate::backend::graphs::{
-    CopySideOut, GraphCopySide, GraphMem, GraphMemOut, HostNode, KernelNode, MemAllocNode,
-    MemcpyNode, MemsetNode, NodeInfo, NodeParams,
+    CopySideOut, Edges, GraphCopySide, GraphMem, GraphMemOut, GraphNode, HostNode, KernelNode,
+    MemAllocNode, MemcpyNode, MemsetNode, NewNode, NodeInfo, NodeParams, NodeUpdate,
 };
 use crate::session::SessionState;
 use remora_proto::cuda::{CuError, cu};
@@ -221,10 +221,12 @@ impl Executor {
         };
         let (graph, graph_ctx, gctx, deps) = Self::node_target(st, a.graph, &a.dependencies)?;
         let node = mem_alloc_node(m)?;
-        let (raw, dptr) = self
-            .inner
-            .backend
-            .graph_add_mem_alloc_node(gctx, graph, &deps, &node)?;
+        let (raw, dptr) = self.inner.backend.graph_add_mem_alloc_node(NewNode {
+            ctx: gctx,
+            graph,
+            deps: &deps,
+            params: &node,
+        })?;
         st.add_graph_mem(dptr, node.bytesize, graph_ctx, a.graph);
         let node = st.insert(Resource::GraphNode {
             raw,
@@ -264,10 +266,12 @@ impl Executor {
                 // graph or another: CUDA allows both).
                 return Err(invalid());
             }
-            let raw = self
-                .inner
-                .backend
-                .graph_add_node(gctx, graph, &deps, &params)?;
+            let raw = self.inner.backend.graph_add_node(NewNode {
+                ctx: gctx,
+                graph,
+                deps: &deps,
+                params: &params,
+            })?;
             match params {
                 NodeParams::Host(h) => st.host_nodes.push(h),
                 NodeParams::MemFree(p) => st.graph_mem_freed_by_node(p, a.graph),
@@ -338,7 +342,7 @@ impl Executor {
         let to = a.to.iter().map(raw).collect::<CuResult<Vec<_>>>()?;
         self.inner
             .backend
-            .graph_edges_change(st.ctx(ctx)?, graph, &from, &to, add)
+            .graph_edges_change(st.ctx(ctx)?, Edges::new(graph, &from, &to)?, add)
     }
 
     /// The handles of backend nodes `raw` of graph handle `graph`.
@@ -420,7 +424,7 @@ impl Executor {
                         .find(|(f, _)| *f == raw)
                         .map(|(_, l)| l)
                 };
-                b.graph_node_get_params(c, n, &layout)
+                b.graph_node_get_params(GraphNode { ctx: c, node: n }, &layout)
             })
             .and_then(|info| wire_params(&st, area.as_ref(), info));
         Ok(reply!("RM_GRAPH_NODE_GET_PARAMS", RmNodeParamsReply, r))
@@ -452,9 +456,12 @@ impl Executor {
         };
         let c = st.ctx(ctx)?;
         let params = self.node_params(call, &session, &st, c, params)?;
-        self.inner
-            .backend
-            .graph_node_set_params(c, exec, node, &params)
+        self.inner.backend.graph_node_set_params(NodeUpdate {
+            ctx: c,
+            exec,
+            node,
+            params: &params,
+        })
     }
 
     pub(super) fn graph_clone(&self, st: &mut SessionState, h: RmHandle) -> CuResult<RmHandle> {

@@ -15,8 +15,8 @@ use remora_proto::remora::*;
 use remora_xdr::XdrEncode;
 
 use crate::backend::{
-    AreaSpan, Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, CopySide, LaunchSpec, Memset,
-    PeerCopy, StagedCopy, capture_status,
+    AreaCopy, AreaHtod, AreaSpan, Backend, CaptureInfo, Copy3d, Copy3dIo, CopyForm, CopyPlace,
+    CopySide, DtodCopy, LaunchSpec, Memset, Occupancy, PeerCopy, StagedCopy, capture_status,
 };
 use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
 use crate::hello::{HelloService, truncate};

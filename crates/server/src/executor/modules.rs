@@ -113,32 +113,25 @@ impl Executor {
         int_reply("RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS", r)
     }
 
-    pub(super) fn occupancy_max_potential_block_size(
+    /// Asks `ask` an occupancy question about function handle `function`: blocks of
+    /// `block_size` threads (or at most that many), with `dynamic_smem` bytes of dynamic
+    /// shared memory and `flags`.
+    pub(super) fn occupancy<T>(
         &self,
         session: &Session,
-        a: RmPotentialBlockArgs,
-    ) -> RmIntPairReply {
-        let r = self.in_function(session, a.function, |b, f, c| {
-            b.occupancy_max_potential_block_size(
-                c,
-                f,
-                a.dynamic_smem_bytes,
-                a.block_size_limit,
-                a.flags,
-            )
-        });
-        int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r)
-    }
-
-    pub(super) fn occupancy_max_active_blocks(
-        &self,
-        session: &Session,
-        a: RmOccupancyArgs,
-    ) -> RmIntReply {
-        let r = self.in_function(session, a.function, |b, f, c| {
-            b.occupancy_max_active_blocks(c, f, a.block_size, a.dynamic_smem_bytes, a.flags)
-        });
-        int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r)
+        function: RmHandle,
+        (block_size, dynamic_smem, flags): (i32, u64, u32),
+        ask: impl FnOnce(&dyn Backend, u64, &Occupancy) -> CuResult<T>,
+    ) -> CuResult<T> {
+        self.in_function(session, function, |b, func, c| {
+            let q = Occupancy {
+                func,
+                block_size,
+                dynamic_smem,
+                flags,
+            };
+            ask(b, c, &q)
+        })
     }
 
     pub(super) fn launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {

@@ -2,7 +2,7 @@
 //! answered here; the longer ones call the `Executor` methods of the concern modules.
 
 use super::capture::graph_exec_target;
-use super::copies::{memset_2d_target, memset_target, peer_target};
+use super::copies::{dtod_copy, memset_2d_target, memset_target, peer_target};
 use super::*;
 use remora_proto::cuda::{CuError, cu};
 
@@ -83,8 +83,6 @@ impl RemoraV1Server for Executor {
         rm_module_get_global(RmGetGlobalArgs) -> RmGlobalReply => module_get_global;
         rm_func_set_attribute(RmFuncAttrArgs) -> CuResult_ => func_set_attribute;
         rm_occupancy_max_active_clusters(RmLaunchArgs) -> RmIntReply => occupancy_max_active_clusters;
-        rm_occupancy_max_potential_block_size(RmPotentialBlockArgs) -> RmIntPairReply => occupancy_max_potential_block_size;
-        rm_occupancy_max_active_blocks(RmOccupancyArgs) -> RmIntReply => occupancy_max_active_blocks;
         rm_stream_create(RmStreamCreateArgs) -> RmHandleReply => stream_create;
         rm_event_elapsed_time(RmElapsedArgs) -> RmFloatReply => event_elapsed_time;
         rm_stream_end_capture(RmStreamArgs) -> RmEndCaptureReply => stream_end_capture;
@@ -248,7 +246,7 @@ impl RemoraV1Server for Executor {
                 st.check_range(a.src, a.size)?;
                 Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
             },
-            |b, (c, s)| b.memcpy_dtod(c, Some(s), a.dst, a.src, a.size),
+            |b, (c, s)| b.memcpy_dtod(c, Some(s), dtod_copy(&a)),
         )
     }
 
@@ -341,6 +339,30 @@ impl RemoraV1Server for Executor {
             b.func_set_cache_config(c, f, a.flags)
         });
         Ok(code("RM_FUNC_SET_CACHE_CONFIG", r))
+    }
+
+    fn rm_occupancy_max_active_blocks(
+        &self,
+        call: &CallContext,
+        a: RmOccupancyArgs,
+    ) -> ProcResult<RmIntReply> {
+        let q = (a.block_size, a.dynamic_smem_bytes, a.flags);
+        let r = self.occupancy(&self.session(call), a.function, q, |b, c, q| {
+            b.occupancy_max_active_blocks(c, q)
+        });
+        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r))
+    }
+
+    fn rm_occupancy_max_potential_block_size(
+        &self,
+        call: &CallContext,
+        a: RmPotentialBlockArgs,
+    ) -> ProcResult<RmIntPairReply> {
+        let q = (a.block_size_limit, a.dynamic_smem_bytes, a.flags);
+        let r = self.occupancy(&self.session(call), a.function, q, |b, c, q| {
+            b.occupancy_max_potential_block_size(c, q)
+        });
+        Ok(int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r))
     }
 
     // Launches -------------------------------------------------------------------------------

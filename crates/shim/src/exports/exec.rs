@@ -149,13 +149,9 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
 ) -> CUresult {
     entry("cuModuleGetGlobal_v2", || {
         let name = state::c_name(name)?;
-        let (p, n) = state::session()?.module_get_global(dec(Kind::Module, module)?, &name)?;
+        let range = state::session()?.module_get_global(dec(Kind::Module, module)?, &name)?;
         // SAFETY: optional output pointers per cuda.h.
-        unsafe {
-            put_opt(dptr, p)?;
-            put_opt(bytes, n as usize)?;
-        }
-        Ok(())
+        unsafe { state::put_range(dptr, bytes, range) }
     })
 }
 

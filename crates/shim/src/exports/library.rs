@@ -9,7 +9,7 @@ use remora_client::{CuError, CuResult, cu};
 use super::exec::function_info;
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, c_name, dec, enc, entry, non_null, put_opt, put_out};
+use crate::state::{self, Kind, c_name, dec, enc, entry, non_null, put_out};
 
 /// JIT and library options are accepted and ignored (the server's driver uses its defaults).
 #[unsafe(no_mangle)]
@@ -105,17 +105,13 @@ pub unsafe extern "C" fn cuLibraryGetGlobal(
 ) -> CUresult {
     entry("cuLibraryGetGlobal", || {
         let name = c_name(name)?;
-        let (p, n) = state::session()?.library_get_global(
+        let range = state::session()?.library_get_global(
             dec(Kind::Library, library)?,
             &name,
             state::current_ctx()?,
         )?;
         // SAFETY: optional output pointers per cuda.h.
-        unsafe {
-            put_opt(dptr, p)?;
-            put_opt(bytes, n as usize)?;
-        }
-        Ok(())
+        unsafe { state::put_range(dptr, bytes, range) }
     })
 }
 

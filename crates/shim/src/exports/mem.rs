@@ -8,7 +8,7 @@ use remora_client::{CuError, CuResult, PointerKind, Session, cu};
 
 use super::{DevPtr, Handle};
 use crate::CUresult;
-use crate::state::{self, Kind, enc, entry, non_null, put, put_opt, stream_ref};
+use crate::state::{self, Kind, enc, entry, non_null, put, stream_ref};
 
 fn ctx_session() -> CuResult<(&'static remora_client::Session, u64)> {
     Ok((state::session()?, state::current_ctx()?))
@@ -83,18 +83,14 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 ) -> CUresult {
     entry("cuMemGetAddressRange_v2", || {
         let (s, ctx) = ctx_session()?;
-        let (b, n) = match s.pointer_kind(dptr) {
+        let range = match s.pointer_kind(dptr) {
             PointerKind::Device { base, size, .. } => (base, size),
             PointerKind::Host | PointerKind::HostTracked(_) => {
                 s.mem_get_address_range(ctx, dptr)?
             }
         };
         // SAFETY: optional output pointers per cuda.h.
-        unsafe {
-            put_opt(base, b)?;
-            put_opt(size, n as usize)?;
-        }
-        Ok(())
+        unsafe { state::put_range(base, size, range) }
     })
 }
 
@@ -262,7 +258,14 @@ fn dtoh(
             };
             if s.pinned_offset(dst as usize as u64, n as u64).is_some() {
                 // Zero-copy pinned memory: the server writes it, nothing is delivered.
-                return s.memcpy_dtoh_pinned(ctx, h, src, dst as usize as u64, n as u64, true);
+                return s.memcpy_dtoh_pinned(remora_client::PinnedCopy {
+                    ctx,
+                    stream: h,
+                    dev: src,
+                    host: dst as usize as u64,
+                    size: n as u64,
+                    asynchronous: true,
+                });
             }
             let out = HostDst(dst.cast(), n);
             s.memcpy_dtoh_async(
@@ -293,11 +296,8 @@ fn dtoh(
 
 fn dtod(dst: DevPtr, src: DevPtr, n: usize, stream: Option<(Handle, bool)>) -> CuResult<()> {
     let (s, ctx) = ctx_session()?;
-    match stream {
-        Some((st, ptds)) => {
-            let h = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
-            s.memcpy_dtod_async(ctx, h, dst, src, n as u64)
-        }
+    match state::async_stream(s, ctx, stream)? {
+        Some(h) => s.memcpy_dtod_async(ctx, h, dst, src, n as u64),
         None => s.memcpy_dtod(ctx, 1, dst, src, n as u64),
     }
 }
@@ -311,7 +311,7 @@ fn memset_rows(
     stream: Option<(Handle, bool)>,
 ) -> CuResult<()> {
     let (s, ctx) = ctx_session()?;
-    let mut args = RmMemset2dArgs {
+    let args = RmMemset2dArgs {
         ctx,
         stream: 1,
         dst,
@@ -321,11 +321,8 @@ fn memset_rows(
         width: width as u64,
         height: height as u64,
     };
-    match stream {
-        Some((st, ptds)) => {
-            args.stream = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
-            s.memset_rows_async(&args)
-        }
+    match state::async_stream(s, ctx, stream)? {
+        Some(stream) => s.memset_rows_async(&RmMemset2dArgs { stream, ..args }),
         None => s.memset_rows(&args),
     }
 }
@@ -338,7 +335,7 @@ fn memset(
     stream: Option<(Handle, bool)>,
 ) -> CuResult<()> {
     let (s, ctx) = ctx_session()?;
-    let mut args = RmMemsetArgs {
+    let args = RmMemsetArgs {
         ctx,
         stream: 1,
         dst,
@@ -346,11 +343,8 @@ fn memset(
         element_size,
         count: count as u64,
     };
-    match stream {
-        Some((st, ptds)) => {
-            args.stream = s.stream_handle(ctx, stream_ref(st, ptds)?)?;
-            s.memset_async(&args)
-        }
+    match state::async_stream(s, ctx, stream)? {
+        Some(stream) => s.memset_async(&RmMemsetArgs { stream, ..args }),
         None => s.memset(&args),
     }
 }

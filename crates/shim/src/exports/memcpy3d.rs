@@ -344,11 +344,8 @@ fn peer(
         return Ok(());
     }
     let ctx = state::current_ctx_opt().unwrap_or(dc);
-    match stream {
-        Some((st, p)) => {
-            let h = s.stream_handle(ctx, stream_ref(st, p)?)?;
-            s.memcpy_peer_async(ctx, h, (dst, dc), (src, sc), n as u64)
-        }
+    match state::async_stream(s, ctx, stream)? {
+        Some(h) => s.memcpy_peer_async(ctx, h, (dst, dc), (src, sc), n as u64),
         None => s.memcpy_peer(ctx, (dst, dc), (src, sc), n as u64),
     }
 }

@@ -18,8 +18,9 @@ use remora_proto::memset_node;
 use super::CudaBackend;
 use super::driver::{Driver, Ptr, ptr};
 use crate::backend::graphs::{
-    CopySideOut, ExecUpdate, GraphCopySide, GraphMem, GraphMemOut, Graphs, HostNode, KernelNode,
-    LayoutOf, MemAllocNode, MemcpyNode, MemsetNode, NodeInfo, NodeParams, node_type,
+    CopySideOut, Edges, ExecUpdate, GraphCopySide, GraphMem, GraphMemOut, GraphNode, Graphs,
+    HostNode, KernelNode, LayoutOf, MemAllocNode, MemcpyNode, MemsetNode, NewNode, NodeInfo,
+    NodeParams, NodeUpdate, node_type,
 };
 use crate::backend::pools::LOCATION_TYPE_DEVICE;
 
@@ -274,14 +275,9 @@ fn map_location(
 }
 
 impl Graphs for CudaBackend {
-    fn graph_add_mem_alloc_node(
-        &self,
-        ctx: u64,
-        graph: u64,
-        deps: &[u64],
-        m: &MemAllocNode,
-    ) -> CuResult<(u64, u64)> {
-        let d = self.in_ctx(ctx)?;
+    fn graph_add_mem_alloc_node(&self, new: NewNode<'_, MemAllocNode>) -> CuResult<(u64, u64)> {
+        let (graph, m) = (new.graph, new.params);
+        let d = self.in_ctx(new.ctx)?;
         let real = |id| d.dev(id);
         let access = m
             .access
@@ -299,7 +295,7 @@ impl Graphs for CudaBackend {
             size(m.bytesize)?,
             0,
         );
-        let deps: Vec<Ptr> = deps.iter().map(|&n| ptr(n)).collect();
+        let deps: Vec<Ptr> = new.deps.iter().map(|&n| ptr(n)).collect();
         let mut node: Ptr = std::ptr::null_mut();
         // SAFETY: writes one CUgraphNode and the params' dptr; `graph` is a graph of this
         // session, `deps` holds its nodes, and `access` lives across the call.
@@ -318,15 +314,9 @@ impl Graphs for CudaBackend {
         Ok(g as usize as u64)
     }
 
-    fn graph_add_node(
-        &self,
-        ctx: u64,
-        graph: u64,
-        deps: &[u64],
-        params: &NodeParams,
-    ) -> CuResult<u64> {
-        let d = self.in_ctx(ctx)?;
-        self.add_node(d, graph, deps, params)
+    fn graph_add_node(&self, n: NewNode<'_, NodeParams>) -> CuResult<u64> {
+        let d = self.in_ctx(n.ctx)?;
+        self.add_node(d, n.graph, n.deps, n.params)
     }
 
     fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()> {
@@ -335,20 +325,10 @@ impl Graphs for CudaBackend {
         call!(d.t, graph_destroy_node(ptr(node)))
     }
 
-    fn graph_edges_change(
-        &self,
-        ctx: u64,
-        graph: u64,
-        from: &[u64],
-        to: &[u64],
-        add: bool,
-    ) -> CuResult<()> {
-        if from.len() != to.len() {
-            return Err(CuError(cu::INVALID_VALUE));
-        }
-        let d = self.in_ctx(ctx)?;
-        let f: Vec<Ptr> = from.iter().map(|&n| ptr(n)).collect();
-        let t: Vec<Ptr> = to.iter().map(|&n| ptr(n)).collect();
+    fn graph_edges_change(&self, ctx: u64, edges: Edges<'_>, add: bool) -> CuResult<()> {
+        let (d, graph) = (self.in_ctx(ctx)?, edges.graph());
+        let f: Vec<Ptr> = edges.from().iter().map(|&n| ptr(n)).collect();
+        let t: Vec<Ptr> = edges.to().iter().map(|&n| ptr(n)).collect();
         let none = std::ptr::null();
         // SAFETY: `f` and `t` hold `len` nodes of this session each; no edge data.
         if add {
@@ -422,12 +402,8 @@ impl Graphs for CudaBackend {
         })
     }
 
-    fn graph_node_get_params(
-        &self,
-        ctx: u64,
-        node: u64,
-        layout: LayoutOf<'_>,
-    ) -> CuResult<NodeInfo> {
+    fn graph_node_get_params(&self, n: GraphNode, layout: LayoutOf<'_>) -> CuResult<NodeInfo> {
+        let GraphNode { ctx, node } = n;
         let kind = self.graph_node_type(ctx, node)?;
         let d = self.in_ctx(ctx)?;
         match kind {
@@ -545,14 +521,8 @@ impl Graphs for CudaBackend {
         }
     }
 
-    fn graph_node_set_params(
-        &self,
-        ctx: u64,
-        exec: Option<u64>,
-        node: u64,
-        params: &NodeParams,
-    ) -> CuResult<()> {
-        set_params(self.in_ctx(ctx)?, exec, node, params)
+    fn graph_node_set_params(&self, u: NodeUpdate<'_>) -> CuResult<()> {
+        set_params(self.in_ctx(u.ctx)?, u.exec, u.node, u.params)
     }
 
     fn graph_clone(&self, ctx: u64, graph: u64) -> CuResult<u64> {

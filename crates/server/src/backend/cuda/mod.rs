@@ -14,8 +14,9 @@ use remora_proto::remora::{RmLaunchAttr, RmStreamAttr};
 use remora_oncrpc::DataArea;
 
 use super::{
-    AreaSpan, Backend, CaptureInfo, Copy3d, CopyForm, CopyPlace, DeviceProps, FunctionInfo,
-    LaunchSpec, LoadedModule, Memset, PeerCopy, StagedCopy,
+    AreaCopy, AreaHtod, Backend, CaptureInfo, Copy3d, Copy3dIo, CopyForm, CopyPlace, DeviceProps,
+    DtodCopy, FunctionInfo, LaunchSpec, LoadedModule, Memset, Occupancy, PeerCopy, StagedResult,
+    buffered_dtoh_area, staged_dtoh_area,
 };
 
 #[macro_use]
@@ -570,86 +571,55 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn memcpy_htod_area(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        span: AreaSpan<'_>,
-    ) -> CuResult<()> {
+    fn memcpy_htod_area(&self, ctx: u64, how: AreaHtod, copy: AreaCopy<'_>) -> CuResult<()> {
+        let AreaCopy { dev: dst, span } = copy;
         let len = span.len_usize()?;
-        // The asynchronous form must have consumed the bytes when it returns (the client
+        // A plain asynchronous copy must have consumed the bytes when it returns (the client
         // reuses the space): from page-locked memory the driver would read them later.
-        if stream.is_none()
-            && let Some(d) = self.area_dma(ctx, span.area)
-        {
-            let p = span.ptr()?;
-            // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`);
-            // from page-locked memory cuMemcpyHtoD returns once the copy is done. The client
-            // may write the bytes meanwhile: the device then gets some mix, as it would.
-            return call!(d.t, memcpy_htod(dst, p.cast_const().cast(), len));
+        let dma = match how {
+            AreaHtod::Async(_) => None,
+            AreaHtod::Sync | AreaHtod::AsyncPinned(_) => self.area_dma(ctx, span.area),
+        };
+        if let Some(d) = dma {
+            let p = span.ptr()?.cast_const().cast();
+            return match how.stream() {
+                // SAFETY: `p..p + len` lies inside the registered area (bounds checked by
+                // `ptr`); from page-locked memory cuMemcpyHtoD returns once the copy is done.
+                // The client may write the bytes meanwhile: the device then gets some mix, as
+                // it would.
+                None => call!(d.t, memcpy_htod(dst, p, len)),
+                // SAFETY: (`AsyncPinned`) `p..p + len` lies inside the registered area, which
+                // stays mapped and registered until `area_detach`/`ctx_destroy` has
+                // synchronized `ctx`, so the DMA that reads it later on `stream` (of `ctx`)
+                // never outlives the mapping.
+                Some(stream) => call!(d.t, memcpy_htod_async(dst, p, len, ptr(stream))),
+            };
         }
-        self.memcpy_htod(ctx, stream, dst, &span.read()?)
+        self.memcpy_htod(ctx, how.stream(), dst, &span.read()?)
     }
 
-    fn memcpy_htod_async_area_pinned(
-        &self,
-        ctx: u64,
-        stream: u64,
-        dst: u64,
-        span: AreaSpan<'_>,
-    ) -> CuResult<()> {
-        let Some(d) = self.area_dma(ctx, span.area) else {
-            return self.memcpy_htod_area(ctx, Some(stream), dst, span);
+    fn memcpy_dtoh_area(&self, ctx: u64, copy: AreaCopy<'_>) -> CuResult<()> {
+        let Some(d) = self.area_dma(ctx, copy.span.area) else {
+            return buffered_dtoh_area(self, ctx, copy);
         };
-        let (len, p) = (span.len_usize()?, span.ptr()?);
-        // SAFETY: `p..p + len` lies inside the registered area, which stays mapped and
-        // registered until `area_detach`/`ctx_destroy` has synchronized `ctx`, so the DMA
-        // that reads it later on `stream` (of `ctx`) never outlives the mapping.
-        call!(
-            d.t,
-            memcpy_htod_async(dst, p.cast_const().cast(), len, ptr(stream))
-        )
-    }
-
-    fn memcpy_dtoh_area(&self, ctx: u64, src: u64, span: AreaSpan<'_>) -> CuResult<()> {
-        let Some(d) = self.area_dma(ctx, span.area) else {
-            let mut buf = vec![0u8; span.len_usize()?];
-            self.memcpy_dtoh(ctx, &mut buf, src)?;
-            return span.write(&buf);
-        };
-        let (len, p) = (span.len_usize()?, span.ptr()?);
+        let (len, p) = (copy.span.len_usize()?, copy.span.ptr()?);
         // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`),
         // writable shared memory; cuMemcpyDtoH returns once the bytes are there.
-        call!(d.t, memcpy_dtoh(p.cast(), src, len))
+        call!(d.t, memcpy_dtoh(p.cast(), copy.dev, len))
     }
 
-    fn memcpy_dtoh_async_area(
-        &self,
-        ctx: u64,
-        stream: u64,
-        src: u64,
-        span: AreaSpan<'_>,
-    ) -> CuResult<()> {
-        let len = span.len_usize()?;
-        let Some(d) = self.area_dma(ctx, span.area) else {
-            let copy = self.memcpy_dtoh_async(ctx, stream, src, len)?;
-            copy.wait()?;
-            return span.write(copy.data());
+    fn memcpy_dtoh_async_area(&self, ctx: u64, stream: u64, copy: AreaCopy<'_>) -> CuResult<()> {
+        let len = copy.span.len_usize()?;
+        let Some(d) = self.area_dma(ctx, copy.span.area) else {
+            return staged_dtoh_area(self, ctx, stream, copy);
         };
-        let p = span.ptr()?;
-        // SAFETY: as in `memcpy_htod_async_area_pinned`: the DMA on `stream` writes
-        // inside the registered area, which outlives it (synchronized before unregister).
-        call!(d.t, memcpy_dtoh_async(p.cast(), src, len, ptr(stream)))
+        let p = copy.span.ptr()?;
+        // SAFETY: as in `memcpy_htod_area`'s pinned form: the DMA on `stream` writes inside
+        // the registered area, which outlives it (synchronized before unregister).
+        call!(d.t, memcpy_dtoh_async(p.cast(), copy.dev, len, ptr(stream)))
     }
 
-    fn memcpy_dtoh_async(
-        &self,
-        ctx: u64,
-        stream: u64,
-        src: u64,
-        size: usize,
-    ) -> CuResult<Box<dyn StagedCopy>> {
+    fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult {
         self.stage(ctx, stream, size, |d, host| {
             // SAFETY: `host` holds `size` bytes of pinned memory that outlive the copy (see
             // `stage`); the source range was checked by the caller.
@@ -657,14 +627,12 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn memcpy_3d(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        copy: &Copy3d,
-        src_host: &[u8],
-        dst_host: &mut [u8],
-    ) -> CuResult<()> {
+    fn memcpy_3d(&self, ctx: u64, stream: Option<u64>, io: Copy3dIo<'_>) -> CuResult<()> {
+        let Copy3dIo {
+            copy,
+            src_host,
+            dst_host,
+        } = io;
         let d = self.in_ctx(ctx)?;
         let len = usize::try_from(copy.packed_len()).map_err(|_| CuError(cu::INVALID_VALUE))?;
         if (copy.src.place == CopyPlace::Host && src_host.len() != len)
@@ -681,12 +649,7 @@ impl Backend for CudaBackend {
         )
     }
 
-    fn memcpy_3d_dtoh_async(
-        &self,
-        ctx: u64,
-        stream: u64,
-        copy: &Copy3d,
-    ) -> CuResult<Box<dyn StagedCopy>> {
+    fn memcpy_3d_dtoh_async(&self, ctx: u64, stream: u64, copy: &Copy3d) -> StagedResult {
         if copy.dst.place != CopyPlace::Host || copy.src.place == CopyPlace::Host {
             return Err(CuError(cu::INVALID_VALUE));
         }
@@ -718,15 +681,9 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn memcpy_dtod(
-        &self,
-        ctx: u64,
-        stream: Option<u64>,
-        dst: u64,
-        src: u64,
-        size: u64,
-    ) -> CuResult<()> {
+    fn memcpy_dtod(&self, ctx: u64, stream: Option<u64>, copy: DtodCopy) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
+        let DtodCopy { dst, src, size } = copy;
         match stream {
             // SAFETY: both ranges were checked against the session's allocations.
             Some(s) => call!(d.t, memcpy_dtod_async(dst, src, size as usize, ptr(s))),
@@ -820,20 +777,14 @@ impl Backend for CudaBackend {
         call!(d.t, func_set_cache_config(ptr(func), config as c_int))
     }
 
-    fn occupancy_max_active_blocks(
-        &self,
-        ctx: u64,
-        func: u64,
-        block_size: i32,
-        smem: u64,
-        flags: u32,
-    ) -> CuResult<i32> {
+    fn occupancy_max_active_blocks(&self, ctx: u64, q: &Occupancy) -> CuResult<i32> {
         let d = self.in_ctx(ctx)?;
         let mut v: c_int = 0;
+        let (block_size, smem) = (q.block_size, q.dynamic_smem as usize);
         // SAFETY: writes one int.
         call!(
             d.t,
-            occupancy(&mut v, ptr(func), block_size, smem as usize, flags)
+            occupancy(&mut v, ptr(q.func), block_size, smem, q.flags)
         )?;
         Ok(v)
     }
@@ -841,18 +792,7 @@ impl Backend for CudaBackend {
     fn occupancy_max_active_clusters(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<i32> {
         let d = self.in_ctx(ctx)?;
         let mut attrs = launch_attributes(spec.attrs);
-        let config = LaunchConfig {
-            grid: spec.grid,
-            block: spec.block,
-            shared_mem_bytes: spec.shared_mem_bytes,
-            stream: ptr(spec.stream),
-            attrs: if attrs.is_empty() {
-                std::ptr::null_mut()
-            } else {
-                attrs.as_mut_ptr()
-            },
-            num_attrs: attrs.len() as c_uint,
-        };
+        let config = launch_config(spec, &mut attrs);
         let mut n: c_int = 0;
         // SAFETY: writes one int; `config` and `attrs` outlive the call.
         call!(
@@ -862,15 +802,14 @@ impl Backend for CudaBackend {
         Ok(n)
     }
 
-    fn occupancy_max_potential_block_size(
-        &self,
-        ctx: u64,
-        func: u64,
-        dynamic_smem: u64,
-        block_size_limit: i32,
-        flags: u32,
-    ) -> CuResult<(i32, i32)> {
+    fn occupancy_max_potential_block_size(&self, ctx: u64, q: &Occupancy) -> CuResult<(i32, i32)> {
         let d = self.in_ctx(ctx)?;
+        let &Occupancy {
+            func,
+            block_size: block_size_limit,
+            dynamic_smem,
+            flags,
+        } = q;
         let (mut min_grid, mut block) = (0 as c_int, 0 as c_int);
         let smem = usize::try_from(dynamic_smem).map_err(|_| CuError(cu::INVALID_VALUE))?;
         if flags == 0 {
@@ -1071,19 +1010,29 @@ fn launch_with(
         );
     }
     let mut attrs = launch_attributes(spec.attrs);
-    let config = LaunchConfig {
-        grid: spec.grid,
-        block: spec.block,
-        shared_mem_bytes: spec.shared_mem_bytes,
-        stream: ptr(spec.stream),
-        attrs: attrs.as_mut_ptr(),
-        num_attrs: attrs.len() as c_uint,
-    };
+    let config = launch_config(spec, &mut attrs);
     // SAFETY: `config`, `attrs`, `args` and `aligned` outlive the call.
     call!(
         d.t,
         launch_kernel_ex(&config, ptr(spec.function), args_ptr, std::ptr::null_mut())
     )
+}
+
+/// The `CUlaunchConfig` of `spec`, pointing at `attrs`, its attributes (NULL when there are
+/// none); `attrs` must outlive every use of it.
+fn launch_config(spec: &LaunchSpec<'_>, attrs: &mut [LaunchAttribute]) -> LaunchConfig {
+    LaunchConfig {
+        grid: spec.grid,
+        block: spec.block,
+        shared_mem_bytes: spec.shared_mem_bytes,
+        stream: ptr(spec.stream),
+        attrs: if attrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            attrs.as_mut_ptr()
+        },
+        num_attrs: attrs.len() as c_uint,
+    }
 }
 
 fn launch_attributes(attrs: &[RmLaunchAttr]) -> Vec<LaunchAttribute> {

@@ -17,9 +17,9 @@ use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::{EmuOp, EmulatedBackend, State, fill};
 use crate::backend::graphs::{
-    CopySideOut, EXEC_UPDATE_NODE_TYPE_CHANGED, EXEC_UPDATE_TOPOLOGY_CHANGED, ExecUpdate, GraphMem,
-    GraphMemOut, Graphs, LayoutOf, MemAllocNode, MemcpyNode, MemsetNode, NodeInfo, NodeParams,
-    mem_attr, node_type,
+    CopySideOut, EXEC_UPDATE_NODE_TYPE_CHANGED, EXEC_UPDATE_TOPOLOGY_CHANGED, Edges, ExecUpdate,
+    GraphMem, GraphMemOut, GraphNode, Graphs, LayoutOf, MemAllocNode, MemcpyNode, MemsetNode,
+    NewNode, NodeInfo, NodeParams, NodeUpdate, mem_attr, node_type,
 };
 
 /// One node of an emulated graph.
@@ -549,13 +549,8 @@ impl Graphs for EmulatedBackend {
         })
     }
 
-    fn graph_add_mem_alloc_node(
-        &self,
-        ctx: u64,
-        graph: u64,
-        deps: &[u64],
-        node: &MemAllocNode,
-    ) -> CuResult<(u64, u64)> {
+    fn graph_add_mem_alloc_node(&self, new: NewNode<'_, MemAllocNode>) -> CuResult<(u64, u64)> {
+        let (ctx, node) = (new.ctx, new.params);
         let dev = {
             let st = self.lock();
             let dev = st.ctx(ctx)?;
@@ -569,7 +564,7 @@ impl Graphs for EmulatedBackend {
         let p = self
             .lock()
             .graph_alloc(dev, node, self.config.memory_per_device)?;
-        let n = self.add_op(ctx, graph, deps, EmuOp::MemAlloc(p, node.clone()));
+        let n = self.add_op(ctx, new.graph, new.deps, EmuOp::MemAlloc(p, node.clone()));
         if n.is_err() {
             let mut st = self.lock();
             st.graphs.mem.allocs.remove(&p);
@@ -578,19 +573,13 @@ impl Graphs for EmulatedBackend {
         Ok((n?, p))
     }
 
-    fn graph_add_node(
-        &self,
-        ctx: u64,
-        graph: u64,
-        deps: &[u64],
-        params: &NodeParams,
-    ) -> CuResult<u64> {
+    fn graph_add_node(&self, n: NewNode<'_, NodeParams>) -> CuResult<u64> {
         let op = {
             let st = self.lock();
-            st.ctx(ctx)?;
-            st.node_op(params)?
+            st.ctx(n.ctx)?;
+            st.node_op(n.params)?
         };
-        self.add_op(ctx, graph, deps, op)
+        self.add_op(n.ctx, n.graph, n.deps, op)
     }
 
     fn graph_destroy_node(&self, ctx: u64, node: u64) -> CuResult<()> {
@@ -606,27 +595,17 @@ impl Graphs for EmulatedBackend {
         Ok(())
     }
 
-    fn graph_edges_change(
-        &self,
-        ctx: u64,
-        graph: u64,
-        from: &[u64],
-        to: &[u64],
-        add: bool,
-    ) -> CuResult<()> {
-        if from.len() != to.len() {
-            return Err(invalid());
-        }
-        self.with_graph(ctx, graph, |g| {
+    fn graph_edges_change(&self, ctx: u64, edges: Edges<'_>, add: bool) -> CuResult<()> {
+        self.with_graph(ctx, edges.graph(), |g| {
             // Checked whole first: a refused call changes nothing.
-            for (f, t) in from.iter().zip(to) {
+            for (f, t) in edges.pairs() {
                 g.node(*f)?;
                 let present = g.node(*t)?.deps.contains(f);
                 if f == t || present == add {
                     return Err(invalid());
                 }
             }
-            for (f, t) in from.iter().zip(to) {
+            for (f, t) in edges.pairs() {
                 let n = g.node_mut(*t)?;
                 if add {
                     n.deps.push(*f);
@@ -681,25 +660,20 @@ impl Graphs for EmulatedBackend {
         }
     }
 
-    fn graph_node_get_params(
-        &self,
-        ctx: u64,
-        node: u64,
-        _layout: LayoutOf<'_>,
-    ) -> CuResult<NodeInfo> {
+    fn graph_node_get_params(&self, n: GraphNode, _layout: LayoutOf<'_>) -> CuResult<NodeInfo> {
         let st = self.lock();
-        st.ctx(ctx)?;
-        let g = &st.graphs.graphs[&st.graph_of(node)?];
-        info(&g.node(node)?.op)
+        st.ctx(n.ctx)?;
+        let g = &st.graphs.graphs[&st.graph_of(n.node)?];
+        info(&g.node(n.node)?.op)
     }
 
-    fn graph_node_set_params(
-        &self,
-        ctx: u64,
-        exec: Option<u64>,
-        node: u64,
-        params: &NodeParams,
-    ) -> CuResult<()> {
+    fn graph_node_set_params(&self, u: NodeUpdate<'_>) -> CuResult<()> {
+        let NodeUpdate {
+            ctx,
+            exec,
+            node,
+            params,
+        } = u;
         let mut st = self.lock();
         st.ctx(ctx)?;
         let op = st.node_op(params)?;
