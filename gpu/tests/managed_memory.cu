@@ -8,13 +8,36 @@
 //   3. managed memory as source and destination of cudaMemcpy and cudaMemset;
 //   4. hints: cudaMemPrefetchAsync, cudaMemAdvise, cudaStreamAttachMemAsync;
 //   5. cudaPointerGetAttributes, and the managedMemory device property;
-//   6. a flag the kernel sets only on a mismatch (the pattern of NVIDIA's graphMemoryNodes).
+//   6. a flag the kernel sets only on a mismatch (the pattern of NVIDIA's graphMemoryNodes);
+//   7. host functions (cudaLaunchHostFunc, a graph's host node) that read what kernels
+//      before them wrote and write what kernels enqueued after them (before they ran) read.
 // Each section prints one line with a hash; any mismatch prints FAIL and exits 1.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <cuda_runtime.h>
 #include "test_rt.h"
+
+__global__ void scale_add(uint32_t *v, size_t n, uint32_t k) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i < n) v[i] = v[i] * 3 + k;
+}
+
+struct HostStep {
+  uint32_t *v;
+  size_t n;
+  uint64_t seen;  // hash of what the function read
+};
+
+// Sleeps first, so that the kernels after it are enqueued before it runs.
+static void CUDART_CB host_step(void *p) {
+  HostStep *s = (HostStep *)p;
+  struct timespec t = {0, 50 * 1000 * 1000};
+  nanosleep(&t, nullptr);
+  s->seen = hash32(s->v, s->n);
+  for (size_t i = 0; i < s->n; i += 7) s->v[i] ^= 0x5a5a;
+}
 
 __global__ void flag_mismatch(const uint32_t *a, const uint32_t *b, size_t n, bool *failed) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -111,6 +134,40 @@ int main() {
   CHECK(cudaDeviceSynchronize());
   printf("6. mismatch flag: %d then %d\n", first, (int)*failed);
   EXPECT(first == 0 && *failed);
+
+  // 7. host functions between kernels on one stream, then a graph with a host node
+  {
+    HostStep step = {m, n, 0};
+    for (size_t i = 0; i < n; i++) m[i] = (uint32_t)i;
+    uint64_t seen = 0;
+    for (int r = 0; r < 3; r++) {
+      scale_add<<<(n + 255) / 256, 256, 0, s>>>(m, n, r);
+      CHECK(cudaLaunchHostFunc(s, host_step, &step));
+      scale_add<<<(n + 255) / 256, 256, 0, s>>>(m, n, 100 + r);
+      CHECK(cudaStreamSynchronize(s));
+      seen ^= step.seen;
+    }
+    printf("7a. host functions on a stream: read %016llx, after %016llx\n",
+           (unsigned long long)seen, (unsigned long long)hash32(m, n));
+    cudaGraph_t g;
+    cudaGraphNode_t node;
+    cudaHostNodeParams hp = {host_step, &step};
+    CHECK(cudaGraphCreate(&g, 0));
+    CHECK(cudaGraphAddHostNode(&node, g, nullptr, 0, &hp));
+    cudaGraphExec_t ge;
+    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    seen = 0;
+    for (int r = 0; r < 2; r++) {
+      CHECK(cudaGraphLaunch(ge, s));
+      scale_add<<<(n + 255) / 256, 256, 0, s>>>(m, n, 200 + r);
+      CHECK(cudaStreamSynchronize(s));
+      seen ^= step.seen;
+    }
+    printf("7b. a graph host node: read %016llx, after %016llx\n", (unsigned long long)seen,
+           (unsigned long long)hash32(m, n));
+    CHECK(cudaGraphExecDestroy(ge));
+    CHECK(cudaGraphDestroy(g));
+  }
 
   CHECK(cudaFree(failed));
   CHECK(cudaFree(d));

@@ -97,8 +97,14 @@ impl HostCallbacks {
     }
 
     /// The callback thread: waits for due callbacks, runs them, reports them done. Ends when
-    /// the connection does.
+    /// the connection does, dropping the callbacks that can no longer run.
     fn serve(&self, rpc: &RemoraV1Client) {
+        self.serve_until_closed(rpc);
+        let unrun: Vec<HostCallback> = self.pending().drain().map(|(_, cb)| cb).collect();
+        drop(unrun);
+    }
+
+    fn serve_until_closed(&self, rpc: &RemoraV1Client) {
         loop {
             let reply = match rpc.rm_wait_host_callbacks() {
                 Ok(r) => r,

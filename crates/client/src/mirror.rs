@@ -159,6 +159,10 @@ pub(crate) struct Mirrors {
     /// Whether any mirror exists: the calls' hooks cost one load when none does.
     active: AtomicBool,
     pub(crate) state: std::sync::Mutex<MirrorState>,
+    /// Host functions enqueued while mirrors existed and not yet run (see
+    /// [`Mirrors::wait_host_fns`]).
+    host_fns: std::sync::Mutex<u64>,
+    host_fns_done: std::sync::Condvar,
 }
 
 /// The mirrors, by device address, and the epochs.
@@ -171,6 +175,10 @@ pub(crate) struct MirrorState {
     pub(crate) pulled: u64,
     /// Whether the "host changed managed memory while the device was busy" line was logged.
     pub(crate) conflict_logged: bool,
+    /// Host functions that ran since the last pull: host changes they made are allowed
+    /// (CUDA lets a host function use managed memory), so the pull does not call them a
+    /// conflict.
+    pub(crate) host_fns_ran: u64,
 }
 
 impl Mirrors {
@@ -211,6 +219,39 @@ impl Mirrors {
             .next_back()
             .filter(|(b, m)| ptr - **b < m.size.max(1) && !m.mapped_host)
             .map(|(b, m)| (*b, m.size))
+    }
+
+    /// A host function counted by [`HostFnGate::enter`] has run (or never will).
+    fn host_fn_ran(&self) {
+        let mut n = self.host_fns.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        drop(n);
+        self.lock().host_fns_ran += 1;
+        self.host_fns_done.notify_all();
+    }
+
+    /// Waits until every counted host function has run. A host function may write managed
+    /// or mapped memory that device work enqueued after it reads; that work is submitted
+    /// here only once the function's writes can be pushed first. A host function never waits
+    /// for work enqueued after it (it runs when its stream reaches it), so this ends; it logs
+    /// while it waits long.
+    pub(crate) fn wait_host_fns(&self, why: &str) {
+        let mut n = self.host_fns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waited = 0u32;
+        while *n > 0 {
+            let (guard, timeout) = self
+                .host_fns_done
+                .wait_timeout(n, std::time::Duration::from_secs(10))
+                .unwrap_or_else(|e| e.into_inner());
+            n = guard;
+            if timeout.timed_out() && *n > 0 {
+                waited += 10;
+                tracing::warn!(
+                    "remora: {why} has waited {waited} s for {} host function(s) enqueued before it: with managed or mapped memory, device work after a host function is submitted once the function has run, so that what it wrote reaches the device first",
+                    *n
+                );
+            }
+        }
     }
 
     /// The device addresses of the mirrors of context `ctx`.
@@ -255,6 +296,30 @@ impl Mirrors {
                 std::slice::from_raw_parts_mut(m.host as usize as *mut u8, m.size as usize)
             };
             m.merge_pulled(host, &device);
+        }
+    }
+}
+
+/// Held by the wrapper of a host function enqueued while mirrors exist, from the enqueue
+/// until the function has run or is dropped unrun (a failed enqueue, a lost connection):
+/// [`Mirrors::wait_host_fns`] waits for every gate to be gone.
+pub(crate) struct HostFnGate(Option<std::sync::Arc<Mirrors>>);
+
+impl HostFnGate {
+    /// A gate counted in `mirrors` when any mirror exists, else an empty one.
+    pub(crate) fn enter(mirrors: &std::sync::Arc<Mirrors>) -> Self {
+        if !mirrors.active() {
+            return Self(None);
+        }
+        *mirrors.host_fns.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        Self(Some(std::sync::Arc::clone(mirrors)))
+    }
+}
+
+impl Drop for HostFnGate {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            m.host_fn_ran();
         }
     }
 }

@@ -529,3 +529,108 @@ fn host_functions_see_managed_memory_written_before_them() {
         }
     }
 }
+
+/// What a host function writes to managed memory reaches device work enqueued after it on
+/// its stream even when that work is submitted before the function runs (the function sleeps
+/// first): the submission waits for the function and pushes its change. A pull afterwards
+/// keeps the change without calling it a conflict.
+#[test]
+fn host_function_writes_reach_work_enqueued_before_it_ran() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    for (endpoint, transport) in transports(&server) {
+        let s = session(&endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let f = vecadd(&s, ctx);
+        let bytes = (N * 4) as u64;
+        let [a, c] = [0; 2].map(|_| s.mem_alloc_managed(ctx, bytes, 1).unwrap());
+        for (i, x) in floats(c).iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        let st = s.stream_create(ctx, 0, 0).unwrap();
+        for round in 1..=3 {
+            let value = 1000.0 * round as f32;
+            s.launch_host_func(
+                ctx,
+                st,
+                Box::new(move |_| {
+                    std::thread::sleep(std::time::Duration::from_millis(150));
+                    floats(c)[0] = value;
+                }),
+            )
+            .unwrap();
+            // Submitted at once; the function has not run yet.
+            add(&s, ctx, &f, (c, c, a), StreamRef::Handle(st));
+            s.stream_synchronize(ctx, st).unwrap();
+            assert_eq!(
+                floats(a)[0],
+                2.0 * value,
+                "round {round} over {transport:?}"
+            );
+            assert_eq!(floats(a)[7], 14.0, "round {round} over {transport:?}");
+            assert_eq!(floats(c)[0], value, "round {round} over {transport:?}");
+        }
+        // A host function whose change no device work reads before the synchronize: kept.
+        s.launch_host_func(ctx, st, Box::new(move |_| floats(c)[1] = -1.0))
+            .unwrap();
+        s.stream_synchronize(ctx, st).unwrap();
+        assert_eq!(floats(c)[1], -1.0, "over {transport:?}");
+        add(&s, ctx, &f, (c, c, a), StreamRef::Handle(st));
+        s.stream_synchronize(ctx, st).unwrap();
+        assert_eq!(floats(a)[1], -2.0, "over {transport:?}");
+        s.stream_destroy(st).unwrap();
+        for p in [a, c] {
+            s.mem_free(ctx, p).unwrap();
+        }
+    }
+}
+
+/// A graph host node's writes to managed memory reach device work submitted after the graph
+/// launch, even before the graph has run (the node sleeps first).
+#[test]
+fn graph_host_node_writes_reach_work_after_the_launch() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    for (endpoint, transport) in transports(&server) {
+        let s = session(&endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let f = vecadd(&s, ctx);
+        let bytes = (N * 4) as u64;
+        let [a, c] = [0; 2].map(|_| s.mem_alloc_managed(ctx, bytes, 1).unwrap());
+        for (i, x) in floats(c).iter_mut().enumerate() {
+            *x = i as f32;
+        }
+        let g = s.graph_create(ctx, 0).unwrap();
+        let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let runs_cb = Arc::clone(&runs);
+        s.graph_add_host_node(
+            g,
+            &[],
+            Arc::new(move || {
+                std::thread::sleep(std::time::Duration::from_millis(150));
+                let n = runs_cb.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                floats(c)[0] = 1000.0 * n as f32;
+            }),
+        )
+        .unwrap();
+        let exec = s.graph_instantiate(ctx, g, 0).unwrap();
+        let st = s.stream_create(ctx, 0, 0).unwrap();
+        for round in 1..=2u32 {
+            s.graph_launch(ctx, exec, st).unwrap();
+            add(&s, ctx, &f, (c, c, a), StreamRef::Handle(st));
+            s.stream_synchronize(ctx, st).unwrap();
+            assert_eq!(
+                floats(a)[0],
+                2000.0 * round as f32,
+                "round {round} over {transport:?}"
+            );
+            assert_eq!(floats(a)[3], 6.0, "round {round} over {transport:?}");
+        }
+        s.graph_exec_destroy(exec).unwrap();
+        s.graph_destroy(g).unwrap();
+        s.stream_destroy(st).unwrap();
+        for p in [a, c] {
+            s.mem_free(ctx, p).unwrap();
+        }
+    }
+}

@@ -148,7 +148,8 @@ impl Session {
         // Pageable host sides: their bytes move around the launch (session/graph_host.rs).
         let outs = self.graph_launch_prologue(ctx, exec, stream)?;
         call!(self.rm_graph_launch(&RmGraphLaunchArgs { ctx, exec, stream }))?;
-        self.graph_launch_epilogue(ctx, exec, stream, outs)
+        self.graph_launch_epilogue(ctx, exec, stream, outs)?;
+        self.gate_graph_host_nodes(ctx, exec, stream)
     }
 
     /// `cuGraphUpload`: one-way.

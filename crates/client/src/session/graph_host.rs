@@ -449,6 +449,38 @@ impl Session {
         Ok(())
     }
 
+    /// After a launch of `exec` whose graph has host nodes, while managed or mapped memory
+    /// exists: an empty host function follows the launch on its stream, so that device work
+    /// submitted later waits for the graph, host nodes included, and gets what they wrote
+    /// pushed first (as after `cuLaunchHostFunc`, see `Session::launch_host_func`). Inside the
+    /// graph, host nodes see that memory as of the last synchronization and nodes after them
+    /// do not see their writes: said once, loudly.
+    pub(super) fn gate_graph_host_nodes(
+        &self,
+        ctx: RmHandle,
+        exec: RmHandle,
+        stream: RmHandle,
+    ) -> CuResult<()> {
+        if !self.mirrors.active() {
+            return Ok(());
+        }
+        let host_nodes = lock(&self.graph_host)
+            .execs
+            .get(&exec)
+            .is_some_and(|e| !e.sides.host_nodes.is_empty());
+        // Launched into a capture, the graph becomes part of another one: nothing runs now.
+        if !host_nodes || lock(&self.captures).streams.contains_key(&stream) {
+            return Ok(());
+        }
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            tracing::warn!(
+                "remora: a graph with host nodes runs while managed or mapped memory exists: inside the graph, host nodes see that memory as of the last synchronization and later nodes of the same launch do not see what host nodes write to it (work after the launch does); keep host nodes off managed and mapped memory, or use cuLaunchHostFunc between graph launches"
+            );
+        });
+        self.host_func(ctx, stream, Box::new(|_| {}), false)
+    }
+
     /// Executable graph `exec` is gone.
     pub(super) fn graph_exec_forget(&self, exec: RmHandle) {
         let event = lock(&self.graph_host)

@@ -395,6 +395,9 @@ impl Session {
         }
         let class = mirror::classify(proc);
         if class.submits {
+            if !crate::in_host_callback() {
+                self.mirrors.wait_host_fns(proc);
+            }
             self.mirror_push(proc);
         }
         let r = f();
@@ -510,7 +513,10 @@ impl Session {
             if !failed {
                 st.pulled = epoch;
             }
-            if kept > 0 && !st.conflict_logged {
+            // Pages a host function changed are the program's right (CUDA lets host functions
+            // use managed memory): kept and pushed later, as any host change, but not logged.
+            let by_host_fns = std::mem::take(&mut st.host_fns_ran) > 0;
+            if kept > 0 && !by_host_fns && !st.conflict_logged {
                 st.conflict_logged = true;
                 tracing::warn!(
                     "remora: {why}: the program changed {kept} page(s) of managed memory while device work was outstanding (CUDA forbids that on devices without concurrent managed access); the host's bytes were kept and go to the device before the next launch"

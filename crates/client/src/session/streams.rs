@@ -100,9 +100,25 @@ impl Session {
         stream: RmHandle,
         cb: HostCallback,
     ) -> CuResult<()> {
+        self.host_func(ctx, stream, cb, true)
+    }
+
+    /// [`Session::launch_host_func`]; `read_back`: whether the function reads managed and
+    /// mapped memory (read back on its stream before it runs).
+    pub(super) fn host_func(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        cb: HostCallback,
+        read_back: bool,
+    ) -> CuResult<()> {
         self.need_revision(4, "a host callback")?;
         self.not_captured(stream, "a host callback")?;
-        let mirrored = self.read_mirrors_before(ctx, stream);
+        let mirrored = if read_back {
+            self.read_mirrors_before(ctx, stream)
+        } else {
+            Vec::new()
+        };
         // The callback must see the bytes of the copies its stream is ordered after: they are
         // named to the server, whose host function publishes them (revision 8), and the
         // callback thread takes them before it runs the callback.
@@ -111,7 +127,11 @@ impl Session {
         let named = self.delivery.revision() >= 8;
         let delivery = Arc::clone(&self.delivery);
         let mirrors = Arc::clone(&self.mirrors);
+        // With managed or mapped memory, device work submitted after this function waits
+        // until it has run (or is dropped unrun), so that what it writes is pushed first.
+        let gate = crate::mirror::HostFnGate::enter(&self.mirrors);
         let cb: HostCallback = Box::new(move |status| {
+            let _gate = gate;
             if named && let Err(e) = delivery.settle(&cov, Fetch::Ready) {
                 tracing::error!(
                     "remora: a host callback runs without the data of copies before it: {e}"
