@@ -290,12 +290,12 @@ fn endpoints(opts: &Options) -> Result<Endpoints> {
     let mut unix = Endpoint::Unix(dir.path().join("remora.sock"));
     let mut tcp = Endpoint::Tcp("127.0.0.1:0".into());
     if opts.transports.iter().any(|t| t != "tcp") {
-        let (s, e) = EmbeddedServer::start(&unix, &opts.serve_args)?;
+        let (s, e) = EmbeddedServer::start(&unix, &opts.serve_args, false)?;
         servers.push(s);
         unix = e;
     }
     if opts.transports.iter().any(|t| t == "tcp") {
-        let (s, e) = EmbeddedServer::start(&tcp, &opts.serve_args)?;
+        let (s, e) = EmbeddedServer::start(&tcp, &opts.serve_args, false)?;
         servers.push(s);
         tcp = e;
     }

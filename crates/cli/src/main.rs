@@ -270,6 +270,12 @@ enum Command {
         /// REMORA_AUTH_TOKEN_FILE from the environment, if set.
         #[arg(long, value_name = "FILE")]
         auth_token_file: Option<PathBuf>,
+        /// Say where the time goes: at exit the program prints on standard error its remote
+        /// calls by procedure (count, total, mean and maximum time; REMORA_CLIENT_PROFILE=1),
+        /// and an embedded server logs its own table per connection (`remora serve
+        /// --profile`). Costs two clock reads per call.
+        #[arg(long)]
+        profile: bool,
         /// The program and its arguments: `remora run ./app --its-flag`, or with `--` first,
         /// `remora run -- ./app --its-flag` (needed when the program's name starts with -).
         #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
@@ -650,6 +656,7 @@ fn run(cli: Cli) -> Result<()> {
             shim,
             serve_arg,
             auth_token_file,
+            profile,
             command,
         } => {
             init_logging("warn");
@@ -659,6 +666,7 @@ fn run(cli: Cli) -> Result<()> {
                 shim,
                 serve_args: serve_arg,
                 auth_token_file,
+                profile,
                 command,
             })?;
             use std::os::unix::process::ExitStatusExt;

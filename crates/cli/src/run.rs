@@ -32,6 +32,9 @@ pub(crate) struct RunOptions {
     pub(crate) auth_token_file: Option<PathBuf>,
     pub(crate) shim: Option<PathBuf>,
     pub(crate) serve_args: Vec<OsString>,
+    /// `--profile`: the program's calls are profiled (REMORA_CLIENT_PROFILE=1) and so is an
+    /// embedded server (`remora serve --profile`, its table logged).
+    pub(crate) profile: bool,
     pub(crate) command: Vec<OsString>,
 }
 
@@ -67,12 +70,22 @@ pub(crate) struct EmbeddedServer {
 impl EmbeddedServer {
     /// Starts `remora serve --listen LISTEN`; returns it with the endpoint it listens on (the
     /// real port for `tcp://127.0.0.1:0`).
-    pub(crate) fn start(listen: &Endpoint, extra: &[OsString]) -> Result<(Self, Endpoint)> {
+    pub(crate) fn start(
+        listen: &Endpoint,
+        extra: &[OsString],
+        profile: bool,
+    ) -> Result<(Self, Endpoint)> {
         let exe = std::env::current_exe().context("cannot find the remora executable")?;
+        let profile_log = if profile {
+            ",remora_oncrpc::server::profile=info"
+        } else {
+            ""
+        };
         let mut child = Command::new(exe)
             .arg("serve")
             .arg("--listen")
             .arg(listen.to_string())
+            .args(profile.then_some("--profile"))
             .args(extra)
             // The server uses the real driver: never the shim.
             .env_remove("LD_PRELOAD")
@@ -83,7 +96,11 @@ impl EmbeddedServer {
             .env(
                 "REMORA_LOG",
                 std::env::var_os("REMORA_LOG").unwrap_or_else(|| {
-                    format!("warn,{}=error", remora_server::NO_GPU_LOG_TARGET).into()
+                    format!(
+                        "warn,{}=error{profile_log}",
+                        remora_server::NO_GPU_LOG_TARGET
+                    )
+                    .into()
                 }),
             )
             .stdout(Stdio::piped())
@@ -232,7 +249,8 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
                 TransportChoice::Tcp => Endpoint::Tcp("127.0.0.1:0".into()),
                 _ => Endpoint::Unix(private.path().join("remora.sock")),
             };
-            let (server, endpoint) = EmbeddedServer::start(&listen, &opts.serve_args)?;
+            let (server, endpoint) =
+                EmbeddedServer::start(&listen, &opts.serve_args, opts.profile)?;
             (Some(server), endpoint)
         }
     };
@@ -250,6 +268,9 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
             .with_context(|| format!("cannot resolve {}", file.display()))?;
         cmd.env("REMORA_AUTH_TOKEN_FILE", file)
             .env_remove("REMORA_AUTH_TOKEN");
+    }
+    if opts.profile {
+        cmd.env("REMORA_CLIENT_PROFILE", "1");
     }
     let status = cmd
         .args(args)
@@ -272,6 +293,7 @@ mod tests {
             transport: TransportChoice::Auto,
             shim: Some(shim.into()),
             serve_args: vec![],
+            profile: false,
             auth_token_file: None,
             command: command.iter().map(|c| (*c).into()).collect(),
         })

@@ -97,30 +97,31 @@ fn driver_program_gets_no_device_through_remora_run() {
 }
 
 /// A C program that loads `libcuda.so.1` as the CUDA runtime does (no headers needed) and
-/// calls cuInit.
+/// calls cuInit (given an argument, also cuDevicePrimaryCtxRetain).
 const CU_INIT_C: &str = r#"
 #include <dlfcn.h>
 #include <stdio.h>
-int main(void) {
+int main(int argc, char **argv) {
+    (void)argv;
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (!h) { printf("dlopen: %s\n", dlerror()); return 1; }
     int (*cu_init)(unsigned) = (int (*)(unsigned))dlsym(h, "cuInit");
     if (!cu_init) { printf("no cuInit\n"); return 1; }
     printf("cuInit %d\n", cu_init(0));
+    if (argc > 1) {
+        int (*retain)(void **, int) = (int (*)(void **, int))dlsym(h, "cuDevicePrimaryCtxRetain");
+        void *ctx = 0;
+        printf("cuDevicePrimaryCtxRetain %d\n", retain ? retain(&ctx, 0) : -1);
+    }
     return 0;
 }
 "#;
 
-#[test]
-fn the_missing_driver_is_reported_once() {
-    let Some(shim) = common::shim() else {
-        eprintln!("SKIPPED: the shim libcuda.so is not built beside {REMORA}");
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let source = dir.path().join("cu_init.c");
+/// Builds [`CU_INIT_C`] in `dir`.
+fn cu_init_program(dir: &Path) -> PathBuf {
+    let source = dir.join("cu_init.c");
     std::fs::write(&source, CU_INIT_C).unwrap();
-    let program = dir.path().join("cu_init");
+    let program = dir.join("cu_init");
     let cc = Command::new("cc")
         .arg(&source)
         .arg("-o")
@@ -133,6 +134,17 @@ fn the_missing_driver_is_reported_once() {
         "cc failed: {}",
         String::from_utf8_lossy(&cc.stderr)
     );
+    program
+}
+
+#[test]
+fn the_missing_driver_is_reported_once() {
+    let Some(shim) = common::shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built beside {REMORA}");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let program = cu_init_program(dir.path());
     // Embedded (a server and its session worker, both without a driver) and a program that
     // connects: the reason reaches the user once.
     let missing = dir.path().join("no-driver/libcuda.so.1");
@@ -157,4 +169,53 @@ fn the_missing_driver_is_reported_once() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     // Not a terminal: no colour codes in the shim's log.
     assert!(!stderr.contains('\x1b'), "{stderr:?}");
+}
+
+/// `remora run --profile`: the program prints its calls by procedure at exit, and the
+/// embedded server logs its own table.
+#[test]
+fn run_profile_prints_both_tables() {
+    let Some(shim) = common::shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built beside {REMORA}");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let program = cu_init_program(dir.path());
+    let out = Command::new(REMORA)
+        .args([
+            "run",
+            "--profile",
+            "--serve-arg=--backend=emulated",
+            "--shim",
+        ])
+        .arg(&shim)
+        .arg(&program)
+        .arg("retain")
+        .env_remove("REMORA_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("cuInit 0\ncuDevicePrimaryCtxRetain 0"),
+        "{stdout}\n{stderr}"
+    );
+    let row = stderr
+        .lines()
+        .find(|l| l.starts_with("rm_primary_ctx_retain "))
+        .unwrap_or_else(|| panic!("no rm_primary_ctx_retain row: {stderr}"));
+    assert_eq!(row.split_whitespace().nth(1), Some("1"), "{row}");
+    let header = stderr
+        .lines()
+        .find(|l| l.starts_with("remora client profile: "))
+        .unwrap_or_else(|| panic!("no client profile: {stderr}"));
+    let calls: u64 = header["remora client profile: ".len()..]
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{header}"));
+    assert!(calls > 0, "{stderr}");
+    assert!(stderr.contains("ONC RPC server profile:"), "{stderr}");
+    assert!(stderr.contains("REMORA_HELLO"), "{stderr}");
 }

@@ -20,6 +20,7 @@
 //! ```
 
 mod area;
+mod call_profile;
 pub mod copy3d;
 mod delivery;
 mod endpoint;

@@ -101,6 +101,31 @@ pub fn async_stream(
 
 static SESSION: OnceLock<Result<Arc<Session>, i32>> = OnceLock::new();
 
+unsafe extern "C" {
+    /// C's `atexit` (libc, which every program loading the shim has).
+    fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// At exit: the session's call profile (`REMORA_CLIENT_PROFILE`) on standard error.
+extern "C" fn print_profile_report() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Ok(s)) = SESSION.get()
+            && let Some(report) = s.profile_report()
+        {
+            use std::io::Write as _;
+            let _ = std::io::stderr().write_all(report.as_bytes());
+        }
+    });
+}
+
+fn register_profile_report() {
+    // SAFETY: `print_profile_report` is an `extern "C" fn()` that never unwinds (it catches
+    // panics) and only reads the session, which lives until the process ends.
+    if unsafe { atexit(print_profile_report) } != 0 {
+        tracing::warn!("remora: cannot register the client profile report at exit (atexit failed)");
+    }
+}
+
 /// Connects once; the outcome is kept (a later cuInit returns the same result).
 pub fn init() -> CuResult<()> {
     crate::log::init();
@@ -116,6 +141,9 @@ pub fn init() -> CuResult<()> {
                         "remora: the server has no usable GPU: it reports 0 devices; cuInit returns CUDA_ERROR_NO_DEVICE"
                     ),
                 }
+            }
+            if s.profile_report().is_some() {
+                register_profile_report();
             }
             Ok(Arc::new(s))
         }

@@ -390,6 +390,20 @@ impl Session {
         proc: &'static str,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
+        let Some(profile) = &self.profile else {
+            return self.coherent_unprofiled(proc, f);
+        };
+        let start = std::time::Instant::now();
+        let r = self.coherent_unprofiled(proc, f);
+        profile.record(proc, start.elapsed());
+        r
+    }
+
+    fn coherent_unprofiled<T, E>(
+        &self,
+        proc: &'static str,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
         if !self.mirrors.active() || mirror::in_coherence() {
             return f();
         }

@@ -408,6 +408,8 @@ pub struct Session {
     mirroring: Mutex<()>,
     /// Graph memory allocations and host sides of memcpy nodes (`session/graphs.rs`).
     graph_host: Mutex<graph_host::GraphHost>,
+    /// Calls counted and timed by procedure, with `REMORA_CLIENT_PROFILE`.
+    profile: Option<crate::call_profile::CallProfile>,
 }
 
 impl std::fmt::Debug for Session {
@@ -666,7 +668,15 @@ impl Session {
             mirrors: Arc::default(),
             mirroring: Mutex::new(()),
             graph_host: Mutex::default(),
+            profile: crate::call_profile::enabled_from_env()
+                .then(crate::call_profile::CallProfile::new),
         })
+    }
+
+    /// With `REMORA_CLIENT_PROFILE`: the table of calls by procedure so far (count, total,
+    /// mean and maximum time); `None` without it.
+    pub fn profile_report(&self) -> Option<String> {
+        self.profile.as_ref().map(|p| p.report())
     }
 
     /// The server's HELLO answer.
