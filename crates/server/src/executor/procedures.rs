@@ -5,6 +5,7 @@ use super::capture::graph_exec_target;
 use super::copies::{dtod_copy, memset_2d_target, memset_target, peer_target};
 use super::*;
 use remora_proto::cuda::{CuError, cu};
+use remora_proto::pool_access;
 
 /// Trait methods that call the `Executor` method of the same arguments.
 macro_rules! forward {
@@ -34,6 +35,22 @@ macro_rules! locked {
         $(fn $proc(&self, call: &CallContext, a: $arg) -> ProcResult<$ret> {
             let session = self.session(call);
             let r = self.$method(&mut session.lock(), a);
+            Ok(<$ret>::from_result($what, r))
+        })*
+    };
+}
+
+/// Trait methods that call the backend on the raw objects of the call's session handles. A
+/// row `=> how(x, ..), |b, raw, ..| body;` stands for
+/// `self.how(&self.session(call), x, .., |b, raw, ..| body)`, an `Executor` method that
+/// resolves the handles under the session lock and runs the closure without it (`resolved`,
+/// `in_ctx`, `in_function`, `occupancy`, ..); the reply is made of its result, a
+/// failure logged as the row's procedure name. A row names its argument: `proc(a: Args)`.
+macro_rules! resolving {
+    ($($proc:ident($a:ident: $arg:ty) -> $ret:ty, $what:literal
+        => $how:ident($($x:expr),*), |$($p:pat_param),*| $run:expr;)*) => {
+        $(fn $proc(&self, call: &CallContext, $a: $arg) -> ProcResult<$ret> {
+            let r = self.$how(&self.session(call), $($x,)* |$($p),*| $run);
             Ok(<$ret>::from_result($what, r))
         })*
     };
@@ -81,7 +98,6 @@ impl RemoraV1Server for Executor {
         rm_mem_get_address_range(RmPtrArgs) -> RmRangeReply => mem_get_address_range;
         rm_module_unload(RmHandle) -> CuResult_ => module_unload;
         rm_module_get_global(RmGetGlobalArgs) -> RmGlobalReply => module_get_global;
-        rm_func_set_attribute(RmFuncAttrArgs) -> CuResult_ => func_set_attribute;
         rm_occupancy_max_active_clusters(RmLaunchArgs) -> RmIntReply => occupancy_max_active_clusters;
         rm_stream_create(RmStreamCreateArgs) -> RmHandleReply => stream_create;
         rm_event_elapsed_time(RmElapsedArgs) -> RmFloatReply => event_elapsed_time;
@@ -106,9 +122,38 @@ impl RemoraV1Server for Executor {
         rm_mem_retain_handle(RmPtrArgs) -> RmHandleReply => mem_retain_handle, "RM_MEM_RETAIN_HANDLE";
     }
 
+    resolving! {
+        rm_ctx_get_stream_priority_range(h: RmHandle) -> RmIntPairReply, "RM_CTX_GET_STREAM_PRIORITY_RANGE"
+            => in_ctx(h), |b, c| b.ctx_stream_priority_range(c);
+        rm_stream_set_attribute(a: RmStreamAttrArgs) -> CuResult_, "RM_STREAM_SET_ATTRIBUTE"
+            => resolved(|st| {
+                // An access policy window names device memory: it must be the session's.
+                if let RmStreamAttr::Case1(w) = &a.value
+                    && w.num_bytes > 0
+                {
+                    st.range_of(w.base).map_err(|_| CuError(cu::INVALID_VALUE))?;
+                }
+                stream_target(st, a.ctx, a.stream)
+            }), |b, t| b.stream_set_attribute(t.ctx, t.stream, &a.value);
+        rm_stream_get_attribute(a: RmStreamAttrQuery) -> RmStreamAttrReply, "RM_STREAM_GET_ATTRIBUTE"
+            => resolved(|st| stream_target(st, a.ctx, a.stream)),
+            |b, t| b.stream_get_attribute(t.ctx, t.stream, a.kind);
+        rm_func_get_attribute(a: RmFuncAttrArgs) -> RmIntReply, "RM_FUNC_GET_ATTRIBUTE"
+            => in_function(a.function), |b, f, c| b.func_get_attribute(c, f, a.attribute);
+        rm_func_set_attribute(a: RmFuncAttrArgs) -> CuResult_, "RM_FUNC_SET_ATTRIBUTE"
+            => in_function(a.function), |b, f, c| b.func_set_attribute(c, f, a.attribute, a.value);
+        rm_func_set_cache_config(a: RmHandleFlags) -> CuResult_, "RM_FUNC_SET_CACHE_CONFIG"
+            => in_function(a.handle), |b, f, c| b.func_set_cache_config(c, f, a.flags);
+        rm_occupancy_max_active_blocks(a: RmOccupancyArgs) -> RmIntReply, "RM_OCCUPANCY_MAX_ACTIVE_BLOCKS"
+            => occupancy(a.function, (a.block_size, a.dynamic_smem_bytes, a.flags)),
+            |b, c, q| b.occupancy_max_active_blocks(c, q);
+        rm_occupancy_max_potential_block_size(a: RmPotentialBlockArgs) -> RmIntPairReply, "RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE"
+            => occupancy(a.function, (a.block_size_limit, a.dynamic_smem_bytes, a.flags)),
+            |b, c, q| b.occupancy_max_potential_block_size(c, q);
+    }
+
     // Stream-ordered allocation and memory pools (revision 10): `executor/pools.rs`.
     forward! {
-        rm_device_set_mem_pool(RmDevicePoolArgs) -> CuResult_ => device_set_mem_pool;
         rm_mem_pool_create(RmPoolProps) -> RmHandleReply => mem_pool_create;
     }
 
@@ -118,11 +163,30 @@ impl RemoraV1Server for Executor {
         rm_device_get_default_mem_pool(i32) -> RmHandleReply => device_get_default_mem_pool;
         rm_device_get_mem_pool(i32) -> RmHandleReply => device_get_mem_pool;
         rm_mem_pool_destroy(RmHandle) -> CuResult_ => mem_pool_destroy;
-        rm_mem_pool_set_attribute(RmPoolAttrArgs) -> CuResult_ => mem_pool_set_attribute;
-        rm_mem_pool_get_attribute(RmPoolAttrArgs) -> RmU64Reply => mem_pool_get_attribute;
-        rm_mem_pool_trim_to(RmPoolTrimArgs) -> CuResult_ => mem_pool_trim_to;
-        rm_mem_pool_set_access(RmPoolSetAccessArgs) -> CuResult_ => mem_pool_set_access;
-        rm_mem_pool_get_access(RmPoolGetAccessArgs) -> RmIntReply => mem_pool_get_access;
+    }
+
+    resolving! {
+        rm_device_set_mem_pool(a: RmDevicePoolArgs) -> CuResult_, "RM_DEVICE_SET_MEM_POOL"
+            => resolved_on_device(a.device, |st| st.mem_pool(a.pool)),
+            |b, p| b.device_set_mem_pool(a.device, p);
+        rm_mem_pool_set_attribute(a: RmPoolAttrArgs) -> CuResult_, "RM_MEM_POOL_SET_ATTRIBUTE"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| b.mem_pool_set_attribute(p, a.attribute, a.value);
+        rm_mem_pool_get_attribute(a: RmPoolAttrArgs) -> RmU64Reply, "RM_MEM_POOL_GET_ATTRIBUTE"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| b.mem_pool_get_attribute(p, a.attribute);
+        rm_mem_pool_trim_to(a: RmPoolTrimArgs) -> CuResult_, "RM_MEM_POOL_TRIM_TO"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| b.mem_pool_trim_to(p, a.keep);
+        rm_mem_pool_set_access(a: RmPoolSetAccessArgs) -> CuResult_, "RM_MEM_POOL_SET_ACCESS"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| {
+                let map: Vec<_> = a.map.iter().map(pool_access::access_to_abi).collect();
+                b.mem_pool_set_access(p, &map)
+            };
+        rm_mem_pool_get_access(a: RmPoolGetAccessArgs) -> RmIntReply, "RM_MEM_POOL_GET_ACCESS"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| b.mem_pool_get_access(p, pool_access::location_to_abi(&a.location));
     }
 
     // Explicit CUDA graphs (revision 11): `executor/graphs.rs`.
@@ -223,17 +287,6 @@ impl RemoraV1Server for Executor {
         ))
     }
 
-    fn rm_ctx_get_stream_priority_range(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmIntPairReply> {
-        let r = self.in_ctx(&self.session(call), h, |b, c| {
-            b.ctx_stream_priority_range(c)
-        });
-        Ok(int_pair_reply("RM_CTX_GET_STREAM_PRIORITY_RANGE", r))
-    }
-
     // Memory ---------------------------------------------------------------------------------
 
     fn rm_memcpy_dtod_async(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<()> {
@@ -263,41 +316,6 @@ impl RemoraV1Server for Executor {
         )
     }
 
-    fn rm_stream_set_attribute(
-        &self,
-        call: &CallContext,
-        a: RmStreamAttrArgs,
-    ) -> ProcResult<CuResult_> {
-        let r = self.resolved(
-            &self.session(call),
-            |st| {
-                // An access policy window names device memory: it must be the session's.
-                if let RmStreamAttr::Case1(w) = &a.value
-                    && w.num_bytes > 0
-                {
-                    st.range_of(w.base)
-                        .map_err(|_| CuError(cu::INVALID_VALUE))?;
-                }
-                stream_target(st, a.ctx, a.stream)
-            },
-            |b, t| b.stream_set_attribute(t.ctx, t.stream, &a.value),
-        );
-        Ok(code("RM_STREAM_SET_ATTRIBUTE", r))
-    }
-
-    fn rm_stream_get_attribute(
-        &self,
-        call: &CallContext,
-        a: RmStreamAttrQuery,
-    ) -> ProcResult<RmStreamAttrReply> {
-        let r = self.resolved(
-            &self.session(call),
-            |st| stream_target(st, a.ctx, a.stream),
-            |b, t| b.stream_get_attribute(t.ctx, t.stream, a.kind),
-        );
-        Ok(reply!("RM_STREAM_GET_ATTRIBUTE", RmStreamAttrReply, r))
-    }
-
     fn rm_memset_rows(&self, call: &CallContext, a: RmMemset2dArgs) -> ProcResult<RmSyncReply> {
         self.sync_call(
             call,
@@ -318,52 +336,6 @@ impl RemoraV1Server for Executor {
     }
 
     // Modules and functions -----------------------------------------------------------------
-
-    fn rm_func_get_attribute(
-        &self,
-        call: &CallContext,
-        a: RmFuncAttrArgs,
-    ) -> ProcResult<RmIntReply> {
-        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
-            b.func_get_attribute(c, f, a.attribute)
-        });
-        Ok(int_reply("RM_FUNC_GET_ATTRIBUTE", r))
-    }
-
-    fn rm_func_set_cache_config(
-        &self,
-        call: &CallContext,
-        a: RmHandleFlags,
-    ) -> ProcResult<CuResult_> {
-        let r = self.in_function(&self.session(call), a.handle, |b, f, c| {
-            b.func_set_cache_config(c, f, a.flags)
-        });
-        Ok(code("RM_FUNC_SET_CACHE_CONFIG", r))
-    }
-
-    fn rm_occupancy_max_active_blocks(
-        &self,
-        call: &CallContext,
-        a: RmOccupancyArgs,
-    ) -> ProcResult<RmIntReply> {
-        let q = (a.block_size, a.dynamic_smem_bytes, a.flags);
-        let r = self.occupancy(&self.session(call), a.function, q, |b, c, q| {
-            b.occupancy_max_active_blocks(c, q)
-        });
-        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r))
-    }
-
-    fn rm_occupancy_max_potential_block_size(
-        &self,
-        call: &CallContext,
-        a: RmPotentialBlockArgs,
-    ) -> ProcResult<RmIntPairReply> {
-        let q = (a.block_size_limit, a.dynamic_smem_bytes, a.flags);
-        let r = self.occupancy(&self.session(call), a.function, q, |b, c, q| {
-            b.occupancy_max_potential_block_size(c, q)
-        });
-        Ok(int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r))
-    }
 
     // Launches -------------------------------------------------------------------------------
 
