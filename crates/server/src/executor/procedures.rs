@@ -40,18 +40,28 @@ macro_rules! locked {
     };
 }
 
-/// Trait methods that call the backend on the raw objects of the call's session handles. A
-/// row `=> how(x, ..), |b, raw, ..| body;` stands for
-/// `self.how(&self.session(call), x, .., |b, raw, ..| body)`, an `Executor` method that
-/// resolves the handles under the session lock and runs the closure without it (`resolved`,
-/// `in_ctx`, `in_function`, `occupancy`, ..); the reply is made of its result, a
-/// failure logged as the row's procedure name. A row names its argument: `proc(a: Args)`.
+/// Trait methods whose body is one call of an `Executor` method that resolves the call's
+/// session handles (under the session lock) and runs a closure on the backend with the raw
+/// objects (without it). A row names its argument and the procedure:
+/// `proc(a: Args) -> Reply, "NAME" => how(x, ..), |b, raw, ..| body;` stands for
+/// * in a `reply:` table, `self.how(&self.session(call), x, .., |b, raw, ..| body)`
+///   (`resolved`, `in_ctx`, `in_function`, `occupancy`, ..): the reply is made of its
+///   `CuResult`, a failure logged as "NAME";
+/// * in a `call:` table, `self.how(call, "NAME", x, .., |b, raw, ..| body)`, a method that
+///   answers itself, later or not at all, and logs or defers a failure as "NAME":
+///   `sync_call` (answers with the delivered copies) or `oneway_on_stream` (a one-way call on
+///   the stream `(ctx, stream)`).
 macro_rules! resolving {
-    ($($proc:ident($a:ident: $arg:ty) -> $ret:ty, $what:literal
+    (@body reply, $self:ident, $call:ident, $what:literal, $how:ident, ($($x:expr),*), $f:expr) => {
+        Ok(FromResult::from_result($what, $self.$how(&$self.session($call), $($x,)* $f)))
+    };
+    (@body call, $self:ident, $call:ident, $what:literal, $how:ident, ($($x:expr),*), $f:expr) => {
+        $self.$how($call, $what, $($x,)* $f)
+    };
+    ($mode:ident: $($proc:ident($a:ident: $arg:ty) -> $ret:ty, $what:literal
         => $how:ident($($x:expr),*), |$($p:pat_param),*| $run:expr;)*) => {
         $(fn $proc(&self, call: &CallContext, $a: $arg) -> ProcResult<$ret> {
-            let r = self.$how(&self.session(call), $($x,)* |$($p),*| $run);
-            Ok(<$ret>::from_result($what, r))
+            resolving!(@body $mode, self, call, $what, $how, ($($x),*), |$($p),*| $run)
         })*
     };
 }
@@ -70,15 +80,12 @@ impl RemoraV1Server for Executor {
         rm_tools_stream_query(RmToolsStreamQueryArgs) -> RmU64Reply => tools_stream_query;
         rm_memcpy_htod(RmHtodArgs) -> RmSyncReply => memcpy_htod;
         rm_memcpy_dtoh(RmDtohArgs) -> RmDtohReply => memcpy_dtoh;
-        rm_memcpy_dtod(RmDtodArgs) -> RmSyncReply => memcpy_dtod;
-        rm_memset(RmMemsetArgs) -> RmSyncReply => memset;
         rm_memcpy_htod_async(RmHtodArgs) -> () => memcpy_htod_async;
         rm_memcpy_dtoh_async(RmDtohArgs) -> () => memcpy_dtoh_async;
         rm_module_load(RmModuleLoadArgs) -> RmLoadReply => module_load;
         rm_launch_kernel(RmLaunchArgs) -> () => launch_kernel;
         rm_stream_synchronize(RmStreamArgs) -> RmSyncReply => stream_synchronize;
         rm_event_record(RmEventRecordArgs) -> () => event_record;
-        rm_memcpy_peer(RmMemcpyPeerArgs) -> RmSyncReply => memcpy_peer;
         rm_area_memcpy_htod(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_htod;
         rm_area_memcpy_dtoh(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_dtoh;
         rm_area_memcpy_htod_async(RmAreaCopyArgs) -> () => area_memcpy_htod_async;
@@ -122,7 +129,7 @@ impl RemoraV1Server for Executor {
         rm_mem_retain_handle(RmPtrArgs) -> RmHandleReply => mem_retain_handle, "RM_MEM_RETAIN_HANDLE";
     }
 
-    resolving! {
+    resolving! { reply:
         rm_ctx_get_stream_priority_range(h: RmHandle) -> RmIntPairReply, "RM_CTX_GET_STREAM_PRIORITY_RANGE"
             => in_ctx(h), |b, c| b.ctx_stream_priority_range(c);
         rm_stream_set_attribute(a: RmStreamAttrArgs) -> CuResult_, "RM_STREAM_SET_ATTRIBUTE"
@@ -152,6 +159,64 @@ impl RemoraV1Server for Executor {
             |b, c, q| b.occupancy_max_potential_block_size(c, q);
     }
 
+    // Copies, memsets, stream and event calls that answer with the delivered copies
+    // (`sync_call`) or are one-way (`oneway_on_stream`).
+    resolving! { call:
+        rm_memcpy_dtod(a: RmDtodArgs) -> RmSyncReply, "RM_MEMCPY_DTOD"
+            => sync_call(|st| {
+                st.check_range(a.dst, a.size)?;
+                st.check_range(a.src, a.size)?;
+                st.ctx(a.ctx)
+            }),
+            |b, c| b.memcpy_dtod(c, None, dtod_copy(&a));
+        rm_memcpy_dtod_async(a: RmDtodArgs) -> (), "RM_MEMCPY_DTOD_ASYNC"
+            => oneway_on_stream((a.ctx, a.stream), |st| {
+                st.check_range(a.dst, a.size)?;
+                st.check_range(a.src, a.size)?;
+                Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
+            }),
+            |b, (c, s)| b.memcpy_dtod(c, Some(s), dtod_copy(&a));
+        rm_memset(a: RmMemsetArgs) -> RmSyncReply, "RM_MEMSET"
+            => sync_call(|st| memset_target(st, &a)),
+            |b, (c, _)| {
+                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
+                b.memset(c, None, &m)
+            };
+        rm_memset_async(a: RmMemsetArgs) -> (), "RM_MEMSET_ASYNC"
+            => oneway_on_stream((a.ctx, a.stream), |st| memset_target(st, &a)),
+            |b, (c, s)| {
+                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
+                b.memset(c, Some(s), &m)
+            };
+        rm_memset_rows(a: RmMemset2dArgs) -> RmSyncReply, "RM_MEMSET_ROWS"
+            => sync_call(|st| memset_2d_target(st, &a)),
+            |b, ((c, _), m)| b.memset(c, None, &m);
+        rm_memset_rows_async(a: RmMemset2dArgs) -> (), "RM_MEMSET_ROWS_ASYNC"
+            => oneway_on_stream((a.ctx, a.stream), |st| memset_2d_target(st, &a)),
+            |b, ((c, s), m)| b.memset(c, Some(s), &m);
+        rm_memcpy_peer(a: RmMemcpyPeerArgs) -> RmSyncReply, "RM_MEMCPY_PEER"
+            => sync_call(|st| peer_target(st, &a)),
+            |b, (c, _, copy)| b.memcpy_peer(c, None, copy);
+        rm_memcpy_peer_async(a: RmMemcpyPeerArgs) -> (), "RM_MEMCPY_PEER_ASYNC"
+            => oneway_on_stream((a.ctx, a.stream), |st| peer_target(st, &a)),
+            |b, (c, s, copy)| b.memcpy_peer(c, Some(s), copy);
+        rm_stream_query(a: RmStreamArgs) -> RmSyncReply, "RM_STREAM_QUERY"
+            => sync_call(|st| stream_target(st, a.ctx, a.stream)),
+            |b, t| b.stream_query(t.ctx, t.stream);
+        rm_stream_wait_event(a: RmStreamWaitArgs) -> (), "RM_STREAM_WAIT_EVENT"
+            => oneway_on_stream(
+                (a.ctx, a.stream),
+                |st| Ok((stream_target(st, a.ctx, a.stream)?, st.event(a.event)?))
+            ),
+            |b, (t, (e, _))| b.stream_wait_event(t.ctx, t.stream, e, a.flags);
+        rm_event_query(h: RmHandle) -> RmSyncReply, "RM_EVENT_QUERY"
+            => sync_call(|st| st.event(h)),
+            |b, (e, c)| b.event_query(c, e);
+        rm_graph_upload(a: RmGraphLaunchArgs) -> (), "RM_GRAPH_UPLOAD"
+            => oneway_on_stream((a.ctx, a.stream), |st| graph_exec_target(st, &a)),
+            |b, (exec, t)| b.graph_upload(t.ctx, exec, t.stream);
+    }
+
     // Stream-ordered allocation and memory pools (revision 10): `executor/pools.rs`.
     forward! {
         rm_mem_pool_create(RmPoolProps) -> RmHandleReply => mem_pool_create;
@@ -165,7 +230,7 @@ impl RemoraV1Server for Executor {
         rm_mem_pool_destroy(RmHandle) -> CuResult_ => mem_pool_destroy;
     }
 
-    resolving! {
+    resolving! { reply:
         rm_device_set_mem_pool(a: RmDevicePoolArgs) -> CuResult_, "RM_DEVICE_SET_MEM_POOL"
             => resolved_on_device(a.device, |st| st.mem_pool(a.pool)),
             |b, p| b.device_set_mem_pool(a.device, p);
@@ -289,52 +354,6 @@ impl RemoraV1Server for Executor {
 
     // Memory ---------------------------------------------------------------------------------
 
-    fn rm_memcpy_dtod_async(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_MEMCPY_DTOD_ASYNC",
-            (a.ctx, a.stream),
-            |st| {
-                st.check_range(a.dst, a.size)?;
-                st.check_range(a.src, a.size)?;
-                Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
-            },
-            |b, (c, s)| b.memcpy_dtod(c, Some(s), dtod_copy(&a)),
-        )
-    }
-
-    fn rm_memset_async(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_MEMSET_ASYNC",
-            (a.ctx, a.stream),
-            |st| memset_target(st, &a),
-            |b, (c, s)| {
-                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
-                b.memset(c, Some(s), &m)
-            },
-        )
-    }
-
-    fn rm_memset_rows(&self, call: &CallContext, a: RmMemset2dArgs) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_MEMSET_ROWS",
-            |st| memset_2d_target(st, &a),
-            |b, ((c, _), m)| b.memset(c, None, &m),
-        )
-    }
-
-    fn rm_memset_rows_async(&self, call: &CallContext, a: RmMemset2dArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_MEMSET_ROWS_ASYNC",
-            (a.ctx, a.stream),
-            |st| memset_2d_target(st, &a),
-            |b, ((c, s), m)| b.memset(c, Some(s), &m),
-        )
-    }
-
     // Modules and functions -----------------------------------------------------------------
 
     // Launches -------------------------------------------------------------------------------
@@ -352,25 +371,6 @@ impl RemoraV1Server for Executor {
             },
             |b, c, raw| b.stream_destroy(c, raw),
         ))
-    }
-
-    fn rm_stream_query(&self, call: &CallContext, a: RmStreamArgs) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_STREAM_QUERY",
-            |st| stream_target(st, a.ctx, a.stream),
-            |b, t| b.stream_query(t.ctx, t.stream),
-        )
-    }
-
-    fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_STREAM_WAIT_EVENT",
-            (a.ctx, a.stream),
-            |st| Ok((stream_target(st, a.ctx, a.stream)?, st.event(a.event)?)),
-            |b, (t, (e, _))| b.stream_wait_event(t.ctx, t.stream, e, a.flags),
-        )
     }
 
     fn rm_event_create(&self, call: &CallContext, a: RmHandleFlags) -> ProcResult<RmHandleReply> {
@@ -409,15 +409,6 @@ impl RemoraV1Server for Executor {
         )
     }
 
-    fn rm_event_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_EVENT_QUERY",
-            |st| st.event(h),
-            |b, (e, c)| b.event_query(c, e),
-        )
-    }
-
     // 2-D, 3-D and peer copies ------------------------------------------------------------
 
     fn rm_memcpy_3_d(&self, call: &CallContext, a: RmMemcpy3dArgs) -> ProcResult<RmDtohReply> {
@@ -434,16 +425,6 @@ impl RemoraV1Server for Executor {
 
     fn rm_memcpy_3_d_peer_async(&self, call: &CallContext, a: RmMemcpy3dArgs) -> ProcResult<()> {
         self.copy_3d_async(call, a, true)
-    }
-
-    fn rm_memcpy_peer_async(&self, call: &CallContext, a: RmMemcpyPeerArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_MEMCPY_PEER_ASYNC",
-            (a.ctx, a.stream),
-            |st| peer_target(st, &a),
-            |b, (c, s, copy)| b.memcpy_peer(c, Some(s), copy),
-        )
     }
 
     // Device-side printf output -------------------------------------------------------------
@@ -515,16 +496,6 @@ impl RemoraV1Server for Executor {
             st.graph_mem_launched(a.exec);
         }
         Ok(())
-    }
-
-    fn rm_graph_upload(&self, call: &CallContext, a: RmGraphLaunchArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_GRAPH_UPLOAD",
-            (a.ctx, a.stream),
-            |st| graph_exec_target(st, &a),
-            |b, (exec, t)| b.graph_upload(t.ctx, exec, t.stream),
-        )
     }
 
     fn rm_graph_exec_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
