@@ -79,31 +79,6 @@ impl Executor {
         })
     }
 
-    pub(super) fn memcpy_dtod(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_MEMCPY_DTOD",
-            |st| {
-                st.check_range(a.dst, a.size)?;
-                st.check_range(a.src, a.size)?;
-                st.ctx(a.ctx)
-            },
-            |b, c| b.memcpy_dtod(c, None, dtod_copy(&a)),
-        )
-    }
-
-    pub(super) fn memset(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_MEMSET",
-            |st| memset_target(st, &a),
-            |b, (c, _)| {
-                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
-                b.memset(c, None, &m)
-            },
-        )
-    }
-
     pub(super) fn memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_MEMCPY_HTOD_ASYNC", on, |inner, session| {
@@ -149,19 +124,6 @@ impl Executor {
             let issued = issued.map(|copy| (copy, None));
             push_pending(session, a.copy_id, a.ctx, a.stream, issued)
         })
-    }
-
-    pub(super) fn memcpy_peer(
-        &self,
-        call: &CallContext,
-        a: RmMemcpyPeerArgs,
-    ) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_MEMCPY_PEER",
-            |st| peer_target(st, &a),
-            |b, (c, _, copy)| b.memcpy_peer(c, None, copy),
-        )
     }
 
     pub(super) fn mem_host_device_pointer(

@@ -129,16 +129,22 @@ macro_rules! union_from_result {
     };
 }
 union_from_result! {
+    RmIntReply(i32),
+    RmU64Reply(u64),
     RmHandleReply(u64),
+    RmStreamAttrReply(RmStreamAttr),
     RmCaptureBegunReply(RmCaptureBegun),
     RmMemAllocNodeReply(RmMemAllocNodeAdded),
     RmGraphEdgesReply(RmGraphEdges),
     RmMemPropReply(RmMemProp),
 }
 
-fn int_pair_reply(what: &str, r: CuResult<(i32, i32)>) -> RmIntPairReply {
-    let r = r.map(|(first, second)| RmIntPair { first, second });
-    reply!(what, RmIntPairReply, r)
+/// The two ints of a call that answers a pair.
+impl FromResult<(i32, i32)> for RmIntPairReply {
+    fn from_result(what: &str, r: CuResult<(i32, i32)>) -> Self {
+        let r = r.map(|(first, second)| RmIntPair { first, second });
+        reply!(what, RmIntPairReply, r)
+    }
 }
 
 struct Inner {

@@ -93,13 +93,6 @@ impl Executor {
         )
     }
 
-    pub(super) fn func_set_attribute(&self, session: &Session, a: RmFuncAttrArgs) -> CuResult_ {
-        let r = self.in_function(session, a.function, |b, f, c| {
-            b.func_set_attribute(c, f, a.attribute, a.value)
-        });
-        code("RM_FUNC_SET_ATTRIBUTE", r)
-    }
-
     pub(super) fn occupancy_max_active_clusters(
         &self,
         session: &Session,

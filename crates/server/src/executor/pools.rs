@@ -4,7 +4,7 @@
 //! a session range ([`RangeKind::StreamOrdered`]) so copies into it pass the bounds check.
 
 use super::*;
-use crate::backend::pools::{MemAccessDesc, PoolProps};
+use crate::backend::pools::PoolProps;
 use remora_proto::cuda::{CuError, cu};
 use remora_proto::pool_access;
 
@@ -122,19 +122,17 @@ impl Executor {
         })
     }
 
-    pub(super) fn device_set_mem_pool(
+    /// [`Executor::resolved`] once `dev` is checked to name a device.
+    pub(super) fn resolved_on_device<X, T>(
         &self,
-        call: &CallContext,
-        a: RmDevicePoolArgs,
-    ) -> ProcResult<CuResult_> {
-        let r = self.inner.check_device(a.device).and_then(|()| {
-            self.resolved(
-                &self.session(call),
-                |st| st.mem_pool(a.pool),
-                |b, p| b.device_set_mem_pool(a.device, p),
-            )
-        });
-        Ok(code("RM_DEVICE_SET_MEM_POOL", r))
+        session: &Session,
+        dev: i32,
+        resolve: impl FnOnce(&SessionState) -> CuResult<X>,
+        run: impl FnOnce(&dyn Backend, X) -> CuResult<T>,
+    ) -> CuResult<T> {
+        self.inner
+            .check_device(dev)
+            .and_then(|()| self.resolved(session, resolve, run))
     }
 
     pub(super) fn mem_pool_create(
@@ -190,63 +188,5 @@ impl Executor {
             _ => Err(CuError(cu::INVALID_HANDLE)),
         };
         code("RM_MEM_POOL_DESTROY", r)
-    }
-
-    pub(super) fn mem_pool_set_attribute(&self, session: &Session, a: RmPoolAttrArgs) -> CuResult_ {
-        let r = self.resolved(
-            session,
-            |st| st.mem_pool(a.pool),
-            |b, p| b.mem_pool_set_attribute(p, a.attribute, a.value),
-        );
-        code("RM_MEM_POOL_SET_ATTRIBUTE", r)
-    }
-
-    pub(super) fn mem_pool_get_attribute(
-        &self,
-        session: &Session,
-        a: RmPoolAttrArgs,
-    ) -> RmU64Reply {
-        let r = self.resolved(
-            session,
-            |st| st.mem_pool(a.pool),
-            |b, p| b.mem_pool_get_attribute(p, a.attribute),
-        );
-        u64_reply("RM_MEM_POOL_GET_ATTRIBUTE", r)
-    }
-
-    pub(super) fn mem_pool_trim_to(&self, session: &Session, a: RmPoolTrimArgs) -> CuResult_ {
-        let r = self.resolved(
-            session,
-            |st| st.mem_pool(a.pool),
-            |b, p| b.mem_pool_trim_to(p, a.keep),
-        );
-        code("RM_MEM_POOL_TRIM_TO", r)
-    }
-
-    pub(super) fn mem_pool_set_access(
-        &self,
-        session: &Session,
-        a: RmPoolSetAccessArgs,
-    ) -> CuResult_ {
-        let map: Vec<MemAccessDesc> = a.map.iter().map(pool_access::access_to_abi).collect();
-        let r = self.resolved(
-            session,
-            |st| st.mem_pool(a.pool),
-            |b, p| b.mem_pool_set_access(p, &map),
-        );
-        code("RM_MEM_POOL_SET_ACCESS", r)
-    }
-
-    pub(super) fn mem_pool_get_access(
-        &self,
-        session: &Session,
-        a: RmPoolGetAccessArgs,
-    ) -> RmIntReply {
-        let r = self.resolved(
-            session,
-            |st| st.mem_pool(a.pool),
-            |b, p| b.mem_pool_get_access(p, pool_access::location_to_abi(&a.location)),
-        );
-        int_reply("RM_MEM_POOL_GET_ACCESS", r)
     }
 }

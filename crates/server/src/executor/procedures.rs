@@ -5,6 +5,7 @@ use super::capture::graph_exec_target;
 use super::copies::{dtod_copy, memset_2d_target, memset_target, peer_target};
 use super::*;
 use remora_proto::cuda::{CuError, cu};
+use remora_proto::pool_access;
 
 /// Trait methods that call the `Executor` method of the same arguments.
 macro_rules! forward {
@@ -39,6 +40,32 @@ macro_rules! locked {
     };
 }
 
+/// Trait methods whose body is one call of an `Executor` method that resolves the call's
+/// session handles (under the session lock) and runs a closure on the backend with the raw
+/// objects (without it). A row names its argument and the procedure:
+/// `proc(a: Args) -> Reply, "NAME" => how(x, ..), |b, raw, ..| body;` stands for
+/// * in a `reply:` table, `self.how(&self.session(call), x, .., |b, raw, ..| body)`
+///   (`resolved`, `in_ctx`, `in_function`, `occupancy`, ..): the reply is made of its
+///   `CuResult`, a failure logged as "NAME";
+/// * in a `call:` table, `self.how(call, "NAME", x, .., |b, raw, ..| body)`, a method that
+///   answers itself, later or not at all, and logs or defers a failure as "NAME":
+///   `sync_call` (answers with the delivered copies) or `oneway_on_stream` (a one-way call on
+///   the stream `(ctx, stream)`).
+macro_rules! resolving {
+    (@body reply, $self:ident, $call:ident, $what:literal, $how:ident, ($($x:expr),*), $f:expr) => {
+        Ok(FromResult::from_result($what, $self.$how(&$self.session($call), $($x,)* $f)))
+    };
+    (@body call, $self:ident, $call:ident, $what:literal, $how:ident, ($($x:expr),*), $f:expr) => {
+        $self.$how($call, $what, $($x,)* $f)
+    };
+    ($mode:ident: $($proc:ident($a:ident: $arg:ty) -> $ret:ty, $what:literal
+        => $how:ident($($x:expr),*), |$($p:pat_param),*| $run:expr;)*) => {
+        $(fn $proc(&self, call: &CallContext, $a: $arg) -> ProcResult<$ret> {
+            resolving!(@body $mode, self, call, $what, $how, ($($x),*), |$($p),*| $run)
+        })*
+    };
+}
+
 impl RemoraV1Server for Executor {
     // The plain calls, generated from their `@glue` annotations in remora.x.
     remora_proto::executor_glue!();
@@ -53,15 +80,12 @@ impl RemoraV1Server for Executor {
         rm_tools_stream_query(RmToolsStreamQueryArgs) -> RmU64Reply => tools_stream_query;
         rm_memcpy_htod(RmHtodArgs) -> RmSyncReply => memcpy_htod;
         rm_memcpy_dtoh(RmDtohArgs) -> RmDtohReply => memcpy_dtoh;
-        rm_memcpy_dtod(RmDtodArgs) -> RmSyncReply => memcpy_dtod;
-        rm_memset(RmMemsetArgs) -> RmSyncReply => memset;
         rm_memcpy_htod_async(RmHtodArgs) -> () => memcpy_htod_async;
         rm_memcpy_dtoh_async(RmDtohArgs) -> () => memcpy_dtoh_async;
         rm_module_load(RmModuleLoadArgs) -> RmLoadReply => module_load;
         rm_launch_kernel(RmLaunchArgs) -> () => launch_kernel;
         rm_stream_synchronize(RmStreamArgs) -> RmSyncReply => stream_synchronize;
         rm_event_record(RmEventRecordArgs) -> () => event_record;
-        rm_memcpy_peer(RmMemcpyPeerArgs) -> RmSyncReply => memcpy_peer;
         rm_area_memcpy_htod(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_htod;
         rm_area_memcpy_dtoh(RmAreaCopyArgs) -> RmSyncReply => area_memcpy_dtoh;
         rm_area_memcpy_htod_async(RmAreaCopyArgs) -> () => area_memcpy_htod_async;
@@ -81,7 +105,6 @@ impl RemoraV1Server for Executor {
         rm_mem_get_address_range(RmPtrArgs) -> RmRangeReply => mem_get_address_range;
         rm_module_unload(RmHandle) -> CuResult_ => module_unload;
         rm_module_get_global(RmGetGlobalArgs) -> RmGlobalReply => module_get_global;
-        rm_func_set_attribute(RmFuncAttrArgs) -> CuResult_ => func_set_attribute;
         rm_occupancy_max_active_clusters(RmLaunchArgs) -> RmIntReply => occupancy_max_active_clusters;
         rm_stream_create(RmStreamCreateArgs) -> RmHandleReply => stream_create;
         rm_event_elapsed_time(RmElapsedArgs) -> RmFloatReply => event_elapsed_time;
@@ -106,9 +129,96 @@ impl RemoraV1Server for Executor {
         rm_mem_retain_handle(RmPtrArgs) -> RmHandleReply => mem_retain_handle, "RM_MEM_RETAIN_HANDLE";
     }
 
+    resolving! { reply:
+        rm_ctx_get_stream_priority_range(h: RmHandle) -> RmIntPairReply, "RM_CTX_GET_STREAM_PRIORITY_RANGE"
+            => in_ctx(h), |b, c| b.ctx_stream_priority_range(c);
+        rm_stream_set_attribute(a: RmStreamAttrArgs) -> CuResult_, "RM_STREAM_SET_ATTRIBUTE"
+            => resolved(|st| {
+                // An access policy window names device memory: it must be the session's.
+                if let RmStreamAttr::Case1(w) = &a.value
+                    && w.num_bytes > 0
+                {
+                    st.range_of(w.base).map_err(|_| CuError(cu::INVALID_VALUE))?;
+                }
+                stream_target(st, a.ctx, a.stream)
+            }), |b, t| b.stream_set_attribute(t.ctx, t.stream, &a.value);
+        rm_stream_get_attribute(a: RmStreamAttrQuery) -> RmStreamAttrReply, "RM_STREAM_GET_ATTRIBUTE"
+            => resolved(|st| stream_target(st, a.ctx, a.stream)),
+            |b, t| b.stream_get_attribute(t.ctx, t.stream, a.kind);
+        rm_func_get_attribute(a: RmFuncAttrArgs) -> RmIntReply, "RM_FUNC_GET_ATTRIBUTE"
+            => in_function(a.function), |b, f, c| b.func_get_attribute(c, f, a.attribute);
+        rm_func_set_attribute(a: RmFuncAttrArgs) -> CuResult_, "RM_FUNC_SET_ATTRIBUTE"
+            => in_function(a.function), |b, f, c| b.func_set_attribute(c, f, a.attribute, a.value);
+        rm_func_set_cache_config(a: RmHandleFlags) -> CuResult_, "RM_FUNC_SET_CACHE_CONFIG"
+            => in_function(a.handle), |b, f, c| b.func_set_cache_config(c, f, a.flags);
+        rm_occupancy_max_active_blocks(a: RmOccupancyArgs) -> RmIntReply, "RM_OCCUPANCY_MAX_ACTIVE_BLOCKS"
+            => occupancy(a.function, (a.block_size, a.dynamic_smem_bytes, a.flags)),
+            |b, c, q| b.occupancy_max_active_blocks(c, q);
+        rm_occupancy_max_potential_block_size(a: RmPotentialBlockArgs) -> RmIntPairReply, "RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE"
+            => occupancy(a.function, (a.block_size_limit, a.dynamic_smem_bytes, a.flags)),
+            |b, c, q| b.occupancy_max_potential_block_size(c, q);
+    }
+
+    // Copies, memsets, stream and event calls that answer with the delivered copies
+    // (`sync_call`) or are one-way (`oneway_on_stream`).
+    resolving! { call:
+        rm_memcpy_dtod(a: RmDtodArgs) -> RmSyncReply, "RM_MEMCPY_DTOD"
+            => sync_call(|st| {
+                st.check_range(a.dst, a.size)?;
+                st.check_range(a.src, a.size)?;
+                st.ctx(a.ctx)
+            }),
+            |b, c| b.memcpy_dtod(c, None, dtod_copy(&a));
+        rm_memcpy_dtod_async(a: RmDtodArgs) -> (), "RM_MEMCPY_DTOD_ASYNC"
+            => oneway_on_stream((a.ctx, a.stream), |st| {
+                st.check_range(a.dst, a.size)?;
+                st.check_range(a.src, a.size)?;
+                Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
+            }),
+            |b, (c, s)| b.memcpy_dtod(c, Some(s), dtod_copy(&a));
+        rm_memset(a: RmMemsetArgs) -> RmSyncReply, "RM_MEMSET"
+            => sync_call(|st| memset_target(st, &a)),
+            |b, (c, _)| {
+                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
+                b.memset(c, None, &m)
+            };
+        rm_memset_async(a: RmMemsetArgs) -> (), "RM_MEMSET_ASYNC"
+            => oneway_on_stream((a.ctx, a.stream), |st| memset_target(st, &a)),
+            |b, (c, s)| {
+                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
+                b.memset(c, Some(s), &m)
+            };
+        rm_memset_rows(a: RmMemset2dArgs) -> RmSyncReply, "RM_MEMSET_ROWS"
+            => sync_call(|st| memset_2d_target(st, &a)),
+            |b, ((c, _), m)| b.memset(c, None, &m);
+        rm_memset_rows_async(a: RmMemset2dArgs) -> (), "RM_MEMSET_ROWS_ASYNC"
+            => oneway_on_stream((a.ctx, a.stream), |st| memset_2d_target(st, &a)),
+            |b, ((c, s), m)| b.memset(c, Some(s), &m);
+        rm_memcpy_peer(a: RmMemcpyPeerArgs) -> RmSyncReply, "RM_MEMCPY_PEER"
+            => sync_call(|st| peer_target(st, &a)),
+            |b, (c, _, copy)| b.memcpy_peer(c, None, copy);
+        rm_memcpy_peer_async(a: RmMemcpyPeerArgs) -> (), "RM_MEMCPY_PEER_ASYNC"
+            => oneway_on_stream((a.ctx, a.stream), |st| peer_target(st, &a)),
+            |b, (c, s, copy)| b.memcpy_peer(c, Some(s), copy);
+        rm_stream_query(a: RmStreamArgs) -> RmSyncReply, "RM_STREAM_QUERY"
+            => sync_call(|st| stream_target(st, a.ctx, a.stream)),
+            |b, t| b.stream_query(t.ctx, t.stream);
+        rm_stream_wait_event(a: RmStreamWaitArgs) -> (), "RM_STREAM_WAIT_EVENT"
+            => oneway_on_stream(
+                (a.ctx, a.stream),
+                |st| Ok((stream_target(st, a.ctx, a.stream)?, st.event(a.event)?))
+            ),
+            |b, (t, (e, _))| b.stream_wait_event(t.ctx, t.stream, e, a.flags);
+        rm_event_query(h: RmHandle) -> RmSyncReply, "RM_EVENT_QUERY"
+            => sync_call(|st| st.event(h)),
+            |b, (e, c)| b.event_query(c, e);
+        rm_graph_upload(a: RmGraphLaunchArgs) -> (), "RM_GRAPH_UPLOAD"
+            => oneway_on_stream((a.ctx, a.stream), |st| graph_exec_target(st, &a)),
+            |b, (exec, t)| b.graph_upload(t.ctx, exec, t.stream);
+    }
+
     // Stream-ordered allocation and memory pools (revision 10): `executor/pools.rs`.
     forward! {
-        rm_device_set_mem_pool(RmDevicePoolArgs) -> CuResult_ => device_set_mem_pool;
         rm_mem_pool_create(RmPoolProps) -> RmHandleReply => mem_pool_create;
     }
 
@@ -118,11 +228,30 @@ impl RemoraV1Server for Executor {
         rm_device_get_default_mem_pool(i32) -> RmHandleReply => device_get_default_mem_pool;
         rm_device_get_mem_pool(i32) -> RmHandleReply => device_get_mem_pool;
         rm_mem_pool_destroy(RmHandle) -> CuResult_ => mem_pool_destroy;
-        rm_mem_pool_set_attribute(RmPoolAttrArgs) -> CuResult_ => mem_pool_set_attribute;
-        rm_mem_pool_get_attribute(RmPoolAttrArgs) -> RmU64Reply => mem_pool_get_attribute;
-        rm_mem_pool_trim_to(RmPoolTrimArgs) -> CuResult_ => mem_pool_trim_to;
-        rm_mem_pool_set_access(RmPoolSetAccessArgs) -> CuResult_ => mem_pool_set_access;
-        rm_mem_pool_get_access(RmPoolGetAccessArgs) -> RmIntReply => mem_pool_get_access;
+    }
+
+    resolving! { reply:
+        rm_device_set_mem_pool(a: RmDevicePoolArgs) -> CuResult_, "RM_DEVICE_SET_MEM_POOL"
+            => resolved_on_device(a.device, |st| st.mem_pool(a.pool)),
+            |b, p| b.device_set_mem_pool(a.device, p);
+        rm_mem_pool_set_attribute(a: RmPoolAttrArgs) -> CuResult_, "RM_MEM_POOL_SET_ATTRIBUTE"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| b.mem_pool_set_attribute(p, a.attribute, a.value);
+        rm_mem_pool_get_attribute(a: RmPoolAttrArgs) -> RmU64Reply, "RM_MEM_POOL_GET_ATTRIBUTE"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| b.mem_pool_get_attribute(p, a.attribute);
+        rm_mem_pool_trim_to(a: RmPoolTrimArgs) -> CuResult_, "RM_MEM_POOL_TRIM_TO"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| b.mem_pool_trim_to(p, a.keep);
+        rm_mem_pool_set_access(a: RmPoolSetAccessArgs) -> CuResult_, "RM_MEM_POOL_SET_ACCESS"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| {
+                let map: Vec<_> = a.map.iter().map(pool_access::access_to_abi).collect();
+                b.mem_pool_set_access(p, &map)
+            };
+        rm_mem_pool_get_access(a: RmPoolGetAccessArgs) -> RmIntReply, "RM_MEM_POOL_GET_ACCESS"
+            => resolved(|st| st.mem_pool(a.pool)),
+            |b, p| b.mem_pool_get_access(p, pool_access::location_to_abi(&a.location));
     }
 
     // Explicit CUDA graphs (revision 11): `executor/graphs.rs`.
@@ -223,147 +352,9 @@ impl RemoraV1Server for Executor {
         ))
     }
 
-    fn rm_ctx_get_stream_priority_range(
-        &self,
-        call: &CallContext,
-        h: RmHandle,
-    ) -> ProcResult<RmIntPairReply> {
-        let r = self.in_ctx(&self.session(call), h, |b, c| {
-            b.ctx_stream_priority_range(c)
-        });
-        Ok(int_pair_reply("RM_CTX_GET_STREAM_PRIORITY_RANGE", r))
-    }
-
     // Memory ---------------------------------------------------------------------------------
 
-    fn rm_memcpy_dtod_async(&self, call: &CallContext, a: RmDtodArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_MEMCPY_DTOD_ASYNC",
-            (a.ctx, a.stream),
-            |st| {
-                st.check_range(a.dst, a.size)?;
-                st.check_range(a.src, a.size)?;
-                Ok((st.ctx(a.ctx)?, st.stream(a.stream)?))
-            },
-            |b, (c, s)| b.memcpy_dtod(c, Some(s), dtod_copy(&a)),
-        )
-    }
-
-    fn rm_memset_async(&self, call: &CallContext, a: RmMemsetArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_MEMSET_ASYNC",
-            (a.ctx, a.stream),
-            |st| memset_target(st, &a),
-            |b, (c, s)| {
-                let m = Memset::linear(a.dst, a.value, a.element_size, a.count);
-                b.memset(c, Some(s), &m)
-            },
-        )
-    }
-
-    fn rm_stream_set_attribute(
-        &self,
-        call: &CallContext,
-        a: RmStreamAttrArgs,
-    ) -> ProcResult<CuResult_> {
-        let r = self.resolved(
-            &self.session(call),
-            |st| {
-                // An access policy window names device memory: it must be the session's.
-                if let RmStreamAttr::Case1(w) = &a.value
-                    && w.num_bytes > 0
-                {
-                    st.range_of(w.base)
-                        .map_err(|_| CuError(cu::INVALID_VALUE))?;
-                }
-                stream_target(st, a.ctx, a.stream)
-            },
-            |b, t| b.stream_set_attribute(t.ctx, t.stream, &a.value),
-        );
-        Ok(code("RM_STREAM_SET_ATTRIBUTE", r))
-    }
-
-    fn rm_stream_get_attribute(
-        &self,
-        call: &CallContext,
-        a: RmStreamAttrQuery,
-    ) -> ProcResult<RmStreamAttrReply> {
-        let r = self.resolved(
-            &self.session(call),
-            |st| stream_target(st, a.ctx, a.stream),
-            |b, t| b.stream_get_attribute(t.ctx, t.stream, a.kind),
-        );
-        Ok(reply!("RM_STREAM_GET_ATTRIBUTE", RmStreamAttrReply, r))
-    }
-
-    fn rm_memset_rows(&self, call: &CallContext, a: RmMemset2dArgs) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_MEMSET_ROWS",
-            |st| memset_2d_target(st, &a),
-            |b, ((c, _), m)| b.memset(c, None, &m),
-        )
-    }
-
-    fn rm_memset_rows_async(&self, call: &CallContext, a: RmMemset2dArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_MEMSET_ROWS_ASYNC",
-            (a.ctx, a.stream),
-            |st| memset_2d_target(st, &a),
-            |b, ((c, s), m)| b.memset(c, Some(s), &m),
-        )
-    }
-
     // Modules and functions -----------------------------------------------------------------
-
-    fn rm_func_get_attribute(
-        &self,
-        call: &CallContext,
-        a: RmFuncAttrArgs,
-    ) -> ProcResult<RmIntReply> {
-        let r = self.in_function(&self.session(call), a.function, |b, f, c| {
-            b.func_get_attribute(c, f, a.attribute)
-        });
-        Ok(int_reply("RM_FUNC_GET_ATTRIBUTE", r))
-    }
-
-    fn rm_func_set_cache_config(
-        &self,
-        call: &CallContext,
-        a: RmHandleFlags,
-    ) -> ProcResult<CuResult_> {
-        let r = self.in_function(&self.session(call), a.handle, |b, f, c| {
-            b.func_set_cache_config(c, f, a.flags)
-        });
-        Ok(code("RM_FUNC_SET_CACHE_CONFIG", r))
-    }
-
-    fn rm_occupancy_max_active_blocks(
-        &self,
-        call: &CallContext,
-        a: RmOccupancyArgs,
-    ) -> ProcResult<RmIntReply> {
-        let q = (a.block_size, a.dynamic_smem_bytes, a.flags);
-        let r = self.occupancy(&self.session(call), a.function, q, |b, c, q| {
-            b.occupancy_max_active_blocks(c, q)
-        });
-        Ok(int_reply("RM_OCCUPANCY_MAX_ACTIVE_BLOCKS", r))
-    }
-
-    fn rm_occupancy_max_potential_block_size(
-        &self,
-        call: &CallContext,
-        a: RmPotentialBlockArgs,
-    ) -> ProcResult<RmIntPairReply> {
-        let q = (a.block_size_limit, a.dynamic_smem_bytes, a.flags);
-        let r = self.occupancy(&self.session(call), a.function, q, |b, c, q| {
-            b.occupancy_max_potential_block_size(c, q)
-        });
-        Ok(int_pair_reply("RM_OCCUPANCY_MAX_POTENTIAL_BLOCK_SIZE", r))
-    }
 
     // Launches -------------------------------------------------------------------------------
 
@@ -380,25 +371,6 @@ impl RemoraV1Server for Executor {
             },
             |b, c, raw| b.stream_destroy(c, raw),
         ))
-    }
-
-    fn rm_stream_query(&self, call: &CallContext, a: RmStreamArgs) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_STREAM_QUERY",
-            |st| stream_target(st, a.ctx, a.stream),
-            |b, t| b.stream_query(t.ctx, t.stream),
-        )
-    }
-
-    fn rm_stream_wait_event(&self, call: &CallContext, a: RmStreamWaitArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_STREAM_WAIT_EVENT",
-            (a.ctx, a.stream),
-            |st| Ok((stream_target(st, a.ctx, a.stream)?, st.event(a.event)?)),
-            |b, (t, (e, _))| b.stream_wait_event(t.ctx, t.stream, e, a.flags),
-        )
     }
 
     fn rm_event_create(&self, call: &CallContext, a: RmHandleFlags) -> ProcResult<RmHandleReply> {
@@ -437,15 +409,6 @@ impl RemoraV1Server for Executor {
         )
     }
 
-    fn rm_event_query(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
-        self.sync_call(
-            call,
-            "RM_EVENT_QUERY",
-            |st| st.event(h),
-            |b, (e, c)| b.event_query(c, e),
-        )
-    }
-
     // 2-D, 3-D and peer copies ------------------------------------------------------------
 
     fn rm_memcpy_3_d(&self, call: &CallContext, a: RmMemcpy3dArgs) -> ProcResult<RmDtohReply> {
@@ -462,16 +425,6 @@ impl RemoraV1Server for Executor {
 
     fn rm_memcpy_3_d_peer_async(&self, call: &CallContext, a: RmMemcpy3dArgs) -> ProcResult<()> {
         self.copy_3d_async(call, a, true)
-    }
-
-    fn rm_memcpy_peer_async(&self, call: &CallContext, a: RmMemcpyPeerArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_MEMCPY_PEER_ASYNC",
-            (a.ctx, a.stream),
-            |st| peer_target(st, &a),
-            |b, (c, s, copy)| b.memcpy_peer(c, Some(s), copy),
-        )
     }
 
     // Device-side printf output -------------------------------------------------------------
@@ -543,16 +496,6 @@ impl RemoraV1Server for Executor {
             st.graph_mem_launched(a.exec);
         }
         Ok(())
-    }
-
-    fn rm_graph_upload(&self, call: &CallContext, a: RmGraphLaunchArgs) -> ProcResult<()> {
-        self.oneway_on_stream(
-            call,
-            "RM_GRAPH_UPLOAD",
-            (a.ctx, a.stream),
-            |st| graph_exec_target(st, &a),
-            |b, (exec, t)| b.graph_upload(t.ctx, exec, t.stream),
-        )
     }
 
     fn rm_graph_exec_destroy(&self, call: &CallContext, h: RmHandle) -> ProcResult<CuResult_> {
