@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use remora_client::proto::RmPrimaryStateReply;
 use remora_client::{CuError, cu};
 use remora_oncrpc::TransportChoice;
 
@@ -150,4 +151,40 @@ fn stream_attributes_are_set_read_back_and_windows_checked() {
     );
     s.stream_destroy(st).unwrap();
     s.mem_free(ctx, p).unwrap();
+}
+
+/// `cuDevicePrimaryCtxGetState` is answered from the session's cache after the first call;
+/// every primary-context call of the session keeps it equal to the server's answer.
+#[test]
+fn primary_context_state_cache_follows_every_change() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let truth = || match s.rpc().rm_primary_ctx_get_state(&0).unwrap() {
+        RmPrimaryStateReply::Case0(st) => (st.flags, st.active != 0),
+        other => panic!("{other:?}"),
+    };
+    let check = |what: &str, want: (u32, bool)| {
+        for _ in 0..2 {
+            assert_eq!(s.primary_ctx_get_state(0), Ok(want), "{what}: cached");
+        }
+        assert_eq!(truth(), want, "{what}: server");
+    };
+    check("fresh", (0, false));
+    s.primary_ctx_retain(0).unwrap();
+    check("retained", (0, true));
+    s.primary_ctx_set_flags(0, 4).unwrap();
+    check("flags set", (4, true));
+    s.primary_ctx_retain(0).unwrap();
+    s.primary_ctx_release(0).unwrap();
+    check("retained twice, released once", (4, true));
+    s.primary_ctx_release(0).unwrap();
+    check("released", (4, false));
+    s.primary_ctx_retain(0).unwrap();
+    s.primary_ctx_reset(0).unwrap();
+    // What the flags become is the backend's answer; inactive either way.
+    let after_reset = truth();
+    assert!(!after_reset.1, "{after_reset:?}");
+    check("reset", after_reset);
+    assert_eq!(s.primary_ctx_get_state(7), Err(CuError(cu::INVALID_DEVICE)));
 }

@@ -49,7 +49,10 @@ impl Session {
     /// `cuDevicePrimaryCtxRetain`.
     pub fn primary_ctx_retain(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
         self.check_device(dev)?;
-        let h = Reply::value(call!(self.rm_primary_ctx_retain(&dev))?)?;
+        self.forget_primary_state(dev);
+        let r = call!(self.rm_primary_ctx_retain(&dev));
+        self.forget_primary_state(dev);
+        let h = Reply::value(r?)?;
         lock(&self.ctx_devices).insert(h, dev);
         Ok(h)
     }
@@ -57,7 +60,10 @@ impl Session {
     /// `cuDevicePrimaryCtxRelease`.
     pub fn primary_ctx_release(&self, dev: DeviceHandle) -> CuResult<()> {
         self.check_device(dev)?;
-        let r = call!(self.rm_primary_ctx_release(&dev))?;
+        self.forget_primary_state(dev);
+        let r = call!(self.rm_primary_ctx_release(&dev));
+        self.forget_primary_state(dev);
+        let r = r?;
         self.take_device_output();
         CuError::check(r)
     }
@@ -65,21 +71,47 @@ impl Session {
     /// `cuDevicePrimaryCtxSetFlags`.
     pub fn primary_ctx_set_flags(&self, dev: DeviceHandle, flags: u32) -> CuResult<()> {
         self.check_device(dev)?;
-        CuError::check(call!(
-            self.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs { device: dev, flags })
-        )?)
+        self.forget_primary_state(dev);
+        let r = call!(self.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs { device: dev, flags }));
+        self.forget_primary_state(dev);
+        CuError::check(r?)
     }
 
     /// `cuDevicePrimaryCtxGetState`: (flags, active).
+    /// Answered from this session's cache after the first call (see `primary_states`).
     pub fn primary_ctx_get_state(&self, dev: DeviceHandle) -> CuResult<(u32, bool)> {
         self.check_device(dev)?;
-        Reply::value(call!(self.rm_primary_ctx_get_state(&dev))?).map(|s| (s.flags, s.active != 0))
+        let generation = {
+            let cache = lock(&self.primary_states);
+            if let Some(state) = cache.1.get(&dev) {
+                return Ok(*state);
+            }
+            cache.0
+        };
+        let state = Reply::value(call!(self.rm_primary_ctx_get_state(&dev))?)
+            .map(|s| (s.flags, s.active != 0))?;
+        let mut cache = lock(&self.primary_states);
+        if cache.0 == generation {
+            cache.1.insert(dev, state);
+        }
+        Ok(state)
+    }
+
+    /// Around a call that may change the primary context state of `dev` (before and after
+    /// it): forgets the cached state, and an answer asked for meanwhile is not kept.
+    fn forget_primary_state(&self, dev: DeviceHandle) {
+        let mut cache = lock(&self.primary_states);
+        cache.0 += 1;
+        cache.1.remove(&dev);
     }
 
     /// `cuDevicePrimaryCtxReset`.
     pub fn primary_ctx_reset(&self, dev: DeviceHandle) -> CuResult<()> {
         self.check_device(dev)?;
-        let r = call!(self.rm_primary_ctx_reset(&dev))?;
+        self.forget_primary_state(dev);
+        let r = call!(self.rm_primary_ctx_reset(&dev));
+        self.forget_primary_state(dev);
+        let r = r?;
         self.take_device_output();
         CuError::check(r)
     }

@@ -387,6 +387,12 @@ pub struct Session {
     delivery: Arc<Delivery>,
     /// Context → device, for every context this session created or retained.
     ctx_devices: Mutex<HashMap<RmHandle, DeviceHandle>>,
+    /// `cuDevicePrimaryCtxGetState` answers by device, and a generation. The state is this
+    /// session's own on the server (its retains and flags), so only this session's
+    /// primary-context calls change it: each forgets the entry and counts a generation
+    /// before and after it, and an answer is kept only when no generation passed while it
+    /// was asked for. PyTorch asks before most operations.
+    primary_states: Mutex<(u64, HashMap<DeviceHandle, (u32, bool)>)>,
     /// (function, device) → the limits its launches are checked against (forgotten when an
     /// attribute of the function is set).
     launch_limits: Mutex<HashMap<(RmHandle, DeviceHandle), crate::launch::LaunchLimits>>,
@@ -649,6 +655,7 @@ impl Session {
         Ok(Session {
             delivery: Arc::new(Delivery::new(rpc.clone(), welcome.revision)),
             ctx_devices: Mutex::default(),
+            primary_states: Mutex::default(),
             launch_limits: Mutex::default(),
             rpc,
             welcome,
