@@ -20,6 +20,9 @@ use crate::vaspace::VaSpace;
 /// A device ordinal as the server numbers them.
 pub type DeviceHandle = i32;
 
+/// A primary context's (flags, active), as `cuDevicePrimaryCtxGetState` answers.
+pub type PrimaryState = (u32, bool);
+
 /// Device attributes that advertise concurrent access to managed or pageable host memory,
 /// which a remote GPU cannot give the client process: answered 0 (see
 /// [`Session::device_attribute`]). `CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS` (88),
@@ -392,7 +395,7 @@ pub struct Session {
     /// primary-context calls change it: each forgets the entry and counts a generation
     /// before and after it, and an answer is kept only when no generation passed while it
     /// was asked for. PyTorch asks before most operations.
-    primary_states: Mutex<(u64, HashMap<DeviceHandle, (u32, bool)>)>,
+    primary_states: Mutex<(u64, HashMap<DeviceHandle, PrimaryState>)>,
     /// (function, device) → the limits its launches are checked against (forgotten when an
     /// attribute of the function is set).
     launch_limits: Mutex<HashMap<(RmHandle, DeviceHandle), crate::launch::LaunchLimits>>,
