@@ -21,7 +21,7 @@ use crate::vaspace::VaSpace;
 pub type DeviceHandle = i32;
 
 /// A primary context's (flags, active), as `cuDevicePrimaryCtxGetState` answers.
-pub type PrimaryState = (u32, bool);
+pub(crate) type PrimaryState = (u32, bool);
 
 /// Device attributes that advertise concurrent access to managed or pageable host memory,
 /// which a remote GPU cannot give the client process: answered 0 (see
