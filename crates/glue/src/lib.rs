@@ -28,7 +28,8 @@
 //! `client_glue!()` (inside `impl Session`), `executor_glue!()` (inside
 //! `impl RemoraV1Server for Executor`) and `backend_glue!()` (inside `trait Backend`). The
 //! names they use at their call sites are: client — `CuError`, `CuResult`, `cu`, the field
-//! `self.rpc`; executor — `CallContext`, `ProcResult`, `CuResult`, `self.session(call)`,
+//! `self.rpc` and `self.coherent(name, call)` (the session's per-call hooks: managed memory,
+//! the call profile, cache invalidation); executor — `CallContext`, `ProcResult`, `CuResult`, `self.session(call)`,
 //! `session.lock()` with `ctx(h)`, `stream_target(&st, ctx, h)`, `self.inner.backend`, `nz`,
 //! `code` and `log_failed`; backend — `CuResult`. So a plain entry point is one annotation
 //! plus the backend bodies.
@@ -406,7 +407,7 @@ impl<'a> Call<'a> {
         };
         let _ = write!(
             out,
-            "{sig} {{\n let reply = self.rpc.{proc}({arg}).map_err(|e| from_rpc(\"{proc}\", e))?;\n {conv}\n}}\n",
+            "{sig} {{\n let reply = self.coherent(\"{proc}\", || self.rpc.{proc}({arg})).map_err(|e| from_rpc(\"{proc}\", e))?;\n {conv}\n}}\n",
             sig = self.signature("pub "),
             proc = self.p.method,
             arg = self.arg_expr(),

@@ -188,3 +188,53 @@ fn primary_context_state_cache_follows_every_change() {
     check("reset", after_reset);
     assert_eq!(s.primary_ctx_get_state(7), Err(CuError(cu::INVALID_DEVICE)));
 }
+
+/// Occupancy answers are cached per (function, block size, shared memory, flags) and
+/// forgotten when a function attribute changes; the maximum dynamic shared memory attribute
+/// reads back as set and setting it again to the same value is answered here.
+#[test]
+fn occupancy_cache_follows_function_attributes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let m = s
+        .module_load(ctx, b"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n")
+        .unwrap();
+    let f = m.functions["vecadd"].handle;
+    let truth = |attr: i32| match s
+        .rpc()
+        .rm_func_get_attribute(&remora_client::proto::RmFuncAttrArgs {
+            function: f,
+            attribute: attr,
+            value: 0,
+        })
+        .unwrap()
+    {
+        remora_client::proto::RmIntReply::Case0(v) => v,
+        other => panic!("{other:?}"),
+    };
+    const KIB: u64 = 1024;
+    assert_eq!(s.occupancy_max_active_blocks(f, 256, 0, 0), Ok(8));
+    assert_eq!(s.occupancy_max_active_blocks(f, 256, 64 * KIB, 0), Ok(0));
+    assert_eq!(s.occupancy_max_active_blocks(f, 256, 64 * KIB, 0), Ok(0));
+    s.func_set_attribute(f, 8, 100 << 10).unwrap();
+    assert_eq!(
+        s.occupancy_max_active_blocks(f, 256, 64 * KIB, 0),
+        Ok(3),
+        "a cached answer outlived the attribute change"
+    );
+    assert_eq!(s.func_get_attribute(f, 8), Ok(100 << 10));
+    assert_eq!(truth(8), 100 << 10);
+    s.func_set_attribute(f, 8, 100 << 10).unwrap();
+    assert_eq!(
+        s.func_set_attribute(f, 8, 300 << 10),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    assert_eq!(s.func_get_attribute(f, 8), Ok(100 << 10));
+    assert_eq!(truth(8), 100 << 10);
+    s.func_set_attribute(f, 8, 0).unwrap();
+    assert_eq!(s.occupancy_max_active_blocks(f, 256, 64 * KIB, 0), Ok(0));
+    assert_eq!(s.occupancy_max_active_blocks(f, 256, 16 * KIB, 0), Ok(8));
+    assert_eq!(s.occupancy_max_active_blocks(f, 128, 16 * KIB, 0), Ok(14));
+}

@@ -34,14 +34,20 @@ impl Session {
         dynamic_smem_bytes: u64,
         flags: u32,
     ) -> CuResult<i32> {
-        Reply::value(call!(self.rm_occupancy_max_active_blocks(
+        let key = (function, block_size, dynamic_smem_bytes, flags);
+        if let Some(v) = lock(&self.occupancy).get(&key) {
+            return Ok(*v);
+        }
+        let v = Reply::value(call!(self.rm_occupancy_max_active_blocks(
             &RmOccupancyArgs {
                 function,
                 block_size,
                 dynamic_smem_bytes,
                 flags
             }
-        ))?)
+        ))?)?;
+        lock(&self.occupancy).insert(key, v);
+        Ok(v)
     }
 
     /// `cuOccupancyMaxActiveClusters`: `args` is the launch configuration (params unused).

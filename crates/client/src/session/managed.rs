@@ -390,6 +390,9 @@ impl Session {
         proc: &'static str,
         f: impl FnOnce() -> Result<T, E>,
     ) -> Result<T, E> {
+        if invalidates_occupancy(proc) {
+            lock(&self.occupancy).clear();
+        }
         let Some(profile) = &self.profile else {
             return self.coherent_unprofiled(proc, f);
         };

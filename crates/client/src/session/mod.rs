@@ -17,6 +17,22 @@ use crate::host_callbacks::HostCallbacks;
 use crate::library::Libraries;
 use crate::vaspace::VaSpace;
 
+/// Procedures after which cached occupancy answers may no longer hold: function attributes
+/// and cache preferences (which set the shared memory carveout), context cache preferences
+/// and limits, and unloading (a handle's functions are gone).
+fn invalidates_occupancy(proc: &str) -> bool {
+    matches!(
+        proc,
+        "rm_func_set_attribute"
+            | "rm_func_set_cache_config"
+            | "rm_ctx_set_cache_config"
+            | "rm_ctx_set_limit"
+            | "rm_module_unload"
+            | "rm_primary_ctx_reset"
+            | "rm_ctx_destroy"
+    )
+}
+
 /// A device ordinal as the server numbers them.
 pub type DeviceHandle = i32;
 
@@ -408,6 +424,11 @@ pub struct Session {
     /// (see `mem_host_device_pointer`).
     area_device_delta: Mutex<Option<u64>>,
     func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
+    /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` answers by (function, block size,
+    /// dynamic shared memory, flags): the occupancy calculator's answer depends only on them
+    /// and on settings that this session's own calls change, each of which empties the cache
+    /// (see [`invalidates_occupancy`]). PyTorch asks before many launches.
+    occupancy: Mutex<HashMap<(RmHandle, i32, u64, u32), i32>>,
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
     captures: Mutex<Captures>,
@@ -672,6 +693,7 @@ impl Session {
             area,
             area_device_delta: Mutex::new(None),
             func_attrs: Mutex::default(),
+            occupancy: Mutex::default(),
             libraries: Libraries::default(),
             callbacks: Arc::default(),
             captures: Mutex::default(),

@@ -116,13 +116,28 @@ impl Session {
         attribute: i32,
         value: i32,
     ) -> CuResult<()> {
+        // `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`: reads back as set, and only this
+        // session's sets change it, so setting the value it already has asks nothing
+        // (libraries set it before every launch).
+        const MAX_DYNAMIC_SHARED: i32 = 8;
+        if attribute == MAX_DYNAMIC_SHARED
+            && lock(&self.func_attrs).get(&(function, attribute)) == Some(&value)
+        {
+            return Ok(());
+        }
         let r = CuError::check(call!(self.rm_func_set_attribute(&RmFuncAttrArgs {
             function,
             attribute,
             value
         }))?);
-        // Forget the cached value either way: the next get asks the server.
-        lock(&self.func_attrs).remove(&(function, attribute));
+        // Forget the cached value (the next get asks the server), but for a successful set of
+        // the maximum dynamic shared memory, whose value is now known.
+        let mut attrs = lock(&self.func_attrs);
+        attrs.remove(&(function, attribute));
+        if r.is_ok() && attribute == MAX_DYNAMIC_SHARED {
+            attrs.insert((function, attribute), value);
+        }
+        drop(attrs);
         lock(&self.launch_limits).retain(|(f, _), _| *f != function);
         r
     }

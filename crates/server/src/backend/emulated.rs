@@ -67,6 +67,11 @@ const CACHE_CONFIG_KEY: i32 = -1;
 /// Where emulated device memory starts.
 pub const EMU_MEMORY_BASE: u64 = 0x2000_0000_0000;
 
+/// Shared memory per multiprocessor of the emulated device, for occupancy answers.
+const EMU_SHARED_PER_SM: u64 = 228 << 10;
+/// Largest maximum dynamic shared memory a function may be given (`cuFuncSetAttribute`).
+const EMU_MAX_DYNAMIC_SHARED: i32 = 227 << 10;
+
 /// How the emulated devices look.
 #[derive(Debug, Clone)]
 pub struct EmulatedConfig {
@@ -149,6 +154,9 @@ struct State {
     modules: HashMap<u64, EmuModule>,
     /// Function → (name, parameter layout).
     functions: HashMap<u64, (String, Vec<(u32, u32)>)>,
+    /// (function, attribute) → value set with `cuFuncSetAttribute` (the settable attributes
+    /// 8, maximum dynamic shared memory, and 9, shared memory carveout).
+    func_attrs: HashMap<(u64, i32), i32>,
     streams: HashMap<u64, u64>,
     events: HashMap<u64, Option<Instant>>,
     limits: HashMap<(u64, i32), u64>,
@@ -710,13 +718,21 @@ impl Backend for EmulatedBackend {
         st.functions.get(&func).ok_or(CuError(cu::INVALID_HANDLE))?;
         match attr {
             0 => Ok(1024), // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+            8 | 9 => Ok(st.func_attrs.get(&(func, attr)).copied().unwrap_or(0)),
             1..=10 => Ok(0),
             _ => Err(CuError(cu::INVALID_VALUE)),
         }
     }
 
-    fn func_set_attribute(&self, ctx: u64, func: u64, attr: i32, _value: i32) -> CuResult<()> {
-        self.func_get_attribute(ctx, func, attr).map(|_| ())
+    fn func_set_attribute(&self, ctx: u64, func: u64, attr: i32, value: i32) -> CuResult<()> {
+        self.func_get_attribute(ctx, func, attr)?;
+        if matches!(attr, 8 | 9) {
+            if value < 0 || (attr == 8 && value > EMU_MAX_DYNAMIC_SHARED) {
+                return Err(CuError(cu::INVALID_VALUE));
+            }
+            self.lock().func_attrs.insert((func, attr), value);
+        }
+        Ok(())
     }
 
     fn func_set_cache_config(&self, ctx: u64, func: u64, config: u32) -> CuResult<()> {
@@ -727,12 +743,21 @@ impl Backend for EmulatedBackend {
         Ok(())
     }
 
+    /// As a GPU answers: threads and blocks per multiprocessor bound the blocks, and so does
+    /// dynamic shared memory, of which a block may use 48 KiB, or up to the function's
+    /// maximum dynamic shared memory attribute when that is set higher (0 blocks above it).
     fn occupancy_max_active_blocks(&self, ctx: u64, q: &Occupancy) -> CuResult<i32> {
-        self.func_get_attribute(ctx, q.func, 0)?;
+        let max_dynamic = self.func_get_attribute(ctx, q.func, 8)?;
         if !(1..=1024).contains(&q.block_size) {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        Ok((2048 / q.block_size).min(32))
+        let blocks = (2048 / q.block_size).min(32);
+        let smem = q.dynamic_smem;
+        if smem > u64::from(max_dynamic.max(48 << 10).unsigned_abs()) {
+            return Ok(0);
+        }
+        let by_smem = EMU_SHARED_PER_SM.checked_div(smem).unwrap_or(u64::MAX);
+        Ok(blocks.min(i32::try_from(by_smem).unwrap_or(i32::MAX)))
     }
 
     fn occupancy_max_active_clusters(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<i32> {
