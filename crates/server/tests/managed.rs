@@ -60,6 +60,19 @@ fn transports(server: &Server) -> Vec<(remora_oncrpc::Endpoint, TransportChoice)
     ]
 }
 
+/// Runs `body` once per transport, each with a fresh session, its primary context and the
+/// vecadd test kernel, one test at a time.
+fn per_transport(body: impl Fn(&Session, u64, &FunctionInfo, TransportChoice)) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    for (endpoint, transport) in transports(&server) {
+        let s = session(&endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let f = vecadd(&s, ctx);
+        body(&s, ctx, &f, transport);
+    }
+}
+
 #[test]
 fn host_writes_reach_kernels_and_kernel_writes_reach_the_host() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -483,19 +496,14 @@ fn bytes_of_mut<'a>(p: u64, n: u64) -> &'a mut [u8] {
 /// kernels.
 #[test]
 fn host_functions_see_managed_memory_written_before_them() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(4 * AREA);
-    for (endpoint, transport) in transports(&server) {
-        let s = session(&endpoint, transport);
-        let ctx = s.primary_ctx_retain(0).unwrap();
-        let f = vecadd(&s, ctx);
+    per_transport(|s, ctx, f, transport| {
         let bytes = (N * 4) as u64;
         let [a, c] = [0; 2].map(|_| s.mem_alloc_managed(ctx, bytes, 1).unwrap());
         for (i, x) in floats(a).iter_mut().enumerate() {
             *x = i as f32;
         }
         let st = s.stream_create(ctx, 0, 0).unwrap();
-        add(&s, ctx, &f, (a, a, c), StreamRef::Handle(st));
+        add(s, ctx, f, (a, a, c), StreamRef::Handle(st));
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen_cb = Arc::clone(&seen);
         s.launch_host_func(
@@ -519,7 +527,7 @@ fn host_functions_see_managed_memory_written_before_them() {
                 "element {i} in the host function over {transport:?}"
             );
         }
-        add(&s, ctx, &f, (c, c, a), StreamRef::Handle(st));
+        add(s, ctx, f, (c, c, a), StreamRef::Handle(st));
         s.stream_synchronize(ctx, st).unwrap();
         assert_eq!(floats(a)[0], 2000.0, "over {transport:?}");
         assert_eq!(floats(a)[5], 20.0, "over {transport:?}");
@@ -527,7 +535,7 @@ fn host_functions_see_managed_memory_written_before_them() {
         for p in [a, c] {
             s.mem_free(ctx, p).unwrap();
         }
-    }
+    });
 }
 
 /// What a host function writes to managed memory reaches device work enqueued after it on
@@ -536,12 +544,7 @@ fn host_functions_see_managed_memory_written_before_them() {
 /// keeps the change without calling it a conflict.
 #[test]
 fn host_function_writes_reach_work_enqueued_before_it_ran() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(4 * AREA);
-    for (endpoint, transport) in transports(&server) {
-        let s = session(&endpoint, transport);
-        let ctx = s.primary_ctx_retain(0).unwrap();
-        let f = vecadd(&s, ctx);
+    per_transport(|s, ctx, f, transport| {
         let bytes = (N * 4) as u64;
         let [a, c] = [0; 2].map(|_| s.mem_alloc_managed(ctx, bytes, 1).unwrap());
         for (i, x) in floats(c).iter_mut().enumerate() {
@@ -560,7 +563,7 @@ fn host_function_writes_reach_work_enqueued_before_it_ran() {
             )
             .unwrap();
             // Submitted at once; the function has not run yet.
-            add(&s, ctx, &f, (c, c, a), StreamRef::Handle(st));
+            add(s, ctx, f, (c, c, a), StreamRef::Handle(st));
             s.stream_synchronize(ctx, st).unwrap();
             assert_eq!(
                 floats(a)[0],
@@ -575,26 +578,21 @@ fn host_function_writes_reach_work_enqueued_before_it_ran() {
             .unwrap();
         s.stream_synchronize(ctx, st).unwrap();
         assert_eq!(floats(c)[1], -1.0, "over {transport:?}");
-        add(&s, ctx, &f, (c, c, a), StreamRef::Handle(st));
+        add(s, ctx, f, (c, c, a), StreamRef::Handle(st));
         s.stream_synchronize(ctx, st).unwrap();
         assert_eq!(floats(a)[1], -2.0, "over {transport:?}");
         s.stream_destroy(st).unwrap();
         for p in [a, c] {
             s.mem_free(ctx, p).unwrap();
         }
-    }
+    });
 }
 
 /// A graph host node's writes to managed memory reach device work submitted after the graph
 /// launch, even before the graph has run (the node sleeps first).
 #[test]
 fn graph_host_node_writes_reach_work_after_the_launch() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(4 * AREA);
-    for (endpoint, transport) in transports(&server) {
-        let s = session(&endpoint, transport);
-        let ctx = s.primary_ctx_retain(0).unwrap();
-        let f = vecadd(&s, ctx);
+    per_transport(|s, ctx, f, transport| {
         let bytes = (N * 4) as u64;
         let [a, c] = [0; 2].map(|_| s.mem_alloc_managed(ctx, bytes, 1).unwrap());
         for (i, x) in floats(c).iter_mut().enumerate() {
@@ -617,7 +615,7 @@ fn graph_host_node_writes_reach_work_after_the_launch() {
         let st = s.stream_create(ctx, 0, 0).unwrap();
         for round in 1..=2u32 {
             s.graph_launch(ctx, exec, st).unwrap();
-            add(&s, ctx, &f, (c, c, a), StreamRef::Handle(st));
+            add(s, ctx, f, (c, c, a), StreamRef::Handle(st));
             s.stream_synchronize(ctx, st).unwrap();
             assert_eq!(
                 floats(a)[0],
@@ -632,5 +630,5 @@ fn graph_host_node_writes_reach_work_after_the_launch() {
         for p in [a, c] {
             s.mem_free(ctx, p).unwrap();
         }
-    }
+    });
 }
