@@ -48,33 +48,37 @@ impl Session {
 
     /// `cuDevicePrimaryCtxRetain`.
     pub fn primary_ctx_retain(&self, dev: DeviceHandle) -> CuResult<RmHandle> {
-        self.check_device(dev)?;
-        self.forget_primary_state(dev);
-        let r = call!(self.rm_primary_ctx_retain(&dev));
-        self.forget_primary_state(dev);
-        let h = Reply::value(r?)?;
+        let h = self.changing_primary(dev, || {
+            Reply::value(call!(self.rm_primary_ctx_retain(&dev))?)
+        })?;
         lock(&self.ctx_devices).insert(h, dev);
         Ok(h)
     }
 
     /// `cuDevicePrimaryCtxRelease`.
     pub fn primary_ctx_release(&self, dev: DeviceHandle) -> CuResult<()> {
-        self.check_device(dev)?;
-        self.forget_primary_state(dev);
-        let r = call!(self.rm_primary_ctx_release(&dev));
-        self.forget_primary_state(dev);
-        let r = r?;
-        self.take_device_output();
-        CuError::check(r)
+        self.changing_primary(dev, || {
+            let r = call!(self.rm_primary_ctx_release(&dev))?;
+            self.take_device_output();
+            CuError::check(r)
+        })
+    }
+
+    /// `cuDevicePrimaryCtxReset`.
+    pub fn primary_ctx_reset(&self, dev: DeviceHandle) -> CuResult<()> {
+        self.changing_primary(dev, || {
+            let r = call!(self.rm_primary_ctx_reset(&dev))?;
+            self.take_device_output();
+            CuError::check(r)
+        })
     }
 
     /// `cuDevicePrimaryCtxSetFlags`.
     pub fn primary_ctx_set_flags(&self, dev: DeviceHandle, flags: u32) -> CuResult<()> {
-        self.check_device(dev)?;
-        self.forget_primary_state(dev);
-        let r = call!(self.rm_primary_ctx_set_flags(&RmPrimaryFlagsArgs { device: dev, flags }));
-        self.forget_primary_state(dev);
-        CuError::check(r?)
+        self.changing_primary(dev, || {
+            let args = RmPrimaryFlagsArgs { device: dev, flags };
+            CuError::check(call!(self.rm_primary_ctx_set_flags(&args))?)
+        })
     }
 
     /// `cuDevicePrimaryCtxGetState`: (flags, active).
@@ -97,23 +101,24 @@ impl Session {
         Ok(state)
     }
 
-    /// Around a call that may change the primary context state of `dev` (before and after
-    /// it): forgets the cached state, and an answer asked for meanwhile is not kept.
-    fn forget_primary_state(&self, dev: DeviceHandle) {
-        let mut cache = lock(&self.primary_states);
-        cache.0 += 1;
-        cache.1.remove(&dev);
-    }
-
-    /// `cuDevicePrimaryCtxReset`.
-    pub fn primary_ctx_reset(&self, dev: DeviceHandle) -> CuResult<()> {
+    /// Runs `call`, which may change the primary context state of `dev`, with the cached
+    /// state forgotten before and after it (a generation passes each time, so an answer
+    /// asked for meanwhile is not kept).
+    fn changing_primary<T>(
+        &self,
+        dev: DeviceHandle,
+        call: impl FnOnce() -> CuResult<T>,
+    ) -> CuResult<T> {
         self.check_device(dev)?;
-        self.forget_primary_state(dev);
-        let r = call!(self.rm_primary_ctx_reset(&dev));
-        self.forget_primary_state(dev);
-        let r = r?;
-        self.take_device_output();
-        CuError::check(r)
+        let forget = || {
+            let mut cache = lock(&self.primary_states);
+            cache.0 += 1;
+            cache.1.remove(&dev);
+        };
+        forget();
+        let r = call();
+        forget();
+        r
     }
 
     /// `cuCtxCreate`.

@@ -23,16 +23,8 @@ impl Session {
         src: u64,
         out: &mut [u8],
     ) -> CuResult<()> {
-        let (host, size) = (out.as_mut_ptr() as u64, out.len() as u64);
-        if size > 0 && self.pinned_offset(host, size).is_some() {
-            return self.memcpy_dtoh_pinned(PinnedCopy {
-                ctx,
-                stream,
-                dev: src,
-                host,
-                size,
-                asynchronous: false,
-            });
+        if let Some(c) = self.pinned_copy(ctx, stream, src, out, false) {
+            return self.memcpy_dtoh_pinned(c);
         }
         let mark = self.copy_mark();
         self.memcpy_dtoh_unsettled(ctx, stream, src, out)?;
@@ -106,16 +98,8 @@ impl Session {
         data: &[u8],
         asynchronous: bool,
     ) -> CuResult<()> {
-        let (host, size) = (data.as_ptr() as u64, data.len() as u64);
-        if size > 0 && self.pinned_offset(host, size).is_some() {
-            return self.memcpy_htod_pinned(PinnedCopy {
-                ctx,
-                stream,
-                dev: dst,
-                host,
-                size,
-                asynchronous,
-            });
+        if let Some(c) = self.pinned_copy(ctx, stream, dst, data, asynchronous) {
+            return self.memcpy_htod_pinned(c);
         }
         if asynchronous {
             self.not_captured(stream, "an asynchronous host-to-device copy")?;
@@ -308,5 +292,26 @@ impl Session {
     ) -> CuResult<()> {
         self.need_revision(3, "cuMemcpyPeerAsync")?;
         call!(self.rm_memcpy_peer_async(&Self::peer_args(ctx, stream, dst, src, size)))
+    }
+
+    /// A copy between device memory at `dev` and `host` when all of `host` lies in the
+    /// session's pinned (data-area) memory, which copies reach without a staging copy.
+    fn pinned_copy(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        dev: u64,
+        host: &[u8],
+        asynchronous: bool,
+    ) -> Option<PinnedCopy> {
+        let (ptr, size) = (host.as_ptr() as u64, host.len() as u64);
+        (size > 0 && self.pinned_offset(ptr, size).is_some()).then_some(PinnedCopy {
+            ctx,
+            stream,
+            dev,
+            host: ptr,
+            size,
+            asynchronous,
+        })
     }
 }
