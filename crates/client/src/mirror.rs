@@ -371,6 +371,25 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
     Some(f())
 }
 
+thread_local! {
+    /// The context a `cuCtxSynchronize` on this thread is synchronizing, while it runs.
+    static SYNCHRONIZED_CTX: Cell<Option<RmHandle>> = const { Cell::new(None) };
+}
+
+/// Runs `f`, a synchronize of all of `ctx`, telling the pull it triggers that `ctx` needs no
+/// second synchronize ([`synchronized_ctx`]).
+pub(crate) fn synchronizing_ctx<T>(ctx: RmHandle, f: impl FnOnce() -> T) -> T {
+    let before = SYNCHRONIZED_CTX.with(|c| c.replace(Some(ctx)));
+    let r = f();
+    SYNCHRONIZED_CTX.with(|c| c.set(before));
+    r
+}
+
+/// The context the running `cuCtxSynchronize` of this thread has just waited for.
+pub(crate) fn synchronized_ctx() -> Option<RmHandle> {
+    SYNCHRONIZED_CTX.with(Cell::get)
+}
+
 /// Whether this thread is inside a push or pull.
 pub(crate) fn in_coherence() -> bool {
     IN_COHERENCE.with(Cell::get)

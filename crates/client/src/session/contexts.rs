@@ -164,7 +164,8 @@ impl Session {
     /// `cuCtxSynchronize` (delivers pending asynchronous copies).
     pub fn ctx_synchronize(&self, ctx: RmHandle) -> CuResult<()> {
         let cov = self.delivery.context(ctx, self.copy_mark());
-        let r = call!(self.rm_ctx_synchronize(&ctx))?;
+        // The managed-memory pull after it need not synchronize `ctx` again.
+        let r = crate::mirror::synchronizing_ctx(ctx, || call!(self.rm_ctx_synchronize(&ctx)))?;
         self.finish_sync(r)?;
         self.delivery.settle(&cov, Fetch::Collect)
     }

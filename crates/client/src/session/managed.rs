@@ -492,6 +492,8 @@ impl Session {
             let mut ctxs: Vec<RmHandle> = st.list.values().map(|m| m.ctx).collect();
             ctxs.sort_unstable();
             ctxs.dedup();
+            // After cuCtxSynchronize, its context has nothing outstanding to wait for.
+            ctxs.retain(|c| Some(*c) != mirror::synchronized_ctx());
             for ctx in ctxs {
                 if let Err(e) = self.ctx_synchronize_unsettled(ctx) {
                     tracing::debug!(
