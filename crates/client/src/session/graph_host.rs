@@ -469,7 +469,7 @@ impl Session {
             .get(&exec)
             .is_some_and(|e| !e.sides.host_nodes.is_empty());
         // Launched into a capture, the graph becomes part of another one: nothing runs now.
-        if !host_nodes || lock(&self.captures).streams.contains_key(&stream) {
+        if !host_nodes || self.stream_may_capture(stream) {
             return Ok(());
         }
         static ONCE: std::sync::Once = std::sync::Once::new();

@@ -116,10 +116,10 @@ impl Session {
         attribute: i32,
         value: i32,
     ) -> CuResult<()> {
-        // `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`: reads back as set, and only this
-        // session's sets change it, so setting the value it already has asks nothing
-        // (libraries set it before every launch).
-        const MAX_DYNAMIC_SHARED: i32 = 8;
+        // The maximum dynamic shared memory reads back as set, and only this session's sets
+        // change it, so setting the value it already has asks nothing (libraries set it
+        // before every launch).
+        use crate::launch::func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SHARED;
         if attribute == MAX_DYNAMIC_SHARED
             && lock(&self.func_attrs).get(&(function, attribute)) == Some(&value)
         {
