@@ -124,50 +124,18 @@ fn freed_pinned_memory_is_refused_not_a_crash() {
     let p = s.host_memory().alloc(4096, 0, ctx).unwrap();
     s.host_memory().free(p).unwrap();
     let invalid = Err(remora_client::CuError(remora_client::cu::INVALID_VALUE));
-    assert_eq!(
-        s.memcpy_htod_pinned(PinnedCopy {
+    for asynchronous in [false, true] {
+        let c = PinnedCopy {
             ctx,
             stream: LEGACY,
             dev,
             host: p,
             size: 4096,
-            asynchronous: false
-        }),
-        invalid
-    );
-    assert_eq!(
-        s.memcpy_dtoh_pinned(PinnedCopy {
-            ctx,
-            stream: LEGACY,
-            dev,
-            host: p,
-            size: 4096,
-            asynchronous: false
-        }),
-        invalid
-    );
-    assert_eq!(
-        s.memcpy_htod_pinned(PinnedCopy {
-            ctx,
-            stream: LEGACY,
-            dev,
-            host: p,
-            size: 4096,
-            asynchronous: true
-        }),
-        invalid
-    );
-    assert_eq!(
-        s.memcpy_dtoh_pinned(PinnedCopy {
-            ctx,
-            stream: LEGACY,
-            dev,
-            host: p,
-            size: 4096,
-            asynchronous: true
-        }),
-        invalid
-    );
+            asynchronous,
+        };
+        assert_eq!(s.memcpy_htod_pinned(c), invalid, "async {asynchronous}");
+        assert_eq!(s.memcpy_dtoh_pinned(c), invalid, "async {asynchronous}");
+    }
     assert_eq!(s.pending_copies(), 0);
     // The session goes on.
     s.ctx_synchronize(ctx).unwrap();
