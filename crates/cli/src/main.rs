@@ -288,7 +288,10 @@ enum Command {
     /// only when asked for, e.g. --listen tcp://127.0.0.1:7446. A TCP address other hosts can
     /// reach (e.g. tcp://0.0.0.0:7446) needs --auth-token-file (or --insecure): without tokens
     /// only this host's users are served. Stop with Ctrl-C or SIGTERM: calls in flight finish
-    /// first. Log level: REMORA_LOG (e.g. REMORA_LOG=debug).
+    /// first. Log level: REMORA_LOG (e.g. REMORA_LOG=debug). With the CUDA backend the server
+    /// re-executes itself once with the bottom-up address layout (as `setarch -L` does), so the
+    /// driver's device ranges stay clear of clients' own mappings (unified addressing);
+    /// REMORA_SERVE_LAYOUT=default keeps the usual layout.
     Serve {
         /// Where to listen: tcp://HOST:PORT or unix:///PATH. Repeat for several listeners.
         #[arg(long, value_name = "URL")]
@@ -598,6 +601,11 @@ fn run(cli: Cli) -> Result<()> {
             session: s,
         } => {
             init_logging("info");
+            if backend_choice(&s.backend) == remora_server::BackendChoice::Cuda {
+                // Device ranges away from the clients' own mappings (unified addressing);
+                // returns only when no re-execution was needed or possible.
+                remora_server::address_layout::reexec_bottom_up();
+            }
             let exe = std::env::current_exe().context("cannot find the remora executable")?;
             serve(remora_server::ServeConfig {
                 listen,

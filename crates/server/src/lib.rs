@@ -18,6 +18,7 @@
 //! isolation a worker captures its standard output, where the driver writes device-side
 //! `printf`, and returns it to the client in synchronizing replies (`device_output.rs`).
 
+pub mod address_layout;
 pub mod backend;
 mod device_output;
 pub mod driver;
