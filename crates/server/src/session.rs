@@ -4,6 +4,7 @@
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use remora_proto::remora::{RM_STREAM_LEGACY, RmCopyData};
@@ -68,6 +69,8 @@ pub(crate) enum Resource {
         ctx: u64,
         module: u64,
         params: Arc<[(u32, u32)]>,
+        /// Loaded in the driver (see [`FunctionTarget::ensure_loaded`]).
+        loaded: Arc<AtomicBool>,
     },
     Stream {
         raw: u64,
@@ -525,8 +528,29 @@ impl PendingCopies {
     }
 }
 
-/// `(backend function, backend context, parameter layout)`.
-pub(crate) type FunctionTarget = (u64, u64, Arc<[(u32, u32)]>);
+/// A function handle resolved: the backend function, its context and parameter layout.
+pub(crate) struct FunctionTarget {
+    pub(crate) raw: u64,
+    /// The backend context of the function's module.
+    pub(crate) ctx: u64,
+    pub(crate) layout: Arc<[(u32, u32)]>,
+    loaded: Arc<AtomicBool>,
+}
+
+impl FunctionTarget {
+    /// Loads the function in the driver before its first use. A module load enumerates its
+    /// functions without loading them (the driver's lazy loading, CUDA's default: loading
+    /// every function of every module cost PyTorch ~0.5 s at start-up), and an enumerated
+    /// function must be loaded (`cuFuncLoad`) before a launch, attribute or occupancy query
+    /// or graph node uses it. Two threads may both load it the first time: harmless.
+    pub(crate) fn ensure_loaded(&self, backend: &dyn crate::Backend) -> CuResult<()> {
+        if !self.loaded.load(Ordering::Acquire) {
+            backend.func_load(self.ctx, self.raw)?;
+            self.loaded.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+}
 
 /// The resource table of a session.
 #[derive(Default)]
@@ -645,12 +669,21 @@ impl SessionState {
         }
     }
 
-    /// `(backend function, backend context, parameter layout)` of function handle `h`.
+    /// Function handle `h` resolved.
     pub(crate) fn function(&self, h: u64) -> CuResult<FunctionTarget> {
         match self.get(h)? {
             Resource::Function {
-                raw, ctx, params, ..
-            } => Ok((*raw, self.ctx(*ctx)?, Arc::clone(params))),
+                raw,
+                ctx,
+                params,
+                loaded,
+                ..
+            } => Ok(FunctionTarget {
+                raw: *raw,
+                ctx: self.ctx(*ctx)?,
+                layout: Arc::clone(params),
+                loaded: Arc::clone(loaded),
+            }),
             _ => Err(CuError(cu::INVALID_HANDLE)),
         }
     }

@@ -31,7 +31,7 @@
 //! `memory` (allocations and address ranges), `module_format`, `pools` and `vmm`.
 
 use remora_proto::cuda::{CuError, CuResult, cu};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -154,6 +154,10 @@ struct State {
     modules: HashMap<u64, EmuModule>,
     /// Function → (name, parameter layout).
     functions: HashMap<u64, (String, Vec<(u32, u32)>)>,
+    /// Functions listed by a module load and not loaded yet: as with the driver's lazy
+    /// loading, launches, attribute and occupancy queries and graph nodes answer
+    /// `CUDA_ERROR_FUNCTION_NOT_LOADED` until `cuFuncLoad`.
+    unloaded: HashSet<u64>,
     /// (function, attribute) → value set with `cuFuncSetAttribute` (the settable attributes
     /// 8, maximum dynamic shared memory, and 9, shared memory carveout).
     func_attrs: HashMap<(u64, i32), i32>,
@@ -264,6 +268,15 @@ impl EmulatedBackend {
 }
 
 impl State {
+    /// Function `f`'s name and parameter layout, when it is loaded.
+    fn function(&self, f: u64) -> CuResult<&(String, Vec<(u32, u32)>)> {
+        let found = self.functions.get(&f).ok_or(CuError(cu::INVALID_HANDLE))?;
+        if self.unloaded.contains(&f) {
+            return Err(CuError(cu::FUNCTION_NOT_LOADED));
+        }
+        Ok(found)
+    }
+
     fn handle(&mut self) -> u64 {
         self.next_handle += 0x10;
         self.next_handle
@@ -684,6 +697,7 @@ impl Backend for EmulatedBackend {
             .map(|(name, params)| {
                 let f = st.handle();
                 st.functions.insert(f, (name.clone(), params.clone()));
+                st.unloaded.insert(f);
                 FunctionInfo {
                     name,
                     raw: f,
@@ -712,10 +726,20 @@ impl Backend for EmulatedBackend {
         m.globals.get(name).copied().ok_or(CuError(cu::NOT_FOUND))
     }
 
+    fn func_load(&self, ctx: u64, func: u64) -> CuResult<()> {
+        let mut st = self.lock();
+        st.ctx(ctx)?;
+        if !st.functions.contains_key(&func) {
+            return Err(CuError(cu::INVALID_HANDLE));
+        }
+        st.unloaded.remove(&func);
+        Ok(())
+    }
+
     fn func_get_attribute(&self, ctx: u64, func: u64, attr: i32) -> CuResult<i32> {
         let st = self.lock();
         st.ctx(ctx)?;
-        st.functions.get(&func).ok_or(CuError(cu::INVALID_HANDLE))?;
+        st.function(func)?;
         match attr {
             0 => Ok(1024), // CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
             8 | 9 => Ok(st.func_attrs.get(&(func, attr)).copied().unwrap_or(0)),
@@ -764,9 +788,7 @@ impl Backend for EmulatedBackend {
         let st = self.lock();
         st.ctx(ctx)?;
         st.stream(ctx, spec.stream)?;
-        st.functions
-            .get(&spec.function)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
+        st.function(spec.function)?;
         let threads: u64 = spec.block.iter().map(|&d| u64::from(d)).product();
         if threads == 0 || threads > 1024 || spec.grid.contains(&0) {
             return Err(CuError(cu::INVALID_VALUE));
@@ -807,11 +829,7 @@ impl Backend for EmulatedBackend {
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
         let mut st = self.lock();
         st.stream(ctx, spec.stream)?;
-        let (name, _) = st
-            .functions
-            .get(&spec.function)
-            .ok_or(CuError(cu::INVALID_HANDLE))?
-            .clone();
+        let (name, _) = st.function(spec.function)?.clone();
         let op = EmuOp::Launch {
             function: spec.function,
             name,

@@ -428,6 +428,11 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     fn module_unload(&self, ctx: u64, module: u64) -> CuResult<()>;
     /// `cuModuleGetGlobal`: `(ptr, size)`.
     fn module_get_global(&self, ctx: u64, module: u64, name: &str) -> CuResult<(u64, u64)>;
+    /// `cuFuncLoad`: loads a function [`Backend::module_load`] listed before its first use
+    /// (the driver's lazy loading). Backends whose functions are always loaded answer `Ok`.
+    fn func_load(&self, _ctx: u64, _func: u64) -> CuResult<()> {
+        Ok(())
+    }
     /// `cuFuncGetAttribute`.
     fn func_get_attribute(&self, ctx: u64, func: u64, attr: i32) -> CuResult<i32>;
     /// `cuFuncSetAttribute`.

@@ -137,7 +137,15 @@ impl Executor {
     ) -> CuResult<NodeParams> {
         Ok(match p {
             RmNodeParams::RmNodeKernel(k) => {
-                let (function, _, layout) = st.function(k.function)?;
+                let FunctionTarget {
+                    raw: function,
+                    layout,
+                    ..
+                } = {
+                    let t = st.function(k.function)?;
+                    t.ensure_loaded(&*self.inner.backend)?;
+                    t
+                };
                 let needed = layout
                     .iter()
                     .map(|&(o, s)| u64::from(o) + u64::from(s))

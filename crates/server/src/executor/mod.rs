@@ -22,7 +22,7 @@ use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
 use crate::hello::{HelloService, truncate};
 use crate::module_cache::ModuleCache;
 use crate::session::{
-    Capture, PendingCopy, Range, RangeKind, Resource, Scope, Session, SessionState,
+    Capture, FunctionTarget, PendingCopy, Range, RangeKind, Resource, Scope, Session, SessionState,
 };
 
 // The one `impl RemoraV1Server for Executor` is in `procedures.rs`; the longer procedures
@@ -371,7 +371,14 @@ impl Executor {
         h: RmHandle,
         f: impl FnOnce(&dyn Backend, u64, u64) -> CuResult<T>,
     ) -> CuResult<T> {
-        self.resolved(session, |st| st.function(h), |b, (raw, c, _)| f(b, raw, c))
+        self.resolved(
+            session,
+            |st| st.function(h),
+            |b, t| {
+                t.ensure_loaded(b)?;
+                f(b, t.raw, t.ctx)
+            },
+        )
     }
 
     /// Creates an object in context handle `ctx` (`create(backend, raw context)`) and answers

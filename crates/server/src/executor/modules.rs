@@ -101,7 +101,10 @@ impl Executor {
         let r = self.resolved(
             session,
             |st| launch_target(st, &a),
-            |b, t| b.occupancy_max_active_clusters(t.ctx, &launch_spec(&a, &t, &[], &[])),
+            |b, t| {
+                t.function.ensure_loaded(b)?;
+                b.occupancy_max_active_clusters(t.ctx, &launch_spec(&a, &t, &[], &[]))
+            },
         );
         int_reply("RM_OCCUPANCY_MAX_ACTIVE_CLUSTERS", r)
     }
@@ -132,6 +135,7 @@ impl Executor {
         self.oneway_on(call, "RM_LAUNCH_KERNEL", on, |inner, session| {
             let t = launch_target(&session.lock(), &a)?;
             let needed = t
+                .function
                 .layout
                 .iter()
                 .map(|&(o, s)| u64::from(o) + u64::from(s))
@@ -140,13 +144,14 @@ impl Executor {
             if (a.params.len() as u64) < needed {
                 return Err(CuError(cu::INVALID_VALUE));
             }
+            t.function.ensure_loaded(&*inner.backend)?;
             let timed = inner
                 .profile
                 .load(std::sync::atomic::Ordering::Relaxed)
                 .then(std::time::Instant::now);
             let r = inner
                 .backend
-                .launch(t.ctx, &launch_spec(&a, &t, &a.params, &t.layout));
+                .launch(t.ctx, &launch_spec(&a, &t, &a.params, &t.function.layout));
             if let Some(t) = timed {
                 session.count_launch(t.elapsed());
             }
@@ -158,21 +163,22 @@ impl Executor {
 /// The raw objects a kernel launch (or its occupancy query) names: its function, the
 /// context (`a.ctx`, or the function's when 0) and the stream.
 struct LaunchTarget {
-    function: u64,
+    function: FunctionTarget,
     ctx: u64,
     stream: u64,
-    /// The function's parameter layout.
-    layout: Arc<[(u32, u32)]>,
 }
 
 fn launch_target(st: &SessionState, a: &RmLaunchArgs) -> CuResult<LaunchTarget> {
-    let (function, fctx, layout) = st.function(a.function)?;
-    let ctx = if a.ctx == 0 { fctx } else { st.ctx(a.ctx)? };
+    let function = st.function(a.function)?;
+    let ctx = if a.ctx == 0 {
+        function.ctx
+    } else {
+        st.ctx(a.ctx)?
+    };
     Ok(LaunchTarget {
         function,
         ctx,
         stream: st.stream(a.stream)?,
-        layout,
     })
 }
 
@@ -184,7 +190,7 @@ fn launch_spec<'a>(
     layout: &'a [(u32, u32)],
 ) -> LaunchSpec<'a> {
     LaunchSpec {
-        function: t.function,
+        function: t.function.raw,
         grid: [a.grid.x, a.grid.y, a.grid.z],
         block: [a.block.x, a.block.y, a.block.z],
         shared_mem_bytes: a.shared_mem_bytes,
@@ -231,6 +237,7 @@ impl Inner {
                     ctx,
                     module,
                     params: params.clone().into(),
+                    loaded: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 });
                 RmFunction {
                     name: f.name,

@@ -757,6 +757,16 @@ impl Backend for CudaBackend {
         Ok((p, size as u64))
     }
 
+    fn func_load(&self, ctx: u64, func: u64) -> CuResult<()> {
+        let d = self.in_ctx(ctx)?;
+        if d.t.func_load.is_none() {
+            // Drivers before 12.4 have neither cuFuncLoad nor lazily enumerated functions.
+            return Ok(());
+        }
+        // SAFETY: `func` is a function of a module of this session.
+        call!(d.t, func_load(ptr(func)))
+    }
+
     fn func_get_attribute(&self, ctx: u64, func: u64, attr: i32) -> CuResult<i32> {
         let d = self.in_ctx(ctx)?;
         let mut v: c_int = 0;
@@ -1080,11 +1090,9 @@ fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
     for f in funcs {
         // With lazy loading (CUDA's default since 12.2) an enumerated function is not loaded:
         // cuFuncGetAttribute, occupancy queries and launches would answer
-        // CUDA_ERROR_FUNCTION_NOT_LOADED. Load each one now (cuFuncLoad, CUDA 12.4+).
-        if d.t.func_load.is_some() {
-            // SAFETY: `f` is a function of the module just loaded.
-            call!(d.t, func_load(f))?;
-        }
+        // CUDA_ERROR_FUNCTION_NOT_LOADED. The executor loads each one before its first use
+        // (`Backend::func_load`): PyTorch's libraries bring tens of modules of hundreds of
+        // functions, of which a run uses few.
         let mut name: *const c_char = std::ptr::null();
         // SAFETY: writes a pointer to a NUL-terminated name owned by the driver.
         call!(d.t, func_get_name(&mut name, f))?;
@@ -1097,14 +1105,23 @@ fn list_functions(d: &Driver, m: Ptr) -> CuResult<Vec<FunctionInfo>> {
                 .into_owned()
         };
         let mut params = Vec::new();
-        for i in 0..remora_proto::remora::RM_MAX_PARAM_COUNT as usize {
+        let (mut i, mut loaded) = (0, false);
+        while i < remora_proto::remora::RM_MAX_PARAM_COUNT as usize {
             let (mut off, mut size) = (0usize, 0usize);
             // SAFETY: writes two size_t; fails with cu::INVALID_VALUE past the last parameter.
             match call!(d.t, func_get_param_info(f, i, &mut off, &mut size)) {
                 Ok(()) => params.push((off as u32, size as u32)),
                 Err(CuError(PARAM_INFO_END)) => break,
+                // A driver that wants the function loaded to describe its parameters.
+                Err(CuError(cu::FUNCTION_NOT_LOADED)) if !loaded && d.t.func_load.is_some() => {
+                    // SAFETY: `f` is a function of the module just loaded.
+                    call!(d.t, func_load(f))?;
+                    loaded = true;
+                    continue;
+                }
                 Err(e) => return Err(e),
             }
+            i += 1;
         }
         out.push(FunctionInfo {
             name,

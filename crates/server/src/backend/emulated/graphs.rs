@@ -322,10 +322,7 @@ impl State {
     fn node_op(&self, p: &NodeParams) -> CuResult<EmuOp> {
         Ok(match p {
             NodeParams::Kernel(k) => {
-                let (name, _) = self
-                    .functions
-                    .get(&k.function)
-                    .ok_or(CuError(cu::INVALID_HANDLE))?;
+                let (name, _) = self.function(k.function)?;
                 EmuOp::Launch {
                     function: k.function,
                     name: name.clone(),
