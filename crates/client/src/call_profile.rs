@@ -5,7 +5,9 @@
 //! A one-way call's time is what submitting it cost the program (queueing, or writing when
 //! batching is off); a synchronous call's time is the whole round trip, including what the
 //! server waited for (a synchronize waits for the GPU). The managed-memory hooks' copies run
-//! inside the call that needed them and are counted in it as well as in their own rows.
+//! inside the call that needed them and are counted in it as well as in their own rows; the
+//! rows "(within calls: mirror push)" and "(within calls: mirror pull)" time the whole
+//! coherence work (comparisons included) and are left out of the total.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -59,8 +61,10 @@ impl CallProfile {
             .map(|(k, v)| (*k, *v))
             .collect();
         rows.sort_by(|a, b| b.1.total.cmp(&a.1.total).then(a.0.cmp(b.0)));
-        let calls: u64 = rows.iter().map(|r| r.1.calls).sum();
-        let total: Duration = rows.iter().map(|r| r.1.total).sum();
+        // Rows named "(within calls: ...)" time part of other calls: not counted twice.
+        let counted = || rows.iter().filter(|r| !r.0.starts_with('('));
+        let calls: u64 = counted().map(|r| r.1.calls).sum();
+        let total: Duration = counted().map(|r| r.1.total).sum();
         let share = |d: Duration| 100.0 * d.as_secs_f64() / wall.as_secs_f64().max(1e-9);
         let mut out = format!(
             "remora client profile: {calls} calls, {:.1} ms in calls ({:.1}% of {:.1} ms since connecting)\n{:<36} {:>9} {:>11} {:>10} {:>10} {:>6}\n",

@@ -238,3 +238,51 @@ fn occupancy_cache_follows_function_attributes() {
     assert_eq!(s.occupancy_max_active_blocks(f, 256, 16 * KIB, 0), Ok(8));
     assert_eq!(s.occupancy_max_active_blocks(f, 128, 16 * KIB, 0), Ok(14));
 }
+
+/// Setting a function attribute to the value this session last set it to is answered by the
+/// client; a failed set, and `cuFuncSetCacheConfig` (which moves the carveout), forget it.
+#[test]
+fn repeated_function_attribute_sets_stay_local() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let m = s
+        .module_load(ctx, b"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n")
+        .unwrap();
+    let f = m.functions["vecadd"].handle;
+    let args = |value| remora_client::proto::RmFuncAttrArgs {
+        function: f,
+        attribute: 9,
+        value,
+    };
+    // Behind the client's back (only a test can): the server's value becomes 70.
+    let set_on_server = |value| s.rpc().rm_func_set_attribute(&args(value)).unwrap();
+    let truth = || match s.rpc().rm_func_get_attribute(&args(0)).unwrap() {
+        remora_client::proto::RmIntReply::Case0(v) => v,
+        other => panic!("{other:?}"),
+    };
+    s.func_set_attribute(f, 9, 50).unwrap();
+    assert_eq!(truth(), 50);
+    set_on_server(70);
+    s.func_set_attribute(f, 9, 50).unwrap();
+    assert_eq!(truth(), 70, "the repeated set went to the server");
+    s.func_set_attribute(f, 9, 60).unwrap();
+    assert_eq!(truth(), 60, "a new value goes to the server");
+    s.func_set_cache_config(f, 1).unwrap();
+    set_on_server(70);
+    s.func_set_attribute(f, 9, 60).unwrap();
+    assert_eq!(
+        truth(),
+        60,
+        "the cache configuration did not forget the last set"
+    );
+    // A refused set forgets: the next set of the old value asks again.
+    assert_eq!(
+        s.func_set_attribute(f, 9, -5),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    set_on_server(70);
+    s.func_set_attribute(f, 9, 60).unwrap();
+    assert_eq!(truth(), 60, "a failed set did not forget the last value");
+}

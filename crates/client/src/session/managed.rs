@@ -24,6 +24,9 @@ const ATTACH_SINGLE: u32 = 0x4;
 /// Managed allocations above this are refused: each has a second host copy (the snapshot)
 /// and is compared before launches and copied back after synchronizations.
 const MAX_MANAGED_BYTES: u64 = 1 << 36;
+/// Call-profile rows for the coherence work inside calls (not counted again in the total).
+const PUSH_ROW: &str = "(within calls: mirror push)";
+const PULL_ROW: &str = "(within calls: mirror pull)";
 
 fn page_round(n: u64) -> u64 {
     n.next_multiple_of(rustix::param::page_size() as u64)
@@ -241,13 +244,22 @@ impl Session {
             let Ok(word) = <[u8; 8]>::try_from(word) else {
                 continue;
             };
-            if let Some(r) = self.host.reserved_at(u64::from_ne_bytes(word))
-                && let Err(e) = self.mirror_host_range(r, ctx)
-            {
-                tracing::warn!(
+            let Some(r) = self.host.reserved_at(u64::from_ne_bytes(word)) else {
+                continue;
+            };
+            match self.mirror_host_range(r, ctx) {
+                // Said once per allocation (it is mirrored from now on): the mirror costs a
+                // comparison of its bytes before every launch, which a large allocation
+                // matched by a word that only looks like a pointer makes visible.
+                Ok(_) => tracing::info!(
+                    "remora: a kernel parameter points into page-locked host memory {:#x}+{:#x}: it now has a device copy, compared with the host before each launch and copied back after synchronizations",
+                    r.base,
+                    r.size
+                ),
+                Err(e) => tracing::warn!(
                     "remora: a kernel parameter points into page-locked host memory at {:#x} that could not be mapped for the device ({e}); the kernel will not reach it",
                     r.base
-                );
+                ),
             }
         }
     }
@@ -415,16 +427,28 @@ impl Session {
             if !crate::in_host_callback() {
                 self.mirrors.wait_host_fns(proc);
             }
-            self.mirror_push(proc);
+            self.profiled_within(PUSH_ROW, || self.mirror_push(proc));
         }
         let r = f();
         if class.submits {
             self.mirrors.lock().submitted += 1;
         }
         if class.completes && r.is_ok() {
-            self.mirror_pull(proc);
+            self.profiled_within(PULL_ROW, || self.mirror_pull(proc));
         }
         r
+    }
+
+    /// Runs `f`, a part of a call's time, as row `row` of the call profile (when profiling).
+    fn profiled_within(&self, row: &'static str, f: impl FnOnce()) {
+        match &self.profile {
+            Some(profile) => {
+                let start = std::time::Instant::now();
+                f();
+                profile.record(row, start.elapsed());
+            }
+            None => f(),
+        }
     }
 
     /// After a query that reported completion: pull, as after a synchronization.

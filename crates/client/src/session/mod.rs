@@ -424,6 +424,11 @@ pub struct Session {
     /// (see `mem_host_device_pointer`).
     area_device_delta: Mutex<Option<u64>>,
     func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
+    /// The value each function attribute was last set to with success, by this session:
+    /// setting it again to that value changes nothing, so it is answered here (PyTorch's
+    /// libraries set attributes before launches). Forgotten when a set fails and, for the
+    /// function, at `cuFuncSetCacheConfig` (which moves the shared-memory carveout).
+    func_sets: Mutex<HashMap<(RmHandle, i32), i32>>,
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` answers by (function, block size,
     /// dynamic shared memory, flags): the occupancy calculator's answer depends only on them
     /// and on settings that this session's own calls change, each of which empties the cache
@@ -693,6 +698,7 @@ impl Session {
             area,
             area_device_delta: Mutex::new(None),
             func_attrs: Mutex::default(),
+            func_sets: Mutex::default(),
             occupancy: Mutex::default(),
             libraries: Libraries::default(),
             callbacks: Arc::default(),

@@ -62,9 +62,11 @@ impl Session {
         if let Some(m) = lock(&self.modules).remove(&module) {
             let mut f = lock(&self.functions);
             let mut attrs = lock(&self.func_attrs);
+            let mut sets = lock(&self.func_sets);
             for info in m.functions.values() {
                 f.remove(&info.handle);
                 attrs.retain(|(h, _), _| *h != info.handle);
+                sets.retain(|(h, _), _| *h != info.handle);
             }
         }
         Ok(())
@@ -120,16 +122,30 @@ impl Session {
         // change it, so setting the value it already has asks nothing (libraries set it
         // before every launch).
         use crate::launch::func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SHARED;
-        if attribute == MAX_DYNAMIC_SHARED
-            && lock(&self.func_attrs).get(&(function, attribute)) == Some(&value)
+        if (attribute == MAX_DYNAMIC_SHARED
+            && lock(&self.func_attrs).get(&(function, attribute)) == Some(&value))
+            || lock(&self.func_sets).get(&(function, attribute)) == Some(&value)
         {
             return Ok(());
         }
+        tracing::debug!(
+            function,
+            attribute,
+            value,
+            "cuFuncSetAttribute asks the server"
+        );
         let r = CuError::check(call!(self.rm_func_set_attribute(&RmFuncAttrArgs {
             function,
             attribute,
             value
         }))?);
+        let mut sets = lock(&self.func_sets);
+        if r.is_ok() {
+            sets.insert((function, attribute), value);
+        } else {
+            sets.remove(&(function, attribute));
+        }
+        drop(sets);
         // Forget the cached value (the next get asks the server), but for a successful set of
         // the maximum dynamic shared memory, whose value is now known.
         let mut attrs = lock(&self.func_attrs);
@@ -144,6 +160,9 @@ impl Session {
 
     /// `cuFuncSetCacheConfig`.
     pub fn func_set_cache_config(&self, function: RmHandle, config: u32) -> CuResult<()> {
+        // The cache configuration moves the shared-memory carveout (attribute 9).
+        lock(&self.func_sets).retain(|(h, _), _| *h != function);
+        lock(&self.func_attrs).remove(&(function, 9));
         CuError::check(call!(self.rm_func_set_cache_config(&RmHandleFlags {
             handle: function,
             flags: config
