@@ -286,3 +286,61 @@ fn repeated_function_attribute_sets_stay_local() {
     s.func_set_attribute(f, 9, 60).unwrap();
     assert_eq!(truth(), 60, "a failed set did not forget the last value");
 }
+
+/// Events come from a pool made `RM_EVENT_CREATE_MANY` at a time and are destroyed one-way
+/// (revision 13): every event works as a fresh one, handles stay distinct, destroying an
+/// event twice or one the session never had answers at once, and the events of a destroyed
+/// context leave no deferred error behind.
+#[test]
+fn pooled_events_work_and_destruction_errors_stay_synchronous() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.endpoint, TransportChoice::Unix);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for round in 0..3 {
+        // More than one batch, with two flag sets (pooled apart).
+        let events: Vec<_> = (0..40)
+            .map(|i| s.event_create(ctx, if i % 2 == 0 { 0 } else { 2 }).unwrap())
+            .collect();
+        for &e in &events {
+            assert!(seen.insert(e), "round {round}: handle {e} handed out twice");
+            assert_eq!(s.event_query(e), Ok(true), "a fresh event is complete");
+        }
+        for pair in events.chunks_exact(2) {
+            s.event_record(ctx, pair[0], LEGACY).unwrap();
+            s.event_record(ctx, pair[1], LEGACY).unwrap();
+            s.event_synchronize(pair[1]).unwrap();
+        }
+        for &e in &events {
+            s.event_destroy(e).unwrap();
+        }
+        assert_eq!(
+            s.event_destroy(events[0]),
+            Err(CuError(cu::INVALID_HANDLE)),
+            "a second destroy answers at once"
+        );
+        s.ctx_synchronize(ctx).unwrap();
+    }
+    assert_eq!(
+        s.event_destroy(0x7777_0000),
+        Err(CuError(cu::INVALID_HANDLE))
+    );
+    assert_eq!(
+        s.event_create(ctx, 0x80),
+        Err(CuError(cu::INVALID_VALUE)),
+        "bad flags are refused by the server, as natively"
+    );
+    // A created context's events go with it.
+    let other = s.ctx_create(0, 0).unwrap();
+    let e = s.event_create(other, 0).unwrap();
+    s.ctx_destroy(other).unwrap();
+    assert!(
+        s.event_destroy(e).is_err(),
+        "an event of a destroyed context"
+    );
+    s.ctx_synchronize(ctx).unwrap();
+    let fresh = s.event_create(ctx, 0).unwrap();
+    s.event_destroy(fresh).unwrap();
+    s.ctx_synchronize(ctx).unwrap();
+}

@@ -57,6 +57,7 @@ impl Session {
 
     /// `cuDevicePrimaryCtxRelease`.
     pub fn primary_ctx_release(&self, dev: DeviceHandle) -> CuResult<()> {
+        self.forget_events_of_device(dev);
         self.changing_primary(dev, || {
             let r = call!(self.rm_primary_ctx_release(&dev))?;
             self.take_device_output();
@@ -66,6 +67,7 @@ impl Session {
 
     /// `cuDevicePrimaryCtxReset`.
     pub fn primary_ctx_reset(&self, dev: DeviceHandle) -> CuResult<()> {
+        self.forget_events_of_device(dev);
         self.changing_primary(dev, || {
             let r = call!(self.rm_primary_ctx_reset(&dev))?;
             self.take_device_output();
@@ -99,6 +101,14 @@ impl Session {
             cache.1.insert(dev, state);
         }
         Ok(state)
+    }
+
+    /// Forgets the events of every context on `dev` before its primary context may go: the
+    /// primary context's die with it (events of other contexts there lose only their
+    /// one-way destruction, and pooled ones stay on the server until their context goes).
+    fn forget_events_of_device(&self, dev: DeviceHandle) {
+        let devices = lock(&self.ctx_devices).clone();
+        self.forget_events_of(|ctx| devices.get(&ctx) == Some(&dev));
     }
 
     /// Runs `call`, which may change the primary context state of `dev`, with the cached
@@ -156,6 +166,7 @@ impl Session {
             self.va.release(base);
         }
         lock(&self.per_thread).retain(|(_, c), _| *c != ctx);
+        self.forget_events_of(|c| c == ctx);
         self.libraries.forget_ctx(ctx);
         self.delivery.ctx_destroyed(ctx);
         Ok(())

@@ -62,6 +62,19 @@ pub(crate) const COPY_CHUNK: usize = 32 << 20;
 /// asynchronous device-to-host copies at once.
 pub(crate) const MAX_REPLY_RECORD: usize = (1 << 30) + (1 << 16);
 
+/// Events made per `RM_EVENT_CREATE_MANY` (revision 13) when the pool of a context and
+/// flags is empty.
+const EVENT_BATCH: u32 = 16;
+
+/// A session's events (revision 13).
+#[derive(Default)]
+struct EventPool {
+    /// Fresh (never handed out) events by (context, flags).
+    fresh: HashMap<(RmHandle, u32), Vec<RmHandle>>,
+    /// Events handed out and not destroyed, with their context: their destruction is one-way.
+    live: HashMap<RmHandle, RmHandle>,
+}
+
 /// How long one-way calls (launches, async copies) may wait to be written together:
 /// `REMORA_ONEWAY_BATCH_US` microseconds (default 50; 0 writes each call at once). A
 /// synchronizing call always writes the queue first, so this adds no latency to a launch
@@ -428,6 +441,8 @@ pub struct Session {
     /// setting it again to that value changes nothing, so it is answered here (PyTorch's
     /// libraries set attributes before launches). Forgotten when a set fails and, for the
     /// function, at `cuFuncSetCacheConfig` (which moves the shared-memory carveout).
+    /// Fresh events made ahead and events handed out ([`Session::event_create`]).
+    events: Mutex<EventPool>,
     func_sets: Mutex<HashMap<(RmHandle, i32), i32>>,
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` answers by (function, block size,
     /// dynamic shared memory, flags): the occupancy calculator's answer depends only on them
@@ -699,6 +714,7 @@ impl Session {
             area_device_delta: Mutex::new(None),
             func_attrs: Mutex::default(),
             func_sets: Mutex::default(),
+            events: Mutex::default(),
             occupancy: Mutex::default(),
             libraries: Libraries::default(),
             callbacks: Arc::default(),

@@ -195,18 +195,65 @@ impl Session {
         }))
     }
 
-    /// `cuEventCreate`.
+    /// `cuEventCreate`. From revision 13 events come from this session's pool of fresh events
+    /// of that context and flags, refilled [`EVENT_BATCH`] at a time (`RM_EVENT_CREATE_MANY`):
+    /// a fresh event is what a creation would make, so most creations ask nothing.
     pub fn event_create(&self, ctx: RmHandle, flags: u32) -> CuResult<RmHandle> {
-        Reply::value(call!(
-            self.rm_event_create(&RmHandleFlags { handle: ctx, flags })
-        )?)
+        if self.welcome.revision < 13 {
+            return Reply::value(call!(
+                self.rm_event_create(&RmHandleFlags { handle: ctx, flags })
+            )?);
+        }
+        let pooled = lock(&self.events)
+            .fresh
+            .get_mut(&(ctx, flags))
+            .and_then(Vec::pop);
+        let event = match pooled {
+            Some(e) => e,
+            None => {
+                let args = RmEventBatchArgs {
+                    ctx,
+                    flags,
+                    count: EVENT_BATCH,
+                };
+                let mut made = match call!(self.rm_event_create_many(&args))? {
+                    RmHandlesReply::Case0(h) if !h.is_empty() => h,
+                    RmHandlesReply::Case0(_) => return Err(CuError(cu::UNKNOWN)),
+                    RmHandlesReply::Default { discriminant } => {
+                        return Err(CuError(nonzero(discriminant)));
+                    }
+                };
+                let event = made.pop().unwrap_or_default();
+                lock(&self.events)
+                    .fresh
+                    .entry((ctx, flags))
+                    .or_default()
+                    .extend(made);
+                event
+            }
+        };
+        lock(&self.events).live.insert(event, ctx);
+        Ok(event)
     }
 
-    /// `cuEventDestroy`.
+    /// `cuEventDestroy`: one-way for an event this session knows is live (revision 13),
+    /// else a round trip that answers the server's verdict.
     pub fn event_destroy(&self, event: RmHandle) -> CuResult<()> {
-        CuError::check(call!(self.rm_event_destroy(&event))?)?;
+        if lock(&self.events).live.remove(&event).is_some() {
+            call!(self.rm_event_destroy_async(&event))?;
+        } else {
+            CuError::check(call!(self.rm_event_destroy(&event))?)?;
+        }
         self.delivery.event_destroyed(event);
         Ok(())
+    }
+
+    /// Forgets the pooled and live events of the contexts `gone` says are gone (destroyed,
+    /// or a primary context released or reset): the server dropped them with the context.
+    pub(super) fn forget_events_of(&self, gone: impl Fn(RmHandle) -> bool) {
+        let mut events = lock(&self.events);
+        events.fresh.retain(|(ctx, _), _| !gone(*ctx));
+        events.live.retain(|_, ctx| !gone(*ctx));
     }
 
     /// `cuEventRecord`: one-way.

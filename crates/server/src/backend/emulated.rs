@@ -914,7 +914,11 @@ impl Backend for EmulatedBackend {
         Ok(())
     }
 
-    fn event_create(&self, ctx: u64, _flags: u32) -> CuResult<u64> {
+    fn event_create(&self, ctx: u64, flags: u32) -> CuResult<u64> {
+        // BLOCKING_SYNC 1, DISABLE_TIMING 2, INTERPROCESS 4 (which needs DISABLE_TIMING).
+        if flags & !0x7 != 0 || (flags & 4 != 0 && flags & 2 == 0) {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
         self.lock().create_in(ctx, |st, h| {
             st.events.insert(h, None);
         })

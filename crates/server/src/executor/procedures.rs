@@ -395,6 +395,28 @@ impl RemoraV1Server for Executor {
         Ok(code("RM_EVENT_DESTROY", r))
     }
 
+    fn rm_event_create_many(
+        &self,
+        call: &CallContext,
+        a: RmEventBatchArgs,
+    ) -> ProcResult<RmHandlesReply> {
+        Ok(reply!(
+            "RM_EVENT_CREATE_MANY",
+            RmHandlesReply,
+            self.event_create_many(&self.session(call), a)
+        ))
+    }
+
+    fn rm_event_destroy_async(&self, call: &CallContext, h: RmHandle) -> ProcResult<()> {
+        self.oneway_on(call, "RM_EVENT_DESTROY_ASYNC", None, |inner, session| {
+            let mut st = session.lock();
+            let (e, c) = st.event(h)?;
+            let r = inner.backend.event_destroy(c, e);
+            st.remove(h);
+            r
+        })
+    }
+
     fn rm_event_synchronize(&self, call: &CallContext, h: RmHandle) -> ProcResult<RmSyncReply> {
         self.synchronizing(
             call,

@@ -56,6 +56,37 @@ impl Executor {
         )
     }
 
+    /// RM_EVENT_CREATE_MANY: `a.count` events, all or none (those made before a failure are
+    /// destroyed again).
+    pub(super) fn event_create_many(
+        &self,
+        session: &Session,
+        a: RmEventBatchArgs,
+    ) -> CuResult<Vec<u64>> {
+        if a.count == 0 || a.count > RM_MAX_EVENT_BATCH {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        self.in_ctx(session, a.ctx, |b, c| {
+            let mut raw = Vec::with_capacity(a.count as usize);
+            for _ in 0..a.count {
+                match b.event_create(c, a.flags) {
+                    Ok(e) => raw.push(e),
+                    Err(err) => {
+                        for e in raw {
+                            let _ = b.event_destroy(c, e);
+                        }
+                        return Err(err);
+                    }
+                }
+            }
+            let mut st = session.lock();
+            Ok(raw
+                .into_iter()
+                .map(|raw| st.insert(Resource::Event { raw, ctx: a.ctx }))
+                .collect())
+        })
+    }
+
     pub(super) fn event_elapsed_time(&self, session: &Session, a: RmElapsedArgs) -> RmFloatReply {
         let r = self.resolved(
             session,
