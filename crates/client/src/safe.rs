@@ -339,11 +339,9 @@ impl Module {
     pub fn function(&self, name: &str) -> CuResult<Function> {
         let info = self
             .inner
-            .info
-            .functions
-            .get(name)
-            .cloned()
-            .ok_or(CuError(cu::NOT_FOUND))?;
+            .ctx
+            .session()
+            .module_get_function(self.inner.info.handle, name)?;
         Ok(Function {
             module: self.clone(),
             info,

@@ -1143,6 +1143,9 @@ pub(crate) struct Session {
     /// Whether the backend was told of the area ([`crate::Backend::area_attach`]: page-locked
     /// for DMA); false when the server's locked-memory budget had no room for it.
     pub(crate) area_locked: std::sync::atomic::AtomicBool,
+    /// The client asks for its functions to be loaded (`RM_FUNC_LOAD`, revision 13); until
+    /// a HELLO says so, a module load loads every function of the module.
+    pub(crate) loads_functions: std::sync::atomic::AtomicBool,
     /// Buffers of synchronous device-to-host copies over sockets, reused once their reply
     /// has been written (fresh ones cost a page fault per page: `remora_oncrpc::recycle`).
     pub(crate) bulk_buffers: Mutex<remora_oncrpc::recycle::Recycler>,
@@ -1176,6 +1179,7 @@ impl Session {
             launch_ns: Default::default(),
             area: std::sync::OnceLock::new(),
             area_locked: std::sync::atomic::AtomicBool::new(false),
+            loads_functions: std::sync::atomic::AtomicBool::new(false),
             bulk_buffers: Mutex::new(remora_oncrpc::recycle::Recycler::new(
                 BULK_BUFFERS,
                 BULK_BUFFER_BYTES,

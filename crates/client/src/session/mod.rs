@@ -441,6 +441,8 @@ pub struct Session {
     /// setting it again to that value changes nothing, so it is answered here (PyTorch's
     /// libraries set attributes before launches). Forgotten when a set fails and, for the
     /// function, at `cuFuncSetCacheConfig` (which moves the shared-memory carveout).
+    /// Functions whose loading this session asked for ([`Session::module_get_function`]).
+    loads_asked: Mutex<std::collections::HashSet<RmHandle>>,
     /// Fresh events made ahead and events handed out ([`Session::event_create`]).
     events: Mutex<EventPool>,
     func_sets: Mutex<HashMap<(RmHandle, i32), i32>>,
@@ -715,6 +717,7 @@ impl Session {
             func_attrs: Mutex::default(),
             func_sets: Mutex::default(),
             events: Mutex::default(),
+            loads_asked: Mutex::default(),
             occupancy: Mutex::default(),
             libraries: Libraries::default(),
             callbacks: Arc::default(),

@@ -77,6 +77,30 @@ impl Session {
         lock(&self.modules).get(&module).cloned()
     }
 
+    /// `cuModuleGetFunction`: function `name` of `module`, loaded in the driver as natively
+    /// (revision 13: the server lists a module's functions without loading them; the first
+    /// time a function is asked for, a one-way `RM_FUNC_LOAD` loads it, before any launch of
+    /// it can find the context busy, since loading may wait for the context's work).
+    pub fn module_get_function(&self, module: RmHandle, name: &str) -> CuResult<Arc<FunctionInfo>> {
+        let m = self.module(module).ok_or(CuError(cu::INVALID_HANDLE))?;
+        let info = m
+            .functions
+            .get(name)
+            .cloned()
+            .ok_or(CuError(cu::NOT_FOUND))?;
+        self.ask_load(info.handle)?;
+        Ok(info)
+    }
+
+    /// Asks the server once to load `function` (revision 13; before that, modules load
+    /// whole).
+    pub(super) fn ask_load(&self, function: RmHandle) -> CuResult<()> {
+        if self.welcome.revision >= 13 && lock(&self.loads_asked).insert(function) {
+            call!(self.rm_func_load(&function))?;
+        }
+        Ok(())
+    }
+
     /// A function of a loaded module, from the cache.
     pub fn function(&self, function: RmHandle) -> Option<Arc<FunctionInfo>> {
         lock(&self.functions).get(&function).cloned()

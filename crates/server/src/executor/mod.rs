@@ -8,6 +8,7 @@
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use remora_oncrpc::{CallContext, ProcError, ProcResult};
@@ -19,6 +20,10 @@ use crate::backend::{
     CopySide, DtodCopy, LaunchSpec, Memset, Occupancy, PeerCopy, StagedCopy, capture_status,
 };
 use crate::device_output::{DELIVERY_REVISION, DeviceOutput};
+
+/// The protocol revision from which the client asks for its functions to be loaded
+/// (`RM_FUNC_LOAD`).
+const FUNC_LOAD_REVISION: u32 = 13;
 use crate::hello::{HelloService, truncate};
 use crate::module_cache::ModuleCache;
 use crate::session::{

@@ -225,6 +225,11 @@ impl Inner {
                 "module lists more functions than the protocol carries; the rest are left out"
             );
         }
+        // A client older than revision 13 never asks for a function to be loaded: load them
+        // all now, as its functions were before (a first load at a launch could wait for
+        // work that waits for the program, see RM_FUNC_LOAD).
+        let load_all = !st_session.loads_functions.load(Ordering::Relaxed);
+        let mut failed = None;
         let functions = loaded
             .functions
             .into_iter()
@@ -232,12 +237,20 @@ impl Inner {
             .map(|f| {
                 let mut params = f.params;
                 params.truncate(RM_MAX_PARAM_COUNT as usize);
+                let loaded = load_all
+                    && match self.backend.func_load(raw_ctx, f.raw) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            failed.get_or_insert(e);
+                            false
+                        }
+                    };
                 let handle = st.insert(Resource::Function {
                     raw: f.raw,
                     ctx,
                     module,
                     params: params.clone().into(),
-                    loaded: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                    loaded: Arc::new(std::sync::atomic::AtomicBool::new(loaded)),
                 });
                 RmFunction {
                     name: f.name,
@@ -249,6 +262,13 @@ impl Inner {
                 }
             })
             .collect();
+        if let Some(e) = failed {
+            // Each failed function is tried again at its first use, which reports the error.
+            tracing::warn!(
+                result = e.0,
+                "loading the functions of a module failed; they are tried again at first use"
+            );
+        }
         RmLoadReply::RmLoaded(RmModule { module, functions })
     }
 }

@@ -315,8 +315,13 @@ impl RemoraV1Server for Executor {
     fn remora_hello(&self, call: &CallContext, args: HelloArgs) -> ProcResult<HelloReply> {
         tracing::info!(client = %args.client_name, peer = %call.peer, connection = call.connection, tenant = call.tenant().unwrap_or("-"), "HELLO");
         let reply = self.inner.hello.answer(&args);
-        if let (HelloReply::True(w), Some(out)) = (&reply, self.inner.device_output.get()) {
-            out.set_deliver(w.revision >= DELIVERY_REVISION);
+        if let HelloReply::True(w) = &reply {
+            if let Some(out) = self.inner.device_output.get() {
+                out.set_deliver(w.revision >= DELIVERY_REVISION);
+            }
+            self.session(call)
+                .loads_functions
+                .store(w.revision >= FUNC_LOAD_REVISION, Ordering::Relaxed);
         }
         Ok(reply)
     }
@@ -405,6 +410,13 @@ impl RemoraV1Server for Executor {
             RmHandlesReply,
             self.event_create_many(&self.session(call), a)
         ))
+    }
+
+    fn rm_func_load(&self, call: &CallContext, h: RmHandle) -> ProcResult<()> {
+        self.oneway_on(call, "RM_FUNC_LOAD", None, |inner, session| {
+            let t = session.lock().function(h)?;
+            t.ensure_loaded(&*inner.backend)
+        })
     }
 
     fn rm_event_destroy_async(&self, call: &CallContext, h: RmHandle) -> ProcResult<()> {

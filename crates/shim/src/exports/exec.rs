@@ -128,13 +128,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 ) -> CUresult {
     entry("cuModuleGetFunction", || {
         let name = state::c_name(name)?;
-        let m = state::session()?
-            .module(dec(Kind::Module, module)?)
-            .ok_or(CuError(cu::INVALID_HANDLE))?;
-        let info = m
-            .functions
-            .get(name.as_ref())
-            .ok_or(CuError(cu::NOT_FOUND))?;
+        let info = state::session()?.module_get_function(dec(Kind::Module, module)?, &name)?;
         // SAFETY: output pointer per cuda.h.
         unsafe { put(f, enc(Kind::Function, info.handle)) }
     })
