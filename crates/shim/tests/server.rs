@@ -1070,6 +1070,12 @@ fn child_pointer_attributes() {
         let mut start = 0u64;
         assert_eq!(attr((&raw mut start).cast(), 11, a + 8), 0);
         assert_eq!(start, a);
+        let mut host: *mut c_void = std::ptr::null_mut();
+        assert_eq!(
+            attr((&raw mut host).cast(), 4, a + 8),
+            1,
+            "HOST_POINTER of device memory: CUDA_ERROR_INVALID_VALUE, as the driver answers"
+        );
         assert_eq!(free(a), 0);
         let mut c = 0u64;
         assert_eq!(alloc(&mut c, 4096), 0);

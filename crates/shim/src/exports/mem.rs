@@ -96,7 +96,8 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 
 /// Pointer attributes answered from unified addressing: CONTEXT (1), MEMORY_TYPE (2),
 /// DEVICE_POINTER (3), IS_MANAGED (8), DEVICE_ORDINAL (9), RANGE_START_ADDR (11),
-/// RANGE_SIZE (12), MAPPED (13), and HOST_POINTER (4) of managed memory (the same address);
+/// RANGE_SIZE (12), MAPPED (13), and HOST_POINTER (4) of managed memory (the same address;
+/// CUDA_ERROR_INVALID_VALUE for other device memory, which no host pointer reaches);
 /// for host memory of `cuMemHostAlloc`/`cuMemHostRegister` also HOST_POINTER (4), and
 /// DEVICE_POINTER as `cuMemHostGetDevicePointer` answers it (page-locked allocations outside
 /// a data area answer their own address without being mapped yet: PyTorch asks this of every
@@ -130,6 +131,9 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 4 if s.managed_range(ptr).is_some() => {
                     put(data.cast::<*mut c_void>(), ptr as usize as *mut c_void)
                 }
+                // No host pointer reaches plain device memory: the driver answers
+                // CUDA_ERROR_INVALID_VALUE (cuDNN asks, several times per training step).
+                4 => Err(CuError(cu::INVALID_VALUE)),
                 8 => put(
                     data.cast::<c_uint>(),
                     u32::from(s.managed_range(ptr).is_some()),
