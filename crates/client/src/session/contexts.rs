@@ -57,19 +57,25 @@ impl Session {
 
     /// `cuDevicePrimaryCtxRelease`.
     pub fn primary_ctx_release(&self, dev: DeviceHandle) -> CuResult<()> {
-        self.forget_events_of_device(dev);
-        self.changing_primary(dev, || {
-            let r = call!(self.rm_primary_ctx_release(&dev))?;
-            self.take_device_output();
-            CuError::check(r)
-        })
+        self.ending_primary(dev, || call!(self.rm_primary_ctx_release(&dev)))
     }
 
     /// `cuDevicePrimaryCtxReset`.
     pub fn primary_ctx_reset(&self, dev: DeviceHandle) -> CuResult<()> {
+        self.ending_primary(dev, || call!(self.rm_primary_ctx_reset(&dev)))
+    }
+
+    /// A call that may end the primary context of `dev` (`end`, answering a `CUresult`):
+    /// the events of `dev`'s contexts are forgotten first, the device output it flushes is
+    /// taken after it.
+    fn ending_primary(
+        &self,
+        dev: DeviceHandle,
+        end: impl FnOnce() -> CuResult<i32>,
+    ) -> CuResult<()> {
         self.forget_events_of_device(dev);
         self.changing_primary(dev, || {
-            let r = call!(self.rm_primary_ctx_reset(&dev))?;
+            let r = end()?;
             self.take_device_output();
             CuError::check(r)
         })
