@@ -1,7 +1,7 @@
 //! The server's address-space layout: device ranges far from the clients' own mappings.
 //!
 //! Unified addressing makes the client reserve every device range at the address the server's
-//! driver chose ([`remora_client`]'s `VaSpace`), so a device pointer is never also a host
+//! driver chose (`remora_client`'s `VaSpace`), so a device pointer is never also a host
 //! pointer of the program. The CUDA driver places device allocations, and the large ranges it
 //! reserves at context creation, with `mmap(NULL, ...)`: in the default (top-down) layout they
 //! land just below the server's shared libraries, around `0x7f..`, the very region where the

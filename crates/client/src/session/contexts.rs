@@ -181,8 +181,11 @@ impl Session {
     /// `cuCtxSynchronize` (delivers pending asynchronous copies).
     pub fn ctx_synchronize(&self, ctx: RmHandle) -> CuResult<()> {
         let cov = self.delivery.context(ctx, self.copy_mark());
-        // The managed-memory pull after it need not synchronize `ctx` again.
-        let r = crate::mirror::synchronizing_ctx(ctx, || call!(self.rm_ctx_synchronize(&ctx)))?;
+        let r = match self.ctx_synchronize_reading(ctx) {
+            Some(r) => r?,
+            // The managed-memory pull after it need not synchronize `ctx` again.
+            None => crate::mirror::synchronizing_ctx(ctx, || call!(self.rm_ctx_synchronize(&ctx)))?,
+        };
         self.finish_sync(r)?;
         self.delivery.settle(&cov, Fetch::Collect)
     }

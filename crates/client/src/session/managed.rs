@@ -27,6 +27,10 @@ const MAX_MANAGED_BYTES: u64 = 1 << 36;
 /// Call-profile rows for the coherence work inside calls (not counted again in the total).
 const PUSH_ROW: &str = "(within calls: mirror push)";
 const PULL_ROW: &str = "(within calls: mirror pull)";
+/// Marks the copy ids of mirrors read back by `RM_CTX_SYNCHRONIZE_READ` (the low bits are the
+/// mirror's device address); asynchronous copies count up from 1 and never reach it, and
+/// device output's id (all ones) is never made so, as device addresses stay below 2^62.
+const MIRROR_READ_ID: u64 = 1 << 62;
 
 fn page_round(n: u64) -> u64 {
     n.next_multiple_of(rustix::param::page_size() as u64)
@@ -525,46 +529,127 @@ impl Session {
                     );
                 }
             }
-            let mut kept = 0;
+            let mut pulled = Vec::new();
             let mut failed = false;
-            let mut device = Vec::new();
-            for m in st.list.values_mut() {
-                device.resize(m.size as usize, 0);
+            for (&key, m) in &st.list {
+                let mut device = vec![0u8; m.size as usize];
                 let legacy = u64::from(RM_STREAM_LEGACY);
-                if let Err(e) = self.memcpy_dtoh_unsettled(m.ctx, legacy, m.dev, &mut device) {
-                    tracing::error!(
-                        "remora: {why}: reading managed memory {:#x}+{:#x} back from the device failed: {e}; the host keeps its bytes",
-                        m.dev,
-                        m.size
-                    );
-                    failed = true;
-                    continue;
-                }
-                // SAFETY: the mirror's host range is mapped read-write while it is in the
-                // (locked) list; CUDA's model for managed memory makes the program leave it
-                // alone during a synchronizing call.
-                let host = unsafe {
-                    std::slice::from_raw_parts_mut(m.host as usize as *mut u8, m.size as usize)
-                };
-                let k = m.merge_pulled(host, &device);
-                // Mapped host memory may change while kernels run (copies land in it, and
-                // natively the program may write it): only managed memory breaks a rule.
-                if !m.mapped_host {
-                    kept += k;
+                match self.memcpy_dtoh_unsettled(m.ctx, legacy, m.dev, &mut device) {
+                    Ok(()) => pulled.push((key, m.dev, device)),
+                    Err(e) => {
+                        tracing::error!(
+                            "remora: {why}: reading managed memory {:#x}+{:#x} back from the device failed: {e}; the host keeps its bytes",
+                            m.dev,
+                            m.size
+                        );
+                        failed = true;
+                    }
                 }
             }
-            if !failed {
-                st.pulled = epoch;
-            }
-            // Pages a host function changed are the program's right (CUDA lets host functions
-            // use managed memory): kept and pushed later, as any host change, but not logged.
-            let by_host_fns = std::mem::take(&mut st.host_fns_ran) > 0;
-            if kept > 0 && !by_host_fns && !st.conflict_logged {
-                st.conflict_logged = true;
-                tracing::warn!(
-                    "remora: {why}: the program changed {kept} page(s) of managed memory while device work was outstanding (CUDA forbids that on devices without concurrent managed access); the host's bytes were kept and go to the device before the next launch"
-                );
-            }
+            merge_pulled(&mut st, why, pulled, (!failed).then_some(epoch));
         });
+    }
+
+    /// `cuCtxSynchronize` and the managed-memory pull after it in one round trip
+    /// (`RM_CTX_SYNCHRONIZE_READ`, revision 13), when every mirror belongs to `ctx` and they
+    /// fit one call: the server reads them back once the context is idle. `None` when this
+    /// does not apply (the caller synchronizes and the hooks pull as before). The mirror lock
+    /// is not held during the call: host functions the synchronize waits for take it.
+    pub(super) fn ctx_synchronize_reading(&self, ctx: RmHandle) -> Option<CuResult<RmSyncReply>> {
+        if self.welcome.revision < 13 || !self.mirrors.active() || mirror::in_coherence() {
+            return None;
+        }
+        let (epoch, ranges) = {
+            let st = self.mirrors.lock();
+            if st.submitted == st.pulled
+                || st.list.len() > RM_MAX_READ_RANGES as usize
+                || st.list.values().any(|m| m.ctx != ctx)
+                || st.list.values().map(|m| m.size).sum::<u64>() > u64::from(RM_MAX_READ_BYTES)
+            {
+                return None;
+            }
+            let ranges: Vec<RmReadRange> = st
+                .list
+                .iter()
+                .map(|(&key, m)| RmReadRange {
+                    id: MIRROR_READ_ID | key,
+                    ptr: m.dev,
+                    size: m.size,
+                })
+                .collect();
+            (st.submitted, ranges)
+        };
+        let args = RmCtxSyncReadArgs { ctx, ranges };
+        let mut reply = match call!(self.rm_ctx_synchronize_read(&args)) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        if reply.status != 0 {
+            return Some(Ok(reply));
+        }
+        // Ours by id (device output keeps its own id, which is not among them).
+        let devs: HashMap<u64, u64> = args.ranges.iter().map(|r| (r.id, r.ptr)).collect();
+        let (read, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut reply.copies)
+            .into_iter()
+            .partition(|c| devs.contains_key(&c.copy_id));
+        reply.copies = rest;
+        let pulled = read
+            .into_iter()
+            .filter_map(|c| {
+                let dev = *devs.get(&c.copy_id)?;
+                Some((c.copy_id & !MIRROR_READ_ID, dev, c.data.to_vec()))
+            })
+            .collect();
+        let complete = args.ranges.len();
+        mirror::guarded(|| {
+            let mut st = self.mirrors.lock();
+            let all = st.list.len() == complete;
+            merge_pulled(&mut st, "cuCtxSynchronize", pulled, all.then_some(epoch));
+        });
+        Some(Ok(reply))
+    }
+}
+
+/// Merges device bytes read back (mirror key, the device address they were read from, bytes)
+/// into the mirrors still there at that address; marks the pull done up to `epoch` when
+/// given (every mirror was read); logs, once, host changes of managed memory made while
+/// device work was outstanding.
+fn merge_pulled(
+    st: &mut mirror::MirrorState,
+    why: &str,
+    pulled: Vec<(u64, u64, Vec<u8>)>,
+    epoch: Option<u64>,
+) {
+    let mut kept = 0;
+    for (key, dev, device) in pulled {
+        let Some(m) = st.list.get_mut(&key) else {
+            continue;
+        };
+        if m.dev != dev || m.size as usize != device.len() {
+            continue;
+        }
+        // SAFETY: the mirror's host range is mapped read-write while it is in the (locked)
+        // list; CUDA's model for managed memory makes the program leave it alone during a
+        // synchronizing call.
+        let host =
+            unsafe { std::slice::from_raw_parts_mut(m.host as usize as *mut u8, m.size as usize) };
+        let k = m.merge_pulled(host, &device);
+        // Mapped host memory may change while kernels run (copies land in it, and natively
+        // the program may write it): only managed memory breaks a rule.
+        if !m.mapped_host {
+            kept += k;
+        }
+    }
+    if let Some(epoch) = epoch {
+        st.pulled = st.pulled.max(epoch);
+    }
+    // Pages a host function changed are the program's right (CUDA lets host functions use
+    // managed memory): kept and pushed later, as any host change, but not logged.
+    let by_host_fns = std::mem::take(&mut st.host_fns_ran) > 0;
+    if kept > 0 && !by_host_fns && !st.conflict_logged {
+        st.conflict_logged = true;
+        tracing::warn!(
+            "remora: {why}: the program changed {kept} page(s) of managed memory while device work was outstanding (CUDA forbids that on devices without concurrent managed access); the host's bytes were kept and go to the device before the next launch"
+        );
     }
 }

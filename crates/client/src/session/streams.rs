@@ -196,7 +196,7 @@ impl Session {
     }
 
     /// `cuEventCreate`. From revision 13 events come from this session's pool of fresh events
-    /// of that context and flags, refilled [`EVENT_BATCH`] at a time (`RM_EVENT_CREATE_MANY`):
+    /// of that context and flags, refilled 16 at a time (`RM_EVENT_CREATE_MANY`):
     /// a fresh event is what a creation would make, so most creations ask nothing.
     pub fn event_create(&self, ctx: RmHandle, flags: u32) -> CuResult<RmHandle> {
         if self.welcome.revision < 13 {

@@ -158,6 +158,69 @@ impl Executor {
         )
     }
 
+    /// RM_CTX_SYNCHRONIZE_READ: [`Executor::ctx_synchronize`], then each range read back
+    /// into the reply's copies (only when the synchronize succeeded).
+    pub(super) fn ctx_synchronize_read(
+        &self,
+        call: &CallContext,
+        a: RmCtxSyncReadArgs,
+    ) -> ProcResult<RmSyncReply> {
+        let total = a
+            .ranges
+            .iter()
+            .try_fold(0u64, |sum, r| sum.checked_add(r.size))
+            .filter(|&t| t <= u64::from(RM_MAX_READ_BYTES));
+        if total.is_none() || a.ranges.iter().any(|r| r.id == RM_DEVICE_OUTPUT_ID) {
+            return Ok(RmSyncReply {
+                status: cu::INVALID_VALUE,
+                copies: Vec::new(),
+            });
+        }
+        let h = a.ctx;
+        self.synchronizing(
+            call,
+            |st| st.ctx(h).map(|raw| (raw, st.streams_in(h))),
+            |b, (raw, streams)| {
+                std::iter::once(crate::backend::LEGACY_STREAM)
+                    .chain(streams.iter().copied())
+                    .try_for_each(|s| b.stream_query(*raw, s))
+            },
+            move |inner, session| {
+                let own = session.lock().ctx(h);
+                let raw = own.and_then(|raw| inner.backend.ctx_synchronize(raw).map(|()| raw));
+                let read = raw.and_then(|raw| {
+                    let st = session.lock();
+                    a.ranges
+                        .iter()
+                        .try_for_each(|r| st.check_range(r.ptr, r.size))?;
+                    drop(st);
+                    a.ranges
+                        .iter()
+                        .map(|r| {
+                            let mut data = vec![0u8; r.size as usize];
+                            inner.backend.memcpy_dtoh(raw, &mut data, r.ptr)?;
+                            Ok(RmCopyData {
+                                copy_id: r.id,
+                                data: data.into(),
+                            })
+                        })
+                        .collect::<CuResult<Vec<_>>>()
+                });
+                let mut st = session.lock();
+                let (own, read) = match read {
+                    Ok(read) => (Ok(()), read),
+                    Err(e) => (Err(e), Vec::new()),
+                };
+                let mut reply =
+                    inner.sync_reply("RM_CTX_SYNCHRONIZE_READ", &mut st, own, Scope::Context(h));
+                if reply.status == 0 {
+                    reply.copies.extend(read);
+                }
+                reply
+            },
+        )
+    }
+
     pub(super) fn tools_ctx_query(
         &self,
         call: &CallContext,

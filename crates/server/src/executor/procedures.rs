@@ -412,6 +412,14 @@ impl RemoraV1Server for Executor {
         ))
     }
 
+    fn rm_ctx_synchronize_read(
+        &self,
+        call: &CallContext,
+        a: RmCtxSyncReadArgs,
+    ) -> ProcResult<RmSyncReply> {
+        self.ctx_synchronize_read(call, a)
+    }
+
     fn rm_func_load(&self, call: &CallContext, h: RmHandle) -> ProcResult<()> {
         self.oneway_on(call, "RM_FUNC_LOAD", None, |inner, session| {
             let t = session.lock().function(h)?;
