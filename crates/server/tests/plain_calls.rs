@@ -237,6 +237,29 @@ fn occupancy_cache_follows_function_attributes() {
     assert_eq!(s.occupancy_max_active_blocks(f, 256, 64 * KIB, 0), Ok(0));
     assert_eq!(s.occupancy_max_active_blocks(f, 256, 16 * KIB, 0), Ok(8));
     assert_eq!(s.occupancy_max_active_blocks(f, 128, 16 * KIB, 0), Ok(14));
+    // Alternating values (one-way sets within the opt-in limit, as libraries make them):
+    // each value's answers hold, and the server has the value last set.
+    for round in 0..3 {
+        s.func_set_attribute(f, 8, 100 << 10).unwrap();
+        assert_eq!(
+            s.occupancy_max_active_blocks(f, 256, 64 * KIB, 0),
+            Ok(3),
+            "round {round}"
+        );
+        s.func_set_attribute(f, 8, 16 << 10).unwrap();
+        assert_eq!(
+            s.occupancy_max_active_blocks(f, 256, 64 * KIB, 0),
+            Ok(0),
+            "round {round}"
+        );
+        assert_eq!(truth(8), 16 << 10);
+    }
+    assert_eq!(
+        s.func_set_attribute(f, 8, 228 << 10),
+        Err(CuError(cu::INVALID_VALUE)),
+        "past the opt-in limit: asked synchronously, refused at once"
+    );
+    s.ctx_synchronize(ctx).unwrap();
 }
 
 /// Setting a function attribute to the value this session last set it to is answered by the

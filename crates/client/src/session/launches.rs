@@ -34,7 +34,15 @@ impl Session {
         dynamic_smem_bytes: u64,
         flags: u32,
     ) -> CuResult<i32> {
-        let key = (function, block_size, dynamic_smem_bytes, flags);
+        // The function's maximum dynamic shared memory is part of the question: libraries
+        // alternate it (one-way sets), and each value keeps its answers.
+        let max_dynamic = lock(&self.func_attrs)
+            .get(&(
+                function,
+                crate::launch::func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            ))
+            .copied();
+        let key = (function, block_size, dynamic_smem_bytes, flags, max_dynamic);
         if let Some(v) = lock(&self.occupancy).get(&key) {
             return Ok(*v);
         }

@@ -450,7 +450,7 @@ pub struct Session {
     /// dynamic shared memory, flags): the occupancy calculator's answer depends only on them
     /// and on settings that this session's own calls change, each of which empties the cache
     /// (see [`invalidates_occupancy`]). PyTorch asks before many launches.
-    occupancy: Mutex<HashMap<(RmHandle, i32, u64, u32), i32>>,
+    occupancy: Mutex<HashMap<(RmHandle, i32, u64, u32, Option<i32>), i32>>,
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
     captures: Mutex<Captures>,

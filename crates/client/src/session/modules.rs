@@ -152,17 +152,22 @@ impl Session {
         {
             return Ok(());
         }
-        tracing::debug!(
+        let args = RmFuncAttrArgs {
             function,
             attribute,
             value,
-            "cuFuncSetAttribute asks the server"
-        );
-        let r = CuError::check(call!(self.rm_func_set_attribute(&RmFuncAttrArgs {
-            function,
-            attribute,
-            value
-        }))?);
+        };
+        let r = if self.settable_one_way(function, attribute, value) {
+            call!(self.rm_func_set_attribute_async(&args))
+        } else {
+            tracing::debug!(
+                function,
+                attribute,
+                value,
+                "cuFuncSetAttribute asks the server"
+            );
+            CuError::check(call!(self.rm_func_set_attribute(&args))?)
+        };
         let mut sets = lock(&self.func_sets);
         if r.is_ok() {
             sets.insert((function, attribute), value);
@@ -180,6 +185,33 @@ impl Session {
         drop(attrs);
         lock(&self.launch_limits).retain(|(f, _), _| *f != function);
         r
+    }
+
+    /// Whether setting `attribute` of `function` to `value` cannot fail, so that it may go
+    /// one-way (revision 13): the maximum dynamic shared memory (8), from 0 up to the device's
+    /// opt-in shared memory per block (device attribute 97) less the function's static shared
+    /// memory (function attribute 1), both known from the server. The occupancy answers stay:
+    /// they are kept by this value (see `occupancy_max_active_blocks`).
+    fn settable_one_way(&self, function: RmHandle, attribute: i32, value: i32) -> bool {
+        use crate::launch::func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SHARED;
+        const SHARED_SIZE_BYTES: i32 = 1;
+        const MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: i32 = 97;
+        if self.welcome.revision < 13 || attribute != MAX_DYNAMIC_SHARED || value < 0 {
+            return false;
+        }
+        let Some(info) = self.function(function) else {
+            return false;
+        };
+        let limit = lock(&self.modules)
+            .get(&info.module)
+            .map(|m| m.ctx)
+            .and_then(|ctx| self.ctx_device(ctx).ok())
+            .and_then(|dev| {
+                self.device_attribute(dev, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                    .ok()
+            });
+        let fixed = self.func_get_attribute(function, SHARED_SIZE_BYTES).ok();
+        matches!((limit, fixed), (Some(l), Some(s)) if s >= 0 && value <= l - s)
     }
 
     /// `cuFuncSetCacheConfig`.

@@ -357,6 +357,9 @@ impl Backend for EmulatedBackend {
             // Managed memory and concurrent managed access, as an H100 answers (the client
             // answers 0 for both: Remora does not support managed memory).
             83 | 89 => 1,
+            // Shared memory per block opt-in: what the maximum dynamic shared memory
+            // attribute of a function may reach, as on an H100.
+            97 => EMU_MAX_DYNAMIC_SHARED,
             a if (1..=200).contains(&a) => 0,
             _ => return Err(CuError(cu::INVALID_VALUE)),
         })

@@ -420,6 +420,21 @@ impl RemoraV1Server for Executor {
         self.ctx_synchronize_read(call, a)
     }
 
+    fn rm_func_set_attribute_async(&self, call: &CallContext, a: RmFuncAttrArgs) -> ProcResult<()> {
+        self.oneway_on(
+            call,
+            "RM_FUNC_SET_ATTRIBUTE_ASYNC",
+            None,
+            |inner, session| {
+                let t = session.lock().function(a.function)?;
+                t.ensure_loaded(&*inner.backend)?;
+                inner
+                    .backend
+                    .func_set_attribute(t.ctx, t.raw, a.attribute, a.value)
+            },
+        )
+    }
+
     fn rm_func_load(&self, call: &CallContext, h: RmHandle) -> ProcResult<()> {
         self.oneway_on(call, "RM_FUNC_LOAD", None, |inner, session| {
             let t = session.lock().function(h)?;
