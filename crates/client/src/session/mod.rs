@@ -62,6 +62,10 @@ pub(crate) const COPY_CHUNK: usize = 32 << 20;
 /// asynchronous device-to-host copies at once.
 pub(crate) const MAX_REPLY_RECORD: usize = (1 << 30) + (1 << 16);
 
+/// An occupancy question: (function, block size, dynamic shared memory, flags, the
+/// function's maximum dynamic shared memory as last set or read, if known).
+type OccupancyKey = (RmHandle, i32, u64, u32, Option<i32>);
+
 /// Events made per `RM_EVENT_CREATE_MANY` (revision 13) when the pool of a context and
 /// flags is empty.
 const EVENT_BATCH: u32 = 16;
@@ -450,7 +454,7 @@ pub struct Session {
     /// dynamic shared memory, flags): the occupancy calculator's answer depends only on them
     /// and on settings that this session's own calls change, each of which empties the cache
     /// (see [`invalidates_occupancy`]). PyTorch asks before many launches.
-    occupancy: Mutex<HashMap<(RmHandle, i32, u64, u32, Option<i32>), i32>>,
+    occupancy: Mutex<HashMap<OccupancyKey, i32>>,
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
     captures: Mutex<Captures>,
