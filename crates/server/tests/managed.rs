@@ -458,6 +458,33 @@ fn page_locked_memory_is_mapped_on_first_device_pointer() {
                 .all(|(i, &x)| x == (6 * i) as f32),
             "{transport:?}"
         );
+        // Two 32-bit parameters that together look like a pointer into page-locked memory
+        // map nothing (only pointer-sized parameters count).
+        let g = s.mem_host_alloc(ctx, bytes, 0).unwrap();
+        let m = s
+            .module_load(ctx, b"REMORA-EMU-MODULE\nfunc halves 4,4\n")
+            .unwrap();
+        let halves = s.module_get_function(m.handle, "halves").unwrap();
+        let word = (g + 16).to_ne_bytes();
+        let lo = u32::from_ne_bytes([word[0], word[1], word[2], word[3]]);
+        let hi = u32::from_ne_bytes([word[4], word[5], word[6], word[7]]);
+        let args: [*const c_void; 2] = [(&lo as *const u32).cast(), (&hi as *const u32).cast()];
+        let config = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem_bytes: 0,
+            stream: StreamRef::Legacy,
+            attrs: Vec::new(),
+        };
+        // SAFETY: one valid pointer per parameter of halves(unsigned, unsigned). The emulated
+        // backend has no such kernel: the launch fails on the server, after the client's scan.
+        let _ =
+            unsafe { s.launch_kernel(ctx, &halves, &config, KernelArgs::Params(args.as_ptr())) };
+        let _ = s.ctx_synchronize(ctx);
+        assert!(
+            matches!(view(g), DeviceView::Reserved { .. }),
+            "a pair of 32-bit parameters mirrored page-locked memory over {transport:?}"
+        );
         // Unified addressing: a host pointer handed to a kernel directly maps its allocation.
         let e = s.mem_host_alloc(ctx, bytes, 0).unwrap();
         for (i, x) in floats(e).iter_mut().enumerate() {

@@ -125,7 +125,7 @@ impl Session {
             unsafe { crate::params::pack_kernel_params(&function.params, params) }?
         };
         // Reserved host ranges carry their own context.
-        self.map_pointed_host_memory(0, &packed);
+        self.map_pointed_host_memory(0, &packed, &function.params);
         let dim = |d: [u32; 3]| RmDim3 {
             x: d[0],
             y: d[1],

@@ -195,7 +195,7 @@ impl Session {
             KernelArgs::None if function.params.is_empty() => Vec::new(),
             KernelArgs::None => return Err(CuError(cu::INVALID_VALUE)),
         };
-        self.map_pointed_host_memory(ctx, &params);
+        self.map_pointed_host_memory(ctx, &params, &function.params);
         let dim = |d: [u32; 3]| RmDim3 {
             x: d[0],
             y: d[1],

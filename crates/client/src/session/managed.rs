@@ -235,16 +235,23 @@ impl Session {
 
     /// Unified addressing lets a program hand a kernel the host pointer of page-locked
     /// memory directly, without asking `cuMemHostGetDevicePointer`. Before a launch (or a
-    /// kernel node) whose packed parameters hold a word pointing into an allocation whose
-    /// address is reserved on the device but not yet backed ([`DeviceView::Reserved`]), that
-    /// allocation gets its device copy, as if the pointer had been asked for. A word that
-    /// only looks like such a pointer costs that copy and nothing else. Pointers stored in
-    /// memory rather than passed as parameters are not seen: ask for them first.
-    pub(super) fn map_pointed_host_memory(&self, ctx: RmHandle, params: &[u8]) {
+    /// kernel node) with a pointer-sized parameter (8 bytes, per the function's `layout`)
+    /// pointing into an allocation whose address is reserved on the device but not yet
+    /// backed ([`DeviceView::Reserved`]), that allocation gets its device copy, as if the
+    /// pointer had been asked for. Only whole 8-byte parameters count: a pair of 32-bit
+    /// parameters can look like a host address (a high half of 0x7fxx), and a mirrored
+    /// allocation costs a comparison of its bytes before every launch from then on (an
+    /// H100 CNN run over tcp slowed 100-fold so). Pointers inside structures or stored in
+    /// memory are not seen: ask for them first (`cuMemHostGetDevicePointer`).
+    pub(super) fn map_pointed_host_memory(&self, ctx: RmHandle, params: &[u8], layout: &[RmParam]) {
         if !self.host.has_reserved() {
             return;
         }
-        for word in params.chunks_exact(8) {
+        let words = layout
+            .iter()
+            .filter(|p| p.size == 8)
+            .filter_map(|p| params.get(p.offset as usize..p.offset as usize + 8));
+        for word in words {
             let Ok(word) = <[u8; 8]>::try_from(word) else {
                 continue;
             };
@@ -255,7 +262,7 @@ impl Session {
                 // Said once per allocation (it is mirrored from now on): the mirror costs a
                 // comparison of its bytes before every launch, which a large allocation
                 // matched by a word that only looks like a pointer makes visible.
-                Ok(_) => tracing::info!(
+                Ok(_) => tracing::warn!(
                     "remora: a kernel parameter points into page-locked host memory {:#x}+{:#x}: it now has a device copy, compared with the host before each launch and copied back after synchronizations",
                     r.base,
                     r.size
