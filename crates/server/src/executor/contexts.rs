@@ -139,23 +139,7 @@ impl Executor {
         call: &CallContext,
         h: RmHandle,
     ) -> ProcResult<RmSyncReply> {
-        // The context is idle once its legacy stream and every stream the session made in it
-        // are.
-        self.synchronizing(
-            call,
-            |st| st.ctx(h).map(|raw| (raw, st.streams_in(h))),
-            |b, (raw, streams)| {
-                std::iter::once(crate::backend::LEGACY_STREAM)
-                    .chain(streams.iter().copied())
-                    .try_for_each(|s| b.stream_query(*raw, s))
-            },
-            move |inner, session| {
-                let own = session.lock().ctx(h);
-                let own = own.and_then(|raw| inner.backend.ctx_synchronize(raw));
-                let mut st = session.lock();
-                inner.sync_reply("RM_CTX_SYNCHRONIZE", &mut st, own, Scope::Context(h))
-            },
-        )
+        self.ctx_synchronize_then(call, h, "RM_CTX_SYNCHRONIZE", |_, _, _| Ok(Vec::new()))
     }
 
     /// RM_CTX_SYNCHRONIZE_READ: [`Executor::ctx_synchronize`], then each range read back
@@ -176,7 +160,41 @@ impl Executor {
                 copies: Vec::new(),
             });
         }
-        let h = a.ctx;
+        self.ctx_synchronize_then(
+            call,
+            a.ctx,
+            "RM_CTX_SYNCHRONIZE_READ",
+            move |inner, session, raw| {
+                let st = session.lock();
+                a.ranges
+                    .iter()
+                    .try_for_each(|r| st.check_range(r.ptr, r.size))?;
+                drop(st);
+                a.ranges
+                    .iter()
+                    .map(|r| {
+                        let mut data = vec![0u8; r.size as usize];
+                        inner.backend.memcpy_dtoh(raw, &mut data, r.ptr)?;
+                        Ok(RmCopyData {
+                            copy_id: r.id,
+                            data: data.into(),
+                        })
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    /// Synchronizes context handle `h` (idle once its legacy stream and every stream the
+    /// session made in it are), then runs `then(inner, session, raw context)`, whose entries
+    /// join the reply's copies when both succeeded; its failure is the call's.
+    fn ctx_synchronize_then(
+        &self,
+        call: &CallContext,
+        h: RmHandle,
+        what: &'static str,
+        then: impl FnOnce(&Inner, &Session, u64) -> CuResult<Vec<RmCopyData>> + Send + 'static,
+    ) -> ProcResult<RmSyncReply> {
         self.synchronizing(
             call,
             |st| st.ctx(h).map(|raw| (raw, st.streams_in(h))),
@@ -187,32 +205,15 @@ impl Executor {
             },
             move |inner, session| {
                 let own = session.lock().ctx(h);
-                let raw = own.and_then(|raw| inner.backend.ctx_synchronize(raw).map(|()| raw));
-                let read = raw.and_then(|raw| {
-                    let st = session.lock();
-                    a.ranges
-                        .iter()
-                        .try_for_each(|r| st.check_range(r.ptr, r.size))?;
-                    drop(st);
-                    a.ranges
-                        .iter()
-                        .map(|r| {
-                            let mut data = vec![0u8; r.size as usize];
-                            inner.backend.memcpy_dtoh(raw, &mut data, r.ptr)?;
-                            Ok(RmCopyData {
-                                copy_id: r.id,
-                                data: data.into(),
-                            })
-                        })
-                        .collect::<CuResult<Vec<_>>>()
-                });
-                let mut st = session.lock();
+                let read = own
+                    .and_then(|raw| inner.backend.ctx_synchronize(raw).map(|()| raw))
+                    .and_then(|raw| then(inner, session, raw));
                 let (own, read) = match read {
                     Ok(read) => (Ok(()), read),
                     Err(e) => (Err(e), Vec::new()),
                 };
-                let mut reply =
-                    inner.sync_reply("RM_CTX_SYNCHRONIZE_READ", &mut st, own, Scope::Context(h));
+                let mut st = session.lock();
+                let mut reply = inner.sync_reply(what, &mut st, own, Scope::Context(h));
                 if reply.status == 0 {
                     reply.copies.extend(read);
                 }
