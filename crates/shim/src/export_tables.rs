@@ -880,6 +880,22 @@ pub static TOOLS_MODULE: Slots<99> = build(
 /// carries on with identical results. So every slot is a trap, slot 4 a declined one.
 pub static CUBLASLT_1734DC26: Slots<17> = build(Table::CublasLt1734, true, &[]);
 
+// Declined --------------------------------------------------------------------------------------
+
+/// Tables the CUDA libraries ask for and, refused, carry on without, with results identical to
+/// native (observed with export_spy on driver 580; docs/export-tables.md): refused like any
+/// table Remora lacks, logged at info level since nothing is lost.
+pub const DECLINED_TABLES: [(&str, Uuid); 2] = [
+    (
+        "3 slots, asked for by every CUDA library",
+        uuid("f8cff95121468b4eb9e2fb469e7c0dd9"),
+    ),
+    (
+        "34 slots, asked for by cuBLASLt, which then skips its slots 19, 21, 24 and 25",
+        uuid("69a28e9f24498b47b030c5da330ea4e9"),
+    ),
+];
+
 // Lookup -----------------------------------------------------------------------------------------
 
 /// The table for `id`, if Remora serves it.
@@ -922,6 +938,13 @@ pub unsafe fn get_export_table(out: *mut *const c_void, id: *const Uuid) -> CuRe
             tracing::info!("remora: cuGetExportTable {} ({name})", format_uuid(&id));
             t
         }
+        Err(None) if let Some((what, _)) = DECLINED_TABLES.iter().find(|t| t.1 == id) => {
+            tracing::info!(
+                "remora: cuGetExportTable {} ({what}) declined with CUDA_ERROR_INVALID_VALUE; the libraries carry on without it, as observed",
+                format_uuid(&id)
+            );
+            std::ptr::null()
+        }
         Err(name) => {
             tracing::error!(
                 "remora: cuGetExportTable {} ({}) is not implemented by the Remora shim; answering CUDA_ERROR_INVALID_VALUE and a null table, as the driver does for a table it lacks",
@@ -946,6 +969,14 @@ mod tests {
         assert_eq!(
             format_uuid(&TABLES[0].2),
             "{6BD5FB6C-5BF4-E74A-8987-D93912FD9DF9}"
+        );
+        assert_eq!(
+            format_uuid(&DECLINED_TABLES[0].1),
+            "{F8CFF951-2146-8B4E-B9E2-FB469E7C0DD9}"
+        );
+        assert_eq!(
+            format_uuid(&DECLINED_TABLES[1].1),
+            "{69A28E9F-2449-8B47-B030-C5DA330EA4E9}"
         );
     }
 
@@ -1001,6 +1032,13 @@ mod tests {
         assert_eq!(r, Err(CuError(cu::INVALID_VALUE)), "as the driver answers");
         assert!(out.is_null());
         assert_eq!(lookup(&TABLES[5].2), Err(Some("HEAP_ACCESS")));
+        for (_, declined) in DECLINED_TABLES {
+            let mut out = std::ptr::dangling::<c_void>();
+            // SAFETY: valid pointers.
+            let r = unsafe { get_export_table(&mut out, &declined) };
+            assert_eq!(r, Err(CuError(cu::INVALID_VALUE)), "refused as the unknown");
+            assert!(out.is_null());
+        }
         // SAFETY: null output is rejected.
         let r = unsafe { get_export_table(std::ptr::null_mut(), &id) };
         assert_eq!(r, Err(CuError(cu::INVALID_VALUE)));

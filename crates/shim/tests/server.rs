@@ -1635,6 +1635,8 @@ fn child_module_load_file() {
     type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, c_uint, c_int) -> c_int;
     type ModuleLoad = unsafe extern "C" fn(*mut *mut c_void, *const i8) -> c_int;
     type GetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> c_int;
+    type IsLoaded = unsafe extern "C" fn(*mut c_int, *mut c_void) -> c_int;
+    type FuncLoad = unsafe extern "C" fn(*mut c_void) -> c_int;
     let dir = tempfile::tempdir().unwrap();
     // A text image without its NUL terminator, as a PTX file on disk is.
     let file = dir.path().join("kernels.ptx");
@@ -1658,6 +1660,24 @@ fn child_module_load_file() {
         let mut f = std::ptr::null_mut();
         assert_eq!(get_fn(&mut f, module, c"vecadd".as_ptr()), 0);
         assert!(!f.is_null());
+        // A function got from its module is loaded (as natively); cuFuncLoad of it succeeds
+        // and a handle that is no function is refused.
+        let is_loaded: libloading::Symbol<IsLoaded> = lib.get(b"cuFuncIsLoaded").unwrap();
+        let func_load: libloading::Symbol<FuncLoad> = lib.get(b"cuFuncLoad").unwrap();
+        let mut state: c_int = -1;
+        assert_eq!(is_loaded(&mut state, f), 0, "cuFuncIsLoaded");
+        assert_eq!(state, 1, "CU_FUNCTION_LOADING_STATE_LOADED");
+        assert_eq!(func_load(f), 0, "cuFuncLoad");
+        assert_eq!(
+            func_load(std::ptr::null_mut()),
+            400,
+            "CUDA_ERROR_INVALID_HANDLE"
+        );
+        assert_eq!(
+            is_loaded(std::ptr::null_mut(), f),
+            1,
+            "CUDA_ERROR_INVALID_VALUE"
+        );
         assert_eq!(
             load(&mut module, missing.as_ptr()),
             301,

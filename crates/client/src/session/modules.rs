@@ -101,6 +101,21 @@ impl Session {
         Ok(())
     }
 
+    /// `cuFuncLoad`: loads `function` now (one-way, once; the server also loads any function
+    /// before its first launch, attribute or occupancy query).
+    pub fn func_load(&self, function: RmHandle) -> CuResult<()> {
+        self.function(function).ok_or(CuError(cu::INVALID_HANDLE))?;
+        self.ask_load(function)
+    }
+
+    /// `cuFuncIsLoaded`: whether `function` is loaded, or asked to be (the server handles the
+    /// one-way load before any later call of this session). Before revision 13 modules load
+    /// whole.
+    pub fn func_is_loaded(&self, function: RmHandle) -> CuResult<bool> {
+        self.function(function).ok_or(CuError(cu::INVALID_HANDLE))?;
+        Ok(self.welcome.revision < 13 || lock(&self.loads_asked).contains(&function))
+    }
+
     /// A function of a loaded module, from the cache.
     pub fn function(&self, function: RmHandle) -> Option<Arc<FunctionInfo>> {
         lock(&self.functions).get(&function).cloned()

@@ -172,6 +172,24 @@ pub extern "C" fn cuFuncSetAttribute(f: Handle, attrib: c_int, value: c_int) -> 
 }
 
 #[unsafe(no_mangle)]
+pub extern "C" fn cuFuncLoad(f: Handle) -> CUresult {
+    entry("cuFuncLoad", || {
+        let (s, info) = function_info(f)?;
+        s.func_load(info.handle)
+    })
+}
+
+/// `CU_FUNCTION_LOADING_STATE_LOADED` or `_UNLOADED` (1, 0) into `state`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut c_int, f: Handle) -> CUresult {
+    entry("cuFuncIsLoaded", || {
+        non_null(state)?;
+        let (s, info) = function_info(f)?;
+        put_out(state, c_int::from(s.func_is_loaded(info.handle)?))
+    })
+}
+
+#[unsafe(no_mangle)]
 pub extern "C" fn cuFuncSetCacheConfig(f: Handle, config: c_uint) -> CUresult {
     entry("cuFuncSetCacheConfig", || {
         if config > 3 {
