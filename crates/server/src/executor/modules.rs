@@ -34,7 +34,9 @@ impl Executor {
                 None => return Ok(RmLoadReply::RmNeedImage),
             }
         } else {
+            let t0 = std::time::Instant::now();
             let digest: [u8; 32] = Sha256::digest(&a.image).into();
+            let hash_us = t0.elapsed().as_micros() as u64;
             if digest != a.hash {
                 tracing::warn!(
                     connection = call.connection,
@@ -42,7 +44,15 @@ impl Executor {
                 );
                 return Ok(RmLoadReply::RmLoadFailed(cu::INVALID_VALUE));
             }
+            let t1 = std::time::Instant::now();
             self.inner.cache.insert(&scope, a.hash, a.image.clone());
+            tracing::debug!(
+                target: "remora::module_load",
+                bytes = a.image.len(),
+                hash_us,
+                cache_us = t1.elapsed().as_micros() as u64,
+                "image verified and cached"
+            );
             a.image
         };
         Ok(self.inner.load(&session, a.ctx, &image))

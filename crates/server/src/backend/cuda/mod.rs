@@ -733,12 +733,22 @@ impl Backend for CudaBackend {
         owned.extend_from_slice(image);
         owned.push(0);
         let mut m: Ptr = std::ptr::null_mut();
+        let t0 = std::time::Instant::now();
         // SAFETY: `owned` is a readable image terminated by a NUL; writes one CUmodule.
         call!(d.t, module_load_data(&mut m, owned.as_ptr().cast()))?;
+        let t1 = std::time::Instant::now();
         let functions = list_functions(d, m).inspect_err(|_| {
             // SAFETY: unloads the module loaded above.
             let _ = call!(d.t, module_unload(m));
         })?;
+        tracing::debug!(
+            target: "remora::module_load",
+            bytes = image.len(),
+            functions = functions.len(),
+            load_us = (t1 - t0).as_micros() as u64,
+            list_us = t1.elapsed().as_micros() as u64,
+            "cuModuleLoadData and the function list"
+        );
         Ok(LoadedModule {
             raw: m as usize as u64,
             functions,
