@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
@@ -35,12 +36,26 @@ struct State {
     tick: u64,
 }
 
+/// Work for the thread that writes the shared directory.
+enum DiskJob {
+    /// Write this image under this key.
+    Put([u8; 32], Bytes),
+    /// Answer once every earlier job is done.
+    Flush(SyncSender<()>),
+}
+
+/// Images waiting for the directory writer; past this, `insert` writes them itself.
+const DISK_QUEUE: usize = 64;
+
 /// Kernel images by hash.
 pub(crate) struct ModuleCache {
     capacity: u64,
     state: Mutex<State>,
     /// The directory shared with other processes, if any.
     dir: Option<PathBuf>,
+    /// The thread that writes new images to `dir`, off the module load's path (writing and
+    /// evicting took ~0.8 ms per image, 61 ms of PyTorch's start-up on the H100).
+    writer: Option<SyncSender<DiskJob>>,
 }
 
 impl ModuleCache {
@@ -51,10 +66,44 @@ impl ModuleCache {
 
     /// A cache backed by `dir` (shared with other processes) when given.
     pub(crate) fn with_dir(capacity: u64, dir: Option<PathBuf>) -> Self {
+        let writer = dir.clone().and_then(|dir| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<DiskJob>(DISK_QUEUE);
+            let spawned = std::thread::Builder::new()
+                .name("remora-module-cache".into())
+                .spawn(move || {
+                    // Ends when the cache, and with it the sender, is dropped.
+                    for job in rx {
+                        match job {
+                            DiskJob::Put(key, image) => write_entry(&dir, &key, &image, capacity),
+                            DiskJob::Flush(done) => {
+                                let _ = done.send(());
+                            }
+                        }
+                    }
+                });
+            match spawned {
+                Ok(_) => Some(tx),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the module cache's writer thread; images are written by the loading thread");
+                    None
+                }
+            }
+        });
         Self {
             capacity,
             state: Mutex::new(State::default()),
             dir,
+            writer,
+        }
+    }
+
+    /// Waits until every image handed to the directory writer so far is written.
+    pub(crate) fn flush(&self) {
+        if let Some(w) = &self.writer {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            if w.send(DiskJob::Flush(tx)).is_ok() {
+                let _ = rx.recv();
+            }
         }
     }
 
@@ -99,10 +148,15 @@ impl ModuleCache {
             return;
         }
         let key = scoped(scope, &hash);
-        if let Some(dir) = &self.dir
-            && let Err(e) = disk_put(dir, &key, &image, self.capacity)
-        {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot write to the module cache directory");
+        if let Some(dir) = &self.dir {
+            // To the writer thread; when its queue is full (a burst of loads), written here.
+            let queued = self
+                .writer
+                .as_ref()
+                .is_some_and(|w| w.try_send(DiskJob::Put(key, image.clone())).is_ok());
+            if !queued {
+                write_entry(dir, &key, &image, self.capacity);
+            }
         }
         self.insert_memory(key, &image);
     }
@@ -171,6 +225,13 @@ fn disk_get(dir: &Path, key: &[u8; 32], hash: &[u8; 32]) -> Option<Bytes> {
     }
     touch(&path);
     Some(Bytes::from(data))
+}
+
+/// [`disk_put`], a failure logged (the directory is a cache: the image stays in memory).
+fn write_entry(dir: &Path, key: &[u8; 32], image: &[u8], capacity: u64) {
+    if let Err(e) = disk_put(dir, key, image, capacity) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot write to the module cache directory");
+    }
 }
 
 /// Writes the image to `dir` (temporary name, then rename), then evicts the least recently
@@ -265,6 +326,7 @@ mod tests {
         let b = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
         let (img, hash) = image(7, 30);
         a.insert(S, hash, img.clone());
+        a.flush();
         assert_eq!(
             b.get(S, &hash).as_deref(),
             Some(&img[..]),
@@ -284,6 +346,7 @@ mod tests {
         assert!(c.get(S, &hash2).is_none());
         assert!(!dir.path().join(hex(&scoped(S, &hash2))).exists());
         c.insert(S, hash2, img2);
+        c.flush();
         assert!(dir.path().join(hex(&scoped(S, &hash2))).exists());
     }
 
@@ -297,6 +360,7 @@ mod tests {
         let (i3, h3) = image(3, 40);
         c.insert(S, h1, i1);
         c.insert(S, h2, i2);
+        c.flush();
         // h1 oldest on disk, but h2 older still once h1 is used again.
         for (h, age) in [(h1, 50), (h2, 60)] {
             let f = std::fs::File::options()
@@ -309,6 +373,7 @@ mod tests {
         let fresh = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
         assert!(fresh.get(S, &h1).is_some(), "refreshes h1");
         fresh.insert(S, h3, i3);
+        fresh.flush();
         assert!(dir.path().join(hex(&scoped(S, &h1))).exists());
         assert!(
             !dir.path().join(hex(&scoped(S, &h2))).exists(),
@@ -324,6 +389,7 @@ mod tests {
         let a = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
         let (img, hash) = image(9, 20);
         a.insert("tenant:a", hash, img.clone());
+        a.flush();
         assert_eq!(a.get("tenant:a", &hash).as_deref(), Some(&img[..]));
         assert!(a.get("tenant:b", &hash).is_none(), "another tenant");
         assert!(

@@ -761,5 +761,8 @@ impl Executor {
             session.close(&*self.inner.backend);
             self.inner.sessions().remove(&connection);
         }
+        // A worker process ends with its session: its images reach the shared directory
+        // first, for the next session's worker.
+        self.inner.cache.flush();
     }
 }
