@@ -19,6 +19,12 @@ fat=(-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -ge
 host() { # name source
   "$nvcc" -O2 -std=c++17 -cudart none -Xcompiler -Wall -o "$build/$1" "$2" "${link[@]}"
 }
+# runtime NAME SOURCE [NVCC_ARG...]: a runtime-API program, kernels embedded, linked with nvcc's
+# default static cudart (from $cudart_dir, set below, when found)
+runtime() {
+  local name=$1 source=$2; shift 2
+  "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/$name" "$source" "$@"
+}
 set -x
 # vecadd: the same kernel as cubin, PTX and fatbin
 "$nvcc" -cubin -arch=sm_90 -o "$build/vecadd.cubin" "$src/tests/vecadd_kernel.cu"
@@ -42,50 +48,35 @@ cudart_dir=
 for d in "$(dirname "$nvcc")/../lib64" "$(dirname "$nvcc")/../lib"; do
   if ls "$d"/libcudart* >/dev/null 2>&1; then cudart_dir=$(cd "$d" && pwd); break; fi
 done
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/runtime_static" \
-  "$src/tests/runtime_api.cu"
+runtime runtime_static "$src/tests/runtime_api.cu"
 if [ -n "$cudart_dir" ] && [ ! -e "$cudart_dir/libcudart.so" ]; then
   shared=(-cudart none -L"$cudart_dir" -l:libcudart.so.13 -Xlinker -rpath="$cudart_dir")
 else
   shared=(-cudart shared ${cudart_dir:+-Xlinker -rpath="$cudart_dir"})
 fi
 "$nvcc" -O2 -std=c++17 "${fat[@]}" "${shared[@]}" -o "$build/runtime_shared" "$src/tests/runtime_api.cu"
-# graphs: CUDA graphs through stream capture (runtime API, static cudart)
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/graphs" \
-  "$src/tests/graphs.cu"
-# async_visibility: every byte of async device-to-host copies at each completion point
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/async_visibility" \
-  "$src/tests/async_visibility.cu"
-# mapped_memory: mapped (zero-copy) host memory through device and host pointers
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/mapped_memory" \
-  "$src/tests/mapped_memory.cu"
-# mapped_default: cudaMallocHost memory used as mapped memory (default flags)
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/mapped_default" \
-  "$src/tests/mapped_default.cu"
-# managed_memory: cudaMallocManaged with host and kernel turns, copies, memsets, hints, attributes
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/managed_memory" \
-  "$src/tests/managed_memory.cu"
+# the other runtime-API test programs, one gpu/tests/NAME.cu each:
+#   graphs: CUDA graphs through stream capture
+#   async_visibility: every byte of async device-to-host copies at each completion point
+#   mapped_memory: mapped (zero-copy) host memory through device and host pointers
+#   mapped_default: cudaMallocHost memory used as mapped memory (default flags)
+#   managed_memory: cudaMallocManaged with host and kernel turns, copies, memsets, hints, attributes
+#   stream_ordered: cudaMallocAsync/cudaFreeAsync on several streams, memory pools, graph memory nodes
+#   graph_memory: memory allocation/free nodes, memcpy nodes and captured copies of pageable memory
+#   explicit_graphs: graphs built node by node (kernel, memset, memcpy, host, child, event nodes),
+#     exec set-params, update, clone
+#   device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
+for p in graphs async_visibility mapped_memory mapped_default managed_memory stream_ordered \
+  graph_memory explicit_graphs device_props; do
+  runtime "$p" "$src/tests/$p.cu"
+done
+# explicit_graphs_pinned: explicit_graphs plus memcpy nodes with pinned host sides
+runtime explicit_graphs_pinned "$src/tests/explicit_graphs.cu" -DPINNED_NODES
 # vmm: virtual memory management (expandable segments, aliasing), driver API in a runtime program
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/vmm" \
-  "$src/tests/vmm.cu" "${link[@]}"
-# stream_ordered: cudaMallocAsync/cudaFreeAsync on several streams, memory pools, graph memory nodes
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/stream_ordered" \
-  "$src/tests/stream_ordered.cu"
-# graph_memory: memory allocation/free nodes, memcpy nodes and captured copies of pageable memory
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/graph_memory" \
-  "$src/tests/graph_memory.cu"
-# explicit_graphs: graphs built node by node (kernel, memset, memcpy, host, child, event nodes),
-# exec set-params, update, clone; explicit_graphs_pinned adds memcpy nodes with pinned host sides
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/explicit_graphs" \
-  "$src/tests/explicit_graphs.cu"
-"$nvcc" -O2 -std=c++17 -DPINNED_NODES "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/explicit_graphs_pinned" \
-  "$src/tests/explicit_graphs.cu"
-# device_props: every cudaDeviceProp field, function attributes, occupancy, cooperative launch
-"$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/device_props" \
-  "$src/tests/device_props.cu"
+runtime vmm "$src/tests/vmm.cu" "${link[@]}"
 # runtime-API samples (gpu/samples), built like any CUDA program: nvcc's default static cudart
 for p in matmul histogram lu_solve bandwidth streams_overlap; do
-  "$nvcc" -O2 -std=c++17 "${fat[@]}" ${cudart_dir:+-L"$cudart_dir"} -o "$build/$p" "$src/samples/$p.cu"
+  runtime "$p" "$src/samples/$p.cu"
 done
 # libraries: cuBLAS, cuRAND, cuFFT, cuSOLVER linked normally (skipped when nvcc's toolkit has
 # no cuBLAS, e.g. the CUDA wheels used for link checks in CI)

@@ -1,6 +1,11 @@
-# Sourced by the GPU scripts (run-suite.sh, torch/run.sh, torch/suite.sh): one standing
-# `remora serve` for the shm, unix and tcp modes, and the command line of each mode.
+# Sourced by the GPU scripts (run-suite.sh, torch/run.sh, torch/suite.sh, torch/micro.sh): one
+# standing `remora serve` for the shm, unix and tcp modes, the command line of each mode, and
+# the arguments the torch scripts share.
 #
+#   bin_out_modes USAGE ARG...  parses `BIN_DIR OUT_DIR [MODE...]`: sets bin (BIN_DIR, absolute),
+#                         out (OUT_DIR, created, absolute) and the array modes (the MODEs;
+#                         default: shm unix tcp embedded); without BIN_DIR or OUT_DIR, USAGE
+#                         and exit
 #   start_serve BIN WORK  starts `BIN/remora serve` on unix://WORK/remora.sock and an ephemeral
 #                         tcp://127.0.0.1 port (output in WORK/serve.{out,err}) and waits until
 #                         both listen; sets serve_pid, sock (the socket's path), tcp (its URL)
@@ -27,4 +32,14 @@ mode_cmd() {
     embedded) run=("$1/remora" run --) ;;
     *) echo "unknown mode $2" >&2; return 1 ;;
   esac
+}
+
+# shellcheck disable=SC2034  # bin, out and modes are for the caller
+bin_out_modes() {
+  local usage=$1; shift
+  bin=$(cd "${1:?$usage}" && pwd)
+  out=${2:?$usage}; shift 2
+  modes=("$@")
+  if [ $# -eq 0 ]; then modes=(shm unix tcp embedded); fi
+  mkdir -p "$out"; out=$(cd "$out" && pwd)
 }

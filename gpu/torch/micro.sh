@@ -9,18 +9,14 @@
 # Env: MICRO_REPS (runs per mode, default 5), PYTHON (default python3).
 # Writes OUT_DIR/micro.json (every run, medians and ratios) and prints a table.
 set -uo pipefail
-usage="usage: micro.sh BIN_DIR OUT_DIR [MODE...]"
-bin=$(cd "${1:?$usage}" && pwd)
-out=${2:?$usage}; shift 2
-modes=("$@"); [ $# -eq 0 ] && modes=(shm unix tcp embedded)
 here=$(cd "$(dirname "$0")" && pwd)
-mkdir -p "$out"; out=$(cd "$out" && pwd)
+# shellcheck source=gpu/modes.sh
+. "$here/../modes.sh"
+bin_out_modes "usage: micro.sh BIN_DIR OUT_DIR [MODE...]" "$@"
 py=${PYTHON:-python3}
 reps=${MICRO_REPS:-5}
 work=$(mktemp -d); serve_pid=
 trap '[ -n "$serve_pid" ] && kill $serve_pid 2>/dev/null; rm -rf "$work"' EXIT
-# shellcheck source=gpu/modes.sh
-. "$here/../modes.sh"
 start_serve "$bin" "$work"
 : > "$work/runs.jsonl"
 for rep in $(seq "$reps"); do

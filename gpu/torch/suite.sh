@@ -19,14 +19,11 @@
 # line per run and "torch suite: N passed, M failed, K skipped" (remoted runs); exits 1 when one
 # failed.
 set -uo pipefail
-usage="usage: suite.sh BIN_DIR OUT_DIR [shm|unix|tcp|embedded ...]"
-bin=$(cd "${1:?$usage}" && pwd)
-out=${2:?$usage}; shift 2
-modes=("${@:-shm}"); [ $# -eq 0 ] && modes=(shm unix tcp embedded)
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=gpu/modes.sh
 . "$here/../modes.sh"
-mkdir -p "$out/logs"; out=$(cd "$out" && pwd); logs=$out/logs
+bin_out_modes "usage: suite.sh BIN_DIR OUT_DIR [shm|unix|tcp|embedded ...]" "$@"
+logs=$out/logs; mkdir -p "$logs"
 py=${PYTHON:-python3}
 limit=${TORCH_TIMEOUT:-180}
 read -r -a checks <<< "${TORCH_CHECKS-$("$py" "$here/smoke.py" --list)}"

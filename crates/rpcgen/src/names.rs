@@ -113,23 +113,45 @@ pub(crate) fn upper(name: &str) -> String {
 mod tests {
     use super::*;
 
+    /// Asserts that `convert` turns each first name of `cases` into the second.
+    #[track_caller]
+    fn converts(convert: fn(&str) -> String, cases: &[(&str, &str)]) {
+        for &(from, to) in cases {
+            assert_eq!(convert(from), to, "converting {from:?}");
+        }
+    }
+
     #[test]
     fn conversions() {
-        assert_eq!(camel("nfs_fh"), "NfsFh");
-        assert_eq!(camel("NFS_OK"), "NfsOk");
-        assert_eq!(camel("cudaError_enum"), "CudaErrorEnum");
-        assert_eq!(camel("fattr3"), "Fattr3");
-        assert_eq!(camel("HTTPServer"), "HttpServer");
-        assert_eq!(camel("_private"), "Private");
-        assert_eq!(camel("3d"), "N3d");
-        assert_eq!(type_name("option"), "XdrOption");
-        assert_eq!(type_name("result"), "XdrResult");
-        assert_eq!(snake("NFSPROC_GETATTR"), "nfsproc_getattr");
-        assert_eq!(snake("cuMemAlloc_v2"), "cu_mem_alloc_v2");
-        assert_eq!(snake("type"), "r#type");
-        assert_eq!(snake("self"), "self_");
-        assert_eq!(snake("ut_line"), "ut_line");
-        assert_eq!(upper("nis_maxnamelen"), "NIS_MAXNAMELEN");
-        assert_eq!(upper("maxLen"), "MAX_LEN");
+        converts(
+            camel,
+            &[
+                ("nfs_fh", "NfsFh"),
+                ("NFS_OK", "NfsOk"),
+                ("cudaError_enum", "CudaErrorEnum"),
+                ("fattr3", "Fattr3"),
+                ("HTTPServer", "HttpServer"),
+                ("_private", "Private"),
+                ("3d", "N3d"),
+            ],
+        );
+        converts(
+            type_name,
+            &[("option", "XdrOption"), ("result", "XdrResult")],
+        );
+        converts(
+            snake,
+            &[
+                ("NFSPROC_GETATTR", "nfsproc_getattr"),
+                ("cuMemAlloc_v2", "cu_mem_alloc_v2"),
+                ("type", "r#type"),
+                ("self", "self_"),
+                ("ut_line", "ut_line"),
+            ],
+        );
+        converts(
+            upper,
+            &[("nis_maxnamelen", "NIS_MAXNAMELEN"), ("maxLen", "MAX_LEN")],
+        );
     }
 }

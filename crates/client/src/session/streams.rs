@@ -9,18 +9,10 @@ impl Session {
         stream_set_attribute(ctx: RmHandle, stream: RmHandle, value: RmStreamAttr) -> ()
             = 10, "cuStreamSetAttribute": CuError::check,
             rm_stream_set_attribute(&RmStreamAttrArgs { ctx, stream, value });
-    }
-
-    /// `cuStreamGetAttribute` of attribute id `kind` (revision 10).
-    pub fn stream_get_attribute(
-        &self,
-        ctx: RmHandle,
-        stream: RmHandle,
-        kind: i32,
-    ) -> CuResult<RmStreamAttr> {
-        self.need_revision(10, "cuStreamGetAttribute")?;
-        let args = RmStreamAttrQuery { ctx, stream, kind };
-        Reply::value(call!(self.rm_stream_get_attribute(&args))?)
+        /// `cuStreamGetAttribute` of attribute id `kind` (revision 10).
+        stream_get_attribute(ctx: RmHandle, stream: RmHandle, kind: i32) -> RmStreamAttr
+            = 10, "cuStreamGetAttribute": Reply::value,
+            rm_stream_get_attribute(&RmStreamAttrQuery { ctx, stream, kind });
     }
 
     /// Maps a [`StreamRef`] to a protocol handle; the per-thread stream is created on first

@@ -166,54 +166,41 @@ impl CudaBackend {
         let n = deps.len();
         let g = ptr(graph);
         let mut node: Ptr = std::ptr::null_mut();
-        // SAFETY (every call below): writes one CUgraphNode; `g` is a graph of this session,
-        // `dp` holds `n` of its nodes, and every parameter struct lives across the call (the
-        // driver copies it).
+        // `cuGraphAdd*Node(&node, graph, deps, n, ...)`: the arguments every kind shares, then
+        // the kind's own.
+        macro_rules! add {
+            ($f:ident $(, $arg:expr)*) => {
+                // SAFETY (every kind): writes one CUgraphNode; `g` is a graph of this
+                // session, `dp` holds `n` of its nodes, and every parameter struct lives across
+                // the call (the driver copies it).
+                call!(d.t, $f(&mut node, g, dp, n $(, $arg)*))
+            };
+        }
         match params {
             NodeParams::Kernel(k) => {
                 let (p, _args) = kernel_params(k);
-                call!(d.t, graph_add_kernel_node(&mut node, g, dp, n, &p))?;
+                add!(graph_add_kernel_node, &p)?;
             }
             NodeParams::Memset(m) => {
                 let p = memset_params(m)?;
-                call!(
-                    d.t,
-                    graph_add_memset_node(&mut node, g, dp, n, &p, ptr(m.ctx))
-                )?;
+                add!(graph_add_memset_node, &p, ptr(m.ctx))?;
             }
             NodeParams::Memcpy(c) => {
                 let p = memcpy_params(c)?;
-                call!(
-                    d.t,
-                    graph_add_memcpy_node(&mut node, g, dp, n, &p, ptr(c.ctx))
-                )?;
+                add!(graph_add_memcpy_node, &p, ptr(c.ctx))?;
             }
             NodeParams::Host(h) => {
                 let p = HostNodeParams {
                     func: Some(run_host_node),
                     user_data: Arc::as_ptr(h).cast_mut().cast(),
                 };
-                call!(d.t, graph_add_host_node(&mut node, g, dp, n, &p))?;
+                add!(graph_add_host_node, &p)?;
             }
-            NodeParams::Child(c) => {
-                call!(
-                    d.t,
-                    graph_add_child_graph_node(&mut node, g, dp, n, ptr(*c))
-                )?;
-            }
-            NodeParams::Empty => call!(d.t, graph_add_empty_node(&mut node, g, dp, n))?,
-            NodeParams::EventRecord(e) => {
-                call!(
-                    d.t,
-                    graph_add_event_record_node(&mut node, g, dp, n, ptr(*e))
-                )?;
-            }
-            NodeParams::EventWait(e) => {
-                call!(d.t, graph_add_event_wait_node(&mut node, g, dp, n, ptr(*e)))?;
-            }
-            NodeParams::MemFree(p) => {
-                call!(d.t, graph_add_mem_free_node(&mut node, g, dp, n, *p))?;
-            }
+            NodeParams::Child(c) => add!(graph_add_child_graph_node, ptr(*c))?,
+            NodeParams::Empty => add!(graph_add_empty_node)?,
+            NodeParams::EventRecord(e) => add!(graph_add_event_record_node, ptr(*e))?,
+            NodeParams::EventWait(e) => add!(graph_add_event_wait_node, ptr(*e))?,
+            NodeParams::MemFree(p) => add!(graph_add_mem_free_node, *p)?,
         }
         Ok(node as usize as u64)
     }
