@@ -49,19 +49,25 @@ try:
 except OSError:
     gpu = "unknown"
 summary = {}
-n = {k: med("native", k) for k in ("init_s", "tiny_op_us", "tiny_op_sync_us")}
+keys = ("init_s", "cuda_s", "tiny_op_us", "tiny_op_sync_us")
+def med_keys(mode):  # runs of an older micro.py lack cuda_s
+    return {k: med(mode, k) for k in keys if all(k in r["run"] for r in runs if r["mode"] == mode)}
+n = med_keys("native")
 n["wall_s"] = med("native", None, wall=True)
-print(f"{'mode':9} {'process s':>10} {'init s':>8} {'added ms':>9} {'tiny op us':>11} {'ratio':>6} {'op+sync us':>11} {'ratio':>6}")
+print(f"{'mode':9} {'process s':>10} {'init s':>8} {'added ms':>9} {'cuda s':>7} {'added ms':>9} {'tiny op us':>11} {'ratio':>6} {'op+sync us':>11} {'ratio':>6}")
 for m in modes:
-    s = {k: med(m, k) for k in ("init_s", "tiny_op_us", "tiny_op_sync_us")}
+    s = med_keys(m)
     s["wall_s"] = med(m, None, wall=True)
     if m != "native" and n["init_s"]:
         s["init_added_ms"] = round((s["init_s"] - n["init_s"]) * 1000, 1)
+        if s.get("cuda_s") is not None and n.get("cuda_s") is not None:
+            s["cuda_added_ms"] = round((s["cuda_s"] - n["cuda_s"]) * 1000, 1)
         s["process_added_ms"] = round((s["wall_s"] - n["wall_s"]) * 1000, 1)
         s["tiny_op_ratio"] = round(s["tiny_op_us"] / n["tiny_op_us"], 3)
         s["tiny_op_sync_ratio"] = round(s["tiny_op_sync_us"] / n["tiny_op_sync_us"], 3)
     summary[m] = s
     print(f"{m:9} {s['wall_s']:10.3f} {s['init_s']:8.3f} {s.get('init_added_ms', 0):9.1f} "
+          f"{s.get('cuda_s', float('nan')):7.3f} {s.get('cuda_added_ms', 0):9.1f} "
           f"{s['tiny_op_us']:11.2f} {s.get('tiny_op_ratio', 1):6.2f} {s['tiny_op_sync_us']:11.2f} "
           f"{s.get('tiny_op_sync_ratio', 1):6.2f}")
 json.dump({"date": datetime.date.today().isoformat(), "gpu": gpu, "commit": sys.argv[3],

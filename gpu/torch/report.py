@@ -5,8 +5,8 @@
 IN_DIR (default OUT_DIR) is an OUT_DIR of suite.sh: logs/results.tsv (NAME, MODE, STATUS,
 SECONDS, DETAIL per run) and logs/NAME.MODE.err (train.py's `train-stats` lines; without them
 the step times in results.tsv are used). Several
-IN_DIRs, from suite.sh runs split over several device calls, are merged into one report (a
-check or model in several: the last one's runs). Device and commit: env TORCH_SUITE_DEVICE and
+IN_DIRs, from suite.sh runs split over several device calls, are merged into one report, mode
+by mode (a check or model run in one mode in several: that mode's last run). Device and commit: env TORCH_SUITE_DEVICE and
 REMORA_COMMIT, else what the first IN_DIR's torch-suite.json says. Standard library only.
 """
 import datetime
@@ -32,7 +32,7 @@ def stats(d, name, mode):
 def main():
     out = sys.argv[1]
     ins = sys.argv[2:] or [out]
-    rows, order = {}, []  # name -> (dir, {mode: (status, seconds, detail)})
+    rows, order = {}, []  # name -> ({mode: dir}, {mode: (status, seconds, detail)})
     for d in ins:
         runs = {}
         for line in open(f"{d}/logs/results.tsv"):
@@ -41,7 +41,10 @@ def main():
         for name, r in runs.items():
             if name not in rows:
                 order.append(name)
-            rows[name] = (d, r)
+                rows[name] = ({}, {})
+            for m, v in r.items():
+                rows[name][0][m] = d
+                rows[name][1][m] = v
     prev = {}
     try:
         prev = json.load(open(f"{ins[0]}/torch-suite.json"))
@@ -60,7 +63,7 @@ def main():
 
     checks, training, torch_version = [], [], None
     for name in order:
-        d, r = rows[name]
+        dirs, r = rows[name]
         native = r.get("native", ("fail", 0.0, "no native run"))
         if not name.startswith("train-"):
             e = {"check": name, "native": native[0]}
@@ -69,7 +72,7 @@ def main():
                 r[m][0] == "pass" for m in modes if m in r)
             if native[0] == "ok":
                 try:
-                    e["output"] = open(f"{d}/logs/{name}.native.out").read().strip()
+                    e["output"] = open(f"{dirs['native']}/logs/{name}.native.out").read().strip()
                 except OSError:  # logs not kept (a device call returns few files)
                     e["output"] = native[2]
             else:
@@ -81,7 +84,7 @@ def main():
             checks.append(e)
             continue
         model = name[len("train-"):]
-        nat = [stats(d, name, m) for m in ("native", "native2") if r.get(m, ("",))[0] == "ok"]
+        nat = [stats(dirs[m], name, m) for m in ("native", "native2") if r.get(m, ("",))[0] == "ok"]
         torch_version = torch_version or next((s["torch"] for s in nat if "torch" in s), None)
         nat_ms = [s["median_step_ms"] for s in nat if "median_step_ms" in s]
         native_ms = round(statistics.fmean(nat_ms), 4) if nat_ms else None
@@ -97,7 +100,7 @@ def main():
             if m not in r:
                 continue
             status, secs, detail = r[m]
-            s = stats(d, name, m) if status != "skip" else {}
+            s = stats(dirs[m], name, m) if status != "skip" else {}
             rem = s.get("median_step_ms")
             # Without the run's stderr, the figures suite.sh wrote into results.tsv.
             got = re.search(r"([\d.]+) ms/step, native ([\d.]+)", detail)
