@@ -153,7 +153,8 @@ struct SessionArgs {
     #[arg(long, value_name = "BACKEND", default_value = "cuda", value_parser = ["cuda", "emulated"])]
     backend: String,
     /// Directory of the kernel image cache shared by the sessions (created 0700 if
-    /// missing; kept at exit). Default: a private temporary directory, removed at exit,
+    /// missing; kept at exit). It must be this user's alone (mode 0700, not a link): the
+    /// server refuses to start otherwise. Only regular files in it are read. Default: a private temporary directory, removed at exit,
     /// under process isolation; memory only under thread isolation.
     #[arg(long, value_name = "DIR")]
     module_cache: Option<PathBuf>,

@@ -249,6 +249,10 @@ fn a_module_cache_directory_that_was_named_is_kept_and_threads_have_no_workers()
         })
         .unwrap();
     assert!(matches!(loaded, RmLoadReply::RmLoaded(_)));
+    // The worker's writer thread puts the image there soon after the load.
+    wait_until("the image is in the named directory", || {
+        std::fs::read_dir(&cache).is_ok_and(|d| d.count() == 1)
+    });
     drop(a);
     drop(serve);
     use std::os::unix::fs::PermissionsExt;
@@ -263,4 +267,31 @@ fn a_module_cache_directory_that_was_named_is_kept_and_threads_have_no_workers()
     let c = serve.client();
     assert!(alloc_works(&c, primary(&c)));
     assert!(children(serve.child.id()).is_empty());
+}
+
+/// Issue 13 finding 7: a module cache directory others can write to (or read) is refused at
+/// start, with what it is and what to do.
+#[test]
+fn serve_refuses_a_module_cache_directory_open_to_others() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("modules");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_remora"))
+        .args(["serve", "--backend", "emulated", "--isolation", "process"])
+        .args([
+            "--listen",
+            &format!("unix://{}", dir.path().join("s.sock").display()),
+        ])
+        .arg("--module-cache")
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("mode 777") && err.contains("chmod 700"),
+        "{err}"
+    );
 }

@@ -126,7 +126,7 @@ impl ModuleCache {
             return Some(image);
         }
         let dir = self.dir.as_ref()?;
-        let image = disk_get(dir, &key, hash)?;
+        let image = disk_get(dir, &key, hash, self.capacity)?;
         self.insert_memory(key, &image);
         Some(image)
     }
@@ -205,18 +205,45 @@ fn is_entry_name(name: &str) -> bool {
     name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// Marks a file recently used.
+/// Opens cache entry `path` for reading (or for writing its times) only if it is a regular
+/// file: never through a symbolic link, and without blocking on a FIFO or device that someone
+/// put there.
+fn open_entry(path: &Path, write: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::File::options()
+        .read(!write)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
+}
+
+/// Marks an entry recently used.
 fn touch(path: &Path) {
-    if let Ok(f) = std::fs::File::options().write(true).open(path) {
+    if let Ok(f) = open_entry(path, true) {
         let _ = f.set_modified(SystemTime::now());
     }
 }
 
 /// The image with `hash` stored under `key` in `dir`, if there and intact (a file that does
 /// not match its hash is removed).
-fn disk_get(dir: &Path, key: &[u8; 32], hash: &[u8; 32]) -> Option<Bytes> {
+fn disk_get(dir: &Path, key: &[u8; 32], hash: &[u8; 32], limit: u64) -> Option<Bytes> {
+    use std::io::Read;
     let path = dir.join(hex(key));
-    let data = std::fs::read(&path).ok()?;
+    let file = open_entry(&path, false).ok()?;
+    let size = file.metadata().ok()?.len();
+    if size > limit {
+        tracing::warn!(path = %path.display(), size, limit, "module cache file larger than the cache; ignored");
+        return None;
+    }
+    let mut data = Vec::with_capacity(size as usize);
+    file.take(limit).read_to_end(&mut data).ok()?;
     let digest: [u8; 32] = Sha256::digest(&data).into();
     if &digest != hash {
         tracing::warn!(path = %path.display(), "module cache file does not match its SHA-256; removed");
@@ -241,9 +268,13 @@ fn disk_put(dir: &Path, hash: &[u8; 32], image: &[u8], capacity: u64) -> std::io
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let name = hex(hash);
     let path = dir.join(&name);
-    if path.exists() {
-        touch(&path);
-        return Ok(());
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) if meta.is_file() => {
+            touch(&path);
+            return Ok(());
+        }
+        // Anything else under an entry's name (a link, a FIFO) is replaced by the rename below.
+        _ => {}
     }
     let tmp = dir.join(format!(
         ".{name}.{}.{}.tmp",
@@ -274,7 +305,11 @@ fn evict(dir: &Path, capacity: u64, keep: &Path) -> std::io::Result<()> {
         if !entry.file_name().to_str().is_some_and(is_entry_name) {
             continue;
         }
+        // DirEntry::metadata does not follow links: only regular files count and go.
         let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
         total += meta.len();
         let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         entries.push((used, meta.len(), entry.path()));
@@ -380,6 +415,53 @@ mod tests {
             "h2 was least recently used"
         );
         assert!(dir.path().join(hex(&scoped(S, &h3))).exists());
+    }
+
+    /// Links, FIFOs and oversized files under an entry's name are not read (and a FIFO does
+    /// not block); writing the entry replaces them.
+    #[test]
+    fn only_regular_files_of_bounded_size_are_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let (img, hash) = image(5, 30);
+        let entry = dir.path().join(hex(&scoped(S, &hash)));
+        // A link to a file holding the right image.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, &img).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &entry).unwrap();
+        let c = ModuleCache::with_dir(100, Some(dir.path().to_owned()));
+        assert!(c.get(S, &hash).is_none(), "a link is not followed");
+        c.insert(S, hash, img.clone());
+        c.flush();
+        let meta = std::fs::symlink_metadata(&entry).unwrap();
+        assert!(meta.is_file(), "the link was replaced by the entry");
+        // A FIFO: neither reading nor touching it blocks.
+        let (img2, hash2) = image(6, 30);
+        let fifo = dir.path().join(hex(&scoped(S, &hash2)));
+        let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = dir.path().to_owned();
+        std::thread::spawn(move || {
+            let c = ModuleCache::with_dir(100, Some(d));
+            let got = c.get(S, &hash2);
+            c.insert(S, hash2, img2);
+            c.flush();
+            tx.send(got.is_none()).unwrap();
+        });
+        let not_read = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a FIFO in the cache directory blocked the cache");
+        assert!(not_read);
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().is_file());
+        // A file larger than the cache bound is not read.
+        let (big, hash3) = image(7, 200);
+        std::fs::write(dir.path().join(hex(&scoped(S, &hash3))), &big).unwrap();
+        assert!(
+            ModuleCache::with_dir(100, Some(dir.path().to_owned()))
+                .get(S, &hash3)
+                .is_none()
+        );
     }
 
     /// Scopes never see each other's images, in memory or through the directory.

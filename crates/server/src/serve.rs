@@ -383,8 +383,8 @@ pub enum ServeError {
     /// Listening or starting the RPC server failed.
     #[error(transparent)]
     Rpc(#[from] remora_oncrpc::RpcError),
-    /// The module cache directory could not be made.
-    #[error("cannot create the module cache directory {path}: {source}")]
+    /// The module cache directory could not be made, or is not private.
+    #[error("cannot use the module cache directory {path}: {source}")]
     ModuleCache {
         /// The directory.
         path: PathBuf,
@@ -417,7 +417,7 @@ pub fn default_endpoint() -> Endpoint {
 }
 
 fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let Endpoint::Unix(path) = endpoint else {
         return Ok(());
     };
@@ -431,25 +431,8 @@ fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
     if dir == remora_oncrpc::default_socket_dir() {
         // The default directory may sit in /tmp, where another user could have made it first:
         // use it only if it is ours and closed to others.
-        match std::fs::symlink_metadata(dir) {
-            Ok(meta) => {
-                let me = std::fs::metadata("/proc/self")
-                    .map(|m| m.uid())
-                    .unwrap_or(u32::MAX);
-                if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
-                    return Err(err(std::io::Error::new(
-                        std::io::ErrorKind::PermissionDenied,
-                        format!(
-                            "it must be a directory owned by uid {me} with mode 0700 (it is \
-                             owned by uid {} with mode {:o}); remove it, or choose a socket \
-                             with --listen unix:///PATH",
-                            meta.uid(),
-                            meta.mode() & 0o7777
-                        ),
-                    )));
-                }
-                return Ok(());
-            }
+        match private_dir(dir, "or choose a socket with --listen unix:///PATH") {
+            Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(err(e)),
         }
@@ -462,6 +445,37 @@ fn ensure_socket_dir(endpoint: &Endpoint) -> Result<(), ServeError> {
         .create(dir)
         .map_err(err)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)
+}
+
+/// Checks that `dir` is a directory (not a link to one) owned by this process's user and
+/// closed to everyone else (mode 0700 or stricter); the error says what it is and, after
+/// "remove it, ", `advice`.
+fn private_dir(dir: &Path, advice: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir)?;
+    let me = std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(u32::MAX);
+    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+        let what = if meta.is_symlink() {
+            "a symbolic link".to_owned()
+        } else if meta.is_dir() {
+            format!(
+                "owned by uid {} with mode {:o}",
+                meta.uid(),
+                meta.mode() & 0o7777
+            )
+        } else {
+            "not a directory".to_owned()
+        };
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "it must be a directory owned by uid {me} with mode 0700 (it is {what}); remove it, {advice}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A running server.
@@ -818,6 +832,15 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
+                .and_then(|()| {
+                    // Images are tenants' code, and files planted there would be loaded: the
+                    // directory must be this user's alone (DirBuilder leaves an existing one
+                    // as it is).
+                    private_dir(
+                        dir,
+                        "or make it private (chmod 700), or leave --module-cache out for a private temporary one",
+                    )
+                })
                 .map_err(|source| ServeError::ModuleCache {
                     path: dir.clone(),
                     source,
@@ -1186,7 +1209,7 @@ fn is_loopback(addr: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::lock_budget;
+    use super::{lock_budget, private_dir};
 
     #[test]
     fn each_worker_gets_what_the_lock_cap_leaves() {
@@ -1199,5 +1222,28 @@ mod tests {
             "the fifth session is not locked"
         );
         assert_eq!(lock_budget(usize::MAX, area, 1 << 30), 0, "no overflow");
+    }
+
+    /// The module cache and default socket directories: private directories only.
+    #[test]
+    fn private_dir_refuses_open_directories_and_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let dir = base.path().join("cache");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(private_dir(&dir, "advice").is_ok());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = private_dir(&dir, "or chmod it").unwrap_err().to_string();
+        assert!(e.contains("mode 777") && e.contains("or chmod it"), "{e}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let link = base.path().join("link");
+        std::os::unix::fs::symlink(&dir, &link).unwrap();
+        let e = private_dir(&link, "advice").unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        let file = base.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let e = private_dir(&file, "advice").unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
     }
 }
