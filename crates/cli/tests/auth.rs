@@ -171,6 +171,13 @@ fn process_isolation_serves_the_right_token_only() {
     let log = std::fs::read_to_string(&serve.log).unwrap();
     assert!(log.contains("tenant=\"carol\""), "{log}");
     assert!(log.contains("authentication failed"), "{log}");
+    // Audit events: one target, an `audit` field naming the event.
+    let audit = |event: &str| {
+        log.lines()
+            .any(|l| l.contains("remora::audit") && l.contains(&format!("audit=\"{event}\"")))
+    };
+    assert!(audit("auth_ok") && audit("auth_failed"), "{log}");
+    assert!(audit("auth_required"), "a call without a token: {log}");
     assert!(
         !log.contains(TOKEN) && !log.contains("someone-elses"),
         "{log}"

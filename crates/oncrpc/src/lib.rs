@@ -47,6 +47,12 @@ use std::net::SocketAddr;
 
 pub use remora_xdr as xdr;
 
+/// The `tracing` target of audit events: authentication results and limits that closed a
+/// connection or refused a call, each with an `audit` field naming the event (`auth_ok`,
+/// `auth_failed`, `auth_required`, `limit`) and, for limits, a `limit` field naming the
+/// setting. `REMORA_LOG=warn,remora::audit=info` keeps them all, whatever else is filtered.
+pub const AUDIT: &str = "remora::audit";
+
 pub mod auth;
 mod client;
 mod endpoint;

@@ -146,6 +146,9 @@ impl Service for RemoraService {
                 }
                 Err(crate::session::Refused::Full(bytes, calls)) => {
                     tracing::error!(
+                        target: remora_oncrpc::AUDIT,
+                        audit = "limit",
+                        limit = "ordered_queue",
                         connection = ctx.connection,
                         procedure = ctx.procedure,
                         queued_bytes = bytes,

@@ -311,10 +311,13 @@ impl PendingCopies {
         macro_rules! refused {
             ($level:ident) => {
                 tracing::$level!(
+                    target: remora_oncrpc::AUDIT,
+                    audit = "limit",
+                    limit = "max_pending_copy_bytes",
                     connection = self.connection,
                     staged,
                     copy_bytes = bytes,
-                    limit = self.max_bytes,
+                    max_bytes = self.max_bytes,
                     "{line}"
                 )
             };
@@ -358,8 +361,11 @@ impl PendingCopies {
         let limit = self.max_bytes.saturating_add(EMPTY_COPY_SLACK);
         if self.staged_bytes().saturating_add(c) > limit {
             tracing::error!(
+                target: remora_oncrpc::AUDIT,
+                audit = "limit",
+                limit = "max_pending_copy_bytes",
                 connection = self.connection,
-                limit = self.max_bytes,
+                max_bytes = self.max_bytes,
                 "the session keeps issuing asynchronous device-to-host copies that are refused (past --max-pending-copy-bytes) without ever synchronizing; closing its connection"
             );
             self.overflowed

@@ -297,11 +297,22 @@ impl RemoraV1Server for Executor {
             }
             (Some(t), _) => {
                 call.authenticate(t);
+                tracing::info!(
+                    target: remora_oncrpc::AUDIT,
+                    audit = "auth_ok",
+                    peer = %call.peer,
+                    connection = call.connection,
+                    tenant = t,
+                    client = %args.hello.client_name,
+                    "authenticated"
+                );
                 None
             }
         };
         if let Some(what) = refused {
             tracing::warn!(
+                target: remora_oncrpc::AUDIT,
+                audit = "auth_failed",
                 peer = %call.peer,
                 connection = call.connection,
                 client = %args.hello.client_name,
