@@ -53,6 +53,20 @@ pub use remora_xdr as xdr;
 /// setting. `REMORA_LOG=warn,remora::audit=info` keeps them all, whatever else is filtered.
 pub const AUDIT: &str = "remora::audit";
 
+/// Logs an audit event at `level` under [`AUDIT`]: `audit!(info, "auth_ok", %peer, "message")`
+/// is `tracing::info!(target: AUDIT, audit = "auth_ok", %peer, "message")`, and
+/// `audit!(warn, limit "max_connections", ...)` is `tracing::warn!(target: AUDIT, audit =
+/// "limit", limit = "max_connections", ...)`.
+#[macro_export]
+macro_rules! audit {
+    ($level:ident, limit $name:literal, $($rest:tt)+) => {
+        ::tracing::$level!(target: $crate::AUDIT, audit = "limit", limit = $name, $($rest)+)
+    };
+    ($level:ident, $event:literal, $($rest:tt)+) => {
+        ::tracing::$level!(target: $crate::AUDIT, audit = $event, $($rest)+)
+    };
+}
+
 pub mod auth;
 mod client;
 mod endpoint;

@@ -145,10 +145,9 @@ impl Service for RemoraService {
                     Dispatch::Deferred
                 }
                 Err(crate::session::Refused::Full(bytes, calls)) => {
-                    tracing::error!(
-                        target: remora_oncrpc::AUDIT,
-                        audit = "limit",
-                        limit = "ordered_queue",
+                    remora_oncrpc::audit!(
+                        error,
+                        limit "ordered_queue",
                         connection = ctx.connection,
                         procedure = ctx.procedure,
                         queued_bytes = bytes,

@@ -310,10 +310,9 @@ impl PendingCopies {
         // Warned once per session, then at debug level.
         macro_rules! refused {
             ($level:ident) => {
-                tracing::$level!(
-                    target: remora_oncrpc::AUDIT,
-                    audit = "limit",
-                    limit = "max_pending_copy_bytes",
+                remora_oncrpc::audit!(
+                    $level,
+                    limit "max_pending_copy_bytes",
                     connection = self.connection,
                     staged,
                     copy_bytes = bytes,
@@ -360,10 +359,9 @@ impl PendingCopies {
         let c = charge(&p);
         let limit = self.max_bytes.saturating_add(EMPTY_COPY_SLACK);
         if self.staged_bytes().saturating_add(c) > limit {
-            tracing::error!(
-                target: remora_oncrpc::AUDIT,
-                audit = "limit",
-                limit = "max_pending_copy_bytes",
+            remora_oncrpc::audit!(
+                error,
+                limit "max_pending_copy_bytes",
                 connection = self.connection,
                 max_bytes = self.max_bytes,
                 "the session keeps issuing asynchronous device-to-host copies that are refused (past --max-pending-copy-bytes) without ever synchronizing; closing its connection"

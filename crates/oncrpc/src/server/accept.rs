@@ -434,14 +434,14 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
         }
     }
     if table.streams.len() >= shared.config.max_connections {
-        tracing::warn!(target: crate::AUDIT, audit = "limit", limit = "max_connections", %peer, max = shared.config.max_connections, "ONC RPC server: too many connections; new connection closed");
+        crate::audit!(warn, limit "max_connections", %peer, max = shared.config.max_connections, "ONC RPC server: too many connections; new connection closed");
         let _ = stream.shutdown(Shutdown::Both);
         return;
     }
     let key = PeerKey::of(&peer);
     let from_peer = table.per_peer.get(&key).copied().unwrap_or(0);
     if from_peer >= shared.config.max_connections_per_peer {
-        tracing::warn!(target: crate::AUDIT, audit = "limit", limit = "max_connections_per_peer", %peer, max = shared.config.max_connections_per_peer, "ONC RPC server: too many connections from this peer (its IP address, or its uid on a Unix socket); new connection closed (raise --max-connections-per-peer if this peer needs more)");
+        crate::audit!(warn, limit "max_connections_per_peer", %peer, max = shared.config.max_connections_per_peer, "ONC RPC server: too many connections from this peer (its IP address, or its uid on a Unix socket); new connection closed (raise --max-connections-per-peer if this peer needs more)");
         let _ = stream.shutdown(Shutdown::Both);
         return;
     }

@@ -145,7 +145,7 @@ impl ReplySink {
             // Part of a record may have gone out: nothing more can be sent on this stream.
             guard.take();
             drop(guard);
-            tracing::warn!(target: crate::AUDIT, audit = "limit", limit = "stall_timeout", error = %e, "ONC RPC server: a reply could not be written (the peer does not read its replies, or is gone); connection closed");
+            crate::audit!(warn, limit "stall_timeout", error = %e, "ONC RPC server: a reply could not be written (the peer does not read its replies, or is gone); connection closed");
             self.shut_down();
         }
         sent
@@ -496,12 +496,12 @@ fn serve_records<S: Transport>(
                 if !opened.first_call
                     && now.saturating_duration_since(opened.since) >= config.hello_timeout
                 {
-                    tracing::info!(target: crate::AUDIT, audit = "limit", limit = "hello_timeout", %peer, timeout = ?config.hello_timeout, "ONC RPC server: no first call (HELLO) within hello_timeout; connection closed");
+                    crate::audit!(info, limit "hello_timeout", %peer, timeout = ?config.hello_timeout, "ONC RPC server: no first call (HELLO) within hello_timeout; connection closed");
                     return None;
                 }
                 if reader.in_record() {
                     if quiet >= config.stall_timeout {
-                        tracing::warn!(target: crate::AUDIT, audit = "limit", limit = "stall_timeout", %peer, stalled = ?quiet, buffered = reader.buffered_record_bytes(), "ONC RPC server: partial record stalled past stall_timeout; connection closed");
+                        crate::audit!(warn, limit "stall_timeout", %peer, stalled = ?quiet, buffered = reader.buffered_record_bytes(), "ONC RPC server: partial record stalled past stall_timeout; connection closed");
                         return None;
                     }
                     // A trickle (slowloris): bytes keep coming, too few to ever finish.
@@ -513,7 +513,7 @@ fn serve_records<S: Transport>(
                         );
                     let took = now.saturating_duration_since(since);
                     if took > allowed {
-                        tracing::warn!(target: crate::AUDIT, audit = "limit", limit = "min_record_rate", %peer, took = ?took, received = got, min_rate = config.min_record_rate, "ONC RPC server: a record arrives slower than min_record_rate bytes/s; connection closed");
+                        crate::audit!(warn, limit "min_record_rate", %peer, took = ?took, received = got, min_rate = config.min_record_rate, "ONC RPC server: a record arrives slower than min_record_rate bytes/s; connection closed");
                         return None;
                     }
                 } else if config.idle_timeout.is_some_and(|idle| quiet >= idle)
@@ -525,9 +525,9 @@ fn serve_records<S: Transport>(
             }
             Err(RecordError::TooLarge { declared, max }) => {
                 if opened.first_call {
-                    tracing::warn!(target: crate::AUDIT, audit = "limit", limit = "max_record_size", %peer, declared, max, "ONC RPC server: call record exceeds max_record_size; connection closed");
+                    crate::audit!(warn, limit "max_record_size", %peer, declared, max, "ONC RPC server: call record exceeds max_record_size; connection closed");
                 } else {
-                    tracing::warn!(target: crate::AUDIT, audit = "limit", limit = "max_first_record_size", %peer, declared, max, "ONC RPC server: a record before the connection's first call (HELLO) exceeds max_first_record_size; connection closed");
+                    crate::audit!(warn, limit "max_first_record_size", %peer, declared, max, "ONC RPC server: a record before the connection's first call (HELLO) exceeds max_first_record_size; connection closed");
                 }
                 return None;
             }

@@ -389,7 +389,7 @@ pub(crate) fn process_call(
     if !admitted(open, auth, program, procedure) {
         // Before authentication nothing but the open procedures (NULL, the authenticating
         // handshake) is served, not even an answer to which programs exist.
-        tracing::info!(target: crate::AUDIT, audit = "auth_required", %peer, xid, program, procedure, "ONC RPC server: a call before the connection authenticated; AUTH_ERROR (AUTH_TOOWEAK), connection closed");
+        crate::audit!(info, "auth_required", %peer, xid, program, procedure, "ONC RPC server: a call before the connection authenticated; AUTH_ERROR (AUTH_TOOWEAK), connection closed");
         return auth_error_then_close(xid, AuthStat::TooWeak);
     }
     let Some(versions) = registry.programs.get(&program) else {

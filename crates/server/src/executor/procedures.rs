@@ -297,10 +297,7 @@ impl RemoraV1Server for Executor {
             }
             (Some(t), _) => {
                 call.authenticate(t);
-                tracing::info!(
-                    target: remora_oncrpc::AUDIT,
-                    audit = "auth_ok",
-                    peer = %call.peer,
+                remora_oncrpc::audit!(info, "auth_ok", peer = %call.peer,
                     connection = call.connection,
                     tenant = t,
                     client = %args.hello.client_name,
@@ -310,10 +307,7 @@ impl RemoraV1Server for Executor {
             }
         };
         if let Some(what) = refused {
-            tracing::warn!(
-                target: remora_oncrpc::AUDIT,
-                audit = "auth_failed",
-                peer = %call.peer,
+            remora_oncrpc::audit!(warn, "auth_failed", peer = %call.peer,
                 connection = call.connection,
                 client = %args.hello.client_name,
                 "authentication failed: HELLO_AUTH with {what}; AUTH_ERROR (AUTH_BADCRED), connection closed"
