@@ -8,13 +8,11 @@ mod common;
 use common::*;
 use remora_client::proto::RmPrimaryStateReply;
 use remora_client::{CuError, cu};
-use remora_oncrpc::TransportChoice;
 
 #[test]
 fn generated_calls_resolve_handles_and_return_results() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.endpoint, TransportChoice::Unix);
+    let t = unix_session();
+    let s = &t.s;
     let ctx = s.primary_ctx_retain(0).unwrap();
     assert_eq!(s.ctx_get_api_version(ctx), Ok(3020));
     assert_eq!(s.ctx_get_flags(ctx), Ok(0));
@@ -55,9 +53,8 @@ fn generated_calls_resolve_handles_and_return_results() {
 #[test]
 fn memset_rows_fill_each_row_and_stay_inside_the_allocation() {
     use remora_client::proto::RmMemset2dArgs;
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.endpoint, TransportChoice::Unix);
+    let t = unix_session();
+    let s = &t.s;
     let ctx = s.primary_ctx_retain(0).unwrap();
     let (pitch, rows) = (256u64, 8u64);
     let p = s.mem_alloc(ctx, pitch * rows).unwrap();
@@ -108,9 +105,8 @@ fn memset_rows_fill_each_row_and_stay_inside_the_allocation() {
 #[test]
 fn stream_attributes_are_set_read_back_and_windows_checked() {
     use remora_client::proto::{RmAccessPolicy, RmStreamAttr};
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.endpoint, TransportChoice::Unix);
+    let t = unix_session();
+    let s = &t.s;
     let ctx = s.primary_ctx_retain(0).unwrap();
     let st = s.stream_create(ctx, 1, 0).unwrap();
     let p = s.mem_alloc(ctx, 1 << 20).unwrap();
@@ -157,9 +153,8 @@ fn stream_attributes_are_set_read_back_and_windows_checked() {
 /// every primary-context call of the session keeps it equal to the server's answer.
 #[test]
 fn primary_context_state_cache_follows_every_change() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.endpoint, TransportChoice::Unix);
+    let t = unix_session();
+    let s = &t.s;
     let truth = || match s.rpc().rm_primary_ctx_get_state(&0).unwrap() {
         RmPrimaryStateReply::Case0(st) => (st.flags, st.active != 0),
         other => panic!("{other:?}"),
@@ -194,9 +189,8 @@ fn primary_context_state_cache_follows_every_change() {
 /// reads back as set and setting it again to the same value is answered here.
 #[test]
 fn occupancy_cache_follows_function_attributes() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.endpoint, TransportChoice::Unix);
+    let t = unix_session();
+    let s = &t.s;
     let ctx = s.primary_ctx_retain(0).unwrap();
     let m = s
         .module_load(ctx, b"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n")
@@ -266,9 +260,8 @@ fn occupancy_cache_follows_function_attributes() {
 /// client; a failed set, and `cuFuncSetCacheConfig` (which moves the carveout), forget it.
 #[test]
 fn repeated_function_attribute_sets_stay_local() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.endpoint, TransportChoice::Unix);
+    let t = unix_session();
+    let s = &t.s;
     let ctx = s.primary_ctx_retain(0).unwrap();
     let m = s
         .module_load(ctx, b"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n")
@@ -316,9 +309,8 @@ fn repeated_function_attribute_sets_stay_local() {
 /// context leave no deferred error behind.
 #[test]
 fn pooled_events_work_and_destruction_errors_stay_synchronous() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.endpoint, TransportChoice::Unix);
+    let t = unix_session();
+    let s = &t.s;
     let ctx = s.primary_ctx_retain(0).unwrap();
     let mut seen = std::collections::HashSet::new();
     for round in 0..3 {

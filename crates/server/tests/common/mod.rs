@@ -106,6 +106,25 @@ pub fn session(endpoint: &Endpoint, transport: TransportChoice) -> Session {
     .unwrap()
 }
 
+/// A test's emulated server (no data area) and one Unix-socket session on it, holding
+/// [`SERIAL`]. Fields drop in order: the session, then the server, then the lock.
+pub struct UnixSession {
+    pub s: Session,
+    pub server: Server,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+/// [`UnixSession`]: takes [`SERIAL`], starts `serve(0)` and connects over the Unix socket.
+pub fn unix_session() -> UnixSession {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    UnixSession {
+        s: session(&server.endpoint, TransportChoice::Unix),
+        server,
+        _serial: serial,
+    }
+}
+
 pub fn pattern(n: usize, seed: u32) -> Vec<u8> {
     (0..n as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(97)) as u8 ^ (i >> 9) as u8)
