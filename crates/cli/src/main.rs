@@ -326,11 +326,17 @@ enum Command {
         /// who reaches the port may use the GPUs. Only for a network you trust completely.
         #[arg(long)]
         insecure: bool,
+        /// Under process isolation, session workers kept started ahead of their connections,
+        /// with the driver initialised and a context made on the first GPU, so that a
+        /// program's session starts at once (each holds one context's GPU memory while it
+        /// waits). 0: start each worker when its connection arrives.
+        #[arg(long, value_name = "N", default_value_t = remora_server::DEFAULT_WARM_WORKERS)]
+        warm_workers: usize,
         #[command(flatten)]
         session: SessionArgs,
     },
-    /// Serve one session: the connection on standard input (started by `remora serve`
-    /// under process isolation).
+    /// Serve one session: the connection the server passes over standard input, a control
+    /// socket (started by `remora serve` under process isolation).
     #[command(hide = true)]
     ServeWorker {
         #[arg(long, value_name = "BYTES")]
@@ -599,6 +605,7 @@ fn run(cli: Cli) -> Result<()> {
             max_connections,
             max_connections_per_peer,
             insecure,
+            warm_workers,
             session: s,
         } => {
             init_logging("info");
@@ -637,6 +644,7 @@ fn run(cli: Cli) -> Result<()> {
                 idle_timeout: s.idle_timeout,
                 auth_token_file: s.auth_token_file,
                 insecure,
+                warm_workers: Some(warm_workers),
             })
         }
         Command::ServeWorker {

@@ -131,7 +131,11 @@ fn load_by_hash(c: &RemoraV1Client, ctx: u64) -> RmLoadReply {
 fn a_killed_worker_takes_only_its_own_session_and_workers_share_the_module_cache() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("tmp")).unwrap();
-    let serve = Serve::start(dir.path(), &["--isolation", "process"]);
+    // No warm workers: every child is a session's.
+    let serve = Serve::start(
+        dir.path(),
+        &["--isolation", "process", "--warm-workers", "0"],
+    );
     let server_pid = serve.child.id();
 
     // Session A: its own worker; it sends the image once.
@@ -223,6 +227,78 @@ fn a_killed_worker_takes_only_its_own_session_and_workers_share_the_module_cache
         "{log}"
     );
     drop((a, b, c));
+}
+
+/// The worker pids the server's log says it handed sessions to, in order.
+fn handed(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("serve.log"))
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("session handed to a worker"))
+        .filter_map(|l| l.split("worker_pid=").nth(1))
+        .filter_map(|p| p.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn warm_workers_wait_ahead_of_connections_and_each_serves_one_session() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    let serve = Serve::start(
+        dir.path(),
+        &["--isolation", "process", "--warm-workers", "2"],
+    );
+    let server_pid = serve.child.id();
+    // Two workers start before anyone connects.
+    wait_until("two warm workers wait", || children(server_pid).len() == 2);
+    let warm = children(server_pid);
+
+    // A's session goes to one of them; the pool starts a replacement.
+    let a = serve.client();
+    let ctx_a = primary(&a);
+    assert!(alloc_works(&a, ctx_a));
+    wait_until("the hand-off is logged", || handed(dir.path()).len() == 1);
+    let worker_a = handed(dir.path())[0];
+    assert!(warm.contains(&worker_a), "{worker_a} not in {warm:?}");
+    wait_until("the pool is refilled", || children(server_pid).len() == 3);
+
+    // B's session gets another worker that was already waiting.
+    let b = serve.client();
+    let ctx_b = primary(&b);
+    assert!(alloc_works(&b, ctx_b));
+    wait_until("B's hand-off is logged", || handed(dir.path()).len() == 2);
+    let worker_b = handed(dir.path())[1];
+    assert_ne!(worker_a, worker_b);
+    assert!(warm.contains(&worker_b), "{worker_b} not in {warm:?}");
+
+    // A worker serves one session only: A's exits when A closes, and takes no other.
+    drop(a);
+    wait_until("A's worker exits", || !alive(worker_a));
+    wait_until("two wait again beside B's", || {
+        children(server_pid).len() == 3
+    });
+    assert!(alloc_works(&b, ctx_b));
+
+    // Shutdown: B's worker and the waiting ones end, and so does the server.
+    let all = children(server_pid);
+    let mut serve = serve;
+    Command::new("kill")
+        .args(["-TERM", &server_pid.to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = serve.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    for pid in all {
+        assert!(!alive(pid), "worker {pid} outlived the server");
+    }
+    drop(b);
 }
 
 #[test]

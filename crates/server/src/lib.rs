@@ -30,13 +30,14 @@ mod serve;
 mod session;
 pub mod tokens;
 mod waiters;
+mod worker_pool;
 
 pub use backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig, LiveCounts};
 pub use executor::Executor;
 pub use hello::{HelloService, SERVER_VERSION};
 pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{
-    BackendChoice, DEFAULT_SHM_LOCK_MAX, EMULATED_COPY_LATENCY_ENV, EMULATED_DEVICE_PRINTF_ENV,
+    BackendChoice, DEFAULT_SHM_LOCK_MAX, DEFAULT_WARM_WORKERS, EMULATED_COPY_LATENCY_ENV, EMULATED_DEVICE_PRINTF_ENV,
     Isolation, NO_GPU_LOG_TARGET, RemoraService, Running, ServeConfig, ServeError, ShmConfig,
     WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of, serve_worker, start,
     start_with_backend, start_with_inventory,

@@ -1,15 +1,12 @@
 //! Starting and stopping `remora serve`.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use remora_oncrpc::{
-    AcceptedConnection, CallContext, ConnectionHandler, Dispatch, Endpoint, Server, ServerConfig,
+    CallContext, ConnectionHandler, Dispatch, Endpoint, Server, ServerConfig,
     ServerHandle, Service,
 };
 use remora_proto::remora::RemoraV1Service;
@@ -21,6 +18,10 @@ use crate::driver::{self, GpuInfo, Inventory};
 use crate::executor::Executor;
 use crate::hello::HelloService;
 use crate::tokens::Tokens;
+use crate::worker_pool::WorkerPool;
+
+/// Default of [`ServeConfig::warm_workers`].
+pub const DEFAULT_WARM_WORKERS: usize = 2;
 
 /// Which backend executes the CUDA calls.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -224,6 +225,11 @@ pub struct ServeConfig {
     pub auth_token_file: Option<PathBuf>,
     /// Serve a TCP listener on a non-loopback address without tokens (a trusted network).
     pub insecure: bool,
+    /// Under process isolation, session workers kept started and waiting for a connection,
+    /// each with its driver initialised and a context made on device 0 (which holds that
+    /// context's GPU memory while it waits); `None`: [`DEFAULT_WARM_WORKERS`]. 0: a worker
+    /// starts when its connection arrives.
+    pub warm_workers: Option<usize>,
 }
 
 /// Shared-memory sessions: whether they are offered and the size of their data area.
@@ -487,7 +493,7 @@ pub struct Running {
     /// The executor serving the sessions, under thread isolation.
     service: Option<Arc<RemoraService>>,
     /// The session workers, under process isolation.
-    workers: Option<Arc<Workers>>,
+    pool: Option<Arc<WorkerPool>>,
     /// The module cache directory this server made, removed at shutdown.
     cache_dir: Option<PrivateDir>,
 }
@@ -511,7 +517,7 @@ impl Running {
 
     /// Where sessions run.
     pub fn isolation(&self) -> Isolation {
-        if self.workers.is_some() {
+        if self.pool.is_some() {
             Isolation::Process
         } else {
             Isolation::Thread
@@ -521,8 +527,8 @@ impl Running {
     /// The process ids of the live session workers, by connection (empty under thread
     /// isolation).
     pub fn worker_pids(&self) -> Vec<u32> {
-        self.workers.as_ref().map_or_else(Vec::new, |w| {
-            let mut pids: Vec<u32> = w.lock().values().copied().collect();
+        self.pool.as_ref().map_or_else(Vec::new, |p| {
+            let mut pids: Vec<u32> = p.workers.lock().values().copied().collect();
             pids.sort_unstable();
             pids
         })
@@ -540,10 +546,14 @@ impl Running {
 
     /// Stops accepting, lets calls in flight finish, and joins every thread. Under process
     /// isolation each worker sees its connection end and exits; one still running after
-    /// [`WORKER_GRACE`] gets SIGTERM, then SIGKILL after as long again. Returns once every
-    /// worker has been reaped; removes the module cache directory it made.
+    /// [`WORKER_GRACE`] gets SIGTERM, then SIGKILL after as long again; warm workers without
+    /// a session see their control socket close. Returns once every worker has been reaped;
+    /// removes the module cache directory it made.
     pub fn shutdown(self) {
         self.handle.shutdown();
+        if let Some(pool) = &self.pool {
+            pool.drain();
+        }
         drop(self.cache_dir);
     }
 }
@@ -587,122 +597,6 @@ impl PrivateDir {
 impl Drop for PrivateDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-/// The live workers: connection id → process id.
-#[derive(Default)]
-struct Workers {
-    live: Mutex<HashMap<u64, u32>>,
-}
-
-impl Workers {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u32>> {
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Starts one worker process per accepted connection and waits for it.
-struct WorkerSpawner {
-    command: Vec<OsString>,
-    args: Vec<OsString>,
-    workers: Arc<Workers>,
-    /// (bytes of one session's data area, the server's page-lock cap): each worker is told
-    /// what the cap leaves after the areas of the workers alive.
-    lock: (u64, u64),
-}
-
-/// What the page-lock cap `cap` leaves for one more session when `live` sessions with areas
-/// of `area` bytes each may hold theirs.
-fn lock_budget(live: usize, area: u64, cap: u64) -> u64 {
-    cap.saturating_sub(area.saturating_mul(live as u64))
-}
-
-impl ConnectionHandler for WorkerSpawner {
-    fn handle(&self, conn: AcceptedConnection) {
-        let peer = conn.peer().clone();
-        let id = conn.id();
-        let fd: OwnedFd = match conn.try_clone_fd() {
-            Ok(fd) => fd,
-            Err(e) => {
-                tracing::error!(%peer, error = %e, "cannot pass the connection to a session worker; closed");
-                return;
-            }
-        };
-        let Some((program, leading)) = self.command.split_first() else {
-            return;
-        };
-        let budget = lock_budget(self.workers.lock().len(), self.lock.0, self.lock.1);
-        let spawned = Command::new(program)
-            .args(leading)
-            .args(&self.args)
-            .arg("--shm-lock-budget")
-            .arg(budget.to_string())
-            .stdin(Stdio::from(fd))
-            .stdout(Stdio::null())
-            .env("REMORA_SERVE_PID", std::process::id().to_string())
-            .env("REMORA_SESSION_PEER", peer.to_string())
-            .spawn();
-        let mut child = match spawned {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(%peer, error = %e, "cannot start a session worker; connection closed");
-                return;
-            }
-        };
-        let pid = child.id();
-        self.workers.lock().insert(id, pid);
-        tracing::info!(%peer, connection = id, worker_pid = pid, "session worker started");
-        let mut stopping_since: Option<Instant> = None;
-        let mut termed = false;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break Some(status),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::error!(%peer, worker_pid = pid, error = %e, "cannot wait for a session worker");
-                    let _ = child.kill();
-                    break child.wait().ok();
-                }
-            }
-            if conn.shutting_down() {
-                let since = *stopping_since.get_or_insert_with(Instant::now);
-                if !termed && since.elapsed() >= WORKER_GRACE {
-                    tracing::warn!(%peer, worker_pid = pid, "session worker still running after shutdown began; SIGTERM");
-                    let _ = rustix::process::kill_process(
-                        rustix::process::Pid::from_child(&child),
-                        rustix::process::Signal::TERM,
-                    );
-                    termed = true;
-                } else if termed && since.elapsed() >= 2 * WORKER_GRACE {
-                    tracing::warn!(%peer, worker_pid = pid, "session worker ignored SIGTERM; killed");
-                    let _ = child.kill();
-                    break child.wait().ok();
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        self.workers.lock().remove(&id);
-        use std::os::unix::process::ExitStatusExt;
-        match status {
-            Some(s) if s.success() => {
-                tracing::info!(%peer, connection = id, worker_pid = pid, "session worker finished")
-            }
-            Some(s) => match s.signal() {
-                Some(sig) if termed => {
-                    tracing::info!(%peer, worker_pid = pid, signal = sig, "session worker stopped at shutdown")
-                }
-                Some(sig) => tracing::error!(
-                    %peer, connection = id, worker_pid = pid, signal = sig,
-                    "session worker died by signal; only this session is lost"
-                ),
-                None => tracing::warn!(
-                    %peer, connection = id, worker_pid = pid, code = s.code(),
-                    "session worker exited with an error"
-                ),
-            },
-            None => {}
-        }
     }
 }
 
@@ -819,14 +713,6 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     // Loaded here so that a bad file stops the server at start; each worker loads it again
     // and authenticates its connection itself (docs/architecture.md).
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
-    // The probe checks the device selection and logs the inventory; this process never
-    // creates a context, and workers are started by exec, so its driver state reaches no one.
-    let inventory = match config.backend {
-        BackendChoice::Cuda => probe_inventory(config.devices.as_deref(), Probe::Server)?,
-        BackendChoice::Emulated => {
-            make_backend(config.backend, config.devices.as_deref(), Probe::Server)?.1
-        }
-    };
     let (cache_dir, owned_dir) = match &config.module_cache_dir {
         Some(dir) => {
             use std::os::unix::fs::DirBuilderExt;
@@ -861,10 +747,9 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             vec![exe.into_os_string(), "serve-worker".into()]
         }
     };
-    let workers = Arc::new(Workers::default());
-    let spawner = Arc::new(WorkerSpawner {
+    let pool = Arc::new(WorkerPool::new(
         command,
-        args: WorkerConfig {
+        WorkerConfig {
             backend: config.backend,
             devices: config.devices.clone(),
             max_record_size: config.max_record_size,
@@ -879,28 +764,53 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             auth_token_file: config.auth_token_file.clone(),
         }
         .to_args(),
-        workers: Arc::clone(&workers),
-        lock: (config.shm.data_bytes, config.shm.lock_max_bytes),
-    });
-    tracing::info!(module_cache = %cache_dir.display(), "process isolation: one worker process per session");
-    // The parent serves no calls; the service is registered so that rpcbind learns the
-    // program and version the workers answer.
-    let placeholder = Arc::new(RemoraService::new(Executor::new(
-        Arc::new(CudaBackend::unavailable()),
-        HelloService::new(&inventory),
-        0,
-    )));
-    let handle = listen_and_start(
-        &config,
-        Server::builder(server_config(&config, tokens.as_deref()))
-            .service(placeholder as Arc<dyn Service>)
-            .hand_off(spawner as Arc<dyn ConnectionHandler>),
-    )?;
+        (config.shm.data_bytes, config.shm.lock_max_bytes),
+        config.warm_workers.unwrap_or(DEFAULT_WARM_WORKERS),
+    ));
+    // The warm workers load and initialise their drivers while this process probes its own.
+    pool.fill();
+    let started = (|| {
+        // The probe checks the device selection and logs the inventory; this process never
+        // creates a context, and workers are started by exec, so its driver state reaches
+        // no one.
+        let inventory = match config.backend {
+            BackendChoice::Cuda => probe_inventory(config.devices.as_deref(), Probe::Server)?,
+            BackendChoice::Emulated => {
+                make_backend(config.backend, config.devices.as_deref(), Probe::Server)?.1
+            }
+        };
+        tracing::info!(
+            module_cache = %cache_dir.display(),
+            warm_workers = pool.warm_target,
+            "process isolation: one worker process per session"
+        );
+        // The parent serves no calls; the service is registered so that rpcbind learns the
+        // program and version the workers answer.
+        let placeholder = Arc::new(RemoraService::new(Executor::new(
+            Arc::new(CudaBackend::unavailable()),
+            HelloService::new(&inventory),
+            0,
+        )));
+        let handle = listen_and_start(
+            &config,
+            Server::builder(server_config(&config, tokens.as_deref()))
+                .service(placeholder as Arc<dyn Service>)
+                .hand_off(Arc::clone(&pool) as Arc<dyn ConnectionHandler>),
+        )?;
+        Ok((inventory, handle))
+    })();
+    let (inventory, handle) = match started {
+        Ok(v) => v,
+        Err(e) => {
+            pool.drain();
+            return Err(e);
+        }
+    };
     Ok(Running {
         handle,
         inventory,
         service: None,
-        workers: Some(workers),
+        pool: Some(pool),
         cache_dir: owned_dir,
     })
 }
@@ -1069,10 +979,13 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         return Ok(());
     }
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
-    let fd = std::io::stdin()
+    // Standard input is this worker's control socket to the server, which passes the
+    // session's connection over it once one arrives (crate::worker_pool).
+    let control: std::os::unix::net::UnixStream = std::io::stdin()
         .as_fd()
         .try_clone_to_owned()
-        .map_err(ServeError::WorkerStdin)?;
+        .map_err(ServeError::WorkerStdin)?
+        .into();
     // Before the driver is loaded: what it writes to fd 1 (device-side printf) is this one
     // session's, and goes back to its client in synchronizing replies.
     let device_output = match DeviceOutput::capture_stdout() {
@@ -1082,6 +995,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
             None
         }
     };
+    let t0 = Instant::now();
     let (backend, inventory) = match config.backend {
         BackendChoice::Emulated => emulated_backend(
             config.devices.as_deref(),
@@ -1091,17 +1005,41 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
             make_backend(config.backend, config.devices.as_deref(), Probe::Worker)?
         }
     };
+    let driver_ms = t0.elapsed().as_millis() as u64;
+    backend.prewarm();
     tracing::debug!(
+        target: "remora::startup",
         worker_pid = std::process::id(),
         backend = backend.kind(),
-        "session worker ready"
+        driver_ms,
+        prewarm_ms = t0.elapsed().as_millis() as u64 - driver_ms,
+        "session worker ready; waiting for its connection"
     );
+    let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
+    let (fd, budget, peer) = match remora_shm::recv_with_fd(&control, &mut message) {
+        // The server closed the control socket: it is shutting down or shrinking its pool.
+        Ok((0, _)) => return Ok(()),
+        Ok((n, Some(fd))) => match crate::worker_pool::parse_handoff(&message[..n]) {
+            Some((budget, peer)) => (fd, budget, peer),
+            None => return Err(ServeError::WorkerStdin(std::io::Error::other(
+                "the server sent a hand-off this worker does not understand",
+            ))),
+        },
+        Ok((_, None)) => {
+            return Err(ServeError::WorkerStdin(std::io::Error::other(
+                "the server's hand-off came without a connection",
+            )));
+        }
+        Err(e) => return Err(ServeError::WorkerStdin(e)),
+    };
+    drop(control);
+    tracing::debug!(target: "remora::startup", %peer, "session worker got its connection");
     let executor = new_executor(
         backend,
         &inventory,
         executor_options!(
             config,
-            config.shm_lock_budget.unwrap_or(u64::MAX),
+            config.shm_lock_budget.unwrap_or(budget),
             tokens.clone()
         ),
     );
@@ -1197,7 +1135,7 @@ pub fn start_with_backend(
         handle,
         inventory,
         service: Some(service),
-        workers: None,
+        pool: None,
         cache_dir: None,
     })
 }
@@ -1211,20 +1149,7 @@ fn is_loopback(addr: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{lock_budget, private_dir};
-
-    #[test]
-    fn each_worker_gets_what_the_lock_cap_leaves() {
-        let area = 256u64 << 20;
-        assert_eq!(lock_budget(0, area, 1 << 30), 1 << 30);
-        assert_eq!(lock_budget(3, area, 1 << 30), area);
-        assert_eq!(
-            lock_budget(4, area, 1 << 30),
-            0,
-            "the fifth session is not locked"
-        );
-        assert_eq!(lock_budget(usize::MAX, area, 1 << 30), 0, "no overflow");
-    }
+    use super::private_dir;
 
     /// The module cache and default socket directories: private directories only.
     #[test]

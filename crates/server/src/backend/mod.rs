@@ -348,6 +348,12 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     /// `cuCtxCreate`. The executor also uses it for what a client calls its primary context:
     /// every session gets a context of its own, so a sticky error cannot spread to others.
     fn ctx_create(&self, flags: u32, dev: i32) -> CuResult<u64>;
+
+    /// Before any session: makes what the first session would otherwise wait for (the CUDA
+    /// backend creates a context on device 0 with flags 0, which the first matching
+    /// [`Backend::ctx_create`] takes). Session workers of a warm pool call it while they wait
+    /// for their connection. Best effort; the default does nothing.
+    fn prewarm(&self) {}
     /// `cuCtxDestroy`.
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()>;
     /// `cuCtxSynchronize` (blocks).
@@ -398,8 +404,8 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
         staged_dtoh_area(self, ctx, stream, copy)
     }
     /// A session with a shared data area begins: a backend may prepare the area for DMA
-    /// (the CUDA backend registers it with `cuMemHostRegister`). Best effort; the default
-    /// does nothing.
+    /// (the CUDA backend page-locks it with `cuMemHostRegister`, chunk by chunk as copies
+    /// reach it). Best effort; the default does nothing.
     fn area_attach(&self, _area: &DataArea) {}
     /// The session of `area` has ended and the area is about to be unmapped: undo
     /// [`Backend::area_attach`].

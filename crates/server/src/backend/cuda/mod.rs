@@ -50,22 +50,57 @@ const HOST_REGISTER_PORTABLE: c_uint = 1;
 const HOST_REGISTER_DEVICEMAP: c_uint = 2;
 
 /// What became of a session's shared data area (keyed by its address in this process).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum AreaReg {
     /// The session's area is known; no copy has needed it yet.
     Announced,
-    /// Page-locked with `cuMemHostRegister` while `ctx` was current: copies in `ctx`
-    /// between the device and the area are DMA straight from or to the mapping.
-    Registered { ctx: u64 },
+    /// Page-locked piece by piece, on demand, with `cuMemHostRegister` while `ctx` was
+    /// current: copies in `ctx` between the device and registered chunks are DMA straight
+    /// from or to the mapping. Chunks no copy has reached are never touched here, so a
+    /// short program does not pay for zero-filling and pinning the whole area (256 MiB:
+    /// ~150 ms on the H100 host).
+    Registered {
+        ctx: u64,
+        /// Bytes of each chunk (the last may be shorter).
+        chunk: usize,
+        chunks: Vec<Chunk>,
+    },
     /// Registration failed (logged once) or was undone: copies go through private buffers.
     Unregistered,
 }
+
+/// One [`CudaBackend::chunk`]-sized piece of a registered area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Not page-locked yet.
+    Open,
+    /// Page-locked.
+    Locked,
+    /// `cuMemHostRegister` failed: copies touching it use private buffers.
+    Failed,
+}
+
+/// Bytes of a data area page-locked at a time. Registering costs mostly zero-filling and
+/// pinning the pages (about 0.5 ms per MiB on the H100 host), paid once per chunk.
+const AREA_CHUNK: usize = 4 << 20;
+
+/// `CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`.
+const ATTR_HOST_POINTER_FOR_REGISTERED_MEM: c_int = 91;
 
 /// The real CUDA driver.
 pub struct CudaBackend {
     driver: Option<Arc<Driver>>,
     /// Data areas of live shared-memory sessions, by base address.
     areas: std::sync::Mutex<std::collections::HashMap<usize, AreaReg>>,
+    /// Whether every device reaches registered host memory at its host address
+    /// (`CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`): then areas are registered in
+    /// [`AREA_CHUNK`] pieces, whose device addresses are contiguous like their host ones.
+    /// Otherwise an area is registered whole, so that mapped host memory (a kernel given a
+    /// pointer into the area) sees one contiguous device range.
+    chunked: bool,
+    /// A context made before the session came (`Backend::prewarm`): the first
+    /// `ctx_create` with the same device and flags takes it instead of paying for a new one.
+    warm: std::sync::Mutex<Option<(i32, u32, u64)>>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -82,6 +117,8 @@ impl CudaBackend {
         Self {
             driver: None,
             areas: Default::default(),
+            chunked: false,
+            warm: Default::default(),
         }
     }
 
@@ -97,13 +134,18 @@ impl CudaBackend {
             Some(sel) => sel.to_vec(),
             None => (0..count).collect(),
         };
-        let devices = ordinals
+        let devices: Vec<c_int> = ordinals
             .into_iter()
             .map(|o| need(&format!("cuDeviceGet({o})"), lib.device(o)))
             .collect::<Result<_, _>>()?;
+        let chunked = devices
+            .iter()
+            .all(|&d| lib.attribute(ATTR_HOST_POINTER_FOR_REGISTERED_MEM, d) == Ok(1));
         Ok(Self {
             driver: Some(Arc::new(Driver { lib, devices })),
             areas: Default::default(),
+            chunked,
+            warm: Default::default(),
         })
     }
 
@@ -123,57 +165,116 @@ impl CudaBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The driver, with `ctx` current, when `area` is page-locked for copies in `ctx`. The
-    /// first copy of a session that [`Backend::area_attach`] announced registers the whole
-    /// area in its context (registration needs a current context). `None`: use the
-    /// private-buffer path.
-    fn area_dma(&self, ctx: u64, area: &DataArea) -> Option<&Driver> {
-        let base = area.base() as usize;
-        let mut areas = self.areas();
-        match areas.get(&base).copied()? {
-            AreaReg::Registered { ctx: c } if c == ctx => return self.in_ctx(ctx).ok(),
-            AreaReg::Registered { .. } | AreaReg::Unregistered => return None,
-            AreaReg::Announced => {}
-        }
-        let d = self.in_ctx(ctx).ok()?;
-        // SAFETY: `base..base + len` is the whole data area, a live shared mapping of this
-        // process (page-aligned, a multiple of 4096 bytes) that stays mapped until
-        // `area_detach` has unregistered it: the executor's session keeps a handle on it.
-        let r = call!(
-            d.t,
-            mem_host_register(
-                area.base().cast(),
-                area.len(),
-                HOST_REGISTER_PORTABLE | HOST_REGISTER_DEVICEMAP
-            )
-        );
-        match r {
-            Ok(()) => {
-                areas.insert(base, AreaReg::Registered { ctx });
-                Some(d)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    result = e.0,
-                    bytes = area.len(),
-                    "cuMemHostRegister of a session's shared data area failed; its copies go \
-                     through private buffers"
-                );
-                areas.insert(base, AreaReg::Unregistered);
-                None
-            }
-        }
+    /// Bytes page-locked at a time in an area of `len` bytes.
+    fn chunk(&self, len: usize) -> usize {
+        if self.chunked { AREA_CHUNK } else { len.max(1) }
     }
 
-    /// Undoes the registration of the area at `base` made in `ctx`: waits for the context's
-    /// work (the only DMA into the area, see [`CudaBackend::area_dma`]), then unregisters.
-    fn area_unregister(&self, d: &Driver, ctx: u64, base: usize) {
+    /// The driver, with `ctx` current, when `offset..offset + len` of `area` is page-locked
+    /// for copies in `ctx`. The first copy of a session that [`Backend::area_attach`]
+    /// announced fixes the context (registration needs a current one); each copy registers
+    /// the chunks it touches that are not yet. `None`: use the private-buffer path. Callers
+    /// split their copies at chunk boundaries ([`CudaBackend::pieces`]), so that no driver
+    /// call spans two registrations.
+    fn area_dma(&self, ctx: u64, area: &DataArea, offset: u64, len: usize) -> Option<&Driver> {
+        let base = area.base() as usize;
+        let chunk = self.chunk(area.len());
+        let mut areas = self.areas();
+        let reg = areas.get_mut(&base)?;
+        if *reg == AreaReg::Announced {
+            *reg = AreaReg::Registered {
+                ctx,
+                chunk,
+                chunks: vec![Chunk::Open; area.len().div_ceil(chunk)],
+            };
+        }
+        let AreaReg::Registered { ctx: c, chunks, .. } = reg else {
+            return None;
+        };
+        if *c != ctx {
+            return None;
+        }
+        let d = self.in_ctx(ctx).ok()?;
+        let offset = usize::try_from(offset).ok()?;
+        if len == 0 {
+            return Some(d);
+        }
+        let last = offset.checked_add(len - 1)?;
+        if last >= area.len() {
+            return None;
+        }
+        for i in offset / chunk..=last / chunk {
+            match chunks.get(i).copied()? {
+                Chunk::Locked => continue,
+                Chunk::Failed => return None,
+                Chunk::Open => {}
+            }
+            let start = i * chunk;
+            let size = chunk.min(area.len() - start);
+            let t0 = std::time::Instant::now();
+            // SAFETY: `start..start + size` lies inside the data area, a live shared mapping
+            // of this process (page-aligned; chunks are multiples of 4096 bytes) that stays
+            // mapped until `area_detach` has unregistered it: the executor's session keeps a
+            // handle on it. No other registration covers it (each chunk is registered once).
+            let r = call!(
+                d.t,
+                mem_host_register(
+                    area.base().wrapping_add(start).cast(),
+                    size,
+                    HOST_REGISTER_PORTABLE | HOST_REGISTER_DEVICEMAP
+                )
+            );
+            match r {
+                Ok(()) => {
+                    tracing::debug!(target: "remora::startup", chunk = i, bytes = size, us = t0.elapsed().as_micros() as u64, "data area chunk page-locked");
+                    chunks[i] = Chunk::Locked;
+                }
+                Err(e) => {
+                    if !chunks.contains(&Chunk::Failed) {
+                        tracing::warn!(
+                            result = e.0,
+                            bytes = size,
+                            "cuMemHostRegister of part of a session's shared data area failed; \
+                             copies touching it go through private buffers"
+                        );
+                    }
+                    chunks[i] = Chunk::Failed;
+                    return None;
+                }
+            }
+        }
+        Some(d)
+    }
+
+    /// The pieces `(skip, len)` of a copy of `len` bytes at `offset` in an area of
+    /// `area_len` bytes that each lie inside one registered chunk.
+    fn pieces(&self, area_len: usize, offset: u64, len: usize) -> Vec<(usize, usize)> {
+        let chunk = self.chunk(area_len);
+        let mut out = Vec::new();
+        let mut at = offset as usize;
+        let end = at.saturating_add(len);
+        while at < end {
+            let next = ((at / chunk) + 1).saturating_mul(chunk).min(end);
+            out.push((at - offset as usize, next - at));
+            at = next;
+        }
+        out
+    }
+
+    /// Undoes the registrations of the area at `base` made in `ctx` (the `Locked` ones of
+    /// `chunks`, each `chunk` bytes): waits for the context's work (the only DMA into the
+    /// area, see [`CudaBackend::area_dma`]), then unregisters.
+    fn area_unregister(&self, d: &Driver, ctx: u64, base: usize, chunks: &[Chunk], chunk: usize) {
         let r = d.enter(ctx).and_then(|()| {
             // SAFETY: no arguments; `ctx` is current.
             call!(d.t, ctx_synchronize())?;
-            // SAFETY: `base` was registered with cuMemHostRegister in `ctx` and is still
-            // mapped (the caller holds the area or is about to destroy `ctx`, which is live).
-            call!(d.t, mem_host_unregister(base as Ptr))
+            for (i, _) in chunks.iter().enumerate().filter(|(_, c)| **c == Chunk::Locked) {
+                // SAFETY: this chunk was registered with cuMemHostRegister in `ctx` at
+                // exactly this address and is still mapped (the caller holds the area or is
+                // about to destroy `ctx`, which is live).
+                call!(d.t, mem_host_unregister((base + i * chunk) as Ptr))?;
+            }
+            Ok(())
         });
         if let Err(e) = r {
             tracing::warn!(
@@ -267,6 +368,25 @@ impl Backend for CudaBackend {
 
     fn ctx_create(&self, flags: u32, dev: i32) -> CuResult<u64> {
         let d = self.d()?;
+        let warm = self
+            .warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        match warm {
+            Some((wd, wf, ctx)) if (wd, wf) == (dev, flags) => {
+                tracing::debug!(target: "remora::startup", dev, flags, "context made before the session taken");
+                return Ok(ctx);
+            }
+            Some((wd, wf, ctx)) => {
+                tracing::debug!(target: "remora::startup", dev, flags, warm_dev = wd, warm_flags = wf, "the context made before the session does not match; destroyed");
+                // SAFETY: a context this backend created and nobody has used.
+                let _ = call!(d.t, ctx_destroy(ptr(ctx)));
+                CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
+            }
+            None => {}
+        }
+        let t0 = std::time::Instant::now();
         let mut c: Ptr = std::ptr::null_mut();
         // SAFETY: cuCtxCreate_v4 writes one CUcontext; ctxCreateParams may be NULL.
         call!(
@@ -275,7 +395,27 @@ impl Backend for CudaBackend {
         )?;
         // cuCtxCreate makes the new context current; forget what this thread had.
         CURRENT.with(|cur| cur.set((0, u64::MAX)));
+        tracing::debug!(target: "remora::startup", dev, flags, us = t0.elapsed().as_micros() as u64, "context created");
         Ok(c as usize as u64)
+    }
+
+    fn prewarm(&self) {
+        let Ok(d) = self.d() else { return };
+        if d.devices.is_empty() {
+            return;
+        }
+        match self.ctx_create(0, 0) {
+            Ok(ctx) => {
+                // SAFETY: NULL unbinds whatever context this thread has current.
+                let _ = call!(d.t, ctx_set_current(std::ptr::null_mut()));
+                CURRENT.with(|cur| cur.set((0, u64::MAX)));
+                *self
+                    .warm
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((0, 0, ctx));
+            }
+            Err(e) => tracing::debug!(result = e.0, "no context made ahead of the session"),
+        }
     }
 
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()> {
@@ -283,8 +423,14 @@ impl Backend for CudaBackend {
         // Areas registered in this context are unregistered while it lives; their later
         // copies go through private buffers.
         for (base, reg) in self.areas().iter_mut() {
-            if *reg == (AreaReg::Registered { ctx }) {
-                self.area_unregister(d, ctx, *base);
+            if let AreaReg::Registered {
+                ctx: c,
+                chunk,
+                chunks,
+            } = reg
+                && *c == ctx
+            {
+                self.area_unregister(d, ctx, *base, chunks, *chunk);
                 *reg = AreaReg::Unregistered;
             }
         }
@@ -540,15 +686,9 @@ impl Backend for CudaBackend {
     }
 
     fn area_device_pointer(&self, ctx: u64, area: &DataArea, offset: u64) -> CuResult<u64> {
-        let base = area.base() as usize;
-        // The guard must be gone before `area_dma`, which takes the lock itself.
-        let reg = self.areas().get(&base).copied();
-        let registered = match reg {
-            Some(AreaReg::Registered { .. }) => true,
-            Some(AreaReg::Announced) => self.area_dma(ctx, area).is_some(),
-            Some(AreaReg::Unregistered) | None => false,
-        };
-        if !registered {
+        // A kernel may reach any byte of the area through the pointer: all of it is
+        // page-locked first (once).
+        if self.area_dma(ctx, area, 0, area.len()).is_none() {
             tracing::warn!(
                 "the session's shared data area is not page-locked (past --shm-lock-max, or cuMemHostRegister failed), so it cannot be mapped for the GPU; answering CUDA_ERROR_NOT_SUPPORTED"
             );
@@ -560,14 +700,28 @@ impl Backend for CudaBackend {
         // SAFETY: `p` lies inside the data area (checked by the executor), which is registered
         // with PORTABLE | DEVICEMAP and mapped; `dev` is a local output.
         call!(d.t, mem_host_get_device_pointer(&mut dev, p.cast(), 0))?;
+        if self.chunked && dev != p as u64 {
+            // Chunks registered apart are contiguous for the GPU only at their host
+            // addresses; the device attribute promised that.
+            tracing::warn!(
+                "the driver mapped the session's data area away from its host address although the device reports CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM; answering CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
         Ok(dev)
     }
 
     fn area_detach(&self, area: &DataArea) {
         let base = area.base() as usize;
         let reg = self.areas().remove(&base);
-        if let (Some(AreaReg::Registered { ctx }), Ok(d)) = (reg, self.d()) {
-            self.area_unregister(d, ctx, base);
+        if let (
+            Some(AreaReg::Registered {
+                ctx, chunk, chunks, ..
+            }),
+            Ok(d),
+        ) = (reg, self.d())
+        {
+            self.area_unregister(d, ctx, base, &chunks, chunk);
         }
     }
 
@@ -578,45 +732,71 @@ impl Backend for CudaBackend {
         // reuses the space): from page-locked memory the driver would read them later.
         let dma = match how {
             AreaHtod::Async(_) => None,
-            AreaHtod::Sync | AreaHtod::AsyncPinned(_) => self.area_dma(ctx, span.area),
+            AreaHtod::Sync | AreaHtod::AsyncPinned(_) => {
+                self.area_dma(ctx, span.area, span.offset, len)
+            }
         };
         if let Some(d) = dma {
-            let p = span.ptr()?.cast_const().cast();
-            return match how.stream() {
-                // SAFETY: `p..p + len` lies inside the registered area (bounds checked by
-                // `ptr`); from page-locked memory cuMemcpyHtoD returns once the copy is done.
-                // The client may write the bytes meanwhile: the device then gets some mix, as
-                // it would.
-                None => call!(d.t, memcpy_htod(dst, p, len)),
-                // SAFETY: (`AsyncPinned`) `p..p + len` lies inside the registered area, which
-                // stays mapped and registered until `area_detach`/`ctx_destroy` has
-                // synchronized `ctx`, so the DMA that reads it later on `stream` (of `ctx`)
-                // never outlives the mapping.
-                Some(stream) => call!(d.t, memcpy_htod_async(dst, p, len, ptr(stream))),
-            };
+            let p: *const u8 = span.ptr()?.cast_const();
+            for (skip, n) in self.pieces(span.area.len(), span.offset, len) {
+                let (dst, p) = (dst + skip as u64, p.wrapping_add(skip).cast());
+                match how.stream() {
+                    // SAFETY: `p..p + n` lies inside one registered chunk of the area (bounds
+                    // checked by `ptr`, split by `pieces`); from page-locked memory
+                    // cuMemcpyHtoD returns once the copy is done. The client may write the
+                    // bytes meanwhile: the device then gets some mix, as it would.
+                    None => call!(d.t, memcpy_htod(dst, p, n))?,
+                    // SAFETY: (`AsyncPinned`) `p..p + n` lies inside one registered chunk,
+                    // which stays mapped and registered until `area_detach`/`ctx_destroy` has
+                    // synchronized `ctx`, so the DMA that reads it later on `stream` (of
+                    // `ctx`) never outlives the mapping.
+                    Some(stream) => call!(d.t, memcpy_htod_async(dst, p, n, ptr(stream)))?,
+                }
+            }
+            return Ok(());
         }
         self.memcpy_htod(ctx, how.stream(), dst, &span.read()?)
     }
 
     fn memcpy_dtoh_area(&self, ctx: u64, copy: AreaCopy<'_>) -> CuResult<()> {
-        let Some(d) = self.area_dma(ctx, copy.span.area) else {
+        let len = copy.span.len_usize()?;
+        let Some(d) = self.area_dma(ctx, copy.span.area, copy.span.offset, len) else {
             return buffered_dtoh_area(self, ctx, copy);
         };
-        let (len, p) = (copy.span.len_usize()?, copy.span.ptr()?);
-        // SAFETY: `p..p + len` lies inside the registered area (bounds checked by `ptr`),
-        // writable shared memory; cuMemcpyDtoH returns once the bytes are there.
-        call!(d.t, memcpy_dtoh(p.cast(), copy.dev, len))
+        let p: *mut u8 = copy.span.ptr()?;
+        for (skip, n) in self.pieces(copy.span.area.len(), copy.span.offset, len) {
+            // SAFETY: `p + skip..p + skip + n` lies inside one registered chunk of the area
+            // (bounds checked by `ptr`, split by `pieces`), writable shared memory;
+            // cuMemcpyDtoH returns once the bytes are there.
+            call!(
+                d.t,
+                memcpy_dtoh(p.wrapping_add(skip).cast(), copy.dev + skip as u64, n)
+            )?;
+        }
+        Ok(())
     }
 
     fn memcpy_dtoh_async_area(&self, ctx: u64, stream: u64, copy: AreaCopy<'_>) -> CuResult<()> {
         let len = copy.span.len_usize()?;
-        let Some(d) = self.area_dma(ctx, copy.span.area) else {
+        let Some(d) = self.area_dma(ctx, copy.span.area, copy.span.offset, len) else {
             return staged_dtoh_area(self, ctx, stream, copy);
         };
-        let p = copy.span.ptr()?;
-        // SAFETY: as in `memcpy_htod_area`'s pinned form: the DMA on `stream` writes inside
-        // the registered area, which outlives it (synchronized before unregister).
-        call!(d.t, memcpy_dtoh_async(p.cast(), copy.dev, len, ptr(stream)))
+        let p: *mut u8 = copy.span.ptr()?;
+        for (skip, n) in self.pieces(copy.span.area.len(), copy.span.offset, len) {
+            // SAFETY: as in `memcpy_htod_area`'s pinned form: the DMA on `stream` writes
+            // inside one registered chunk of the area, which outlives it (synchronized
+            // before unregister).
+            call!(
+                d.t,
+                memcpy_dtoh_async(
+                    p.wrapping_add(skip).cast(),
+                    copy.dev + skip as u64,
+                    n,
+                    ptr(stream)
+                )
+            )?;
+        }
+        Ok(())
     }
 
     fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult {

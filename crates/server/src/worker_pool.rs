@@ -1,0 +1,367 @@
+//! Process isolation's session workers: a pool of warm workers, each started ahead of its
+//! session, and the hand-off of an accepted connection to one of them.
+//!
+//! A worker (`remora serve-worker`) gets a private Unix socket (its standard input) to the
+//! server instead of a connection. It loads the driver, initialises it and makes a context
+//! (`Backend::prewarm`) while it waits; the server then passes it one accepted connection
+//! with `SCM_RIGHTS`, with the session's page-lock budget and the peer's name
+//! ([`handoff_message`]). A worker serves exactly one connection and exits; the server starts
+//! a new one to keep `--warm-workers` waiting. Start-up of a program against a standing
+//! server thus no longer waits for a process, the driver's initialisation and a context
+//! (~110 ms on the H100 host). A warm worker has no session state and no tenant: nothing
+//! of one session reaches the next, as before.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use remora_oncrpc::{AcceptedConnection, ConnectionHandler};
+
+use crate::serve::WORKER_GRACE;
+
+/// The live sessions' workers: connection id → process id.
+#[derive(Default)]
+pub(crate) struct Workers {
+    live: Mutex<HashMap<u64, u32>>,
+}
+
+impl Workers {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u32>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What the page-lock cap `cap` leaves for one more session when `live` sessions with areas
+/// of `area` bytes each may hold theirs.
+pub(crate) fn lock_budget(live: usize, area: u64, cap: u64) -> u64 {
+    cap.saturating_sub(area.saturating_mul(live as u64))
+}
+
+/// First line of the hand-off message.
+const HANDOFF_MAGIC: &str = "remora-session 1";
+/// Largest hand-off message (the peer's name is cut to fit).
+pub(crate) const MAX_HANDOFF: usize = 512;
+
+/// The bytes sent with a connection's descriptor: the magic line, the page-lock budget and
+/// the peer's name (for logs), one per line.
+pub(crate) fn handoff_message(budget: u64, peer: &str) -> Vec<u8> {
+    let mut m = format!("{HANDOFF_MAGIC}\n{budget}\n");
+    let room = MAX_HANDOFF - m.len() - 1;
+    let mut cut = peer.len().min(room);
+    while !peer.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    m.push_str(&peer[..cut].replace('\n', " "));
+    m.push('\n');
+    m.into_bytes()
+}
+
+/// Parses [`handoff_message`]: (budget, peer).
+pub(crate) fn parse_handoff(bytes: &[u8]) -> Option<(u64, String)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut lines = text.split('\n');
+    if lines.next()? != HANDOFF_MAGIC {
+        return None;
+    }
+    let budget = lines.next()?.parse().ok()?;
+    Some((budget, lines.next()?.to_string()))
+}
+
+/// How a worker process ended, once it has: set by the thread that started it.
+#[derive(Default)]
+struct Exit {
+    status: Mutex<Option<Option<ExitStatus>>>,
+    ended: Condvar,
+}
+
+impl Exit {
+    fn get(&self) -> Option<Option<ExitStatus>> {
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits up to `timeout` for the end; the status if it came.
+    fn wait(&self, timeout: Duration) -> Option<Option<ExitStatus>> {
+        let guard = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        let (guard, _) = self
+            .ended
+            .wait_timeout_while(guard, timeout, |s| s.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        *guard
+    }
+}
+
+/// A started worker waiting for its connection.
+struct Worker {
+    pid: u32,
+    control: UnixStream,
+    exit: Arc<Exit>,
+    started: Instant,
+}
+
+impl Worker {
+    fn signal(&self, signal: rustix::process::Signal) {
+        if self.exit.get().is_none()
+            && let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32)
+        {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+}
+
+/// Starts session workers ahead of their connections and hands each accepted connection to
+/// one ([`ConnectionHandler`]); waits for the worker on the connection's thread.
+pub(crate) struct WorkerPool {
+    command: Vec<OsString>,
+    args: Vec<OsString>,
+    pub(crate) workers: Workers,
+    /// (bytes of one session's data area, the server's page-lock cap): each worker is told
+    /// what the cap leaves after the areas of the workers alive.
+    lock: (u64, u64),
+    /// Workers kept started and waiting (`--warm-workers`).
+    pub(crate) warm_target: usize,
+    warm: Mutex<VecDeque<Worker>>,
+}
+
+impl WorkerPool {
+    /// A pool that starts `command` + `args` (`remora serve-worker …`) and keeps
+    /// `warm_target` of them waiting once [`WorkerPool::fill`] is called.
+    pub(crate) fn new(
+        command: Vec<OsString>,
+        args: Vec<OsString>,
+        lock: (u64, u64),
+        warm_target: usize,
+    ) -> Self {
+        Self {
+            command,
+            args,
+            workers: Workers::default(),
+            lock,
+            warm_target,
+            warm: Mutex::default(),
+        }
+    }
+
+    /// Starts a worker. The thread that starts it stays with it until it exits: the worker
+    /// dies with that thread (`PR_SET_PDEATHSIG`), and it reaps it.
+    fn start(&self) -> io::Result<Worker> {
+        let Some((program, leading)) = self.command.split_first() else {
+            return Err(io::Error::other("no worker command"));
+        };
+        let (ours, theirs) = UnixStream::pair()?;
+        let mut cmd = Command::new(program);
+        cmd.args(leading)
+            .args(&self.args)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .env("REMORA_SERVE_PID", std::process::id().to_string());
+        let exit = Arc::new(Exit::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let keeper_exit = Arc::clone(&exit);
+        std::thread::Builder::new()
+            .name("remora-worker".into())
+            .spawn(move || {
+                let mut child = match cmd.spawn() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = tx.send(Ok(child.id()));
+                drop(cmd);
+                let status = child.wait().ok();
+                *keeper_exit
+                    .status
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(status);
+                keeper_exit.ended.notify_all();
+            })?;
+        let pid = rx
+            .recv()
+            .map_err(|_| io::Error::other("the worker's thread ended"))??;
+        Ok(Worker {
+            pid,
+            control: ours,
+            exit,
+            started: Instant::now(),
+        })
+    }
+
+    /// Starts workers until `warm_target` wait.
+    pub(crate) fn fill(&self) {
+        loop {
+            let waiting = self.lock_warm().len();
+            if waiting >= self.warm_target {
+                return;
+            }
+            match self.start() {
+                Ok(w) => {
+                    tracing::debug!(worker_pid = w.pid, "warm session worker started");
+                    self.lock_warm().push_back(w);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start a warm session worker");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn lock_warm(&self) -> std::sync::MutexGuard<'_, VecDeque<Worker>> {
+        self.warm.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A worker for a new connection: the oldest warm one still alive, else a new one.
+    fn take(&self) -> io::Result<Worker> {
+        while let Some(w) = self.lock_warm().pop_front() {
+            if let Some(status) = w.exit.get() {
+                tracing::warn!(worker_pid = w.pid, ?status, "a warm session worker had exited; not used");
+                continue;
+            }
+            return Ok(w);
+        }
+        self.start()
+    }
+
+    /// Ends the warm workers (server shutdown): each sees its control socket close and
+    /// exits; one still there after [`WORKER_GRACE`] is killed.
+    pub(crate) fn drain(&self) {
+        let idle: Vec<Worker> = self.lock_warm().drain(..).collect();
+        for w in &idle {
+            let _ = w.control.shutdown(std::net::Shutdown::Both);
+        }
+        for w in idle {
+            if w.exit.wait(WORKER_GRACE).is_none() {
+                tracing::warn!(worker_pid = w.pid, "warm session worker still running at shutdown; killed");
+                w.signal(rustix::process::Signal::KILL);
+                let _ = w.exit.wait(WORKER_GRACE);
+            }
+        }
+    }
+}
+
+impl ConnectionHandler for WorkerPool {
+    fn handle(&self, conn: AcceptedConnection) {
+        let peer = conn.peer().clone();
+        let id = conn.id();
+        let fd: OwnedFd = match conn.try_clone_fd() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::error!(%peer, error = %e, "cannot pass the connection to a session worker; closed");
+                return;
+            }
+        };
+        let budget = lock_budget(self.workers.lock().len(), self.lock.0, self.lock.1);
+        let message = handoff_message(budget, &peer.to_string());
+        // A warm worker that died since it started fails the hand-off: take another.
+        let mut tries = 0;
+        let worker = loop {
+            tries += 1;
+            let w = match self.take() {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::error!(%peer, error = %e, "cannot start a session worker; connection closed");
+                    return;
+                }
+            };
+            match remora_shm::send_with_fd(&w.control, &message, fd.as_fd()) {
+                Ok(()) => break w,
+                Err(e) if tries < 3 => {
+                    tracing::warn!(%peer, worker_pid = w.pid, error = %e, "a session worker did not take its connection; trying another");
+                    w.signal(rustix::process::Signal::KILL);
+                }
+                Err(e) => {
+                    tracing::error!(%peer, worker_pid = w.pid, error = %e, "cannot pass the connection to a session worker; closed");
+                    w.signal(rustix::process::Signal::KILL);
+                    return;
+                }
+            }
+        };
+        drop(fd);
+        let pid = worker.pid;
+        self.workers.lock().insert(id, pid);
+        tracing::info!(
+            %peer, connection = id, worker_pid = pid,
+            warm_ms = worker.started.elapsed().as_millis() as u64,
+            "session handed to a worker"
+        );
+        // Replace it while the session runs.
+        if !conn.shutting_down() {
+            self.fill();
+        }
+        let mut stopping_since: Option<Instant> = None;
+        let mut termed = false;
+        let status = loop {
+            if let Some(status) = worker.exit.wait(Duration::from_millis(20)) {
+                break status;
+            }
+            if conn.shutting_down() {
+                let since = *stopping_since.get_or_insert_with(Instant::now);
+                if !termed && since.elapsed() >= WORKER_GRACE {
+                    tracing::warn!(%peer, worker_pid = pid, "session worker still running after shutdown began; SIGTERM");
+                    worker.signal(rustix::process::Signal::TERM);
+                    termed = true;
+                } else if termed && since.elapsed() >= 2 * WORKER_GRACE {
+                    tracing::warn!(%peer, worker_pid = pid, "session worker ignored SIGTERM; killed");
+                    worker.signal(rustix::process::Signal::KILL);
+                    break worker.exit.wait(WORKER_GRACE).flatten();
+                }
+            }
+        };
+        self.workers.lock().remove(&id);
+        match status {
+            Some(s) if s.success() => {
+                tracing::info!(%peer, connection = id, worker_pid = pid, "session worker finished")
+            }
+            Some(s) => match s.signal() {
+                Some(sig) if termed => {
+                    tracing::info!(%peer, worker_pid = pid, signal = sig, "session worker stopped at shutdown")
+                }
+                Some(sig) => tracing::error!(
+                    %peer, connection = id, worker_pid = pid, signal = sig,
+                    "session worker died by signal; only this session is lost"
+                ),
+                None => tracing::warn!(
+                    %peer, connection = id, worker_pid = pid, code = s.code(),
+                    "session worker exited with an error"
+                ),
+            },
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_worker_gets_what_the_lock_cap_leaves() {
+        assert_eq!(lock_budget(0, 256 << 20, 1 << 30), 1 << 30);
+        assert_eq!(lock_budget(3, 256 << 20, 1 << 30), 256 << 20);
+        assert_eq!(lock_budget(4, 256 << 20, 1 << 30), 0);
+        assert_eq!(lock_budget(9, 256 << 20, 1 << 30), 0);
+        assert_eq!(lock_budget(usize::MAX, u64::MAX, 5), 0);
+    }
+
+    #[test]
+    fn handoff_messages_round_trip_and_stay_bounded() {
+        let m = handoff_message(123, "unix pid 7 uid 0 gid 0");
+        assert_eq!(parse_handoff(&m), Some((123, "unix pid 7 uid 0 gid 0".into())));
+        let long = "é".repeat(1000);
+        let m = handoff_message(u64::MAX, &long);
+        assert!(m.len() <= MAX_HANDOFF);
+        let (budget, peer) = parse_handoff(&m).unwrap();
+        assert_eq!(budget, u64::MAX);
+        assert!(long.starts_with(&peer) && !peer.is_empty());
+        assert_eq!(parse_handoff(b"remora-session 2\n1\npeer\n"), None);
+        assert_eq!(parse_handoff(b"remora-session 1\nx\npeer\n"), None);
+        assert_eq!(parse_handoff(b"\xff"), None);
+    }
+}
