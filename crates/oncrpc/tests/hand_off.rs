@@ -170,3 +170,68 @@ fn a_hand_off_server_bounds_connections_and_shutdown_waits_for_handlers() {
     assert_eq!(svc.closed.lock().unwrap().len(), 3);
     drop(d);
 }
+
+fn null(c: &Client, prog: u32) -> Result<(), remora_oncrpc::RpcError> {
+    c.call(prog, 1, 0, Some(Duration::from_secs(10)), |_| Ok(()), |_| Ok(()))
+}
+
+/// NULL calls of a served program before anything else (pings such as `remora run
+/// --server`'s check) are answered by the accepting server itself: they start no handler
+/// (no worker process). The first other call hands the connection off as before.
+#[test]
+fn a_hand_off_server_answers_null_pings_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = Arc::new(Svc::new(PROG, Duration::from_millis(500)));
+    let handler = Arc::new(Handler {
+        svc: Arc::clone(&svc),
+        handled: Mutex::new(Vec::new()),
+    });
+    let handle = Server::builder(ServerConfig::default())
+        .service(Arc::clone(&svc) as Arc<dyn Service>)
+        .hand_off(Arc::clone(&handler) as Arc<dyn ConnectionHandler>)
+        .listen(&Endpoint::Unix(dir.path().join("n.sock")))
+        .unwrap()
+        .listen(&Endpoint::Tcp("127.0.0.1:0".into()))
+        .unwrap()
+        .start()
+        .unwrap();
+    for ep in handle.local_endpoints() {
+        let before = handler.handled.lock().unwrap().len();
+        // The socket alone (a shared-memory request is a call of its own, handed off).
+        let connect = || {
+            let transport = match ep {
+                Endpoint::Unix(_) => remora_oncrpc::TransportChoice::Unix,
+                Endpoint::Tcp(_) => remora_oncrpc::TransportChoice::Tcp,
+            };
+            Client::connect_with(
+                &ep,
+                remora_oncrpc::ClientConfig {
+                    transport,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        };
+        let probe = connect();
+        null(&probe, PROG).unwrap();
+        null(&probe, PROG).unwrap();
+        drop(probe);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            handler.handled.lock().unwrap().len(),
+            before,
+            "{ep}: a ping started a handler"
+        );
+        // A ping, then a real call on the same connection: handed off, and answered.
+        let c = connect();
+        null(&c, PROG).unwrap();
+        assert_eq!(call(&c, FAST, 5).unwrap(), 10);
+        assert_eq!(handler.handled.lock().unwrap().len(), before + 1);
+        // NULL of a program this server does not serve is the handler's to answer.
+        let d = connect();
+        let _ = null(&d, PROG + 1);
+        assert_eq!(handler.handled.lock().unwrap().len(), before + 2);
+        drop((c, d));
+    }
+    handle.shutdown();
+}

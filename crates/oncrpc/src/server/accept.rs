@@ -464,9 +464,12 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
             if let Some(handler) = shared2.handler.clone() {
                 // Nothing is started for a connection (a worker process) before it has sent
                 // its first call record whole, within the HELLO deadline and size.
-                if let Err(why) =
-                    await_first_record(&stream, &shared2.config, &shared2.shutting_down)
-                {
+                if let Err(why) = await_first_record(
+                    &stream,
+                    &shared2.config,
+                    &shared2.shutting_down,
+                    &shared2.registry,
+                ) {
                     tracing::info!(%peer, "ONC RPC server: {why}; connection closed");
                     let mut table = lock(&shared2.conns);
                     forget(&mut table, id, &key2);
@@ -521,15 +524,44 @@ fn forget(table: &mut ConnTable, id: u64, key: &PeerKey) {
     }
 }
 
+/// The reply record (marked, one fragment) to `record` (without its record mark) when it is
+/// a whole call of the NULL procedure (no arguments) of a program and version `registry`
+/// serves.
+fn null_reply(record: &[u8], registry: &Registry) -> Option<Vec<u8>> {
+    use crate::msg::{AcceptStat, MsgBody, RPC_VERSION, RpcMsg};
+    let mut dec = crate::xdr::Decoder::new(crate::xdr::Bytes::copy_from_slice(record));
+    let msg: RpcMsg = crate::xdr::XdrDecode::decode(&mut dec).ok()?;
+    let MsgBody::Call(call) = &msg.body else {
+        return None;
+    };
+    let served = registry
+        .programs
+        .get(&call.prog)
+        .is_some_and(|v| v.contains_key(&call.vers));
+    if call.rpcvers != RPC_VERSION || call.proc != 0 || !served || dec.remaining() != 0 {
+        return None;
+    }
+    let mut enc = crate::xdr::Encoder::new();
+    crate::xdr::XdrEncode::encode(&RpcMsg::accepted(msg.xid, AcceptStat::Success), &mut enc)
+        .ok()?;
+    let body = enc.to_bytes();
+    let mut out = ((body.len() as u32) | 0x8000_0000).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    Some(out)
+}
+
 /// Waits, without reading it, until the first record of a connection that is handed off is
 /// complete in the socket's receive queue: within [`ServerConfig::hello_timeout`] of being
 /// accepted and at most [`ServerConfig::max_first_record_size`] long (its first fragment, if
 /// it has several). Whoever serves the connection then reads it from the socket as usual.
-/// Why not, when it does not come.
+/// Why not, when it does not come. Calls of the NULL procedure (a ping, such as `remora run
+/// --server`'s check that the server answers) are answered here, so that they cost no
+/// worker process; they do not extend the deadline.
 fn await_first_record(
     stream: &Stream,
     config: &ServerConfig,
     shutting_down: &AtomicBool,
+    registry: &Registry,
 ) -> Result<(), String> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     use rustix::net::{RecvFlags, recv};
@@ -582,8 +614,27 @@ fn await_first_record(
                     "the first record ({len} bytes) exceeds max_first_record_size ({max} bytes)"
                 ));
             }
+            let last_fragment = buf[0] & 0x80 != 0;
             if n >= 4 + len {
-                return Ok(());
+                let Some(reply) = last_fragment
+                    .then(|| null_reply(&buf[4..4 + len], registry))
+                    .flatten()
+                else {
+                    return Ok(());
+                };
+                // Consume the call (it lies whole in the queue), answer it, wait for more.
+                let taken = recv(fd, &mut buf[..4 + len], RecvFlags::WAITALL)
+                    .map_err(|e| format!("cannot read from the connection: {e}"))?;
+                if taken.0 != 4 + len {
+                    return Err("the connection lost part of a queued call".into());
+                }
+                let mut sent = 0;
+                while sent < reply.len() {
+                    sent += rustix::net::send(fd, &reply[sent..], rustix::net::SendFlags::NOSIGNAL)
+                        .map_err(|e| format!("cannot answer a NULL call: {e}"))?;
+                }
+                last = usize::MAX;
+                continue;
             }
         }
         if n == last {
