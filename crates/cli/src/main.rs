@@ -415,10 +415,14 @@ enum BenchCommand {
     /// Synchronous memcpy bandwidth (pinned and pageable host memory, both directions),
     /// remoted against native, with concurrent clients; as `bench launch`.
     Copy(GpuBenchArgs),
-    /// Wall-clock time of whole short programs, start-up included, natively and under
-    /// `remora run` (a fresh embedded server per run, and servers started once), as ratios
-    /// against native in the same run. Each run is a fresh process; rounds interleave the
-    /// modes. Prints a table; --json and --png write the report and a plot.
+    /// Wall-clock time of whole short programs, natively and under `remora run`, as ratios
+    /// against native in the same run.
+    ///
+    /// Modes: native, embedded (a fresh embedded server per run) and standing (servers
+    /// started once), the last two per transport. Each run is a fresh process timed from
+    /// spawn to exit, start-up included; an untimed warm-up goes first, then rounds
+    /// interleave the modes. Needs a GPU for CUDA programs. Prints a table; --json and --png
+    /// write the report and a plot.
     Startup(bench_startup::Args),
     /// Draw the PNG plot of a `bench launch|copy|startup` JSON report again.
     Plot {
