@@ -211,13 +211,15 @@ pub(crate) fn plot(r: &Report, path: &Path) -> Result<()> {
     } else {
         1
     };
-    // A wide panel: room for a bar per mode in each group; its labels stand upright below.
+    // A wide panel: room for a bar per mode in each group (up to a bound on the image's
+    // size); its labels stand upright below.
     let wide_width = panels
         .iter()
         .filter(|p| p.wide())
         .map(|p| 100 + p.xs.len() as u32 * (modes.len() as u32 * 9 + 14))
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        .min(8000);
     let width = (560 * cols).max(wide_width);
     let label_room = |p: &Panel| -> u32 {
         let chars =

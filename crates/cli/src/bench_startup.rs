@@ -236,7 +236,7 @@ impl std::fmt::Display for Mode {
 }
 
 /// The modes `--modes` and `--transports` ask for, in the order each round runs them:
-/// native, then embedded-<t> and standing-<t> in the order of the transports.
+/// native, then `embedded-<t>` and `standing-<t>` in the order of the transports.
 fn modes(modes: &[String], transports: &[String]) -> Result<Vec<Mode>> {
     for m in modes {
         if !["native", "embedded", "standing"].contains(&m.as_str()) {
