@@ -81,8 +81,9 @@ pub(crate) struct Report {
     pub(crate) commit: String,
     pub(crate) server: String,
     pub(crate) rounds: u32,
+    /// What each client measured (`bench launch|copy`; none for `bench startup`).
     #[serde(flatten)]
-    pub(crate) workload: Workload,
+    pub(crate) workload: Option<Workload>,
     pub(crate) figures: Vec<Figure>,
     pub(crate) notes: Vec<String>,
 }
@@ -450,7 +451,7 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
             None => "embedded".into(),
         },
         rounds: opts.rounds,
-        workload: opts.workload,
+        workload: Some(opts.workload),
         figures,
         notes,
     };
@@ -723,12 +724,12 @@ mod tests {
                 commit: String::new(),
                 server: "embedded".into(),
                 rounds: 1,
-                workload: Workload {
+                workload: Some(Workload {
                     launches: 1,
                     syncs: 1,
                     bytes: 1,
                     reps: 1
-                },
+                }),
                 figures: figs.clone(),
                 notes: Vec::new(),
             })

@@ -12,6 +12,13 @@ use remora_proto::remora::{
 
 /// Connects to `server`, says HELLO (HELLO_AUTH with `token`) and prints the answer.
 pub(crate) fn run(server: &Endpoint, token: Option<&str>) -> Result<()> {
+    let reply = hello(server, token)?;
+    outln!("{}", render(server, &reply)?.trim_end_matches('\n'));
+    Ok(())
+}
+
+/// Connects to `server`, says HELLO (HELLO_AUTH with `token`) and returns the answer.
+pub(crate) fn hello(server: &Endpoint, token: Option<&str>) -> Result<HelloReply> {
     let hello = HelloArgs {
         min_revision: 1,
         max_revision: REMORA_PROTOCOL_REVISION,
@@ -37,8 +44,19 @@ pub(crate) fn run(server: &Endpoint, token: Option<&str>) -> Result<()> {
             .map_err(|e| crate::auth_error(e, server, false))
             .with_context(|| format!("HELLO to {server} failed"))?,
     };
-    outln!("{}", render(server, &reply)?.trim_end_matches('\n'));
-    Ok(())
+    Ok(reply)
+}
+
+/// The name of the server's first GPU, as its driver reports it; `None` when it serves none
+/// or refused the handshake.
+pub(crate) fn first_device_name(reply: &HelloReply) -> Option<String> {
+    match reply {
+        HelloReply::True(w) => match &w.driver {
+            DriverReport::DriverOk(ok) => ok.devices.first().map(|d| d.name.clone()),
+            DriverReport::Default { .. } => None,
+        },
+        HelloReply::False(_) => None,
+    }
 }
 
 fn gib(bytes: u64) -> f64 {

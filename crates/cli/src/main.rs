@@ -115,6 +115,7 @@ fn error_line(e: &anyhow::Error) -> String {
 mod bench_gpu;
 mod bench_null;
 mod bench_plot;
+mod bench_startup;
 mod info;
 mod run;
 
@@ -420,9 +421,18 @@ enum BenchCommand {
     /// Synchronous memcpy bandwidth (pinned and pageable host memory, both directions),
     /// remoted against native, with concurrent clients; as `bench launch`.
     Copy(GpuBenchArgs),
-    /// Draw the PNG plot of a `bench launch|copy` JSON report again.
+    /// Wall-clock time of whole short programs, natively and under `remora run`, as ratios
+    /// against native in the same run.
+    ///
+    /// Modes: native, embedded (a fresh embedded server per run) and standing (servers
+    /// started once), the last two per transport. Each run is a fresh process timed from
+    /// spawn to exit, start-up included; an untimed warm-up goes first, then rounds
+    /// interleave the modes. Needs a GPU for CUDA programs. Prints a table; --json and --png
+    /// write the report and a plot.
+    Startup(bench_startup::Args),
+    /// Draw the PNG plot of a `bench launch|copy|startup` JSON report again.
     Plot {
-        /// The JSON report (`bench launch|copy --json`).
+        /// The JSON report (`bench launch|copy|startup --json`).
         #[arg(long, value_name = "FILE")]
         json: PathBuf,
         /// The PNG file to write.
@@ -739,13 +749,17 @@ fn run(cli: Cli) -> Result<()> {
             init_logging("warn");
             bench_gpu::run(&args.options(bench_gpu::What::Copy)).map(drop)
         }
+        Command::Bench(BenchCommand::Startup(args)) => {
+            init_logging("warn");
+            bench_startup::run(args).map(drop)
+        }
         Command::Bench(BenchCommand::Plot { json, png }) => {
             init_logging("warn");
             let text = std::fs::read_to_string(&json)
                 .with_context(|| format!("cannot read {}", json.display()))?;
             let report: bench_gpu::Report = serde_json::from_str(&text).with_context(|| {
                 format!(
-                    "{} is not a `remora bench launch|copy` report",
+                    "{} is not a `remora bench launch|copy|startup` report",
                     json.display()
                 )
             })?;
