@@ -333,6 +333,10 @@ enum Command {
         /// waits). 0: start each worker when its connection arrives.
         #[arg(long, value_name = "N", default_value_t = remora_server::DEFAULT_WARM_WORKERS)]
         warm_workers: usize,
+        /// Start the --warm-workers once, at start, and do not replace those that sessions
+        /// take (what `remora run`'s embedded server does: one program, one session).
+        #[arg(long)]
+        no_warm_refill: bool,
         #[command(flatten)]
         session: SessionArgs,
     },
@@ -616,6 +620,7 @@ fn run(cli: Cli) -> Result<()> {
             max_connections_per_peer,
             insecure,
             warm_workers,
+            no_warm_refill,
             session: s,
         } => {
             init_logging("info");
@@ -655,6 +660,7 @@ fn run(cli: Cli) -> Result<()> {
                 auth_token_file: s.auth_token_file,
                 insecure,
                 warm_workers: Some(warm_workers),
+                no_warm_refill,
             })
         }
         Command::ServeWorker {

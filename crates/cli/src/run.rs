@@ -249,14 +249,19 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
                 TransportChoice::Tcp => Endpoint::Tcp("127.0.0.1:0".into()),
                 _ => Endpoint::Unix(private.path().join("remora.sock")),
             };
-            // One program, one session (more only if it starts CUDA processes of its own):
-            // one warm worker, not the standing server's default.
+            // One program, one session (more only if it starts CUDA processes of its own,
+            // whose workers then start on demand): one warm worker, started with the server
+            // and not replaced, instead of the standing server's default.
             let mut serve_args = opts.serve_args.clone();
             if !serve_args
                 .iter()
                 .any(|a| a.to_string_lossy().starts_with("--warm-workers"))
             {
-                serve_args.extend(["--warm-workers".into(), "1".into()]);
+                serve_args.extend([
+                    "--warm-workers".into(),
+                    "1".into(),
+                    "--no-warm-refill".into(),
+                ]);
             }
             let (server, endpoint) = EmbeddedServer::start(&listen, &serve_args, opts.profile)?;
             (Some(server), endpoint)

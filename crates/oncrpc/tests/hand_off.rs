@@ -172,7 +172,14 @@ fn a_hand_off_server_bounds_connections_and_shutdown_waits_for_handlers() {
 }
 
 fn null(c: &Client, prog: u32) -> Result<(), remora_oncrpc::RpcError> {
-    c.call(prog, 1, 0, Some(Duration::from_secs(10)), |_| Ok(()), |_| Ok(()))
+    c.call(
+        prog,
+        1,
+        0,
+        Some(Duration::from_secs(10)),
+        |_| Ok(()),
+        |_| Ok(()),
+    )
 }
 
 /// NULL calls of a served program before anything else (pings such as `remora run

@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use remora_oncrpc::{
-    CallContext, ConnectionHandler, Dispatch, Endpoint, Server, ServerConfig,
-    ServerHandle, Service,
+    CallContext, ConnectionHandler, Dispatch, Endpoint, Server, ServerConfig, ServerHandle, Service,
 };
 use remora_proto::remora::RemoraV1Service;
 use remora_xdr::{Decoder, Encoder};
@@ -230,6 +229,9 @@ pub struct ServeConfig {
     /// context's GPU memory while it waits); `None`: [`DEFAULT_WARM_WORKERS`]. 0: a worker
     /// starts when its connection arrives.
     pub warm_workers: Option<usize>,
+    /// Start the warm workers once, at start, and do not replace those sessions take
+    /// (`remora run`'s embedded server: one program, usually one session).
+    pub no_warm_refill: bool,
 }
 
 /// Shared-memory sessions: whether they are offered and the size of their data area.
@@ -766,6 +768,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
         .to_args(),
         (config.shm.data_bytes, config.shm.lock_max_bytes),
         config.warm_workers.unwrap_or(DEFAULT_WARM_WORKERS),
+        !config.no_warm_refill,
     ));
     // The warm workers load and initialise their drivers while this process probes its own.
     pool.fill();
@@ -1015,15 +1018,19 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         prewarm_ms = t0.elapsed().as_millis() as u64 - driver_ms,
         "session worker ready; waiting for its connection"
     );
+    // Tell the server: it starts this worker's replacement only now (see worker_pool.rs).
+    let _ = std::io::Write::write_all(&mut &control, &[crate::worker_pool::READY]);
     let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
     let (fd, budget, peer) = match remora_shm::recv_with_fd(&control, &mut message) {
         // The server closed the control socket: it is shutting down or shrinking its pool.
         Ok((0, _)) => return Ok(()),
         Ok((n, Some(fd))) => match crate::worker_pool::parse_handoff(&message[..n]) {
             Some((budget, peer)) => (fd, budget, peer),
-            None => return Err(ServeError::WorkerStdin(std::io::Error::other(
-                "the server sent a hand-off this worker does not understand",
-            ))),
+            None => {
+                return Err(ServeError::WorkerStdin(std::io::Error::other(
+                    "the server sent a hand-off this worker does not understand",
+                )));
+            }
         },
         Ok((_, None)) => {
             return Err(ServeError::WorkerStdin(std::io::Error::other(

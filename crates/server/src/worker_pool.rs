@@ -43,6 +43,12 @@ pub(crate) fn lock_budget(live: usize, area: u64, cap: u64) -> u64 {
     cap.saturating_sub(area.saturating_mul(live as u64))
 }
 
+/// How long a session's worker may take to say it is ready before the pool starts its
+/// replacement anyway.
+const READY_WAIT: Duration = Duration::from_secs(10);
+/// The byte a worker writes on its control socket once its driver and context are ready.
+pub(crate) const READY: u8 = b'R';
+
 /// First line of the hand-off message.
 const HANDOFF_MAGIC: &str = "remora-session 1";
 /// Largest hand-off message (the peer's name is cut to fit).
@@ -125,6 +131,9 @@ pub(crate) struct WorkerPool {
     lock: (u64, u64),
     /// Workers kept started and waiting (`--warm-workers`).
     pub(crate) warm_target: usize,
+    /// Start a replacement when a session takes a warm worker (`--no-warm-refill`: no, as
+    /// `remora run`'s embedded server, whose one program has one session).
+    refill: bool,
     warm: Mutex<VecDeque<Worker>>,
 }
 
@@ -136,6 +145,7 @@ impl WorkerPool {
         args: Vec<OsString>,
         lock: (u64, u64),
         warm_target: usize,
+        refill: bool,
     ) -> Self {
         Self {
             command,
@@ -143,6 +153,7 @@ impl WorkerPool {
             workers: Workers::default(),
             lock,
             warm_target,
+            refill,
             warm: Mutex::default(),
         }
     }
@@ -221,7 +232,11 @@ impl WorkerPool {
     fn take(&self) -> io::Result<Worker> {
         while let Some(w) = self.lock_warm().pop_front() {
             if let Some(status) = w.exit.get() {
-                tracing::warn!(worker_pid = w.pid, ?status, "a warm session worker had exited; not used");
+                tracing::warn!(
+                    worker_pid = w.pid,
+                    ?status,
+                    "a warm session worker had exited; not used"
+                );
                 continue;
             }
             return Ok(w);
@@ -238,7 +253,10 @@ impl WorkerPool {
         }
         for w in idle {
             if w.exit.wait(WORKER_GRACE).is_none() {
-                tracing::warn!(worker_pid = w.pid, "warm session worker still running at shutdown; killed");
+                tracing::warn!(
+                    worker_pid = w.pid,
+                    "warm session worker still running at shutdown; killed"
+                );
                 w.signal(rustix::process::Signal::KILL);
                 let _ = w.exit.wait(WORKER_GRACE);
             }
@@ -291,8 +309,12 @@ impl ConnectionHandler for WorkerPool {
             warm_ms = worker.started.elapsed().as_millis() as u64,
             "session handed to a worker"
         );
-        // Replace it while the session runs.
-        if !conn.shutting_down() {
+        // Replace it while the session runs, once its worker is ready (it says so on the
+        // control socket): two workers making contexts at once slow both (254 ms instead
+        // of ~150 ms on the H100 host), and the session's is the one a program waits for.
+        if self.refill && !conn.shutting_down() {
+            let _ = worker.control.set_read_timeout(Some(READY_WAIT));
+            let _ = std::io::Read::read(&mut &worker.control, &mut [0u8; 1]);
             self.fill();
         }
         let mut stopping_since: Option<Instant> = None;
@@ -353,7 +375,10 @@ mod tests {
     #[test]
     fn handoff_messages_round_trip_and_stay_bounded() {
         let m = handoff_message(123, "unix pid 7 uid 0 gid 0");
-        assert_eq!(parse_handoff(&m), Some((123, "unix pid 7 uid 0 gid 0".into())));
+        assert_eq!(
+            parse_handoff(&m),
+            Some((123, "unix pid 7 uid 0 gid 0".into()))
+        );
         let long = "é".repeat(1000);
         let m = handoff_message(u64::MAX, &long);
         assert!(m.len() <= MAX_HANDOFF);

@@ -268,7 +268,11 @@ impl CudaBackend {
         let r = d.enter(ctx).and_then(|()| {
             // SAFETY: no arguments; `ctx` is current.
             call!(d.t, ctx_synchronize())?;
-            for (i, _) in chunks.iter().enumerate().filter(|(_, c)| **c == Chunk::Locked) {
+            for (i, _) in chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| **c == Chunk::Locked)
+            {
                 // SAFETY: this chunk was registered with cuMemHostRegister in `ctx` at
                 // exactly this address and is still mapped (the caller holds the area or is
                 // about to destroy `ctx`, which is live).
