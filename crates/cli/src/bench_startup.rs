@@ -82,6 +82,12 @@ pub(crate) struct Args {
     /// error.
     #[arg(long, value_name = "SECS", default_value = "120", value_parser = crate::parse_secs)]
     timeout_s: Duration,
+    /// Idle time before each run, so that what a previous run left the machine doing (a
+    /// session worker tearing its context down, a standing server starting a warm worker's
+    /// context) does not land in the next run's time: context creation and destruction on
+    /// one GPU wait for each other across processes.
+    #[arg(long, value_name = "SECS", default_value = "0.3", value_parser = crate::parse_secs)]
+    settle_s: Duration,
     /// One more program to time, with its arguments, after `--`.
     #[arg(last = true, value_name = "PROGRAM ARGS")]
     command: Vec<OsString>,
@@ -634,6 +640,7 @@ pub(crate) fn run(args: Args) -> Result<Report> {
         eprint!("{prefix}: {}:", p.name);
         for (i, mode) in modes.iter().enumerate() {
             let _ = std::io::stderr().flush();
+            std::thread::sleep(args.settle_s);
             match runner.time(p, mode) {
                 Ok(t) => {
                     eprint!("{} {mode} {t:.3} s", if i == 0 { "" } else { "," });
@@ -794,8 +801,9 @@ fn run_notes(
         ));
     }
     notes.push(format!(
-        "each run's limit: {} s",
-        args.timeout_s.as_secs_f64()
+        "each run's limit: {} s; {} s idle before each run (--settle-s)",
+        args.timeout_s.as_secs_f64(),
+        args.settle_s.as_secs_f64()
     ));
     for p in programs {
         notes.push(format!("program {}: {}", p.name, p.command_line()));
