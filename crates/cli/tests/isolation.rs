@@ -274,9 +274,17 @@ fn warm_workers_wait_ahead_of_connections_and_each_serves_one_session() {
     // A worker serves one session only: A's exits when A closes, and takes no other.
     drop(a);
     wait_until("A's worker exits", || !alive(worker_a));
-    wait_until("two wait again beside B's", || {
-        children(server_pid).len() == 3
-    });
+    // Exactly two: refills of two sessions at once never start more than --warm-workers.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while children(server_pid).len() != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting until two wait again beside B's: children {:?}, log:\n{}",
+            children(server_pid),
+            std::fs::read_to_string(dir.path().join("serve.log")).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(alloc_works(&b, ctx_b));
 
     // Shutdown: B's worker and the waiting ones end, and so does the server.

@@ -134,7 +134,15 @@ pub(crate) struct WorkerPool {
     /// Start a replacement when a session takes a warm worker (`--no-warm-refill`: no, as
     /// `remora run`'s embedded server, whose one program has one session).
     refill: bool,
-    warm: Mutex<VecDeque<Worker>>,
+    warm: Mutex<Warm>,
+}
+
+/// The waiting workers, and how many are being started (so that two sessions' refills
+/// never start more than `warm_target` between them).
+#[derive(Default)]
+struct Warm {
+    waiting: VecDeque<Worker>,
+    starting: usize,
 }
 
 impl WorkerPool {
@@ -204,17 +212,23 @@ impl WorkerPool {
         })
     }
 
-    /// Starts workers until `warm_target` wait.
+    /// Starts workers until `warm_target` wait (counting those being started).
     pub(crate) fn fill(&self) {
         loop {
-            let waiting = self.lock_warm().len();
-            if waiting >= self.warm_target {
-                return;
+            {
+                let mut warm = self.lock_warm();
+                if warm.waiting.len() + warm.starting >= self.warm_target {
+                    return;
+                }
+                warm.starting += 1;
             }
-            match self.start() {
+            let started = self.start();
+            let mut warm = self.lock_warm();
+            warm.starting -= 1;
+            match started {
                 Ok(w) => {
                     tracing::debug!(worker_pid = w.pid, "warm session worker started");
-                    self.lock_warm().push_back(w);
+                    warm.waiting.push_back(w);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start a warm session worker");
@@ -224,13 +238,16 @@ impl WorkerPool {
         }
     }
 
-    fn lock_warm(&self) -> std::sync::MutexGuard<'_, VecDeque<Worker>> {
+    fn lock_warm(&self) -> std::sync::MutexGuard<'_, Warm> {
         self.warm.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A worker for a new connection: the oldest warm one still alive, else a new one.
     fn take(&self) -> io::Result<Worker> {
-        while let Some(w) = self.lock_warm().pop_front() {
+        loop {
+            let Some(w) = self.lock_warm().waiting.pop_front() else {
+                break;
+            };
             if let Some(status) = w.exit.get() {
                 tracing::warn!(
                     worker_pid = w.pid,
@@ -247,7 +264,7 @@ impl WorkerPool {
     /// Ends the warm workers (server shutdown): each sees its control socket close and
     /// exits; one still there after [`WORKER_GRACE`] is killed.
     pub(crate) fn drain(&self) {
-        let idle: Vec<Worker> = self.lock_warm().drain(..).collect();
+        let idle: Vec<Worker> = self.lock_warm().waiting.drain(..).collect();
         for w in &idle {
             let _ = w.control.shutdown(std::net::Shutdown::Both);
         }
