@@ -456,17 +456,23 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
         notes,
     };
     outln!("{}", table(&report));
-    if let Some(path) = &opts.json {
-        let text = serde_json::to_string_pretty(&report)?;
+    write_report(&report, opts.json.as_deref(), opts.png.as_deref())?;
+    Ok(report)
+}
+
+/// Writes a bench report as JSON to `json` and its plot to `png`, when asked, saying so.
+pub(crate) fn write_report(report: &Report, json: Option<&Path>, png: Option<&Path>) -> Result<()> {
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(report)?;
         std::fs::write(path, text + "\n")
             .with_context(|| format!("cannot write {}", path.display()))?;
         outln!("report written to {}", path.display());
     }
-    if let Some(path) = &opts.png {
-        crate::bench_plot::plot(&report, path)?;
+    if let Some(path) = png {
+        crate::bench_plot::plot(report, path)?;
         outln!("plot written to {}", path.display());
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Medians over rounds, with ratios to native at the same number of clients.

@@ -722,16 +722,7 @@ pub(crate) fn run(args: Args) -> Result<Report> {
         notes,
     };
     outln!("{}", table(&report));
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&report)?;
-        std::fs::write(path, text + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        outln!("report written to {}", path.display());
-    }
-    if let Some(path) = &args.png {
-        crate::bench_plot::plot(&report, path)?;
-        outln!("plot written to {}", path.display());
-    }
+    crate::bench_gpu::write_report(&report, args.json.as_deref(), args.png.as_deref())?;
     Ok(report)
 }
 

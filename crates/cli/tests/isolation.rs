@@ -84,6 +84,22 @@ impl Serve {
         }
     }
 
+    /// SIGTERM, then waits (at most 20 s) for the server to exit; its status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn client(&self) -> RemoraV1Client {
         RemoraV1Client::new(Client::connect(&self.endpoint).unwrap())
             .with_timeout(Duration::from_secs(20))
@@ -197,19 +213,7 @@ fn a_killed_worker_takes_only_its_own_session_and_workers_share_the_module_cache
     assert!(!workers.contains(&worker_a));
 
     // Shutdown with live sessions: every worker ends, and so does the server.
-    let mut serve = serve;
-    Command::new("kill")
-        .args(["-TERM", &server_pid.to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = serve.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = serve.terminate();
     assert!(status.success(), "{status:?}");
     for pid in workers {
         assert!(!alive(pid), "worker {pid} outlived the server");
@@ -289,19 +293,7 @@ fn warm_workers_wait_ahead_of_connections_and_each_serves_one_session() {
 
     // Shutdown: B's worker and the waiting ones end, and so does the server.
     let all = children(server_pid);
-    let mut serve = serve;
-    Command::new("kill")
-        .args(["-TERM", &server_pid.to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = serve.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = serve.terminate();
     assert!(status.success(), "{status:?}");
     for pid in all {
         assert!(!alive(pid), "worker {pid} outlived the server");
