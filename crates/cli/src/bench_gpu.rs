@@ -41,6 +41,9 @@ pub(crate) struct Options {
     /// `bench copy`: also measure a plain TCP stream over loopback moving the same bytes
     /// (mode `raw-tcp`), and report each copy figure against it.
     pub(crate) raw_tcp: bool,
+    /// Added to the environment of the servers the benchmark starts and of its workers
+    /// (`bench contention`: `REMORA_WAIT`).
+    pub(crate) env: Vec<(String, String)>,
 }
 
 /// The mode of the plain loopback TCP baseline (`--raw-tcp`).
@@ -86,6 +89,35 @@ pub(crate) struct Report {
     pub(crate) workload: Option<Workload>,
     pub(crate) figures: Vec<Figure>,
     pub(crate) notes: Vec<String>,
+}
+
+impl Report {
+    /// A report of `benchmark` made now by this `remora` (with the commit `REMORA_COMMIT`
+    /// names, when it does).
+    pub(crate) fn now(
+        benchmark: &str,
+        device: String,
+        server: String,
+        rounds: u32,
+        workload: Option<Workload>,
+        figures: Vec<Figure>,
+        notes: Vec<String>,
+    ) -> Self {
+        Self {
+            benchmark: benchmark.into(),
+            date_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            device,
+            remora: concat!("remora ", env!("CARGO_PKG_VERSION")).into(),
+            commit: std::env::var("REMORA_COMMIT").unwrap_or_default(),
+            server,
+            rounds,
+            workload,
+            figures,
+            notes,
+        }
+    }
 }
 
 // The parent ------------------------------------------------------------------------------------
@@ -139,6 +171,10 @@ fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
                 .filter_map(|r| r.sync_p99_us)
                 .fold(f64::NAN, f64::max);
             out.push(("launch_sync.p99_max".into(), "us".into(), p99));
+            let cpu: Vec<f64> = results.iter().filter_map(|r| r.sync_cpu_us).collect();
+            if !cpu.is_empty() {
+                out.push(("launch_sync.client_cpu".into(), "us".into(), med(cpu)));
+            }
         }
         What::Copy => {
             let mut keys: Vec<&String> = results
@@ -199,6 +235,7 @@ fn run_group(
             })
             .args(opts.workload.to_args())
             .env_remove("LD_PRELOAD")
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         if mode == "native" {
@@ -291,12 +328,12 @@ fn endpoints(opts: &Options) -> Result<Endpoints> {
     let mut unix = Endpoint::Unix(dir.path().join("remora.sock"));
     let mut tcp = Endpoint::Tcp("127.0.0.1:0".into());
     if opts.transports.iter().any(|t| t != "tcp") {
-        let (s, e) = EmbeddedServer::start(&unix, &opts.serve_args, false)?;
+        let (s, e) = EmbeddedServer::start_env(&unix, &opts.serve_args, false, &opts.env)?;
         servers.push(s);
         unix = e;
     }
     if opts.transports.iter().any(|t| t == "tcp") {
-        let (s, e) = EmbeddedServer::start(&tcp, &opts.serve_args, false)?;
+        let (s, e) = EmbeddedServer::start_env(&tcp, &opts.serve_args, false, &opts.env)?;
         servers.push(s);
         tcp = e;
     }
@@ -311,6 +348,14 @@ fn endpoints(opts: &Options) -> Result<Endpoints> {
 /// Runs the benchmark: prints progress on stderr and a table on stdout; writes the JSON
 /// report and the PNG plot when asked.
 pub(crate) fn run(opts: &Options) -> Result<Report> {
+    let report = measure(opts)?;
+    outln!("{}", table(&report));
+    write_report(&report, opts.json.as_deref(), opts.png.as_deref())?;
+    Ok(report)
+}
+
+/// Runs the benchmark, printing progress on stderr, and answers its report.
+pub(crate) fn measure(opts: &Options) -> Result<Report> {
     for t in &opts.transports {
         if !["shm", "unix", "tcp"].contains(&t.as_str()) {
             bail!("unknown transport {t:?}: use shm, unix or tcp (comma-separated)");
@@ -434,29 +479,21 @@ pub(crate) fn run(opts: &Options) -> Result<Report> {
         }
     }
     let figures = figures(&per_round);
-    let report = Report {
-        benchmark: match opts.what {
+    let report = Report::now(
+        match opts.what {
             What::Launch => "launch",
             What::Copy => "copy",
-        }
-        .into(),
-        date_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        },
         device,
-        remora: concat!("remora ", env!("CARGO_PKG_VERSION")).into(),
-        commit: std::env::var("REMORA_COMMIT").unwrap_or_default(),
-        server: match &opts.server {
+        match &opts.server {
             Some(s) => s.to_string(),
             None => "embedded".into(),
         },
-        rounds: opts.rounds,
-        workload: Some(opts.workload),
+        opts.rounds,
+        Some(opts.workload),
         figures,
         notes,
-    };
-    outln!("{}", table(&report));
-    write_report(&report, opts.json.as_deref(), opts.png.as_deref())?;
+    );
     Ok(report)
 }
 

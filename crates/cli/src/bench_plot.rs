@@ -175,7 +175,27 @@ fn color(mode: &str) -> RGBColor {
         "embedded-shm" => RGBColor(86, 180, 233),
         "embedded-unix" => RGBColor(120, 205, 160),
         "embedded-tcp" => RGBColor(230, 159, 0),
-        _ => RGBColor(213, 94, 0),
+        "tcp" | "standing-tcp" => RGBColor(213, 94, 0),
+        // Other modes (`bench contention`'s "shm spin burn=1x" and the like): a colour of
+        // their own from a fixed palette, the same for the same name in every plot.
+        other => {
+            const PALETTE: [RGBColor; 10] = [
+                RGBColor(0, 114, 178),
+                RGBColor(213, 94, 0),
+                RGBColor(0, 158, 115),
+                RGBColor(204, 121, 167),
+                RGBColor(230, 159, 0),
+                RGBColor(86, 180, 233),
+                RGBColor(40, 40, 40),
+                RGBColor(150, 60, 20),
+                RGBColor(100, 100, 220),
+                RGBColor(120, 160, 40),
+            ];
+            let h = other.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+            PALETTE[(h % PALETTE.len() as u64) as usize]
+        }
     }
 }
 

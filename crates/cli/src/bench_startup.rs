@@ -703,24 +703,19 @@ pub(crate) fn run(args: Args) -> Result<Report> {
     {
         servers.push(format!("standing: {e}"));
     }
-    let report = Report {
-        benchmark: "startup".into(),
-        date_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+    let report = Report::now(
+        "startup",
         device,
-        remora: concat!("remora ", env!("CARGO_PKG_VERSION")).into(),
-        commit: std::env::var("REMORA_COMMIT").unwrap_or_default(),
-        server: if servers.is_empty() {
+        if servers.is_empty() {
             "none (native only)".into()
         } else {
             servers.join("; ")
         },
-        rounds: args.rounds,
-        workload: None,
+        args.rounds,
+        None,
         figures,
         notes,
-    };
+    );
     outln!("{}", table(&report));
     crate::bench_gpu::write_report(&report, args.json.as_deref(), args.png.as_deref())?;
     Ok(report)

@@ -112,6 +112,7 @@ fn error_line(e: &anyhow::Error) -> String {
     line
 }
 
+mod bench_contention;
 mod bench_gpu;
 mod bench_null;
 mod bench_plot;
@@ -434,6 +435,16 @@ enum BenchCommand {
     /// interleave the modes. Needs a GPU for CUDA programs. Prints a table; --json and --png
     /// write the report and a plot.
     Startup(bench_startup::Args),
+    /// Launch + synchronize latency and launch throughput of 1, 4 and 16 clients while
+    /// CPU-burning processes (0, 1 and 2 per core) compete for the cores, for each way of
+    /// waiting: spin (pure polling), block (no spinning) and adaptive (Remora's default: a
+    /// spin budget that follows the waits seen), set with REMORA_WAIT in the servers it
+    /// starts and in every client. Ratios against native at the same load; notes compare
+    /// adaptive with the better of spin and block. Needs a GPU.
+    Contention(bench_contention::Args),
+    /// Keep one core busy until killed (`bench contention`'s CPU burner).
+    #[command(hide = true)]
+    Burn,
     /// Draw the PNG plot of a `bench launch|copy|startup` JSON report again.
     Plot {
         /// The JSON report (`bench launch|copy|startup --json`).
@@ -527,6 +538,7 @@ impl GpuBenchArgs {
             json: self.json,
             png: self.png,
             raw_tcp: self.raw_tcp,
+            env: Vec::new(),
         }
     }
 }
@@ -759,6 +771,11 @@ fn run(cli: Cli) -> Result<()> {
             init_logging("warn");
             bench_startup::run(args).map(drop)
         }
+        Command::Bench(BenchCommand::Contention(args)) => {
+            init_logging("warn");
+            bench_contention::run(&args).map(drop)
+        }
+        Command::Bench(BenchCommand::Burn) => bench_contention::burn(),
         Command::Bench(BenchCommand::Plot { json, png }) => {
             init_logging("warn");
             let text = std::fs::read_to_string(&json)

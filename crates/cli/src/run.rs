@@ -75,6 +75,16 @@ impl EmbeddedServer {
         extra: &[OsString],
         profile: bool,
     ) -> Result<(Self, Endpoint)> {
+        Self::start_env(listen, extra, profile, &[])
+    }
+
+    /// [`EmbeddedServer::start`] with `env` added to the server's environment.
+    pub(crate) fn start_env(
+        listen: &Endpoint,
+        extra: &[OsString],
+        profile: bool,
+        env: &[(String, String)],
+    ) -> Result<(Self, Endpoint)> {
         let exe = std::env::current_exe().context("cannot find the remora executable")?;
         let profile_log = if profile {
             ",remora_oncrpc::server::profile=info"
@@ -103,6 +113,7 @@ impl EmbeddedServer {
                     .into()
                 }),
             )
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .spawn()
             .context("cannot start the embedded remora serve")?;

@@ -12,12 +12,18 @@ use std::process::Command;
 const REMORA: &str = env!("CARGO_BIN_EXE_remora");
 
 fn bench(what: &str, shim: &Path, extra: &[&str]) -> std::process::Output {
+    bench_kernel("remora_bench_empty", what, shim, extra)
+}
+
+/// [`bench`] with the launch benchmark's kernel named `kernel`.
+fn bench_kernel(kernel: &str, what: &str, shim: &Path, extra: &[&str]) -> std::process::Output {
     Command::new(REMORA)
         // The emulated backend's module format, with the kernel the workers look for.
         .env(
             "REMORA_BENCH_IMAGE",
-            "REMORA-EMU-MODULE\nfunc remora_bench_empty\n",
+            format!("REMORA-EMU-MODULE\nfunc {kernel}\n"),
         )
+        .env("REMORA_BENCH_KERNEL", kernel)
         .args(["bench", what, "--shim"])
         .arg(shim)
         .args(["--serve-arg=--backend", "--serve-arg=emulated"])
@@ -106,12 +112,42 @@ fn bench_copy_reports_every_transport_and_client_count() {
 }
 
 #[test]
+fn bench_launch_measures_every_transport_on_the_emulated_backend() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    // The emulated backend runs the benchmark's empty kernel: the launch path's own cost.
+    let out = bench(
+        "launch",
+        &shim,
+        &["--no-native", "--clients=1", "--rounds=1", "--syncs=200"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for mode in ["shm", "unix", "tcp"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("launch_sync.p50") && l.contains(mode)),
+            "{mode}: {stdout}"
+        );
+    }
+}
+
+#[test]
 fn bench_launch_on_a_backend_that_cannot_launch_fails_clearly() {
     let Some(shim) = shim() else {
         eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
         return;
     };
-    let out = bench(
+    // A kernel the emulated backend has no CPU version of: the launch fails.
+    let out = bench_kernel(
+        "not_emulated",
         "launch",
         &shim,
         &[
@@ -183,4 +219,43 @@ fn native_baseline_without_a_driver_is_a_note_not_a_wrong_number() {
     let report = std::fs::read_to_string(&json).unwrap();
     assert!(report.contains("native baseline unavailable"));
     assert!(!report.contains("ratio_to_native"));
+}
+
+#[test]
+fn bench_contention_compares_the_waiting_policies_on_the_emulated_backend() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    let out = bench(
+        "contention",
+        &shim,
+        &[
+            "--no-native",
+            "--clients=1",
+            "--burn=0",
+            "--transports=unix",
+            "--launches=50",
+            "--syncs=50",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for policy in ["spin", "block", "adaptive"] {
+        assert!(
+            stdout.contains(&format!("unix {policy} burn=0x")),
+            "{policy}: {stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("adaptive / better"),
+        "the comparison note is missing: {stdout}"
+    );
+    let bad = bench("contention", &shim, &["--policies=spin,yield"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown policy \"yield\""));
 }

@@ -46,6 +46,10 @@ pub struct WorkerResult {
     pub sync_p50_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_p99_us: Option<f64>,
+    /// CPU time of this whole process (every thread: the shim's too) per launch +
+    /// synchronize, in microseconds: what waiting for the answers costs the client's cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_cpu_us: Option<f64>,
     /// Bandwidth by "pinned.htod", "pinned.dtoh", "pageable.htod", "pageable.dtoh" (GB/s,
     /// median over the repetitions).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -317,11 +321,19 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                 r.per_launch_us =
                     Some(t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.workload.launches.max(1)));
                 let mut lat = Vec::with_capacity(o.workload.syncs as usize);
+                let cpu = || {
+                    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+                    t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
+                };
+                let cpu0 = cpu();
                 for _ in 0..o.workload.syncs {
                     let t = Instant::now();
                     check("cuLaunchKernel", launch())?;
                     check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
                     lat.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                if o.workload.syncs > 0 {
+                    r.sync_cpu_us = Some((cpu() - cpu0) / f64::from(o.workload.syncs));
                 }
                 lat.sort_by(f64::total_cmp);
                 r.sync_p50_us = Some(percentile(&lat, 0.5));

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::Shutdown;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use crate::msg::{
     AcceptStat, MSG_CALL, MSG_REPLY, MsgBody, RPC_VERSION, RejectedReply, ReplyBody, RpcMsg,
 };
 use crate::record::{MAX_FRAGMENT_SIZE, RecordError, RecordReader, write_record_slices};
+use crate::spin::Spinning;
 use crate::xdr;
 use remora_shm::DataArea;
 
@@ -221,7 +222,18 @@ struct Inner {
     control: Stream,
     /// The results of [`ClientConfig::opening_call`].
     opening_reply: Option<Bytes>,
+    /// Over shared memory, a one-way call after a pause ([`ONEWAY_PAUSE`] without a write)
+    /// is written at once rather than queued: a ring write costs no system call, and the
+    /// server starts on it (a launch) while the caller prepares what follows (a synchronize).
+    /// Calls in quick succession (a burst of launches) are still batched.
+    write_after_pause: bool,
+    /// When this client last wrote, in nanoseconds since `epoch`.
+    last_write: AtomicU64,
+    epoch: Instant,
 }
+
+/// See [`Inner::write_after_pause`].
+const ONEWAY_PAUSE: Duration = Duration::from_micros(5);
 
 /// Queued one-way call records, shared with the flusher thread.
 #[derive(Default)]
@@ -235,14 +247,21 @@ struct BatchQueue {
     records: Vec<Vec<Bytes>>,
     bytes: usize,
     closed: bool,
+    /// The flusher waits on the condition variable (it has been idle for a while): the next
+    /// queued call must wake it. While it is awake it looks again every delay by itself, so
+    /// a busy program's calls cost no wake-up (a system call each).
+    parked: bool,
 }
+
+/// How many delays in a row the flusher looks at an empty queue before it parks.
+const FLUSHER_IDLE_ROUNDS: u32 = 20;
 
 /// A batch this large is written at once by the caller that fills it.
 const BATCH_MAX_RECORDS: usize = 128;
 const BATCH_MAX_BYTES: usize = 256 * 1024;
 
 struct ReaderState {
-    records: RecordReader<Stream>,
+    records: RecordReader<Spinning<Stream>>,
     timeout: Option<Duration>,
 }
 
@@ -460,13 +479,16 @@ impl Client {
                 writer: Mutex::new(stream),
                 batch: Arc::default(),
                 reader: Mutex::new(ReaderState {
-                    records: RecordReader::new(reader, config.max_record_size),
+                    records: RecordReader::new(Spinning::new(reader), config.max_record_size),
                     timeout: None,
                 }),
                 state: Mutex::new(State::default()),
+                write_after_pause: matches!(control, Stream::Shm(_)),
                 control,
                 config,
                 opening_reply,
+                last_write: AtomicU64::new(0),
+                epoch: Instant::now(),
             }),
         };
         if let Some(delay) = client.inner.config.oneway_batch_delay {
@@ -624,6 +646,12 @@ impl Client {
         self.inner.send_parts(&chunks, raw)
     }
 
+    /// Writes the one-way calls queued for a batch now (a caller about to wait for their
+    /// effect by other means than a reply, e.g. a completion word in shared memory).
+    pub fn flush(&self) -> Result<(), RpcError> {
+        self.inner.send(&[])
+    }
+
     /// Sends a one-way call: no reply is awaited (if the server replies anyway, the reply is
     /// dropped). One-way calls are written in order with all other calls of this client.
     pub fn call_oneway(
@@ -643,9 +671,13 @@ impl Client {
         }
         let full = {
             let mut q = lock(&self.inner.batch.queue);
+            if self.inner.write_after_pause && q.records.is_empty() && self.inner.paused() {
+                drop(q);
+                return self.inner.send(&chunks);
+            }
             q.bytes += chunks.iter().map(Bytes::len).sum::<usize>();
             q.records.push(chunks);
-            if q.records.len() == 1 {
+            if q.records.len() == 1 && q.parked {
                 self.inner.batch.cv.notify_one();
             }
             q.records.len() >= BATCH_MAX_RECORDS || q.bytes >= BATCH_MAX_BYTES
@@ -654,20 +686,37 @@ impl Client {
     }
 }
 
-/// The batch flusher: writes queued one-way calls about `delay` after the first one arrives,
-/// unless a normal call or a full batch has written them already. Ends with the connection.
+/// The batch flusher: writes queued one-way calls at most about `delay` after they were
+/// queued, unless a normal call or a full batch has written them already. It stays awake,
+/// looking every `delay`, while calls keep coming, and parks after
+/// [`FLUSHER_IDLE_ROUNDS`] empty looks. Ends with the connection.
 fn flusher(batch: Arc<Batch>, inner: std::sync::Weak<Inner>, delay: Duration) {
+    let mut idle = 0u32;
     loop {
         {
             let mut q = lock(&batch.queue);
-            while q.records.is_empty() && !q.closed {
-                q = batch.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+            if q.records.is_empty() && !q.closed {
+                if idle < FLUSHER_IDLE_ROUNDS {
+                    idle += 1;
+                } else {
+                    q.parked = true;
+                    while q.records.is_empty() && !q.closed {
+                        q = batch.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+                    }
+                    q.parked = false;
+                    idle = 0;
+                }
+            } else {
+                idle = 0;
             }
             if q.closed {
                 return;
             }
         }
         std::thread::sleep(delay);
+        if lock(&batch.queue).records.is_empty() {
+            continue;
+        }
         let Some(inner) = inner.upgrade() else { return };
         if inner.send(&[]).is_err() {
             return;
@@ -848,6 +897,13 @@ impl Inner {
         }
     }
 
+    /// Whether nothing has been written for [`ONEWAY_PAUSE`].
+    fn paused(&self) -> bool {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        now.saturating_sub(self.last_write.load(Ordering::Relaxed))
+            >= ONEWAY_PAUSE.as_nanos() as u64
+    }
+
     /// Writes the queued one-way calls, then the record `chunks` (none if empty), in order.
     fn send(&self, chunks: &[Bytes]) -> Result<(), RpcError> {
         self.send_parts(chunks, &[])
@@ -883,7 +939,12 @@ impl Inner {
                 inner: self,
                 stream: &mut w,
             };
-            write_record_slices(&mut pumping, &records, self.config.max_fragment_size)
+            let r = write_record_slices(&mut pumping, &records, self.config.max_fragment_size);
+            if self.write_after_pause {
+                self.last_write
+                    .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            r
         };
         res.map_err(|e| {
             tracing::debug!(endpoint = %self.endpoint, error = %e, "RPC client: write failed; connection lost");
@@ -1102,7 +1163,7 @@ impl ReaderState {
             _ => false,
         };
         if !keep {
-            self.records.get_ref().set_read_timeout(remaining)?;
+            self.records.get_ref().inner.set_read_timeout(remaining)?;
             self.timeout = remaining;
         }
         Ok(())

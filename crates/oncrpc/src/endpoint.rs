@@ -234,6 +234,22 @@ impl Stream {
         }
     }
 
+    /// A read that never waits: `Some(Err(WouldBlock))` when nothing has arrived; `None`
+    /// for shared memory, whose rings wait their own way.
+    pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> Option<io::Result<usize>> {
+        use std::os::fd::AsFd;
+        let fd = match &*self {
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
+            Stream::Shm(_) => return None,
+        };
+        Some(
+            rustix::net::recv(fd, buf, rustix::net::RecvFlags::DONTWAIT)
+                .map(|(n, _)| n)
+                .map_err(io::Error::from),
+        )
+    }
+
     pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.shutdown(how),

@@ -79,6 +79,7 @@ pub mod recycle;
 pub mod rpcbind;
 mod server;
 pub mod shm;
+mod spin;
 pub use remora_shm::{DataArea, OutOfArea};
 
 pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};

@@ -180,6 +180,16 @@ impl DeviceOutput {
         }
     }
 
+    /// Whether output captured by now waits for a synchronizing reply to carry it.
+    pub(crate) fn pending(&self) -> bool {
+        let mut st = self.lock();
+        if !st.deliver {
+            return false;
+        }
+        self.drain(&mut st);
+        !st.buf.is_empty()
+    }
+
     /// What a synchronizing reply carries: the output captured by now, at most `max` bytes
     /// (the rest stays for the next reply); `None` when there is none or the session does not
     /// take it. Call it after the synchronizing driver call has returned.

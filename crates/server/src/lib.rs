@@ -26,6 +26,7 @@ mod executor;
 mod hello;
 mod host_callbacks;
 mod module_cache;
+mod printf_scan;
 mod serve;
 mod session;
 pub mod tokens;

@@ -375,6 +375,16 @@ impl PendingCopies {
         self.lock().push(Arc::new(p));
     }
 
+    /// Whether no copy waits to be delivered (pending or ready).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+            && self
+                .ready
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_empty()
+    }
+
     /// Whether any of `ids` is still pending.
     pub(crate) fn any_of(&self, ids: &[u64]) -> bool {
         self.lock()
@@ -560,7 +570,9 @@ impl FunctionTarget {
 #[derive(Default)]
 pub(crate) struct SessionState {
     next: u64,
-    table: HashMap<u64, Resource>,
+    /// By handle: server-assigned integers, so a fast non-keyed hash is safe (a client
+    /// chooses no key here), and every call looks up a few.
+    table: rustc_hash::FxHashMap<u64, Resource>,
     pub(crate) ranges: BTreeMap<u64, Range>,
     /// Device → (context handle, this session's retain count) of the session's own context
     /// that stands for the device's primary context.
@@ -749,6 +761,11 @@ impl SessionState {
         }
         self.sticky
             .store(cu::SUCCESS, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether an error waits for the next synchronizing call.
+    pub(crate) fn has_deferred(&self) -> bool {
+        self.deferred.is_some()
     }
 
     /// The status a synchronizing call returns: a deferred error if there is one (kept when
@@ -1150,6 +1167,9 @@ pub(crate) struct Session {
     /// The client asks for its functions to be loaded (`RM_FUNC_LOAD`, revision 13); until
     /// a HELLO says so, a module load loads every function of the module.
     pub(crate) loads_functions: std::sync::atomic::AtomicBool,
+    /// A module of the session may call device-side printf (`printf_scan`), whose output the
+    /// driver writes only inside a synchronizing call: completion words are refused.
+    pub(crate) may_print: std::sync::atomic::AtomicBool,
     /// Buffers of synchronous device-to-host copies over sockets, reused once their reply
     /// has been written (fresh ones cost a page fault per page: `remora_oncrpc::recycle`).
     pub(crate) bulk_buffers: Mutex<remora_oncrpc::recycle::Recycler>,
@@ -1184,6 +1204,7 @@ impl Session {
             area: std::sync::OnceLock::new(),
             area_locked: std::sync::atomic::AtomicBool::new(false),
             loads_functions: std::sync::atomic::AtomicBool::new(false),
+            may_print: std::sync::atomic::AtomicBool::new(false),
             bulk_buffers: Mutex::new(remora_oncrpc::recycle::Recycler::new(
                 BULK_BUFFERS,
                 BULK_BUFFER_BYTES,

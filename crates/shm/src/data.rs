@@ -65,6 +65,15 @@ impl DataArea {
         self.map.same_address_as_peer()
     }
 
+    /// The region's completion words ([`crate::Signals`]), when the mapping is a whole
+    /// region (the area starts after the header page; not so in tests of the area alone).
+    pub fn signals(&self) -> Option<crate::Signals> {
+        if self.start < crate::SIGNAL_PAGE {
+            return None;
+        }
+        crate::Signals::new(Arc::clone(&self.map))
+    }
+
     /// The first byte of the area in this process.
     pub fn base(&self) -> *mut u8 {
         // SAFETY: `start <= map.len()` (clamped in `new`), so the result is inside the

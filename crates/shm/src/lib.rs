@@ -23,14 +23,16 @@
 mod data;
 mod region;
 mod ring;
+mod signal;
 mod stream;
 mod wait;
 
 pub use data::{DataArea, OutOfArea};
 pub use region::{Layout, Region, RegionError};
 pub use ring::{Consumer, MAX_MESSAGE, Producer, RingError};
+pub use signal::{SIGNAL_FALLBACK, SIGNAL_OFFSET, SIGNAL_PAGE, SIGNAL_SLOTS, Signals};
 pub use stream::{ShmStream, Side, recv_with_fd, send_with_fd};
-pub use wait::{WaitOutcome, Waiter};
+pub use wait::{SPIN_FOREVER, WaitOutcome, WaitPolicy, Waiter};
 
 /// Fuzzing hooks: drive a consumer with arbitrary ring contents and index values.
 pub mod fuzzing {

@@ -27,9 +27,54 @@ pub struct Waiter {
     max_spin: Duration,
 }
 
+/// How every [`Waiter`] of this process waits, from `REMORA_WAIT` (read once): `adaptive`
+/// (the default: the budget follows the waits), `spin` (pure polling: a budget of
+/// [`SPIN_FOREVER`] whatever the waits) or `block` (no spinning: block at once). `spin` and
+/// `block` exist to measure the adaptive policy against (`remora bench contention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// Spin for a budget that follows the observed waits, then block.
+    Adaptive,
+    /// Spin (practically) without end.
+    Spin,
+    /// Never spin.
+    Block,
+}
+
+/// The spin budget of [`WaitPolicy::Spin`].
+pub const SPIN_FOREVER: Duration = Duration::from_secs(1);
+
+impl WaitPolicy {
+    /// `REMORA_WAIT` of this process (unknown values: adaptive, with a warning).
+    pub fn from_env() -> Self {
+        static POLICY: std::sync::OnceLock<WaitPolicy> = std::sync::OnceLock::new();
+        *POLICY.get_or_init(|| match std::env::var("REMORA_WAIT").as_deref() {
+            Err(_) | Ok("" | "adaptive") => WaitPolicy::Adaptive,
+            Ok("spin") => WaitPolicy::Spin,
+            Ok("block") => WaitPolicy::Block,
+            Ok(other) => {
+                tracing::warn!(
+                    "REMORA_WAIT={other:?} is not adaptive, spin or block; waiting adaptively"
+                );
+                WaitPolicy::Adaptive
+            }
+        })
+    }
+}
+
 impl Waiter {
-    /// A waiter spinning at most `max_spin` (and at least `min_spin`) before it sleeps.
+    /// A waiter spinning at most `max_spin` (and at least `min_spin`) before it sleeps, as
+    /// [`WaitPolicy::from_env`] allows.
     pub fn new(min_spin: Duration, max_spin: Duration) -> Self {
+        match WaitPolicy::from_env() {
+            WaitPolicy::Adaptive => Self::with_bounds(min_spin, max_spin),
+            WaitPolicy::Spin => Self::with_bounds(SPIN_FOREVER, SPIN_FOREVER),
+            WaitPolicy::Block => Self::with_bounds(Duration::ZERO, Duration::ZERO),
+        }
+    }
+
+    /// A waiter spinning at most `max_spin` (and at least `min_spin`), whatever the policy.
+    pub fn with_bounds(min_spin: Duration, max_spin: Duration) -> Self {
         let min_spin = min_spin.min(max_spin);
         Self {
             budget: max_spin,
@@ -46,24 +91,31 @@ impl Waiter {
 
     /// Waits until `poll` gives a value. `poll(false)` only looks; `poll(true)` may block first
     /// (a futex wait until woken or a timeout; it may fail, e.g. when the peer is gone) and
-    /// then looks. It is called with `false` for the spin budget, then with `true`.
+    /// then looks. It is called with `false` for the spin budget, then with `true`. A value
+    /// there at the first look is not counted as a wait.
     pub fn wait<T, E>(
         &mut self,
         mut poll: impl FnMut(bool) -> Result<Option<T>, E>,
     ) -> Result<(T, WaitOutcome), E> {
+        // Ready at the first look (a busy peer): no clock read, and nothing that says how
+        // long waits are.
+        if let Some(v) = poll(false)? {
+            return Ok((v, WaitOutcome::Spun));
+        }
         let start = Instant::now();
         let spin_until = start + self.budget;
         let mut outcome = WaitOutcome::Spun;
         loop {
-            let sleep = outcome == WaitOutcome::Slept;
-            if let Some(v) = poll(sleep)? {
+            if outcome == WaitOutcome::Spun {
+                if Instant::now() < spin_until {
+                    std::hint::spin_loop();
+                } else {
+                    outcome = WaitOutcome::Slept;
+                }
+            }
+            if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
                 self.observe(start.elapsed());
                 return Ok((v, outcome));
-            }
-            if !sleep && Instant::now() < spin_until {
-                std::hint::spin_loop();
-            } else {
-                outcome = WaitOutcome::Slept;
             }
         }
     }

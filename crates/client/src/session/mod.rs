@@ -466,6 +466,8 @@ pub struct Session {
     graph_host: Mutex<graph_host::GraphHost>,
     /// Calls counted and timed by procedure, with `REMORA_CLIENT_PROFILE`.
     profile: Option<crate::call_profile::CallProfile>,
+    /// Completion words for synchronizes seen in shared memory (`session/signal.rs`).
+    signals: Option<signal::SignalSync>,
 }
 
 impl std::fmt::Debug for Session {
@@ -573,6 +575,7 @@ pub use launches::{KernelArgs, LaunchConfig};
 mod memory;
 mod modules;
 mod pools;
+mod signal;
 mod socket_copies;
 mod streams;
 mod vmm;
@@ -697,6 +700,7 @@ impl Session {
                 welcome.hostname
             );
         }
+        let signals = signal::SignalSync::new(rpc.data_area().as_ref(), welcome.revision);
         let area = rpc
             .data_area()
             .filter(|_| welcome.revision >= 6)
@@ -731,6 +735,7 @@ impl Session {
             graph_host: Mutex::default(),
             profile: crate::call_profile::enabled_from_env()
                 .then(crate::call_profile::CallProfile::new),
+            signals,
         })
     }
 

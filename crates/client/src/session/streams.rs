@@ -65,8 +65,13 @@ impl Session {
 
     /// `cuStreamSynchronize` (`RM_STREAM_LEGACY` names `ctx`'s legacy stream).
     pub fn stream_synchronize(&self, ctx: RmHandle, stream: RmHandle) -> CuResult<()> {
+        if self.signalled_sync(ctx, stream) {
+            return Ok(());
+        }
+        let start = std::time::Instant::now();
         let mark = self.copy_mark();
         let r = call!(self.rm_stream_synchronize(&RmStreamArgs { ctx, stream }))?;
+        self.observe_sync(start.elapsed());
         self.finish_sync(r)?;
         self.settle_stream(ctx, stream, mark)
     }

@@ -18,6 +18,7 @@ use crate::endpoint::Stream;
 use crate::msg::{AcceptStat, RpcMsg};
 use crate::record::{RecordError, RecordReader, write_record};
 use crate::shm::Setup;
+use crate::spin::Spinning;
 #[cfg(doc)]
 use crate::{CallContext, Service};
 use crate::{Peer, RpcError, xdr};
@@ -49,6 +50,13 @@ pub(crate) trait Transport: Read + Write {
         None
     }
 
+    /// Reads what has arrived without waiting (`Some(Err(WouldBlock))` when nothing has), so
+    /// that a read can poll before it blocks ([`crate::spin::Spinning`]); `None` for streams
+    /// that wait their own way (shared memory) or never wait (in memory).
+    fn try_read(&mut self, _buf: &mut [u8]) -> Option<io::Result<usize>> {
+        None
+    }
+
     /// Something that shuts the connection down from any thread (the connection thread's
     /// read then ends), for a reply that cannot be delivered; `None` for in-memory streams.
     fn closer(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
@@ -73,6 +81,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
         (**self).unix_socket()
     }
 
+    fn try_read(&mut self, buf: &mut [u8]) -> Option<io::Result<usize>> {
+        (**self).try_read(buf)
+    }
+
     fn closer(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
         (**self).closer()
     }
@@ -95,6 +107,10 @@ impl Transport for Stream {
 
     fn unix_socket(&self) -> Option<&UnixStream> {
         Stream::unix_socket(self)
+    }
+
+    fn try_read(&mut self, buf: &mut [u8]) -> Option<io::Result<usize>> {
+        Stream::try_read(self, buf)
     }
 
     fn closer(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
@@ -356,7 +372,7 @@ fn serve_records<S: Transport>(
         .map_or(config.max_record_size, |m| m.min(config.max_record_size));
     let mut reader = RecordReader::new(
         Paced {
-            inner: stream,
+            inner: Spinning::new(stream),
             yield_at: Instant::now() + tick,
             forced: false,
         },
@@ -414,7 +430,7 @@ fn serve_records<S: Transport>(
                 let outcome = match setup {
                     Some(req) => match crate::shm::serve_setup(
                         &req,
-                        reader.get_ref().inner.unix_socket(),
+                        reader.get_ref().inner.inner.unix_socket(),
                         peer,
                         !reader.in_record(),
                         config.shm_ring_capacity,
@@ -422,7 +438,13 @@ fn serve_records<S: Transport>(
                     ) {
                         Setup::Refuse(reply) => Outcome::Reply(reply),
                         Setup::Accept { reply, stream } => {
-                            return grant_shm(&reader.get_ref().inner, peer, sink, &reply, stream);
+                            return grant_shm(
+                                &reader.get_ref().inner.inner,
+                                peer,
+                                sink,
+                                &reply,
+                                stream,
+                            );
                         }
                     },
                     None => {
@@ -458,7 +480,7 @@ fn serve_records<S: Transport>(
                         let sent = match sink {
                             Some(sink) => sink.send(&chunks),
                             None => write_record(
-                                &mut reader.get_mut().inner,
+                                &mut reader.get_mut().inner.inner,
                                 &chunks,
                                 config.max_fragment_size,
                             ),

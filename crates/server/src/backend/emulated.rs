@@ -978,6 +978,40 @@ impl Backend for EmulatedBackend {
         Ok(ms as f32)
     }
 
+    /// An idle stream's word is written at once; a busy one's by the context's host-function
+    /// thread, in order with the stream's host functions (the emulated stream's only work
+    /// that runs later). Refused with the device-printf test hook on.
+    fn stream_signal(
+        &self,
+        ctx: u64,
+        stream: u64,
+        signals: &remora_shm::Signals,
+        slot: usize,
+        value: u64,
+    ) -> CuResult<()> {
+        let word = signals.word(slot).ok_or(CuError(cu::INVALID_VALUE))?;
+        if self.config.device_printf.is_some() {
+            // The test hook prints at every synchronize, as if every module printed: the
+            // synchronize must reach the backend.
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
+        if self.stream_query(ctx, stream).is_ok() {
+            // Nothing of the stream runs later: it has got there.
+            word.store(value, std::sync::atomic::Ordering::Release);
+            return Ok(());
+        }
+        let signals = signals.clone();
+        self.launch_host_func(
+            ctx,
+            stream,
+            Box::new(move || {
+                if let Some(w) = signals.word(slot) {
+                    w.store(value, std::sync::atomic::Ordering::Release);
+                }
+            }),
+        )
+    }
+
     fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()> {
         self.outside_capture(ctx, stream)?;
         let tx = self.host_thread(ctx)?;

@@ -91,6 +91,9 @@ const KERNELS: &[(&str, Kernel)] = &[
     ("many_params", many_params),
     ("grid3d", grid3d),
     ("large_param", large_param),
+    // `remora bench launch`'s empty kernel (crates/gpubench), so the launch path's own cost
+    // can be measured without a GPU.
+    ("remora_bench_empty", |_, _| Ok(())),
 ];
 
 /// Runs kernel `l.name` on the CPU.

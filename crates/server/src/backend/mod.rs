@@ -467,6 +467,20 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()>;
     /// `cuStreamQuery` (`Err(CuError(cu::NOT_READY))` while busy).
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()>;
+    /// Has `stream` write `value` into completion word `slot` of `signals` (a session's
+    /// shared region) when it reaches this point, in order with its other work
+    /// (`RM_STREAM_SIGNAL`). The default refuses: the client then makes the full
+    /// synchronizing call.
+    fn stream_signal(
+        &self,
+        _ctx: u64,
+        _stream: u64,
+        _signals: &remora_shm::Signals,
+        _slot: usize,
+        _value: u64,
+    ) -> CuResult<()> {
+        Err(CuError(cu::NOT_SUPPORTED))
+    }
     /// `cuStreamWaitEvent`.
     fn stream_wait_event(&self, ctx: u64, stream: u64, event: u64, flags: u32) -> CuResult<()>;
     /// `cuEventCreate`.

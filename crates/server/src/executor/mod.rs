@@ -7,7 +7,6 @@
 //! deferred reply, so the connection goes on with other client threads' calls meanwhile.
 
 use remora_proto::cuda::{CuError, CuResult, cu};
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -169,7 +168,8 @@ struct Inner {
     any_ordered: std::sync::atomic::AtomicBool,
     backend: Arc<dyn Backend>,
     hello: HelloService,
-    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// By connection number (server-assigned).
+    sessions: Mutex<rustc_hash::FxHashMap<u64, Arc<Session>>>,
     cache: ModuleCache,
     /// This process's captured standard output (a session worker: one session), whose
     /// device-side printf output synchronizing replies carry.
@@ -215,7 +215,7 @@ impl Executor {
                 any_ordered: std::sync::atomic::AtomicBool::new(false),
                 backend,
                 hello,
-                sessions: Mutex::new(HashMap::new()),
+                sessions: Mutex::default(),
                 cache: ModuleCache::with_dir(cache_bytes, cache_dir),
                 device_output: std::sync::OnceLock::new(),
             }),
@@ -478,11 +478,6 @@ impl Executor {
         Ok(())
     }
 
-    /// Runs `job` on a waiter thread and replies from there, or inline when the connection
-    /// cannot defer or the session's waiters are all busy.
-    /// Polling, then blocking (DESIGN decision 11): polls `query` (a stream or event query)
-    /// for up to [`SYNC_POLL`]; true when the work finished within it, so that the synchronize
-    /// can be answered inline instead of through a waiter thread.
     /// Destroys the object behind handle `h` of this call's session: `pick` answers its (raw
     /// object, context handle), or the status to answer when `h` names no such object; then
     /// `destroy(backend, raw context, raw object)` runs and the handle is forgotten, whatever
@@ -511,6 +506,9 @@ impl Executor {
         code(what, r)
     }
 
+    /// Polling, then blocking (DESIGN decision 11): polls `query` (a stream or event query)
+    /// for up to [`SYNC_POLL`]; true when the work finished within it, so that the synchronize
+    /// can be answered inline instead of through a waiter thread.
     fn poll_briefly(&self, query: impl Fn() -> CuResult<()>) -> bool {
         let until = std::time::Instant::now() + SYNC_POLL;
         loop {
@@ -543,6 +541,8 @@ impl Executor {
         self.blocking(call, job)
     }
 
+    /// Runs `job` on a waiter thread and replies from there, or inline when the connection
+    /// cannot defer or the session's waiters are all busy.
     fn blocking<T: XdrEncode + Send + 'static>(
         &self,
         call: &CallContext,
@@ -577,7 +577,7 @@ impl Executor {
 }
 
 impl Inner {
-    fn sessions(&self) -> MutexGuard<'_, HashMap<u64, Arc<Session>>> {
+    fn sessions(&self) -> MutexGuard<'_, rustc_hash::FxHashMap<u64, Arc<Session>>> {
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

@@ -218,7 +218,17 @@ impl Inner {
             Err(e) => return RmLoadReply::RmLoadFailed(e.0),
         };
         let loaded = match self.backend.module_load(raw_ctx, image) {
-            Ok(m) => m,
+            Ok(m) => {
+                if crate::printf_scan::may_print(image)
+                    && !st_session.may_print.swap(true, Ordering::Relaxed)
+                {
+                    tracing::debug!(
+                        connection = st_session.connection,
+                        "a module of the session may print from the device: synchronizes go to the server"
+                    );
+                }
+                m
+            }
             Err(e) => {
                 log_failed("RM_MODULE_LOAD", nz(e));
                 return RmLoadReply::RmLoadFailed(nz(e));

@@ -440,6 +440,10 @@ impl RemoraV1Server for Executor {
         )
     }
 
+    fn rm_stream_signal(&self, call: &CallContext, a: RmStreamSignalArgs) -> ProcResult<()> {
+        self.stream_signal(call, a)
+    }
+
     fn rm_func_load(&self, call: &CallContext, h: RmHandle) -> ProcResult<()> {
         self.oneway_on(call, "RM_FUNC_LOAD", None, |inner, session| {
             let t = session.lock().function(h)?;

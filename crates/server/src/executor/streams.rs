@@ -38,6 +38,79 @@ impl Executor {
         )
     }
 
+    /// RM_STREAM_SIGNAL (revision 14): the stream writes `a.seq` into completion word
+    /// `a.slot` of the session's region when it gets there; or, when the client must make
+    /// the full synchronize instead, the word gets `a.seq | SIGNAL_FALLBACK` at once. Never
+    /// an error of its own (nothing is deferred).
+    pub(super) fn stream_signal(
+        &self,
+        call: &CallContext,
+        a: RmStreamSignalArgs,
+    ) -> ProcResult<()> {
+        let session = self.session(call);
+        let Some(signals) = session
+            .area
+            .get()
+            .and_then(remora_oncrpc::DataArea::signals)
+        else {
+            tracing::debug!(
+                connection = call.connection,
+                "RM_STREAM_SIGNAL from a session without a shared region; ignored"
+            );
+            return Ok(());
+        };
+        let slot = a.slot as usize;
+        let Some(word) = signals.word(slot) else {
+            tracing::debug!(slot, "RM_STREAM_SIGNAL names no completion word; ignored");
+            return Ok(());
+        };
+        let seq = a.seq & !remora_shm::SIGNAL_FALLBACK;
+        // One look under the session lock: what would send the client to the full call,
+        // else the stream.
+        let target = {
+            let st = session.lock();
+            if st.has_deferred() {
+                Err("an error waits for the synchronize")
+            } else if !st.captures.is_empty() {
+                Err("a stream capture is in progress")
+            } else if !session.copies.is_empty() {
+                Err("copies wait to be delivered")
+            } else if session.ordered.is_on() {
+                Err("the session uses host callbacks")
+            } else if session.may_print.load(std::sync::atomic::Ordering::Relaxed) {
+                Err("a module may print from the device")
+            } else {
+                stream_target(&st, a.ctx, a.stream).map_err(|_| "the stream names nothing")
+            }
+        };
+        let r = target.and_then(|t| {
+            if self.inner.device_output.get().is_some_and(|o| o.pending()) {
+                return Err("device output waits to be delivered");
+            }
+            self.inner
+                .backend
+                .stream_signal(t.ctx, t.stream, &signals, slot, seq)
+                .map_err(|e| {
+                    tracing::debug!(
+                        result = e.0,
+                        "RM_STREAM_SIGNAL: the stream cannot write the completion word"
+                    );
+                    "the stream cannot write the word"
+                })
+        });
+        if let Err(why) = r {
+            tracing::trace!(
+                why,
+                "RM_STREAM_SIGNAL: the client makes the full synchronize"
+            );
+            word.store(
+                seq | remora_shm::SIGNAL_FALLBACK,
+                std::sync::atomic::Ordering::Release,
+            );
+        }
+        Ok(())
+    }
+
     pub(super) fn event_record(&self, call: &CallContext, a: RmEventRecordArgs) -> ProcResult<()> {
         self.oneway_on_stream(
             call,

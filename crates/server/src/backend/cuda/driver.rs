@@ -162,6 +162,7 @@ driver_table! {
     stream_get_attribute = "cuStreamGetAttribute" / "cuStreamGetAttribute": fn(Ptr, c_int, *mut [u8; 64]);
     stream_synchronize = "cuStreamSynchronize" / "cuStreamSynchronize": fn(Ptr);
     stream_query = "cuStreamQuery" / "cuStreamQuery": fn(Ptr);
+    stream_write_value64 = "cuStreamWriteValue64" / "cuStreamWriteValue64_v2": fn(Ptr, u64, u64, c_uint);
     launch_host_func = "cuLaunchHostFunc" / "cuLaunchHostFunc": fn(Ptr, Option<unsafe extern "C" fn(*mut c_void)>, *mut c_void);
     stream_wait_event = "cuStreamWaitEvent" / "cuStreamWaitEvent": fn(Ptr, Ptr, c_uint);
     event_create = "cuEventCreate" / "cuEventCreate": fn(*mut Ptr, c_uint);

@@ -92,6 +92,10 @@ pub struct CudaBackend {
     driver: Option<Arc<Driver>>,
     /// Data areas of live shared-memory sessions, by base address.
     areas: std::sync::Mutex<std::collections::HashMap<usize, AreaReg>>,
+    /// Completion-word pages of shared-memory sessions (`Backend::stream_signal`), by page
+    /// address: the context that registered the page and the page's device address in each
+    /// context that signalled through it.
+    signal_pages: std::sync::Mutex<std::collections::HashMap<usize, SignalReg>>,
     /// Whether every device reaches registered host memory at its host address
     /// (`CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM`): then areas are registered in
     /// [`AREA_CHUNK`] pieces, whose device addresses are contiguous like their host ones.
@@ -111,12 +115,22 @@ impl std::fmt::Debug for CudaBackend {
     }
 }
 
+/// A completion-word page registered for the device (`cuMemHostRegister` with DEVICEMAP).
+#[derive(Debug)]
+struct SignalReg {
+    /// The context it was registered in, current again to unregister it.
+    ctx: u64,
+    /// The page's device address, per context.
+    dev: Vec<(u64, u64)>,
+}
+
 impl CudaBackend {
     /// A backend with no driver: zero devices, every call `CUDA_ERROR_NO_DEVICE`.
     pub fn unavailable() -> Self {
         Self {
             driver: None,
             areas: Default::default(),
+            signal_pages: Default::default(),
             chunked: false,
             warm: Default::default(),
         }
@@ -144,6 +158,7 @@ impl CudaBackend {
         Ok(Self {
             driver: Some(Arc::new(Driver { lib, devices })),
             areas: Default::default(),
+            signal_pages: Default::default(),
             chunked,
             warm: Default::default(),
         })
@@ -264,6 +279,71 @@ impl CudaBackend {
     /// Undoes the registrations of the area at `base` made in `ctx` (the `Locked` ones of
     /// `chunks`, each `chunk` bytes): waits for the context's work (the only DMA into the
     /// area, see [`CudaBackend::area_dma`]), then unregisters.
+    /// The device address of the completion-word page at `page` in `ctx` (current),
+    /// page-locking it for the device first if no context has.
+    fn signal_page_device(&self, d: &Driver, ctx: u64, page: usize) -> CuResult<u64> {
+        let mut pages = self
+            .signal_pages
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(reg) = pages.get(&page)
+            && let Some(&(_, dev)) = reg.dev.iter().find(|(c, _)| *c == ctx)
+        {
+            return Ok(dev);
+        }
+        if let std::collections::hash_map::Entry::Vacant(slot) = pages.entry(page) {
+            // SAFETY: `page` is the first page of a session's mapped shared region, which
+            // stays mapped until `area_detach`, where it is unregistered first.
+            call!(
+                d.t,
+                mem_host_register(
+                    page as Ptr,
+                    remora_shm::SIGNAL_PAGE,
+                    HOST_REGISTER_PORTABLE | HOST_REGISTER_DEVICEMAP
+                )
+            )?;
+            slot.insert(SignalReg {
+                ctx,
+                dev: Vec::new(),
+            });
+        }
+        let mut dev = 0u64;
+        // SAFETY: `page` is registered with DEVICEMAP (above); `dev` is a local output.
+        call!(d.t, mem_host_get_device_pointer(&mut dev, page as Ptr, 0))?;
+        if let Some(reg) = pages.get_mut(&page) {
+            reg.dev.push((ctx, dev));
+        }
+        Ok(dev)
+    }
+
+    /// Unregisters the completion-word page at `page` (registered in `reg.ctx`, which is
+    /// live), after the work of every context that wrote into it (the writes still queued
+    /// must land while the page is mapped for the device).
+    fn signal_page_unregister(&self, d: &Driver, page: usize, reg: &SignalReg) {
+        let r = reg
+            .dev
+            .iter()
+            .map(|&(c, _)| c)
+            .filter(|&c| c != reg.ctx)
+            .chain([reg.ctx])
+            .try_for_each(|c| {
+                d.enter(c)?;
+                // SAFETY: no arguments; a live context of the session is current.
+                call!(d.t, ctx_synchronize())
+            })
+            .and_then(|()| {
+                // SAFETY: registered at exactly this address while `reg.ctx` (current now)
+                // was, still mapped.
+                call!(d.t, mem_host_unregister(page as Ptr))
+            });
+        if let Err(e) = r {
+            tracing::warn!(
+                result = e.0,
+                "cuMemHostUnregister of a completion-word page failed"
+            );
+        }
+    }
+
     fn area_unregister(&self, d: &Driver, ctx: u64, base: usize, chunks: &[Chunk], chunk: usize) {
         let r = d.enter(ctx).and_then(|()| {
             // SAFETY: no arguments; `ctx` is current.
@@ -437,6 +517,20 @@ impl Backend for CudaBackend {
                 self.area_unregister(d, ctx, *base, chunks, *chunk);
                 *reg = AreaReg::Unregistered;
             }
+        }
+        {
+            let mut pages = self
+                .signal_pages
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            pages.retain(|&page, reg| {
+                if reg.ctx == ctx {
+                    self.signal_page_unregister(d, page, reg);
+                    return false;
+                }
+                reg.dev.retain(|(c, _)| *c != ctx);
+                true
+            });
         }
         CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
         staging::forget_ctx(ctx);
@@ -716,6 +810,17 @@ impl Backend for CudaBackend {
     }
 
     fn area_detach(&self, area: &DataArea) {
+        if let (Some(signals), Ok(d)) = (area.signals(), self.d()) {
+            let page = signals.page() as usize;
+            let reg = self
+                .signal_pages
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&page);
+            if let Some(reg) = reg {
+                self.signal_page_unregister(d, page, &reg);
+            }
+        }
         let base = area.base() as usize;
         let reg = self.areas().remove(&base);
         if let (
@@ -1046,6 +1151,25 @@ impl Backend for CudaBackend {
             )?;
         }
         Ok((min_grid, block))
+    }
+
+    fn stream_signal(
+        &self,
+        ctx: u64,
+        stream: u64,
+        signals: &remora_shm::Signals,
+        slot: usize,
+        value: u64,
+    ) -> CuResult<()> {
+        if slot >= remora_shm::SIGNAL_SLOTS {
+            return Err(CuError(cu::INVALID_VALUE));
+        }
+        let d = self.in_ctx(ctx)?;
+        let dev = self.signal_page_device(d, ctx, signals.page() as usize)?;
+        let word = dev + (remora_shm::SIGNAL_OFFSET + slot * 8) as u64;
+        // SAFETY: a stream of this session (or the legacy stream) and the device address of
+        // a word inside the registered page.
+        call!(d.t, stream_write_value64(ptr(stream), word, value, 0))
     }
 
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {

@@ -1,0 +1,234 @@
+//! `remora bench contention` (issue 12 §4): launch + synchronize latency and launch
+//! throughput of 1..N clients while CPU-burning processes compete for the cores, for each way
+//! of waiting (`REMORA_WAIT`: `spin`, pure polling; `block`, no spinning; `adaptive`, the
+//! default, a spin budget that follows the waits seen). The policy is given to the servers the
+//! benchmark starts and to every client, so it holds in all the places Remora waits: the
+//! client for replies (socket reads, shared-memory rings, completion words) and the server for
+//! requests. Each (burn level, policy) pair is one `bench launch` run (`bench_gpu::measure`);
+//! native runs once per burn level.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+use crate::bench_gpu::{self, Figure, Report, What, Workload};
+
+/// `remora bench contention`'s options.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Remoted transports to measure, comma-separated: shm, unix, tcp.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "shm,tcp"
+    )]
+    transports: Vec<String>,
+    /// Numbers of concurrent clients (separate processes), comma-separated.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "1,4,16"
+    )]
+    clients: Vec<u32>,
+    /// CPU-burning processes beside the clients, in multiples of this host's cores,
+    /// comma-separated (0: none; 2: two busy processes per core).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "0,1,2"
+    )]
+    burn: Vec<u32>,
+    /// Waiting policies, comma-separated: spin, block, adaptive.
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "spin,block,adaptive"
+    )]
+    policies: Vec<String>,
+    /// Rounds per (burn level, policy); figures are medians.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
+    /// Launches per client in the throughput burst.
+    #[arg(long, default_value_t = 5_000)]
+    launches: u32,
+    /// Launch + synchronize round trips per client.
+    #[arg(long, default_value_t = 1_000)]
+    syncs: u32,
+    /// Skip the native baseline (no ratios).
+    #[arg(long)]
+    no_native: bool,
+    /// Remora's shim (default: beside this executable, or REMORA_SHIM).
+    #[arg(long, value_name = "PATH")]
+    shim: Option<PathBuf>,
+    /// An extra argument for the embedded servers (repeatable).
+    #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
+    serve_arg: Vec<OsString>,
+    /// Write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw the report as a PNG plot to this file.
+    #[arg(long, value_name = "FILE")]
+    png: Option<PathBuf>,
+}
+
+/// CPU-burning processes (`remora bench burn`), killed on drop.
+struct Burners(Vec<Child>);
+
+impl Drop for Burners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn burners(n: usize) -> Result<Burners> {
+    let exe = std::env::current_exe().context("cannot find the remora executable")?;
+    let mut b = Burners(Vec::new());
+    for _ in 0..n {
+        b.0.push(
+            Command::new(&exe)
+                .args(["bench", "burn"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .context("cannot start a CPU burner (remora bench burn)")?,
+        );
+    }
+    Ok(b)
+}
+
+/// `remora bench burn`: keeps one core busy until killed.
+pub(crate) fn burn() -> ! {
+    let mut x = 0u64;
+    loop {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
+
+/// Runs the benchmark: progress on stderr, a table on stdout, the JSON report and the plot
+/// when asked.
+pub(crate) fn run(a: &Args) -> Result<Report> {
+    for p in &a.policies {
+        if !["spin", "block", "adaptive"].contains(&p.as_str()) {
+            bail!("unknown policy {p:?}: use spin, block or adaptive (comma-separated)");
+        }
+    }
+    if a.burn.is_empty() || a.burn.iter().any(|&b| b > 8) {
+        bail!("--burn takes multiples of the cores from 0 to 8, e.g. 0,1,2");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut figures: Vec<Figure> = Vec::new();
+    let mut notes = vec![format!(
+        "{cores} cores; burn=Nx runs N CPU-burning processes per core beside the clients"
+    )];
+    let mut device = String::new();
+    for &burn in &a.burn {
+        let n = burn as usize * cores;
+        let _burners = burners(n)?;
+        for (i, policy) in a.policies.iter().enumerate() {
+            eprintln!("== burn={burn}x ({n} burning processes), REMORA_WAIT={policy}");
+            let opts = bench_gpu::Options {
+                what: What::Launch,
+                server: None,
+                transports: a.transports.clone(),
+                clients: a.clients.clone(),
+                rounds: a.rounds,
+                native: !a.no_native && i == 0,
+                workload: Workload {
+                    launches: a.launches,
+                    syncs: a.syncs,
+                    bytes: 0,
+                    reps: 1,
+                },
+                shim: a.shim.clone(),
+                serve_args: a.serve_arg.clone(),
+                json: None,
+                png: None,
+                raw_tcp: false,
+                env: vec![("REMORA_WAIT".into(), policy.clone())],
+            };
+            let r = bench_gpu::measure(&opts)?;
+            if device.is_empty() {
+                device = r.device;
+            }
+            notes.extend(r.notes);
+            for mut f in r.figures {
+                f.mode = if f.mode == "native" {
+                    format!("native burn={burn}x")
+                } else {
+                    format!("{} {policy} burn={burn}x", f.mode)
+                };
+                f.ratio_to_native = None;
+                figures.push(f);
+            }
+        }
+    }
+    compare(&mut figures, &mut notes, a);
+    let report = Report::now(
+        "contention",
+        device,
+        "embedded".into(),
+        a.rounds,
+        None,
+        figures,
+        notes,
+    );
+    outln!("{}", bench_gpu::table(&report));
+    bench_gpu::write_report(&report, a.json.as_deref(), a.png.as_deref())?;
+    Ok(report)
+}
+
+/// Fills each remoted figure's ratio to native at the same burn level and client count, and
+/// notes, per (transport, burn, clients), adaptive against the better of spin and block.
+fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
+    let value = |figs: &[Figure], mode: &str, clients: u32, metric: &str| {
+        figs.iter()
+            .find(|f| f.mode == mode && f.clients == clients && f.metric == metric)
+            .map(|f| f.value)
+    };
+    let snapshot = figures.to_vec();
+    for f in figures.iter_mut() {
+        let Some(burn) = f.mode.rsplit(' ').next().map(str::to_owned) else {
+            continue;
+        };
+        if f.mode.starts_with("native") {
+            continue;
+        }
+        let native = value(&snapshot, &format!("native {burn}"), f.clients, &f.metric);
+        f.ratio_to_native = native
+            .filter(|n| *n > 0.0)
+            .map(|n| (f.value / n * 1000.0).round() / 1000.0);
+    }
+    for t in &a.transports {
+        for &burn in &a.burn {
+            for &clients in &a.clients {
+                for metric in [
+                    "launch_sync.p50",
+                    "launch_sync.client_cpu",
+                    "launch.per_launch",
+                ] {
+                    let get = |p: &str| {
+                        value(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric)
+                    };
+                    if let (Some(ad), Some(sp), Some(bl)) =
+                        (get("adaptive"), get("spin"), get("block"))
+                    {
+                        notes.push(format!(
+                            "{t} burn={burn}x {clients} client(s) {metric}: adaptive {ad:.2} us, spin {sp:.2}, block {bl:.2}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
+                            ad / sp.min(bl),
+                            sp / ad
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! Synchronize seen in shared memory (issue 12 §3, revision 14): over shared memory,
+//! `cuStreamSynchronize` asks the server (one-way, `RM_STREAM_SIGNAL`) to have the stream
+//! write a fresh number into a completion word of the session's region when it gets there,
+//! and polls the word, instead of waiting for the reply of a full `RM_STREAM_SYNCHRONIZE`
+//! (the server's query, its synchronize, the reply's way back). The full call is still made
+//! whenever it has something to carry or the word does not come:
+//!
+//! * here, when copies wait to be delivered, managed or mapped memory needs its pull after
+//!   a synchronization, a capture is active or host callbacks are outstanding;
+//! * by the server's word (`SIGNAL_FALLBACK`), when it holds a deferred error, device
+//!   output or copies, the session uses host callbacks, a capture is in progress, a module
+//!   may print from the device, or the stream cannot write the word;
+//! * when the word has not come within the spin budget (a long kernel, a faulted context
+//!   whose stream stops): the full call then waits on the server and reports any error.
+//!
+//! The budget follows the waits seen ([`remora_shm::Waiter`]), so long kernels cost a
+//! short spin, not a core.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use remora_proto::remora::{RmHandle, RmStreamSignalArgs};
+use remora_shm::{SIGNAL_FALLBACK, SIGNAL_SLOTS, Signals, Waiter};
+
+use super::Session;
+
+/// Revision that brought `RM_STREAM_SIGNAL`.
+pub(super) const SIGNAL_REVISION: u32 = 14;
+/// Shortest spin on a word before the full call.
+const MIN_SPIN: Duration = Duration::from_micros(20);
+/// Longest spin on a word before the full call.
+const MAX_SPIN: Duration = Duration::from_micros(200);
+
+/// The session's completion words and who uses which.
+pub(super) struct SignalSync {
+    signals: Signals,
+    /// Words not in use by a synchronize now.
+    free: Mutex<Vec<usize>>,
+    /// The last number handed out (numbers stay below `SIGNAL_FALLBACK`).
+    seq: AtomicU64,
+    waiter: Mutex<Waiter>,
+    /// Synchronizes seen complete in shared memory, and those that made the full call after
+    /// trying (fallback or late).
+    seen: AtomicU64,
+    full: AtomicU64,
+}
+
+impl SignalSync {
+    /// For a session in shared memory whose server speaks revision 14 or later.
+    pub(super) fn new(area: Option<&remora_oncrpc::DataArea>, revision: u32) -> Option<Self> {
+        if revision < SIGNAL_REVISION || std::env::var_os("REMORA_NO_SIGNAL_SYNC").is_some() {
+            return None;
+        }
+        let signals = area?.signals()?;
+        Some(Self {
+            signals,
+            free: Mutex::new((0..SIGNAL_SLOTS).rev().collect()),
+            seq: AtomicU64::new(0),
+            waiter: Mutex::new(Waiter::new(MIN_SPIN, MAX_SPIN)),
+            seen: AtomicU64::new(0),
+            full: AtomicU64::new(0),
+        })
+    }
+
+    fn take_slot(&self) -> Option<usize> {
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+    }
+
+    fn give_slot(&self, slot: usize) {
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(slot);
+    }
+
+    fn budget(&self) -> Duration {
+        self.waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .budget()
+    }
+
+    /// Folds a synchronize's time, however it ended, into the spin budget.
+    fn observe(&self, took: Duration) {
+        self.waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .observe(took);
+    }
+}
+
+impl Session {
+    /// `cuStreamSynchronize` through a completion word: `true` when the stream was seen
+    /// complete in shared memory (nothing else to do), `false` when the full
+    /// `RM_STREAM_SYNCHRONIZE` must be made.
+    pub(super) fn signalled_sync(&self, ctx: RmHandle, stream: RmHandle) -> bool {
+        let Some(sig) = &self.signals else {
+            return false;
+        };
+        if self.delivery.pending() != 0
+            || self.mirrors.active()
+            || self.callbacks.outstanding() != 0
+            || !self
+                .captures
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .active
+                .is_empty()
+        {
+            return false;
+        }
+        let Some(slot) = sig.take_slot() else {
+            return false;
+        };
+        let seq = sig.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & !SIGNAL_FALLBACK;
+        let start = Instant::now();
+        let args = RmStreamSignalArgs {
+            ctx,
+            stream,
+            slot: slot as u32,
+            seq,
+        };
+        // The call may wait in the one-way batch: written now, with the launches before it.
+        let sent = self
+            .coherent("rm_stream_signal", || {
+                self.rpc.rm_stream_signal(&args)?;
+                self.rpc.rpc().flush()
+            })
+            .is_ok();
+        // Done when the stream wrote our number; the server's fallback word, or no word
+        // within the budget (the full call then waits, and its time teaches the budget),
+        // send the caller to the full call.
+        let done = sent
+            && sig.signals.word(slot).is_some_and(|word| {
+                let until = start + sig.budget();
+                loop {
+                    let v = word.load(Ordering::Acquire);
+                    if v == seq || v == seq | SIGNAL_FALLBACK {
+                        break v == seq;
+                    }
+                    if Instant::now() >= until {
+                        break false;
+                    }
+                    std::hint::spin_loop();
+                }
+            });
+        sig.give_slot(slot);
+        if done {
+            sig.seen.fetch_add(1, Ordering::Relaxed);
+            sig.observe(start.elapsed());
+            if let Some(p) = &self.profile {
+                p.record(
+                    "(stream synchronize seen in shared memory)",
+                    start.elapsed(),
+                );
+            }
+        } else {
+            sig.full.fetch_add(1, Ordering::Relaxed);
+        }
+        done
+    }
+
+    /// Stream synchronizes seen complete through a completion word, and those that tried
+    /// and then made the full call; `None` when the session has no completion words (not in
+    /// shared memory, a server older than revision 14, or `REMORA_NO_SIGNAL_SYNC` set).
+    pub fn signal_sync_counts(&self) -> Option<(u64, u64)> {
+        self.signals.as_ref().map(|s| {
+            (
+                s.seen.load(Ordering::Relaxed),
+                s.full.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// After a full synchronize that a signal did not catch (or that did not try): its time
+    /// teaches the spin budget.
+    pub(super) fn observe_sync(&self, took: Duration) {
+        if let Some(sig) = &self.signals {
+            sig.observe(took);
+        }
+    }
+}

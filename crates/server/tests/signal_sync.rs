@@ -1,0 +1,137 @@
+//! Stream synchronizes seen in shared memory (`RM_STREAM_SIGNAL`, revision 14) against the
+//! emulated backend: a synchronize over shared memory completes through a completion word;
+//! whenever the full `RM_STREAM_SYNCHRONIZE` has something to carry (a deferred error,
+//! copies to deliver, a module that may print from the device) the client makes it, and the
+//! results are those of the full call. Over a Unix socket there are no completion words.
+
+mod common;
+
+use std::ffi::c_void;
+
+use remora_client::{CuError, KernelArgs, LaunchConfig, Session, StreamRef, cu};
+use remora_oncrpc::TransportChoice;
+
+/// `fill_i32(int *p, int v, int n)`: `p[i] = v + i` over `n` ints, on `stream`.
+fn fill(s: &Session, ctx: u64, f: &remora_client::FunctionInfo, p: u64, v: i32, stream: u64) {
+    let n = 64i32;
+    let args: [*const c_void; 3] = [
+        (&p as *const u64).cast(),
+        (&v as *const i32).cast(),
+        (&n as *const i32).cast(),
+    ];
+    let config = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        shared_mem_bytes: 0,
+        stream: StreamRef::Handle(stream),
+        attrs: Vec::new(),
+    };
+    // SAFETY: one valid pointer per parameter of fill_i32(int*, int, int).
+    unsafe { s.launch_kernel(ctx, f, &config, KernelArgs::Params(args.as_ptr())) }.unwrap();
+}
+
+fn ints(s: &Session, ctx: u64, p: u64) -> Vec<i32> {
+    let mut back = vec![0u8; 256];
+    s.memcpy_dtoh(ctx, 1, p, &mut back).unwrap();
+    back.chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_synchronize_over_shared_memory_is_seen_in_a_completion_word_and_falls_back_when_needed() {
+    let server = common::serve(64 << 20);
+    let s = common::session(&server.endpoint, TransportChoice::Shm);
+    assert_eq!(s.signal_sync_counts(), Some((0, 0)));
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let stream = s.stream_create(ctx, 1, 0).unwrap();
+    let m = s
+        .module_load(
+            ctx,
+            b"REMORA-EMU-MODULE\nfunc fill_i32 8,4,4\nfunc missing 8\n",
+        )
+        .unwrap();
+    let f = &m.functions["fill_i32"];
+    let p = s.mem_alloc(ctx, 256).unwrap();
+
+    // Plain work: seen in shared memory (a word that comes later than the spin budget on a
+    // busy machine sends the client to the full call, so not every one), and the kernel's
+    // bytes are there either way.
+    for v in 0..20 {
+        fill(&s, ctx, f, p, v, stream);
+        s.stream_synchronize(ctx, stream).unwrap();
+        assert_eq!(ints(&s, ctx, p), (v..v + 64).collect::<Vec<_>>());
+    }
+    let (seen, full) = s.signal_sync_counts().unwrap();
+    assert_eq!(seen + full, 20);
+    assert!(
+        seen > 0,
+        "no synchronize was seen in shared memory ({full} full calls)"
+    );
+
+    // A launch that fails on the server (the emulated backend has no such kernel): its
+    // error is deferred; the server's word sends the client to the full call, which reports
+    // it, as natively the next synchronize does.
+    let missing = &m.functions["missing"];
+    let config = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem_bytes: 0,
+        stream: StreamRef::Handle(stream),
+        attrs: Vec::new(),
+    };
+    let arg = 0u64;
+    let args: [*const c_void; 1] = [(&arg as *const u64).cast()];
+    // SAFETY: one valid pointer for the one 8-byte parameter.
+    unsafe { s.launch_kernel(ctx, missing, &config, KernelArgs::Params(args.as_ptr())) }.unwrap();
+    assert_eq!(
+        s.stream_synchronize(ctx, stream),
+        Err(CuError(cu::NOT_SUPPORTED))
+    );
+    assert_eq!(s.signal_sync_counts().unwrap(), (seen, full + 1));
+    // The error was reported once (not sticky): the next synchronize succeeds.
+    fill(&s, ctx, f, p, 9, stream);
+    s.stream_synchronize(ctx, stream).unwrap();
+    let (seen, full) = s.signal_sync_counts().unwrap();
+
+    // An asynchronous copy to host memory waits for delivery: the full call carries it.
+    fill(&s, ctx, f, p, 11, stream);
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&got);
+    s.memcpy_dtoh_async(
+        ctx,
+        stream,
+        p,
+        256,
+        Box::new(move |b: &[u8]| sink.lock().unwrap().extend_from_slice(b)),
+    )
+    .unwrap();
+    s.stream_synchronize(ctx, stream).unwrap();
+    let host = got.lock().unwrap().clone();
+    assert_eq!(host.len(), 256);
+    assert_eq!(i32::from_le_bytes(host[..4].try_into().unwrap()), 11);
+    assert_eq!(i32::from_le_bytes(host[252..].try_into().unwrap()), 11 + 63);
+    assert_eq!(
+        s.signal_sync_counts().unwrap(),
+        (seen, full),
+        "not even tried"
+    );
+
+    // A module that may print from the device: every later synchronize is the full call.
+    s.module_load(ctx, b"REMORA-EMU-MODULE\nfunc uses_vprintf 8\n")
+        .unwrap();
+    fill(&s, ctx, f, p, 13, stream);
+    s.stream_synchronize(ctx, stream).unwrap();
+    assert_eq!(ints(&s, ctx, p)[0], 13);
+    assert_eq!(s.signal_sync_counts().unwrap(), (seen, full + 1));
+}
+
+#[test]
+fn sessions_over_sockets_have_no_completion_words() {
+    let server = common::serve(64 << 20);
+    let s = common::session(&server.endpoint, TransportChoice::Unix);
+    assert_eq!(s.signal_sync_counts(), None);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let stream = s.stream_create(ctx, 1, 0).unwrap();
+    s.stream_synchronize(ctx, stream).unwrap();
+}
