@@ -201,6 +201,22 @@ struct SessionArgs {
     /// non-loopback address (or --insecure).
     #[arg(long, value_name = "FILE")]
     auth_token_file: Option<PathBuf>,
+    /// Limits per tenant and per session (TOML): `[tenant]` (each tenant as a whole: all its
+    /// sessions together), `[session]` (each session), `[tenants.NAME]` and
+    /// `[tenants.NAME.session]` (one tenant's own), with the keys device-memory,
+    /// pinned-memory, in-flight (sizes such as "8GiB"), streams, events, modules and, for
+    /// tenants, sessions; "unlimited" lifts one. A tenant is the name its token gives;
+    /// without tokens, `uid:N` for a local user and `anonymous` for TCP clients. Past a
+    /// limit the call fails with CUDA_ERROR_OUT_OF_MEMORY (a session past `sessions` is
+    /// refused at HELLO), logged on the remora::audit target. Defaults: no memory limits;
+    /// per session 16384 streams, 262144 events, 65536 modules; 256 sessions per tenant.
+    /// See docs/threat-model.md.
+    #[arg(long, value_name = "FILE")]
+    tenants: Option<PathBuf>,
+    /// A limit over --tenants' [tenant] or [session] defaults, e.g. --limit
+    /// session.device-memory=8GiB --limit tenant.sessions=4 (repeatable).
+    #[arg(long = "limit", value_name = "LEVEL.KEY=VALUE")]
+    limits: Vec<String>,
 }
 
 /// A duration in seconds (`30`, `0.5`), for `--idle-timeout`.
@@ -218,6 +234,7 @@ fn parse_secs(s: &str) -> std::result::Result<std::time::Duration, String> {
 fn worker_config(
     module_cache_bytes: Option<u64>,
     shm_lock_budget: Option<u64>,
+    ledger: Option<(i32, usize)>,
     s: SessionArgs,
 ) -> remora_server::WorkerConfig {
     remora_server::WorkerConfig {
@@ -237,6 +254,9 @@ fn worker_config(
         max_pending_copy_bytes: s.max_pending_copy_bytes,
         idle_timeout: s.idle_timeout,
         auth_token_file: s.auth_token_file,
+        tenants_file: s.tenants,
+        limits: s.limits,
+        ledger,
     }
 }
 
@@ -349,6 +369,11 @@ enum Command {
         module_cache_bytes: Option<u64>,
         #[arg(long, value_name = "BYTES")]
         shm_lock_budget: Option<u64>,
+        /// The server's limits ledger, inherited as this descriptor.
+        #[arg(long, value_name = "FD", requires = "ledger_slots")]
+        ledger_fd: Option<i32>,
+        #[arg(long, value_name = "N")]
+        ledger_slots: Option<usize>,
         #[command(flatten)]
         session: SessionArgs,
     },
@@ -670,6 +695,8 @@ fn run(cli: Cli) -> Result<()> {
                 max_connections_per_peer: Some(max_connections_per_peer),
                 idle_timeout: s.idle_timeout,
                 auth_token_file: s.auth_token_file,
+                tenants_file: s.tenants,
+                limits: s.limits,
                 insecure,
                 warm_workers: Some(warm_workers),
                 no_warm_refill,
@@ -678,11 +705,19 @@ fn run(cli: Cli) -> Result<()> {
         Command::ServeWorker {
             module_cache_bytes,
             shm_lock_budget,
+            ledger_fd,
+            ledger_slots,
             session: s,
         } => {
             init_logging("info");
-            remora_server::serve_worker(worker_config(module_cache_bytes, shm_lock_budget, s))
-                .context("remora serve-worker failed")
+            let ledger = ledger_fd.zip(ledger_slots);
+            remora_server::serve_worker(worker_config(
+                module_cache_bytes,
+                shm_lock_budget,
+                ledger,
+                s,
+            ))
+            .context("remora serve-worker failed")
         }
         Command::Info {
             server,
@@ -930,6 +965,9 @@ mod tests {
             max_pending_copy_bytes: Some(5 << 20),
             idle_timeout: Some(std::time::Duration::from_millis(2500)),
             auth_token_file: Some("/etc/remora/tokens".into()),
+            tenants_file: Some("/etc/remora/tenants.toml".into()),
+            limits: vec!["session.streams=5".into(), "tenant.sessions=2".into()],
+            ledger: Some((7, 1032)),
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];
         args.extend(config.to_args());
@@ -937,13 +975,20 @@ mod tests {
         let Command::ServeWorker {
             module_cache_bytes,
             shm_lock_budget,
+            ledger_fd,
+            ledger_slots,
             session,
         } = cli.command
         else {
             panic!()
         };
         assert_eq!(
-            worker_config(module_cache_bytes, shm_lock_budget, session),
+            worker_config(
+                module_cache_bytes,
+                shm_lock_budget,
+                ledger_fd.zip(ledger_slots),
+                session
+            ),
             config
         );
     }

@@ -11,6 +11,16 @@ use remora_proto::remora::{
 use crate::driver::Inventory;
 use crate::tokens::Tokens;
 
+/// A HELLO refused for `reason` (cut to what the protocol carries), with the revisions this
+/// server speaks.
+pub(crate) fn refusal(reason: String) -> HelloReply {
+    HelloReply::False(HelloRefused {
+        min_revision: MIN_REVISION,
+        max_revision: MAX_REVISION,
+        reason: truncate(reason, REMORA_MAX_REASON),
+    })
+}
+
 /// The server's version string as HELLO reports it.
 pub const SERVER_VERSION: &str = concat!("remora ", env!("CARGO_PKG_VERSION"));
 

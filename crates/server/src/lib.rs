@@ -27,6 +27,7 @@ mod hello;
 mod host_callbacks;
 mod module_cache;
 mod printf_scan;
+pub mod quota;
 mod serve;
 mod session;
 pub mod tokens;

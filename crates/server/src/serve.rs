@@ -232,6 +232,10 @@ pub struct ServeConfig {
     /// Start the warm workers once, at start, and do not replace those sessions take
     /// (`remora run`'s embedded server: one program, usually one session).
     pub no_warm_refill: bool,
+    /// Limits per tenant and per session ([`crate::quota::QuotaConfig`], `--tenants FILE`).
+    pub tenants_file: Option<PathBuf>,
+    /// `--limit` settings over the file (`tenant.KEY=VALUE`, `session.KEY=VALUE`).
+    pub limits: Vec<String>,
 }
 
 /// Shared-memory sessions: whether they are offered and the size of their data area.
@@ -311,6 +315,13 @@ pub struct WorkerConfig {
     /// serves nothing but NULL and `REMORA_HELLO_AUTH` until the client has presented one
     /// of its tokens.
     pub auth_token_file: Option<PathBuf>,
+    /// The limits file ([`ServeConfig::tenants_file`]).
+    pub tenants_file: Option<PathBuf>,
+    /// The `--limit` settings ([`ServeConfig::limits`]).
+    pub limits: Vec<String>,
+    /// The server's limits ledger this worker inherited: (descriptor, slots). The slot of
+    /// the worker's session comes with its connection.
+    pub ledger: Option<(i32, usize)>,
 }
 
 impl WorkerConfig {
@@ -318,7 +329,8 @@ impl WorkerConfig {
     /// `--backend cuda|emulated`, `--devices LIST`, `--max-record-size N`,
     /// `--module-cache-bytes N`, `--module-cache DIR`, `--profile`, `--no-shm`,
     /// `--shm-data-bytes N`, `--no-private-driver-calls`, `--shm-lock-budget N`,
-    /// `--max-pending-copy-bytes N`, `--idle-timeout SECS`, `--auth-token-file FILE`.
+    /// `--max-pending-copy-bytes N`, `--idle-timeout SECS`, `--auth-token-file FILE`,
+    /// `--tenants FILE`, `--limit KEY=VALUE`…, `--ledger-fd N --ledger-slots N`.
     pub fn to_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = vec![
             "--backend".into(),
@@ -372,6 +384,20 @@ impl WorkerConfig {
             args.push("--auth-token-file".into());
             args.push(file.clone().into_os_string());
         }
+        if let Some(file) = &self.tenants_file {
+            args.push("--tenants".into());
+            args.push(file.clone().into_os_string());
+        }
+        for limit in &self.limits {
+            args.push("--limit".into());
+            args.push(limit.into());
+        }
+        if let Some((fd, slots)) = self.ledger {
+            args.push("--ledger-fd".into());
+            args.push(fd.to_string().into());
+            args.push("--ledger-slots".into());
+            args.push(slots.to_string().into());
+        }
         args
     }
 }
@@ -418,6 +444,39 @@ pub enum ServeError {
          address or a Unix socket; on a trusted network, --insecure serves it anyway"
     )]
     Insecure(Endpoint),
+    /// The limits file or a `--limit` cannot be used.
+    #[error(transparent)]
+    Quota(#[from] crate::quota::QuotaError),
+    /// The limits ledger could not be made or inherited.
+    #[error("cannot set up the limits ledger: {0}")]
+    Ledger(std::io::Error),
+}
+
+/// The limits of `file` (if any) with `limits` over them.
+pub(crate) fn quota_config(
+    file: Option<&Path>,
+    limits: &[String],
+) -> Result<crate::quota::QuotaConfig, ServeError> {
+    let mut config = match file {
+        Some(f) => crate::quota::QuotaConfig::load(f)?,
+        None => crate::quota::QuotaConfig::default(),
+    };
+    for l in limits {
+        config.apply_cli(l)?;
+    }
+    if let Some(f) = file {
+        tracing::info!(file = %f.display(), tenants = config.named_tenants().count(), "limits per tenant and session loaded");
+    }
+    Ok(config)
+}
+
+/// Slots of the ledger of a server with `max_connections` (and `warm` workers waiting).
+fn ledger_slots(config: &ServeConfig) -> usize {
+    config
+        .max_connections
+        .unwrap_or(ServerConfig::default().max_connections)
+        .saturating_add(config.warm_workers.unwrap_or(0))
+        .saturating_add(8)
 }
 
 /// The default listener: a Unix socket in the user's runtime directory,
@@ -715,6 +774,10 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     // Loaded here so that a bad file stops the server at start; each worker loads it again
     // and authenticates its connection itself (docs/architecture.md).
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
+    // Checked here so that a bad file stops the server; each worker reads it again.
+    quota_config(config.tenants_file.as_deref(), &config.limits)?;
+    let ledger =
+        Arc::new(crate::quota::Ledger::new(ledger_slots(&config)).map_err(ServeError::Ledger)?);
     let (cache_dir, owned_dir) = match &config.module_cache_dir {
         Some(dir) => {
             use std::os::unix::fs::DirBuilderExt;
@@ -764,8 +827,15 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             max_pending_copy_bytes: config.max_pending_copy_bytes,
             idle_timeout: config.idle_timeout,
             auth_token_file: config.auth_token_file.clone(),
+            tenants_file: config.tenants_file.clone(),
+            limits: config.limits.clone(),
+            ledger: Some((
+                std::os::fd::AsRawFd::as_raw_fd(&ledger.fd()),
+                ledger.slots(),
+            )),
         }
         .to_args(),
+        Arc::clone(&ledger),
         (config.shm.data_bytes, config.shm.lock_max_bytes),
         config.warm_workers.unwrap_or(DEFAULT_WARM_WORKERS),
         !config.no_warm_refill,
@@ -982,6 +1052,13 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         return Ok(());
     }
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
+    let quotas = quota_config(config.tenants_file.as_deref(), &config.limits)?;
+    let ledger = match config.ledger {
+        Some((fd, slots)) => Some(Arc::new(
+            crate::quota::Ledger::inherited(fd, slots).map_err(ServeError::Ledger)?,
+        )),
+        None => None,
+    };
     // Standard input is this worker's control socket to the server, which passes the
     // session's connection over it once one arrives (crate::worker_pool).
     let control: std::os::unix::net::UnixStream = std::io::stdin()
@@ -1021,11 +1098,11 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     // Tell the server: it starts this worker's replacement only now (see worker_pool.rs).
     let _ = std::io::Write::write_all(&mut &control, &[crate::worker_pool::READY]);
     let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
-    let (fd, budget, peer) = match remora_shm::recv_with_fd(&control, &mut message) {
+    let (fd, budget, peer, slot) = match remora_shm::recv_with_fd(&control, &mut message) {
         // The server closed the control socket: it is shutting down or shrinking its pool.
         Ok((0, _)) => return Ok(()),
         Ok((n, Some(fd))) => match crate::worker_pool::parse_handoff(&message[..n]) {
-            Some((budget, peer)) => (fd, budget, peer),
+            Some((budget, peer, slot)) => (fd, budget, peer, slot),
             None => {
                 return Err(ServeError::WorkerStdin(std::io::Error::other(
                     "the server sent a hand-off this worker does not understand",
@@ -1052,6 +1129,28 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     );
     if let Some(out) = &device_output {
         executor.deliver_device_output(Arc::clone(out));
+    }
+    match (ledger, slot) {
+        (Some(ledger), slot) if slot < ledger.slots() => {
+            executor.set_quotas(quotas, ledger, Some(slot));
+        }
+        (None, _) => {
+            // Started without the server's ledger (a worker command of its own): limits
+            // per session only, counted here.
+            tracing::warn!(
+                "session worker without the server's limits ledger: tenant-wide limits do not include this session"
+            );
+            executor.set_quotas(
+                quotas,
+                Arc::new(crate::quota::Ledger::new(1).map_err(ServeError::Ledger)?),
+                Some(0),
+            );
+        }
+        (Some(_), _) => {
+            return Err(ServeError::WorkerStdin(std::io::Error::other(
+                "the server's hand-off named no valid limits slot",
+            )));
+        }
     }
     let mut server_config = ServerConfig::default();
     if let Some(max) = config.max_record_size {
@@ -1131,6 +1230,11 @@ pub fn start_with_backend(
         backend,
         &inventory,
         executor_options!(config, config.shm.lock_max_bytes, tokens.clone()),
+    );
+    executor.set_quotas(
+        quota_config(config.tenants_file.as_deref(), &config.limits)?,
+        Arc::new(crate::quota::Ledger::new(ledger_slots(&config)).map_err(ServeError::Ledger)?),
+        None,
     );
     let service = Arc::new(RemoraService::new(executor));
     let handle = listen_and_start(

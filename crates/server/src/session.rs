@@ -99,6 +99,9 @@ pub(crate) enum Resource {
     MemHandle {
         raw: u64,
         refs: u32,
+        /// Bytes charged for it (`cuMemCreate`'s size; 0 for a handle retained from an
+        /// allocation the session did not create).
+        size: u64,
     },
     /// A memory pool (`session/pools.rs`): one the session created (`created`, destroyed
     /// when the session ends), or a device's default or current pool, named when the session
@@ -598,6 +601,9 @@ pub(crate) struct SessionState {
     pub(crate) host_nodes: Vec<Arc<crate::backend::graphs::HostNode>>,
     /// Graph memory allocations by address: who holds them (`session/graphs.rs`).
     pub(crate) graph_mem: HashMap<u64, GraphMemHold>,
+    /// The session's place in the limits ledger ([`crate::quota`]): objects and memory are
+    /// charged to it when made and taken back when they go.
+    pub(crate) quota: Option<Arc<crate::quota::SessionQuota>>,
 }
 
 impl SessionState {
@@ -628,21 +634,47 @@ impl SessionState {
     }
 
     pub(crate) fn remove(&mut self, h: u64) -> Option<Resource> {
-        self.table.remove(&h)
+        let r = self.table.remove(&h)?;
+        if let Some(q) = &self.quota {
+            use crate::quota::Kind;
+            match &r {
+                Resource::Stream { .. } => q.uncharge(Kind::Streams, 1),
+                Resource::Event { .. } => q.uncharge(Kind::Events, 1),
+                Resource::Module { .. } => q.uncharge(Kind::Modules, 1),
+                Resource::MemHandle { size, .. } => q.uncharge(Kind::DeviceMemory, *size),
+                _ => {}
+            }
+        }
+        Some(r)
+    }
+
+    /// Range `ptr` is gone: its device memory is no longer charged.
+    pub(crate) fn remove_range(&mut self, ptr: u64) -> Option<Range> {
+        let r = self.ranges.remove(&ptr)?;
+        if let Some(q) = &self.quota
+            && matches!(r.kind, RangeKind::Alloc | RangeKind::StreamOrdered)
+        {
+            q.uncharge(crate::quota::Kind::DeviceMemory, r.size);
+        }
+        Some(r)
     }
 
     /// The handle standing for physical allocation `raw` with one more reference: the
     /// session's existing handle of it, or a new one.
     pub(crate) fn retain_mem_handle(&mut self, raw: u64) -> u64 {
         for (h, r) in &mut self.table {
-            if let Resource::MemHandle { raw: x, refs } = r
+            if let Resource::MemHandle { raw: x, refs, .. } = r
                 && *x == raw
             {
                 *refs += 1;
                 return *h;
             }
         }
-        self.insert(Resource::MemHandle { raw, refs: 1 })
+        self.insert(Resource::MemHandle {
+            raw,
+            refs: 1,
+            size: 0,
+        })
     }
 
     /// Removes the functions of module handle `module`.
@@ -823,7 +855,7 @@ impl SessionState {
             (rank, *h)
         });
         for (h, r) in handles {
-            self.table.remove(&h);
+            self.remove(h);
             let rc = match r {
                 Resource::Event { raw, .. } => backend.event_destroy(raw_ctx, raw),
                 Resource::Stream { raw, .. } => backend.stream_destroy(raw_ctx, raw),
@@ -849,7 +881,7 @@ impl SessionState {
         self.forget_graph_mem_of(ctx);
         self.free_stream_ordered(backend, ctx, raw_ctx);
         for ptr in self.ranges_of(ctx, RangeKind::Alloc) {
-            self.ranges.remove(&ptr);
+            self.remove_range(ptr);
             if let Err(e) = backend.mem_free(raw_ctx, ptr) {
                 tracing::debug!(ptr, error = e.0, "cleanup: cuMemFree refused");
             }
@@ -877,12 +909,12 @@ impl SessionState {
             .table
             .iter()
             .filter_map(|(h, r)| match r {
-                Resource::MemHandle { raw, refs } => Some((*h, *raw, *refs)),
+                Resource::MemHandle { raw, refs, .. } => Some((*h, *raw, *refs)),
                 _ => None,
             })
             .collect();
         for (h, raw, refs) in handles {
-            self.table.remove(&h);
+            self.remove(h);
             for _ in 0..refs {
                 if let Err(e) = backend.mem_release(ctx, raw) {
                     tracing::debug!(handle = h, error = e.0, "cleanup: cuMemRelease refused");
@@ -924,7 +956,7 @@ impl SessionState {
         contexts.sort();
         for (h, device, primary, raw) in contexts {
             self.drop_ctx_resources(backend, h);
-            self.table.remove(&h);
+            self.remove(h);
             if primary {
                 self.primary.remove(&device);
             }
@@ -1173,6 +1205,11 @@ pub(crate) struct Session {
     /// Buffers of synchronous device-to-host copies over sockets, reused once their reply
     /// has been written (fresh ones cost a page fault per page: `remora_oncrpc::recycle`).
     pub(crate) bulk_buffers: Mutex<remora_oncrpc::recycle::Recycler>,
+    /// The session's limits and place in the ledger ([`crate::quota`]), or why it has none:
+    /// its tenant had all the sessions it may have (HELLO is refused, and so is every charge).
+    pub(crate) quota: std::sync::OnceLock<Result<Arc<crate::quota::SessionQuota>, String>>,
+    /// A refused session's charges have been logged once.
+    refusal_logged: std::sync::atomic::AtomicBool,
 }
 
 /// Buffers a session keeps for reuse ([`Session::bulk_buffers`]): a pipelined copy has a
@@ -1209,6 +1246,46 @@ impl Session {
                 BULK_BUFFERS,
                 BULK_BUFFER_BYTES,
             )),
+            quota: std::sync::OnceLock::new(),
+            refusal_logged: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Charges `n` of `kind` to the session and its tenant before `what` makes it:
+    /// CUDA_ERROR_OUT_OF_MEMORY past a limit (logged, [`crate::quota::SessionQuota::charge`]).
+    pub(crate) fn charge(&self, kind: crate::quota::Kind, n: u64, what: &str) -> CuResult<()> {
+        match self.quota.get() {
+            Some(Ok(q)) => q.charge(kind, n, what),
+            Some(Err(why)) => {
+                if !self
+                    .refusal_logged
+                    .swap(true, std::sync::atomic::Ordering::Relaxed)
+                {
+                    remora_oncrpc::audit!(
+                        warn,
+                        limit "tenants",
+                        connection = self.connection,
+                        "{what} refused: this session was refused ({why}); every allocation and object of it is, CUDA_ERROR_OUT_OF_MEMORY"
+                    );
+                }
+                Err(CuError(cu::OUT_OF_MEMORY))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Takes back a charge ([`Session::charge`]) whose object was not made after all.
+    pub(crate) fn uncharge(&self, kind: crate::quota::Kind, n: u64) {
+        if let Some(Ok(q)) = self.quota.get() {
+            q.uncharge(kind, n);
+        }
+    }
+
+    /// Charges `n` of `kind` whatever the limits (what the driver made beyond what was
+    /// asked, such as a pitched allocation's padding), so that it is taken back when freed.
+    pub(crate) fn charge_made(&self, kind: crate::quota::Kind, n: u64) {
+        if let Some(Ok(q)) = self.quota.get() {
+            q.add(kind, n);
         }
     }
 

@@ -50,14 +50,14 @@ const READY_WAIT: Duration = Duration::from_secs(10);
 pub(crate) const READY: u8 = b'R';
 
 /// First line of the hand-off message.
-const HANDOFF_MAGIC: &str = "remora-session 1";
+const HANDOFF_MAGIC: &str = "remora-session 2";
 /// Largest hand-off message (the peer's name is cut to fit).
 pub(crate) const MAX_HANDOFF: usize = 512;
 
-/// The bytes sent with a connection's descriptor: the magic line, the page-lock budget and
-/// the peer's name (for logs), one per line.
-pub(crate) fn handoff_message(budget: u64, peer: &str) -> Vec<u8> {
-    let mut m = format!("{HANDOFF_MAGIC}\n{budget}\n");
+/// The bytes sent with a connection's descriptor: the magic line, the page-lock budget, the
+/// session's slot in the limits ledger and the peer's name (for logs), one per line.
+pub(crate) fn handoff_message(budget: u64, slot: usize, peer: &str) -> Vec<u8> {
+    let mut m = format!("{HANDOFF_MAGIC}\n{budget}\n{slot}\n");
     let room = MAX_HANDOFF - m.len() - 1;
     let mut cut = peer.len().min(room);
     while !peer.is_char_boundary(cut) {
@@ -68,15 +68,16 @@ pub(crate) fn handoff_message(budget: u64, peer: &str) -> Vec<u8> {
     m.into_bytes()
 }
 
-/// Parses [`handoff_message`]: (budget, peer).
-pub(crate) fn parse_handoff(bytes: &[u8]) -> Option<(u64, String)> {
+/// Parses [`handoff_message`]: (budget, peer, slot).
+pub(crate) fn parse_handoff(bytes: &[u8]) -> Option<(u64, String, usize)> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut lines = text.split('\n');
     if lines.next()? != HANDOFF_MAGIC {
         return None;
     }
     let budget = lines.next()?.parse().ok()?;
-    Some((budget, lines.next()?.to_string()))
+    let slot = lines.next()?.parse().ok()?;
+    Some((budget, lines.next()?.to_string(), slot))
 }
 
 /// How a worker process ended, once it has: set by the thread that started it.
@@ -135,6 +136,9 @@ pub(crate) struct WorkerPool {
     /// `remora run`'s embedded server, whose one program has one session).
     refill: bool,
     warm: Mutex<Warm>,
+    /// The limits ledger the workers inherit ([`crate::quota`]): a slot is claimed for each
+    /// session handed to a worker and cleared when that worker ends, however it ends.
+    ledger: Arc<crate::quota::Ledger>,
 }
 
 /// The waiting workers, and how many are being started (so that two sessions' refills
@@ -151,6 +155,7 @@ impl WorkerPool {
     pub(crate) fn new(
         command: Vec<OsString>,
         args: Vec<OsString>,
+        ledger: Arc<crate::quota::Ledger>,
         lock: (u64, u64),
         warm_target: usize,
         refill: bool,
@@ -158,6 +163,7 @@ impl WorkerPool {
         Self {
             command,
             args,
+            ledger,
             workers: Workers::default(),
             lock,
             warm_target,
@@ -293,7 +299,21 @@ impl ConnectionHandler for WorkerPool {
             }
         };
         let budget = lock_budget(self.workers.lock().len(), self.lock.0, self.lock.1);
-        let message = handoff_message(budget, &peer.to_string());
+        let Some(slot) = self.ledger.claim() else {
+            remora_oncrpc::audit!(error, limit "tenants", %peer, connection = id,
+                slots = self.ledger.slots(),
+                "no free slot in the limits ledger (more sessions than it counts); connection closed");
+            return;
+        };
+        // Cleared when this function returns, whatever the worker did with it.
+        struct Release<'a>(&'a crate::quota::Ledger, usize);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.release(self.1);
+            }
+        }
+        let _release = Release(&self.ledger, slot);
+        let message = handoff_message(budget, slot, &peer.to_string());
         // A warm worker that died since it started fails the hand-off: take another.
         let mut tries = 0;
         let worker = loop {
@@ -391,19 +411,20 @@ mod tests {
 
     #[test]
     fn handoff_messages_round_trip_and_stay_bounded() {
-        let m = handoff_message(123, "unix pid 7 uid 0 gid 0");
+        let m = handoff_message(123, 4, "unix pid 7 uid 0 gid 0");
         assert_eq!(
             parse_handoff(&m),
-            Some((123, "unix pid 7 uid 0 gid 0".into()))
+            Some((123, "unix pid 7 uid 0 gid 0".into(), 4))
         );
         let long = "é".repeat(1000);
-        let m = handoff_message(u64::MAX, &long);
+        let m = handoff_message(u64::MAX, usize::MAX, &long);
         assert!(m.len() <= MAX_HANDOFF);
-        let (budget, peer) = parse_handoff(&m).unwrap();
-        assert_eq!(budget, u64::MAX);
+        let (budget, peer, slot) = parse_handoff(&m).unwrap();
+        assert_eq!((budget, slot), (u64::MAX, usize::MAX));
         assert!(long.starts_with(&peer) && !peer.is_empty());
+        assert_eq!(parse_handoff(b"remora-session 1\n1\n2\npeer\n"), None);
+        assert_eq!(parse_handoff(b"remora-session 2\nx\n2\npeer\n"), None);
         assert_eq!(parse_handoff(b"remora-session 2\n1\npeer\n"), None);
-        assert_eq!(parse_handoff(b"remora-session 1\nx\npeer\n"), None);
         assert_eq!(parse_handoff(b"\xff"), None);
     }
 }

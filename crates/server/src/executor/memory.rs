@@ -4,8 +4,27 @@ use super::*;
 use remora_proto::cuda::{CuError, cu};
 
 impl Executor {
+    /// Runs `alloc` with `bytes` of device memory charged to the session first (refused
+    /// past its limits, [`crate::quota`]); the charge is taken back if `alloc` fails.
+    pub(super) fn charged<T>(
+        &self,
+        session: &Session,
+        bytes: u64,
+        what: &str,
+        alloc: impl FnOnce() -> CuResult<T>,
+    ) -> CuResult<T> {
+        session.charge(crate::quota::Kind::DeviceMemory, bytes, what)?;
+        let r = alloc();
+        if r.is_err() {
+            session.uncharge(crate::quota::Kind::DeviceMemory, bytes);
+        }
+        r
+    }
+
     pub(super) fn mem_alloc(&self, session: &Session, a: RmAllocArgs) -> RmU64Reply {
-        let r = self.in_ctx(session, a.ctx, |b, c| b.mem_alloc(c, a.bytesize));
+        let r = self.charged(session, a.bytesize, "RM_MEM_ALLOC", || {
+            self.in_ctx(session, a.ctx, |b, c| b.mem_alloc(c, a.bytesize))
+        });
         if let Ok(ptr) = r {
             session.lock().ranges.insert(
                 ptr,
@@ -20,14 +39,20 @@ impl Executor {
     }
 
     pub(super) fn mem_alloc_pitch(&self, session: &Session, a: RmAllocPitchArgs) -> RmPitchedReply {
-        let r = self.in_ctx(session, a.ctx, |b, c| {
-            b.mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
+        let asked = a.width_bytes.saturating_mul(a.height);
+        let r = self.charged(session, asked, "RM_MEM_ALLOC_PITCH", || {
+            self.in_ctx(session, a.ctx, |b, c| {
+                b.mem_alloc_pitch(c, a.width_bytes, a.height, a.element_size)
+            })
         });
         let r = r.map(|(ptr, pitch)| {
+            // The rows' padding is the session's too.
+            let size = pitch.saturating_mul(a.height);
+            session.charge_made(crate::quota::Kind::DeviceMemory, size.saturating_sub(asked));
             session.lock().ranges.insert(
                 ptr,
                 Range {
-                    size: pitch.saturating_mul(a.height),
+                    size,
                     ctx: a.ctx,
                     kind: RangeKind::Alloc,
                 },

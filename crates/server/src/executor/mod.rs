@@ -174,7 +174,23 @@ struct Inner {
     /// This process's captured standard output (a session worker: one session), whose
     /// device-side printf output synchronizing replies carry.
     device_output: std::sync::OnceLock<Arc<DeviceOutput>>,
+    /// Limits and the ledger of what sessions use ([`Executor::set_quotas`]).
+    quotas: std::sync::OnceLock<QuotaSetup>,
 }
+
+/// The limits an executor applies and where it counts ([`crate::quota`]).
+struct QuotaSetup {
+    config: crate::quota::QuotaConfig,
+    /// `None` only if no ledger could be made (logged): nothing is counted then.
+    ledger: Option<Arc<crate::quota::Ledger>>,
+    /// A session worker's slot, given by the server that started it; `None`: this executor
+    /// claims a slot per session.
+    worker_slot: Option<usize>,
+}
+
+/// Slots of the ledger an executor makes for itself (`remora serve` under thread isolation
+/// makes one of `--max-connections` slots).
+const DEFAULT_LEDGER_SLOTS: usize = 1024;
 
 /// Serves `remora.x`: HELLO plus the CUDA driver procedures, one session per connection.
 pub struct Executor {
@@ -218,8 +234,71 @@ impl Executor {
                 sessions: Mutex::default(),
                 cache: ModuleCache::with_dir(cache_bytes, cache_dir),
                 device_output: std::sync::OnceLock::new(),
+                quotas: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Applies `config`'s limits to the sessions this executor serves, counting them in
+    /// `ledger` (shared with the server's other processes), in slot `worker_slot` for a
+    /// session worker, else in a slot claimed per session. Once, before the first session;
+    /// false if limits were already in place. Without this call an executor applies the
+    /// default limits ([`crate::quota::QuotaConfig::default`]) in a ledger of its own.
+    pub fn set_quotas(
+        &self,
+        config: crate::quota::QuotaConfig,
+        ledger: Arc<crate::quota::Ledger>,
+        worker_slot: Option<usize>,
+    ) -> bool {
+        self.inner
+            .quotas
+            .set(QuotaSetup {
+                config,
+                ledger: Some(ledger),
+                worker_slot,
+            })
+            .is_ok()
+    }
+
+    fn quotas(&self) -> &QuotaSetup {
+        self.inner.quotas.get_or_init(|| {
+            let ledger = crate::quota::Ledger::new(DEFAULT_LEDGER_SLOTS)
+                .map(Arc::new)
+                .map_err(|e| {
+                    tracing::error!(error = %e, "cannot make the limits ledger: sessions are not limited");
+                })
+                .ok();
+            QuotaSetup {
+                config: crate::quota::QuotaConfig::default(),
+                ledger,
+                worker_slot: None,
+            }
+        })
+    }
+
+    /// Places a new session in the ledger under its tenant, or says why it is refused.
+    fn start_quota(
+        &self,
+        call: &CallContext,
+    ) -> Option<Result<Arc<crate::quota::SessionQuota>, String>> {
+        let setup = self.quotas();
+        let ledger = Arc::clone(setup.ledger.as_ref()?);
+        let tenant = limits_tenant(call);
+        let (slot, owns) = match setup.worker_slot {
+            Some(slot) => (Some(slot), false),
+            None => (ledger.claim(), true),
+        };
+        let Some(slot) = slot else {
+            return Some(Err(format!(
+                "the limits ledger has no free slot ({} sessions are counted)",
+                ledger.slots()
+            )));
+        };
+        Some(
+            crate::quota::SessionQuota::start(ledger, slot, owns, &tenant, &setup.config)
+                .map(Arc::new)
+                .map_err(|hit| format!("tenant {tenant:?} is {hit}")),
+        )
     }
 
     /// Measures the time kernel launches spend in the driver, per session, and logs it when
@@ -305,7 +384,21 @@ impl Executor {
                     .inner
                     .max_pending_copy_bytes
                     .load(std::sync::atomic::Ordering::Relaxed);
-                Arc::new(Session::new(call.connection, max))
+                let session = Arc::new(Session::new(call.connection, max));
+                if let Some(quota) = self.start_quota(call) {
+                    match &quota {
+                        Ok(q) => session.lock().quota = Some(Arc::clone(q)),
+                        Err(why) => remora_oncrpc::audit!(
+                            warn,
+                            limit "tenants",
+                            connection = call.connection,
+                            peer = %call.peer,
+                            "session refused: {why} (limits: remora serve --tenants / --limit)"
+                        ),
+                    }
+                    let _ = session.quota.set(quota);
+                }
+                session
             },
         ));
         if session.tenant.get().is_none()
@@ -393,10 +486,17 @@ impl Executor {
         session: &Session,
         what: &str,
         ctx: RmHandle,
+        kind: crate::quota::Kind,
         create: impl FnOnce(&dyn Backend, u64) -> CuResult<u64>,
         resource: impl FnOnce(u64) -> Resource,
     ) -> RmHandleReply {
+        if let Err(e) = session.charge(kind, 1, what) {
+            return handle_reply(what, Err(e));
+        }
         let r = self.in_ctx(session, ctx, create);
+        if r.is_err() {
+            session.uncharge(kind, 1);
+        }
         let mut st = session.lock();
         handle_reply(what, r.map(|raw| st.insert(resource(raw))))
     }
@@ -703,6 +803,18 @@ fn not_captured(inner: &Inner, capturing: bool, ctx: u64, stream: u64) -> CuResu
             );
             Err(CuError(cu::STREAM_CAPTURE_UNSUPPORTED))
         }
+    }
+}
+
+/// The tenant a session's limits are counted under: the one it authenticated as; without
+/// authentication its Unix user (`uid:N`, from SO_PEERCRED) or, over TCP, `anonymous`.
+pub(crate) fn limits_tenant(call: &CallContext) -> String {
+    if let Some(t) = call.tenant() {
+        return t.to_owned();
+    }
+    match call.peer {
+        remora_oncrpc::Peer::Unix { uid, .. } => format!("uid:{uid}"),
+        _ => "anonymous".to_owned(),
     }
 }
 

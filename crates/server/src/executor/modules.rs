@@ -217,6 +217,9 @@ impl Inner {
             Ok(c) => c,
             Err(e) => return RmLoadReply::RmLoadFailed(e.0),
         };
+        if let Err(e) = st_session.charge(crate::quota::Kind::Modules, 1, "RM_MODULE_LOAD") {
+            return RmLoadReply::RmLoadFailed(e.0);
+        }
         let loaded = match self.backend.module_load(raw_ctx, image) {
             Ok(m) => {
                 if crate::printf_scan::may_print(image)
@@ -230,6 +233,7 @@ impl Inner {
                 m
             }
             Err(e) => {
+                st_session.uncharge(crate::quota::Kind::Modules, 1);
                 log_failed("RM_MODULE_LOAD", nz(e));
                 return RmLoadReply::RmLoadFailed(nz(e));
             }

@@ -20,18 +20,24 @@ impl Executor {
                 Ok((t, pool))
             })
         };
-        let r = resolved.and_then(|(t, pool)| {
-            let ptr = self
-                .inner
-                .backend
-                .mem_alloc_async(t.ctx, t.stream, a.bytesize, pool)?;
-            Ok((ptr, t.ctx_handle))
+        let r = self.charged(session, a.bytesize, "RM_MEM_ALLOC_ASYNC", || {
+            resolved.and_then(|(t, pool)| {
+                let ptr = self
+                    .inner
+                    .backend
+                    .mem_alloc_async(t.ctx, t.stream, a.bytesize, pool)?;
+                Ok((ptr, t.ctx_handle))
+            })
         });
         let r = r.map(|(ptr, ctx)| {
             let mut st = session.lock();
             // Captured, the allocation is a graph memory node: the address is the graph's.
             match self.capturing_graph(&st, a.ctx, a.stream) {
-                Some(graph) => st.add_graph_mem(ptr, a.bytesize, ctx, graph),
+                Some(graph) => {
+                    // A graph's memory is the driver's to manage: not counted.
+                    session.uncharge(crate::quota::Kind::DeviceMemory, a.bytesize);
+                    st.add_graph_mem(ptr, a.bytesize, ctx, graph)
+                }
                 None => {
                     st.ranges.insert(
                         ptr,

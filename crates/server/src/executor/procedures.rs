@@ -319,12 +319,19 @@ impl RemoraV1Server for Executor {
 
     fn remora_hello(&self, call: &CallContext, args: HelloArgs) -> ProcResult<HelloReply> {
         tracing::info!(client = %args.client_name, peer = %call.peer, connection = call.connection, tenant = call.tenant().unwrap_or("-"), "HELLO");
+        let session = self.session(call);
+        if let Some(Err(why)) = session.quota.get() {
+            return Ok(crate::hello::refusal(format!(
+                "session refused: {why}; end another session of this tenant or ask the operator \
+                 to raise the limit (remora serve --tenants / --limit tenant.sessions=N)"
+            )));
+        }
         let reply = self.inner.hello.answer(&args);
         if let HelloReply::True(w) = &reply {
             if let Some(out) = self.inner.device_output.get() {
                 out.set_deliver(w.revision >= DELIVERY_REVISION);
             }
-            self.session(call)
+            session
                 .loads_functions
                 .store(w.revision >= FUNC_LOAD_REVISION, Ordering::Relaxed);
         }
@@ -388,6 +395,7 @@ impl RemoraV1Server for Executor {
             &self.session(call),
             "RM_EVENT_CREATE",
             a.handle,
+            crate::quota::Kind::Events,
             |b, c| b.event_create(c, a.flags),
             |raw| Resource::Event { raw, ctx: a.handle },
         ))

@@ -9,6 +9,7 @@ impl Executor {
             session,
             "RM_STREAM_CREATE",
             a.ctx,
+            crate::quota::Kind::Streams,
             |b, c| b.stream_create(c, a.flags, a.priority),
             |raw| Resource::Stream { raw, ctx: a.ctx },
         )
@@ -139,7 +140,9 @@ impl Executor {
         if a.count == 0 || a.count > RM_MAX_EVENT_BATCH {
             return Err(CuError(cu::INVALID_VALUE));
         }
-        self.in_ctx(session, a.ctx, |b, c| {
+        let n = u64::from(a.count);
+        session.charge(crate::quota::Kind::Events, n, "RM_EVENT_CREATE_MANY")?;
+        let r = self.in_ctx(session, a.ctx, |b, c| {
             let mut raw = Vec::with_capacity(a.count as usize);
             for _ in 0..a.count {
                 match b.event_create(c, a.flags) {
@@ -157,7 +160,11 @@ impl Executor {
                 .into_iter()
                 .map(|raw| st.insert(Resource::Event { raw, ctx: a.ctx }))
                 .collect())
-        })
+        });
+        if r.is_err() {
+            session.uncharge(crate::quota::Kind::Events, n);
+        }
+        r
     }
 
     pub(super) fn event_elapsed_time(&self, session: &Session, a: RmElapsedArgs) -> RmFloatReply {

@@ -51,10 +51,18 @@ impl Executor {
     }
 
     pub(super) fn mem_create(&self, session: &Session, a: RmMemCreateArgs) -> RmHandleReply {
+        let r = self.charged(session, a.size, "RM_MEM_CREATE", || {
+            let st = session.lock();
+            vmm_ctx(&st, a.ctx).and_then(|c| self.backend().mem_create(c, a.size, &a.prop, a.flags))
+        });
         let mut st = session.lock();
-        let r = vmm_ctx(&st, a.ctx)
-            .and_then(|c| self.backend().mem_create(c, a.size, &a.prop, a.flags))
-            .map(|raw| st.insert(Resource::MemHandle { raw, refs: 1 }));
+        let r = r.map(|raw| {
+            st.insert(Resource::MemHandle {
+                raw,
+                refs: 1,
+                size: a.size,
+            })
+        });
         handle_reply("RM_MEM_CREATE", r)
     }
 

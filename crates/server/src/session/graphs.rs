@@ -191,7 +191,7 @@ impl SessionState {
         if self.graph_mem.contains_key(&ptr) {
             self.graph_mem_freed(ptr);
         } else {
-            self.ranges.remove(&ptr);
+            self.remove_range(ptr);
         }
     }
 

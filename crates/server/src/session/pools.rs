@@ -50,7 +50,7 @@ impl SessionState {
             );
         }
         for ptr in left {
-            self.ranges.remove(&ptr);
+            self.remove_range(ptr);
             if let Err(e) = backend.mem_free(raw_ctx, ptr) {
                 tracing::debug!(
                     ptr,
@@ -91,7 +91,7 @@ impl SessionState {
             .collect();
         pools.sort_unstable();
         for (h, raw, created) in pools {
-            self.table.remove(&h);
+            self.remove(h);
             if created && let Err(e) = backend.mem_pool_destroy(raw) {
                 tracing::debug!(handle = h, error = e.0, "cleanup: cuMemPoolDestroy refused");
             }

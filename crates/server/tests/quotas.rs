@@ -1,0 +1,286 @@
+//! Issue 13 §2: limits per session and per tenant (`remora serve --tenants FILE`, `--limit`).
+//! Past a limit a call gets CUDA_ERROR_OUT_OF_MEMORY and a `remora::audit` line; a tenant's
+//! sessions are counted together; a session past the tenant's `sessions` is refused at
+//! HELLO with the reason; freeing makes room again; other tenants are not affected. EMULATED
+//! backend, thread isolation (process isolation: `crates/cli/tests/quotas.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use remora_oncrpc::{Client, Endpoint};
+use remora_proto::remora::*;
+use remora_server::{
+    Backend, EmulatedBackend, EmulatedConfig, Running, ServeConfig, inventory_of,
+    start_with_backend,
+};
+use remora_xdr::Bytes;
+use sha2::{Digest, Sha256};
+
+const OUT_OF_MEMORY: i32 = 2;
+
+fn serve(dir: &tempfile::TempDir, tenants: Option<&str>, limits: &[&str]) -> (Running, Endpoint) {
+    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+    let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
+    let tenants_file = tenants.map(|text| {
+        let path = dir.path().join("tenants.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    });
+    let running = start_with_backend(
+        ServeConfig {
+            listen: vec![endpoint.clone(), "tcp://127.0.0.1:0".parse().unwrap()],
+            tenants_file,
+            limits: limits.iter().map(|s| s.to_string()).collect(),
+            ..ServeConfig::default()
+        },
+        Arc::clone(&backend) as Arc<dyn Backend>,
+        inventory_of(&*backend),
+    )
+    .unwrap();
+    (running, endpoint)
+}
+
+fn client(endpoint: &Endpoint) -> RemoraV1Client {
+    RemoraV1Client::new(Client::connect(endpoint).unwrap()).with_timeout(Duration::from_secs(20))
+}
+
+fn hello(c: &RemoraV1Client) -> HelloReply {
+    c.remora_hello(&HelloArgs {
+        min_revision: 1,
+        max_revision: REMORA_PROTOCOL_REVISION,
+        client_name: "quota test".into(),
+        capabilities: u64::from(REMORA_CAP_ONEWAY),
+    })
+    .unwrap()
+}
+
+fn handle(r: RmHandleReply) -> Result<u64, i32> {
+    match r {
+        RmHandleReply::Case0(h) => Ok(h),
+        RmHandleReply::Default { discriminant } => Err(discriminant),
+    }
+}
+
+fn ctx(c: &RemoraV1Client) -> u64 {
+    assert!(matches!(hello(c), HelloReply::True(_)));
+    handle(c.rm_primary_ctx_retain(&0).unwrap()).unwrap()
+}
+
+fn alloc(c: &RemoraV1Client, ctx: u64, bytes: u64) -> Result<u64, i32> {
+    match c
+        .rm_mem_alloc(&RmAllocArgs {
+            ctx,
+            bytesize: bytes,
+        })
+        .unwrap()
+    {
+        RmU64Reply::Case0(p) => Ok(p),
+        RmU64Reply::Default { discriminant } => Err(discriminant),
+    }
+}
+
+fn stream(c: &RemoraV1Client, ctx: u64) -> Result<u64, i32> {
+    handle(
+        c.rm_stream_create(&RmStreamCreateArgs {
+            ctx,
+            flags: 1,
+            priority: 0,
+        })
+        .unwrap(),
+    )
+}
+
+fn event(c: &RemoraV1Client, ctx: u64) -> Result<u64, i32> {
+    handle(
+        c.rm_event_create(&RmHandleFlags {
+            handle: ctx,
+            flags: 0,
+        })
+        .unwrap(),
+    )
+}
+
+fn load(c: &RemoraV1Client, ctx: u64, n: usize) -> RmLoadReply {
+    let image = Bytes::from(format!("REMORA-EMU-MODULE\nfunc k{n} 8\n").into_bytes());
+    let hash: [u8; 32] = Sha256::digest(&image).into();
+    c.rm_module_load(&RmModuleLoadArgs { ctx, hash, image })
+        .unwrap()
+}
+
+#[test]
+fn session_limits_refuse_objects_and_memory_past_them_and_freeing_makes_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let (running, endpoint) = serve(
+        &dir,
+        Some("[session]\nstreams = 2\nevents = 3\nmodules = 1\ndevice-memory = \"1MiB\"\n"),
+        &["session.events=2"],
+    );
+    let c = client(&endpoint);
+    let ctx = ctx(&c);
+
+    let s1 = stream(&c, ctx).unwrap();
+    stream(&c, ctx).unwrap();
+    assert_eq!(stream(&c, ctx), Err(OUT_OF_MEMORY), "a third stream");
+    assert_eq!(c.rm_stream_destroy(&s1).unwrap(), 0);
+    stream(&c, ctx).expect("room again after a destroy");
+
+    // --limit wins over the file's 3.
+    let e1 = event(&c, ctx).unwrap();
+    event(&c, ctx).unwrap();
+    assert_eq!(event(&c, ctx), Err(OUT_OF_MEMORY));
+    assert_eq!(c.rm_event_destroy(&e1).unwrap(), 0);
+    event(&c, ctx).unwrap();
+    // A batch that does not fit is refused whole.
+    let batch = c
+        .rm_event_create_many(&RmEventBatchArgs {
+            ctx,
+            flags: 0,
+            count: 2,
+        })
+        .unwrap();
+    assert!(
+        matches!(
+            batch,
+            RmHandlesReply::Default {
+                discriminant: OUT_OF_MEMORY
+            }
+        ),
+        "{batch:?}"
+    );
+
+    assert!(matches!(load(&c, ctx, 0), RmLoadReply::RmLoaded(_)));
+    assert_eq!(load(&c, ctx, 1), RmLoadReply::RmLoadFailed(OUT_OF_MEMORY));
+
+    let a = alloc(&c, ctx, 700 << 10).unwrap();
+    assert_eq!(alloc(&c, ctx, 400 << 10), Err(OUT_OF_MEMORY));
+    let b = alloc(&c, ctx, 300 << 10).unwrap();
+    assert_eq!(c.rm_mem_free(&RmPtrArgs { ctx, ptr: a }).unwrap(), 0);
+    alloc(&c, ctx, 700 << 10).expect("the freed bytes are free again");
+    assert_eq!(c.rm_mem_free(&RmPtrArgs { ctx, ptr: b }).unwrap(), 0);
+    // A pitched allocation counts its padding.
+    let pitched = c
+        .rm_mem_alloc_pitch(&RmAllocPitchArgs {
+            ctx,
+            width_bytes: 100,
+            height: 4000,
+            element_size: 4,
+        })
+        .unwrap();
+    assert!(
+        matches!(
+            pitched,
+            RmPitchedReply::Default {
+                discriminant: OUT_OF_MEMORY
+            }
+        ),
+        "100 x 4000 rows pitched to 512 bytes is 2 MB: {pitched:?}"
+    );
+    drop(c);
+    running.shutdown();
+}
+
+#[test]
+fn a_tenant_is_limited_over_all_its_sessions_and_other_tenants_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid = rustix::process::getuid().as_raw();
+    let (running, endpoint) = serve(
+        &dir,
+        Some(&format!(
+            "[tenant]\ndevice-memory = \"1MiB\"\nsessions = 2\n[tenants.\"uid:{uid}\"]\nstreams = 3\n"
+        )),
+        &[],
+    );
+    let tcp = running
+        .endpoints()
+        .into_iter()
+        .find(|e| matches!(e, Endpoint::Tcp(..)))
+        .unwrap();
+    // Two sessions of this user (Unix socket: tenant uid:N).
+    let a = client(&endpoint);
+    let b = client(&endpoint);
+    let (ca, cb) = (ctx(&a), ctx(&b));
+    let pa = alloc(&a, ca, 600 << 10).unwrap();
+    assert_eq!(
+        alloc(&b, cb, 600 << 10),
+        Err(OUT_OF_MEMORY),
+        "past the tenant's 1 MiB"
+    );
+    // Another tenant (anonymous TCP) has its own MiB.
+    let t = client(&tcp);
+    let ct = ctx(&t);
+    alloc(&t, ct, 900 << 10).expect("another tenant is not charged for this one");
+    // The tenant table's `streams` is the tenant's, over its sessions.
+    stream(&a, ca).unwrap();
+    stream(&b, cb).unwrap();
+    stream(&a, ca).unwrap();
+    assert_eq!(stream(&b, cb), Err(OUT_OF_MEMORY));
+    stream(&t, ct).expect("the anonymous tenant has no stream limit of 3");
+
+    // A third session of the tenant is refused at HELLO, with the reason.
+    let third = client(&endpoint);
+    match hello(&third) {
+        HelloReply::False(r) => assert!(
+            r.reason.contains("sessions") && r.reason.contains(&format!("uid:{uid}")),
+            "{}",
+            r.reason
+        ),
+        other => panic!("a third session was let in: {other:?}"),
+    }
+    // Whatever it asks for after that is refused too.
+    let ctx3 = handle(third.rm_primary_ctx_retain(&0).unwrap()).unwrap();
+    assert_eq!(alloc(&third, ctx3, 1), Err(OUT_OF_MEMORY));
+    drop(third);
+
+    // A session's end gives back everything it held, and its place.
+    assert_eq!(a.rm_mem_free(&RmPtrArgs { ctx: ca, ptr: pa }).unwrap(), 0);
+    alloc(&b, cb, 600 << 10).expect("freed by the other session");
+    drop(a);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let d = loop {
+        let d = client(&endpoint);
+        if matches!(hello(&d), HelloReply::True(_)) {
+            break d;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed sessions' places never came back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let cd = handle(d.rm_primary_ctx_retain(&0).unwrap()).unwrap();
+    alloc(&d, cd, 300 << 10).expect("room for the new session");
+    drop((b, d, t));
+    running.shutdown();
+}
+
+#[test]
+fn a_bad_limits_file_or_limit_stops_the_server_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+    let start = |tenants: Option<std::path::PathBuf>, limits: Vec<String>| {
+        start_with_backend(
+            ServeConfig {
+                listen: vec![Endpoint::Unix(dir.path().join("x.sock"))],
+                tenants_file: tenants,
+                limits,
+                ..ServeConfig::default()
+            },
+            Arc::clone(&backend) as Arc<dyn Backend>,
+            inventory_of(&*backend),
+        )
+        .map(|r| r.shutdown())
+        .unwrap_err()
+        .to_string()
+    };
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[session]\nstreamz = 1\n").unwrap();
+    let e = start(Some(bad.clone()), vec![]);
+    assert!(
+        e.contains("bad.toml") && e.contains("unknown key `streamz`"),
+        "{e}"
+    );
+    let e = start(Some(dir.path().join("missing.toml")), vec![]);
+    assert!(e.contains("cannot read the tenants file"), "{e}");
+    let e = start(None, vec!["session.sessions=1".into()]);
+    assert!(e.contains("tenant limit"), "{e}");
+}
