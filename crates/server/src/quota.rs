@@ -157,11 +157,8 @@ pub struct QuotaConfig {
 /// what a runaway or hostile client could otherwise create without end.
 impl Default for QuotaConfig {
     fn default() -> Self {
+        // A session's bytes in flight are bounded by --max-pending-copy-bytes already.
         let mut session = Limits::default();
-        session.set(
-            Kind::InFlight,
-            Some(crate::default_max_pending_copy_bytes()),
-        );
         session.set(Kind::Streams, Some(DEFAULT_STREAMS));
         session.set(Kind::Events, Some(DEFAULT_EVENTS));
         session.set(Kind::Modules, Some(DEFAULT_MODULES));

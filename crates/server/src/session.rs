@@ -266,6 +266,9 @@ pub(crate) struct PendingCopies {
     warned: std::sync::atomic::AtomicBool,
     /// For logs.
     connection: u64,
+    /// The session's limits ([`crate::quota`]): staged bytes are bytes in flight and, with
+    /// the CUDA backend, page-locked host memory of the session and its tenant.
+    pub(crate) quota: std::sync::OnceLock<Arc<crate::quota::SessionQuota>>,
 }
 
 impl Default for PendingCopies {
@@ -285,6 +288,7 @@ impl PendingCopies {
             overflowed: Default::default(),
             warned: Default::default(),
             connection,
+            quota: std::sync::OnceLock::new(),
         }
     }
 
@@ -306,6 +310,35 @@ impl PendingCopies {
         let staged = self.staged_bytes();
         let need = bytes.saturating_add(PENDING_COPY_OVERHEAD);
         if staged.saturating_add(need) <= self.max_bytes {
+            // The limits file's in-flight and pinned-memory limits, of the session and its
+            // tenant: checked here, counted at push (one-way copies of a session are issued
+            // one at a time; sessions of one tenant may pass its limit by a copy each).
+            let Some(q) = self.quota.get() else {
+                return Ok(());
+            };
+            use crate::quota::Kind;
+            for kind in [Kind::InFlight, Kind::PinnedMemory] {
+                if let Err(hit) = q.try_charge(kind, need) {
+                    remora_oncrpc::audit!(
+                        debug,
+                        limit "tenants",
+                        connection = self.connection,
+                        tenant = q.tenant(),
+                        "asynchronous device-to-host copy refused: {hit}; CUDA_ERROR_OUT_OF_MEMORY at the next synchronizing call"
+                    );
+                    if !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        remora_oncrpc::audit!(
+                            warn,
+                            limit "tenants",
+                            connection = self.connection,
+                            tenant = q.tenant(),
+                            "asynchronous device-to-host copy refused: {hit}; CUDA_ERROR_OUT_OF_MEMORY at the next synchronizing call (limits: remora serve --tenants / --limit)"
+                        );
+                    }
+                    return Err(CuError(cu::OUT_OF_MEMORY));
+                }
+                q.uncharge(kind, need);
+            }
             return Ok(());
         }
         let first = !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed);
@@ -339,6 +372,10 @@ impl PendingCopies {
     }
 
     fn uncount(&self, bytes: u64) {
+        if let Some(q) = self.quota.get() {
+            q.uncharge(crate::quota::Kind::InFlight, bytes);
+            q.uncharge(crate::quota::Kind::PinnedMemory, bytes);
+        }
         // Never below zero: every uncount matches an earlier count.
         let _ = self.staged.fetch_update(
             std::sync::atomic::Ordering::AcqRel,
@@ -375,6 +412,10 @@ impl PendingCopies {
         }
         self.staged
             .fetch_add(c, std::sync::atomic::Ordering::AcqRel);
+        if let Some(q) = self.quota.get() {
+            q.add(crate::quota::Kind::InFlight, c);
+            q.add(crate::quota::Kind::PinnedMemory, c);
+        }
         self.lock().push(Arc::new(p));
     }
 
@@ -416,6 +457,10 @@ impl PendingCopies {
             let bytes: u64 = out.iter().map(|c| c.data.len() as u64).sum();
             self.staged
                 .fetch_add(bytes, std::sync::atomic::Ordering::AcqRel);
+            if let Some(q) = self.quota.get() {
+                q.add(crate::quota::Kind::InFlight, bytes);
+                q.add(crate::quota::Kind::PinnedMemory, bytes);
+            }
             self.ready().extend(out);
         }
     }

@@ -284,3 +284,51 @@ fn a_bad_limits_file_or_limit_stops_the_server_with_the_reason() {
     let e = start(None, vec!["session.sessions=1".into()]);
     assert!(e.contains("tenant limit"), "{e}");
 }
+
+/// Issues `n` one-way 4 KiB device-to-host copies of `src` without synchronizing.
+fn copies(c: &RemoraV1Client, ctx: u64, src: u64, n: u64) {
+    for copy_id in 1..=n {
+        c.rm_memcpy_dtoh_async(&RmDtohArgs {
+            ctx,
+            stream: 0,
+            src,
+            size: 4096,
+            copy_id,
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn a_tenants_bytes_in_flight_are_bounded_over_its_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for about 8 copies of 4 KiB (each counts 256 bytes more) for the whole tenant.
+    let (running, endpoint) = serve(&dir, None, &["tenant.in-flight=36KiB"]);
+    let a = client(&endpoint);
+    let b = client(&endpoint);
+    let (ca, cb) = (ctx(&a), ctx(&b));
+    let (sa, sb) = (alloc(&a, ca, 4096).unwrap(), alloc(&b, cb, 4096).unwrap());
+    copies(&a, ca, sa, 5);
+    copies(&b, cb, sb, 5);
+    let rb = b.rm_ctx_synchronize(&cb).unwrap();
+    assert_eq!(
+        rb.status, OUT_OF_MEMORY,
+        "b's copies past the tenant's bytes in flight"
+    );
+    let full = rb.copies.iter().filter(|c| c.data.len() == 4096).count();
+    assert_eq!(
+        (rb.copies.len(), full),
+        (5, 3),
+        "three of b's copies fit beside a's five"
+    );
+    let ra = a.rm_ctx_synchronize(&ca).unwrap();
+    assert_eq!(ra.status, 0);
+    assert!(ra.copies.iter().all(|c| c.data.len() == 4096));
+    // Delivered copies are out of flight: room again, for both.
+    copies(&b, cb, sb, 8);
+    let rb = b.rm_ctx_synchronize(&cb).unwrap();
+    assert_eq!(rb.status, 0, "room again once delivered");
+    assert_eq!(rb.copies.len(), 8);
+    drop((a, b));
+    running.shutdown();
+}

@@ -387,7 +387,10 @@ impl Executor {
                 let session = Arc::new(Session::new(call.connection, max));
                 if let Some(quota) = self.start_quota(call) {
                     match &quota {
-                        Ok(q) => session.lock().quota = Some(Arc::clone(q)),
+                        Ok(q) => {
+                            session.lock().quota = Some(Arc::clone(q));
+                            let _ = session.copies.quota.set(Arc::clone(q));
+                        }
                         Err(why) => remora_oncrpc::audit!(
                             warn,
                             limit "tenants",
@@ -418,7 +421,14 @@ impl Executor {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
                 let len = area.len() as u64;
-                let fits = *budget >= len;
+                // The session's own limits too: the area is page-locked memory of its
+                // tenant's (kept charged until the session ends).
+                let fits = *budget >= len
+                    && match session.quota.get() {
+                        Some(Ok(q)) => q.try_charge(crate::quota::Kind::PinnedMemory, len).is_ok(),
+                        Some(Err(_)) => false,
+                        None => true,
+                    };
                 if fits {
                     *budget -= len;
                 }
@@ -433,7 +443,7 @@ impl Executor {
                 tracing::warn!(
                     connection = call.connection,
                     area_bytes = area.len(),
-                    "the server's page-locked memory budget (--shm-lock-max) has no room for this session's data area: its copies go through private staging buffers (slower)"
+                    "the server's page-locked memory budget (--shm-lock-max) or the tenant's pinned-memory limit has no room for this session's data area: its copies go through private staging buffers (slower)"
                 );
             }
         }
