@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::io;
 use std::net::Shutdown;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -63,6 +64,10 @@ pub struct ClientConfig {
     /// ([`Client::opening_reply`]); an RPC error in it (AUTH_ERROR, PROC_UNAVAIL, …) fails
     /// the connection with that error. `None` (the default): no such call.
     pub opening_call: Option<OpeningCall>,
+    /// The TLS settings for a `tls://` server (trusted CAs, client certificate); `None`
+    /// (the default): [`ClientTls::from_env`](crate::ClientTls::from_env) when connecting
+    /// to one (`REMORA_TLS_CA`, `REMORA_TLS_CERT`, `REMORA_TLS_KEY`).
+    pub tls: Option<Arc<crate::ClientTls>>,
 }
 
 /// A call made first on a new connection ([`ClientConfig::opening_call`]): its program,
@@ -143,6 +148,7 @@ impl Default for ClientConfig {
             transport: TransportChoice::Auto,
             liveness: None,
             opening_call: None,
+            tls: None,
         }
     }
 }
@@ -375,11 +381,35 @@ fn connect_transport(
     endpoint: &Endpoint,
     config: &ClientConfig,
 ) -> Result<(Stream, Option<Bytes>), RpcError> {
+    let connect_err = |source| RpcError::Connect {
+        endpoint: endpoint.to_string(),
+        source,
+    };
+    let from_env;
+    let tls = match (endpoint, &config.tls) {
+        (Endpoint::Tls(_), None) => {
+            from_env = crate::ClientTls::from_env()
+                .map_err(|e| connect_err(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+            Some(&from_env)
+        }
+        (_, tls) => tls.as_deref(),
+    };
+    // Unanswered TLS output is given up on when the server is declared dead.
+    let stall = config
+        .liveness
+        .map_or(Duration::from_secs(120), |l| l.dead_after);
     let mut stream =
-        Stream::connect(endpoint, config.connect_timeout).map_err(|source| RpcError::Connect {
-            endpoint: endpoint.to_string(),
-            source,
-        })?;
+        Stream::connect(
+            endpoint,
+            config.connect_timeout,
+            tls,
+            stall,
+            |tcp| match config.liveness {
+                Some(live) => set_tcp_liveness(tcp, live).map_err(io::Error::other),
+                None => Ok(()),
+            },
+        )
+        .map_err(connect_err)?;
     let opening = match &config.opening_call {
         Some(call) => Some(make_opening_call(&mut stream, call, config)?),
         None => None,
@@ -409,10 +439,16 @@ fn continue_transport(
         (TransportChoice::Unix, Endpoint::Tcp(_)) => {
             return Err(refuse("it is a TCP address: name a unix:///PATH server"));
         }
-        (TransportChoice::Shm, Endpoint::Tcp(_)) => {
+        (TransportChoice::Unix, Endpoint::Tls(_)) => {
             return Err(refuse(
-                "shared memory needs a server on this host reached by its Unix socket: name a \
-                 unix:///PATH server, or use --transport tcp or auto",
+                "it is a TLS address: name a unix:///PATH server, or use --transport auto",
+            ));
+        }
+        (TransportChoice::Shm, Endpoint::Tcp(_) | Endpoint::Tls(_)) => {
+            return Err(refuse(
+                "shared memory needs a server on this host reached by its Unix socket (it is \
+                 never offered over TCP or TLS): name a unix:///PATH server, or use \
+                 --transport tcp or auto",
             ));
         }
         (TransportChoice::Auto | TransportChoice::Shm, Endpoint::Unix(_)) => true,
@@ -456,9 +492,6 @@ impl Client {
     /// Connects to `endpoint` with `config`.
     pub fn connect_with(endpoint: &Endpoint, config: ClientConfig) -> Result<Client, RpcError> {
         let (stream, opening_reply) = connect_transport(endpoint, &config)?;
-        if let (Some(live), Stream::Tcp(tcp)) = (config.liveness, &stream) {
-            set_tcp_liveness(tcp, live)?;
-        }
         // A write that cannot progress for WRITE_STALL returns, so that the writer can read
         // replies meanwhile (see `Inner::pump`).
         stream.set_write_timeout(Some(WRITE_STALL))?;

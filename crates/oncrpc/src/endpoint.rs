@@ -1,5 +1,6 @@
-//! Transport endpoints (`tcp://HOST:PORT`, `unix:///PATH`), the transport choice, and the
-//! stream type over them (a socket, or the shared-memory rings of a Unix connection).
+//! Transport endpoints (`tcp://HOST:PORT`, `tls://HOST:PORT`, `unix:///PATH`), the transport
+//! choice, and the stream type over them (a socket, or the shared-memory rings of a Unix
+//! connection; a TLS connection is the plaintext end of a socket pair, see [`crate::tls`]).
 
 use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
@@ -11,12 +12,15 @@ use std::time::Duration;
 
 use remora_shm::ShmStream;
 
-/// Where a client connects or a server listens: `tcp://HOST:PORT` or `unix:///PATH`.
+/// Where a client connects or a server listens: `tcp://HOST:PORT`, `tls://HOST:PORT` or
+/// `unix:///PATH`.
 ///
 /// ```
 /// use remora_oncrpc::Endpoint;
 /// let e: Endpoint = "tcp://[::1]:5000".parse().unwrap();
 /// assert_eq!(e, Endpoint::Tcp("[::1]:5000".into()));
+/// let t: Endpoint = "tls://gpu.example:7447".parse().unwrap();
+/// assert_eq!(t, Endpoint::Tls("gpu.example:7447".into()));
 /// let u: Endpoint = "unix:///run/remora.sock".parse().unwrap();
 /// assert_eq!(u.to_string(), "unix:///run/remora.sock");
 /// ```
@@ -24,6 +28,9 @@ use remora_shm::ShmStream;
 pub enum Endpoint {
     /// A TCP address, `HOST:PORT` (IPv6 hosts in brackets).
     Tcp(String),
+    /// A TCP address whose connections are TLS (`HOST:PORT`; the client checks the server's
+    /// certificate against HOST, a DNS name or an IP address).
+    Tls(String),
     /// A Unix-domain stream socket path.
     Unix(PathBuf),
 }
@@ -31,7 +38,7 @@ pub enum Endpoint {
 /// Why an endpoint string could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid endpoint {input:?}: {reason}; expected tcp://HOST:PORT (IPv6: tcp://[::1]:PORT) or unix:///ABSOLUTE/PATH"
+    "invalid endpoint {input:?}: {reason}; expected tcp://HOST:PORT (IPv6: tcp://[::1]:PORT), tls://HOST:PORT or unix:///ABSOLUTE/PATH"
 )]
 pub struct EndpointParseError {
     /// The string given.
@@ -48,7 +55,11 @@ impl FromStr for Endpoint {
             input: s.to_owned(),
             reason,
         };
-        if let Some(rest) = s.strip_prefix("tcp://") {
+        let (tls, tcp) = match s.strip_prefix("tls://") {
+            Some(rest) => (true, Some(rest)),
+            None => (false, s.strip_prefix("tcp://")),
+        };
+        if let Some(rest) = tcp {
             let (host, port) = rest.rsplit_once(':').ok_or_else(|| err("missing :PORT"))?;
             if host.is_empty() {
                 return Err(err("missing host"));
@@ -67,7 +78,11 @@ impl FromStr for Endpoint {
             } else if host.contains('/') || host.contains(char::is_whitespace) {
                 return Err(err("host contains '/' or whitespace"));
             }
-            Ok(Endpoint::Tcp(rest.to_owned()))
+            Ok(if tls {
+                Endpoint::Tls(rest.to_owned())
+            } else {
+                Endpoint::Tcp(rest.to_owned())
+            })
         } else if let Some(path) = s.strip_prefix("unix://") {
             if !path.starts_with('/') {
                 return Err(err(
@@ -88,6 +103,7 @@ impl fmt::Display for Endpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Endpoint::Tcp(addr) => write!(f, "tcp://{addr}"),
+            Endpoint::Tls(addr) => write!(f, "tls://{addr}"),
             Endpoint::Unix(path) => write!(f, "unix://{}", path.display()),
         }
     }
@@ -109,14 +125,14 @@ impl From<SocketAddr> for Endpoint {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum TransportChoice {
     /// Shared memory when the server is a `unix://` socket (same host) and offers it, the
-    /// plain Unix socket when it does not; TCP for a `tcp://` server.
+    /// plain Unix socket when it does not; TCP for a `tcp://` server, TLS for a `tls://` one.
     #[default]
     Auto,
     /// Shared memory, or fail: needs a `unix://` server that offers it.
     Shm,
     /// The plain Unix socket: needs a `unix://` server.
     Unix,
-    /// TCP: needs a `tcp://` server.
+    /// TCP: needs a `tcp://` server (or a `tls://` one: TLS over TCP).
     Tcp,
 }
 
@@ -147,6 +163,28 @@ impl fmt::Display for TransportChoice {
     }
 }
 
+/// Connects to `addr` (`HOST:PORT`), trying each address it resolves to, each within
+/// `timeout`.
+fn connect_tcp(addr: &str, timeout: Option<Duration>) -> io::Result<TcpStream> {
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        let res = match timeout {
+            Some(t) if !t.is_zero() => TcpStream::connect_timeout(&a, t),
+            _ => TcpStream::connect(a),
+        };
+        match res {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, "host name resolved to no address")
+    }))
+}
+
 /// Socket buffer size asked for on Unix sockets (the kernel caps it at `net.core.wmem_max` /
 /// `rmem_max`).
 const UNIX_SOCKET_BUFFER: usize = 4 << 20;
@@ -172,27 +210,38 @@ pub(crate) enum Stream {
 }
 
 impl Stream {
-    /// Connects to `endpoint`, with `timeout` bounding each TCP connection attempt.
-    pub(crate) fn connect(endpoint: &Endpoint, timeout: Option<Duration>) -> io::Result<Stream> {
+    /// Connects to `endpoint`, with `timeout` bounding each TCP connection attempt (and a
+    /// TLS handshake). A `tls://` endpoint needs `tls`; its stream is the plaintext end of a
+    /// socket pair whose pump thread ends the connection when `stall` passes without the
+    /// server taking data, or when both ends have closed.
+    pub(crate) fn connect(
+        endpoint: &Endpoint,
+        timeout: Option<Duration>,
+        tls: Option<&crate::tls::ClientTls>,
+        stall: Duration,
+        on_tcp: impl FnOnce(&TcpStream) -> io::Result<()>,
+    ) -> io::Result<Stream> {
         match endpoint {
             Endpoint::Tcp(addr) => {
-                let mut last = None;
-                for a in addr.to_socket_addrs()? {
-                    let res = match timeout {
-                        Some(t) if !t.is_zero() => TcpStream::connect_timeout(&a, t),
-                        _ => TcpStream::connect(a),
-                    };
-                    match res {
-                        Ok(s) => {
-                            s.set_nodelay(true)?;
-                            return Ok(Stream::Tcp(s));
-                        }
-                        Err(e) => last = Some(e),
-                    }
-                }
-                Err(last.unwrap_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotFound, "host name resolved to no address")
-                }))
+                let s = connect_tcp(addr, timeout)?;
+                on_tcp(&s)?;
+                Ok(Stream::Tcp(s))
+            }
+            Endpoint::Tls(addr) => {
+                let tls = tls.ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidInput, "no TLS configuration")
+                })?;
+                let start = std::time::Instant::now();
+                let mut s = connect_tcp(addr, timeout)?;
+                on_tcp(&s)?;
+                let limit = timeout
+                    .filter(|t| !t.is_zero())
+                    .unwrap_or(Duration::from_secs(10));
+                let conn =
+                    crate::tls::connect(tls, crate::tls::host_of(addr), &mut s, start + limit)?;
+                let (plain, _pump) =
+                    crate::tls::spawn_pump(conn, s, stall, format!("tls://{addr}"))?;
+                Ok(Stream::Unix(plain))
             }
             Endpoint::Unix(path) => {
                 let s = UnixStream::connect(path)?;
@@ -324,6 +373,11 @@ mod tests {
             ("tcp://127.0.0.1:111", Endpoint::Tcp("127.0.0.1:111".into())),
             ("tcp://localhost:0", Endpoint::Tcp("localhost:0".into())),
             ("tcp://[::1]:5000", Endpoint::Tcp("[::1]:5000".into())),
+            ("tls://[::1]:5000", Endpoint::Tls("[::1]:5000".into())),
+            (
+                "tls://gpu.example:7447",
+                Endpoint::Tls("gpu.example:7447".into()),
+            ),
             ("unix:///tmp/x.sock", Endpoint::Unix("/tmp/x.sock".into())),
         ] {
             let parsed: Endpoint = s.parse().unwrap();
@@ -342,6 +396,8 @@ mod tests {
             ("tcp://::1:80", "IPv6 addresses must be in brackets"),
             ("tcp://[zz]:80", "not an IPv6"),
             ("tcp://[::1:80", "unbalanced"),
+            ("tls://127.0.0.1", "missing :PORT"),
+            ("tls://::1:80", "IPv6 addresses must be in brackets"),
             ("unix://relative/x", "must be absolute"),
             ("unix:///", "empty socket path"),
         ] {

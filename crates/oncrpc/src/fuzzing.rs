@@ -147,6 +147,8 @@ pub fn dispatch(data: &[u8]) -> usize {
         registry(),
         &config,
         &AtomicBool::new(false),
+        &crate::Origin::default(),
+        std::time::Instant::now(),
     );
     stream.written
 }

@@ -80,6 +80,7 @@ pub mod rpcbind;
 mod server;
 pub mod shm;
 mod spin;
+pub mod tls;
 pub use remora_shm::{DataArea, OutOfArea};
 
 pub use auth::{AuthStat, AuthSys, Credential, OpaqueAuth};
@@ -90,9 +91,10 @@ pub use client::{
 pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket_dir};
 pub use error::RpcError;
 pub use server::{
-    AcceptedConnection, CallContext, ConnectionHandler, DeferredReply, Dispatch, ProcError,
+    AcceptedConnection, CallContext, ConnectionHandler, DeferredReply, Dispatch, Origin, ProcError,
     ProcResult, Server, ServerConfig, ServerError, ServerHandle, Service,
 };
+pub use tls::{ClientTls, ServerTls, TlsError};
 
 /// Who is on the other end of a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -208,7 +208,7 @@ fn a_hand_off_server_answers_null_pings_itself() {
         let connect = || {
             let transport = match ep {
                 Endpoint::Unix(_) => remora_oncrpc::TransportChoice::Unix,
-                Endpoint::Tcp(_) => remora_oncrpc::TransportChoice::Tcp,
+                Endpoint::Tcp(_) | Endpoint::Tls(_) => remora_oncrpc::TransportChoice::Tcp,
             };
             Client::connect_with(
                 &ep,

@@ -39,7 +39,7 @@ fn with(transport: TransportChoice) -> ClientConfig {
 fn socket_path(ep: &Endpoint) -> std::path::PathBuf {
     match ep {
         Endpoint::Unix(p) => p.clone(),
-        Endpoint::Tcp(_) => panic!("not a Unix endpoint"),
+        Endpoint::Tcp(_) | Endpoint::Tls(_) => panic!("not a Unix endpoint"),
     }
 }
 

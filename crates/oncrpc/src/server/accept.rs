@@ -13,13 +13,14 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::connection::serve_connection;
 use super::dispatch::{Registry, Service};
-use super::{ServerConfig, ServerError, lock};
+use super::{Origin, ServerConfig, ServerError, lock};
 use crate::endpoint::{Endpoint, Stream};
 use crate::rpcbind;
+use crate::tls::{self, ServerTls};
 use crate::{Peer, RpcError};
 
 /// Stack size of connection threads: decoding deeply nested data recurses.
@@ -50,6 +51,8 @@ pub struct Server {
     bound: Vec<(Listener, Endpoint)>,
     /// Unix socket files bound by this builder, removed if it is dropped unstarted.
     unix_paths: Vec<PathBuf>,
+    /// The certificate and key of `tls://` listeners ([`Server::tls`]).
+    tls: Option<Arc<ServerTls>>,
 }
 
 impl fmt::Debug for Server {
@@ -59,6 +62,7 @@ impl fmt::Debug for Server {
             .field("registry", &self.registry)
             .field("hand_off", &self.handler.is_some())
             .field("bound", &self.bound)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -71,6 +75,8 @@ pub struct AcceptedConnection {
     peer: Peer,
     id: u64,
     shared: Arc<Shared>,
+    /// Whether it came over TLS, and the tenant of its client certificate.
+    tls: Option<Option<String>>,
 }
 
 impl fmt::Debug for AcceptedConnection {
@@ -97,6 +103,29 @@ impl AcceptedConnection {
     /// side of the socket then, so whoever serves it sees end of file.
     pub fn shutting_down(&self) -> bool {
         self.shared.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Whether the connection came over TLS. Its socket ([`AcceptedConnection::try_clone_fd`])
+    /// is then the plaintext end of a Unix socket pair whose other end this process's TLS
+    /// pump serves until the connection ends; the peer is the TCP peer.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The tenant named by the connection's verified TLS client certificate, when the server
+    /// requires them: the connection is authenticated as this tenant.
+    pub fn certificate_tenant(&self) -> Option<&str> {
+        self.tls.as_ref().and_then(Option::as_deref)
+    }
+
+    /// What a process that serves this connection elsewhere needs to know of it
+    /// ([`Server::serve_fd_as`]): its peer, whether it is TLS, its certificate's tenant.
+    pub fn origin(&self) -> Origin {
+        Origin {
+            peer: Some(self.peer.clone()),
+            tls: self.is_tls(),
+            tenant: self.certificate_tenant().map(str::to_owned),
+        }
     }
 
     /// A descriptor of the connected socket (blocking mode), e.g. to give to a child process
@@ -140,6 +169,13 @@ impl Server {
         self
     }
 
+    /// The certificate and key (and the client CA, if any) of the `tls://` endpoints; call it
+    /// before [`Server::listen`] names one.
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(Arc::new(tls));
+        self
+    }
+
     /// Hands every accepted connection to `handler` instead of serving it with the registered
     /// services. Everything else stays: [`ServerConfig::max_connections`] bounds the
     /// connections being handled, and shutdown stops accepting, shuts down the reading side
@@ -155,6 +191,14 @@ impl Server {
     /// connections; the services hear [`Service::connection_closed`] for connection id 0 when
     /// it ends. The peer is read from the socket (SO_PEERCRED, or the TCP peer address).
     pub fn serve_fd(self, fd: OwnedFd) -> Result<(), RpcError> {
+        self.serve_fd_as(fd, Origin::default())
+    }
+
+    /// [`Server::serve_fd`] for a connection that another process accepted and described
+    /// ([`AcceptedConnection::origin`]): its peer (when given) replaces the socket's own, a
+    /// TLS connection is never offered shared memory, and a certificate's tenant
+    /// authenticates the connection from its first call.
+    pub fn serve_fd_as(self, fd: OwnedFd, origin: Origin) -> Result<(), RpcError> {
         let domain = socket2::SockRef::from(&fd)
             .local_addr()
             .map_err(ServerError::Io)?
@@ -178,7 +222,8 @@ impl Server {
             ))
             .into());
         };
-        tracing::debug!(%peer, "ONC RPC server: serving an inherited connection");
+        let peer = origin.peer.clone().unwrap_or(peer);
+        tracing::debug!(%peer, tls = origin.tls, "ONC RPC server: serving an inherited connection");
         serve_connection(
             stream,
             &peer,
@@ -186,6 +231,8 @@ impl Server {
             &self.registry,
             &self.config,
             &AtomicBool::new(false),
+            &origin,
+            Instant::now(),
         );
         Ok(())
     }
@@ -193,7 +240,7 @@ impl Server {
     /// Binds `endpoint` now (`tcp://HOST:0` picks a free port; a stale Unix socket file with
     /// nothing listening is replaced). Serving starts with [`Server::start`].
     pub fn listen(mut self, endpoint: &Endpoint) -> Result<Self, RpcError> {
-        let (listener, actual) = bind(endpoint)?;
+        let (listener, actual) = bind(endpoint, self.tls.as_ref())?;
         if let Endpoint::Unix(p) = &actual {
             self.unix_paths.push(p.clone());
         }
@@ -255,27 +302,44 @@ impl Drop for Server {
 enum Listener {
     Tcp(TcpListener),
     Unix(UnixListener),
+    /// TCP whose connections start with a TLS handshake.
+    Tls(TcpListener, Arc<ServerTls>),
 }
 
 impl AsFd for Listener {
     fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
-            Listener::Tcp(l) => l.as_fd(),
+            Listener::Tcp(l) | Listener::Tls(l, _) => l.as_fd(),
             Listener::Unix(l) => l.as_fd(),
         }
     }
 }
 
-fn bind(ep: &Endpoint) -> Result<(Listener, Endpoint), RpcError> {
-    bind_inner(ep).map_err(RpcError::from)
+fn bind(ep: &Endpoint, tls: Option<&Arc<ServerTls>>) -> Result<(Listener, Endpoint), RpcError> {
+    bind_inner(ep, tls).map_err(RpcError::from)
 }
 
-fn bind_inner(ep: &Endpoint) -> Result<(Listener, Endpoint), ServerError> {
+fn bind_inner(
+    ep: &Endpoint,
+    tls: Option<&Arc<ServerTls>>,
+) -> Result<(Listener, Endpoint), ServerError> {
     let bind_err = |source| ServerError::Bind {
         endpoint: ep.to_string(),
         source,
     };
     match ep {
+        Endpoint::Tls(addr) => {
+            let tls = tls.ok_or_else(|| ServerError::TlsNotConfigured(ep.clone()))?;
+            let (l, _) = bind_inner(&Endpoint::Tcp(addr.clone()), None)?;
+            let Listener::Tcp(l) = l else {
+                unreachable!("a TCP endpoint binds a TCP listener")
+            };
+            let actual = l.local_addr().map_err(bind_err)?;
+            Ok((
+                Listener::Tls(l, Arc::clone(tls)),
+                Endpoint::Tls(actual.to_string()),
+            ))
+        }
         Endpoint::Tcp(addr) => {
             let addr: SocketAddr = addr
                 .to_socket_addrs()
@@ -382,7 +446,7 @@ fn accept_loop(listener: Listener, wake: UnixStream, shared: Arc<Shared>) {
             return;
         }
         let accepted = match &listener {
-            Listener::Tcp(l) => l.accept().and_then(|(s, addr)| {
+            Listener::Tcp(l) | Listener::Tls(l, _) => l.accept().and_then(|(s, addr)| {
                 s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
                 Ok((Stream::Tcp(s), Peer::Tcp(addr)))
@@ -394,8 +458,12 @@ fn accept_loop(listener: Listener, wake: UnixStream, shared: Arc<Shared>) {
                 Ok((Stream::Unix(s), peer))
             }),
         };
+        let tls = match &listener {
+            Listener::Tls(_, tls) => Some(Arc::clone(tls)),
+            _ => None,
+        };
         match accepted {
-            Ok((stream, peer)) => spawn_connection(&shared, stream, peer),
+            Ok((stream, peer)) => spawn_connection(&shared, stream, peer, tls),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
@@ -419,7 +487,8 @@ fn unix_peer(s: &UnixStream) -> Peer {
     }
 }
 
-fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
+fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Option<Arc<ServerTls>>) {
+    let accepted_at = Instant::now();
     let mut table = lock(&shared.conns);
     // Reap threads that have finished.
     let done: Vec<u64> = table
@@ -461,6 +530,33 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
         .stack_size(CONN_STACK_SIZE)
         .spawn(move || {
             tracing::debug!(%peer, "ONC RPC server: connection accepted");
+            let mut origin = Origin {
+                peer: Some(peer.clone()),
+                ..Origin::default()
+            };
+            let (stream, pump) = match tls {
+                None => (stream, None),
+                Some(tls) => match start_tls(&shared2, stream, &peer, id, &tls, accepted_at) {
+                    Some((plain, tenant, pump)) => {
+                        origin.tls = true;
+                        origin.tenant = tenant;
+                        (Stream::Unix(plain), Some(pump))
+                    }
+                    None => {
+                        let mut table = lock(&shared2.conns);
+                        forget(&mut table, id, &key2);
+                        return;
+                    }
+                },
+            };
+            // Ends the connection: its socket is shut down, then the TLS pump (if any) sends
+            // what is left, says close_notify and ends.
+            let finish = |pump: Option<JoinHandle<()>>| {
+                forget(&mut lock(&shared2.conns), id, &key2);
+                if let Some(pump) = pump {
+                    let _ = pump.join();
+                }
+            };
             if let Some(handler) = shared2.handler.clone() {
                 // Nothing is started for a connection (a worker process) before it has sent
                 // its first call record whole, within the HELLO deadline and size.
@@ -469,10 +565,11 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
                     &shared2.config,
                     &shared2.shutting_down,
                     &shared2.registry,
+                    accepted_at,
                 ) {
                     tracing::info!(%peer, "ONC RPC server: {why}; connection closed");
-                    let mut table = lock(&shared2.conns);
-                    forget(&mut table, id, &key2);
+                    drop(stream);
+                    finish(pump);
                     return;
                 }
                 let conn = AcceptedConnection {
@@ -480,6 +577,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
                     peer: peer.clone(),
                     id,
                     shared: Arc::clone(&shared2),
+                    tls: origin.tls.then(|| origin.tenant.clone()),
                 };
                 if catch_unwind(AssertUnwindSafe(|| handler.handle(conn))).is_err() {
                     tracing::error!(%peer, "ONC RPC server: the connection handler panicked");
@@ -492,10 +590,11 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
                     &shared2.registry,
                     &shared2.config,
                     &shared2.shutting_down,
+                    &origin,
+                    accepted_at,
                 );
             }
-            let mut table = lock(&shared2.conns);
-            forget(&mut table, id, &key2);
+            finish(pump);
             tracing::debug!(%peer, "ONC RPC server: connection closed");
         });
     match res {
@@ -509,6 +608,70 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer) {
             let _ = control.shutdown(Shutdown::Both);
         }
     }
+}
+
+/// Runs the TLS handshake of connection `id` on `stream` (TCP) within the HELLO deadline
+/// and starts its pump: the plaintext socket to serve, the tenant of its client certificate
+/// (when the server requires them), and the pump's thread. `None` when the handshake fails
+/// (logged; a refused client certificate is an `auth_failed` audit event).
+fn start_tls(
+    shared: &Shared,
+    stream: Stream,
+    peer: &Peer,
+    id: u64,
+    tls: &ServerTls,
+    accepted_at: Instant,
+) -> Option<(UnixStream, Option<String>, JoinHandle<()>)> {
+    let Stream::Tcp(mut tcp) = stream else {
+        return None;
+    };
+    let config = &shared.config;
+    let accepted = match tls::accept(tls, &mut tcp, accepted_at + config.hello_timeout) {
+        Ok(a) => a,
+        Err(tls::AcceptError::Handshake(tls::HandshakeError::Timeout)) => {
+            crate::audit!(info, limit "hello_timeout", %peer, connection = id, timeout = ?config.hello_timeout, "ONC RPC server: no TLS handshake within hello_timeout; connection closed");
+            return None;
+        }
+        Err(tls::AcceptError::Handshake(e)) if e.is_certificate() => {
+            crate::audit!(warn, "auth_failed", %peer, connection = id, "ONC RPC server: TLS client certificate refused ({e}); connection closed");
+            return None;
+        }
+        Err(tls::AcceptError::Handshake(e)) => {
+            tracing::debug!(%peer, connection = id, error = %e, "ONC RPC server: TLS handshake failed; connection closed");
+            return None;
+        }
+        Err(tls::AcceptError::Tenant(why)) => {
+            crate::audit!(warn, "auth_failed", %peer, connection = id, "ONC RPC server: TLS client certificate refused: {why}; connection closed");
+            return None;
+        }
+    };
+    if let Some(tenant) = &accepted.tenant {
+        crate::audit!(info, "auth_ok", %peer, connection = id, tenant = tenant.as_str(), "authenticated by a TLS client certificate");
+    }
+    let (plain, pump) = match tls::spawn_pump(
+        accepted.conn,
+        tcp,
+        config.stall_timeout,
+        format!("{peer} connection {id}"),
+    ) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "ONC RPC server: cannot start a TLS connection's pump; closed");
+            return None;
+        }
+    };
+    // From now on the plaintext socket is the one shutdown wakes and closes: its pump then
+    // ends the TLS connection properly.
+    if let Ok(control) = plain.try_clone() {
+        let mut table = lock(&shared.conns);
+        if table.streams.contains_key(&id) {
+            table.streams.insert(id, Stream::Unix(control));
+        }
+    }
+    if shared.shutting_down.load(Ordering::SeqCst) {
+        let _ = plain.shutdown(Shutdown::Read);
+    }
+    Some((plain, accepted.tenant, pump))
 }
 
 /// Removes connection `id` of peer `key` from the table and shuts its socket down.
@@ -562,6 +725,7 @@ fn await_first_record(
     config: &ServerConfig,
     shutting_down: &AtomicBool,
     registry: &Registry,
+    accepted_at: Instant,
 ) -> Result<(), String> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     use rustix::net::{RecvFlags, recv};
@@ -573,7 +737,7 @@ fn await_first_record(
     let max = config
         .max_first_record_size
         .map_or(config.max_record_size, |m| m.min(config.max_record_size));
-    let deadline = std::time::Instant::now() + config.hello_timeout;
+    let deadline = accepted_at + config.hello_timeout;
     let mut buf = vec![0u8; 4 + max];
     let mut last = usize::MAX;
     loop {
@@ -686,7 +850,7 @@ impl ServerHandle {
     pub fn register_rpcbind(&self) -> Result<(), RpcError> {
         let Some(port) = self.local.iter().find_map(|e| match e {
             Endpoint::Tcp(a) => a.parse::<SocketAddr>().ok().map(|a| a.port()),
-            Endpoint::Unix(_) => None,
+            Endpoint::Unix(_) | Endpoint::Tls(_) => None,
         }) else {
             tracing::warn!("rpcbind registration skipped: the server has no TCP endpoint");
             return Ok(());

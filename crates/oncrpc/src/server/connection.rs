@@ -13,7 +13,7 @@ use remora_xdr::{Bytes, Encoder, XdrEncode};
 
 use super::dispatch::{ConnectionAuth, ConnectionInfo, Outcome, Registry, admitted, process_call};
 use super::profile::{Profile, ProfileReport};
-use super::{ServerConfig, lock};
+use super::{Origin, ServerConfig, lock};
 use crate::endpoint::Stream;
 use crate::msg::{AcceptStat, RpcMsg};
 use crate::record::{RecordError, RecordReader, write_record};
@@ -261,7 +261,13 @@ impl Drop for DeferredReply {
 
 /// Serves one connection until the peer closes it, an error occurs, a timeout expires or
 /// the server shuts down. Calls are processed in order. When it ends, every service hears of
-/// it ([`Service::connection_closed`]).
+/// it ([`Service::connection_closed`]). `origin` says whether it came over TLS (no shared
+/// memory then) and the tenant its client certificate authenticated; `since` is when it was
+/// accepted, from which its HELLO deadline counts.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the connection's state, passed down once per connection"
+)]
 pub(crate) fn serve_connection<S: Transport>(
     stream: S,
     peer: &Peer,
@@ -269,6 +275,8 @@ pub(crate) fn serve_connection<S: Transport>(
     registry: &Registry,
     config: &ServerConfig,
     shutting_down: &AtomicBool,
+    origin: &Origin,
+    since: Instant,
 ) {
     let sink = stream.shared_writer().map(|w| ReplySink {
         writer: Arc::new(Mutex::new(Some(w))),
@@ -276,10 +284,15 @@ pub(crate) fn serve_connection<S: Transport>(
         closer: stream.closer(),
         in_flight: Arc::default(),
     });
+    let auth = ConnectionAuth::default();
+    if let Some(tenant) = &origin.tenant {
+        let _ = auth.set(tenant.clone());
+    }
     let mut opened = Opened {
-        since: Instant::now(),
+        since,
         first_call: false,
-        auth: ConnectionAuth::default(),
+        auth,
+        tls: origin.tls,
     };
     macro_rules! serve {
         ($stream:expr, $area:expr) => {
@@ -324,6 +337,8 @@ struct Opened {
     first_call: bool,
     /// Who the connection authenticated as; kept across the move into shared memory.
     auth: ConnectionAuth,
+    /// It came over TLS: never offered shared memory.
+    tls: bool,
 }
 
 /// Serves records until the connection ends (`None`) or moves into shared memory (the stream
@@ -417,12 +432,13 @@ fn serve_records<S: Transport>(
                 let open = config.auth_open_procedures.as_deref();
                 // Before authentication SHM_SETUP is not served (no region for a stranger):
                 // the record goes to `process_call`, which refuses it like any closed call.
-                let setup = if admitted(
-                    open,
-                    &opened.auth,
-                    crate::shm::SHM_PROGRAM,
-                    crate::shm::SHM_SETUP,
-                ) {
+                let setup = if !opened.tls
+                    && admitted(
+                        open,
+                        &opened.auth,
+                        crate::shm::SHM_PROGRAM,
+                        crate::shm::SHM_SETUP,
+                    ) {
                     crate::shm::setup_request(&record)
                 } else {
                     None

@@ -104,6 +104,20 @@ impl Default for ServerConfig {
     }
 }
 
+/// What the process that accepted a connection knew of it, for a process that serves it
+/// ([`Server::serve_fd_as`], from [`AcceptedConnection::origin`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The peer as accepted (for TLS, the TCP peer, while the descriptor is a socket pair's
+    /// plaintext end); `None`: read it from the socket.
+    pub peer: Option<crate::Peer>,
+    /// The connection came over TLS: it is never offered shared memory.
+    pub tls: bool,
+    /// The tenant named by the connection's verified TLS client certificate: the connection
+    /// is authenticated as this tenant from its first call, as a token would have done.
+    pub tenant: Option<String>,
+}
+
 /// Why a server could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -126,6 +140,12 @@ pub enum ServerError {
     /// The Unix socket path exists and is not a socket; it is left alone.
     #[error("{0} exists and is not a socket: remove it or choose another socket path")]
     NotASocket(PathBuf),
+    /// A `tls://` endpoint was named before [`Server::tls`] gave a certificate and key.
+    #[error(
+        "cannot listen on {0}: a tls:// endpoint needs the server's certificate and private key \
+         (remora serve --tls-cert CERT.pem --tls-key KEY.pem)"
+    )]
+    TlsNotConfigured(crate::Endpoint),
     /// An I/O error while setting the server up.
     #[error("I/O error while starting the server: {0}")]
     Io(#[from] io::Error),

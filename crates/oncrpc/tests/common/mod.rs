@@ -210,7 +210,9 @@ pub enum Raw {
 impl Raw {
     pub fn connect(ep: &Endpoint) -> Raw {
         match ep {
-            Endpoint::Tcp(a) => Raw::Tcp(TcpStream::connect(a.as_str()).unwrap()),
+            Endpoint::Tcp(a) | Endpoint::Tls(a) => {
+                Raw::Tcp(TcpStream::connect(a.as_str()).unwrap())
+            }
             Endpoint::Unix(p) => Raw::Unix(UnixStream::connect(p).unwrap()),
         }
     }
