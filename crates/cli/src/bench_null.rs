@@ -95,6 +95,7 @@ pub(crate) fn run(
         _ if rpc.is_shm() => "shm",
         Endpoint::Unix(_) => "unix",
         Endpoint::Tcp(_) => "tcp",
+        Endpoint::Tls(_) => "tls",
     };
     let client = RemoraV1Client::new(rpc).with_timeout(Duration::from_secs(10));
     for _ in 0..calls / 10 {

@@ -10,15 +10,29 @@ use remora_proto::remora::{
     RemoraV1Client,
 };
 
-/// Connects to `server`, says HELLO (HELLO_AUTH with `token`) and prints the answer.
-pub(crate) fn run(server: &Endpoint, token: Option<&str>) -> Result<()> {
-    let reply = hello(server, token)?;
+/// Connects to `server` (a `tls://` one with `tls`, else the environment's TLS settings),
+/// says HELLO (HELLO_AUTH with `token`) and prints the answer.
+pub(crate) fn run(
+    server: &Endpoint,
+    token: Option<&str>,
+    tls: Option<std::sync::Arc<remora_oncrpc::ClientTls>>,
+) -> Result<()> {
+    let reply = hello_with(server, token, tls)?;
     outln!("{}", render(server, &reply)?.trim_end_matches('\n'));
     Ok(())
 }
 
 /// Connects to `server`, says HELLO (HELLO_AUTH with `token`) and returns the answer.
 pub(crate) fn hello(server: &Endpoint, token: Option<&str>) -> Result<HelloReply> {
+    hello_with(server, token, None)
+}
+
+/// [`hello`] with the TLS settings `tls` for a `tls://` server.
+fn hello_with(
+    server: &Endpoint,
+    token: Option<&str>,
+    tls: Option<std::sync::Arc<remora_oncrpc::ClientTls>>,
+) -> Result<HelloReply> {
     let hello = HelloArgs {
         min_revision: 1,
         max_revision: REMORA_PROTOCOL_REVISION,
@@ -27,6 +41,7 @@ pub(crate) fn hello(server: &Endpoint, token: Option<&str>) -> Result<HelloReply
     };
     let config = ClientConfig {
         opening_call: crate::opening_call(&hello, token)?,
+        tls,
         ..ClientConfig::default()
     };
     let rpc = crate::connect(server, config)?;

@@ -81,6 +81,82 @@ pub(crate) fn client_token(file: Option<&std::path::Path>) -> Result<Option<Stri
     }
 }
 
+/// A client's TLS options (`remora run`, `remora info`), for a `tls://` server. Each one not
+/// given falls back to its environment variable.
+#[derive(Debug, Default, clap::Args)]
+pub(crate) struct ClientTlsArgs {
+    /// For a tls:// server: the CA certificate(s), PEM, that signed the server's certificate
+    /// (default: REMORA_TLS_CA, else the system's CA certificates). The certificate must
+    /// name the URL's host (a DNS name, or an IP address as an IP SAN).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// For a tls:// server that requires client certificates: this client's certificate
+    /// chain, PEM (default: REMORA_TLS_CERT). Its subject CN (else first DNS name) is the
+    /// tenant the server serves it as. Needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM, mode 0600: refused if group or others may read
+    /// or write it (default: REMORA_TLS_KEY).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl ClientTlsArgs {
+    /// Whether any option was given.
+    pub(crate) fn given(&self) -> bool {
+        self.tls_ca.is_some() || self.tls_cert.is_some()
+    }
+
+    /// The files to use: each option, else its environment variable.
+    fn files(&self) -> [(&'static str, Option<PathBuf>); 3] {
+        use remora_oncrpc::tls::{ENV_CA, ENV_CERT, ENV_KEY};
+        let or_env = |given: &Option<PathBuf>, var: &str| {
+            given.clone().or_else(|| {
+                std::env::var_os(var)
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            })
+        };
+        [
+            (ENV_CA, or_env(&self.tls_ca, ENV_CA)),
+            (ENV_CERT, or_env(&self.tls_cert, ENV_CERT)),
+            (ENV_KEY, or_env(&self.tls_key, ENV_KEY)),
+        ]
+    }
+
+    /// The TLS settings the options name (checked now: files readable, the key private);
+    /// `None` when no option was given (a `tls://` connection then reads the environment).
+    pub(crate) fn load(&self) -> Result<Option<std::sync::Arc<remora_oncrpc::ClientTls>>> {
+        if !self.given() {
+            return Ok(None);
+        }
+        let [(_, ca), (_, cert), (_, key)] = self.files();
+        let identity = match (&cert, &key) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            _ => None,
+        };
+        let tls = remora_oncrpc::ClientTls::from_pem_files(ca.as_deref(), identity)?;
+        Ok(Some(std::sync::Arc::new(tls)))
+    }
+
+    /// The environment a program started with these options gets: the absolute paths of the
+    /// files given (none when no option was).
+    pub(crate) fn env(&self) -> Result<Vec<(&'static str, PathBuf)>> {
+        if !self.given() {
+            return Ok(Vec::new());
+        }
+        let mut env = Vec::new();
+        for (var, file) in self.files() {
+            if let Some(file) = file {
+                let file = std::path::absolute(&file)
+                    .with_context(|| format!("cannot resolve {}", file.display()))?;
+                env.push((var, file));
+            }
+        }
+        Ok(env)
+    }
+}
+
 /// An error of connecting to `server` as a clear line when authentication caused it
 /// (`with_token`: a token was presented), else as it is.
 pub(crate) fn auth_error(
@@ -270,8 +346,8 @@ enum Command {
     /// status is the program's.
     #[command(after_long_help = RUN_EXAMPLES)]
     Run {
-        /// The server: tcp://HOST:PORT or unix:///PATH, which must answer before the program
-        /// starts (default: start an embedded one).
+        /// The server: tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH, which must answer
+        /// before the program starts (default: start an embedded one).
         #[arg(long, value_name = "URL")]
         server: Option<Endpoint>,
         /// How the program reaches the server: auto (shared memory with a unix:// server,
@@ -293,6 +369,10 @@ enum Command {
         /// REMORA_AUTH_TOKEN_FILE from the environment, if set.
         #[arg(long, value_name = "FILE")]
         auth_token_file: Option<PathBuf>,
+        /// TLS for a tls:// server; given to the program as REMORA_TLS_CA, REMORA_TLS_CERT
+        /// and REMORA_TLS_KEY.
+        #[command(flatten)]
+        tls: ClientTlsArgs,
         /// Say where the time goes: at exit the program prints on standard error its remote
         /// calls by procedure (count, total, mean and maximum time; REMORA_CLIENT_PROFILE=1),
         /// and an embedded server logs its own table per connection (`remora serve
@@ -310,15 +390,35 @@ enum Command {
     /// ($XDG_RUNTIME_DIR/remora/remora.sock, else /tmp/remora-$UID/remora.sock). TCP is used
     /// only when asked for, e.g. --listen tcp://127.0.0.1:7446. A TCP address other hosts can
     /// reach (e.g. tcp://0.0.0.0:7446) needs --auth-token-file (or --insecure): without tokens
-    /// only this host's users are served. Stop with Ctrl-C or SIGTERM: calls in flight finish
+    /// only this host's users are served. TLS: --listen tls://0.0.0.0:7447 --tls-cert
+    /// CERT.pem --tls-key KEY.pem, with --tls-client-ca CA.pem to require client
+    /// certificates (which then authenticate clients; otherwise tokens or --insecure are
+    /// still needed). Shared memory is never offered over TCP or TLS. Stop with Ctrl-C or SIGTERM: calls in flight finish
     /// first. Log level: REMORA_LOG (e.g. REMORA_LOG=debug). With the CUDA backend the server
     /// re-executes itself once with the bottom-up address layout (as `setarch -L` does), so the
     /// driver's device ranges stay clear of clients' own mappings (unified addressing);
     /// REMORA_SERVE_LAYOUT=default keeps the usual layout.
     Serve {
-        /// Where to listen: tcp://HOST:PORT or unix:///PATH. Repeat for several listeners.
+        /// Where to listen: tcp://HOST:PORT, tls://HOST:PORT (needs --tls-cert and
+        /// --tls-key) or unix:///PATH. Repeat for several listeners.
         #[arg(long, value_name = "URL")]
         listen: Vec<Endpoint>,
+        /// The certificate chain (PEM) of the tls:// listeners; its first certificate must
+        /// name the host clients connect to (DNS name, or IP address as an IP SAN).
+        #[arg(long, value_name = "CERT.pem", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key (PEM) of --tls-cert; it must be private (mode 0600: a file group
+        /// or others may read or write is refused).
+        #[arg(long, value_name = "KEY.pem", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Require every tls:// client to present a certificate signed by this CA (PEM). Its
+        /// subject CN (else its first DNS name; A-Z a-z 0-9 _ . -, at most 64) is the
+        /// client's tenant, as a token's tenant is: such a client needs no token, and a
+        /// token of another tenant is refused. With it, a tls:// listener other hosts can
+        /// reach needs neither --auth-token-file nor --insecure (TLS without it encrypts but
+        /// does not authenticate clients).
+        #[arg(long, value_name = "CA.pem", requires = "tls_cert")]
+        tls_client_ca: Option<PathBuf>,
         /// Register with rpcbind when one runs (clients can then find the TCP port by
         /// program number). The server works without rpcbind.
         #[arg(long)]
@@ -379,13 +479,16 @@ enum Command {
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
-        /// The server: tcp://HOST:PORT or unix:///PATH (default: the local default socket).
+        /// The server: tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (default: the local
+        /// default socket).
         #[arg(long, value_name = "URL")]
         server: Option<Endpoint>,
         /// A file holding the token for a server started with --auth-token-file (mode
         /// 0600). Default: REMORA_AUTH_TOKEN or REMORA_AUTH_TOKEN_FILE, if set.
         #[arg(long, value_name = "FILE")]
         auth_token_file: Option<PathBuf>,
+        #[command(flatten)]
+        tls: ClientTlsArgs,
     },
     /// Generate a Rust crate (types, client, server trait) from an ONC RPC .x file.
     ///
@@ -650,6 +753,9 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve {
             listen,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
             rpcbind,
             isolation,
             shm_lock_max,
@@ -698,6 +804,13 @@ fn run(cli: Cli) -> Result<()> {
                 tenants_file: s.tenants,
                 limits: s.limits,
                 insecure,
+                tls: tls_cert
+                    .zip(tls_key)
+                    .map(|(cert, key)| remora_server::TlsFiles {
+                        cert,
+                        key,
+                        client_ca: tls_client_ca,
+                    }),
                 warm_workers: Some(warm_workers),
                 no_warm_refill,
             })
@@ -722,12 +835,14 @@ fn run(cli: Cli) -> Result<()> {
         Command::Info {
             server,
             auth_token_file,
+            tls,
         } => {
             init_logging("warn");
             let token = client_token(auth_token_file.as_deref())?;
             info::run(
                 &server.unwrap_or_else(remora_server::default_endpoint),
                 token.as_deref(),
+                tls.load()?,
             )
         }
         Command::Run {
@@ -736,6 +851,7 @@ fn run(cli: Cli) -> Result<()> {
             shim,
             serve_arg,
             auth_token_file,
+            tls,
             profile,
             command,
         } => {
@@ -746,6 +862,7 @@ fn run(cli: Cli) -> Result<()> {
                 shim,
                 serve_args: serve_arg,
                 auth_token_file,
+                tls,
                 profile,
                 command,
             })?;

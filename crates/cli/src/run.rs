@@ -30,6 +30,8 @@ pub(crate) struct RunOptions {
     pub(crate) transport: TransportChoice,
     /// The client's token file (`--auth-token-file`).
     pub(crate) auth_token_file: Option<PathBuf>,
+    /// `--tls-ca`, `--tls-cert`, `--tls-key`: for a `tls://` server.
+    pub(crate) tls: crate::ClientTlsArgs,
     pub(crate) shim: Option<PathBuf>,
     pub(crate) serve_args: Vec<OsString>,
     /// `--profile`: the program's calls are profiled (REMORA_CLIENT_PROFILE=1) and so is an
@@ -173,11 +175,12 @@ pub(crate) fn check_transport(server: &Endpoint, transport: TransportChoice) -> 
         (TransportChoice::Tcp, Endpoint::Unix(_)) => {
             bail!("--transport tcp needs a tcp://HOST:PORT server, not {server}")
         }
-        (TransportChoice::Shm, Endpoint::Tcp(_)) => bail!(
+        (TransportChoice::Shm, Endpoint::Tcp(_) | Endpoint::Tls(_)) => bail!(
             "--transport shm needs a server on this host reached by its Unix socket \
-             (unix:///PATH), not {server}; use --transport tcp or auto for a TCP server"
+             (unix:///PATH), not {server} (shared memory is never offered over TCP or TLS); \
+             use --transport tcp or auto for a TCP or TLS server"
         ),
-        (TransportChoice::Unix, Endpoint::Tcp(_)) => {
+        (TransportChoice::Unix, Endpoint::Tcp(_) | Endpoint::Tls(_)) => {
             bail!("--transport unix needs a unix:///PATH server, not {server}")
         }
         _ => Ok(()),
@@ -194,7 +197,11 @@ const PROBE_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// `remora run` fails before starting the program rather than the program's cuInit.
 /// With `token`, the probe is the program's own handshake (HELLO_AUTH), so that a missing or
 /// wrong token is reported before the program starts.
-pub(crate) fn probe(server: &Endpoint, token: Option<&str>) -> Result<()> {
+pub(crate) fn probe(
+    server: &Endpoint,
+    token: Option<&str>,
+    tls: Option<std::sync::Arc<remora_oncrpc::ClientTls>>,
+) -> Result<()> {
     let hello = remora_proto::remora::HelloArgs {
         min_revision: 1,
         max_revision: remora_proto::remora::REMORA_PROTOCOL_REVISION,
@@ -206,9 +213,10 @@ pub(crate) fn probe(server: &Endpoint, token: Option<&str>) -> Result<()> {
         // The socket alone: a probe needs no shared memory.
         transport: match server {
             Endpoint::Unix(_) => TransportChoice::Unix,
-            Endpoint::Tcp(_) => TransportChoice::Tcp,
+            Endpoint::Tcp(_) | Endpoint::Tls(_) => TransportChoice::Tcp,
         },
         connect_timeout: Some(PROBE_CONNECT_TIMEOUT),
+        tls,
         ..ClientConfig::default()
     };
     let rpc = crate::connect(server, config)?;
@@ -231,6 +239,11 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
         None => None,
     }
     .flatten();
+    if opts.tls.given() && !matches!(opts.server, Some(Endpoint::Tls(_))) {
+        bail!("--tls-ca, --tls-cert and --tls-key are for a --server tls://HOST:PORT");
+    }
+    // The TLS files are checked (readable, a private key) before anything starts too.
+    let tls = opts.tls.load()?;
     // A named server must answer before anything starts.
     if let Some(server) = &opts.server {
         check_transport(server, opts.transport)?;
@@ -238,7 +251,7 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
             Some(_) => None,
             None => crate::client_token(None)?,
         };
-        probe(server, token.as_deref().or(env_token.as_deref()))?;
+        probe(server, token.as_deref().or(env_token.as_deref()), tls)?;
     }
     let shim = find_shim(opts.shim.as_deref())?;
     let shim = shim
@@ -296,6 +309,10 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
     if opts.profile {
         cmd.env("REMORA_CLIENT_PROFILE", "1");
     }
+    // The program's TLS files: those given here, else what it inherits.
+    for (var, file) in opts.tls.env()? {
+        cmd.env(var, file);
+    }
     let status = cmd
         .args(args)
         .env("LD_LIBRARY_PATH", library_path)
@@ -319,6 +336,7 @@ mod tests {
             serve_args: vec![],
             profile: false,
             auth_token_file: None,
+            tls: crate::ClientTlsArgs::default(),
             command: command.iter().map(|c| (*c).into()).collect(),
         })
         .unwrap_err()

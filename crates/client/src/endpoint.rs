@@ -10,7 +10,8 @@ pub fn default_endpoint() -> Endpoint {
     Endpoint::default_local()
 }
 
-/// The endpoint named by `REMORA_SERVER` (`tcp://HOST:PORT` or `unix:///PATH`), else
+/// The endpoint named by `REMORA_SERVER` (`tcp://HOST:PORT`, `tls://HOST:PORT` or
+/// `unix:///PATH`), else
 /// [`default_endpoint`]. A malformed `REMORA_SERVER` is an error (CUDA_ERROR_INVALID_VALUE),
 /// logged with the reason, rather than silently replaced by the default.
 pub fn endpoint_from_env() -> Result<Endpoint, CuError> {

@@ -443,3 +443,16 @@ fn throughput_of_tls_against_tcp() {
         );
     }
 }
+
+#[test]
+fn an_idle_tls_client_does_not_hold_the_server_shutdown() {
+    let f = fixture();
+    let server = f.serve(false, ServerConfig::default());
+    let ep = server.local_endpoints()[0].clone();
+    let c = connect(&ep, f.client_tls(None)).unwrap();
+    assert_eq!(echo(&c, b"a").unwrap(), b"a");
+    let t0 = Instant::now();
+    server.shutdown();
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(echo(&c, b"b").is_err(), "the connection is closed");
+}

@@ -171,5 +171,7 @@ pub fn endpoint_to_c(endpoint: &remora_oncrpc::Endpoint) -> String {
     match endpoint {
         remora_oncrpc::Endpoint::Tcp(addr) => format!("tcp:{addr}"),
         remora_oncrpc::Endpoint::Unix(path) => format!("unix:{}", path.display()),
+        // The C peers speak no TLS: they refuse this address form.
+        remora_oncrpc::Endpoint::Tls(addr) => format!("tls:{addr}"),
     }
 }

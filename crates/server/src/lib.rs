@@ -41,7 +41,7 @@ pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{
     BackendChoice, DEFAULT_SHM_LOCK_MAX, DEFAULT_WARM_WORKERS, EMULATED_COPY_LATENCY_ENV,
     EMULATED_DEVICE_PRINTF_ENV, Isolation, NO_GPU_LOG_TARGET, RemoraService, Running, ServeConfig,
-    ServeError, ShmConfig, WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of,
+    ServeError, ShmConfig, TlsFiles, WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of,
     serve_worker, start, start_with_backend, start_with_inventory,
 };
 pub use session::{

@@ -224,6 +224,9 @@ pub struct ServeConfig {
     pub auth_token_file: Option<PathBuf>,
     /// Serve a TCP listener on a non-loopback address without tokens (a trusted network).
     pub insecure: bool,
+    /// The certificate and key of `tls://` listeners, and the CA of the client certificates
+    /// they require, if any (`--tls-cert`, `--tls-key`, `--tls-client-ca`).
+    pub tls: Option<TlsFiles>,
     /// Under process isolation, session workers kept started and waiting for a connection,
     /// each with its driver initialised and a context made on device 0 (which holds that
     /// context's GPU memory while it waits); `None`: [`DEFAULT_WARM_WORKERS`]. 0: a worker
@@ -236,6 +239,30 @@ pub struct ServeConfig {
     pub tenants_file: Option<PathBuf>,
     /// `--limit` settings over the file (`tenant.KEY=VALUE`, `session.KEY=VALUE`).
     pub limits: Vec<String>,
+}
+
+/// The PEM files of `tls://` listeners.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain (`--tls-cert`).
+    pub cert: PathBuf,
+    /// Its private key (`--tls-key`; mode 0600, refused if group or others may read it).
+    pub key: PathBuf,
+    /// The CA whose client certificates are required (`--tls-client-ca`); a verified
+    /// certificate's subject CN (else first DNS name) is the connection's tenant. `None`:
+    /// no client certificates (TLS encrypts, tokens or nothing authenticate).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// Loads and checks the files.
+    pub fn load(&self) -> Result<remora_oncrpc::ServerTls, ServeError> {
+        Ok(remora_oncrpc::ServerTls::from_pem_files(
+            &self.cert,
+            &self.key,
+            self.client_ca.as_deref(),
+        )?)
+    }
 }
 
 /// Shared-memory sessions: whether they are offered and the size of their data area.
@@ -436,12 +463,19 @@ pub enum ServeError {
     /// The token file cannot be used.
     #[error(transparent)]
     Tokens(#[from] remora_proto::token::SecretFileError),
+    /// The TLS certificate, key or client CA cannot be used.
+    #[error(transparent)]
+    Tls(#[from] remora_oncrpc::TlsError),
+    /// A `tls://` listener without a certificate, or TLS files without a `tls://` listener.
+    #[error("{0}")]
+    TlsSetup(&'static str),
     /// A TCP listener reachable from other hosts was asked for without tokens.
     #[error(
         "refusing to listen on {0} without authentication: the address is reachable from other \
          hosts, and anyone who reaches it could use the GPUs and read other sessions' results. \
          Give --auth-token-file FILE (lines `TENANT TOKEN`, mode 0600), or listen on a loopback \
-         address or a Unix socket; on a trusted network, --insecure serves it anyway"
+         address or a Unix socket; on a trusted network, --insecure serves it anyway{hint}",
+        hint = tls_exposure_hint(.0)
     )]
     Insecure(Endpoint),
     /// The limits file or a `--limit` cannot be used.
@@ -477,6 +511,17 @@ fn ledger_slots(config: &ServeConfig) -> usize {
         .unwrap_or(ServerConfig::default().max_connections)
         .saturating_add(config.warm_workers.unwrap_or(0))
         .saturating_add(8)
+}
+
+/// What [`ServeError::Insecure`] adds for a `tls://` listener.
+fn tls_exposure_hint(endpoint: &Endpoint) -> &'static str {
+    if matches!(endpoint, Endpoint::Tls(_)) {
+        ". TLS encrypts the connection but does not say who the client is: --tls-client-ca \
+         CA.pem requires client certificates signed by CA.pem, which authenticate clients as \
+         tokens do"
+    } else {
+        ""
+    }
 }
 
 /// The default listener: a Unix socket in the user's runtime directory,
@@ -771,6 +816,7 @@ fn probe_inventory(devices: Option<&[i32]>, probe: Probe) -> Result<Inventory, S
 /// Process isolation: this process accepts and hands every connection to a worker process.
 fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     check_exposure(&config)?;
+    let tls = config.tls.as_ref().map(TlsFiles::load).transpose()?;
     // Loaded here so that a bad file stops the server at start; each worker loads it again
     // and authenticates its connection itself (docs/architecture.md).
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
@@ -869,6 +915,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             Server::builder(server_config(&config, tokens.as_deref()))
                 .service(placeholder as Arc<dyn Service>)
                 .hand_off(Arc::clone(&pool) as Arc<dyn ConnectionHandler>),
+            tls,
         )?;
         Ok((inventory, handle))
     })();
@@ -943,12 +990,35 @@ fn endpoints(config: &ServeConfig) -> Vec<Endpoint> {
 /// `--insecure` says the network is trusted; notes when a local listener runs without
 /// authentication. Called before anything is loaded or bound.
 fn check_exposure(config: &ServeConfig) -> Result<(), ServeError> {
+    let any_tls = endpoints(config)
+        .iter()
+        .any(|e| matches!(e, Endpoint::Tls(_)));
+    match (&config.tls, any_tls) {
+        (None, true) => {
+            return Err(ServeError::TlsSetup(
+                "a tls:// listener needs the server's certificate and private key: give \
+                 --tls-cert CERT.pem and --tls-key KEY.pem (PEM files; the key of mode 0600)",
+            ));
+        }
+        (Some(_), false) => {
+            return Err(ServeError::TlsSetup(
+                "--tls-cert, --tls-key and --tls-client-ca are for tls:// listeners, and \
+                 none is given: add --listen tls://HOST:PORT, or leave the TLS options out",
+            ));
+        }
+        _ => {}
+    }
     if config.auth_token_file.is_some() {
         return Ok(());
     }
+    let client_certs = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     for endpoint in endpoints(config) {
         match &endpoint {
-            Endpoint::Tcp(addr) if !is_loopback(addr) => {
+            Endpoint::Tls(_) if client_certs => tracing::info!(
+                "{endpoint}: clients are authenticated by their TLS certificates \
+                 (--tls-client-ca)"
+            ),
+            Endpoint::Tcp(addr) | Endpoint::Tls(addr) if !is_loopback(addr) => {
                 if !config.insecure {
                     return Err(ServeError::Insecure(endpoint));
                 }
@@ -973,7 +1043,14 @@ fn check_exposure(config: &ServeConfig) -> Result<(), ServeError> {
 }
 
 /// Binds every endpoint of `config` (the default one when none) and starts `builder`.
-fn listen_and_start(config: &ServeConfig, mut builder: Server) -> Result<ServerHandle, ServeError> {
+fn listen_and_start(
+    config: &ServeConfig,
+    mut builder: Server,
+    tls: Option<remora_oncrpc::ServerTls>,
+) -> Result<ServerHandle, ServeError> {
+    if let Some(tls) = tls {
+        builder = builder.tls(tls);
+    }
     for endpoint in &endpoints(config) {
         ensure_socket_dir(endpoint)?;
         builder = builder.listen(endpoint)?;
@@ -1098,11 +1175,11 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     // Tell the server: it starts this worker's replacement only now (see worker_pool.rs).
     let _ = std::io::Write::write_all(&mut &control, &[crate::worker_pool::READY]);
     let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
-    let (fd, budget, peer, slot) = match remora_shm::recv_with_fd(&control, &mut message) {
+    let (fd, budget, peer, slot, origin) = match remora_shm::recv_with_fd(&control, &mut message) {
         // The server closed the control socket: it is shutting down or shrinking its pool.
         Ok((0, _)) => return Ok(()),
         Ok((n, Some(fd))) => match crate::worker_pool::parse_handoff(&message[..n]) {
-            Some((budget, peer, slot)) => (fd, budget, peer, slot),
+            Some(h) => (fd, h.budget, h.peer, h.slot, h.origin),
             None => {
                 return Err(ServeError::WorkerStdin(std::io::Error::other(
                     "the server sent a hand-off this worker does not understand",
@@ -1117,7 +1194,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         Err(e) => return Err(ServeError::WorkerStdin(e)),
     };
     drop(control);
-    tracing::debug!(target: "remora::startup", %peer, "session worker got its connection");
+    tracing::debug!(target: "remora::startup", %peer, tls = origin.tls, "session worker got its connection");
     let executor = new_executor(
         backend,
         &inventory,
@@ -1163,7 +1240,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     server_config.auth_open_procedures = auth_open_procedures(tokens.as_deref());
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
-        .serve_fd(fd)?;
+        .serve_fd_as(fd, origin)?;
     if let Some(dropped) = device_output.map(|o| o.dropped()).filter(|&d| d > 0) {
         tracing::warn!(
             dropped,
@@ -1225,6 +1302,7 @@ pub fn start_with_backend(
          share this process's standard output); it goes to the server's standard output"
     );
     check_exposure(&config)?;
+    let tls = config.tls.as_ref().map(TlsFiles::load).transpose()?;
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
     let executor = new_executor(
         backend,
@@ -1241,6 +1319,7 @@ pub fn start_with_backend(
         &config,
         Server::builder(server_config(&config, tokens.as_deref()))
             .service(Arc::clone(&service) as Arc<dyn Service>),
+        tls,
     )?;
     Ok(Running {
         handle,

@@ -40,23 +40,9 @@ impl fmt::Debug for Tokens {
     }
 }
 
-/// Why a tenant name is not valid.
+/// Why a tenant name is not valid (the rule client certificates' names follow too).
 fn tenant_problem(name: &str) -> Option<String> {
-    if name.is_empty() || name.len() > MAX_TENANT {
-        return Some(format!(
-            "the tenant name is {} characters long; names have 1 to {MAX_TENANT}",
-            name.len()
-        ));
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-    {
-        return Some(format!(
-            "the tenant name {name:?} has a character other than A-Z, a-z, 0-9, '_', '.' and '-'"
-        ));
-    }
-    None
+    remora_oncrpc::tls::tenant_name_problem(name)
 }
 
 impl Tokens {

@@ -21,7 +21,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use remora_oncrpc::{AcceptedConnection, ConnectionHandler};
+use remora_oncrpc::{AcceptedConnection, ConnectionHandler, Origin, Peer};
 
 use crate::serve::WORKER_GRACE;
 
@@ -50,15 +50,26 @@ const READY_WAIT: Duration = Duration::from_secs(10);
 pub(crate) const READY: u8 = b'R';
 
 /// First line of the hand-off message.
-const HANDOFF_MAGIC: &str = "remora-session 2";
+const HANDOFF_MAGIC: &str = "remora-session 3";
 /// Largest hand-off message (the peer's name is cut to fit).
 pub(crate) const MAX_HANDOFF: usize = 512;
 
-/// The bytes sent with a connection's descriptor: the magic line, the page-lock budget, the
-/// session's slot in the limits ledger and the peer's name (for logs), one per line.
-pub(crate) fn handoff_message(budget: u64, slot: usize, peer: &str) -> Vec<u8> {
-    let mut m = format!("{HANDOFF_MAGIC}\n{budget}\n{slot}\n");
-    let room = MAX_HANDOFF - m.len() - 1;
+/// The bytes sent with a connection's descriptor, one per line: the magic line, the
+/// page-lock budget, the session's slot in the limits ledger, `tls` or `plain`, the tenant of a TLS client certificate (empty when
+/// none; a valid tenant name), the peer's TCP address for a TLS connection (whose
+/// descriptor is a socket pair's plaintext end; empty otherwise), and last the peer's name
+/// (for logs).
+pub(crate) fn handoff_message(budget: u64, slot: usize, origin: &Origin, peer: &str) -> Vec<u8> {
+    let tcp_peer = match &origin.peer {
+        Some(Peer::Tcp(addr)) if origin.tls => addr.to_string(),
+        _ => String::new(),
+    };
+    let mut m = format!(
+        "{HANDOFF_MAGIC}\n{budget}\n{slot}\n{}\n{}\n{tcp_peer}\n",
+        if origin.tls { "tls" } else { "plain" },
+        origin.tenant.as_deref().unwrap_or(""),
+    );
+    let room = MAX_HANDOFF.saturating_sub(m.len() + 1);
     let mut cut = peer.len().min(room);
     while !peer.is_char_boundary(cut) {
         cut -= 1;
@@ -68,8 +79,20 @@ pub(crate) fn handoff_message(budget: u64, slot: usize, peer: &str) -> Vec<u8> {
     m.into_bytes()
 }
 
-/// Parses [`handoff_message`]: (budget, peer, slot).
-pub(crate) fn parse_handoff(bytes: &[u8]) -> Option<(u64, String, usize)> {
+/// What a hand-off message says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct HandOff {
+    pub(crate) budget: u64,
+    /// The session's slot in the limits ledger.
+    pub(crate) slot: usize,
+    /// The peer's name, for logs.
+    pub(crate) peer: String,
+    /// TLS, the certificate's tenant, the TCP peer of a TLS connection.
+    pub(crate) origin: Origin,
+}
+
+/// Parses [`handoff_message`].
+pub(crate) fn parse_handoff(bytes: &[u8]) -> Option<HandOff> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut lines = text.split('\n');
     if lines.next()? != HANDOFF_MAGIC {
@@ -77,7 +100,30 @@ pub(crate) fn parse_handoff(bytes: &[u8]) -> Option<(u64, String, usize)> {
     }
     let budget = lines.next()?.parse().ok()?;
     let slot = lines.next()?.parse().ok()?;
-    Some((budget, lines.next()?.to_string(), slot))
+    let tls = match lines.next()? {
+        "tls" => true,
+        "plain" => false,
+        _ => return None,
+    };
+    let tenant = match lines.next()? {
+        "" => None,
+        t if remora_oncrpc::tls::tenant_name_problem(t).is_none() && tls => Some(t.to_owned()),
+        _ => return None,
+    };
+    let tcp_peer = match lines.next()? {
+        "" if !tls => None,
+        addr => Some(Peer::Tcp(addr.parse().ok()?)),
+    };
+    Some(HandOff {
+        budget,
+        slot,
+        peer: lines.next()?.to_string(),
+        origin: Origin {
+            peer: tcp_peer,
+            tls,
+            tenant,
+        },
+    })
 }
 
 /// How a worker process ended, once it has: set by the thread that started it.
@@ -313,7 +359,7 @@ impl ConnectionHandler for WorkerPool {
             }
         }
         let _release = Release(&self.ledger, slot);
-        let message = handoff_message(budget, slot, &peer.to_string());
+        let message = handoff_message(budget, slot, &conn.origin(), &peer.to_string());
         // A warm worker that died since it started fails the hand-off: take another.
         let mut tries = 0;
         let worker = loop {
@@ -411,20 +457,57 @@ mod tests {
 
     #[test]
     fn handoff_messages_round_trip_and_stay_bounded() {
-        let m = handoff_message(123, 4, "unix pid 7 uid 0 gid 0");
+        let plain = Origin {
+            peer: Some(Peer::Unix {
+                pid: 7,
+                uid: 0,
+                gid: 0,
+            }),
+            ..Origin::default()
+        };
+        let m = handoff_message(123, 4, &plain, "unix pid 7 uid 0 gid 0");
+        let h = parse_handoff(&m).unwrap();
         assert_eq!(
-            parse_handoff(&m),
-            Some((123, "unix pid 7 uid 0 gid 0".into(), 4))
+            (h.budget, h.slot, h.peer.as_str()),
+            (123, 4, "unix pid 7 uid 0 gid 0")
         );
+        assert_eq!(
+            h.origin,
+            Origin::default(),
+            "a plain peer is read from the socket"
+        );
+        let addr: std::net::SocketAddr = "[::1]:4000".parse().unwrap();
+        let tls = Origin {
+            peer: Some(Peer::Tcp(addr)),
+            tls: true,
+            tenant: Some("alice".into()),
+        };
+        let m = handoff_message(5, 0, &tls, "tcp [::1]:4000");
+        assert_eq!(parse_handoff(&m).unwrap().origin, tls);
         let long = "é".repeat(1000);
-        let m = handoff_message(u64::MAX, usize::MAX, &long);
+        let m = handoff_message(u64::MAX, usize::MAX, &tls, &long);
         assert!(m.len() <= MAX_HANDOFF);
-        let (budget, peer, slot) = parse_handoff(&m).unwrap();
-        assert_eq!((budget, slot), (u64::MAX, usize::MAX));
-        assert!(long.starts_with(&peer) && !peer.is_empty());
-        assert_eq!(parse_handoff(b"remora-session 1\n1\n2\npeer\n"), None);
-        assert_eq!(parse_handoff(b"remora-session 2\nx\n2\npeer\n"), None);
-        assert_eq!(parse_handoff(b"remora-session 2\n1\npeer\n"), None);
+        let h = parse_handoff(&m).unwrap();
+        assert_eq!((h.budget, h.slot), (u64::MAX, usize::MAX));
+        assert!(long.starts_with(&h.peer) && !h.peer.is_empty());
+        assert_eq!(h.origin, tls);
+        assert_eq!(parse_handoff(b"remora-session 2\n1\n2\npeer\n"), None);
+        assert_eq!(
+            parse_handoff(b"remora-session 3\nx\n2\nplain\n\n\npeer\n"),
+            None
+        );
+        assert_eq!(
+            parse_handoff(b"remora-session 3\n1\nx\nplain\n\n\npeer\n"),
+            None
+        );
+        assert_eq!(
+            parse_handoff(b"remora-session 3\n1\n2\ntls\nbad name\n[::1]:1\npeer\n"),
+            None
+        );
+        assert_eq!(
+            parse_handoff(b"remora-session 3\n1\n2\ntls\n\n\npeer\n"),
+            None
+        );
         assert_eq!(parse_handoff(b"\xff"), None);
     }
 }

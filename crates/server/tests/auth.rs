@@ -66,7 +66,7 @@ fn session(endpoint: &Endpoint, token: Option<&str>) -> Result<Session, remora_c
 fn raw_connect(endpoint: &Endpoint, token: &str) -> Result<Client, RpcError> {
     let transport = match endpoint {
         Endpoint::Unix(_) => TransportChoice::Unix,
-        Endpoint::Tcp(_) => TransportChoice::Tcp,
+        Endpoint::Tcp(_) | Endpoint::Tls(_) => TransportChoice::Tcp,
     };
     Client::connect_with(
         endpoint,
@@ -83,7 +83,7 @@ fn raw_connect(endpoint: &Endpoint, token: &str) -> Result<Client, RpcError> {
 fn plain_client(endpoint: &Endpoint) -> RemoraV1Client {
     let transport = match endpoint {
         Endpoint::Unix(_) => TransportChoice::Unix,
-        Endpoint::Tcp(_) => TransportChoice::Tcp,
+        Endpoint::Tcp(_) | Endpoint::Tls(_) => TransportChoice::Tcp,
     };
     let rpc = Client::connect_with(
         endpoint,
@@ -100,7 +100,9 @@ fn plain_client(endpoint: &Endpoint) -> RemoraV1Client {
 fn raw_stream(endpoint: &Endpoint) -> Box<dyn ReadWrite> {
     match endpoint {
         Endpoint::Unix(p) => Box::new(std::os::unix::net::UnixStream::connect(p).unwrap()),
-        Endpoint::Tcp(a) => Box::new(std::net::TcpStream::connect(a.as_str()).unwrap()),
+        Endpoint::Tcp(a) | Endpoint::Tls(a) => {
+            Box::new(std::net::TcpStream::connect(a.as_str()).unwrap())
+        }
     }
 }
 

@@ -172,6 +172,9 @@ pub struct SessionConfig {
     /// `--auth-token-file` (default: none; [`Session::from_env`] reads `REMORA_AUTH_TOKEN`
     /// and `REMORA_AUTH_TOKEN_FILE`).
     pub auth_token: Option<crate::endpoint::AuthToken>,
+    /// The TLS settings for a `tls://` server (default: none, and a `tls://` connection
+    /// reads `REMORA_TLS_CA`, `REMORA_TLS_CERT` and `REMORA_TLS_KEY`).
+    pub tls: Option<std::sync::Arc<remora_oncrpc::ClientTls>>,
 }
 
 impl Default for SessionConfig {
@@ -192,6 +195,7 @@ impl Default for SessionConfig {
             transport: crate::endpoint::transport_from_env().unwrap_or_default(),
             liveness: Some(remora_oncrpc::Liveness::default()),
             auth_token: None,
+            tls: None,
         }
     }
 }
@@ -634,6 +638,7 @@ impl Session {
             oneway_batch_delay: oneway_batch_delay(),
             transport: config.transport,
             liveness: config.liveness,
+            tls: config.tls.clone(),
             ..ClientConfig::default()
         };
         let rpc = RpcClient::connect_with(endpoint, rpc_config).map_err(|e| {
@@ -645,7 +650,9 @@ impl Session {
                 tracing::error!("remora: {e} (REMORA_TRANSPORT={})", config.transport);
                 return CuError(cu::NO_DEVICE);
             }
-            tracing::warn!("remora: {e} (set REMORA_SERVER to tcp://HOST:PORT or unix:///PATH)");
+            tracing::warn!(
+                "remora: {e} (set REMORA_SERVER to tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH)"
+            );
             CuError(cu::NO_DEVICE)
         })?;
         let reply = match rpc.opening_reply() {

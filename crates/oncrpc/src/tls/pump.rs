@@ -6,8 +6,9 @@
 //! does not read holds back the other (backpressure) instead of growing memory. End of file
 //! travels both ways: the TLS peer's close (close_notify, or TCP EOF) shuts down writing on
 //! the plaintext socket, and the plaintext side's close sends close_notify and shuts down
-//! writing on TCP. The thread ends when both directions are done, or on any error, closing
-//! both sockets. TLS output that the TCP peer does not take for `stall` also ends it (a peer
+//! writing on TCP. The thread ends once the plaintext side has closed and close_notify has
+//! gone out (what the TLS peer sends after could no longer be delivered), or on any error,
+//! closing both sockets. TLS output that the TCP peer does not take for `stall` also ends it (a peer
 //! that does not read); input that the plaintext side does not take is only backpressure (a
 //! server thread busy in a long call).
 
@@ -182,7 +183,10 @@ impl Pump {
             moved |= self.plain_to_tls()?;
             moved |= self.tls_to_tcp()?;
             moved |= self.tcp_to_tls()?;
-            if self.up_shut && self.tcp_shut && !self.conn.wants_write() {
+            // Once the plaintext side has closed and close_notify has gone out, nothing the
+            // TLS peer still sends could be delivered: done, without waiting for its close
+            // (a client that keeps its connection open must not hold a server's shutdown).
+            if self.tcp_shut {
                 return Ok(());
             }
             if let Some(since) = self.blocked_since

@@ -377,6 +377,19 @@ impl Executor {
         self.inner.cache.len()
     }
 
+    /// The tenants of the live sessions that authenticated (by token or TLS client
+    /// certificate), sorted.
+    pub fn session_tenants(&self) -> Vec<String> {
+        let mut tenants: Vec<String> = self
+            .inner
+            .sessions()
+            .values()
+            .filter_map(|s| s.tenant.get().cloned())
+            .collect();
+        tenants.sort();
+        tenants
+    }
+
     fn session(&self, call: &CallContext) -> Arc<Session> {
         let session = Arc::clone(self.inner.sessions().entry(call.connection).or_insert_with(
             || {
