@@ -55,7 +55,10 @@ impl<S: AsFd> Write for NoSigPipe<'_, S> {
 
 /// Starts the pump of the established connection `conn` on `tcp`; returns the plaintext
 /// socket to use in its place and the pump's thread, which ends once both directions are
-/// closed (or on an error), having closed `tcp`. `label` names the connection in logs.
+/// closed (or on an error), having closed `tcp`. `label` names the connection in logs; on a
+/// client, a TLS error from the server (an alert: e.g. a refused client certificate, which
+/// TLS 1.3 reports only after the client's handshake is done) is logged as a warning that
+/// says what to check, since the program above sees only a closed connection.
 pub(crate) fn spawn_pump(
     mut conn: rustls::Connection,
     tcp: TcpStream,
@@ -70,6 +73,7 @@ pub(crate) fn spawn_pump(
     tcp.set_read_timeout(None)?;
     tcp.set_write_timeout(None)?;
     conn.set_buffer_limit(Some(BUFFER));
+    let client = matches!(conn, rustls::Connection::Client(_));
     let handle = std::thread::Builder::new()
         .name("oncrpc-tls".into())
         .spawn(move || {
@@ -91,7 +95,13 @@ pub(crate) fn spawn_pump(
             };
             match pump.run() {
                 Ok(()) => tracing::trace!(%label, "TLS connection closed"),
-                Err(e) => tracing::debug!(%label, error = %e, "TLS connection ended"),
+                Err(e) => match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                    Some(tls) if client => tracing::warn!(
+                        "remora: the TLS connection to {label} failed: {tls}{}",
+                        super::hint(tls, false)
+                    ),
+                    _ => tracing::debug!(%label, error = %e, "TLS connection ended"),
+                },
             }
             let _ = pump.tcp.shutdown(Shutdown::Both);
             let _ = pump.plain.shutdown(Shutdown::Both);
