@@ -448,6 +448,13 @@ enum Command {
         /// who reaches the port may use the GPUs. Only for a network you trust completely.
         #[arg(long)]
         insecure: bool,
+        /// Serve Prometheus metrics at http://HOST:PORT/metrics (--metrics tcp://HOST:PORT):
+        /// per tenant its sessions, its use of each limited kind (device and page-locked
+        /// memory, bytes in flight, streams, events, modules) and the calls refused at a
+        /// limit; the sessions served. The metrics name every tenant, so a non-loopback
+        /// address needs --insecure.
+        #[arg(long, value_name = "URL")]
+        metrics: Option<Endpoint>,
         /// Under process isolation, session workers kept started ahead of their connections,
         /// with the driver initialised and a context made on the first GPU, so that a
         /// program's session starts at once (each holds one context's GPU memory while it
@@ -762,6 +769,7 @@ fn run(cli: Cli) -> Result<()> {
             max_connections,
             max_connections_per_peer,
             insecure,
+            metrics,
             warm_workers,
             no_warm_refill,
             session: s,
@@ -803,6 +811,7 @@ fn run(cli: Cli) -> Result<()> {
                 auth_token_file: s.auth_token_file,
                 tenants_file: s.tenants,
                 limits: s.limits,
+                metrics,
                 insecure,
                 tls: tls_cert
                     .zip(tls_key)

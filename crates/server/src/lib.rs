@@ -25,6 +25,7 @@ pub mod driver;
 mod executor;
 mod hello;
 mod host_callbacks;
+mod metrics;
 mod module_cache;
 mod printf_scan;
 pub mod quota;

@@ -387,6 +387,26 @@ struct Slot {
     /// 0: free; [`CLAIMED`]: a worker was given the slot, no session yet; else the tenant's key.
     tenant: AtomicU64,
     used: [AtomicU64; KINDS],
+    /// Charges refused, by kind (for metrics: folded into the ledger's retired counts when
+    /// the slot is cleared).
+    hits: [AtomicU64; KINDS],
+    /// The tenant's name, for status and metrics: a length byte, then up to
+    /// [`MAX_NAME`] bytes, written before `tenant`.
+    name: [AtomicU64; NAME_WORDS],
+}
+
+/// Words of [`Slot::name`].
+const NAME_WORDS: usize = 8;
+/// Longest tenant name a slot keeps (longer ones are cut, for display only).
+const MAX_NAME: usize = NAME_WORDS * 8 - 1;
+
+/// A tenant's use and refused charges, for `--metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantReport {
+    /// Use of each kind ([`Kind::ALL`] order) over the tenant's live sessions.
+    pub used: [u64; KINDS],
+    /// Charges refused, by kind, since the server started.
+    pub hits: [u64; KINDS],
 }
 
 /// [`Slot::tenant`] of a slot given to a worker that has not started its session.
@@ -397,6 +417,9 @@ pub struct Ledger {
     fd: OwnedFd,
     base: *mut Slot,
     slots: usize,
+    /// Refused charges of slots this process cleared, by tenant name (this process's own:
+    /// the accepting server clears workers' slots, so it has them all).
+    retired: std::sync::Mutex<BTreeMap<String, [u64; KINDS]>>,
 }
 
 // SAFETY: the mapping is only reached through the atomics of its slots, which are Sync; the
@@ -464,6 +487,7 @@ impl Ledger {
             fd,
             base: base.cast(),
             slots,
+            retired: std::sync::Mutex::default(),
         })
     }
 
@@ -498,6 +522,19 @@ impl Ledger {
     /// Clears slot `i` (its session ended, or its worker did): its use no longer counts.
     pub fn release(&self, i: usize) {
         if let Some(s) = self.slot(i) {
+            if s.tenant.load(SeqCst) > CLAIMED {
+                let mut retired = self
+                    .retired
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let row = retired.entry(slot_name(s)).or_default();
+                for (r, h) in row.iter_mut().zip(&s.hits) {
+                    *r = r.saturating_add(h.swap(0, SeqCst));
+                }
+            }
+            for h in &s.hits {
+                h.store(0, SeqCst);
+            }
             s.tenant.store(CLAIMED, SeqCst);
             for u in &s.used {
                 u.store(0, SeqCst);
@@ -506,8 +543,20 @@ impl Ledger {
         }
     }
 
-    fn set_tenant(&self, i: usize, key: u64) {
+    fn set_tenant(&self, i: usize, key: u64, name: &str) {
         if let Some(s) = self.slot(i) {
+            let mut bytes = [0u8; NAME_WORDS * 8];
+            let mut cut = name.len().min(MAX_NAME);
+            while !name.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            bytes[0] = cut as u8;
+            bytes[1..=cut].copy_from_slice(&name.as_bytes()[..cut]);
+            for (w, chunk) in s.name.iter().zip(bytes.chunks_exact(8)) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(chunk);
+                w.store(u64::from_le_bytes(b), SeqCst);
+            }
             s.tenant.store(key, SeqCst);
         }
     }
@@ -527,20 +576,47 @@ impl Ledger {
             .map_or(0, |s| s.used[kind.index()].load(SeqCst))
     }
 
-    /// Every tenant key in use with its sessions' summed use of each kind.
-    fn tenants(&self) -> BTreeMap<u64, [u64; KINDS]> {
-        let mut out: BTreeMap<u64, [u64; KINDS]> = BTreeMap::new();
+    /// Every tenant with live sessions or refused charges: its use and refusals.
+    pub fn report(&self) -> BTreeMap<String, TenantReport> {
+        let mut out: BTreeMap<String, TenantReport> = self
+            .retired
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(name, hits)| {
+                (
+                    name.clone(),
+                    TenantReport {
+                        used: [0; KINDS],
+                        hits: *hits,
+                    },
+                )
+            })
+            .collect();
         for s in (0..self.slots).filter_map(|i| self.slot(i)) {
-            let key = s.tenant.load(SeqCst);
-            if key > CLAIMED {
-                let row = out.entry(key).or_default();
-                for (k, u) in row.iter_mut().zip(&s.used) {
-                    *k = k.saturating_add(u.load(SeqCst));
-                }
+            if s.tenant.load(SeqCst) <= CLAIMED {
+                continue;
+            }
+            let row = out.entry(slot_name(s)).or_default();
+            for (k, u) in row.used.iter_mut().zip(&s.used) {
+                *k = k.saturating_add(u.load(SeqCst));
+            }
+            for (k, h) in row.hits.iter_mut().zip(&s.hits) {
+                *k = k.saturating_add(h.load(SeqCst));
             }
         }
         out
     }
+}
+
+/// The tenant name a slot holds (lossy: written by this server's own processes).
+fn slot_name(s: &Slot) -> String {
+    let mut bytes = Vec::with_capacity(NAME_WORDS * 8);
+    for w in &s.name {
+        bytes.extend_from_slice(&w.load(SeqCst).to_le_bytes());
+    }
+    let len = usize::from(bytes[0]).min(MAX_NAME);
+    String::from_utf8_lossy(&bytes[1..=len]).into_owned()
 }
 
 impl Drop for Ledger {
@@ -625,7 +701,7 @@ impl SessionQuota {
     ) -> Result<Self, LimitHit> {
         let (tenant_limits, session_limits) = config.limits_of(tenant);
         let key = tenant_key(tenant);
-        ledger.set_tenant(slot, key);
+        ledger.set_tenant(slot, key, tenant);
         let q = Self {
             ledger,
             slot,
@@ -680,6 +756,7 @@ impl SessionQuota {
         match hit {
             Some(hit) => {
                 self.uncharge(kind, n);
+                slot.hits[kind.index()].fetch_add(1, SeqCst);
                 Err(hit)
             }
             None => Ok(()),
@@ -734,11 +811,6 @@ impl Drop for SessionQuota {
             self.ledger.release(self.slot);
         }
     }
-}
-
-/// Per-tenant totals of a ledger, for status and metrics: (tenant key, use per kind).
-pub fn tenant_totals(ledger: &Ledger) -> Vec<(u64, [u64; KINDS])> {
-    ledger.tenants().into_iter().collect()
 }
 
 #[cfg(test)]
@@ -896,6 +968,35 @@ mod tests {
         assert!(granted <= 1000, "{granted} granted past a limit of 1000");
         assert!(granted >= 900, "only {granted} of 1000 granted");
         assert_eq!(quotas[0].tenant_used(Kind::Streams), granted);
+    }
+
+    fn q_hits(ledger: &Ledger) -> u64 {
+        ledger
+            .report()
+            .values()
+            .map(|r| r.hits.iter().sum::<u64>())
+            .sum()
+    }
+
+    #[test]
+    fn refusals_are_counted_per_tenant_and_outlive_their_sessions() {
+        let c = config("[session]\nstreams = 1");
+        let ledger = Arc::new(Ledger::new(4).unwrap());
+        let slot = ledger.claim().unwrap();
+        let q =
+            SessionQuota::start(Arc::clone(&ledger), slot, true, "a-long-tenant-name", &c).unwrap();
+        q.try_charge(Kind::Streams, 1).unwrap();
+        q.try_charge(Kind::Streams, 1).unwrap_err();
+        q.try_charge(Kind::Streams, 1).unwrap_err();
+        let r = &ledger.report()["a-long-tenant-name"];
+        assert_eq!(r.used[Kind::Streams.index()], 1);
+        assert_eq!(r.used[Kind::Sessions.index()], 1);
+        assert_eq!(r.hits[Kind::Streams.index()], 2);
+        drop(q);
+        let r = &ledger.report()["a-long-tenant-name"];
+        assert_eq!(r.used, [0; KINDS], "the session ended");
+        assert_eq!(r.hits[Kind::Streams.index()], 2, "refusals are kept");
+        assert_eq!(q_hits(&ledger), 2);
     }
 
     #[test]

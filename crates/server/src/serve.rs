@@ -239,6 +239,9 @@ pub struct ServeConfig {
     pub tenants_file: Option<PathBuf>,
     /// `--limit` settings over the file (`tenant.KEY=VALUE`, `session.KEY=VALUE`).
     pub limits: Vec<String>,
+    /// A Prometheus endpoint (`--metrics tcp://HOST:PORT`, [`crate::metrics`]); a
+    /// non-loopback address needs [`ServeConfig::insecure`].
+    pub metrics: Option<Endpoint>,
 }
 
 /// The PEM files of `tls://` listeners.
@@ -481,6 +484,9 @@ pub enum ServeError {
     /// The limits file or a `--limit` cannot be used.
     #[error(transparent)]
     Quota(#[from] crate::quota::QuotaError),
+    /// The metrics endpoint cannot be used.
+    #[error("{0}")]
+    Metrics(String),
     /// The limits ledger could not be made or inherited.
     #[error("cannot set up the limits ledger: {0}")]
     Ledger(std::io::Error),
@@ -502,6 +508,30 @@ pub(crate) fn quota_config(
         tracing::info!(file = %f.display(), tenants = config.named_tenants().count(), "limits per tenant and session loaded");
     }
     Ok(config)
+}
+
+/// Starts `--metrics`, if asked for, over `ledger` with `figures`.
+fn start_metrics(
+    config: &ServeConfig,
+    ledger: &Arc<crate::quota::Ledger>,
+    figures: crate::metrics::ServerFigures,
+) -> Result<Option<crate::metrics::Metrics>, ServeError> {
+    let Some(endpoint) = &config.metrics else {
+        return Ok(None);
+    };
+    let Endpoint::Tcp(addr) = endpoint else {
+        return Err(ServeError::Metrics(format!(
+            "--metrics {endpoint}: the endpoint must be tcp://HOST:PORT"
+        )));
+    };
+    if !is_loopback(addr) && !config.insecure {
+        return Err(ServeError::Metrics(format!(
+            "--metrics {endpoint}: the address is reachable from other hosts, and the metrics name every tenant and what it uses; listen on a loopback address (and scrape through a tunnel or a local agent), or give --insecure on a trusted network"
+        )));
+    }
+    crate::metrics::Metrics::start(addr, Arc::clone(ledger), figures)
+        .map(Some)
+        .map_err(|e| ServeError::Metrics(format!("--metrics {endpoint}: {e}")))
 }
 
 /// Slots of the ledger of a server with `max_connections` (and `warm` workers waiting).
@@ -602,6 +632,8 @@ pub struct Running {
     pool: Option<Arc<WorkerPool>>,
     /// The module cache directory this server made, removed at shutdown.
     cache_dir: Option<PrivateDir>,
+    /// The Prometheus endpoint (`--metrics`).
+    metrics: Option<crate::metrics::Metrics>,
 }
 
 impl Running {
@@ -655,7 +687,15 @@ impl Running {
     /// [`WORKER_GRACE`] gets SIGTERM, then SIGKILL after as long again; warm workers without
     /// a session see their control socket close. Returns once every worker has been reaped;
     /// removes the module cache directory it made.
+    /// Where `--metrics` answers (port 0 resolved), if it was asked for.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics
+            .as_ref()
+            .map(crate::metrics::Metrics::local_addr)
+    }
+
     pub fn shutdown(self) {
+        drop(self.metrics);
         self.handle.shutdown();
         if let Some(pool) = &self.pool {
             pool.drain();
@@ -919,7 +959,22 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
         )?;
         Ok((inventory, handle))
     })();
-    let (inventory, handle) = match started {
+    let started = started.and_then(|(inventory, handle)| {
+        let workers = Arc::clone(&pool);
+        let metrics = start_metrics(
+            &config,
+            &ledger,
+            Arc::new(move || {
+                vec![(
+                    "sessions",
+                    "Sessions served now (session worker processes with a connection)",
+                    workers.workers.lock().len() as i64,
+                )]
+            }),
+        )?;
+        Ok((inventory, handle, metrics))
+    });
+    let (inventory, handle, metrics) = match started {
         Ok(v) => v,
         Err(e) => {
             pool.drain();
@@ -932,6 +987,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
         service: None,
         pool: Some(pool),
         cache_dir: owned_dir,
+        metrics,
     })
 }
 
@@ -1309,12 +1365,28 @@ pub fn start_with_backend(
         &inventory,
         executor_options!(config, config.shm.lock_max_bytes, tokens.clone()),
     );
+    let ledger =
+        Arc::new(crate::quota::Ledger::new(ledger_slots(&config)).map_err(ServeError::Ledger)?);
     executor.set_quotas(
         quota_config(config.tenants_file.as_deref(), &config.limits)?,
-        Arc::new(crate::quota::Ledger::new(ledger_slots(&config)).map_err(ServeError::Ledger)?),
+        Arc::clone(&ledger),
         None,
     );
     let service = Arc::new(RemoraService::new(executor));
+    let metrics = {
+        let service = Arc::clone(&service);
+        start_metrics(
+            &config,
+            &ledger,
+            Arc::new(move || {
+                vec![(
+                    "sessions",
+                    "Sessions served now",
+                    service.executor().session_count() as i64,
+                )]
+            }),
+        )?
+    };
     let handle = listen_and_start(
         &config,
         Server::builder(server_config(&config, tokens.as_deref()))
@@ -1327,6 +1399,7 @@ pub fn start_with_backend(
         service: Some(service),
         pool: None,
         cache_dir: None,
+        metrics,
     })
 }
 

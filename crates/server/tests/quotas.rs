@@ -309,6 +309,9 @@ fn a_tenants_bytes_in_flight_are_bounded_over_its_sessions() {
     let (ca, cb) = (ctx(&a), ctx(&b));
     let (sa, sb) = (alloc(&a, ca, 4096).unwrap(), alloc(&b, cb, 4096).unwrap());
     copies(&a, ca, sa, 5);
+    // A synchronous call on a's connection: its one-way copies have all been admitted
+    // before b issues any.
+    a.rm_device_get_count().unwrap();
     copies(&b, cb, sb, 5);
     let rb = b.rm_ctx_synchronize(&cb).unwrap();
     assert_eq!(
@@ -331,4 +334,112 @@ fn a_tenants_bytes_in_flight_are_bounded_over_its_sessions() {
     assert_eq!(rb.copies.len(), 8);
     drop((a, b));
     running.shutdown();
+}
+
+/// `GET path` on `addr`: (status line, body).
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_owned(), body.to_owned())
+}
+
+#[test]
+fn metrics_show_each_tenants_use_and_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+    let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
+    let running = start_with_backend(
+        ServeConfig {
+            listen: vec![endpoint.clone()],
+            limits: vec!["session.streams=1".into()],
+            metrics: Some("tcp://127.0.0.1:0".parse().unwrap()),
+            ..ServeConfig::default()
+        },
+        Arc::clone(&backend) as Arc<dyn Backend>,
+        inventory_of(&*backend),
+    )
+    .unwrap();
+    let addr = running.metrics_addr().expect("metrics asked for");
+    let uid = rustix::process::getuid().as_raw();
+    let c = client(&endpoint);
+    let ctx = ctx(&c);
+    alloc(&c, ctx, 12345).unwrap();
+    stream(&c, ctx).unwrap();
+    assert_eq!(stream(&c, ctx), Err(OUT_OF_MEMORY));
+
+    let (status, body) = http_get(addr, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    let tenant = format!("tenant=\"uid:{uid}\"");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("remora_tenant_sessions{")
+                && l.contains(&tenant)
+                && l.ends_with(" 1")),
+        "{body}"
+    );
+    assert!(
+        body.lines().any(|l| l.starts_with("remora_tenant_usage{")
+            && l.contains(&tenant)
+            && l.contains("kind=\"device_memory\"")
+            && l.ends_with(" 12345")),
+        "{body}"
+    );
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("remora_tenant_limit_refusals_total{")
+                && l.contains(&tenant)
+                && l.contains("kind=\"streams\"")
+                && l.ends_with(" 1")),
+        "{body}"
+    );
+    assert!(body.contains("remora_sessions 1"), "{body}");
+    assert!(http_get(addr, "/other").0.contains("404"));
+
+    // The session ends: its use goes, its refusals stay.
+    drop(c);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let body = http_get(addr, "/metrics").1;
+        if body.contains("remora_sessions 0") {
+            assert!(
+                !body.lines().any(|l| l.starts_with("remora_tenant_usage{")
+                    && l.contains("device_memory")
+                    && !l.ends_with(" 0")),
+                "{body}"
+            );
+            assert!(
+                body.lines()
+                    .any(|l| l.starts_with("remora_tenant_limit_refusals_total{")
+                        && l.ends_with(" 1")),
+                "{body}"
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    running.shutdown();
+}
+
+#[test]
+fn metrics_on_an_address_other_hosts_reach_need_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+    let e = start_with_backend(
+        ServeConfig {
+            listen: vec![Endpoint::Unix(dir.path().join("x.sock"))],
+            metrics: Some("tcp://0.0.0.0:0".parse().unwrap()),
+            ..ServeConfig::default()
+        },
+        Arc::clone(&backend) as Arc<dyn Backend>,
+        inventory_of(&*backend),
+    )
+    .map(|r| r.shutdown())
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--insecure") && e.contains("tenant"), "{e}");
 }
