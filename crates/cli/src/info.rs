@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use remora_oncrpc::{ClientConfig, Endpoint};
 use remora_proto::remora::{
-    DriverReport, HelloArgs, HelloReply, REMORA_CAP_ONEWAY, REMORA_PROTOCOL_REVISION,
-    RemoraV1Client,
+    DriverReport, HelloArgs, HelloReply, REMORA_CAP_NO_SESSION, REMORA_CAP_ONEWAY,
+    REMORA_PROTOCOL_REVISION, RemoraV1Client,
 };
 
 /// Connects to `server` (a `tls://` one with `tls`, else the environment's TLS settings),
@@ -33,33 +33,55 @@ fn hello_with(
     token: Option<&str>,
     tls: Option<std::sync::Arc<remora_oncrpc::ClientTls>>,
 ) -> Result<HelloReply> {
+    let name = concat!("remora info ", env!("CARGO_PKG_VERSION"));
+    connect_hello(server, token, tls, name).map(|(_, reply)| reply)
+}
+
+/// Connects to `server` as `client_name`, says HELLO (HELLO_AUTH with `token`) and returns
+/// the connection with the answer.
+pub(crate) fn connect_hello(
+    server: &Endpoint,
+    token: Option<&str>,
+    tls: Option<std::sync::Arc<remora_oncrpc::ClientTls>>,
+    client_name: &str,
+) -> Result<(RemoraV1Client, HelloReply)> {
     let hello = HelloArgs {
         min_revision: 1,
         max_revision: REMORA_PROTOCOL_REVISION,
-        client_name: concat!("remora info ", env!("CARGO_PKG_VERSION")).into(),
-        capabilities: u64::from(REMORA_CAP_ONEWAY),
+        client_name: client_name.into(),
+        // No session: these commands make no CUDA calls, and must not count against (or be
+        // refused for) the tenant's sessions.
+        capabilities: u64::from(REMORA_CAP_ONEWAY | REMORA_CAP_NO_SESSION),
     };
     let config = ClientConfig {
         opening_call: crate::opening_call(&hello, token)?,
+        // A plain socket: a few calls need no shared-memory region (whose data area the
+        // server would count as page-locked memory of this session).
+        transport: if matches!(server, Endpoint::Unix(_)) {
+            remora_oncrpc::TransportChoice::Unix
+        } else {
+            remora_oncrpc::TransportChoice::Auto
+        },
         tls,
         ..ClientConfig::default()
     };
     let rpc = crate::connect(server, config)?;
-    let reply = match rpc.opening_reply() {
+    let opening = rpc.opening_reply().cloned();
+    let client = RemoraV1Client::new(rpc).with_timeout(Duration::from_secs(30));
+    let reply = match opening {
         Some(bytes) => {
-            let mut dec = remora_oncrpc::xdr::Decoder::new(bytes.clone());
+            let mut dec = remora_oncrpc::xdr::Decoder::new(bytes);
             let reply: HelloReply = remora_oncrpc::xdr::XdrDecode::decode(&mut dec)
                 .and_then(|r| dec.finish().map(|()| r))
                 .with_context(|| format!("the answer to HELLO_AUTH from {server} is malformed"))?;
             reply
         }
-        None => RemoraV1Client::new(rpc)
-            .with_timeout(Duration::from_secs(30))
+        None => client
             .remora_hello(&hello)
             .map_err(|e| crate::auth_error(e, server, false))
             .with_context(|| format!("HELLO to {server} failed"))?,
     };
-    Ok(reply)
+    Ok((client, reply))
 }
 
 /// The name of the server's first GPU, as its driver reports it; `None` when it serves none

@@ -195,6 +195,7 @@ mod bench_plot;
 mod bench_startup;
 mod info;
 mod run;
+mod status;
 
 /// Remora: use a GPU that sits somewhere else as if it were local.
 ///
@@ -486,6 +487,23 @@ enum Command {
     },
     /// Ask a server who it is: protocol revision, host, driver and GPUs.
     Info {
+        /// The server: tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (default: the local
+        /// default socket).
+        #[arg(long, value_name = "URL")]
+        server: Option<Endpoint>,
+        /// A file holding the token for a server started with --auth-token-file (mode
+        /// 0600). Default: REMORA_AUTH_TOKEN or REMORA_AUTH_TOKEN_FILE, if set.
+        #[arg(long, value_name = "FILE")]
+        auth_token_file: Option<PathBuf>,
+        #[command(flatten)]
+        tls: ClientTlsArgs,
+    },
+    /// Show what a server's sessions use, per tenant: sessions, device and page-locked
+    /// memory, bytes in flight, streams, events, modules and calls refused at a limit, beside
+    /// the server's GPUs (like nvidia-smi for Remora). A server that authenticates its
+    /// clients shows each client its own tenant only. The status call is itself a session
+    /// of your tenant while it runs.
+    Status {
         /// The server: tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH (default: the local
         /// default socket).
         #[arg(long, value_name = "URL")]
@@ -840,6 +858,19 @@ fn run(cli: Cli) -> Result<()> {
                 s,
             ))
             .context("remora serve-worker failed")
+        }
+        Command::Status {
+            server,
+            auth_token_file,
+            tls,
+        } => {
+            init_logging("warn");
+            let token = client_token(auth_token_file.as_deref())?;
+            status::run(
+                &server.unwrap_or_else(remora_server::default_endpoint),
+                token.as_deref(),
+                tls.load()?,
+            )
         }
         Command::Info {
             server,

@@ -145,6 +145,41 @@ fn a_tenants_sessions_in_separate_workers_share_its_limits() {
         other => panic!("alice's third session was let in: {other:?}"),
     }
 
+    // remora status: each tenant sees itself only, also with all its sessions taken.
+    let status = |token: &str| {
+        let out = Command::new(REMORA)
+            .arg("status")
+            .arg("--server")
+            .arg(serve.endpoint.to_string())
+            .env("REMORA_AUTH_TOKEN", token)
+            .env_remove("REMORA_AUTH_TOKEN_FILE")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let alice = status(ALICE);
+    let row = alice
+        .lines()
+        .find(|l| l.starts_with("alice "))
+        .unwrap_or_else(|| panic!("{alice}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1], "2", "alice's sessions: {row}");
+    assert_eq!(
+        &cols[2..4],
+        ["900.0", "KiB"],
+        "alice's device memory: {row}"
+    );
+    assert!(!alice.contains("bob"), "{alice}");
+    assert!(alice.contains("only your own tenant"), "{alice}");
+    let bob = status(BOB);
+    assert!(
+        bob.lines().any(|l| l.starts_with("bob ")) && !bob.contains("alice"),
+        "{bob}"
+    );
+
     // Alice's first session ends: its worker exits, the server clears its slot, and her
     // other session may use the memory, and a new session the place.
     drop(a1);

@@ -81,7 +81,7 @@ impl Kind {
         )
     }
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         Kind::ALL.iter().position(|k| *k == self).unwrap_or(0)
     }
 

@@ -276,6 +276,17 @@ impl Executor {
         })
     }
 
+    /// Every tenant's use and refusals in the limits ledger ([`crate::quota::Ledger::report`]).
+    pub(crate) fn quotas_report(
+        &self,
+    ) -> std::collections::BTreeMap<String, crate::quota::TenantReport> {
+        self.quotas()
+            .ledger
+            .as_ref()
+            .map(|l| l.report())
+            .unwrap_or_default()
+    }
+
     /// Places a new session in the ledger under its tenant, or says why it is refused.
     fn start_quota(
         &self,

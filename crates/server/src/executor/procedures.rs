@@ -283,6 +283,40 @@ impl RemoraV1Server for Executor {
         Ok(())
     }
 
+    fn remora_status(&self, call: &CallContext) -> ProcResult<StatusReply> {
+        use crate::quota::Kind;
+        let report = self.quotas_report();
+        let own = call.tenant();
+        let sessions = report
+            .values()
+            .map(|r| r.used[Kind::Sessions.index()])
+            .sum();
+        let tenants = report
+            .into_iter()
+            .filter(|(name, _)| own.is_none_or(|t| t == name))
+            .take(REMORA_MAX_STATUS_TENANTS as usize)
+            .map(|(name, r)| {
+                let u = |k: Kind| r.used[k.index()];
+                StatusTenant {
+                    name: crate::hello::truncate(name, REMORA_MAX_NAME),
+                    sessions: u(Kind::Sessions),
+                    device_memory: u(Kind::DeviceMemory),
+                    pinned_memory: u(Kind::PinnedMemory),
+                    in_flight: u(Kind::InFlight),
+                    streams: u(Kind::Streams),
+                    events: u(Kind::Events),
+                    modules: u(Kind::Modules),
+                    refusals: r.hits.iter().sum(),
+                }
+            })
+            .collect();
+        Ok(StatusReply {
+            sessions,
+            all_tenants: own.is_none(),
+            tenants,
+        })
+    }
+
     fn remora_hello_auth(&self, call: &CallContext, args: HelloAuthArgs) -> ProcResult<HelloReply> {
         // Never log `args` as a whole: it holds the token.
         let Some(tokens) = self.inner.hello.tokens() else {
@@ -319,6 +353,10 @@ impl RemoraV1Server for Executor {
 
     fn remora_hello(&self, call: &CallContext, args: HelloArgs) -> ProcResult<HelloReply> {
         tracing::info!(client = %args.client_name, peer = %call.peer, connection = call.connection, tenant = call.tenant().unwrap_or("-"), "HELLO");
+        if args.capabilities & u64::from(REMORA_CAP_NO_SESSION) != 0 {
+            // remora status / info: no session, nothing counted.
+            return Ok(self.inner.hello.answer(&args));
+        }
         let session = self.session(call);
         if let Some(Err(why)) = session.quota.get() {
             return Ok(crate::hello::refusal(format!(
