@@ -91,8 +91,9 @@ pub use client::{
 pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket_dir};
 pub use error::RpcError;
 pub use server::{
-    AcceptedConnection, CallContext, ConnectionHandler, DeferredReply, Dispatch, Origin, ProcError,
-    ProcResult, Server, ServerConfig, ServerError, ServerHandle, Service,
+    AcceptedConnection, CallContext, ConnectionHandler, DEFAULT_RECORD_BUDGET, DeferredReply,
+    Dispatch, Origin, ProcError, ProcResult, Server, ServerConfig, ServerError, ServerHandle,
+    Service,
 };
 pub use tls::{ClientTls, ServerTls, TlsError};
 

@@ -80,6 +80,76 @@ pub(crate) fn is_timeout_kind(kind: io::ErrorKind) -> bool {
     matches!(kind, io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
+/// Bytes of memory that the partial records of many readers (a server's connections) may
+/// hold together beyond [`BUDGET_FREE`] each. A reader whose record needs more waits for room
+/// (it stops reading its stream: backpressure), and a connection that waits past its stall
+/// timeout is closed, so many peers sending large records at once cannot exhaust the server's
+/// memory (issue 13, finding 3).
+#[derive(Debug)]
+pub struct RecordBudget {
+    limit: usize,
+    used: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+/// What one reader's current record may hold without drawing on its [`RecordBudget`].
+pub const BUDGET_FREE: usize = 256 << 10;
+/// How long a reader waits for room in its budget before answering a timeout (it is called
+/// again; the stall timeout ends the wait).
+const BUDGET_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl RecordBudget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: usize) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            limit,
+            used: std::sync::Mutex::new(0),
+            freed: std::sync::Condvar::new(),
+        })
+    }
+
+    /// Bytes drawn now.
+    pub fn used(&self) -> usize {
+        *self
+            .used
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Draws `n` more bytes for a reader that holds `held`, waiting up to `wait` for room;
+    /// false if there was none. A reader that is the only one drawing always gets what it
+    /// asks (a record larger than the budget is still read, alone), so the budget never
+    /// stops every reader at once.
+    fn acquire(&self, n: usize, held: usize, wait: std::time::Duration) -> bool {
+        let full = |u: &mut usize| u.saturating_add(n) > self.limit && *u > held;
+        let guard = self
+            .used
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut used, _) = self
+            .freed
+            .wait_timeout_while(guard, wait, full)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if full(&mut used) {
+            return false;
+        }
+        *used += n;
+        true
+    }
+
+    fn release(&self, n: usize) {
+        if n > 0 {
+            let mut used = self
+                .used
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *used = used.saturating_sub(n);
+            drop(used);
+            self.freed.notify_all();
+        }
+    }
+}
+
 /// Reads records from a byte stream, reassembling fragments.
 #[derive(Debug)]
 pub struct RecordReader<R> {
@@ -107,6 +177,17 @@ pub struct RecordReader<R> {
     in_record: bool,
     poisoned: bool,
     total_read: u64,
+    /// The budget the current record draws on past [`BUDGET_FREE`], and what it holds.
+    budget: Option<std::sync::Arc<RecordBudget>>,
+    held: usize,
+}
+
+impl<R> Drop for RecordReader<R> {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.release(self.held);
+        }
+    }
 }
 
 impl<R: Read> RecordReader<R> {
@@ -130,6 +211,48 @@ impl<R: Read> RecordReader<R> {
             in_record: false,
             poisoned: false,
             total_read: 0,
+            budget: None,
+            held: 0,
+        }
+    }
+
+    /// Makes records past [`BUDGET_FREE`] bytes draw on `budget` (shared with other readers)
+    /// while they are being read.
+    pub fn with_budget(mut self, budget: std::sync::Arc<RecordBudget>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Before the record grows to `len` bytes: draws what that takes past [`BUDGET_FREE`]
+    /// from the budget, or answers `WouldBlock` (nothing consumed; call again) when there is
+    /// no room within [`BUDGET_WAIT`].
+    fn reserve(&mut self, len: usize) -> io::Result<()> {
+        let Some(budget) = &self.budget else {
+            return Ok(());
+        };
+        let want = len.saturating_sub(BUDGET_FREE);
+        if want <= self.held {
+            return Ok(());
+        }
+        if !budget.acquire(want - self.held, self.held, BUDGET_WAIT) {
+            tracing::debug!(
+                record_bytes = self.filled,
+                budget = budget.limit,
+                "ONC RPC: the budget for partial records is spent; this record waits"
+            );
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "the server's memory for partial records is in use; waiting for room",
+            ));
+        }
+        self.held = want;
+        Ok(())
+    }
+
+    /// The record is complete (or gone): what it drew goes back to the budget.
+    fn release_budget(&mut self) {
+        if let Some(b) = &self.budget {
+            b.release(std::mem::take(&mut self.held));
         }
     }
 
@@ -175,7 +298,7 @@ impl<R: Read> RecordReader<R> {
             let res = if buf_is_ahead {
                 self.inner.read(&mut self.ahead[..])
             } else {
-                self.ensure_spare();
+                self.ensure_spare()?;
                 let window = (self.record.len() - self.filled).min(want);
                 let r = self
                     .inner
@@ -201,9 +324,9 @@ impl<R: Read> RecordReader<R> {
     /// the end of a last fragment. `BytesMut::resize` first reclaims the allocation of earlier
     /// records once their `Bytes` are dropped, so a steady stream of large records reuses one
     /// buffer whose pages are already mapped; the new space is zeroed once, not once per read.
-    fn ensure_spare(&mut self) {
+    fn ensure_spare(&mut self) -> io::Result<()> {
         if self.record.len() > self.filled {
-            return;
+            return Ok(());
         }
         let mut grow = self
             .filled
@@ -212,7 +335,9 @@ impl<R: Read> RecordReader<R> {
         if self.frag_last {
             grow = grow.min(self.frag_left);
         }
+        self.reserve(self.filled + grow.max(1))?;
         self.record.resize(self.filled + grow.max(1), 0);
+        Ok(())
     }
 
     /// At the start of a large record of at least `len` bytes, takes back an earlier large
@@ -318,6 +443,9 @@ impl<R: Read> RecordReader<R> {
                     if self.record.len() - self.filled >= take {
                         self.record[self.filled..self.filled + take].copy_from_slice(src);
                     } else {
+                        let len = self.filled + take;
+                        self.reserve(len)?;
+                        let src = &self.ahead[self.pos..self.pos + take];
                         self.record.truncate(self.filled);
                         self.record.extend_from_slice(src);
                     }
@@ -340,6 +468,7 @@ impl<R: Read> RecordReader<R> {
             self.in_fragment = false;
             if self.frag_last {
                 self.in_record = false;
+                self.release_budget();
                 self.record.truncate(self.filled);
                 self.filled = 0;
                 let out = self.record.split().freeze();
@@ -468,6 +597,7 @@ fn write_all_vectored<W: Write + ?Sized>(
 mod tests {
     use super::*;
     use std::collections::VecDeque;
+    use std::sync::Arc;
 
     /// A stream that hands out scripted read results.
     struct Script {
@@ -504,6 +634,53 @@ mod tests {
         let mut out = Vec::new();
         write_record(&mut out, &[Bytes::copy_from_slice(data)], frag).unwrap();
         out
+    }
+
+    fn would_block() -> io::Result<Vec<u8>> {
+        Err(io::Error::new(io::ErrorKind::WouldBlock, "no more yet"))
+    }
+
+    #[test]
+    fn partial_records_of_many_readers_share_one_budget() {
+        let budget = RecordBudget::new(1 << 20);
+        // A: a 3 MiB record of which 1.5 MiB arrived. Alone, it may pass the budget (a record
+        // larger than the budget must still be readable).
+        let big = vec![7u8; 3 << 20];
+        let framed = frame(&big, 3 << 20);
+        let mut a = RecordReader::new(
+            Script::new(vec![
+                Ok(framed[..(3 << 19)].to_vec()),
+                would_block(),
+                would_block(),
+            ]),
+            4 << 20,
+        )
+        .with_budget(Arc::clone(&budget));
+        assert!(a.read_record().unwrap_err().is_timeout());
+        assert_eq!(
+            a.buffered_record_bytes(),
+            (3 << 19) - 4,
+            "alone, A read what arrived"
+        );
+        let held_by_a = budget.used();
+        assert!(held_by_a > 1 << 20);
+        // B: a whole 2 MiB record waits for room, beyond what any record may hold freely
+        // (nothing of it is lost)...
+        let data: Vec<u8> = (0..2u32 << 20).map(|i| i as u8).collect();
+        let mut b = RecordReader::new(Script::new(vec![Ok(frame(&data, 1 << 16))]), 4 << 20)
+            .with_budget(Arc::clone(&budget));
+        assert!(b.read_record().unwrap_err().is_timeout());
+        assert_eq!(budget.used(), held_by_a, "B drew nothing");
+        assert!(b.buffered_record_bytes() <= BUDGET_FREE + READ_AHEAD);
+        // ...until A's connection goes; then it is read whole and gives the room back.
+        drop(a);
+        assert_eq!(&b.read_record().unwrap().unwrap()[..], &data[..]);
+        assert_eq!(budget.used(), 0);
+        // Small records never touch the budget.
+        let small = RecordBudget::new(0);
+        let mut c = RecordReader::new(Script::new(vec![Ok(frame(&[1u8; 100_000], 4096))]), 1 << 20)
+            .with_budget(small);
+        assert_eq!(c.read_record().unwrap().unwrap().len(), 100_000);
     }
 
     #[test]

@@ -178,6 +178,62 @@ fn server_closes_stalled_connection_after_stall_timeout() {
     }
 }
 
+#[test]
+fn many_large_partial_records_share_the_servers_record_budget() {
+    // Eight peers each declare a 32 MiB record and send 8 MiB of it; the server's
+    // partial-record memory stays within its budget (one record alone may pass it), other
+    // clients are served, and the stall timeout ends the waiting peers.
+    const BUDGET: usize = 8 << 20;
+    let budget = remora_oncrpc::record::RecordBudget::new(BUDGET);
+    let s = start_with(
+        Transport::Tcp,
+        ServerConfig {
+            record_budget: std::sync::Arc::clone(&budget),
+            stall_timeout: Duration::from_secs(2),
+            ..ServerConfig::default()
+        },
+    );
+    let senders: Vec<_> = (0..8)
+        .map(|_| {
+            let ep = s.endpoint.clone();
+            thread::spawn(move || {
+                let mut raw = Raw::connect(&ep);
+                if let Raw::Tcp(t) = &raw {
+                    t.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+                }
+                let declared: u32 = 32 << 20;
+                let _ = raw.write_all(&(declared | 0x8000_0000).to_be_bytes());
+                let chunk = vec![0u8; 1 << 20];
+                for _ in 0..8 {
+                    if raw.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+                raw
+            })
+        })
+        .collect();
+    let mut peak = 0;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        peak = peak.max(budget.used());
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        peak <= BUDGET + (8 << 20),
+        "{peak} bytes of partial records past a budget of {BUDGET} (and one record alone)"
+    );
+    assert!(
+        peak >= BUDGET / 2,
+        "the peers' records drew on the budget: {peak}"
+    );
+    still_serving(&s.endpoint);
+    let raws: Vec<Raw> = senders.into_iter().map(|h| h.join().unwrap()).collect();
+    wait_for_no_connections(&s);
+    assert_eq!(budget.used(), 0, "closed connections gave their room back");
+    drop(raws);
+}
+
 // ---- client side, against scripted fake servers ----
 
 /// A fake server on TCP loopback running `script` on its one connection.

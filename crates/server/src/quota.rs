@@ -522,7 +522,7 @@ impl Ledger {
     /// Clears slot `i` (its session ended, or its worker did): its use no longer counts.
     pub fn release(&self, i: usize) {
         if let Some(s) = self.slot(i) {
-            if s.tenant.load(SeqCst) > CLAIMED {
+            if s.tenant.load(SeqCst) > CLAIMED && s.hits.iter().any(|h| h.load(SeqCst) > 0) {
                 let mut retired = self
                     .retired
                     .lock()

@@ -396,7 +396,8 @@ fn serve_records<S: Transport>(
         } else {
             first_max
         },
-    );
+    )
+    .with_budget(std::sync::Arc::clone(&config.record_budget));
     let mut last_progress = Instant::now();
     let mut seen = 0u64;
     // Where the record in progress began: the bytes read when the last record ended, and

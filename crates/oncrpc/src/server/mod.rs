@@ -82,6 +82,12 @@ pub struct ServerConfig {
     /// [`ServerConfig::hello_timeout`] and [`ServerConfig::max_first_record_size`] until it
     /// has authenticated.
     pub auth_open_procedures: Option<Vec<(u32, u32)>>,
+    /// Memory the partial records of all this server's connections may hold together beyond
+    /// [`crate::record::BUDGET_FREE`] each (default [`DEFAULT_RECORD_BUDGET`]): a connection
+    /// whose record needs more stops reading until there is room, and is closed after
+    /// `stall_timeout` without it. Shared by every connection of servers built from clones
+    /// of one configuration.
+    pub record_budget: std::sync::Arc<crate::record::RecordBudget>,
 }
 
 impl Default for ServerConfig {
@@ -100,9 +106,13 @@ impl Default for ServerConfig {
             shm_ring_capacity: 1 << 20,
             shm_data_bytes: 256 << 20,
             auth_open_procedures: None,
+            record_budget: crate::record::RecordBudget::new(DEFAULT_RECORD_BUDGET),
         }
     }
 }
+
+/// Default of [`ServerConfig::record_budget`]: 1 GiB.
+pub const DEFAULT_RECORD_BUDGET: usize = 1 << 30;
 
 /// What the process that accepted a connection knew of it, for a process that serves it
 /// ([`Server::serve_fd_as`], from [`AcceptedConnection::origin`]).
