@@ -294,6 +294,11 @@ struct SessionArgs {
     /// session.device-memory=8GiB --limit tenant.sessions=4 (repeatable).
     #[arg(long = "limit", value_name = "LEVEL.KEY=VALUE")]
     limits: Vec<String>,
+    /// Map Unix users to tenants: FILE lists `UID TENANT` a line (# comments allowed). A
+    /// client on a Unix socket whose user is listed, and who presents no token, is that
+    /// tenant (limits, status, module cache); unlisted users are the tenant `uid:N`.
+    #[arg(long, value_name = "FILE")]
+    tenant_map: Option<PathBuf>,
 }
 
 /// A duration in seconds (`30`, `0.5`), for `--idle-timeout`.
@@ -333,6 +338,7 @@ fn worker_config(
         auth_token_file: s.auth_token_file,
         tenants_file: s.tenants,
         limits: s.limits,
+        tenant_map: s.tenant_map,
         ledger,
     }
 }
@@ -829,6 +835,7 @@ fn run(cli: Cli) -> Result<()> {
                 auth_token_file: s.auth_token_file,
                 tenants_file: s.tenants,
                 limits: s.limits,
+                tenant_map: s.tenant_map,
                 metrics,
                 insecure,
                 tls: tls_cert
@@ -1124,6 +1131,7 @@ mod tests {
             auth_token_file: Some("/etc/remora/tokens".into()),
             tenants_file: Some("/etc/remora/tenants.toml".into()),
             limits: vec!["session.streams=5".into(), "tenant.sessions=2".into()],
+            tenant_map: Some("/etc/remora/uids".into()),
             ledger: Some((7, 1032)),
         };
         let mut args: Vec<std::ffi::OsString> = vec!["remora".into(), "serve-worker".into()];

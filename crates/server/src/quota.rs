@@ -151,6 +151,9 @@ pub struct QuotaConfig {
     tenant: Limits,
     session: Limits,
     tenants: BTreeMap<String, (Overrides, Overrides)>,
+    /// Unix users and the tenant each stands for (`--tenant-map`), for Unix-socket peers that
+    /// did not authenticate otherwise.
+    uids: BTreeMap<u32, String>,
 }
 
 /// Default limits: none on memory (one tenant may use the whole GPU, as locally), bounds on
@@ -168,6 +171,7 @@ impl Default for QuotaConfig {
             tenant,
             session,
             tenants: BTreeMap::new(),
+            uids: BTreeMap::new(),
         }
     }
 }
@@ -283,6 +287,48 @@ impl QuotaConfig {
             Some((t, s)) => (self.tenant.overlaid(t), self.session.overlaid(s)),
             None => (self.tenant, self.session),
         }
+    }
+
+    /// Reads a tenant map: lines `UID TENANT` (blank lines and `#` comments allowed): a Unix
+    /// socket peer of that user who presents no token or certificate is that tenant.
+    pub fn load_tenant_map(&mut self, path: &Path) -> Result<(), QuotaError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            QuotaError(format!(
+                "cannot read the tenant map {}: {e}",
+                path.display()
+            ))
+        })?;
+        self.apply_tenant_map(&text)
+            .map_err(|e| QuotaError(format!("tenant map {}: {}", path.display(), e.0)))
+    }
+
+    /// Applies the lines of a tenant map ([`QuotaConfig::load_tenant_map`]).
+    pub fn apply_tenant_map(&mut self, text: &str) -> Result<(), QuotaError> {
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad =
+                |why: &str| QuotaError(format!("line {}: {why}; expected `UID TENANT`", n + 1));
+            let mut words = line.split_whitespace();
+            let (Some(uid), Some(tenant), None) = (words.next(), words.next(), words.next()) else {
+                return Err(bad("not two words"));
+            };
+            let uid: u32 = uid.parse().map_err(|_| bad("the uid is not a number"))?;
+            if let Some(problem) = remora_oncrpc::tls::tenant_name_problem(tenant) {
+                return Err(bad(&problem));
+            }
+            if self.uids.insert(uid, tenant.to_owned()).is_some() {
+                return Err(bad("the uid is mapped twice"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenant Unix user `uid` stands for, if the tenant map names it.
+    pub fn tenant_of_uid(&self, uid: u32) -> Option<&str> {
+        self.uids.get(&uid).map(String::as_str)
     }
 
     /// The tenants the file names.
@@ -882,6 +928,21 @@ mod tests {
         ] {
             assert!(c.apply_cli(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_tenant_map_names_users_and_its_mistakes() {
+        let mut c = QuotaConfig::default();
+        c.apply_tenant_map("# users\n1000 alice\n\n1001  bob  # a comment\n")
+            .unwrap();
+        assert_eq!(c.tenant_of_uid(1000), Some("alice"));
+        assert_eq!(c.tenant_of_uid(1001), Some("bob"));
+        assert_eq!(c.tenant_of_uid(0), None);
+        let err = |t: &str| QuotaConfig::default().apply_tenant_map(t).unwrap_err().0;
+        assert!(err("x alice").contains("line 1: the uid is not a number"));
+        assert!(err("1 a b").contains("not two words"));
+        assert!(err("1 a\n1 b").contains("line 2: the uid is mapped twice"));
+        assert!(err("1 al/ice").contains("line 1"));
     }
 
     #[test]

@@ -239,6 +239,8 @@ pub struct ServeConfig {
     pub tenants_file: Option<PathBuf>,
     /// `--limit` settings over the file (`tenant.KEY=VALUE`, `session.KEY=VALUE`).
     pub limits: Vec<String>,
+    /// Unix users mapped to tenants (`--tenant-map FILE`, lines `UID TENANT`).
+    pub tenant_map: Option<PathBuf>,
     /// A Prometheus endpoint (`--metrics tcp://HOST:PORT`, [`crate::metrics`]); a
     /// non-loopback address needs [`ServeConfig::insecure`].
     pub metrics: Option<Endpoint>,
@@ -349,6 +351,8 @@ pub struct WorkerConfig {
     pub tenants_file: Option<PathBuf>,
     /// The `--limit` settings ([`ServeConfig::limits`]).
     pub limits: Vec<String>,
+    /// The tenant map ([`ServeConfig::tenant_map`]).
+    pub tenant_map: Option<PathBuf>,
     /// The server's limits ledger this worker inherited: (descriptor, slots). The slot of
     /// the worker's session comes with its connection.
     pub ledger: Option<(i32, usize)>,
@@ -421,6 +425,10 @@ impl WorkerConfig {
         for limit in &self.limits {
             args.push("--limit".into());
             args.push(limit.into());
+        }
+        if let Some(file) = &self.tenant_map {
+            args.push("--tenant-map".into());
+            args.push(file.clone().into_os_string());
         }
         if let Some((fd, slots)) = self.ledger {
             args.push("--ledger-fd".into());
@@ -496,6 +504,7 @@ pub enum ServeError {
 pub(crate) fn quota_config(
     file: Option<&Path>,
     limits: &[String],
+    tenant_map: Option<&Path>,
 ) -> Result<crate::quota::QuotaConfig, ServeError> {
     let mut config = match file {
         Some(f) => crate::quota::QuotaConfig::load(f)?,
@@ -503,6 +512,9 @@ pub(crate) fn quota_config(
     };
     for l in limits {
         config.apply_cli(l)?;
+    }
+    if let Some(map) = tenant_map {
+        config.load_tenant_map(map)?;
     }
     if let Some(f) = file {
         tracing::info!(file = %f.display(), tenants = config.named_tenants().count(), "limits per tenant and session loaded");
@@ -861,7 +873,11 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     // and authenticates its connection itself (docs/architecture.md).
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
     // Checked here so that a bad file stops the server; each worker reads it again.
-    quota_config(config.tenants_file.as_deref(), &config.limits)?;
+    quota_config(
+        config.tenants_file.as_deref(),
+        &config.limits,
+        config.tenant_map.as_deref(),
+    )?;
     let ledger =
         Arc::new(crate::quota::Ledger::new(ledger_slots(&config)).map_err(ServeError::Ledger)?);
     let (cache_dir, owned_dir) = match &config.module_cache_dir {
@@ -915,6 +931,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             auth_token_file: config.auth_token_file.clone(),
             tenants_file: config.tenants_file.clone(),
             limits: config.limits.clone(),
+            tenant_map: config.tenant_map.clone(),
             ledger: Some((
                 std::os::fd::AsRawFd::as_raw_fd(&ledger.fd()),
                 ledger.slots(),
@@ -1185,7 +1202,11 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         return Ok(());
     }
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
-    let quotas = quota_config(config.tenants_file.as_deref(), &config.limits)?;
+    let quotas = quota_config(
+        config.tenants_file.as_deref(),
+        &config.limits,
+        config.tenant_map.as_deref(),
+    )?;
     let ledger = match config.ledger {
         Some((fd, slots)) => Some(Arc::new(
             crate::quota::Ledger::inherited(fd, slots).map_err(ServeError::Ledger)?,
@@ -1368,7 +1389,11 @@ pub fn start_with_backend(
     let ledger =
         Arc::new(crate::quota::Ledger::new(ledger_slots(&config)).map_err(ServeError::Ledger)?);
     executor.set_quotas(
-        quota_config(config.tenants_file.as_deref(), &config.limits)?,
+        quota_config(
+            config.tenants_file.as_deref(),
+            &config.limits,
+            config.tenant_map.as_deref(),
+        )?,
         Arc::clone(&ledger),
         None,
     );

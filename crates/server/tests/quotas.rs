@@ -443,3 +443,37 @@ fn metrics_on_an_address_other_hosts_reach_need_insecure() {
     .to_string();
     assert!(e.contains("--insecure") && e.contains("tenant"), "{e}");
 }
+
+#[test]
+fn the_tenant_map_makes_a_local_user_a_named_tenant() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid = rustix::process::getuid().as_raw();
+    let map = dir.path().join("uids");
+    std::fs::write(&map, format!("# local users\n{uid} team\n")).unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(&tenants, "[tenants.team.session]\nstreams = 1\n").unwrap();
+    let backend = Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
+    let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
+    let running = start_with_backend(
+        ServeConfig {
+            listen: vec![endpoint.clone()],
+            tenants_file: Some(tenants),
+            tenant_map: Some(map),
+            ..ServeConfig::default()
+        },
+        Arc::clone(&backend) as Arc<dyn Backend>,
+        inventory_of(&*backend),
+    )
+    .unwrap();
+    let c = client(&endpoint);
+    let ctx = ctx(&c);
+    stream(&c, ctx).unwrap();
+    assert_eq!(stream(&c, ctx), Err(OUT_OF_MEMORY), "team's own session limit");
+    let status = c.remora_status().unwrap();
+    assert!(status.all_tenants, "no authentication: every tenant is listed");
+    let names: Vec<&str> = status.tenants.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["team"]);
+    assert_eq!((status.tenants[0].streams, status.tenants[0].refusals), (1, 1));
+    drop(c);
+    running.shutdown();
+}

@@ -294,7 +294,7 @@ impl Executor {
     ) -> Option<Result<Arc<crate::quota::SessionQuota>, String>> {
         let setup = self.quotas();
         let ledger = Arc::clone(setup.ledger.as_ref()?);
-        let tenant = limits_tenant(call);
+        let tenant = limits_tenant(call, &setup.config);
         let (slot, owns) = match setup.worker_slot {
             Some(slot) => (Some(slot), false),
             None => (ledger.claim(), true),
@@ -428,8 +428,16 @@ impl Executor {
                 session
             },
         ));
+        let mapped = match call.peer {
+            remora_oncrpc::Peer::Unix { uid, .. } if call.tenant().is_none() => self
+                .inner
+                .quotas
+                .get()
+                .and_then(|q| q.config.tenant_of_uid(uid)),
+            _ => None,
+        };
         if session.tenant.get().is_none()
-            && let Some(tenant) = call.tenant()
+            && let Some(tenant) = call.tenant().or(mapped)
             && session.tenant.set(tenant.to_owned()).is_ok()
         {
             tracing::info!(connection = call.connection, peer = %call.peer, tenant, "session opened");
@@ -841,13 +849,16 @@ fn not_captured(inner: &Inner, capturing: bool, ctx: u64, stream: u64) -> CuResu
 }
 
 /// The tenant a session's limits are counted under: the one it authenticated as; without
-/// authentication its Unix user (`uid:N`, from SO_PEERCRED) or, over TCP, `anonymous`.
-pub(crate) fn limits_tenant(call: &CallContext) -> String {
+/// authentication the tenant `--tenant-map` names for its Unix user (from SO_PEERCRED), else
+/// `uid:N`, or, over TCP, `anonymous`.
+pub(crate) fn limits_tenant(call: &CallContext, config: &crate::quota::QuotaConfig) -> String {
     if let Some(t) = call.tenant() {
         return t.to_owned();
     }
     match call.peer {
-        remora_oncrpc::Peer::Unix { uid, .. } => format!("uid:{uid}"),
+        remora_oncrpc::Peer::Unix { uid, .. } => config
+            .tenant_of_uid(uid)
+            .map_or_else(|| format!("uid:{uid}"), str::to_owned),
         _ => "anonymous".to_owned(),
     }
 }
