@@ -290,7 +290,7 @@ struct SessionArgs {
     /// See docs/threat-model.md.
     #[arg(long, value_name = "FILE")]
     tenants: Option<PathBuf>,
-    /// A limit over --tenants' [tenant] or [session] defaults, e.g. --limit
+    /// A limit over --tenants' `[tenant]` or `[session]` defaults, e.g. --limit
     /// session.device-memory=8GiB --limit tenant.sessions=4 (repeatable).
     #[arg(long = "limit", value_name = "LEVEL.KEY=VALUE")]
     limits: Vec<String>,

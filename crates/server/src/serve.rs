@@ -241,7 +241,7 @@ pub struct ServeConfig {
     pub limits: Vec<String>,
     /// Unix users mapped to tenants (`--tenant-map FILE`, lines `UID TENANT`).
     pub tenant_map: Option<PathBuf>,
-    /// A Prometheus endpoint (`--metrics tcp://HOST:PORT`, [`crate::metrics`]); a
+    /// A Prometheus endpoint (`--metrics tcp://HOST:PORT`, `metrics.rs`); a
     /// non-loopback address needs [`ServeConfig::insecure`].
     pub metrics: Option<Endpoint>,
 }

@@ -468,12 +468,22 @@ fn the_tenant_map_makes_a_local_user_a_named_tenant() {
     let c = client(&endpoint);
     let ctx = ctx(&c);
     stream(&c, ctx).unwrap();
-    assert_eq!(stream(&c, ctx), Err(OUT_OF_MEMORY), "team's own session limit");
+    assert_eq!(
+        stream(&c, ctx),
+        Err(OUT_OF_MEMORY),
+        "team's own session limit"
+    );
     let status = c.remora_status().unwrap();
-    assert!(status.all_tenants, "no authentication: every tenant is listed");
+    assert!(
+        status.all_tenants,
+        "no authentication: every tenant is listed"
+    );
     let names: Vec<&str> = status.tenants.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["team"]);
-    assert_eq!((status.tenants[0].streams, status.tenants[0].refusals), (1, 1));
+    assert_eq!(
+        (status.tenants[0].streams, status.tenants[0].refusals),
+        (1, 1)
+    );
     drop(c);
     running.shutdown();
 }
