@@ -185,6 +185,68 @@ fn process_isolation_serves_the_right_token_only() {
 }
 
 #[test]
+fn no_session_worker_starts_before_the_token_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(dir.path());
+    let raw = || {
+        RemoraV1Client::new(
+            Client::connect_with(
+                &serve.endpoint,
+                remora_oncrpc::ClientConfig {
+                    transport: remora_oncrpc::TransportChoice::Unix,
+                    ..remora_oncrpc::ClientConfig::default()
+                },
+            )
+            .unwrap(),
+        )
+        .with_timeout(Duration::from_secs(20))
+    };
+    let hello = |token: &str| HelloAuthArgs {
+        hello: HelloArgs {
+            min_revision: 1,
+            max_revision: REMORA_PROTOCOL_REVISION,
+            client_name: "gate test".into(),
+            capabilities: u64::from(REMORA_CAP_ONEWAY),
+        },
+        token: token.as_bytes().to_vec().into(),
+    };
+    // A wrong token and a call without one are refused by the accepting process.
+    assert!(matches!(
+        raw()
+            .remora_hello_auth(&hello("not-the-right-token-at-all"))
+            .unwrap_err(),
+        RpcError::AuthError {
+            stat: AuthStat::BadCred
+        }
+    ));
+    assert!(matches!(
+        raw().rm_device_get_count().unwrap_err(),
+        RpcError::AuthError {
+            stat: AuthStat::TooWeak
+        }
+    ));
+    // The right token gets a session in a worker.
+    let c = raw();
+    assert!(matches!(
+        c.remora_hello_auth(&hello(TOKEN)).unwrap(),
+        HelloReply::True(_)
+    ));
+    drop(c);
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&serve.log).unwrap();
+    let handed = log.matches("session handed to a worker").count();
+    assert_eq!(
+        handed, 1,
+        "only the authenticated connection got a worker:\n{log}"
+    );
+    assert_eq!(
+        log.matches("before a session worker started").count(),
+        2,
+        "{log}"
+    );
+}
+
+#[test]
 fn serve_refuses_a_public_tcp_listener_without_tokens_unless_insecure() {
     let out = Command::new(REMORA)
         .args([

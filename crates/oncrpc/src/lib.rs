@@ -92,8 +92,8 @@ pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket
 pub use error::RpcError;
 pub use server::{
     AcceptedConnection, CallContext, ConnectionHandler, DEFAULT_RECORD_BUDGET, DeferredReply,
-    Dispatch, Origin, ProcError, ProcResult, Server, ServerConfig, ServerError, ServerHandle,
-    Service,
+    Dispatch, FirstCallGate, Origin, ProcError, ProcResult, Server, ServerConfig, ServerError,
+    ServerHandle, Service,
 };
 pub use tls::{ClientTls, ServerTls, TlsError};
 

@@ -969,9 +969,16 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
         )));
         let handle = listen_and_start(
             &config,
-            Server::builder(server_config(&config, tokens.as_deref()))
-                .service(placeholder as Arc<dyn Service>)
-                .hand_off(Arc::clone(&pool) as Arc<dyn ConnectionHandler>),
+            Server::builder(ServerConfig {
+                // Tokens are checked here, before a worker starts for the connection (the
+                // worker checks them again as it serves).
+                first_call_gate: tokens
+                    .clone()
+                    .map(|t| Arc::new(TokenGate(t)) as Arc<dyn remora_oncrpc::FirstCallGate>),
+                ..server_config(&config, tokens.as_deref())
+            })
+            .service(placeholder as Arc<dyn Service>)
+            .hand_off(Arc::clone(&pool) as Arc<dyn ConnectionHandler>),
             tls,
         )?;
         Ok((inventory, handle))
@@ -1006,6 +1013,38 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
         cache_dir: owned_dir,
         metrics,
     })
+}
+
+/// The token check of a connection's first call in the accepting process under process
+/// isolation: only a `REMORA_HELLO_AUTH` with a known token gets a worker.
+#[derive(Debug)]
+struct TokenGate(Arc<Tokens>);
+
+impl remora_oncrpc::FirstCallGate for TokenGate {
+    fn check(
+        &self,
+        peer: &remora_oncrpc::Peer,
+        program: u32,
+        procedure: u32,
+        args: &[u8],
+    ) -> Result<(), remora_oncrpc::AuthStat> {
+        use remora_proto::remora::{HelloAuthArgs, REMORA_HELLO_AUTH, REMORA_PROG};
+        if program != REMORA_PROG || procedure != REMORA_HELLO_AUTH {
+            remora_oncrpc::audit!(info, "auth_required", %peer, program, procedure,
+                "a first call other than REMORA_HELLO_AUTH on a server with tokens; AUTH_ERROR (AUTH_TOOWEAK), connection closed before a session worker started");
+            return Err(remora_oncrpc::AuthStat::TooWeak);
+        }
+        let mut dec = remora_oncrpc::xdr::Decoder::new(remora_xdr::Bytes::copy_from_slice(args));
+        let hello: Option<HelloAuthArgs> = remora_oncrpc::xdr::XdrDecode::decode(&mut dec).ok();
+        match hello.as_ref().and_then(|h| self.0.tenant_of(&h.token)) {
+            Some(_) => Ok(()),
+            None => {
+                remora_oncrpc::audit!(warn, "auth_failed", %peer,
+                    "authentication failed: HELLO_AUTH with a token the server does not know; AUTH_ERROR (AUTH_BADCRED), connection closed before a session worker started");
+                Err(remora_oncrpc::AuthStat::BadCred)
+            }
+        }
+    }
 }
 
 /// The calls a connection may make before it has authenticated, when the server has tokens:

@@ -560,12 +560,19 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Optio
             if let Some(handler) = shared2.handler.clone() {
                 // Nothing is started for a connection (a worker process) before it has sent
                 // its first call record whole, within the HELLO deadline and size.
+                // A connection a client certificate authenticated needs no gate.
+                let gate = shared2
+                    .config
+                    .first_call_gate
+                    .as_deref()
+                    .filter(|_| origin.tenant.is_none());
                 if let Err(why) = await_first_record(
                     &stream,
                     &shared2.config,
                     &shared2.shutting_down,
                     &shared2.registry,
                     accepted_at,
+                    gate.map(|g| (g, &peer)),
                 ) {
                     tracing::info!(%peer, "ONC RPC server: {why}; connection closed");
                     drop(stream);
@@ -713,6 +720,35 @@ fn null_reply(record: &[u8], registry: &Registry) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The xid, program, procedure and argument bytes of a call record (without its mark).
+fn first_call(record: &[u8]) -> Option<(u32, u32, u32, &[u8])> {
+    use crate::msg::{MsgBody, RPC_VERSION, RpcMsg};
+    let mut dec = crate::xdr::Decoder::new(crate::xdr::Bytes::copy_from_slice(record));
+    let msg: RpcMsg = crate::xdr::XdrDecode::decode(&mut dec).ok()?;
+    let MsgBody::Call(call) = &msg.body else {
+        return None;
+    };
+    if call.rpcvers != RPC_VERSION {
+        return None;
+    }
+    let args = &record[record.len() - dec.remaining()..];
+    Some((msg.xid, call.prog, call.proc, args))
+}
+
+/// An AUTH_ERROR reply record (marked, one fragment) to call `xid`.
+fn auth_error_record(xid: u32, stat: crate::AuthStat) -> Vec<u8> {
+    use crate::msg::{RejectedReply, RpcMsg};
+    let mut enc = crate::xdr::Encoder::new();
+    let _ = crate::xdr::XdrEncode::encode(
+        &RpcMsg::denied(xid, RejectedReply::AuthError(stat)),
+        &mut enc,
+    );
+    let body = enc.to_bytes();
+    let mut out = ((body.len() as u32) | 0x8000_0000).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    out
+}
+
 /// Waits, without reading it, until the first record of a connection that is handed off is
 /// complete in the socket's receive queue: within [`ServerConfig::hello_timeout`] of being
 /// accepted and at most [`ServerConfig::max_first_record_size`] long (its first fragment, if
@@ -726,6 +762,7 @@ fn await_first_record(
     shutting_down: &AtomicBool,
     registry: &Registry,
     accepted_at: Instant,
+    gate: Option<(&dyn crate::server::FirstCallGate, &Peer)>,
 ) -> Result<(), String> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     use rustix::net::{RecvFlags, recv};
@@ -784,7 +821,27 @@ fn await_first_record(
                     .then(|| null_reply(&buf[4..4 + len], registry))
                     .flatten()
                 else {
-                    return Ok(());
+                    let Some((gate, peer)) = gate else {
+                        return Ok(());
+                    };
+                    // Checked here, before any process starts for the connection; the
+                    // record stays queued for whoever serves it.
+                    let refused = match first_call(&buf[4..4 + len]) {
+                        Some((xid, program, procedure, args)) if last_fragment => gate
+                            .check(peer, program, procedure, args)
+                            .err()
+                            .map(|stat| (xid, stat)),
+                        Some((xid, ..)) => Some((xid, crate::AuthStat::TooWeak)),
+                        None => return Err("the first record is not a call".into()),
+                    };
+                    let Some((xid, stat)) = refused else {
+                        return Ok(());
+                    };
+                    let reply = auth_error_record(xid, stat);
+                    let _ = rustix::net::send(fd, &reply, rustix::net::SendFlags::NOSIGNAL);
+                    return Err(format!(
+                        "its first call was refused before a session started (AUTH_ERROR {stat:?})"
+                    ));
                 };
                 // Consume the call (it lies whole in the queue), answer it, wait for more.
                 let taken = recv(fd, &mut buf[..4 + len], RecvFlags::WAITALL)

@@ -88,6 +88,12 @@ pub struct ServerConfig {
     /// `stall_timeout` without it. Shared by every connection of servers built from clones
     /// of one configuration.
     pub record_budget: std::sync::Arc<crate::record::RecordBudget>,
+    /// Under hand-off ([`Server::hand_off`]) with [`ServerConfig::auth_open_procedures`]:
+    /// checks a connection's first call (other than NULL) in the accepting process, before
+    /// the handler (a worker process) gets the connection. Refused: the call is answered
+    /// AUTH_ERROR with the returned status and the connection closed, and no handler runs.
+    /// Not asked for connections a TLS client certificate authenticated.
+    pub first_call_gate: Option<std::sync::Arc<dyn FirstCallGate>>,
 }
 
 impl Default for ServerConfig {
@@ -107,8 +113,23 @@ impl Default for ServerConfig {
             shm_data_bytes: 256 << 20,
             auth_open_procedures: None,
             record_budget: crate::record::RecordBudget::new(DEFAULT_RECORD_BUDGET),
+            first_call_gate: None,
         }
     }
+}
+
+/// The check of a connection's first call before it is handed off
+/// ([`ServerConfig::first_call_gate`]).
+pub trait FirstCallGate: Send + Sync + std::fmt::Debug {
+    /// Whether the first call, procedure `procedure` of `program` with XDR arguments `args`,
+    /// from `peer`, may go on to the handler; `Err`: the AUTH_ERROR status to answer.
+    fn check(
+        &self,
+        peer: &crate::Peer,
+        program: u32,
+        procedure: u32,
+        args: &[u8],
+    ) -> Result<(), crate::AuthStat>;
 }
 
 /// Default of [`ServerConfig::record_budget`]: 1 GiB.
