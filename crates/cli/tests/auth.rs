@@ -232,8 +232,15 @@ fn no_session_worker_starts_before_the_token_is_checked() {
         HelloReply::True(_)
     ));
     drop(c);
-    std::thread::sleep(Duration::from_millis(300));
-    let log = std::fs::read_to_string(&serve.log).unwrap();
+    // The hand-off is logged after the worker took the connection.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        let log = std::fs::read_to_string(&serve.log).unwrap();
+        if log.contains("session handed to a worker") || std::time::Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let handed = log.matches("session handed to a worker").count();
     assert_eq!(
         handed, 1,
