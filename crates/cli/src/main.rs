@@ -730,7 +730,13 @@ fn backend_choice(backend: &str) -> remora_server::BackendChoice {
 fn serve(config: remora_server::ServeConfig) -> Result<()> {
     let running = remora_server::start(config).context("remora serve could not start")?;
     for endpoint in running.endpoints() {
-        outln!("remora serve: listening on {endpoint}");
+        // Not outln!: a server whose reader took the first line and closed the pipe (a
+        // supervisor, `remora serve | head -1`) goes on serving.
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stdout().lock(),
+            "remora serve: listening on {endpoint}"
+        );
     }
     let (tx, rx) = std::sync::mpsc::channel();
     ctrlc::set_handler(move || {

@@ -25,6 +25,9 @@ struct Serve {
 
 impl Drop for Serve {
     fn drop(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            eprintln!("the server had exited: {status}");
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -76,6 +79,8 @@ fn the_server_survives_every_flood_at_once_within_bounded_memory() {
         .read_line(&mut line)
         .unwrap();
     assert!(line.contains("listening on"), "{line}");
+    // The reader is gone now, before the second listener's line: the server must not die of
+    // the closed pipe (it did once, which this test found).
     let serve = Serve { child };
     let pid = serve.child.id();
 
