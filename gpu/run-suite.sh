@@ -21,7 +21,9 @@
 #   4. run bench/driver_bench natively and remoted (REMORA_BENCH_ROUNDS rounds, interleaved),
 #      `remora bench null` and one profiled remoted run per transport; write median
 #      remoted/native ratios; `remora bench launch|copy` with 1, 4 and 16 clients
-#      (bench_launch.{json,png}, bench_copy.{json,png});
+#      (bench_launch.{json,png}, bench_copy.{json,png}); `remora bench fairness` (a greedy and
+#      a latency-sensitive tenant, time slicing against MPS shares: bench_fairness.{json,png};
+#      REMORA_BENCH_FAIRNESS=off leaves MPS out);
 #   5. only with REMORA_SUITE_TORCH=1 (all four modes) or REMORA_SUITE_TORCH="shm tcp ..." (those
 #      modes), and when python3 can import torch: the PyTorch suite, gpu/torch/suite.sh (its
 #      TORCH_* variables apply), into OUT_DIR/torch (torch-suite.{json,md}, logs/), counted as one
@@ -276,6 +278,20 @@ elif [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_O
         result "bench $what" all fail "$(tail -n 2 "$out/outputs/bench_$what.err" | tr '\n' ' ')"
       fi
     done
+  fi
+  if [ $have_run = 1 ]; then
+    # `remora bench fairness`: a greedy and a latency-sensitive tenant on the GPU, natively,
+    # with time slicing (off) and under MPS shares (mps; the command starts and stops the MPS
+    # control daemon when none runs).
+    echo "remora bench fairness (${REMORA_BENCH_FAIRNESS:-off,mps})"
+    if timeout "$long_limit" "$bin/remora" bench fairness --sharing "${REMORA_BENCH_FAIRNESS:-off,mps}" \
+        --json "$out/bench_fairness.json" --png "$out/bench_fairness.png" \
+        > "$out/outputs/bench_fairness.out" 2> "$out/outputs/bench_fairness.err"; then
+      result "bench fairness" all pass "$(grep -c 'met' "$out/outputs/bench_fairness.out") goals judged"
+      cat "$out/outputs/bench_fairness.out"
+    else
+      result "bench fairness" all fail "$(tail -n 2 "$out/outputs/bench_fairness.err" | tr '\n' ' ')"
+    fi
   fi
   python3 - "$out" "$rounds" "${bench_modes[@]}" <<'PY' || echo "bench.json: python3 failed"
 import json, statistics, sys

@@ -196,6 +196,8 @@ fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
                 ));
             }
         }
+        // `bench fairness` reads its workers' results itself.
+        What::Greedy | What::Latency => {}
     }
     out
 }
@@ -223,21 +225,13 @@ fn run_group(
     shim: &Path,
 ) -> Result<Vec<WorkerResult>> {
     let exe = std::env::current_exe().context("cannot find the remora executable")?;
-    let mut group = Group {
-        children: Vec::new(),
-    };
+    let mut commands = Vec::new();
     for _ in 0..clients {
         let mut cmd = Command::new(&exe);
         cmd.args(["bench", "gpu-worker"])
-            .arg(match opts.what {
-                What::Launch => "launch",
-                What::Copy => "copy",
-            })
+            .arg(opts.what.name())
             .args(opts.workload.to_args())
-            .env_remove("LD_PRELOAD")
-            .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+            .envs(opts.env.iter().map(|(k, v)| (k, v)));
         if mode == "native" {
             cmd.arg("--native");
         } else {
@@ -251,6 +245,22 @@ fn run_group(
                 .env("REMORA_SERVER", server.to_string())
                 .env("REMORA_TRANSPORT", mode);
         }
+        commands.push(cmd);
+    }
+    run_workers(commands, mode)
+}
+
+/// Starts a benchmark worker for each of `commands` (`remora bench gpu-worker …`), waits
+/// until every one is set up (READY), starts them together (GO) and answers their results in
+/// order. `label` names the group in errors.
+pub(crate) fn run_workers(commands: Vec<Command>, label: &str) -> Result<Vec<WorkerResult>> {
+    let mut group = Group {
+        children: Vec::new(),
+    };
+    for mut cmd in commands {
+        cmd.env_remove("LD_PRELOAD")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
         group.children.push(
             cmd.spawn()
                 .context("cannot start a benchmark worker (remora bench gpu-worker)")?,
@@ -266,7 +276,7 @@ fn run_group(
         if line.trim() != "READY" {
             let status = c.wait().ok();
             bail!(
-                "a {mode} benchmark worker failed to set up ({}){}",
+                "a {label} benchmark worker failed to set up ({}){}",
                 status.map_or("?".into(), |s| s.to_string()),
                 if line.is_empty() {
                     String::new()
@@ -289,7 +299,7 @@ fn run_group(
         let status = c.wait()?;
         if !status.success() || line.trim().is_empty() {
             bail!(
-                "a {mode} benchmark worker failed while measuring ({status}) {}",
+                "a {label} benchmark worker failed while measuring ({status}) {}",
                 line.trim()
             );
         }
@@ -480,10 +490,7 @@ pub(crate) fn measure(opts: &Options) -> Result<Report> {
     }
     let figures = figures(&per_round);
     let report = Report::now(
-        match opts.what {
-            What::Launch => "launch",
-            What::Copy => "copy",
-        },
+        opts.what.name(),
         device,
         match &opts.server {
             Some(s) => s.to_string(),

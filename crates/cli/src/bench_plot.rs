@@ -45,11 +45,42 @@ impl Panel {
 
 /// The panels drawn, in order.
 fn panels(r: &Report) -> Vec<Panel> {
-    if r.benchmark == "startup" {
-        startup_panels(r)
-    } else {
-        client_panels(r)
+    match r.benchmark.as_str() {
+        "startup" => startup_panels(r),
+        "fairness" => fairness_panels(),
+        _ => client_panels(r),
     }
+}
+
+/// `bench fairness`: the greedy tenants' shares of the GPU in each scenario, and the latency
+/// tenant's p50 and p99 alone and beside a greedy one; one bar per sharing mode.
+fn fairness_panels() -> Vec<Panel> {
+    let x =
+        |label: &str, metric: &str, clients: u32| (label.to_owned(), metric.to_owned(), clients);
+    vec![
+        Panel {
+            title: "greedy tenant's share of the GPU (1 = native alone)".into(),
+            relative: false,
+            xs: vec![
+                x("alone", "greedy_alone.greedy.gpu_share", 1),
+                x("beside latency", "with_greedy.greedy.gpu_share", 2),
+                x("2 greedy: alice", "two_greedy.alice.gpu_share", 2),
+                x("2 greedy: bob", "two_greedy.bob.gpu_share", 2),
+            ],
+            bars: true,
+        },
+        Panel {
+            title: "latency tenant: launch + synchronize (us)".into(),
+            relative: false,
+            xs: vec![
+                x("p50 alone", "latency_alone.latency.p50", 1),
+                x("p50 beside greedy", "with_greedy.latency.p50", 2),
+                x("p99 alone", "latency_alone.latency.p99", 1),
+                x("p99 beside greedy", "with_greedy.latency.p99", 2),
+            ],
+            bars: true,
+        },
+    ]
 }
 
 /// `bench launch|copy`: one panel per metric, absolute and (with native) relative; the client

@@ -189,6 +189,7 @@ fn error_line(e: &anyhow::Error) -> String {
 }
 
 mod bench_contention;
+mod bench_fairness;
 mod bench_gpu;
 mod bench_null;
 mod bench_plot;
@@ -282,7 +283,8 @@ struct SessionArgs {
     /// sessions together), `[session]` (each session), `[tenants.NAME]` and
     /// `[tenants.NAME.session]` (one tenant's own), with the keys device-memory,
     /// pinned-memory, in-flight (sizes such as "8GiB"), streams, events, modules and, for
-    /// tenants, sessions; "unlimited" lifts one. A tenant is the name its token gives;
+    /// tenants, sessions and gpu-share (percent of the SMs, with --gpu-share mps);
+    /// "unlimited" lifts one. A tenant is the name its token gives;
     /// without tokens, `uid:N` for a local user and `anonymous` for TCP clients. Past a
     /// limit the call fails with CUDA_ERROR_OUT_OF_MEMORY (a session past `sessions` is
     /// refused at HELLO), logged on the remora::audit target. Defaults: no memory limits;
@@ -291,7 +293,8 @@ struct SessionArgs {
     #[arg(long, value_name = "FILE")]
     tenants: Option<PathBuf>,
     /// A limit over --tenants' `[tenant]` or `[session]` defaults, e.g. --limit
-    /// session.device-memory=8GiB --limit tenant.sessions=4 (repeatable).
+    /// session.device-memory=8GiB --limit tenant.sessions=4 --limit tenant.gpu-share=50
+    /// (repeatable).
     #[arg(long = "limit", value_name = "LEVEL.KEY=VALUE")]
     limits: Vec<String>,
     /// Map Unix users to tenants: FILE lists `UID TENANT` a line (# comments allowed). A
@@ -462,6 +465,17 @@ enum Command {
         /// address needs --insecure.
         #[arg(long, value_name = "URL")]
         metrics: Option<Endpoint>,
+        /// How tenants share GPU time. off (default): the driver time-slices between the
+        /// sessions' contexts, so a tenant that keeps a GPU busy delays everyone else's
+        /// kernels and takes as much of it as it asks for. mps: sessions run side by side
+        /// under NVIDIA MPS, and each tenant's sessions get at most its `gpu-share` (percent of
+        /// the SMs, from --tenants `[tenants.NAME] gpu-share = 50` or --limit
+        /// tenant.gpu-share=50). Needs process isolation and the MPS control daemon running
+        /// for this server's user (`nvidia-cuda-mps-control -d`); under MPS a fatal GPU fault
+        /// of one client can end the other clients on that GPU (docs/threat-model.md). A
+        /// gpu-share without --gpu-share mps refuses to start.
+        #[arg(long, value_name = "off|mps", default_value = "off")]
+        gpu_share: remora_server::gpu_share::GpuShareMode,
         /// Under process isolation, session workers kept started ahead of their connections,
         /// with the driver initialised and a context made on the first GPU, so that a
         /// program's session starts at once (each holds one context's GPU memory while it
@@ -601,6 +615,14 @@ enum BenchCommand {
     /// starts and in every client. Ratios against native at the same load; notes compare
     /// adaptive with the better of spin and block. Needs a GPU.
     Contention(bench_contention::Args),
+    /// Two tenants on one GPU, one greedy (kernels that fill every SM, always queued) and
+    /// one latency-sensitive (launch + synchronize), natively and through `remora serve`
+    /// with each way of sharing the GPU: off (time slicing) and mps (--gpu-share mps with
+    /// each tenant at --share percent). Reports each greedy tenant's share of the GPU and
+    /// the latency tenant's p50/p99 alone and beside the greedy one, against the goals
+    /// (>= 45% each for two greedy tenants; p99 within 2x of alone). Starts and stops the
+    /// MPS control daemon when none runs. Needs a GPU.
+    Fairness(bench_fairness::Args),
     /// Keep one core busy until killed (`bench contention`'s CPU burner).
     #[command(hide = true)]
     Burn,
@@ -624,6 +646,8 @@ enum BenchCommand {
         native: bool,
         #[command(flatten)]
         workload: bench_gpu::Workload,
+        #[command(flatten)]
+        fair: remora_gpubench::FairWorkload,
     },
     /// Serve rpctest.x on one endpoint until killed (used by `bench rpc`).
     #[command(hide = true)]
@@ -800,6 +824,7 @@ fn run(cli: Cli) -> Result<()> {
             max_connections_per_peer,
             insecure,
             metrics,
+            gpu_share,
             warm_workers,
             no_warm_refill,
             session: s,
@@ -843,6 +868,7 @@ fn run(cli: Cli) -> Result<()> {
                 limits: s.limits,
                 tenant_map: s.tenant_map,
                 metrics,
+                gpu_share,
                 insecure,
                 tls: tls_cert
                     .zip(tls_key)
@@ -980,6 +1006,10 @@ fn run(cli: Cli) -> Result<()> {
             init_logging("warn");
             bench_contention::run(&args).map(drop)
         }
+        Command::Bench(BenchCommand::Fairness(args)) => {
+            init_logging("warn");
+            bench_fairness::run(&args).map(|_| ())
+        }
         Command::Bench(BenchCommand::Burn) => bench_contention::burn(),
         Command::Bench(BenchCommand::Plot { json, png }) => {
             init_logging("warn");
@@ -1000,12 +1030,14 @@ fn run(cli: Cli) -> Result<()> {
             driver,
             native: _,
             workload,
+            fair,
         }) => {
             init_logging("warn");
             bench_gpu::worker(&bench_gpu::WorkerOptions {
                 what,
                 driver,
                 workload,
+                fair,
             })
         }
         Command::Bench(BenchCommand::RpcServer { listen }) => {

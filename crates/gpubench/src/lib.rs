@@ -25,6 +25,35 @@ const EMPTY_KERNEL_PTX: &str = "\
 /// The kernel's name in [`EMPTY_KERNEL_PTX`].
 const EMPTY_KERNEL: &str = "remora_bench_empty";
 
+/// A kernel that keeps each of its blocks busy for a number of SM clock cycles (its one
+/// parameter): the greedy tenant's work in `remora bench fairness`.
+const SPIN_KERNEL_PTX: &str = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry remora_bench_spin(.param .u64 remora_bench_spin_cycles)
+{
+	.reg .pred %p<2>;
+	.reg .b64 %rd<5>;
+	ld.param.u64 %rd1, [remora_bench_spin_cycles];
+	mov.u64 %rd2, %clock64;
+$L_spin:
+	mov.u64 %rd3, %clock64;
+	sub.s64 %rd4, %rd3, %rd2;
+	setp.lt.u64 %p1, %rd4, %rd1;
+	@%p1 bra $L_spin;
+	ret;
+}
+";
+/// The kernel's name in [`SPIN_KERNEL_PTX`].
+const SPIN_KERNEL: &str = "remora_bench_spin";
+/// Threads per block of the spin kernel; two such blocks fill an SM of compute capability
+/// 8.0 to 9.0 (2,048 resident threads).
+const SPIN_BLOCK: c_uint = 1024;
+/// Spin kernels launched between two events (the greedy client keeps two such batches
+/// queued, so the GPU never waits for it).
+const SPIN_BATCH: u32 = 8;
+
 /// What to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -33,6 +62,24 @@ pub enum What {
     Launch,
     /// Synchronous memcpy bandwidth, pinned and pageable, both directions.
     Copy,
+    /// `bench fairness`'s greedy tenant: spin kernels that fill every SM, kept queued for
+    /// `--millis`; kernels completed per second.
+    Greedy,
+    /// `bench fairness`'s latency-sensitive tenant: empty-kernel launch + synchronize for
+    /// `--millis`; p50 and p99.
+    Latency,
+}
+
+impl What {
+    /// The name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            What::Launch => "launch",
+            What::Copy => "copy",
+            What::Greedy => "greedy",
+            What::Latency => "latency",
+        }
+    }
 }
 
 /// One worker's result.
@@ -61,6 +108,12 @@ pub struct WorkerResult {
     /// counted as if they had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spans: Vec<(String, u128, u128, f64)>,
+    /// Spin kernels completed per second (`greedy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels_per_s: Option<f64>,
+    /// Launch + synchronize round trips made (`latency`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round_trips: Option<u64>,
     /// The GPU's name as the loaded driver reports it (`cuDeviceGetName`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub device: String,
@@ -77,6 +130,9 @@ fn now_ns() -> u128 {
 
 type Res = c_int;
 type Ptr = *mut c_void;
+
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
+const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 
 /// `cuLaunchKernel`.
 type LaunchFn = unsafe extern "C" fn(
@@ -129,6 +185,11 @@ driver_api! {
     init = b"cuInit": unsafe extern "C" fn(c_uint) -> Res;
     device_get = b"cuDeviceGet": unsafe extern "C" fn(*mut c_int, c_int) -> Res;
     device_get_name = b"cuDeviceGetName": unsafe extern "C" fn(*mut c_char, c_int, c_int) -> Res;
+    device_get_attribute =
+        b"cuDeviceGetAttribute": unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Res;
+    event_create = b"cuEventCreate": unsafe extern "C" fn(*mut Ptr, c_uint) -> Res;
+    event_record = b"cuEventRecord": unsafe extern "C" fn(Ptr, Ptr) -> Res;
+    event_synchronize = b"cuEventSynchronize": unsafe extern "C" fn(Ptr) -> Res;
     ctx_create = b"cuCtxCreate_v2": unsafe extern "C" fn(*mut Ptr, c_uint, c_int) -> Res;
     module_load_data = b"cuModuleLoadData": unsafe extern "C" fn(*mut Ptr, *const c_void) -> Res;
     module_get_function =
@@ -182,6 +243,39 @@ pub struct WorkerOptions {
     pub what: What,
     pub driver: Option<PathBuf>,
     pub workload: Workload,
+    pub fair: FairWorkload,
+}
+
+/// What a `bench fairness` client does (`greedy`, `latency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+pub struct FairWorkload {
+    /// How long the client measures, in milliseconds.
+    #[arg(long, default_value_t = 3_000)]
+    pub millis: u32,
+    /// SM clock cycles each block of the greedy client's kernel spins for.
+    #[arg(long, default_value_t = 200_000)]
+    pub spin_cycles: u64,
+}
+
+impl Default for FairWorkload {
+    fn default() -> Self {
+        Self {
+            millis: 3_000,
+            spin_cycles: 200_000,
+        }
+    }
+}
+
+impl FairWorkload {
+    /// The command-line options that give a worker this workload.
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            "--millis".into(),
+            self.millis.to_string(),
+            "--spin-cycles".into(),
+            self.spin_cycles.to_string(),
+        ]
+    }
 }
 
 /// How much each client measures: the options of `remora bench launch|copy`, passed on to
@@ -241,7 +335,21 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
         // The launch benchmark's kernel (REMORA_BENCH_IMAGE/REMORA_BENCH_KERNEL replace it, for
         // tests against the emulated backend).
         let mut f = std::ptr::null_mut();
-        if o.what == What::Launch {
+        let mut spin = std::ptr::null_mut();
+        if o.what == What::Greedy {
+            let image = CString::new(SPIN_KERNEL_PTX)?;
+            let mut module = std::ptr::null_mut();
+            check(
+                "cuModuleLoadData (the spin kernel)",
+                (api.module_load_data)(&mut module, image.as_ptr().cast()),
+            )?;
+            let name = CString::new(SPIN_KERNEL)?;
+            check(
+                "cuModuleGetFunction",
+                (api.module_get_function)(&mut spin, module, name.as_ptr()),
+            )?;
+        }
+        if matches!(o.what, What::Launch | What::Latency) {
             let image =
                 std::env::var("REMORA_BENCH_IMAGE").unwrap_or_else(|_| EMPTY_KERNEL_PTX.into());
             let image = CString::new(image).context("REMORA_BENCH_IMAGE holds a NUL")?;
@@ -284,8 +392,43 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
             std::ptr::write_bytes(pinned.cast::<u8>(), 0x5a, bytes);
             buffers = Some((d, pinned, vec![0xa5u8; bytes]));
         }
+        // The greedy client's kernel: two blocks per SM, each spinning `spin_cycles`.
+        let mut sms: c_int = 0;
+        check(
+            "cuDeviceGetAttribute (multiprocessors)",
+            (api.device_get_attribute)(&mut sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+        )?;
+        let mut cycles = o.fair.spin_cycles;
+        let mut spin_params = [(&raw mut cycles).cast::<c_void>()];
+        let spin_grid = 2 * sms.max(1) as c_uint;
+        let launch_spin = |params: *mut Ptr| {
+            (api.launch)(
+                spin,
+                spin_grid,
+                1,
+                1,
+                SPIN_BLOCK,
+                1,
+                1,
+                0,
+                stream,
+                params,
+                std::ptr::null_mut(),
+            )
+        };
+        let mut events = [std::ptr::null_mut(); 2];
+        if o.what == What::Greedy {
+            for e in &mut events {
+                check("cuEventCreate", (api.event_create)(e, 0))?;
+            }
+            check(
+                "cuLaunchKernel (spin)",
+                launch_spin(spin_params.as_mut_ptr()),
+            )?;
+            check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
+        }
         // Warm up (JIT, first launches) before READY; copies warm up per kind below.
-        if o.what == What::Launch {
+        if matches!(o.what, What::Launch | What::Latency) {
             for _ in 0..100 {
                 check("cuLaunchKernel", launch())?;
             }
@@ -335,6 +478,59 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                 if o.workload.syncs > 0 {
                     r.sync_cpu_us = Some((cpu() - cpu0) / f64::from(o.workload.syncs));
                 }
+                lat.sort_by(f64::total_cmp);
+                r.sync_p50_us = Some(percentile(&lat, 0.5));
+                r.sync_p99_us = Some(percentile(&lat, 0.99));
+            }
+            What::Greedy => {
+                // Two batches queued at all times: wait for the older one, queue the next.
+                let millis = u128::from(o.fair.millis);
+                let (t0, w0) = (Instant::now(), now_ns());
+                let mut launched = 0u64;
+                let mut batch = 0usize;
+                loop {
+                    if batch >= 2 {
+                        check(
+                            "cuEventSynchronize",
+                            (api.event_synchronize)(events[batch % 2]),
+                        )?;
+                        if t0.elapsed().as_millis() >= millis {
+                            break;
+                        }
+                    }
+                    for _ in 0..SPIN_BATCH {
+                        check(
+                            "cuLaunchKernel (spin)",
+                            launch_spin(spin_params.as_mut_ptr()),
+                        )?;
+                    }
+                    launched += u64::from(SPIN_BATCH);
+                    check(
+                        "cuEventRecord",
+                        (api.event_record)(events[batch % 2], stream),
+                    )?;
+                    batch += 1;
+                }
+                check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
+                let secs = t0.elapsed().as_secs_f64();
+                r.spans
+                    .push(("greedy".into(), w0, now_ns(), launched as f64));
+                r.kernels_per_s = Some(launched as f64 / secs);
+            }
+            What::Latency => {
+                let millis = u128::from(o.fair.millis);
+                let t0 = Instant::now();
+                let w0 = now_ns();
+                let mut lat = Vec::new();
+                while t0.elapsed().as_millis() < millis {
+                    let t = Instant::now();
+                    check("cuLaunchKernel", launch())?;
+                    check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
+                    lat.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+                r.spans
+                    .push(("latency".into(), w0, now_ns(), lat.len() as f64));
+                r.round_trips = Some(lat.len() as u64);
                 lat.sort_by(f64::total_cmp);
                 r.sync_p50_us = Some(percentile(&lat, 0.5));
                 r.sync_p99_us = Some(percentile(&lat, 0.99));

@@ -23,6 +23,7 @@ pub mod backend;
 mod device_output;
 pub mod driver;
 mod executor;
+pub mod gpu_share;
 mod hello;
 mod host_callbacks;
 mod metrics;

@@ -145,12 +145,21 @@ struct Overrides(Vec<(Kind, Option<u64>)>);
 /// device-memory = "20GiB"
 /// [tenants.alice.session]
 /// events = 4096
+///
+/// # A tenant's share of each GPU's SMs, in percent (1 to 100), enforced through MPS when the
+/// # server runs with `--gpu-share mps`; in [tenant] it is every tenant's.
+/// [tenants.bob]
+/// gpu-share = 50
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaConfig {
     tenant: Limits,
     session: Limits,
     tenants: BTreeMap<String, (Overrides, Overrides)>,
+    /// Every tenant's GPU share (`[tenant] gpu-share`, `--limit tenant.gpu-share`); 100: whole.
+    share: GpuShare,
+    /// Shares of named tenants (`[tenants.NAME] gpu-share`).
+    shares: BTreeMap<String, GpuShare>,
     /// Unix users and the tenant each stands for (`--tenant-map`), for Unix-socket peers that
     /// did not authenticate otherwise.
     uids: BTreeMap<u32, String>,
@@ -171,8 +180,72 @@ impl Default for QuotaConfig {
             tenant,
             session,
             tenants: BTreeMap::new(),
+            share: GpuShare::WHOLE,
+            shares: BTreeMap::new(),
             uids: BTreeMap::new(),
         }
+    }
+}
+
+/// A tenant's share of a GPU's SMs in percent, 1 to 100 (`gpu-share`): the MPS active
+/// thread percentage of its sessions' worker processes under `remora serve --gpu-share mps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GpuShare(u8);
+
+impl GpuShare {
+    /// The whole GPU: no limit.
+    pub const WHOLE: GpuShare = GpuShare(100);
+    /// The key in `tenants.toml` and `--limit`.
+    pub const KEY: &'static str = "gpu-share";
+
+    /// The share in percent.
+    pub fn percent(self) -> u8 {
+        self.0
+    }
+
+    /// Whether this is less than the whole GPU.
+    pub fn is_limited(self) -> bool {
+        self.0 < 100
+    }
+
+    /// Parses `50`, `50%` or `unlimited` (100).
+    fn parse(s: &str) -> Result<GpuShare, String> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("unlimited") {
+            return Ok(GpuShare::WHOLE);
+        }
+        let n: u64 = s
+            .strip_suffix('%')
+            .unwrap_or(s)
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a percentage from 1 to 100"))?;
+        Self::from_percent(n)
+    }
+
+    fn from_percent(n: u64) -> Result<GpuShare, String> {
+        match u8::try_from(n) {
+            Ok(p @ 1..=100) => Ok(GpuShare(p)),
+            _ => Err(format!(
+                "{n} is not a percentage from 1 to 100 (a share of the GPU's SMs)"
+            )),
+        }
+    }
+
+    /// Reads a `gpu-share` value of a TOML table.
+    fn from_toml(v: &toml::Value, table: &str) -> Result<GpuShare, QuotaError> {
+        let r = match v {
+            toml::Value::Integer(n) if *n >= 0 => Self::from_percent(*n as u64),
+            toml::Value::String(s) => Self::parse(s),
+            _ => Err("expected a percentage such as 50".into()),
+        };
+        r.map_err(|e| QuotaError(format!("{table} {}: {e}", Self::KEY)))
+    }
+}
+
+impl fmt::Display for GpuShare {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}%", self.0)
     }
 }
 
@@ -214,8 +287,11 @@ impl QuotaConfig {
         for (key, value) in &table {
             match key.as_str() {
                 "tenant" => {
-                    let o = overrides(value, "[tenant]", true)?;
+                    let (o, share) = tenant_table(value, "[tenant]")?;
                     self.tenant = self.tenant.overlaid(&o);
+                    if let Some(share) = share {
+                        self.share = share;
+                    }
                 }
                 "session" => {
                     let o = overrides(value, "[session]", false)?;
@@ -238,11 +314,11 @@ impl QuotaConfig {
                             Some(s) => overrides(&s, &format!("[tenants.{name}.session]"), false)?,
                             None => Overrides::default(),
                         };
-                        let tenant = overrides(
-                            &toml::Value::Table(own),
-                            &format!("[tenants.{name}]"),
-                            true,
-                        )?;
+                        let (tenant, share) =
+                            tenant_table(&toml::Value::Table(own), &format!("[tenants.{name}]"))?;
+                        if let Some(share) = share {
+                            self.shares.insert(name.clone(), share);
+                        }
                         self.tenants.insert(name.clone(), (tenant, session));
                     }
                 }
@@ -268,6 +344,13 @@ impl QuotaConfig {
         };
         let (name, value) = spec.split_once('=').ok_or_else(|| bad("no `=`"))?;
         let (level, key) = name.trim().split_once('.').ok_or_else(|| bad("no level"))?;
+        if key == GpuShare::KEY {
+            if level != "tenant" {
+                return Err(bad("`gpu-share` is a tenant's share: use tenant.gpu-share"));
+            }
+            self.share = GpuShare::parse(value).map_err(|e| bad(&e))?;
+            return Ok(());
+        }
         let kind = Kind::from_key(key).ok_or_else(|| bad("unknown key"))?;
         let value = parse_value(kind, value.trim()).map_err(|e| bad(&e))?;
         match level {
@@ -279,6 +362,23 @@ impl QuotaConfig {
             _ => return Err(bad("the level must be `tenant` or `session`")),
         }
         Ok(())
+    }
+
+    /// `tenant`'s share of each GPU (`gpu-share`; [`GpuShare::WHOLE`] when none is set).
+    pub fn gpu_share_of(&self, tenant: &str) -> GpuShare {
+        self.shares.get(tenant).copied().unwrap_or(self.share)
+    }
+
+    /// A tenant whose share is less than the whole GPU, if any (every tenant's when
+    /// `[tenant]` or `--limit` sets one).
+    pub fn limited_share(&self) -> Option<(String, GpuShare)> {
+        if self.share.is_limited() {
+            return Some(("every tenant".into(), self.share));
+        }
+        self.shares
+            .iter()
+            .find(|(_, s)| s.is_limited())
+            .map(|(t, s)| (format!("tenant {t}"), *s))
     }
 
     /// The limits of `tenant` as a whole and of each of its sessions.
@@ -331,6 +431,21 @@ impl QuotaConfig {
         self.uids.get(&uid).map(String::as_str)
     }
 
+    /// The tenant a connection counts as: the one it authenticated as (token or client
+    /// certificate); without authentication the tenant the tenant map names for its Unix
+    /// user (from SO_PEERCRED), else `uid:N`, or, over TCP, `anonymous`.
+    pub fn tenant_of(&self, authenticated: Option<&str>, peer: &remora_oncrpc::Peer) -> String {
+        if let Some(t) = authenticated {
+            return t.to_owned();
+        }
+        match peer {
+            remora_oncrpc::Peer::Unix { uid, .. } => self
+                .tenant_of_uid(*uid)
+                .map_or_else(|| format!("uid:{uid}"), str::to_owned),
+            _ => "anonymous".to_owned(),
+        }
+    }
+
     /// The tenants the file names.
     pub fn named_tenants(&self) -> impl Iterator<Item = &str> {
         self.tenants.keys().map(String::as_str)
@@ -341,8 +456,25 @@ fn keys() -> String {
     Kind::ALL
         .iter()
         .map(|k| k.key())
+        .chain([GpuShare::KEY])
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The limits of a tenant's table (`[tenant]`, `[tenants.NAME]`) and its `gpu-share`.
+fn tenant_table(
+    value: &toml::Value,
+    table: &str,
+) -> Result<(Overrides, Option<GpuShare>), QuotaError> {
+    let Some(t) = value.as_table() else {
+        return Err(QuotaError(format!("{table} must be a table of limits")));
+    };
+    let mut t = t.clone();
+    let share = t
+        .remove(GpuShare::KEY)
+        .map(|v| GpuShare::from_toml(&v, table))
+        .transpose()?;
+    Ok((overrides(&toml::Value::Table(t), table, true)?, share))
 }
 
 fn overrides(value: &toml::Value, table: &str, tenant: bool) -> Result<Overrides, QuotaError> {
@@ -351,6 +483,11 @@ fn overrides(value: &toml::Value, table: &str, tenant: bool) -> Result<Overrides
     };
     let mut out = Overrides::default();
     for (key, v) in t {
+        if key == GpuShare::KEY {
+            return Err(QuotaError(format!(
+                "{table}: `{key}` is a tenant's share of the GPU, not a session's: put it in [tenant] or [tenants.NAME]"
+            )));
+        }
         let kind = Kind::from_key(key).ok_or_else(|| {
             QuotaError(format!("{table}: unknown key `{key}`; keys are {}", keys()))
         })?;
@@ -927,6 +1064,47 @@ mod tests {
             "session.x=1",
         ] {
             assert!(c.apply_cli(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn gpu_shares_are_percentages_of_tenants_only() {
+        let c = config(
+            "[tenant]\ngpu-share = \"80%\"\ndevice-memory = \"2GiB\"\n\
+             [tenants.bob]\ngpu-share = 50\n[tenants.carol]\ngpu-share = \"unlimited\"\n",
+        );
+        assert_eq!(c.gpu_share_of("bob").percent(), 50);
+        assert_eq!(c.gpu_share_of("alice").percent(), 80);
+        assert!(!c.gpu_share_of("carol").is_limited());
+        assert_eq!(
+            c.limits_of("alice").0.get(Kind::DeviceMemory),
+            Some(2 << 30),
+            "the share sits beside the tenant's limits"
+        );
+        assert_eq!(
+            c.limited_share(),
+            Some(("every tenant".into(), GpuShare(80)))
+        );
+        let mut d = QuotaConfig::default();
+        assert_eq!(d.limited_share(), None);
+        assert!(!d.gpu_share_of("anyone").is_limited());
+        d.apply_cli("tenant.gpu-share=25").unwrap();
+        assert_eq!(d.gpu_share_of("anyone").percent(), 25);
+        let e = d.apply_cli("session.gpu-share=25").unwrap_err().0;
+        assert!(e.contains("tenant.gpu-share"), "{e}");
+        for (text, want) in [
+            ("[tenant]\ngpu-share = 0\n", "percentage from 1 to 100"),
+            ("[tenant]\ngpu-share = 101\n", "percentage from 1 to 100"),
+            (
+                "[tenants.x]\ngpu-share = \"half\"\n",
+                "percentage from 1 to 100",
+            ),
+            ("[tenants.x]\ngpu-share = 1.5\n", "expected a percentage"),
+            ("[session]\ngpu-share = 50\n", "not a session's"),
+            ("[tenants.x.session]\ngpu-share = 50\n", "not a session's"),
+        ] {
+            let e = QuotaConfig::default().apply_toml(text).unwrap_err().0;
+            assert!(e.contains(want), "{text}: {e}");
         }
     }
 

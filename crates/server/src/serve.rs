@@ -244,6 +244,8 @@ pub struct ServeConfig {
     /// A Prometheus endpoint (`--metrics tcp://HOST:PORT`, `metrics.rs`); a
     /// non-loopback address needs [`ServeConfig::insecure`].
     pub metrics: Option<Endpoint>,
+    /// How tenants share GPU time (`--gpu-share`, [`crate::gpu_share`]).
+    pub gpu_share: crate::gpu_share::GpuShareMode,
 }
 
 /// The PEM files of `tls://` listeners.
@@ -498,6 +500,9 @@ pub enum ServeError {
     /// The limits ledger could not be made or inherited.
     #[error("cannot set up the limits ledger: {0}")]
     Ledger(std::io::Error),
+    /// `--gpu-share` cannot enforce the shares asked for.
+    #[error("{0}")]
+    GpuShare(String),
 }
 
 /// The limits of `file` (if any) with `limits` over them.
@@ -873,11 +878,12 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     // and authenticates its connection itself (docs/architecture.md).
     let tokens = load_tokens(config.auth_token_file.as_deref())?;
     // Checked here so that a bad file stops the server; each worker reads it again.
-    quota_config(
+    let quotas = quota_config(
         config.tenants_file.as_deref(),
         &config.limits,
         config.tenant_map.as_deref(),
     )?;
+    crate::gpu_share::check_start(config.gpu_share, Isolation::Process, &quotas)?;
     let ledger =
         Arc::new(crate::quota::Ledger::new(ledger_slots(&config)).map_err(ServeError::Ledger)?);
     let (cache_dir, owned_dir) = match &config.module_cache_dir {
@@ -942,6 +948,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
         (config.shm.data_bytes, config.shm.lock_max_bytes),
         config.warm_workers.unwrap_or(DEFAULT_WARM_WORKERS),
         !config.no_warm_refill,
+        (config.gpu_share == crate::gpu_share::GpuShareMode::Mps).then_some(quotas),
     ));
     // The warm workers load and initialise their drivers while this process probes its own.
     pool.fill();
@@ -1027,7 +1034,7 @@ impl remora_oncrpc::FirstCallGate for TokenGate {
         program: u32,
         procedure: u32,
         args: &[u8],
-    ) -> Result<(), remora_oncrpc::AuthStat> {
+    ) -> Result<Option<String>, remora_oncrpc::AuthStat> {
         use remora_proto::remora::{HelloAuthArgs, REMORA_HELLO_AUTH, REMORA_PROG};
         if program != REMORA_PROG || procedure != REMORA_HELLO_AUTH {
             remora_oncrpc::audit!(info, "auth_required", %peer, program, procedure,
@@ -1037,7 +1044,7 @@ impl remora_oncrpc::FirstCallGate for TokenGate {
         let mut dec = remora_oncrpc::xdr::Decoder::new(remora_xdr::Bytes::copy_from_slice(args));
         let hello: Option<HelloAuthArgs> = remora_oncrpc::xdr::XdrDecode::decode(&mut dec).ok();
         match hello.as_ref().and_then(|h| self.0.tenant_of(&h.token)) {
-            Some(_) => Ok(()),
+            Some(tenant) => Ok(Some(tenant.to_owned())),
             None => {
                 remora_oncrpc::audit!(warn, "auth_failed", %peer,
                     "authentication failed: HELLO_AUTH with a token the server does not know; AUTH_ERROR (AUTH_BADCRED), connection closed before a session worker started");
@@ -1246,6 +1253,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         &config.limits,
         config.tenant_map.as_deref(),
     )?;
+    crate::gpu_share::log_worker_share();
     let ledger = match config.ledger {
         Some((fd, slots)) => Some(Arc::new(
             crate::quota::Ledger::inherited(fd, slots).map_err(ServeError::Ledger)?,
@@ -1427,15 +1435,13 @@ pub fn start_with_backend(
     );
     let ledger =
         Arc::new(crate::quota::Ledger::new(ledger_slots(&config)).map_err(ServeError::Ledger)?);
-    executor.set_quotas(
-        quota_config(
-            config.tenants_file.as_deref(),
-            &config.limits,
-            config.tenant_map.as_deref(),
-        )?,
-        Arc::clone(&ledger),
-        None,
-    );
+    let quotas = quota_config(
+        config.tenants_file.as_deref(),
+        &config.limits,
+        config.tenant_map.as_deref(),
+    )?;
+    crate::gpu_share::check_start(config.gpu_share, Isolation::Thread, &quotas)?;
+    executor.set_quotas(quotas, Arc::clone(&ledger), None);
     let service = Arc::new(RemoraService::new(executor));
     let metrics = {
         let service = Arc::clone(&service);

@@ -185,6 +185,9 @@ pub(crate) struct WorkerPool {
     /// The limits ledger the workers inherit ([`crate::quota`]): a slot is claimed for each
     /// session handed to a worker and cleared when that worker ends, however it ends.
     ledger: Arc<crate::quota::Ledger>,
+    /// Under `--gpu-share mps`, the limits whose `gpu-share` each session's worker is
+    /// started with ([`crate::gpu_share`]).
+    shares: Option<crate::quota::QuotaConfig>,
 }
 
 /// The waiting workers, and how many are being started (so that two sessions' refills
@@ -205,6 +208,7 @@ impl WorkerPool {
         lock: (u64, u64),
         warm_target: usize,
         refill: bool,
+        shares: Option<crate::quota::QuotaConfig>,
     ) -> Self {
         Self {
             command,
@@ -215,12 +219,14 @@ impl WorkerPool {
             warm_target,
             refill,
             warm: Mutex::default(),
+            shares,
         }
     }
 
-    /// Starts a worker. The thread that starts it stays with it until it exits: the worker
-    /// dies with that thread (`PR_SET_PDEATHSIG`), and it reaps it.
-    fn start(&self) -> io::Result<Worker> {
+    /// Starts a worker, with an MPS share of the GPU when `share` says so ([`crate::gpu_share`]).
+    /// The thread that starts it stays with it until it exits: the worker dies with that
+    /// thread (`PR_SET_PDEATHSIG`), and it reaps it.
+    fn start(&self, share: Option<crate::quota::GpuShare>) -> io::Result<Worker> {
         let Some((program, leading)) = self.command.split_first() else {
             return Err(io::Error::other("no worker command"));
         };
@@ -231,6 +237,15 @@ impl WorkerPool {
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null())
             .env("REMORA_SERVE_PID", std::process::id().to_string());
+        match share {
+            Some(share) => cmd.env(
+                crate::gpu_share::MPS_PERCENT_ENV,
+                share.percent().to_string(),
+            ),
+            // Not this server's own setting (if it has one) either: a worker without a share
+            // has the whole GPU.
+            None => cmd.env_remove(crate::gpu_share::MPS_PERCENT_ENV),
+        };
         let exit = Arc::new(Exit::default());
         let (tx, rx) = std::sync::mpsc::channel();
         let keeper_exit = Arc::clone(&exit);
@@ -274,7 +289,7 @@ impl WorkerPool {
                 }
                 warm.starting += 1;
             }
-            let started = self.start();
+            let started = self.start(None);
             let mut warm = self.lock_warm();
             warm.starting -= 1;
             match started {
@@ -310,7 +325,7 @@ impl WorkerPool {
             }
             return Ok(w);
         }
-        self.start()
+        self.start(None)
     }
 
     /// Ends the warm workers (server shutdown): each sees its control socket close and
@@ -360,11 +375,25 @@ impl ConnectionHandler for WorkerPool {
         }
         let _release = Release(&self.ledger, slot);
         let message = handoff_message(budget, slot, &conn.origin(), &peer.to_string());
+        // A tenant with a share of the GPU gets a worker started for it with that share; the
+        // warm ones, started before any tenant was known, have the whole GPU.
+        let share = self.shares.as_ref().and_then(|q| {
+            let tenant = q.tenant_of(conn.authenticated_tenant(), &peer);
+            crate::gpu_share::worker_share(q, &tenant).map(|s| (tenant, s))
+        });
         // A warm worker that died since it started fails the hand-off: take another.
         let mut tries = 0;
         let worker = loop {
             tries += 1;
-            let w = match self.take() {
+            let w = match &share {
+                Some((tenant, s)) => {
+                    tracing::info!(%peer, connection = id, %tenant, gpu_share = %s,
+                        "starting a session worker with the tenant's share of the GPU (MPS)");
+                    self.start(Some(*s))
+                }
+                None => self.take(),
+            };
+            let w = match w {
                 Ok(w) => w,
                 Err(e) => {
                     tracing::error!(%peer, error = %e, "cannot start a session worker; connection closed");
@@ -395,7 +424,7 @@ impl ConnectionHandler for WorkerPool {
         // Replace it while the session runs, once its worker is ready (it says so on the
         // control socket): two workers making contexts at once slow both (254 ms instead
         // of ~150 ms on the H100 host), and the session's is the one a program waits for.
-        if self.refill && !conn.shutting_down() {
+        if self.refill && share.is_none() && !conn.shutting_down() {
             let _ = worker.control.set_read_timeout(Some(READY_WAIT));
             let _ = std::io::Read::read(&mut &worker.control, &mut [0u8; 1]);
             self.fill();

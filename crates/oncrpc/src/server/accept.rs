@@ -77,6 +77,8 @@ pub struct AcceptedConnection {
     shared: Arc<Shared>,
     /// Whether it came over TLS, and the tenant of its client certificate.
     tls: Option<Option<String>>,
+    /// The tenant its first call authenticated as ([`ServerConfig::first_call_gate`]).
+    gated_tenant: Option<String>,
 }
 
 impl fmt::Debug for AcceptedConnection {
@@ -116,6 +118,13 @@ impl AcceptedConnection {
     /// requires them: the connection is authenticated as this tenant.
     pub fn certificate_tenant(&self) -> Option<&str> {
         self.tls.as_ref().and_then(Option::as_deref)
+    }
+
+    /// The tenant the connection authenticated as before it was handed off: its client
+    /// certificate's, or the one its first call named to [`ServerConfig::first_call_gate`]
+    /// (a token). Whoever serves the connection authenticates it again.
+    pub fn authenticated_tenant(&self) -> Option<&str> {
+        self.certificate_tenant().or(self.gated_tenant.as_deref())
     }
 
     /// What a process that serves this connection elsewhere needs to know of it
@@ -566,7 +575,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Optio
                     .first_call_gate
                     .as_deref()
                     .filter(|_| origin.tenant.is_none());
-                if let Err(why) = await_first_record(
+                let gated_tenant = match await_first_record(
                     &stream,
                     &shared2.config,
                     &shared2.shutting_down,
@@ -574,17 +583,21 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Optio
                     accepted_at,
                     gate.map(|g| (g, &peer)),
                 ) {
-                    tracing::info!(%peer, "ONC RPC server: {why}; connection closed");
-                    drop(stream);
-                    finish(pump);
-                    return;
-                }
+                    Ok(tenant) => tenant,
+                    Err(why) => {
+                        tracing::info!(%peer, "ONC RPC server: {why}; connection closed");
+                        drop(stream);
+                        finish(pump);
+                        return;
+                    }
+                };
                 let conn = AcceptedConnection {
                     stream,
                     peer: peer.clone(),
                     id,
                     shared: Arc::clone(&shared2),
                     tls: origin.tls.then(|| origin.tenant.clone()),
+                    gated_tenant,
                 };
                 if catch_unwind(AssertUnwindSafe(|| handler.handle(conn))).is_err() {
                     tracing::error!(%peer, "ONC RPC server: the connection handler panicked");
@@ -763,13 +776,13 @@ fn await_first_record(
     registry: &Registry,
     accepted_at: Instant,
     gate: Option<(&dyn crate::server::FirstCallGate, &Peer)>,
-) -> Result<(), String> {
+) -> Result<Option<String>, String> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     use rustix::net::{RecvFlags, recv};
     let fd = match stream {
         Stream::Tcp(s) => s.as_fd(),
         Stream::Unix(s) => s.as_fd(),
-        Stream::Shm(_) => return Ok(()),
+        Stream::Shm(_) => return Ok(None),
     };
     let max = config
         .max_first_record_size
@@ -822,20 +835,20 @@ fn await_first_record(
                     .flatten()
                 else {
                     let Some((gate, peer)) = gate else {
-                        return Ok(());
+                        return Ok(None);
                     };
                     // Checked here, before any process starts for the connection; the
                     // record stays queued for whoever serves it.
-                    let refused = match first_call(&buf[4..4 + len]) {
+                    let checked = match first_call(&buf[4..4 + len]) {
                         Some((xid, program, procedure, args)) if last_fragment => gate
                             .check(peer, program, procedure, args)
-                            .err()
-                            .map(|stat| (xid, stat)),
-                        Some((xid, ..)) => Some((xid, crate::AuthStat::TooWeak)),
+                            .map_err(|stat| (xid, stat)),
+                        Some((xid, ..)) => Err((xid, crate::AuthStat::TooWeak)),
                         None => return Err("the first record is not a call".into()),
                     };
-                    let Some((xid, stat)) = refused else {
-                        return Ok(());
+                    let (xid, stat) = match checked {
+                        Ok(tenant) => return Ok(tenant),
+                        Err(refused) => refused,
                     };
                     let reply = auth_error_record(xid, stat);
                     let _ = rustix::net::send(fd, &reply, rustix::net::SendFlags::NOSIGNAL);

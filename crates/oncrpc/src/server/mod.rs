@@ -122,14 +122,16 @@ impl Default for ServerConfig {
 /// ([`ServerConfig::first_call_gate`]).
 pub trait FirstCallGate: Send + Sync + std::fmt::Debug {
     /// Whether the first call, procedure `procedure` of `program` with XDR arguments `args`,
-    /// from `peer`, may go on to the handler; `Err`: the AUTH_ERROR status to answer.
+    /// from `peer`, may go on to the handler, and the tenant it authenticates as, if it names
+    /// one (kept as [`AcceptedConnection::authenticated_tenant`](crate::AcceptedConnection));
+    /// `Err`: the AUTH_ERROR status to answer.
     fn check(
         &self,
         peer: &crate::Peer,
         program: u32,
         procedure: u32,
         args: &[u8],
-    ) -> Result<(), crate::AuthStat>;
+    ) -> Result<Option<String>, crate::AuthStat>;
 }
 
 /// Default of [`ServerConfig::record_budget`]: 1 GiB.

@@ -848,19 +848,9 @@ fn not_captured(inner: &Inner, capturing: bool, ctx: u64, stream: u64) -> CuResu
     }
 }
 
-/// The tenant a session's limits are counted under: the one it authenticated as; without
-/// authentication the tenant `--tenant-map` names for its Unix user (from SO_PEERCRED), else
-/// `uid:N`, or, over TCP, `anonymous`.
+/// The tenant a session's limits are counted under ([`crate::quota::QuotaConfig::tenant_of`]).
 pub(crate) fn limits_tenant(call: &CallContext, config: &crate::quota::QuotaConfig) -> String {
-    if let Some(t) = call.tenant() {
-        return t.to_owned();
-    }
-    match call.peer {
-        remora_oncrpc::Peer::Unix { uid, .. } => config
-            .tenant_of_uid(uid)
-            .map_or_else(|| format!("uid:{uid}"), str::to_owned),
-        _ => "anonymous".to_owned(),
-    }
+    config.tenant_of(call.tenant(), &call.peer)
 }
 
 /// `cu_result` as the generated code names it.

@@ -1,0 +1,636 @@
+//! `remora bench fairness` (issue 13 §3): two tenants on one GPU, one greedy (spin kernels
+//! that fill every SM, kept queued) and one latency-sensitive (empty-kernel launch +
+//! synchronize), under each way of sharing the GPU: `off` (the driver's time slicing between
+//! the sessions' contexts) and `mps` (`remora serve --gpu-share mps`, each tenant at
+//! `--share` percent of the SMs).
+//!
+//! For each sharing (and natively, as two plain CUDA processes) it runs four scenarios, each a
+//! group of `remora bench gpu-worker` clients started together, each client authenticated as
+//! its tenant (alice greedy, bob latency or greedy):
+//!
+//! * `latency_alone`: bob's launch + synchronize alone;
+//! * `greedy_alone`: alice's spin kernels alone;
+//! * `with_greedy`: both at once;
+//! * `two_greedy`: alice and bob both greedy.
+//!
+//! A greedy client's *GPU share* is its kernels per second over native alice's alone (the
+//! whole GPU): the goal is at least 45% for each of two greedy tenants with equal shares, and
+//! the latency tenant's p99 beside a greedy one within 2x of its p99 alone. The benchmark
+//! starts and stops the MPS control daemon itself when none runs (`--mps-control`).
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use remora_gpubench::FairWorkload;
+use remora_oncrpc::Endpoint;
+use remora_server::gpu_share::mps_pipe_dir;
+
+use crate::bench_gpu::{self, Figure, Report, What, WorkerResult};
+use crate::run::{EmbeddedServer, find_shim};
+
+/// `remora bench fairness`'s options.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Args {
+    /// Ways of sharing the GPU to measure, comma-separated: off (time slicing between the
+    /// sessions' contexts), mps (`remora serve --gpu-share mps`, each tenant at --share).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "off,mps"
+    )]
+    sharing: Vec<String>,
+    /// Each tenant's gpu-share under mps, in percent of the SMs.
+    #[arg(long, value_name = "PERCENT", default_value_t = 50)]
+    share: u8,
+    /// The transport of the remoted clients: shm, unix or tcp.
+    #[arg(long, value_name = "T", default_value = "shm")]
+    transport: String,
+    #[command(flatten)]
+    workload: FairWorkload,
+    /// The MPS control program (default: nvidia-cuda-mps-control on PATH, else
+    /// /usr/local/nvidia/bin/nvidia-cuda-mps-control), used to start the MPS control daemon
+    /// for the mps rows when none runs, and to stop it again afterwards.
+    #[arg(long, value_name = "PATH")]
+    mps_control: Option<PathBuf>,
+    /// Skip the native scenarios (then GPU shares are not computed).
+    #[arg(long)]
+    no_native: bool,
+    /// Remora's shim (default: beside this executable, or REMORA_SHIM).
+    #[arg(long, value_name = "PATH")]
+    shim: Option<PathBuf>,
+    /// Write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw the report as a PNG plot to this file.
+    #[arg(long, value_name = "FILE")]
+    png: Option<PathBuf>,
+}
+
+/// One scenario: its name and its clients (tenant, what the client does).
+const SCENARIOS: [(&str, &[(&str, What)]); 4] = [
+    ("latency_alone", &[("bob", What::Latency)]),
+    ("greedy_alone", &[("alice", What::Greedy)]),
+    (
+        "with_greedy",
+        &[("alice", What::Greedy), ("bob", What::Latency)],
+    ),
+    (
+        "two_greedy",
+        &[("alice", What::Greedy), ("bob", What::Greedy)],
+    ),
+];
+
+/// Where the clients of one sharing mode run.
+enum Target<'a> {
+    Native,
+    Remote {
+        endpoint: &'a Endpoint,
+        shim: &'a Path,
+        transport: &'a str,
+        tokens: &'a [(String, String)],
+    },
+}
+
+/// The MPS control daemon this benchmark started; stopped (`quit`) on drop.
+struct MpsDaemon {
+    control: PathBuf,
+}
+
+impl MpsDaemon {
+    fn running() -> bool {
+        mps_pipe_dir().join("control").exists()
+    }
+
+    /// Starts the daemon and waits until its control pipe exists.
+    fn start(control: &Path) -> Result<Self> {
+        eprintln!(
+            "remora: starting the MPS control daemon ({} -d)",
+            control.display()
+        );
+        let status = Command::new(control)
+            .arg("-d")
+            .status()
+            .with_context(|| format!("cannot run {}", control.display()))?;
+        if !status.success() {
+            bail!("{} -d failed ({status})", control.display());
+        }
+        let daemon = Self {
+            control: control.to_owned(),
+        };
+        wait_for(Duration::from_secs(10), Self::running)
+            .context("the MPS control daemon did not create its control pipe within 10 s")?;
+        Ok(daemon)
+    }
+}
+
+impl Drop for MpsDaemon {
+    fn drop(&mut self) {
+        eprintln!("remora: stopping the MPS control daemon");
+        let quit = Command::new(&self.control)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .and_then(|mut c| {
+                if let Some(mut i) = c.stdin.take() {
+                    i.write_all(b"quit\n")?;
+                }
+                c.wait()
+            });
+        if let Err(e) = quit {
+            eprintln!("remora: cannot stop the MPS control daemon: {e}");
+        }
+        if wait_for(Duration::from_secs(10), || !Self::running()).is_err() {
+            eprintln!("remora: the MPS control daemon's pipe is still there after 10 s");
+        }
+    }
+}
+
+fn wait_for(limit: Duration, done: impl Fn() -> bool) -> Result<()> {
+    let t0 = Instant::now();
+    while !done() {
+        if t0.elapsed() > limit {
+            bail!("timed out");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+fn find_mps_control(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_owned());
+    }
+    let name = "nvidia-cuda-mps-control";
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([Path::new("/usr/local/nvidia/bin").join(name)])
+        .find(|p| p.is_file())
+        .with_context(|| format!("cannot find {name}: give --mps-control PATH"))
+}
+
+/// Runs one scenario's clients together.
+fn run_scenario(
+    target: &Target,
+    clients: &[(&str, What)],
+    workload: &FairWorkload,
+    label: &str,
+) -> Result<Vec<WorkerResult>> {
+    let exe = std::env::current_exe().context("cannot find the remora executable")?;
+    let mut commands = Vec::new();
+    for (tenant, what) in clients {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["bench", "gpu-worker", what.name()])
+            .args(workload.to_args());
+        match target {
+            Target::Native => {
+                cmd.arg("--native");
+            }
+            Target::Remote {
+                endpoint,
+                shim,
+                transport,
+                tokens,
+            } => {
+                let token = tokens
+                    .iter()
+                    .find(|(t, _)| t == tenant)
+                    .map(|(_, k)| k.as_str())
+                    .unwrap_or_default();
+                cmd.arg("--driver")
+                    .arg(shim)
+                    .env("REMORA_SERVER", endpoint.to_string())
+                    .env("REMORA_TRANSPORT", transport)
+                    .env("REMORA_AUTH_TOKEN", token);
+            }
+        }
+        commands.push(cmd);
+    }
+    bench_gpu::run_workers(commands, label)
+}
+
+/// A token no one can guess from outside this process (the server listens on a private
+/// socket or on loopback; the tokens only tell its two tenants apart).
+fn token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::new();
+    for i in 0..2u64 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(i);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}
+
+/// Runs the benchmark: progress on stderr, a table on stdout, the JSON report and the plot
+/// when asked.
+pub(crate) fn run(a: &Args) -> Result<Report> {
+    for s in &a.sharing {
+        if !["off", "mps"].contains(&s.as_str()) {
+            bail!("unknown sharing {s:?}: use off or mps (comma-separated)");
+        }
+    }
+    if !(1..=100).contains(&a.share) {
+        bail!("--share is a percentage from 1 to 100");
+    }
+    if !["shm", "unix", "tcp"].contains(&a.transport.as_str()) {
+        bail!("unknown transport {:?}: use shm, unix or tcp", a.transport);
+    }
+    let shim = find_shim(a.shim.as_deref())?;
+    let mut notes = vec![format!(
+        "tenants alice (greedy: spin kernels of 2 blocks x 1024 threads per SM, {} cycles each, \
+         two batches of 8 queued) and bob (latency: empty kernel + cuStreamSynchronize, or \
+         greedy in two_greedy); {} ms per scenario; remoted over {}; gpu_share = kernels/s \
+         over native alice alone",
+        a.workload.spin_cycles, a.workload.millis, a.transport
+    )];
+    let mps_before = MpsDaemon::running();
+    if mps_before {
+        notes.push(
+            "an MPS control daemon was running before the benchmark: native and `off` rows \
+             ran under MPS too"
+                .into(),
+        );
+    }
+    let mut results: Vec<(String, &str, Vec<WorkerResult>)> = Vec::new();
+    let mut device = String::new();
+    let mut measure = |mode: &str, target: &Target| -> Result<()> {
+        for (scenario, clients) in SCENARIOS {
+            eprint!("[{mode}] {scenario} ... ");
+            let _ = std::io::stderr().flush();
+            let r = run_scenario(target, clients, &a.workload, &format!("{mode} {scenario}"));
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("failed");
+                    return Err(e);
+                }
+            };
+            eprintln!("{}", summary(&r));
+            if device.is_empty()
+                && let Some(d) = r.iter().find(|r| !r.device.is_empty())
+            {
+                device.clone_from(&d.device);
+            }
+            results.push((mode.to_owned(), scenario, r));
+        }
+        Ok(())
+    };
+    if !a.no_native {
+        measure("native", &Target::Native)?;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("remora-bench-fairness-")
+        .tempdir()
+        .context("cannot create a private directory")?;
+    let tokens = vec![("alice".to_owned(), token()), ("bob".to_owned(), token())];
+    let token_file = dir.path().join("tokens");
+    write_private(
+        &token_file,
+        &tokens
+            .iter()
+            .map(|(t, k)| format!("{t} {k}\n"))
+            .collect::<String>(),
+    )?;
+    for sharing in &a.sharing {
+        let mut serve_args: Vec<OsString> =
+            vec!["--auth-token-file".into(), token_file.clone().into()];
+        let mut daemon = None;
+        let mode = if sharing == "mps" {
+            let tenants = dir.path().join("tenants.toml");
+            write_private(&tenants, &format!("[tenant]\ngpu-share = {}\n", a.share))?;
+            serve_args.extend([
+                "--gpu-share".into(),
+                "mps".into(),
+                "--tenants".into(),
+                tenants.into(),
+            ]);
+            if !MpsDaemon::running() {
+                daemon = Some(MpsDaemon::start(&find_mps_control(
+                    a.mps_control.as_deref(),
+                )?)?);
+            }
+            format!("mps {}%", a.share)
+        } else {
+            "off".to_owned()
+        };
+        let listen = if a.transport == "tcp" {
+            Endpoint::Tcp("127.0.0.1:0".into())
+        } else {
+            Endpoint::Unix(dir.path().join(format!("{sharing}.sock")))
+        };
+        let (server, endpoint) = EmbeddedServer::start(&listen, &serve_args, false)?;
+        let target = Target::Remote {
+            endpoint: &endpoint,
+            shim: &shim,
+            transport: &a.transport,
+            tokens: &tokens,
+        };
+        measure(&mode, &target)?;
+        drop(server);
+        drop(daemon);
+    }
+    let (figures, goal_notes) = figures(&results);
+    notes.extend(goal_notes);
+    let report = Report::now(
+        "fairness",
+        device,
+        "embedded".into(),
+        1,
+        None,
+        figures,
+        notes,
+    );
+    outln!("{}", bench_gpu::table(&report));
+    for n in &report.notes {
+        outln!("note: {n}");
+    }
+    bench_gpu::write_report(&report, a.json.as_deref(), a.png.as_deref())?;
+    Ok(report)
+}
+
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn summary(r: &[WorkerResult]) -> String {
+    r.iter()
+        .map(|w| match (w.kernels_per_s, w.sync_p50_us, w.sync_p99_us) {
+            (Some(k), ..) => format!("{k:.0} kernels/s"),
+            (None, Some(p50), Some(p99)) => format!("p50 {p50:.1} us, p99 {p99:.1} us"),
+            _ => "?".into(),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The report's figures, and the notes that hold them against the goals.
+fn figures(results: &[(String, &str, Vec<WorkerResult>)]) -> (Vec<Figure>, Vec<String>) {
+    let native_rate = results
+        .iter()
+        .find(|(m, s, _)| m == "native" && *s == "greedy_alone")
+        .and_then(|(_, _, r)| r.first())
+        .and_then(|w| w.kernels_per_s);
+    let mut figures = Vec::new();
+    let fig = |mode: &str, clients: usize, metric: String, unit: &str, value: f64| Figure {
+        mode: mode.to_owned(),
+        clients: clients as u32,
+        metric,
+        unit: unit.to_owned(),
+        value,
+        ratio_to_native: None,
+        ratio_to_raw_tcp: None,
+        rounds: vec![value],
+    };
+    for (mode, scenario, r) in results {
+        let clients = r.len();
+        for (i, w) in r.iter().enumerate() {
+            // Who this client was: the scenario's tenant at the same place.
+            let tenant = SCENARIOS
+                .iter()
+                .find(|(s, _)| s == scenario)
+                .and_then(|(_, c)| c.get(i))
+                .map_or("?", |(t, _)| *t);
+            let role = if scenario.starts_with("two_greedy") {
+                tenant
+            } else if w.kernels_per_s.is_some() {
+                "greedy"
+            } else {
+                "latency"
+            };
+            if let Some(k) = w.kernels_per_s {
+                figures.push(fig(
+                    mode,
+                    clients,
+                    format!("{scenario}.{role}.kernels_per_s"),
+                    "1/s",
+                    k,
+                ));
+                if let Some(n) = native_rate {
+                    figures.push(fig(
+                        mode,
+                        clients,
+                        format!("{scenario}.{role}.gpu_share"),
+                        "fraction",
+                        k / n,
+                    ));
+                }
+            }
+            if let (Some(p50), Some(p99)) = (w.sync_p50_us, w.sync_p99_us) {
+                figures.push(fig(
+                    mode,
+                    clients,
+                    format!("{scenario}.{role}.p50"),
+                    "us",
+                    p50,
+                ));
+                figures.push(fig(
+                    mode,
+                    clients,
+                    format!("{scenario}.{role}.p99"),
+                    "us",
+                    p99,
+                ));
+            }
+        }
+    }
+    // Latencies against native's in the same scenario.
+    let snapshot = figures.clone();
+    for f in &mut figures {
+        if f.mode == "native" || f.unit != "us" {
+            continue;
+        }
+        f.ratio_to_native = snapshot
+            .iter()
+            .find(|n| n.mode == "native" && n.metric == f.metric)
+            .filter(|n| n.value > 0.0)
+            .map(|n| (f.value / n.value * 1000.0).round() / 1000.0);
+    }
+    let mut notes = Vec::new();
+    let mut modes: Vec<&str> = Vec::new();
+    for (m, ..) in results {
+        if !modes.contains(&m.as_str()) {
+            modes.push(m);
+        }
+    }
+    let get = |mode: &str, metric: &str| {
+        figures
+            .iter()
+            .find(|f| f.mode == mode && f.metric == metric)
+            .map(|f| f.value)
+    };
+    for mode in modes {
+        if let (Some(a), Some(b)) = (
+            get(mode, "two_greedy.alice.gpu_share"),
+            get(mode, "two_greedy.bob.gpu_share"),
+        ) {
+            notes.push(format!(
+                "{mode}: two greedy tenants get {:.1}% and {:.1}% of the GPU (goal: at least 45% each): {}",
+                a * 100.0,
+                b * 100.0,
+                if a.min(b) >= 0.45 { "met" } else { "NOT met" }
+            ));
+        }
+        if let (Some(together), Some(alone)) = (
+            get(mode, "with_greedy.latency.p99"),
+            get(mode, "latency_alone.latency.p99"),
+        ) {
+            let x = together / alone;
+            notes.push(format!(
+                "{mode}: the latency tenant's launch + synchronize p99 beside a greedy tenant is {together:.1} us against {alone:.1} us alone, x{x:.2} (goal: at most 2x): {}",
+                if x <= 2.0 { "met" } else { "NOT met" }
+            ));
+        }
+        if let Some(g) = get(mode, "with_greedy.greedy.gpu_share") {
+            notes.push(format!(
+                "{mode}: the greedy tenant beside the latency one gets {:.1}% of the GPU",
+                g * 100.0
+            ));
+        }
+    }
+    (figures, notes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn greedy(k: f64) -> WorkerResult {
+        WorkerResult {
+            kernels_per_s: Some(k),
+            ..WorkerResult::default()
+        }
+    }
+
+    fn latency(p50: f64, p99: f64) -> WorkerResult {
+        WorkerResult {
+            sync_p50_us: Some(p50),
+            sync_p99_us: Some(p99),
+            ..WorkerResult::default()
+        }
+    }
+
+    #[test]
+    fn shares_are_against_native_alone_and_goals_are_judged() {
+        let results = vec![
+            (
+                "native".to_owned(),
+                "latency_alone",
+                vec![latency(8.0, 10.0)],
+            ),
+            ("native".to_owned(), "greedy_alone", vec![greedy(1000.0)]),
+            (
+                "native".to_owned(),
+                "with_greedy",
+                vec![greedy(990.0), latency(900.0, 2000.0)],
+            ),
+            (
+                "native".to_owned(),
+                "two_greedy",
+                vec![greedy(500.0), greedy(500.0)],
+            ),
+            (
+                "mps 50%".to_owned(),
+                "latency_alone",
+                vec![latency(14.0, 20.0)],
+            ),
+            ("mps 50%".to_owned(), "greedy_alone", vec![greedy(500.0)]),
+            (
+                "mps 50%".to_owned(),
+                "with_greedy",
+                vec![greedy(495.0), latency(15.0, 30.0)],
+            ),
+            (
+                "mps 50%".to_owned(),
+                "two_greedy",
+                vec![greedy(480.0), greedy(440.0)],
+            ),
+        ];
+        let (figures, notes) = figures(&results);
+        let get = |mode: &str, metric: &str| {
+            figures
+                .iter()
+                .find(|f| f.mode == mode && f.metric == metric)
+                .unwrap_or_else(|| panic!("no {mode} {metric}"))
+        };
+        assert_eq!(get("mps 50%", "two_greedy.alice.gpu_share").value, 0.48);
+        assert_eq!(get("mps 50%", "two_greedy.bob.gpu_share").value, 0.44);
+        assert_eq!(get("mps 50%", "with_greedy.latency.p99").value, 30.0);
+        assert_eq!(
+            get("mps 50%", "with_greedy.latency.p99").ratio_to_native,
+            Some(0.015)
+        );
+        assert_eq!(get("native", "greedy_alone.greedy.gpu_share").value, 1.0);
+        let note = |prefix: &str| {
+            notes
+                .iter()
+                .find(|n| n.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no note {prefix}: {notes:?}"))
+                .clone()
+        };
+        assert!(note("mps 50%: two greedy").ends_with("NOT met"));
+        assert!(note("mps 50%: the latency tenant").contains("x1.50"));
+        assert!(note("mps 50%: the latency tenant").ends_with(": met"));
+        assert!(note("native: the latency tenant").ends_with("NOT met"));
+        assert!(note("native: two greedy").ends_with(": met"));
+        // The plot draws the shares and latencies per mode.
+        let dir = tempfile::tempdir().unwrap();
+        let png = dir.path().join("fairness.png");
+        let report = Report::now(
+            "fairness",
+            "GPU".into(),
+            "embedded".into(),
+            1,
+            None,
+            figures,
+            notes,
+        );
+        crate::bench_plot::plot(&report, &png).unwrap();
+        assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    }
+
+    #[test]
+    fn bad_options_are_refused_with_what_to_use() {
+        let args = |sharing: &str, share: u8, transport: &str| Args {
+            sharing: vec![sharing.into()],
+            share,
+            transport: transport.into(),
+            workload: FairWorkload::default(),
+            mps_control: None,
+            no_native: true,
+            shim: Some("/nonexistent".into()),
+            json: None,
+            png: None,
+        };
+        let e = run(&args("time", 50, "shm")).unwrap_err().to_string();
+        assert!(e.contains("use off or mps"), "{e}");
+        let e = run(&args("mps", 0, "shm")).unwrap_err().to_string();
+        assert!(e.contains("1 to 100"), "{e}");
+        let e = run(&args("off", 50, "rdma")).unwrap_err().to_string();
+        assert!(e.contains("shm, unix or tcp"), "{e}");
+    }
+}

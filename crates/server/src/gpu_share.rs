@@ -1,0 +1,162 @@
+//! Fair GPU sharing between tenants (issue 13 §3): `remora serve --gpu-share mps`.
+//!
+//! Contexts of separate processes time-share a GPU: when two are busy the GPU switches
+//! between them every few milliseconds, so a tenant that keeps the GPU saturated delays every
+//! launch of another by up to a time slice, and takes as much of the GPU as it asks for.
+//! With NVIDIA's Multi-Process Service the kernels of different processes run side by side,
+//! and each process may be held to a share of the SMs (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+//! in its environment when it starts). Under process isolation every session has its own
+//! worker process, so the server gives each worker its tenant's `gpu-share` (from
+//! `--tenants`, or `--limit tenant.gpu-share=N`) as that variable:
+//!
+//! * the accepting process knows the tenant before a worker gets the connection (its client
+//!   certificate, the token its first call presents, or its Unix user);
+//! * a tenant with a share below 100% gets a worker started for its session with the
+//!   variable set (warm workers, started before any tenant is known, serve only tenants
+//!   with the whole GPU); its worker logs the share it runs with;
+//! * MPS itself is the operator's: the control daemon (`nvidia-cuda-mps-control -d`) must
+//!   be running for the server's user before `remora serve --gpu-share mps` starts, which
+//!   checks for its pipe directory (`CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`).
+//!
+//! Shares are caps, not reservations: a tenant at 50% uses at most half of the SMs even on
+//! an idle GPU; shares that add up to more than 100% let tenants overlap. What MPS costs in
+//! isolation is in docs/threat-model.md (one client's fatal fault reaches the others on that
+//! GPU). A server without `--gpu-share mps` refuses to start when the limits name a share,
+//! so that a share is never silently not enforced.
+
+use std::path::PathBuf;
+
+use crate::quota::{GpuShare, QuotaConfig};
+use crate::serve::{Isolation, ServeError};
+
+/// How GPU time is shared between tenants (`remora serve --gpu-share`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GpuShareMode {
+    /// The driver's time slicing between the sessions' contexts; `gpu-share` may not be set.
+    #[default]
+    Off,
+    /// MPS: each session's worker process runs with its tenant's `gpu-share` as its active
+    /// thread percentage.
+    Mps,
+}
+
+impl std::str::FromStr for GpuShareMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(Self::Off),
+            "mps" => Ok(Self::Mps),
+            _ => Err(format!("unknown GPU sharing {s:?}: use off or mps")),
+        }
+    }
+}
+
+/// The variable MPS reads in a client process's environment when the process starts.
+pub const MPS_PERCENT_ENV: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+
+/// Where the MPS control daemon keeps its pipes (`CUDA_MPS_PIPE_DIRECTORY`, or NVIDIA's
+/// default).
+pub fn mps_pipe_dir() -> PathBuf {
+    std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from)
+}
+
+/// Checks, before anything starts, that `mode` can enforce what `quota` asks for.
+pub(crate) fn check_start(
+    mode: GpuShareMode,
+    isolation: Isolation,
+    quota: &QuotaConfig,
+) -> Result<(), ServeError> {
+    match mode {
+        GpuShareMode::Off => {
+            if let Some((who, share)) = quota.limited_share() {
+                return Err(ServeError::GpuShare(format!(
+                    "the limits give {who} gpu-share = {share}, which only MPS enforces: \
+                     start the MPS control daemon (nvidia-cuda-mps-control -d) and add \
+                     --gpu-share mps, or remove gpu-share from --tenants/--limit"
+                )));
+            }
+            Ok(())
+        }
+        GpuShareMode::Mps => {
+            if isolation != Isolation::Process {
+                return Err(ServeError::GpuShare(
+                    "--gpu-share mps needs process isolation (MPS limits each session's own \
+                     worker process): leave out --isolation thread"
+                        .into(),
+                ));
+            }
+            let dir = mps_pipe_dir();
+            if !dir.join("control").exists() {
+                return Err(ServeError::GpuShare(format!(
+                    "--gpu-share mps: no MPS control daemon is running ({} has no `control` \
+                     pipe). Start it as the user this server runs as, with \
+                     `nvidia-cuda-mps-control -d` (and the same CUDA_MPS_PIPE_DIRECTORY, if \
+                     set), then start remora serve again",
+                    dir.display()
+                )));
+            }
+            match quota.limited_share() {
+                Some(_) => tracing::info!(
+                    mps_pipe_dir = %dir.display(),
+                    "GPU shares enforced through MPS: each tenant's sessions run with its \
+                     gpu-share as their active thread percentage"
+                ),
+                None => tracing::warn!(
+                    "--gpu-share mps, but no tenant has a gpu-share below 100 (--tenants, \
+                     --limit tenant.gpu-share=N): sessions run side by side under MPS with \
+                     the whole GPU each"
+                ),
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The share a session worker of `tenant` is started with, when less than the whole GPU.
+pub(crate) fn worker_share(quota: &QuotaConfig, tenant: &str) -> Option<GpuShare> {
+    Some(quota.gpu_share_of(tenant)).filter(|s| s.is_limited())
+}
+
+/// Logs, in a session worker, the MPS share its server started it with.
+pub(crate) fn log_worker_share() {
+    if let Some(p) = std::env::var_os(MPS_PERCENT_ENV) {
+        tracing::info!(
+            active_thread_percentage = %p.to_string_lossy(),
+            "this session's worker runs under MPS with its tenant's gpu-share"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_say_what_they_take() {
+        assert_eq!("off".parse(), Ok(GpuShareMode::Off));
+        assert_eq!("mps".parse(), Ok(GpuShareMode::Mps));
+        let e = "MPS".parse::<GpuShareMode>().unwrap_err();
+        assert!(e.contains("off or mps"), "{e}");
+    }
+
+    #[test]
+    fn a_share_without_mps_or_mps_without_processes_refuses_to_start() {
+        let mut q = QuotaConfig::default();
+        assert!(check_start(GpuShareMode::Off, Isolation::Thread, &q).is_ok());
+        q.apply_toml("[tenants.bob]\ngpu-share = 50\n").unwrap();
+        let e = check_start(GpuShareMode::Off, Isolation::Process, &q)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tenant bob gpu-share = 50%"), "{e}");
+        assert!(e.contains("--gpu-share mps"), "{e}");
+        let e = check_start(GpuShareMode::Mps, Isolation::Thread, &q)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("process isolation"), "{e}");
+        assert_eq!(worker_share(&q, "bob").map(GpuShare::percent), Some(50));
+        assert_eq!(worker_share(&q, "alice"), None);
+    }
+}
