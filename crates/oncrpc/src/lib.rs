@@ -91,9 +91,9 @@ pub use client::{
 pub use endpoint::{Endpoint, EndpointParseError, TransportChoice, default_socket_dir};
 pub use error::RpcError;
 pub use server::{
-    AcceptedConnection, CallContext, ConnectionHandler, DEFAULT_RECORD_BUDGET, DeferredReply,
-    Dispatch, FirstCallGate, Origin, ProcError, ProcResult, Server, ServerConfig, ServerError,
-    ServerHandle, Service,
+    AcceptedConnection, Admission, CallContext, ConnectionHandler, DEFAULT_RECORD_BUDGET,
+    DeferredReply, Dispatch, FirstCallGate, Origin, ProcError, ProcResult, Server, ServerConfig,
+    ServerError, ServerHandle, Service,
 };
 pub use tls::{ClientTls, ServerTls, TlsError};
 

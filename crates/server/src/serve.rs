@@ -85,7 +85,36 @@ impl Service for RemoraService {
         });
         use remora_proto::remora::{
             REMORA_HELLO, REMORA_HELLO_AUTH, REMORA_NULL, RM_COPIES_READY, RM_HOST_CALLBACK_DONE,
-            RM_WAIT_HOST_CALLBACKS,
+            RM_MEMCPY_DTOH, RM_MEMCPY_HTOD, RM_WAIT_HOST_CALLBACKS,
+        };
+        // A lane (revision 16) runs its session's copies as calls of the session's own
+        // connection; it serves nothing else.
+        let lane_call;
+        let ctx = match self.service.inner().lane_main(ctx.connection) {
+            None => ctx,
+            Some(_) if ctx.procedure == REMORA_NULL => ctx,
+            Some(main) if matches!(ctx.procedure, RM_MEMCPY_HTOD | RM_MEMCPY_DTOH) => {
+                if !self.service.inner().has_session(main) {
+                    tracing::info!(
+                        connection = ctx.connection,
+                        session = main,
+                        "a lane call after its session ended; lane closed"
+                    );
+                    return Dispatch::Close;
+                }
+                let mut c = ctx.clone();
+                c.connection = main;
+                lane_call = c;
+                &lane_call
+            }
+            Some(_) => {
+                tracing::warn!(
+                    connection = ctx.connection,
+                    procedure = ctx.procedure,
+                    "a lane serves only RM_MEMCPY_HTOD and RM_MEMCPY_DTOH; PROC_UNAVAIL"
+                );
+                return Dispatch::ProcUnavail;
+            }
         };
         // RM_COPIES_READY too: a host callback's thread takes the copies its callback follows
         // while the ordered thread may wait for that callback.
@@ -978,10 +1007,10 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             &config,
             Server::builder(ServerConfig {
                 // Tokens are checked here, before a worker starts for the connection (the
-                // worker checks them again as it serves).
-                first_call_gate: tokens
-                    .clone()
-                    .map(|t| Arc::new(TokenGate(t)) as Arc<dyn remora_oncrpc::FirstCallGate>),
+                // worker checks them again as it serves); lanes go to their session's worker.
+                first_call_gate: Some(
+                    Arc::new(WorkerGate(tokens.clone())) as Arc<dyn remora_oncrpc::FirstCallGate>
+                ),
                 ..server_config(&config, tokens.as_deref())
             })
             .service(placeholder as Arc<dyn Service>)
@@ -1022,29 +1051,57 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     })
 }
 
-/// The token check of a connection's first call in the accepting process under process
-/// isolation: only a `REMORA_HELLO_AUTH` with a known token gets a worker.
+/// The check of a connection's first call in the accepting process under process isolation:
+/// a `REMORA_LANE_ATTACH` goes to the worker that serves its session (the key's route; that
+/// worker checks the secret); with tokens, only a `REMORA_HELLO_AUTH` with a known token gets
+/// a worker, which learns the tenant here too.
 #[derive(Debug)]
-struct TokenGate(Arc<Tokens>);
+struct WorkerGate(Option<Arc<Tokens>>);
 
-impl remora_oncrpc::FirstCallGate for TokenGate {
+impl remora_oncrpc::FirstCallGate for WorkerGate {
     fn check(
         &self,
         peer: &remora_oncrpc::Peer,
         program: u32,
         procedure: u32,
         args: &[u8],
-    ) -> Result<Option<String>, remora_oncrpc::AuthStat> {
-        use remora_proto::remora::{HelloAuthArgs, REMORA_HELLO_AUTH, REMORA_PROG};
+    ) -> Result<remora_oncrpc::Admission, remora_oncrpc::AuthStat> {
+        use remora_proto::remora::{
+            HelloAuthArgs, LaneKey, REMORA_HELLO_AUTH, REMORA_LANE_ATTACH, REMORA_PROG,
+        };
+        let decode = |args: &[u8]| {
+            remora_oncrpc::xdr::Decoder::new(remora_xdr::Bytes::copy_from_slice(args))
+        };
+        if program == REMORA_PROG && procedure == REMORA_LANE_ATTACH {
+            let key: Option<LaneKey> =
+                remora_oncrpc::xdr::XdrDecode::decode(&mut decode(args)).ok();
+            return match key {
+                Some(k) => Ok(remora_oncrpc::Admission {
+                    tenant: None,
+                    route: Some(k.route),
+                }),
+                None => {
+                    remora_oncrpc::audit!(warn, "auth_failed", %peer,
+                        "a lane with an undecodable key; AUTH_ERROR (AUTH_BADCRED), connection closed");
+                    Err(remora_oncrpc::AuthStat::BadCred)
+                }
+            };
+        }
+        let Some(tokens) = &self.0 else {
+            return Ok(remora_oncrpc::Admission::default());
+        };
         if program != REMORA_PROG || procedure != REMORA_HELLO_AUTH {
             remora_oncrpc::audit!(info, "auth_required", %peer, program, procedure,
                 "a first call other than REMORA_HELLO_AUTH on a server with tokens; AUTH_ERROR (AUTH_TOOWEAK), connection closed before a session worker started");
             return Err(remora_oncrpc::AuthStat::TooWeak);
         }
-        let mut dec = remora_oncrpc::xdr::Decoder::new(remora_xdr::Bytes::copy_from_slice(args));
-        let hello: Option<HelloAuthArgs> = remora_oncrpc::xdr::XdrDecode::decode(&mut dec).ok();
-        match hello.as_ref().and_then(|h| self.0.tenant_of(&h.token)) {
-            Some(tenant) => Ok(Some(tenant.to_owned())),
+        let hello: Option<HelloAuthArgs> =
+            remora_oncrpc::xdr::XdrDecode::decode(&mut decode(args)).ok();
+        match hello.as_ref().and_then(|h| tokens.tenant_of(&h.token)) {
+            Some(tenant) => Ok(remora_oncrpc::Admission {
+                tenant: Some(tenant.to_owned()),
+                route: None,
+            }),
             None => {
                 remora_oncrpc::audit!(warn, "auth_failed", %peer,
                     "authentication failed: HELLO_AUTH with a token the server does not know; AUTH_ERROR (AUTH_BADCRED), connection closed before a session worker started");
@@ -1055,10 +1112,17 @@ impl remora_oncrpc::FirstCallGate for TokenGate {
 }
 
 /// The calls a connection may make before it has authenticated, when the server has tokens:
-/// NULL (liveness pings) and `REMORA_HELLO_AUTH`.
+/// NULL (liveness pings), `REMORA_HELLO_AUTH` and `REMORA_LANE_ATTACH` (a session's key).
 fn auth_open_procedures(tokens: Option<&Tokens>) -> Option<Vec<(u32, u32)>> {
-    use remora_proto::remora::{REMORA_HELLO_AUTH, REMORA_NULL, REMORA_PROG};
-    tokens.map(|_| vec![(REMORA_PROG, REMORA_NULL), (REMORA_PROG, REMORA_HELLO_AUTH)])
+    use remora_proto::remora::{REMORA_HELLO_AUTH, REMORA_LANE_ATTACH, REMORA_NULL, REMORA_PROG};
+    // A lane authenticates with its session's key (lanes.rs).
+    tokens.map(|_| {
+        vec![
+            (REMORA_PROG, REMORA_NULL),
+            (REMORA_PROG, REMORA_HELLO_AUTH),
+            (REMORA_PROG, REMORA_LANE_ATTACH),
+        ]
+    })
 }
 
 /// Loads the token file of `path`, if there is one, and logs how many tenants it names.
@@ -1302,9 +1366,11 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     let (fd, budget, peer, slot, origin) = match remora_shm::recv_with_fd(&control, &mut message) {
         // The server closed the control socket: it is shutting down or shrinking its pool.
         Ok((0, _)) => return Ok(()),
-        Ok((n, Some(fd))) => match crate::worker_pool::parse_handoff(&message[..n]) {
-            Some(h) => (fd, h.budget, h.peer, h.slot, h.origin),
-            None => {
+        Ok((n, Some(fd))) => match crate::worker_pool::parse_message(&message[..n]) {
+            Some(crate::worker_pool::Message::Session(h)) => {
+                (fd, h.budget, h.peer, h.slot, h.origin)
+            }
+            _ => {
                 return Err(ServeError::WorkerStdin(std::io::Error::other(
                     "the server sent a hand-off this worker does not understand",
                 )));
@@ -1317,7 +1383,29 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         }
         Err(e) => return Err(ServeError::WorkerStdin(e)),
     };
-    drop(control);
+    // The session's lanes (revision 16) come over the control socket later, each served on
+    // a thread of its own, until the server closes it or this worker ends.
+    let (lane_tx, lane_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("remora-lanes".into())
+        .spawn(move || {
+            let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
+            loop {
+                match remora_shm::recv_with_fd(&control, &mut message) {
+                    Ok((n, Some(fd))) if n > 0 => match crate::worker_pool::parse_message(&message[..n]) {
+                        Some(crate::worker_pool::Message::Lane(h)) => {
+                            if lane_tx.send((fd, h.origin)).is_err() {
+                                return;
+                            }
+                        }
+                        _ => tracing::warn!("the server sent this session worker a message it does not understand; ignored"),
+                    },
+                    Ok((0, _)) | Err(_) => return,
+                    Ok(_) => tracing::warn!("a lane hand-off without a connection; ignored"),
+                }
+            }
+        })
+        .map_err(ServeError::WorkerStdin)?;
     tracing::debug!(target: "remora::startup", %peer, tls = origin.tls, "session worker got its connection");
     let executor = new_executor(
         backend,
@@ -1364,7 +1452,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     server_config.auth_open_procedures = auth_open_procedures(tokens.as_deref());
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
-        .serve_fd_as(fd, origin)?;
+        .serve_fds_as(fd, origin, lane_rx)?;
     if let Some(dropped) = device_output.map(|o| o.dropped()).filter(|&d| d > 0) {
         tracing::warn!(
             dropped,

@@ -51,6 +51,9 @@ pub(crate) const READY: u8 = b'R';
 
 /// First line of the hand-off message.
 const HANDOFF_MAGIC: &str = "remora-session 3";
+/// First line of the message that hands a worker a lane of its session (revision 16); the
+/// rest is as in a session's hand-off (budget and slot 0, unused).
+const LANE_MAGIC: &str = "remora-lane 1";
 /// Largest hand-off message (the peer's name is cut to fit).
 pub(crate) const MAX_HANDOFF: usize = 512;
 
@@ -60,12 +63,39 @@ pub(crate) const MAX_HANDOFF: usize = 512;
 /// descriptor is a socket pair's plaintext end; empty otherwise), and last the peer's name
 /// (for logs).
 pub(crate) fn handoff_message(budget: u64, slot: usize, origin: &Origin, peer: &str) -> Vec<u8> {
+    message(HANDOFF_MAGIC, budget, slot, origin, peer)
+}
+
+/// The bytes sent with a lane's descriptor ([`LANE_MAGIC`]).
+pub(crate) fn lane_message(origin: &Origin, peer: &str) -> Vec<u8> {
+    message(LANE_MAGIC, 0, 0, origin, peer)
+}
+
+/// What a message on a worker's control socket hands it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Message {
+    /// Its session's connection.
+    Session(HandOff),
+    /// Another connection of its session: a lane.
+    Lane(HandOff),
+}
+
+/// Parses a message on a worker's control socket.
+pub(crate) fn parse_message(bytes: &[u8]) -> Option<Message> {
+    if bytes.starts_with(LANE_MAGIC.as_bytes()) {
+        parse(LANE_MAGIC, bytes).map(Message::Lane)
+    } else {
+        parse_handoff(bytes).map(Message::Session)
+    }
+}
+
+fn message(magic: &str, budget: u64, slot: usize, origin: &Origin, peer: &str) -> Vec<u8> {
     let tcp_peer = match &origin.peer {
         Some(Peer::Tcp(addr)) if origin.tls => addr.to_string(),
         _ => String::new(),
     };
     let mut m = format!(
-        "{HANDOFF_MAGIC}\n{budget}\n{slot}\n{}\n{}\n{tcp_peer}\n",
+        "{magic}\n{budget}\n{slot}\n{}\n{}\n{tcp_peer}\n",
         if origin.tls { "tls" } else { "plain" },
         origin.tenant.as_deref().unwrap_or(""),
     );
@@ -93,9 +123,13 @@ pub(crate) struct HandOff {
 
 /// Parses [`handoff_message`].
 pub(crate) fn parse_handoff(bytes: &[u8]) -> Option<HandOff> {
+    parse(HANDOFF_MAGIC, bytes)
+}
+
+fn parse(magic: &str, bytes: &[u8]) -> Option<HandOff> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut lines = text.split('\n');
-    if lines.next()? != HANDOFF_MAGIC {
+    if lines.next()? != magic {
         return None;
     }
     let budget = lines.next()?.parse().ok()?;
@@ -188,6 +222,9 @@ pub(crate) struct WorkerPool {
     /// Under `--gpu-share mps`, the limits whose `gpu-share` each session's worker is
     /// started with ([`crate::gpu_share`]).
     shares: Option<crate::quota::QuotaConfig>,
+    /// The control socket of each worker serving a session, by process id: where its lanes
+    /// are handed (revision 16).
+    controls: Mutex<HashMap<u32, UnixStream>>,
 }
 
 /// The waiting workers, and how many are being started (so that two sessions' refills
@@ -220,6 +257,41 @@ impl WorkerPool {
             refill,
             warm: Mutex::default(),
             shares,
+            controls: Mutex::default(),
+        }
+    }
+
+    /// Hands connection `conn`, whose first call joins the session that process `route`
+    /// serves as a lane, to that worker; closes it when no worker of this server has that id.
+    fn hand_lane(&self, conn: AcceptedConnection, route: u64) {
+        let peer = conn.peer().clone();
+        let control = u32::try_from(route).ok().and_then(|pid| {
+            self.controls
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&pid)
+                .and_then(|c| c.try_clone().ok())
+        });
+        let Some(control) = control else {
+            remora_oncrpc::audit!(info, "auth_failed", %peer, route,
+                "a lane for a session this server does not serve (its key names no live worker); connection closed");
+            return;
+        };
+        let fd = match conn.try_clone_fd() {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::error!(%peer, error = %e, "cannot pass a lane to its session's worker; closed");
+                return;
+            }
+        };
+        let message = lane_message(&conn.origin(), &peer.to_string());
+        match remora_shm::send_with_fd(&control, &message, fd.as_fd()) {
+            Ok(()) => {
+                tracing::debug!(%peer, worker_pid = route, "lane handed to its session's worker")
+            }
+            Err(e) => {
+                tracing::info!(%peer, worker_pid = route, error = %e, "cannot pass a lane to its session's worker (it has ended?); closed")
+            }
         }
     }
 
@@ -350,6 +422,9 @@ impl WorkerPool {
 
 impl ConnectionHandler for WorkerPool {
     fn handle(&self, conn: AcceptedConnection) {
+        if let Some(route) = conn.route() {
+            return self.hand_lane(conn, route);
+        }
         let peer = conn.peer().clone();
         let id = conn.id();
         let fd: OwnedFd = match conn.try_clone_fd() {
@@ -416,6 +491,29 @@ impl ConnectionHandler for WorkerPool {
         drop(fd);
         let pid = worker.pid;
         self.workers.lock().insert(id, pid);
+        // Where the session's lanes go; forgotten when the worker ends.
+        struct Control<'a>(&'a Mutex<HashMap<u32, UnixStream>>, u32);
+        impl Drop for Control<'_> {
+            fn drop(&mut self) {
+                self.0
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&self.1);
+            }
+        }
+        let _control = match worker.control.try_clone() {
+            Ok(c) => {
+                self.controls
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(pid, c);
+                Some(Control(&self.controls, pid))
+            }
+            Err(e) => {
+                tracing::warn!(worker_pid = pid, error = %e, "the session's lanes cannot be handed to its worker");
+                None
+            }
+        };
         tracing::info!(
             %peer, connection = id, worker_pid = pid,
             warm_ms = worker.started.elapsed().as_millis() as u64,

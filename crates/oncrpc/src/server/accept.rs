@@ -77,8 +77,8 @@ pub struct AcceptedConnection {
     shared: Arc<Shared>,
     /// Whether it came over TLS, and the tenant of its client certificate.
     tls: Option<Option<String>>,
-    /// The tenant its first call authenticated as ([`ServerConfig::first_call_gate`]).
-    gated_tenant: Option<String>,
+    /// What the gate learnt of its first call ([`ServerConfig::first_call_gate`]).
+    admission: crate::server::Admission,
 }
 
 impl fmt::Debug for AcceptedConnection {
@@ -124,7 +124,13 @@ impl AcceptedConnection {
     /// certificate's, or the one its first call named to [`ServerConfig::first_call_gate`]
     /// (a token). Whoever serves the connection authenticates it again.
     pub fn authenticated_tenant(&self) -> Option<&str> {
-        self.certificate_tenant().or(self.gated_tenant.as_deref())
+        self.certificate_tenant()
+            .or(self.admission.tenant.as_deref())
+    }
+
+    /// Where the gate said the connection should go ([`crate::server::Admission::route`]).
+    pub fn route(&self) -> Option<u64> {
+        self.admission.route
     }
 
     /// What a process that serves this connection elsewhere needs to know of it
@@ -208,42 +214,55 @@ impl Server {
     /// TLS connection is never offered shared memory, and a certificate's tenant
     /// authenticates the connection from its first call.
     pub fn serve_fd_as(self, fd: OwnedFd, origin: Origin) -> Result<(), RpcError> {
-        let domain = socket2::SockRef::from(&fd)
-            .local_addr()
-            .map_err(ServerError::Io)?
-            .domain();
-        let (stream, peer) = if domain == socket2::Domain::UNIX {
-            let s = UnixStream::from(fd);
-            s.set_nonblocking(false).map_err(ServerError::Io)?;
-            crate::endpoint::widen_unix_buffers(&s);
-            let peer = unix_peer(&s);
-            (Stream::Unix(s), peer)
-        } else if domain == socket2::Domain::IPV4 || domain == socket2::Domain::IPV6 {
-            let s = TcpStream::from(fd);
-            s.set_nonblocking(false).map_err(ServerError::Io)?;
-            let _ = s.set_nodelay(true);
-            let peer = s.peer_addr().map_or(Peer::Unknown, Peer::Tcp);
-            (Stream::Tcp(s), peer)
-        } else {
-            return Err(ServerError::Io(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "serve_fd needs a connected Unix or TCP stream socket",
-            ))
-            .into());
-        };
-        let peer = origin.peer.clone().unwrap_or(peer);
-        tracing::debug!(%peer, tls = origin.tls, "ONC RPC server: serving an inherited connection");
-        serve_connection(
-            stream,
-            &peer,
+        serve_inherited(
+            fd,
+            &origin,
             0,
             &self.registry,
             &self.config,
             &AtomicBool::new(false),
-            &origin,
-            Instant::now(),
-        );
-        Ok(())
+        )
+    }
+
+    /// [`Server::serve_fd_as`] for `fd`, and for each further connection `more` yields
+    /// (connections another process hands over later, such as more connections of the same
+    /// session) the same on a thread of its own, with connection ids 1, 2, …. Returns when the
+    /// first connection ends; the others are served until they end or the process exits.
+    pub fn serve_fds_as(
+        mut self,
+        fd: OwnedFd,
+        origin: Origin,
+        more: std::sync::mpsc::Receiver<(OwnedFd, Origin)>,
+    ) -> Result<(), RpcError> {
+        let shared = Arc::new((
+            std::mem::take(&mut self.registry),
+            std::mem::take(&mut self.config),
+            AtomicBool::new(false),
+        ));
+        let for_more = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("rpc-more-conns".into())
+            .spawn(move || {
+                for (id, (fd, origin)) in (1u64..).zip(more.iter()) {
+                    let shared = Arc::clone(&for_more);
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("rpc-conn-{id}"))
+                        .spawn(move || {
+                            if let Err(e) =
+                                serve_inherited(fd, &origin, id, &shared.0, &shared.1, &shared.2)
+                            {
+                                tracing::warn!(connection = id, error = %e, "ONC RPC server: cannot serve a handed-over connection");
+                            }
+                        });
+                    if let Err(e) = spawned {
+                        tracing::error!(error = %e, "ONC RPC server: cannot spawn a connection thread; connection closed");
+                    }
+                }
+            })
+            .map_err(ServerError::Io)?;
+        let r = serve_inherited(fd, &origin, 0, &shared.0, &shared.1, &shared.2);
+        shared.2.store(true, Ordering::SeqCst);
+        r
     }
 
     /// Binds `endpoint` now (`tcp://HOST:0` picks a free port; a stale Unix socket file with
@@ -575,7 +594,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Optio
                     .first_call_gate
                     .as_deref()
                     .filter(|_| origin.tenant.is_none());
-                let gated_tenant = match await_first_record(
+                let admission = match await_first_record(
                     &stream,
                     &shared2.config,
                     &shared2.shutting_down,
@@ -583,7 +602,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Optio
                     accepted_at,
                     gate.map(|g| (g, &peer)),
                 ) {
-                    Ok(tenant) => tenant,
+                    Ok(admission) => admission,
                     Err(why) => {
                         tracing::info!(%peer, "ONC RPC server: {why}; connection closed");
                         drop(stream);
@@ -597,7 +616,7 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Optio
                     id,
                     shared: Arc::clone(&shared2),
                     tls: origin.tls.then(|| origin.tenant.clone()),
-                    gated_tenant,
+                    admission,
                 };
                 if catch_unwind(AssertUnwindSafe(|| handler.handle(conn))).is_err() {
                     tracing::error!(%peer, "ONC RPC server: the connection handler panicked");
@@ -628,6 +647,54 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Optio
             let _ = control.shutdown(Shutdown::Both);
         }
     }
+}
+
+/// Serves inherited connection `fd` (a connected Unix or TCP stream socket) as connection
+/// `id` on this thread until it ends.
+fn serve_inherited(
+    fd: OwnedFd,
+    origin: &Origin,
+    id: u64,
+    registry: &Registry,
+    config: &ServerConfig,
+    shutting_down: &AtomicBool,
+) -> Result<(), RpcError> {
+    let domain = socket2::SockRef::from(&fd)
+        .local_addr()
+        .map_err(ServerError::Io)?
+        .domain();
+    let (stream, peer) = if domain == socket2::Domain::UNIX {
+        let s = UnixStream::from(fd);
+        s.set_nonblocking(false).map_err(ServerError::Io)?;
+        crate::endpoint::widen_unix_buffers(&s);
+        let peer = unix_peer(&s);
+        (Stream::Unix(s), peer)
+    } else if domain == socket2::Domain::IPV4 || domain == socket2::Domain::IPV6 {
+        let s = TcpStream::from(fd);
+        s.set_nonblocking(false).map_err(ServerError::Io)?;
+        let _ = s.set_nodelay(true);
+        let peer = s.peer_addr().map_or(Peer::Unknown, Peer::Tcp);
+        (Stream::Tcp(s), peer)
+    } else {
+        return Err(ServerError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "serve_fd needs a connected Unix or TCP stream socket",
+        ))
+        .into());
+    };
+    let peer = origin.peer.clone().unwrap_or(peer);
+    tracing::debug!(%peer, connection = id, tls = origin.tls, "ONC RPC server: serving an inherited connection");
+    serve_connection(
+        stream,
+        &peer,
+        id,
+        registry,
+        config,
+        shutting_down,
+        origin,
+        Instant::now(),
+    );
+    Ok(())
 }
 
 /// Runs the TLS handshake of connection `id` on `stream` (TCP) within the HELLO deadline
@@ -776,13 +843,13 @@ fn await_first_record(
     registry: &Registry,
     accepted_at: Instant,
     gate: Option<(&dyn crate::server::FirstCallGate, &Peer)>,
-) -> Result<Option<String>, String> {
+) -> Result<crate::server::Admission, String> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     use rustix::net::{RecvFlags, recv};
     let fd = match stream {
         Stream::Tcp(s) => s.as_fd(),
         Stream::Unix(s) => s.as_fd(),
-        Stream::Shm(_) => return Ok(None),
+        Stream::Shm(_) => return Ok(Default::default()),
     };
     let max = config
         .max_first_record_size
@@ -835,7 +902,7 @@ fn await_first_record(
                     .flatten()
                 else {
                     let Some((gate, peer)) = gate else {
-                        return Ok(None);
+                        return Ok(Default::default());
                     };
                     // Checked here, before any process starts for the connection; the
                     // record stays queued for whoever serves it.
@@ -847,7 +914,7 @@ fn await_first_record(
                         None => return Err("the first record is not a call".into()),
                     };
                     let (xid, stat) = match checked {
-                        Ok(tenant) => return Ok(tenant),
+                        Ok(admission) => return Ok(admission),
                         Err(refused) => refused,
                     };
                     let reply = auth_error_record(xid, stat);

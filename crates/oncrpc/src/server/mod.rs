@@ -122,16 +122,26 @@ impl Default for ServerConfig {
 /// ([`ServerConfig::first_call_gate`]).
 pub trait FirstCallGate: Send + Sync + std::fmt::Debug {
     /// Whether the first call, procedure `procedure` of `program` with XDR arguments `args`,
-    /// from `peer`, may go on to the handler, and the tenant it authenticates as, if it names
-    /// one (kept as [`AcceptedConnection::authenticated_tenant`](crate::AcceptedConnection));
-    /// `Err`: the AUTH_ERROR status to answer.
+    /// from `peer`, may go on to the handler, and what the gate learnt of it (kept in the
+    /// [`AcceptedConnection`](crate::AcceptedConnection)); `Err`: the AUTH_ERROR status to
+    /// answer.
     fn check(
         &self,
         peer: &crate::Peer,
         program: u32,
         procedure: u32,
         args: &[u8],
-    ) -> Result<Option<String>, crate::AuthStat>;
+    ) -> Result<Admission, crate::AuthStat>;
+}
+
+/// What a [`FirstCallGate`] learnt of a connection's first call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Admission {
+    /// The tenant the call authenticates as (a token it presents), if any.
+    pub tenant: Option<String>,
+    /// Where the connection should go, in the handler's own terms (e.g. the process that
+    /// already serves the session the call joins); `None`: wherever a new connection goes.
+    pub route: Option<u64>,
 }
 
 /// Default of [`ServerConfig::record_budget`]: 1 GiB.

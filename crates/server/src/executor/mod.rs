@@ -35,6 +35,7 @@ mod capture;
 mod contexts;
 mod copies;
 mod graphs;
+mod lanes;
 mod memory;
 mod modules;
 mod pools;
@@ -176,6 +177,10 @@ struct Inner {
     device_output: std::sync::OnceLock<Arc<DeviceOutput>>,
     /// Limits and the ledger of what sessions use ([`Executor::set_quotas`]).
     quotas: std::sync::OnceLock<QuotaSetup>,
+    /// The sessions' lane keys and lanes (revision 16, `lanes.rs`).
+    lanes: Mutex<lanes::Lanes>,
+    /// Set once any lane has attached: until then dispatch skips the lane lookup.
+    any_lanes: std::sync::atomic::AtomicBool,
 }
 
 /// The limits an executor applies and where it counts ([`crate::quota`]).
@@ -235,6 +240,8 @@ impl Executor {
                 cache: ModuleCache::with_dir(cache_bytes, cache_dir),
                 device_output: std::sync::OnceLock::new(),
                 quotas: std::sync::OnceLock::new(),
+                lanes: Mutex::default(),
+                any_lanes: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -873,6 +880,7 @@ impl Executor {
 
     /// Frees the session of `connection` (called when the connection ends).
     pub fn close_session(&self, connection: u64) {
+        self.forget_lanes(connection);
         // The session leaves the table only once its resources are freed, so that
         // `session_count` counts what still holds GPU resources (the connection is closing:
         // no call of it arrives meanwhile).

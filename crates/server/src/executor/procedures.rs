@@ -283,6 +283,14 @@ impl RemoraV1Server for Executor {
         Ok(())
     }
 
+    fn remora_lane_key(&self, call: &CallContext) -> ProcResult<LaneKeyReply> {
+        Ok(self.lane_key(call))
+    }
+
+    fn remora_lane_attach(&self, call: &CallContext, key: LaneKey) -> ProcResult<CuResult_> {
+        self.lane_attach(call, key)
+    }
+
     fn remora_status(&self, call: &CallContext) -> ProcResult<StatusReply> {
         use crate::quota::Kind;
         let report = self.quotas_report();
