@@ -472,6 +472,8 @@ pub struct Session {
     profile: Option<crate::call_profile::CallProfile>,
     /// Completion words for synchronizes seen in shared memory (`session/signal.rs`).
     signals: Option<signal::SignalSync>,
+    /// More connections for bulk copies over TCP (`session/lanes.rs`, revision 16).
+    lanes: lanes::Lanes,
 }
 
 impl std::fmt::Debug for Session {
@@ -571,6 +573,7 @@ mod copies;
 mod copies_3d;
 mod graph_host;
 mod graphs;
+mod lanes;
 pub use graph_host::StagedSide;
 pub use graphs::{ExecUpdateInfo, NodeList};
 mod launches;
@@ -713,7 +716,9 @@ impl Session {
             .filter(|_| welcome.revision >= 6)
             .map(AreaAlloc::new);
         let rpc = RemoraV1Client::new(rpc);
+        let lanes = lanes::Lanes::new(endpoint, welcome.revision, &config);
         Ok(Session {
+            lanes,
             delivery: Arc::new(Delivery::new(rpc.clone(), welcome.revision)),
             ctx_devices: Mutex::default(),
             primary_states: Mutex::default(),

@@ -59,8 +59,13 @@ fn htod_head(
     enc.put_len(len, RM_MAX_COPY)
 }
 
+/// The first error of a copy's chunks, kept across the connections that carry them.
+type FirstErr = Option<CuError>;
+
 impl Session {
     /// `cuMemcpyHtoD` (`oneway` false) or `cuMemcpyHtoDAsync` (true) through the record path.
+    /// A synchronous copy of [`lanes::STRIPE_MIN`] or more is striped over the session's lanes
+    /// when it has them ([`Session::striped`]).
     pub(super) fn htod_socket(
         &self,
         ctx: RmHandle,
@@ -69,57 +74,86 @@ impl Session {
         data: &[u8],
         oneway: bool,
     ) -> CuResult<()> {
-        let rpc = self.rpc.rpc();
-        let (proc, name) = if oneway {
-            (RM_MEMCPY_HTOD_ASYNC, "rm_memcpy_htod_async")
+        let name = if oneway {
+            "rm_memcpy_htod_async"
         } else {
-            (RM_MEMCPY_HTOD, "rm_memcpy_htod")
+            "rm_memcpy_htod"
         };
         self.coherent(name, || {
-            let mut window: VecDeque<PendingCall> = VecDeque::new();
-            let mut first_err: Option<CuError> = None;
-            for (off, len) in socket_chunks(data.len()) {
-                let part = &data[off..off + len];
-                let head = |enc: &mut Encoder| htod_head(enc, ctx, stream, dst + off as u64, len);
-                if oneway {
-                    rpc.call_oneway_raw(REMORA_PROG, REMORA_V1, proc, head, &[part, pad(len)])
-                        .map_err(|e| from_rpc(name, e))?;
-                    continue;
+            let chunks: Vec<(usize, usize)> = socket_chunks(data.len()).collect();
+            if oneway {
+                let rpc = self.rpc.rpc();
+                for (off, len) in chunks {
+                    let part = &data[off..off + len];
+                    let head = |enc: &mut Encoder| htod_head(enc, ctx, stream, dst + off as u64, len);
+                    rpc.call_oneway_raw(
+                        REMORA_PROG,
+                        REMORA_V1,
+                        RM_MEMCPY_HTOD_ASYNC,
+                        head,
+                        &[part, pad(len)],
+                    )
+                    .map_err(|e| from_rpc(name, e))?;
                 }
-                if window.len() == SOCKET_WINDOW
-                    && let Some(p) = window.pop_front()
-                {
-                    self.finish_htod_chunk(p, &mut first_err);
-                }
-                // After a failed chunk the copy has failed: send no more.
-                if first_err.is_some() {
-                    break;
-                }
-                let timeout = self.rpc.timeout();
-                match rpc.start_call(
-                    REMORA_PROG,
-                    REMORA_V1,
-                    proc,
-                    timeout,
-                    head,
-                    &[part, pad(len)],
-                ) {
-                    Ok(p) => window.push_back(p),
-                    Err(e) => {
-                        first_err.get_or_insert(from_rpc(name, e));
-                        break;
-                    }
-                }
+                return Ok(());
             }
-            // Every reply is taken, also after an error: each may deliver completed copies.
-            while let Some(p) = window.pop_front() {
-                self.finish_htod_chunk(p, &mut first_err);
-            }
-            first_err.map_or(Ok(()), Err)
+            let parts: Vec<(u64, &[u8])> = chunks
+                .iter()
+                .map(|&(off, len)| (dst + off as u64, &data[off..off + len]))
+                .collect();
+            self.striped(data.len(), parts, |rpc, parts| {
+                self.htod_chunks(rpc, ctx, stream, parts)
+            })
         })
     }
 
-    fn finish_htod_chunk(&self, p: PendingCall, first_err: &mut Option<CuError>) {
+    /// Sends `parts` (device address, bytes) on `rpc` as synchronous `RM_MEMCPY_HTOD` calls,
+    /// [`SOCKET_WINDOW`] in flight; every reply is taken, also after an error. The first error.
+    fn htod_chunks(
+        &self,
+        rpc: &remora_oncrpc::Client,
+        ctx: RmHandle,
+        stream: RmHandle,
+        parts: Vec<(u64, &[u8])>,
+    ) -> FirstErr {
+        let name = "rm_memcpy_htod";
+        let mut window: VecDeque<PendingCall> = VecDeque::new();
+        let mut first_err: FirstErr = None;
+        for (addr, part) in parts {
+            let len = part.len();
+            let head = |enc: &mut Encoder| htod_head(enc, ctx, stream, addr, len);
+            if window.len() == SOCKET_WINDOW
+                && let Some(p) = window.pop_front()
+            {
+                self.finish_htod_chunk(p, &mut first_err);
+            }
+            // After a failed chunk the copy has failed: send no more.
+            if first_err.is_some() {
+                break;
+            }
+            match rpc.start_call(
+                REMORA_PROG,
+                REMORA_V1,
+                RM_MEMCPY_HTOD,
+                self.rpc.timeout(),
+                head,
+                &[part, pad(len)],
+            ) {
+                Ok(p) => window.push_back(p),
+                Err(e) => {
+                    first_err.get_or_insert(from_rpc(name, e));
+                    break;
+                }
+            }
+        }
+        // Every reply is taken, also after an error: each may deliver completed copies.
+        while let Some(p) = window.pop_front() {
+            self.finish_htod_chunk(p, &mut first_err);
+        }
+        first_err
+    }
+
+    fn finish_htod_chunk(&self, p: PendingCall, first_err: &mut FirstErr) {
         let r = p
             .finish(RmSyncReply::decode)
             .map_err(|e| from_rpc("rm_memcpy_htod", e))
@@ -129,7 +163,8 @@ impl Session {
         }
     }
 
-    /// `cuMemcpyDtoH` through the record path, into `out`.
+    /// `cuMemcpyDtoH` through the record path, into `out`; striped over the session's lanes
+    /// as [`Session::htod_socket`].
     pub(super) fn dtoh_socket(
         &self,
         ctx: RmHandle,
@@ -137,67 +172,140 @@ impl Session {
         src: u64,
         out: &mut [u8],
     ) -> CuResult<()> {
-        let rpc = self.rpc.rpc();
+        let total = out.len();
+        self.coherent("rm_memcpy_dtoh", || {
+            let parts: Vec<(u64, &mut [u8])> = if out.is_empty() {
+                vec![(src, &mut out[..])]
+            } else {
+                out.chunks_mut(SOCKET_CHUNK)
+                    .enumerate()
+                    .map(|(i, part)| (src + (i * SOCKET_CHUNK) as u64, part))
+                    .collect()
+            };
+            self.striped(total, parts, |rpc, parts| {
+                self.dtoh_chunks(rpc, ctx, stream, parts)
+            })
+        })
+    }
+
+    /// Reads `parts` (device address, where its bytes go) with synchronous `RM_MEMCPY_DTOH`
+    /// calls on `rpc`, [`SOCKET_WINDOW`] in flight. The first error.
+    fn dtoh_chunks(
+        &self,
+        rpc: &remora_oncrpc::Client,
+        ctx: RmHandle,
+        stream: RmHandle,
+        parts: Vec<(u64, &mut [u8])>,
+    ) -> FirstErr {
         let name = "rm_memcpy_dtoh";
-        self.coherent(name, || {
-            let mut window: VecDeque<(PendingCall, usize, usize)> = VecDeque::new();
-            let mut first_err: Option<CuError> = None;
-            let mut chunks = socket_chunks(out.len());
-            loop {
-                // Keep the window full while chunks remain and nothing failed.
-                while window.len() < SOCKET_WINDOW && first_err.is_none() {
-                    let Some((off, len)) = chunks.next() else {
-                        break;
-                    };
-                    let args = RmDtohArgs {
-                        ctx,
-                        stream,
-                        src: src + off as u64,
-                        size: len as u64,
-                        copy_id: 0,
-                    };
-                    let timeout = self.rpc.timeout();
-                    match rpc.start_call(
-                        REMORA_PROG,
-                        REMORA_V1,
-                        RM_MEMCPY_DTOH,
-                        timeout,
-                        |enc| args.encode(enc),
-                        &[],
-                    ) {
-                        Ok(p) => window.push_back((p, off, len)),
-                        Err(e) => {
-                            first_err = Some(from_rpc(name, e));
-                        }
-                    }
-                }
-                let Some((p, off, len)) = window.pop_front() else {
+        let mut window: VecDeque<(PendingCall, &mut [u8])> = VecDeque::new();
+        let mut first_err: FirstErr = None;
+        let mut parts = parts.into_iter();
+        loop {
+            // Keep the window full while chunks remain and nothing failed.
+            while window.len() < SOCKET_WINDOW && first_err.is_none() {
+                let Some((addr, part)) = parts.next() else {
                     break;
                 };
-                let r = p
-                    .finish(RmDtohReply::decode)
-                    .map_err(|e| from_rpc(name, e))
-                    .and_then(|r| {
-                        self.finish_sync(RmSyncReply {
-                            status: r.status,
-                            copies: r.copies,
-                        })?;
-                        if r.data.len() != len {
-                            tracing::error!(
-                                "remora: DtoH of {len} bytes returned {}",
-                                r.data.len()
-                            );
-                            return Err(CuError(cu::UNKNOWN));
-                        }
-                        out[off..off + len].copy_from_slice(&r.data);
-                        Ok(())
-                    });
-                if let Err(e) = r {
-                    first_err.get_or_insert(e);
+                let args = RmDtohArgs {
+                    ctx,
+                    stream,
+                    src: addr,
+                    size: part.len() as u64,
+                    copy_id: 0,
+                };
+                match rpc.start_call(
+                    REMORA_PROG,
+                    REMORA_V1,
+                    RM_MEMCPY_DTOH,
+                    self.rpc.timeout(),
+                    |enc| args.encode(enc),
+                    &[],
+                ) {
+                    Ok(p) => window.push_back((p, part)),
+                    Err(e) => {
+                        first_err = Some(from_rpc(name, e));
+                    }
                 }
             }
-            first_err.map_or(Ok(()), Err)
-        })
+            let Some((p, part)) = window.pop_front() else {
+                break;
+            };
+            let len = part.len();
+            let r = p
+                .finish(RmDtohReply::decode)
+                .map_err(|e| from_rpc(name, e))
+                .and_then(|r| {
+                    self.finish_sync(RmSyncReply {
+                        status: r.status,
+                        copies: r.copies,
+                    })?;
+                    if r.data.len() != len {
+                        tracing::error!("remora: DtoH of {len} bytes returned {}", r.data.len());
+                        return Err(CuError(cu::UNKNOWN));
+                    }
+                    part.copy_from_slice(&r.data);
+                    Ok(())
+                });
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err
+    }
+
+    /// Runs a synchronous copy of `total` bytes in `parts` (chunks in address order) with
+    /// `run` (which sends parts on one connection and answers the first error): on the
+    /// session's own connection alone, or, for [`lanes::STRIPE_MIN`] bytes or more when the
+    /// session has lanes, striped: the first chunk on the session's own connection, answered
+    /// before anything else goes (so that the copy follows every earlier call of the session,
+    /// as a synchronous copy must: the server has run them all when it answers), then the
+    /// rest dealt round robin to the session's connection and its lanes, each on a thread of
+    /// its own. Every connection's replies are taken; the first error (in chunk order of the
+    /// connections) is the copy's.
+    fn striped<P: Send>(
+        &self,
+        total: usize,
+        parts: Vec<P>,
+        run: impl Fn(&remora_oncrpc::Client, Vec<P>) -> FirstErr + Sync,
+    ) -> CuResult<()> {
+        let lanes = if total >= lanes::STRIPE_MIN {
+            self.lanes()
+        } else {
+            &[]
+        };
+        if lanes.is_empty() || parts.len() < 2 {
+            return run(self.rpc.rpc(), parts).map_or(Ok(()), Err);
+        }
+        let mut parts = parts.into_iter();
+        let first: Vec<P> = parts.by_ref().take(1).collect();
+        if let Some(e) = run(self.rpc.rpc(), first) {
+            return Err(e);
+        }
+        let n = lanes.len() + 1;
+        let mut dealt: Vec<Vec<P>> = (0..n).map(|_| Vec::new()).collect();
+        for (i, p) in parts.enumerate() {
+            dealt[i % n].push(p);
+        }
+        let mut dealt = dealt.into_iter();
+        let own = dealt.next().unwrap_or_default();
+        let run = &run;
+        let errs: Vec<FirstErr> = std::thread::scope(|scope| {
+            let handles: Vec<_> = lanes
+                .iter()
+                .zip(dealt)
+                .map(|(lane, parts)| scope.spawn(move || run(lane.rpc(), parts)))
+                .collect();
+            let mut errs = vec![run(self.rpc.rpc(), own)];
+            for h in handles {
+                errs.push(h.join().unwrap_or_else(|_| {
+                    tracing::error!("remora: a lane's copy thread panicked");
+                    Some(CuError(cu::UNKNOWN))
+                }));
+            }
+            errs
+        });
+        errs.into_iter().flatten().next().map_or(Ok(()), Err)
     }
 }
 

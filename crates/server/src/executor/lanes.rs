@@ -6,8 +6,8 @@
 //! runs the lane's copies as calls of that session (`RemoraService::dispatch`). The key's
 //! secret is 16 random bytes, compared in constant time; its route is this process's id, so
 //! that under process isolation the accepting process hands the lane to the worker that serves
-//! the session. A lane ends with its connection; every lane of a session is forgotten when
-//! the session ends, and a lane call after that closes the lane.
+//! the session. A lane ends with its connection; a session's key is forgotten when the
+//! session ends, and a lane call after that closes the lane.
 
 use remora_oncrpc::AuthStat;
 
@@ -147,20 +147,12 @@ impl Executor {
         Ok(0)
     }
 
-    /// Forgets `connection` as a lane, or, for a session, its key and every lane of it.
+    /// Forgets `connection` as a lane, or, for a session, its key: no lane attaches to it any
+    /// more, and its lanes stay known as lanes of an ended session (each is closed at its
+    /// next call) until their own connections end.
     pub(super) fn forget_lanes(&self, connection: u64) {
-        if !self
-            .inner
-            .any_lanes
-            .load(std::sync::atomic::Ordering::Acquire)
-            && self.lanes().keys.is_empty()
-        {
-            return;
-        }
         let mut lanes = self.lanes();
         lanes.attached.remove(&connection);
-        if lanes.keys.remove(&connection).is_some() {
-            lanes.attached.retain(|_, main| *main != connection);
-        }
+        lanes.keys.remove(&connection);
     }
 }

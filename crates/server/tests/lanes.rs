@@ -1,0 +1,174 @@
+//! Lanes (revision 16) over TCP on the emulated backend: synchronous copies of 16 MiB or more
+//! are striped over the session's own connection and its lanes; every byte arrives, a striped
+//! copy follows the session's earlier (one-way) calls, a failing chunk on a lane fails the
+//! copy and the session goes on; a lane serves only its session's copies, a wrong key or a
+//! lane of an ended session is refused.
+
+mod common;
+
+use common::*;
+use remora_client::{CuError, cu};
+use remora_oncrpc::{AuthStat, Client, ClientConfig, RpcError, TransportChoice};
+use remora_proto::remora::*;
+
+fn lane_client(endpoint: &remora_oncrpc::Endpoint) -> RemoraV1Client {
+    RemoraV1Client::new(
+        Client::connect_with(
+            endpoint,
+            ClientConfig {
+                transport: TransportChoice::Tcp,
+                ..ClientConfig::default()
+            },
+        )
+        .unwrap(),
+    )
+}
+
+#[test]
+fn striped_copies_move_every_byte_and_follow_earlier_calls() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.tcp(), TransportChoice::Auto);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    // Below the striping size: no lanes yet.
+    let small = pattern(5 << 20, 3);
+    let a = s.mem_alloc(ctx, (64 << 20) + 64).unwrap();
+    s.memcpy_htod(ctx, LEGACY, a, &small).unwrap();
+    assert_eq!(s.lane_count(), 0);
+
+    // 41 MiB + 7 at an odd device offset, both ways: 11 chunks over 4 connections.
+    let n = (41 << 20) + 7;
+    let src = pattern(n, 11);
+    s.memcpy_htod(ctx, LEGACY, a + 13, &src).unwrap();
+    assert_eq!(s.lane_count(), 3, "REMORA_LANES defaults to 3");
+    let mut back = vec![0u8; n + 2];
+    s.memcpy_dtoh(ctx, LEGACY, a + 13, &mut back[1..=n]).unwrap();
+    assert!(back[1..=n] == src[..], "striped D2H");
+    assert_eq!((back[0], back[n + 1]), (0, 0), "nothing beside the range");
+
+    // A striped read after one-way calls sees what they did: the first chunk's answer comes
+    // only once the server has run them (memsets batched one-way before the copy).
+    for round in 0..3u32 {
+        let value = 0x40 + round;
+        s.memset_async(&RmMemsetArgs {
+            ctx,
+            stream: LEGACY,
+            dst: a,
+            value,
+            element_size: 1,
+            count: 64 << 20,
+        })
+        .unwrap();
+        let mut out = vec![0u8; 64 << 20];
+        s.memcpy_dtoh(ctx, LEGACY, a, &mut out).unwrap();
+        assert!(
+            out.iter().all(|&b| u32::from(b) == value),
+            "round {round}: a chunk was read before the memset ran"
+        );
+        // And a striped write is seen by the one-way call after it.
+        let data = pattern(32 << 20, round);
+        s.memcpy_htod(ctx, LEGACY, a, &data).unwrap();
+        let b = s.mem_alloc(ctx, 32 << 20).unwrap();
+        s.memcpy_dtod(ctx, LEGACY, b, a, 32 << 20).unwrap();
+        let mut out = vec![0u8; 32 << 20];
+        s.memcpy_dtoh(ctx, LEGACY, b, &mut out).unwrap();
+        assert!(out == data, "round {round}: the copy after the striped write");
+        s.mem_free(ctx, b).unwrap();
+    }
+
+    // A chunk that fails (on a lane: the last one lies partly outside the allocation) fails
+    // the copy; the session goes on.
+    let c = s.mem_alloc(ctx, 20 << 20).unwrap();
+    let data = pattern((20 << 20) + 1, 5);
+    assert_eq!(
+        s.memcpy_htod(ctx, LEGACY, c, &data),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    let mut out = vec![0u8; (20 << 20) + 1];
+    assert_eq!(
+        s.memcpy_dtoh(ctx, LEGACY, c, &mut out),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    s.memcpy_htod(ctx, LEGACY, c, &data[..20 << 20]).unwrap();
+    s.memcpy_dtoh(ctx, LEGACY, c, &mut out[..20 << 20]).unwrap();
+    assert!(out[..20 << 20] == data[..20 << 20]);
+    s.mem_free(ctx, c).unwrap();
+    s.mem_free(ctx, a).unwrap();
+}
+
+#[test]
+fn a_lane_serves_only_its_sessions_copies_and_only_with_its_key() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let endpoint = server.tcp();
+    let s = session(&endpoint, TransportChoice::Auto);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let a = s.mem_alloc(ctx, 4096).unwrap();
+    let LaneKeyReply::Case0(key) = s.rpc().remora_lane_key().unwrap() else {
+        panic!("no lane key")
+    };
+
+    // A wrong secret: AUTH_ERROR, and the connection is closed.
+    let wrong = LaneKey {
+        route: key.route,
+        secret: [7; 16],
+    };
+    let bad = lane_client(&endpoint);
+    assert!(matches!(
+        bad.remora_lane_attach(&wrong),
+        Err(RpcError::AuthError {
+            stat: AuthStat::BadCred
+        })
+    ));
+
+    // The right key: the lane copies in the session (its device memory)...
+    let lane = lane_client(&endpoint);
+    assert_eq!(lane.remora_lane_attach(&key).unwrap(), 0);
+    let data = pattern(4096, 9);
+    let r = lane
+        .rm_memcpy_htod(&RmHtodArgs {
+            ctx,
+            stream: LEGACY,
+            dst: a,
+            data: data.clone().into(),
+        })
+        .unwrap();
+    assert_eq!(r.status, 0);
+    let mut out = vec![0u8; 4096];
+    s.memcpy_dtoh(ctx, LEGACY, a, &mut out).unwrap();
+    assert!(out == data, "the lane's copy landed in the session's memory");
+    // ... and nothing else.
+    assert!(matches!(
+        lane.rm_device_get_count(),
+        Err(RpcError::ProcUnavail { .. })
+    ));
+    // A lane has no lanes, nor a second key on the same connection.
+    let again = lane_client(&endpoint);
+    assert_eq!(again.remora_lane_attach(&key).unwrap(), 0);
+    assert!(again.remora_lane_attach(&key).is_err());
+
+    // The session ends: its lanes are refused from then on.
+    drop(s);
+    let t0 = std::time::Instant::now();
+    while server.executor().session_count() > 0 {
+        assert!(t0.elapsed().as_secs() < 10, "the session did not end");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        lane.rm_memcpy_dtoh(&RmDtohArgs {
+            ctx,
+            stream: LEGACY,
+            src: a,
+            size: 16,
+            copy_id: 0,
+        })
+        .is_err()
+    );
+    let late = lane_client(&endpoint);
+    assert!(matches!(
+        late.remora_lane_attach(&key),
+        Err(RpcError::AuthError {
+            stat: AuthStat::BadCred
+        })
+    ));
+}
