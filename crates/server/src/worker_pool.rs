@@ -224,7 +224,7 @@ pub(crate) struct WorkerPool {
     shares: Option<crate::quota::QuotaConfig>,
     /// The control socket of each worker serving a session, by process id: where its lanes
     /// are handed (revision 16).
-    controls: Mutex<HashMap<u32, UnixStream>>,
+    controls: Mutex<HashMap<u32, (UnixStream, Arc<Exit>)>>,
 }
 
 /// The waiting workers, and how many are being started (so that two sessions' refills
@@ -270,9 +270,9 @@ impl WorkerPool {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get(&pid)
-                .and_then(|c| c.try_clone().ok())
+                .and_then(|(c, exit)| Some((c.try_clone().ok()?, Arc::clone(exit))))
         });
-        let Some(control) = control else {
+        let Some((control, exit)) = control else {
             remora_oncrpc::audit!(info, "auth_failed", %peer, route,
                 "a lane for a session this server does not serve (its key names no live worker); connection closed");
             return;
@@ -290,9 +290,13 @@ impl WorkerPool {
                 tracing::debug!(%peer, worker_pid = route, "lane handed to its session's worker")
             }
             Err(e) => {
-                tracing::info!(%peer, worker_pid = route, error = %e, "cannot pass a lane to its session's worker (it has ended?); closed")
+                tracing::info!(%peer, worker_pid = route, error = %e, "cannot pass a lane to its session's worker (it has ended?); closed");
+                return;
             }
         }
+        // The server shuts the socket down when this returns (for every process that holds
+        // it): the lane lives as long as its session's worker, or until shutdown.
+        while exit.wait(Duration::from_millis(100)).is_none() && !conn.shutting_down() {}
     }
 
     /// Starts a worker, with an MPS share of the GPU when `share` says so ([`crate::gpu_share`]).
@@ -492,7 +496,7 @@ impl ConnectionHandler for WorkerPool {
         let pid = worker.pid;
         self.workers.lock().insert(id, pid);
         // Where the session's lanes go; forgotten when the worker ends.
-        struct Control<'a>(&'a Mutex<HashMap<u32, UnixStream>>, u32);
+        struct Control<'a>(&'a Mutex<HashMap<u32, (UnixStream, Arc<Exit>)>>, u32);
         impl Drop for Control<'_> {
             fn drop(&mut self) {
                 self.0
@@ -506,7 +510,7 @@ impl ConnectionHandler for WorkerPool {
                 self.controls
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .insert(pid, c);
+                    .insert(pid, (c, Arc::clone(&worker.exit)));
                 Some(Control(&self.controls, pid))
             }
             Err(e) => {

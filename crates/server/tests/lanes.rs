@@ -42,7 +42,8 @@ fn striped_copies_move_every_byte_and_follow_earlier_calls() {
     s.memcpy_htod(ctx, LEGACY, a + 13, &src).unwrap();
     assert_eq!(s.lane_count(), 3, "REMORA_LANES defaults to 3");
     let mut back = vec![0u8; n + 2];
-    s.memcpy_dtoh(ctx, LEGACY, a + 13, &mut back[1..=n]).unwrap();
+    s.memcpy_dtoh(ctx, LEGACY, a + 13, &mut back[1..=n])
+        .unwrap();
     assert!(back[1..=n] == src[..], "striped D2H");
     assert_eq!((back[0], back[n + 1]), (0, 0), "nothing beside the range");
 
@@ -72,7 +73,10 @@ fn striped_copies_move_every_byte_and_follow_earlier_calls() {
         s.memcpy_dtod(ctx, LEGACY, b, a, 32 << 20).unwrap();
         let mut out = vec![0u8; 32 << 20];
         s.memcpy_dtoh(ctx, LEGACY, b, &mut out).unwrap();
-        assert!(out == data, "round {round}: the copy after the striped write");
+        assert!(
+            out == data,
+            "round {round}: the copy after the striped write"
+        );
         s.mem_free(ctx, b).unwrap();
     }
 
@@ -136,7 +140,10 @@ fn a_lane_serves_only_its_sessions_copies_and_only_with_its_key() {
     assert_eq!(r.status, 0);
     let mut out = vec![0u8; 4096];
     s.memcpy_dtoh(ctx, LEGACY, a, &mut out).unwrap();
-    assert!(out == data, "the lane's copy landed in the session's memory");
+    assert!(
+        out == data,
+        "the lane's copy landed in the session's memory"
+    );
     // ... and nothing else.
     assert!(matches!(
         lane.rm_device_get_count(),

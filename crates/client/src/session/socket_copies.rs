@@ -85,7 +85,8 @@ impl Session {
                 let rpc = self.rpc.rpc();
                 for (off, len) in chunks {
                     let part = &data[off..off + len];
-                    let head = |enc: &mut Encoder| htod_head(enc, ctx, stream, dst + off as u64, len);
+                    let head =
+                        |enc: &mut Encoder| htod_head(enc, ctx, stream, dst + off as u64, len);
                     rpc.call_oneway_raw(
                         REMORA_PROG,
                         REMORA_V1,
