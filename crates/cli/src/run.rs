@@ -154,18 +154,46 @@ impl EmbeddedServer {
 }
 
 impl Drop for EmbeddedServer {
+    /// SIGTERM, then the server's exit is waited for (at most 10 s, then it is killed): as
+    /// soon as it comes (a pidfd), since `remora run` returns only then.
     fn drop(&mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let pid = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        if !wait_exit(&mut self.child, Duration::from_secs(10)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    }
+}
+
+/// Waits up to `limit` for `child` to exit (reaping it); whether it did.
+fn wait_exit(child: &mut Child, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    // A pidfd becomes readable when the process exits; without one (an old kernel), poll.
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_child(child),
+        rustix::process::PidfdFlags::empty(),
+    );
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        match &pidfd {
+            Ok(fd) => {
+                let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+                let timeout =
+                    rustix::event::Timespec::try_from(left).unwrap_or(rustix::event::Timespec {
+                        tv_sec: 10,
+                        tv_nsec: 0,
+                    });
+                let _ = rustix::event::poll(&mut fds, Some(&timeout));
+            }
+            Err(_) => std::thread::sleep(left.min(Duration::from_millis(5))),
+        }
     }
 }
 

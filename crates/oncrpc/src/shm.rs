@@ -328,10 +328,12 @@ pub(crate) fn serve_setup(
     {
         return refuse(SHM_FAILED);
     }
-    Setup::Accept {
-        reply,
-        stream: ShmStream::new(region, liveness, Side::Server),
+    let stream = ShmStream::new(region, liveness, Side::Server);
+    // The session ends as soon as its client process does, not at the next sleep slice.
+    if let Err(e) = stream.watch_peer() {
+        tracing::debug!(%peer, error = %e, "ONC RPC server: no watcher for the shared-memory session's socket; a vanished client is noticed within a sleep slice");
     }
+    Setup::Accept { reply, stream }
 }
 
 /// Sends the granted reply on `socket` with the region's descriptor.

@@ -66,7 +66,7 @@ struct RingHeader {
 const _: () = assert!(std::mem::size_of::<RingHeader>() == RING_HEADER);
 
 /// Common state of both ends: the mapping, where the ring is, and its capacity.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Ends {
     map: Arc<Mapping>,
     off: usize,
@@ -295,6 +295,21 @@ fn wait_for(
         .map(|(v, _)| v)
 }
 
+/// Wakes this process's waits on a ring from another thread ([`Consumer::waker`],
+/// [`Producer::waker`]): a waiting end then looks again (and asks whether its peer is still
+/// there) instead of sleeping out its slice. Keeps the ring's mapping alive.
+#[derive(Debug, Clone)]
+pub struct RingWaker(Ends);
+
+impl RingWaker {
+    /// Wakes a sleeper on either index of the ring.
+    pub fn wake(&self) {
+        let h = self.0.header();
+        futex_wake(&h.tail.0);
+        futex_wake(&h.head.0);
+    }
+}
+
 /// The producing end of a ring. One thread at a time (it is `Send`, not `Sync`).
 #[derive(Debug)]
 pub struct Producer {
@@ -304,6 +319,11 @@ pub struct Producer {
 }
 
 impl Producer {
+    /// A [`RingWaker`] of this ring.
+    pub fn waker(&self) -> RingWaker {
+        RingWaker(self.ends.clone())
+    }
+
     pub(crate) fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
         let ends = Ends::new(map, off, capacity);
         let tail = ends.header().tail.0.load(Ordering::Acquire);
@@ -369,6 +389,11 @@ pub struct Consumer {
 }
 
 impl Consumer {
+    /// A [`RingWaker`] of this ring.
+    pub fn waker(&self) -> RingWaker {
+        RingWaker(self.ends.clone())
+    }
+
     pub(crate) fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
         let ends = Ends::new(map, off, capacity);
         let head = ends.header().head.0.load(Ordering::Acquire);

@@ -29,6 +29,10 @@ use crate::region::Region;
 use crate::ring::{Consumer, Producer, RingError};
 use crate::wait::Waiter;
 
+/// Milliseconds a [`ShmStream::watch_peer`] thread keeps waking this end's waits: one sleep
+/// slice of the rings.
+const SLEEP_SLICE_MS: u32 = 50;
+
 /// Shortest spin before a side sleeps.
 const MIN_SPIN: Duration = Duration::from_micros(2);
 /// Longest spin before a side sleeps: a colocated round trip well within this is caught
@@ -72,6 +76,20 @@ struct Conn {
     read_timeout: AtomicU64,
     write_timeout: AtomicU64,
     max_chunk: usize,
+    /// A watcher thread waits on a duplicate of `socket` ([`ShmStream::watch_peer`]).
+    watched: AtomicBool,
+    /// Set when [`Conn::alive`] found the peer gone (the watcher stops waking then).
+    gone_seen: AtomicBool,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // The watcher's duplicate of the socket would keep the session open for the peer:
+        // ending our reading makes its poll return, and it exits and closes it.
+        if self.watched.load(Ordering::Relaxed) {
+            let _ = self.socket.shutdown(std::net::Shutdown::Read);
+        }
+    }
 }
 
 /// One end of a shared-memory session as a byte stream. Clones share the end: reads of all
@@ -133,8 +151,55 @@ impl ShmStream {
                 read_timeout: AtomicU64::new(u64::MAX),
                 write_timeout: AtomicU64::new(u64::MAX),
                 max_chunk,
+                watched: AtomicBool::new(false),
+                gone_seen: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Watches the session's Unix socket from a thread of its own, blocked in `poll`, and
+    /// wakes this end's waits as soon as the peer is gone (its process ended or it closed the
+    /// session): a reader then ends at once instead of at its next sleep slice (50 ms), so a
+    /// server frees a finished program's session, and `remora run` returns, that much
+    /// sooner. The thread ends with the peer or when this end is dropped.
+    pub fn watch_peer(&self) -> io::Result<()> {
+        let socket = self.conn.socket.try_clone()?;
+        let wakers = (
+            lock(&self.conn.rx).ring.waker(),
+            lock(&self.conn.tx).ring.waker(),
+        );
+        let conn = Arc::downgrade(&self.conn);
+        self.conn.watched.store(true, Ordering::Relaxed);
+        std::thread::Builder::new()
+            .name("shm-peer-watch".into())
+            .spawn(move || {
+                // Nothing is sent on the socket any more: any input or hang-up is its end
+                // (or this end dropped: see `Conn::drop`).
+                let mut fds = [PollFd::new(&socket, PollFlags::IN | PollFlags::RDHUP)];
+                loop {
+                    match rustix::event::poll(&mut fds, None) {
+                        Ok(_) => break,
+                        Err(rustix::io::Errno::INTR) => continue,
+                        Err(_) => return,
+                    }
+                }
+                // A wake can come just before a waiter starts its sleep and be lost (the ring
+                // index it sleeps on has not moved): wake again each millisecond until a
+                // waiter has seen the peer gone, for at most [`SLEEP_SLICE_MS`].
+                for _ in 0..SLEEP_SLICE_MS {
+                    let Some(conn) = conn.upgrade() else {
+                        return;
+                    };
+                    if conn.gone_seen.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    wakers.0.wake();
+                    wakers.1.wake();
+                    drop(conn);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })?;
+        Ok(())
     }
 
     /// The shared region.
@@ -212,20 +277,25 @@ impl Conn {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        match rustix::event::poll(&mut fds, Some(&zero)) {
+        let alive = match rustix::event::poll(&mut fds, Some(&zero)) {
             Ok(0) => true,
             Ok(_) => {
                 let r = fds[0].revents();
                 if r.intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL) {
-                    return false;
+                    false
+                } else {
+                    // Nothing is sent on the socket once the session is in shared memory:
+                    // input there is an end of file or a peer breaking the protocol.
+                    !(reading && r.intersects(PollFlags::IN | PollFlags::RDHUP))
                 }
-                // Nothing is sent on the socket once the session is in shared memory: input
-                // there is an end of file or a peer breaking the protocol.
-                !(reading && r.intersects(PollFlags::IN | PollFlags::RDHUP))
             }
             Err(rustix::io::Errno::INTR) => true,
             Err(_) => false,
+        };
+        if !alive {
+            self.gone_seen.store(true, Ordering::Relaxed);
         }
+        alive
     }
 }
 
