@@ -249,4 +249,22 @@ fn a_tenants_sessions_run_in_workers_started_with_its_share() {
         1,
         "{text}"
     );
+
+    // The MPS daemon goes away: a session with a share is refused, with the reason, rather
+    // than given the whole GPU; one without a share still runs.
+    drop(_control);
+    std::fs::remove_file(pipes.join("control")).unwrap();
+    let refused = Session::connect_with(
+        &endpoint,
+        SessionConfig {
+            auth_token: Some(AuthToken::new(ALICE).unwrap()),
+            ..SessionConfig::default()
+        },
+    );
+    assert!(refused.is_err(), "alice's session ran without MPS");
+    wait_for_line(
+        &serve.log,
+        &["gpu-share (40%) cannot be enforced", "refusing the session"],
+    );
+    drop(session(&endpoint, BOB));
 }

@@ -120,14 +120,27 @@ pub(crate) fn worker_share(quota: &QuotaConfig, tenant: &str) -> Option<GpuShare
     Some(quota.gpu_share_of(tenant)).filter(|s| s.is_limited())
 }
 
-/// Logs, in a session worker, the MPS share its server started it with.
-pub(crate) fn log_worker_share() {
-    if let Some(p) = std::env::var_os(MPS_PERCENT_ENV) {
-        tracing::info!(
-            active_thread_percentage = %p.to_string_lossy(),
-            "this session's worker runs under MPS with its tenant's gpu-share"
+/// In a session worker: logs the MPS share its server started it with, and answers why the
+/// share cannot hold, if it cannot (the MPS control daemon has gone since the server started:
+/// the driver would then ignore the variable and give the session the whole GPU, so the
+/// session is refused instead).
+pub(crate) fn worker_share_problem() -> Option<String> {
+    let p = std::env::var_os(MPS_PERCENT_ENV)?;
+    let p = p.to_string_lossy();
+    let dir = mps_pipe_dir();
+    if !dir.join("control").exists() {
+        let why = format!(
+            "the tenant's gpu-share ({p}%) cannot be enforced: no MPS control daemon runs on              the server ({} has no `control` pipe); the operator must start it              (nvidia-cuda-mps-control -d)",
+            dir.display()
         );
+        tracing::error!("{why}; refusing the session");
+        return Some(why);
     }
+    tracing::info!(
+        active_thread_percentage = %p,
+        "this session's worker runs under MPS with its tenant's gpu-share"
+    );
+    None
 }
 
 #[cfg(test)]

@@ -1317,7 +1317,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         &config.limits,
         config.tenant_map.as_deref(),
     )?;
-    crate::gpu_share::log_worker_share();
+    let share_problem = crate::gpu_share::worker_share_problem();
     let ledger = match config.ledger {
         Some((fd, slots)) => Some(Arc::new(
             crate::quota::Ledger::inherited(fd, slots).map_err(ServeError::Ledger)?,
@@ -1418,6 +1418,9 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     );
     if let Some(out) = &device_output {
         executor.deliver_device_output(Arc::clone(out));
+    }
+    if let Some(why) = share_problem {
+        executor.refuse_sessions(why);
     }
     match (ledger, slot) {
         (Some(ledger), slot) if slot < ledger.slots() => {

@@ -181,6 +181,8 @@ struct Inner {
     lanes: Mutex<lanes::Lanes>,
     /// Set once any lane has attached: until then dispatch skips the lane lookup.
     any_lanes: std::sync::atomic::AtomicBool,
+    /// Why every session is refused at HELLO, when one is ([`Executor::refuse_sessions`]).
+    refusal: std::sync::OnceLock<String>,
 }
 
 /// The limits an executor applies and where it counts ([`crate::quota`]).
@@ -242,8 +244,15 @@ impl Executor {
                 quotas: std::sync::OnceLock::new(),
                 lanes: Mutex::default(),
                 any_lanes: std::sync::atomic::AtomicBool::new(false),
+                refusal: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Refuses every session at HELLO with `reason` (a session worker that cannot give its
+    /// session what the server promised, such as its tenant's GPU share). Once.
+    pub fn refuse_sessions(&self, reason: String) {
+        let _ = self.inner.refusal.set(reason);
     }
 
     /// Applies `config`'s limits to the sessions this executor serves, counting them in

@@ -365,6 +365,9 @@ impl RemoraV1Server for Executor {
             // remora status / info: no session, nothing counted.
             return Ok(self.inner.hello.answer(&args));
         }
+        if let Some(why) = self.inner.refusal.get() {
+            return Ok(crate::hello::refusal(format!("session refused: {why}")));
+        }
         let session = self.session(call);
         if let Some(Err(why)) = session.quota.get() {
             return Ok(crate::hello::refusal(format!(
