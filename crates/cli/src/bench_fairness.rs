@@ -57,6 +57,12 @@ pub(crate) struct Args {
     /// for the mps rows when none runs, and to stop it again afterwards.
     #[arg(long, value_name = "PATH")]
     mps_control: Option<PathBuf>,
+    /// Also run the fault scenario, last: bob's kernel stores to an illegal address while
+    /// alice's greedy kernels run; reports whether alice's work survived (fault isolation:
+    /// under MPS one client's fatal fault may end the others'). A client that hangs then
+    /// hangs the benchmark, so it is not run by default.
+    #[arg(long)]
+    fault: bool,
     /// Skip the native scenarios (then GPU shares are not computed).
     #[arg(long)]
     no_native: bool,
@@ -84,6 +90,9 @@ const SCENARIOS: [(&str, &[(&str, What)]); 4] = [
         &[("alice", What::Greedy), ("bob", What::Greedy)],
     ),
 ];
+
+/// The fault scenario's name (`--fault`): alice greedy, bob's kernel faulting.
+const FAULT_SCENARIO: &str = "fault_beside_greedy";
 
 /// Where the clients of one sharing mode run.
 enum Target<'a> {
@@ -270,11 +279,22 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     }
     let mut results: Vec<(String, &str, Vec<WorkerResult>)> = Vec::new();
     let mut device = String::new();
+    let fault_clients: &[(&str, What)] = &[("alice", What::Greedy), ("bob", What::Fault)];
+    let fault_workload = FairWorkload {
+        report_errors: true,
+        ..a.workload
+    };
     let mut measure = |mode: &str, target: &Target| -> Result<()> {
-        for (scenario, clients) in SCENARIOS {
+        let fault = a.fault.then_some((FAULT_SCENARIO, fault_clients));
+        for (scenario, clients) in SCENARIOS.into_iter().chain(fault) {
+            let workload = if scenario == FAULT_SCENARIO {
+                &fault_workload
+            } else {
+                &a.workload
+            };
             eprint!("[{mode}] {scenario} ... ");
             let _ = std::io::stderr().flush();
-            let r = run_scenario(target, clients, &a.workload, &format!("{mode} {scenario}"));
+            let r = run_scenario(target, clients, workload, &format!("{mode} {scenario}"));
             let r = match r {
                 Ok(r) => r,
                 Err(e) => {
@@ -379,10 +399,23 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
 
 fn summary(r: &[WorkerResult]) -> String {
     r.iter()
-        .map(|w| match (w.kernels_per_s, w.sync_p50_us, w.sync_p99_us) {
-            (Some(k), ..) => format!("{k:.0} kernels/s"),
-            (None, Some(p50), Some(p99)) => format!("p50 {p50:.1} us, p99 {p99:.1} us"),
-            _ => "?".into(),
+        .map(|w| {
+            match (
+                w.kernels_per_s,
+                w.sync_p50_us,
+                w.sync_p99_us,
+                w.fault_status,
+            ) {
+                (Some(k), ..) => format!(
+                    "{k:.0} kernels/s{}",
+                    w.error
+                        .as_ref()
+                        .map_or(String::new(), |e| format!(" until: {e}"))
+                ),
+                (None, Some(p50), Some(p99), _) => format!("p50 {p50:.1} us, p99 {p99:.1} us"),
+                (.., Some(rc)) => format!("fault: CUDA error {rc}"),
+                _ => "?".into(),
+            }
         })
         .collect::<Vec<_>>()
         .join("; ")
@@ -406,7 +439,25 @@ fn figures(results: &[(String, &str, Vec<WorkerResult>)]) -> (Vec<Figure>, Vec<S
         ratio_to_raw_tcp: None,
         rounds: vec![value],
     };
+    let mut notes = Vec::new();
     for (mode, scenario, r) in results {
+        if *scenario == FAULT_SCENARIO {
+            let greedy = r.first();
+            let rc = r.get(1).and_then(|w| w.fault_status);
+            notes.push(format!(
+                "{mode}: bob's kernel faulted ({}); alice's greedy kernels beside it {}",
+                rc.map_or("no status".into(), |rc| format!("CUDA error {rc}")),
+                match greedy {
+                    Some(WorkerResult { error: Some(e), .. }) => format!("were ended too: {e}"),
+                    Some(w) => format!(
+                        "survived ({:.0} kernels/s)",
+                        w.kernels_per_s.unwrap_or(f64::NAN)
+                    ),
+                    None => "did not report".into(),
+                }
+            ));
+            continue;
+        }
         let clients = r.len();
         for (i, w) in r.iter().enumerate() {
             // Who this client was: the scenario's tenant at the same place.
@@ -470,7 +521,6 @@ fn figures(results: &[(String, &str, Vec<WorkerResult>)]) -> (Vec<Figure>, Vec<S
             .filter(|n| n.value > 0.0)
             .map(|n| (f.value / n.value * 1000.0).round() / 1000.0);
     }
-    let mut notes = Vec::new();
     let mut modes: Vec<&str> = Vec::new();
     for (m, ..) in results {
         if !modes.contains(&m.as_str()) {
@@ -614,12 +664,43 @@ mod tests {
     }
 
     #[test]
+    fn the_fault_scenario_says_whether_the_neighbour_survived() {
+        let fault = WorkerResult {
+            fault_status: Some(700),
+            ..WorkerResult::default()
+        };
+        let ended = WorkerResult {
+            kernels_per_s: Some(10.0),
+            error: Some("cuEventSynchronize failed with CUDA error 700".into()),
+            ..WorkerResult::default()
+        };
+        let results = vec![
+            (
+                "off".to_owned(),
+                FAULT_SCENARIO,
+                vec![greedy(500.0), fault.clone()],
+            ),
+            ("mps 50%".to_owned(), FAULT_SCENARIO, vec![ended, fault]),
+        ];
+        let (figures, notes) = figures(&results);
+        assert!(figures.is_empty(), "{figures:?}");
+        assert_eq!(
+            notes,
+            [
+                "off: bob's kernel faulted (CUDA error 700); alice's greedy kernels beside it survived (500 kernels/s)",
+                "mps 50%: bob's kernel faulted (CUDA error 700); alice's greedy kernels beside it were ended too: cuEventSynchronize failed with CUDA error 700",
+            ]
+        );
+    }
+
+    #[test]
     fn bad_options_are_refused_with_what_to_use() {
         let args = |sharing: &str, share: u8, transport: &str| Args {
             sharing: vec![sharing.into()],
             share,
             transport: transport.into(),
             workload: FairWorkload::default(),
+            fault: false,
             mps_control: None,
             no_native: true,
             shim: Some("/nonexistent".into()),

@@ -197,7 +197,7 @@ fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
             }
         }
         // `bench fairness` reads its workers' results itself.
-        What::Greedy | What::Latency => {}
+        What::Greedy | What::Latency | What::Fault => {}
     }
     out
 }

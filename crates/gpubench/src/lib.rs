@@ -47,6 +47,25 @@ $L_spin:
 ";
 /// The kernel's name in [`SPIN_KERNEL_PTX`].
 const SPIN_KERNEL: &str = "remora_bench_spin";
+
+/// A kernel that stores to the address it is given: at a low address that no allocation
+/// holds, an illegal-address fault (`bench fairness`'s faulting tenant).
+const FAULT_KERNEL_PTX: &str = "\
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry remora_bench_fault(.param .u64 remora_bench_fault_addr)
+{
+	.reg .b64 %rd<2>;
+	.reg .b32 %r<2>;
+	ld.param.u64 %rd1, [remora_bench_fault_addr];
+	mov.u32 %r1, 1;
+	st.global.u32 [%rd1], %r1;
+	ret;
+}
+";
+/// The kernel's name in [`FAULT_KERNEL_PTX`].
+const FAULT_KERNEL: &str = "remora_bench_fault";
 /// Threads per block of the spin kernel; two such blocks fill an SM of compute capability
 /// 8.0 to 9.0 (2,048 resident threads).
 const SPIN_BLOCK: c_uint = 1024;
@@ -68,6 +87,9 @@ pub enum What {
     /// `bench fairness`'s latency-sensitive tenant: empty-kernel launch + synchronize for
     /// `--millis`; p50 and p99.
     Latency,
+    /// `bench fairness`'s faulting tenant: after a third of `--millis`, a kernel that stores to
+    /// an illegal address; the synchronize's error.
+    Fault,
 }
 
 impl What {
@@ -78,6 +100,7 @@ impl What {
             What::Copy => "copy",
             What::Greedy => "greedy",
             What::Latency => "latency",
+            What::Fault => "fault",
         }
     }
 }
@@ -114,6 +137,14 @@ pub struct WorkerResult {
     /// Launch + synchronize round trips made (`latency`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round_trips: Option<u64>,
+    /// The CUDA error of the faulting kernel's synchronize (`fault`; 700 is an illegal
+    /// address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault_status: Option<i32>,
+    /// With `--report-errors`: the error that ended the measurement early (what it measured
+    /// until then is reported beside it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// The GPU's name as the loaded driver reports it (`cuDeviceGetName`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub device: String,
@@ -255,6 +286,10 @@ pub struct FairWorkload {
     /// SM clock cycles each block of the greedy client's kernel spins for.
     #[arg(long, default_value_t = 200_000)]
     pub spin_cycles: u64,
+    /// A CUDA error during the measurement is reported in the result (with what was measured
+    /// until then) instead of failing the worker: for clients beside a faulting one.
+    #[arg(long)]
+    pub report_errors: bool,
 }
 
 impl Default for FairWorkload {
@@ -262,6 +297,7 @@ impl Default for FairWorkload {
         Self {
             millis: 3_000,
             spin_cycles: 200_000,
+            report_errors: false,
         }
     }
 }
@@ -269,12 +305,16 @@ impl Default for FairWorkload {
 impl FairWorkload {
     /// The command-line options that give a worker this workload.
     pub fn to_args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             "--millis".into(),
             self.millis.to_string(),
             "--spin-cycles".into(),
             self.spin_cycles.to_string(),
-        ]
+        ];
+        if self.report_errors {
+            args.push("--report-errors".into());
+        }
+        args
     }
 }
 
@@ -347,6 +387,20 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
             check(
                 "cuModuleGetFunction",
                 (api.module_get_function)(&mut spin, module, name.as_ptr()),
+            )?;
+        }
+        let mut fault = std::ptr::null_mut();
+        if o.what == What::Fault {
+            let image = CString::new(FAULT_KERNEL_PTX)?;
+            let mut module = std::ptr::null_mut();
+            check(
+                "cuModuleLoadData (the fault kernel)",
+                (api.module_load_data)(&mut module, image.as_ptr().cast()),
+            )?;
+            let name = CString::new(FAULT_KERNEL)?;
+            check(
+                "cuModuleGetFunction",
+                (api.module_get_function)(&mut fault, module, name.as_ptr()),
             )?;
         }
         if matches!(o.what, What::Launch | What::Latency) {
@@ -488,34 +542,66 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                 let (t0, w0) = (Instant::now(), now_ns());
                 let mut launched = 0u64;
                 let mut batch = 0usize;
-                loop {
-                    if batch >= 2 {
-                        check(
-                            "cuEventSynchronize",
-                            (api.event_synchronize)(events[batch % 2]),
-                        )?;
-                        if t0.elapsed().as_millis() >= millis {
-                            break;
+                let mut run = || -> Result<()> {
+                    loop {
+                        if batch >= 2 {
+                            check(
+                                "cuEventSynchronize",
+                                (api.event_synchronize)(events[batch % 2]),
+                            )?;
+                            if t0.elapsed().as_millis() >= millis {
+                                break;
+                            }
                         }
-                    }
-                    for _ in 0..SPIN_BATCH {
+                        for _ in 0..SPIN_BATCH {
+                            check(
+                                "cuLaunchKernel (spin)",
+                                launch_spin(spin_params.as_mut_ptr()),
+                            )?;
+                        }
+                        launched += u64::from(SPIN_BATCH);
                         check(
-                            "cuLaunchKernel (spin)",
-                            launch_spin(spin_params.as_mut_ptr()),
+                            "cuEventRecord",
+                            (api.event_record)(events[batch % 2], stream),
                         )?;
+                        batch += 1;
                     }
-                    launched += u64::from(SPIN_BATCH);
-                    check(
-                        "cuEventRecord",
-                        (api.event_record)(events[batch % 2], stream),
-                    )?;
-                    batch += 1;
+                    check("cuStreamSynchronize", (api.stream_synchronize)(stream))
+                };
+                match run() {
+                    Ok(()) => {}
+                    Err(e) if o.fair.report_errors => r.error = Some(format!("{e:#}")),
+                    Err(e) => return Err(e),
                 }
-                check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
                 let secs = t0.elapsed().as_secs_f64();
                 r.spans
                     .push(("greedy".into(), w0, now_ns(), launched as f64));
                 r.kernels_per_s = Some(launched as f64 / secs);
+            }
+            What::Fault => {
+                std::thread::sleep(std::time::Duration::from_millis(u64::from(
+                    o.fair.millis / 3,
+                )));
+                let mut addr: u64 = 8;
+                let mut params = [(&raw mut addr).cast::<c_void>()];
+                let launched = (api.launch)(
+                    fault,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                );
+                r.fault_status = Some(if launched != 0 {
+                    launched
+                } else {
+                    (api.stream_synchronize)(stream)
+                });
             }
             What::Latency => {
                 let millis = u128::from(o.fair.millis);
