@@ -294,3 +294,71 @@ fn a_public_tls_listener_needs_client_certificates_tokens_or_insecure() {
         .expect("refused");
     assert!(err.contains("chmod 600"), "{err}");
 }
+
+#[test]
+fn lanes_over_tls_carry_striped_copies_of_their_certificates_tenant_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::new(dir.path());
+    let ca = pki.ca_cert.clone();
+    let serve = Serve::start(
+        dir.path(),
+        &pki,
+        "tls://127.0.0.1:0",
+        &["--tls-client-ca", ca.to_str().unwrap()],
+    )
+    .unwrap();
+    let ep = serve.endpoint.clone();
+    let tls_of = |who: &str| {
+        let (cert, key) = pki.client(who);
+        Arc::new(ClientTls::from_pem_files(Some(&ca), Some((&cert, &key))).unwrap())
+    };
+    let s = Session::connect_with(
+        &ep,
+        SessionConfig {
+            tls: Some(tls_of("alice")),
+            ..SessionConfig::default()
+        },
+    )
+    .unwrap();
+    let RmHandleReply::Case0(ctx) = s.rpc().rm_primary_ctx_retain(&0).unwrap() else {
+        panic!("no context")
+    };
+    // Striped over three TLS lanes, each handed to alice's worker.
+    let n = (18 << 20) + 3;
+    let a = s.mem_alloc(ctx, n as u64).unwrap();
+    let src: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+    s.memcpy_htod(ctx, RM_STREAM_LEGACY as u64, a, &src)
+        .unwrap();
+    assert_eq!(s.lane_count(), 3);
+    let mut back = vec![0u8; n];
+    s.memcpy_dtoh(ctx, RM_STREAM_LEGACY as u64, a, &mut back)
+        .unwrap();
+    assert!(back == src);
+
+    // Bob's certificate with alice's key: refused.
+    let LaneKeyReply::Case0(key) = s.rpc().remora_lane_key().unwrap() else {
+        panic!("no lane key")
+    };
+    let bob = RemoraV1Client::new(
+        remora_oncrpc::Client::connect_with(
+            &ep,
+            remora_oncrpc::ClientConfig {
+                tls: Some(tls_of("bob")),
+                ..remora_oncrpc::ClientConfig::default()
+            },
+        )
+        .unwrap(),
+    );
+    assert!(matches!(
+        bob.remora_lane_attach(&key),
+        Err(remora_oncrpc::RpcError::AuthError {
+            stat: remora_oncrpc::AuthStat::BadCred
+        })
+    ));
+    drop(s);
+    let log = std::fs::read_to_string(&serve.log).unwrap();
+    assert!(
+        log.contains("the lane's client certificate names tenant bob"),
+        "{log}"
+    );
+}

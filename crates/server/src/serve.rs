@@ -1062,6 +1062,7 @@ impl remora_oncrpc::FirstCallGate for WorkerGate {
     fn check(
         &self,
         peer: &remora_oncrpc::Peer,
+        authenticated: bool,
         program: u32,
         procedure: u32,
         args: &[u8],
@@ -1087,7 +1088,9 @@ impl remora_oncrpc::FirstCallGate for WorkerGate {
                 }
             };
         }
-        let Some(tokens) = &self.0 else {
+        // A client certificate authenticated the connection already (its tenant travels in
+        // the hand-off), or there are no tokens to check.
+        let Some(tokens) = self.0.as_ref().filter(|_| !authenticated) else {
             return Ok(remora_oncrpc::Admission::default());
         };
         if program != REMORA_PROG || procedure != REMORA_HELLO_AUTH {

@@ -3,12 +3,13 @@
 //! each side (on the H100 host, a plain loopback stream moves ~3.9 GB/s).
 //!
 //! They are opened when the first copy of [`STRIPE_MIN`] bytes or more needs them, for a
-//! session with a `tcp://` server of revision 16 or later: the session asks for its key
+//! session with a `tcp://` or `tls://` server of revision 16 or later: the session asks for its key
 //! (`REMORA_LANE_KEY`), then connects `REMORA_LANES` more times (default
 //! [`DEFAULT_LANES`]; 0 turns lanes off) and presents it on each (`REMORA_LANE_ATTACH`).
 //! A lane that cannot be opened is logged once and the session goes on with those it has
-//! (none: copies use the session's own connection, as before). Shared memory, Unix sockets
-//! and TLS sessions have none.
+//! (none: copies use the session's own connection, as before). Sessions over `tls://` open
+//! their lanes over TLS with the session's TLS settings (where encryption bounds a stream to
+//! one core, lanes help most). Shared memory and Unix sockets have none.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -30,11 +31,12 @@ pub(crate) struct Lanes {
     connect_timeout: Duration,
     call_timeout: Duration,
     liveness: Option<Liveness>,
+    tls: Option<std::sync::Arc<remora_oncrpc::ClientTls>>,
     open: OnceLock<Vec<RemoraV1Client>>,
 }
 
 impl Lanes {
-    /// The lanes a session with `endpoint` at `revision` may open.
+    /// The lanes a session with `endpoint` (`tcp://` or `tls://`) at `revision` may open.
     pub(crate) fn new(endpoint: &Endpoint, revision: u32, config: &SessionConfig) -> Self {
         let wanted = match std::env::var("REMORA_LANES") {
             Ok(v) => match v.trim().parse::<usize>() {
@@ -49,12 +51,15 @@ impl Lanes {
             Err(_) => DEFAULT_LANES,
         };
         Self {
-            endpoint: (matches!(endpoint, Endpoint::Tcp(_)) && revision >= 16 && wanted > 0)
+            endpoint: (matches!(endpoint, Endpoint::Tcp(_) | Endpoint::Tls(_))
+                && revision >= 16
+                && wanted > 0)
                 .then(|| endpoint.clone()),
             wanted,
             connect_timeout: config.connect_timeout,
             call_timeout: config.call_timeout,
             liveness: config.liveness,
+            tls: config.tls.clone(),
             open: OnceLock::new(),
         }
     }
@@ -101,6 +106,7 @@ impl Session {
                 max_record_size: MAX_REPLY_RECORD,
                 transport: TransportChoice::Tcp,
                 liveness: l.liveness,
+                tls: l.tls.clone(),
                 ..ClientConfig::default()
             };
             let attached = RpcClient::connect_with(endpoint, config)

@@ -587,20 +587,17 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream, peer: Peer, tls: Optio
             };
             if let Some(handler) = shared2.handler.clone() {
                 // Nothing is started for a connection (a worker process) before it has sent
-                // its first call record whole, within the HELLO deadline and size.
-                // A connection a client certificate authenticated needs no gate.
-                let gate = shared2
-                    .config
-                    .first_call_gate
-                    .as_deref()
-                    .filter(|_| origin.tenant.is_none());
+                // its first call record whole, within the HELLO deadline and size. A
+                // connection a client certificate authenticated still passes the gate, which
+                // only routes it.
+                let gate = shared2.config.first_call_gate.as_deref();
                 let admission = match await_first_record(
                     &stream,
                     &shared2.config,
                     &shared2.shutting_down,
                     &shared2.registry,
                     accepted_at,
-                    gate.map(|g| (g, &peer)),
+                    gate.map(|g| (g, &peer, origin.tenant.is_some())),
                 ) {
                     Ok(admission) => admission,
                     Err(why) => {
@@ -842,7 +839,7 @@ fn await_first_record(
     shutting_down: &AtomicBool,
     registry: &Registry,
     accepted_at: Instant,
-    gate: Option<(&dyn crate::server::FirstCallGate, &Peer)>,
+    gate: Option<(&dyn crate::server::FirstCallGate, &Peer, bool)>,
 ) -> Result<crate::server::Admission, String> {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     use rustix::net::{RecvFlags, recv};
@@ -901,14 +898,14 @@ fn await_first_record(
                     .then(|| null_reply(&buf[4..4 + len], registry))
                     .flatten()
                 else {
-                    let Some((gate, peer)) = gate else {
+                    let Some((gate, peer, authenticated)) = gate else {
                         return Ok(Default::default());
                     };
                     // Checked here, before any process starts for the connection; the
                     // record stays queued for whoever serves it.
                     let checked = match first_call(&buf[4..4 + len]) {
                         Some((xid, program, procedure, args)) if last_fragment => gate
-                            .check(peer, program, procedure, args)
+                            .check(peer, authenticated, program, procedure, args)
                             .map_err(|stat| (xid, stat)),
                         Some((xid, ..)) => Err((xid, crate::AuthStat::TooWeak)),
                         None => return Err("the first record is not a call".into()),

@@ -124,10 +124,12 @@ pub trait FirstCallGate: Send + Sync + std::fmt::Debug {
     /// Whether the first call, procedure `procedure` of `program` with XDR arguments `args`,
     /// from `peer`, may go on to the handler, and what the gate learnt of it (kept in the
     /// [`AcceptedConnection`](crate::AcceptedConnection)); `Err`: the AUTH_ERROR status to
-    /// answer.
+    /// answer. `authenticated`: the connection's TLS client certificate has already
+    /// authenticated it (the gate only routes it then).
     fn check(
         &self,
         peer: &crate::Peer,
+        authenticated: bool,
         program: u32,
         procedure: u32,
         args: &[u8],

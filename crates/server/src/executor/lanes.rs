@@ -130,9 +130,20 @@ impl Executor {
         let Some(session) = self.inner.sessions().get(&main).cloned() else {
             return refuse("the key's session has ended");
         };
-        // The lane is the session's tenant's: its copies pass the same checks.
+        // The lane is the session's tenant's: its copies pass the same checks. A lane that
+        // authenticated otherwise (its own client certificate) must be of the same tenant.
         if let Some(tenant) = session.tenant.get() {
-            call.authenticate(tenant);
+            match call.tenant() {
+                Some(own) if own != tenant => {
+                    return refuse(&format!(
+                        "the lane's client certificate names tenant {own}, its session's tenant is {tenant}"
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    call.authenticate(tenant);
+                }
+            }
         }
         lanes.attached.insert(connection, main);
         self.inner
