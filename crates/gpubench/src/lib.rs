@@ -287,8 +287,9 @@ pub struct FairWorkload {
     #[arg(long, default_value_t = 200_000)]
     pub spin_cycles: u64,
     /// A CUDA error during the measurement is reported in the result (with what was measured
-    /// until then) instead of failing the worker: for clients beside a faulting one.
-    #[arg(long)]
+    /// until then) instead of failing the worker: for clients beside a faulting one (set by
+    /// `bench fairness --fault` for its workers).
+    #[arg(long, hide = true)]
     pub report_errors: bool,
 }
 
