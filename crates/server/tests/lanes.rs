@@ -179,3 +179,22 @@ fn a_lane_serves_only_its_sessions_copies_and_only_with_its_key() {
         })
     ));
 }
+
+#[test]
+fn a_session_on_a_unix_socket_stripes_too_and_one_in_shared_memory_does_not() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    for (transport, lanes) in [(TransportChoice::Unix, 3), (TransportChoice::Shm, 0)] {
+        let s = session(&server.endpoint, transport);
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let n = (21 << 20) + 9;
+        let a = s.mem_alloc(ctx, n as u64).unwrap();
+        let src = pattern(n, 17);
+        s.memcpy_htod(ctx, LEGACY, a, &src).unwrap();
+        let mut back = vec![0u8; n];
+        s.memcpy_dtoh(ctx, LEGACY, a, &mut back).unwrap();
+        assert!(back == src, "{transport:?}");
+        assert_eq!(s.lane_count(), lanes, "{transport:?}");
+        s.mem_free(ctx, a).unwrap();
+    }
+}

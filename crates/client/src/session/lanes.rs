@@ -3,13 +3,14 @@
 //! each side (on the H100 host, a plain loopback stream moves ~3.9 GB/s).
 //!
 //! They are opened when the first copy of [`STRIPE_MIN`] bytes or more needs them, for a
-//! session with a `tcp://` or `tls://` server of revision 16 or later: the session asks for its key
+//! session on a socket with a server of revision 16 or later: the session asks for its key
 //! (`REMORA_LANE_KEY`), then connects `REMORA_LANES` more times (default
 //! [`DEFAULT_LANES`]; 0 turns lanes off) and presents it on each (`REMORA_LANE_ATTACH`).
 //! A lane that cannot be opened is logged once and the session goes on with those it has
 //! (none: copies use the session's own connection, as before). Sessions over `tls://` open
 //! their lanes over TLS with the session's TLS settings (where encryption bounds a stream to
-//! one core, lanes help most). Shared memory and Unix sockets have none.
+//! one core, lanes help most), sessions on a Unix socket (not in shared memory) over the
+//! socket. Shared-memory sessions have none: their copies go through the data area.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -36,8 +37,14 @@ pub(crate) struct Lanes {
 }
 
 impl Lanes {
-    /// The lanes a session with `endpoint` (`tcp://` or `tls://`) at `revision` may open.
-    pub(crate) fn new(endpoint: &Endpoint, revision: u32, config: &SessionConfig) -> Self {
+    /// The lanes a session with `endpoint` at `revision` may open (`shm`: the session is in
+    /// shared memory, and opens none).
+    pub(crate) fn new(
+        endpoint: &Endpoint,
+        revision: u32,
+        shm: bool,
+        config: &SessionConfig,
+    ) -> Self {
         let wanted = match std::env::var("REMORA_LANES") {
             Ok(v) => match v.trim().parse::<usize>() {
                 Ok(n) => n.min(REMORA_MAX_LANES as usize),
@@ -51,10 +58,7 @@ impl Lanes {
             Err(_) => DEFAULT_LANES,
         };
         Self {
-            endpoint: (matches!(endpoint, Endpoint::Tcp(_) | Endpoint::Tls(_))
-                && revision >= 16
-                && wanted > 0)
-                .then(|| endpoint.clone()),
+            endpoint: (!shm && revision >= 16 && wanted > 0).then(|| endpoint.clone()),
             wanted,
             connect_timeout: config.connect_timeout,
             call_timeout: config.call_timeout,
@@ -104,7 +108,11 @@ impl Session {
                 connect_timeout: Some(l.connect_timeout),
                 default_timeout: l.call_timeout,
                 max_record_size: MAX_REPLY_RECORD,
-                transport: TransportChoice::Tcp,
+                // The socket alone: a lane never moves into shared memory.
+                transport: match endpoint {
+                    Endpoint::Unix(_) => TransportChoice::Unix,
+                    Endpoint::Tcp(_) | Endpoint::Tls(_) => TransportChoice::Tcp,
+                },
                 liveness: l.liveness,
                 tls: l.tls.clone(),
                 ..ClientConfig::default()

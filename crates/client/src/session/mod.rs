@@ -716,7 +716,7 @@ impl Session {
             .filter(|_| welcome.revision >= 6)
             .map(AreaAlloc::new);
         let rpc = RemoraV1Client::new(rpc);
-        let lanes = lanes::Lanes::new(endpoint, welcome.revision, &config);
+        let lanes = lanes::Lanes::new(endpoint, welcome.revision, rpc.rpc().is_shm(), &config);
         Ok(Session {
             lanes,
             delivery: Arc::new(Delivery::new(rpc.clone(), welcome.revision)),
