@@ -214,6 +214,8 @@ const RUN_EXAMPLES: &str = "Examples:
     remora run -- ./app --size 1024
   Run it on the GPUs of a `remora serve` on another host:
     remora run --server tcp://gpu-host:7446 -- ./app
+  The same with its large copies striped over 7 more connections (default 3; 0: one):
+    REMORA_LANES=7 remora run --server tcp://gpu-host:7446 -- ./app
   Run it with the shim's and the embedded server's debug log:
     REMORA_LOG=debug remora run -- ./app";
 
