@@ -229,22 +229,15 @@ fn run_scenario(
     bench_gpu::run_workers(commands, label)
 }
 
-/// A token no one can guess from outside this process (the server listens on a private
-/// socket or on loopback; the tokens only tell its two tenants apart).
-fn token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut out = String::new();
-    for i in 0..2u64 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(i);
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        out.push_str(&format!("{:016x}", h.finish()));
+/// A random token (32 hex digits) for one of the benchmark's tenants.
+fn token() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    let n = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
+        .context("cannot make a token (getrandom)")?;
+    if n != bytes.len() {
+        bail!("cannot make a token: getrandom gave {n} bytes");
     }
-    out
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Runs the benchmark: progress on stderr, a table on stdout, the JSON report and the plot
@@ -319,7 +312,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
         .prefix("remora-bench-fairness-")
         .tempdir()
         .context("cannot create a private directory")?;
-    let tokens = vec![("alice".to_owned(), token()), ("bob".to_owned(), token())];
+    let tokens = vec![("alice".to_owned(), token()?), ("bob".to_owned(), token()?)];
     let token_file = dir.path().join("tokens");
     write_private(
         &token_file,

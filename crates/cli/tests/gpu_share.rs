@@ -5,11 +5,13 @@
 //! socket named `control` in CUDA_MPS_PIPE_DIRECTORY (the emulated backend never calls MPS);
 //! what MPS does with the share is measured on a GPU by `remora bench fairness`.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+use common::{Served, private_file};
 
 use remora_client::{AuthToken, Session, SessionConfig};
 use remora_oncrpc::Endpoint;
@@ -18,13 +20,6 @@ use remora_proto::remora::RmHandleReply;
 const REMORA: &str = env!("CARGO_BIN_EXE_remora");
 const ALICE: &str = "alice-token-0123456789abcdef";
 const BOB: &str = "bob-token-0123456789abcdef01";
-
-fn private_file(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p
-}
 
 fn serve(dir: &Path, args: &[&str], pipe_dir: &Path) -> Command {
     std::fs::create_dir_all(dir.join("tmp")).unwrap();
@@ -131,18 +126,6 @@ fn shares_that_cannot_be_enforced_stop_the_server_with_what_to_do() {
     );
 }
 
-struct Running {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn session(endpoint: &Endpoint, token: &str) -> Session {
     let s = Session::connect_with(
         endpoint,
@@ -187,8 +170,7 @@ fn a_tenants_sessions_run_in_workers_started_with_its_share() {
         "tenants.toml",
         "[tenants.alice]\ngpu-share = 40\n[tenants.bob]\ndevice-memory = \"1GiB\"\n",
     );
-    let log = dir.path().join("serve.log");
-    let mut child = serve(
+    let mut cmd = serve(
         dir.path(),
         &[
             "--isolation",
@@ -199,20 +181,11 @@ fn a_tenants_sessions_run_in_workers_started_with_its_share() {
             tenants.to_str().unwrap(),
         ],
         &pipes,
-    )
+    );
     // The server's own setting never reaches a worker that has no share.
-    .env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "77")
-    .stdout(Stdio::piped())
-    .stderr(std::fs::File::create(&log).unwrap())
-    .spawn()
-    .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let serve = Running { child, log };
-    assert!(line.contains("listening on"), "{line}");
-    let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
+    cmd.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "77");
+    let serve = Served::start(cmd, &dir.path().join("serve.log"));
+    let endpoint = serve.endpoint.clone();
 
     let a = session(&endpoint, ALICE);
     let text = wait_for_line(

@@ -3,13 +3,15 @@
 //! (no worker starts for a lane), striped copies move every byte, and a lane whose key names
 //! no worker of this server is refused.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{Served, private_file};
+
 use remora_client::{AuthToken, Session, SessionConfig};
-use remora_oncrpc::{Client, ClientConfig, Endpoint, RpcError, TransportChoice};
+use remora_oncrpc::{Client, ClientConfig, RpcError, TransportChoice};
 use remora_proto::remora::*;
 
 const REMORA: &str = env!("CARGO_BIN_EXE_remora");
@@ -25,39 +27,15 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 fn a_workers_lanes_reach_it_and_striped_copies_arrive() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("tmp")).unwrap();
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, format!("dave {TOKEN}\n")).unwrap();
-    std::fs::set_permissions(&tokens, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let log = dir.path().join("serve.log");
-    let mut child = Command::new(REMORA)
-        .args(["serve", "--backend", "emulated", "--isolation", "process"])
+    let tokens = private_file(dir.path(), "tokens", &format!("dave {TOKEN}\n"));
+    let mut cmd = Command::new(REMORA);
+    cmd.args(["serve", "--backend", "emulated", "--isolation", "process"])
         .args(["--listen", "tcp://127.0.0.1:0", "--auth-token-file"])
         .arg(&tokens)
         .env("TMPDIR", dir.path().join("tmp"))
-        .env("REMORA_LOG", "info,remora_server::worker_pool=debug")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _serve = Kill(child);
-    let endpoint: Endpoint = line
-        .split_once("listening on ")
-        .unwrap()
-        .1
-        .trim()
-        .parse()
-        .unwrap();
+        .env("REMORA_LOG", "info,remora_server::worker_pool=debug");
+    let serve = Served::start(cmd, &dir.path().join("serve.log"));
+    let (endpoint, log) = (serve.endpoint.clone(), serve.log.clone());
 
     let s = Session::connect_with(
         &endpoint,

@@ -712,7 +712,7 @@ impl Running {
     /// isolation).
     pub fn worker_pids(&self) -> Vec<u32> {
         self.pool.as_ref().map_or_else(Vec::new, |p| {
-            let mut pids: Vec<u32> = p.workers.lock().values().copied().collect();
+            let mut pids: Vec<u32> = p.workers.lock().values().map(|w| w.pid).collect();
             pids.sort_unstable();
             pids
         })

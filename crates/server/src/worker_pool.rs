@@ -25,14 +25,23 @@ use remora_oncrpc::{AcceptedConnection, ConnectionHandler, Origin, Peer};
 
 use crate::serve::WORKER_GRACE;
 
-/// The live sessions' workers: connection id → process id.
+/// The live sessions' workers, by connection id.
 #[derive(Default)]
 pub(crate) struct Workers {
-    live: Mutex<HashMap<u64, u32>>,
+    live: Mutex<HashMap<u64, LiveWorker>>,
+}
+
+/// A worker serving a session.
+pub(crate) struct LiveWorker {
+    pub(crate) pid: u32,
+    /// A clone of its control socket, where the session's lanes are handed (revision 16);
+    /// `None` if it could not be cloned.
+    control: Option<UnixStream>,
+    exit: Arc<Exit>,
 }
 
 impl Workers {
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, u32>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, LiveWorker>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -222,9 +231,6 @@ pub(crate) struct WorkerPool {
     /// Under `--gpu-share mps`, the limits whose `gpu-share` each session's worker is
     /// started with ([`crate::gpu_share`]).
     shares: Option<crate::quota::QuotaConfig>,
-    /// The control socket of each worker serving a session, by process id: where its lanes
-    /// are handed (revision 16).
-    controls: Mutex<HashMap<u32, (UnixStream, Arc<Exit>)>>,
 }
 
 /// The waiting workers, and how many are being started (so that two sessions' refills
@@ -257,7 +263,6 @@ impl WorkerPool {
             refill,
             warm: Mutex::default(),
             shares,
-            controls: Mutex::default(),
         }
     }
 
@@ -265,13 +270,12 @@ impl WorkerPool {
     /// serves as a lane, to that worker; closes it when no worker of this server has that id.
     fn hand_lane(&self, conn: AcceptedConnection, route: u64) {
         let peer = conn.peer().clone();
-        let control = u32::try_from(route).ok().and_then(|pid| {
-            self.controls
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&pid)
-                .and_then(|(c, exit)| Some((c.try_clone().ok()?, Arc::clone(exit))))
-        });
+        let control = self
+            .workers
+            .lock()
+            .values()
+            .find(|w| u64::from(w.pid) == route)
+            .and_then(|w| Some((w.control.as_ref()?.try_clone().ok()?, Arc::clone(&w.exit))));
         let Some((control, exit)) = control else {
             remora_oncrpc::audit!(info, "auth_failed", %peer, route,
                 "a lane for a session this server does not serve (its key names no live worker); connection closed");
@@ -494,30 +498,22 @@ impl ConnectionHandler for WorkerPool {
         };
         drop(fd);
         let pid = worker.pid;
-        self.workers.lock().insert(id, pid);
-        // Where the session's lanes go; forgotten when the worker ends.
-        struct Control<'a>(&'a Mutex<HashMap<u32, (UnixStream, Arc<Exit>)>>, u32);
-        impl Drop for Control<'_> {
-            fn drop(&mut self) {
-                self.0
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&self.1);
-            }
-        }
-        let _control = match worker.control.try_clone() {
-            Ok(c) => {
-                self.controls
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(pid, (c, Arc::clone(&worker.exit)));
-                Some(Control(&self.controls, pid))
-            }
-            Err(e) => {
+        // Its control socket is where the session's lanes go, until the worker ends.
+        let control = worker
+            .control
+            .try_clone()
+            .inspect_err(|e| {
                 tracing::warn!(worker_pid = pid, error = %e, "the session's lanes cannot be handed to its worker");
-                None
-            }
-        };
+            })
+            .ok();
+        self.workers.lock().insert(
+            id,
+            LiveWorker {
+                pid,
+                control,
+                exit: Arc::clone(&worker.exit),
+            },
+        );
         tracing::info!(
             %peer, connection = id, worker_pid = pid,
             warm_ms = worker.started.elapsed().as_millis() as u64,

@@ -43,10 +43,11 @@ impl Executor {
 
     /// The session connection that `connection` is a lane of, if it is one.
     pub(crate) fn lane_main(&self, connection: u64) -> Option<u64> {
-        if !self
+        if self
             .inner
-            .any_lanes
+            .live_lanes
             .load(std::sync::atomic::Ordering::Acquire)
+            == 0
         {
             return None;
         }
@@ -147,8 +148,8 @@ impl Executor {
         }
         lanes.attached.insert(connection, main);
         self.inner
-            .any_lanes
-            .store(true, std::sync::atomic::Ordering::Release);
+            .live_lanes
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         tracing::debug!(
             connection,
             session = main,
@@ -163,7 +164,11 @@ impl Executor {
     /// next call) until their own connections end.
     pub(super) fn forget_lanes(&self, connection: u64) {
         let mut lanes = self.lanes();
-        lanes.attached.remove(&connection);
+        if lanes.attached.remove(&connection).is_some() {
+            self.inner
+                .live_lanes
+                .fetch_sub(1, std::sync::atomic::Ordering::Release);
+        }
         lanes.keys.remove(&connection);
     }
 }

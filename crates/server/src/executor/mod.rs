@@ -179,8 +179,8 @@ struct Inner {
     quotas: std::sync::OnceLock<QuotaSetup>,
     /// The sessions' lane keys and lanes (revision 16, `lanes.rs`).
     lanes: Mutex<lanes::Lanes>,
-    /// Set once any lane has attached: until then dispatch skips the lane lookup.
-    any_lanes: std::sync::atomic::AtomicBool,
+    /// Lanes attached and not yet closed: while none is, dispatch skips the lane lookup.
+    live_lanes: std::sync::atomic::AtomicUsize,
     /// Why every session is refused at HELLO, when one is ([`Executor::refuse_sessions`]).
     refusal: std::sync::OnceLock<String>,
 }
@@ -243,7 +243,7 @@ impl Executor {
                 device_output: std::sync::OnceLock::new(),
                 quotas: std::sync::OnceLock::new(),
                 lanes: Mutex::default(),
-                any_lanes: std::sync::atomic::AtomicBool::new(false),
+                live_lanes: std::sync::atomic::AtomicUsize::new(0),
                 refusal: std::sync::OnceLock::new(),
             }),
         }
