@@ -25,7 +25,7 @@ pub(crate) const RING_HEADER: usize = 256;
 pub const MAX_MESSAGE: usize = (1 << 30) - 4;
 
 /// How long a sleeping side waits before it checks that the peer is still alive.
-const SLEEP_SLICE: Duration = Duration::from_millis(50);
+pub(crate) const SLEEP_SLICE: Duration = Duration::from_millis(50);
 
 /// Why a ring operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

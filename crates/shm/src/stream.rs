@@ -26,12 +26,8 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use crate::region::Region;
-use crate::ring::{Consumer, Producer, RingError};
+use crate::ring::{Consumer, Producer, RingError, SLEEP_SLICE};
 use crate::wait::Waiter;
-
-/// Milliseconds a [`ShmStream::watch_peer`] thread keeps waking this end's waits: one sleep
-/// slice of the rings.
-const SLEEP_SLICE_MS: u32 = 50;
 
 /// Shortest spin before a side sleeps.
 const MIN_SPIN: Duration = Duration::from_micros(2);
@@ -185,8 +181,8 @@ impl ShmStream {
                 }
                 // A wake can come just before a waiter starts its sleep and be lost (the ring
                 // index it sleeps on has not moved): wake again each millisecond until a
-                // waiter has seen the peer gone, for at most [`SLEEP_SLICE_MS`].
-                for _ in 0..SLEEP_SLICE_MS {
+                // waiter has seen the peer gone, for at most one sleep slice of the rings.
+                for _ in 0..SLEEP_SLICE.as_millis() {
                     let Some(conn) = conn.upgrade() else {
                         return;
                     };
