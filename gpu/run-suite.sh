@@ -7,7 +7,8 @@
 # toolchain); it may lack `remora` entirely, in which case only the native half runs. OUT_DIR
 # receives suite.json, suite.md, timing.json (whole-program run times, remoted / native),
 # bench.json and outputs/ (every run's stdout and stderr).
-# REMORA_COMMIT (env) is recorded in suite.json. REMORA_SUITE_ONLY="prog ..." limits the programs
+# REMORA_SUITE_BUILD=DIR builds the programs into DIR, or reuses DIR when an earlier run built
+# them there (a .built marker). REMORA_COMMIT (env) is recorded in suite.json. REMORA_SUITE_ONLY="prog ..." limits the programs
 # (REMORA_SUITE_ONLY=driver_bench: the benchmarks alone); REMORA_SUITE_SKIP_BENCH=1 skips them.
 #
 # Steps:
@@ -58,13 +59,15 @@ result() { # program mode status detail
 }
 
 echo "== 1. build GPU test programs"
-build="$work/build"
+build="${REMORA_SUITE_BUILD:-$work/build}"
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 built=0
-if [ -x "$nvcc" ] || command -v "$nvcc" >/dev/null; then
+if [ -n "${REMORA_SUITE_BUILD:-}" ] && [ -f "$build/.built" ]; then
+  built=1; echo "using the programs built earlier in $build (REMORA_SUITE_BUILD)"
+elif [ -x "$nvcc" ] || command -v "$nvcc" >/dev/null; then
   echo "nvcc: $("$nvcc" --version | tail -n 1)"
   if NVCC="$nvcc" "$src/build.sh" "$build" > "$out/outputs/build.log" 2>&1; then
-    built=1; echo "built into $build"
+    built=1; touch "$build/.built"; echo "built into $build"
   else
     echo "BUILD FAILED:"; tail -n 30 "$out/outputs/build.log"
   fi
