@@ -17,7 +17,7 @@ CHECKS = [
     "device", "fp32_matmul", "bf16_matmul", "lt_gemms", "eager_dtypes", "fft", "linalg_solve",
     "conv2d", "cudnn_train", "sparse_rand_cub", "amp", "pinned_nonblocking", "streams_events",
     "cuda_graphs", "expandable_segments", "malloc_async", "memory_stats", "train_step",
-    "compile",
+    "compile", "bulk_copies",
 ]
 if sys.argv[1:] == ["--list"]:
     print(" ".join(CHECKS))
@@ -145,6 +145,20 @@ def run(check):
         back.copy_(d, non_blocking=True)
         torch.cuda.current_stream().synchronize()
         return digest(back)
+    if check == "bulk_copies":
+        # 256 MiB each way, pageable and pinned: over a socket such copies are striped over
+        # the session's lanes (REMORA_LANES), so every byte and its order is checked.
+        n = 64 << 20
+        src = torch.randint(-(1 << 30), 1 << 30, (n,), dtype=torch.int32, generator=g)
+        d = src.to(dev)
+        d = d * 3 + 1
+        back = d.cpu()
+        pinned = src.pin_memory()
+        d2 = pinned.to(dev) - 7
+        back2 = torch.empty_like(pinned).pin_memory()
+        back2.copy_(d2)
+        ok = torch.equal(back, src * 3 + 1) and torch.equal(back2, src - 7)
+        return f"{ok} {digest(back)} {digest(back2)}"
     if check == "streams_events":
         s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
         start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use remora_gpubench::FairWorkload;
 use remora_oncrpc::Endpoint;
-use remora_server::gpu_share::mps_pipe_dir;
+use remora_server::gpu_share::{mps_daemon_listening, mps_pipe_dir};
 
 use crate::bench_gpu::{self, Figure, Report, What, WorkerResult};
 use crate::run::{EmbeddedServer, find_shim};
@@ -111,8 +111,9 @@ struct MpsDaemon {
 }
 
 impl MpsDaemon {
+    /// A daemon listens on the control pipe (the pipe file outlives the daemon).
     fn running() -> bool {
-        mps_pipe_dir().join("control").exists()
+        mps_daemon_listening(&mps_pipe_dir()).is_ok()
     }
 
     /// Starts the daemon and waits until its control pipe exists.
@@ -154,7 +155,7 @@ impl Drop for MpsDaemon {
             eprintln!("remora: cannot stop the MPS control daemon: {e}");
         }
         if wait_for(Duration::from_secs(10), || !Self::running()).is_err() {
-            eprintln!("remora: the MPS control daemon's pipe is still there after 10 s");
+            eprintln!("remora: the MPS control daemon still answers 10 s after `quit`");
         }
     }
 }
@@ -258,8 +259,9 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     let mut notes = vec![format!(
         "tenants alice (greedy: spin kernels of 2 blocks x 1024 threads per SM, {} cycles each, \
          two batches of 8 queued) and bob (latency: empty kernel + cuStreamSynchronize, or \
-         greedy in two_greedy); {} ms per scenario; remoted over {}; gpu_share = kernels/s \
-         over native alice alone",
+         greedy in two_greedy); {} ms per scenario; remoted over {}; gpu_share = spin blocks/s \
+         over native alice alone (blocks x cycles is SM time; under MPS a client sees only its \
+         share of the SMs and sizes its kernels to them: greedy.sms figures)",
         a.workload.spin_cycles, a.workload.millis, a.transport
     )];
     let mps_before = MpsDaemon::running();
@@ -416,11 +418,14 @@ fn summary(r: &[WorkerResult]) -> String {
 
 /// The report's figures, and the notes that hold them against the goals.
 fn figures(results: &[(String, &str, Vec<WorkerResult>)]) -> (Vec<Figure>, Vec<String>) {
+    // Spin blocks per second: SM time, whatever size the client's kernels had.
+    let blocks_per_s =
+        |w: &WorkerResult| w.kernels_per_s.map(|k| k * f64::from(w.spin_blocks.unwrap_or(1)));
     let native_rate = results
         .iter()
         .find(|(m, s, _)| m == "native" && *s == "greedy_alone")
         .and_then(|(_, _, r)| r.first())
-        .and_then(|w| w.kernels_per_s);
+        .and_then(blocks_per_s);
     let mut figures = Vec::new();
     let fig = |mode: &str, clients: usize, metric: String, unit: &str, value: f64| Figure {
         mode: mode.to_owned(),
@@ -474,13 +479,22 @@ fn figures(results: &[(String, &str, Vec<WorkerResult>)]) -> (Vec<Figure>, Vec<S
                     "1/s",
                     k,
                 ));
-                if let Some(n) = native_rate {
+                if let Some(b) = w.spin_blocks {
+                    figures.push(fig(
+                        mode,
+                        clients,
+                        format!("{scenario}.{role}.sms"),
+                        "SMs seen",
+                        f64::from(b / 2),
+                    ));
+                }
+                if let (Some(n), Some(b)) = (native_rate, blocks_per_s(w)) {
                     figures.push(fig(
                         mode,
                         clients,
                         format!("{scenario}.{role}.gpu_share"),
                         "fraction",
-                        k / n,
+                        b / n,
                     ));
                 }
             }
@@ -654,6 +668,40 @@ mod tests {
         );
         crate::bench_plot::plot(&report, &png).unwrap();
         assert!(std::fs::metadata(&png).unwrap().len() > 1000);
+    }
+
+    #[test]
+    fn shares_count_blocks_when_mps_shrinks_the_kernels() {
+        // Under a 50% MPS share the client sees half the SMs and launches half the blocks:
+        // as many kernels per second as alone is then half the GPU, not all of it.
+        let sized = |k: f64, blocks: u32| WorkerResult {
+            spin_blocks: Some(blocks),
+            ..greedy(k)
+        };
+        let results = vec![
+            ("native".to_owned(), "greedy_alone", vec![sized(1000.0, 264)]),
+            (
+                "mps 50%".to_owned(),
+                "two_greedy",
+                vec![sized(950.0, 132), sized(940.0, 132)],
+            ),
+        ];
+        let (figures, notes) = figures(&results);
+        let get = |metric: &str| {
+            figures
+                .iter()
+                .find(|f| f.mode == "mps 50%" && f.metric == metric)
+                .unwrap_or_else(|| panic!("no {metric}"))
+                .value
+        };
+        assert_eq!(get("two_greedy.alice.gpu_share"), 0.475);
+        assert_eq!(get("two_greedy.bob.gpu_share"), 0.47);
+        assert_eq!(get("two_greedy.alice.sms"), 66.0);
+        assert!(
+            notes.iter().any(|n| n
+                == "mps 50%: two greedy tenants get 47.5% and 47.0% of the GPU (goal: at least 45% each): met"),
+            "{notes:?}"
+        );
     }
 
     #[test]

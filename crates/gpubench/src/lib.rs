@@ -134,6 +134,11 @@ pub struct WorkerResult {
     /// Spin kernels completed per second (`greedy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernels_per_s: Option<f64>,
+    /// Blocks per spin kernel (`greedy`): two per SM that the client sees. Under an MPS
+    /// active thread percentage the driver reports only the client's share of the SMs, so
+    /// the kernels shrink with it and GPU time is blocks, not kernels, per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spin_blocks: Option<u32>,
     /// Launch + synchronize round trips made (`latency`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round_trips: Option<u64>,
@@ -578,6 +583,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                 r.spans
                     .push(("greedy".into(), w0, now_ns(), launched as f64));
                 r.kernels_per_s = Some(launched as f64 / secs);
+                r.spin_blocks = Some(spin_grid);
             }
             What::Fault => {
                 std::thread::sleep(std::time::Duration::from_millis(u64::from(

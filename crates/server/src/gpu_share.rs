@@ -63,6 +63,39 @@ pub fn mps_pipe_dir() -> PathBuf {
         .map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from)
 }
 
+/// Whether an MPS control daemon listens in `dir`: its `control` pipe must exist *and* have the
+/// daemon at its other end. The pipe outlives the daemon (after `quit`, or a crash), so the
+/// file alone would let a server start, or a session run, whose share the driver then silently
+/// ignores. A FIFO with no reader refuses a non-blocking open for writing (ENXIO); a socket
+/// with no listener refuses a connection. Answers why not, when not.
+pub fn mps_daemon_listening(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let control = dir.join("control");
+    let meta = std::fs::metadata(&control)
+        .map_err(|e| format!("{} has no `control` pipe ({e})", dir.display()))?;
+    let t = meta.file_type();
+    let stale = |e: std::io::Error| {
+        format!(
+            "{} is left from a daemon that no longer runs ({e})",
+            control.display()
+        )
+    };
+    if t.is_fifo() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(&control)
+            .map(drop)
+            .map_err(stale)
+    } else if t.is_socket() {
+        std::os::unix::net::UnixStream::connect(&control)
+            .map(drop)
+            .map_err(stale)
+    } else {
+        Ok(())
+    }
+}
+
 /// Checks, before anything starts, that `mode` can enforce what `quota` asks for.
 pub(crate) fn check_start(
     mode: GpuShareMode,
@@ -89,13 +122,11 @@ pub(crate) fn check_start(
                 ));
             }
             let dir = mps_pipe_dir();
-            if !dir.join("control").exists() {
+            if let Err(why) = mps_daemon_listening(&dir) {
                 return Err(ServeError::GpuShare(format!(
-                    "--gpu-share mps: no MPS control daemon is running ({} has no `control` \
-                     pipe). Start it as the user this server runs as, with \
-                     `nvidia-cuda-mps-control -d` (and the same CUDA_MPS_PIPE_DIRECTORY, if \
-                     set), then start remora serve again",
-                    dir.display()
+                    "--gpu-share mps: no MPS control daemon is running ({why}). Start it as \
+                     the user this server runs as, with `nvidia-cuda-mps-control -d` (and the \
+                     same CUDA_MPS_PIPE_DIRECTORY, if set), then start remora serve again"
                 )));
             }
             match quota.limited_share() {
@@ -128,10 +159,10 @@ pub(crate) fn worker_share_problem() -> Option<String> {
     let p = std::env::var_os(MPS_PERCENT_ENV)?;
     let p = p.to_string_lossy();
     let dir = mps_pipe_dir();
-    if !dir.join("control").exists() {
+    if let Err(why) = mps_daemon_listening(&dir) {
         let why = format!(
-            "the tenant's gpu-share ({p}%) cannot be enforced: no MPS control daemon runs on              the server ({} has no `control` pipe); the operator must start it              (nvidia-cuda-mps-control -d)",
-            dir.display()
+            "the tenant's gpu-share ({p}%) cannot be enforced: no MPS control daemon runs on \
+             the server ({why}); the operator must start it (nvidia-cuda-mps-control -d)"
         );
         tracing::error!("{why}; refusing the session");
         return Some(why);
@@ -146,6 +177,38 @@ pub(crate) fn worker_share_problem() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_pipe_counts_only_with_a_daemon_at_its_end() {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let missing = mps_daemon_listening(dir.path()).unwrap_err();
+        assert!(missing.contains("has no `control` pipe"), "{missing}");
+        // A FIFO left by a daemon that quit: no reader.
+        let control = dir.path().join("control");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&control)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let stale = mps_daemon_listening(dir.path()).unwrap_err();
+        assert!(stale.contains("no longer runs"), "{stale}");
+        // A reader holds it open, as the daemon does.
+        let _reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+            .open(&control)
+            .unwrap();
+        mps_daemon_listening(dir.path()).unwrap();
+        // A socket: only a listener counts.
+        let sockets = tempfile::tempdir().unwrap();
+        let path = sockets.path().join("control");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(mps_daemon_listening(sockets.path()).is_err());
+        std::fs::remove_file(&path).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        mps_daemon_listening(sockets.path()).unwrap();
+    }
 
     #[test]
     fn modes_parse_and_say_what_they_take() {
