@@ -132,8 +132,10 @@ impl MpsDaemon {
         let daemon = Self {
             control: control.to_owned(),
         };
-        wait_for(Duration::from_secs(10), Self::running)
-            .context("the MPS control daemon did not create its control pipe within 10 s")?;
+        if wait_for(Duration::from_secs(10), Self::running).is_err() {
+            let why = mps_daemon_listening(&mps_pipe_dir()).err().unwrap_or_default();
+            bail!("the MPS control daemon does not answer on its control pipe after 10 s: {why}");
+        }
         Ok(daemon)
     }
 }

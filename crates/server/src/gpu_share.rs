@@ -74,23 +74,25 @@ pub fn mps_daemon_listening(dir: &std::path::Path) -> Result<(), String> {
     let meta = std::fs::metadata(&control)
         .map_err(|e| format!("{} has no `control` pipe ({e})", dir.display()))?;
     let t = meta.file_type();
-    let stale = |e: std::io::Error| {
-        format!(
+    // Only "nobody at the other end" means stale: ENXIO for a FIFO, ECONNREFUSED for a
+    // socket. Any other answer (the daemon's socket is not a stream socket: EPROTOTYPE;
+    // permissions) still shows a daemon there.
+    let answer = |r: std::io::Result<()>, nobody: rustix::io::Errno| match r {
+        Err(e) if e.raw_os_error() == Some(nobody.raw_os_error()) => Err(format!(
             "{} is left from a daemon that no longer runs ({e})",
             control.display()
-        )
+        )),
+        _ => Ok(()),
     };
     if t.is_fifo() {
-        std::fs::OpenOptions::new()
+        let open = std::fs::OpenOptions::new()
             .write(true)
             .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
-            .open(&control)
-            .map(drop)
-            .map_err(stale)
+            .open(&control);
+        answer(open.map(drop), rustix::io::Errno::NXIO)
     } else if t.is_socket() {
-        std::os::unix::net::UnixStream::connect(&control)
-            .map(drop)
-            .map_err(stale)
+        let connect = std::os::unix::net::UnixStream::connect(&control);
+        answer(connect.map(drop), rustix::io::Errno::CONNREFUSED)
     } else {
         Ok(())
     }
