@@ -133,7 +133,9 @@ impl MpsDaemon {
             control: control.to_owned(),
         };
         if wait_for(Duration::from_secs(10), Self::running).is_err() {
-            let why = mps_daemon_listening(&mps_pipe_dir()).err().unwrap_or_default();
+            let why = mps_daemon_listening(&mps_pipe_dir())
+                .err()
+                .unwrap_or_default();
             bail!("the MPS control daemon does not answer on its control pipe after 10 s: {why}");
         }
         Ok(daemon)
@@ -421,8 +423,10 @@ fn summary(r: &[WorkerResult]) -> String {
 /// The report's figures, and the notes that hold them against the goals.
 fn figures(results: &[(String, &str, Vec<WorkerResult>)]) -> (Vec<Figure>, Vec<String>) {
     // Spin blocks per second: SM time, whatever size the client's kernels had.
-    let blocks_per_s =
-        |w: &WorkerResult| w.kernels_per_s.map(|k| k * f64::from(w.spin_blocks.unwrap_or(1)));
+    let blocks_per_s = |w: &WorkerResult| {
+        w.kernels_per_s
+            .map(|k| k * f64::from(w.spin_blocks.unwrap_or(1)))
+    };
     let native_rate = results
         .iter()
         .find(|(m, s, _)| m == "native" && *s == "greedy_alone")
@@ -681,7 +685,11 @@ mod tests {
             ..greedy(k)
         };
         let results = vec![
-            ("native".to_owned(), "greedy_alone", vec![sized(1000.0, 264)]),
+            (
+                "native".to_owned(),
+                "greedy_alone",
+                vec![sized(1000.0, 264)],
+            ),
             (
                 "mps 50%".to_owned(),
                 "two_greedy",

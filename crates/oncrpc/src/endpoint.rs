@@ -318,19 +318,35 @@ impl Read for Stream {
     }
 }
 
+/// Socket writes pass `MSG_NOSIGNAL`: a peer that has gone makes the write fail with
+/// `BrokenPipe` instead of raising SIGPIPE, whose default action ends the process. The client
+/// runs inside programs that never asked for sockets (a C program under the shim keeps the
+/// default action), so a server that ends or closes a connection must give the program a
+/// CUDA error, not kill it.
 impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        use std::os::fd::AsFd;
+        let send = |fd| rustix::net::send(fd, buf, rustix::net::SendFlags::NOSIGNAL);
         match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => send(s.as_fd()).map_err(io::Error::from),
+            Stream::Unix(s) => send(s.as_fd()).map_err(io::Error::from),
             Stream::Shm(s) => s.write(buf),
         }
     }
 
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        use std::os::fd::AsFd;
+        let send = |fd| {
+            rustix::net::sendmsg(
+                fd,
+                bufs,
+                &mut rustix::net::SendAncillaryBuffer::default(),
+                rustix::net::SendFlags::NOSIGNAL,
+            )
+        };
         match self {
-            Stream::Tcp(s) => s.write_vectored(bufs),
-            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tcp(s) => send(s.as_fd()).map_err(io::Error::from),
+            Stream::Unix(s) => send(s.as_fd()).map_err(io::Error::from),
             Stream::Shm(s) => s.write_vectored(bufs),
         }
     }
