@@ -1,6 +1,7 @@
 //! The executor driven by a sequence of calls that the fuzzer chooses: one session per input,
-//! over a Unix socket, against a `remora serve` with the EMULATED backend started once in this
-//! process. The input picks each call's procedure (every one of remora.x but those a sequence
+//! over a Unix socket or shared memory (the input's first byte), against a `remora serve` with
+//! the EMULATED backend and a small data area, started once in this process. The input picks
+//! each call's procedure (every one of remora.x but those a sequence
 //! must not call: HELLO, the host-callback long poll, the shared-memory hand-over) and builds
 //! its arguments from XDR fields: small numbers, words, 64-bit words, short opaques and the
 //! handles earlier replies of the same session returned, so that later calls get past handle
@@ -18,7 +19,7 @@ use remora_client::{Session, SessionConfig};
 use remora_oncrpc::{Endpoint, RpcError, TransportChoice};
 use remora_proto::remora::{REMORA_PROG, REMORA_V1};
 use remora_server::{
-    Backend, EmulatedBackend, EmulatedConfig, Running, ServeConfig, inventory_of,
+    Backend, EmulatedBackend, EmulatedConfig, Running, ServeConfig, ShmConfig, inventory_of,
     start_with_backend,
 };
 
@@ -42,6 +43,11 @@ fn harness() -> &'static Harness {
         let running = start_with_backend(
             ServeConfig {
                 listen: vec![endpoint.clone()],
+                shm: ShmConfig {
+                    enabled: true,
+                    data_bytes: 1 << 20,
+                    ..ShmConfig::default()
+                },
                 ..ServeConfig::default()
             },
             std::sync::Arc::clone(&backend) as std::sync::Arc<dyn Backend>,
@@ -128,11 +134,11 @@ fn arguments(c: &mut Choices<'_>, handles: &[u64]) -> Vec<u8> {
     a
 }
 
-fn session(endpoint: &Endpoint) -> Session {
+fn session(endpoint: &Endpoint, transport: TransportChoice) -> Session {
     Session::connect_with(
         endpoint,
         SessionConfig {
-            transport: TransportChoice::Unix,
+            transport,
             ..SessionConfig::default()
         },
     )
@@ -142,8 +148,13 @@ fn session(endpoint: &Endpoint) -> Session {
 fuzz_target!(|data: &[u8]| {
     let h = harness();
     let mut c = Choices(data);
+    let transport = if c.byte() % 2 == 0 {
+        TransportChoice::Unix
+    } else {
+        TransportChoice::Shm
+    };
     {
-        let s = session(&h.endpoint);
+        let s = session(&h.endpoint, transport);
         let rpc = s.rpc().rpc();
         let mut handles: Vec<u64> = Vec::new();
         for _ in 0..MAX_CALLS {
@@ -193,5 +204,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // The server goes on serving new sessions.
-    assert_eq!(session(&h.endpoint).device_count(), 1);
+    assert_eq!(
+        session(&h.endpoint, TransportChoice::Unix).device_count(),
+        1
+    );
 });

@@ -93,6 +93,7 @@ impl EmbeddedServer {
         } else {
             ""
         };
+        let spawned = Instant::now();
         let mut child = Command::new(exe)
             .arg("serve")
             .arg("--listen")
@@ -135,6 +136,13 @@ impl EmbeddedServer {
                     .trim()
                     .parse::<Endpoint>()
                     .with_context(|| format!("the embedded remora serve printed {line:?}"))?;
+                // The program starts only now: this is the embedded server's share of its
+                // start-up (the server's driver probe is logged as `remora::startup` too).
+                tracing::debug!(
+                    target: "remora::startup",
+                    listening_ms = spawned.elapsed().as_millis() as u64,
+                    "embedded server listening; starting the program"
+                );
                 break endpoint;
             }
             if Instant::now() > deadline {

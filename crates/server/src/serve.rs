@@ -876,8 +876,14 @@ fn emulated_backend(
 /// Probes the driver, checks the device selection and logs what it found (at debug level in a
 /// session worker: its server logged the same at start).
 fn probe_inventory(devices: Option<&[i32]>, probe: Probe) -> Result<Inventory, ServeError> {
+    let t0 = Instant::now();
     let inventory =
         driver::select_devices(driver::probe(), devices).map_err(ServeError::Devices)?;
+    // How long loading the driver and asking it took: under process isolation the server's
+    // probe runs beside its warm workers' own start and comes before the endpoint is printed
+    // (what `remora run` waits for), so it is part of an embedded run's start-up.
+    let probe_ms = t0.elapsed().as_millis() as u64;
+    tracing::debug!(target: "remora::startup", pid = std::process::id(), ?probe, probe_ms, "driver probed");
     match &inventory {
         Inventory::Ok {
             driver_version,
@@ -886,6 +892,7 @@ fn probe_inventory(devices: Option<&[i32]>, probe: Probe) -> Result<Inventory, S
             tracing::info!(
                 driver_version,
                 devices = devices.len(),
+                probe_ms,
                 "CUDA driver loaded"
             )
         }
