@@ -28,6 +28,9 @@ const MAX_CALLS: usize = 48;
 
 struct Harness {
     _running: Running,
+    /// The socket's directory: a fresh one per process (a directory named by the process id
+    /// could hold a socket left by an earlier process with the same id).
+    _dir: tempfile::TempDir,
     endpoint: Endpoint,
     /// (procedure number, one-way)
     procs: Vec<(u32, bool)>,
@@ -36,9 +39,11 @@ struct Harness {
 fn harness() -> &'static Harness {
     static H: OnceLock<Harness> = OnceLock::new();
     H.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("remora-fuzz-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory for the fuzz server's socket");
-        let endpoint = Endpoint::Unix(dir.join("remora.sock"));
+        let dir = tempfile::Builder::new()
+            .prefix("remora-fuzz-")
+            .tempdir()
+            .expect("a directory for the fuzz server's socket");
+        let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
         let backend = std::sync::Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
         let running = start_with_backend(
             ServeConfig {
@@ -56,6 +61,7 @@ fn harness() -> &'static Harness {
         .expect("the fuzz server starts");
         Harness {
             _running: running,
+            _dir: dir,
             endpoint,
             procs: procedures(),
         }
