@@ -28,9 +28,6 @@ const MAX_CALLS: usize = 48;
 
 struct Harness {
     _running: Running,
-    /// The socket's directory: a fresh one per process (a directory named by the process id
-    /// could hold a socket left by an earlier process with the same id).
-    _dir: tempfile::TempDir,
     endpoint: Endpoint,
     /// (procedure number, one-way)
     procs: Vec<(u32, bool)>,
@@ -39,11 +36,13 @@ struct Harness {
 fn harness() -> &'static Harness {
     static H: OnceLock<Harness> = OnceLock::new();
     H.get_or_init(|| {
-        let dir = tempfile::Builder::new()
-            .prefix("remora-fuzz-")
-            .tempdir()
-            .expect("a directory for the fuzz server's socket");
-        let endpoint = Endpoint::Unix(dir.path().join("remora.sock"));
+        // One directory per process id, emptied first: what is there was left by an ended
+        // process with the same id (the server lives as long as the process, so nothing
+        // removes it at the end), and the directories stay as few as the ids in use.
+        let dir = std::env::temp_dir().join(format!("remora-fuzz-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory for the fuzz server's socket");
+        let endpoint = Endpoint::Unix(dir.join("remora.sock"));
         let backend = std::sync::Arc::new(EmulatedBackend::new(EmulatedConfig::default()));
         let running = start_with_backend(
             ServeConfig {
@@ -61,7 +60,6 @@ fn harness() -> &'static Harness {
         .expect("the fuzz server starts");
         Harness {
             _running: running,
-            _dir: dir,
             endpoint,
             procs: procedures(),
         }
