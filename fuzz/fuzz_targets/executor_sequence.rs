@@ -2,7 +2,7 @@
 //! over a Unix socket or shared memory (the input's first byte), against a `remora serve` with
 //! the EMULATED backend and a small data area, started once in this process. The input picks
 //! each call's procedure (every one of remora.x but those a sequence
-//! must not call: HELLO, the host-callback long poll, the shared-memory hand-over) and builds
+//! must not call: the host-callback long poll, the shared-memory hand-over) and builds
 //! its arguments from XDR fields: small numbers, words, 64-bit words, short opaques and the
 //! handles earlier replies of the same session returned, so that later calls get past handle
 //! resolution. The server must never panic (libfuzzer-sys aborts on a panic in any thread),
@@ -66,29 +66,15 @@ fn harness() -> &'static Harness {
     })
 }
 
-/// The procedures of remora.x, read from its text, less those a sequence must not call.
+/// The procedures of remora.x ([`remora_proto::procedures`]), less those a sequence must not
+/// call: the host-callback long poll and the shared-memory hand-over (HELLO is not an `RM_`
+/// procedure).
 fn procedures() -> Vec<(u32, bool)> {
-    let mut out = Vec::new();
-    for line in remora_proto::REMORA_X.lines() {
-        let line = line.trim();
-        let Some((head, number)) = line.strip_suffix(';').and_then(|l| l.rsplit_once(" = ")) else {
-            continue;
-        };
-        let mut words = head.split_whitespace();
-        let (Some(result), Some(call)) = (words.next(), words.next()) else {
-            continue;
-        };
-        let Some(name) = call.split('(').next().filter(|n| n.starts_with("RM_")) else {
-            continue;
-        };
-        let Ok(number) = number.trim().parse::<u32>() else {
-            continue;
-        };
-        if name == "RM_HELLO" || name == "RM_WAIT_HOST_CALLBACKS" || name.starts_with("RM_SHM") {
-            continue;
-        }
-        out.push((number, result == "void"));
-    }
+    let out: Vec<(u32, bool)> = remora_proto::procedures()
+        .into_iter()
+        .filter(|p| p.name != "RM_WAIT_HOST_CALLBACKS" && !p.name.starts_with("RM_SHM"))
+        .map(|p| (p.number, p.oneway))
+        .collect();
     assert!(
         out.len() > 100,
         "remora.x parsed into {} procedures",

@@ -44,11 +44,65 @@ pub fn uuid_groups(uuid: &[u8; 16], upper: bool) -> String {
 /// The `remora.x` source, for tools that want to show or ship it.
 pub const REMORA_X: &str = include_str!("../x/remora.x");
 
+/// One procedure of `remora.x`, as its text declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Procedure {
+    /// Its name (`RM_LAUNCH_KERNEL`).
+    pub name: String,
+    /// Its number.
+    pub number: u32,
+    /// Declared `void`: a one-way call, no reply.
+    pub oneway: bool,
+}
+
+/// Every procedure `remora.x` declares (`RESULT NAME(ARGS) = NUMBER;` lines whose name starts
+/// with `RM_`), read from its text: for tools and tests that call procedures by number, such
+/// as the call-sequence test and fuzz target.
+pub fn procedures() -> Vec<Procedure> {
+    let mut out = Vec::new();
+    for line in REMORA_X.lines() {
+        let line = line.trim();
+        let Some((head, number)) = line.strip_suffix(';').and_then(|l| l.rsplit_once(" = ")) else {
+            continue;
+        };
+        let mut words = head.split_whitespace();
+        let (Some(result), Some(call)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let Some(name) = call.split('(').next().filter(|n| n.starts_with("RM_")) else {
+            continue;
+        };
+        let Ok(number) = number.trim().parse::<u32>() else {
+            continue;
+        };
+        out.push(Procedure {
+            name: name.to_owned(),
+            number,
+            oneway: result == "void",
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use remora_xdr::{Encoder, XdrEncode, decode_all};
 
     use super::remora::*;
+
+    #[test]
+    fn procedures_are_read_from_remora_x() {
+        let procs = super::procedures();
+        assert!(procs.len() > 100, "{} procedures", procs.len());
+        let launch = procs.iter().find(|p| p.name == "RM_LAUNCH_KERNEL").unwrap();
+        assert_eq!(launch.number, RM_LAUNCH_KERNEL);
+        assert!(launch.oneway);
+        let alloc = procs.iter().find(|p| p.name == "RM_MEM_ALLOC").unwrap();
+        assert_eq!(alloc.number, RM_MEM_ALLOC);
+        assert!(!alloc.oneway);
+        // REMORA_HELLO and the lane procedures are not RM_ procedures.
+        assert!(procs.iter().all(|p| p.name.starts_with("RM_")));
+    }
 
     #[test]
     fn program_number_is_in_the_user_range() {

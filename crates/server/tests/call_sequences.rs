@@ -23,38 +23,21 @@ struct Proc {
     oneway: bool,
 }
 
-/// The procedures of remora.x, read from its text, but for those a sequence must not call:
-/// HELLO (the session has one), the host-callback long poll (waits for callbacks that never
-/// come) and the shared-memory hand-over.
+/// The procedures of remora.x ([`remora_proto::procedures`]), but for those a sequence must
+/// not call: the host-callback long poll (waits for callbacks that never come) and the
+/// shared-memory hand-over. (HELLO is not an `RM_` procedure; the session has had one.)
 fn procedures() -> Vec<(String, Proc)> {
-    let mut out = Vec::new();
-    for line in remora_proto::REMORA_X.lines() {
-        let line = line.trim();
-        let Some((head, number)) = line.strip_suffix(';').and_then(|l| l.rsplit_once(" = ")) else {
-            continue;
-        };
-        let mut words = head.split_whitespace();
-        let (Some(result), Some(call)) = (words.next(), words.next()) else {
-            continue;
-        };
-        let Some(name) = call.split('(').next().filter(|n| n.starts_with("RM_")) else {
-            continue;
-        };
-        let Ok(number) = number.trim().parse::<u32>() else {
-            continue;
-        };
-        if name == "RM_WAIT_HOST_CALLBACKS" || name.starts_with("RM_SHM") {
-            continue;
-        }
-        out.push((
-            name.to_owned(),
-            Proc {
-                number,
-                oneway: result == "void",
-            },
-        ));
-    }
-    out
+    remora_proto::procedures()
+        .into_iter()
+        .filter(|p| p.name != "RM_WAIT_HOST_CALLBACKS" && !p.name.starts_with("RM_SHM"))
+        .map(|p| {
+            let proc = Proc {
+                number: p.number,
+                oneway: p.oneway,
+            };
+            (p.name, proc)
+        })
+        .collect()
 }
 
 /// xorshift64*: reproducible, no dependency.
