@@ -89,9 +89,12 @@ impl EmbeddedServer {
     ) -> Result<(Self, Endpoint)> {
         let exe = std::env::current_exe().context("cannot find the remora executable")?;
         let profile_log = if profile {
-            ",remora_oncrpc::server::profile=info"
+            format!(
+                ",remora_oncrpc::server::profile=info,{}=info",
+                remora_server::PROFILE_LOG_TARGET
+            )
         } else {
-            ""
+            String::new()
         };
         let spawned = Instant::now();
         let mut child = Command::new(exe)

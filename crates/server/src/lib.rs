@@ -38,6 +38,11 @@ mod worker_pool;
 
 pub use backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig, LiveCounts};
 pub use executor::Executor;
+
+/// The tracing target of the per-session profile lines of `remora serve --profile` (kernel
+/// launches' and bulk copies' time in the driver), logged when a session ends. `remora run
+/// --profile` turns it on in its embedded server.
+pub const PROFILE_LOG_TARGET: &str = "remora_server::profile";
 pub use hello::{HelloService, SERVER_VERSION};
 pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{

@@ -1234,6 +1234,11 @@ pub(crate) struct Session {
     /// Profiling: kernel launches and their total time in the driver, in nanoseconds.
     launches: std::sync::atomic::AtomicU64,
     launch_ns: std::sync::atomic::AtomicU64,
+    /// Profiling: synchronous copies through the record path (the bytes in the calls), their
+    /// bytes and their total time in the driver, in nanoseconds.
+    bulk_copies: std::sync::atomic::AtomicU64,
+    bulk_bytes: std::sync::atomic::AtomicU64,
+    bulk_ns: std::sync::atomic::AtomicU64,
     /// The session's shared data area once it is in shared memory: kept mapped until the
     /// session is closed, so that a backend can undo what it did to the area
     /// ([`crate::Backend::area_detach`]) before the mapping goes away.
@@ -1283,6 +1288,9 @@ impl Session {
             ordered: Ordered::default(),
             launches: Default::default(),
             launch_ns: Default::default(),
+            bulk_copies: Default::default(),
+            bulk_bytes: Default::default(),
+            bulk_ns: Default::default(),
             area: std::sync::OnceLock::new(),
             area_locked: std::sync::atomic::AtomicBool::new(false),
             loads_functions: std::sync::atomic::AtomicBool::new(false),
@@ -1373,6 +1381,30 @@ impl Session {
             (
                 n,
                 std::time::Duration::from_nanos(self.launch_ns.load(Relaxed)),
+            )
+        })
+    }
+
+    /// Profiling: counts one synchronous copy of `bytes` through the record path that spent
+    /// `took` in the driver.
+    pub(crate) fn count_bulk_copy(&self, bytes: usize, took: std::time::Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.bulk_copies.fetch_add(1, Relaxed);
+        self.bulk_bytes.fetch_add(bytes as u64, Relaxed);
+        self.bulk_ns
+            .fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    /// Profiling: (copies, bytes, total time in the driver) of the synchronous copies through
+    /// the record path, when any was counted.
+    pub(crate) fn bulk_copy_profile(&self) -> Option<(u64, u64, std::time::Duration)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.bulk_copies.load(Relaxed);
+        (n > 0).then(|| {
+            (
+                n,
+                self.bulk_bytes.load(Relaxed),
+                std::time::Duration::from_nanos(self.bulk_ns.load(Relaxed)),
             )
         })
     }

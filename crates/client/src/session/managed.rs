@@ -451,12 +451,13 @@ impl Session {
     }
 
     /// Runs `f`, a part of a call's time, as row `row` of the call profile (when profiling).
-    fn profiled_within(&self, row: &'static str, f: impl FnOnce()) {
+    pub(super) fn profiled_within<T>(&self, row: &'static str, f: impl FnOnce() -> T) -> T {
         match &self.profile {
             Some(profile) => {
                 let start = std::time::Instant::now();
-                f();
+                let r = f();
                 profile.record(row, start.elapsed());
+                r
             }
             None => f(),
         }

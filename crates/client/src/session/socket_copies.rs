@@ -59,6 +59,14 @@ fn htod_head(
     enc.put_len(len, RM_MAX_COPY)
 }
 
+/// Call-profile rows (`REMORA_CLIENT_PROFILE`) of the record path's bulk copies: waiting for
+/// a chunk's reply (summed over the connections that carry a striped copy), copying a
+/// device-to-host chunk's bytes out of its reply, and the striped part of copies (wall time).
+const HTOD_WAIT_ROW: &str = "(within calls: socket htod reply wait)";
+const DTOH_WAIT_ROW: &str = "(within calls: socket dtoh reply wait)";
+const DTOH_COPY_ROW: &str = "(within calls: socket dtoh copy-out)";
+const STRIPED_ROW: &str = "(within calls: striped copy after chunk 0)";
+
 /// The first error of a copy's chunks, kept across the connections that carry them.
 type FirstErr = Option<CuError>;
 
@@ -155,8 +163,8 @@ impl Session {
     }
 
     fn finish_htod_chunk(&self, p: PendingCall, first_err: &mut FirstErr) {
-        let r = p
-            .finish(RmSyncReply::decode)
+        let r = self
+            .profiled_within(HTOD_WAIT_ROW, || p.finish(RmSyncReply::decode))
             .map_err(|e| from_rpc("rm_memcpy_htod", e))
             .and_then(|r| self.finish_sync(r));
         if let Err(e) = r {
@@ -233,8 +241,8 @@ impl Session {
                 break;
             };
             let len = part.len();
-            let r = p
-                .finish(RmDtohReply::decode)
+            let r = self
+                .profiled_within(DTOH_WAIT_ROW, || p.finish(RmDtohReply::decode))
                 .map_err(|e| from_rpc(name, e))
                 .and_then(|r| {
                     self.finish_sync(RmSyncReply {
@@ -245,7 +253,7 @@ impl Session {
                         tracing::error!("remora: DtoH of {len} bytes returned {}", r.data.len());
                         return Err(CuError(cu::UNKNOWN));
                     }
-                    part.copy_from_slice(&r.data);
+                    self.profiled_within(DTOH_COPY_ROW, || part.copy_from_slice(&r.data));
                     Ok(())
                 });
             if let Err(e) = r {
@@ -283,6 +291,17 @@ impl Session {
         if let Some(e) = run(self.rpc.rpc(), first) {
             return Err(e);
         }
+        self.profiled_within(STRIPED_ROW, || self.striped_rest(lanes, parts, run))
+    }
+
+    /// [`Session::striped`] after its first chunk: the rest of `parts` dealt round robin to
+    /// the session's connection and `lanes`, each on a thread of its own.
+    fn striped_rest<P: Send>(
+        &self,
+        lanes: &[RemoraV1Client],
+        parts: std::vec::IntoIter<P>,
+        run: impl Fn(&remora_oncrpc::Client, Vec<P>) -> FirstErr + Sync,
+    ) -> CuResult<()> {
         let n = lanes.len() + 1;
         let mut dealt: Vec<Vec<P>> = (0..n).map(|_| Vec::new()).collect();
         for (i, p) in parts.enumerate() {

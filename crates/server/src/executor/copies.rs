@@ -27,7 +27,11 @@ impl Executor {
         // next chunk meanwhile.
         self.blocking(call, move |inner, session| {
             let c = resolve(&session.lock(), &a);
+            let timed = inner.profiling().then(std::time::Instant::now);
             let own = c.and_then(|c| inner.backend.memcpy_htod(c, None, a.dst, &a.data));
+            if let Some(t) = timed {
+                session.count_bulk_copy(a.data.len(), t.elapsed());
+            }
             drop(a);
             let mut st = session.lock();
             inner.sync_reply("RM_MEMCPY_HTOD", &mut st, own, Scope::Finished)
@@ -50,7 +54,11 @@ impl Executor {
             };
             let r = raw.and_then(|c| {
                 let mut buf = session.bulk_buffer(a.size as usize);
+                let timed = inner.profiling().then(std::time::Instant::now);
                 inner.backend.memcpy_dtoh(c, &mut buf, a.src)?;
+                if let Some(t) = timed {
+                    session.count_bulk_copy(buf.len(), t.elapsed());
+                }
                 let buf = buf.freeze();
                 session.keep_bulk_buffer(&buf);
                 Ok(buf)

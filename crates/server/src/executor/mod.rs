@@ -328,8 +328,8 @@ impl Executor {
         )
     }
 
-    /// Measures the time kernel launches spend in the driver, per session, and logs it when
-    /// the session ends (with `remora serve --profile`, beside the RPC runtime's profile).
+    /// Measures the time kernel launches and synchronous copies through the record path spend
+    /// in the driver, per session, and logs it when the session ends (with `remora serve --profile`, beside the RPC runtime's profile).
     pub fn set_profile(&self, on: bool) {
         self.inner
             .profile
@@ -735,6 +735,11 @@ impl Executor {
 }
 
 impl Inner {
+    /// Whether driver time is measured ([`Executor::set_profile`]).
+    fn profiling(&self) -> bool {
+        self.profile.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn sessions(&self) -> MutexGuard<'_, rustc_hash::FxHashMap<u64, Arc<Session>>> {
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -901,11 +906,25 @@ impl Executor {
             }
             if let Some((n, total)) = session.launch_profile() {
                 tracing::info!(
+                    target: crate::PROFILE_LOG_TARGET,
                     connection,
                     tenant = tenant.unwrap_or("-"),
                     launches = n,
                     "session profile: {n} kernel launches, mean {:.2} us in the driver's launch call",
                     total.as_secs_f64() * 1e6 / n as f64
+                );
+            }
+            if let Some((n, bytes, took)) = session.bulk_copy_profile() {
+                tracing::info!(
+                    target: crate::PROFILE_LOG_TARGET,
+                    connection,
+                    tenant = tenant.unwrap_or("-"),
+                    copies = n,
+                    bytes,
+                    "session profile: {n} synchronous copies through the record path, {:.1} MiB, {:.1} ms in the driver ({:.2} GB/s while copying)",
+                    bytes as f64 / (1 << 20) as f64,
+                    took.as_secs_f64() * 1e3,
+                    bytes as f64 / took.as_secs_f64().max(1e-9) / 1e9
                 );
             }
             // Before the contexts go: a backend may need one to undo its registration.

@@ -155,10 +155,7 @@ impl Executor {
                 return Err(CuError(cu::INVALID_VALUE));
             }
             t.function.ensure_loaded(&*inner.backend)?;
-            let timed = inner
-                .profile
-                .load(std::sync::atomic::Ordering::Relaxed)
-                .then(std::time::Instant::now);
+            let timed = inner.profiling().then(std::time::Instant::now);
             let r = inner
                 .backend
                 .launch(t.ctx, &launch_spec(&a, &t, &a.params, &t.function.layout));
