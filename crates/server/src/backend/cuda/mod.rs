@@ -765,13 +765,51 @@ impl Backend for CudaBackend {
             // against the session's allocations. From pageable memory the async form returns
             // only once the bytes are staged, so `data` may be freed after the call.
             Some(s) => call!(d.t, memcpy_htod_async(dst, src, data.len(), ptr(s))),
-            // SAFETY: as above.
-            None => call!(d.t, memcpy_htod(dst, src, data.len())),
+            None => {
+                if data.len() >= staging::SYNC_STAGING_MIN
+                    && let Some(r) = self.with_pinned(ctx, data.len(), |d, pinned| {
+                        // SAFETY: `pinned` holds at least `data.len()` bytes of this
+                        // thread's alone; the copy from pinned memory is synchronous, so the
+                        // buffer is free again when it returns.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                data.as_ptr(),
+                                pinned.cast::<u8>(),
+                                data.len(),
+                            )
+                        };
+                        // SAFETY: as above; the destination range was checked.
+                        call!(d.t, memcpy_htod(dst, pinned.cast_const(), data.len()))
+                    })
+                {
+                    return r;
+                }
+                // SAFETY: as above.
+                call!(d.t, memcpy_htod(dst, src, data.len()))
+            }
         }
     }
 
     fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()> {
         let d = self.in_ctx(ctx)?;
+        if dst.len() >= staging::SYNC_STAGING_MIN
+            && let Some(r) = self.with_pinned(ctx, dst.len(), |d, pinned| {
+                // SAFETY: `pinned` holds at least `dst.len()` bytes of this thread's alone;
+                // the source range was checked.
+                call!(d.t, memcpy_dtoh(pinned, src, dst.len()))?;
+                // SAFETY: the synchronous copy has completed: `pinned` holds the bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        pinned.cast::<u8>().cast_const(),
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
+                };
+                Ok(())
+            })
+        {
+            return r;
+        }
         // SAFETY: `dst` is writable for its length; the source range was checked.
         call!(d.t, memcpy_dtoh(dst.as_mut_ptr().cast(), src, dst.len()))
     }
