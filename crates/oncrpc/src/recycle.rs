@@ -79,6 +79,19 @@ impl Recycler {
         self.kept.push_back(buf.clone());
     }
 
+    /// Changes the bounds (more connections share the recycler, say); kept buffers past
+    /// smaller bounds are let go, oldest first.
+    pub fn set_limits(&mut self, slots: usize, max_bytes: usize) {
+        self.slots = slots;
+        self.max_bytes = max_bytes;
+        while self.kept.len() > slots || self.bytes > max_bytes {
+            let Some(old) = self.kept.pop_front() else {
+                break;
+            };
+            self.bytes -= old.len();
+        }
+    }
+
     /// Number of buffers kept.
     pub fn len(&self) -> usize {
         self.kept.len()
@@ -116,6 +129,25 @@ mod tests {
         drop(small);
         assert!(r.take_any(600).is_none());
         assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn set_limits_grows_and_shrinks() {
+        let mut r = Recycler::new(1, 1 << 20);
+        let bufs: Vec<Bytes> = (0..3).map(|_| r.take(1000).freeze()).collect();
+        for b in &bufs {
+            r.keep(b);
+        }
+        assert_eq!(r.len(), 1, "one slot");
+        r.set_limits(3, 1 << 20);
+        for b in &bufs[..2] {
+            r.keep(b);
+        }
+        assert_eq!(r.len(), 3);
+        r.set_limits(3, 2500);
+        assert_eq!(r.len(), 2, "bytes bound: the oldest let go");
+        r.set_limits(0, 1 << 20);
+        assert!(r.is_empty());
     }
 
     #[test]

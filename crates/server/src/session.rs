@@ -1351,6 +1351,21 @@ impl Session {
             .take(len)
     }
 
+    /// The session has `lanes` lanes now: each connection keeps a copy's window of chunks in
+    /// flight, so the session keeps buffers for all of them (with too few, every chunk past
+    /// them got a fresh buffer and paid its page faults: striped device-to-host copies stalled
+    /// near 4 GB/s on the H100).
+    pub(crate) fn lanes_changed(&self, lanes: usize) {
+        let connections = lanes.saturating_add(1);
+        self.bulk_buffers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_limits(
+                BULK_BUFFERS.saturating_mul(connections),
+                BULK_BUFFER_BYTES.saturating_mul(connections),
+            );
+    }
+
     /// Keeps `buf` (from [`Session::bulk_buffer`]) for reuse once its reply is written.
     pub(crate) fn keep_bulk_buffer(&self, buf: &remora_xdr::Bytes) {
         if buf.len() >= BULK_BUFFER_MIN {

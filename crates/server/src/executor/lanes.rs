@@ -150,6 +150,7 @@ impl Executor {
         self.inner
             .live_lanes
             .fetch_add(1, std::sync::atomic::Ordering::Release);
+        session.lanes_changed(lanes.count(main));
         tracing::debug!(
             connection,
             session = main,
@@ -164,10 +165,13 @@ impl Executor {
     /// next call) until their own connections end.
     pub(super) fn forget_lanes(&self, connection: u64) {
         let mut lanes = self.lanes();
-        if lanes.attached.remove(&connection).is_some() {
+        if let Some(main) = lanes.attached.remove(&connection) {
             self.inner
                 .live_lanes
                 .fetch_sub(1, std::sync::atomic::Ordering::Release);
+            if let Some(session) = self.inner.sessions().get(&main) {
+                session.lanes_changed(lanes.count(main));
+            }
         }
         lanes.keys.remove(&connection);
     }
