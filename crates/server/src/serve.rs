@@ -85,15 +85,21 @@ impl Service for RemoraService {
         });
         use remora_proto::remora::{
             REMORA_HELLO, REMORA_HELLO_AUTH, REMORA_NULL, RM_COPIES_READY, RM_HOST_CALLBACK_DONE,
-            RM_MEMCPY_DTOH, RM_MEMCPY_HTOD, RM_WAIT_HOST_CALLBACKS,
+            RM_MEMCPY_DTOH, RM_MEMCPY_HTOD, RM_MEMCPY_HTOD_ASYNC, RM_WAIT_HOST_CALLBACKS,
         };
         // A lane (revision 16) runs its session's copies as calls of the session's own
-        // connection; it serves nothing else.
+        // connection (revision 17: asynchronous host-to-device copies too, which the client
+        // orders with NULL calls); it serves nothing else.
         let lane_call;
         let ctx = match self.service.inner().lane_main(ctx.connection) {
             None => ctx,
             Some(_) if ctx.procedure == REMORA_NULL => ctx,
-            Some(main) if matches!(ctx.procedure, RM_MEMCPY_HTOD | RM_MEMCPY_DTOH) => {
+            Some(main)
+                if matches!(
+                    ctx.procedure,
+                    RM_MEMCPY_HTOD | RM_MEMCPY_DTOH | RM_MEMCPY_HTOD_ASYNC
+                ) =>
+            {
                 if !self.service.inner().has_session(main) {
                     tracing::info!(
                         connection = ctx.connection,
@@ -111,7 +117,7 @@ impl Service for RemoraService {
                 tracing::warn!(
                     connection = ctx.connection,
                     procedure = ctx.procedure,
-                    "a lane serves only RM_MEMCPY_HTOD and RM_MEMCPY_DTOH; PROC_UNAVAIL"
+                    "a lane serves only RM_MEMCPY_HTOD, RM_MEMCPY_DTOH and RM_MEMCPY_HTOD_ASYNC; PROC_UNAVAIL"
                 );
                 return Dispatch::ProcUnavail;
             }

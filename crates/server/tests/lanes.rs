@@ -1,6 +1,7 @@
 //! Lanes (revision 16) over TCP on the emulated backend: synchronous copies of 16 MiB or more
-//! are striped over the session's own connection and its lanes; every byte arrives, a striped
-//! copy follows the session's earlier (one-way) calls, a failing chunk on a lane fails the
+//! (revision 17: asynchronous host-to-device ones too) are striped over the session's own
+//! connection and its lanes; every byte arrives, a striped copy follows the session's earlier
+//! (one-way) calls and precedes its later ones, a failing chunk on a lane fails the
 //! copy and the session goes on; a lane serves only its session's copies, a wrong key or a
 //! lane of an ended session is refused.
 
@@ -98,6 +99,66 @@ fn striped_copies_move_every_byte_and_follow_earlier_calls() {
     assert!(out[..20 << 20] == data[..20 << 20]);
     s.mem_free(ctx, c).unwrap();
     s.mem_free(ctx, a).unwrap();
+}
+
+#[test]
+fn striped_async_copies_stay_in_stream_order() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.tcp(), TransportChoice::Auto);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let stream = s.stream_create(ctx, 1, 0).unwrap(); // CU_STREAM_NON_BLOCKING
+    let n = (40 << 20) + 5;
+    let a = s.mem_alloc(ctx, (n + 64) as u64).unwrap();
+    let b = s.mem_alloc(ctx, (n + 64) as u64).unwrap();
+    for round in 0..3u32 {
+        // Before: a one-way memset on the stream. A chunk on a lane that overtook it would be
+        // overwritten.
+        s.memset_async(&RmMemsetArgs {
+            ctx,
+            stream,
+            dst: a,
+            value: 0x20 + round,
+            element_size: 1,
+            count: (n + 64) as u64,
+        })
+        .unwrap();
+        let data = pattern(n, 7 + round);
+        s.memcpy_htod_async(ctx, stream, a + 3, &data).unwrap();
+        assert_eq!(s.lane_count(), 3, "round {round}: striped over the lanes");
+        // After: a one-way device copy on the stream must see every chunk.
+        s.memcpy_dtod_async(ctx, stream, b, a, (n + 64) as u64)
+            .unwrap();
+        s.stream_synchronize(ctx, stream).unwrap();
+        let mut out = vec![0u8; n + 64];
+        s.memcpy_dtoh(ctx, LEGACY, b, &mut out).unwrap();
+        assert!(
+            out[3..3 + n] == data[..],
+            "round {round}: a chunk out of order"
+        );
+        assert!(
+            out[..3]
+                .iter()
+                .chain(&out[3 + n..])
+                .all(|&x| u32::from(x) == 0x20 + round),
+            "round {round}: the memset around the copy"
+        );
+    }
+    // A chunk that fails (the last one lies partly outside the allocation): like any
+    // asynchronous copy's, its error comes with the next synchronizing call.
+    let data = pattern(n + 64, 1);
+    s.memcpy_htod_async(ctx, stream, a + 1, &data).unwrap();
+    assert_eq!(
+        s.stream_synchronize(ctx, stream),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    s.memcpy_htod_async(ctx, stream, a, &data[..n]).unwrap();
+    s.stream_synchronize(ctx, stream).unwrap();
+    let mut out = vec![0u8; n];
+    s.memcpy_dtoh(ctx, LEGACY, a, &mut out).unwrap();
+    assert!(out == data[..n]);
+    s.mem_free(ctx, a).unwrap();
+    s.mem_free(ctx, b).unwrap();
 }
 
 #[test]

@@ -72,8 +72,10 @@ type FirstErr = Option<CuError>;
 
 impl Session {
     /// `cuMemcpyHtoD` (`oneway` false) or `cuMemcpyHtoDAsync` (true) through the record path.
-    /// A synchronous copy of [`lanes::STRIPE_MIN`] or more is striped over the session's lanes
-    /// when it has them ([`Session::striped`]).
+    /// A copy of [`lanes::STRIPE_MIN`] or more is striped over the session's lanes when it has
+    /// them ([`Session::striped`]; an asynchronous one with a server of revision 17 or later,
+    /// [`Session::async_lanes`]): it returns once every chunk is on the stream, as natively a
+    /// copy from pageable memory returns once its bytes are staged.
     pub(super) fn htod_socket(
         &self,
         ctx: RmHandle,
@@ -90,6 +92,15 @@ impl Session {
         self.coherent(name, || {
             let chunks: Vec<(usize, usize)> = socket_chunks(data.len()).collect();
             if oneway {
+                if let Some(lanes) = self.async_lanes(data.len(), chunks.len()) {
+                    let parts: Vec<(u64, &[u8])> = chunks
+                        .iter()
+                        .map(|&(off, len)| (dst + off as u64, &data[off..off + len]))
+                        .collect();
+                    return self.striped_with(lanes, parts, |rpc, parts| {
+                        self.htod_async_chunks(rpc, ctx, stream, parts)
+                    });
+                }
                 let rpc = self.rpc.rpc();
                 for (off, len) in chunks {
                     let part = &data[off..off + len];
@@ -114,6 +125,57 @@ impl Session {
                 self.htod_chunks(rpc, ctx, stream, parts)
             })
         })
+    }
+
+    /// The lanes an asynchronous host-to-device copy of `total` bytes in `chunks` chunks is
+    /// striped over: from [`lanes::STRIPE_MIN`] bytes, with a server of revision 17 or later
+    /// (an older one serves no one-way copy on a lane, and a one-way call is not answered:
+    /// the chunk would be lost), when the session has lanes. `None`: the copy goes on the
+    /// session's own connection.
+    fn async_lanes(&self, total: usize, chunks: usize) -> Option<&[RemoraV1Client]> {
+        if total < lanes::STRIPE_MIN || chunks < 2 || self.welcome.revision < 17 {
+            return None;
+        }
+        Some(self.lanes()).filter(|l| !l.is_empty())
+    }
+
+    /// Sends `parts` (device address, bytes) on `rpc` as one-way `RM_MEMCPY_HTOD_ASYNC` calls
+    /// on `stream`, then a `REMORA_NULL` call and waits for its answer: the connection's
+    /// calls are read and run (enqueued on the stream) in order, so the answer says every
+    /// chunk is on the stream. A chunk's own error is deferred by the server to the session's
+    /// next synchronizing call, as for an unstriped asynchronous copy. The first error.
+    fn htod_async_chunks(
+        &self,
+        rpc: &remora_oncrpc::Client,
+        ctx: RmHandle,
+        stream: RmHandle,
+        parts: Vec<(u64, &[u8])>,
+    ) -> FirstErr {
+        let name = "rm_memcpy_htod_async";
+        for (addr, part) in parts {
+            let len = part.len();
+            let head = |enc: &mut Encoder| htod_head(enc, ctx, stream, addr, len);
+            if let Err(e) = rpc.call_oneway_raw(
+                REMORA_PROG,
+                REMORA_V1,
+                RM_MEMCPY_HTOD_ASYNC,
+                head,
+                &[part, pad(len)],
+            ) {
+                return Some(from_rpc(name, e));
+            }
+        }
+        rpc.start_call(
+            REMORA_PROG,
+            REMORA_V1,
+            REMORA_NULL,
+            self.rpc.timeout(),
+            |_| Ok(()),
+            &[],
+        )
+        .and_then(|p| p.finish(|_| Ok(())))
+        .err()
+        .map(|e| from_rpc(name, e))
     }
 
     /// Sends `parts` (device address, bytes) on `rpc` as synchronous `RM_MEMCPY_HTOD` calls,
@@ -283,6 +345,19 @@ impl Session {
         } else {
             &[]
         };
+        self.striped_with(lanes, parts, run)
+    }
+
+    /// [`Session::striped`] over `lanes` (none: all on the session's own connection). `run`
+    /// must answer only once the server has taken its parts in order (a synchronous copy's
+    /// replies, or an asynchronous copy's NULL after its one-way chunks), since the first
+    /// part's answer is what orders the rest after the session's earlier calls.
+    fn striped_with<P: Send>(
+        &self,
+        lanes: &[RemoraV1Client],
+        parts: Vec<P>,
+        run: impl Fn(&remora_oncrpc::Client, Vec<P>) -> FirstErr + Sync,
+    ) -> CuResult<()> {
         if lanes.is_empty() || parts.len() < 2 {
             return run(self.rpc.rpc(), parts).map_or(Ok(()), Err);
         }
