@@ -24,7 +24,16 @@ pub(crate) const MAX_WAITERS: usize = 32;
 /// could not read, and the server built it whole in memory. Completed copies past the budget
 /// stay pending and go out in a later reply, which the client asks for (`RM_STREAM_QUERY`)
 /// when a synchronize returns without all its copies.
-pub(crate) const REPLY_COPY_BUDGET: usize = 64 << 20;
+///
+/// 32 MiB, one copy chunk: a reply record then fits the records a client's connection keeps
+/// for reuse (`remora_oncrpc`'s record reader, 40 MiB), so a large copy's replies land in
+/// memory already mapped instead of a fresh buffer per reply (a page fault per page: 64 MiB
+/// replies held asynchronous device-to-host copies near 0.3 GB/s over TCP).
+pub(crate) const REPLY_COPY_BUDGET: usize = 32 << 20;
+
+/// Delivered copy data of at least this many bytes goes into buffers [`PendingCopies`] keeps
+/// for reuse once their reply is written ([`remora_oncrpc::recycle`]).
+const DELIVERY_RECYCLE_MIN: usize = 256 << 10;
 
 /// Default of the bound on the bytes one session may hold staged on the server in
 /// asynchronous device-to-host copies not yet delivered (`PendingCopies`): a quarter of
@@ -197,7 +206,11 @@ impl PendingCopy {
     /// Takes the copy for delivery, once: its reply entry (bytes, or, for a copy into the data
     /// area, the bytes written there and an empty entry). `None` when it was taken already.
     /// Calls no driver function (the copy has completed; host functions deliver this way).
-    pub(crate) fn deliver(&self, status: &mut i32) -> Option<RmCopyData> {
+    pub(crate) fn deliver(
+        &self,
+        status: &mut i32,
+        buffers: &Mutex<remora_oncrpc::recycle::Recycler>,
+    ) -> Option<RmCopyData> {
         if self.taken.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return None;
         }
@@ -211,10 +224,28 @@ impl PendingCopy {
                     data: Bytes::new(),
                 }
             }
-            None => RmCopyData {
-                copy_id: self.copy_id,
-                data: Bytes::copy_from_slice(self.copy.data()),
-            },
+            None => {
+                let src = self.copy.data();
+                let data = if src.len() >= DELIVERY_RECYCLE_MIN {
+                    let mut buf = buffers
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take(src.len());
+                    buf.copy_from_slice(src);
+                    let buf = buf.freeze();
+                    buffers
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .keep(&buf);
+                    buf
+                } else {
+                    Bytes::copy_from_slice(src)
+                };
+                RmCopyData {
+                    copy_id: self.copy_id,
+                    data,
+                }
+            }
         })
     }
 
@@ -256,6 +287,9 @@ pub(crate) struct PendingCopies {
     list: Mutex<Vec<Arc<PendingCopy>>>,
     /// Copies host functions delivered, for the next reply (or `RM_COPIES_READY`).
     ready: Mutex<Vec<RmCopyData>>,
+    /// Buffers of delivered copy data, reused once their reply is written: a reply's worth
+    /// of chunks in flight, and the next reply's.
+    buffers: Mutex<remora_oncrpc::recycle::Recycler>,
     /// The bound on `staged`.
     max_bytes: u64,
     /// Bytes counted now: the charges of the copies in `list` and the bytes in `ready`.
@@ -283,6 +317,10 @@ impl PendingCopies {
         Self {
             list: Mutex::default(),
             ready: Mutex::default(),
+            buffers: Mutex::new(remora_oncrpc::recycle::Recycler::new(
+                8,
+                2 * REPLY_COPY_BUDGET + (8 << 20),
+            )),
             max_bytes,
             staged: Default::default(),
             overflowed: Default::default(),
@@ -451,7 +489,7 @@ impl PendingCopies {
         let mut status = cu::SUCCESS;
         let out: Vec<RmCopyData> = copies
             .iter()
-            .filter_map(|p| p.deliver(&mut status))
+            .filter_map(|p| p.deliver(&mut status, &self.buffers))
             .collect();
         if !out.is_empty() {
             let bytes: u64 = out.iter().map(|c| c.data.len() as u64).sum();
@@ -571,7 +609,7 @@ impl PendingCopies {
             {
                 continue;
             }
-            if let Some(c) = p.deliver(status) {
+            if let Some(c) = p.deliver(status, &self.buffers) {
                 carried += c.data.len();
                 out.push(c);
             }

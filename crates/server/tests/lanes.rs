@@ -1,5 +1,6 @@
 //! Lanes (revision 16) over TCP on the emulated backend: synchronous copies of 16 MiB or more
-//! (revision 17: asynchronous host-to-device ones too) are striped over the session's own
+//! (revision 17: asynchronous host-to-device ones, and stream-ordered reads into pageable
+//! memory, too) are striped over the session's own
 //! connection and its lanes; every byte arrives, a striped copy follows the session's earlier
 //! (one-way) calls and precedes its later ones, a failing chunk on a lane fails the
 //! copy and the session goes on; a lane serves only its session's copies, a wrong key or a
@@ -159,6 +160,61 @@ fn striped_async_copies_stay_in_stream_order() {
     assert!(out == data[..n]);
     s.mem_free(ctx, a).unwrap();
     s.mem_free(ctx, b).unwrap();
+}
+
+#[test]
+fn pageable_async_reads_follow_their_stream_and_deliver_earlier_copies() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.tcp(), TransportChoice::Auto);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let stream = s.stream_create(ctx, 1, 0).unwrap(); // CU_STREAM_NON_BLOCKING
+    let n = (40 << 20) + 5;
+    let a = s.mem_alloc(ctx, (n + 64) as u64).unwrap();
+    // Too small: the caller issues the asynchronous copy instead.
+    let mut small = vec![0u8; 1 << 20];
+    assert!(s.memcpy_dtoh_pageable(ctx, stream, a, &mut small).is_none());
+    for (round, len) in [(0u32, n), (1, 9 << 20), (2, n)] {
+        let value = 0x30 + round;
+        // An earlier small asynchronous read on the stream, delivered by the copy's reply.
+        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let g = std::sync::Arc::clone(&got);
+        s.memset_async(&RmMemsetArgs {
+            ctx,
+            stream,
+            dst: a,
+            value,
+            element_size: 1,
+            count: (n + 64) as u64,
+        })
+        .unwrap();
+        s.memcpy_dtoh_async(
+            ctx,
+            stream,
+            a,
+            16,
+            Box::new(move |d: &[u8]| g.lock().unwrap().extend_from_slice(d)),
+        )
+        .unwrap();
+        let mut out = vec![0u8; len];
+        s.memcpy_dtoh_pageable(ctx, stream, a + 1, &mut out)
+            .expect("a server of revision 17 over TCP")
+            .unwrap();
+        assert!(
+            out.iter().all(|&b| u32::from(b) == value),
+            "round {round}: read before the stream's memset ran"
+        );
+        assert_eq!(*got.lock().unwrap(), vec![value as u8; 16], "round {round}");
+    }
+    assert_eq!(s.lane_count(), 3, "striped");
+    // Past the allocation: the copy fails, the session goes on.
+    let mut out = vec![0u8; n + 128];
+    assert_eq!(
+        s.memcpy_dtoh_pageable(ctx, stream, a, &mut out),
+        Some(Err(CuError(cu::INVALID_VALUE)))
+    );
+    s.stream_synchronize(ctx, stream).unwrap();
+    s.mem_free(ctx, a).unwrap();
 }
 
 #[test]

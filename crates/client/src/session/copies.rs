@@ -152,6 +152,46 @@ impl Session {
         Ok(())
     }
 
+    /// `cuMemcpyDtoHAsync` into host memory the caller names by address: like
+    /// [`Session::memcpy_dtoh_async`], but a copy of several chunks has each chunk written
+    /// straight to its place when a reply delivers it, instead of gathering the whole copy
+    /// in a buffer first (an allocation of the copy's size, its page faults, and one more
+    /// pass over the bytes).
+    ///
+    /// # Safety
+    ///
+    /// `dst` must stay valid for writes of `size` bytes until the copy is delivered, and
+    /// nothing may read or write it meanwhile (CUDA's contract for an asynchronous copy: the
+    /// program touches the destination only after a synchronizing call says it is complete).
+    pub unsafe fn memcpy_dtoh_async_into(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        dst: *mut u8,
+        size: u64,
+    ) -> CuResult<()> {
+        /// The destination of one chunk.
+        struct Place(*mut u8, usize);
+        // SAFETY: per the caller's contract the place is writable until delivered and written
+        // only by the one sink that owns it.
+        unsafe impl Send for Place {}
+        let total = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        self.not_captured(stream, "an asynchronous device-to-host copy")?;
+        for (off, len) in chunks(total) {
+            // SAFETY: `off + len <= size`: inside the caller's destination.
+            let place = Place(unsafe { dst.add(off) }, len);
+            let sink: CopySink = Box::new(move |data: &[u8]| {
+                let place = place;
+                let k = data.len().min(place.1);
+                // SAFETY: see Place; `k` bytes fit the chunk's place.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), place.0, k) };
+            });
+            self.memcpy_dtoh_async_one(ctx, stream, src + off as u64, len as u64, sink)?;
+        }
+        Ok(())
+    }
+
     fn memcpy_dtoh_async_one(
         &self,
         ctx: RmHandle,

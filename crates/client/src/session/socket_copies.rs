@@ -67,6 +67,36 @@ const DTOH_WAIT_ROW: &str = "(within calls: socket dtoh reply wait)";
 const DTOH_COPY_ROW: &str = "(within calls: socket dtoh copy-out)";
 const STRIPED_ROW: &str = "(within calls: striped copy after chunk 0)";
 
+/// Asynchronous device-to-host copies into pageable memory over a socket of at least this
+/// many bytes go as the driver runs them, pipelined (`Session::memcpy_dtoh_pageable`); smaller
+/// ones stay one-way, their bytes in a later synchronizing reply.
+pub(crate) const STREAM_DTOH_MIN: usize = 2 * SOCKET_CHUNK;
+
+/// Which device-to-host procedure a copy's chunks use.
+#[derive(Clone, Copy)]
+enum DtohProc {
+    /// `RM_MEMCPY_DTOH`: `cuMemcpyDtoH`, ordered by the legacy stream.
+    Legacy,
+    /// `RM_MEMCPY_DTOH_STREAM` (revision 17): in the order of the call's stream.
+    Stream,
+}
+
+impl DtohProc {
+    fn procedure(self) -> u32 {
+        match self {
+            Self::Legacy => RM_MEMCPY_DTOH,
+            Self::Stream => RM_MEMCPY_DTOH_STREAM,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Legacy => "rm_memcpy_dtoh",
+            Self::Stream => "rm_memcpy_dtoh_stream",
+        }
+    }
+}
+
 /// The first error of a copy's chunks, kept across the connections that carry them.
 type FirstErr = Option<CuError>;
 
@@ -243,8 +273,42 @@ impl Session {
         src: u64,
         out: &mut [u8],
     ) -> CuResult<()> {
+        self.dtoh_socket_as(DtohProc::Legacy, ctx, stream, src, out)
+    }
+
+    /// `cuMemcpyDtoHAsync` into pageable memory `out`, as the driver runs it: in `stream`'s
+    /// order, returning once the copy has completed (`RM_MEMCPY_DTOH_STREAM`, revision 17),
+    /// pipelined and striped as a synchronous copy is. `None` when this session does not
+    /// copy so (shared memory, whose data area carries such copies; a server older than
+    /// revision 17; a copy under [`STREAM_DTOH_MIN`] bytes, which a later synchronizing
+    /// reply carries in one round trip): the caller issues the asynchronous copy.
+    pub fn memcpy_dtoh_pageable(
+        &self,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        out: &mut [u8],
+    ) -> Option<CuResult<()>> {
+        if self.area.is_some() || self.welcome.revision < 17 || out.len() < STREAM_DTOH_MIN {
+            return None;
+        }
+        let mark = self.copy_mark();
+        Some(
+            self.dtoh_socket_as(DtohProc::Stream, ctx, stream, src, out)
+                .and_then(|()| self.settle_stream(ctx, stream, mark)),
+        )
+    }
+
+    fn dtoh_socket_as(
+        &self,
+        how: DtohProc,
+        ctx: RmHandle,
+        stream: RmHandle,
+        src: u64,
+        out: &mut [u8],
+    ) -> CuResult<()> {
         let total = out.len();
-        self.coherent("rm_memcpy_dtoh", || {
+        self.coherent(how.name(), || {
             let parts: Vec<(u64, &mut [u8])> = if out.is_empty() {
                 vec![(src, &mut out[..])]
             } else {
@@ -254,7 +318,7 @@ impl Session {
                     .collect()
             };
             self.striped(total, parts, |rpc, parts| {
-                self.dtoh_chunks(rpc, ctx, stream, parts)
+                self.dtoh_chunks(how, rpc, ctx, stream, parts)
             })
         })
     }
@@ -263,12 +327,13 @@ impl Session {
     /// calls on `rpc`, [`SOCKET_WINDOW`] in flight. The first error.
     fn dtoh_chunks(
         &self,
+        how: DtohProc,
         rpc: &remora_oncrpc::Client,
         ctx: RmHandle,
         stream: RmHandle,
         parts: Vec<(u64, &mut [u8])>,
     ) -> FirstErr {
-        let name = "rm_memcpy_dtoh";
+        let name = how.name();
         let mut window: VecDeque<(PendingCall, &mut [u8])> = VecDeque::new();
         let mut first_err: FirstErr = None;
         let mut parts = parts.into_iter();
@@ -288,7 +353,7 @@ impl Session {
                 match rpc.start_call(
                     REMORA_PROG,
                     REMORA_V1,
-                    RM_MEMCPY_DTOH,
+                    how.procedure(),
                     self.rpc.timeout(),
                     |enc| args.encode(enc),
                     &[],

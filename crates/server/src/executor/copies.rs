@@ -87,6 +87,54 @@ impl Executor {
         })
     }
 
+    /// RM_MEMCPY_DTOH_STREAM (revision 17): a device-to-host copy in `a.stream`'s order,
+    /// answered with its bytes once it has completed, as the driver runs a copy into pageable
+    /// memory. On a waiter thread: staged in pinned memory, waited for, then copied into a
+    /// reused buffer for the reply.
+    pub(super) fn memcpy_dtoh_stream(
+        &self,
+        call: &CallContext,
+        a: RmDtohArgs,
+    ) -> ProcResult<RmDtohReply> {
+        self.blocking(call, move |inner, session| {
+            let r = (|| {
+                if a.size > u64::from(RM_MAX_COPY) || a.copy_id != 0 {
+                    return Err(CuError(cu::INVALID_VALUE));
+                }
+                let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.src, a.size)?;
+                let timed = inner.profiling().then(std::time::Instant::now);
+                let staged = inner
+                    .backend
+                    .memcpy_dtoh_async(c, s, a.src, a.size as usize)?;
+                staged.wait()?;
+                let mut buf = session.bulk_buffer(a.size as usize);
+                buf.copy_from_slice(staged.data());
+                if let Some(t) = timed {
+                    session.count_bulk_copy(buf.len(), t.elapsed());
+                }
+                let buf = buf.freeze();
+                session.keep_bulk_buffer(&buf);
+                Ok(buf)
+            })();
+            let mut st = session.lock();
+            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
+            // The copy waited for the stream: its earlier asynchronous copies are complete.
+            let copies = inner.collect(&mut st, Scope::Stream(a.ctx, a.stream), &mut status);
+            let data = match r {
+                Ok(data) if status == cu::SUCCESS => data,
+                _ => remora_xdr::Bytes::new(),
+            };
+            if status != cu::SUCCESS {
+                log_failed("RM_MEMCPY_DTOH_STREAM", status);
+            }
+            RmDtohReply {
+                status,
+                data,
+                copies,
+            }
+        })
+    }
+
     pub(super) fn memcpy_htod_async(&self, call: &CallContext, a: RmHtodArgs) -> ProcResult<()> {
         let on = Some((a.ctx, a.stream));
         self.oneway_on(call, "RM_MEMCPY_HTOD_ASYNC", on, |inner, session| {

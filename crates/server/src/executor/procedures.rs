@@ -80,6 +80,7 @@ impl RemoraV1Server for Executor {
         rm_tools_stream_query(RmToolsStreamQueryArgs) -> RmU64Reply => tools_stream_query;
         rm_memcpy_htod(RmHtodArgs) -> RmSyncReply => memcpy_htod;
         rm_memcpy_dtoh(RmDtohArgs) -> RmDtohReply => memcpy_dtoh;
+        rm_memcpy_dtoh_stream(RmDtohArgs) -> RmDtohReply => memcpy_dtoh_stream;
         rm_memcpy_htod_async(RmHtodArgs) -> () => memcpy_htod_async;
         rm_memcpy_dtoh_async(RmDtohArgs) -> () => memcpy_dtoh_async;
         rm_module_load(RmModuleLoadArgs) -> RmLoadReply => module_load;

@@ -236,13 +236,6 @@ fn async_host_copy(
     Ok(None)
 }
 
-/// A host destination that a later synchronizing call fills.
-struct HostDst(*mut u8, usize);
-// SAFETY: the destination stays valid until the copy is delivered, per CUDA's contract for
-// asynchronous copies (the program may not touch it before synchronizing); it is written
-// once, by whichever thread delivers it.
-unsafe impl Send for HostDst {}
-
 fn dtoh(
     dst: *mut c_void,
     src: DevPtr,
@@ -271,19 +264,18 @@ fn dtoh(
                     asynchronous: true,
                 });
             }
-            let out = HostDst(dst.cast(), n);
-            s.memcpy_dtoh_async(
-                ctx,
-                h,
-                src,
-                n as u64,
-                Box::new(move |data: &[u8]| {
-                    let out = out;
-                    let k = data.len().min(out.1);
-                    // SAFETY: see HostDst: writable for `out.1` bytes until delivered.
-                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), out.0, k) };
-                }),
-            )
+            if s.host_memory().find(dst as usize as u64).is_none() {
+                // Pageable memory: natively the copy returns once complete, and so may this
+                // one (large copies over a socket: pipelined, in the stream's order).
+                // SAFETY: `dst` is writable for `n` bytes per cuda.h.
+                let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), n) };
+                if let Some(r) = s.memcpy_dtoh_pageable(ctx, h, src, out) {
+                    return r;
+                }
+            }
+            // SAFETY: cuda.h: `dst` is writable for `n` bytes, and the program leaves it alone
+            // until a synchronizing call says the copy is complete (by then it is delivered).
+            unsafe { s.memcpy_dtoh_async_into(ctx, h, src, dst.cast(), n as u64) }
         }
         None => {
             let h = if ptds {
