@@ -259,43 +259,6 @@ impl CudaBackend {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn size_classes() {
-        assert_eq!(class_of(0), MIN_CLASS);
-        assert_eq!(class_of(8), MIN_CLASS);
-        assert_eq!(class_of(4097), 8192);
-        assert_eq!(class_of(64 << 20), 64 << 20);
-    }
-
-    /// Buffers come back by (context, class); a context destroy (generation bump) makes
-    /// buffers allocated before it unpoolable, and forgets the idle ones of that context.
-    #[test]
-    fn pooled_by_context_and_class_and_forgotten_with_the_context() {
-        let ctx = 0x5eed_0000;
-        let g = CTX_GENERATION.load(Ordering::Acquire);
-        assert!(pool_put(ctx, 0x1000, 8192, g));
-        assert!(pool_put(ctx, 0x3000, 8192, g));
-        assert!(pool_put(ctx + 1, 0x5000, 8192, g));
-        assert!(!pool_put(ctx, 0x7000, 3000, g), "not a size class");
-        assert!(!pool_put(ctx, 0x7000, 128 << 20, g), "too large to pool");
-        assert_eq!(pool_take(ctx, 4096), None);
-        assert_eq!(pool_take(ctx, 8192), Some(0x3000));
-        CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
-        forget_ctx(ctx);
-        assert!(
-            !pool_put(ctx, 0x3000, 8192, g),
-            "allocated before a destroy"
-        );
-        assert_eq!(pool_take(ctx, 8192), None);
-        assert_eq!(pool_take(ctx + 1, 8192), Some(0x5000));
-        assert_eq!(pool().as_ref().map_or(0, |p| p.bytes), 0);
-    }
-}
-
 /// Synchronous copies between the host and the device at least this large go through a
 /// pinned buffer of the pool ([`CudaBackend::with_pinned`]) instead of the driver's own
 /// staging of pageable memory. Measured on the H100 (gVisor) with the striped copies of
@@ -348,5 +311,42 @@ impl CudaBackend {
             reap(driver, ctx, host, std::ptr::null_mut(), (class, generation));
         }
         Some(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_classes() {
+        assert_eq!(class_of(0), MIN_CLASS);
+        assert_eq!(class_of(8), MIN_CLASS);
+        assert_eq!(class_of(4097), 8192);
+        assert_eq!(class_of(64 << 20), 64 << 20);
+    }
+
+    /// Buffers come back by (context, class); a context destroy (generation bump) makes
+    /// buffers allocated before it unpoolable, and forgets the idle ones of that context.
+    #[test]
+    fn pooled_by_context_and_class_and_forgotten_with_the_context() {
+        let ctx = 0x5eed_0000;
+        let g = CTX_GENERATION.load(Ordering::Acquire);
+        assert!(pool_put(ctx, 0x1000, 8192, g));
+        assert!(pool_put(ctx, 0x3000, 8192, g));
+        assert!(pool_put(ctx + 1, 0x5000, 8192, g));
+        assert!(!pool_put(ctx, 0x7000, 3000, g), "not a size class");
+        assert!(!pool_put(ctx, 0x7000, 128 << 20, g), "too large to pool");
+        assert_eq!(pool_take(ctx, 4096), None);
+        assert_eq!(pool_take(ctx, 8192), Some(0x3000));
+        CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
+        forget_ctx(ctx);
+        assert!(
+            !pool_put(ctx, 0x3000, 8192, g),
+            "allocated before a destroy"
+        );
+        assert_eq!(pool_take(ctx, 8192), None);
+        assert_eq!(pool_take(ctx + 1, 8192), Some(0x5000));
+        assert_eq!(pool().as_ref().map_or(0, |p| p.bytes), 0);
     }
 }
