@@ -1303,6 +1303,8 @@ pub(crate) struct Session {
 /// Buffers a session keeps for reuse ([`Session::bulk_buffers`]): a pipelined copy has a
 /// few chunks in flight (the client's window) plus one being written.
 const BULK_BUFFERS: usize = 6;
+/// Connections (the session's and its lanes) whose windows of buffers a session keeps at most.
+const BULK_CONNECTIONS_MAX: usize = 4;
 /// Smaller buffers come from the allocator's free lists cheaply; they are not kept.
 const BULK_BUFFER_MIN: usize = 256 << 10;
 /// Bytes those buffers may hold in all (a copy's window of chunks, with room).
@@ -1394,7 +1396,9 @@ impl Session {
     /// them got a fresh buffer and paid its page faults: striped device-to-host copies stalled
     /// near 4 GB/s on the H100).
     pub(crate) fn lanes_changed(&self, lanes: usize) {
-        let connections = lanes.saturating_add(1);
+        // Bounded: a session that attaches many lanes keeps no more than four connections'
+        // worth (the default client opens three lanes).
+        let connections = lanes.saturating_add(1).min(BULK_CONNECTIONS_MAX);
         self.bulk_buffers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
