@@ -218,6 +218,31 @@ fn pageable_async_reads_follow_their_stream_and_deliver_earlier_copies() {
 }
 
 #[test]
+fn held_asynchronous_reads_are_collected_over_the_lanes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(0);
+    let s = session(&server.tcp(), TransportChoice::Auto);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let stream = s.stream_create(ctx, 1, 0).unwrap();
+    // 100 MiB + 3: four chunks, each delivered by a reply of its own, collected over the
+    // session's connection and its lanes at the synchronize.
+    let n = (100 << 20) + 3;
+    let a = s.mem_alloc(ctx, n as u64).unwrap();
+    let data = pattern(n, 21);
+    s.memcpy_htod(ctx, LEGACY, a, &data).unwrap();
+    for round in 0..2 {
+        let mut out = vec![0u8; n];
+        // SAFETY: `out` outlives the copy, which the synchronize below completes, and
+        // nothing touches it meanwhile.
+        unsafe { s.memcpy_dtoh_async_into(ctx, stream, a, out.as_mut_ptr(), n as u64) }.unwrap();
+        assert_eq!(s.lane_count(), 3, "the lanes are opened for the collection");
+        s.stream_synchronize(ctx, stream).unwrap();
+        assert!(out == data, "round {round}");
+    }
+    s.mem_free(ctx, a).unwrap();
+}
+
+#[test]
 fn a_lane_serves_only_its_sessions_copies_and_only_with_its_key() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let server = serve(0);

@@ -78,7 +78,11 @@ impl Session {
     /// The session's lanes, opened at the first call that wants them (empty when it may have
     /// none, or none could be opened).
     pub(crate) fn lanes(&self) -> &[RemoraV1Client] {
-        self.lanes.open.get_or_init(|| self.open_lanes())
+        self.lanes.open.get_or_init(|| {
+            let lanes = self.open_lanes();
+            self.delivery.use_lanes(&lanes);
+            lanes
+        })
     }
 
     fn open_lanes(&self) -> Vec<RemoraV1Client> {
