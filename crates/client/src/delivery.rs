@@ -189,10 +189,6 @@ pub(crate) struct Delivery {
     /// Signalled whenever a pending copy has been written to its destination.
     delivered: Condvar,
     order: Mutex<Order>,
-    /// The session's lanes once it has opened them (revision 17 servers serve
-    /// `RM_COPIES_COLLECT` on a lane): held copies are then collected over every connection
-    /// at once.
-    lanes: std::sync::OnceLock<Vec<RemoraV1Client>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -208,15 +204,6 @@ impl Delivery {
             pending: Mutex::default(),
             delivered: Condvar::new(),
             order: Mutex::default(),
-            lanes: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The session opened `lanes`: with a server of revision 17 or later, copies held on the
-    /// server are collected over them too.
-    pub(crate) fn use_lanes(&self, lanes: &[RemoraV1Client]) {
-        if self.revision >= 17 && !lanes.is_empty() {
-            let _ = self.lanes.set(lanes.to_vec());
         }
     }
 
@@ -448,34 +435,6 @@ impl Delivery {
         }
     }
 
-    /// Collects the copies `ids` over the session's connection and `lanes` at once, the ids
-    /// dealt round robin (a reply carries at most 32 MiB of copy data: one connection moves
-    /// a large copy's chunks one reply at a time). Each connection's reply is delivered as it
-    /// comes; a copy is taken once on the server, whichever reply carries it.
-    fn collect_striped(&self, ids: Vec<u64>, lanes: &[RemoraV1Client]) {
-        let n = (lanes.len() + 1).min(ids.len());
-        let mut dealt: Vec<Vec<u64>> = vec![Vec::new(); n];
-        for (i, id) in ids.into_iter().enumerate() {
-            dealt[i % n].push(id);
-        }
-        let collect = |rpc: &RemoraV1Client, ids: &Vec<u64>| match rpc.rm_copies_collect(ids) {
-            Ok(r) => {
-                if let Err(e) = self.finish(r) {
-                    tracing::debug!("remora: collecting completed copies: {e}");
-                }
-            }
-            Err(e) => tracing::debug!("remora: collecting completed copies failed: {e}"),
-        };
-        std::thread::scope(|scope| {
-            let mut dealt = dealt.into_iter();
-            let own = dealt.next().unwrap_or_default();
-            for (lane, ids) in lanes.iter().zip(dealt) {
-                scope.spawn(move || collect(lane, &ids));
-            }
-            collect(&self.rpc, &own);
-        });
-    }
-
     /// Asks the server for completed copies, naming the `(id, ctx, stream)` waited for.
     fn fetch(&self, held: &[(u64, Handle, Handle)], how: Fetch) {
         let reply = if how == Fetch::Ready {
@@ -486,10 +445,6 @@ impl Delivery {
                 .take(RM_MAX_COLLECT as usize)
                 .map(|(id, _, _)| *id)
                 .collect();
-            if let Some(lanes) = self.lanes.get().filter(|_| ids.len() > 1) {
-                self.collect_striped(ids, lanes);
-                return;
-            }
             self.rpc.rm_copies_collect(&ids)
         } else {
             // Older servers: a stream query collects the completed copies too. Its status is

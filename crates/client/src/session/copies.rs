@@ -178,10 +178,6 @@ impl Session {
         unsafe impl Send for Place {}
         let total = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
         self.not_captured(stream, "an asynchronous device-to-host copy")?;
-        if self.area.is_none() && total >= lanes::STRIPE_MIN && self.welcome.revision >= 17 {
-            // Its chunks will be collected over the lanes too (`Delivery::collect_striped`).
-            self.lanes();
-        }
         for (off, len) in chunks(total) {
             // SAFETY: `off + len <= size`: inside the caller's destination.
             let place = Place(unsafe { dst.add(off) }, len);

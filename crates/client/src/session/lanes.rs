@@ -78,11 +78,7 @@ impl Session {
     /// The session's lanes, opened at the first call that wants them (empty when it may have
     /// none, or none could be opened).
     pub(crate) fn lanes(&self) -> &[RemoraV1Client] {
-        self.lanes.open.get_or_init(|| {
-            let lanes = self.open_lanes();
-            self.delivery.use_lanes(&lanes);
-            lanes
-        })
+        self.lanes.open.get_or_init(|| self.open_lanes())
     }
 
     fn open_lanes(&self) -> Vec<RemoraV1Client> {
