@@ -72,6 +72,14 @@ const STRIPED_ROW: &str = "(within calls: striped copy after chunk 0)";
 /// ones stay one-way, their bytes in a later synchronizing reply.
 pub(crate) const STREAM_DTOH_MIN: usize = 2 * SOCKET_CHUNK;
 
+/// Whether large asynchronous reads into pageable memory go as the driver runs them
+/// ([`Session::memcpy_dtoh_pageable`]); `REMORA_DTOH_STREAM=0` keeps them one-way, delivered
+/// by a later synchronizing reply, as before revision 17.
+fn stream_dtoh_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("REMORA_DTOH_STREAM").map_or(true, |v| v.trim() != "0"))
+}
+
 /// Which device-to-host procedure a copy's chunks use.
 #[derive(Clone, Copy)]
 enum DtohProc {
@@ -289,7 +297,11 @@ impl Session {
         src: u64,
         out: &mut [u8],
     ) -> Option<CuResult<()>> {
-        if self.area.is_some() || self.welcome.revision < 17 || out.len() < STREAM_DTOH_MIN {
+        if self.area.is_some()
+            || self.welcome.revision < 17
+            || out.len() < STREAM_DTOH_MIN
+            || !stream_dtoh_enabled()
+        {
             return None;
         }
         let mark = self.copy_mark();
