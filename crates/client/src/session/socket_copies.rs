@@ -288,7 +288,7 @@ impl Session {
     /// order, returning once the copy has completed (`RM_MEMCPY_DTOH_STREAM`, revision 17),
     /// pipelined and striped as a synchronous copy is. `None` when this session does not
     /// copy so (shared memory, whose data area carries such copies; a server older than
-    /// revision 17; a copy under [`STREAM_DTOH_MIN`] bytes, which a later synchronizing
+    /// revision 17; a copy under 8 MiB (`STREAM_DTOH_MIN`), which a later synchronizing
     /// reply carries in one round trip): the caller issues the asynchronous copy.
     pub fn memcpy_dtoh_pageable(
         &self,
