@@ -281,6 +281,9 @@ struct State {
 struct Slot {
     reply: Option<Bytes>,
     cv: Arc<Condvar>,
+    /// Whether its caller is asleep on `cv` now, waiting for the reply (a started call whose
+    /// caller has not come to wait yet, or is busy elsewhere, is not: waking it does nothing).
+    waiting: bool,
 }
 
 /// The program and version a liveness ping calls NULL of (those of the call waiting).
@@ -641,6 +644,7 @@ impl Client {
             st.pending.insert(
                 xid,
                 Slot {
+                    waiting: false,
                     reply: None,
                     cv: Arc::clone(&cv),
                 },
@@ -1047,11 +1051,16 @@ impl Inner {
                 let res = self.lead(xid, deadline, ping);
                 st = lock(&self.state);
                 st.leader = false;
-                // Hand the reader role to a caller still waiting for its reply.
+                // Hand the reader role to a caller asleep waiting for its reply. Only such a
+                // caller: a call started by a thread that is not waiting for it now (a copy's
+                // window of calls, the thread busy with an earlier reply or waiting on
+                // another connection) would not wake, and the replies of those asleep would
+                // then sit unread until that thread came back — or forever, if it was waiting
+                // for them. With none asleep, the next caller to wait takes the role itself.
                 if let Some(next) = st
                     .pending
                     .iter()
-                    .find(|(k, s)| **k != xid && s.reply.is_none())
+                    .find(|(k, s)| **k != xid && s.reply.is_none() && s.waiting)
                 {
                     next.1.cv.notify_one();
                 }
@@ -1067,6 +1076,9 @@ impl Inner {
                     }
                 }
             } else {
+                if let Some(s) = st.pending.get_mut(&xid) {
+                    s.waiting = true;
+                }
                 st = match remaining {
                     Some(r) => {
                         cv.wait_timeout(st, r)
@@ -1075,6 +1087,9 @@ impl Inner {
                     }
                     None => cv.wait(st).unwrap_or_else(PoisonError::into_inner),
                 };
+                if let Some(s) = st.pending.get_mut(&xid) {
+                    s.waiting = false;
+                }
             }
         }
     }

@@ -829,3 +829,45 @@ fn null_call_latency() {
         println!("{t:?}: null call round trip {per:?}");
     }
 }
+
+/// When the thread reading replies has its own, it hands the reader role to a caller asleep
+/// waiting for a reply, not to any call still unanswered: a call whose thread started it but
+/// is not waiting for it (a window of pipelined calls, its thread busy meanwhile) would not
+/// wake, and the sleeping caller's reply, sent at once, sat unread until that thread came back
+/// (forever, if that thread was waiting for the sleeper). Seen as a stall of striped copies
+/// from several threads (async_visibility over tcp). Without the fix each round fails with
+/// probability 1/2 (the handoff picked from a hash map).
+#[test]
+fn the_reader_role_goes_to_a_caller_that_is_waiting() {
+    let s = start(Transport::Tcp);
+    let c = Arc::new(s.client().unwrap());
+    let slow = |ms: u32| {
+        move |e: &mut xdr::Encoder| -> xdr::Result<()> {
+            e.put_u32(ms);
+            Ok(())
+        }
+    };
+    for round in 0..8 {
+        // A: two calls in flight; the server answers the first after 100 ms.
+        let a1 = c.start_call(PROG, 1, SLOW, None, slow(100), &[]).unwrap();
+        let a2 = c.start_call(PROG, 1, SLOW, None, slow(0), &[]).unwrap();
+        let c2 = Arc::clone(&c);
+        let b = thread::spawn(move || {
+            // B waits while A reads.
+            thread::sleep(Duration::from_millis(20));
+            let t = Instant::now();
+            let p = c2.start_call(PROG, 1, SLOW, None, slow(0), &[]).unwrap();
+            assert_eq!(p.finish(|d| d.get_u32()).unwrap(), 0);
+            t.elapsed()
+        });
+        assert_eq!(a1.finish(|d| d.get_u32()).unwrap(), 100);
+        // A is busy before it waits for its second call.
+        thread::sleep(Duration::from_millis(600));
+        assert_eq!(a2.finish(|d| d.get_u32()).unwrap(), 0);
+        let waited = b.join().unwrap();
+        assert!(
+            waited < Duration::from_millis(400),
+            "round {round}: B waited {waited:?} for a reply sent right after A's"
+        );
+    }
+}
