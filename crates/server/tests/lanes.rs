@@ -26,6 +26,16 @@ fn lane_client(endpoint: &remora_oncrpc::Endpoint) -> RemoraV1Client {
     )
 }
 
+/// A session over TCP to a fresh emulated server (kept alive by the first element), its
+/// primary context and a non-blocking stream there.
+fn tcp_session_and_stream() -> (Server, remora_client::Session, u64, u64) {
+    let server = serve(0);
+    let s = session(&server.tcp(), TransportChoice::Auto);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let stream = s.stream_create(ctx, 1, 0).unwrap(); // CU_STREAM_NON_BLOCKING
+    (server, s, ctx, stream)
+}
+
 #[test]
 fn striped_copies_move_every_byte_and_follow_earlier_calls() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -105,10 +115,7 @@ fn striped_copies_move_every_byte_and_follow_earlier_calls() {
 #[test]
 fn striped_async_copies_stay_in_stream_order() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.tcp(), TransportChoice::Auto);
-    let ctx = s.primary_ctx_retain(0).unwrap();
-    let stream = s.stream_create(ctx, 1, 0).unwrap(); // CU_STREAM_NON_BLOCKING
+    let (_server, s, ctx, stream) = tcp_session_and_stream();
     let n = (40 << 20) + 5;
     let a = s.mem_alloc(ctx, (n + 64) as u64).unwrap();
     let b = s.mem_alloc(ctx, (n + 64) as u64).unwrap();
@@ -165,10 +172,7 @@ fn striped_async_copies_stay_in_stream_order() {
 #[test]
 fn pageable_async_reads_follow_their_stream_and_deliver_earlier_copies() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.tcp(), TransportChoice::Auto);
-    let ctx = s.primary_ctx_retain(0).unwrap();
-    let stream = s.stream_create(ctx, 1, 0).unwrap(); // CU_STREAM_NON_BLOCKING
+    let (_server, s, ctx, stream) = tcp_session_and_stream();
     let n = (40 << 20) + 5;
     let a = s.mem_alloc(ctx, (n + 64) as u64).unwrap();
     // Too small: the caller issues the asynchronous copy instead.
@@ -220,10 +224,7 @@ fn pageable_async_reads_follow_their_stream_and_deliver_earlier_copies() {
 #[test]
 fn large_asynchronous_reads_into_host_memory_arrive_whole() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let server = serve(0);
-    let s = session(&server.tcp(), TransportChoice::Auto);
-    let ctx = s.primary_ctx_retain(0).unwrap();
-    let stream = s.stream_create(ctx, 1, 0).unwrap();
+    let (_server, s, ctx, stream) = tcp_session_and_stream();
     // 100 MiB + 3: four chunks, each written straight to its place, delivered one reply
     // (at most 32 MiB of copy data) at a time.
     let n = (100 << 20) + 3;

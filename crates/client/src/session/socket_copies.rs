@@ -128,41 +128,46 @@ impl Session {
             "rm_memcpy_htod"
         };
         self.coherent(name, || {
-            let chunks: Vec<(usize, usize)> = socket_chunks(data.len()).collect();
-            if oneway {
-                if let Some(lanes) = self.async_lanes(data.len(), chunks.len()) {
-                    let parts: Vec<(u64, &[u8])> = chunks
-                        .iter()
-                        .map(|&(off, len)| (dst + off as u64, &data[off..off + len]))
-                        .collect();
-                    return self.striped_with(lanes, parts, |rpc, parts| {
-                        self.htod_async_chunks(rpc, ctx, stream, parts)
-                    });
-                }
-                let rpc = self.rpc.rpc();
-                for (off, len) in chunks {
-                    let part = &data[off..off + len];
-                    let head =
-                        |enc: &mut Encoder| htod_head(enc, ctx, stream, dst + off as u64, len);
-                    rpc.call_oneway_raw(
-                        REMORA_PROG,
-                        REMORA_V1,
-                        RM_MEMCPY_HTOD_ASYNC,
-                        head,
-                        &[part, pad(len)],
-                    )
-                    .map_err(|e| from_rpc(name, e))?;
-                }
-                return Ok(());
-            }
-            let parts: Vec<(u64, &[u8])> = chunks
-                .iter()
-                .map(|&(off, len)| (dst + off as u64, &data[off..off + len]))
+            let parts: Vec<(u64, &[u8])> = socket_chunks(data.len())
+                .map(|(off, len)| (dst + off as u64, &data[off..off + len]))
                 .collect();
-            self.striped(data.len(), parts, |rpc, parts| {
-                self.htod_chunks(rpc, ctx, stream, parts)
-            })
+            if !oneway {
+                return self.striped(data.len(), parts, |rpc, parts| {
+                    self.htod_chunks(rpc, ctx, stream, parts)
+                });
+            }
+            if let Some(lanes) = self.async_lanes(data.len(), parts.len()) {
+                return self.striped_with(lanes, parts, |rpc, parts| {
+                    self.htod_async_chunks(rpc, ctx, stream, parts)
+                });
+            }
+            for (addr, part) in parts {
+                self.send_htod_async(self.rpc.rpc(), ctx, stream, addr, part)?;
+            }
+            Ok(())
         })
+    }
+
+    /// One chunk of an asynchronous host-to-device copy, one-way (`RM_MEMCPY_HTOD_ASYNC`) on
+    /// `rpc`, its bytes sent from the caller's memory.
+    fn send_htod_async(
+        &self,
+        rpc: &remora_oncrpc::Client,
+        ctx: RmHandle,
+        stream: RmHandle,
+        addr: u64,
+        part: &[u8],
+    ) -> CuResult<()> {
+        let len = part.len();
+        let head = |enc: &mut Encoder| htod_head(enc, ctx, stream, addr, len);
+        rpc.call_oneway_raw(
+            REMORA_PROG,
+            REMORA_V1,
+            RM_MEMCPY_HTOD_ASYNC,
+            head,
+            &[part, pad(len)],
+        )
+        .map_err(|e| from_rpc("rm_memcpy_htod_async", e))
     }
 
     /// The lanes an asynchronous host-to-device copy of `total` bytes in `chunks` chunks is
@@ -189,18 +194,9 @@ impl Session {
         stream: RmHandle,
         parts: Vec<(u64, &[u8])>,
     ) -> FirstErr {
-        let name = "rm_memcpy_htod_async";
         for (addr, part) in parts {
-            let len = part.len();
-            let head = |enc: &mut Encoder| htod_head(enc, ctx, stream, addr, len);
-            if let Err(e) = rpc.call_oneway_raw(
-                REMORA_PROG,
-                REMORA_V1,
-                RM_MEMCPY_HTOD_ASYNC,
-                head,
-                &[part, pad(len)],
-            ) {
-                return Some(from_rpc(name, e));
+            if let Err(e) = self.send_htod_async(rpc, ctx, stream, addr, part) {
+                return Some(e);
             }
         }
         rpc.start_call(
@@ -213,7 +209,7 @@ impl Session {
         )
         .and_then(|p| p.finish(|_| Ok(())))
         .err()
-        .map(|e| from_rpc(name, e))
+        .map(|e| from_rpc("rm_memcpy_htod_async", e))
     }
 
     /// Sends `parts` (device address, bytes) on `rpc` as synchronous `RM_MEMCPY_HTOD` calls,

@@ -53,37 +53,14 @@ impl Executor {
                     })
             };
             let r = raw.and_then(|c| {
-                let mut buf = session.bulk_buffer(a.size as usize);
-                let timed = inner.profiling().then(std::time::Instant::now);
-                inner.backend.memcpy_dtoh(c, &mut buf, a.src)?;
-                if let Some(t) = timed {
-                    session.count_bulk_copy(buf.len(), t.elapsed());
-                }
-                let buf = buf.freeze();
-                session.keep_bulk_buffer(&buf);
-                Ok(buf)
+                bulk_read(inner, session, a.size, |buf| {
+                    inner.backend.memcpy_dtoh(c, buf, a.src)
+                })
             });
-            let mut st = session.lock();
-            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
             // A synchronous copy waits for the context's legacy stream: the async copies
             // queued there before it are complete too.
-            let copies = inner.collect(
-                &mut st,
-                Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY)),
-                &mut status,
-            );
-            let data = match r {
-                Ok(data) if status == cu::SUCCESS => data,
-                _ => remora_xdr::Bytes::new(),
-            };
-            if status != cu::SUCCESS {
-                log_failed("RM_MEMCPY_DTOH", status);
-            }
-            RmDtohReply {
-                status,
-                data,
-                copies,
-            }
+            let scope = Scope::Stream(a.ctx, u64::from(RM_STREAM_LEGACY));
+            dtoh_reply(inner, session, "RM_MEMCPY_DTOH", scope, r)
         })
     }
 
@@ -102,36 +79,16 @@ impl Executor {
                     return Err(CuError(cu::INVALID_VALUE));
                 }
                 let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.src, a.size)?;
-                let timed = inner.profiling().then(std::time::Instant::now);
-                let staged = inner
-                    .backend
-                    .memcpy_dtoh_async(c, s, a.src, a.size as usize)?;
-                staged.wait()?;
-                let mut buf = session.bulk_buffer(a.size as usize);
-                buf.copy_from_slice(staged.data());
-                if let Some(t) = timed {
-                    session.count_bulk_copy(buf.len(), t.elapsed());
-                }
-                let buf = buf.freeze();
-                session.keep_bulk_buffer(&buf);
-                Ok(buf)
+                bulk_read(inner, session, a.size, |buf| {
+                    let staged = inner.backend.memcpy_dtoh_async(c, s, a.src, buf.len())?;
+                    staged.wait()?;
+                    buf.copy_from_slice(staged.data());
+                    Ok(())
+                })
             })();
-            let mut st = session.lock();
-            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
             // The copy waited for the stream: its earlier asynchronous copies are complete.
-            let copies = inner.collect(&mut st, Scope::Stream(a.ctx, a.stream), &mut status);
-            let data = match r {
-                Ok(data) if status == cu::SUCCESS => data,
-                _ => remora_xdr::Bytes::new(),
-            };
-            if status != cu::SUCCESS {
-                log_failed("RM_MEMCPY_DTOH_STREAM", status);
-            }
-            RmDtohReply {
-                status,
-                data,
-                copies,
-            }
+            let scope = Scope::Stream(a.ctx, a.stream);
+            dtoh_reply(inner, session, "RM_MEMCPY_DTOH_STREAM", scope, r)
         })
     }
 
@@ -334,24 +291,12 @@ impl Executor {
                 )?;
                 Ok(remora_xdr::Bytes::from(buf))
             });
-            let mut st = session.lock();
-            let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
             let scope = if to_host {
                 Scope::Stream(a.desc.ctx, u64::from(RM_STREAM_LEGACY))
             } else {
                 Scope::Finished
             };
-            let copies = inner.collect(&mut st, scope, &mut status);
-            let data = match r {
-                Ok(data) if status == cu::SUCCESS => data,
-                _ => remora_xdr::Bytes::new(),
-            };
-            log_failed(what, status);
-            RmDtohReply {
-                status,
-                data,
-                copies,
-            }
+            dtoh_reply(inner, session, what, scope, r)
         };
         if to_host {
             self.blocking(call, job)
@@ -473,6 +418,50 @@ fn push_pending(
         taken: Default::default(),
     });
     result
+}
+
+/// `size` bytes a synchronous device-to-host copy reads: `fill` writes them into one of the
+/// session's reused bulk buffers (its driver time counted when profiling).
+fn bulk_read(
+    inner: &Inner,
+    session: &Session,
+    size: u64,
+    fill: impl FnOnce(&mut [u8]) -> CuResult<()>,
+) -> CuResult<remora_xdr::Bytes> {
+    let mut buf = session.bulk_buffer(size as usize);
+    let timed = inner.profiling().then(std::time::Instant::now);
+    fill(&mut buf)?;
+    if let Some(t) = timed {
+        session.count_bulk_copy(buf.len(), t.elapsed());
+    }
+    let buf = buf.freeze();
+    session.keep_bulk_buffer(&buf);
+    Ok(buf)
+}
+
+/// The reply of a synchronous device-to-host copy (`what`, for the log) whose bytes are `r`:
+/// the session's status (a deferred error comes first) and the completed asynchronous copies
+/// `scope` covers; no bytes unless all went well.
+fn dtoh_reply(
+    inner: &Inner,
+    session: &Session,
+    what: &str,
+    scope: Scope,
+    r: CuResult<remora_xdr::Bytes>,
+) -> RmDtohReply {
+    let mut st = session.lock();
+    let mut status = st.sync_status(r.as_ref().map(|_| ()).map_err(|e| *e));
+    let copies = inner.collect(&mut st, scope, &mut status);
+    let data = match r {
+        Ok(data) if status == cu::SUCCESS => data,
+        _ => remora_xdr::Bytes::new(),
+    };
+    log_failed(what, status);
+    RmDtohReply {
+        status,
+        data,
+        copies,
+    }
 }
 
 /// The raw context and stream of an asynchronous copy from or to client memory that touches
