@@ -34,10 +34,6 @@ pub(crate) struct Lanes {
     liveness: Option<Liveness>,
     tls: Option<std::sync::Arc<remora_oncrpc::ClientTls>>,
     open: OnceLock<Vec<RemoraV1Client>>,
-    /// Held by the one copy striped over the lanes at a time: a copy that finds it taken (the
-    /// program copies from several threads at once) goes on the session's own connection,
-    /// unstriped, rather than sharing the lanes' windows with another copy.
-    pub(crate) gate: std::sync::Mutex<()>,
 }
 
 impl Lanes {
@@ -69,7 +65,6 @@ impl Lanes {
             liveness: config.liveness,
             tls: config.tls.clone(),
             open: OnceLock::new(),
-            gate: std::sync::Mutex::new(()),
         }
     }
 }

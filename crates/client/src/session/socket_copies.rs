@@ -434,11 +434,6 @@ impl Session {
         if lanes.is_empty() || parts.len() < 2 {
             return run(self.rpc.rpc(), parts).map_or(Ok(()), Err);
         }
-        // One striped copy at a time (`Lanes::gate`); another thread's copy meanwhile goes
-        // on the session's own connection.
-        let Ok(_striping) = self.lanes.gate.try_lock() else {
-            return run(self.rpc.rpc(), parts).map_or(Ok(()), Err);
-        };
         let mut parts = parts.into_iter();
         let first: Vec<P> = parts.by_ref().take(1).collect();
         if let Some(e) = run(self.rpc.rpc(), first) {
