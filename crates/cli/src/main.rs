@@ -771,7 +771,13 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
     .context("cannot install the Ctrl-C/SIGTERM handler")?;
     let _ = rx.recv();
     tracing::info!("shutting down (letting calls in flight finish)");
+    let stopping = std::time::Instant::now();
     running.shutdown();
+    tracing::debug!(
+        target: "remora::startup",
+        shutdown_ms = stopping.elapsed().as_millis() as u64,
+        "server stopped"
+    );
     Ok(())
 }
 

@@ -168,12 +168,19 @@ impl Drop for EmbeddedServer {
     /// SIGTERM, then the server's exit is waited for (at most 10 s, then it is killed): as
     /// soon as it comes (a pidfd), since `remora run` returns only then.
     fn drop(&mut self) {
+        let stopping = Instant::now();
         let pid = rustix::process::Pid::from_child(&self.child);
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         if !wait_exit(&mut self.child, Duration::from_secs(10)) {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        // The embedded server's share of a program's run time after the program exits.
+        tracing::debug!(
+            target: "remora::startup",
+            stop_ms = stopping.elapsed().as_millis() as u64,
+            "embedded server stopped"
+        );
     }
 }
 
@@ -359,6 +366,7 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
         .env("REMORA_TRANSPORT", opts.transport.to_string())
         .status()
         .with_context(|| format!("cannot run {}", program.to_string_lossy()))?;
+    tracing::debug!(target: "remora::startup", ?status, "program exited");
     Ok(status)
 }
 

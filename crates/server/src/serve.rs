@@ -1474,6 +1474,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
         .serve_fds_as(fd, origin, lane_rx)?;
+    tracing::debug!(target: "remora::startup", "session worker served its session; exiting");
     if let Some(dropped) = device_output.map(|o| o.dropped()).filter(|&d| d > 0) {
         tracing::warn!(
             dropped,

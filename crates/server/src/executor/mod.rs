@@ -900,6 +900,7 @@ impl Executor {
         // no call of it arrives meanwhile).
         let session = self.inner.sessions().get(&connection).cloned();
         if let Some(session) = session {
+            let freeing = std::time::Instant::now();
             let tenant = session.tenant.get().map(String::as_str);
             if let Some(tenant) = tenant {
                 tracing::info!(connection, tenant, "session closed");
@@ -943,6 +944,14 @@ impl Executor {
             }
             session.close(&*self.inner.backend);
             self.inner.sessions().remove(&connection);
+            // Part of a short program's run time under `remora run` (its end): the session's
+            // resources are freed before its worker exits.
+            tracing::debug!(
+                target: "remora::startup",
+                connection,
+                free_us = freeing.elapsed().as_micros() as u64,
+                "session closed and its resources freed"
+            );
         }
         // A worker process ends with its session: its images reach the shared directory
         // first, for the next session's worker.
