@@ -406,7 +406,8 @@ enum Command {
     /// CERT.pem --tls-key KEY.pem, with --tls-client-ca CA.pem to require client
     /// certificates (which then authenticate clients; otherwise tokens or --insecure are
     /// still needed). Shared memory is never offered over TCP or TLS. Stop with Ctrl-C or SIGTERM: calls in flight finish
-    /// first. Log level: REMORA_LOG (e.g. REMORA_LOG=debug). With the CUDA backend the server
+    /// first, and once every session has ended it prints "remora serve: stopped" on its
+    /// standard output before exiting. Log level: REMORA_LOG (e.g. REMORA_LOG=debug). With the CUDA backend the server
     /// re-executes itself once with the bottom-up address layout (as `setarch -L` does), so the
     /// driver's device ranges stay clear of clients' own mappings (unified addressing);
     /// REMORA_SERVE_LAYOUT=default keeps the usual layout.
@@ -753,6 +754,10 @@ fn backend_choice(backend: &str) -> remora_server::BackendChoice {
     }
 }
 
+/// What `remora serve` prints on its standard output once it has stopped serving (every
+/// session worker reaped), before its process exits.
+pub(crate) const SERVE_STOPPED_LINE: &str = "remora serve: stopped";
+
 fn serve(config: remora_server::ServeConfig) -> Result<()> {
     let running = remora_server::start(config).context("remora serve could not start")?;
     for endpoint in running.endpoints() {
@@ -778,6 +783,15 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
         shutdown_ms = stopping.elapsed().as_millis() as u64,
         "server stopped"
     );
+    // Every session worker has been reaped and the endpoints removed: what is left is this
+    // process's own exit, which unloads the driver its probe initialised (40-70 ms on the
+    // H100 host). `remora run` returns on this line instead of waiting for that.
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{SERVE_STOPPED_LINE}");
+        let _ = out.flush();
+    }
     Ok(())
 }
 

@@ -66,7 +66,11 @@ pub(crate) fn find_shim(explicit: Option<&Path>) -> Result<PathBuf> {
 
 /// An embedded `remora serve` child; stopped (SIGTERM, then kill) on drop.
 pub(crate) struct EmbeddedServer {
-    child: Child,
+    /// `None` once dropped.
+    child: Option<Child>,
+    /// Receives once the server has printed [`crate::SERVE_STOPPED_LINE`] or closed its
+    /// standard output (exited).
+    stopped: std::sync::mpsc::Receiver<()>,
 }
 
 impl EmbeddedServer {
@@ -153,27 +157,57 @@ impl EmbeddedServer {
                 bail!("the embedded remora serve did not start listening within 60 s");
             }
         };
-        // Keep draining its stdout so it never blocks on a full pipe.
+        // Keep draining its stdout so it never blocks on a full pipe, and tell the drop when
+        // it has stopped serving.
+        let (tx, stopped) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let mut sink = String::new();
-            while reader.read_line(&mut sink).unwrap_or(0) > 0 {
-                sink.clear();
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                if line.trim_end() == crate::SERVE_STOPPED_LINE {
+                    let _ = tx.send(());
+                }
+                line.clear();
             }
+            let _ = tx.send(());
         });
-        Ok((Self { child }, endpoint))
+        Ok((
+            Self {
+                child: Some(child),
+                stopped,
+            },
+            endpoint,
+        ))
     }
 }
 
 impl Drop for EmbeddedServer {
-    /// SIGTERM, then the server's exit is waited for (at most 10 s, then it is killed): as
-    /// soon as it comes (a pidfd), since `remora run` returns only then.
+    /// SIGTERM, then waits (at most 10 s, then kills it) until the server has stopped
+    /// serving: every session worker reaped, so the GPU holds nothing of the program's. Its
+    /// process's own exit after that (unloading the driver its probe initialised, 40-70 ms on
+    /// the H100 host) is not waited for; the process is reaped by a thread of ours if we
+    /// live on, else by init.
     fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         let stopping = Instant::now();
-        let pid = rustix::process::Pid::from_child(&self.child);
+        let pid = rustix::process::Pid::from_child(&child);
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        if !wait_exit(&mut self.child, Duration::from_secs(10)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        match self.stopped.recv_timeout(Duration::from_secs(10)) {
+            Ok(()) => {
+                if !matches!(child.try_wait(), Ok(Some(_))) {
+                    std::thread::spawn(move || {
+                        let _ = child.wait();
+                    });
+                }
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the embedded remora serve did not stop within 10 s of SIGTERM; killed"
+                );
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
         // The embedded server's share of a program's run time after the program exits.
         tracing::debug!(
@@ -181,37 +215,6 @@ impl Drop for EmbeddedServer {
             stop_ms = stopping.elapsed().as_millis() as u64,
             "embedded server stopped"
         );
-    }
-}
-
-/// Waits up to `limit` for `child` to exit (reaping it); whether it did.
-fn wait_exit(child: &mut Child, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    // A pidfd becomes readable when the process exits; without one (an old kernel), poll.
-    let pidfd = rustix::process::pidfd_open(
-        rustix::process::Pid::from_child(child),
-        rustix::process::PidfdFlags::empty(),
-    );
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            return true;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return false;
-        }
-        match &pidfd {
-            Ok(fd) => {
-                let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
-                let timeout =
-                    rustix::event::Timespec::try_from(left).unwrap_or(rustix::event::Timespec {
-                        tv_sec: 10,
-                        tv_nsec: 0,
-                    });
-                let _ = rustix::event::poll(&mut fds, Some(&timeout));
-            }
-            Err(_) => std::thread::sleep(left.min(Duration::from_millis(5))),
-        }
     }
 }
 

@@ -11,6 +11,8 @@ const REMORA: &str = env!("CARGO_BIN_EXE_remora");
 struct Serve {
     child: Child,
     endpoints: Vec<String>,
+    /// The rest of its standard output.
+    stdout: BufReader<std::process::ChildStdout>,
 }
 
 impl Serve {
@@ -38,16 +40,24 @@ impl Serve {
                 endpoints.push(url.to_owned());
             }
         }
-        Serve { child, endpoints }
+        Serve {
+            child,
+            endpoints,
+            stdout: reader,
+        }
     }
 
-    fn terminate(mut self) -> std::process::ExitStatus {
+    /// SIGTERM, then waits (at most 20 s) for the server to exit; its status and the rest of
+    /// its standard output.
+    fn terminate(mut self) -> (std::process::ExitStatus, String) {
         let pid = self.child.id().to_string();
         Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
+                let mut rest = String::new();
+                std::io::Read::read_to_string(&mut self.stdout, &mut rest).unwrap();
+                return (status, rest);
             }
             assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
             std::thread::sleep(Duration::from_millis(20));
@@ -108,9 +118,11 @@ fn serve_answers_info_on_unix_and_tcp_and_stops_on_sigterm() {
         assert!(stdout.contains("/nonexistent/libcuda.so.1"), "{stdout}");
         assert!(stdout.contains("GPUs          0"), "{stdout}");
     }
-    let status = serve.terminate();
+    let (status, rest) = serve.terminate();
     assert!(status.success(), "serve exited with {status}");
     assert!(!sock.exists(), "the socket file is removed on shutdown");
+    // What `remora run` waits for before returning (not the process's exit).
+    assert_eq!(rest, "remora serve: stopped\n");
 }
 
 #[test]
