@@ -18,35 +18,14 @@ pub enum WaitOutcome {
 /// mean of how long the waits took: when answers come within `max_spin`, spinning about 1.5
 /// times the usual wait catches most of them without a sleep and a wake-up (which cost
 /// microseconds each); when they take longer, spinning is wasted CPU and the budget falls to
-/// `min_spin`. An idle side therefore costs a futex sleep, not a spinning core. On an
-/// oversubscribed host that is what helps most: a wait that loses its core now and then
-/// (a scheduler slice, milliseconds) drops the budget, both sides sleep, and each yields
-/// its core to the other.
-///
-/// [`Waiter::for_fallback`] estimates differently, for waits whose alternative to spinning
-/// is not a sleep but a full call that costs a round trip of its own (the completion words
-/// of `cuStreamSynchronize` over shared memory): there long waits count only in a share,
-/// not in the mean. While most waits (a weighted share) end within `max_spin`, the budget
-/// is 1.5 times the weighted mean of those short waits; otherwise `min_spin`. With one mean,
-/// the few scheduler-slice waits of an oversubscribed host pushed it past `max_spin`, the
-/// budget fell, and most synchronizes then spun, missed and made the full call: p50 88 µs
-/// against 15 µs spinning (`remora bench contention` on the H100, 2x load).
+/// `min_spin`. An idle side therefore costs a futex sleep, not a spinning core.
 #[derive(Debug, Clone)]
 pub struct Waiter {
     budget: Duration,
-    /// Weighted mean of the waits (all of them, or with `short_only` those that ended
-    /// within `max_spin`; 0: none seen yet).
     mean_ns: f64,
-    /// Long waits count only in `short_share` ([`Waiter::for_fallback`]).
-    short_only: bool,
-    /// Weighted share of the waits that ended within `max_spin`.
-    short_share: f64,
     min_spin: Duration,
     max_spin: Duration,
 }
-
-/// The weight of the newest wait in the mean and the share.
-const NEWEST: f64 = 0.2;
 
 /// How every [`Waiter`] of this process waits, from `REMORA_WAIT` (read once): `adaptive`
 /// (the default: the budget follows the waits), `spin` (pure polling: a budget of
@@ -100,19 +79,8 @@ impl Waiter {
         Self {
             budget: max_spin,
             mean_ns: 0.0,
-            short_only: false,
-            short_share: 1.0,
             min_spin,
             max_spin,
-        }
-    }
-
-    /// [`Waiter::new`] for a wait that, once its budget is spent, makes a full call instead
-    /// of sleeping: long waits count only in the share of short ones (see [`Waiter`]).
-    pub fn for_fallback(min_spin: Duration, max_spin: Duration) -> Self {
-        Self {
-            short_only: true,
-            ..Self::new(min_spin, max_spin)
         }
     }
 
@@ -154,23 +122,14 @@ impl Waiter {
 
     /// Folds one observed wait into the budget.
     pub fn observe(&mut self, took: Duration) {
-        let short = took <= self.max_spin;
-        self.short_share = (1.0 - NEWEST) * self.short_share + if short { NEWEST } else { 0.0 };
-        if short || !self.short_only {
-            let t = took.as_nanos() as f64;
-            self.mean_ns = if self.mean_ns == 0.0 {
-                t
-            } else {
-                (1.0 - NEWEST) * self.mean_ns + NEWEST * t
-            };
-        }
-        let max = self.max_spin.as_nanos() as f64;
-        let spin = if self.short_only {
-            self.short_share >= 0.5 && self.mean_ns > 0.0
+        let t = took.as_nanos() as f64;
+        self.mean_ns = if self.mean_ns == 0.0 {
+            t
         } else {
-            self.mean_ns <= max
+            0.8 * self.mean_ns + 0.2 * t
         };
-        self.budget = if spin {
+        let max = self.max_spin.as_nanos() as f64;
+        self.budget = if self.mean_ns <= max {
             Duration::from_nanos((self.mean_ns * 1.5).min(max) as u64).max(self.min_spin)
         } else {
             self.min_spin
@@ -202,50 +161,6 @@ mod tests {
             w.observe(Duration::from_micros(4));
         }
         assert!(w.budget() >= Duration::from_micros(5), "{:?}", w.budget());
-    }
-
-    #[test]
-    fn a_few_long_waits_among_short_ones_keep_a_fallback_budget() {
-        // An oversubscribed host: one wait in four loses the core for a scheduler slice.
-        let mut w = Waiter::for_fallback(Duration::from_micros(2), Duration::from_micros(50));
-        for i in 0..200 {
-            w.observe(if i % 4 == 3 {
-                Duration::from_millis(4)
-            } else {
-                Duration::from_micros(12)
-            });
-            if i >= 4 {
-                let b = w.budget();
-                assert!(
-                    b >= Duration::from_micros(17) && b <= Duration::from_micros(19),
-                    "wait {i}: {b:?}"
-                );
-            }
-        }
-        // Mostly long waits (long kernels, an idle peer): the budget falls.
-        for _ in 0..10 {
-            w.observe(Duration::from_millis(4));
-        }
-        assert_eq!(w.budget(), Duration::from_micros(2));
-        // A sleeping waiter (the rings) gives its core up instead after such a wait.
-        let mut ring = Waiter::new(Duration::from_micros(2), Duration::from_micros(50));
-        for _ in 0..3 {
-            ring.observe(Duration::from_micros(12));
-        }
-        ring.observe(Duration::from_millis(4));
-        assert_eq!(ring.budget(), Duration::from_micros(2));
-    }
-
-    #[test]
-    fn the_policies_bound_the_budget() {
-        let mut spin = Waiter::with_bounds(SPIN_FOREVER, SPIN_FOREVER);
-        let mut block = Waiter::with_bounds(Duration::ZERO, Duration::ZERO);
-        for t in [Duration::from_micros(3), Duration::from_secs(3)] {
-            spin.observe(t);
-            block.observe(t);
-            assert_eq!(spin.budget(), SPIN_FOREVER);
-            assert_eq!(block.budget(), Duration::ZERO);
-        }
     }
 
     #[test]

@@ -13,9 +13,8 @@
 //! * when the word has not come within the spin budget (a long kernel, a faulted context
 //!   whose stream stops): the full call then waits on the server and reports any error.
 //!
-//! The budget follows the waits seen ([`remora_shm::Waiter::for_fallback`]), so long
-//! kernels cost a short spin, not a core, while the few waits of a scheduler slice on a busy
-//! host do not turn every synchronize into a spin and a full call.
+//! The budget follows the waits seen ([`remora_shm::Waiter`]), so long kernels cost a
+//! short spin, not a core.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -58,7 +57,7 @@ impl SignalSync {
             signals,
             free: Mutex::new((0..SIGNAL_SLOTS).rev().collect()),
             seq: AtomicU64::new(0),
-            waiter: Mutex::new(Waiter::for_fallback(MIN_SPIN, MAX_SPIN)),
+            waiter: Mutex::new(Waiter::new(MIN_SPIN, MAX_SPIN)),
             seen: AtomicU64::new(0),
             full: AtomicU64::new(0),
         })
