@@ -140,7 +140,7 @@ impl Ends {
     }
 
     /// The producer's [`Producer::try_push`], `tail` being its count of bytes published.
-    fn push(&self, tail: &mut u32, parts: &[&[u8]], woke: &mut bool) -> Result<bool, RingError> {
+    fn push(&self, tail: &mut u32, parts: &[&[u8]]) -> Result<bool, RingError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let need = padded(len);
         if need > self.capacity as usize || len > MAX_MESSAGE {
@@ -164,7 +164,7 @@ impl Ends {
         *tail = tail.wrapping_add(need as u32);
         let h = self.header();
         // The message bytes are visible before the index that publishes them.
-        *woke = publish(&h.tail.0, *tail, &h.consumer_sleeping.0);
+        publish(&h.tail.0, *tail, &h.consumer_sleeping.0);
         Ok(true)
     }
 
@@ -201,7 +201,7 @@ impl Ends {
         *head = head.wrapping_add(padded(len) as u32);
         let h = self.header();
         // Our copy-out is complete before the producer may reuse the bytes.
-        let _ = publish(&h.head.0, *head, &h.producer_sleeping.0);
+        publish(&h.head.0, *head, &h.producer_sleeping.0);
         Ok(true)
     }
 }
@@ -248,15 +248,12 @@ fn futex_wake(word: &AtomicU32) {
 /// SeqCst fence between publishing and reading `peer_sleeping` pairs with the one in
 /// [`wait_for`]: without it both sides could miss the other, the peer sleeping on an index
 /// that already moved (a lost wake-up).
-/// Whether the peer was asleep (and was woken).
-fn publish(index: &AtomicU32, value: u32, peer_sleeping: &AtomicU32) -> bool {
+fn publish(index: &AtomicU32, value: u32, peer_sleeping: &AtomicU32) {
     index.store(value, Ordering::Release);
     fence(Ordering::SeqCst);
-    let asleep = peer_sleeping.load(Ordering::Relaxed) != 0;
-    if asleep {
+    if peer_sleeping.load(Ordering::Relaxed) != 0 {
         futex_wake(index);
     }
-    asleep
 }
 
 /// The waiting loop of both ends: `attempt()` until it succeeds, spinning then sleeping on the
@@ -319,8 +316,6 @@ pub struct Producer {
     ends: Ends,
     /// Our own count of bytes published; the shared `tail` only mirrors it.
     tail: u32,
-    /// The consumer was asleep when the last message was published (and was woken).
-    woke: bool,
 }
 
 impl Producer {
@@ -332,11 +327,7 @@ impl Producer {
     pub(crate) fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
         let ends = Ends::new(map, off, capacity);
         let tail = ends.header().tail.0.load(Ordering::Acquire);
-        Self {
-            ends,
-            tail,
-            woke: false,
-        }
+        Self { ends, tail }
     }
 
     /// The ring's capacity in bytes.
@@ -346,13 +337,7 @@ impl Producer {
 
     /// Publishes one message made of `parts`, if there is room now; `Ok(false)` when full.
     pub fn try_push(&mut self, parts: &[&[u8]]) -> Result<bool, RingError> {
-        self.ends.push(&mut self.tail, parts, &mut self.woke)
-    }
-
-    /// Whether the consumer was asleep when the last message was published, and had to be
-    /// woken: it needs a core before it can answer.
-    pub fn woke_consumer(&self) -> bool {
-        self.woke
+        self.ends.push(&mut self.tail, parts)
     }
 
     /// Publishes one message, waiting for room (spin, then futex) while `alive()` holds.
@@ -377,7 +362,7 @@ impl Producer {
         deadline: Option<Instant>,
     ) -> Result<bool, RingError> {
         let need = padded(parts.iter().map(|p| p.len()).sum());
-        let (ends, tail, woke) = (&self.ends, &mut self.tail, &mut self.woke);
+        let (ends, tail) = (&self.ends, &mut self.tail);
         let (capacity, seen_tail) = (ends.capacity as usize, *tail);
         let h = ends.header();
         wait_for(
@@ -390,7 +375,7 @@ impl Producer {
                 let used = seen_tail.wrapping_sub(head) as usize;
                 used <= capacity && capacity - used < need
             },
-            || ends.push(tail, parts, woke),
+            || ends.push(tail, parts),
         )
     }
 }

@@ -76,9 +76,6 @@ struct Conn {
     watched: AtomicBool,
     /// Set when [`Conn::alive`] found the peer gone (the watcher stops waking then).
     gone_seen: AtomicBool,
-    /// The last message written had to wake the peer: the next read's wait is told
-    /// ([`Waiter::peer_was_woken`]).
-    woke_peer: AtomicBool,
 }
 
 impl Drop for Conn {
@@ -152,7 +149,6 @@ impl ShmStream {
                 max_chunk,
                 watched: AtomicBool::new(false),
                 gone_seen: AtomicBool::new(false),
-                woke_peer: AtomicBool::new(false),
             }),
         }
     }
@@ -346,9 +342,6 @@ impl Read for &ShmStream {
             if conn.read_closed.load(Ordering::Relaxed) {
                 return Ok(0);
             }
-            if conn.woke_peer.swap(false, Ordering::Relaxed) {
-                rx.waiter.peer_was_woken();
-            }
             match rx
                 .ring
                 .pop_until(&mut rx.msg, &mut rx.waiter, || conn.alive(true), until)
@@ -416,12 +409,7 @@ impl Write for &ShmStream {
             .ring
             .push_until(&parts, &mut tx.waiter, || conn.alive(false), until)
         {
-            Ok(true) => {
-                if tx.ring.woke_consumer() {
-                    conn.woke_peer.store(true, Ordering::Relaxed);
-                }
-                Ok(total)
-            }
+            Ok(true) => Ok(total),
             Ok(false) => Err(timed_out("write")),
             Err(e) => Err(ring_error(e)),
         }

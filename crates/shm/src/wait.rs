@@ -19,39 +19,13 @@ pub enum WaitOutcome {
 /// times the usual wait catches most of them without a sleep and a wake-up (which cost
 /// microseconds each); when they take longer, spinning is wasted CPU and the budget falls to
 /// `min_spin`. An idle side therefore costs a futex sleep, not a spinning core.
-///
-/// **On an oversubscribed host** (more runnable threads than cores) spinning right after
-/// waking a sleeping peer is the worst choice: the peer, woken onto a busy host, needs a core,
-/// and the one it would take (ours: the kernel places a woken task near its waker) is the one
-/// we spin on, so its answer comes after a scheduler delay, and we sleep anyway. A waiter sees
-/// the host oversubscribed when its own spin loses the core (two looks at the clock more than
-/// [`PREEMPTED`] apart); for the next [`CONTENDED_WAITS`] waits after that, a wait that
-/// follows waking the peer ([`Waiter::peer_was_woken`]) sleeps at once, as
-/// `REMORA_WAIT=block` does: the peer runs on the core we leave. Measured with `remora bench
-/// null` over shm on the 2-core development machine with 4 CPU-burning processes: adaptive
-/// round trips were bimodal before (p50 1-1.5 µs in some runs, 51-61 µs in others, the slow
-/// mode with nearly every wait asleep after a 20 µs spin), and spinning is unchanged on an
-/// idle host, where no spin loses its core.
 #[derive(Debug, Clone)]
 pub struct Waiter {
     budget: Duration,
     mean_ns: f64,
     min_spin: Duration,
     max_spin: Duration,
-    /// `REMORA_WAIT=adaptive` (the default): the oversubscription rule applies.
-    adaptive: bool,
-    /// Waits left for which the host counts as oversubscribed.
-    contended: u32,
-    /// The next wait sleeps at once.
-    sleep_first: bool,
 }
-
-/// A gap between two looks at the clock in a spin that means the spinning thread lost its
-/// core (a spin loop looks every few tens of nanoseconds).
-pub(crate) const PREEMPTED: Duration = Duration::from_micros(20);
-
-/// For how many waits after a spin lost its core the host counts as oversubscribed.
-pub(crate) const CONTENDED_WAITS: u32 = 1024;
 
 /// How every [`Waiter`] of this process waits, from `REMORA_WAIT` (read once): `adaptive`
 /// (the default: the budget follows the waits), `spin` (pure polling: a budget of
@@ -94,14 +68,8 @@ impl Waiter {
     pub fn new(min_spin: Duration, max_spin: Duration) -> Self {
         match WaitPolicy::from_env() {
             WaitPolicy::Adaptive => Self::with_bounds(min_spin, max_spin),
-            WaitPolicy::Spin => Self {
-                adaptive: false,
-                ..Self::with_bounds(SPIN_FOREVER, SPIN_FOREVER)
-            },
-            WaitPolicy::Block => Self {
-                adaptive: false,
-                ..Self::with_bounds(Duration::ZERO, Duration::ZERO)
-            },
+            WaitPolicy::Spin => Self::with_bounds(SPIN_FOREVER, SPIN_FOREVER),
+            WaitPolicy::Block => Self::with_bounds(Duration::ZERO, Duration::ZERO),
         }
     }
 
@@ -113,24 +81,7 @@ impl Waiter {
             mean_ns: 0.0,
             min_spin,
             max_spin,
-            adaptive: true,
-            contended: 0,
-            sleep_first: false,
         }
-    }
-
-    /// Says that the peer this waiter waits on was asleep and has just been woken (its
-    /// request or answer published with a futex wake): while the host counts as
-    /// oversubscribed, the next wait sleeps at once (see [`Waiter`]).
-    pub fn peer_was_woken(&mut self) {
-        if self.adaptive && self.contended > 0 {
-            self.sleep_first = true;
-        }
-    }
-
-    /// Whether the host counts as oversubscribed now (a recent spin lost its core).
-    pub fn contended(&self) -> bool {
-        self.contended > 0
     }
 
     /// The current spin budget.
@@ -148,36 +99,22 @@ impl Waiter {
     ) -> Result<(T, WaitOutcome), E> {
         // Ready at the first look (a busy peer): no clock read, and nothing that says how
         // long waits are.
-        let sleep_first = std::mem::take(&mut self.sleep_first);
         if let Some(v) = poll(false)? {
             return Ok((v, WaitOutcome::Spun));
         }
-        self.contended = self.contended.saturating_sub(1);
         let start = Instant::now();
-        let mut outcome = WaitOutcome::Spun;
-        if sleep_first {
-            outcome = WaitOutcome::Slept;
-        }
         let spin_until = start + self.budget;
-        let mut last = start;
+        let mut outcome = WaitOutcome::Spun;
         loop {
             if outcome == WaitOutcome::Spun {
-                let now = Instant::now();
-                if now.saturating_duration_since(last) > PREEMPTED {
-                    self.contended = CONTENDED_WAITS;
-                }
-                last = now;
-                if now < spin_until {
+                if Instant::now() < spin_until {
                     std::hint::spin_loop();
                 } else {
                     outcome = WaitOutcome::Slept;
                 }
             }
             if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
-                // A wait that slept at once says nothing about how long spinning would take.
-                if !sleep_first {
-                    self.observe(start.elapsed());
-                }
+                self.observe(start.elapsed());
                 return Ok((v, outcome));
             }
         }
@@ -224,68 +161,6 @@ mod tests {
             w.observe(Duration::from_micros(4));
         }
         assert!(w.budget() >= Duration::from_micros(5), "{:?}", w.budget());
-    }
-
-    #[test]
-    fn after_a_lost_core_a_wait_that_follows_waking_the_peer_sleeps_at_once() {
-        let mut w = Waiter::with_bounds(Duration::from_micros(2), Duration::from_micros(50));
-        // An idle host: waking the peer changes nothing; the wait spins.
-        w.peer_was_woken();
-        let mut sleeps = 0;
-        let mut looks = 0;
-        w.wait(|sleep| -> Result<Option<()>, ()> {
-            sleeps += sleep as u32;
-            looks += 1;
-            Ok((looks >= 3).then_some(()))
-        })
-        .unwrap();
-        assert_eq!(sleeps, 0);
-        assert!(!w.contended());
-        // A spin that loses its core (here: a look that takes longer than PREEMPTED).
-        let mut looks = 0;
-        w.wait(|_| -> Result<Option<()>, ()> {
-            looks += 1;
-            if looks == 2 {
-                std::thread::sleep(PREEMPTED * 3);
-            }
-            Ok((looks >= 4).then_some(()))
-        })
-        .unwrap();
-        assert!(w.contended());
-        let budget = w.budget();
-        // Now a wait after waking the peer sleeps at once, and teaches the budget nothing.
-        w.peer_was_woken();
-        let mut first_sleep = None;
-        let mut looks = 0;
-        let (_, how) = w
-            .wait(|sleep| -> Result<Option<()>, ()> {
-                looks += 1;
-                if sleep && first_sleep.is_none() {
-                    first_sleep = Some(looks);
-                }
-                Ok((looks >= 3).then_some(()))
-            })
-            .unwrap();
-        assert_eq!((how, first_sleep), (WaitOutcome::Slept, Some(2)));
-        assert_eq!(w.budget(), budget);
-        // Without a wake-up the next wait spins again.
-        let mut sleeps = 0;
-        let mut looks = 0;
-        w.wait(|sleep| -> Result<Option<()>, ()> {
-            sleeps += sleep as u32;
-            looks += 1;
-            Ok((looks >= 3).then_some(()))
-        })
-        .unwrap();
-        assert_eq!(sleeps, 0);
-        // Spin and block (the policies measured against adaptive) never change.
-        let mut spin = Waiter {
-            adaptive: false,
-            ..Waiter::with_bounds(SPIN_FOREVER, SPIN_FOREVER)
-        };
-        spin.contended = CONTENDED_WAITS;
-        spin.peer_was_woken();
-        assert!(!spin.sleep_first);
     }
 
     #[test]
