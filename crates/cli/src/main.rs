@@ -354,8 +354,9 @@ enum Command {
     ///
     /// The program loads the shim instead of NVIDIA's driver (it is put first on
     /// LD_LIBRARY_PATH) and reaches the server named by --server. With no --server, an embedded
-    /// `remora serve` runs on a private Unix socket for the duration of the command. The exit
-    /// status is the program's.
+    /// `remora serve` runs on a private Unix socket for the duration of the command: when the
+    /// program exits it is stopped, and the command returns once it has stopped serving (its
+    /// session ended, the GPU released). The exit status is the program's.
     #[command(after_long_help = RUN_EXAMPLES)]
     Run {
         /// The server: tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH, which must answer
