@@ -33,6 +33,9 @@ pub struct HostRange {
     pub registered: bool,
     /// Offset of the allocation in the session's shared data area, when it lies there.
     pub area_offset: Option<u64>,
+    /// An allocation in the data area that the server has page-locked and mapped for the
+    /// GPU (`RM_AREA_MAP`, revision 18).
+    pub area_mapped: bool,
     /// How the remote GPU sees it, on a session where it lies outside a shared data area.
     pub view: DeviceView,
     mapped: u64,
@@ -80,6 +83,7 @@ impl HostRange {
             ctx,
             registered: false,
             area_offset: None,
+            area_mapped: false,
             view: DeviceView::Private,
             mapped: 0,
         }
@@ -148,6 +152,13 @@ impl HostMem {
             .next_back()
             .map(|(_, e)| e.range)
             .filter(|r| r.contains(ptr))
+    }
+
+    /// Records that the allocation at `base` in the data area is mapped for the GPU.
+    pub(crate) fn set_area_mapped(&self, base: u64) {
+        if let Some(e) = self.lock().get_mut(&base) {
+            e.range.area_mapped = true;
+        }
     }
 
     /// The offset in the data area of `len` bytes at `ptr`, when they lie entirely inside

@@ -148,6 +148,24 @@ fn hostile_offsets_are_refused() {
     let RmHandleReply::Case0(ctx) = c.rm_primary_ctx_retain(&0).unwrap() else {
         panic!("no context")
     };
+    // RM_AREA_MAP (revision 18): an empty range, or one outside the area, is refused.
+    let invalid = remora_client::cu::INVALID_VALUE;
+    for (offset, size) in [(0, 0), (AREA, 4096), (u64::MAX - 10, 100)] {
+        let r = c.rm_area_map(&RmAreaMapArgs { ctx, offset, size }).unwrap();
+        assert!(
+            matches!(r, RmU64Reply::Default { discriminant } if discriminant == invalid),
+            "RM_AREA_MAP {offset:#x}+{size}: {r:?}"
+        );
+    }
+    assert!(matches!(
+        c.rm_area_map(&RmAreaMapArgs {
+            ctx,
+            offset: 0,
+            size: 4096
+        })
+        .unwrap(),
+        RmU64Reply::Case0(_)
+    ));
     let RmU64Reply::Case0(dev) = c
         .rm_mem_alloc(&RmAllocArgs {
             ctx,

@@ -394,3 +394,28 @@ fn area_memory_is_mapped_for_the_device_and_other_memory_is_refused() {
     );
     u.mem_free_host(h).unwrap();
 }
+
+/// Revision 18: `cuMemHostAlloc` in the data area has the server page-lock and map the
+/// allocation at once (`RM_AREA_MAP`), as the driver does natively, so that a kernel may use
+/// its host pointer with no query first (area_copies.rs tests the procedure's refusals).
+#[test]
+fn allocations_in_the_area_are_mapped_when_made() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let server = serve(4 * AREA);
+    let s = session(&server.endpoint, TransportChoice::Shm);
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let a = s.mem_host_alloc(ctx, N as u64, 0).unwrap();
+    let r = s.host_memory().find(a).unwrap();
+    assert!(r.area_offset.is_some(), "in the data area");
+    assert!(r.area_mapped, "mapped when allocated");
+    // Memory the session holds in the area without cuMemHostAlloc is mapped on its first
+    // query, and one linear mapping serves both.
+    let b = s.host_memory().alloc(N as u64, 0, ctx).unwrap();
+    assert!(!s.host_memory().find(b).unwrap().area_mapped);
+    let da = s.mem_host_device_pointer(ctx, a).unwrap();
+    let db = s.mem_host_device_pointer(ctx, b).unwrap();
+    assert!(s.host_memory().find(b).unwrap().area_mapped);
+    assert_eq!(db.wrapping_sub(da), b - a);
+    s.mem_free_host(a).unwrap();
+    s.mem_free_host(b).unwrap();
+}

@@ -5,6 +5,9 @@ use super::*;
 use crate::host::DeviceView;
 use crate::vaspace::ReserveError;
 
+/// Revision that brought `RM_AREA_MAP` (allocations in the data area mapped one by one).
+pub(super) const AREA_MAP_REVISION: u32 = 18;
+
 /// What a range [`Session::alloc_reserved`] reserves stands for.
 pub(super) enum Reserved<'a> {
     /// A device allocation of context `ctx` (freed with `cuMemFree`, gone with its context).
@@ -175,6 +178,19 @@ impl Session {
     pub fn mem_host_alloc(&self, ctx: RmHandle, size: u64, flags: u32) -> CuResult<u64> {
         const DEVICEMAP: u32 = 0x2;
         if let Some(p) = self.host.alloc_in_area(size, flags, ctx)? {
+            // Revision 18: page-locked and mapped now, as the driver does natively, so that
+            // a kernel can use it through its host pointer (unified addressing) with no
+            // query first. If that fails the memory still serves copies; a device-pointer
+            // query then asks again and reports the failure.
+            if self.welcome.revision >= AREA_MAP_REVISION
+                && ctx != 0
+                && let Some(r) = self.host.find(p)
+                && let Err(e) = self.map_area_alloc(&r, ctx)
+            {
+                tracing::debug!(
+                    "remora: cuMemHostAlloc: {size} bytes at {p:#x} in the shared data area could not be mapped for the GPU now ({e})"
+                );
+            }
             return Ok(p);
         }
         if flags & DEVICEMAP != 0 {
@@ -232,6 +248,21 @@ impl Session {
         };
         let area = self.area.as_ref().ok_or(CuError(cu::INVALID_VALUE))?;
         let offset = base_off + (ptr - r.base);
+        if self.welcome.revision >= AREA_MAP_REVISION {
+            // Each allocation is mapped on its own (at allocation, or now), never the whole
+            // area: the answer's distance from the offset is the same for all of them.
+            if !r.area_mapped {
+                self.map_area_alloc(&r, ctx).inspect_err(|e| {
+                    tracing::warn!(
+                        "remora: host memory at {ptr:#x} lies in the session's shared data area, which the server could not page-lock and map for the GPU there ({e}; past its --shm-lock-max, or cuMemHostRegister failed); cuMemHostGetDevicePointer fails"
+                    );
+                })?;
+            }
+            if let Some(delta) = *lock(&self.area_device_delta) {
+                return Ok(offset.wrapping_add(delta));
+            }
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
         if let Some(delta) = *lock(&self.area_device_delta) {
             return Ok(offset.wrapping_add(delta));
         }
@@ -252,6 +283,33 @@ impl Session {
         }
         *lock(&self.area_device_delta) = Some(dev.wrapping_sub(offset));
         Ok(dev)
+    }
+
+    /// `RM_AREA_MAP` of the allocation `r` in the data area, in `ctx`: the server page-locks
+    /// and maps it; the distance of the answer from its offset is kept for every later
+    /// pointer into the area.
+    fn map_area_alloc(&self, r: &HostRange, ctx: RmHandle) -> CuResult<()> {
+        let offset = r.area_offset.ok_or(CuError(cu::INVALID_VALUE))?;
+        let dev = Reply::value(call!(self.rm_area_map(&RmAreaMapArgs {
+            ctx,
+            offset,
+            size: r.size.max(1),
+        }))?)?;
+        self.host.set_area_mapped(r.base);
+        let mut delta = lock(&self.area_device_delta);
+        if delta.is_none() {
+            if self
+                .area
+                .as_ref()
+                .is_some_and(|a| !a.same_address_as_peer())
+            {
+                tracing::warn!(
+                    "remora: the shared data area lies at another address in the server than in this process, so a host pointer handed to a kernel directly (unified addressing) does not reach it; pass the pointer cuMemHostGetDevicePointer gives"
+                );
+            }
+            *delta = Some(dev.wrapping_sub(offset));
+        }
+        Ok(())
     }
 
     /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER` of host memory: as

@@ -583,6 +583,17 @@ impl Backend for EmulatedBackend {
         Ok(area.base() as u64 + offset)
     }
 
+    fn area_map(
+        &self,
+        ctx: u64,
+        area: &remora_oncrpc::DataArea,
+        offset: u64,
+        _size: u64,
+    ) -> CuResult<u64> {
+        self.lock().ctx(ctx)?;
+        Ok(area.base() as u64 + offset)
+    }
+
     fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult {
         let mut st = self.lock();
         st.stream(ctx, stream)?;

@@ -414,6 +414,10 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     /// inside it), in `ctx`: mapped host memory. The CUDA backend page-locks the area with
     /// `CU_MEMHOSTREGISTER_DEVICEMAP` first if it has not yet.
     fn area_device_pointer(&self, ctx: u64, area: &DataArea, offset: u64) -> CuResult<u64>;
+    /// `RM_AREA_MAP`: page-locks and maps `offset..offset + size` of the session's data area
+    /// for the GPU in `ctx` (checked to lie inside it) and answers the device address of the
+    /// byte at `offset`.
+    fn area_map(&self, ctx: u64, area: &DataArea, offset: u64, size: u64) -> CuResult<u64>;
     /// `cuMemcpyDtoHAsync` into a staging buffer.
     fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult;
     /// `cuMemcpyDtoD` (`stream` `None`) or `cuMemcpyDtoDAsync`.

@@ -151,6 +151,23 @@ impl Executor {
         Ok(u64_reply("RM_MEM_HOST_DEVICE_POINTER", r))
     }
 
+    pub(super) fn area_map(&self, call: &CallContext, a: RmAreaMapArgs) -> ProcResult<RmU64Reply> {
+        let area = call
+            .data_area()
+            .ok_or(CuError(cu::NOT_SUPPORTED))
+            .and_then(|area| {
+                if a.size == 0 || area.check(a.offset, a.size).is_err() {
+                    Err(CuError(cu::INVALID_VALUE))
+                } else {
+                    Ok(area.clone())
+                }
+            });
+        let r = self.in_ctx(&self.session(call), a.ctx, |b, c| {
+            b.area_map(c, &area?, a.offset, a.size)
+        });
+        Ok(u64_reply("RM_AREA_MAP", r))
+    }
+
     pub(super) fn area_memcpy_htod(
         &self,
         call: &CallContext,

@@ -92,6 +92,7 @@ impl RemoraV1Server for Executor {
         rm_area_memcpy_htod_async(RmAreaCopyArgs) -> () => area_memcpy_htod_async;
         rm_area_memcpy_dtoh_async(RmAreaCopyArgs) -> () => area_memcpy_dtoh_async;
         rm_mem_host_device_pointer(RmAreaPtrArgs) -> RmU64Reply => mem_host_device_pointer;
+        rm_area_map(RmAreaMapArgs) -> RmU64Reply => area_map;
     }
 
     answer! {

@@ -237,6 +237,25 @@ impl CudaBackend {
         if self.chunked { AREA_CHUNK } else { len.max(1) }
     }
 
+    /// The device address of the data-area byte at `offset`, whose chunk is registered.
+    fn area_pointer(&self, ctx: u64, area: &DataArea, offset: u64) -> CuResult<u64> {
+        let d = self.in_ctx(ctx)?;
+        let mut dev = 0u64;
+        let p = area.base().wrapping_add(offset as usize);
+        // SAFETY: `p` lies inside the data area (checked by the executor), registered with
+        // PORTABLE | DEVICEMAP where it lies and mapped; `dev` is a local output.
+        call!(d.t, mem_host_get_device_pointer(&mut dev, p.cast(), 0))?;
+        if self.chunked && dev != p as u64 {
+            // Chunks registered apart are contiguous for the GPU only at their host
+            // addresses; the device attribute promised that.
+            tracing::warn!(
+                "the driver mapped the session's data area away from its host address although the device reports CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM; answering CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
+        Ok(dev)
+    }
+
     /// The driver, with `ctx` current, when `offset..offset + len` of `area` is page-locked
     /// for copies in `ctx`. The first copy of a session that [`Backend::area_attach`]
     /// announced fixes the context (registration needs a current one); each copy registers
@@ -880,29 +899,29 @@ impl Backend for CudaBackend {
     }
 
     fn area_device_pointer(&self, ctx: u64, area: &DataArea, offset: u64) -> CuResult<u64> {
-        // A kernel may reach any byte of the area through the pointer: all of it is
-        // page-locked first (once).
-        if self.area_dma(ctx, area, 0, area.len()).is_none() {
-            tracing::warn!(
-                "the session's shared data area is not page-locked (past --shm-lock-max, or cuMemHostRegister failed), so it cannot be mapped for the GPU; answering CUDA_ERROR_NOT_SUPPORTED"
+        // A kernel may reach any byte of the area through the pointer (a client older than
+        // revision 18 does not map its allocations one by one): all of it is page-locked
+        // first (once).
+        self.area_map(ctx, area, 0, area.len() as u64)
+            .inspect_err(|_| {
+                tracing::warn!(
+                    "the session's shared data area is not page-locked (past --shm-lock-max, or cuMemHostRegister failed), so it cannot be mapped for the GPU; answering CUDA_ERROR_NOT_SUPPORTED"
+                );
+            })?;
+        self.area_pointer(ctx, area, offset)
+    }
+
+    fn area_map(&self, ctx: u64, area: &DataArea, offset: u64, size: u64) -> CuResult<u64> {
+        let len = usize::try_from(size).map_err(|_| CuError(cu::INVALID_VALUE))?;
+        if self.area_dma(ctx, area, offset, len).is_none() {
+            tracing::debug!(
+                offset,
+                size,
+                "part of the session's shared data area cannot be page-locked for the GPU (past --shm-lock-max, cuMemHostRegister failed, or another context registered the area); answering CUDA_ERROR_NOT_SUPPORTED"
             );
             return Err(CuError(cu::NOT_SUPPORTED));
         }
-        let d = self.in_ctx(ctx)?;
-        let mut dev = 0u64;
-        let p = area.base().wrapping_add(offset as usize);
-        // SAFETY: `p` lies inside the data area (checked by the executor), which is registered
-        // with PORTABLE | DEVICEMAP and mapped; `dev` is a local output.
-        call!(d.t, mem_host_get_device_pointer(&mut dev, p.cast(), 0))?;
-        if self.chunked && dev != p as u64 {
-            // Chunks registered apart are contiguous for the GPU only at their host
-            // addresses; the device attribute promised that.
-            tracing::warn!(
-                "the driver mapped the session's data area away from its host address although the device reports CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM; answering CUDA_ERROR_NOT_SUPPORTED"
-            );
-            return Err(CuError(cu::NOT_SUPPORTED));
-        }
-        Ok(dev)
+        self.area_pointer(ctx, area, offset)
     }
 
     fn area_detach(&self, area: &DataArea) {
