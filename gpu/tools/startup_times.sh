@@ -60,6 +60,9 @@ echo "== one debug-logged run per mode (server and client logs with timestamps)"
 for m in embedded-shm embedded-tcp; do
   cmd "$m"
   REMORA_LOG=debug "${run[@]}" "$b/vecadd" cubin > /dev/null 2> "$out/log-$m.txt"
+  # The start-up and end-of-run steps (driver probes, context, the program's exit, the
+  # session freed, the server's shutdown and stop), with their timestamps.
+  echo "-- $m"; grep -h "remora::startup" "$out/log-$m.txt" | sed 's/ DEBUG remora::startup://'
 done
 kill "$ppid_" "$tpid"; wait
 cp "$work"/p.err "$out/serve-process.err"; cp "$work"/t.err "$out/serve-thread.err"
