@@ -433,7 +433,9 @@ entry_points! {
     /// (zero-copy: 1-D copies from and to it pass only its offset), else page-aligned memory
     /// at an address reserved on the device too, whose copies go through the transport.
     /// PORTABLE and WRITECOMBINED are accepted. Every allocation is mapped for the GPU, as
-    /// with unified addressing: the data area by the server; other memory through a device
+    /// with unified addressing: in the data area by the server when it is made (revision 18,
+    /// `RM_AREA_MAP`; an older server maps the whole area on the first device-pointer query),
+    /// so a kernel may use its host pointer directly; other memory through a device
     /// copy kept coherent at launches and synchronizations, made at once with DEVICEMAP and
     /// otherwise when `cuMemHostGetDevicePointer` is asked or a kernel parameter points into
     /// it (see `Session::mem_host_alloc`).
