@@ -246,22 +246,21 @@ impl Session {
                 }
             };
         };
-        let area = self.area.as_ref().ok_or(CuError(cu::INVALID_VALUE))?;
+        self.area.as_ref().ok_or(CuError(cu::INVALID_VALUE))?;
         let offset = base_off + (ptr - r.base);
         if self.welcome.revision >= AREA_MAP_REVISION {
             // Each allocation is mapped on its own (at allocation, or now), never the whole
             // area: the answer's distance from the offset is the same for all of them.
-            if !r.area_mapped {
-                self.map_area_alloc(&r, ctx).inspect_err(|e| {
+            let known = *lock(&self.area_device_delta);
+            let delta = match known {
+                Some(delta) if r.area_mapped => delta,
+                _ => self.map_area_alloc(&r, ctx).inspect_err(|e| {
                     tracing::warn!(
                         "remora: host memory at {ptr:#x} lies in the session's shared data area, which the server could not page-lock and map for the GPU there ({e}; past its --shm-lock-max, or cuMemHostRegister failed); cuMemHostGetDevicePointer fails"
                     );
-                })?;
-            }
-            if let Some(delta) = *lock(&self.area_device_delta) {
-                return Ok(offset.wrapping_add(delta));
-            }
-            return Err(CuError(cu::NOT_SUPPORTED));
+                })?,
+            };
+            return Ok(offset.wrapping_add(delta));
         }
         if let Some(delta) = *lock(&self.area_device_delta) {
             return Ok(offset.wrapping_add(delta));
@@ -276,28 +275,15 @@ impl Session {
         let dev = Reply::value(call!(
             self.rm_mem_host_device_pointer(&RmAreaPtrArgs { ctx, offset })
         )?)?;
-        if !area.same_address_as_peer() {
-            tracing::warn!(
-                "remora: the shared data area lies at another address in the server than in this process, so a host pointer handed to a kernel directly (unified addressing) does not reach it; pass the pointer cuMemHostGetDevicePointer gives"
-            );
-        }
-        *lock(&self.area_device_delta) = Some(dev.wrapping_sub(offset));
+        self.keep_area_delta(dev, offset);
         Ok(dev)
     }
 
-    /// `RM_AREA_MAP` of the allocation `r` in the data area, in `ctx`: the server page-locks
-    /// and maps it; the distance of the answer from its offset is kept for every later
-    /// pointer into the area.
-    fn map_area_alloc(&self, r: &HostRange, ctx: RmHandle) -> CuResult<()> {
-        let offset = r.area_offset.ok_or(CuError(cu::INVALID_VALUE))?;
-        let dev = Reply::value(call!(self.rm_area_map(&RmAreaMapArgs {
-            ctx,
-            offset,
-            size: r.size.max(1),
-        }))?)?;
-        self.host.set_area_mapped(r.base);
+    /// Keeps the distance of the device address `dev` of area byte `offset` from it, the
+    /// same for every byte of the area (once: the first answer's); returns the distance kept.
+    fn keep_area_delta(&self, dev: u64, offset: u64) -> u64 {
         let mut delta = lock(&self.area_device_delta);
-        if delta.is_none() {
+        *delta.get_or_insert_with(|| {
             if self
                 .area
                 .as_ref()
@@ -307,9 +293,22 @@ impl Session {
                     "remora: the shared data area lies at another address in the server than in this process, so a host pointer handed to a kernel directly (unified addressing) does not reach it; pass the pointer cuMemHostGetDevicePointer gives"
                 );
             }
-            *delta = Some(dev.wrapping_sub(offset));
-        }
-        Ok(())
+            dev.wrapping_sub(offset)
+        })
+    }
+
+    /// `RM_AREA_MAP` of the allocation `r` in the data area, in `ctx`: the server page-locks
+    /// and maps it; returns the distance of device addresses from area offsets
+    /// ([`Session::keep_area_delta`]).
+    fn map_area_alloc(&self, r: &HostRange, ctx: RmHandle) -> CuResult<u64> {
+        let offset = r.area_offset.ok_or(CuError(cu::INVALID_VALUE))?;
+        let dev = Reply::value(call!(self.rm_area_map(&RmAreaMapArgs {
+            ctx,
+            offset,
+            size: r.size.max(1),
+        }))?)?;
+        self.host.set_area_mapped(r.base);
+        Ok(self.keep_area_delta(dev, offset))
     }
 
     /// `CU_POINTER_ATTRIBUTE_DEVICE_POINTER` of host memory: as

@@ -579,8 +579,7 @@ impl Backend for EmulatedBackend {
         area: &remora_oncrpc::DataArea,
         offset: u64,
     ) -> CuResult<u64> {
-        self.lock().ctx(ctx)?;
-        Ok(area.base() as u64 + offset)
+        self.area_map(ctx, area, offset, 1)
     }
 
     fn area_map(
