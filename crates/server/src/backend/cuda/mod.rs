@@ -289,11 +289,14 @@ impl CudaBackend {
         if last >= area.len() {
             return None;
         }
-        let open: Vec<usize> = (offset / chunk..=last / chunk)
-            .filter(|&i| chunks.get(i) == Some(&Chunk::Open))
-            .collect();
-        if open.len() >= PREFAULT_MIN_CHUNKS {
-            prefault(area, chunk, &open);
+        // Copies are split at chunk boundaries: only a mapping spans many chunks.
+        if last / chunk - offset / chunk >= PREFAULT_MIN_CHUNKS {
+            let open: Vec<usize> = (offset / chunk..=last / chunk)
+                .filter(|&i| chunks.get(i) == Some(&Chunk::Open))
+                .collect();
+            if open.len() >= PREFAULT_MIN_CHUNKS {
+                prefault(area, chunk, &open);
+            }
         }
         for i in offset / chunk..=last / chunk {
             match chunks.get(i).copied()? {
@@ -902,12 +905,12 @@ impl Backend for CudaBackend {
         // A kernel may reach any byte of the area through the pointer (a client older than
         // revision 18 does not map its allocations one by one): all of it is page-locked
         // first (once).
-        self.area_map(ctx, area, 0, area.len() as u64)
-            .inspect_err(|_| {
-                tracing::warn!(
-                    "the session's shared data area is not page-locked (past --shm-lock-max, or cuMemHostRegister failed), so it cannot be mapped for the GPU; answering CUDA_ERROR_NOT_SUPPORTED"
-                );
-            })?;
+        if self.area_dma(ctx, area, 0, area.len()).is_none() {
+            tracing::warn!(
+                "the session's shared data area is not page-locked (past --shm-lock-max, or cuMemHostRegister failed), so it cannot be mapped for the GPU; answering CUDA_ERROR_NOT_SUPPORTED"
+            );
+            return Err(CuError(cu::NOT_SUPPORTED));
+        }
         self.area_pointer(ctx, area, offset)
     }
 
