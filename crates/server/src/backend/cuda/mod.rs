@@ -290,7 +290,7 @@ impl CudaBackend {
             return None;
         }
         // Copies are split at chunk boundaries: only a mapping spans many chunks.
-        if last / chunk - offset / chunk >= PREFAULT_MIN_CHUNKS {
+        if last / chunk - offset / chunk + 1 >= PREFAULT_MIN_CHUNKS {
             let open: Vec<usize> = (offset / chunk..=last / chunk)
                 .filter(|&i| chunks.get(i) == Some(&Chunk::Open))
                 .collect();
