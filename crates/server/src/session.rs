@@ -31,9 +31,10 @@ pub(crate) const MAX_WAITERS: usize = 32;
 /// replies held asynchronous device-to-host copies near 0.3 GB/s over TCP).
 pub(crate) const REPLY_COPY_BUDGET: usize = 32 << 20;
 
-/// Delivered copy data of at least this many bytes goes into buffers [`PendingCopies`] keeps
-/// for reuse once their reply is written ([`remora_oncrpc::recycle`]).
-const DELIVERY_RECYCLE_MIN: usize = 256 << 10;
+/// Delivered copy data of at least this many bytes is sent from the copy's staging buffer
+/// ([`crate::backend::staged_bytes`]) instead of a copy of it: one pass over the bytes less,
+/// and the staging buffer is kept until the reply is written.
+const DELIVERY_SHARE_MIN: usize = 64 << 10;
 
 /// Default of the bound on the bytes one session may hold staged on the server in
 /// asynchronous device-to-host copies not yet delivered (`PendingCopies`): a quarter of
@@ -188,7 +189,7 @@ pub(crate) struct PendingCopy {
     pub(crate) ctx: u64,
     /// Session stream handle ([`RM_STREAM_LEGACY`] for the legacy stream).
     pub(crate) stream: u64,
-    pub(crate) copy: Box<dyn StagedCopy>,
+    pub(crate) copy: std::sync::Arc<dyn StagedCopy>,
     /// Where the bytes go instead of the reply: the session's data area at this offset
     /// (`RM_AREA_MEMCPY_DTOH_ASYNC`, bounds checked when the copy was issued).
     pub(crate) area: Option<AreaTarget>,
@@ -206,11 +207,7 @@ impl PendingCopy {
     /// Takes the copy for delivery, once: its reply entry (bytes, or, for a copy into the data
     /// area, the bytes written there and an empty entry). `None` when it was taken already.
     /// Calls no driver function (the copy has completed; host functions deliver this way).
-    pub(crate) fn deliver(
-        &self,
-        status: &mut i32,
-        buffers: &Mutex<remora_oncrpc::recycle::Recycler>,
-    ) -> Option<RmCopyData> {
+    pub(crate) fn deliver(&self, status: &mut i32) -> Option<RmCopyData> {
         if self.taken.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return None;
         }
@@ -226,18 +223,10 @@ impl PendingCopy {
             }
             None => {
                 let src = self.copy.data();
-                let data = if src.len() >= DELIVERY_RECYCLE_MIN {
-                    let mut buf = buffers
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .take(src.len());
-                    buf.copy_from_slice(src);
-                    let buf = buf.freeze();
-                    buffers
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .keep(&buf);
-                    buf
+                // A large copy's reply is sent from its staging buffer, which goes back to the
+                // backend once sent; a small one is copied and its buffer let go at once.
+                let data = if src.len() >= DELIVERY_SHARE_MIN {
+                    crate::backend::staged_bytes(std::sync::Arc::clone(&self.copy))
                 } else {
                     Bytes::copy_from_slice(src)
                 };
@@ -287,9 +276,6 @@ pub(crate) struct PendingCopies {
     list: Mutex<Vec<Arc<PendingCopy>>>,
     /// Copies host functions delivered, for the next reply (or `RM_COPIES_READY`).
     ready: Mutex<Vec<RmCopyData>>,
-    /// Buffers of delivered copy data, reused once their reply is written: a reply's worth
-    /// of chunks in flight, and the next reply's.
-    buffers: Mutex<remora_oncrpc::recycle::Recycler>,
     /// The bound on `staged`.
     max_bytes: u64,
     /// Bytes counted now: the charges of the copies in `list` and the bytes in `ready`.
@@ -317,10 +303,6 @@ impl PendingCopies {
         Self {
             list: Mutex::default(),
             ready: Mutex::default(),
-            buffers: Mutex::new(remora_oncrpc::recycle::Recycler::new(
-                8,
-                2 * REPLY_COPY_BUDGET + (8 << 20),
-            )),
             max_bytes,
             staged: Default::default(),
             overflowed: Default::default(),
@@ -489,7 +471,7 @@ impl PendingCopies {
         let mut status = cu::SUCCESS;
         let out: Vec<RmCopyData> = copies
             .iter()
-            .filter_map(|p| p.deliver(&mut status, &self.buffers))
+            .filter_map(|p| p.deliver(&mut status))
             .collect();
         if !out.is_empty() {
             let bytes: u64 = out.iter().map(|c| c.data.len() as u64).sum();
@@ -609,7 +591,7 @@ impl PendingCopies {
             {
                 continue;
             }
-            if let Some(c) = p.deliver(status, &self.buffers) {
+            if let Some(c) = p.deliver(status) {
                 carried += c.data.len();
                 out.push(c);
             }
@@ -1494,7 +1476,7 @@ mod pending_copy_tests {
             copy_id,
             ctx: 1,
             stream: 0,
-            copy: Box::new(crate::backend::NoBytes),
+            copy: std::sync::Arc::new(crate::backend::NoBytes),
             area: None,
             taken: Default::default(),
         }

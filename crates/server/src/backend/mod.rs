@@ -308,6 +308,20 @@ pub trait StagedCopy: Send + Sync {
 /// An asynchronous device-to-host copy into a staging buffer, once issued.
 pub type StagedResult = CuResult<Box<dyn StagedCopy>>;
 
+/// The bytes of a completed staged copy, shared rather than copied: a reply sends them from
+/// the staging buffer, which its backend gets back (the CUDA backend: to its pool) once every
+/// holder has let go of them.
+pub(crate) fn staged_bytes(copy: std::sync::Arc<dyn StagedCopy>) -> remora_xdr::Bytes {
+    /// A completed staged copy as a `Bytes` owner.
+    struct Completed(std::sync::Arc<dyn StagedCopy>);
+    impl AsRef<[u8]> for Completed {
+        fn as_ref(&self) -> &[u8] {
+            self.0.data()
+        }
+    }
+    remora_xdr::Bytes::from_owner(Completed(copy))
+}
+
 /// A copy that carries no bytes and is complete: an empty copy, or one that could not be
 /// issued (delivered empty, so that the client waits for nothing; its error is deferred).
 pub(crate) struct NoBytes;
@@ -382,6 +396,18 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     fn memcpy_htod(&self, ctx: u64, stream: Option<u64>, dst: u64, data: &[u8]) -> CuResult<()>;
     /// `cuMemcpyDtoH` (blocks).
     fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()>;
+    /// `cuMemcpyDtoH` of `size` bytes into memory the backend keeps, answered as bytes a reply
+    /// sends without copying them (the CUDA backend: a pinned staging buffer, which goes back
+    /// to its pool once the reply lets go of it). `None` when the backend has no such memory
+    /// for this copy: the caller copies into its own buffer with [`Backend::memcpy_dtoh`].
+    fn memcpy_dtoh_owned(
+        &self,
+        _ctx: u64,
+        _src: u64,
+        _size: usize,
+    ) -> Option<CuResult<remora_xdr::Bytes>> {
+        None
+    }
     /// `cuMemcpyHtoD[Async]` from `copy.span` of a session's shared data area. The client may
     /// write those bytes at any time; a synchronous or plain asynchronous copy no longer reads
     /// them when this returns (the client may reuse the space). The source of
@@ -621,5 +647,53 @@ impl AreaSpan<'_> {
         self.area
             .write(self.offset, bytes)
             .map_err(|_| CuError(cu::INVALID_VALUE))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A completed staged copy that records when its backend got it back.
+    struct Staged(Vec<u8>, Arc<AtomicBool>);
+    impl StagedCopy for Staged {
+        fn query(&self) -> CuResult<bool> {
+            Ok(true)
+        }
+        fn wait(&self) -> CuResult<()> {
+            Ok(())
+        }
+        fn data(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    impl Drop for Staged {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A reply's bytes are the staging buffer itself, and the buffer goes back only when the
+    /// last holder (the pending copy, then the reply) lets go of it.
+    #[test]
+    fn staged_bytes_share_the_staging_buffer_until_the_last_holder_lets_go() {
+        let released = Arc::new(AtomicBool::new(false));
+        let copy: Arc<dyn StagedCopy> = Arc::new(Staged(
+            (0..=255u8).cycle().take(1 << 20).collect(),
+            released.clone(),
+        ));
+        let bytes = staged_bytes(Arc::clone(&copy));
+        assert_eq!(bytes.as_ptr(), copy.data().as_ptr(), "shared, not copied");
+        assert_eq!(bytes.len(), 1 << 20);
+        let sent = bytes.slice(4096..8192);
+        drop(copy);
+        drop(bytes);
+        assert!(!released.load(Ordering::SeqCst), "a slice still holds it");
+        assert_eq!(sent[0], 0);
+        assert_eq!(sent[255], 255);
+        drop(sent);
+        assert!(released.load(Ordering::SeqCst));
     }
 }

@@ -2,6 +2,7 @@
 //! 3-D copies, and copies through the shared data area.
 
 use super::*;
+use crate::backend::staged_bytes;
 use remora_proto::cuda::{CuError, CuResult, cu};
 
 /// Synchronous host-to-device copies at least this large run on a waiter thread
@@ -53,9 +54,20 @@ impl Executor {
                     })
             };
             let r = raw.and_then(|c| {
-                bulk_read(inner, session, a.size, |buf| {
-                    inner.backend.memcpy_dtoh(c, buf, a.src)
-                })
+                // Into the backend's pinned memory, which the reply is sent from; else into a
+                // reused buffer of the session.
+                let timed = inner.profiling().then(std::time::Instant::now);
+                match inner.backend.memcpy_dtoh_owned(c, a.src, a.size as usize) {
+                    Some(r) => {
+                        if let (Some(t), Ok(b)) = (timed, &r) {
+                            session.count_bulk_copy(b.len(), t.elapsed());
+                        }
+                        r
+                    }
+                    None => bulk_read(inner, session, a.size, |buf| {
+                        inner.backend.memcpy_dtoh(c, buf, a.src)
+                    }),
+                }
             });
             // A synchronous copy waits for the context's legacy stream: the async copies
             // queued there before it are complete too.
@@ -66,8 +78,8 @@ impl Executor {
 
     /// RM_MEMCPY_DTOH_STREAM (revision 17): a device-to-host copy in `a.stream`'s order,
     /// answered with its bytes once it has completed, as the driver runs a copy into pageable
-    /// memory. On a waiter thread: staged in pinned memory, waited for, then copied into a
-    /// reused buffer for the reply.
+    /// memory. On a waiter thread: staged in pinned memory and waited for; the reply is sent
+    /// from the staging buffer ([`staged_bytes`]).
     pub(super) fn memcpy_dtoh_stream(
         &self,
         call: &CallContext,
@@ -79,12 +91,15 @@ impl Executor {
                     return Err(CuError(cu::INVALID_VALUE));
                 }
                 let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.src, a.size)?;
-                bulk_read(inner, session, a.size, |buf| {
-                    let staged = inner.backend.memcpy_dtoh_async(c, s, a.src, buf.len())?;
-                    staged.wait()?;
-                    buf.copy_from_slice(staged.data());
-                    Ok(())
-                })
+                let timed = inner.profiling().then(std::time::Instant::now);
+                let staged = inner
+                    .backend
+                    .memcpy_dtoh_async(c, s, a.src, a.size as usize)?;
+                staged.wait()?;
+                if let Some(t) = timed {
+                    session.count_bulk_copy(staged.data().len(), t.elapsed());
+                }
+                Ok(staged_bytes(staged.into()))
             })();
             // The copy waited for the stream: its earlier asynchronous copies are complete.
             let scope = Scope::Stream(a.ctx, a.stream);
@@ -387,7 +402,7 @@ impl Executor {
                     copy_id: a.copy_id,
                     ctx: a.desc.ctx,
                     stream: stream_handle,
-                    copy,
+                    copy: copy.into(),
                     area: None,
                     taken: Default::default(),
                 });
@@ -430,7 +445,7 @@ fn push_pending(
         copy_id,
         ctx,
         stream,
-        copy,
+        copy: copy.into(),
         area,
         taken: Default::default(),
     });

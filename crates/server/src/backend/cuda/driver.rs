@@ -107,8 +107,6 @@ driver_table! {
     mem_get_allocation_granularity = "cuMemGetAllocationGranularity" / "cuMemGetAllocationGranularity": fn(*mut usize, *const MemAllocationProp, c_int);
     mem_get_allocation_properties_from_handle = "cuMemGetAllocationPropertiesFromHandle" / "cuMemGetAllocationPropertiesFromHandle": fn(*mut MemAllocationProp, u64);
     mem_retain_allocation_handle = "cuMemRetainAllocationHandle" / "cuMemRetainAllocationHandle": fn(*mut u64, Ptr);
-    mem_host_alloc = "cuMemHostAlloc" / "cuMemHostAlloc": fn(*mut Ptr, usize, c_uint);
-    mem_free_host = "cuMemFreeHost" / "cuMemFreeHost": fn(Ptr);
     mem_host_register = "cuMemHostRegister" / "cuMemHostRegister_v2": fn(Ptr, usize, c_uint);
     mem_host_unregister = "cuMemHostUnregister" / "cuMemHostUnregister": fn(Ptr);
     mem_host_get_device_pointer = "cuMemHostGetDevicePointer" / "cuMemHostGetDevicePointer_v2": fn(*mut u64, Ptr, c_uint);

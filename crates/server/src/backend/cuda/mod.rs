@@ -613,7 +613,9 @@ impl Backend for CudaBackend {
             });
         }
         CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
-        staging::forget_ctx(ctx);
+        for (host, class) in staging::forget_ctx(ctx) {
+            staging::free_pinned(d, ctx, host, class);
+        }
         // SAFETY: a context this backend created.
         call!(d.t, ctx_destroy(ptr(ctx)))
     }
@@ -868,6 +870,25 @@ impl Backend for CudaBackend {
                 call!(d.t, memcpy_htod(dst, src, data.len()))
             }
         }
+    }
+
+    fn memcpy_dtoh_owned(
+        &self,
+        ctx: u64,
+        src: u64,
+        size: usize,
+    ) -> Option<CuResult<remora_xdr::Bytes>> {
+        if size < staging::SYNC_STAGING_MIN {
+            return None;
+        }
+        let d = match self.in_ctx(ctx) {
+            Ok(d) => d,
+            Err(e) => return Some(Err(e)),
+        };
+        let lease = self.pinned_lease(ctx, size)?;
+        // SAFETY: the lease holds at least `size` bytes of pinned memory of this copy's alone;
+        // the source range was checked.
+        Some(call!(d.t, memcpy_dtoh(lease.ptr(), src, size)).map(|()| lease.into_bytes()))
     }
 
     fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()> {

@@ -5,8 +5,14 @@
 //! the device) cost far more than a small copy: with a fresh buffer per copy, a graph launch
 //! that copies 8 bytes back to pageable memory took ~1.8 ms on the H100 instead of ~25 µs.
 //! Buffers are therefore pooled per context in power-of-two size classes, up to
-//! [`POOL_MAX_BYTES`] idle bytes; buffers of a destroyed context are forgotten (the driver frees
-//! them with the context).
+//! [`POOL_MAX_BYTES`] idle bytes.
+//!
+//! A buffer is memory this process maps itself and page-locks with `cuMemHostRegister`, not
+//! `cuMemHostAlloc` memory: the driver unpins it when its context is destroyed but never
+//! unmaps it. A device-to-host copy's bytes go out in the reply straight from the buffer
+//! ([`PinnedLease`], a `Bytes` owner), which may still be being sent when another connection
+//! of the session destroys the context; the bytes stay readable until the reply lets go of
+//! them, and only then is the buffer unmapped.
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 use std::collections::HashMap;
@@ -74,18 +80,148 @@ fn pool_put(ctx: u64, host: usize, class: usize, generation: u64) -> bool {
     true
 }
 
-/// Context `ctx` is being destroyed: forgets its idle buffers (the driver frees a context's
-/// page-locked memory with it). Call after bumping [`CTX_GENERATION`], before the destroy.
-pub(super) fn forget_ctx(ctx: u64) {
+/// Context `ctx` is being destroyed: takes its idle buffers out of the pool and answers them
+/// as `(address, size class)`, for [`free_pinned`]. Call after bumping [`CTX_GENERATION`],
+/// before the destroy.
+pub(super) fn forget_ctx(ctx: u64) -> Vec<(usize, usize)> {
+    let mut gone = Vec::new();
     if let Some(p) = pool().as_mut() {
         p.idle.retain(|(c, class), list| {
             if *c == ctx {
                 p.bytes -= *class * list.len();
+                gone.extend(list.iter().map(|&host| (host, *class)));
                 false
             } else {
                 true
             }
         });
+    }
+    gone
+}
+
+/// Maps `class` bytes and page-locks them in the current context (`ctx`, entered by the
+/// caller): a new staging buffer.
+fn map_pinned(driver: &Driver, class: usize) -> CuResult<usize> {
+    // SAFETY: a fresh private anonymous mapping, aliasing nothing.
+    let host = unsafe {
+        rustix::mm::mmap_anonymous(
+            std::ptr::null_mut(),
+            class,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::PRIVATE,
+        )
+    }
+    .map_err(|_| CuError(cu::OUT_OF_MEMORY))?;
+    // SAFETY: `host` is `class` bytes of this process's memory, registered once.
+    if let Err(e) = call!(driver.t, mem_host_register(host, class, 0)) {
+        unmap(host as usize, class);
+        return Err(e);
+    }
+    Ok(host as usize)
+}
+
+/// Unmaps a staging buffer that no copy uses any more and no context has page-locked (its
+/// registration was undone, or its context destroyed).
+fn unmap(host: usize, class: usize) {
+    // SAFETY: `host..host + class` is a mapping `map_pinned` made, unmapped once, by its
+    // last holder.
+    if let Err(e) = unsafe { rustix::mm::munmap(host as *mut std::ffi::c_void, class) } {
+        tracing::warn!(error = %e, "a pinned staging buffer could not be unmapped");
+    }
+}
+
+/// Frees a staging buffer of `ctx` that nothing uses: unpinned in its context (a destroyed
+/// context unpinned it already; the call then fails harmlessly), then unmapped. Not on a
+/// caller's path: `cuMemHostUnregister` may synchronize the device (see [`reap`]).
+pub(super) fn free_pinned(driver: &Driver, ctx: u64, host: usize, class: usize) {
+    if driver.enter(ctx).is_ok() {
+        // SAFETY: a buffer `map_pinned` registered; no copy uses it any more.
+        let _ = call!(driver.t, mem_host_unregister(host as Ptr));
+    }
+    unmap(host, class);
+}
+
+/// A staging buffer of the pool held for one synchronous copy, and then for as long as the
+/// reply that carries its bytes needs them (a `Bytes` owner: [`PinnedLease::into_bytes`]).
+/// Dropped, it goes back to the pool, or is freed off the dropping thread's path.
+pub(super) struct PinnedLease {
+    driver: Arc<Driver>,
+    ctx: u64,
+    host: usize,
+    /// Bytes of the copy (at most `class`).
+    len: usize,
+    /// Bytes mapped at `host` (the size class).
+    class: usize,
+    /// [`CTX_GENERATION`] when the buffer was mapped or taken from the pool.
+    generation: u64,
+}
+
+// SAFETY: the buffer is this lease's alone (taken out of the pool, or new); the driver handle
+// may be used from any thread.
+unsafe impl Send for PinnedLease {}
+
+impl PinnedLease {
+    /// A buffer for `size` bytes of `ctx` (the current context): from the pool, else newly
+    /// mapped and page-locked. `None` when the size is past what is pooled; the error of the
+    /// driver when no pinned memory could be had.
+    fn take(driver: &Arc<Driver>, ctx: u64, size: usize) -> Option<CuResult<Self>> {
+        let class = class_of(size);
+        if class > POOL_MAX_CLASS {
+            return None;
+        }
+        // Read before taking or mapping: a context destroyed after this point makes the
+        // buffer unpoolable.
+        let generation = CTX_GENERATION.load(Ordering::Acquire);
+        let host = match pool_take(ctx, class) {
+            Some(h) => h,
+            None => match map_pinned(driver, class) {
+                Ok(h) => h,
+                Err(e) => return Some(Err(e)),
+            },
+        };
+        Some(Ok(Self {
+            driver: Arc::clone(driver),
+            ctx,
+            host,
+            len: size,
+            class,
+            generation,
+        }))
+    }
+
+    /// The buffer, for a copy into or out of it.
+    pub(super) fn ptr(&self) -> Ptr {
+        self.host as Ptr
+    }
+
+    /// The copy's bytes, shared with no copy: the reply sends them from the pinned buffer,
+    /// which returns to the pool when the reply lets go of them. Call once the copy into the
+    /// buffer has completed.
+    pub(super) fn into_bytes(self) -> remora_xdr::Bytes {
+        remora_xdr::Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for PinnedLease {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `host` maps `class >= len` bytes, kept mapped while this lease lives; read
+        // only after the copy into them completed (`into_bytes`).
+        unsafe { std::slice::from_raw_parts(self.host as *const u8, self.len) }
+    }
+}
+
+impl Drop for PinnedLease {
+    /// Calls no driver function: back to the pool when it has room, else freed by the reaper.
+    fn drop(&mut self) {
+        if !pool_put(self.ctx, self.host, self.class, self.generation) {
+            reap(
+                Arc::clone(&self.driver),
+                self.ctx,
+                self.host as Ptr,
+                std::ptr::null_mut(),
+                (self.class, self.generation),
+            );
+        }
     }
 }
 
@@ -153,8 +289,8 @@ impl Drop for CudaStaged {
 /// copy into it or null, (size class, context generation at allocation)).
 type Reap = (Arc<Driver>, u64, usize, usize, (usize, u64));
 
-/// Frees a staging buffer off the caller's path. `cuMemFreeHost` synchronizes the whole
-/// device; called while a reply is being built it waits for every stream, including one held
+/// Frees a staging buffer off the caller's path. Unpinning (like `cuMemFreeHost`) synchronizes
+/// the whole device; called while a reply is being built it waits for every stream, including one held
 /// back by a host function that waits for this very client — a deadlock seen on the GPU
 /// machine. A reaper thread, holding no lock, does the freeing instead.
 fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr, event: Ptr, pooling: (usize, u64)) {
@@ -166,22 +302,17 @@ fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr, event: Ptr, pooling: (usize, u
             .name("remora-staging-reaper".into())
             .spawn(move || {
                 for (driver, ctx, addr, event, (class, generation)) in rx {
-                    // A context destroyed meanwhile took its pinned memory with it; the free
-                    // then fails harmlessly.
-                    if driver.enter(ctx).is_ok() {
-                        if event != 0 {
-                            // SAFETY: the event was created for this copy and is destroyed
-                            // once, here, after the copy into the buffer has completed.
-                            let _ = call!(driver.t, event_synchronize(event as Ptr));
-                            // SAFETY: as above.
-                            let _ = call!(driver.t, event_destroy(event as Ptr));
-                        }
-                        if pool_put(ctx, addr, class, generation) {
-                            continue;
-                        }
-                        // SAFETY: a buffer from cuMemHostAlloc whose copy completed and that
-                        // nothing uses any more; freed once.
-                        let _ = call!(driver.t, mem_free_host(addr as Ptr));
+                    // A context destroyed meanwhile took its events with it and unpinned
+                    // the buffer: the calls then fail harmlessly, and the buffer is unmapped.
+                    if event != 0 && driver.enter(ctx).is_ok() {
+                        // SAFETY: the event was created for this copy and is destroyed once,
+                        // here, after the copy into the buffer has completed.
+                        let _ = call!(driver.t, event_synchronize(event as Ptr));
+                        // SAFETY: as above.
+                        let _ = call!(driver.t, event_destroy(event as Ptr));
+                    }
+                    if !pool_put(ctx, addr, class, generation) {
+                        free_pinned(&driver, ctx, addr, class);
                     }
                 }
             })
@@ -221,12 +352,7 @@ impl CudaBackend {
         let generation = CTX_GENERATION.load(Ordering::Acquire);
         let host: Ptr = match pool_take(ctx, class) {
             Some(h) => h as Ptr,
-            None => {
-                let mut host: Ptr = std::ptr::null_mut();
-                // SAFETY: writes one host pointer to `class` bytes of pinned memory.
-                call!(driver.t, mem_host_alloc(&mut host, class, 0))?;
-                host
-            }
+            None => map_pinned(&driver, class)? as Ptr,
         };
         let mut event: Ptr = std::ptr::null_mut();
         // SAFETY: writes one CUevent.
@@ -269,48 +395,39 @@ impl CudaBackend {
 pub(super) const SYNC_STAGING_MIN: usize = 1 << 20;
 
 impl CudaBackend {
-    /// Runs `f` with `size` bytes of pinned memory of `ctx` (from the pool, or allocated and
-    /// pooled afterwards); `None` when no pinned memory could be had (the caller copies
-    /// without it). `f` must be done with the buffer when it returns: a synchronous copy.
+    /// A pinned staging buffer of `size` bytes of `ctx` (which becomes current), from the
+    /// pool or newly mapped; `None` when no pinned memory could be had (the caller copies
+    /// without it).
+    pub(super) fn pinned_lease(&self, ctx: u64, size: usize) -> Option<PinnedLease> {
+        let driver = self.driver.as_ref()?;
+        if driver.enter(ctx).is_err() {
+            return None;
+        }
+        match PinnedLease::take(driver, ctx, size)? {
+            Ok(lease) => Some(lease),
+            Err(e) => {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    tracing::info!(
+                        "no pinned staging memory for synchronous copies ({e}); they use the driver's pageable path (slower when several run at once)"
+                    );
+                });
+                None
+            }
+        }
+    }
+
+    /// Runs `f` with `size` bytes of pinned memory of `ctx` ([`CudaBackend::pinned_lease`]);
+    /// `None` when no pinned memory could be had. `f` must be done with the buffer when it
+    /// returns: a synchronous copy.
     pub(super) fn with_pinned<T>(
         &self,
         ctx: u64,
         size: usize,
         f: impl FnOnce(&Driver, Ptr) -> CuResult<T>,
     ) -> Option<CuResult<T>> {
-        let driver = Arc::clone(self.driver.as_ref()?);
-        if driver.enter(ctx).is_err() {
-            return None;
-        }
-        let class = class_of(size);
-        if class > POOL_MAX_CLASS {
-            return None;
-        }
-        let generation = CTX_GENERATION.load(Ordering::Acquire);
-        let host: Ptr = match pool_take(ctx, class) {
-            Some(h) => h as Ptr,
-            None => {
-                let mut host: Ptr = std::ptr::null_mut();
-                // SAFETY: writes one host pointer to `class` bytes of pinned memory.
-                if let Err(e) = call!(driver.t, mem_host_alloc(&mut host, class, 0)) {
-                    static ONCE: std::sync::Once = std::sync::Once::new();
-                    ONCE.call_once(|| {
-                        tracing::info!(
-                            "no pinned staging memory for synchronous copies ({e}); they use the driver's pageable path (slower when several run at once)"
-                        );
-                    });
-                    return None;
-                }
-                host
-            }
-        };
-        let r = f(&driver, host);
-        // Straight back to the pool when it has room (no driver call); else freed off this
-        // path (cuMemFreeHost synchronizes the device: see `reap`).
-        if !pool_put(ctx, host as usize, class, generation) {
-            reap(driver, ctx, host, std::ptr::null_mut(), (class, generation));
-        }
-        Some(r)
+        let lease = self.pinned_lease(ctx, size)?;
+        Some(f(&lease.driver, lease.ptr()))
     }
 }
 
@@ -340,7 +457,11 @@ mod tests {
         assert_eq!(pool_take(ctx, 4096), None);
         assert_eq!(pool_take(ctx, 8192), Some(0x3000));
         CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
-        forget_ctx(ctx);
+        assert_eq!(
+            forget_ctx(ctx),
+            vec![(0x1000, 8192)],
+            "its idle buffers, to unmap"
+        );
         assert!(
             !pool_put(ctx, 0x3000, 8192, g),
             "allocated before a destroy"
