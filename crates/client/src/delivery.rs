@@ -60,6 +60,12 @@ const DELIVERY_WAIT: Duration = Duration::from_secs(60);
 /// again.
 const FETCH_AFTER: Duration = Duration::from_millis(1);
 
+/// The revision from which a lane serves `RM_COPIES_COLLECT`.
+pub(crate) const LANE_COLLECT_REVISION: u32 = 19;
+
+/// Copy data one synchronizing reply carries at most (the server's budget, 32 MiB).
+pub(crate) const COLLECT_REPLY_BYTES: u64 = 32 << 20;
+
 /// `CU_STREAM_NON_BLOCKING`.
 const STREAM_NON_BLOCKING: u32 = 0x1;
 
@@ -70,6 +76,8 @@ const LEGACY: Handle = RM_STREAM_LEGACY as Handle;
 struct PendingCopy {
     /// Taken (set to `None`) while a reply's data is being written.
     sink: Option<CopySink>,
+    /// Bytes the copy reads.
+    bytes: u64,
     ctx: Handle,
     stream: Handle,
     /// Whether its stream synchronizes with the legacy stream (the legacy stream itself,
@@ -189,6 +197,8 @@ pub(crate) struct Delivery {
     /// Signalled whenever a pending copy has been written to its destination.
     delivered: Condvar,
     order: Mutex<Order>,
+    /// Collect calls answered on lanes so far.
+    lane_collects: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -204,6 +214,7 @@ impl Delivery {
             pending: Mutex::default(),
             delivered: Condvar::new(),
             order: Mutex::default(),
+            lane_collects: AtomicU64::new(0),
         }
     }
 
@@ -212,14 +223,16 @@ impl Delivery {
         self.next_copy_id.load(Ordering::Acquire)
     }
 
-    /// Registers a copy about to be issued on (`ctx`, `stream`); its id goes in the call.
-    pub(crate) fn register(&self, ctx: Handle, stream: Handle, sink: CopySink) -> u64 {
+    /// Registers a copy of `bytes` bytes about to be issued on (`ctx`, `stream`); its id goes
+    /// in the call.
+    pub(crate) fn register(&self, ctx: Handle, stream: Handle, bytes: u64, sink: CopySink) -> u64 {
         let id = self.next_copy_id.fetch_add(1, Ordering::AcqRel);
         let blocking = lock(&self.order).blocking(stream);
         lock(&self.pending).insert(
             id,
             PendingCopy {
                 sink: Some(sink),
+                bytes,
                 ctx,
                 stream,
                 blocking,
@@ -234,16 +247,15 @@ impl Delivery {
         self.delivered.notify_all();
     }
 
-    /// [`Delivery::register`]s `sink` and issues the copy with `issue(copy id)`; a copy that
-    /// could not be issued is forgotten again.
+    /// [`Delivery::register`]s `sink` of a copy of `bytes` bytes and issues the copy with
+    /// `issue(copy id)`; a copy that could not be issued is forgotten again.
     pub(crate) fn issue<E>(
         &self,
-        ctx: Handle,
-        stream: Handle,
+        (ctx, stream, bytes): (Handle, Handle, u64),
         sink: CopySink,
         issue: impl FnOnce(u64) -> Result<(), E>,
     ) -> Result<(), E> {
-        let id = self.register(ctx, stream, sink);
+        let id = self.register(ctx, stream, bytes, sink);
         let r = issue(id);
         if r.is_err() {
             self.forget(id);
@@ -254,6 +266,16 @@ impl Delivery {
     /// Number of asynchronous device-to-host copies not yet delivered.
     pub(crate) fn pending(&self) -> usize {
         lock(&self.pending).len()
+    }
+
+    /// Bytes of the asynchronous device-to-host copies not yet delivered.
+    pub(crate) fn pending_bytes(&self) -> u64 {
+        lock(&self.pending).values().map(|p| p.bytes).sum()
+    }
+
+    /// How many collect calls lanes answered ([`Delivery::settle`]).
+    pub(crate) fn collects_on_lanes(&self) -> u64 {
+        self.lane_collects.load(Ordering::Relaxed)
     }
 
     /// The contexts that have copies pending (only `ctx`, when given).
@@ -386,7 +408,18 @@ impl Delivery {
     /// Waits until every copy `cov` covers has been written to its destination, fetching the
     /// ones the server still holds (`how`). Call it after the call that guarantees their
     /// completion has returned successfully.
-    pub(crate) fn settle(&self, cov: &Coverage, how: Fetch) -> CuResult<()> {
+    ///
+    /// `lanes` (revision 19, [`Fetch::Collect`]): the session's lanes, when it has some and the
+    /// held copies are large. A reply carries at most 32 MiB of copy data, so a large
+    /// asynchronous read comes back one reply at a time; with lanes, the held copies are
+    /// collected on the session's connection and its lanes at once, one collect each (the
+    /// server hands each completed copy to one of them).
+    pub(crate) fn settle(
+        &self,
+        cov: &Coverage,
+        how: Fetch,
+        lanes: &[RemoraV1Client],
+    ) -> CuResult<()> {
         if cov.is_empty() {
             return Ok(());
         }
@@ -403,7 +436,7 @@ impl Delivery {
                     if cov.covers(*id, p) {
                         missing += 1;
                         if p.sink.is_some() {
-                            held.push((*id, p.ctx, p.stream));
+                            held.push((*id, p.ctx, p.stream, p.bytes));
                         }
                     }
                 }
@@ -421,7 +454,7 @@ impl Delivery {
                 return Err(CuError(cu::UNKNOWN));
             }
             if ask && !held.is_empty() {
-                self.fetch(&held, how);
+                self.fetch(&held, how, lanes);
             }
             // Wait a moment for a write in progress (another thread's reply) or for the
             // server to complete the copy, then ask again.
@@ -435,30 +468,64 @@ impl Delivery {
         }
     }
 
-    /// Asks the server for completed copies, naming the `(id, ctx, stream)` waited for.
-    fn fetch(&self, held: &[(u64, Handle, Handle)], how: Fetch) {
+    /// Asks the server for completed copies, naming the `(id, ctx, stream, bytes)` waited for;
+    /// on `lanes` too when more than one reply's worth is held (see [`Delivery::settle`]).
+    fn fetch(&self, held: &[(u64, Handle, Handle, u64)], how: Fetch, lanes: &[RemoraV1Client]) {
         let reply = if how == Fetch::Ready {
             self.rpc.rm_copies_ready()
         } else if self.revision >= 8 {
             let ids: Vec<u64> = held
                 .iter()
                 .take(RM_MAX_COLLECT as usize)
-                .map(|(id, _, _)| *id)
+                .map(|(id, ..)| *id)
                 .collect();
+            let bytes: u64 = held.iter().map(|h| h.3).sum();
+            // One more connection for each further reply's worth of held bytes.
+            let extra = usize::try_from(bytes.saturating_sub(1) / COLLECT_REPLY_BYTES)
+                .unwrap_or(usize::MAX)
+                .min(held.len().saturating_sub(1));
+            let lanes = if self.revision >= LANE_COLLECT_REVISION {
+                &lanes[..extra.min(lanes.len())]
+            } else {
+                &[]
+            };
+            if !lanes.is_empty() {
+                std::thread::scope(|scope| {
+                    for lane in lanes {
+                        let ids = &ids;
+                        scope.spawn(move || {
+                            if self.take(lane.rm_copies_collect(ids)) {
+                                self.lane_collects.fetch_add(1, Ordering::Relaxed);
+                            }
+                        });
+                    }
+                    self.take(self.rpc.rm_copies_collect(&ids));
+                });
+                return;
+            }
             self.rpc.rm_copies_collect(&ids)
         } else {
             // Older servers: a stream query collects the completed copies too. Its status is
             // the stream's (NOT_READY while later work runs), not this call's.
-            let (_, ctx, stream) = held[0];
+            let (_, ctx, stream, _) = held[0];
             self.rpc.rm_stream_query(&RmStreamArgs { ctx, stream })
         };
+        self.take(reply);
+    }
+
+    /// Writes the copies a collecting call's reply delivered; false when the call failed.
+    fn take(&self, reply: Result<RmSyncReply, remora_oncrpc::RpcError>) -> bool {
         match reply {
             Ok(r) => {
                 if let Err(e) = self.finish(r) {
                     tracing::debug!("remora: collecting completed copies: {e}");
                 }
+                true
             }
-            Err(e) => tracing::debug!("remora: collecting completed copies failed: {e}"),
+            Err(e) => {
+                tracing::debug!("remora: collecting completed copies failed: {e}");
+                false
+            }
         }
     }
 }
@@ -470,6 +537,7 @@ mod tests {
     fn copy(ctx: Handle, stream: Handle, blocking: bool) -> PendingCopy {
         PendingCopy {
             sink: None,
+            bytes: 0,
             ctx,
             stream,
             blocking,

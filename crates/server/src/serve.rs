@@ -84,14 +84,15 @@ impl Service for RemoraService {
             tracing::info_span!("session", tenant, connection = ctx.connection).entered()
         });
         use remora_proto::remora::{
-            REMORA_HELLO, REMORA_HELLO_AUTH, REMORA_NULL, RM_COPIES_READY, RM_HOST_CALLBACK_DONE,
-            RM_MEMCPY_DTOH, RM_MEMCPY_DTOH_STREAM, RM_MEMCPY_HTOD, RM_MEMCPY_HTOD_ASYNC,
-            RM_WAIT_HOST_CALLBACKS,
+            REMORA_HELLO, REMORA_HELLO_AUTH, REMORA_NULL, RM_COPIES_COLLECT, RM_COPIES_READY,
+            RM_HOST_CALLBACK_DONE, RM_MEMCPY_DTOH, RM_MEMCPY_DTOH_STREAM, RM_MEMCPY_HTOD,
+            RM_MEMCPY_HTOD_ASYNC, RM_WAIT_HOST_CALLBACKS,
         };
         // A lane (revision 16) runs its session's copies as calls of the session's own
         // connection (revision 17: asynchronous host-to-device copies too, which the client
-        // orders with NULL calls, and stream-ordered device-to-host ones); it serves nothing
-        // else.
+        // orders with NULL calls, and stream-ordered device-to-host ones; revision 19: the
+        // collection of completed asynchronous device-to-host copies, which the client spreads
+        // over its lanes when several replies' worth is held); it serves nothing else.
         let lane_call;
         let ctx = match self.service.inner().lane_main(ctx.connection) {
             None => ctx,
@@ -99,7 +100,11 @@ impl Service for RemoraService {
             Some(main)
                 if matches!(
                     ctx.procedure,
-                    RM_MEMCPY_HTOD | RM_MEMCPY_DTOH | RM_MEMCPY_HTOD_ASYNC | RM_MEMCPY_DTOH_STREAM
+                    RM_MEMCPY_HTOD
+                        | RM_MEMCPY_DTOH
+                        | RM_MEMCPY_HTOD_ASYNC
+                        | RM_MEMCPY_DTOH_STREAM
+                        | RM_COPIES_COLLECT
                 ) =>
             {
                 if !self.service.inner().has_session(main) {
@@ -119,7 +124,7 @@ impl Service for RemoraService {
                 tracing::warn!(
                     connection = ctx.connection,
                     procedure = ctx.procedure,
-                    "a lane serves only its session's bulk copies (RM_MEMCPY_HTOD, RM_MEMCPY_DTOH, RM_MEMCPY_HTOD_ASYNC, RM_MEMCPY_DTOH_STREAM); PROC_UNAVAIL"
+                    "a lane serves only its session's bulk copies (RM_MEMCPY_HTOD, RM_MEMCPY_DTOH, RM_MEMCPY_HTOD_ASYNC, RM_MEMCPY_DTOH_STREAM, RM_COPIES_COLLECT); PROC_UNAVAIL"
                 );
                 return Dispatch::ProcUnavail;
             }

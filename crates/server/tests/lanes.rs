@@ -239,6 +239,24 @@ fn large_asynchronous_reads_into_host_memory_arrive_whole() {
         s.stream_synchronize(ctx, stream).unwrap();
         assert!(out == data, "round {round}");
     }
+    // Revision 19: what the synchronize's reply could not carry was collected on the
+    // session's connection and its lanes at once.
+    assert!(s.collects_on_lanes() > 0, "no collect went on a lane");
+    // Reads on three streams, held together, each into its own place; a context synchronize
+    // covers them all.
+    let streams: Vec<u64> = (0..3)
+        .map(|_| s.stream_create(ctx, 1, 0).unwrap())
+        .collect();
+    let mut outs: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; n]).collect();
+    for (st, out) in streams.iter().zip(outs.iter_mut()) {
+        // SAFETY: as above; the context synchronize completes the copy.
+        unsafe { s.memcpy_dtoh_async_into(ctx, *st, a, out.as_mut_ptr(), n as u64) }.unwrap();
+    }
+    s.ctx_synchronize(ctx).unwrap();
+    for (i, out) in outs.iter().enumerate() {
+        assert!(*out == data, "stream {i}");
+    }
+    assert_eq!(s.pending_copies(), 0);
     s.mem_free(ctx, a).unwrap();
 }
 
@@ -286,6 +304,9 @@ fn a_lane_serves_only_its_sessions_copies_and_only_with_its_key() {
         out == data,
         "the lane's copy landed in the session's memory"
     );
+    // ... collects the session's completed copies (revision 19; none are pending here)...
+    let r = lane.rm_copies_collect(&vec![]).unwrap();
+    assert_eq!((r.status, r.copies.len()), (0, 0));
     // ... and nothing else.
     assert!(matches!(
         lane.rm_device_get_count(),

@@ -187,7 +187,8 @@ impl Session {
             None => crate::mirror::synchronizing_ctx(ctx, || call!(self.rm_ctx_synchronize(&ctx)))?,
         };
         self.finish_sync(r)?;
-        self.delivery.settle(&cov, Fetch::Collect)
+        self.delivery
+            .settle(&cov, Fetch::Collect, self.collect_lanes())
     }
 
     /// A context synchronize that takes the copies its reply carries but waits for no other

@@ -216,18 +216,20 @@ impl Session {
                 }
                 sink(&buf);
             });
-            return self.delivery.issue(ctx, stream, from_area, |copy_id| {
-                call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
-                    ctx,
-                    stream,
-                    dev: src,
-                    offset,
-                    size,
-                    copy_id
-                }))
-            });
+            return self
+                .delivery
+                .issue((ctx, stream, size), from_area, |copy_id| {
+                    call!(self.rm_area_memcpy_dtoh_async(&RmAreaCopyArgs {
+                        ctx,
+                        stream,
+                        dev: src,
+                        offset,
+                        size,
+                        copy_id
+                    }))
+                });
         }
-        self.delivery.issue(ctx, stream, sink, |copy_id| {
+        self.delivery.issue((ctx, stream, size), sink, |copy_id| {
             call!(self.rm_memcpy_dtoh_async(&RmDtohArgs {
                 ctx,
                 stream,

@@ -202,10 +202,12 @@ impl Session {
             if let CopyDst::Later { layout, sink } = &dst {
                 let (sink, layout, extent) = (Arc::clone(sink), layout.band(&b), b.extent);
                 let sink: CopySink = Box::new(move |data: &[u8]| sink(&layout, &extent, data));
-                self.delivery.issue(p.ctx, p.stream, sink, |copy_id| {
-                    args.copy_id = copy_id;
-                    send(&args)
-                })?;
+                let bytes = extent.width * extent.height * extent.depth;
+                self.delivery
+                    .issue((p.ctx, p.stream, bytes), sink, |copy_id| {
+                        args.copy_id = copy_id;
+                        send(&args)
+                    })?;
             } else {
                 send(&args)?;
             }

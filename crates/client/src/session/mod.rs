@@ -831,8 +831,29 @@ impl Session {
     /// until every asynchronous copy CUDA says it completed has been written
     /// ([`Delivery::settle`]).
     fn settle_stream(&self, ctx: RmHandle, stream: RmHandle, mark: u64) -> CuResult<()> {
-        self.delivery
-            .settle(&self.delivery.frontier(ctx, stream, mark), Fetch::Collect)
+        self.delivery.settle(
+            &self.delivery.frontier(ctx, stream, mark),
+            Fetch::Collect,
+            self.collect_lanes(),
+        )
+    }
+
+    /// The lanes [`Delivery::settle`] may collect held copies on: the session's (opened now
+    /// if need be) when the server is of revision 19 or later and more than one reply's worth
+    /// of asynchronous reads is pending; else none.
+    fn collect_lanes(&self) -> &[RemoraV1Client] {
+        if self.welcome.revision >= crate::delivery::LANE_COLLECT_REVISION
+            && self.delivery.pending_bytes() > crate::delivery::COLLECT_REPLY_BYTES
+        {
+            self.lanes()
+        } else {
+            &[]
+        }
+    }
+
+    /// How many `RM_COPIES_COLLECT` calls this session's lanes answered (revision 19).
+    pub fn collects_on_lanes(&self) -> u64 {
+        self.delivery.collects_on_lanes()
     }
 
     /// Number of asynchronous device-to-host copies not yet delivered.

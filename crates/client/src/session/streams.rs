@@ -129,7 +129,7 @@ impl Session {
         let gate = crate::mirror::HostFnGate::enter(&self.mirrors);
         let cb: HostCallback = Box::new(move |status| {
             let _gate = gate;
-            if named && let Err(e) = delivery.settle(&cov, Fetch::Ready) {
+            if named && let Err(e) = delivery.settle(&cov, Fetch::Ready, &[]) {
                 tracing::error!(
                     "remora: a host callback runs without the data of copies before it: {e}"
                 );
@@ -279,8 +279,11 @@ impl Session {
 
     /// Waits for the copies an event covers: those its stream was ordered after at its record.
     fn settle_event(&self, event: RmHandle) -> CuResult<()> {
-        self.delivery
-            .settle(&self.delivery.event(event), Fetch::Collect)
+        self.delivery.settle(
+            &self.delivery.event(event),
+            Fetch::Collect,
+            self.collect_lanes(),
+        )
     }
 
     /// `cuEventSynchronize`.
