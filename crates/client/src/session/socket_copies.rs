@@ -333,16 +333,61 @@ impl Session {
 
     /// Reads `parts` (device address, where its bytes go) with synchronous `RM_MEMCPY_DTOH`
     /// calls on `rpc`, [`SOCKET_WINDOW`] in flight. The first error.
-    fn dtoh_chunks(
+    ///
+    /// With two parts or more, each reply's bytes are copied to their place on a thread of its
+    /// own while this one reads the next reply from the socket: copying a 4 MiB chunk out
+    /// takes about half as long as receiving it, and done here it held the next reply in the
+    /// socket meanwhile.
+    fn dtoh_chunks<'p>(
         &self,
         how: DtohProc,
         rpc: &remora_oncrpc::Client,
         ctx: RmHandle,
         stream: RmHandle,
-        parts: Vec<(u64, &mut [u8])>,
+        parts: Vec<(u64, &'p mut [u8])>,
+    ) -> FirstErr {
+        let copy_out = |data: &[u8], part: &mut [u8]| {
+            self.profiled_within(DTOH_COPY_ROW, || part.copy_from_slice(data));
+        };
+        if parts.len() < 2 {
+            let mut here = |data: Bytes, part: &'p mut [u8]| copy_out(&data, part);
+            return self.dtoh_window(how, rpc, (ctx, stream), parts, &mut here);
+        }
+        std::thread::scope(|scope| {
+            // One reply waiting for the copier at most: the reader's buffers stay few.
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(Bytes, &'p mut [u8])>(1);
+            let copier = scope.spawn(move || {
+                for (data, part) in rx {
+                    copy_out(&data, part);
+                }
+            });
+            let mut handed = move |data: Bytes, part: &'p mut [u8]| {
+                if let Err(std::sync::mpsc::SendError((data, part))) = tx.send((data, part)) {
+                    // The copier is gone (it panicked): copy here.
+                    copy_out(&data, part);
+                }
+            };
+            let r = self.dtoh_window(how, rpc, (ctx, stream), parts, &mut handed);
+            drop(handed);
+            if copier.join().is_err() {
+                tracing::error!("remora: a device-to-host copy's copying thread panicked");
+                return Some(CuError(cu::UNKNOWN));
+            }
+            r
+        })
+    }
+
+    /// [`Session::dtoh_chunks`]'s calls: `deliver` puts each reply's bytes in their place.
+    fn dtoh_window<'p>(
+        &self,
+        how: DtohProc,
+        rpc: &remora_oncrpc::Client,
+        (ctx, stream): (RmHandle, RmHandle),
+        parts: Vec<(u64, &'p mut [u8])>,
+        deliver: &mut dyn FnMut(Bytes, &'p mut [u8]),
     ) -> FirstErr {
         let name = how.name();
-        let mut window: VecDeque<(PendingCall, &mut [u8])> = VecDeque::new();
+        let mut window: VecDeque<(PendingCall, &'p mut [u8])> = VecDeque::new();
         let mut first_err: FirstErr = None;
         let mut parts = parts.into_iter();
         loop {
@@ -388,7 +433,7 @@ impl Session {
                         tracing::error!("remora: DtoH of {len} bytes returned {}", r.data.len());
                         return Err(CuError(cu::UNKNOWN));
                     }
-                    self.profiled_within(DTOH_COPY_ROW, || part.copy_from_slice(&r.data));
+                    deliver(r.data, part);
                     Ok(())
                 });
             if let Err(e) = r {
