@@ -29,6 +29,28 @@ const POOL_MAX_BYTES: usize = 256 << 20;
 const POOL_MAX_CLASS: usize = 64 << 20;
 /// The smallest size class.
 const MIN_CLASS: usize = 4096;
+/// Pinned bytes that leases ([`PinnedLease`]) may hold at once in this process. A lease of a
+/// device-to-host copy lasts until its reply is sent, so a client that stops reading its
+/// replies keeps its leases; past this bound copies use private pageable buffers instead, and
+/// page-locked memory stays bounded whatever clients do.
+const LEASED_MAX: usize = 512 << 20;
+
+/// Bytes the live leases hold.
+static LEASED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts `class` bytes for a new lease; false (nothing counted) past [`LEASED_MAX`].
+fn lease_admit(class: usize) -> bool {
+    LEASED
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+            held.checked_add(class).filter(|&n| n <= LEASED_MAX)
+        })
+        .is_ok()
+}
+
+/// A lease of `class` bytes ended.
+fn lease_release(class: usize) {
+    LEASED.fetch_sub(class, Ordering::AcqRel);
+}
 
 /// The size class (bytes allocated) of a copy of `size` bytes.
 fn class_of(size: usize) -> usize {
@@ -166,7 +188,7 @@ impl PinnedLease {
     /// driver when no pinned memory could be had.
     fn take(driver: &Arc<Driver>, ctx: u64, size: usize) -> Option<CuResult<Self>> {
         let class = class_of(size);
-        if class > POOL_MAX_CLASS {
+        if class > POOL_MAX_CLASS || !lease_admit(class) {
             return None;
         }
         // Read before taking or mapping: a context destroyed after this point makes the
@@ -176,7 +198,10 @@ impl PinnedLease {
             Some(h) => h,
             None => match map_pinned(driver, class) {
                 Ok(h) => h,
-                Err(e) => return Some(Err(e)),
+                Err(e) => {
+                    lease_release(class);
+                    return Some(Err(e));
+                }
             },
         };
         Some(Ok(Self {
@@ -213,6 +238,7 @@ impl AsRef<[u8]> for PinnedLease {
 impl Drop for PinnedLease {
     /// Calls no driver function: back to the pool when it has room, else freed by the reaper.
     fn drop(&mut self) {
+        lease_release(self.class);
         if !pool_put(self.ctx, self.host, self.class, self.generation) {
             reap(
                 Arc::clone(&self.driver),
@@ -441,6 +467,25 @@ mod tests {
         assert_eq!(class_of(8), MIN_CLASS);
         assert_eq!(class_of(4097), 8192);
         assert_eq!(class_of(64 << 20), 64 << 20);
+    }
+
+    /// Leases are admitted up to LEASED_MAX bytes at once, and room comes back with them.
+    #[test]
+    fn leases_are_bounded() {
+        let class = 64 << 20;
+        let before = LEASED.load(Ordering::Acquire);
+        let mut taken = 0;
+        while lease_admit(class) {
+            taken += 1;
+            assert!(taken <= LEASED_MAX / class, "admitted past the bound");
+        }
+        assert!(LEASED.load(Ordering::Acquire) <= LEASED_MAX);
+        lease_release(class);
+        assert!(lease_admit(class), "room came back");
+        for _ in 0..taken {
+            lease_release(class);
+        }
+        assert_eq!(LEASED.load(Ordering::Acquire), before);
     }
 
     /// Buffers come back by (context, class); a context destroy (generation bump) makes
