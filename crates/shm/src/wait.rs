@@ -41,10 +41,6 @@ pub enum WaitPolicy {
     Block,
 }
 
-/// A gap between two looks at the clock in a spin that means the spinning thread lost its
-/// core (see [`Waiter::wait`]).
-const PREEMPTED: Duration = Duration::from_micros(20);
-
 /// The spin budget of [`WaitPolicy::Spin`].
 pub const SPIN_FOREVER: Duration = Duration::from_secs(1);
 
@@ -107,42 +103,26 @@ impl Waiter {
             return Ok((v, WaitOutcome::Spun));
         }
         let start = Instant::now();
-        let mut spin_until = start + self.budget;
+        let spin_until = start + self.budget;
         let mut outcome = WaitOutcome::Spun;
-        // Time the spinning thread spent off its core: a gap of more than `PREEMPTED` between
-        // two looks at the clock (a spin loop looks every few tens of nanoseconds). It is
-        // neither spent spinning nor a sign that the peer is slow, so the budget is extended
-        // by it and the observed wait leaves it out.
-        let mut last = start;
-        let mut stolen = Duration::ZERO;
         loop {
             if outcome == WaitOutcome::Spun {
-                let now = Instant::now();
-                let gap = now.saturating_duration_since(last);
-                if gap > PREEMPTED {
-                    stolen += gap;
-                    spin_until += gap;
-                }
-                last = now;
-                if now < spin_until {
+                if Instant::now() < spin_until {
                     std::hint::spin_loop();
                 } else {
                     outcome = WaitOutcome::Slept;
                 }
             }
             if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
-                self.observe(start.elapsed().saturating_sub(stolen));
+                self.observe(start.elapsed());
                 return Ok((v, outcome));
             }
         }
     }
 
-    /// Folds one observed wait into the budget. A wait counts as at most twice `max_spin`: a
-    /// rare long one (the peer lost its core) moves the mean as much as a wait just past the
-    /// budget would, not by its whole length, while a run of long waits still takes the
-    /// budget down to `min_spin`.
+    /// Folds one observed wait into the budget.
     pub fn observe(&mut self, took: Duration) {
-        let t = took.min(self.max_spin.saturating_mul(2)).as_nanos() as f64;
+        let t = took.as_nanos() as f64;
         self.mean_ns = if self.mean_ns == 0.0 {
             t
         } else {
@@ -181,43 +161,6 @@ mod tests {
             w.observe(Duration::from_micros(4));
         }
         assert!(w.budget() >= Duration::from_micros(5), "{:?}", w.budget());
-    }
-
-    #[test]
-    fn a_rare_long_wait_does_not_take_the_budget_away() {
-        let mut w = Waiter::with_bounds(Duration::from_micros(2), Duration::from_micros(50));
-        for _ in 0..20 {
-            w.observe(Duration::from_micros(10));
-        }
-        w.observe(Duration::from_millis(5));
-        assert!(w.budget() >= Duration::from_micros(20), "{:?}", w.budget());
-        for _ in 0..20 {
-            w.observe(Duration::from_micros(10));
-        }
-        assert!(w.budget() <= Duration::from_micros(20), "{:?}", w.budget());
-    }
-
-    /// Time the spinning thread spends off its core (here: a look that takes 2 ms, as a
-    /// preempted spin would) extends the spin and is not counted as waiting.
-    #[test]
-    fn time_off_the_core_neither_ends_the_spin_nor_counts_as_waiting() {
-        let mut w = Waiter::with_bounds(Duration::from_micros(2), Duration::from_micros(200));
-        let mut looks = 0;
-        let (_, how) = w
-            .wait(|sleep| -> Result<Option<()>, ()> {
-                assert!(
-                    !sleep,
-                    "slept although the spin lost time only off its core"
-                );
-                looks += 1;
-                if looks == 2 {
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Ok((looks >= 4).then_some(()))
-            })
-            .unwrap();
-        assert_eq!(how, WaitOutcome::Spun);
-        assert!(w.budget() < Duration::from_micros(200), "{:?}", w.budget());
     }
 
     #[test]
