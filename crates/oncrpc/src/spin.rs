@@ -31,7 +31,7 @@ impl<S> Spinning<S> {
     pub(crate) fn new(inner: S) -> Self {
         Self {
             inner,
-            waiter: Waiter::new(Duration::ZERO, MAX_SPIN),
+            waiter: Waiter::new(Duration::ZERO, MAX_SPIN).labeled("socket: readable"),
         }
     }
 }

@@ -126,16 +126,20 @@ impl ShmStream {
             Side::Server => (region.response_producer(), region.request_consumer()),
         };
         let max_chunk = (tx.capacity() as usize / 4).saturating_sub(4).max(4);
+        let (tx_label, rx_label) = match side {
+            Side::Client => ("shm client: room for a request", "shm client: a reply"),
+            Side::Server => ("shm server: room for a reply", "shm server: a request"),
+        };
         Self {
             conn: Arc::new(Conn {
                 side,
                 tx: Mutex::new(Tx {
                     ring: tx,
-                    waiter: Waiter::new(MIN_SPIN, MAX_SPIN),
+                    waiter: Waiter::new(MIN_SPIN, MAX_SPIN).labeled(tx_label),
                 }),
                 rx: Mutex::new(Rx {
                     ring: rx,
-                    waiter: Waiter::new(MIN_SPIN, MAX_SPIN),
+                    waiter: Waiter::new(MIN_SPIN, MAX_SPIN).labeled(rx_label),
                     msg: Vec::new(),
                     pos: 0,
                     failed: false,

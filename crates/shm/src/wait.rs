@@ -25,6 +25,32 @@ pub struct Waiter {
     mean_ns: f64,
     min_spin: Duration,
     max_spin: Duration,
+    /// What this waiter waits for, for [`WaitStats`] lines.
+    label: &'static str,
+    stats: WaitStats,
+}
+
+/// How a [`Waiter`]'s waits went, counted always (a few integer additions a wait) and logged
+/// when the waiter is dropped if `REMORA_WAIT_TRACE` is set (target `remora::wait`, INFO):
+/// for finding which waiter sleeps when adaptive waiting is slow (`remora bench contention`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitStats {
+    /// Waits whose value was there at the first look (no clock read, not counted below).
+    pub at_once: u64,
+    /// Waits that ended while spinning.
+    pub spun: u64,
+    /// Waits that slept at least once.
+    pub slept: u64,
+    /// Nanoseconds the spun waits took in all.
+    pub spun_ns: u64,
+    /// Nanoseconds the slept waits took in all (spin included).
+    pub slept_ns: u64,
+}
+
+/// Whether `REMORA_WAIT_TRACE` asks for [`WaitStats`] lines (read once).
+fn trace_waits() -> bool {
+    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TRACE.get_or_init(|| std::env::var_os("REMORA_WAIT_TRACE").is_some_and(|v| !v.is_empty()))
 }
 
 /// How every [`Waiter`] of this process waits, from `REMORA_WAIT` (read once): `adaptive`
@@ -81,7 +107,20 @@ impl Waiter {
             mean_ns: 0.0,
             min_spin,
             max_spin,
+            label: "",
+            stats: WaitStats::default(),
         }
+    }
+
+    /// Names what this waiter waits for (in its [`WaitStats`] line).
+    pub fn labeled(mut self, label: &'static str) -> Self {
+        self.label = label;
+        self
+    }
+
+    /// How its waits went so far.
+    pub fn stats(&self) -> WaitStats {
+        self.stats
     }
 
     /// The current spin budget.
@@ -100,6 +139,7 @@ impl Waiter {
         // Ready at the first look (a busy peer): no clock read, and nothing that says how
         // long waits are.
         if let Some(v) = poll(false)? {
+            self.stats.at_once += 1;
             return Ok((v, WaitOutcome::Spun));
         }
         let start = Instant::now();
@@ -114,7 +154,19 @@ impl Waiter {
                 }
             }
             if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
-                self.observe(start.elapsed());
+                let took = start.elapsed();
+                self.observe(took);
+                let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+                match outcome {
+                    WaitOutcome::Spun => {
+                        self.stats.spun += 1;
+                        self.stats.spun_ns = self.stats.spun_ns.saturating_add(ns);
+                    }
+                    WaitOutcome::Slept => {
+                        self.stats.slept += 1;
+                        self.stats.slept_ns = self.stats.slept_ns.saturating_add(ns);
+                    }
+                }
                 return Ok((v, outcome));
             }
         }
@@ -134,6 +186,27 @@ impl Waiter {
         } else {
             self.min_spin
         };
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let st = self.stats;
+        if st.spun + st.slept == 0 || !trace_waits() {
+            return;
+        }
+        let mean_us = |ns: u64, n: u64| if n == 0 { 0.0 } else { ns as f64 / n as f64 / 1e3 };
+        tracing::info!(
+            target: "remora::wait",
+            waiter = self.label,
+            at_once = st.at_once,
+            spun = st.spun,
+            slept = st.slept,
+            spun_mean_us = mean_us(st.spun_ns, st.spun),
+            slept_mean_us = mean_us(st.slept_ns, st.slept),
+            budget_us = self.budget.as_secs_f64() * 1e6,
+            "waits"
+        );
     }
 }
 
@@ -161,6 +234,22 @@ mod tests {
             w.observe(Duration::from_micros(4));
         }
         assert!(w.budget() >= Duration::from_micros(5), "{:?}", w.budget());
+    }
+
+    #[test]
+    fn waits_are_counted_by_how_they_ended() {
+        let mut w = Waiter::with_bounds(Duration::ZERO, Duration::ZERO).labeled("test");
+        w.wait(|_| -> Result<Option<()>, ()> { Ok(Some(())) })
+            .unwrap();
+        let mut looks = 0;
+        w.wait(|_| -> Result<Option<()>, ()> {
+            looks += 1;
+            Ok((looks >= 2).then_some(()))
+        })
+        .unwrap();
+        let st = w.stats();
+        assert_eq!((st.at_once, st.spun, st.slept), (1, 0, 1));
+        assert!(st.slept_ns > 0);
     }
 
     #[test]

@@ -57,7 +57,7 @@ impl SignalSync {
             signals,
             free: Mutex::new((0..SIGNAL_SLOTS).rev().collect()),
             seq: AtomicU64::new(0),
-            waiter: Mutex::new(Waiter::new(MIN_SPIN, MAX_SPIN)),
+            waiter: Mutex::new(Waiter::new(MIN_SPIN, MAX_SPIN).labeled("completion word")),
             seen: AtomicU64::new(0),
             full: AtomicU64::new(0),
         })
