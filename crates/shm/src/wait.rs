@@ -195,7 +195,13 @@ impl Drop for Waiter {
         if st.spun + st.slept == 0 || !trace_waits() {
             return;
         }
-        let mean_us = |ns: u64, n: u64| if n == 0 { 0.0 } else { ns as f64 / n as f64 / 1e3 };
+        let mean_us = |ns: u64, n: u64| {
+            if n == 0 {
+                0.0
+            } else {
+                ns as f64 / n as f64 / 1e3
+            }
+        };
         tracing::info!(
             target: "remora::wait",
             waiter = self.label,
