@@ -51,6 +51,7 @@ pub use remora_proto::pool_access as proto_pool_access;
 pub use remora_proto::remora as proto;
 pub use remora_proto::stream_attr as proto_stream_attr;
 pub use remora_proto::uuid_groups;
+pub use remora_shm::tracing_waits;
 pub use safe::{
     Client, Context, Device, DeviceBuffer, Dim3, Event, Function, KernelArg, Module, Pod, Stream,
 };

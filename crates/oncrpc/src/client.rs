@@ -553,6 +553,19 @@ impl Client {
         self.inner.opening_reply.as_ref()
     }
 
+    /// Logs this connection's waiters (`REMORA_WAIT_TRACE`: the socket reader's, and both
+    /// shared-memory rings'), for a client that lives until its process exits. Left out when
+    /// another thread holds them (it is reading right now).
+    pub fn trace_waits(&self) {
+        if let Ok(rd) = self.inner.reader.try_lock() {
+            let spinning = rd.records.get_ref();
+            spinning.trace_waits();
+            if let Stream::Shm(s) = &spinning.inner {
+                s.trace_waits();
+            }
+        }
+    }
+
     /// Whether the connection runs through shared memory (`SHM_SETUP` was granted).
     pub fn is_shm(&self) -> bool {
         matches!(self.inner.control, Stream::Shm(_))

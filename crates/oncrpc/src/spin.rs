@@ -43,7 +43,10 @@ impl<S: Transport> Read for Spinning<S> {
         loop {
             match self.inner.try_read(buf) {
                 None => return self.inner.read(buf),
-                Some(Ok(n)) => return Ok(n),
+                Some(Ok(n)) => {
+                    self.waiter.count_at_once();
+                    return Ok(n);
+                }
                 Some(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Some(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Some(Err(e)) => return Err(e),
@@ -55,7 +58,9 @@ impl<S: Transport> Read for Spinning<S> {
             std::hint::spin_loop();
             match self.inner.try_read(buf) {
                 Some(Ok(n)) => {
-                    self.waiter.observe(start.elapsed());
+                    let took = start.elapsed();
+                    self.waiter.observe(took);
+                    self.waiter.count(remora_shm::WaitOutcome::Spun, took);
                     return Ok(n);
                 }
                 Some(Err(e))
@@ -74,9 +79,19 @@ impl<S: Transport> Read for Spinning<S> {
             Err(e) => crate::record::is_timeout_kind(e.kind()),
         };
         if waited {
-            self.waiter.observe(start.elapsed());
+            let took = start.elapsed();
+            self.waiter.observe(took);
+            self.waiter.count(remora_shm::WaitOutcome::Slept, took);
         }
         r
+    }
+}
+
+impl<S> Spinning<S> {
+    /// Logs the waiter's line (`REMORA_WAIT_TRACE`) now, for a connection that lives until
+    /// its process exits.
+    pub(crate) fn trace_waits(&self) {
+        self.waiter.trace();
     }
 }
 

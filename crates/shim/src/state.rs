@@ -118,6 +118,24 @@ extern "C" fn print_profile_report() {
     });
 }
 
+/// At exit: the session's waiters' lines (`REMORA_WAIT_TRACE`), which are never dropped.
+extern "C" fn trace_waits_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(Ok(s)) = SESSION.get() {
+            s.trace_waits();
+        }
+    });
+}
+
+fn register_wait_trace() {
+    // SAFETY: `trace_waits_at_exit` is an `extern "C" fn()` that never unwinds (it catches
+    // panics), only reads the session, which lives until the process ends, and takes no lock
+    // it would wait for (`try_lock` only).
+    if unsafe { atexit(trace_waits_at_exit) } != 0 {
+        tracing::warn!("remora: cannot register the waiters' report at exit (atexit failed)");
+    }
+}
+
 fn register_profile_report() {
     // SAFETY: `print_profile_report` is an `extern "C" fn()` that never unwinds (it catches
     // panics) and only reads the session, which lives until the process ends.
@@ -144,6 +162,9 @@ pub fn init() -> CuResult<()> {
             }
             if s.profile_report().is_some() {
                 register_profile_report();
+            }
+            if remora_client::tracing_waits() {
+                register_wait_trace();
             }
             Ok(Arc::new(s))
         }

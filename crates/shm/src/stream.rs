@@ -217,6 +217,18 @@ impl ShmStream {
         self.conn.max_chunk
     }
 
+    /// Logs both rings' waiters (`REMORA_WAIT_TRACE`, [`Waiter::trace`]) now, for a stream that
+    /// lives until its process exits. A waiter whose lock another thread holds (it is waiting
+    /// right now) is left out rather than waited for.
+    pub fn trace_waits(&self) {
+        if let Ok(tx) = self.conn.tx.try_lock() {
+            tx.waiter.trace();
+        }
+        if let Ok(rx) = self.conn.rx.try_lock() {
+            rx.waiter.trace();
+        }
+    }
+
     /// Bounds each read (`None`: wait forever); a read that times out fails with `WouldBlock`.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         if t == Some(Duration::ZERO) {

@@ -123,6 +123,32 @@ impl Waiter {
         self.stats
     }
 
+    /// Logs [`Waiter::stats`] as the `REMORA_WAIT_TRACE` line (when that is set and it waited).
+    pub fn trace(&self) {
+        let st = self.stats;
+        if st.spun + st.slept == 0 || !trace_waits() {
+            return;
+        }
+        let mean_us = |ns: u64, n: u64| {
+            if n == 0 {
+                0.0
+            } else {
+                ns as f64 / n as f64 / 1e3
+            }
+        };
+        tracing::info!(
+            target: "remora::wait",
+            waiter = self.label,
+            at_once = st.at_once,
+            spun = st.spun,
+            slept = st.slept,
+            spun_mean_us = mean_us(st.spun_ns, st.spun),
+            slept_mean_us = mean_us(st.slept_ns, st.slept),
+            budget_us = self.budget.as_secs_f64() * 1e6,
+            "waits"
+        );
+    }
+
     /// The current spin budget.
     pub fn budget(&self) -> Duration {
         self.budget
@@ -156,20 +182,31 @@ impl Waiter {
             if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
                 let took = start.elapsed();
                 self.observe(took);
-                let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-                match outcome {
-                    WaitOutcome::Spun => {
-                        self.stats.spun += 1;
-                        self.stats.spun_ns = self.stats.spun_ns.saturating_add(ns);
-                    }
-                    WaitOutcome::Slept => {
-                        self.stats.slept += 1;
-                        self.stats.slept_ns = self.stats.slept_ns.saturating_add(ns);
-                    }
-                }
+                self.count(outcome, took);
                 return Ok((v, outcome));
             }
         }
+    }
+
+    /// Counts one wait that took `took` and ended as `outcome` in [`Waiter::stats`] (done by
+    /// [`Waiter::wait`]; for a caller that spins and blocks by itself).
+    pub fn count(&mut self, outcome: WaitOutcome, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        match outcome {
+            WaitOutcome::Spun => {
+                self.stats.spun += 1;
+                self.stats.spun_ns = self.stats.spun_ns.saturating_add(ns);
+            }
+            WaitOutcome::Slept => {
+                self.stats.slept += 1;
+                self.stats.slept_ns = self.stats.slept_ns.saturating_add(ns);
+            }
+        }
+    }
+
+    /// Counts a wait whose value was there at the first look (see [`WaitStats::at_once`]).
+    pub fn count_at_once(&mut self) {
+        self.stats.at_once += 1;
     }
 
     /// Folds one observed wait into the budget.
@@ -191,29 +228,14 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        let st = self.stats;
-        if st.spun + st.slept == 0 || !trace_waits() {
-            return;
-        }
-        let mean_us = |ns: u64, n: u64| {
-            if n == 0 {
-                0.0
-            } else {
-                ns as f64 / n as f64 / 1e3
-            }
-        };
-        tracing::info!(
-            target: "remora::wait",
-            waiter = self.label,
-            at_once = st.at_once,
-            spun = st.spun,
-            slept = st.slept,
-            spun_mean_us = mean_us(st.spun_ns, st.spun),
-            slept_mean_us = mean_us(st.slept_ns, st.slept),
-            budget_us = self.budget.as_secs_f64() * 1e6,
-            "waits"
-        );
+        self.trace();
     }
+}
+
+/// Whether `REMORA_WAIT_TRACE` asks for waiters' lines: for a process that logs its
+/// long-lived waiters itself before it exits ([`Waiter::trace`]).
+pub fn tracing_waits() -> bool {
+    trace_waits()
 }
 
 #[cfg(test)]

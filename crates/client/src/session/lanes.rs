@@ -37,6 +37,11 @@ pub(crate) struct Lanes {
 }
 
 impl Lanes {
+    /// The lanes opened so far (none before the first striped copy).
+    pub(crate) fn opened(&self) -> &[RemoraV1Client] {
+        self.open.get().map_or(&[], Vec::as_slice)
+    }
+
     /// The lanes a session with `endpoint` at `revision` may open (`shm`: the session is in
     /// shared memory, and opens none).
     pub(crate) fn new(

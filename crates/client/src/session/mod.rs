@@ -851,6 +851,18 @@ impl Session {
         }
     }
 
+    /// Logs the session's waiters (`REMORA_WAIT_TRACE`): its connection's, its lanes' and its
+    /// completion words'. For a process about to exit, whose session is never dropped.
+    pub fn trace_waits(&self) {
+        self.rpc.rpc().trace_waits();
+        for lane in self.lanes.opened() {
+            lane.rpc().trace_waits();
+        }
+        if let Some(s) = &self.signals {
+            s.trace_waits();
+        }
+    }
+
     /// How many `RM_COPIES_COLLECT` calls this session's lanes answered (revision 19).
     pub fn collects_on_lanes(&self) -> u64 {
         self.delivery.collects_on_lanes()

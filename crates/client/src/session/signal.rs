@@ -47,6 +47,13 @@ pub(super) struct SignalSync {
 }
 
 impl SignalSync {
+    /// Logs the completion-word waiter's line (`REMORA_WAIT_TRACE`), unless a wait holds it.
+    pub(super) fn trace_waits(&self) {
+        if let Ok(w) = self.waiter.try_lock() {
+            w.trace();
+        }
+    }
+
     /// For a session in shared memory whose server speaks revision 14 or later.
     pub(super) fn new(area: Option<&remora_oncrpc::DataArea>, revision: u32) -> Option<Self> {
         if revision < SIGNAL_REVISION || std::env::var_os("REMORA_NO_SIGNAL_SYNC").is_some() {
@@ -82,6 +89,20 @@ impl SignalSync {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .budget()
+    }
+
+    /// Counts a synchronize in the waiter's [`remora_shm::WaitStats`]: seen in shared memory
+    /// (spun), or sent to the full call (counted as slept, with the time spun first).
+    fn count(&self, seen: bool, took: Duration) {
+        let outcome = if seen {
+            remora_shm::WaitOutcome::Spun
+        } else {
+            remora_shm::WaitOutcome::Slept
+        };
+        self.waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .count(outcome, took);
     }
 
     /// Folds a synchronize's time, however it ended, into the spin budget.
@@ -149,6 +170,7 @@ impl Session {
                 }
             });
         sig.give_slot(slot);
+        sig.count(done, start.elapsed());
         if done {
             sig.seen.fetch_add(1, Ordering::Relaxed);
             sig.observe(start.elapsed());
