@@ -484,11 +484,8 @@ impl Delivery {
             let extra = usize::try_from(bytes.saturating_sub(1) / COLLECT_REPLY_BYTES)
                 .unwrap_or(usize::MAX)
                 .min(held.len().saturating_sub(1));
-            let lanes = if self.revision >= LANE_COLLECT_REVISION {
-                &lanes[..extra.min(lanes.len())]
-            } else {
-                &[]
-            };
+            // (The caller passes lanes only to a server that serves collects on them.)
+            let lanes = &lanes[..extra.min(lanes.len())];
             if !lanes.is_empty() {
                 std::thread::scope(|scope| {
                     for lane in lanes {

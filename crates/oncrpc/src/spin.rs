@@ -58,9 +58,8 @@ impl<S: Transport> Read for Spinning<S> {
             std::hint::spin_loop();
             match self.inner.try_read(buf) {
                 Some(Ok(n)) => {
-                    let took = start.elapsed();
-                    self.waiter.observe(took);
-                    self.waiter.count(remora_shm::WaitOutcome::Spun, took);
+                    self.waiter
+                        .record(remora_shm::WaitOutcome::Spun, start.elapsed());
                     return Ok(n);
                 }
                 Some(Err(e))
@@ -79,9 +78,8 @@ impl<S: Transport> Read for Spinning<S> {
             Err(e) => crate::record::is_timeout_kind(e.kind()),
         };
         if waited {
-            let took = start.elapsed();
-            self.waiter.observe(took);
-            self.waiter.count(remora_shm::WaitOutcome::Slept, took);
+            self.waiter
+                .record(remora_shm::WaitOutcome::Slept, start.elapsed());
         }
         r
     }

@@ -47,8 +47,9 @@ pub struct WaitStats {
     pub slept_ns: u64,
 }
 
-/// Whether `REMORA_WAIT_TRACE` asks for [`WaitStats`] lines (read once).
-fn trace_waits() -> bool {
+/// Whether `REMORA_WAIT_TRACE` asks for [`WaitStats`] lines (read once): a process that keeps
+/// long-lived waiters logs them itself before it exits ([`Waiter::trace`]).
+pub fn tracing_waits() -> bool {
     static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *TRACE.get_or_init(|| std::env::var_os("REMORA_WAIT_TRACE").is_some_and(|v| !v.is_empty()))
 }
@@ -126,7 +127,7 @@ impl Waiter {
     /// Logs [`Waiter::stats`] as the `REMORA_WAIT_TRACE` line (when that is set and it waited).
     pub fn trace(&self) {
         let st = self.stats;
-        if st.spun + st.slept == 0 || !trace_waits() {
+        if st.spun + st.slept == 0 || !tracing_waits() {
             return;
         }
         let mean_us = |ns: u64, n: u64| {
@@ -165,7 +166,7 @@ impl Waiter {
         // Ready at the first look (a busy peer): no clock read, and nothing that says how
         // long waits are.
         if let Some(v) = poll(false)? {
-            self.stats.at_once += 1;
+            self.count_at_once();
             return Ok((v, WaitOutcome::Spun));
         }
         let start = Instant::now();
@@ -180,12 +181,17 @@ impl Waiter {
                 }
             }
             if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
-                let took = start.elapsed();
-                self.observe(took);
-                self.count(outcome, took);
+                self.record(outcome, start.elapsed());
                 return Ok((v, outcome));
             }
         }
+    }
+
+    /// Folds one wait that took `took` and ended as `outcome` into the budget
+    /// ([`Waiter::observe`]) and the stats ([`Waiter::count`]).
+    pub fn record(&mut self, outcome: WaitOutcome, took: Duration) {
+        self.observe(took);
+        self.count(outcome, took);
     }
 
     /// Counts one wait that took `took` and ended as `outcome` in [`Waiter::stats`] (done by
@@ -230,12 +236,6 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         self.trace();
     }
-}
-
-/// Whether `REMORA_WAIT_TRACE` asks for waiters' lines: for a process that logs its
-/// long-lived waiters itself before it exits ([`Waiter::trace`]).
-pub fn tracing_waits() -> bool {
-    trace_waits()
 }
 
 #[cfg(test)]

@@ -56,18 +56,16 @@ impl Executor {
             let r = raw.and_then(|c| {
                 // Into the backend's pinned memory, which the reply is sent from; else into a
                 // reused buffer of the session.
-                let timed = inner.profiling().then(std::time::Instant::now);
-                match inner.backend.memcpy_dtoh_owned(c, a.src, a.size as usize) {
-                    Some(r) => {
-                        if let (Some(t), Ok(b)) = (timed, &r) {
-                            session.count_bulk_copy(b.len(), t.elapsed());
-                        }
-                        r
-                    }
-                    None => bulk_read(inner, session, a.size, |buf| {
-                        inner.backend.memcpy_dtoh(c, buf, a.src)
-                    }),
-                }
+                timed_read(inner, session, || {
+                    inner
+                        .backend
+                        .memcpy_dtoh_owned(c, a.src, a.size as usize)
+                        .unwrap_or_else(|| {
+                            bulk_read(session, a.size, |buf| {
+                                inner.backend.memcpy_dtoh(c, buf, a.src)
+                            })
+                        })
+                })
             });
             // A synchronous copy waits for the context's legacy stream: the async copies
             // queued there before it are complete too.
@@ -91,15 +89,13 @@ impl Executor {
                     return Err(CuError(cu::INVALID_VALUE));
                 }
                 let (c, s) = copy_on_stream(inner, session, (a.ctx, a.stream), a.src, a.size)?;
-                let timed = inner.profiling().then(std::time::Instant::now);
-                let staged = inner
-                    .backend
-                    .memcpy_dtoh_async(c, s, a.src, a.size as usize)?;
-                staged.wait()?;
-                if let Some(t) = timed {
-                    session.count_bulk_copy(staged.data().len(), t.elapsed());
-                }
-                Ok(staged_bytes(staged.into()))
+                timed_read(inner, session, || {
+                    let staged = inner
+                        .backend
+                        .memcpy_dtoh_async(c, s, a.src, a.size as usize)?;
+                    staged.wait()?;
+                    Ok(staged_bytes(staged.into()))
+                })
             })();
             // The copy waited for the stream: its earlier asynchronous copies are complete.
             let scope = Scope::Stream(a.ctx, a.stream);
@@ -452,20 +448,29 @@ fn push_pending(
     result
 }
 
-/// `size` bytes a synchronous device-to-host copy reads: `fill` writes them into one of the
-/// session's reused bulk buffers (its driver time counted when profiling).
-fn bulk_read(
+/// The bytes a device-to-host copy reads with `read`, its time counted when profiling.
+fn timed_read(
     inner: &Inner,
+    session: &Session,
+    read: impl FnOnce() -> CuResult<remora_xdr::Bytes>,
+) -> CuResult<remora_xdr::Bytes> {
+    let timed = inner.profiling().then(std::time::Instant::now);
+    let r = read();
+    if let (Some(t), Ok(bytes)) = (timed, &r) {
+        session.count_bulk_copy(bytes.len(), t.elapsed());
+    }
+    r
+}
+
+/// `size` bytes a synchronous device-to-host copy reads: `fill` writes them into one of the
+/// session's reused bulk buffers.
+fn bulk_read(
     session: &Session,
     size: u64,
     fill: impl FnOnce(&mut [u8]) -> CuResult<()>,
 ) -> CuResult<remora_xdr::Bytes> {
     let mut buf = session.bulk_buffer(size as usize);
-    let timed = inner.profiling().then(std::time::Instant::now);
     fill(&mut buf)?;
-    if let Some(t) = timed {
-        session.count_bulk_copy(buf.len(), t.elapsed());
-    }
     let buf = buf.freeze();
     session.keep_bulk_buffer(&buf);
     Ok(buf)

@@ -881,14 +881,12 @@ impl Backend for CudaBackend {
         if size < staging::SYNC_STAGING_MIN {
             return None;
         }
-        let d = match self.in_ctx(ctx) {
-            Ok(d) => d,
-            Err(e) => return Some(Err(e)),
-        };
+        // With `ctx` current; `None` (the caller's path reports a bad context) without it.
         let lease = self.pinned_lease(ctx, size)?;
         // SAFETY: the lease holds at least `size` bytes of pinned memory of this copy's alone;
         // the source range was checked.
-        Some(call!(d.t, memcpy_dtoh(lease.ptr(), src, size)).map(|()| lease.into_bytes()))
+        let r = call!(lease.driver().t, memcpy_dtoh(lease.ptr(), src, size));
+        Some(r.map(|()| lease.into_bytes()))
     }
 
     fn memcpy_dtoh(&self, ctx: u64, dst: &mut [u8], src: u64) -> CuResult<()> {

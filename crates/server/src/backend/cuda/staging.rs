@@ -142,6 +142,18 @@ fn map_pinned(driver: &Driver, class: usize) -> CuResult<usize> {
     Ok(host as usize)
 }
 
+/// A staging buffer of `class` bytes of `ctx` (the current context): an idle one of the pool,
+/// else a new one ([`map_pinned`]); with [`CTX_GENERATION`] as read before taking or mapping
+/// it (a context destroyed after that point makes the buffer unpoolable).
+fn pooled_or_mapped(driver: &Driver, ctx: u64, class: usize) -> CuResult<(usize, u64)> {
+    let generation = CTX_GENERATION.load(Ordering::Acquire);
+    let host = match pool_take(ctx, class) {
+        Some(h) => h,
+        None => map_pinned(driver, class)?,
+    };
+    Ok((host, generation))
+}
+
 /// Unmaps a staging buffer that no copy uses any more and no context has page-locked (its
 /// registration was undone, or its context destroyed).
 fn unmap(host: usize, class: usize) {
@@ -191,18 +203,12 @@ impl PinnedLease {
         if class > POOL_MAX_CLASS || !lease_admit(class) {
             return None;
         }
-        // Read before taking or mapping: a context destroyed after this point makes the
-        // buffer unpoolable.
-        let generation = CTX_GENERATION.load(Ordering::Acquire);
-        let host = match pool_take(ctx, class) {
-            Some(h) => h,
-            None => match map_pinned(driver, class) {
-                Ok(h) => h,
-                Err(e) => {
-                    lease_release(class);
-                    return Some(Err(e));
-                }
-            },
+        let (host, generation) = match pooled_or_mapped(driver, ctx, class) {
+            Ok(b) => b,
+            Err(e) => {
+                lease_release(class);
+                return Some(Err(e));
+            }
         };
         Some(Ok(Self {
             driver: Arc::clone(driver),
@@ -212,6 +218,11 @@ impl PinnedLease {
             class,
             generation,
         }))
+    }
+
+    /// The driver, with the lease's context current on the thread that took it.
+    pub(super) fn driver(&self) -> &Driver {
+        &self.driver
     }
 
     /// The buffer, for a copy into or out of it.
@@ -373,13 +384,8 @@ impl CudaBackend {
             return Ok(Box::new(super::super::NoBytes));
         }
         let class = class_of(size);
-        // Read before taking or allocating: a context destroyed after this point makes the
-        // buffer unpoolable.
-        let generation = CTX_GENERATION.load(Ordering::Acquire);
-        let host: Ptr = match pool_take(ctx, class) {
-            Some(h) => h as Ptr,
-            None => map_pinned(&driver, class)? as Ptr,
-        };
+        let (host, generation) = pooled_or_mapped(&driver, ctx, class)?;
+        let host = host as Ptr;
         let mut event: Ptr = std::ptr::null_mut();
         // SAFETY: writes one CUevent.
         if let Err(e) = call!(driver.t, event_create(&mut event, EVENT_DISABLE_TIMING)) {
@@ -453,7 +459,7 @@ impl CudaBackend {
         f: impl FnOnce(&Driver, Ptr) -> CuResult<T>,
     ) -> Option<CuResult<T>> {
         let lease = self.pinned_lease(ctx, size)?;
-        Some(f(&lease.driver, lease.ptr()))
+        Some(f(lease.driver(), lease.ptr()))
     }
 }
 
