@@ -111,6 +111,8 @@ pub(crate) fn run(
             .with_context(|| format!("NULL call to {server} failed"))?;
         times.push(t.elapsed().as_secs_f64() * 1e6);
     }
+    // REMORA_WAIT_TRACE: how this side's waits went.
+    client.rpc().trace_waits();
     let report = NullReport::from_times(server, used, times);
     outln!("{}", report.text());
     if let Some(path) = json {

@@ -571,6 +571,16 @@ impl Client {
         matches!(self.inner.control, Stream::Shm(_))
     }
 
+    /// Over shared memory, whether a call written since the last read had to wake the
+    /// sleeping server, and then how late its answer usually comes for it
+    /// ([`remora_shm::ShmStream::take_peer_woken`]); `None` otherwise and on sockets.
+    pub fn take_peer_woken(&self) -> Option<std::time::Duration> {
+        match &self.inner.control {
+            Stream::Shm(s) => s.take_peer_woken(),
+            _ => None,
+        }
+    }
+
     /// The data area of the connection's shared-memory region: `None` on a socket or when the
     /// server gave none. The server may write it at any time.
     pub fn data_area(&self) -> Option<DataArea> {

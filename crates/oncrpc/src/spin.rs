@@ -27,8 +27,9 @@ pub(crate) struct Spinning<S> {
     waiter: Waiter,
 }
 
-impl<S> Spinning<S> {
+impl<S: Transport> Spinning<S> {
     pub(crate) fn new(inner: S) -> Self {
+        inner.stamp_arrivals();
         Self {
             inner,
             waiter: Waiter::new(Duration::ZERO, MAX_SPIN).labeled("socket: readable"),
@@ -53,7 +54,7 @@ impl<S: Transport> Read for Spinning<S> {
             }
         }
         let start = Instant::now();
-        let budget = self.waiter.budget();
+        let budget = self.waiter.plan();
         while start.elapsed() < budget {
             std::hint::spin_loop();
             match self.inner.try_read(buf) {
@@ -71,17 +72,25 @@ impl<S: Transport> Read for Spinning<S> {
                 None => break,
             }
         }
-        // Block (within the socket's read timeout). A timeout, too, tells a long wait.
-        let r = self.inner.read(buf);
-        let waited = match &r {
-            Ok(n) => *n > 0,
-            Err(e) => crate::record::is_timeout_kind(e.kind()),
-        };
-        if waited {
-            self.waiter
-                .record(remora_shm::WaitOutcome::Slept, start.elapsed());
+        // Block (within the socket's read timeout). A timeout, too, tells a long wait. The
+        // budget learns the time until the bytes arrived where the socket stamps them (TCP):
+        // not this side's own wake-up (`remora_sockstamp`).
+        let r = self.inner.read_stamped(buf);
+        let took = start.elapsed();
+        match &r {
+            Ok((n, lag)) if *n > 0 => {
+                self.waiter.record_judged(
+                    remora_shm::WaitOutcome::Slept,
+                    took,
+                    took.saturating_sub(lag.unwrap_or_default()),
+                );
+            }
+            Err(e) if crate::record::is_timeout_kind(e.kind()) => {
+                self.waiter.record(remora_shm::WaitOutcome::Slept, took);
+            }
+            _ => {}
         }
-        r
+        r.map(|(n, _)| n)
     }
 }
 

@@ -32,7 +32,9 @@ pub use region::{Layout, Region, RegionError};
 pub use ring::{Consumer, MAX_MESSAGE, Producer, RingError, RingWaker};
 pub use signal::{SIGNAL_FALLBACK, SIGNAL_OFFSET, SIGNAL_PAGE, SIGNAL_SLOTS, Signals};
 pub use stream::{ShmStream, Side, recv_with_fd, send_with_fd};
-pub use wait::{SPIN_FOREVER, WaitOutcome, WaitPolicy, WaitStats, Waiter, tracing_waits};
+pub use wait::{
+    EXPLORE_EVERY, SPIN_FOREVER, WaitOutcome, WaitPolicy, WaitStats, Waiter, tracing_waits,
+};
 
 /// Fuzzing hooks: drive a consumer with arbitrary ring contents and index values.
 pub mod fuzzing {

@@ -12,11 +12,11 @@
 //! about its own progress but cannot move ours.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use crate::region::Mapping;
-use crate::wait::Waiter;
+use crate::wait::{WaitOutcome, Waiter};
 
 /// Bytes of the ring header.
 pub(crate) const RING_HEADER: usize = 256;
@@ -49,12 +49,28 @@ pub enum RingError {
 #[repr(C, align(64))]
 struct Line(AtomicU32);
 
-/// The shared header of a ring. Each word sits on its own cache line, so that the producer's
-/// and the consumer's stores do not invalidate each other's lines.
+/// The producer's cache line: its index, and what the consumer's waiter learns from.
+#[repr(C, align(64))]
+struct TailLine {
+    /// Bytes ever published by the producer (Release after the bytes are written).
+    tail: AtomicU32,
+    _pad: u32,
+    /// `CLOCK_MONOTONIC` nanoseconds of the latest publish (0: a producer that does not say:
+    /// an older Remora). Advisory: it only steers the consumer's spin budget.
+    posted_ns: AtomicU64,
+    /// With the latest message: how late, in nanoseconds, the producer noticed the message
+    /// on the other ring that this one answers (0: it was spinning, not asleep, or the
+    /// message answers nothing). An answer sent after a wake-up comes that much later than
+    /// it would have; the consumer takes it out of what its budget learns. Advisory, like
+    /// `posted_ns`.
+    lag_ns: AtomicU64,
+}
+
+/// The shared header of a ring. Each index sits on its own cache line, so that the
+/// producer's and the consumer's stores do not invalidate each other's lines.
 #[repr(C)]
 struct RingHeader {
-    /// Bytes ever published by the producer (Release after the bytes are written).
-    tail: Line,
+    tail: TailLine,
     /// Bytes ever consumed (Release after the bytes are copied out).
     head: Line,
     /// 1 while the consumer sleeps (or is about to) on the futex at `tail`.
@@ -140,7 +156,15 @@ impl Ends {
     }
 
     /// The producer's [`Producer::try_push`], `tail` being its count of bytes published.
-    fn push(&self, tail: &mut u32, parts: &[&[u8]]) -> Result<bool, RingError> {
+    /// `woke` says whether publishing had to wake the consumer.
+    /// `lag` goes to the header with the message (see [`Producer::set_next_lag`]).
+    fn push(
+        &self,
+        tail: &mut u32,
+        parts: &[&[u8]],
+        woke: &mut bool,
+        lag: u64,
+    ) -> Result<bool, RingError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let need = padded(len);
         if need > self.capacity as usize || len > MAX_MESSAGE {
@@ -163,8 +187,12 @@ impl Ends {
         self.write(pos, &[0u8; 3][..pad]);
         *tail = tail.wrapping_add(need as u32);
         let h = self.header();
-        // The message bytes are visible before the index that publishes them.
-        publish(&h.tail.0, *tail, &h.consumer_sleeping.0);
+        h.tail.posted_ns.store(mono_ns(), Ordering::Relaxed);
+        if h.tail.lag_ns.load(Ordering::Relaxed) != lag {
+            h.tail.lag_ns.store(lag, Ordering::Relaxed);
+        }
+        // The message bytes (and the stamp) are visible before the index that publishes them.
+        *woke = publish(&h.tail.tail, *tail, &h.consumer_sleeping.0);
         Ok(true)
     }
 
@@ -172,7 +200,7 @@ impl Ends {
     fn pop(&self, head: &mut u32, out: &mut Vec<u8>) -> Result<bool, RingError> {
         // Acquire: pairs with the producer's Release store of `tail`, so that the message
         // bytes it published are visible before we read them.
-        let tail = self.header().tail.0.load(Ordering::Acquire);
+        let tail = self.header().tail.tail.load(Ordering::Acquire);
         let used = tail.wrapping_sub(*head);
         if used > self.capacity || !used.is_multiple_of(4) {
             return Err(RingError::Corrupt("the producer index is out of range"));
@@ -248,18 +276,22 @@ fn futex_wake(word: &AtomicU32) {
 /// SeqCst fence between publishing and reading `peer_sleeping` pairs with the one in
 /// [`wait_for`]: without it both sides could miss the other, the peer sleeping on an index
 /// that already moved (a lost wake-up).
-fn publish(index: &AtomicU32, value: u32, peer_sleeping: &AtomicU32) {
+/// `true` when the peer was asleep (or about to be) and was woken.
+fn publish(index: &AtomicU32, value: u32, peer_sleeping: &AtomicU32) -> bool {
     index.store(value, Ordering::Release);
     fence(Ordering::SeqCst);
-    if peer_sleeping.load(Ordering::Relaxed) != 0 {
+    let asleep = peer_sleeping.load(Ordering::Relaxed) != 0;
+    if asleep {
         futex_wake(index);
     }
+    asleep
 }
 
 /// The waiting loop of both ends: `attempt()` until it succeeds, spinning then sleeping on the
 /// peer's index `word` (announced in `sleeping`) while `blocked(word's value)` says the ring
 /// still holds us up. `Ok(false)` when `deadline` passed; `PeerGone` when `alive()` fails
 /// after a sleep that did not help.
+#[allow(clippy::too_many_arguments)]
 fn wait_for(
     waiter: &mut Waiter,
     deadline: Option<Instant>,
@@ -268,31 +300,75 @@ fn wait_for(
     word: &AtomicU32,
     blocked: impl Fn(u32) -> bool,
     mut attempt: impl FnMut() -> Result<bool, RingError>,
+    judge: impl FnOnce(bool, WaitOutcome, Duration) -> Duration,
 ) -> Result<bool, RingError> {
     waiter
-        .wait(|sleep| {
-            if !sleep {
-                return Ok(attempt()?.then_some(true));
-            }
-            let Some(slice) = sleep_slice(deadline) else {
-                return Ok(Some(false));
-            };
-            sleeping.store(1, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            let seen = word.load(Ordering::Acquire);
-            if blocked(seen) {
-                futex_sleep(word, seen, slice);
-            }
-            sleeping.store(0, Ordering::Relaxed);
-            if attempt()? {
-                return Ok(Some(true));
-            }
-            if !alive() {
-                return Err(RingError::PeerGone);
-            }
-            Ok(None)
-        })
+        .wait_judged(
+            |sleep| {
+                if !sleep {
+                    return Ok(attempt()?.then_some(true));
+                }
+                let Some(slice) = sleep_slice(deadline) else {
+                    return Ok(Some(false));
+                };
+                sleeping.store(1, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                let seen = word.load(Ordering::Acquire);
+                if blocked(seen) {
+                    futex_sleep(word, seen, slice);
+                }
+                sleeping.store(0, Ordering::Relaxed);
+                if attempt()? {
+                    return Ok(Some(true));
+                }
+                if !alive() {
+                    return Err(RingError::PeerGone);
+                }
+                Ok(None)
+            },
+            |&got, outcome, took| judge(got, outcome, took),
+        )
         .map(|(v, _)| v)
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds: one clock for both processes of a session.
+fn mono_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
+}
+
+/// What a consumer's wait that took `took` and ended as `outcome` teaches its budget, from
+/// the producer's stamps (`posted`, `peer_lag`; `posted` 0: no stamps, `took` itself), and
+/// how late this side noticed the message (its wake-up lag: 0 unless it slept).
+///
+/// The budget should follow how long the peer takes to answer while both sides spin. A
+/// wait that slept is longer by this side's own wake-up (the message was there at `posted`,
+/// noticed only at the end), and a reply the peer sent after sleeping itself is later by
+/// the peer's wake-up (`peer_lag`). Learning those would keep both budgets at their minimum
+/// once both sides sleep: each waits a wake-up of the other, which proves the next wait
+/// long too. Both are taken out.
+fn judged_wait(
+    outcome: WaitOutcome,
+    took: Duration,
+    posted: u64,
+    peer_lag: u64,
+) -> (Duration, u64) {
+    if posted == 0 {
+        return (took, 0);
+    }
+    let now = mono_ns();
+    let start = now.saturating_sub(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+    let arrival = posted.saturating_sub(start).min(now - start);
+    let own_lag = match outcome {
+        WaitOutcome::Slept => now.saturating_sub(posted),
+        WaitOutcome::Spun => 0,
+    };
+    (
+        Duration::from_nanos(arrival.saturating_sub(peer_lag)),
+        own_lag,
+    )
 }
 
 /// Wakes this process's waits on a ring from another thread ([`Consumer::waker`],
@@ -305,7 +381,7 @@ impl RingWaker {
     /// Wakes a sleeper on either index of the ring.
     pub fn wake(&self) {
         let h = self.0.header();
-        futex_wake(&h.tail.0);
+        futex_wake(&h.tail.tail);
         futex_wake(&h.head.0);
     }
 }
@@ -316,6 +392,10 @@ pub struct Producer {
     ends: Ends,
     /// Our own count of bytes published; the shared `tail` only mirrors it.
     tail: u32,
+    /// See [`Producer::woke_peer`].
+    woke: bool,
+    /// See [`Producer::set_next_lag`].
+    next_lag: u64,
 }
 
 impl Producer {
@@ -326,8 +406,13 @@ impl Producer {
 
     pub(crate) fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
         let ends = Ends::new(map, off, capacity);
-        let tail = ends.header().tail.0.load(Ordering::Acquire);
-        Self { ends, tail }
+        let tail = ends.header().tail.tail.load(Ordering::Acquire);
+        Self {
+            ends,
+            tail,
+            woke: false,
+            next_lag: 0,
+        }
     }
 
     /// The ring's capacity in bytes.
@@ -335,9 +420,27 @@ impl Producer {
         self.ends.capacity
     }
 
+    /// Says, with the next message only, that it comes `ns` nanoseconds late because this
+    /// side noticed the message it answers late ([`Consumer::wake_lag`]): the consumer's
+    /// budget takes that out (`judged_wait`). Later messages say 0 unless set again.
+    pub fn set_next_lag(&mut self, ns: u64) {
+        self.next_lag = ns;
+    }
+
     /// Publishes one message made of `parts`, if there is room now; `Ok(false)` when full.
     pub fn try_push(&mut self, parts: &[&[u8]]) -> Result<bool, RingError> {
-        self.ends.push(&mut self.tail, parts)
+        let lag = self.next_lag;
+        let pushed = self.ends.push(&mut self.tail, parts, &mut self.woke, lag)?;
+        if pushed {
+            self.next_lag = 0;
+        }
+        Ok(pushed)
+    }
+
+    /// Whether the last message published had to wake the consumer (it was asleep, and will
+    /// answer a wake-up later than if it had been spinning).
+    pub fn woke_peer(&self) -> bool {
+        self.woke
     }
 
     /// Publishes one message, waiting for room (spin, then futex) while `alive()` holds.
@@ -362,7 +465,8 @@ impl Producer {
         deadline: Option<Instant>,
     ) -> Result<bool, RingError> {
         let need = padded(parts.iter().map(|p| p.len()).sum());
-        let (ends, tail) = (&self.ends, &mut self.tail);
+        let (ends, tail, woke) = (&self.ends, &mut self.tail, &mut self.woke);
+        let next_lag = &mut self.next_lag;
         let (capacity, seen_tail) = (ends.capacity as usize, *tail);
         let h = ends.header();
         wait_for(
@@ -375,7 +479,14 @@ impl Producer {
                 let used = seen_tail.wrapping_sub(head) as usize;
                 used <= capacity && capacity - used < need
             },
-            || ends.push(tail, parts),
+            || {
+                let pushed = ends.push(tail, parts, woke, *next_lag)?;
+                if pushed {
+                    *next_lag = 0;
+                }
+                Ok(pushed)
+            },
+            |_, _, took| took,
         )
     }
 }
@@ -386,6 +497,10 @@ pub struct Consumer {
     ends: Ends,
     /// Our own count of bytes consumed; the shared `head` only mirrors it.
     head: u32,
+    /// See [`Consumer::wake_lag`].
+    wake_lag: u64,
+    /// See [`Consumer::peer_lag`].
+    peer_lag: u64,
 }
 
 impl Consumer {
@@ -397,7 +512,12 @@ impl Consumer {
     pub(crate) fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
         let ends = Ends::new(map, off, capacity);
         let head = ends.header().head.0.load(Ordering::Acquire);
-        Self { ends, head }
+        Self {
+            ends,
+            head,
+            wake_lag: 0,
+            peer_lag: 0,
+        }
     }
 
     /// The ring's capacity in bytes.
@@ -434,15 +554,50 @@ impl Consumer {
         let (ends, head) = (&self.ends, &mut self.head);
         let seen_head = *head;
         let h = ends.header();
-        wait_for(
+        let mut lag = 0;
+        let mut peer_lag = self.peer_lag;
+        let r = wait_for(
             waiter,
             deadline,
             alive,
             &h.consumer_sleeping.0,
-            &h.tail.0,
+            &h.tail.tail,
             |tail| tail == seen_head,
             || ends.pop(head, out),
-        )
+            |got, outcome, took| {
+                if !got {
+                    return took;
+                }
+                let posted = h.tail.posted_ns.load(Ordering::Relaxed);
+                let said = h.tail.lag_ns.load(Ordering::Relaxed);
+                let (learn, own) = judged_wait(outcome, took, posted, said);
+                if said != 0 {
+                    peer_lag = if peer_lag == 0 {
+                        said
+                    } else {
+                        (peer_lag * 3 + said) / 4
+                    };
+                }
+                lag = own;
+                learn
+            },
+        );
+        self.wake_lag = lag;
+        self.peer_lag = peer_lag;
+        r
+    }
+
+    /// How late the producer usually notices a message when it sleeps (a running mean of the
+    /// wake-up lags it said, in nanoseconds; 0 until it said one).
+    pub fn peer_lag(&self) -> u64 {
+        self.peer_lag
+    }
+
+    /// How late (nanoseconds) the last wait noticed its message because it slept (0 when it
+    /// spun, found it at once, or the producer does not stamp): for the peer's budget, with
+    /// the answer on the session's other ring ([`Producer::set_next_lag`]).
+    pub fn wake_lag(&self) -> u64 {
+        self.wake_lag
     }
 }
 
@@ -483,7 +638,7 @@ pub fn fuzz_consumer(data: &[u8]) {
             }
             2 => {
                 let v = arg(&mut it);
-                cons.ends.header().tail.0.store(v, Ordering::Release);
+                cons.ends.header().tail.tail.store(v, Ordering::Release);
             }
             3 => {
                 let v = arg(&mut it);
@@ -553,13 +708,13 @@ mod tests {
         let (mut p, mut c) = pair(64);
         let mut out = Vec::new();
         // tail - head > size.
-        c.ends.header().tail.0.store(65, Ordering::Release);
+        c.ends.header().tail.tail.store(65, Ordering::Release);
         assert!(matches!(c.try_pop(&mut out), Err(RingError::Corrupt(_))));
-        c.ends.header().tail.0.store(6, Ordering::Release);
+        c.ends.header().tail.tail.store(6, Ordering::Release);
         assert!(matches!(c.try_pop(&mut out), Err(RingError::Corrupt(_))));
         // A length word larger than what was published.
         p.ends.write(0, &1000u32.to_le_bytes());
-        c.ends.header().tail.0.store(8, Ordering::Release);
+        c.ends.header().tail.tail.store(8, Ordering::Release);
         assert!(matches!(c.try_pop(&mut out), Err(RingError::Corrupt(_))));
         // A consumer index moved past the producer's.
         p.ends.header().head.0.store(100, Ordering::Release);
@@ -590,6 +745,53 @@ mod tests {
             expect += pad.len() as u64 + 4;
         }
         assert_eq!(t.join().unwrap(), expect);
+    }
+
+    #[test]
+    fn a_wait_learns_what_it_would_have_taken_had_both_sides_spun() {
+        let us = Duration::from_micros;
+        // No stamps (an older producer): the wait as it was.
+        assert_eq!(judged_wait(WaitOutcome::Slept, us(300), 0, 0), (us(300), 0));
+        // Slept 110 µs; the message was posted ~10 µs in, and the peer had woken 5 µs late
+        // before it answered: the budget learns at most 5 µs, and we were ~100 µs late.
+        let t0 = mono_ns();
+        let posted = t0 - 100_000;
+        let (learn, own) = judged_wait(WaitOutcome::Slept, us(110), posted, 5_000);
+        assert!(learn <= us(5), "{learn:?}");
+        assert!(own >= 100_000, "{own}");
+        // Spun: no lag of our own; a message "posted" before the wait began counts as 0.
+        let (learn, own) = judged_wait(WaitOutcome::Spun, us(3), mono_ns() - 1_000_000, 0);
+        assert_eq!((learn, own), (Duration::ZERO, 0));
+    }
+
+    #[test]
+    fn a_consumer_that_slept_reports_its_lag_and_the_producer_stamps() {
+        let (mut p, mut c) = pair(64);
+        let t = std::thread::spawn(move || {
+            let mut w = Waiter::with_bounds(Duration::ZERO, Duration::ZERO);
+            let mut out = Vec::new();
+            c.pop(&mut out, &mut w, || true).unwrap();
+            (
+                c.wake_lag(),
+                c.ends.header().tail.posted_ns.load(Ordering::Relaxed),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let mut w = Waiter::with_bounds(Duration::ZERO, Duration::ZERO);
+        p.push(&[b"x"], &mut w, || true).unwrap();
+        let (wake_lag, posted) = t.join().unwrap();
+        assert!(posted > 0);
+        // It slept on the futex: noticed after the publish, by a measured amount.
+        assert!(wake_lag > 0 && wake_lag < 1_000_000_000, "{wake_lag}");
+        // A lag goes with the next message only.
+        p.set_next_lag(wake_lag);
+        assert!(p.try_push(&[b"y"]).unwrap());
+        assert_eq!(
+            p.ends.header().tail.lag_ns.load(Ordering::Relaxed),
+            wake_lag
+        );
+        assert!(p.try_push(&[b"z"]).unwrap());
+        assert_eq!(p.ends.header().tail.lag_ns.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -76,6 +76,13 @@ struct Conn {
     watched: AtomicBool,
     /// Set when [`Conn::alive`] found the peer gone (the watcher stops waking then).
     gone_seen: AtomicBool,
+    /// A message written since the last read had to wake the peer.
+    woke_peer: AtomicBool,
+    /// The peer's usual wake-up lag ([`Consumer::peer_lag`]), kept by reads.
+    peer_lag_ns: AtomicU64,
+    /// How late the last read noticed its message; said with the next write only
+    /// ([`Producer::set_next_lag`]).
+    answer_lag: AtomicU64,
 }
 
 impl Drop for Conn {
@@ -133,16 +140,16 @@ impl ShmStream {
         Self {
             conn: Arc::new(Conn {
                 side,
-                tx: Mutex::new(Tx {
-                    ring: tx,
-                    waiter: Waiter::new(MIN_SPIN, MAX_SPIN).labeled(tx_label),
-                }),
                 rx: Mutex::new(Rx {
                     ring: rx,
                     waiter: Waiter::new(MIN_SPIN, MAX_SPIN).labeled(rx_label),
                     msg: Vec::new(),
                     pos: 0,
                     failed: false,
+                }),
+                tx: Mutex::new(Tx {
+                    ring: tx,
+                    waiter: Waiter::new(MIN_SPIN, MAX_SPIN).labeled(tx_label),
                 }),
                 region,
                 socket,
@@ -153,6 +160,9 @@ impl ShmStream {
                 max_chunk,
                 watched: AtomicBool::new(false),
                 gone_seen: AtomicBool::new(false),
+                woke_peer: AtomicBool::new(false),
+                peer_lag_ns: AtomicU64::new(0),
+                answer_lag: AtomicU64::new(0),
             }),
         }
     }
@@ -200,6 +210,19 @@ impl ShmStream {
                 }
             })?;
         Ok(())
+    }
+
+    /// Whether a message written since the last read (or the last call) had to wake the
+    /// sleeping peer: then how late its answer usually comes for it (the peer's wake-up lag,
+    /// or half of `MAX_SPIN` until the peer has said one). A waiter for that answer spins
+    /// through it once ([`Waiter::stretch_next`]) instead of sleeping, so that the pair does
+    /// not stay asleep. Clears the flag.
+    pub fn take_peer_woken(&self) -> Option<Duration> {
+        if !self.conn.woke_peer.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let lag = Duration::from_nanos(self.conn.peer_lag_ns.load(Ordering::Relaxed));
+        Some(if lag.is_zero() { MAX_SPIN / 2 } else { lag })
     }
 
     /// The shared region.
@@ -358,12 +381,25 @@ impl Read for &ShmStream {
             if conn.read_closed.load(Ordering::Relaxed) {
                 return Ok(0);
             }
+            if let Some(lag) = self.take_peer_woken() {
+                // Our last message woke the peer: its answer comes a wake-up late. Spin
+                // through that once rather than sleep (see `Waiter::stretch_next`).
+                let spin = rx.waiter.budget() + lag + lag / 2;
+                rx.waiter.stretch_next(spin);
+            }
             match rx
                 .ring
                 .pop_until(&mut rx.msg, &mut rx.waiter, || conn.alive(true), until)
             {
                 // An empty message carries nothing: wait for the next one.
-                Ok(true) => rx.pos = 0,
+                Ok(true) => {
+                    rx.pos = 0;
+                    // What we send next comes that much later: the peer's budget takes
+                    // it out (`ring::judged_wait`).
+                    conn.answer_lag.store(rx.ring.wake_lag(), Ordering::Relaxed);
+                    conn.peer_lag_ns
+                        .store(rx.ring.peer_lag(), Ordering::Relaxed);
+                }
                 Ok(false) => return Err(timed_out("read")),
                 Err(RingError::PeerGone) => return Ok(0),
                 Err(e) => {
@@ -421,11 +457,20 @@ impl Write for &ShmStream {
         let until = deadline(conn.write_timeout.load(Ordering::Relaxed));
         let mut tx = lock(&conn.tx);
         let tx = &mut *tx;
+        let lag = conn.answer_lag.swap(0, Ordering::Relaxed);
+        if lag != 0 {
+            tx.ring.set_next_lag(lag);
+        }
         match tx
             .ring
             .push_until(&parts, &mut tx.waiter, || conn.alive(false), until)
         {
-            Ok(true) => Ok(total),
+            Ok(true) => {
+                if tx.ring.woke_peer() {
+                    conn.woke_peer.store(true, Ordering::Relaxed);
+                }
+                Ok(total)
+            }
             Ok(false) => Err(timed_out("write")),
             Err(e) => Err(ring_error(e)),
         }

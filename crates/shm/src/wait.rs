@@ -15,8 +15,8 @@ pub enum WaitOutcome {
 ///
 /// Each wait spins while the condition is false, for at most the current budget, then
 /// blocks (the caller's `sleep`, a futex wait). The budget follows an exponentially weighted
-/// mean of how long the waits took: when answers come within `max_spin`, spinning about 1.5
-/// times the usual wait catches most of them without a sleep and a wake-up (which cost
+/// mean of how long the waits took: when answers come within `max_spin`, spinning a few
+/// times the usual wait ([`SPIN_FACTOR`]) catches most of them without a sleep and a wake-up (which cost
 /// microseconds each); when they take longer, spinning is wasted CPU and the budget falls to
 /// `min_spin`. An idle side therefore costs a futex sleep, not a spinning core.
 #[derive(Debug, Clone)]
@@ -25,6 +25,16 @@ pub struct Waiter {
     mean_ns: f64,
     min_spin: Duration,
     max_spin: Duration,
+    /// The next wait spins at least this long ([`Waiter::stretch_next`]).
+    stretch: Duration,
+    /// The way the wait in progress was planned ([`Waiter::plan`]): `Some(true)` spinning
+    /// first, `Some(false)` blocking at once; `None` outside a wait or with a fixed policy.
+    arm: Option<bool>,
+    /// How long waits took lately (nanoseconds, capped), spinning first and blocking at once;
+    /// 0: not tried yet.
+    arm_ns: [f64; 2],
+    /// Waits planned, for exploring the way not taken.
+    plans: u32,
     /// What this waiter waits for, for [`WaitStats`] lines.
     label: &'static str,
     stats: WaitStats,
@@ -68,6 +78,15 @@ pub enum WaitPolicy {
     Block,
 }
 
+/// The spin budget is this many times the waits' mean (at most `max_spin`). Generous, since
+/// the waits learned leave wake-ups out (the rings' and TCP's stamps): a budget just short of
+/// the usual wait is the costliest, a spin and then a sleep.
+const SPIN_FACTOR: f64 = 3.0;
+
+/// Every this many waits, [`Waiter::plan`] takes the way it does not prefer (four times as
+/// many when that way has been more than twice as slow).
+pub const EXPLORE_EVERY: u32 = 16;
+
 /// The spin budget of [`WaitPolicy::Spin`].
 pub const SPIN_FOREVER: Duration = Duration::from_secs(1);
 
@@ -108,6 +127,10 @@ impl Waiter {
             mean_ns: 0.0,
             min_spin,
             max_spin,
+            stretch: Duration::ZERO,
+            arm: None,
+            arm_ns: [0.0; 2],
+            plans: 0,
             label: "",
             stats: WaitStats::default(),
         }
@@ -146,8 +169,19 @@ impl Waiter {
             spun_mean_us = mean_us(st.spun_ns, st.spun),
             slept_mean_us = mean_us(st.slept_ns, st.slept),
             budget_us = self.budget.as_secs_f64() * 1e6,
+            spin_first_us = self.arm_ns[0] / 1e3,
+            block_at_once_us = self.arm_ns[1] / 1e3,
             "waits"
         );
+    }
+
+    /// Has the next wait spin at least `spin` (at most `max_spin`), whatever the budget: for a
+    /// side that has just woken its sleeping peer, whose answer then comes a wake-up later
+    /// than the budget (learned from spinning peers) expects. Spinning through that once puts
+    /// the pair back to spinning; sleeping through it would keep both asleep. Nothing under
+    /// the block policy (`max_spin` 0).
+    pub fn stretch_next(&mut self, spin: Duration) {
+        self.stretch = spin.min(self.max_spin);
     }
 
     /// The current spin budget.
@@ -161,7 +195,20 @@ impl Waiter {
     /// there at the first look is not counted as a wait.
     pub fn wait<T, E>(
         &mut self,
+        poll: impl FnMut(bool) -> Result<Option<T>, E>,
+    ) -> Result<(T, WaitOutcome), E> {
+        self.wait_judged(poll, |_, _, took| took)
+    }
+
+    /// [`Waiter::wait`], with `judge(value, outcome, took)` saying how long the wait would
+    /// have lasted had both sides been spinning: that is what the budget learns (the stats
+    /// keep `took`). A ring's consumer takes out its own wake-up and the peer's
+    /// ([`crate::ring`]), so that waits stretched by sleeping do not keep the budget down and
+    /// both sides asleep (the "slow mode" of adaptive waiting under load).
+    pub fn wait_judged<T, E>(
+        &mut self,
         mut poll: impl FnMut(bool) -> Result<Option<T>, E>,
+        judge: impl FnOnce(&T, WaitOutcome, Duration) -> Duration,
     ) -> Result<(T, WaitOutcome), E> {
         // Ready at the first look (a busy peer): no clock read, and nothing that says how
         // long waits are.
@@ -170,7 +217,7 @@ impl Waiter {
             return Ok((v, WaitOutcome::Spun));
         }
         let start = Instant::now();
-        let spin_until = start + self.budget;
+        let spin_until = start + self.plan();
         let mut outcome = WaitOutcome::Spun;
         loop {
             if outcome == WaitOutcome::Spun {
@@ -181,7 +228,9 @@ impl Waiter {
                 }
             }
             if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
-                self.record(outcome, start.elapsed());
+                let took = start.elapsed();
+                let learned = judge(&v, outcome, took);
+                self.record_judged(outcome, took, learned);
                 return Ok((v, outcome));
             }
         }
@@ -190,8 +239,68 @@ impl Waiter {
     /// Folds one wait that took `took` and ended as `outcome` into the budget
     /// ([`Waiter::observe`]) and the stats ([`Waiter::count`]).
     pub fn record(&mut self, outcome: WaitOutcome, took: Duration) {
-        self.observe(took);
+        self.record_judged(outcome, took, took);
+    }
+
+    /// [`Waiter::record`] for a wait whose budget should learn `learned` rather than `took`
+    /// (its own wake-up taken out, as [`Waiter::wait_judged`]'s judge says); the way it was
+    /// planned is judged by `took`, what the caller really waited.
+    pub fn record_judged(&mut self, outcome: WaitOutcome, took: Duration, learned: Duration) {
+        self.learn(learned);
+        self.settle(took);
         self.count(outcome, took);
+    }
+
+    /// Starts a wait: how long to spin before blocking. Between spinning first (for the
+    /// budget) and blocking at once, the way whose waits took less lately, and now and then
+    /// ([`EXPLORE_EVERY`]) the other one, so that its figure stays current.
+    ///
+    /// Which is better depends on more than the peer: when cores are oversubscribed, a spin
+    /// can hold the core the peer needs to answer, and waits that spin take longer than waits
+    /// that block; when they are not, spinning saves a wake-up. Measuring both, rather than
+    /// predicting from the waits alone, makes the choice in either case (issue 12 §4). The
+    /// fixed policies (`REMORA_WAIT=spin|block`, or equal bounds) spin for the budget always.
+    pub fn plan(&mut self) -> Duration {
+        let stretch = std::mem::take(&mut self.stretch);
+        if self.max_spin.is_zero() || self.min_spin == self.max_spin {
+            self.arm = None;
+            return self.budget.max(stretch);
+        }
+        self.plans = self.plans.wrapping_add(1);
+        let [spin_ns, block_ns] = self.arm_ns;
+        let prefer_spin = block_ns == 0.0 || spin_ns <= block_ns;
+        // A way twice as slow as the other is looked at again less often.
+        let clear = spin_ns > 2.0 * block_ns || block_ns > 2.0 * spin_ns;
+        let every = if clear {
+            EXPLORE_EVERY * 4
+        } else {
+            EXPLORE_EVERY
+        };
+        let spin = prefer_spin != self.plans.is_multiple_of(every);
+        self.arm = Some(spin);
+        if spin {
+            self.budget.max(stretch)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Forgets the wait [`Waiter::plan`] started (it did not happen).
+    pub fn cancel_plan(&mut self) {
+        self.arm = None;
+    }
+
+    /// Ends the planned wait: its time goes to the figure of the way it took.
+    fn settle(&mut self, took: Duration) {
+        let Some(spin) = self.arm.take() else {
+            return;
+        };
+        // Capped: a rare long wait (a preemption, a long kernel) says little about which
+        // way is faster, and would take the figure away from it for long.
+        let cap = (self.max_spin * 4).as_nanos() as f64;
+        let t = (took.as_nanos() as f64).min(cap);
+        let m = &mut self.arm_ns[usize::from(!spin)];
+        *m = if *m == 0.0 { t } else { 0.85 * *m + 0.15 * t };
     }
 
     /// Counts one wait that took `took` and ended as `outcome` in [`Waiter::stats`] (done by
@@ -215,8 +324,15 @@ impl Waiter {
         self.stats.at_once += 1;
     }
 
-    /// Folds one observed wait into the budget.
+    /// Folds one observed wait into the budget, and into the figure of the way it was
+    /// planned ([`Waiter::plan`]).
     pub fn observe(&mut self, took: Duration) {
+        self.learn(took);
+        self.settle(took);
+    }
+
+    /// Folds one wait into the budget only.
+    fn learn(&mut self, took: Duration) {
         let t = took.as_nanos() as f64;
         self.mean_ns = if self.mean_ns == 0.0 {
             t
@@ -225,7 +341,7 @@ impl Waiter {
         };
         let max = self.max_spin.as_nanos() as f64;
         self.budget = if self.mean_ns <= max {
-            Duration::from_nanos((self.mean_ns * 1.5).min(max) as u64).max(self.min_spin)
+            Duration::from_nanos((self.mean_ns * SPIN_FACTOR).min(max) as u64).max(self.min_spin)
         } else {
             self.min_spin
         };
@@ -250,7 +366,7 @@ mod tests {
         }
         let b = w.budget();
         assert!(
-            b >= Duration::from_micros(14) && b <= Duration::from_micros(16),
+            b >= Duration::from_micros(29) && b <= Duration::from_micros(31),
             "{b:?}"
         );
         for _ in 0..20 {

@@ -44,6 +44,8 @@ pub(super) struct SignalSync {
     /// trying (fallback or late).
     seen: AtomicU64,
     full: AtomicU64,
+    /// How long the last synchronize looked at its word before it made the full call.
+    spun_first_ns: AtomicU64,
 }
 
 impl SignalSync {
@@ -67,6 +69,7 @@ impl SignalSync {
             waiter: Mutex::new(Waiter::new(MIN_SPIN, MAX_SPIN).labeled("completion word")),
             seen: AtomicU64::new(0),
             full: AtomicU64::new(0),
+            spun_first_ns: AtomicU64::new(0),
         })
     }
 
@@ -84,11 +87,13 @@ impl SignalSync {
             .push(slot);
     }
 
-    fn budget(&self) -> Duration {
+    /// Starts a synchronize: how long to look at the word ([`Waiter::plan`]; zero: make the
+    /// full call at once).
+    fn plan(&self) -> Duration {
         self.waiter
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .budget()
+            .plan()
     }
 
     /// Counts a synchronize in the waiter's [`remora_shm::WaitStats`]: seen in shared memory
@@ -103,6 +108,14 @@ impl SignalSync {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .count(outcome, took);
+    }
+
+    /// Forgets a planned synchronize that did not happen (no free word).
+    fn cancel_plan(&self) {
+        self.waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .cancel_plan();
     }
 
     /// Folds a synchronize's time, however it ended, into the spin budget.
@@ -134,7 +147,15 @@ impl Session {
         {
             return false;
         }
+        // Blocking at once, as waiting has been faster that way lately (see `Waiter::plan`):
+        // the full call, with no word.
+        let budget = sig.plan();
+        if budget.is_zero() {
+            sig.full.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
         let Some(slot) = sig.take_slot() else {
+            sig.cancel_plan();
             return false;
         };
         let seq = sig.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & !SIGNAL_FALLBACK;
@@ -155,9 +176,16 @@ impl Session {
         // Done when the stream wrote our number; the server's fallback word, or no word
         // within the budget (the full call then waits, and its time teaches the budget),
         // send the caller to the full call.
+        // When the call had to wake the sleeping server, the word comes a wake-up late:
+        // spin through that too (as the rings do), or the pair stays asleep under load.
+        // (`REMORA_WAIT=spin`'s budget stays as it is.)
+        let budget = match self.rpc.rpc().take_peer_woken() {
+            Some(lag) => budget.max((budget + lag + lag / 2).min(MAX_SPIN)),
+            None => budget,
+        };
         let done = sent
             && sig.signals.word(slot).is_some_and(|word| {
-                let until = start + sig.budget();
+                let until = start + budget;
                 loop {
                     let v = word.load(Ordering::Acquire);
                     if v == seq || v == seq | SIGNAL_FALLBACK {
@@ -182,6 +210,11 @@ impl Session {
             }
         } else {
             sig.full.fetch_add(1, Ordering::Relaxed);
+            // The full call's time is added to this when it ends (`observe_sync`).
+            sig.spun_first_ns.store(
+                u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
         }
         done
     }
@@ -202,7 +235,8 @@ impl Session {
     /// teaches the spin budget.
     pub(super) fn observe_sync(&self, took: Duration) {
         if let Some(sig) = &self.signals {
-            sig.observe(took);
+            let spun = Duration::from_nanos(sig.spun_first_ns.swap(0, Ordering::Relaxed));
+            sig.observe(took + spun);
         }
     }
 }

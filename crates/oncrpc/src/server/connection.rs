@@ -62,6 +62,17 @@ pub(crate) trait Transport: Read + Write {
     fn closer(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
         None
     }
+
+    /// Asks the kernel to stamp what arrives (TCP: `SO_TIMESTAMPNS`), for
+    /// [`Transport::read_stamped`]; other streams ignore it.
+    fn stamp_arrivals(&self) {}
+
+    /// A read that also tells how long ago (at most) the bytes arrived, when the stream knows:
+    /// a read that blocked learns its own wake-up lag, which [`crate::spin::Spinning`] keeps
+    /// out of its spin budget. `None`: not known (the default).
+    fn read_stamped(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
+        self.read(buf).map(|n| (n, None))
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
@@ -87,6 +98,14 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     fn closer(&self) -> Option<Arc<dyn Fn() + Send + Sync>> {
         (**self).closer()
+    }
+
+    fn stamp_arrivals(&self) {
+        (**self).stamp_arrivals()
+    }
+
+    fn read_stamped(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
+        (**self).read_stamped(buf)
     }
 }
 
@@ -118,6 +137,21 @@ impl Transport for Stream {
         Some(Arc::new(move || {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }))
+    }
+
+    fn stamp_arrivals(&self) {
+        if let Stream::Tcp(s) = self
+            && let Err(e) = remora_sockstamp::enable(s)
+        {
+            tracing::debug!(error = %e, "SO_TIMESTAMPNS refused; socket waits learn their wake-ups");
+        }
+    }
+
+    fn read_stamped(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
+        match self {
+            Stream::Tcp(s) => remora_sockstamp::read(s, buf),
+            _ => self.read(buf).map(|n| (n, None)),
+        }
     }
 }
 
