@@ -83,8 +83,8 @@ pub enum WaitPolicy {
 /// the usual wait is the costliest, a spin and then a sleep.
 const SPIN_FACTOR: f64 = 3.0;
 
-/// Every this many waits, [`Waiter::plan`] takes the way it does not prefer (four times as
-/// many when that way has been more than twice as slow).
+/// Every this many waits, [`Waiter::plan`] takes the way it does not prefer (eight times as
+/// many when that way has been more than 1.5 times as slow).
 pub const EXPLORE_EVERY: u32 = 16;
 
 /// The spin budget of [`WaitPolicy::Spin`].
@@ -169,6 +169,7 @@ impl Waiter {
             spun_mean_us = mean_us(st.spun_ns, st.spun),
             slept_mean_us = mean_us(st.slept_ns, st.slept),
             budget_us = self.budget.as_secs_f64() * 1e6,
+            learned_mean_us = self.mean_ns / 1e3,
             spin_first_us = self.arm_ns[0] / 1e3,
             block_at_once_us = self.arm_ns[1] / 1e3,
             "waits"
@@ -269,10 +270,11 @@ impl Waiter {
         self.plans = self.plans.wrapping_add(1);
         let [spin_ns, block_ns] = self.arm_ns;
         let prefer_spin = block_ns == 0.0 || spin_ns <= block_ns;
-        // A way twice as slow as the other is looked at again less often.
-        let clear = spin_ns > 2.0 * block_ns || block_ns > 2.0 * spin_ns;
+        // A way clearly slower than the other (by half as much again) is looked at again
+        // less often: exploring costs that way's time.
+        let clear = spin_ns > 1.5 * block_ns || block_ns > 1.5 * spin_ns;
         let every = if clear {
-            EXPLORE_EVERY * 4
+            EXPLORE_EVERY * 8
         } else {
             EXPLORE_EVERY
         };
