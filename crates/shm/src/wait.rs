@@ -383,6 +383,43 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_takes_the_way_that_has_been_faster_and_now_and_then_the_other() {
+        let us = Duration::from_micros;
+        let mut w = Waiter::with_bounds(us(2), us(50));
+        // Learn short waits: the budget is 3x their mean.
+        for _ in 0..50 {
+            w.observe(us(5));
+        }
+        assert_eq!(w.budget(), us(15));
+        // Spinning first takes 40 µs a wait, blocking at once 10 µs (as when a spin holds the
+        // core the peer needs): after both were tried, blocking wins, the other way is still
+        // tried now and then.
+        let mut plans = Vec::new();
+        for _ in 0..400 {
+            let spin = w.plan();
+            w.settle(if spin.is_zero() { us(10) } else { us(40) });
+            plans.push(spin);
+        }
+        let spun = plans[200..].iter().filter(|d| !d.is_zero()).count();
+        assert!((1..=4).contains(&spun), "{spun} of 200 spun");
+        // The other way round: spinning wins.
+        for _ in 0..400 {
+            let spin = w.plan();
+            w.settle(if spin.is_zero() { us(40) } else { us(10) });
+            plans.push(spin);
+        }
+        let blocked = plans[600..].iter().filter(|d| d.is_zero()).count();
+        assert!((1..=4).contains(&blocked), "{blocked} of 200 blocked");
+        // A one-shot stretch spins longer than the budget, at most max_spin.
+        w.stretch_next(us(500));
+        let next = w.plan();
+        assert!(next == us(50) || next.is_zero(), "{next:?}");
+        // Fixed policies never choose: equal bounds always spin for the budget.
+        let mut fixed = Waiter::with_bounds(us(7), us(7));
+        assert!((0..100).all(|_| fixed.plan() == us(7)));
+    }
+
+    #[test]
     fn waits_are_counted_by_how_they_ended() {
         let mut w = Waiter::with_bounds(Duration::ZERO, Duration::ZERO).labeled("test");
         w.wait(|_| -> Result<Option<()>, ()> { Ok(Some(())) })
