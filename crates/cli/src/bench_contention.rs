@@ -1,7 +1,8 @@
 //! `remora bench contention` (issue 12 §4): launch + synchronize latency and launch
 //! throughput of 1..N clients while CPU-burning processes compete for the cores, for each way
 //! of waiting (`REMORA_WAIT`: `spin`, pure polling; `block`, no spinning; `adaptive`, the
-//! default, a spin budget that follows the waits seen). The policy is given to the servers the
+//! default: spinning first or blocking at once, whichever has been faster lately, with a
+//! spin budget that follows the waits seen). The policy is given to the servers the
 //! benchmark starts and to every client, so it holds in all the places Remora waits: the
 //! client for replies (socket reads, shared-memory rings, completion words) and the server for
 //! requests. Each (burn level, policy) pair is one `bench launch` run (`bench_gpu::measure`);

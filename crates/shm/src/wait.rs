@@ -65,12 +65,14 @@ pub fn tracing_waits() -> bool {
 }
 
 /// How every [`Waiter`] of this process waits, from `REMORA_WAIT` (read once): `adaptive`
-/// (the default: the budget follows the waits), `spin` (pure polling: a budget of
+/// (the default: each wait spins first or blocks at once, whichever has been faster lately,
+/// and the spin budget follows the waits), `spin` (pure polling: a budget of
 /// [`SPIN_FOREVER`] whatever the waits) or `block` (no spinning: block at once). `spin` and
 /// `block` exist to measure the adaptive policy against (`remora bench contention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitPolicy {
-    /// Spin for a budget that follows the observed waits, then block.
+    /// Spin for a budget that follows the observed waits, then block; or block at once when
+    /// that has been faster ([`Waiter::plan`]).
     Adaptive,
     /// Spin (practically) without end.
     Spin,
