@@ -16,7 +16,7 @@ pub enum WaitOutcome {
 /// Each wait spins while the condition is false, for at most the current budget, then
 /// blocks (the caller's `sleep`, a futex wait). The budget follows an exponentially weighted
 /// mean of how long the waits took: when answers come within `max_spin`, spinning a few
-/// times the usual wait ([`SPIN_FACTOR`]) catches most of them without a sleep and a wake-up (which cost
+/// times the usual wait (`SPIN_FACTOR`, 3) catches most of them without a sleep and a wake-up (which cost
 /// microseconds each); when they take longer, spinning is wasted CPU and the budget falls to
 /// `min_spin`. An idle side therefore costs a futex sleep, not a spinning core.
 #[derive(Debug, Clone)]
@@ -206,7 +206,7 @@ impl Waiter {
     /// [`Waiter::wait`], with `judge(value, outcome, took)` saying how long the wait would
     /// have lasted had both sides been spinning: that is what the budget learns (the stats
     /// keep `took`). A ring's consumer takes out its own wake-up and the peer's
-    /// ([`crate::ring`]), so that waits stretched by sleeping do not keep the budget down and
+    /// (the rings' stamps), so that waits stretched by sleeping do not keep the budget down and
     /// both sides asleep (the "slow mode" of adaptive waiting under load).
     pub fn wait_judged<T, E>(
         &mut self,
