@@ -85,6 +85,49 @@ pub enum WaitPolicy {
 /// the usual wait is the costliest, a spin and then a sleep.
 const SPIN_FACTOR: f64 = 3.0;
 
+/// Whether this host has a core to spare now: fewer runnable threads (the running count of
+/// `/proc/loadavg`, this one included) than the CPUs this process may use. Read again at most
+/// every 10 ms, by whichever wait comes first; `false` when it cannot be read (the choice
+/// between spinning and blocking is then measured, as on a loaded host).
+fn cores_to_spare() -> bool {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    static LAST_MS: AtomicU64 = AtomicU64::new(0);
+    static SPARE: AtomicBool = AtomicBool::new(false);
+    let now_ms = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1;
+    let last = LAST_MS.load(Ordering::Relaxed);
+    if last != 0 && now_ms < last + 10 {
+        return SPARE.load(Ordering::Relaxed);
+    }
+    // One thread refreshes; the others use the figure they find.
+    if LAST_MS
+        .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+        .is_err()
+    {
+        return SPARE.load(Ordering::Relaxed);
+    }
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let spare = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| running_threads(&s))
+        .is_some_and(|running| running < cpus);
+    SPARE.store(spare, Ordering::Relaxed);
+    spare
+}
+
+/// The running count of a `/proc/loadavg` line ("0.56 1.26 1.16 3/81 27152": 3).
+fn running_threads(loadavg: &str) -> Option<usize> {
+    loadavg
+        .split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Every this many waits, [`Waiter::plan`] takes the way it does not prefer (eight times as
 /// many when that way has been more than 1.5 times as slow).
 pub const EXPLORE_EVERY: u32 = 16;
@@ -264,9 +307,20 @@ impl Waiter {
     /// predicting from the waits alone, makes the choice in either case (issue 12 §4). The
     /// fixed policies (`REMORA_WAIT=spin|block`, or equal bounds) spin for the budget always.
     pub fn plan(&mut self) -> Duration {
+        self.plan_on(cores_to_spare)
+    }
+
+    /// [`Waiter::plan`], asking `spare` whether the host has a core to spare.
+    fn plan_on(&mut self, spare: impl FnOnce() -> bool) -> Duration {
         let stretch = std::mem::take(&mut self.stretch);
         if self.max_spin.is_zero() || self.min_spin == self.max_spin {
             self.arm = None;
+            return self.budget.max(stretch);
+        }
+        // With a core to spare, a spin cannot hold the core the peer needs: spinning first
+        // is never the slower way, and exploring would only cost wake-ups.
+        if spare() {
+            self.arm = Some(true);
             return self.budget.max(stretch);
         }
         self.plans = self.plans.wrapping_add(1);
@@ -385,6 +439,13 @@ mod tests {
     }
 
     #[test]
+    fn the_running_count_is_read_from_loadavg() {
+        assert_eq!(running_threads("0.56 1.26 1.16 3/81 27152\n"), Some(3));
+        assert_eq!(running_threads("0.56 1.26 1.16"), None);
+        assert_eq!(running_threads("a b c x/81 1"), None);
+    }
+
+    #[test]
     fn a_wait_takes_the_way_that_has_been_faster_and_now_and_then_the_other() {
         let us = Duration::from_micros;
         let mut w = Waiter::with_bounds(us(2), us(50));
@@ -398,7 +459,7 @@ mod tests {
         // tried now and then.
         let mut plans = Vec::new();
         for _ in 0..400 {
-            let spin = w.plan();
+            let spin = w.plan_on(|| false);
             w.settle(if spin.is_zero() { us(10) } else { us(40) });
             plans.push(spin);
         }
@@ -406,7 +467,7 @@ mod tests {
         assert!((1..=4).contains(&spun), "{spun} of 200 spun");
         // The other way round: spinning wins.
         for _ in 0..400 {
-            let spin = w.plan();
+            let spin = w.plan_on(|| false);
             w.settle(if spin.is_zero() { us(40) } else { us(10) });
             plans.push(spin);
         }
@@ -414,11 +475,13 @@ mod tests {
         assert!((1..=4).contains(&blocked), "{blocked} of 200 blocked");
         // A one-shot stretch spins longer than the budget, at most max_spin.
         w.stretch_next(us(500));
-        let next = w.plan();
+        let next = w.plan_on(|| false);
         assert!(next == us(50) || next.is_zero(), "{next:?}");
+        // With a core to spare every wait spins first, whatever the figures say.
+        assert!((0..100).all(|_| !w.plan_on(|| true).is_zero()));
         // Fixed policies never choose: equal bounds always spin for the budget.
         let mut fixed = Waiter::with_bounds(us(7), us(7));
-        assert!((0..100).all(|_| fixed.plan() == us(7)));
+        assert!((0..100).all(|_| fixed.plan_on(|| false) == us(7)));
     }
 
     #[test]
