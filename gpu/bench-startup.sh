@@ -17,7 +17,8 @@
 #                                                        start-up
 # Each run is a fresh process timed from spawn to exit, after an untimed warm-up of every
 # program in every mode; `remora bench plot --json F --png P` draws a report again.
-# Env: REMORA_COMMIT (recorded in the reports and in the file names; default unknown),
+# Env: REMORA_COMMIT (recorded in the reports and in the file names; default: the commit
+#   `remora --version` names, else unknown),
 # REMORA_STARTUP_MODES (default native,embedded,standing), REMORA_STARTUP_TRANSPORTS (default
 # shm,unix,tcp), REMORA_DEVICE_TAG (the DEVICE of the file names; default from nvidia-smi, e.g.
 # h100). On the H100 the two benchmarks take about 5 minutes together (25 programs, 7 modes,
@@ -55,7 +56,8 @@ out=$(cd "$out" && pwd)
 date=$(date -u +%Y-%m-%d)
 device=${REMORA_DEVICE_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null \
   | head -n 1 | tr '[:upper:]' '[:lower:]' | sed 's/^nvidia //' | awk '{print $1}' || true)}
-commit=${REMORA_COMMIT:-unknown}
+commit=${REMORA_COMMIT:-$("$bin/remora" --version 2>/dev/null | sed -n 's/.*(\([0-9a-f]*\)).*/\1/p')}
+commit=${commit:-unknown}
 export REMORA_COMMIT=$commit
 tag="$date-${device:-gpu}-${commit:0:7}"
 modes=(--modes "${REMORA_STARTUP_MODES:-native,embedded,standing}"

@@ -8,7 +8,8 @@
 # receives suite.json, suite.md, timing.json (whole-program run times, remoted / native),
 # bench.json and outputs/ (every run's stdout and stderr).
 # REMORA_SUITE_BUILD=DIR builds the programs into DIR, or reuses DIR when an earlier run built
-# them there (a .built marker). REMORA_COMMIT (env) is recorded in suite.json. REMORA_SUITE_ONLY="prog ..." limits the programs
+# them there (a .built marker). REMORA_COMMIT (env; default: the commit `remora --version`
+# names) is recorded in suite.json. REMORA_SUITE_ONLY="prog ..." limits the programs
 # (REMORA_SUITE_ONLY=driver_bench: the benchmarks alone); REMORA_SUITE_SKIP_BENCH=1 skips them.
 #
 # Steps:
@@ -34,6 +35,11 @@
 set -uo pipefail
 usage="usage: run-suite.sh BIN_DIR OUT_DIR"
 bin=$(cd "${1:?$usage}" && pwd)
+# The commit measured: REMORA_COMMIT, else the one `remora --version` says it was built from.
+if [ -z "${REMORA_COMMIT:-}" ] && [ -x "$bin/remora" ]; then
+  REMORA_COMMIT=$("$bin/remora" --version 2>/dev/null | sed -n 's/.*(\([0-9a-f]*\)).*/\1/p')
+  [ -n "$REMORA_COMMIT" ] && export REMORA_COMMIT
+fi
 out=${2:?$usage}
 mkdir -p "$out/outputs"
 out=$(cd "$out" && pwd)

@@ -77,9 +77,10 @@ pub(crate) struct Report {
     /// The GPU, as the workers' drivers name it (empty when none answered).
     #[serde(default)]
     pub(crate) device: String,
-    /// `remora --version`, and the commit when REMORA_COMMIT names it.
+    /// `remora --version`.
     #[serde(default)]
     pub(crate) remora: String,
+    /// The commit measured (see [`Report::now`]).
     #[serde(default)]
     pub(crate) commit: String,
     pub(crate) server: String,
@@ -92,8 +93,8 @@ pub(crate) struct Report {
 }
 
 impl Report {
-    /// A report of `benchmark` made now by this `remora` (with the commit `REMORA_COMMIT`
-    /// names, when it does).
+    /// A report of `benchmark` made now by this `remora`, naming the commit `REMORA_COMMIT`
+    /// gives, else the one it was built from (empty when built outside a git checkout).
     pub(crate) fn now(
         benchmark: &str,
         device: String,
@@ -110,7 +111,10 @@ impl Report {
                 .map_or(0, |d| d.as_secs()),
             device,
             remora: concat!("remora ", env!("CARGO_PKG_VERSION")).into(),
-            commit: std::env::var("REMORA_COMMIT").unwrap_or_default(),
+            commit: std::env::var("REMORA_COMMIT")
+                .ok()
+                .filter(|c| !c.is_empty())
+                .unwrap_or_else(|| env!("REMORA_BUILD_COMMIT").into()),
             server,
             rounds,
             workload,

@@ -202,7 +202,7 @@ mod status;
 ///
 /// `remora serve` runs on the GPU host; programs reach it over ONC RPC on a Unix socket or TCP.
 #[derive(Debug, Parser)]
-#[command(name = "remora", version, about, long_about = None, propagate_version = true)]
+#[command(name = "remora", version = env!("REMORA_VERSION_LINE"), about, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,0 +1,41 @@
+//! Records the commit this `remora` was built from (`REMORA_BUILD_COMMIT`, empty outside a git
+//! checkout), so that benchmark reports and `remora --version` name it without being told
+//! (`REMORA_COMMIT` still wins in reports when set). Uncommitted changes are not detected: a report made from a modified tree
+//! names the commit it started from.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+fn main() {
+    let commit = git(&["rev-parse", "--short=7", "HEAD"]).unwrap_or_default();
+    println!("cargo:rustc-env=REMORA_BUILD_COMMIT={commit}");
+    // `remora --version`: "0.1.0 (abc1234)", or the bare version outside a checkout.
+    let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
+    let line = if commit.is_empty() {
+        version
+    } else {
+        format!("{version} ({commit})")
+    };
+    println!("cargo:rustc-env=REMORA_VERSION_LINE={line}");
+    // Built again when HEAD moves: HEAD itself, the branch it names, packed refs.
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]).map(PathBuf::from) {
+        println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            dir.join("packed-refs").display()
+        );
+        if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            let common = git(&["rev-parse", "--git-common-dir"]).map_or(dir.clone(), PathBuf::from);
+            println!("cargo:rerun-if-changed={}", common.join(head).display());
+        }
+    }
+    println!("cargo:rerun-if-changed=build.rs");
+}
