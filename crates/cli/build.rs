@@ -25,16 +25,17 @@ fn main() {
         format!("{version} ({commit})")
     };
     println!("cargo:rustc-env=REMORA_VERSION_LINE={line}");
-    // Built again when HEAD moves: HEAD itself, the branch it names, packed refs.
+    // Built again when HEAD moves: HEAD itself, the branch it names, packed refs. Only files
+    // that exist: a missing one would make cargo run this script, and build the crate, every
+    // time.
     if let Some(dir) = git(&["rev-parse", "--git-dir"]).map(PathBuf::from) {
-        println!("cargo:rerun-if-changed={}", dir.join("HEAD").display());
-        println!(
-            "cargo:rerun-if-changed={}",
-            dir.join("packed-refs").display()
-        );
+        let common = git(&["rev-parse", "--git-common-dir"]).map_or(dir.clone(), PathBuf::from);
+        let mut watch = vec![dir.join("HEAD"), common.join("packed-refs")];
         if let Some(head) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            let common = git(&["rev-parse", "--git-common-dir"]).map_or(dir.clone(), PathBuf::from);
-            println!("cargo:rerun-if-changed={}", common.join(head).display());
+            watch.push(common.join(head));
+        }
+        for f in watch.iter().filter(|f| f.exists()) {
+            println!("cargo:rerun-if-changed={}", f.display());
         }
     }
     println!("cargo:rerun-if-changed=build.rs");
