@@ -569,7 +569,9 @@ impl Consumer {
                     return took;
                 }
                 let posted = h.tail.posted_ns.load(Ordering::Relaxed);
-                let said = h.tail.lag_ns.load(Ordering::Relaxed);
+                // The peer's word, bounded (a second: no wake-up is longer) so that no
+                // arithmetic on it can overflow, whatever a hostile peer writes.
+                let said = h.tail.lag_ns.load(Ordering::Relaxed).min(1_000_000_000);
                 let (learn, own) = judged_wait(outcome, took, posted, said);
                 if said != 0 {
                     peer_lag = if peer_lag == 0 {
@@ -762,6 +764,32 @@ mod tests {
         // Spun: no lag of our own; a message "posted" before the wait began counts as 0.
         let (learn, own) = judged_wait(WaitOutcome::Spun, us(3), mono_ns() - 1_000_000, 0);
         assert_eq!((learn, own), (Duration::ZERO, 0));
+    }
+
+    #[test]
+    fn hostile_stamps_only_bound_the_budget() {
+        let (mut p, mut c) = pair(64);
+        let t = std::thread::spawn(move || {
+            let mut w = Waiter::with_bounds(Duration::from_micros(2), Duration::from_micros(50));
+            let mut out = Vec::new();
+            for _ in 0..3 {
+                // Each message comes while this side waits, so its stamps are judged.
+                c.pop(&mut out, &mut w, || true).unwrap();
+                assert!(w.budget() <= Duration::from_micros(50));
+                assert!(c.peer_lag() <= 1_000_000_000);
+            }
+        });
+        for lag in [u64::MAX, u64::MAX - 1, 3] {
+            std::thread::sleep(Duration::from_millis(5));
+            p.set_next_lag(lag);
+            assert!(p.try_push(&[b"x"]).unwrap());
+            p.ends
+                .header()
+                .tail
+                .posted_ns
+                .store(u64::MAX, Ordering::Relaxed);
+        }
+        t.join().unwrap();
     }
 
     #[test]
