@@ -156,14 +156,14 @@ impl Ends {
     }
 
     /// The producer's [`Producer::try_push`], `tail` being its count of bytes published.
-    /// `woke` says whether publishing had to wake the consumer.
-    /// `lag` goes to the header with the message (see [`Producer::set_next_lag`]).
+    /// `woke` says whether publishing had to wake the consumer. `lag` goes to the header with
+    /// the message and is then spent (0; see [`Producer::set_next_lag`]).
     fn push(
         &self,
         tail: &mut u32,
         parts: &[&[u8]],
         woke: &mut bool,
-        lag: u64,
+        lag: &mut u64,
     ) -> Result<bool, RingError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let need = padded(len);
@@ -188,6 +188,7 @@ impl Ends {
         *tail = tail.wrapping_add(need as u32);
         let h = self.header();
         h.tail.posted_ns.store(mono_ns(), Ordering::Relaxed);
+        let lag = std::mem::take(lag);
         if h.tail.lag_ns.load(Ordering::Relaxed) != lag {
             h.tail.lag_ns.store(lag, Ordering::Relaxed);
         }
@@ -429,12 +430,8 @@ impl Producer {
 
     /// Publishes one message made of `parts`, if there is room now; `Ok(false)` when full.
     pub fn try_push(&mut self, parts: &[&[u8]]) -> Result<bool, RingError> {
-        let lag = self.next_lag;
-        let pushed = self.ends.push(&mut self.tail, parts, &mut self.woke, lag)?;
-        if pushed {
-            self.next_lag = 0;
-        }
-        Ok(pushed)
+        self.ends
+            .push(&mut self.tail, parts, &mut self.woke, &mut self.next_lag)
     }
 
     /// Whether the last message published had to wake the consumer (it was asleep, and will
@@ -479,13 +476,7 @@ impl Producer {
                 let used = seen_tail.wrapping_sub(head) as usize;
                 used <= capacity && capacity - used < need
             },
-            || {
-                let pushed = ends.push(tail, parts, woke, *next_lag)?;
-                if pushed {
-                    *next_lag = 0;
-                }
-                Ok(pushed)
-            },
+            || ends.push(tail, parts, woke, next_lag),
             |_, _, took| took,
         )
     }

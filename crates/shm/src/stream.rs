@@ -384,7 +384,7 @@ impl Read for &ShmStream {
             if let Some(lag) = self.take_peer_woken() {
                 // Our last message woke the peer: its answer comes a wake-up late. Spin
                 // through that once rather than sleep (see `Waiter::stretch_next`).
-                let spin = rx.waiter.budget() + lag + lag / 2;
+                let spin = rx.waiter.wake_stretch(lag);
                 rx.waiter.stretch_next(spin);
             }
             match rx

@@ -16,9 +16,10 @@ pub enum WaitOutcome {
 /// Each wait spins while the condition is false, for at most the current budget, then
 /// blocks (the caller's `sleep`, a futex wait). The budget follows an exponentially weighted
 /// mean of how long the waits took: when answers come within `max_spin`, spinning a few
-/// times the usual wait (`SPIN_FACTOR`, 3) catches most of them without a sleep and a wake-up (which cost
-/// microseconds each); when they take longer, spinning is wasted CPU and the budget falls to
-/// `min_spin`. An idle side therefore costs a futex sleep, not a spinning core.
+/// times the usual wait (`SPIN_FACTOR`, 3) catches most of them without a sleep and a
+/// wake-up (which cost microseconds each); when they take longer, spinning is wasted CPU and
+/// the budget falls to `min_spin`. An idle side therefore costs a futex sleep, not a spinning
+/// core.
 #[derive(Debug, Clone)]
 pub struct Waiter {
     budget: Duration,
@@ -230,6 +231,13 @@ impl Waiter {
         self.stretch = spin.min(self.max_spin);
     }
 
+    /// How long to spin for an answer from a peer that had to be woken first, whose usual
+    /// wake-up lag is `lag`: the budget and 1.5 times that lag, at most `max_spin` (for
+    /// [`Waiter::stretch_next`], or a caller that spins by itself).
+    pub fn wake_stretch(&self, lag: Duration) -> Duration {
+        (self.budget + lag + lag / 2).min(self.max_spin)
+    }
+
     /// The current spin budget.
     pub fn budget(&self) -> Duration {
         self.budget
@@ -313,16 +321,24 @@ impl Waiter {
     /// [`Waiter::plan`], asking `spare` whether the host has a core to spare.
     fn plan_on(&mut self, spare: impl FnOnce() -> bool) -> Duration {
         let stretch = std::mem::take(&mut self.stretch);
-        if self.max_spin.is_zero() || self.min_spin == self.max_spin {
-            self.arm = None;
-            return self.budget.max(stretch);
+        self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
+            None
+        } else if spare() {
+            // With a core to spare, a spin cannot hold the core the peer needs: spinning
+            // first is never the slower way, and exploring would only cost wake-ups.
+            Some(true)
+        } else {
+            Some(self.choose())
+        };
+        if self.arm == Some(false) {
+            Duration::ZERO
+        } else {
+            self.budget.max(stretch)
         }
-        // With a core to spare, a spin cannot hold the core the peer needs: spinning first
-        // is never the slower way, and exploring would only cost wake-ups.
-        if spare() {
-            self.arm = Some(true);
-            return self.budget.max(stretch);
-        }
+    }
+
+    /// Whether this wait spins first (see [`Waiter::plan`]), counting it among the plans.
+    fn choose(&mut self) -> bool {
         self.plans = self.plans.wrapping_add(1);
         let [spin_ns, block_ns] = self.arm_ns;
         let prefer_spin = block_ns == 0.0 || spin_ns <= block_ns;
@@ -334,13 +350,7 @@ impl Waiter {
         } else {
             EXPLORE_EVERY
         };
-        let spin = prefer_spin != self.plans.is_multiple_of(every);
-        self.arm = Some(spin);
-        if spin {
-            self.budget.max(stretch)
-        } else {
-            Duration::ZERO
-        }
+        prefer_spin != self.plans.is_multiple_of(every)
     }
 
     /// Forgets the wait [`Waiter::plan`] started (it did not happen).

@@ -110,6 +110,14 @@ impl SignalSync {
             .count(outcome, took);
     }
 
+    /// [`Waiter::wake_stretch`]: how long to look at a word whose signal woke the server.
+    fn wake_stretch(&self, lag: Duration) -> Duration {
+        self.waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .wake_stretch(lag)
+    }
+
     /// Forgets a planned synchronize that did not happen (no free word).
     fn cancel_plan(&self) {
         self.waiter
@@ -180,7 +188,7 @@ impl Session {
         // spin through that too (as the rings do), or the pair stays asleep under load.
         // (`REMORA_WAIT=spin`'s budget stays as it is.)
         let budget = match self.rpc.rpc().take_peer_woken() {
-            Some(lag) => budget.max((budget + lag + lag / 2).min(MAX_SPIN)),
+            Some(lag) => budget.max(sig.wake_stretch(lag)),
             None => budget,
         };
         let done = sent
