@@ -26,6 +26,7 @@ mod executor;
 pub mod gpu_share;
 mod hello;
 mod host_callbacks;
+mod launcher;
 mod metrics;
 mod module_cache;
 mod printf_scan;
@@ -38,6 +39,7 @@ mod worker_pool;
 
 pub use backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig, LiveCounts};
 pub use executor::Executor;
+pub use launcher::LaunchThread;
 
 /// The tracing target of the per-session profile lines of `remora serve --profile` (kernel
 /// launches' and bulk copies' time in the driver), logged when a session ends. `remora run

@@ -85,8 +85,8 @@ impl Service for RemoraService {
         });
         use remora_proto::remora::{
             REMORA_HELLO, REMORA_HELLO_AUTH, REMORA_NULL, RM_COPIES_COLLECT, RM_COPIES_READY,
-            RM_HOST_CALLBACK_DONE, RM_MEMCPY_DTOH, RM_MEMCPY_DTOH_STREAM, RM_MEMCPY_HTOD,
-            RM_MEMCPY_HTOD_ASYNC, RM_WAIT_HOST_CALLBACKS,
+            RM_HOST_CALLBACK_DONE, RM_LAUNCH_KERNEL, RM_MEMCPY_DTOH, RM_MEMCPY_DTOH_STREAM,
+            RM_MEMCPY_HTOD, RM_MEMCPY_HTOD_ASYNC, RM_WAIT_HOST_CALLBACKS,
         };
         // A lane (revision 16) runs its session's copies as calls of the session's own
         // connection (revision 17: asynchronous host-to-device copies too, which the client
@@ -140,6 +140,17 @@ impl Service for RemoraService {
                 | RM_HOST_CALLBACK_DONE
                 | RM_COPIES_READY
         );
+        // Every call but a launch runs after the launches the client made before it, some of
+        // which a launch thread may still be making (`crate::launcher`); the host-callback
+        // procedures never wait for the device (a launch may wait for a callback they end).
+        if ctx.procedure != RM_LAUNCH_KERNEL
+            && !matches!(
+                ctx.procedure,
+                RM_WAIT_HOST_CALLBACKS | RM_HOST_CALLBACK_DONE | RM_COPIES_READY
+            )
+        {
+            self.service.inner().drain_launches(ctx.connection);
+        }
         if !direct && let Some(session) = self.service.inner().ordered_session(ctx.connection) {
             let service = Arc::clone(&self.service);
             let call = ctx.clone();

@@ -1251,6 +1251,8 @@ pub(crate) struct Session {
     pub(crate) callbacks: Arc<HostCallbacks>,
     /// Where calls run once the session uses host callbacks.
     pub(crate) ordered: Ordered,
+    /// The thread making the session's kernel launches during bursts ([`crate::launcher`]).
+    pub(crate) launcher: crate::launcher::Launcher,
     /// Profiling: kernel launches and their total time in the driver, in nanoseconds.
     launches: std::sync::atomic::AtomicU64,
     launch_ns: std::sync::atomic::AtomicU64,
@@ -1294,8 +1296,12 @@ const BULK_BUFFER_BYTES: usize = 32 << 20;
 
 impl Session {
     /// A session of `connection` that may hold `max_pending_copy_bytes` in undelivered
-    /// asynchronous copies ([`PendingCopies`]).
-    pub(crate) fn new(connection: u64, max_pending_copy_bytes: u64) -> Self {
+    /// asynchronous copies ([`PendingCopies`]), making its launches as `launcher` says.
+    pub(crate) fn new(
+        connection: u64,
+        max_pending_copy_bytes: u64,
+        launcher: crate::launcher::Launcher,
+    ) -> Self {
         let copies = Arc::new(PendingCopies::new(connection, max_pending_copy_bytes));
         Self {
             connection,
@@ -1308,6 +1314,7 @@ impl Session {
             waiters: WaiterPool::new(format!("remora-wait-{connection}"), MAX_WAITERS),
             callbacks: Arc::default(),
             ordered: Ordered::default(),
+            launcher,
             launches: Default::default(),
             launch_ns: Default::default(),
             bulk_copies: Default::default(),
@@ -1453,6 +1460,7 @@ impl Session {
     /// a stream that a host function blocks, and streams are destroyed only after their host
     /// functions are released.
     pub(crate) fn close(&self, backend: &dyn Backend) {
+        self.launcher.close();
         self.callbacks.close();
         self.ordered.close();
         self.waiters.close();

@@ -89,8 +89,9 @@ const SPIN_FACTOR: f64 = 3.0;
 /// Whether this host has a core to spare now: fewer runnable threads (the running count of
 /// `/proc/loadavg`, this one included) than the CPUs this process may use. Read again at most
 /// every 10 ms, by whichever wait comes first; `false` when it cannot be read (the choice
-/// between spinning and blocking is then measured, as on a loaded host).
-fn cores_to_spare() -> bool {
+/// between spinning and blocking is then measured, as on a loaded host). The server's launch
+/// thread asks it too before it starts overlapping launches with reading them.
+pub fn cores_to_spare() -> bool {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     static EPOCH: OnceLock<Instant> = OnceLock::new();

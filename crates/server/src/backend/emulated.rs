@@ -98,6 +98,10 @@ pub struct EmulatedConfig {
     /// device-synchronizing call (`cuMemFreeHost`, `cuMemFree`) waits for a host function.
     /// Tests set it so that a server that calls the driver on a host callback's way deadlocks.
     pub driver_busy_during_host_functions: bool,
+    /// TEST ONLY: every kernel launch call takes this long before it runs (a slow driver
+    /// call), so that launches queue on the session's launch thread and a call that overtook
+    /// them would see the device's memory before them.
+    pub launch_delay: Duration,
 }
 
 impl Default for EmulatedConfig {
@@ -109,6 +113,7 @@ impl Default for EmulatedConfig {
             device_printf: None,
             copy_latency: Duration::ZERO,
             driver_busy_during_host_functions: false,
+            launch_delay: Duration::ZERO,
         }
     }
 }
@@ -840,6 +845,9 @@ impl Backend for EmulatedBackend {
     }
 
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
+        if !self.config.launch_delay.is_zero() {
+            std::thread::sleep(self.config.launch_delay);
+        }
         let mut st = self.lock();
         st.stream(ctx, spec.stream)?;
         let (name, _) = st.function(spec.function)?.clone();

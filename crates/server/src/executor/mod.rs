@@ -164,6 +164,12 @@ struct Inner {
     /// Bound of each session's undelivered asynchronous copies, in bytes (see
     /// [`Executor::set_max_pending_copy_bytes`]).
     max_pending_copy_bytes: std::sync::atomic::AtomicU64,
+    /// Whether sessions make their launches on a thread of their own during bursts (see
+    /// [`Executor::set_launch_thread`]).
+    launch_thread: std::sync::atomic::AtomicU8,
+    /// Launches on the sessions' launch threads: while none is queued, dispatch skips the
+    /// session lookup that waits for them.
+    launch_counts: Arc<crate::launcher::LaunchCounts>,
     /// Set once any session has switched to its ordered thread (its first host callback):
     /// until then dispatch skips the per-call session lookup for it.
     any_ordered: std::sync::atomic::AtomicBool,
@@ -235,6 +241,10 @@ impl Executor {
                 max_pending_copy_bytes: std::sync::atomic::AtomicU64::new(
                     crate::session::default_max_pending_copy_bytes(),
                 ),
+                launch_thread: std::sync::atomic::AtomicU8::new(
+                    crate::launcher::LaunchThread::from_env().to_u8(),
+                ),
+                launch_counts: Arc::default(),
                 any_ordered: std::sync::atomic::AtomicBool::new(false),
                 backend,
                 hello,
@@ -326,6 +336,41 @@ impl Executor {
                 .map(Arc::new)
                 .map_err(|hit| format!("tenant {tenant:?} is {hit}")),
         )
+    }
+
+    /// Whether sessions started from now on make their kernel launches on a thread of their
+    /// own during bursts ([`crate::launcher`]; default `REMORA_LAUNCH_THREAD`, else auto).
+    pub fn set_launch_thread(&self, policy: crate::launcher::LaunchThread) {
+        self.inner
+            .launch_thread
+            .store(policy.to_u8(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Kernel launches made by the sessions' launch threads so far ([`crate::launcher`]).
+    pub fn launches_queued(&self) -> u64 {
+        self.inner
+            .launch_counts
+            .queued
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until the launches queued by the session of `connection` have been made: every
+    /// call but a launch (and the host-callback procedures, which must never wait for the
+    /// device) runs only after the launches the client made before it.
+    pub(crate) fn drain_launches(&self, connection: u64) {
+        if self
+            .inner
+            .launch_counts
+            .pending
+            .load(std::sync::atomic::Ordering::Acquire)
+            == 0
+        {
+            return;
+        }
+        let session = self.inner.sessions().get(&connection).map(Arc::clone);
+        if let Some(session) = session {
+            session.launcher.drain();
+        }
     }
 
     /// Measures the time kernel launches and synchronous copies through the record path spend
@@ -424,7 +469,16 @@ impl Executor {
                     .inner
                     .max_pending_copy_bytes
                     .load(std::sync::atomic::Ordering::Relaxed);
-                let session = Arc::new(Session::new(call.connection, max));
+                let launcher = crate::launcher::Launcher::new(
+                    format!("remora-launch-{}", call.connection),
+                    crate::launcher::LaunchThread::from_u8(
+                        self.inner
+                            .launch_thread
+                            .load(std::sync::atomic::Ordering::Relaxed),
+                    ),
+                    Arc::clone(&self.inner.launch_counts),
+                );
+                let session = Arc::new(Session::new(call.connection, max, launcher));
                 if let Some(quota) = self.start_quota(call) {
                     match &quota {
                         Ok(q) => {
@@ -605,35 +659,9 @@ impl Executor {
     ) -> ProcResult<()> {
         let session = self.session(call);
         if let Err(e) = f(&self.inner, &session) {
-            tracing::debug!(
-                connection = call.connection,
-                call = what,
-                result = e.0,
-                name = crate::backend::cuda::result_name(e.0),
-                "one-way call failed; its error is deferred to the next synchronizing call"
-            );
-            let mut st = session.lock();
-            let capture = on.filter(|_| !st.captures.is_empty()).and_then(|(c, s)| {
-                let t = stream_target(&st, c, s).ok()?;
-                let info = self
-                    .inner
-                    .backend
-                    .stream_capture_info(t.ctx, t.stream)
-                    .ok()?;
-                (info.status != capture_status::NONE).then_some(info.id)
-            });
-            match capture.and_then(|id| st.captures.get_mut(&id)) {
-                Some(cap) => {
-                    cap.error.get_or_insert(nz(e));
-                }
-                None => st.defer_error(nz(e)),
-            }
+            self.inner.oneway_failed(&session, what, on, e);
         }
-        if session.copies.overflowed() {
-            // Logged by PendingCopies::push: the session is past every bound of its copies.
-            return Err(ProcError::Close);
-        }
-        Ok(())
+        oneway_end(&session)
     }
 
     /// Destroys the object behind handle `h` of this call's session: `pick` answers its (raw
@@ -734,7 +762,41 @@ impl Executor {
     }
 }
 
+/// The end of a one-way call of `session`: the connection closes when the session is past
+/// every bound of its copies (logged by `PendingCopies::push`).
+fn oneway_end(session: &Session) -> ProcResult<()> {
+    if session.copies.overflowed() {
+        return Err(ProcError::Close);
+    }
+    Ok(())
+}
+
 impl Inner {
+    /// One-way call `what` on stream `on` of `session` failed with `e`: the error is kept for
+    /// the next synchronizing call, or, when that stream is capturing, by the capture (ending
+    /// the capture returns it), as natively the failed call would have invalidated the capture.
+    fn oneway_failed(&self, session: &Session, what: &str, on: Option<(u64, u64)>, e: CuError) {
+        tracing::debug!(
+            connection = session.connection,
+            call = what,
+            result = e.0,
+            name = crate::backend::cuda::result_name(e.0),
+            "one-way call failed; its error is deferred to the next synchronizing call"
+        );
+        let mut st = session.lock();
+        let capture = on.filter(|_| !st.captures.is_empty()).and_then(|(c, s)| {
+            let t = stream_target(&st, c, s).ok()?;
+            let info = self.backend.stream_capture_info(t.ctx, t.stream).ok()?;
+            (info.status != capture_status::NONE).then_some(info.id)
+        });
+        match capture.and_then(|id| st.captures.get_mut(&id)) {
+            Some(cap) => {
+                cap.error.get_or_insert(nz(e));
+            }
+            None => st.defer_error(nz(e)),
+        }
+    }
+
     /// Whether driver time is measured ([`Executor::set_profile`]).
     fn profiling(&self) -> bool {
         self.profile.load(std::sync::atomic::Ordering::Relaxed)
@@ -900,6 +962,8 @@ impl Executor {
         // no call of it arrives meanwhile).
         let session = self.inner.sessions().get(&connection).cloned();
         if let Some(session) = session {
+            // Its queued launches are made before anything of it is freed.
+            session.launcher.close();
             let freeing = std::time::Instant::now();
             let tenant = session.tenant.get().map(String::as_str);
             if let Some(tenant) = tenant {

@@ -140,10 +140,20 @@ impl Executor {
         })
     }
 
+    /// `RM_LAUNCH_KERNEL`: resolved and checked here; made here, or during a burst by the
+    /// session's launch thread, behind the launches queued there ([`crate::launcher`]).
     pub(super) fn launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
+        use crate::launcher::Route;
+        const WHAT: &str = "RM_LAUNCH_KERNEL";
         let on = Some((a.ctx, a.stream));
-        self.oneway_on(call, "RM_LAUNCH_KERNEL", on, |inner, session| {
-            let t = launch_target(&session.lock(), &a)?;
+        let session = self.session(call);
+        // The ordered thread (host callbacks) runs the session's calls in order itself.
+        let route = if session.ordered.is_on() {
+            Route::Here
+        } else {
+            session.launcher.route()
+        };
+        let target = launch_target(&session.lock(), &a).and_then(|t| {
             let needed = t
                 .function
                 .layout
@@ -154,7 +164,20 @@ impl Executor {
             if (a.params.len() as u64) < needed {
                 return Err(CuError(cu::INVALID_VALUE));
             }
-            t.function.ensure_loaded(&*inner.backend)?;
+            t.function.ensure_loaded(&*self.inner.backend)?;
+            Ok(t)
+        });
+        let t = match target {
+            Ok(t) => t,
+            Err(e) => {
+                // After the queued launches, whose errors come first.
+                session.launcher.drain();
+                self.inner.oneway_failed(&session, WHAT, on, e);
+                return oneway_end(&session);
+            }
+        };
+        let inner = Arc::clone(&self.inner);
+        let launch = move |session: &Session| {
             let timed = inner.profiling().then(std::time::Instant::now);
             let r = inner
                 .backend
@@ -162,8 +185,21 @@ impl Executor {
             if let Some(t) = timed {
                 session.count_launch(t.elapsed());
             }
-            r
-        })
+            if let Err(e) = r {
+                inner.oneway_failed(session, WHAT, on, e);
+            }
+        };
+        match route {
+            Route::Here => {
+                launch(&session);
+                session.launcher.ran_here();
+            }
+            Route::Queue => {
+                let s = Arc::clone(&session);
+                session.launcher.submit(Box::new(move || launch(&s)));
+            }
+        }
+        oneway_end(&session)
     }
 }
 
