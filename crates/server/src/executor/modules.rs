@@ -151,7 +151,13 @@ impl Executor {
         let route = if session.ordered.is_on() {
             Route::Here
         } else {
-            session.launcher.route()
+            session.launcher.route(|| {
+                Box::new(SessionRunner {
+                    backend: Arc::clone(&self.inner.backend),
+                    inner: Arc::downgrade(&self.inner),
+                    session: Arc::downgrade(&session),
+                })
+            })
         };
         let target = launch_target(&session.lock(), &a).and_then(|t| {
             let needed = t
@@ -176,30 +182,74 @@ impl Executor {
                 return oneway_end(&session);
             }
         };
-        let inner = Arc::clone(&self.inner);
-        let launch = move |session: &Session| {
-            let timed = inner.profiling().then(std::time::Instant::now);
-            let r = inner
+        let profile = self.inner.profiling();
+        let queued = route == Route::Queue
+            && session.launcher.submit(|slot| {
+                slot.ctx = t.ctx;
+                slot.function = t.function.raw;
+                slot.grid = [a.grid.x, a.grid.y, a.grid.z];
+                slot.block = [a.block.x, a.block.y, a.block.z];
+                slot.shared_mem_bytes = a.shared_mem_bytes;
+                slot.stream = t.stream;
+                slot.params.clear();
+                slot.params.extend_from_slice(&a.params);
+                slot.layout.clear();
+                slot.layout.extend_from_slice(&t.function.layout);
+                slot.attrs.clone_from(&a.attrs);
+                slot.on = (a.ctx, a.stream);
+                slot.profile = profile;
+            });
+        if !queued {
+            let timed = profile.then(std::time::Instant::now);
+            let r = self
+                .inner
                 .backend
                 .launch(t.ctx, &launch_spec(&a, &t, &a.params, &t.function.layout));
             if let Some(t) = timed {
                 session.count_launch(t.elapsed());
             }
             if let Err(e) = r {
-                inner.oneway_failed(session, WHAT, on, e);
+                self.inner.oneway_failed(&session, WHAT, on, e);
             }
-        };
-        match route {
-            Route::Here => {
-                launch(&session);
-                session.launcher.ran_here();
-            }
-            Route::Queue => {
-                let s = Arc::clone(&session);
-                session.launcher.submit(Box::new(move || launch(&s)));
-            }
+            session.launcher.ran_here();
         }
         oneway_end(&session)
+    }
+}
+
+/// Makes a session's queued launches on its launch thread, deferring their errors as
+/// [`Executor::launch_kernel`] does for the launches it makes itself. Holds the session and
+/// executor weakly: the session owns the thread.
+struct SessionRunner {
+    backend: Arc<dyn Backend>,
+    inner: std::sync::Weak<Inner>,
+    session: std::sync::Weak<Session>,
+}
+
+impl crate::launcher::Runner for SessionRunner {
+    fn run(&self, slot: &crate::launcher::LaunchSlot) {
+        let spec = LaunchSpec {
+            function: slot.function,
+            grid: slot.grid,
+            block: slot.block,
+            shared_mem_bytes: slot.shared_mem_bytes,
+            stream: slot.stream,
+            params: &slot.params,
+            layout: &slot.layout,
+            attrs: &slot.attrs,
+        };
+        let timed = slot.profile.then(std::time::Instant::now);
+        let r = self.backend.launch(slot.ctx, &spec);
+        if let Some(t) = timed
+            && let Some(session) = self.session.upgrade()
+        {
+            session.count_launch(t.elapsed());
+        }
+        if let Err(e) = r
+            && let (Some(inner), Some(session)) = (self.inner.upgrade(), self.session.upgrade())
+        {
+            inner.oneway_failed(&session, "RM_LAUNCH_KERNEL", Some(slot.on), e);
+        }
     }
 }
 
