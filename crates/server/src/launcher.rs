@@ -245,10 +245,12 @@ impl Launcher {
                     0
                 };
                 self.streak.store(streak, Ordering::Relaxed);
-                // An awake thread costs no wake-up: one close launch is enough for it.
+                // An awake thread costs no wake-up: one close launch is enough for it. Either
+                // way only with a core to spare: on a busy host the two threads would take
+                // turns on one core, and a call waiting for the queue would wait for that.
                 let awake = running.is_some_and(|r| !r.ring.parked.0.load(Ordering::Relaxed));
                 let needed = if awake { 1 } else { BURST_STREAK };
-                if streak >= needed && (awake || remora_shm::cores_to_spare()) {
+                if streak >= needed && remora_shm::cores_to_spare() {
                     self.queue_if_started(runner)
                 } else {
                     Route::Here
