@@ -53,6 +53,23 @@ pub(crate) struct LaunchSlot {
     pub(crate) profile: bool,
 }
 
+/// Bytes a slot's buffers keep between launches: larger ones (parameters may take 32 KiB)
+/// are given back when a smaller launch reuses the slot, so a session's 256 slots hold at
+/// most ~1 MiB after a burst of large launches.
+const SLOT_KEEP_BYTES: usize = 4096;
+
+impl LaunchSlot {
+    /// Copies `from` into `to`, giving back room beyond [`SLOT_KEEP_BYTES`] it no longer needs.
+    pub(crate) fn refill<T: Copy>(to: &mut Vec<T>, from: &[T]) {
+        let keep = SLOT_KEEP_BYTES / std::mem::size_of::<T>().max(1);
+        to.clear();
+        if to.capacity() > keep && from.len() <= keep {
+            to.shrink_to(keep);
+        }
+        to.extend_from_slice(from);
+    }
+}
+
 /// Makes queued launches, on the launch thread.
 pub(crate) trait Runner: Send + 'static {
     /// Makes `slot`'s launch; its error is the runner's to defer.
@@ -484,7 +501,7 @@ mod tests {
                 std::thread::sleep(Duration::from_micros(200));
             }
             assert_eq!(
-                slot.params,
+                slot.params[slot.params.len() - 8..],
                 slot.function.to_le_bytes(),
                 "the slot's own bytes"
             );
@@ -506,8 +523,13 @@ mod tests {
         assert_eq!(l.route(|| Box::new(Recorder(s))), Route::Queue);
         assert!(l.submit(|slot| {
             slot.function = function;
-            slot.params.clear();
+            // Every 100th launch a large one, so that slots grow and give room back.
+            let big = vec![0u8; if function % 100 == 1 { 32 << 10 } else { 0 }];
+            LaunchSlot::refill(&mut slot.params, &big);
             slot.params.extend_from_slice(&function.to_le_bytes());
+            if function % 100 != 1 {
+                assert!(slot.params.capacity() <= SLOT_KEEP_BYTES, "room given back");
+            }
         }));
     }
 

@@ -143,7 +143,7 @@ impl Executor {
     /// `RM_LAUNCH_KERNEL`: resolved and checked here; made here, or during a burst by the
     /// session's launch thread, behind the launches queued there ([`crate::launcher`]).
     pub(super) fn launch_kernel(&self, call: &CallContext, a: RmLaunchArgs) -> ProcResult<()> {
-        use crate::launcher::Route;
+        use crate::launcher::{LaunchSlot, Route};
         const WHAT: &str = "RM_LAUNCH_KERNEL";
         let on = Some((a.ctx, a.stream));
         let session = self.session(call);
@@ -191,10 +191,8 @@ impl Executor {
                 slot.block = [a.block.x, a.block.y, a.block.z];
                 slot.shared_mem_bytes = a.shared_mem_bytes;
                 slot.stream = t.stream;
-                slot.params.clear();
-                slot.params.extend_from_slice(&a.params);
-                slot.layout.clear();
-                slot.layout.extend_from_slice(&t.function.layout);
+                LaunchSlot::refill(&mut slot.params, &a.params);
+                LaunchSlot::refill(&mut slot.layout, &t.function.layout);
                 slot.attrs.clone_from(&a.attrs);
                 slot.on = (a.ctx, a.stream);
                 slot.profile = profile;
