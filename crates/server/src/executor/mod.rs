@@ -339,14 +339,14 @@ impl Executor {
     }
 
     /// Whether sessions started from now on make their kernel launches on a thread of their
-    /// own during bursts ([`crate::launcher`]; default `REMORA_LAUNCH_THREAD`, else auto).
+    /// own during bursts ([`crate::LaunchThread`]; default `REMORA_LAUNCH_THREAD`, else auto).
     pub fn set_launch_thread(&self, policy: crate::launcher::LaunchThread) {
         self.inner
             .launch_thread
             .store(policy.to_u8(), std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Kernel launches made by the sessions' launch threads so far ([`crate::launcher`]).
+    /// Kernel launches made by the sessions' launch threads so far.
     pub fn launches_queued(&self) -> u64 {
         self.inner
             .launch_counts
