@@ -411,7 +411,10 @@ enum Command {
     /// standard output before exiting. Log level: REMORA_LOG (e.g. REMORA_LOG=debug). With the CUDA backend the server
     /// re-executes itself once with the bottom-up address layout (as `setarch -L` does), so the
     /// driver's device ranges stay clear of clients' own mappings (unified addressing);
-    /// REMORA_SERVE_LAYOUT=default keeps the usual layout.
+    /// REMORA_SERVE_LAYOUT=default keeps the usual layout. During a burst of kernel launches
+    /// a session's launches are made by a thread of its own while its connection thread reads
+    /// the next (only while the host has a core to spare); REMORA_LAUNCH_THREAD=off keeps
+    /// every launch on the connection thread, =on sends every launch through that thread.
     Serve {
         /// Where to listen: tcp://HOST:PORT, tls://HOST:PORT (needs --tls-cert and
         /// --tls-key) or unix:///PATH. Repeat for several listeners.
