@@ -376,7 +376,9 @@ impl Launcher {
         let Some(r) = self.running.get() else {
             return;
         };
-        if r.ring.pending() == 0 {
+        // Never on the launch thread itself (its launch in progress counts as pending): a
+        // launch that held the session's last reference would wait for itself.
+        if r.ring.pending() == 0 || std::thread::current().id() == r.thread.id() {
             return;
         }
         let mut backoff = Backoff::new();
