@@ -37,7 +37,7 @@ usage="usage: run-suite.sh BIN_DIR OUT_DIR"
 bin=$(cd "${1:?$usage}" && pwd)
 # The commit measured: REMORA_COMMIT, else the one `remora --version` says it was built from.
 if [ -z "${REMORA_COMMIT:-}" ] && [ -x "$bin/remora" ]; then
-  REMORA_COMMIT=$("$bin/remora" --version 2>/dev/null | sed -n 's/.*(\([0-9a-f]*\)).*/\1/p')
+  REMORA_COMMIT=$("$bin/remora" --version 2>/dev/null | sed -n 's/.*(\([0-9a-f]*\(+dirty\)\{0,1\}\)).*/\1/p')
   [ -n "$REMORA_COMMIT" ] && export REMORA_COMMIT
 fi
 out=${2:?$usage}

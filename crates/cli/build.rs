@@ -1,7 +1,9 @@
 //! Records the commit this `remora` was built from (`REMORA_BUILD_COMMIT`, empty outside a git
 //! checkout), so that benchmark reports and `remora --version` name it without being told
-//! (`REMORA_COMMIT` still wins in reports when set). Uncommitted changes are not detected: a report made from a modified tree
-//! names the commit it started from.
+//! (`REMORA_COMMIT` still wins in reports when set). A build from a tree whose sources differ
+//! from that commit (tracked files under `crates/`, `Cargo.toml`, `Cargo.lock`) names it with
+//! `+dirty` (`abc1234+dirty`), so that a measurement of uncommitted code never passes for the
+//! commit.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -15,9 +17,30 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 fn main() {
-    let commit = git(&["rev-parse", "--short=7", "HEAD"]).unwrap_or_default();
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
+    let root = manifest.join("../..").canonicalize().unwrap_or(manifest);
+    let sources = [
+        root.join("crates"),
+        root.join("Cargo.toml"),
+        root.join("Cargo.lock"),
+    ];
+    let mut commit = git(&["rev-parse", "--short=7", "HEAD"]).unwrap_or_default();
+    if !commit.is_empty() {
+        let mut args = vec![
+            "status".to_string(),
+            "--porcelain".into(),
+            "--untracked-files=no".into(),
+            "--".into(),
+        ];
+        args.extend(sources.iter().map(|p| p.display().to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        if git(&args).is_some() {
+            commit.push_str("+dirty");
+        }
+    }
     println!("cargo:rustc-env=REMORA_BUILD_COMMIT={commit}");
-    // `remora --version`: "0.1.0 (abc1234)", or the bare version outside a checkout.
+    // `remora --version`: "0.1.0 (abc1234)", "0.1.0 (abc1234+dirty)", or the bare version
+    // outside a checkout.
     let version = std::env::var("CARGO_PKG_VERSION").unwrap_or_default();
     let line = if commit.is_empty() {
         version
@@ -37,6 +60,10 @@ fn main() {
         for f in watch.iter().filter(|f| f.exists()) {
             println!("cargo:rerun-if-changed={}", f.display());
         }
+    }
+    // And again when a source changes (whether it makes the tree dirty or clean again).
+    for p in sources.iter().filter(|p| p.exists()) {
+        println!("cargo:rerun-if-changed={}", p.display());
     }
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -482,3 +482,28 @@ fn the_log_has_no_colour_codes_when_stderr_is_not_a_terminal() {
     assert!(stderr.contains("serving zero GPUs"), "{stderr}");
     assert!(!stderr.contains('\x1b'), "{stderr:?}");
 }
+
+#[test]
+fn version_names_the_build_commit_and_whether_the_sources_differed() {
+    let out = Command::new(REMORA).arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let rest = line.strip_prefix("remora ").expect(&line);
+    let (version, commit) = match rest.split_once(' ') {
+        Some((v, c)) => (v, Some(c)),
+        None => (rest, None),
+    };
+    assert_eq!(version, env!("CARGO_PKG_VERSION"), "{line}");
+    // Outside a git checkout there is no commit; inside, "(abc1234)" or "(abc1234+dirty)".
+    if let Some(c) = commit {
+        let c = c
+            .strip_prefix('(')
+            .and_then(|c| c.strip_suffix(')'))
+            .expect(&line);
+        let hash = c.strip_suffix("+dirty").unwrap_or(c);
+        assert!(
+            hash.len() >= 7 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{line}"
+        );
+    }
+}
