@@ -401,10 +401,8 @@ impl Launcher {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        if let Some(h) = handle
-            && h.thread().id() != std::thread::current().id()
-        {
-            let _ = h.join();
+        if let Some(h) = handle {
+            crate::waiters::join_unless_current(h);
         }
     }
 }

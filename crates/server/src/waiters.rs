@@ -102,13 +102,8 @@ impl WaiterPool {
         self.shared.wake.notify_all();
         let handles =
             std::mem::take(&mut *self.handles.lock().unwrap_or_else(PoisonError::into_inner));
-        let me = std::thread::current().id();
         for h in handles {
-            // A pool dropped by one of its own jobs (holding the last reference to its
-            // session) must not join itself; that thread ends when the job returns.
-            if h.thread().id() != me {
-                let _ = h.join();
-            }
+            join_unless_current(h);
         }
     }
 
@@ -127,6 +122,14 @@ impl WaiterPool {
         } {
             std::thread::yield_now();
         }
+    }
+}
+
+/// Joins thread `h` unless it is the calling thread: a thread that drops what owns it (a job
+/// holding the last reference to its session) must not join itself; it ends when it returns.
+pub(crate) fn join_unless_current(h: JoinHandle<()>) {
+    if h.thread().id() != std::thread::current().id() {
+        let _ = h.join();
     }
 }
 

@@ -6,39 +6,12 @@
 
 mod common;
 
-use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use remora_client::{CuError, KernelArgs, LaunchConfig, Session, StreamRef, cu};
+use common::{dtoh_async, fill_i32, ints, launch_u64s};
+use remora_client::{CuError, cu};
 use remora_oncrpc::TransportChoice;
 use remora_server::{EmulatedConfig, LaunchThread, LiveCounts, ShmConfig};
-
-fn launch(s: &Session, ctx: u64, f: &remora_client::FunctionInfo, stream: u64, args: &[u64]) {
-    let config = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [64, 1, 1],
-        shared_mem_bytes: 0,
-        stream: StreamRef::Handle(stream),
-        attrs: Vec::new(),
-    };
-    let ptrs: Vec<*const c_void> = args.iter().map(|a| (a as *const u64).cast()).collect();
-    // SAFETY: one valid pointer per parameter; each points at 8 readable bytes, at least the
-    // parameter's size (fill_i32's ints are read from the low, little-endian bytes).
-    unsafe { s.launch_kernel(ctx, f, &config, KernelArgs::Params(ptrs.as_ptr())) }.unwrap();
-}
-
-/// `fill_i32(int *p, int v, int n)`: `p[i] = v + i` over 64 ints.
-fn fill(s: &Session, ctx: u64, f: &remora_client::FunctionInfo, p: u64, v: i32, stream: u64) {
-    launch(s, ctx, f, stream, &[p, v as u32 as u64, 64]);
-}
-
-fn ints(s: &Session, ctx: u64, p: u64) -> Vec<i32> {
-    let mut back = vec![0u8; 256];
-    s.memcpy_dtoh(ctx, common::LEGACY, p, &mut back).unwrap();
-    back.chunks(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
 
 fn filled(v: i32) -> Vec<i32> {
     (v..v + 64).collect()
@@ -78,36 +51,27 @@ fn calls_after_queued_launches_see_them_over_every_transport() {
         // (a copy that overtook the queue would see an earlier value, or zeros).
         for round in 0..4 {
             for v in 0..16 {
-                fill(&s, ctx, f, p, round * 100 + v, stream);
+                fill_i32(&s, ctx, f, p, round * 100 + v, stream);
             }
             assert_eq!(ints(&s, ctx, p), filled(round * 100 + 15), "{transport:?}");
         }
         // A launch, then a copy to the device over its output: the copy comes last.
-        fill(&s, ctx, f, p, 7, stream);
-        fill(&s, ctx, f, p, 8, stream);
+        fill_i32(&s, ctx, f, p, 7, stream);
+        fill_i32(&s, ctx, f, p, 8, stream);
         s.memcpy_htod(ctx, common::LEGACY, p, &[0u8; 256]).unwrap();
         assert_eq!(ints(&s, ctx, p), vec![0; 64], "{transport:?}");
         // An asynchronous copy after launches, delivered at the synchronize.
-        fill(&s, ctx, f, p, 21, stream);
-        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = std::sync::Arc::clone(&got);
-        s.memcpy_dtoh_async(
-            ctx,
-            stream,
-            p,
-            256,
-            Box::new(move |b: &[u8]| sink.lock().unwrap().extend_from_slice(b)),
-        )
-        .unwrap();
+        fill_i32(&s, ctx, f, p, 21, stream);
+        let got = dtoh_async(&s, ctx, stream, p, 256);
         s.stream_synchronize(ctx, stream).unwrap();
         let host = got.lock().unwrap().clone();
         assert_eq!(i32::from_le_bytes(host[..4].try_into().unwrap()), 21);
 
         // A launch that fails in the driver (no such emulated kernel) behind good ones: the
         // next synchronize reports it, once.
-        fill(&s, ctx, f, p, 1, stream);
-        launch(&s, ctx, &m.functions["missing"], stream, &[0]);
-        fill(&s, ctx, f, p, 2, stream);
+        fill_i32(&s, ctx, f, p, 1, stream);
+        launch_u64s(&s, ctx, &m.functions["missing"], stream, &[0]);
+        fill_i32(&s, ctx, f, p, 2, stream);
         assert_eq!(
             s.stream_synchronize(ctx, stream),
             Err(CuError(cu::NOT_SUPPORTED)),
@@ -117,7 +81,7 @@ fn calls_after_queued_launches_see_them_over_every_transport() {
         assert_eq!(ints(&s, ctx, p), filled(2));
         // A launch the server refuses before the driver (parameters shorter than the
         // layout) reports its error after the queued launches' errors.
-        launch(&s, ctx, &m.functions["missing"], stream, &[0]);
+        launch_u64s(&s, ctx, &m.functions["missing"], stream, &[0]);
         let short = remora_client::proto::RmLaunchArgs {
             ctx,
             function: f.handle,
@@ -143,7 +107,7 @@ fn calls_after_queued_launches_see_them_over_every_transport() {
 
         // Closed with launches queued: they are made, then everything is freed.
         for v in 0..40 {
-            fill(&s, ctx, f, p, v, stream);
+            fill_i32(&s, ctx, f, p, v, stream);
         }
         drop(s);
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -175,7 +139,7 @@ fn bursts_of_fast_launches_stay_in_order_by_default() {
         // the results may not.
         for round in 0..20 {
             for v in 0..200 {
-                fill(&s, ctx, f, p, round * 1000 + v, 0);
+                fill_i32(&s, ctx, f, p, round * 1000 + v, 0);
             }
             assert_eq!(
                 ints(&s, ctx, p),

@@ -8,35 +8,8 @@ mod common;
 
 use std::ffi::c_void;
 
-use remora_client::{CuError, KernelArgs, LaunchConfig, Session, StreamRef, cu};
+use remora_client::{CuError, KernelArgs, LaunchConfig, StreamRef, cu};
 use remora_oncrpc::TransportChoice;
-
-/// `fill_i32(int *p, int v, int n)`: `p[i] = v + i` over `n` ints, on `stream`.
-fn fill(s: &Session, ctx: u64, f: &remora_client::FunctionInfo, p: u64, v: i32, stream: u64) {
-    let n = 64i32;
-    let args: [*const c_void; 3] = [
-        (&p as *const u64).cast(),
-        (&v as *const i32).cast(),
-        (&n as *const i32).cast(),
-    ];
-    let config = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [64, 1, 1],
-        shared_mem_bytes: 0,
-        stream: StreamRef::Handle(stream),
-        attrs: Vec::new(),
-    };
-    // SAFETY: one valid pointer per parameter of fill_i32(int*, int, int).
-    unsafe { s.launch_kernel(ctx, f, &config, KernelArgs::Params(args.as_ptr())) }.unwrap();
-}
-
-fn ints(s: &Session, ctx: u64, p: u64) -> Vec<i32> {
-    let mut back = vec![0u8; 256];
-    s.memcpy_dtoh(ctx, 1, p, &mut back).unwrap();
-    back.chunks(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
 
 #[test]
 fn a_synchronize_over_shared_memory_is_seen_in_a_completion_word_and_falls_back_when_needed() {
@@ -58,9 +31,9 @@ fn a_synchronize_over_shared_memory_is_seen_in_a_completion_word_and_falls_back_
     // busy machine sends the client to the full call, so not every one), and the kernel's
     // bytes are there either way.
     for v in 0..20 {
-        fill(&s, ctx, f, p, v, stream);
+        common::fill_i32(&s, ctx, f, p, v, stream);
         s.stream_synchronize(ctx, stream).unwrap();
-        assert_eq!(ints(&s, ctx, p), (v..v + 64).collect::<Vec<_>>());
+        assert_eq!(common::ints(&s, ctx, p), (v..v + 64).collect::<Vec<_>>());
     }
     let (seen, full) = s.signal_sync_counts().unwrap();
     assert_eq!(seen + full, 20);
@@ -90,22 +63,13 @@ fn a_synchronize_over_shared_memory_is_seen_in_a_completion_word_and_falls_back_
     );
     assert_eq!(s.signal_sync_counts().unwrap(), (seen, full + 1));
     // The error was reported once (not sticky): the next synchronize succeeds.
-    fill(&s, ctx, f, p, 9, stream);
+    common::fill_i32(&s, ctx, f, p, 9, stream);
     s.stream_synchronize(ctx, stream).unwrap();
     let (seen, full) = s.signal_sync_counts().unwrap();
 
     // An asynchronous copy to host memory waits for delivery: the full call carries it.
-    fill(&s, ctx, f, p, 11, stream);
-    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = std::sync::Arc::clone(&got);
-    s.memcpy_dtoh_async(
-        ctx,
-        stream,
-        p,
-        256,
-        Box::new(move |b: &[u8]| sink.lock().unwrap().extend_from_slice(b)),
-    )
-    .unwrap();
+    common::fill_i32(&s, ctx, f, p, 11, stream);
+    let got = common::dtoh_async(&s, ctx, stream, p, 256);
     s.stream_synchronize(ctx, stream).unwrap();
     let host = got.lock().unwrap().clone();
     assert_eq!(host.len(), 256);
@@ -120,9 +84,9 @@ fn a_synchronize_over_shared_memory_is_seen_in_a_completion_word_and_falls_back_
     // A module that may print from the device: every later synchronize is the full call.
     s.module_load(ctx, b"REMORA-EMU-MODULE\nfunc uses_vprintf 8\n")
         .unwrap();
-    fill(&s, ctx, f, p, 13, stream);
+    common::fill_i32(&s, ctx, f, p, 13, stream);
     s.stream_synchronize(ctx, stream).unwrap();
-    assert_eq!(ints(&s, ctx, p)[0], 13);
+    assert_eq!(common::ints(&s, ctx, p)[0], 13);
     assert_eq!(s.signal_sync_counts().unwrap(), (seen, full + 1));
 }
 

@@ -130,3 +130,71 @@ pub fn pattern(n: usize, seed: u32) -> Vec<u8> {
         .map(|i| (i.wrapping_mul(2_654_435_761) ^ seed.wrapping_mul(97)) as u8 ^ (i >> 9) as u8)
         .collect()
 }
+
+/// Launches emulated kernel `f` on `stream`, one block of 64 threads, with one `u64` per
+/// parameter (a parameter narrower than 8 bytes is read from its low, little-endian bytes).
+pub fn launch_u64s(
+    s: &Session,
+    ctx: u64,
+    f: &remora_client::FunctionInfo,
+    stream: u64,
+    args: &[u64],
+) {
+    let config = remora_client::LaunchConfig {
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        shared_mem_bytes: 0,
+        stream: remora_client::StreamRef::Handle(stream),
+        attrs: Vec::new(),
+    };
+    let ptrs: Vec<*const std::ffi::c_void> =
+        args.iter().map(|a| (a as *const u64).cast()).collect();
+    // SAFETY: one valid pointer per parameter; each points at 8 readable bytes, at least the
+    // parameter's size.
+    unsafe {
+        s.launch_kernel(
+            ctx,
+            f,
+            &config,
+            remora_client::KernelArgs::Params(ptrs.as_ptr()),
+        )
+    }
+    .unwrap();
+}
+
+/// `fill_i32(int *p, int v, int n)` over 64 ints on `stream`: `p[i] = v + i`.
+pub fn fill_i32(
+    s: &Session,
+    ctx: u64,
+    f: &remora_client::FunctionInfo,
+    p: u64,
+    v: i32,
+    stream: u64,
+) {
+    launch_u64s(s, ctx, f, stream, &[p, v as u32 as u64, 64]);
+}
+
+/// The 64 ints at `p`, read with a synchronous copy on the legacy stream.
+pub fn ints(s: &Session, ctx: u64, p: u64) -> Vec<i32> {
+    let mut back = vec![0u8; 256];
+    s.memcpy_dtoh(ctx, LEGACY, p, &mut back).unwrap();
+    back.chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// An asynchronous device-to-host copy of `len` bytes at `src` on `stream`: the returned
+/// buffer holds them once delivered (at the synchronizing call that carries them).
+pub fn dtoh_async(s: &Session, ctx: u64, stream: u64, src: u64, len: u64) -> Arc<Mutex<Vec<u8>>> {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&got);
+    s.memcpy_dtoh_async(
+        ctx,
+        stream,
+        src,
+        len,
+        Box::new(move |b: &[u8]| sink.lock().unwrap().extend_from_slice(b)),
+    )
+    .unwrap();
+    got
+}
