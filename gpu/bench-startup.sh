@@ -56,8 +56,10 @@ out=$(cd "$out" && pwd)
 date=$(date -u +%Y-%m-%d)
 device=${REMORA_DEVICE_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null \
   | head -n 1 | tr '[:upper:]' '[:lower:]' | sed 's/^nvidia //' | awk '{print $1}' || true)}
-commit=${REMORA_COMMIT:-$("$bin/remora" --version 2>/dev/null | sed -n 's/.*(\([0-9a-f]*\(+dirty\)\{0,1\}\)).*/\1/p')}
-commit=${commit:-unknown}
+# shellcheck source=gpu/modes.sh
+. "$src/modes.sh"  # remora_commit
+remora_commit "$bin"
+commit=${REMORA_COMMIT:-unknown}
 export REMORA_COMMIT=$commit
 tag="$date-${device:-gpu}-${commit:0:7}"
 modes=(--modes "${REMORA_STARTUP_MODES:-native,embedded,standing}"

@@ -12,6 +12,9 @@
 #   mode_cmd BIN MODE     sets the array `run` to the prefix that runs a program in MODE:
 #                         native (nothing), shm and unix (`remora run --transport MODE --server
 #                         unix://$sock --`), tcp (`--server $tcp`), embedded (plain `remora run --`)
+#   remora_commit BIN     unless REMORA_COMMIT is set, sets and exports it to the commit
+#                         `BIN/remora --version` names (abc1234, or abc1234+dirty for a build
+#                         from changed sources); left unset when that says none
 # shellcheck shell=bash
 
 # shellcheck disable=SC2034  # serve_pid, sock, tcp and run are for the caller
@@ -32,6 +35,13 @@ mode_cmd() {
     embedded) run=("$1/remora" run --) ;;
     *) echo "unknown mode $2" >&2; return 1 ;;
   esac
+}
+
+remora_commit() {
+  if [ -z "${REMORA_COMMIT:-}" ] && [ -x "$1/remora" ]; then
+    REMORA_COMMIT=$("$1/remora" --version 2>/dev/null | sed -n 's/.*(\([0-9a-f]*\(+dirty\)\{0,1\}\)).*/\1/p')
+  fi
+  if [ -n "${REMORA_COMMIT:-}" ]; then export REMORA_COMMIT; fi
 }
 
 # shellcheck disable=SC2034  # bin, out and modes are for the caller

@@ -35,11 +35,6 @@
 set -uo pipefail
 usage="usage: run-suite.sh BIN_DIR OUT_DIR"
 bin=$(cd "${1:?$usage}" && pwd)
-# The commit measured: REMORA_COMMIT, else the one `remora --version` says it was built from.
-if [ -z "${REMORA_COMMIT:-}" ] && [ -x "$bin/remora" ]; then
-  REMORA_COMMIT=$("$bin/remora" --version 2>/dev/null | sed -n 's/.*(\([0-9a-f]*\(+dirty\)\{0,1\}\)).*/\1/p')
-  [ -n "$REMORA_COMMIT" ] && export REMORA_COMMIT
-fi
 out=${2:?$usage}
 mkdir -p "$out/outputs"
 out=$(cd "$out" && pwd)
@@ -47,7 +42,9 @@ src=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 serve_pid=
 # shellcheck source=gpu/modes.sh
-. "$src/modes.sh"  # start_serve, mode_cmd
+. "$src/modes.sh"  # start_serve, mode_cmd, remora_commit
+# The commit measured: REMORA_COMMIT, else the one `remora --version` says it was built from.
+remora_commit "$bin"
 cleanup() { [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 # Seconds per program run. Most programs take seconds; a hang must not eat the machine's time

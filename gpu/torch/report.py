@@ -7,7 +7,8 @@ SECONDS, DETAIL per run) and logs/NAME.MODE.err (train.py's `train-stats` lines;
 the step times in results.tsv are used). Several
 IN_DIRs, from suite.sh runs split over several device calls, are merged into one report, mode
 by mode (a check or model run in one mode in several: that mode's last run). Device and commit: env TORCH_SUITE_DEVICE and
-REMORA_COMMIT, else what the first IN_DIR's torch-suite.json says. Standard library only.
+REMORA_COMMIT, else what the first IN_DIR's torch-suite.json says; the torch version: train.py's
+output, else env TORCH_VERSION (suite.sh sets it), else that file's. Standard library only.
 """
 import datetime
 import json
@@ -116,7 +117,7 @@ def main():
             })
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    doc = {"date": date, "device": device, "commit": commit, "torch": torch_version or prev.get("torch"),
+    doc = {"date": date, "device": device, "commit": commit, "torch": torch_version or os.environ.get("TORCH_VERSION") or prev.get("torch"),
            "modes": modes, "summary": counts, "checks": checks, "training": training,
            "note": "each run its own process; stdout compared byte for byte with the native run; "
                    "step times: median per-step wall time (device synchronized at both ends), "

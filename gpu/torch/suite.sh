@@ -12,7 +12,8 @@
 #
 # Env: TORCH_CHECKS="a b" (default: every check `smoke.py --list` names; empty: none),
 # TORCH_MODELS="gpt cnn" (the default; empty: none), TORCH_TRAIN_ARGS (more train.py arguments,
-# e.g. "--steps 100"), TORCH_TIMEOUT, PYTHON (default python3), REMORA_COMMIT (recorded).
+# e.g. "--steps 100"), TORCH_TIMEOUT, PYTHON (default python3), REMORA_COMMIT (recorded; default:
+# the commit `BIN_DIR/remora --version` names).
 # Every run's stdout and stderr go to OUT_DIR/logs/NAME.MODE.{out,err} (NAME: the check, or
 # train-MODEL), a line per run to OUT_DIR/logs/results.tsv, from which gpu/torch/report.py writes
 # OUT_DIR/torch-suite.json and torch-suite.md (it also merges the OUT_DIRs of split runs). Prints a
@@ -25,6 +26,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin_out_modes "usage: suite.sh BIN_DIR OUT_DIR [shm|unix|tcp|embedded ...]" "$@"
 logs=$out/logs; mkdir -p "$logs"
 py=${PYTHON:-python3}
+remora_commit "$bin"
+# recorded in the report (train.py's output says it too, but a run of checks alone has none)
+TORCH_VERSION=$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null) && export TORCH_VERSION
 limit=${TORCH_TIMEOUT:-180}
 read -r -a checks <<< "${TORCH_CHECKS-$("$py" "$here/smoke.py" --list)}"
 read -r -a models <<< "${TORCH_MODELS-gpt cnn}"
