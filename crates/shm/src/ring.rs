@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use crate::region::Mapping;
-use crate::wait::{Judged, WaitOutcome, Waiter};
+use crate::wait::{WaitOutcome, Waiter};
 
 /// Bytes of the ring header.
 pub(crate) const RING_HEADER: usize = 256;
@@ -156,15 +156,14 @@ impl Ends {
     }
 
     /// The producer's [`Producer::try_push`], `tail` being its count of bytes published.
-    /// `woke` says whether publishing had to wake the consumer. `lag`, when set, goes to the
-    /// header with the message and is then spent; unset, the header keeps the lag it said
-    /// (see [`Producer::set_next_lag`]).
+    /// `woke` says whether publishing had to wake the consumer. `lag` goes to the header with
+    /// the message and is then spent (0; see [`Producer::set_next_lag`]).
     fn push(
         &self,
         tail: &mut u32,
         parts: &[&[u8]],
         woke: &mut bool,
-        lag: &mut Option<u64>,
+        lag: &mut u64,
     ) -> Result<bool, RingError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let need = padded(len);
@@ -189,9 +188,8 @@ impl Ends {
         *tail = tail.wrapping_add(need as u32);
         let h = self.header();
         h.tail.posted_ns.store(mono_ns(), Ordering::Relaxed);
-        if let Some(lag) = lag.take()
-            && h.tail.lag_ns.load(Ordering::Relaxed) != lag
-        {
+        let lag = std::mem::take(lag);
+        if h.tail.lag_ns.load(Ordering::Relaxed) != lag {
             h.tail.lag_ns.store(lag, Ordering::Relaxed);
         }
         // The message bytes (and the stamp) are visible before the index that publishes them.
@@ -303,7 +301,7 @@ fn wait_for(
     word: &AtomicU32,
     blocked: impl Fn(u32) -> bool,
     mut attempt: impl FnMut() -> Result<bool, RingError>,
-    judge: impl FnOnce(bool, WaitOutcome, Duration) -> Judged,
+    judge: impl FnOnce(bool, WaitOutcome, Duration) -> Duration,
 ) -> Result<bool, RingError> {
     waiter
         .wait_judged(
@@ -342,7 +340,7 @@ fn mono_ns() -> u64 {
         .saturating_add(t.tv_nsec as u64)
 }
 
-/// What a consumer's wait that took `took` and ended as `outcome` teaches its waiter, from
+/// What a consumer's wait that took `took` and ended as `outcome` teaches its budget, from
 /// the producer's stamps (`posted`, `peer_lag`; `posted` 0: no stamps, `took` itself), and
 /// how late this side noticed the message (its wake-up lag: 0 unless it slept).
 ///
@@ -351,12 +349,15 @@ fn mono_ns() -> u64 {
 /// noticed only at the end), and a reply the peer sent after sleeping itself is later by
 /// the peer's wake-up (`peer_lag`). Learning those would keep both budgets at their minimum
 /// once both sides sleep: each waits a wake-up of the other, which proves the next wait
-/// long too. Both are taken out of what it learns. The way the wait was planned is charged
-/// with `took` less the peer's wake-up only ([`Judged::charged`]): its own wake-up is what
-/// blocking costs.
-fn judged_wait(outcome: WaitOutcome, took: Duration, posted: u64, peer_lag: u64) -> (Judged, u64) {
+/// long too. Both are taken out.
+fn judged_wait(
+    outcome: WaitOutcome,
+    took: Duration,
+    posted: u64,
+    peer_lag: u64,
+) -> (Duration, u64) {
     if posted == 0 {
-        return (Judged::as_took(took), 0);
+        return (took, 0);
     }
     let now = mono_ns();
     let start = now.saturating_sub(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
@@ -365,12 +366,8 @@ fn judged_wait(outcome: WaitOutcome, took: Duration, posted: u64, peer_lag: u64)
         WaitOutcome::Slept => now.saturating_sub(posted),
         WaitOutcome::Spun => 0,
     };
-    let charged = took.saturating_sub(Duration::from_nanos(peer_lag));
     (
-        Judged {
-            learned: Duration::from_nanos(arrival.saturating_sub(peer_lag)),
-            charged,
-        },
+        Duration::from_nanos(arrival.saturating_sub(peer_lag)),
         own_lag,
     )
 }
@@ -399,7 +396,7 @@ pub struct Producer {
     /// See [`Producer::woke_peer`].
     woke: bool,
     /// See [`Producer::set_next_lag`].
-    next_lag: Option<u64>,
+    next_lag: u64,
 }
 
 impl Producer {
@@ -415,7 +412,7 @@ impl Producer {
             ends,
             tail,
             woke: false,
-            next_lag: None,
+            next_lag: 0,
         }
     }
 
@@ -424,15 +421,11 @@ impl Producer {
         self.ends.capacity
     }
 
-    /// Says, with the next message and those after it until the next call, that they come
-    /// `ns` nanoseconds late because this side noticed the message they answer late
-    /// ([`Consumer::wake_lag`]; 0: it did not): the consumer takes that out of what its
-    /// waiter learns (`judged_wait`). The messages of one answer share the saying, so that
-    /// a consumer that finds a later one in the header (the header holds the last
-    /// message's stamps) still reads the lag: a one-way launch and the synchronize behind
-    /// it, say.
+    /// Says, with the next message only, that it comes `ns` nanoseconds late because this
+    /// side noticed the message it answers late ([`Consumer::wake_lag`]): the consumer's
+    /// budget takes that out (`judged_wait`). Later messages say 0 unless set again.
     pub fn set_next_lag(&mut self, ns: u64) {
-        self.next_lag = Some(ns);
+        self.next_lag = ns;
     }
 
     /// Publishes one message made of `parts`, if there is room now; `Ok(false)` when full.
@@ -484,7 +477,7 @@ impl Producer {
                 used <= capacity && capacity - used < need
             },
             || ends.push(tail, parts, woke, next_lag),
-            |_, _, took| Judged::as_took(took),
+            |_, _, took| took,
         )
     }
 }
@@ -564,7 +557,7 @@ impl Consumer {
             || ends.pop(head, out),
             |got, outcome, took| {
                 if !got {
-                    return Judged::as_took(took);
+                    return took;
                 }
                 let posted = h.tail.posted_ns.load(Ordering::Relaxed);
                 // The peer's word, bounded (a second: no wake-up is longer) so that no
@@ -751,29 +744,17 @@ mod tests {
     fn a_wait_learns_what_it_would_have_taken_had_both_sides_spun() {
         let us = Duration::from_micros;
         // No stamps (an older producer): the wait as it was.
-        assert_eq!(
-            judged_wait(WaitOutcome::Slept, us(300), 0, 0),
-            (Judged::as_took(us(300)), 0)
-        );
+        assert_eq!(judged_wait(WaitOutcome::Slept, us(300), 0, 0), (us(300), 0));
         // Slept 110 µs; the message was posted ~10 µs in, and the peer had woken 5 µs late
-        // before it answered: the budget learns at most 5 µs, and we were ~100 µs late. The
-        // way planned (blocking) is charged with the wait less the peer's 5 µs: our own
-        // wake-up stays in.
+        // before it answered: the budget learns at most 5 µs, and we were ~100 µs late.
         let t0 = mono_ns();
         let posted = t0 - 100_000;
-        let (judged, own) = judged_wait(WaitOutcome::Slept, us(110), posted, 5_000);
-        assert!(judged.learned <= us(5), "{judged:?}");
-        assert_eq!(judged.charged, us(105));
+        let (learn, own) = judged_wait(WaitOutcome::Slept, us(110), posted, 5_000);
+        assert!(learn <= us(5), "{learn:?}");
         assert!(own >= 100_000, "{own}");
         // Spun: no lag of our own; a message "posted" before the wait began counts as 0.
-        let (judged, own) = judged_wait(WaitOutcome::Spun, us(3), mono_ns() - 1_000_000, 0);
-        assert_eq!(
-            (judged.learned, judged.charged, own),
-            (Duration::ZERO, us(3), 0)
-        );
-        // A spin that waited out the peer's 40 µs wake-up is charged only what is left.
-        let (judged, _) = judged_wait(WaitOutcome::Spun, us(45), mono_ns() - 2_000, 40_000);
-        assert_eq!(judged.charged, us(5));
+        let (learn, own) = judged_wait(WaitOutcome::Spun, us(3), mono_ns() - 1_000_000, 0);
+        assert_eq!((learn, own), (Duration::ZERO, 0));
     }
 
     #[test]
@@ -821,16 +802,15 @@ mod tests {
         assert!(posted > 0);
         // It slept on the futex: noticed after the publish, by a measured amount.
         assert!(wake_lag > 0 && wake_lag < 1_000_000_000, "{wake_lag}");
-        // A lag goes with the next message and those after it, until said again.
-        let lag_ns = |p: &Producer| p.ends.header().tail.lag_ns.load(Ordering::Relaxed);
+        // A lag goes with the next message only.
         p.set_next_lag(wake_lag);
         assert!(p.try_push(&[b"y"]).unwrap());
-        assert_eq!(lag_ns(&p), wake_lag);
+        assert_eq!(
+            p.ends.header().tail.lag_ns.load(Ordering::Relaxed),
+            wake_lag
+        );
         assert!(p.try_push(&[b"z"]).unwrap());
-        assert_eq!(lag_ns(&p), wake_lag);
-        p.set_next_lag(0);
-        assert!(p.try_push(&[b"w"]).unwrap());
-        assert_eq!(lag_ns(&p), 0);
+        assert_eq!(p.ends.header().tail.lag_ns.load(Ordering::Relaxed), 0);
     }
 
     #[test]

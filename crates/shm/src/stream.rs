@@ -80,11 +80,9 @@ struct Conn {
     woke_peer: AtomicBool,
     /// The peer's usual wake-up lag ([`Consumer::peer_lag`]), kept by reads.
     peer_lag_ns: AtomicU64,
-    /// How late the reads since the last write noticed their messages (the longest); said
-    /// with the writes that answer them ([`Producer::set_next_lag`]).
+    /// How late the last read noticed its message; said with the next write only
+    /// ([`Producer::set_next_lag`]).
     answer_lag: AtomicU64,
-    /// A read came since the last write: the next write says `answer_lag`.
-    answer_fresh: AtomicBool,
 }
 
 impl Drop for Conn {
@@ -165,7 +163,6 @@ impl ShmStream {
                 woke_peer: AtomicBool::new(false),
                 peer_lag_ns: AtomicU64::new(0),
                 answer_lag: AtomicU64::new(0),
-                answer_fresh: AtomicBool::new(false),
             }),
         }
     }
@@ -399,9 +396,7 @@ impl Read for &ShmStream {
                     rx.pos = 0;
                     // What we send next comes that much later: the peer's budget takes
                     // it out (`ring::judged_wait`).
-                    conn.answer_lag
-                        .fetch_max(rx.ring.wake_lag(), Ordering::Relaxed);
-                    conn.answer_fresh.store(true, Ordering::Relaxed);
+                    conn.answer_lag.store(rx.ring.wake_lag(), Ordering::Relaxed);
                     conn.peer_lag_ns
                         .store(rx.ring.peer_lag(), Ordering::Relaxed);
                 }
@@ -462,9 +457,9 @@ impl Write for &ShmStream {
         let until = deadline(conn.write_timeout.load(Ordering::Relaxed));
         let mut tx = lock(&conn.tx);
         let tx = &mut *tx;
-        if conn.answer_fresh.swap(false, Ordering::Relaxed) {
-            tx.ring
-                .set_next_lag(conn.answer_lag.swap(0, Ordering::Relaxed));
+        let lag = conn.answer_lag.swap(0, Ordering::Relaxed);
+        if lag != 0 {
+            tx.ring.set_next_lag(lag);
         }
         match tx
             .ring
