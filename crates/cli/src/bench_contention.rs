@@ -213,6 +213,7 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
             for &clients in &a.clients {
                 for metric in [
                     "launch_sync.p50",
+                    "launch_sync.mean",
                     "launch_sync.client_cpu",
                     "launch.per_launch",
                 ] {

@@ -175,6 +175,10 @@ fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
                 .filter_map(|r| r.sync_p99_us)
                 .fold(f64::NAN, f64::max);
             out.push(("launch_sync.p99_max".into(), "us".into(), p99));
+            let mean: Vec<f64> = results.iter().filter_map(|r| r.sync_mean_us).collect();
+            if !mean.is_empty() {
+                out.push(("launch_sync.mean".into(), "us".into(), med(mean)));
+            }
             let cpu: Vec<f64> = results.iter().filter_map(|r| r.sync_cpu_us).collect();
             if !cpu.is_empty() {
                 out.push(("launch_sync.client_cpu".into(), "us".into(), med(cpu)));
@@ -700,6 +704,7 @@ mod tests {
             per_launch_us: Some(p),
             sync_p50_us: Some(s),
             sync_p99_us: Some(s * 2.0),
+            sync_mean_us: Some(s * 1.5),
             spans: vec![("launch".into(), start, end, 1000.0)],
             ..Default::default()
         };
@@ -725,6 +730,11 @@ mod tests {
         assert_eq!(
             shm.iter().find(|x| x.0 == "launch_sync.p99_max").unwrap().2,
             24.0
+        );
+        // The mean of a round trip: the median over the clients of each one's mean.
+        assert_eq!(
+            shm.iter().find(|x| x.0 == "launch_sync.mean").unwrap().2,
+            16.5
         );
         let figs = figures(&[
             (("native".into(), 1), vec![native.clone(), native]),

@@ -116,6 +116,10 @@ pub struct WorkerResult {
     pub sync_p50_us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync_p99_us: Option<f64>,
+    /// Launch + stream synchronize, the mean in microseconds: what a loop of round trips
+    /// takes per trip, its rare long ones included (the p50 leaves them out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_mean_us: Option<f64>,
     /// CPU time of this whole process (every thread: the shim's too) per launch +
     /// synchronize, in microseconds: what waiting for the answers costs the client's cores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -537,6 +541,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                 }
                 if o.workload.syncs > 0 {
                     r.sync_cpu_us = Some((cpu() - cpu0) / f64::from(o.workload.syncs));
+                    r.sync_mean_us = Some(lat.iter().sum::<f64>() / lat.len() as f64);
                 }
                 lat.sort_by(f64::total_cmp);
                 r.sync_p50_us = Some(percentile(&lat, 0.5));
