@@ -6,7 +6,9 @@
 //! benchmark starts and to every client, so it holds in all the places Remora waits: the
 //! client for replies (socket reads, shared-memory rings, completion words) and the server for
 //! requests. Each (burn level, policy) pair is one `bench launch` run (`bench_gpu::measure`);
-//! native runs once per burn level.
+//! native runs once per burn level. With `--program`/`--programs`, each pair also times a
+//! mix of whole CUDA programs against standing servers that wait that way
+//! (`bench_startup::measure`): the figure `mix.total`, the summed wall time of one pass.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -15,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 use crate::bench_gpu::{self, Figure, Report, What, Workload};
+use crate::bench_startup;
 
 /// `remora bench contention`'s options.
 #[derive(Debug, clap::Args)]
@@ -58,9 +61,20 @@ pub(crate) struct Args {
     /// Launches per client in the throughput burst.
     #[arg(long, default_value_t = 5_000)]
     launches: u32,
-    /// Launch + synchronize round trips per client.
+    /// Launch + synchronize round trips per client (with --launches 0 and --syncs 0 only
+    /// the program mix is measured).
     #[arg(long, default_value_t = 1_000)]
     syncs: u32,
+    /// A CUDA program of the mix: its command line, split on spaces (repeatable), e.g.
+    /// --program "./vecadd cubin". The mix runs, under each load and way of waiting, every
+    /// program once natively (at the first way) and against a standing server per
+    /// transport, `--rounds` times after an untimed warm-up, as `remora bench startup`.
+    #[arg(long = "program", value_name = "CMD ARGS")]
+    program: Vec<String>,
+    /// A file of programs for the mix, one command line a line (# comments), as `remora
+    /// bench startup --programs` (gpu/startup-programs.txt, in the build directory).
+    #[arg(long, value_name = "FILE")]
+    programs: Option<PathBuf>,
     /// Skip the native baseline (no ratios).
     #[arg(long)]
     no_native: bool,
@@ -125,16 +139,55 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     if a.burn.is_empty() || a.burn.iter().any(|&b| b > 8) {
         bail!("--burn takes multiples of the cores from 0 to 8, e.g. 0,1,2");
     }
+    let mix = !a.program.is_empty() || a.programs.is_some();
+    let loops = a.launches > 0 || a.syncs > 0;
+    if !mix && !loops {
+        bail!(
+            "nothing to measure: --launches 0 and --syncs 0 leave only the program mix, and \
+             no program was named (--program \"CMD ARGS\" or --programs FILE)"
+        );
+    }
+    if a.rounds == 0 {
+        bail!("--rounds must be at least 1");
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut figures: Vec<Figure> = Vec::new();
     let mut notes = vec![format!(
         "{cores} cores; burn=Nx runs N CPU-burning processes per core beside the clients"
     )];
     let mut device = String::new();
+    let mut mix_noted = false;
     for &burn in &a.burn {
         let n = burn as usize * cores;
         let _burners = burners(n)?;
         for (i, policy) in a.policies.iter().enumerate() {
+            if mix {
+                eprintln!(
+                    "== burn={burn}x ({n} burning processes), REMORA_WAIT={policy}: program mix"
+                );
+                let r = bench_startup::measure(&bench_startup::Args::for_mix(
+                    a.program.clone(),
+                    a.programs.clone(),
+                    a.transports.clone(),
+                    !a.no_native && i == 0,
+                    a.rounds,
+                    a.shim.clone(),
+                    a.serve_arg.clone(),
+                    vec![("REMORA_WAIT".into(), policy.clone())],
+                ))?;
+                if device.is_empty() {
+                    device = r.device;
+                }
+                if !mix_noted {
+                    // How the mix was run (programs, servers' arguments), once.
+                    notes.extend(r.notes.into_iter().map(|n| format!("mix: {n}")));
+                    mix_noted = true;
+                }
+                figures.extend(mix_figures(r.figures, policy, burn));
+            }
+            if !loops {
+                continue;
+            }
             eprintln!("== burn={burn}x ({n} burning processes), REMORA_WAIT={policy}");
             let opts = bench_gpu::Options {
                 what: What::Launch,
@@ -187,6 +240,27 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     Ok(report)
 }
 
+/// The mix's figures of one (burn level, policy) run of `bench startup`: its
+/// `whole_run.total` per mode, as `mix.total` of "native burn=Nx" or "TRANSPORT POLICY
+/// burn=Nx" (the standing modes).
+fn mix_figures(figures: Vec<Figure>, policy: &str, burn: u32) -> Vec<Figure> {
+    figures
+        .into_iter()
+        .filter(|f| f.metric == "whole_run.total")
+        .filter_map(|mut f| {
+            f.mode = if f.mode == "native" {
+                format!("native burn={burn}x")
+            } else {
+                let t = f.mode.strip_prefix("standing-")?;
+                format!("{t} {policy} burn={burn}x")
+            };
+            f.metric = "mix.total".into();
+            f.ratio_to_native = None;
+            Some(f)
+        })
+        .collect()
+}
+
 /// Fills each remoted figure's ratio to native at the same burn level and client count, and
 /// notes, per (transport, burn, clients), adaptive against the better of spin and block.
 fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
@@ -208,27 +282,36 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
             .filter(|n| *n > 0.0)
             .map(|n| (f.value / n * 1000.0).round() / 1000.0);
     }
+    // (clients, metric) pairs to compare; the mix runs one program at a time.
+    let mut cells: Vec<(u32, &str)> = Vec::new();
+    for &clients in &a.clients {
+        for metric in [
+            "launch_sync.p50",
+            "launch_sync.mean",
+            "launch_sync.client_cpu",
+            "launch.per_launch",
+        ] {
+            cells.push((clients, metric));
+        }
+    }
+    cells.push((1, "mix.total"));
     for t in &a.transports {
         for &burn in &a.burn {
-            for &clients in &a.clients {
-                for metric in [
-                    "launch_sync.p50",
-                    "launch_sync.mean",
-                    "launch_sync.client_cpu",
-                    "launch.per_launch",
-                ] {
-                    let get = |p: &str| {
-                        value(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric)
+            for &(clients, metric) in &cells {
+                let get =
+                    |p: &str| value(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric);
+                if let (Some(ad), Some(sp), Some(bl)) = (get("adaptive"), get("spin"), get("block"))
+                {
+                    let (unit, digits) = if metric == "mix.total" {
+                        ("s", 3)
+                    } else {
+                        ("us", 2)
                     };
-                    if let (Some(ad), Some(sp), Some(bl)) =
-                        (get("adaptive"), get("spin"), get("block"))
-                    {
-                        notes.push(format!(
-                            "{t} burn={burn}x {clients} client(s) {metric}: adaptive {ad:.2} us, spin {sp:.2}, block {bl:.2}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
-                            ad / sp.min(bl),
-                            sp / ad
-                        ));
-                    }
+                    notes.push(format!(
+                        "{t} burn={burn}x {clients} client(s) {metric}: adaptive {ad:.digits$} {unit}, spin {sp:.digits$}, block {bl:.digits$}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
+                        ad / sp.min(bl),
+                        sp / ad
+                    ));
                 }
             }
         }

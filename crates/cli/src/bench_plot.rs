@@ -90,6 +90,7 @@ fn client_panels(r: &Report) -> Vec<Panel> {
     for f in &r.figures {
         let shown = f.metric == "launch.per_launch"
             || f.metric == "launch_sync.p50"
+            || f.metric == "mix.total"
             || f.metric.ends_with(".aggregate");
         if shown && !metrics.contains(&f.metric) {
             metrics.push(f.metric.clone());
@@ -109,6 +110,7 @@ fn client_panels(r: &Report) -> Vec<Panel> {
         let title = match m.as_str() {
             "launch.per_launch" => format!("empty-kernel launch ({unit}, lower is better)"),
             "launch_sync.p50" => format!("launch + synchronize p50 ({unit}, lower is better)"),
+            "mix.total" => format!("CUDA-program mix, one pass ({unit}, lower is better)"),
             other => format!(
                 "{} ({unit}, all clients, higher is better)",
                 other

@@ -91,6 +91,47 @@ pub(crate) struct Args {
     /// One more program to time, with its arguments, after `--`.
     #[arg(last = true, value_name = "PROGRAM ARGS")]
     command: Vec<OsString>,
+    /// Variables for the servers and the remoted runs (not the native ones): `bench
+    /// contention`'s `REMORA_WAIT`.
+    #[arg(skip)]
+    env: Vec<(String, String)>,
+}
+
+impl Args {
+    /// The options of `bench contention`'s CUDA-program mix: `program`s and the
+    /// `programs` file's, natively (when `native`) and against standing servers over
+    /// `transports`, `rounds` rounds, the servers and the remoted runs with `env`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn for_mix(
+        program: Vec<String>,
+        programs: Option<PathBuf>,
+        transports: Vec<String>,
+        native: bool,
+        rounds: u32,
+        shim: Option<PathBuf>,
+        serve_arg: Vec<OsString>,
+        env: Vec<(String, String)>,
+    ) -> Self {
+        let mut modes = vec!["standing".to_owned()];
+        if native {
+            modes.insert(0, "native".to_owned());
+        }
+        Self {
+            program,
+            programs,
+            modes,
+            transports,
+            rounds,
+            shim,
+            serve_arg,
+            json: None,
+            png: None,
+            timeout_s: Duration::from_secs(120),
+            settle_s: Duration::from_millis(300),
+            command: Vec::new(),
+            env,
+        }
+    }
 }
 
 /// A program to time.
@@ -288,7 +329,7 @@ struct Standing {
 impl Standing {
     /// Starts the servers `modes` need: one on a Unix socket in a private directory for shm
     /// and unix, one on TCP loopback for tcp; none when no standing mode is asked for.
-    fn start(modes: &[Mode], serve_args: &[OsString]) -> Result<Self> {
+    fn start(modes: &[Mode], serve_args: &[OsString], env: &[(String, String)]) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("remora-bench-startup-")
             .tempdir()
@@ -306,14 +347,14 @@ impl Standing {
         };
         if standing(false) {
             let listen = Endpoint::Unix(s.dir.path().join("remora.sock"));
-            let (server, endpoint) = EmbeddedServer::start(&listen, serve_args, false)
+            let (server, endpoint) = EmbeddedServer::start_env(&listen, serve_args, false, env)
                 .context("cannot start the standing server on a Unix socket")?;
             s._servers.push(server);
             s.unix = Some(endpoint);
         }
         if standing(true) {
             let listen = Endpoint::Tcp("127.0.0.1:0".into());
-            let (server, endpoint) = EmbeddedServer::start(&listen, serve_args, false)
+            let (server, endpoint) = EmbeddedServer::start_env(&listen, serve_args, false, env)
                 .context("cannot start the standing server on TCP loopback")?;
             s._servers.push(server);
             s.tcp = Some(endpoint);
@@ -335,6 +376,8 @@ struct Runner {
     serve_args: Vec<OsString>,
     standing: Standing,
     timeout: Duration,
+    /// For the remoted runs ([`Args::env`]).
+    env: Vec<(String, String)>,
 }
 
 /// How many lines of a failed run's output an error quotes.
@@ -379,6 +422,7 @@ impl Runner {
                     }
                 }
                 cmd.arg("--").args(&program.argv);
+                cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
                 cmd
             }
         };
@@ -609,7 +653,15 @@ fn device_name(standing: &Standing, serve_args: &[OsString], notes: &mut Vec<Str
 /// Runs the benchmark: progress on stderr, a table on stdout; writes the JSON report and the
 /// PNG plot when asked.
 pub(crate) fn run(args: Args) -> Result<Report> {
-    let programs = programs(&args)?;
+    let report = measure(&args)?;
+    outln!("{}", table(&report));
+    crate::bench_gpu::write_report(&report, args.json.as_deref(), args.png.as_deref())?;
+    Ok(report)
+}
+
+/// Runs the benchmark with progress on stderr, and answers its report.
+pub(crate) fn measure(args: &Args) -> Result<Report> {
+    let programs = programs(args)?;
     let modes = modes(&args.modes, &args.transports)?;
     if args.rounds == 0 {
         bail!("--rounds must be at least 1");
@@ -627,9 +679,10 @@ pub(crate) fn run(args: Args) -> Result<Report> {
     let runner = Runner {
         exe: std::env::current_exe().context("cannot find the remora executable")?,
         shim,
-        standing: Standing::start(&modes, &args.serve_arg)?,
+        standing: Standing::start(&modes, &args.serve_arg, &args.env)?,
         serve_args: args.serve_arg.clone(),
         timeout: args.timeout_s,
+        env: args.env.clone(),
     };
     let mut notes = Vec::new();
     let device = device_name(&runner.standing, &args.serve_arg, &mut notes);
@@ -692,7 +745,7 @@ pub(crate) fn run(args: Args) -> Result<Report> {
         }
     }
     let figures = figures(&names, &labels, &times);
-    notes.extend(run_notes(&args, &programs, &modes, &runner.standing));
+    notes.extend(run_notes(args, &programs, &modes, &runner.standing));
     let mut servers = Vec::new();
     if modes.iter().any(|m| matches!(m, Mode::Embedded(_))) {
         servers.push("embedded: a fresh one per run".to_owned());
@@ -716,8 +769,6 @@ pub(crate) fn run(args: Args) -> Result<Report> {
         figures,
         notes,
     );
-    outln!("{}", table(&report));
-    crate::bench_gpu::write_report(&report, args.json.as_deref(), args.png.as_deref())?;
     Ok(report)
 }
 
@@ -1013,8 +1064,9 @@ mod tests {
             exe: "/nonexistent/remora".into(),
             shim: None,
             serve_args: Vec::new(),
-            standing: Standing::start(&[Mode::Native], &[]).unwrap(),
+            standing: Standing::start(&[Mode::Native], &[], &[]).unwrap(),
             timeout,
+            env: Vec::new(),
         }
     }
 
@@ -1104,6 +1156,16 @@ mod tests {
                 .command(&program, &Mode::Standing("unix".into()))
                 .is_err()
         );
+        // `bench contention`'s variables go to the remoted runs, never to a native one.
+        runner.env = vec![("REMORA_WAIT".into(), "block".into())];
+        let set = |mode: &Mode| {
+            let cmd = runner.command(&program, mode).unwrap();
+            cmd.get_envs()
+                .any(|(k, v)| k == "REMORA_WAIT" && v == Some(OsStr::new("block")))
+        };
+        assert!(set(&Mode::Standing("tcp".into())));
+        assert!(set(&Mode::Embedded("shm".into())));
+        assert!(!set(&Mode::Native));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! cannot run kernels) `bench copy` measures every transport and client count and writes its
 //! JSON report and PNG plot; `bench launch` fails with an error that says why; the native
 //! baseline is skipped with `--no-native`, and refused with a clear note when no driver exists.
+//! `bench contention` compares the ways of waiting, over launch loops and a program mix.
 
 mod common;
 
@@ -258,4 +259,80 @@ fn bench_contention_compares_the_waiting_policies_on_the_emulated_backend() {
     let bad = bench("contention", &shim, &["--policies=spin,yield"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown policy \"yield\""));
+}
+
+#[test]
+fn bench_contention_times_a_program_mix_under_each_way_of_waiting() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Fails unless the way of waiting reaches every remoted run, and no native one.
+    let program = dir.path().join("waits.sh");
+    std::fs::write(
+        &program,
+        "#!/bin/sh\nif [ -n \"$REMORA_SERVER\" ]; then [ -n \"$REMORA_WAIT\" ] || exit 3; \
+         else [ -z \"$REMORA_WAIT\" ] || exit 4; fi\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let json = dir.path().join("mix.json");
+    let out = bench(
+        "contention",
+        &shim,
+        &[
+            "--burn=0",
+            "--transports=unix",
+            "--launches=0",
+            "--syncs=0",
+            "--rounds=1",
+            "--program",
+            program.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let figures = report["figures"].as_array().unwrap();
+    for mode in [
+        "native burn=0x",
+        "unix spin burn=0x",
+        "unix block burn=0x",
+        "unix adaptive burn=0x",
+    ] {
+        let f = figures
+            .iter()
+            .find(|f| f["mode"] == mode && f["metric"] == "mix.total")
+            .unwrap_or_else(|| panic!("{mode}: {report}"));
+        assert_eq!(f["unit"], "s");
+        assert!(f["value"].as_f64().unwrap() > 0.0, "{f}");
+        assert_eq!(
+            f.get("ratio_to_native").is_some(),
+            mode != "native burn=0x",
+            "{f}"
+        );
+    }
+    // No launch loops were asked for.
+    assert!(!figures.iter().any(|f| f["metric"] == "launch_sync.p50"));
+    assert!(
+        stdout.contains("unix burn=0x 1 client(s) mix.total: adaptive"),
+        "{stdout}"
+    );
+    // Nothing at all to measure is a clear error.
+    let none = bench("contention", &shim, &["--launches=0", "--syncs=0"]);
+    assert!(!none.status.success());
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("nothing to measure"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
 }
