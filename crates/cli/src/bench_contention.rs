@@ -2,7 +2,8 @@
 //! throughput of 1..N clients while CPU-burning processes compete for the cores, for each way
 //! of waiting (`REMORA_WAIT`: `spin`, pure polling; `block`, no spinning; `adaptive`, the
 //! default: spinning first or blocking at once, whichever has been faster lately, with a
-//! spin budget that follows the waits seen). The policy is given to the servers the
+//! spin budget that follows the waits seen; `median`: adaptive with `REMORA_WAIT_JUDGE=median`,
+//! an experiment measured against it). The policy is given to the servers the
 //! benchmark starts and to every client, so it holds in all the places Remora waits: the
 //! client for replies (socket reads, shared-memory rings, completion words) and the server for
 //! requests. Each (burn level, policy) pair is one `bench launch` run (`bench_gpu::measure`);
@@ -47,7 +48,8 @@ pub(crate) struct Args {
         default_value = "0,1,2"
     )]
     burn: Vec<u32>,
-    /// Waiting policies, comma-separated: spin, block, adaptive.
+    /// Waiting policies, comma-separated: spin, block, adaptive, and median (adaptive with
+    /// the REMORA_WAIT_JUDGE=median experiment, to compare with adaptive in the same run).
     #[arg(
         long,
         value_name = "LIST",
@@ -132,8 +134,8 @@ pub(crate) fn burn() -> ! {
 /// when asked.
 pub(crate) fn run(a: &Args) -> Result<Report> {
     for p in &a.policies {
-        if !["spin", "block", "adaptive"].contains(&p.as_str()) {
-            bail!("unknown policy {p:?}: use spin, block or adaptive (comma-separated)");
+        if !["spin", "block", "adaptive", "median"].contains(&p.as_str()) {
+            bail!("unknown policy {p:?}: use spin, block, adaptive or median (comma-separated)");
         }
     }
     if a.burn.is_empty() || a.burn.iter().any(|&b| b > 8) {
@@ -163,7 +165,8 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
         for (i, policy) in a.policies.iter().enumerate() {
             if mix {
                 eprintln!(
-                    "== burn={burn}x ({n} burning processes), REMORA_WAIT={policy}: program mix"
+                    "== burn={burn}x ({n} burning processes), {}: program mix",
+                    shown_env(policy)
                 );
                 let r = bench_startup::measure(&bench_startup::Args::for_mix(
                     a.program.clone(),
@@ -173,7 +176,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
                     a.rounds,
                     a.shim.clone(),
                     a.serve_arg.clone(),
-                    vec![("REMORA_WAIT".into(), policy.clone())],
+                    policy_env(policy),
                 ))?;
                 if device.is_empty() {
                     device = r.device;
@@ -188,7 +191,10 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
             if !loops {
                 continue;
             }
-            eprintln!("== burn={burn}x ({n} burning processes), REMORA_WAIT={policy}");
+            eprintln!(
+                "== burn={burn}x ({n} burning processes), {}",
+                shown_env(policy)
+            );
             let opts = bench_gpu::Options {
                 what: What::Launch,
                 server: None,
@@ -207,7 +213,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
                 json: None,
                 png: None,
                 raw_tcp: false,
-                env: vec![("REMORA_WAIT".into(), policy.clone())],
+                env: policy_env(policy),
             };
             let r = bench_gpu::measure(&opts)?;
             if device.is_empty() {
@@ -238,6 +244,29 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     outln!("{}", bench_gpu::table(&report));
     bench_gpu::write_report(&report, a.json.as_deref(), a.png.as_deref())?;
     Ok(report)
+}
+
+/// The variables that set `policy` in the servers and the clients: `REMORA_WAIT`, and
+/// `REMORA_WAIT_JUDGE` (`median` for the policy of that name, an adaptive one; else `mean`,
+/// so that a value in the caller's environment does not leak into the others).
+fn policy_env(policy: &str) -> Vec<(String, String)> {
+    let (wait, judge) = match policy {
+        "median" => ("adaptive", "median"),
+        other => (other, "mean"),
+    };
+    vec![
+        ("REMORA_WAIT".into(), wait.into()),
+        ("REMORA_WAIT_JUDGE".into(), judge.into()),
+    ]
+}
+
+/// [`policy_env`] as `K=V K=V`, for progress lines.
+fn shown_env(policy: &str) -> String {
+    policy_env(policy)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The mix's figures of one (burn level, policy) run of `bench startup`: its
@@ -300,15 +329,18 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
             for &(clients, metric) in &cells {
                 let get =
                     |p: &str| value(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric);
-                if let (Some(ad), Some(sp), Some(bl)) = (get("adaptive"), get("spin"), get("block"))
-                {
+                for way in ["adaptive", "median"] {
+                    let (Some(ad), Some(sp), Some(bl)) = (get(way), get("spin"), get("block"))
+                    else {
+                        continue;
+                    };
                     let (unit, digits) = if metric == "mix.total" {
                         ("s", 3)
                     } else {
                         ("us", 2)
                     };
                     notes.push(format!(
-                        "{t} burn={burn}x {clients} client(s) {metric}: adaptive {ad:.digits$} {unit}, spin {sp:.digits$}, block {bl:.digits$}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
+                        "{t} burn={burn}x {clients} client(s) {metric}: {way} {ad:.digits$} {unit}, spin {sp:.digits$}, block {bl:.digits$}: {way} / better = x{:.2}, spin / {way} = x{:.2}",
                         ad / sp.min(bl),
                         sp / ad
                     ));
