@@ -201,6 +201,7 @@ impl PendingCall {
             self.timeout,
             PingTarget { program, version },
         )?;
+        self.inner.note_waited();
         decode_reply(record, program, version, procedure, result)
     }
 }
@@ -228,10 +229,13 @@ struct Inner {
     control: Stream,
     /// The results of [`ClientConfig::opening_call`].
     opening_reply: Option<Bytes>,
-    /// Over shared memory, a one-way call after a pause ([`ONEWAY_PAUSE`] without a write)
-    /// is written at once rather than queued: a ring write costs no system call, and the
-    /// server starts on it (a launch) while the caller prepares what follows (a synchronize).
-    /// Calls in quick succession (a burst of launches) are still batched.
+    /// Over shared memory, a one-way call after a pause ([`ONEWAY_PAUSE`] without a write,
+    /// or a wait for the server since the last write: a reply, or a completion word seen,
+    /// [`Client::note_waited`]) is written at once rather than queued: a ring write costs no
+    /// system call, and the server starts on it (a launch) while the caller prepares what
+    /// follows (a synchronize). Calls in quick succession (a burst of launches) are still
+    /// batched. A launch + synchronize loop so queues nothing, and the batch's flusher
+    /// thread parks instead of looking at the queue every delay.
     write_after_pause: bool,
     /// When this client last wrote, in nanoseconds since `epoch`.
     last_write: AtomicU64,
@@ -706,6 +710,13 @@ impl Client {
         self.inner.send_parts(&chunks, raw)
     }
 
+    /// Says that the caller waited for the server by other means than a reply (a completion
+    /// word in shared memory): over shared memory its next one-way call is written at once,
+    /// as after a reply, rather than queued for a batch.
+    pub fn note_waited(&self) {
+        self.inner.note_waited();
+    }
+
     /// Writes the one-way calls queued for a batch now (a caller about to wait for their
     /// effect by other means than a reply, e.g. a completion word in shared memory).
     pub fn flush(&self) -> Result<(), RpcError> {
@@ -957,7 +968,15 @@ impl Inner {
         }
     }
 
-    /// Whether nothing has been written for [`ONEWAY_PAUSE`].
+    /// The caller waited for the server: the next one-way call starts a new burst
+    /// ([`Inner::write_after_pause`]).
+    fn note_waited(&self) {
+        if self.write_after_pause {
+            self.last_write.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether nothing has been written for [`ONEWAY_PAUSE`] (or the caller waited since).
     fn paused(&self) -> bool {
         let now = self.epoch.elapsed().as_nanos() as u64;
         now.saturating_sub(self.last_write.load(Ordering::Relaxed))
