@@ -48,8 +48,9 @@ pub(crate) struct Args {
         default_value = "0,1,2"
     )]
     burn: Vec<u32>,
-    /// Waiting policies, comma-separated: spin, block, adaptive, and median (adaptive with
-    /// the REMORA_WAIT_JUDGE=median experiment, to compare with adaptive in the same run).
+    /// Waiting policies, comma-separated: spin, block, adaptive, and the experiments median
+    /// and spinfirst (adaptive with REMORA_WAIT_JUDGE=median or spinfirst, to compare with
+    /// adaptive in the same run).
     #[arg(
         long,
         value_name = "LIST",
@@ -134,8 +135,11 @@ pub(crate) fn burn() -> ! {
 /// when asked.
 pub(crate) fn run(a: &Args) -> Result<Report> {
     for p in &a.policies {
-        if !["spin", "block", "adaptive", "median"].contains(&p.as_str()) {
-            bail!("unknown policy {p:?}: use spin, block, adaptive or median (comma-separated)");
+        if !["spin", "block", "adaptive", "median", "spinfirst"].contains(&p.as_str()) {
+            bail!(
+                "unknown policy {p:?}: use spin, block, adaptive, median or spinfirst \
+                 (comma-separated)"
+            );
         }
     }
     if a.burn.is_empty() || a.burn.iter().any(|&b| b > 8) {
@@ -247,11 +251,13 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
 }
 
 /// The variables that set `policy` in the servers and the clients: `REMORA_WAIT`, and
-/// `REMORA_WAIT_JUDGE` (`median` for the policy of that name, an adaptive one; else `mean`,
-/// so that a value in the caller's environment does not leak into the others).
+/// `REMORA_WAIT_JUDGE` (`median` or `spinfirst` for the policies of those names, adaptive
+/// ones; else `mean`, so that a value in the caller's environment does not leak into the
+/// others).
 fn policy_env(policy: &str) -> Vec<(String, String)> {
     let (wait, judge) = match policy {
         "median" => ("adaptive", "median"),
+        "spinfirst" => ("adaptive", "spinfirst"),
         other => (other, "mean"),
     };
     vec![
@@ -329,7 +335,7 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
             for &(clients, metric) in &cells {
                 let get =
                     |p: &str| value(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric);
-                for way in ["adaptive", "median"] {
+                for way in ["adaptive", "median", "spinfirst"] {
                     let (Some(ad), Some(sp), Some(bl)) = (get(way), get("spin"), get("block"))
                     else {
                         continue;

@@ -288,7 +288,7 @@ fn bench_contention_times_a_program_mix_under_each_way_of_waiting() {
             "--launches=0",
             "--syncs=0",
             "--rounds=1",
-            "--policies=spin,block,adaptive,median",
+            "--policies=spin,block,adaptive,median,spinfirst",
             "--program",
             program.to_str().unwrap(),
             "--json",
@@ -310,6 +310,7 @@ fn bench_contention_times_a_program_mix_under_each_way_of_waiting() {
         "unix block burn=0x",
         "unix adaptive burn=0x",
         "unix median burn=0x",
+        "unix spinfirst burn=0x",
     ] {
         let f = figures
             .iter()
@@ -325,7 +326,7 @@ fn bench_contention_times_a_program_mix_under_each_way_of_waiting() {
     }
     // No launch loops were asked for.
     assert!(!figures.iter().any(|f| f["metric"] == "launch_sync.p50"));
-    for way in ["adaptive", "median"] {
+    for way in ["adaptive", "median", "spinfirst"] {
         assert!(
             stdout.contains(&format!("unix burn=0x 1 client(s) mix.total: {way} ")),
             "{stdout}"

@@ -98,13 +98,17 @@ impl Judged {
 /// against the default on a GPU host (`remora bench contention` with the variable set for
 /// both runs): the median of each way's last 15 waits, charged with the wait less the
 /// peer's wake-up ([`Judged::charged`]), and the rings' wake-up lags tied to the message
-/// they delay (see `Producer::set_next_lag`).
+/// they delay (see `Producer::set_next_lag`). `spinfirst`, another experiment: no
+/// comparison, every wait spins first for the budget (as with a core to spare), so that
+/// the budget alone bounds what spinning costs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitJudge {
     /// Winsorized means of whole waits.
     Mean,
     /// Medians of the last waits, less the peer's wake-up.
     Median,
+    /// Never block at once: spin first for the budget, always.
+    SpinFirst,
 }
 
 impl WaitJudge {
@@ -114,8 +118,11 @@ impl WaitJudge {
         *JUDGE.get_or_init(|| match std::env::var("REMORA_WAIT_JUDGE").as_deref() {
             Err(_) | Ok("" | "mean") => WaitJudge::Mean,
             Ok("median") => WaitJudge::Median,
+            Ok("spinfirst") => WaitJudge::SpinFirst,
             Ok(other) => {
-                tracing::warn!("REMORA_WAIT_JUDGE={other:?} is not mean or median; using mean");
+                tracing::warn!(
+                    "REMORA_WAIT_JUDGE={other:?} is not mean, median or spinfirst; using mean"
+                );
                 WaitJudge::Mean
             }
         })
@@ -400,7 +407,7 @@ impl Waiter {
         self.learn(judged.learned);
         self.settle(match self.judge {
             WaitJudge::Median => judged.charged,
-            WaitJudge::Mean => took,
+            WaitJudge::Mean | WaitJudge::SpinFirst => took,
         });
         self.count(outcome, took);
     }
@@ -423,7 +430,7 @@ impl Waiter {
         let stretch = std::mem::take(&mut self.stretch);
         self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
             None
-        } else if spare() {
+        } else if self.judge == WaitJudge::SpinFirst || spare() {
             // With a core to spare, a spin cannot hold the core the peer needs: spinning
             // first is never the slower way, and exploring would only cost wake-ups.
             Some(true)
@@ -631,6 +638,13 @@ mod tests {
         assert!(next == us(50) || next.is_zero(), "{next:?}");
         // With a core to spare every wait spins first, whatever the figures say.
         assert!((0..100).all(|_| !w.plan_on(|| true).is_zero()));
+        // The spinfirst experiment never blocks at once, whatever the figures say.
+        let mut first = w.clone().judged_by(WaitJudge::SpinFirst);
+        assert!((0..300).all(|_| {
+            let spin = first.plan_on(|| false);
+            first.settle(us(40));
+            !spin.is_zero()
+        }));
         // Fixed policies never choose: equal bounds always spin for the budget.
         let mut fixed = Waiter::with_bounds(us(7), us(7));
         assert!((0..100).all(|_| fixed.plan_on(|| false) == us(7)));
