@@ -80,13 +80,13 @@ pub(crate) struct Args {
     png: Option<PathBuf>,
     /// Seconds one run may take; a run past it is killed and the benchmark stops with an
     /// error.
-    #[arg(long, value_name = "SECS", default_value = "120", value_parser = crate::parse_secs)]
+    #[arg(long, value_name = "SECS", default_value = TIMEOUT_S, value_parser = crate::parse_secs)]
     timeout_s: Duration,
     /// Idle time before each run, so that what a previous run left the machine doing (a
     /// session worker tearing its context down, a standing server starting a warm worker's
     /// context) does not land in the next run's time: context creation and destruction on
     /// one GPU wait for each other across processes.
-    #[arg(long, value_name = "SECS", default_value = "0.3", value_parser = crate::parse_secs)]
+    #[arg(long, value_name = "SECS", default_value = SETTLE_S, value_parser = crate::parse_secs)]
     settle_s: Duration,
     /// One more program to time, with its arguments, after `--`.
     #[arg(last = true, value_name = "PROGRAM ARGS")]
@@ -95,6 +95,15 @@ pub(crate) struct Args {
     /// contention`'s `REMORA_WAIT`.
     #[arg(skip)]
     env: Vec<(String, String)>,
+}
+
+/// `--timeout-s` and `--settle-s` by default (also the program mix's).
+const TIMEOUT_S: &str = "120";
+const SETTLE_S: &str = "0.3";
+
+/// A default above as a duration.
+fn secs(s: &str) -> Duration {
+    crate::parse_secs(s).unwrap_or_default()
 }
 
 impl Args {
@@ -126,8 +135,8 @@ impl Args {
             serve_arg,
             json: None,
             png: None,
-            timeout_s: Duration::from_secs(120),
-            settle_s: Duration::from_millis(300),
+            timeout_s: secs(TIMEOUT_S),
+            settle_s: secs(SETTLE_S),
             command: Vec::new(),
             env,
         }

@@ -36,16 +36,10 @@ fn calls_after_queued_launches_see_them_over_every_transport() {
     for transport in [TransportChoice::Shm, TransportChoice::Unix] {
         let before = exec.launches_queued();
         let s = common::session(&server.endpoint, transport);
-        let ctx = s.primary_ctx_retain(0).unwrap();
-        let stream = s.stream_create(ctx, 0, 0).unwrap(); // blocking: ordered with the legacy stream
-        let m = s
-            .module_load(
-                ctx,
-                b"REMORA-EMU-MODULE\nfunc fill_i32 8,4,4\nfunc missing 8\n",
-            )
-            .unwrap();
-        let f = &m.functions["fill_i32"];
-        let p = s.mem_alloc(ctx, 256).unwrap();
+        // A blocking stream: ordered with the legacy stream.
+        let kit = common::FillKit::new(&s, 0);
+        let (ctx, stream, p) = (kit.ctx, kit.stream, kit.p);
+        let f = kit.function("fill_i32");
 
         // A burst of launches, then a synchronous copy to the host: it sees the last one
         // (a copy that overtook the queue would see an earlier value, or zeros).
@@ -70,7 +64,7 @@ fn calls_after_queued_launches_see_them_over_every_transport() {
         // A launch that fails in the driver (no such emulated kernel) behind good ones: the
         // next synchronize reports it, once.
         fill_i32(&s, ctx, f, p, 1, stream);
-        launch_u64s(&s, ctx, &m.functions["missing"], stream, &[0]);
+        launch_u64s(&s, ctx, kit.function("missing"), stream, &[0]);
         fill_i32(&s, ctx, f, p, 2, stream);
         assert_eq!(
             s.stream_synchronize(ctx, stream),
@@ -81,7 +75,7 @@ fn calls_after_queued_launches_see_them_over_every_transport() {
         assert_eq!(ints(&s, ctx, p), filled(2));
         // A launch the server refuses before the driver (parameters shorter than the
         // layout) reports its error after the queued launches' errors.
-        launch_u64s(&s, ctx, &m.functions["missing"], stream, &[0]);
+        launch_u64s(&s, ctx, kit.function("missing"), stream, &[0]);
         let short = remora_client::proto::RmLaunchArgs {
             ctx,
             function: f.handle,

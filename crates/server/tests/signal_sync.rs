@@ -16,16 +16,9 @@ fn a_synchronize_over_shared_memory_is_seen_in_a_completion_word_and_falls_back_
     let server = common::serve(64 << 20);
     let s = common::session(&server.endpoint, TransportChoice::Shm);
     assert_eq!(s.signal_sync_counts(), Some((0, 0)));
-    let ctx = s.primary_ctx_retain(0).unwrap();
-    let stream = s.stream_create(ctx, 1, 0).unwrap();
-    let m = s
-        .module_load(
-            ctx,
-            b"REMORA-EMU-MODULE\nfunc fill_i32 8,4,4\nfunc missing 8\n",
-        )
-        .unwrap();
-    let f = &m.functions["fill_i32"];
-    let p = s.mem_alloc(ctx, 256).unwrap();
+    let kit = common::FillKit::new(&s, 1);
+    let (ctx, stream, p) = (kit.ctx, kit.stream, kit.p);
+    let f = kit.function("fill_i32");
 
     // Plain work: seen in shared memory (a word that comes later than the spin budget on a
     // busy machine sends the client to the full call, so not every one), and the kernel's
@@ -45,7 +38,7 @@ fn a_synchronize_over_shared_memory_is_seen_in_a_completion_word_and_falls_back_
     // A launch that fails on the server (the emulated backend has no such kernel): its
     // error is deferred; the server's word sends the client to the full call, which reports
     // it, as natively the next synchronize does.
-    let missing = &m.functions["missing"];
+    let missing = kit.function("missing");
     let config = LaunchConfig {
         grid: [1, 1, 1],
         block: [1, 1, 1],

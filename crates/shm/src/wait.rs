@@ -281,8 +281,9 @@ impl Waiter {
         }
     }
 
-    /// Compares the two ways as `judge` says, whatever `REMORA_WAIT_JUDGE` says.
-    pub fn judged_by(mut self, judge: WaitJudge) -> Self {
+    /// Compares the two ways as `judge` says, whatever `REMORA_WAIT_JUDGE` says (tests).
+    #[cfg(test)]
+    fn judged_by(mut self, judge: WaitJudge) -> Self {
         self.judge = judge;
         self
     }
@@ -612,25 +613,7 @@ mod tests {
         assert!((1..=4).contains(&blocked), "{blocked} of 200 blocked");
         // Spinning first usually takes 10 µs and blocking 20, but 1 spin in 20 is preempted
         // (200 µs, the cap): a rare outlier does not hand the choice to blocking.
-        let mut n = 0u32;
-        let mut spun = 0;
-        for i in 0..2000 {
-            let spin = w.plan_on(|| false);
-            let took = if spin.is_zero() {
-                us(20)
-            } else {
-                n += 1;
-                if n.is_multiple_of(20) {
-                    us(200)
-                } else {
-                    us(10)
-                }
-            };
-            w.settle(took);
-            if i >= 1000 && !spin.is_zero() {
-                spun += 1;
-            }
-        }
+        let spun = spun_of_last_1000(&mut w, us(20), us(10), 20, us(200));
         assert!(spun >= 900, "{spun} of 1000 spun");
         // A one-shot stretch spins longer than the budget, at most max_spin.
         w.stretch_next(us(500));
@@ -648,6 +631,37 @@ mod tests {
         // Fixed policies never choose: equal bounds always spin for the budget.
         let mut fixed = Waiter::with_bounds(us(7), us(7));
         assert!((0..100).all(|_| fixed.plan_on(|| false) == us(7)));
+    }
+
+    /// Plans and settles 2000 waits on `w`: blocking at once takes `blocked`, spinning
+    /// first `spun`, but every `every`th spin is preempted and takes `preempted`. Answers how
+    /// many of the last 1000 spun first.
+    fn spun_of_last_1000(
+        w: &mut Waiter,
+        blocked: Duration,
+        spun: Duration,
+        every: u32,
+        preempted: Duration,
+    ) -> usize {
+        let (mut spins, mut first) = (0u32, 0);
+        for i in 0..2000 {
+            let spin = w.plan_on(|| false);
+            let took = if spin.is_zero() {
+                blocked
+            } else {
+                spins += 1;
+                if spins.is_multiple_of(every) {
+                    preempted
+                } else {
+                    spun
+                }
+            };
+            w.settle(took);
+            if i >= 1000 && !spin.is_zero() {
+                first += 1;
+            }
+        }
+        first
     }
 
     #[test]
@@ -669,24 +683,7 @@ mod tests {
         // first stays the choice.
         let us = Duration::from_micros;
         let mut w = Waiter::with_bounds(us(2), us(50)).judged_by(WaitJudge::Median);
-        let (mut n, mut spun) = (0u32, 0);
-        for i in 0..2000 {
-            let spin = w.plan_on(|| false);
-            let took = if spin.is_zero() {
-                us(20)
-            } else {
-                n += 1;
-                if n.is_multiple_of(4) {
-                    us(1000)
-                } else {
-                    us(10)
-                }
-            };
-            w.settle(took);
-            if i >= 1000 && !spin.is_zero() {
-                spun += 1;
-            }
-        }
+        let spun = spun_of_last_1000(&mut w, us(20), us(10), 4, us(1000));
         assert!(spun >= 900, "{spun} of 1000 spun");
     }
 

@@ -162,6 +162,42 @@ pub fn launch_u64s(
     .unwrap();
 }
 
+/// What the `fill_i32` tests work on: the primary context of device 0, a stream, the
+/// emulated module with `fill_i32` and `missing` (a kernel whose launch fails), and 256
+/// bytes of device memory.
+pub struct FillKit {
+    pub ctx: u64,
+    pub stream: u64,
+    pub module: Arc<remora_client::ModuleInfo>,
+    pub p: u64,
+}
+
+impl FillKit {
+    /// Sets it up in `s`, the stream made with `stream_flags`.
+    pub fn new(s: &Session, stream_flags: u32) -> Self {
+        let ctx = s.primary_ctx_retain(0).unwrap();
+        let stream = s.stream_create(ctx, stream_flags, 0).unwrap();
+        let module = s
+            .module_load(
+                ctx,
+                b"REMORA-EMU-MODULE\nfunc fill_i32 8,4,4\nfunc missing 8\n",
+            )
+            .unwrap();
+        let p = s.mem_alloc(ctx, 256).unwrap();
+        Self {
+            ctx,
+            stream,
+            module,
+            p,
+        }
+    }
+
+    /// The module's function `name`.
+    pub fn function(&self, name: &str) -> &remora_client::FunctionInfo {
+        &self.module.functions[name]
+    }
+}
+
 /// `fill_i32(int *p, int v, int n)` over 64 ints on `stream`: `p[i] = v + i`.
 pub fn fill_i32(
     s: &Session,
