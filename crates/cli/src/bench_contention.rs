@@ -2,8 +2,7 @@
 //! throughput of 1..N clients while CPU-burning processes compete for the cores, for each way
 //! of waiting (`REMORA_WAIT`: `spin`, pure polling; `block`, no spinning; `adaptive`, the
 //! default: spinning first or blocking at once, whichever has been faster lately, with a
-//! spin budget that follows the waits seen; `median`: adaptive with `REMORA_WAIT_JUDGE=median`,
-//! an experiment measured against it). The policy is given to the servers the
+//! spin budget that follows the waits seen). The policy is given to the servers the
 //! benchmark starts and to every client, so it holds in all the places Remora waits: the
 //! client for replies (socket reads, shared-memory rings, completion words) and the server for
 //! requests. Each (burn level, policy) pair is one `bench launch` run (`bench_gpu::measure`);
@@ -48,9 +47,7 @@ pub(crate) struct Args {
         default_value = "0,1,2"
     )]
     burn: Vec<u32>,
-    /// Waiting policies, comma-separated: spin, block, adaptive, and the experiments median
-    /// and spinfirst (adaptive with REMORA_WAIT_JUDGE=median or spinfirst, to compare with
-    /// adaptive in the same run).
+    /// Waiting policies, comma-separated: spin, block, adaptive.
     #[arg(
         long,
         value_name = "LIST",
@@ -135,11 +132,8 @@ pub(crate) fn burn() -> ! {
 /// when asked.
 pub(crate) fn run(a: &Args) -> Result<Report> {
     for p in &a.policies {
-        if !["spin", "block", "adaptive", "median", "spinfirst"].contains(&p.as_str()) {
-            bail!(
-                "unknown policy {p:?}: use spin, block, adaptive, median or spinfirst \
-                 (comma-separated)"
-            );
+        if !["spin", "block", "adaptive"].contains(&p.as_str()) {
+            bail!("unknown policy {p:?}: use spin, block or adaptive (comma-separated)");
         }
     }
     if a.burn.is_empty() || a.burn.iter().any(|&b| b > 8) {
@@ -250,20 +244,9 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     Ok(report)
 }
 
-/// The variables that set `policy` in the servers and the clients: `REMORA_WAIT`, and
-/// `REMORA_WAIT_JUDGE` (`median` or `spinfirst` for the policies of those names, adaptive
-/// ones; else `mean`, so that a value in the caller's environment does not leak into the
-/// others).
+/// The variables that set `policy` in the servers and the clients: `REMORA_WAIT`.
 fn policy_env(policy: &str) -> Vec<(String, String)> {
-    let (wait, judge) = match policy {
-        "median" => ("adaptive", "median"),
-        "spinfirst" => ("adaptive", "spinfirst"),
-        other => (other, "mean"),
-    };
-    vec![
-        ("REMORA_WAIT".into(), wait.into()),
-        ("REMORA_WAIT_JUDGE".into(), judge.into()),
-    ]
+    vec![("REMORA_WAIT".into(), policy.into())]
 }
 
 /// [`policy_env`] as `K=V K=V`, for progress lines.
@@ -335,22 +318,20 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
             for &(clients, metric) in &cells {
                 let get =
                     |p: &str| value(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric);
-                for way in ["adaptive", "median", "spinfirst"] {
-                    let (Some(ad), Some(sp), Some(bl)) = (get(way), get("spin"), get("block"))
-                    else {
-                        continue;
-                    };
-                    let (unit, digits) = if metric == "mix.total" {
-                        ("s", 3)
-                    } else {
-                        ("us", 2)
-                    };
-                    notes.push(format!(
-                        "{t} burn={burn}x {clients} client(s) {metric}: {way} {ad:.digits$} {unit}, spin {sp:.digits$}, block {bl:.digits$}: {way} / better = x{:.2}, spin / {way} = x{:.2}",
-                        ad / sp.min(bl),
-                        sp / ad
-                    ));
-                }
+                let (Some(ad), Some(sp), Some(bl)) = (get("adaptive"), get("spin"), get("block"))
+                else {
+                    continue;
+                };
+                let (unit, digits) = if metric == "mix.total" {
+                    ("s", 3)
+                } else {
+                    ("us", 2)
+                };
+                notes.push(format!(
+                    "{t} burn={burn}x {clients} client(s) {metric}: adaptive {ad:.digits$} {unit}, spin {sp:.digits$}, block {bl:.digits$}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
+                    ad / sp.min(bl),
+                    sp / ad
+                ));
             }
         }
     }

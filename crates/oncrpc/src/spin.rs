@@ -82,14 +82,8 @@ impl<S: Transport> Read for Spinning<S> {
                 // A stamp from before the wait began cannot be right for these bytes
                 // (a clock step, an odd stamp): learn the wait as it was.
                 let lag = lag.filter(|l| *l <= took).unwrap_or_default();
-                self.waiter.record_judged(
-                    remora_shm::WaitOutcome::Slept,
-                    took,
-                    remora_shm::Judged {
-                        learned: took - lag,
-                        charged: took,
-                    },
-                );
+                self.waiter
+                    .record_judged(remora_shm::WaitOutcome::Slept, took, took - lag);
             }
             Err(e) if crate::record::is_timeout_kind(e.kind()) => {
                 self.waiter.record(remora_shm::WaitOutcome::Slept, took);

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use crate::region::Mapping;
-use crate::wait::{Judged, WaitJudge, WaitOutcome, Waiter};
+use crate::wait::{WaitOutcome, Waiter};
 
 /// Bytes of the ring header.
 pub(crate) const RING_HEADER: usize = 256;
@@ -54,9 +54,7 @@ struct Line(AtomicU32);
 struct TailLine {
     /// Bytes ever published by the producer (Release after the bytes are written).
     tail: AtomicU32,
-    /// With [`WaitJudge::Median`]: the producer's `tail` before the message `lag_ns` was
-    /// said with (the lag belongs to that message; an older producer leaves 0 here).
-    lag_at: AtomicU32,
+    _pad: u32,
     /// `CLOCK_MONOTONIC` nanoseconds of the latest publish (0: a producer that does not say:
     /// an older Remora). Advisory: it only steers the consumer's spin budget.
     posted_ns: AtomicU64,
@@ -158,16 +156,14 @@ impl Ends {
     }
 
     /// The producer's [`Producer::try_push`], `tail` being its count of bytes published.
-    /// `woke` says whether publishing had to wake the consumer. `lag`, when set, goes to the
-    /// header with the message and is then spent; unset, the header keeps the lag it said
-    /// (see [`Producer::set_next_lag`]).
+    /// `woke` says whether publishing had to wake the consumer. `lag` goes to the header with
+    /// the message and is then spent (0; see [`Producer::set_next_lag`]).
     fn push(
         &self,
         tail: &mut u32,
         parts: &[&[u8]],
         woke: &mut bool,
-        lag: &mut Option<u64>,
-        tied: bool,
+        lag: &mut u64,
     ) -> Result<bool, RingError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let need = padded(len);
@@ -180,8 +176,7 @@ impl Ends {
         if self.free(*tail)? < need {
             return Ok(false);
         }
-        let start = *tail;
-        let mut pos = start;
+        let mut pos = *tail;
         self.write(pos, &(len as u32).to_le_bytes());
         pos = pos.wrapping_add(4);
         for p in parts {
@@ -193,18 +188,9 @@ impl Ends {
         *tail = tail.wrapping_add(need as u32);
         let h = self.header();
         h.tail.posted_ns.store(mono_ns(), Ordering::Relaxed);
-        if tied {
-            // Said with the first message of an answer, and tied to it (`lag_at`): a later
-            // message of the same answer, or one-way traffic long after, says nothing.
-            if let Some(lag) = lag.take() {
-                h.tail.lag_ns.store(lag, Ordering::Relaxed);
-                h.tail.lag_at.store(start, Ordering::Relaxed);
-            }
-        } else {
-            let lag = lag.take().unwrap_or(0);
-            if h.tail.lag_ns.load(Ordering::Relaxed) != lag {
-                h.tail.lag_ns.store(lag, Ordering::Relaxed);
-            }
+        let lag = std::mem::take(lag);
+        if h.tail.lag_ns.load(Ordering::Relaxed) != lag {
+            h.tail.lag_ns.store(lag, Ordering::Relaxed);
         }
         // The message bytes (and the stamp) are visible before the index that publishes them.
         *woke = publish(&h.tail.tail, *tail, &h.consumer_sleeping.0);
@@ -315,7 +301,7 @@ fn wait_for(
     word: &AtomicU32,
     blocked: impl Fn(u32) -> bool,
     mut attempt: impl FnMut() -> Result<bool, RingError>,
-    judge: impl FnOnce(bool, WaitOutcome, Duration) -> Judged,
+    judge: impl FnOnce(bool, WaitOutcome, Duration) -> Duration,
 ) -> Result<bool, RingError> {
     waiter
         .wait_judged(
@@ -354,7 +340,7 @@ fn mono_ns() -> u64 {
         .saturating_add(t.tv_nsec as u64)
 }
 
-/// What a consumer's wait that took `took` and ended as `outcome` teaches its waiter, from
+/// What a consumer's wait that took `took` and ended as `outcome` teaches its budget, from
 /// the producer's stamps (`posted`, `peer_lag`; `posted` 0: no stamps, `took` itself), and
 /// how late this side noticed the message (its wake-up lag: 0 unless it slept).
 ///
@@ -363,12 +349,15 @@ fn mono_ns() -> u64 {
 /// noticed only at the end), and a reply the peer sent after sleeping itself is later by
 /// the peer's wake-up (`peer_lag`). Learning those would keep both budgets at their minimum
 /// once both sides sleep: each waits a wake-up of the other, which proves the next wait
-/// long too. Both are taken out of what it learns. The way the wait was planned is charged
-/// with `took` less the peer's wake-up only ([`Judged::charged`]): its own wake-up is what
-/// blocking costs.
-fn judged_wait(outcome: WaitOutcome, took: Duration, posted: u64, peer_lag: u64) -> (Judged, u64) {
+/// long too. Both are taken out.
+fn judged_wait(
+    outcome: WaitOutcome,
+    took: Duration,
+    posted: u64,
+    peer_lag: u64,
+) -> (Duration, u64) {
     if posted == 0 {
-        return (Judged::as_took(took), 0);
+        return (took, 0);
     }
     let now = mono_ns();
     let start = now.saturating_sub(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
@@ -377,12 +366,8 @@ fn judged_wait(outcome: WaitOutcome, took: Duration, posted: u64, peer_lag: u64)
         WaitOutcome::Slept => now.saturating_sub(posted),
         WaitOutcome::Spun => 0,
     };
-    let charged = took.saturating_sub(Duration::from_nanos(peer_lag));
     (
-        Judged {
-            learned: Duration::from_nanos(arrival.saturating_sub(peer_lag)),
-            charged,
-        },
+        Duration::from_nanos(arrival.saturating_sub(peer_lag)),
         own_lag,
     )
 }
@@ -411,9 +396,7 @@ pub struct Producer {
     /// See [`Producer::woke_peer`].
     woke: bool,
     /// See [`Producer::set_next_lag`].
-    next_lag: Option<u64>,
-    /// Lags are tied to their message ([`WaitJudge::Median`]).
-    tied: bool,
+    next_lag: u64,
 }
 
 impl Producer {
@@ -429,8 +412,7 @@ impl Producer {
             ends,
             tail,
             woke: false,
-            next_lag: None,
-            tied: WaitJudge::from_env() == WaitJudge::Median,
+            next_lag: 0,
         }
     }
 
@@ -439,27 +421,17 @@ impl Producer {
         self.ends.capacity
     }
 
-    /// Says, with the next message, that it comes `ns` nanoseconds late because this side
-    /// noticed the message it answers late ([`Consumer::wake_lag`]): the consumer takes
-    /// that out of what its waiter learns (`judged_wait`). By default later messages say 0
-    /// unless set again. With [`WaitJudge::Median`] the lag is tied to that message in the
-    /// header (`lag_at`), where it stays until set again, so that a consumer that finds a
-    /// later message in the header (it holds the last one's stamps: a one-way launch and
-    /// the synchronize right behind it, say) still reads the lag of the one it waited for,
-    /// and one that waited for another message reads none.
+    /// Says, with the next message only, that it comes `ns` nanoseconds late because this
+    /// side noticed the message it answers late ([`Consumer::wake_lag`]): the consumer's
+    /// budget takes that out (`judged_wait`). Later messages say 0 unless set again.
     pub fn set_next_lag(&mut self, ns: u64) {
-        self.next_lag = Some(ns);
+        self.next_lag = ns;
     }
 
     /// Publishes one message made of `parts`, if there is room now; `Ok(false)` when full.
     pub fn try_push(&mut self, parts: &[&[u8]]) -> Result<bool, RingError> {
-        self.ends.push(
-            &mut self.tail,
-            parts,
-            &mut self.woke,
-            &mut self.next_lag,
-            self.tied,
-        )
+        self.ends
+            .push(&mut self.tail, parts, &mut self.woke, &mut self.next_lag)
     }
 
     /// Whether the last message published had to wake the consumer (it was asleep, and will
@@ -492,7 +464,6 @@ impl Producer {
         let need = padded(parts.iter().map(|p| p.len()).sum());
         let (ends, tail, woke) = (&self.ends, &mut self.tail, &mut self.woke);
         let next_lag = &mut self.next_lag;
-        let tied = self.tied;
         let (capacity, seen_tail) = (ends.capacity as usize, *tail);
         let h = ends.header();
         wait_for(
@@ -505,8 +476,8 @@ impl Producer {
                 let used = seen_tail.wrapping_sub(head) as usize;
                 used <= capacity && capacity - used < need
             },
-            || ends.push(tail, parts, woke, next_lag, tied),
-            |_, _, took| Judged::as_took(took),
+            || ends.push(tail, parts, woke, next_lag),
+            |_, _, took| took,
         )
     }
 }
@@ -521,10 +492,6 @@ pub struct Consumer {
     wake_lag: u64,
     /// See [`Consumer::peer_lag`].
     peer_lag: u64,
-    /// See [`Consumer::waited`].
-    waited: bool,
-    /// Lags are tied to their message ([`WaitJudge::Median`]).
-    tied: bool,
 }
 
 impl Consumer {
@@ -541,8 +508,6 @@ impl Consumer {
             head,
             wake_lag: 0,
             peer_lag: 0,
-            waited: false,
-            tied: WaitJudge::from_env() == WaitJudge::Median,
         }
     }
 
@@ -580,9 +545,8 @@ impl Consumer {
         let (ends, head) = (&self.ends, &mut self.head);
         let seen_head = *head;
         let h = ends.header();
-        let mut lag = None;
+        let mut lag = 0;
         let mut peer_lag = self.peer_lag;
-        let tied = self.tied;
         let r = wait_for(
             waiter,
             deadline,
@@ -593,16 +557,12 @@ impl Consumer {
             || ends.pop(head, out),
             |got, outcome, took| {
                 if !got {
-                    return Judged::as_took(took);
+                    return took;
                 }
                 let posted = h.tail.posted_ns.load(Ordering::Relaxed);
                 // The peer's word, bounded (a second: no wake-up is longer) so that no
                 // arithmetic on it can overflow, whatever a hostile peer writes.
-                let mut said = h.tail.lag_ns.load(Ordering::Relaxed).min(1_000_000_000);
-                if tied && h.tail.lag_at.load(Ordering::Relaxed) != seen_head {
-                    // A lag said with another message than the one waited for.
-                    said = 0;
-                }
+                let said = h.tail.lag_ns.load(Ordering::Relaxed).min(1_000_000_000);
                 let (learn, own) = judged_wait(outcome, took, posted, said);
                 if said != 0 {
                     peer_lag = if peer_lag == 0 {
@@ -611,20 +571,13 @@ impl Consumer {
                         (peer_lag * 3 + said) / 4
                     };
                 }
-                lag = Some(own);
+                lag = own;
                 learn
             },
         );
-        self.waited = lag.is_some();
-        self.wake_lag = lag.unwrap_or(0);
+        self.wake_lag = lag;
         self.peer_lag = peer_lag;
         r
-    }
-
-    /// Whether the last [`Consumer::pop_until`] waited for its message (it was not there
-    /// at the first look).
-    pub fn waited(&self) -> bool {
-        self.waited
     }
 
     /// How late the producer usually notices a message when it sleeps (a running mean of the
@@ -791,29 +744,17 @@ mod tests {
     fn a_wait_learns_what_it_would_have_taken_had_both_sides_spun() {
         let us = Duration::from_micros;
         // No stamps (an older producer): the wait as it was.
-        assert_eq!(
-            judged_wait(WaitOutcome::Slept, us(300), 0, 0),
-            (Judged::as_took(us(300)), 0)
-        );
+        assert_eq!(judged_wait(WaitOutcome::Slept, us(300), 0, 0), (us(300), 0));
         // Slept 110 µs; the message was posted ~10 µs in, and the peer had woken 5 µs late
-        // before it answered: the budget learns at most 5 µs, and we were ~100 µs late. The
-        // way planned (blocking) is charged with the wait less the peer's 5 µs: our own
-        // wake-up stays in.
+        // before it answered: the budget learns at most 5 µs, and we were ~100 µs late.
         let t0 = mono_ns();
         let posted = t0 - 100_000;
-        let (judged, own) = judged_wait(WaitOutcome::Slept, us(110), posted, 5_000);
-        assert!(judged.learned <= us(5), "{judged:?}");
-        assert_eq!(judged.charged, us(105));
+        let (learn, own) = judged_wait(WaitOutcome::Slept, us(110), posted, 5_000);
+        assert!(learn <= us(5), "{learn:?}");
         assert!(own >= 100_000, "{own}");
         // Spun: no lag of our own; a message "posted" before the wait began counts as 0.
-        let (judged, own) = judged_wait(WaitOutcome::Spun, us(3), mono_ns() - 1_000_000, 0);
-        assert_eq!(
-            (judged.learned, judged.charged, own),
-            (Duration::ZERO, us(3), 0)
-        );
-        // A spin that waited out the peer's 40 µs wake-up is charged only what is left.
-        let (judged, _) = judged_wait(WaitOutcome::Spun, us(45), mono_ns() - 2_000, 40_000);
-        assert_eq!(judged.charged, us(5));
+        let (learn, own) = judged_wait(WaitOutcome::Spun, us(3), mono_ns() - 1_000_000, 0);
+        assert_eq!((learn, own), (Duration::ZERO, 0));
     }
 
     #[test]
@@ -861,52 +802,15 @@ mod tests {
         assert!(posted > 0);
         // It slept on the futex: noticed after the publish, by a measured amount.
         assert!(wake_lag > 0 && wake_lag < 1_000_000_000, "{wake_lag}");
-        // By default a lag goes with the next message only.
-        let lag_ns = |p: &Producer| p.ends.header().tail.lag_ns.load(Ordering::Relaxed);
-        p.tied = false;
+        // A lag goes with the next message only.
         p.set_next_lag(wake_lag);
         assert!(p.try_push(&[b"y"]).unwrap());
-        assert_eq!(lag_ns(&p), wake_lag);
+        assert_eq!(
+            p.ends.header().tail.lag_ns.load(Ordering::Relaxed),
+            wake_lag
+        );
         assert!(p.try_push(&[b"z"]).unwrap());
-        assert_eq!(lag_ns(&p), 0);
-    }
-
-    #[test]
-    fn a_tied_lag_is_read_only_by_a_wait_for_its_own_message() {
-        let (mut p, mut c) = pair(256);
-        (p.tied, c.tied) = (true, true);
-        let mut w = Waiter::with_bounds(Duration::ZERO, Duration::ZERO);
-        let mut out = Vec::new();
-        // A lag said with a message the consumer finds at once: not a wait, nothing read.
-        p.set_next_lag(40_000);
-        assert!(p.try_push(&[b"x"]).unwrap());
-        c.pop(&mut out, &mut w, || true).unwrap();
-        assert!(!c.waited());
-        assert_eq!(c.peer_lag(), 0);
-        // One-way traffic after it, with no answer to say a lag for: the old lag stays in
-        // the header but belongs to another message, so a wait for this one reads none.
-        let waiting = std::thread::spawn(move || {
-            c.pop(&mut out, &mut w, || true).unwrap();
-            assert!(c.waited());
-            (c, w, out)
-        });
-        std::thread::sleep(Duration::from_millis(20));
-        assert!(p.try_push(&[b"launch"]).unwrap());
-        let (mut c, mut w, mut out) = waiting.join().unwrap();
-        assert_eq!(p.ends.header().tail.lag_ns.load(Ordering::Relaxed), 40_000);
-        assert_eq!(c.peer_lag(), 0, "a lag said with another message was read");
-        // An answer of two messages (a one-way launch and the synchronize behind it)
-        // written while the consumer waits for the first: the lag said with the first is
-        // read, although the header holds the second's stamps when the consumer looks.
-        let waiting = std::thread::spawn(move || {
-            c.pop(&mut out, &mut w, || true).unwrap();
-            c.peer_lag()
-        });
-        std::thread::sleep(Duration::from_millis(20));
-        p.set_next_lag(20_000);
-        assert!(p.try_push(&[b"launch"]).unwrap());
-        assert!(p.try_push(&[b"sync"]).unwrap());
-        assert_eq!(waiting.join().unwrap(), 20_000);
+        assert_eq!(p.ends.header().tail.lag_ns.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use rustix::event::{PollFd, PollFlags};
 
 use crate::region::Region;
 use crate::ring::{Consumer, Producer, RingError, SLEEP_SLICE};
-use crate::wait::{WaitJudge, Waiter};
+use crate::wait::Waiter;
 
 /// Shortest spin before a side sleeps.
 const MIN_SPIN: Duration = Duration::from_micros(2);
@@ -80,14 +80,9 @@ struct Conn {
     woke_peer: AtomicBool,
     /// The peer's usual wake-up lag ([`Consumer::peer_lag`]), kept by reads.
     peer_lag_ns: AtomicU64,
-    /// How late the last read noticed its message; said with the next write
-    /// ([`Producer::set_next_lag`]). With `WaitJudge::Median`: the last read that waited.
+    /// How late the last read noticed its message; said with the next write only
+    /// ([`Producer::set_next_lag`]).
     answer_lag: AtomicU64,
-    /// With `WaitJudge::Median`: a read waited since the last write, whose lag the next
-    /// write says (tied to that message; the writes after it say none).
-    answer_fresh: AtomicBool,
-    /// `WaitJudge::Median` (read once).
-    tied: bool,
 }
 
 impl Drop for Conn {
@@ -168,8 +163,6 @@ impl ShmStream {
                 woke_peer: AtomicBool::new(false),
                 peer_lag_ns: AtomicU64::new(0),
                 answer_lag: AtomicU64::new(0),
-                answer_fresh: AtomicBool::new(false),
-                tied: WaitJudge::from_env() == WaitJudge::Median,
             }),
         }
     }
@@ -403,14 +396,7 @@ impl Read for &ShmStream {
                     rx.pos = 0;
                     // What we send next comes that much later: the peer's budget takes
                     // it out (`ring::judged_wait`).
-                    if !conn.tied {
-                        conn.answer_lag.store(rx.ring.wake_lag(), Ordering::Relaxed);
-                    } else if rx.ring.waited() {
-                        // A message there at once came with the one waited for (a
-                        // launch and its synchronize): the answer's lag is that wait's.
-                        conn.answer_lag.store(rx.ring.wake_lag(), Ordering::Relaxed);
-                        conn.answer_fresh.store(true, Ordering::Relaxed);
-                    }
+                    conn.answer_lag.store(rx.ring.wake_lag(), Ordering::Relaxed);
                     conn.peer_lag_ns
                         .store(rx.ring.peer_lag(), Ordering::Relaxed);
                 }
@@ -471,14 +457,9 @@ impl Write for &ShmStream {
         let until = deadline(conn.write_timeout.load(Ordering::Relaxed));
         let mut tx = lock(&conn.tx);
         let tx = &mut *tx;
-        if !conn.tied {
-            let lag = conn.answer_lag.swap(0, Ordering::Relaxed);
-            if lag != 0 {
-                tx.ring.set_next_lag(lag);
-            }
-        } else if conn.answer_fresh.swap(false, Ordering::Relaxed) {
-            tx.ring
-                .set_next_lag(conn.answer_lag.load(Ordering::Relaxed));
+        let lag = conn.answer_lag.swap(0, Ordering::Relaxed);
+        if lag != 0 {
+            tx.ring.set_next_lag(lag);
         }
         match tx
             .ring

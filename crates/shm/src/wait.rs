@@ -31,14 +31,9 @@ pub struct Waiter {
     /// The way the wait in progress was planned ([`Waiter::plan`]): `Some(true)` spinning
     /// first, `Some(false)` blocking at once; `None` outside a wait or with a fixed policy.
     arm: Option<bool>,
-    /// How long waits took lately (nanoseconds), spinning first and blocking at once: a
-    /// winsorized mean of each way's waits, or with [`WaitJudge::Median`] the median of its
-    /// last [`ARM_WINDOW`] waits; 0: not tried yet.
+    /// How long waits took lately (nanoseconds, capped), spinning first and blocking at once;
+    /// 0: not tried yet.
     arm_ns: [f64; 2],
-    /// The last waits of each way ([`Waiter::settle`], with [`WaitJudge::Median`]).
-    arms: [ArmWindow; 2],
-    /// How the two ways are compared.
-    judge: WaitJudge,
     /// Waits planned, for exploring the way not taken.
     plans: u32,
     /// What this waiter waits for, for [`WaitStats`] lines.
@@ -61,72 +56,6 @@ pub struct WaitStats {
     pub spun_ns: u64,
     /// Nanoseconds the slept waits took in all (spin included).
     pub slept_ns: u64,
-}
-
-/// What one wait teaches its [`Waiter`] ([`Waiter::wait_judged`], [`Waiter::record_judged`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Judged {
-    /// What the spin budget learns: how long the wait would have taken had both sides been
-    /// spinning (neither side's wake-up).
-    pub learned: Duration,
-    /// What the way the wait was planned ([`Waiter::plan`]) is charged: the wait as this side
-    /// made it, its own wake-up included, less the peer's (which the peer's own figures are
-    /// charged with).
-    ///
-    /// Used with [`WaitJudge::Median`] (the default judges the whole wait). The reason:
-    /// once the peer blocks, each answer comes a wake-up of the peer's late whether this
-    /// side spins or not, so a spin now and then to try it looks as slow as blocking plus
-    /// that wake-up, and both sides can stay blocking. Where spinning does slow the peer, by
-    /// holding the core it needs, its answer comes late without a wake-up, and that stays
-    /// in.
-    pub charged: Duration,
-}
-
-impl Judged {
-    /// A wait that teaches what it took (no stamps to say more).
-    pub fn as_took(took: Duration) -> Self {
-        Self {
-            learned: took,
-            charged: took,
-        }
-    }
-}
-
-/// How a [`Waiter`] compares its two ways of waiting (spinning first, blocking at once),
-/// from `REMORA_WAIT_JUDGE` (read once). `mean`, the default: each way's winsorized mean
-/// wait, charged with the whole wait. `median`, an experiment of issue 12 §4 to be measured
-/// against the default on a GPU host (`remora bench contention` with the variable set for
-/// both runs): the median of each way's last 15 waits, charged with the wait less the
-/// peer's wake-up ([`Judged::charged`]), and the rings' wake-up lags tied to the message
-/// they delay (see `Producer::set_next_lag`). `spinfirst`, another experiment: no
-/// comparison, every wait spins first for the budget (as with a core to spare), so that
-/// the budget alone bounds what spinning costs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitJudge {
-    /// Winsorized means of whole waits.
-    Mean,
-    /// Medians of the last waits, less the peer's wake-up.
-    Median,
-    /// Never block at once: spin first for the budget, always.
-    SpinFirst,
-}
-
-impl WaitJudge {
-    /// `REMORA_WAIT_JUDGE` of this process (unknown values: mean, with a warning).
-    pub fn from_env() -> Self {
-        static JUDGE: std::sync::OnceLock<WaitJudge> = std::sync::OnceLock::new();
-        *JUDGE.get_or_init(|| match std::env::var("REMORA_WAIT_JUDGE").as_deref() {
-            Err(_) | Ok("" | "mean") => WaitJudge::Mean,
-            Ok("median") => WaitJudge::Median,
-            Ok("spinfirst") => WaitJudge::SpinFirst,
-            Ok(other) => {
-                tracing::warn!(
-                    "REMORA_WAIT_JUDGE={other:?} is not mean, median or spinfirst; using mean"
-                );
-                WaitJudge::Mean
-            }
-        })
-    }
 }
 
 /// Whether `REMORA_WAIT_TRACE` asks for [`WaitStats`] lines (read once): a process that keeps
@@ -201,31 +130,6 @@ fn running_threads(loadavg: &str) -> Option<usize> {
         .ok()
 }
 
-/// How many of each way's last waits [`Waiter::plan`] compares (their medians).
-const ARM_WINDOW: usize = 15;
-
-/// The last [`ARM_WINDOW`] waits of one way (nanoseconds), oldest overwritten first.
-#[derive(Debug, Clone, Copy, Default)]
-struct ArmWindow {
-    ns: [u32; ARM_WINDOW],
-    len: u8,
-    next: u8,
-}
-
-impl ArmWindow {
-    /// Adds a wait; answers the median of the waits held now (the lower one of an even
-    /// count).
-    fn push(&mut self, ns: u32) -> u32 {
-        self.ns[usize::from(self.next)] = ns;
-        self.next = (self.next + 1) % ARM_WINDOW as u8;
-        self.len = (self.len + 1).min(ARM_WINDOW as u8);
-        let mut held = self.ns;
-        let held = &mut held[..usize::from(self.len)];
-        held.sort_unstable();
-        held[(held.len() - 1) / 2]
-    }
-}
-
 /// Every this many waits, [`Waiter::plan`] takes the way it does not prefer (eight times as
 /// many when that way has been more than 1.5 times as slow).
 pub const EXPLORE_EVERY: u32 = 16;
@@ -273,19 +177,10 @@ impl Waiter {
             stretch: Duration::ZERO,
             arm: None,
             arm_ns: [0.0; 2],
-            arms: [ArmWindow::default(); 2],
-            judge: WaitJudge::from_env(),
             plans: 0,
             label: "",
             stats: WaitStats::default(),
         }
-    }
-
-    /// Compares the two ways as `judge` says, whatever `REMORA_WAIT_JUDGE` says (tests).
-    #[cfg(test)]
-    fn judged_by(mut self, judge: WaitJudge) -> Self {
-        self.judge = judge;
-        self
     }
 
     /// Names what this waiter waits for (in its [`WaitStats`] line).
@@ -357,18 +252,18 @@ impl Waiter {
         &mut self,
         poll: impl FnMut(bool) -> Result<Option<T>, E>,
     ) -> Result<(T, WaitOutcome), E> {
-        self.wait_judged(poll, |_, _, took| Judged::as_took(took))
+        self.wait_judged(poll, |_, _, took| took)
     }
 
-    /// [`Waiter::wait`], with `judge(value, outcome, took)` saying what the wait teaches
-    /// ([`Judged`]; the stats keep `took`). A ring's consumer takes the peer's wake-up out of
-    /// both figures and its own out of the budget's (the rings' stamps), so that waits
-    /// stretched by sleeping keep neither the budget down nor both sides asleep (the "slow
-    /// mode" of adaptive waiting under load).
+    /// [`Waiter::wait`], with `judge(value, outcome, took)` saying how long the wait would
+    /// have lasted had both sides been spinning: that is what the budget learns (the stats
+    /// keep `took`). A ring's consumer takes out its own wake-up and the peer's
+    /// (the rings' stamps), so that waits stretched by sleeping do not keep the budget down and
+    /// both sides asleep (the "slow mode" of adaptive waiting under load).
     pub fn wait_judged<T, E>(
         &mut self,
         mut poll: impl FnMut(bool) -> Result<Option<T>, E>,
-        judge: impl FnOnce(&T, WaitOutcome, Duration) -> Judged,
+        judge: impl FnOnce(&T, WaitOutcome, Duration) -> Duration,
     ) -> Result<(T, WaitOutcome), E> {
         // Ready at the first look (a busy peer): no clock read, and nothing that says how
         // long waits are.
@@ -389,8 +284,8 @@ impl Waiter {
             }
             if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
                 let took = start.elapsed();
-                let judged = judge(&v, outcome, took);
-                self.record_judged(outcome, took, judged);
+                let learned = judge(&v, outcome, took);
+                self.record_judged(outcome, took, learned);
                 return Ok((v, outcome));
             }
         }
@@ -399,17 +294,15 @@ impl Waiter {
     /// Folds one wait that took `took` and ended as `outcome` into the budget
     /// ([`Waiter::observe`]) and the stats ([`Waiter::count`]).
     pub fn record(&mut self, outcome: WaitOutcome, took: Duration) {
-        self.record_judged(outcome, took, Judged::as_took(took));
+        self.record_judged(outcome, took, took);
     }
 
-    /// [`Waiter::record`] for a wait that teaches what `judged` says rather than `took`
-    /// (as [`Waiter::wait_judged`]'s judge says); the stats count `took`.
-    pub fn record_judged(&mut self, outcome: WaitOutcome, took: Duration, judged: Judged) {
-        self.learn(judged.learned);
-        self.settle(match self.judge {
-            WaitJudge::Median => judged.charged,
-            WaitJudge::Mean | WaitJudge::SpinFirst => took,
-        });
+    /// [`Waiter::record`] for a wait whose budget should learn `learned` rather than `took`
+    /// (its own wake-up taken out, as [`Waiter::wait_judged`]'s judge says); the way it was
+    /// planned is judged by `took`, what the caller really waited.
+    pub fn record_judged(&mut self, outcome: WaitOutcome, took: Duration, learned: Duration) {
+        self.learn(learned);
+        self.settle(took);
         self.count(outcome, took);
     }
 
@@ -431,7 +324,7 @@ impl Waiter {
         let stretch = std::mem::take(&mut self.stretch);
         self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
             None
-        } else if self.judge == WaitJudge::SpinFirst || spare() {
+        } else if spare() {
             // With a core to spare, a spin cannot hold the core the peer needs: spinning
             // first is never the slower way, and exploring would only cost wake-ups.
             Some(true)
@@ -471,17 +364,6 @@ impl Waiter {
         let Some(spin) = self.arm.take() else {
             return;
         };
-        let i = usize::from(!spin);
-        if self.judge == WaitJudge::Median {
-            // The median of the way's last waits: the typical wait, which is what a user's
-            // loop of round trips feels (its p50), and which a rare long wait (a
-            // preemption, a long kernel) does not move. Each sample is capped at 4x
-            // `max_spin` only to fit.
-            let cap = u32::try_from((self.max_spin * 4).as_nanos()).unwrap_or(u32::MAX);
-            let t = u32::try_from(took.as_nanos()).unwrap_or(u32::MAX).min(cap);
-            self.arm_ns[i] = f64::from(self.arms[i].push(t));
-            return;
-        }
         // Capped: a rare long wait (a preemption, a long kernel) says little about which
         // way is faster, and would take the figure away from it for long. Also clipped at
         // twice the way's figure (a winsorized mean, so each sample moves it by 15% at
@@ -491,7 +373,7 @@ impl Waiter {
         // 14.5-15.6 µs, and on blocking in others, 22-29 µs). A lasting change still comes
         // through: a way twice as slow as its figure doubles it in five waits.
         let cap = (self.max_spin * 4).as_nanos() as f64;
-        let m = &mut self.arm_ns[i];
+        let m = &mut self.arm_ns[usize::from(!spin)];
         let mut t = (took.as_nanos() as f64).min(cap);
         if *m > 0.0 {
             t = t.min(2.0 * *m);
@@ -621,13 +503,6 @@ mod tests {
         assert!(next == us(50) || next.is_zero(), "{next:?}");
         // With a core to spare every wait spins first, whatever the figures say.
         assert!((0..100).all(|_| !w.plan_on(|| true).is_zero()));
-        // The spinfirst experiment never blocks at once, whatever the figures say.
-        let mut first = w.clone().judged_by(WaitJudge::SpinFirst);
-        assert!((0..300).all(|_| {
-            let spin = first.plan_on(|| false);
-            first.settle(us(40));
-            !spin.is_zero()
-        }));
         // Fixed policies never choose: equal bounds always spin for the budget.
         let mut fixed = Waiter::with_bounds(us(7), us(7));
         assert!((0..100).all(|_| fixed.plan_on(|| false) == us(7)));
@@ -662,29 +537,6 @@ mod tests {
             }
         }
         first
-    }
-
-    #[test]
-    fn a_way_is_judged_by_the_median_of_its_last_waits() {
-        let mut a = ArmWindow::default();
-        assert_eq!(a.push(10), 10);
-        // Preempted waits, a third of them, do not move the figure.
-        for i in 0..30 {
-            let m = a.push(if i % 3 == 0 { 5_000_000 } else { 10 });
-            assert_eq!(m, 10, "wait {i}");
-        }
-        // A lasting change comes through within a window's waits.
-        let figures: Vec<u32> = (0..ARM_WINDOW).map(|_| a.push(40)).collect();
-        assert_eq!(figures[0], 10);
-        assert!(figures.windows(2).all(|f| f[0] <= f[1]), "{figures:?}");
-        assert_eq!(figures[ARM_WINDOW - 1], 40);
-        // A waiter's figure is that median: spinning first usually takes 10 µs but one
-        // spin in four is preempted (1 ms), blocking at once always takes 20 µs: spinning
-        // first stays the choice.
-        let us = Duration::from_micros;
-        let mut w = Waiter::with_bounds(us(2), us(50)).judged_by(WaitJudge::Median);
-        let spun = spun_of_last_1000(&mut w, us(20), us(10), 4, us(1000));
-        assert!(spun >= 900, "{spun} of 1000 spun");
     }
 
     #[test]
