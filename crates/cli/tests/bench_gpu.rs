@@ -140,6 +140,57 @@ fn bench_launch_measures_every_transport_on_the_emulated_backend() {
     }
 }
 
+/// `remora serve --profile` counts the completion-word signals of a session by how they
+/// were answered, and names the `REMORA_SIGNAL_QUERY_US` budget it ran with (the emulated
+/// backend finds its streams done at once, so every signal is answered by the host).
+#[test]
+fn the_session_profile_counts_completion_word_signals() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    let out = Command::new(REMORA)
+        .env(
+            "REMORA_BENCH_IMAGE",
+            "REMORA-EMU-MODULE\nfunc remora_bench_empty\n",
+        )
+        .env("REMORA_BENCH_KERNEL", "remora_bench_empty")
+        .env("REMORA_SIGNAL_QUERY_US", "7")
+        .env("REMORA_LOG", "error,remora_server::profile=info")
+        .args(["bench", "launch", "--shim"])
+        .arg(&shim)
+        .args([
+            "--serve-arg=--backend",
+            "--serve-arg=emulated",
+            "--serve-arg=--profile",
+            "--no-native",
+            "--transports=shm",
+            "--clients=1",
+            "--rounds=1",
+            "--launches=10",
+            "--syncs=50",
+        ])
+        .output()
+        .expect("run remora bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("completion-word signals"))
+        .unwrap_or_else(|| panic!("no signal profile: {stderr}"));
+    assert!(line.contains("REMORA_SIGNAL_QUERY_US (7 us)"), "{line}");
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name}= in {line}"))
+    };
+    // The warm-up's synchronizes and the timed ones; a word later than the client's budget
+    // on a busy machine sends it to the full call, so not every one is a signal.
+    assert!(field("queried") > 0, "{line}");
+    assert_eq!(field("written"), 0, "{line}");
+}
+
 #[test]
 fn bench_launch_on_a_backend_that_cannot_launch_fails_clearly() {
     let Some(shim) = shim() else {

@@ -979,6 +979,18 @@ impl Executor {
                     total.as_secs_f64() * 1e6 / n as f64
                 );
             }
+            if let Some((queried, written)) = session.signal_profile() {
+                tracing::info!(
+                    target: crate::PROFILE_LOG_TARGET,
+                    connection,
+                    tenant = tenant.unwrap_or("-"),
+                    queried,
+                    written,
+                    "session profile: {} completion-word signals, {queried} answered by a stream query within REMORA_SIGNAL_QUERY_US ({} us), {written} by a stream write",
+                    queried + written,
+                    streams::signal_query_budget().as_micros()
+                );
+            }
             if let Some((n, bytes, took)) = session.bulk_copy_profile() {
                 tracing::info!(
                     target: crate::PROFILE_LOG_TARGET,
