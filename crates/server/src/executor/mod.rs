@@ -233,6 +233,8 @@ impl Executor {
         cache_bytes: u64,
         cache_dir: Option<std::path::PathBuf>,
     ) -> Self {
+        // Read now, so that a bad value is said at start, not at the first synchronize.
+        streams::signal_query_budget();
         Self {
             inner: Arc::new(Inner {
                 profile: std::sync::atomic::AtomicBool::new(false),

@@ -307,6 +307,11 @@ pub(crate) fn signal_query_budget() -> std::time::Duration {
                 }
             },
         };
+        if us > 0 {
+            tracing::info!(
+                "REMORA_SIGNAL_QUERY_US={us}: a synchronize seen in shared memory asks the stream for up to {us} us whether it is done before having it write the word (an experiment)"
+            );
+        }
         std::time::Duration::from_micros(us)
     })
 }
