@@ -307,6 +307,7 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
             "launch_sync.p50",
             "launch_sync.mean",
             "launch_sync.client_cpu",
+            "launch_sync.server_cpu",
             "launch.per_launch",
         ] {
             cells.push((clients, metric));

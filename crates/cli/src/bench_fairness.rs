@@ -231,7 +231,7 @@ fn run_scenario(
         }
         commands.push(cmd);
     }
-    bench_gpu::run_workers(commands, label)
+    bench_gpu::run_workers(commands, label, false, None).map(|(r, _)| r)
 }
 
 /// A random token (32 hex digits) for one of the benchmark's tenants.

@@ -15,7 +15,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 pub(crate) use remora_gpubench::{What, WorkerOptions, WorkerResult, Workload, worker};
@@ -224,14 +224,16 @@ impl Drop for Group {
     }
 }
 
-/// Runs `clients` workers in `mode`; returns their results.
+/// Runs `clients` workers in `mode`; returns their results and, for launch workers against
+/// the benchmark's own servers, the servers' CPU time per launch + synchronize in µs (all
+/// their processes: the accepting one and its session workers).
 fn run_group(
     opts: &Options,
     mode: &str,
     clients: u32,
     endpoints: &Endpoints,
     shim: &Path,
-) -> Result<Vec<WorkerResult>> {
+) -> Result<(Vec<WorkerResult>, Option<f64>)> {
     let exe = std::env::current_exe().context("cannot find the remora executable")?;
     let mut commands = Vec::new();
     for _ in 0..clients {
@@ -255,13 +257,45 @@ fn run_group(
         }
         commands.push(cmd);
     }
-    run_workers(commands, mode)
+    let launch = opts.what == What::Launch;
+    let roots: Vec<u32> = endpoints
+        ._servers
+        .iter()
+        .filter_map(EmbeddedServer::pid)
+        .collect();
+    let sample = |before: bool| {
+        if before {
+            // A warm worker the servers start in place of the one a session took must not
+            // be counted: wait until they are quiet (the clients are waiting too).
+            crate::proc_cpu::settle(&roots, Duration::from_micros(500), Duration::from_secs(3));
+        }
+        crate::proc_cpu::tree_cpu_ns(&roots)
+    };
+    let counted = launch && mode != "native" && !roots.is_empty() && opts.workload.syncs > 0;
+    let (results, cpu) = run_workers(
+        commands,
+        mode,
+        launch,
+        counted.then_some(&sample as &dyn Fn(bool) -> u64),
+    )?;
+    let per = cpu.map(|ns| ns as f64 / 1e3 / (f64::from(clients) * f64::from(opts.workload.syncs)));
+    Ok((results, per))
 }
 
 /// Starts a benchmark worker for each of `commands` (`remora bench gpu-worker …`), waits
 /// until every one is set up (READY), starts them together (GO) and answers their results in
-/// order. `label` names the group in errors.
-pub(crate) fn run_workers(commands: Vec<Command>, label: &str) -> Result<Vec<WorkerResult>> {
+/// order. `label` names the group in errors. Launch workers (`sync_barrier`) also stop
+/// between their burst and their launch + synchronize loop (SYNC): they are started together
+/// again, and with `server_cpu` (the servers' CPU time so far, in ns; called with `true`
+/// before the loops, when it may first wait for the servers to settle) the answer has the
+/// servers' CPU time over the loops, from that start to the last result (the workers keep
+/// their sessions until their standard input closes, after that reading).
+pub(crate) fn run_workers(
+    commands: Vec<Command>,
+    label: &str,
+    sync_barrier: bool,
+    server_cpu: Option<&dyn Fn(bool) -> u64>,
+) -> Result<(Vec<WorkerResult>, Option<u64>)> {
     let mut group = Group {
         children: Vec::new(),
     };
@@ -295,17 +329,51 @@ pub(crate) fn run_workers(commands: Vec<Command>, label: &str) -> Result<Vec<Wor
         }
         readers.push(r);
     }
-    for c in &mut group.children {
-        let stdin = c.stdin.as_mut().context("no stdin to a worker")?;
-        stdin.write_all(b"GO\n")?;
-        stdin.flush()?;
+    let go = |children: &mut Vec<Child>| -> Result<()> {
+        for c in children {
+            let stdin = c.stdin.as_mut().context("no stdin to a worker")?;
+            stdin.write_all(b"GO\n")?;
+            stdin.flush()?;
+        }
+        Ok(())
+    };
+    go(&mut group.children)?;
+    let mut cpu0 = None;
+    if sync_barrier {
+        for (c, r) in group.children.iter_mut().zip(&mut readers) {
+            let mut line = String::new();
+            r.read_line(&mut line)?;
+            if line.trim() != "SYNC" {
+                let status = c.wait().ok();
+                bail!(
+                    "a {label} benchmark worker failed in its launch burst ({}) {}",
+                    status.map_or("?".into(), |s| s.to_string()),
+                    line.trim()
+                );
+            }
+        }
+        cpu0 = server_cpu.map(|f| f(true));
+        go(&mut group.children)?;
     }
-    let mut results = Vec::new();
+    let mut lines = Vec::new();
     for (c, r) in group.children.iter_mut().zip(&mut readers) {
         let mut line = String::new();
         r.read_line(&mut line)?;
+        if line.trim().is_empty() {
+            let status = c.wait()?;
+            bail!("a {label} benchmark worker failed while measuring ({status})");
+        }
+        lines.push(line);
+    }
+    let cpu = cpu0
+        .zip(server_cpu)
+        .map(|(c0, f)| f(false).saturating_sub(c0));
+    let mut results = Vec::new();
+    for (c, line) in group.children.iter_mut().zip(&lines) {
+        // Closing its standard input lets a launch worker end its session and exit.
+        drop(c.stdin.take());
         let status = c.wait()?;
-        if !status.success() || line.trim().is_empty() {
+        if !status.success() {
             bail!(
                 "a {label} benchmark worker failed while measuring ({status}) {}",
                 line.trim()
@@ -317,7 +385,7 @@ pub(crate) fn run_workers(commands: Vec<Command>, label: &str) -> Result<Vec<Wor
         );
     }
     group.children.clear();
-    Ok(results)
+    Ok((results, cpu))
 }
 
 /// The servers the remoted modes use.
@@ -452,11 +520,11 @@ pub(crate) fn measure(opts: &Options) -> Result<Report> {
                 let _ = std::io::stderr().flush();
                 let t0 = Instant::now();
                 let measured = if mode == RAW_TCP {
-                    raw_tcp_group(clients, &opts.workload)
+                    raw_tcp_group(clients, &opts.workload).map(|r| (r, None))
                 } else {
                     run_group(opts, mode, clients, &endpoints, &shim)
                 };
-                let results = match measured {
+                let (results, server_cpu) = match measured {
                     Ok(r) => r,
                     Err(e) if mode == "native" => {
                         eprintln!("failed");
@@ -478,7 +546,10 @@ pub(crate) fn measure(opts: &Options) -> Result<Report> {
                 {
                     device.clone_from(&d.device);
                 }
-                let agg = aggregate(opts.what, &results);
+                let mut agg = aggregate(opts.what, &results);
+                if let Some(us) = server_cpu {
+                    agg.push(("launch_sync.server_cpu".into(), "us".into(), us));
+                }
                 eprintln!(
                     "{:.1} s: {}",
                     t0.elapsed().as_secs_f64(),

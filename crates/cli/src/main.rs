@@ -195,6 +195,7 @@ mod bench_null;
 mod bench_plot;
 mod bench_startup;
 mod info;
+mod proc_cpu;
 mod run;
 mod status;
 
@@ -619,9 +620,9 @@ enum BenchCommand {
     /// interleave the modes. Needs a GPU for CUDA programs. Prints a table; --json and --png
     /// write the report and a plot.
     Startup(bench_startup::Args),
-    /// Launch + synchronize latency and launch throughput of 1, 4 and 16 clients while
-    /// CPU-burning processes (0, 1 and 2 per core) compete for the cores, for each way of
-    /// waiting: spin (pure polling), block (no spinning) and adaptive (Remora's default: a
+    /// Launch + synchronize latency, the CPU time each round trip costs the clients and the
+    /// servers, and launch throughput of 1, 4 and 16 clients while CPU-burning processes
+    /// (0, 1 and 2 per core) compete for the cores, for each way of waiting: spin (pure polling), block (no spinning) and adaptive (Remora's default: a
     /// spin budget that follows the waits seen), set with REMORA_WAIT in the servers it
     /// starts and in every client; with --program or --programs, also the wall time of a
     /// mix of whole CUDA programs run against standing servers under each load and way.

@@ -74,6 +74,11 @@ pub(crate) struct EmbeddedServer {
 }
 
 impl EmbeddedServer {
+    /// The server's process id, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts `remora serve --listen LISTEN`; returns it with the endpoint it listens on (the
     /// real port for `tcp://127.0.0.1:0`).
     pub(crate) fn start(

@@ -137,6 +137,14 @@ fn bench_launch_measures_every_transport_on_the_emulated_backend() {
                 .any(|l| l.starts_with("launch_sync.p50") && l.contains(mode)),
             "{mode}: {stdout}"
         );
+        // The servers' CPU time over the loop, per round trip: some, and less than a
+        // second.
+        let server_cpu: f64 = stdout
+            .lines()
+            .find(|l| l.starts_with("launch_sync.server_cpu") && l.contains(mode))
+            .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+            .unwrap_or_else(|| panic!("{mode}: no server_cpu in {stdout}"));
+        assert!(server_cpu > 0.0 && server_cpu < 1e6, "{mode}: {server_cpu}");
     }
 }
 

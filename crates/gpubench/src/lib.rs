@@ -2,7 +2,11 @@
 //! driver library — the system's `libcuda.so.1` for the native baseline, or Remora's shim —
 //! sets up a context, an empty kernel, a stream and buffers, says `READY` on stdout, waits for
 //! `GO` on stdin (so that all clients of a group start together), measures, and prints one
-//! JSON line ([`WorkerResult`]). The orchestration lives in the `remora` command.
+//! JSON line ([`WorkerResult`]). A launch worker also stops between its burst and its launch +
+//! synchronize loop (it says `SYNC` and waits for `GO` again, so that the clients' loops run
+//! together and the parent can read the servers' CPU time around them) and, after its JSON
+//! line, waits for its standard input to close before it exits (so that its session ends
+//! after the parent's last reading). The orchestration lives in the `remora` command.
 
 use std::ffi::{CString, OsString, c_char, c_int, c_uint, c_void};
 use std::io::Write as _;
@@ -527,6 +531,13 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                 ));
                 r.per_launch_us =
                     Some(t0.elapsed().as_secs_f64() * 1e6 / f64::from(o.workload.launches.max(1)));
+                println!("SYNC");
+                std::io::stdout().flush()?;
+                go.clear();
+                std::io::stdin().read_line(&mut go)?;
+                if go.trim() != "GO" {
+                    bail!("expected GO from the parent before the launch + synchronize loop");
+                }
                 let mut lat = Vec::with_capacity(o.workload.syncs as usize);
                 let cpu = || {
                     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
@@ -670,6 +681,14 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
         }
         println!("{}", serde_json::to_string(&r)?);
         std::io::stdout().flush()?;
+        if o.what == What::Launch {
+            // Until the parent closes our standard input: its last reading of the servers'
+            // CPU time comes before this session ends.
+            let mut rest = String::new();
+            while std::io::stdin().read_line(&mut rest)? > 0 {
+                rest.clear();
+            }
+        }
     }
     // Leave without tearing CUDA down: process exit frees everything, and the measurement is
     // already printed.
