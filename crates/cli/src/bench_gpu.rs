@@ -15,7 +15,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 pub(crate) use remora_gpubench::{What, WorkerOptions, WorkerResult, Workload, worker};
@@ -263,20 +263,15 @@ fn run_group(
         .iter()
         .filter_map(EmbeddedServer::pid)
         .collect();
-    let sample = |before: bool| {
-        if before {
-            // A warm worker the servers start in place of the one a session took must not
-            // be counted: wait until they are quiet (the clients are waiting too).
-            crate::proc_cpu::settle(&roots, Duration::from_micros(500), Duration::from_secs(3));
-        }
-        crate::proc_cpu::tree_cpu_ns(&roots)
-    };
+    // The accepting processes and the session workers serving a connection; not warm
+    // workers, which may be starting their driver in place of the ones sessions took.
+    let sample = || crate::proc_cpu::serving_cpu_ns(&roots, remora_server::SESSION_WORKER_THREAD);
     let counted = launch && mode != "native" && !roots.is_empty() && opts.workload.syncs > 0;
     let (results, cpu) = run_workers(
         commands,
         mode,
         launch,
-        counted.then_some(&sample as &dyn Fn(bool) -> u64),
+        counted.then_some(&sample as &dyn Fn() -> u64),
     )?;
     let per = cpu.map(|ns| ns as f64 / 1e3 / (f64::from(clients) * f64::from(opts.workload.syncs)));
     Ok((results, per))
@@ -286,15 +281,14 @@ fn run_group(
 /// until every one is set up (READY), starts them together (GO) and answers their results in
 /// order. `label` names the group in errors. Launch workers (`sync_barrier`) also stop
 /// between their burst and their launch + synchronize loop (SYNC): they are started together
-/// again, and with `server_cpu` (the servers' CPU time so far, in ns; called with `true`
-/// before the loops, when it may first wait for the servers to settle) the answer has the
+/// again, and with `server_cpu` (the servers' CPU time so far, in ns) the answer has the
 /// servers' CPU time over the loops, from that start to the last result (the workers keep
 /// their sessions until their standard input closes, after that reading).
 pub(crate) fn run_workers(
     commands: Vec<Command>,
     label: &str,
     sync_barrier: bool,
-    server_cpu: Option<&dyn Fn(bool) -> u64>,
+    server_cpu: Option<&dyn Fn() -> u64>,
 ) -> Result<(Vec<WorkerResult>, Option<u64>)> {
     let mut group = Group {
         children: Vec::new(),
@@ -352,7 +346,7 @@ pub(crate) fn run_workers(
                 );
             }
         }
-        cpu0 = server_cpu.map(|f| f(true));
+        cpu0 = server_cpu.map(|f| f());
         go(&mut group.children)?;
     }
     let mut lines = Vec::new();
@@ -365,9 +359,7 @@ pub(crate) fn run_workers(
         }
         lines.push(line);
     }
-    let cpu = cpu0
-        .zip(server_cpu)
-        .map(|(c0, f)| f(false).saturating_sub(c0));
+    let cpu = cpu0.zip(server_cpu).map(|(c0, f)| f().saturating_sub(c0));
     let mut results = Vec::new();
     for (c, line) in group.children.iter_mut().zip(&lines) {
         // Closing its standard input lets a launch worker end its session and exit.

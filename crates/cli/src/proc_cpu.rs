@@ -1,35 +1,26 @@
-//! CPU time of a process tree from `/proc`, in nanoseconds, for the benchmarks: each task's
-//! `schedstat` (time on a CPU, in ns; `/proc/PID/stat` counts in 10 ms ticks, too coarse for
-//! a loop of 20 ms). A tree is the root processes and every process whose parent is in it.
+//! CPU time of a server's processes from `/proc`, in nanoseconds, for the benchmarks: each
+//! task's `schedstat` (time on a CPU, in ns; `/proc/PID/stat` counts in 10 ms ticks, too
+//! coarse for a loop of 20 ms).
 
-use std::time::{Duration, Instant};
-
-/// The CPU time so far of `roots` and all their descendants (0 for what cannot be read: a
-/// process gone, a kernel without `schedstat`).
-pub(crate) fn tree_cpu_ns(roots: &[u32]) -> u64 {
-    tree(roots).iter().map(|&pid| process_cpu_ns(pid)).sum()
+/// The CPU time so far of `roots` and of those of their descendants that have a thread named
+/// `marker` (session workers serving a connection; warm workers still starting their driver
+/// have none), summed over every thread. 0 for what cannot be read (a process gone, a kernel
+/// without `schedstat`).
+pub(crate) fn serving_cpu_ns(roots: &[u32], marker: &str) -> u64 {
+    roots.iter().map(|&pid| process_cpu_ns(pid)).sum::<u64>() + marked_cpu_ns(roots, marker)
 }
 
-/// Waits, at most `limit`, until the tree used less than `quiet` of CPU time over 10 ms
-/// (a server's warm worker starting its driver, say, has finished); answers whether it did.
-pub(crate) fn settle(roots: &[u32], quiet: Duration, limit: Duration) -> bool {
-    let until = Instant::now() + limit;
-    let mut last = tree_cpu_ns(roots);
-    loop {
-        std::thread::sleep(Duration::from_millis(10));
-        let now = tree_cpu_ns(roots);
-        if now.saturating_sub(last) < quiet.as_nanos() as u64 {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        last = now;
-    }
+/// The CPU time so far of the descendants of `roots` that have a thread named `marker`.
+fn marked_cpu_ns(roots: &[u32], marker: &str) -> u64 {
+    descendants(roots)
+        .into_iter()
+        .filter(|&pid| has_thread(pid, marker))
+        .map(process_cpu_ns)
+        .sum()
 }
 
-/// `roots` and their descendants, from every `/proc/PID/stat`'s parent field.
-fn tree(roots: &[u32]) -> Vec<u32> {
+/// Every descendant of `roots`, from each `/proc/PID/stat`'s parent field.
+fn descendants(roots: &[u32]) -> Vec<u32> {
     let mut parents = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
@@ -55,7 +46,7 @@ fn tree(roots: &[u32]) -> Vec<u32> {
         }
         i += 1;
     }
-    tree
+    tree.split_off(roots.len())
 }
 
 /// The parent pid of a `/proc/PID/stat` line: the second field after the command, which
@@ -63,6 +54,15 @@ fn tree(roots: &[u32]) -> Vec<u32> {
 fn parent_of(stat: &str) -> Option<u32> {
     let after = &stat[stat.rfind(')')? + 1..];
     after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether a thread of `pid` is named `name`.
+fn has_thread(pid: u32, name: &str) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+        tasks.flatten().any(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+    })
 }
 
 /// Sum of the first `schedstat` field of every task of `pid`.
@@ -80,6 +80,7 @@ fn process_cpu_ns(pid: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_parent_is_read_past_an_odd_command_name() {
@@ -89,36 +90,34 @@ mod tests {
     }
 
     #[test]
-    fn a_tree_counts_its_children_and_grows_with_their_work() {
+    fn only_marked_children_count_and_their_work_does() {
         let me = std::process::id();
+        // `sh -c 'exec -a NAME …'` is not portable; a process's main thread is named after
+        // its command, so a busy `sh` is "sh" and a marker of "sh" picks it.
         let mut busy = std::process::Command::new("sh")
             .args(["-c", "while :; do :; done"])
             .spawn()
             .unwrap();
-        let mut idle = std::process::Command::new("sleep")
-            .arg("5")
-            .spawn()
-            .unwrap();
-        assert!(tree(&[me]).contains(&busy.id()));
-        let before = tree_cpu_ns(&[busy.id()]);
+        assert!(descendants(&[me]).contains(&busy.id()));
+        assert!(has_thread(busy.id(), "sh"));
+        assert!(!has_thread(busy.id(), "no-such-thread"));
+        let before = marked_cpu_ns(&[me], "sh");
         std::thread::sleep(Duration::from_millis(100));
-        let after = tree_cpu_ns(&[busy.id()]);
-        assert!(after > before, "{before} -> {after}");
-        // A busy tree does not settle; an idle one does.
-        assert!(!settle(
-            &[busy.id()],
-            Duration::from_millis(1),
-            Duration::from_millis(60)
-        ));
-        assert!(settle(
-            &[idle.id()],
-            Duration::from_millis(1),
-            Duration::from_secs(1)
-        ));
-        for c in [&mut busy, &mut idle] {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        assert_eq!(tree_cpu_ns(&[u32::MAX]), 0);
+        assert!(
+            marked_cpu_ns(&[me], "sh") > before,
+            "the busy child's work counts"
+        );
+        assert_eq!(
+            marked_cpu_ns(&[me], "no-such-thread"),
+            0,
+            "an unmarked child does not count"
+        );
+        assert!(
+            serving_cpu_ns(&[me], "no-such-thread") > 0,
+            "the root counts"
+        );
+        let _ = busy.kill();
+        let _ = busy.wait();
+        assert_eq!(serving_cpu_ns(&[u32::MAX], "sh"), 0);
     }
 }

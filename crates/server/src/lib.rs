@@ -49,9 +49,10 @@ pub use hello::{HelloService, SERVER_VERSION};
 pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{
     BackendChoice, DEFAULT_SHM_LOCK_MAX, DEFAULT_WARM_WORKERS, EMULATED_COPY_LATENCY_ENV,
-    EMULATED_DEVICE_PRINTF_ENV, Isolation, NO_GPU_LOG_TARGET, RemoraService, Running, ServeConfig,
-    ServeError, ShmConfig, TlsFiles, WORKER_GRACE, WorkerConfig, default_endpoint, inventory_of,
-    serve_worker, start, start_with_backend, start_with_inventory,
+    EMULATED_DEVICE_PRINTF_ENV, Isolation, NO_GPU_LOG_TARGET, RemoraService, Running,
+    SESSION_WORKER_THREAD, ServeConfig, ServeError, ShmConfig, TlsFiles, WORKER_GRACE,
+    WorkerConfig, default_endpoint, inventory_of, serve_worker, start, start_with_backend,
+    start_with_inventory,
 };
 pub use session::{
     ORDERED_CALL_OVERHEAD, OrderedLimits, default_max_pending_copy_bytes, set_ordered_limits,

@@ -868,6 +868,11 @@ fn make_backend(
     Ok((Arc::new(backend), inventory))
 }
 
+/// The name of a thread that a session worker (process isolation) starts once it has its
+/// connection, and a waiting warm worker has not: `remora bench` counts the CPU time of the
+/// workers serving sessions by it, leaving out warm workers still starting their driver.
+pub const SESSION_WORKER_THREAD: &str = "remora-lanes";
+
 /// TEST ONLY: with the emulated backend in a session worker, every context or stream
 /// synchronize writes this variable's value to the worker's fd 1, as the driver writes a
 /// kernel's printf output, so that CI can test the way device output takes to the client.
@@ -1421,7 +1426,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     // a thread of its own, until the server closes it or this worker ends.
     let (lane_tx, lane_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
-        .name("remora-lanes".into())
+        .name(SESSION_WORKER_THREAD.into())
         .spawn(move || {
             let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
             loop {
