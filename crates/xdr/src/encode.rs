@@ -48,6 +48,17 @@ impl Encoder {
         }
     }
 
+    /// An empty encoder that writes into `buf` (cleared first), for a caller that keeps one
+    /// buffer between messages: see [`Encoder::finish_reusing`].
+    pub fn in_buf(mut buf: BytesMut) -> Self {
+        buf.clear();
+        Self {
+            chunks: Vec::new(),
+            buf,
+            len: 0,
+        }
+    }
+
     /// Total number of bytes encoded so far.
     pub fn len(&self) -> usize {
         self.len
@@ -200,6 +211,17 @@ impl Encoder {
         self.chunks
     }
 
+    /// As [`Encoder::finish`], and gives back the buffer's unused room (which shares its
+    /// allocation with the returned chunks) for the next message: once those are dropped,
+    /// `BytesMut::reserve` reuses the allocation instead of making a new one, so a stream of
+    /// small messages allocates a buffer only every so many messages.
+    pub fn finish_reusing(mut self) -> (Vec<Bytes>, BytesMut) {
+        if !self.buf.is_empty() {
+            self.chunks.push(self.buf.split().freeze());
+        }
+        (self.chunks, self.buf)
+    }
+
     /// Ends encoding and returns one contiguous buffer (copying any shared chunks). Meant for
     /// small messages and tests; the record writer uses [`Encoder::finish`].
     pub fn to_bytes(self) -> Bytes {
@@ -214,5 +236,33 @@ impl Encoder {
                 out.freeze()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_buffer_keeps_earlier_messages_intact_and_its_allocation() {
+        let mut first = Encoder::in_buf(BytesMut::with_capacity(64));
+        first.put_u32(1);
+        first.put_u32(2);
+        let (a, spare) = first.finish_reusing();
+        assert_eq!(a.concat(), [0, 0, 0, 1, 0, 0, 0, 2]);
+        assert!(
+            spare.capacity() >= 64 - 8,
+            "the room after the first message is kept"
+        );
+        let mut second = Encoder::in_buf(spare);
+        second.put_u32(3);
+        second.put_opaque(b"xyz", 16).unwrap();
+        let (b, _) = second.finish_reusing();
+        // The first message's bytes were not touched by the second one.
+        assert_eq!(a.concat(), [0, 0, 0, 1, 0, 0, 0, 2]);
+        assert_eq!(b.concat(), [0, 0, 0, 3, 0, 0, 0, 3, b'x', b'y', b'z', 0]);
+        // Both came out of the one allocation made for the first.
+        let end_a = a[0].as_ptr() as usize + a[0].len();
+        assert_eq!(b[0].as_ptr() as usize, end_a);
     }
 }
