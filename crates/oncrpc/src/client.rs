@@ -625,10 +625,17 @@ impl Client {
             static SPARE: std::cell::RefCell<bytes::BytesMut> =
                 std::cell::RefCell::new(bytes::BytesMut::new());
         }
-        let mut buf = SPARE.with(|s| std::mem::take(&mut *s.borrow_mut()));
-        if buf.capacity() < CALL_ROOM {
-            buf = bytes::BytesMut::with_capacity(ENCODE_BUFFER);
-        }
+        // A thread whose locals are being destroyed (a call from a thread-exit or process-exit
+        // handler, as the runtime's teardown makes) encodes into a buffer of its own.
+        let buf = match SPARE
+            .try_with(|s| s.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)))
+            .ok()
+            .and_then(Result::ok)
+        {
+            Some(b) if b.capacity() >= CALL_ROOM => b,
+            Some(_) => bytes::BytesMut::with_capacity(ENCODE_BUFFER),
+            None => bytes::BytesMut::with_capacity(CALL_ROOM),
+        };
         let mut enc = Encoder::in_buf(buf);
         enc.put_u32(xid);
         enc.put_u32(MSG_CALL);
@@ -639,7 +646,11 @@ impl Client {
         enc.put_raw(&self.inner.auth);
         args(&mut enc).map_err(RpcError::Encode)?;
         let (chunks, spare) = enc.finish_reusing();
-        SPARE.with(|s| *s.borrow_mut() = spare);
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut b) = s.try_borrow_mut() {
+                *b = spare;
+            }
+        });
         Ok(chunks)
     }
 
