@@ -871,3 +871,42 @@ fn the_reader_role_goes_to_a_caller_that_is_waiting() {
         );
     }
 }
+
+/// A call made while its thread's locals are being destroyed (the CUDA runtime's teardown
+/// makes calls from thread-exit and process-exit handlers) is encoded and answered: the
+/// client's per-thread encoding buffer, destroyed by then, is not needed.
+#[test]
+fn a_call_from_a_thread_local_destructor_is_answered() {
+    use std::cell::RefCell;
+    use std::sync::mpsc;
+    type Reply = mpsc::Sender<Result<i32, RpcError>>;
+    struct CallsOnDrop(Option<(Client, Reply)>);
+    impl Drop for CallsOnDrop {
+        fn drop(&mut self) {
+            if let Some((c, tx)) = self.0.take() {
+                let _ = tx.send(add(&c, 2, 3));
+            }
+        }
+    }
+    thread_local! {
+        static GUARD: RefCell<CallsOnDrop> = const { RefCell::new(CallsOnDrop(None)) };
+    }
+    for t in ALL {
+        let s = start(t);
+        let c = s.client().unwrap();
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            // The guard's local first, the client's buffer at the first call: locals are
+            // destroyed in the reverse order, so the buffer is gone when the guard calls.
+            GUARD.with(|g| g.borrow_mut().0 = Some((c.clone(), tx)));
+            assert_eq!(add(&c, 1, 1).unwrap(), 2);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap(),
+            5,
+            "{t:?}"
+        );
+    }
+}
