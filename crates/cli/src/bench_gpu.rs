@@ -307,20 +307,7 @@ pub(crate) fn run_workers(
     for c in &mut group.children {
         let out = c.stdout.take().context("no stdout from a worker")?;
         let mut r = BufReader::new(out);
-        let mut line = String::new();
-        r.read_line(&mut line)?;
-        if line.trim() != "READY" {
-            let status = c.wait().ok();
-            bail!(
-                "a {label} benchmark worker failed to set up ({}){}",
-                status.map_or("?".into(), |s| s.to_string()),
-                if line.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", line.trim())
-                }
-            );
-        }
+        expect_line(c, &mut r, "READY", label, "to set up")?;
         readers.push(r);
     }
     let go = |children: &mut Vec<Child>| -> Result<()> {
@@ -335,16 +322,7 @@ pub(crate) fn run_workers(
     let mut cpu0 = None;
     if sync_barrier {
         for (c, r) in group.children.iter_mut().zip(&mut readers) {
-            let mut line = String::new();
-            r.read_line(&mut line)?;
-            if line.trim() != "SYNC" {
-                let status = c.wait().ok();
-                bail!(
-                    "a {label} benchmark worker failed in its launch burst ({}) {}",
-                    status.map_or("?".into(), |s| s.to_string()),
-                    line.trim()
-                );
-            }
+            expect_line(c, r, "SYNC", label, "in its launch burst")?;
         }
         cpu0 = server_cpu.map(|f| f());
         go(&mut group.children)?;
@@ -378,6 +356,32 @@ pub(crate) fn run_workers(
     }
     group.children.clear();
     Ok((results, cpu))
+}
+
+/// Reads a worker's next line; anything but `want` ends the group with an error that says
+/// the worker failed `doing`, with its exit status and what it printed.
+fn expect_line(
+    c: &mut Child,
+    r: &mut BufReader<std::process::ChildStdout>,
+    want: &str,
+    label: &str,
+    doing: &str,
+) -> Result<()> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    if line.trim() == want {
+        return Ok(());
+    }
+    let status = c.wait().ok();
+    bail!(
+        "a {label} benchmark worker failed {doing} ({}){}",
+        status.map_or("?".into(), |s| s.to_string()),
+        if line.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", line.trim())
+        }
+    );
 }
 
 /// The servers the remoted modes use.

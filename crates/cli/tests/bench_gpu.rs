@@ -18,6 +18,18 @@ fn bench(what: &str, shim: &Path, extra: &[&str]) -> std::process::Output {
 
 /// [`bench`] with the launch benchmark's kernel named `kernel`.
 fn bench_kernel(kernel: &str, what: &str, shim: &Path, extra: &[&str]) -> std::process::Output {
+    bench_env(kernel, what, shim, extra, &[])
+}
+
+/// [`bench_kernel`] with more environment variables (`REMORA_LOG` among them overrides the
+/// default, errors only).
+fn bench_env(
+    kernel: &str,
+    what: &str,
+    shim: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     Command::new(REMORA)
         // The emulated backend's module format, with the kernel the workers look for.
         .env(
@@ -30,6 +42,7 @@ fn bench_kernel(kernel: &str, what: &str, shim: &Path, extra: &[&str]) -> std::p
         .args(["--serve-arg=--backend", "--serve-arg=emulated"])
         .args(extra)
         .env("REMORA_LOG", "error")
+        .envs(env.iter().copied())
         .output()
         .expect("run remora bench")
 }
@@ -157,19 +170,11 @@ fn the_session_profile_counts_completion_word_signals() {
         eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
         return;
     };
-    let out = Command::new(REMORA)
-        .env(
-            "REMORA_BENCH_IMAGE",
-            "REMORA-EMU-MODULE\nfunc remora_bench_empty\n",
-        )
-        .env("REMORA_BENCH_KERNEL", "remora_bench_empty")
-        .env("REMORA_SIGNAL_QUERY_US", "7")
-        .env("REMORA_LOG", "error,remora_server::profile=info")
-        .args(["bench", "launch", "--shim"])
-        .arg(&shim)
-        .args([
-            "--serve-arg=--backend",
-            "--serve-arg=emulated",
+    let out = bench_env(
+        "remora_bench_empty",
+        "launch",
+        &shim,
+        &[
             "--serve-arg=--profile",
             "--no-native",
             "--transports=shm",
@@ -177,9 +182,12 @@ fn the_session_profile_counts_completion_word_signals() {
             "--rounds=1",
             "--launches=10",
             "--syncs=50",
-        ])
-        .output()
-        .expect("run remora bench");
+        ],
+        &[
+            ("REMORA_SIGNAL_QUERY_US", "7"),
+            ("REMORA_LOG", "error,remora_server::profile=info"),
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let line = stderr
