@@ -1254,8 +1254,6 @@ pub(crate) struct Session {
     /// Profiling: kernel launches and their total time in the driver, in nanoseconds.
     launches: std::sync::atomic::AtomicU64,
     launch_ns: std::sync::atomic::AtomicU64,
-    /// Whether a completion-word signal queries its stream first (per stream).
-    pub(crate) signal_gate: Mutex<crate::executor::SignalGate>,
     /// Profiling: completion-word signals answered by a stream query within
     /// `REMORA_SIGNAL_QUERY_US` (the server stored the word) and by a stream write.
     signals_queried: std::sync::atomic::AtomicU64,
@@ -1321,7 +1319,6 @@ impl Session {
             launcher,
             launches: Default::default(),
             launch_ns: Default::default(),
-            signal_gate: Mutex::default(),
             signals_queried: Default::default(),
             signals_written: Default::default(),
             bulk_copies: Default::default(),

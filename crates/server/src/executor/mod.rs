@@ -41,7 +41,6 @@ mod modules;
 mod pools;
 mod procedures;
 mod streams;
-pub(crate) use streams::SignalGate;
 mod vmm;
 
 /// How long a stream or event synchronize polls before it waits on a waiter thread.

@@ -88,20 +88,16 @@ impl Executor {
             if self.inner.device_output.get().is_some_and(|o| o.pending()) {
                 return Err("device output waits to be delivered");
             }
-            let budget = session
-                .signal_gate
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .budget(t.stream, signal_query_budget());
             self.inner
                 .backend
-                .stream_signal(t.ctx, t.stream, &signals, (slot, seq), budget)
+                .stream_signal(
+                    t.ctx,
+                    t.stream,
+                    &signals,
+                    (slot, seq),
+                    signal_query_budget(),
+                )
                 .map(|stored| {
-                    session
-                        .signal_gate
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .record(t.stream, budget, stored);
                     if self.inner.profiling() {
                         session.count_signal(stored);
                     }
@@ -293,162 +289,29 @@ impl Executor {
 /// writes the word anyway once the budget is spent).
 const SIGNAL_QUERY_MAX_US: u64 = 200;
 
-/// The default query budget: on the H200 (session 24) an empty kernel's stream was found done
-/// within 10 µs for 99.6-99.9% of the signals, and launch + synchronize p50 over shm fell from
-/// 12.14 to 11.56 µs (5 µs gave up too often and then paid the write as well).
-const SIGNAL_QUERY_DEFAULT_US: u64 = 10;
-
-/// `REMORA_SIGNAL_QUERY_US` (default [`SIGNAL_QUERY_DEFAULT_US`]; 0 turns the query off): how
-/// long a completion-word signal asks the stream whether it is done before having it write
-/// the word (the `query` of [`crate::Backend::stream_signal`]). Zero under `REMORA_WAIT=block`,
-/// which spins nowhere. Read once; [`SignalGate`] skips it on streams where it keeps giving up.
+/// `REMORA_SIGNAL_QUERY_US` (an experiment; 0, the default, turns it off): how long a
+/// completion-word signal asks the stream whether it is done before having it write the
+/// word (the `query` of [`crate::Backend::stream_signal`]). Read once.
 pub(crate) fn signal_query_budget() -> std::time::Duration {
     static BUDGET: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
     *BUDGET.get_or_init(|| {
         let us = match std::env::var("REMORA_SIGNAL_QUERY_US") {
-            Err(_) => SIGNAL_QUERY_DEFAULT_US,
+            Err(_) => 0,
             Ok(v) => match v.trim().parse::<u64>() {
                 Ok(us) if us <= SIGNAL_QUERY_MAX_US => us,
                 _ => {
                     tracing::warn!(
-                        "REMORA_SIGNAL_QUERY_US={v:?} is not a number of microseconds from 0 to {SIGNAL_QUERY_MAX_US}; using the default, {SIGNAL_QUERY_DEFAULT_US}"
+                        "REMORA_SIGNAL_QUERY_US={v:?} is not a number of microseconds from 0 to {SIGNAL_QUERY_MAX_US}; the experiment stays off"
                     );
-                    SIGNAL_QUERY_DEFAULT_US
+                    0
                 }
             },
         };
-        if us > 0 && remora_shm::WaitPolicy::from_env() == remora_shm::WaitPolicy::Block {
+        if us > 0 {
             tracing::info!(
-                "REMORA_WAIT=block: completion-word signals never query the stream (REMORA_SIGNAL_QUERY_US={us} ignored)"
+                "REMORA_SIGNAL_QUERY_US={us}: a synchronize seen in shared memory asks the stream for up to {us} us whether it is done before having it write the word (an experiment)"
             );
-            return std::time::Duration::ZERO;
         }
-        tracing::debug!(
-            "completion-word signals ask the stream for up to {us} us whether it is done before having it write the word (REMORA_SIGNAL_QUERY_US)"
-        );
         std::time::Duration::from_micros(us)
     })
-}
-
-/// After this many signals in a row on one stream whose query gave up (the stream was still
-/// busy at the end of the budget), the stream writes the word at once ...
-const SIGNAL_GATE_MISSES: u8 = 2;
-/// ... except for every this many signals, which query again (the stream's work may have
-/// become short again).
-const SIGNAL_GATE_PROBE_EVERY: u32 = 16;
-/// Streams remembered per session; the least recently signalled one is forgotten first.
-const SIGNAL_GATE_STREAMS: usize = 16;
-
-/// Per session: whether a completion-word signal on a stream should query it first. A query
-/// that gives up has spent its budget on the session's connection thread for nothing (the
-/// stream then writes the word), so streams whose work outlasts the budget (long kernels)
-/// stop querying, apart from a probe every [`SIGNAL_GATE_PROBE_EVERY`] signals.
-#[derive(Debug, Default)]
-pub(crate) struct SignalGate {
-    /// (raw stream, consecutive give-ups, signals written at once since), most recent last.
-    streams: Vec<(u64, u8, u32)>,
-}
-
-impl SignalGate {
-    /// The query budget for a signal on `stream`: `full`, or zero while the stream's queries
-    /// keep giving up.
-    pub(crate) fn budget(&mut self, stream: u64, full: std::time::Duration) -> std::time::Duration {
-        if full.is_zero() {
-            return full;
-        }
-        let Some(i) = self.streams.iter().position(|e| e.0 == stream) else {
-            return full;
-        };
-        let e = self.streams.remove(i);
-        let (misses, skipped) = (e.1, e.2);
-        let (budget, skipped) = if misses < SIGNAL_GATE_MISSES {
-            (full, skipped)
-        } else if skipped + 1 >= SIGNAL_GATE_PROBE_EVERY {
-            (full, 0)
-        } else {
-            (std::time::Duration::ZERO, skipped + 1)
-        };
-        self.streams.push((stream, misses, skipped));
-        budget
-    }
-
-    /// What a signal on `stream` that was given `budget` came to: `queried`, the stream was
-    /// found done within it.
-    pub(crate) fn record(&mut self, stream: u64, budget: std::time::Duration, queried: bool) {
-        if budget.is_zero() {
-            return;
-        }
-        let misses = match self.streams.iter().position(|e| e.0 == stream) {
-            Some(i) => self.streams.remove(i).1,
-            None => 0,
-        };
-        let misses = if queried { 0 } else { misses.saturating_add(1) };
-        if self.streams.len() >= SIGNAL_GATE_STREAMS {
-            self.streams.remove(0);
-        }
-        self.streams.push((stream, misses, 0));
-    }
-}
-
-#[cfg(test)]
-mod signal_gate_tests {
-    use super::*;
-    use std::time::Duration;
-
-    const FULL: Duration = Duration::from_micros(10);
-
-    #[test]
-    fn a_stream_whose_queries_give_up_is_written_at_once_but_probed_again() {
-        let mut g = SignalGate::default();
-        // Short work: every query answers; the budget stays.
-        for _ in 0..100 {
-            assert_eq!(g.budget(7, FULL), FULL);
-            g.record(7, FULL, true);
-        }
-        // Long work: two give-ups in a row close the gate.
-        for _ in 0..SIGNAL_GATE_MISSES {
-            assert_eq!(g.budget(7, FULL), FULL);
-            g.record(7, FULL, false);
-        }
-        let budgets: Vec<Duration> = (0..SIGNAL_GATE_PROBE_EVERY)
-            .map(|_| {
-                let b = g.budget(7, FULL);
-                g.record(7, b, false);
-                b
-            })
-            .collect();
-        let probes = budgets.iter().filter(|b| **b == FULL).count();
-        assert_eq!(probes, 1, "{budgets:?}");
-        assert_eq!(budgets.last(), Some(&FULL), "{budgets:?}");
-        // The work is short again: the probe answers and the gate opens.
-        for _ in 0..SIGNAL_GATE_PROBE_EVERY {
-            let b = g.budget(7, FULL);
-            g.record(7, b, !b.is_zero());
-        }
-        for _ in 0..10 {
-            assert_eq!(g.budget(7, FULL), FULL);
-            g.record(7, FULL, true);
-        }
-    }
-
-    #[test]
-    fn streams_are_gated_apart_and_the_table_stays_bounded() {
-        let mut g = SignalGate::default();
-        for _ in 0..SIGNAL_GATE_MISSES {
-            g.record(1, FULL, false);
-        }
-        assert_eq!(g.budget(1, FULL), Duration::ZERO);
-        assert_eq!(g.budget(2, FULL), FULL);
-        for s in 100..100 + 4 * SIGNAL_GATE_STREAMS as u64 {
-            g.record(s, FULL, false);
-        }
-        assert!(g.streams.len() <= SIGNAL_GATE_STREAMS);
-        // Stream 1 was forgotten: it queries again.
-        assert_eq!(g.budget(1, FULL), FULL);
-        // Zero budgets (the query off) are not remembered.
-        let mut off = SignalGate::default();
-        off.record(3, Duration::ZERO, false);
-        assert!(off.streams.is_empty());
-        assert_eq!(off.budget(3, Duration::ZERO), Duration::ZERO);
-    }
 }

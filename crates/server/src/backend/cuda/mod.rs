@@ -1301,10 +1301,9 @@ impl Backend for CudaBackend {
         let host_word = signals.word(slot).ok_or(CuError(cu::INVALID_VALUE))?;
         let d = self.in_ctx(ctx)?;
         if !query.is_zero() {
-            // The stream's own completion, read by `cuStreamQuery` (no submission to the
-            // GPU), instead of one more submission that writes the word after the work
-            // (REMORA_SIGNAL_QUERY_US; the executor's `SignalGate` passes zero on streams
-            // whose queries keep giving up).
+            // The experiment (REMORA_SIGNAL_QUERY_US): the stream's own completion, read by
+            // `cuStreamQuery` (no submission to the GPU), instead of one more submission that
+            // writes the word after the work.
             let until = std::time::Instant::now() + query;
             loop {
                 // SAFETY: a stream of this session (or the legacy stream).
