@@ -416,10 +416,6 @@ enum Command {
     /// a session's launches are made by a thread of its own while its connection thread reads
     /// the next (only while the host has a core to spare); REMORA_LAUNCH_THREAD=off keeps
     /// every launch on the connection thread, =on sends every launch through that thread.
-    /// REMORA_SIGNAL_QUERY_US=N (an experiment, off by default; 0 to 200): a stream
-    /// synchronize seen in shared memory first asks the stream for up to N µs whether it is
-    /// done (cuStreamQuery) and then stores the client's completion word itself, instead of
-    /// having the stream write it (--profile counts which way each went).
     Serve {
         /// Where to listen: tcp://HOST:PORT, tls://HOST:PORT (needs --tls-cert and
         /// --tls-key) or unix:///PATH. Repeat for several listeners.

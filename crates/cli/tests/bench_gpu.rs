@@ -18,18 +18,6 @@ fn bench(what: &str, shim: &Path, extra: &[&str]) -> std::process::Output {
 
 /// [`bench`] with the launch benchmark's kernel named `kernel`.
 fn bench_kernel(kernel: &str, what: &str, shim: &Path, extra: &[&str]) -> std::process::Output {
-    bench_env(kernel, what, shim, extra, &[])
-}
-
-/// [`bench_kernel`] with more environment variables (`REMORA_LOG` among them overrides the
-/// default, errors only).
-fn bench_env(
-    kernel: &str,
-    what: &str,
-    shim: &Path,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> std::process::Output {
     Command::new(REMORA)
         // The emulated backend's module format, with the kernel the workers look for.
         .env(
@@ -42,7 +30,6 @@ fn bench_env(
         .args(["--serve-arg=--backend", "--serve-arg=emulated"])
         .args(extra)
         .env("REMORA_LOG", "error")
-        .envs(env.iter().copied())
         .output()
         .expect("run remora bench")
 }
@@ -159,52 +146,6 @@ fn bench_launch_measures_every_transport_on_the_emulated_backend() {
             .unwrap_or_else(|| panic!("{mode}: no server_cpu in {stdout}"));
         assert!(server_cpu > 0.0 && server_cpu < 1e6, "{mode}: {server_cpu}");
     }
-}
-
-/// `remora serve --profile` counts the completion-word signals of a session by how they
-/// were answered, and names the `REMORA_SIGNAL_QUERY_US` budget it ran with (the emulated
-/// backend finds its streams done at once, so every signal is answered by the host).
-#[test]
-fn the_session_profile_counts_completion_word_signals() {
-    let Some(shim) = shim() else {
-        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
-        return;
-    };
-    let out = bench_env(
-        "remora_bench_empty",
-        "launch",
-        &shim,
-        &[
-            "--serve-arg=--profile",
-            "--no-native",
-            "--transports=shm",
-            "--clients=1",
-            "--rounds=1",
-            "--launches=10",
-            "--syncs=50",
-        ],
-        &[
-            ("REMORA_SIGNAL_QUERY_US", "7"),
-            ("REMORA_LOG", "error,remora_server::profile=info"),
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("completion-word signals"))
-        .unwrap_or_else(|| panic!("no signal profile: {stderr}"));
-    assert!(line.contains("REMORA_SIGNAL_QUERY_US (7 us)"), "{line}");
-    let field = |name: &str| -> u64 {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name}= in {line}"))
-    };
-    // The warm-up's synchronizes and the timed ones; a word later than the client's budget
-    // on a busy machine sends it to the full call, so not every one is a signal.
-    assert!(field("queried") > 0, "{line}");
-    assert_eq!(field("written"), 0, "{line}");
 }
 
 #[test]

@@ -1254,10 +1254,6 @@ pub(crate) struct Session {
     /// Profiling: kernel launches and their total time in the driver, in nanoseconds.
     launches: std::sync::atomic::AtomicU64,
     launch_ns: std::sync::atomic::AtomicU64,
-    /// Profiling: completion-word signals answered by a stream query within
-    /// `REMORA_SIGNAL_QUERY_US` (the server stored the word) and by a stream write.
-    signals_queried: std::sync::atomic::AtomicU64,
-    signals_written: std::sync::atomic::AtomicU64,
     /// Profiling: synchronous copies through the record path (the bytes in the calls), their
     /// bytes and their total time in the driver, in nanoseconds.
     bulk_copies: std::sync::atomic::AtomicU64,
@@ -1319,8 +1315,6 @@ impl Session {
             launcher,
             launches: Default::default(),
             launch_ns: Default::default(),
-            signals_queried: Default::default(),
-            signals_written: Default::default(),
             bulk_copies: Default::default(),
             bulk_bytes: Default::default(),
             bulk_ns: Default::default(),
@@ -1433,27 +1427,6 @@ impl Session {
                 std::time::Duration::from_nanos(self.launch_ns.load(Relaxed)),
             )
         })
-    }
-
-    /// Profiling: counts one completion-word signal, answered by a stream query (`queried`)
-    /// or by a stream write.
-    pub(crate) fn count_signal(&self, queried: bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if queried {
-            self.signals_queried.fetch_add(1, Relaxed);
-        } else {
-            self.signals_written.fetch_add(1, Relaxed);
-        }
-    }
-
-    /// Profiling: (signals answered by a query, by a stream write), when any was counted.
-    pub(crate) fn signal_profile(&self) -> Option<(u64, u64)> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let (q, w) = (
-            self.signals_queried.load(Relaxed),
-            self.signals_written.load(Relaxed),
-        );
-        (q + w > 0).then_some((q, w))
     }
 
     /// Profiling: counts one synchronous copy of `bytes` through the record path that spent

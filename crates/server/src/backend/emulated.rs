@@ -1004,9 +1004,9 @@ impl Backend for EmulatedBackend {
         ctx: u64,
         stream: u64,
         signals: &remora_shm::Signals,
-        (slot, value): (usize, u64),
-        _query: std::time::Duration,
-    ) -> CuResult<bool> {
+        slot: usize,
+        value: u64,
+    ) -> CuResult<()> {
         let word = signals.word(slot).ok_or(CuError(cu::INVALID_VALUE))?;
         if self.config.device_printf.is_some() {
             // The test hook prints at every synchronize, as if every module printed: the
@@ -1016,7 +1016,7 @@ impl Backend for EmulatedBackend {
         if self.stream_query(ctx, stream).is_ok() {
             // Nothing of the stream runs later: it has got there.
             word.store(value, std::sync::atomic::Ordering::Release);
-            return Ok(true);
+            return Ok(());
         }
         let signals = signals.clone();
         self.launch_host_func(
@@ -1028,7 +1028,6 @@ impl Backend for EmulatedBackend {
                 }
             }),
         )
-        .map(|()| false)
     }
 
     fn launch_host_func(&self, ctx: u64, stream: u64, f: HostFn) -> CuResult<()> {

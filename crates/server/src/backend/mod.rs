@@ -497,20 +497,18 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     fn stream_synchronize(&self, ctx: u64, stream: u64) -> CuResult<()>;
     /// `cuStreamQuery` (`Err(CuError(cu::NOT_READY))` while busy).
     fn stream_query(&self, ctx: u64, stream: u64) -> CuResult<()>;
-    /// Has completion word `slot` of `signals` (a session's shared region) say `value` once
-    /// `stream` reaches this point, in order with its other work (`RM_STREAM_SIGNAL`): when
-    /// the stream is found done within `query` (asked again and again; zero: once at most,
-    /// or not at all), the host stores the word now and this answers `true`; otherwise the
-    /// stream writes it when it gets there, `false`. The default refuses: the client then
-    /// makes the full synchronizing call.
+    /// Has `stream` write `value` into completion word `slot` of `signals` (a session's
+    /// shared region) when it reaches this point, in order with its other work
+    /// (`RM_STREAM_SIGNAL`). The default refuses: the client then makes the full
+    /// synchronizing call.
     fn stream_signal(
         &self,
         _ctx: u64,
         _stream: u64,
         _signals: &remora_shm::Signals,
-        _word: (usize, u64),
-        _query: std::time::Duration,
-    ) -> CuResult<bool> {
+        _slot: usize,
+        _value: u64,
+    ) -> CuResult<()> {
         Err(CuError(cu::NOT_SUPPORTED))
     }
     /// `cuStreamWaitEvent`.

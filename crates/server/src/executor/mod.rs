@@ -233,8 +233,6 @@ impl Executor {
         cache_bytes: u64,
         cache_dir: Option<std::path::PathBuf>,
     ) -> Self {
-        // Read now, so that a bad value is said at start, not at the first synchronize.
-        streams::signal_query_budget();
         Self {
             inner: Arc::new(Inner {
                 profile: std::sync::atomic::AtomicBool::new(false),
@@ -979,18 +977,6 @@ impl Executor {
                     launches = n,
                     "session profile: {n} kernel launches, mean {:.2} us in the driver's launch call",
                     total.as_secs_f64() * 1e6 / n as f64
-                );
-            }
-            if let Some((queried, written)) = session.signal_profile() {
-                tracing::info!(
-                    target: crate::PROFILE_LOG_TARGET,
-                    connection,
-                    tenant = tenant.unwrap_or("-"),
-                    queried,
-                    written,
-                    "session profile: {} completion-word signals, {queried} answered by a stream query within REMORA_SIGNAL_QUERY_US ({} us), {written} by a stream write",
-                    queried + written,
-                    streams::signal_query_budget().as_micros()
                 );
             }
             if let Some((n, bytes, took)) = session.bulk_copy_profile() {

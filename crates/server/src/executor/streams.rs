@@ -90,18 +90,7 @@ impl Executor {
             }
             self.inner
                 .backend
-                .stream_signal(
-                    t.ctx,
-                    t.stream,
-                    &signals,
-                    (slot, seq),
-                    signal_query_budget(),
-                )
-                .map(|stored| {
-                    if self.inner.profiling() {
-                        session.count_signal(stored);
-                    }
-                })
+                .stream_signal(t.ctx, t.stream, &signals, slot, seq)
                 .map_err(|e| {
                     tracing::debug!(
                         result = e.0,
@@ -282,36 +271,4 @@ impl Executor {
             )
         })
     }
-}
-
-/// Longest `REMORA_SIGNAL_QUERY_US` taken: a signal's query holds the session's connection
-/// thread, so a longer budget would delay the session's other calls for nothing (the stream
-/// writes the word anyway once the budget is spent).
-const SIGNAL_QUERY_MAX_US: u64 = 200;
-
-/// `REMORA_SIGNAL_QUERY_US` (an experiment; 0, the default, turns it off): how long a
-/// completion-word signal asks the stream whether it is done before having it write the
-/// word (the `query` of [`crate::Backend::stream_signal`]). Read once.
-pub(crate) fn signal_query_budget() -> std::time::Duration {
-    static BUDGET: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        let us = match std::env::var("REMORA_SIGNAL_QUERY_US") {
-            Err(_) => 0,
-            Ok(v) => match v.trim().parse::<u64>() {
-                Ok(us) if us <= SIGNAL_QUERY_MAX_US => us,
-                _ => {
-                    tracing::warn!(
-                        "REMORA_SIGNAL_QUERY_US={v:?} is not a number of microseconds from 0 to {SIGNAL_QUERY_MAX_US}; the experiment stays off"
-                    );
-                    0
-                }
-            },
-        };
-        if us > 0 {
-            tracing::info!(
-                "REMORA_SIGNAL_QUERY_US={us}: a synchronize seen in shared memory asks the stream for up to {us} us whether it is done before having it write the word (an experiment)"
-            );
-        }
-        std::time::Duration::from_micros(us)
-    })
 }

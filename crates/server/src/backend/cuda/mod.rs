@@ -1295,37 +1295,18 @@ impl Backend for CudaBackend {
         ctx: u64,
         stream: u64,
         signals: &remora_shm::Signals,
-        (slot, value): (usize, u64),
-        query: std::time::Duration,
-    ) -> CuResult<bool> {
-        let host_word = signals.word(slot).ok_or(CuError(cu::INVALID_VALUE))?;
-        let d = self.in_ctx(ctx)?;
-        if !query.is_zero() {
-            // The experiment (REMORA_SIGNAL_QUERY_US): the stream's own completion, read by
-            // `cuStreamQuery` (no submission to the GPU), instead of one more submission that
-            // writes the word after the work.
-            let until = std::time::Instant::now() + query;
-            loop {
-                // SAFETY: a stream of this session (or the legacy stream).
-                match call!(d.t, stream_query(ptr(stream))) {
-                    Ok(()) => {
-                        host_word.store(value, std::sync::atomic::Ordering::Release);
-                        return Ok(true);
-                    }
-                    Err(CuError(cu::NOT_READY)) => {}
-                    Err(e) => return Err(e),
-                }
-                if std::time::Instant::now() >= until {
-                    break;
-                }
-                std::hint::spin_loop();
-            }
+        slot: usize,
+        value: u64,
+    ) -> CuResult<()> {
+        if slot >= remora_shm::SIGNAL_SLOTS {
+            return Err(CuError(cu::INVALID_VALUE));
         }
+        let d = self.in_ctx(ctx)?;
         let dev = self.signal_page_device(d, ctx, signals.page() as usize)?;
         let word = dev + (remora_shm::SIGNAL_OFFSET + slot * 8) as u64;
         // SAFETY: a stream of this session (or the legacy stream) and the device address of
         // a word inside the registered page.
-        call!(d.t, stream_write_value64(ptr(stream), word, value, 0)).map(|()| false)
+        call!(d.t, stream_write_value64(ptr(stream), word, value, 0))
     }
 
     fn launch(&self, ctx: u64, spec: &LaunchSpec<'_>) -> CuResult<()> {
