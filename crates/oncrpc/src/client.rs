@@ -97,13 +97,6 @@ impl fmt::Debug for OpeningCall {
 }
 
 /// Largest reply to an [`OpeningCall`] accepted.
-/// The buffer a thread encodes its calls into, shared by calls until it is used up (one
-/// allocation per so many small calls, not one per call: a launch burst spent a quarter of
-/// the client's time in `malloc` and `free`).
-const ENCODE_BUFFER: usize = 64 << 10;
-/// Room a call starts with in that buffer (it grows as needed).
-const CALL_ROOM: usize = 256;
-
 const MAX_OPENING_REPLY: usize = 1 << 20;
 
 /// How a client notices a server that is hung (stopped, deadlocked) or gone (host down,
@@ -620,23 +613,8 @@ impl Client {
         procedure: u32,
         args: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
     ) -> Result<Vec<Bytes>, RpcError> {
-        thread_local! {
-            /// Room for this thread's next calls ([`Encoder::finish_reusing`]).
-            static SPARE: std::cell::RefCell<bytes::BytesMut> =
-                std::cell::RefCell::new(bytes::BytesMut::new());
-        }
-        // A thread whose locals are being destroyed (a call from a thread-exit or process-exit
-        // handler, as the runtime's teardown makes) encodes into a buffer of its own.
-        let buf = match SPARE
-            .try_with(|s| s.try_borrow_mut().map(|mut b| std::mem::take(&mut *b)))
-            .ok()
-            .and_then(Result::ok)
-        {
-            Some(b) if b.capacity() >= CALL_ROOM => b,
-            Some(_) => bytes::BytesMut::with_capacity(ENCODE_BUFFER),
-            None => bytes::BytesMut::with_capacity(CALL_ROOM),
-        };
-        let mut enc = Encoder::in_buf(buf);
+        // In this thread's encoding buffer, shared with its other calls (crate::scratch).
+        let mut enc = crate::scratch::encoder();
         enc.put_u32(xid);
         enc.put_u32(MSG_CALL);
         enc.put_u32(RPC_VERSION);
@@ -645,13 +623,7 @@ impl Client {
         enc.put_u32(procedure);
         enc.put_raw(&self.inner.auth);
         args(&mut enc).map_err(RpcError::Encode)?;
-        let (chunks, spare) = enc.finish_reusing();
-        let _ = SPARE.try_with(|s| {
-            if let Ok(mut b) = s.try_borrow_mut() {
-                *b = spare;
-            }
-        });
-        Ok(chunks)
+        Ok(crate::scratch::finish(enc))
     }
 
     /// Calls `procedure`, encoding the arguments with `args` and decoding the result with

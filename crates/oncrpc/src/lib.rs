@@ -77,6 +77,7 @@ pub mod msg;
 pub mod record;
 pub mod recycle;
 pub mod rpcbind;
+mod scratch;
 mod server;
 pub mod shm;
 mod spin;

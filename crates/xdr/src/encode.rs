@@ -222,6 +222,13 @@ impl Encoder {
         (self.chunks, self.buf)
     }
 
+    /// Drops what was encoded and gives back the buffer, cleared, with all its room (for a
+    /// message that is not sent after all; see [`Encoder::in_buf`]).
+    pub fn into_buf(mut self) -> BytesMut {
+        self.buf.clear();
+        self.buf
+    }
+
     /// Ends encoding and returns one contiguous buffer (copying any shared chunks). Meant for
     /// small messages and tests; the record writer uses [`Encoder::finish`].
     pub fn to_bytes(self) -> Bytes {

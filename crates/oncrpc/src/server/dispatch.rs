@@ -414,7 +414,9 @@ pub(crate) fn process_call(
         data_area: area.cloned(),
         auth: Arc::clone(auth),
     };
-    let mut reply = Encoder::with_capacity(256);
+    // In this thread's encoding buffer, shared with its other replies (crate::scratch): a
+    // one-way call, which sends none, gives the room straight back.
+    let mut reply = crate::scratch::encoder();
     if RpcMsg::accepted(xid, AcceptStat::Success)
         .encode(&mut reply)
         .is_err()
@@ -424,8 +426,12 @@ pub(crate) fn process_call(
     let dispatched = catch_unwind(AssertUnwindSafe(|| {
         service.dispatch(&ctx, &mut dec, &mut reply)
     }));
+    if let Ok(Dispatch::Success) = dispatched {
+        return Outcome::Reply(crate::scratch::finish(reply));
+    }
+    crate::scratch::discard(reply);
     match dispatched {
-        Ok(Dispatch::Success) => Outcome::Reply(reply.finish()),
+        Ok(Dispatch::Success) => unreachable!("answered above"),
         Ok(Dispatch::NoReply) | Ok(Dispatch::Deferred) => Outcome::NoReply,
         Ok(Dispatch::ProcUnavail) => accepted(xid, AcceptStat::ProcUnavail),
         Ok(Dispatch::GarbageArgs) => accepted(xid, AcceptStat::GarbageArgs),
