@@ -31,7 +31,11 @@
 #      TORCH_* variables apply), into OUT_DIR/torch (torch-suite.{json,md}, logs/), counted as one
 #      result; it takes several minutes per mode, so give it a device call of its own
 #      (REMORA_SUITE_ONLY=none: no programs, no benchmarks), or run gpu/torch/suite.sh directly;
-#   6. write suite.json and bench.json and print "N passed, M failed, K skipped".
+#   6. with REMORA_SUITE_SAMPLES=DIR (a copy of the CUDA samples folder with its run.sh): NVIDIA's
+#      CUDA samples natively and in REMORA_SUITE_SAMPLES_MODES (default "shm tcp embedded"),
+#      REMORA_SUITE_SAMPLES_REPS timed runs (default 1), REMORA_SUITE_SAMPLES_ONLY="name ..."
+#      for some; one result per sample and mode, raw JSONL in OUT_DIR/cuda-samples;
+#   7. write suite.json and bench.json and print "N passed, M failed, K skipped".
 set -uo pipefail
 usage="usage: run-suite.sh BIN_DIR OUT_DIR"
 bin=$(cd "${1:?$usage}" && pwd)
@@ -362,6 +366,52 @@ if [ -n "${REMORA_SUITE_TORCH:-}" ] && [ "$REMORA_SUITE_TORCH" != 0 ]; then
     if [ $trc -ne 0 ]; then result "torch suite" all fail "exit $trc: ${tsum:-no summary} (torch/torch-suite.md)"
     elif [[ ${tsum:-0 passed} == 0\ passed* ]]; then result "torch suite" all skipped "${tsum:-no summary}"
     else result "torch suite" all pass "$tsum (torch/torch-suite.md)"; fi
+  fi
+fi
+
+# 7. NVIDIA's CUDA samples (programs nobody here wrote), when REMORA_SUITE_SAMPLES names the
+# folder that holds their run.sh (the project does not carry them: copy them beside the binaries)
+if [ -n "${REMORA_SUITE_SAMPLES:-}" ]; then
+  echo "== 7. NVIDIA's CUDA samples ($REMORA_SUITE_SAMPLES/run.sh)"
+  sample_modes=${REMORA_SUITE_SAMPLES_MODES:-shm tcp embedded}
+  read -r -a sample_names <<< "${REMORA_SUITE_SAMPLES_ONLY:-}"
+  if [ ! -f "$REMORA_SUITE_SAMPLES/run.sh" ]; then
+    result "cuda samples" all fail "REMORA_SUITE_SAMPLES=$REMORA_SUITE_SAMPLES holds no run.sh"
+  elif [ $have_run != 1 ]; then
+    result "cuda samples" all skipped "no usable remora in $bin"
+  else
+    # A port of its own: the suite's server still listens on its own.
+    sample_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    MODES=$sample_modes REPS=${REMORA_SUITE_SAMPLES_REPS:-1} PORT=$sample_port TIMEOUT=${REMORA_SUITE_SAMPLES_TIMEOUT:-120} \
+      BUILD_DIR=${REMORA_SUITE_SAMPLES_BUILD:-$work/cuda-samples-build} \
+      bash "$REMORA_SUITE_SAMPLES/run.sh" "$out/cuda-samples" "$bin" "${sample_names[@]}" > "$out/cuda-samples.txt" 2>&1
+    tail -n 3 "$out/cuda-samples.txt"
+    # One result per sample and remoted mode: pass when every timed run passed; skipped when
+    # the sample fails natively too (or did not build); a native failure is a failure of its own.
+    while IFS='|' read -r name mode status detail; do
+      result "$name" "$mode" "$status" "$detail"
+    done < <(python3 - "$out/cuda-samples" $sample_modes <<'PY'
+import json, os, sys
+out, modes = sys.argv[1], sys.argv[2:]
+def rows(m):
+    try: return {json.loads(l)["name"]: json.loads(l) for l in open(os.path.join(out, m + ".jsonl"))}
+    except OSError: return {}
+ok = lambda r: bool(r.get("build")) and r.get("passed") == r.get("reps")
+tail = lambda r: " ".join((r.get("tail") or "").split())[-160:].replace("|", "/")
+native = rows("native")
+if not native: print("cuda samples|native|fail|run.sh wrote no native.jsonl (cuda-samples.txt)")
+for name, n in native.items():
+    if not ok(n): print(f"{name}|native|fail|{'does not build' if not n.get('build') else 'fails natively: ' + tail(n)}")
+for m in modes:
+    got = rows(m)
+    for name, n in native.items():
+        r = got.get(name)
+        if not ok(n): print(f"{name}|{m}|skipped|fails natively")
+        elif r is None: print(f"{name}|{m}|fail|no result (cuda-samples.txt)")
+        elif ok(r): print(f"{name}|{m}|pass|{r['median_s'] / max(n['median_s'], 1e-9):.2f}x native time")
+        else: print(f"{name}|{m}|fail|{r.get('passed')} of {r.get('reps')} runs passed: {tail(r)}")
+PY
+)
   fi
 fi
 
