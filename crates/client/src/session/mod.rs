@@ -1,5 +1,6 @@
 //! [`Session`]: one connection to `remora serve`, a method per protocol procedure.
 
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
@@ -74,9 +75,9 @@ const EVENT_BATCH: u32 = 16;
 #[derive(Default)]
 struct EventPool {
     /// Fresh (never handed out) events by (context, flags).
-    fresh: HashMap<(RmHandle, u32), Vec<RmHandle>>,
+    fresh: FxHashMap<(RmHandle, u32), Vec<RmHandle>>,
     /// Events handed out and not destroyed, with their context: their destruction is one-way.
-    live: HashMap<RmHandle, RmHandle>,
+    live: FxHashMap<RmHandle, RmHandle>,
 }
 
 /// How long one-way calls (launches, async copies) may wait to be written together:
@@ -397,11 +398,11 @@ struct ClientCapture {
 #[derive(Default)]
 struct Captures {
     /// Stream handle → capture id.
-    streams: HashMap<RmHandle, u64>,
+    streams: FxHashMap<RmHandle, u64>,
     /// Capture id → capture.
-    active: HashMap<u64, ClientCapture>,
+    active: FxHashMap<u64, ClientCapture>,
     /// Event → the capture it was last recorded in.
-    events: HashMap<RmHandle, u64>,
+    events: FxHashMap<RmHandle, u64>,
     /// Executable graphs alive.
     execs: std::collections::HashSet<RmHandle>,
 }
@@ -418,25 +419,25 @@ impl Captures {
 pub struct Session {
     rpc: RemoraV1Client,
     welcome: HelloWelcome,
-    props: Mutex<HashMap<DeviceHandle, Arc<RmDeviceProps>>>,
-    attrs: Mutex<HashMap<(DeviceHandle, i32), i32>>,
-    modules: Mutex<HashMap<RmHandle, Arc<ModuleInfo>>>,
-    functions: Mutex<HashMap<RmHandle, Arc<FunctionInfo>>>,
+    props: Mutex<FxHashMap<DeviceHandle, Arc<RmDeviceProps>>>,
+    attrs: Mutex<FxHashMap<(DeviceHandle, i32), i32>>,
+    modules: Mutex<FxHashMap<RmHandle, Arc<ModuleInfo>>>,
+    functions: Mutex<FxHashMap<RmHandle, Arc<FunctionInfo>>>,
     /// Asynchronous device-to-host copies not yet written, and CUDA's ordering rules that
     /// say when they must be.
     delivery: Arc<Delivery>,
     /// Context → device, for every context this session created or retained.
-    ctx_devices: Mutex<HashMap<RmHandle, DeviceHandle>>,
+    ctx_devices: Mutex<FxHashMap<RmHandle, DeviceHandle>>,
     /// `cuDevicePrimaryCtxGetState` answers by device, and a generation. The state is this
     /// session's own on the server (its retains and flags), so only this session's
     /// primary-context calls change it: each forgets the entry and counts a generation
     /// before and after it, and an answer is kept only when no generation passed while it
     /// was asked for. PyTorch asks before most operations.
-    primary_states: Mutex<(u64, HashMap<DeviceHandle, PrimaryState>)>,
+    primary_states: Mutex<(u64, FxHashMap<DeviceHandle, PrimaryState>)>,
     /// (function, device) → the limits its launches are checked against (forgotten when an
     /// attribute of the function is set).
-    launch_limits: Mutex<HashMap<(RmHandle, DeviceHandle), crate::launch::LaunchLimits>>,
-    per_thread: Mutex<HashMap<(ThreadId, RmHandle), RmHandle>>,
+    launch_limits: Mutex<FxHashMap<(RmHandle, DeviceHandle), crate::launch::LaunchLimits>>,
+    per_thread: Mutex<FxHashMap<(ThreadId, RmHandle), RmHandle>>,
     va: VaSpace,
     host: HostMem,
     /// The shared data area's allocator (a session in shared memory, revision 6).
@@ -444,7 +445,7 @@ pub struct Session {
     /// Device address minus area offset of the data area's mapping for the GPU, once known
     /// (see `mem_host_device_pointer`).
     area_device_delta: Mutex<Option<u64>>,
-    func_attrs: Mutex<HashMap<(RmHandle, i32), i32>>,
+    func_attrs: Mutex<FxHashMap<(RmHandle, i32), i32>>,
     /// The value each function attribute was last set to with success, by this session:
     /// setting it again to that value changes nothing, so it is answered here (PyTorch's
     /// libraries set attributes before launches). Forgotten when a set fails and, for the
@@ -453,12 +454,12 @@ pub struct Session {
     loads_asked: Mutex<std::collections::HashSet<RmHandle>>,
     /// Fresh events made ahead and events handed out ([`Session::event_create`]).
     events: Mutex<EventPool>,
-    func_sets: Mutex<HashMap<(RmHandle, i32), i32>>,
+    func_sets: Mutex<FxHashMap<(RmHandle, i32), i32>>,
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` answers by (function, block size,
     /// dynamic shared memory, flags): the occupancy calculator's answer depends only on them
     /// and on settings that this session's own calls change, each of which empties the cache
     /// (see [`invalidates_occupancy`]). PyTorch asks before many launches.
-    occupancy: Mutex<HashMap<OccupancyKey, i32>>,
+    occupancy: Mutex<FxHashMap<OccupancyKey, i32>>,
     libraries: Libraries,
     callbacks: Arc<HostCallbacks>,
     captures: Mutex<Captures>,
