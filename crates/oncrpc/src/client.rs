@@ -254,7 +254,7 @@ struct Batch {
 
 #[derive(Default)]
 struct BatchQueue {
-    records: Vec<Vec<Bytes>>,
+    records: Vec<remora_xdr::Chunks>,
     bytes: usize,
     closed: bool,
     /// The flusher waits on the condition variable (it has been idle for a while): the next
@@ -612,7 +612,7 @@ impl Client {
         version: u32,
         procedure: u32,
         args: impl FnOnce(&mut Encoder) -> xdr::Result<()>,
-    ) -> Result<Vec<Bytes>, RpcError> {
+    ) -> Result<remora_xdr::Chunks, RpcError> {
         // In this thread's encoding buffer, shared with its other calls (crate::scratch).
         let mut enc = crate::scratch::encoder();
         enc.put_u32(xid);
@@ -999,27 +999,27 @@ impl Inner {
                 q.bytes = 0;
                 std::mem::take(&mut q.records)
             };
-            let mut records: Vec<Vec<&[u8]>> = queued
-                .iter()
-                .map(|r| r.iter().map(|b| &b[..]).collect())
-                .collect();
-            if !chunks.is_empty() || !tail.is_empty() {
-                records.push(
-                    chunks
-                        .iter()
-                        .map(|b| &b[..])
-                        .chain(tail.iter().copied())
-                        .collect(),
-                );
-            }
-            if records.is_empty() {
-                return Ok(());
-            }
             let mut pumping = PumpingWriter {
                 inner: self,
                 stream: &mut w,
             };
-            let r = write_record_slices(&mut pumping, &records, self.config.max_fragment_size);
+            // Nothing queued and a record of a few parts: no lists to allocate.
+            let mut few: [&[u8]; 4] = [&[]; 4];
+            let r = if queued.is_empty() && chunks.len() + tail.len() <= few.len() {
+                let n = chunks.len() + tail.len();
+                for (f, part) in few
+                    .iter_mut()
+                    .zip(chunks.iter().map(|b| &b[..]).chain(tail.iter().copied()))
+                {
+                    *f = part;
+                }
+                if n == 0 {
+                    return Ok(());
+                }
+                write_record_slices(&mut pumping, &[&few[..n]], self.config.max_fragment_size)
+            } else {
+                self.write_queued_then(&mut pumping, &queued, chunks, tail)
+            };
             if self.write_after_pause {
                 self.last_write
                     .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -1031,6 +1031,40 @@ impl Inner {
             self.fail_all();
             RpcError::ConnectionLost
         })
+    }
+
+    /// Writes the `queued` one-way calls, then the record of `chunks` and `tail` (none if both
+    /// are empty), together.
+    fn write_queued_then(
+        &self,
+        w: &mut impl std::io::Write,
+        queued: &[remora_xdr::Chunks],
+        chunks: &[Bytes],
+        tail: &[&[u8]],
+    ) -> std::io::Result<()> {
+        // Every record's parts in one list, and each record a slice of it: a few allocations
+        // per batch, not one per record.
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(
+            queued.iter().map(|r| r.len()).sum::<usize>() + chunks.len() + tail.len(),
+        );
+        let mut ends: Vec<usize> = Vec::with_capacity(queued.len() + 1);
+        for r in queued {
+            parts.extend(r.iter().map(|b| &b[..]));
+            ends.push(parts.len());
+        }
+        if !chunks.is_empty() || !tail.is_empty() {
+            parts.extend(chunks.iter().map(|b| &b[..]).chain(tail.iter().copied()));
+            ends.push(parts.len());
+        }
+        if ends.is_empty() {
+            return Ok(());
+        }
+        let records: Vec<&[&[u8]]> = std::iter::once(0)
+            .chain(ends.iter().copied())
+            .zip(&ends)
+            .map(|(start, &end)| &parts[start..end])
+            .collect();
+        write_record_slices(w, &records, self.config.max_fragment_size)
     }
 
     /// Sends a NULL call of `target`'s program as a liveness ping. Its reply, like any record

@@ -516,17 +516,37 @@ pub fn write_records<W: Write + ?Sized>(
     write_record_slices(w, &slices, max_fragment)
 }
 
+/// A record of fewer parts than this (its header included) is framed on the stack.
+const FEW_PARTS: usize = 8;
+
 /// [`write_records`] for records given as borrowed byte slices (e.g. a call's encoded header
 /// followed by the caller's own buffer, written without copying it anywhere first).
-pub fn write_record_slices<W: Write + ?Sized>(
+pub fn write_record_slices<'a, W: Write + ?Sized, R: AsRef<[&'a [u8]]>>(
     w: &mut W,
-    records: &[Vec<&[u8]>],
+    records: &[R],
     max_fragment: usize,
 ) -> io::Result<()> {
     let max_fragment = max_fragment.clamp(1, MAX_FRAGMENT_SIZE);
+    // The usual case, one small record of a few parts (a call's header and arguments, maybe
+    // a payload after them), framed with nothing allocated.
+    if let [one] = records
+        && let one = one.as_ref()
+        && one.len() < FEW_PARTS
+    {
+        let total: usize = one.iter().map(|c| c.len()).sum();
+        if total <= max_fragment {
+            let header = fragment_header(total, true);
+            let mut bufs = [IoSlice::new(&[]); FEW_PARTS];
+            bufs[0] = IoSlice::new(&header);
+            for (b, part) in bufs[1..].iter_mut().zip(one) {
+                *b = IoSlice::new(part);
+            }
+            return write_all_vectored(w, &mut bufs[..=one.len()]);
+        }
+    }
     let totals: Vec<usize> = records
         .iter()
-        .map(|chunks| chunks.iter().map(|c| c.len()).sum())
+        .map(|chunks| chunks.as_ref().iter().map(|c| c.len()).sum())
         .collect();
     let mut headers: Vec<[u8; 4]> = Vec::new();
     for &total in &totals {
@@ -547,7 +567,7 @@ pub fn write_record_slices<W: Write + ?Sized>(
         // Bytes the current fragment can still take, and fragments started so far.
         let mut frag_room = total.min(max_fragment);
         let mut frags = 1;
-        for chunk in chunks.iter() {
+        for chunk in chunks.as_ref() {
             let mut rest: &[u8] = chunk;
             while !rest.is_empty() {
                 if frag_room == 0 {
@@ -936,6 +956,34 @@ mod tests {
                 let got = r.read_record().unwrap().unwrap();
                 proptest::prop_assert_eq!(&got[..], &rec[..]);
             }
+            proptest::prop_assert!(r.read_record().unwrap().is_none());
+        }
+
+        #[test]
+        fn a_record_of_any_parts_reads_back_whole(
+            data in proptest::collection::vec(proptest::num::u8::ANY, 0..3000),
+            cuts in proptest::collection::vec(0usize..3000, 0..12),
+            frag in 1usize..5000,
+        ) {
+            // Parts of one record, fewer and more than the stack-framed few, some empty.
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len())).collect();
+            cuts.sort_unstable();
+            let mut parts: Vec<&[u8]> = Vec::new();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([data.len()]) {
+                parts.push(&data[at..c]);
+                at = c;
+            }
+            let mut wire = Vec::new();
+            write_record_slices(&mut wire, &[&parts[..]], frag).unwrap();
+            if data.len() <= frag {
+                proptest::prop_assert_eq!(&wire[..], &frame(&data, frag)[..]);
+            }
+            let mut t = Trickle(Vec::new());
+            write_record_slices(&mut t, &[parts.clone()], frag).unwrap();
+            proptest::prop_assert_eq!(&t.0, &wire);
+            let mut r = RecordReader::new(&wire[..], 10_000);
+            proptest::prop_assert_eq!(&r.read_record().unwrap().unwrap()[..], &data[..]);
             proptest::prop_assert!(r.read_record().unwrap().is_none());
         }
 

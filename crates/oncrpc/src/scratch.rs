@@ -10,7 +10,7 @@
 //!  discard(enc) ──► nothing; the whole buffer goes back (a reply that is never sent)
 //! ```
 
-use remora_xdr::{Bytes, BytesMut, Encoder};
+use remora_xdr::{BytesMut, Chunks, Encoder};
 use std::cell::RefCell;
 
 /// The buffer a thread encodes its messages into.
@@ -46,7 +46,7 @@ pub(crate) fn encoder() -> Encoder {
 }
 
 /// Ends `enc` (from [`encoder`]) and gives the room left back to this thread.
-pub(crate) fn finish(enc: Encoder) -> Vec<Bytes> {
+pub(crate) fn finish(enc: Encoder) -> Chunks {
     let (chunks, spare) = enc.finish_reusing();
     let _ = SPARE.try_with(|s| {
         if let Ok(mut b) = s.try_borrow_mut() {

@@ -438,22 +438,33 @@ impl Write for &ShmStream {
                 "the shared-memory stream is shut down for writing",
             ));
         }
-        // One ring message of at most `max_chunk` bytes, gathered from the slices uncopied.
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(bufs.len().min(16));
-        let mut total = 0;
+        // One ring message of at most `max_chunk` bytes, gathered from the slices uncopied;
+        // the usual few slices (a record's header and parts) listed on the stack.
+        let mut few: [&[u8]; 8] = [&[]; 8];
+        let mut many: Vec<&[u8]> = Vec::new();
+        let (mut n, mut total) = (0, 0);
         for b in bufs {
             if total == conn.max_chunk {
                 break;
             }
             let take = b.len().min(conn.max_chunk - total);
             if take > 0 {
-                parts.push(&b[..take]);
+                if n < few.len() {
+                    few[n] = &b[..take];
+                } else {
+                    if many.is_empty() {
+                        many.extend_from_slice(&few);
+                    }
+                    many.push(&b[..take]);
+                }
+                n += 1;
                 total += take;
             }
         }
         if total == 0 {
             return Ok(0);
         }
+        let parts: &[&[u8]] = if many.is_empty() { &few[..n] } else { &many };
         let until = deadline(conn.write_timeout.load(Ordering::Relaxed));
         let mut tx = lock(&conn.tx);
         let tx = &mut *tx;
@@ -463,7 +474,7 @@ impl Write for &ShmStream {
         }
         match tx
             .ring
-            .push_until(&parts, &mut tx.waiter, || conn.alive(false), until)
+            .push_until(parts, &mut tx.waiter, || conn.alive(false), until)
         {
             Ok(true) => {
                 if tx.ring.woke_peer() {
@@ -585,6 +596,35 @@ mod tests {
         c.read_exact(&mut done).unwrap();
         assert_eq!(&done, b"done");
         t.join().unwrap();
+    }
+
+    #[test]
+    fn gathered_writes_of_few_and_many_slices_arrive_in_order() {
+        let (c, mut s) = pair(1 << 16);
+        let data: Vec<u8> = (0..4000u32).map(|i| (i * 13) as u8).collect();
+        let mut sent = Vec::new();
+        // 1, 8 (the stack list's size), 9 and 30 slices, some empty.
+        for n in [1usize, 8, 9, 30] {
+            let step = data.len() / n;
+            let slices: Vec<IoSlice<'_>> = (0..n)
+                .flat_map(|i| {
+                    let part = &data[i * step..(i + 1) * step];
+                    [IoSlice::new(part), IoSlice::new(&[])]
+                })
+                .collect();
+            let mut left = &mut slices.clone()[..];
+            while !left.is_empty() {
+                let wrote = (&c).write_vectored(left).unwrap();
+                assert!(wrote > 0);
+                IoSlice::advance_slices(&mut left, wrote);
+            }
+            for i in 0..n {
+                sent.extend_from_slice(&data[i * step..(i + 1) * step]);
+            }
+        }
+        let mut got = vec![0u8; sent.len()];
+        s.read_exact(&mut got).unwrap();
+        assert_eq!(got, sent);
     }
 
     #[test]

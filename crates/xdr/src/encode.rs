@@ -21,6 +21,36 @@ pub struct Encoder {
     len: usize,
 }
 
+/// The chunks of one encoded message ([`Encoder::finish_reusing`]), in order; a slice of
+/// [`Bytes`] through `Deref`.
+#[derive(Debug, Clone)]
+pub enum Chunks {
+    /// One chunk, without a list allocated for it (the usual small message).
+    One(Bytes),
+    /// Any number of chunks (large payloads kept apart, or none at all).
+    Many(Vec<Bytes>),
+}
+
+impl std::ops::Deref for Chunks {
+    type Target = [Bytes];
+
+    fn deref(&self) -> &[Bytes] {
+        match self {
+            Chunks::One(b) => std::slice::from_ref(b),
+            Chunks::Many(v) => v,
+        }
+    }
+}
+
+impl From<Chunks> for Vec<Bytes> {
+    fn from(c: Chunks) -> Self {
+        match c {
+            Chunks::One(b) => vec![b],
+            Chunks::Many(v) => v,
+        }
+    }
+}
+
 /// `Encoder` methods that append a big-endian integer with the `BufMut` method of their name.
 macro_rules! put_int {
     ($($(#[$doc:meta])* $name:ident($t:ty);)*) => {$(
@@ -214,12 +244,18 @@ impl Encoder {
     /// As [`Encoder::finish`], and gives back the buffer's unused room (which shares its
     /// allocation with the returned chunks) for the next message: once those are dropped,
     /// `BytesMut::reserve` reuses the allocation instead of making a new one, so a stream of
-    /// small messages allocates a buffer only every so many messages.
-    pub fn finish_reusing(mut self) -> (Vec<Bytes>, BytesMut) {
-        if !self.buf.is_empty() {
-            self.chunks.push(self.buf.split().freeze());
-        }
-        (self.chunks, self.buf)
+    /// small messages allocates a buffer only every so many messages. A message of one chunk
+    /// (no large payload kept apart) allocates no list for it either.
+    pub fn finish_reusing(mut self) -> (Chunks, BytesMut) {
+        let chunks = if self.chunks.is_empty() && !self.buf.is_empty() {
+            Chunks::One(self.buf.split().freeze())
+        } else {
+            if !self.buf.is_empty() {
+                self.chunks.push(self.buf.split().freeze());
+            }
+            Chunks::Many(self.chunks)
+        };
+        (chunks, self.buf)
     }
 
     /// Drops what was encoded and gives back the buffer, cleared, with all its room (for a

@@ -41,7 +41,7 @@ mod traits;
 
 pub use bytes::{Bytes, BytesMut};
 pub use decode::{DEFAULT_MAX_DEPTH, Decoder};
-pub use encode::{Encoder, ZERO_COPY_THRESHOLD};
+pub use encode::{Chunks, Encoder, ZERO_COPY_THRESHOLD};
 pub use error::Error;
 pub use traits::{XdrDecode, XdrEncode, decode_all, encode_to_bytes};
 

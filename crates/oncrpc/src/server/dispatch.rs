@@ -427,7 +427,7 @@ pub(crate) fn process_call(
         service.dispatch(&ctx, &mut dec, &mut reply)
     }));
     if let Ok(Dispatch::Success) = dispatched {
-        return Outcome::Reply(crate::scratch::finish(reply));
+        return Outcome::Reply(crate::scratch::finish(reply).into());
     }
     crate::scratch::discard(reply);
     match dispatched {
