@@ -14,11 +14,24 @@ const ZEROS: [u8; 4] = [0; 4];
 ///
 /// Small items are appended to an internal buffer. A large [`Bytes`] payload passed to
 /// [`Encoder::put_opaque_bytes`] becomes a chunk of its own, shared rather than copied.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Encoder {
     chunks: Vec<Bytes>,
     buf: BytesMut,
     len: usize,
+    /// Small items wait here and go to `buf` together (`stage[..staged]`): one copy into
+    /// `buf` per so many integers rather than one call each.
+    stage: [u8; STAGE],
+    staged: usize,
+}
+
+/// Bytes of small items gathered before they go to the buffer.
+const STAGE: usize = 64;
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Self::in_buf(BytesMut::new())
+    }
 }
 
 /// The chunks of one encoded message ([`Encoder::finish_reusing`]), in order; a slice of
@@ -51,14 +64,13 @@ impl From<Chunks> for Vec<Bytes> {
     }
 }
 
-/// `Encoder` methods that append a big-endian integer with the `BufMut` method of their name.
+/// `Encoder` methods that append a big-endian integer (through the stage).
 macro_rules! put_int {
     ($($(#[$doc:meta])* $name:ident($t:ty);)*) => {$(
         $(#[$doc])*
         #[inline]
         pub fn $name(&mut self, v: $t) {
-            self.buf.$name(v);
-            self.len += std::mem::size_of::<$t>();
+            self.put_be(v.to_be_bytes());
         }
     )*};
 }
@@ -71,11 +83,7 @@ impl Encoder {
 
     /// An empty encoder whose buffer has room for `cap` bytes.
     pub fn with_capacity(cap: usize) -> Self {
-        Self {
-            chunks: Vec::new(),
-            buf: BytesMut::with_capacity(cap),
-            len: 0,
-        }
+        Self::in_buf(BytesMut::with_capacity(cap))
     }
 
     /// An empty encoder that writes into `buf` (cleared first), for a caller that keeps one
@@ -86,6 +94,42 @@ impl Encoder {
             chunks: Vec::new(),
             buf,
             len: 0,
+            stage: [0; STAGE],
+            staged: 0,
+        }
+    }
+
+    /// Appends `N` bytes (an integer's encoding) through the stage.
+    #[inline]
+    fn put_be<const N: usize>(&mut self, bytes: [u8; N]) {
+        if self.staged + N > STAGE {
+            self.flush_stage();
+        }
+        self.stage[self.staged..self.staged + N].copy_from_slice(&bytes);
+        self.staged += N;
+        self.len += N;
+    }
+
+    /// Appends `bytes`: through the stage when they fit in it, else straight to the buffer.
+    fn put_bytes(&mut self, bytes: &[u8]) {
+        if bytes.len() > STAGE - self.staged {
+            self.flush_stage();
+            if bytes.len() > STAGE {
+                self.buf.put_slice(bytes);
+                self.len += bytes.len();
+                return;
+            }
+        }
+        self.stage[self.staged..self.staged + bytes.len()].copy_from_slice(bytes);
+        self.staged += bytes.len();
+        self.len += bytes.len();
+    }
+
+    /// Moves what waits in the stage to the buffer (before the buffer is split or read).
+    fn flush_stage(&mut self) {
+        if self.staged > 0 {
+            self.buf.put_slice(&self.stage[..self.staged]);
+            self.staged = 0;
         }
     }
 
@@ -101,8 +145,7 @@ impl Encoder {
 
     /// Appends raw bytes that are already XDR-encoded (a multiple of four long).
     pub fn put_raw(&mut self, raw: &[u8]) {
-        self.buf.put_slice(raw);
-        self.len += raw.len();
+        self.put_bytes(raw);
     }
 
     put_int! {
@@ -142,14 +185,12 @@ impl Encoder {
 
     fn put_pad(&mut self, len: usize) {
         let pad = padding(len);
-        self.buf.put_slice(&ZEROS[..pad]);
-        self.len += pad;
+        self.put_bytes(&ZEROS[..pad]);
     }
 
     /// Encodes fixed-length opaque data `opaque x[n]`: the bytes, then zero padding.
     pub fn put_fixed_opaque(&mut self, data: &[u8]) {
-        self.buf.put_slice(data);
-        self.len += data.len();
+        self.put_bytes(data);
         self.put_pad(data.len());
     }
 
@@ -179,6 +220,7 @@ impl Encoder {
             return self.put_opaque(data, max);
         }
         self.put_len(data.len(), max)?;
+        self.flush_stage();
         if !self.buf.is_empty() {
             self.chunks.push(self.buf.split().freeze());
         }
@@ -235,6 +277,7 @@ impl Encoder {
 
     /// Ends encoding and returns the chunks, in order. Their total length is [`Encoder::len`].
     pub fn finish(mut self) -> Vec<Bytes> {
+        self.flush_stage();
         if !self.buf.is_empty() {
             self.chunks.push(self.buf.split().freeze());
         }
@@ -247,6 +290,7 @@ impl Encoder {
     /// small messages allocates a buffer only every so many messages. A message of one chunk
     /// (no large payload kept apart) allocates no list for it either.
     pub fn finish_reusing(mut self) -> (Chunks, BytesMut) {
+        self.flush_stage();
         let chunks = if self.chunks.is_empty() && !self.buf.is_empty() {
             Chunks::One(self.buf.split().freeze())
         } else {
