@@ -329,6 +329,70 @@ impl Encoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// One encoder call, for the comparison with plain byte writes below.
+    #[derive(Debug, Clone)]
+    enum Op {
+        U32(u32),
+        U64(u64),
+        Raw(Vec<u8>),
+        Fixed(Vec<u8>),
+        Opaque(Vec<u8>),
+        Large(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            any::<u32>().prop_map(Op::U32),
+            any::<u64>().prop_map(Op::U64),
+            proptest::collection::vec(any::<u8>(), 0..20).prop_map(|v| {
+                // put_raw takes whole XDR words.
+                let n = v.len() / 4 * 4;
+                Op::Raw(v[..n].to_vec())
+            }),
+            proptest::collection::vec(any::<u8>(), 0..150).prop_map(Op::Fixed),
+            proptest::collection::vec(any::<u8>(), 0..150).prop_map(Op::Opaque),
+            (0usize..3).prop_map(|k| Op::Large(ZERO_COPY_THRESHOLD + k)),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn staged_encoding_equals_plain_byte_writes(ops in proptest::collection::vec(op(), 0..60), reuse in any::<bool>()) {
+            let mut e = if reuse { Encoder::in_buf(BytesMut::with_capacity(16)) } else { Encoder::new() };
+            let mut want: Vec<u8> = Vec::new();
+            let pad = |w: &mut Vec<u8>, n: usize| w.extend(std::iter::repeat_n(0u8, padding(n)));
+            for op in &ops {
+                match op {
+                    Op::U32(v) => { e.put_u32(*v); want.extend(v.to_be_bytes()); }
+                    Op::U64(v) => { e.put_u64(*v); want.extend(v.to_be_bytes()); }
+                    Op::Raw(b) => { e.put_raw(b); want.extend(b); }
+                    Op::Fixed(b) => { e.put_fixed_opaque(b); want.extend(b); pad(&mut want, b.len()); }
+                    Op::Opaque(b) => {
+                        e.put_opaque(b, u32::MAX).unwrap();
+                        want.extend((b.len() as u32).to_be_bytes());
+                        want.extend(b);
+                        pad(&mut want, b.len());
+                    }
+                    Op::Large(n) => {
+                        let b = Bytes::from(vec![0xA5u8; *n]);
+                        e.put_opaque_bytes(&b, u32::MAX).unwrap();
+                        want.extend((*n as u32).to_be_bytes());
+                        want.extend(&b[..]);
+                        pad(&mut want, *n);
+                    }
+                }
+                prop_assert_eq!(e.len(), want.len());
+            }
+            let got: Vec<u8> = if reuse {
+                e.finish_reusing().0.iter().flat_map(|c| c.to_vec()).collect()
+            } else {
+                e.finish().iter().flat_map(|c| c.to_vec()).collect()
+            };
+            prop_assert_eq!(got, want);
+        }
+    }
 
     #[test]
     fn a_reused_buffer_keeps_earlier_messages_intact_and_its_allocation() {
