@@ -94,11 +94,12 @@ const SPIN_FACTOR: f64 = 3.0;
 pub fn cores_to_spare() -> bool {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
     static CPUS: OnceLock<usize> = OnceLock::new();
     static LAST_MS: AtomicU64 = AtomicU64::new(0);
     static SPARE: AtomicBool = AtomicBool::new(false);
-    let now_ms = EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1;
+    // The coarse clock: asked on every launch and wait, where a precise read cost more than
+    // the rest of this function, for a figure kept 10 ms.
+    let now_ms = coarse_now().as_millis() as u64 + 1;
     let last = LAST_MS.load(Ordering::Relaxed);
     if last != 0 && now_ms < last + 10 {
         return SPARE.load(Ordering::Relaxed);
@@ -117,6 +118,14 @@ pub fn cores_to_spare() -> bool {
         .is_some_and(|running| running < cpus);
     SPARE.store(spare, Ordering::Relaxed);
     spare
+}
+
+/// `CLOCK_MONOTONIC_COARSE` now: a millisecond-grained clock that costs a few nanoseconds (no
+/// time-stamp counter read), for deadlines and rate limits of a millisecond or more that are
+/// checked on every call.
+pub fn coarse_now() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// The running count of a `/proc/loadavg` line ("0.56 1.26 1.16 3/81 27152": 3).

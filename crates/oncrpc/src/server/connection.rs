@@ -422,7 +422,7 @@ fn serve_records<S: Transport>(
     let mut reader = RecordReader::new(
         Paced {
             inner: Spinning::new(stream),
-            yield_at: Instant::now() + tick,
+            yield_at: remora_shm::coarse_now() + tick,
             forced: false,
         },
         if opened.first_call {
@@ -452,7 +452,7 @@ fn serve_records<S: Transport>(
             return None;
         }
         let read_start = profile.as_ref().map(|_| Instant::now());
-        reader.get_mut().yield_at = Instant::now() + tick;
+        reader.get_mut().yield_at = remora_shm::coarse_now() + tick;
         let read = reader.read_record();
         if let (Some(p), Some(t)) = (profile.as_mut(), read_start) {
             p.reading += t.elapsed();
@@ -622,14 +622,16 @@ fn serve_records<S: Transport>(
 /// read timeout only fires when nothing at all arrives.
 struct Paced<S> {
     inner: S,
-    yield_at: Instant,
+    /// On the coarse clock ([`remora_shm::coarse_now`]): read on every call's record, where a
+    /// precise clock read cost more than its share, for a tick of a millisecond or more.
+    yield_at: Duration,
     /// Set when a read was refused for the time (not a real timeout).
     forced: bool,
 }
 
 impl<S: Read> Read for Paced<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if Instant::now() >= self.yield_at {
+        if remora_shm::coarse_now() >= self.yield_at {
             self.forced = true;
             return Err(io::ErrorKind::TimedOut.into());
         }
