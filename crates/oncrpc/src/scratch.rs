@@ -48,18 +48,19 @@ pub(crate) fn encoder() -> Encoder {
 /// Ends `enc` (from [`encoder`]) and gives the room left back to this thread.
 pub(crate) fn finish(enc: Encoder) -> Chunks {
     let (chunks, spare) = enc.finish_reusing();
-    let _ = SPARE.try_with(|s| {
-        if let Ok(mut b) = s.try_borrow_mut() {
-            *b = spare;
-        }
-    });
+    give_back(spare);
     chunks
 }
 
 /// Drops what `enc` (from [`encoder`]) holds and gives its buffer back to this thread whole
 /// (a one-way call's reply, never sent: nothing is allocated or shared for it).
 pub(crate) fn discard(enc: Encoder) {
-    let buf = enc.into_buf();
+    give_back(enc.into_buf());
+}
+
+/// Makes `buf` this thread's spare room (dropped instead while the thread's locals are being
+/// destroyed or the room is borrowed).
+fn give_back(buf: BytesMut) {
     let _ = SPARE.try_with(|s| {
         if let Ok(mut b) = s.try_borrow_mut() {
             *b = buf;
@@ -71,14 +72,17 @@ pub(crate) fn discard(enc: Encoder) {
 mod tests {
     use super::*;
 
+    /// An encoder from [`encoder`] holding `v`.
+    fn holding(v: u32) -> Encoder {
+        let mut e = encoder();
+        e.put_u32(v);
+        e
+    }
+
     #[test]
     fn messages_share_one_allocation_until_it_is_used_up() {
-        let mut first = encoder();
-        first.put_u32(1);
-        let a = finish(first);
-        let mut second = encoder();
-        second.put_u32(2);
-        let b = finish(second);
+        let a = finish(holding(1));
+        let b = finish(holding(2));
         assert_eq!(
             (&a[0][..], &b[0][..]),
             (&1u32.to_be_bytes()[..], &2u32.to_be_bytes()[..])
@@ -89,22 +93,14 @@ mod tests {
 
     #[test]
     fn a_used_up_buffer_is_taken_back_once_its_messages_are_dropped() {
-        let first = {
-            let mut e = encoder();
-            e.put_u32(0);
-            finish(e)
-        };
+        let first = finish(holding(0));
         let start = first[0].as_ptr();
         drop(first);
         // Use up the room with messages dropped at once, as one-way calls' replies are.
         for _ in 0..(ENCODE_BUFFER / 4) {
-            let mut e = encoder();
-            e.put_u32(1);
-            drop(finish(e));
+            drop(finish(holding(1)));
         }
-        let mut e = encoder();
-        e.put_u32(2);
-        let again = finish(e);
+        let again = finish(holding(2));
         let base = start as usize;
         let at = again[0].as_ptr() as usize;
         assert!(
@@ -115,18 +111,10 @@ mod tests {
 
     #[test]
     fn a_discarded_message_leaves_its_room_to_the_next() {
-        let mut e = encoder();
-        e.put_u32(5);
-        discard(e);
-        let mut e = encoder();
-        e.put_u32(6);
-        let kept = finish(e);
-        let mut e = encoder();
-        e.put_u32(7);
-        discard(e);
-        let mut e = encoder();
-        e.put_u32(8);
-        let next = finish(e);
+        discard(holding(5));
+        let kept = finish(holding(6));
+        discard(holding(7));
+        let next = finish(holding(8));
         assert_eq!(&kept[0][..], &6u32.to_be_bytes()[..]);
         // The discarded 7 took no room: 8 follows 6.
         assert_eq!(kept[0].as_ptr().wrapping_add(4), next[0].as_ptr());
@@ -134,11 +122,8 @@ mod tests {
 
     #[test]
     fn a_message_encoded_during_another_gets_its_own_buffer() {
-        let mut outer = encoder();
-        outer.put_u32(7);
-        let mut inner = encoder();
-        inner.put_u32(8);
-        let i = finish(inner);
+        let outer = holding(7);
+        let i = finish(holding(8));
         let o = finish(outer);
         assert_eq!(&i[0][..], &8u32.to_be_bytes()[..]);
         assert_eq!(&o[0][..], &7u32.to_be_bytes()[..]);

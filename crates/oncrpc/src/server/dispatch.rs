@@ -426,12 +426,8 @@ pub(crate) fn process_call(
     let dispatched = catch_unwind(AssertUnwindSafe(|| {
         service.dispatch(&ctx, &mut dec, &mut reply)
     }));
-    if let Ok(Dispatch::Success) = dispatched {
-        return Outcome::Reply(crate::scratch::finish(reply).into());
-    }
-    crate::scratch::discard(reply);
-    match dispatched {
-        Ok(Dispatch::Success) => unreachable!("answered above"),
+    let outcome = match dispatched {
+        Ok(Dispatch::Success) => return Outcome::Reply(crate::scratch::finish(reply).into()),
         Ok(Dispatch::NoReply) | Ok(Dispatch::Deferred) => Outcome::NoReply,
         Ok(Dispatch::ProcUnavail) => accepted(xid, AcceptStat::ProcUnavail),
         Ok(Dispatch::GarbageArgs) => accepted(xid, AcceptStat::GarbageArgs),
@@ -442,5 +438,8 @@ pub(crate) fn process_call(
             tracing::error!(%peer, xid, program, version, procedure, "ONC RPC server: the procedure panicked; SYSTEM_ERR");
             accepted(xid, AcceptStat::SystemErr)
         }
-    }
+    };
+    // No reply of the procedure's own is sent: its buffer goes back whole.
+    crate::scratch::discard(reply);
+    outcome
 }
