@@ -308,6 +308,8 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
             "launch_sync.mean",
             "launch_sync.client_cpu",
             "launch_sync.server_cpu",
+            "launch_sync.client_runq",
+            "launch_sync.server_runq",
             "launch.per_launch",
         ] {
             cells.push((clients, metric));

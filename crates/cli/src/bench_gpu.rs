@@ -22,6 +22,7 @@ pub(crate) use remora_gpubench::{What, WorkerOptions, WorkerResult, Workload, wo
 use remora_oncrpc::Endpoint;
 use serde::{Deserialize, Serialize};
 
+use crate::proc_cpu::SchedNs;
 use crate::run::{EmbeddedServer, find_shim};
 
 /// `remora bench launch|copy` options.
@@ -183,6 +184,10 @@ fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
             if !cpu.is_empty() {
                 out.push(("launch_sync.client_cpu".into(), "us".into(), med(cpu)));
             }
+            let runq: Vec<f64> = results.iter().filter_map(|r| r.sync_runq_us).collect();
+            if !runq.is_empty() {
+                out.push(("launch_sync.client_runq".into(), "us".into(), med(runq)));
+            }
         }
         What::Copy => {
             let mut keys: Vec<&String> = results
@@ -225,15 +230,15 @@ impl Drop for Group {
 }
 
 /// Runs `clients` workers in `mode`; returns their results and, for launch workers against
-/// the benchmark's own servers, the servers' CPU time per launch + synchronize in µs (all
-/// their processes: the accepting one and its session workers).
+/// the benchmark's own servers, the servers' CPU time and run-queue wait per launch +
+/// synchronize in µs (all their processes: the accepting one and its session workers).
 fn run_group(
     opts: &Options,
     mode: &str,
     clients: u32,
     endpoints: &Endpoints,
     shim: &Path,
-) -> Result<(Vec<WorkerResult>, Option<f64>)> {
+) -> Result<(Vec<WorkerResult>, Option<ServerSched>)> {
     let exe = std::env::current_exe().context("cannot find the remora executable")?;
     let mut commands = Vec::new();
     for _ in 0..clients {
@@ -265,31 +270,44 @@ fn run_group(
         .collect();
     // The accepting processes and the session workers serving a connection; not warm
     // workers, which may be starting their driver in place of the ones sessions took.
-    let sample = || crate::proc_cpu::serving_cpu_ns(&roots, remora_server::SESSION_WORKER_THREAD);
+    let sample = || crate::proc_cpu::serving_sched_ns(&roots, remora_server::SESSION_WORKER_THREAD);
     let counted = launch && mode != "native" && !roots.is_empty() && opts.workload.syncs > 0;
-    let (results, cpu) = run_workers(
+    let (results, sched) = run_workers(
         commands,
         mode,
         launch,
-        counted.then_some(&sample as &dyn Fn() -> u64),
+        counted.then_some(&sample as &dyn Fn() -> SchedNs),
     )?;
-    let per = cpu.map(|ns| ns as f64 / 1e3 / (f64::from(clients) * f64::from(opts.workload.syncs)));
+    let trips = f64::from(clients) * f64::from(opts.workload.syncs);
+    let per = sched.map(|s| ServerSched {
+        cpu_us: s.on_cpu as f64 / 1e3 / trips,
+        runq_us: s.waiting as f64 / 1e3 / trips,
+    });
     Ok((results, per))
+}
+
+/// The servers' share of a group's launch + synchronize loops, per round trip.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ServerSched {
+    /// CPU time, µs (`launch_sync.server_cpu`).
+    cpu_us: f64,
+    /// Time their threads were runnable but waited for a core, µs (`launch_sync.server_runq`).
+    runq_us: f64,
 }
 
 /// Starts a benchmark worker for each of `commands` (`remora bench gpu-worker …`), waits
 /// until every one is set up (READY), starts them together (GO) and answers their results in
 /// order. `label` names the group in errors. Launch workers (`sync_barrier`) also stop
 /// between their burst and their launch + synchronize loop (SYNC): they are started together
-/// again, and with `server_cpu` (the servers' CPU time so far, in ns) the answer has the
-/// servers' CPU time over the loops, from that start to the last result (the workers keep
+/// again, and with `server_sched` (the servers' scheduler times so far) the answer has the
+/// servers' times over the loops, from that start to the last result (the workers keep
 /// their sessions until their standard input closes, after that reading).
 pub(crate) fn run_workers(
     commands: Vec<Command>,
     label: &str,
     sync_barrier: bool,
-    server_cpu: Option<&dyn Fn() -> u64>,
-) -> Result<(Vec<WorkerResult>, Option<u64>)> {
+    server_sched: Option<&dyn Fn() -> SchedNs>,
+) -> Result<(Vec<WorkerResult>, Option<SchedNs>)> {
     let mut group = Group {
         children: Vec::new(),
     };
@@ -324,7 +342,7 @@ pub(crate) fn run_workers(
         for (c, r) in group.children.iter_mut().zip(&mut readers) {
             expect_line(c, r, "SYNC", label, "in its launch burst")?;
         }
-        cpu0 = server_cpu.map(|f| f());
+        cpu0 = server_sched.map(|f| f());
         go(&mut group.children)?;
     }
     let mut lines = Vec::new();
@@ -337,7 +355,7 @@ pub(crate) fn run_workers(
         }
         lines.push(line);
     }
-    let cpu = cpu0.zip(server_cpu).map(|(c0, f)| f().saturating_sub(c0));
+    let cpu = cpu0.zip(server_sched).map(|(c0, f)| f() - c0);
     let mut results = Vec::new();
     for (c, line) in group.children.iter_mut().zip(&lines) {
         // Closing its standard input lets a launch worker end its session and exit.
@@ -520,7 +538,7 @@ pub(crate) fn measure(opts: &Options) -> Result<Report> {
                 } else {
                     run_group(opts, mode, clients, &endpoints, &shim)
                 };
-                let (results, server_cpu) = match measured {
+                let (results, server_sched) = match measured {
                     Ok(r) => r,
                     Err(e) if mode == "native" => {
                         eprintln!("failed");
@@ -543,8 +561,9 @@ pub(crate) fn measure(opts: &Options) -> Result<Report> {
                     device.clone_from(&d.device);
                 }
                 let mut agg = aggregate(opts.what, &results);
-                if let Some(us) = server_cpu {
-                    agg.push(("launch_sync.server_cpu".into(), "us".into(), us));
+                if let Some(s) = server_sched {
+                    agg.push(("launch_sync.server_cpu".into(), "us".into(), s.cpu_us));
+                    agg.push(("launch_sync.server_runq".into(), "us".into(), s.runq_us));
                 }
                 eprintln!(
                     "{:.1} s: {}",

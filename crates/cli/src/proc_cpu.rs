@@ -1,21 +1,65 @@
 //! CPU time of a server's processes from `/proc`, in nanoseconds, for the benchmarks: each
-//! task's `schedstat` (time on a CPU, in ns; `/proc/PID/stat` counts in 10 ms ticks, too
-//! coarse for a loop of 20 ms).
+//! task's `schedstat` (time on a CPU and time runnable but waiting for one, in ns;
+//! `/proc/PID/stat` counts in 10 ms ticks, too coarse for a loop of 20 ms).
 
-/// The CPU time so far of `roots` and of those of their descendants that have a thread named
-/// `marker` (session workers serving a connection; warm workers still starting their driver
-/// have none), summed over every thread. 0 for what cannot be read (a process gone, a kernel
-/// without `schedstat`).
-pub(crate) fn serving_cpu_ns(roots: &[u32], marker: &str) -> u64 {
-    roots.iter().map(|&pid| process_cpu_ns(pid)).sum::<u64>() + marked_cpu_ns(roots, marker)
+use std::ops::{Add, Sub};
+
+/// What the scheduler says of a set of threads so far (sums of their `schedstat`s), in ns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SchedNs {
+    /// Time on a CPU (the first field).
+    pub(crate) on_cpu: u64,
+    /// Time runnable but waiting in a run queue for a CPU (the second field): what a wake-up
+    /// costs beyond its own work when the cores are taken.
+    pub(crate) waiting: u64,
 }
 
-/// The CPU time so far of the descendants of `roots` that have a thread named `marker`.
-fn marked_cpu_ns(roots: &[u32], marker: &str) -> u64 {
+impl Add for SchedNs {
+    type Output = SchedNs;
+    fn add(self, o: SchedNs) -> SchedNs {
+        SchedNs {
+            on_cpu: self.on_cpu.saturating_add(o.on_cpu),
+            waiting: self.waiting.saturating_add(o.waiting),
+        }
+    }
+}
+
+impl Sub for SchedNs {
+    type Output = SchedNs;
+    /// What passed between an earlier reading and this one (0 where a thread went away).
+    fn sub(self, earlier: SchedNs) -> SchedNs {
+        SchedNs {
+            on_cpu: self.on_cpu.saturating_sub(earlier.on_cpu),
+            waiting: self.waiting.saturating_sub(earlier.waiting),
+        }
+    }
+}
+
+impl std::iter::Sum for SchedNs {
+    fn sum<I: Iterator<Item = SchedNs>>(iter: I) -> SchedNs {
+        iter.fold(SchedNs::default(), Add::add)
+    }
+}
+
+/// The scheduler's times so far of `roots` and of those of their descendants that have a
+/// thread named `marker` (session workers serving a connection; warm workers still starting
+/// their driver have none), summed over every thread. 0 for what cannot be read (a process
+/// gone, a kernel without `schedstat`).
+pub(crate) fn serving_sched_ns(roots: &[u32], marker: &str) -> SchedNs {
+    roots
+        .iter()
+        .map(|&pid| process_sched_ns(pid))
+        .sum::<SchedNs>()
+        + marked_sched_ns(roots, marker)
+}
+
+/// The scheduler's times so far of the descendants of `roots` that have a thread named
+/// `marker`.
+fn marked_sched_ns(roots: &[u32], marker: &str) -> SchedNs {
     descendants(roots)
         .into_iter()
         .filter(|&pid| has_thread(pid, marker))
-        .map(process_cpu_ns)
+        .map(process_sched_ns)
         .sum()
 }
 
@@ -65,16 +109,25 @@ fn has_thread(pid: u32, name: &str) -> bool {
     })
 }
 
-/// Sum of the first `schedstat` field of every task of `pid`.
-fn process_cpu_ns(pid: u32) -> u64 {
+/// Sum of the `schedstat`s of every task of `pid`.
+fn process_sched_ns(pid: u32) -> SchedNs {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
+        return SchedNs::default();
     };
     tasks
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .filter_map(|s| parse_schedstat(&s))
         .sum()
+}
+
+/// A `schedstat` line ("on-CPU ns, waiting ns, timeslices").
+fn parse_schedstat(line: &str) -> Option<SchedNs> {
+    let mut f = line.split_whitespace().map(str::parse::<u64>);
+    Some(SchedNs {
+        on_cpu: f.next()?.ok()?,
+        waiting: f.next()?.ok()?,
+    })
 }
 
 #[cfg(test)]
@@ -90,6 +143,42 @@ mod tests {
     }
 
     #[test]
+    fn a_schedstat_line_gives_both_times() {
+        assert_eq!(
+            parse_schedstat("123456 7890 42\n"),
+            Some(SchedNs {
+                on_cpu: 123456,
+                waiting: 7890
+            })
+        );
+        assert_eq!(parse_schedstat("123"), None);
+        assert_eq!(parse_schedstat("x y z"), None);
+        let a = SchedNs {
+            on_cpu: 10,
+            waiting: 5,
+        };
+        let b = SchedNs {
+            on_cpu: 4,
+            waiting: 7,
+        };
+        assert_eq!(
+            a - b,
+            SchedNs {
+                on_cpu: 6,
+                waiting: 0
+            },
+            "a thread gone between readings counts 0, not a wrapped figure"
+        );
+        assert_eq!(
+            a + b,
+            SchedNs {
+                on_cpu: 14,
+                waiting: 12
+            }
+        );
+    }
+
+    #[test]
     fn only_marked_children_count_and_their_work_does() {
         let me = std::process::id();
         // `sh -c 'exec -a NAME …'` is not portable; a process's main thread is named after
@@ -101,23 +190,23 @@ mod tests {
         assert!(descendants(&[me]).contains(&busy.id()));
         assert!(has_thread(busy.id(), "sh"));
         assert!(!has_thread(busy.id(), "no-such-thread"));
-        let before = marked_cpu_ns(&[me], "sh");
+        let before = marked_sched_ns(&[me], "sh").on_cpu;
         std::thread::sleep(Duration::from_millis(100));
         assert!(
-            marked_cpu_ns(&[me], "sh") > before,
+            marked_sched_ns(&[me], "sh").on_cpu > before,
             "the busy child's work counts"
         );
         assert_eq!(
-            marked_cpu_ns(&[me], "no-such-thread"),
-            0,
+            marked_sched_ns(&[me], "no-such-thread"),
+            SchedNs::default(),
             "an unmarked child does not count"
         );
         assert!(
-            serving_cpu_ns(&[me], "no-such-thread") > 0,
+            serving_sched_ns(&[me], "no-such-thread").on_cpu > 0,
             "the root counts"
         );
         let _ = busy.kill();
         let _ = busy.wait();
-        assert_eq!(serving_cpu_ns(&[u32::MAX], "sh"), 0);
+        assert_eq!(serving_sched_ns(&[u32::MAX], "sh"), SchedNs::default());
     }
 }
