@@ -153,27 +153,41 @@ pub fn coarse_now() -> Duration {
 pub fn thread_queued() -> Option<bool> {
     use std::cell::Cell;
     thread_local! {
-        /// (window start in ms, the run-queue ns and schedule count then, the verdict)
-        static WINDOW: Cell<Option<(u64, u64, u64, Option<bool>)>> = const { Cell::new(None) };
+        static WINDOW: Cell<Option<QueueWindow>> = const { Cell::new(None) };
     }
     let now_ms = coarse_now().as_millis() as u64;
     WINDOW.with(|w| {
         let last = w.get();
-        if let Some((at, .., verdict)) = last
-            && now_ms < at + 10
+        if let Some(l) = last
+            && now_ms < l.start_ms + 10
         {
-            return verdict;
+            return l.verdict;
         }
         let Some((queued_ns, slices)) = read_thread_schedstat() else {
-            return last.and_then(|l| l.3);
+            return last.and_then(|l| l.verdict);
         };
-        let verdict = match last {
-            Some((_, q0, n0, before)) => window_verdict(q0, n0, queued_ns, slices).or(before),
-            None => None,
-        };
-        w.set(Some((now_ms, queued_ns, slices, verdict)));
+        let verdict = last
+            .and_then(|l| window_verdict(l.queued_ns, l.slices, queued_ns, slices).or(l.verdict));
+        w.set(Some(QueueWindow {
+            start_ms: now_ms,
+            queued_ns,
+            slices,
+            verdict,
+        }));
         verdict
     })
+}
+
+/// The window [`thread_queued`] keeps per thread.
+#[derive(Debug, Clone, Copy)]
+struct QueueWindow {
+    /// When it opened (coarse clock, ms).
+    start_ms: u64,
+    /// The thread's run-queue ns and schedule count then.
+    queued_ns: u64,
+    slices: u64,
+    /// The last closed window's verdict.
+    verdict: Option<bool>,
 }
 
 /// The verdict of one window of [`thread_queued`]: from run-queue ns and schedule counts at
