@@ -303,6 +303,21 @@ elif [ $built = 1 ] && { [ -z "${REMORA_SUITE_ONLY:-}" ] || [[ " $REMORA_SUITE_O
       result "bench fairness" all fail "$(tail -n 2 "$out/outputs/bench_fairness.err" | tr '\n' ' ')"
     fi
   fi
+  if [ $have_run = 1 ] && [ "${REMORA_BENCH_CONTENTION:-on}" != off ]; then
+    # `remora bench contention` (issue 12 §4): launch + synchronize loops beside CPU-burning
+    # processes (0, 1, 2 per core) for each way of waiting, with CPU and run-queue time per
+    # round trip on both sides. REMORA_BENCH_CONTENTION_ARGS replaces the default cells.
+    read -r -a cargs <<< "${REMORA_BENCH_CONTENTION_ARGS:---clients 1,4 --burn 0,1,2 --launches 0 --syncs 2000 --rounds 1}"
+    echo "remora bench contention ${cargs[*]}"
+    if timeout "$long_limit" "$bin/remora" bench contention "${cargs[@]}" \
+        --json "$out/bench_contention.json" --png "$out/bench_contention.png" \
+        > "$out/outputs/bench_contention.out" 2> "$out/outputs/bench_contention.err"; then
+      result "bench contention" all pass "$(grep -c '^note: .* / better' "$out/outputs/bench_contention.out") comparisons"
+      grep '^note' "$out/outputs/bench_contention.out"
+    else
+      result "bench contention" all fail "$(tail -n 2 "$out/outputs/bench_contention.err" | tr '\n' ' ')"
+    fi
+  fi
   python3 - "$out" "$rounds" "${bench_modes[@]}" <<'PY' || echo "bench.json: python3 failed"
 import json, statistics, sys
 out, rounds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
