@@ -163,14 +163,27 @@ impl Transport for Stream {
 /// away) ends the connection: the sink drops its writer and shuts the connection down, so
 /// that the connection thread stops and the services free what the connection held. A peer
 /// that does not read its replies is disconnected, not merely logged.
+///
+/// One reference count for all of it: every call's context holds a clone (for
+/// [`CallContext::defer`]), so a clone is one atomic increment, not one per part.
 #[derive(Clone)]
-pub(crate) struct ReplySink {
-    writer: Arc<Mutex<Option<Box<dyn Write + Send>>>>,
+pub(crate) struct ReplySink(Arc<SinkShared>);
+
+/// What the clones of a [`ReplySink`] share.
+pub(crate) struct SinkShared {
+    writer: Mutex<Option<Box<dyn Write + Send>>>,
     max_fragment_size: usize,
     closer: Option<Arc<dyn Fn() + Send + Sync>>,
     /// Deferred replies not yet sent: calls in flight, which keep the connection from being
     /// idle.
-    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    in_flight: std::sync::atomic::AtomicUsize,
+}
+
+impl std::ops::Deref for ReplySink {
+    type Target = SinkShared;
+    fn deref(&self) -> &SinkShared {
+        &self.0
+    }
 }
 
 impl fmt::Debug for ReplySink {
@@ -312,11 +325,13 @@ pub(crate) fn serve_connection<S: Transport>(
     origin: &Origin,
     since: Instant,
 ) {
-    let sink = stream.shared_writer().map(|w| ReplySink {
-        writer: Arc::new(Mutex::new(Some(w))),
-        max_fragment_size: config.max_fragment_size,
-        closer: stream.closer(),
-        in_flight: Arc::default(),
+    let sink = stream.shared_writer().map(|w| {
+        ReplySink(Arc::new(SinkShared {
+            writer: Mutex::new(Some(w)),
+            max_fragment_size: config.max_fragment_size,
+            closer: stream.closer(),
+            in_flight: Default::default(),
+        }))
     });
     let auth = ConnectionAuth::default();
     if let Some(tenant) = &origin.tenant {
