@@ -2,44 +2,8 @@
 //! task's `schedstat` (time on a CPU and time runnable but waiting for one, in ns;
 //! `/proc/PID/stat` counts in 10 ms ticks, too coarse for a loop of 20 ms).
 
-use std::ops::{Add, Sub};
-
-/// What the scheduler says of a set of threads so far (sums of their `schedstat`s), in ns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct SchedNs {
-    /// Time on a CPU (the first field).
-    pub(crate) on_cpu: u64,
-    /// Time runnable but waiting in a run queue for a CPU (the second field): what a wake-up
-    /// costs beyond its own work when the cores are taken.
-    pub(crate) waiting: u64,
-}
-
-impl Add for SchedNs {
-    type Output = SchedNs;
-    fn add(self, o: SchedNs) -> SchedNs {
-        SchedNs {
-            on_cpu: self.on_cpu.saturating_add(o.on_cpu),
-            waiting: self.waiting.saturating_add(o.waiting),
-        }
-    }
-}
-
-impl Sub for SchedNs {
-    type Output = SchedNs;
-    /// What passed between an earlier reading and this one (0 where a thread went away).
-    fn sub(self, earlier: SchedNs) -> SchedNs {
-        SchedNs {
-            on_cpu: self.on_cpu.saturating_sub(earlier.on_cpu),
-            waiting: self.waiting.saturating_sub(earlier.waiting),
-        }
-    }
-}
-
-impl std::iter::Sum for SchedNs {
-    fn sum<I: Iterator<Item = SchedNs>>(iter: I) -> SchedNs {
-        iter.fold(SchedNs::default(), Add::add)
-    }
-}
+pub(crate) use remora_gpubench::sched::SchedNs;
+use remora_gpubench::sched::process_sched_ns;
 
 /// The scheduler's times so far of `roots` and of those of their descendants that have a
 /// thread named `marker` (session workers serving a connection; warm workers still starting
@@ -48,7 +12,7 @@ impl std::iter::Sum for SchedNs {
 pub(crate) fn serving_sched_ns(roots: &[u32], marker: &str) -> SchedNs {
     roots
         .iter()
-        .map(|&pid| process_sched_ns(pid))
+        .map(|&pid| process_sched_ns(pid).unwrap_or_default())
         .sum::<SchedNs>()
         + marked_sched_ns(roots, marker)
 }
@@ -59,7 +23,7 @@ fn marked_sched_ns(roots: &[u32], marker: &str) -> SchedNs {
     descendants(roots)
         .into_iter()
         .filter(|&pid| has_thread(pid, marker))
-        .map(process_sched_ns)
+        .map(|pid| process_sched_ns(pid).unwrap_or_default())
         .sum()
 }
 
@@ -109,27 +73,6 @@ fn has_thread(pid: u32, name: &str) -> bool {
     })
 }
 
-/// Sum of the `schedstat`s of every task of `pid`.
-fn process_sched_ns(pid: u32) -> SchedNs {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return SchedNs::default();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| parse_schedstat(&s))
-        .sum()
-}
-
-/// A `schedstat` line ("on-CPU ns, waiting ns, timeslices").
-fn parse_schedstat(line: &str) -> Option<SchedNs> {
-    let mut f = line.split_whitespace().map(str::parse::<u64>);
-    Some(SchedNs {
-        on_cpu: f.next()?.ok()?,
-        waiting: f.next()?.ok()?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,42 +83,6 @@ mod tests {
         assert_eq!(parent_of("42 (a) b (c)) S 7 42 42 0"), Some(7));
         assert_eq!(parent_of("42 (remora) R 1 42"), Some(1));
         assert_eq!(parent_of("garbage"), None);
-    }
-
-    #[test]
-    fn a_schedstat_line_gives_both_times() {
-        assert_eq!(
-            parse_schedstat("123456 7890 42\n"),
-            Some(SchedNs {
-                on_cpu: 123456,
-                waiting: 7890
-            })
-        );
-        assert_eq!(parse_schedstat("123"), None);
-        assert_eq!(parse_schedstat("x y z"), None);
-        let a = SchedNs {
-            on_cpu: 10,
-            waiting: 5,
-        };
-        let b = SchedNs {
-            on_cpu: 4,
-            waiting: 7,
-        };
-        assert_eq!(
-            a - b,
-            SchedNs {
-                on_cpu: 6,
-                waiting: 0
-            },
-            "a thread gone between readings counts 0, not a wrapped figure"
-        );
-        assert_eq!(
-            a + b,
-            SchedNs {
-                on_cpu: 14,
-                waiting: 12
-            }
-        );
     }
 
     #[test]

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+
+pub mod sched;
 use serde::{Deserialize, Serialize};
 
 /// An empty kernel as PTX: the driver compiles it for whatever GPU it has.
@@ -551,7 +553,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                     t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
                 };
                 let cpu0 = cpu();
-                let runq0 = own_runq_ns();
+                let runq0 = sched::process_sched_ns(std::process::id());
                 for _ in 0..o.workload.syncs {
                     let t = Instant::now();
                     check("cuLaunchKernel", launch())?;
@@ -560,9 +562,9 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                 }
                 if o.workload.syncs > 0 {
                     r.sync_cpu_us = Some((cpu() - cpu0) / f64::from(o.workload.syncs));
-                    r.sync_runq_us = runq0.zip(own_runq_ns()).map(|(a, b)| {
-                        b.saturating_sub(a) as f64 / 1e3 / f64::from(o.workload.syncs)
-                    });
+                    r.sync_runq_us = runq0
+                        .zip(sched::process_sched_ns(std::process::id()))
+                        .map(|(a, b)| (b - a).waiting as f64 / 1e3 / f64::from(o.workload.syncs));
                     r.sync_mean_us = Some(lat.iter().sum::<f64>() / lat.len() as f64);
                 }
                 lat.sort_by(f64::total_cmp);
@@ -704,65 +706,4 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
     // Leave without tearing CUDA down: process exit frees everything, and the measurement is
     // already printed.
     std::process::exit(0);
-}
-
-/// Nanoseconds that this process's threads have been runnable but waiting for a core so far:
-/// the sum of the second field of every `/proc/self/task/*/schedstat`. None when `/proc`
-/// has no `schedstat` (a kernel without scheduler statistics, a sandbox).
-fn own_runq_ns() -> Option<u64> {
-    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
-    let mut sum = 0u64;
-    let mut any = false;
-    for t in tasks.flatten() {
-        let Ok(line) = std::fs::read_to_string(t.path().join("schedstat")) else {
-            continue;
-        };
-        if let Some(ns) = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|f| f.parse::<u64>().ok())
-        {
-            sum = sum.saturating_add(ns);
-            any = true;
-        }
-    }
-    any.then_some(sum)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::time::Duration;
-
-    #[test]
-    fn threads_that_outnumber_the_cores_wait_in_the_run_queue() {
-        let Some(before) = own_runq_ns() else {
-            eprintln!("skipped: this kernel's /proc has no schedstat");
-            return;
-        };
-        // Two more busy threads than this process may use cores: some of them are always
-        // runnable without a core, and their waiting shows while they are alive.
-        let n = std::thread::available_parallelism().map_or(1, |n| n.get()) + 2;
-        let stop = AtomicBool::new(false);
-        let during = std::thread::scope(|s| {
-            for _ in 0..n {
-                s.spawn(|| {
-                    while !stop.load(Ordering::Relaxed) {
-                        std::hint::spin_loop();
-                    }
-                });
-            }
-            std::thread::sleep(Duration::from_millis(200));
-            let during = own_runq_ns();
-            stop.store(true, Ordering::Relaxed);
-            during
-        });
-        let during = during.expect("readable a moment ago");
-        assert!(
-            during > before + 1_000_000,
-            "{n} busy threads waited {} ns in 200 ms",
-            during - before
-        );
-    }
 }
