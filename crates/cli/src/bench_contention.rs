@@ -2,8 +2,7 @@
 //! throughput of 1..N clients while CPU-burning processes compete for the cores, for each way
 //! of waiting (`REMORA_WAIT`: `spin`, pure polling; `block`, no spinning; `adaptive`, the
 //! default: spinning first or blocking at once, whichever has been faster lately, with a
-//! spin budget that follows the waits seen; `runq`, an experiment: adaptive, but under load
-//! a thread that queues for its core blocks at once). The policy is given to the servers the
+//! spin budget that follows the waits seen). The policy is given to the servers the
 //! benchmark starts and to every client, so it holds in all the places Remora waits: the
 //! client for replies (socket reads, shared-memory rings, completion words) and the server for
 //! requests. Each (burn level, policy) pair is one `bench launch` run (`bench_gpu::measure`);
@@ -48,9 +47,8 @@ pub(crate) struct Args {
         default_value = "0,1,2"
     )]
     burn: Vec<u32>,
-    /// Waiting policies, comma-separated: spin, block, adaptive, and the experiment runq
-    /// (adaptive, but under load each wait blocks at once while the waiting thread queues for
-    /// a core, REMORA_WAIT=runq), compared with the better of spin and block like adaptive.
+    /// Waiting policies, comma-separated: spin, block and adaptive (adaptive is compared
+    /// with the better of spin and block).
     #[arg(
         long,
         value_name = "LIST",
@@ -135,8 +133,8 @@ pub(crate) fn burn() -> ! {
 /// when asked.
 pub(crate) fn run(a: &Args) -> Result<Report> {
     for p in &a.policies {
-        if !["spin", "block", "adaptive", "runq"].contains(&p.as_str()) {
-            bail!("unknown policy {p:?}: use spin, block, adaptive or runq (comma-separated)");
+        if !["spin", "block", "adaptive"].contains(&p.as_str()) {
+            bail!("unknown policy {p:?}: use spin, block or adaptive (comma-separated)");
         }
     }
     if a.burn.is_empty() || a.burn.iter().any(|&b| b > 8) {
@@ -324,22 +322,20 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
             for &(clients, metric) in &cells {
                 let get =
                     |p: &str| value(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric);
+                let (Some(ad), Some(sp), Some(bl)) = (get("adaptive"), get("spin"), get("block"))
+                else {
+                    continue;
+                };
                 let (unit, digits) = if metric == "mix.total" {
                     ("s", 3)
                 } else {
                     ("us", 2)
                 };
-                for way in ["adaptive", "runq"] {
-                    let (Some(ad), Some(sp), Some(bl)) = (get(way), get("spin"), get("block"))
-                    else {
-                        continue;
-                    };
-                    notes.push(format!(
-                        "{t} burn={burn}x {clients} client(s) {metric}: {way} {ad:.digits$} {unit}, spin {sp:.digits$}, block {bl:.digits$}: {way} / better = x{:.2}, spin / {way} = x{:.2}",
-                        ad / sp.min(bl),
-                        sp / ad
-                    ));
-                }
+                notes.push(format!(
+                    "{t} burn={burn}x {clients} client(s) {metric}: adaptive {ad:.digits$} {unit}, spin {sp:.digits$}, block {bl:.digits$}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
+                    ad / sp.min(bl),
+                    sp / ad
+                ));
             }
         }
     }
