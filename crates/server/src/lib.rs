@@ -24,7 +24,6 @@ mod device_output;
 pub mod driver;
 mod executor;
 pub mod gpu_share;
-mod gpu_wait;
 mod hello;
 mod host_callbacks;
 mod launcher;
@@ -40,7 +39,6 @@ mod worker_pool;
 
 pub use backend::{Backend, CudaBackend, EmulatedBackend, EmulatedConfig, LiveCounts};
 pub use executor::Executor;
-pub use gpu_wait::GpuWait;
 pub use launcher::LaunchThread;
 
 /// The tracing target of the per-session profile lines of `remora serve --profile` (kernel

@@ -203,7 +203,7 @@ impl Executor {
                     .chain(streams.iter().copied())
                     .try_for_each(|s| b.stream_query(*raw, s))
             },
-            move |inner, session, _running| {
+            move |inner, session| {
                 let own = session.lock().ctx(h);
                 let read = own
                     .and_then(|raw| inner.backend.ctx_synchronize(raw).map(|()| raw))

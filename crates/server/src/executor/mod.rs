@@ -167,10 +167,6 @@ struct Inner {
     /// Whether sessions make their launches on a thread of their own during bursts (see
     /// [`Executor::set_launch_thread`]).
     launch_thread: std::sync::atomic::AtomicU8,
-    /// How waiter threads wait for the GPU ([`Executor::set_gpu_wait`]).
-    gpu_wait: std::sync::atomic::AtomicU8,
-    /// Stream synchronizes whose waiter thread slept on an event first ([`Executor::gpu_sleeps`]).
-    gpu_sleeps: std::sync::atomic::AtomicU64,
     /// Launches on the sessions' launch threads: while none is queued, dispatch skips the
     /// session lookup that waits for them.
     launch_counts: Arc<crate::launcher::LaunchCounts>,
@@ -248,10 +244,6 @@ impl Executor {
                 launch_thread: std::sync::atomic::AtomicU8::new(
                     crate::launcher::LaunchThread::from_env().to_u8(),
                 ),
-                gpu_wait: std::sync::atomic::AtomicU8::new(
-                    crate::gpu_wait::GpuWait::from_env().to_u8(),
-                ),
-                gpu_sleeps: std::sync::atomic::AtomicU64::new(0),
                 launch_counts: Arc::default(),
                 any_ordered: std::sync::atomic::AtomicBool::new(false),
                 backend,
@@ -352,22 +344,6 @@ impl Executor {
         self.inner
             .launch_thread
             .store(policy.to_u8(), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// How waiter threads wait for the GPU in a stream synchronize that outlasted the brief
-    /// poll ([`crate::GpuWait`]; default from `REMORA_WAIT`, else auto).
-    pub fn set_gpu_wait(&self, wait: crate::GpuWait) {
-        self.inner
-            .gpu_wait
-            .store(wait.to_u8(), std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Stream synchronizes so far whose waiter thread slept on an event before it made the
-    /// synchronize ([`crate::GpuWait`]).
-    pub fn gpu_sleeps(&self) -> u64 {
-        self.inner
-            .gpu_sleeps
-            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Kernel launches made by the sessions' launch threads so far.
@@ -735,21 +711,20 @@ impl Executor {
     /// A synchronizing call: `resolve` finds what it waits for under the session lock and
     /// `idle(backend, that)` is polled briefly ([`Executor::poll_briefly`]); when the work is
     /// complete the wait would not block and `job` runs inline, else as
-    /// [`Executor::blocking`]. `job`'s last argument says whether the work may still be
-    /// running (the poll did not see it done).
+    /// [`Executor::blocking`].
     fn synchronizing<X, T: XdrEncode + Send + 'static>(
         &self,
         call: &CallContext,
         resolve: impl FnOnce(&SessionState) -> CuResult<X>,
         idle: impl Fn(&dyn Backend, &X) -> CuResult<()>,
-        job: impl FnOnce(&Inner, &Session, bool) -> T + Send + 'static,
+        job: impl FnOnce(&Inner, &Session) -> T + Send + 'static,
     ) -> ProcResult<T> {
         let session = self.session(call);
         let target = resolve(&session.lock());
         if target.is_ok_and(|x| self.poll_briefly(|| idle(&*self.inner.backend, &x))) {
-            return Ok(job(&self.inner, &session, false));
+            return Ok(job(&self.inner, &session));
         }
-        self.blocking(call, move |inner, session| job(inner, session, true))
+        self.blocking(call, job)
     }
 
     /// Runs `job` on a waiter thread and replies from there, or inline when the connection
@@ -797,29 +772,6 @@ fn oneway_end(session: &Session) -> ProcResult<()> {
 }
 
 impl Inner {
-    /// Before a waiter thread's stream synchronize: while [`crate::GpuWait`] says so, sleeps
-    /// until backend `stream` of `ctx` reaches an event of its own made with
-    /// `CU_EVENT_BLOCKING_SYNC`, so that the synchronize after it finds the work done
-    /// instead of spinning a core for the whole wait. Not while the session captures (the
-    /// record would join the capture's graph). Any failure just leaves the wait to the
-    /// synchronize, which answers the call either way.
-    fn sleep_until_reached(&self, session: &Session, ctx: u64, stream: u64) {
-        let wait = crate::gpu_wait::GpuWait::from_u8(self.gpu_wait.load(Ordering::Relaxed));
-        if !wait.sleeps() || !session.lock().captures.is_empty() {
-            return;
-        }
-        let b = &*self.backend;
-        let Ok(event) = b.event_create(ctx, crate::gpu_wait::SLEEPING_EVENT_FLAGS) else {
-            return;
-        };
-        if b.event_record(ctx, event, stream).is_ok() && b.event_synchronize(ctx, event).is_ok() {
-            self.gpu_sleeps.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Err(e) = b.event_destroy(ctx, event) {
-            tracing::debug!(result = e.0, "destroying the waiter's own event failed");
-        }
-    }
-
     /// One-way call `what` on stream `on` of `session` failed with `e`: the error is kept for
     /// the next synchronizing call, or, when that stream is capturing, by the capture (ending
     /// the capture returns it), as natively the failed call would have invalidated the capture.

@@ -525,7 +525,7 @@ impl RemoraV1Server for Executor {
             call,
             |st| st.event(h),
             |b, &(e, c)| b.event_query(c, e),
-            move |inner, session, _running| {
+            move |inner, session| {
                 let ev = session.lock().event(h);
                 let own = ev.and_then(|(e, c)| inner.backend.event_synchronize(c, e));
                 let mut st = session.lock();

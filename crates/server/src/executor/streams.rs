@@ -24,18 +24,13 @@ impl Executor {
             call,
             |st| stream_target(st, a.ctx, a.stream),
             |b, t| b.stream_query(t.ctx, t.stream),
-            move |inner, session, running| {
+            move |inner, session| {
                 let target = stream_target(&session.lock(), a.ctx, a.stream);
                 let (own, scope) = match target {
-                    Ok(t) => {
-                        if running {
-                            inner.sleep_until_reached(session, t.ctx, t.stream);
-                        }
-                        (
-                            inner.backend.stream_synchronize(t.ctx, t.stream),
-                            Scope::Stream(t.ctx_handle, t.stream_handle),
-                        )
-                    }
+                    Ok(t) => (
+                        inner.backend.stream_synchronize(t.ctx, t.stream),
+                        Scope::Stream(t.ctx_handle, t.stream_handle),
+                    ),
                     Err(e) => (Err(e), Scope::Finished),
                 };
                 let mut st = session.lock();
