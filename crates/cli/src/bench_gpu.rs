@@ -151,14 +151,7 @@ fn span_rate(results: &[WorkerResult], name: &str) -> f64 {
 
 /// The per-group aggregate of worker results.
 fn aggregate(what: What, results: &[WorkerResult]) -> Vec<Aggregate> {
-    let med = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            v[v.len() / 2]
-        }
-    };
+    let med = |v: Vec<f64>| remora_gpubench::median(&v);
     let mut out = Vec::new();
     match what {
         What::Launch => {
@@ -621,18 +614,16 @@ fn figures(per_round: &[GroupRounds]) -> Vec<Figure> {
             continue;
         };
         for (metric, unit, _) in first {
-            let mut vals: Vec<f64> = rounds
+            let raw: Vec<f64> = rounds
                 .iter()
                 .filter_map(|r| r.iter().find(|(m, ..)| m == metric).map(|x| x.2))
                 .collect();
-            let raw = vals.clone();
-            vals.sort_by(f64::total_cmp);
             figs.push(Figure {
                 mode: mode.clone(),
                 clients: *clients,
                 metric: metric.clone(),
                 unit: unit.clone(),
-                value: vals[vals.len() / 2],
+                value: remora_gpubench::median(&raw),
                 ratio_to_native: None,
                 ratio_to_raw_tcp: None,
                 rounds: raw,
@@ -734,9 +725,8 @@ fn raw_tcp_stream(bytes: usize, reps: u32) -> Result<WorkerResult> {
         .join()
         .map_err(|_| anyhow::anyhow!("the raw TCP receiver panicked"))?
         .context("the raw TCP receiver failed")?;
-    gbps.sort_by(f64::total_cmp);
     Ok(WorkerResult {
-        copies: vec![("raw.send".into(), gbps[gbps.len() / 2])],
+        copies: vec![("raw.send".into(), remora_gpubench::median(&gbps))],
         spans: vec![("raw.send".into(), w0, w1, bytes as f64 * f64::from(reps))],
         ..Default::default()
     })
@@ -922,7 +912,7 @@ mod tests {
         let a = aggregate(What::Copy, &[w(10.0, 0), w(20.0, 1_000_000_000)]);
         let get = |m: &str| a.iter().find(|x| x.0 == m).unwrap().2;
         assert_eq!(get("copy.pinned.htod.aggregate"), 1.0, "not 2: no overlap");
-        assert_eq!(get("copy.pinned.htod.per_client"), 20.0);
+        assert_eq!(get("copy.pinned.htod.per_client"), 15.0, "the median of two: their mean");
         assert_eq!(get("copy.pageable.dtoh.aggregate"), 2.0);
     }
 }

@@ -27,6 +27,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use remora_gpubench::median;
 use remora_oncrpc::Endpoint;
 
 use crate::bench_gpu::{Figure, Report};
@@ -531,17 +532,6 @@ fn tail_lines(mut file: std::fs::File, n: usize) -> String {
     let text = String::from_utf8_lossy(&bytes);
     let lines: Vec<&str> = text.trim_end().lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// The median: the middle value, or the mean of the two middle ones (NaN when empty).
-fn median(values: &[f64]) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// The figures of the timings `times[program][mode][round]` (seconds): per program and mode

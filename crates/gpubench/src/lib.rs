@@ -375,6 +375,19 @@ impl Workload {
     }
 }
 
+/// The median of `values` in any order: the middle value, or the mean of the two middle
+/// ones (NaN when empty). The benchmarks' figures over rounds: with two rounds it is their
+/// mean, not the larger one.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted
         .get(((sorted.len().max(1) - 1) as f64 * q) as usize)
@@ -706,4 +719,18 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
     // Leave without tearing CUDA down: process exit frees everything, and the measurement is
     // already printed.
     std::process::exit(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[10.2, 9.8]), 10.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[7.0]), 7.0);
+        assert!(median(&[]).is_nan());
+    }
 }
