@@ -912,7 +912,11 @@ mod tests {
         let a = aggregate(What::Copy, &[w(10.0, 0), w(20.0, 1_000_000_000)]);
         let get = |m: &str| a.iter().find(|x| x.0 == m).unwrap().2;
         assert_eq!(get("copy.pinned.htod.aggregate"), 1.0, "not 2: no overlap");
-        assert_eq!(get("copy.pinned.htod.per_client"), 15.0, "the median of two: their mean");
+        assert_eq!(
+            get("copy.pinned.htod.per_client"),
+            15.0,
+            "the median of two: their mean"
+        );
         assert_eq!(get("copy.pageable.dtoh.aggregate"), 2.0);
     }
 }

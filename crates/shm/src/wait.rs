@@ -56,6 +56,43 @@ pub struct WaitStats {
     pub spun_ns: u64,
     /// Nanoseconds the slept waits took in all (spin included).
     pub slept_ns: u64,
+    /// How long the waits took (spun and slept alike), by powers of two of a microsecond:
+    /// bucket 0 under 1 µs, bucket i in [2^(i-1), 2^i) µs, the last one 1024 µs and more. The
+    /// means above hide what matters under load and at the tail (a few waits of hundreds of
+    /// microseconds in thousands); this shows them.
+    pub took_us_log2: [u32; WAIT_BUCKETS],
+}
+
+/// Buckets of [`WaitStats::took_us_log2`]: under 1 µs, then up to 1024 µs by doubling, then
+/// the rest.
+pub const WAIT_BUCKETS: usize = 12;
+
+impl WaitStats {
+    /// The bucket of [`WaitStats::took_us_log2`] a wait of `ns` falls in.
+    pub fn bucket(ns: u64) -> usize {
+        let us = ns / 1000;
+        ((u64::BITS - us.leading_zeros()) as usize).min(WAIT_BUCKETS - 1)
+    }
+
+    /// The histogram as `<1:N <2:N <4:N ... >=1024:N`, buckets with no wait left out.
+    pub fn histogram(&self) -> String {
+        let mut out = String::new();
+        for (i, &n) in self.took_us_log2.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            let label = if i == WAIT_BUCKETS - 1 {
+                format!(">={}", 1u64 << (i - 1))
+            } else {
+                format!("<{}", 1u64 << i)
+            };
+            out.push_str(&format!("{label}:{n}"));
+        }
+        out
+    }
 }
 
 /// Whether `REMORA_WAIT_TRACE` asks for [`WaitStats`] lines (read once): a process that keeps
@@ -228,6 +265,7 @@ impl Waiter {
             learned_mean_us = self.mean_ns / 1e3,
             spin_first_us = self.arm_ns[0] / 1e3,
             block_at_once_us = self.arm_ns[1] / 1e3,
+            took_us = %st.histogram(),
             "waits"
         );
     }
@@ -394,6 +432,8 @@ impl Waiter {
     /// [`Waiter::wait`]; for a caller that spins and blocks by itself).
     pub fn count(&mut self, outcome: WaitOutcome, took: Duration) {
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let b = &mut self.stats.took_us_log2[WaitStats::bucket(ns)];
+        *b = b.saturating_add(1);
         match outcome {
             WaitOutcome::Spun => {
                 self.stats.spun += 1;
@@ -562,6 +602,29 @@ mod tests {
         let st = w.stats();
         assert_eq!((st.at_once, st.spun, st.slept), (1, 0, 1));
         assert!(st.slept_ns > 0);
+        assert_eq!(
+            st.took_us_log2.iter().sum::<u32>(),
+            1,
+            "the timed wait, not the first"
+        );
+    }
+
+    #[test]
+    fn waits_are_binned_by_powers_of_two_of_a_microsecond() {
+        let us = |n: u64| n * 1000;
+        assert_eq!(WaitStats::bucket(999), 0);
+        assert_eq!(WaitStats::bucket(us(1)), 1);
+        assert_eq!(WaitStats::bucket(us(3)), 2);
+        assert_eq!(WaitStats::bucket(us(4)), 3);
+        assert_eq!(WaitStats::bucket(us(50)), 6);
+        assert_eq!(WaitStats::bucket(us(1023)), 10);
+        assert_eq!(WaitStats::bucket(us(1024)), 11);
+        assert_eq!(WaitStats::bucket(u64::MAX), 11);
+        let mut w = Waiter::with_bounds(Duration::ZERO, Duration::ZERO);
+        for t in [us(0), us(5), us(6), us(200), us(5000)] {
+            w.count(WaitOutcome::Slept, Duration::from_nanos(t));
+        }
+        assert_eq!(w.stats().histogram(), "<1:1 <8:2 <256:1 >=1024:1");
     }
 
     #[test]
