@@ -176,6 +176,36 @@ fn running_threads(loadavg: &str) -> Option<usize> {
         .ok()
 }
 
+/// An experiment (issue 12 §4, session 26; off unless asked for): `REMORA_WAIT_SPARE_SPIN_US`,
+/// how long an adaptive wait spins at least while the host has a core to spare, whatever its
+/// budget (at most [`SPARE_SPIN_MAX`]; read once; 0 or unset: off). With idle cores the
+/// unloaded launch + synchronize loops lose 1-3 µs of mean to pure polling from a few dozen
+/// waits in 2000 that outlast the budget and `max_spin` (a peer's hiccup) and then pay a
+/// sleep and a wake-up on an idle core (~100 µs); spinning through such hiccups on a core
+/// no one else wants would remove that, for at most this much CPU per wait. To be measured
+/// beside the default (`bench contention` with it exported), then made the default or
+/// removed.
+pub fn spare_spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let Ok(v) = std::env::var("REMORA_WAIT_SPARE_SPIN_US") else {
+            return Duration::ZERO;
+        };
+        match v.trim().parse::<u64>() {
+            Ok(us) => Duration::from_micros(us).min(SPARE_SPIN_MAX),
+            Err(_) => {
+                tracing::warn!(
+                    "REMORA_WAIT_SPARE_SPIN_US={v:?} is not a number of microseconds; ignored"
+                );
+                Duration::ZERO
+            }
+        }
+    })
+}
+
+/// The most [`spare_spin`] may be.
+pub const SPARE_SPIN_MAX: Duration = Duration::from_millis(10);
+
 /// Every this many waits, [`Waiter::plan`] takes the way it does not prefer (eight times as
 /// many when that way has been more than 1.5 times as slow).
 pub const EXPLORE_EVERY: u32 = 16;
@@ -363,17 +393,20 @@ impl Waiter {
     /// predicting from the waits alone, makes the choice in either case (issue 12 §4). The
     /// fixed policies (`REMORA_WAIT=spin|block`, or equal bounds) spin for the budget always.
     pub fn plan(&mut self) -> Duration {
-        self.plan_on(cores_to_spare)
+        self.plan_on(cores_to_spare, spare_spin())
     }
 
-    /// [`Waiter::plan`], asking `spare` whether the host has a core to spare.
-    fn plan_on(&mut self, spare: impl FnOnce() -> bool) -> Duration {
+    /// [`Waiter::plan`], asking `spare` whether the host has a core to spare; with one, an
+    /// adaptive wait spins at least `spare_spin` ([`spare_spin`]).
+    fn plan_on(&mut self, spare: impl FnOnce() -> bool, spare_spin: Duration) -> Duration {
         let stretch = std::mem::take(&mut self.stretch);
+        let mut floor = stretch;
         self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
             None
         } else if spare() {
             // With a core to spare, a spin cannot hold the core the peer needs: spinning
             // first is never the slower way, and exploring would only cost wake-ups.
+            floor = floor.max(spare_spin);
             Some(true)
         } else {
             Some(self.choose())
@@ -381,7 +414,7 @@ impl Waiter {
         if self.arm == Some(false) {
             Duration::ZERO
         } else {
-            self.budget.max(stretch)
+            self.budget.max(floor)
         }
     }
 
@@ -528,7 +561,7 @@ mod tests {
         // tried now and then.
         let mut plans = Vec::new();
         for _ in 0..400 {
-            let spin = w.plan_on(|| false);
+            let spin = w.plan_on(|| false, Duration::ZERO);
             w.settle(if spin.is_zero() { us(10) } else { us(40) });
             plans.push(spin);
         }
@@ -536,7 +569,7 @@ mod tests {
         assert!((1..=4).contains(&spun), "{spun} of 200 spun");
         // The other way round: spinning wins.
         for _ in 0..400 {
-            let spin = w.plan_on(|| false);
+            let spin = w.plan_on(|| false, Duration::ZERO);
             w.settle(if spin.is_zero() { us(40) } else { us(10) });
             plans.push(spin);
         }
@@ -548,13 +581,23 @@ mod tests {
         assert!(spun >= 900, "{spun} of 1000 spun");
         // A one-shot stretch spins longer than the budget, at most max_spin.
         w.stretch_next(us(500));
-        let next = w.plan_on(|| false);
+        let next = w.plan_on(|| false, Duration::ZERO);
         assert!(next == us(50) || next.is_zero(), "{next:?}");
         // With a core to spare every wait spins first, whatever the figures say.
-        assert!((0..100).all(|_| !w.plan_on(|| true).is_zero()));
+        assert!((0..100).all(|_| !w.plan_on(|| true, Duration::ZERO).is_zero()));
+        // ... and at least the spare spin when one is asked for, not without a spare core.
+        assert_eq!(w.plan_on(|| true, us(700)), us(700));
+        let without = w.plan_on(|| false, us(700));
+        assert!(without < us(700), "{without:?}");
+        w.cancel_plan();
         // Fixed policies never choose: equal bounds always spin for the budget.
         let mut fixed = Waiter::with_bounds(us(7), us(7));
-        assert!((0..100).all(|_| fixed.plan_on(|| false) == us(7)));
+        assert!((0..100).all(|_| fixed.plan_on(|| false, Duration::ZERO) == us(7)));
+        assert_eq!(
+            fixed.plan_on(|| true, us(700)),
+            us(7),
+            "not the fixed policies"
+        );
     }
 
     /// Plans and settles 2000 waits on `w`: blocking at once takes `blocked`, spinning
@@ -569,7 +612,7 @@ mod tests {
     ) -> usize {
         let (mut spins, mut first) = (0u32, 0);
         for i in 0..2000 {
-            let spin = w.plan_on(|| false);
+            let spin = w.plan_on(|| false, Duration::ZERO);
             let took = if spin.is_zero() {
                 blocked
             } else {
