@@ -280,6 +280,18 @@ fn mix_figures(figures: Vec<Figure>, policy: &str, burn: u32) -> Vec<Figure> {
         .collect()
 }
 
+/// ` [LOW-HIGH]`, the range of a figure's rounds, when it has more than one: one way's rounds
+/// can differ by more than the ways do (loaded cells), which a note's ratio alone hides.
+fn spread(rounds: &[f64], digits: usize) -> String {
+    let lo = rounds.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = rounds.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if rounds.len() < 2 {
+        String::new()
+    } else {
+        format!(" [{lo:.digits$}-{hi:.digits$}]")
+    }
+}
+
 /// Fills each remoted figure's ratio to native at the same burn level and client count, and
 /// notes, per (transport, burn, clients), adaptive against the better of spin and block.
 fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
@@ -320,8 +332,13 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
     for t in &a.transports {
         for &burn in &a.burn {
             for &(clients, metric) in &cells {
-                let get =
-                    |p: &str| value(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric);
+                let get = |p: &str| {
+                    snapshot.iter().find(|f| {
+                        f.mode == format!("{t} {p} burn={burn}x")
+                            && f.clients == clients
+                            && f.metric == metric
+                    })
+                };
                 let (Some(ad), Some(sp), Some(bl)) = (get("adaptive"), get("spin"), get("block"))
                 else {
                     continue;
@@ -332,11 +349,30 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
                     ("us", 2)
                 };
                 notes.push(format!(
-                    "{t} burn={burn}x {clients} client(s) {metric}: adaptive {ad:.digits$} {unit}, spin {sp:.digits$}, block {bl:.digits$}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
-                    ad / sp.min(bl),
-                    sp / ad
+                    "{t} burn={burn}x {clients} client(s) {metric}: adaptive {:.digits$} {unit}{}, spin {:.digits$}{}, block {:.digits$}{}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
+                    ad.value,
+                    spread(&ad.rounds, digits),
+                    sp.value,
+                    spread(&sp.rounds, digits),
+                    bl.value,
+                    spread(&bl.rounds, digits),
+                    ad.value / sp.value.min(bl.value),
+                    sp.value / ad.value
                 ));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn a_figure_of_several_rounds_shows_their_range() {
+        assert_eq!(spread(&[336.2, 254.1], 1), " [254.1-336.2]");
+        assert_eq!(spread(&[3.0, 1.0, 2.0], 2), " [1.00-3.00]");
+        assert_eq!(spread(&[7.0], 2), "");
+        assert_eq!(spread(&[], 2), "");
     }
 }

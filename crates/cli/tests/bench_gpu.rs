@@ -246,6 +246,7 @@ fn bench_contention_compares_the_waiting_policies_on_the_emulated_backend() {
             "--transports=unix",
             "--launches=50",
             "--syncs=50",
+            "--rounds=2",
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -254,6 +255,12 @@ fn bench_contention_compares_the_waiting_policies_on_the_emulated_backend() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Two rounds: each way's figure in a note carries its rounds' range.
+    let note = stdout
+        .lines()
+        .find(|l| l.contains("launch_sync.mean: adaptive"))
+        .unwrap_or_else(|| panic!("no mean note: {stdout}"));
+    assert_eq!(note.matches(" [").count(), 3, "{note}");
     for policy in ["spin", "block", "adaptive"] {
         assert!(
             stdout.contains(&format!("unix {policy} burn=0x")),
