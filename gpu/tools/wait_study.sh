@@ -3,7 +3,8 @@
 #
 #   1. `bench contention` traced (REMORA_WAIT_TRACE: each waiter's counts and its histogram of
 #      wait times, `took_us`), 1 and 4 clients, no load and 1x load, spin/block/adaptive,
-#      REMORA_STUDY_ROUNDS rounds (default 3): once plain and once with the waiting
+#      REMORA_STUDY_ROUNDS rounds (default 3) of REMORA_STUDY_SYNCS round trips per client
+#      (default 1000; pure polling under load can take milliseconds each): once plain and once with the waiting
 #      experiment REMORA_WAIT_SPARE_SPIN_US=REMORA_STUDY_SPARE_US (default 1000) exported;
 #   2. which side's spinning makes 4 TCP clients faster than native on an idle host (session
 #      26's lead): a standing `remora serve` on TCP loopback with one REMORA_WAIT and `bench
@@ -19,6 +20,7 @@ set -uo pipefail
 bin=$(cd "${1:?usage: wait_study.sh BIN_DIR OUT_DIR}" && pwd)
 out=${2:?usage: wait_study.sh BIN_DIR OUT_DIR}; mkdir -p "$out"; out=$(cd "$out" && pwd)
 rounds=${REMORA_STUDY_ROUNDS:-3}
+syncs=${REMORA_STUDY_SYNCS:-1000}
 spare_us=${REMORA_STUDY_SPARE_US:-1000}
 remora=$bin/remora
 emu=()
@@ -40,8 +42,8 @@ for run in plain spare; do
   [ "$run" = spare ] && extra=(env "REMORA_WAIT_SPARE_SPIN_US=$spare_us")
   say "== contention ($run$([ "$run" = spare ] && echo ", REMORA_WAIT_SPARE_SPIN_US=$spare_us"))"
   "${extra[@]}" env REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info \
-    timeout 240 "$remora" bench contention "${emu[@]}" --transports shm,tcp --clients 1,4 \
-    --burn 0,1 --policies spin,block,adaptive --launches 0 --syncs 2000 --rounds "$rounds" \
+    timeout 250 "$remora" bench contention "${emu[@]}" --transports shm,tcp --clients 1,4 \
+    --burn 0,1 --policies spin,block,adaptive --launches 0 --syncs "$syncs" --rounds "$rounds" \
     --json "$out/contention-$run.json" --png "$out/contention-$run.png" \
     > "$out/contention-$run.txt" 2>&1
   say "exit $?"
