@@ -292,14 +292,15 @@ fn spread(rounds: &[f64], digits: usize) -> String {
     }
 }
 
+/// The figure of `mode` with `clients` clients named `metric`.
+fn find<'a>(figs: &'a [Figure], mode: &str, clients: u32, metric: &str) -> Option<&'a Figure> {
+    figs.iter()
+        .find(|f| f.mode == mode && f.clients == clients && f.metric == metric)
+}
+
 /// Fills each remoted figure's ratio to native at the same burn level and client count, and
 /// notes, per (transport, burn, clients), adaptive against the better of spin and block.
 fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
-    let value = |figs: &[Figure], mode: &str, clients: u32, metric: &str| {
-        figs.iter()
-            .find(|f| f.mode == mode && f.clients == clients && f.metric == metric)
-            .map(|f| f.value)
-    };
     let snapshot = figures.to_vec();
     for f in figures.iter_mut() {
         let Some(burn) = f.mode.rsplit(' ').next().map(str::to_owned) else {
@@ -308,7 +309,8 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
         if f.mode.starts_with("native") {
             continue;
         }
-        let native = value(&snapshot, &format!("native {burn}"), f.clients, &f.metric);
+        let native =
+            find(&snapshot, &format!("native {burn}"), f.clients, &f.metric).map(|n| n.value);
         f.ratio_to_native = native
             .filter(|n| *n > 0.0)
             .map(|n| (f.value / n * 1000.0).round() / 1000.0);
@@ -332,13 +334,8 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
     for t in &a.transports {
         for &burn in &a.burn {
             for &(clients, metric) in &cells {
-                let get = |p: &str| {
-                    snapshot.iter().find(|f| {
-                        f.mode == format!("{t} {p} burn={burn}x")
-                            && f.clients == clients
-                            && f.metric == metric
-                    })
-                };
+                let get =
+                    |p: &str| find(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric);
                 let (Some(ad), Some(sp), Some(bl)) = (get("adaptive"), get("spin"), get("block"))
                 else {
                     continue;

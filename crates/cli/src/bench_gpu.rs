@@ -330,12 +330,12 @@ pub(crate) fn run_workers(
         Ok(())
     };
     go(&mut group.children)?;
-    let mut cpu0 = None;
+    let mut sched0 = None;
     if sync_barrier {
         for (c, r) in group.children.iter_mut().zip(&mut readers) {
             expect_line(c, r, "SYNC", label, "in its launch burst")?;
         }
-        cpu0 = server_sched.map(|f| f());
+        sched0 = server_sched.map(|f| f());
         go(&mut group.children)?;
     }
     let mut lines = Vec::new();
@@ -348,7 +348,7 @@ pub(crate) fn run_workers(
         }
         lines.push(line);
     }
-    let cpu = cpu0.zip(server_sched).map(|(c0, f)| f() - c0);
+    let sched = sched0.zip(server_sched).map(|(s0, f)| f() - s0);
     let mut results = Vec::new();
     for (c, line) in group.children.iter_mut().zip(&lines) {
         // Closing its standard input lets a launch worker end its session and exit.
@@ -366,7 +366,7 @@ pub(crate) fn run_workers(
         );
     }
     group.children.clear();
-    Ok((results, cpu))
+    Ok((results, sched))
 }
 
 /// Reads a worker's next line; anything but `want` ends the group with an error that says

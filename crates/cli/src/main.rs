@@ -621,7 +621,8 @@ enum BenchCommand {
     /// (0, 1 and 2 per core) compete for the cores, for each way of waiting: spin (pure
     /// polling), block (no spinning) and adaptive (Remora's default: a spin budget that
     /// follows the waits seen), set with REMORA_WAIT in the servers it starts and in every
-    /// client; with --program or --programs, also the wall time of a mix of whole CUDA programs run against standing servers under each load and way.
+    /// client; with --program or --programs, also the wall time of a mix of whole CUDA
+    /// programs run against standing servers under each load and way.
     /// Ratios against native at the same load; notes compare adaptive with the better of
     /// spin and block. Needs a GPU.
     Contention(bench_contention::Args),

@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
 
 pub mod sched;
-use serde::{Deserialize, Serialize};
 
 /// An empty kernel as PTX: the driver compiles it for whatever GPU it has.
 const EMPTY_KERNEL_PTX: &str = "\
