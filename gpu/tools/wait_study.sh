@@ -4,16 +4,17 @@
 #   1. `bench contention` traced (REMORA_WAIT_TRACE: each waiter's counts and its histogram of
 #      wait times, `took_us`), 1 and 4 clients, no load and 1x load, spin/block/adaptive,
 #      REMORA_STUDY_ROUNDS rounds (default 3) of REMORA_STUDY_SYNCS round trips per client
-#      (default 1000; pure polling under load can take milliseconds each): once plain and once with the waiting
-#      experiment REMORA_WAIT_SPARE_SPIN_US=REMORA_STUDY_SPARE_US (default 1000) exported;
+#      (default 1000; pure polling under load can take milliseconds each): once with the
+#      spare-core spin off (REMORA_WAIT_SPARE_SPIN_US=0) and once with
+#      REMORA_WAIT_SPARE_SPIN_US=REMORA_STUDY_SPARE_US (default 1000, the default value) exported;
 #   2. which side's spinning makes 4 TCP clients faster than native on an idle host (session
 #      26's lead): a standing `remora serve` on TCP loopback with one REMORA_WAIT and `bench
 #      launch --server` clients with another, for each pair of spin and adaptive.
 #
 #   gpu/tools/wait_study.sh BIN_DIR OUT_DIR
 #
-# BIN_DIR holds `remora` and its shim (libcuda.so). Writes OUT_DIR/contention-{plain,spare}.
-# {json,png,txt}, OUT_DIR/waits-{plain,spare}.txt (the trace lines under their headings),
+# BIN_DIR holds `remora` and its shim (libcuda.so). Writes OUT_DIR/contention-{off,spare}.
+# {json,png,txt}, OUT_DIR/waits-{off,spare}.txt (the trace lines under their headings),
 # OUT_DIR/split-SERVER-CLIENTS.{json,txt} and OUT_DIR/summary.txt. REMORA_STUDY_EMULATED=1
 # runs it against the emulated backend (no GPU: a check of the script itself, no figures).
 set -uo pipefail
@@ -36,12 +37,12 @@ summary=$out/summary.txt
 say() { echo "$*" | tee -a "$summary"; }
 say "wait_study $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || echo 'no GPU') ($(nproc) cores), $("$remora" --version)"
 
-# 1. Traced contention, plain and with the experiment.
-for run in plain spare; do
-  extra=()
-  [ "$run" = spare ] && extra=(env "REMORA_WAIT_SPARE_SPIN_US=$spare_us")
-  say "== contention ($run$([ "$run" = spare ] && echo ", REMORA_WAIT_SPARE_SPIN_US=$spare_us"))"
-  "${extra[@]}" env REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info \
+# 1. Traced contention, with the spare-core spin off and on.
+for run in off spare; do
+  us=0
+  [ "$run" = spare ] && us=$spare_us
+  say "== contention ($run, REMORA_WAIT_SPARE_SPIN_US=$us)"
+  env "REMORA_WAIT_SPARE_SPIN_US=$us" REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info \
     timeout 250 "$remora" bench contention "${emu[@]}" --transports shm,tcp --clients 1,4 \
     --burn 0,1 --policies spin,block,adaptive --launches 0 --syncs "$syncs" --rounds "$rounds" \
     --json "$out/contention-$run.json" --png "$out/contention-$run.png" \

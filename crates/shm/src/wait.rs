@@ -176,32 +176,43 @@ fn running_threads(loadavg: &str) -> Option<usize> {
         .ok()
 }
 
-/// An experiment (issue 12 §4, session 26; off unless asked for): `REMORA_WAIT_SPARE_SPIN_US`,
-/// how long an adaptive wait spins at least while the host has a core to spare, whatever its
-/// budget (at most [`SPARE_SPIN_MAX`]; read once; 0 or unset: off). With idle cores the
-/// unloaded launch + synchronize loops lose 1-3 µs of mean to pure polling from a few dozen
-/// waits in 2000 that outlast the budget and `max_spin` (a peer's hiccup) and then pay a
-/// sleep and a wake-up on an idle core (~100 µs); spinning through such hiccups on a core
-/// no one else wants would remove that, for at most this much CPU per wait. To be measured
-/// beside the default (`bench contention` with it exported), then made the default or
-/// removed.
+/// How long an adaptive wait spins at least while the host has a core to spare, whatever its
+/// budget: [`SPARE_SPIN_DEFAULT`], or `REMORA_WAIT_SPARE_SPIN_US` (microseconds, at most
+/// [`SPARE_SPIN_MAX`]; `0` turns it off; read once). With idle cores the unloaded launch +
+/// synchronize loops lost 1-3 µs of mean to pure polling from a few dozen waits in 1000-2000
+/// that outlast the budget and `max_spin` (a peer's hiccup) and then paid a sleep and a
+/// wake-up on an idle core (~60-180 µs). Spinning through such hiccups on a core no one else
+/// wants removes that, for at most this much CPU per wait; a loaded host (no core to spare)
+/// is unaffected. Measured on an H200 (session 27, `gpu/tools/wait_study.sh`): with 1 ms the
+/// unloaded waits that slept went from 4-29 in ~1000 to one (a wait over 1 ms), and the 1-client cells from
+/// x0.98-1.02 (x1.07-1.25 in session 26) to x0.98-1.01 of the better fixed policy.
 pub fn spare_spin() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
     *SPIN.get_or_init(|| {
         let Ok(v) = std::env::var("REMORA_WAIT_SPARE_SPIN_US") else {
-            return Duration::ZERO;
+            return SPARE_SPIN_DEFAULT;
         };
-        match v.trim().parse::<u64>() {
-            Ok(us) => Duration::from_micros(us).min(SPARE_SPIN_MAX),
-            Err(_) => {
-                tracing::warn!(
-                    "REMORA_WAIT_SPARE_SPIN_US={v:?} is not a number of microseconds; ignored"
-                );
-                Duration::ZERO
-            }
-        }
+        parse_spare_spin(&v).unwrap_or_else(|| {
+            tracing::warn!(
+                "REMORA_WAIT_SPARE_SPIN_US={v:?} is not a number of microseconds; using the \
+                 default, {} us",
+                SPARE_SPIN_DEFAULT.as_micros()
+            );
+            SPARE_SPIN_DEFAULT
+        })
     })
 }
+
+/// `REMORA_WAIT_SPARE_SPIN_US`'s value as a duration, capped at [`SPARE_SPIN_MAX`]; `None`
+/// when it is not a whole number of microseconds.
+fn parse_spare_spin(v: &str) -> Option<Duration> {
+    let us = v.trim().parse::<u64>().ok()?;
+    Some(Duration::from_micros(us).min(SPARE_SPIN_MAX))
+}
+
+/// [`spare_spin`] when `REMORA_WAIT_SPARE_SPIN_US` is not set: the waits the H200's traces
+/// showed outlasting `max_spin` on an idle host took under 1 ms but a handful in a thousand.
+pub const SPARE_SPIN_DEFAULT: Duration = Duration::from_millis(1);
 
 /// The most [`spare_spin`] may be.
 pub const SPARE_SPIN_MAX: Duration = Duration::from_millis(10);
@@ -598,6 +609,20 @@ mod tests {
             us(7),
             "not the fixed policies"
         );
+    }
+
+    #[test]
+    fn spare_spin_values() {
+        assert_eq!(parse_spare_spin("250"), Some(Duration::from_micros(250)));
+        assert_eq!(
+            parse_spare_spin(" 0 "),
+            Some(Duration::ZERO),
+            "0 turns it off"
+        );
+        assert_eq!(parse_spare_spin("99999999"), Some(SPARE_SPIN_MAX), "capped");
+        assert_eq!(parse_spare_spin("1ms"), None);
+        assert_eq!(parse_spare_spin("-5"), None);
+        assert!(SPARE_SPIN_DEFAULT <= SPARE_SPIN_MAX);
     }
 
     /// Plans and settles 2000 waits on `w`: blocking at once takes `blocked`, spinning
