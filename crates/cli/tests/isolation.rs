@@ -68,7 +68,10 @@ impl Serve {
             .arg(format!("unix://{}", sock.display()))
             .args(extra)
             .env("TMPDIR", dir.join("tmp"))
-            .env("REMORA_LOG", "info")
+            .env(
+                "REMORA_LOG",
+                "info,remora::startup=debug,remora_server::worker_pool=debug",
+            )
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
             .spawn()
@@ -299,6 +302,65 @@ fn warm_workers_wait_ahead_of_connections_and_each_serves_one_session() {
         assert!(!alive(pid), "worker {pid} outlived the server");
     }
     drop(b);
+}
+
+#[test]
+fn a_replacement_makes_its_context_once_the_session_that_caused_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    let serve = Serve::start(
+        dir.path(),
+        &["--isolation", "process", "--warm-workers", "2"],
+    );
+    let server_pid = serve.child.id();
+    wait_until("two warm workers wait", || children(server_pid).len() == 2);
+    let log = || std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
+    // The two started at start make their contexts at once (ungated).
+    wait_until("both say they are ready", || {
+        log().matches("session worker ready").count() == 2
+    });
+    assert!(!log().contains("gated_for"), "{}", log());
+
+    // A takes one; another still waits ungated, so A's replacement is gated for A.
+    let a = serve.client();
+    let ctx_a = primary(&a);
+    assert!(alloc_works(&a, ctx_a));
+    wait_until("the pool is refilled", || children(server_pid).len() == 3);
+    wait_until("the replacement is gated for A", || {
+        log().contains("warm session worker started") && log().contains("gated_for=")
+    });
+    // A ends (or runs a second): the replacement gets its go and makes its context.
+    drop(a);
+    wait_until("the gated worker gets its go", || {
+        log().contains("the server's go came")
+    });
+    assert!(
+        log().contains("gated worker told to make its context"),
+        "{}",
+        log()
+    );
+    wait_until("three workers said they are ready", || {
+        log().matches("session worker ready").count() == 3
+    });
+
+    // B takes the oldest waiting worker (its replacement is gated for B); C takes the last
+    // ungated one, which opens every gate. No session finds a worker without its context.
+    let b = serve.client();
+    let ctx_b = primary(&b);
+    assert!(alloc_works(&b, ctx_b));
+    let c = serve.client();
+    let ctx_c = primary(&c);
+    assert!(alloc_works(&c, ctx_c));
+    wait_until("three hand-offs are logged", || {
+        handed(dir.path()).len() == 3
+    });
+    wait_until("every gate is open", || {
+        log().matches("the server's go came").count() == 2
+    });
+    assert!(!log().contains("no context made ahead"), "{}", log());
+    let status = serve.terminate();
+    assert!(status.success(), "{status:?}");
+    drop((b, c));
 }
 
 #[test]

@@ -1337,6 +1337,44 @@ fn new_executor(backend: Arc<dyn Backend>, inventory: &Inventory, o: ExecutorOpt
 /// Runs one session worker (`remora serve-worker`): serves the connection on standard input
 /// with a full executor of its own until it closes. The worker dies with SIGTERM when the
 /// server thread that started it goes away.
+/// What a gated worker's control socket brought first.
+enum Gate {
+    /// The server closed it (shutdown, or a smaller pool).
+    Closed,
+    /// [`crate::worker_pool::GO`]: make the context now.
+    Go,
+    /// Its session's hand-off, whole (bytes in the buffer, descriptor), before any go.
+    Session((usize, Option<std::os::fd::OwnedFd>)),
+}
+
+/// Waits for a gated worker's first message. It reads one byte first, so that a go is never
+/// taken together with a hand-off sent after it; a hand-off's descriptor comes with its first
+/// byte, and the rest of its one message is read next.
+fn gate(
+    control: &std::os::unix::net::UnixStream,
+    message: &mut [u8; crate::worker_pool::MAX_HANDOFF],
+) -> Result<Gate, ServeError> {
+    let (n, fd) =
+        remora_shm::recv_with_fd(control, &mut message[..1]).map_err(ServeError::WorkerStdin)?;
+    match (n, fd) {
+        (0, _) => Ok(Gate::Closed),
+        (_, None) if message[0] == crate::worker_pool::GO => {
+            tracing::debug!(target: "remora::startup", "gated session worker: the server's go came; making its context");
+            Ok(Gate::Go)
+        }
+        (_, Some(fd)) => {
+            let (rest, extra) = remora_shm::recv_with_fd(control, &mut message[1..])
+                .map_err(ServeError::WorkerStdin)?;
+            drop(extra);
+            tracing::debug!(target: "remora::startup", "gated session worker: its session came before the go; no context made ahead");
+            Ok(Gate::Session((1 + rest, Some(fd))))
+        }
+        (_, None) => Err(ServeError::WorkerStdin(std::io::Error::other(
+            "the server sent a gated worker something other than its go or a hand-off",
+        ))),
+    }
+}
+
 pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     use std::os::fd::AsFd;
     // Die with the server: SIGTERM when the thread that started us ends. If the server is
@@ -1390,19 +1428,37 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         }
     };
     let driver_ms = t0.elapsed().as_millis() as u64;
-    backend.prewarm();
+    let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
+    // A gated replacement (worker_pool::GATE_ENV) makes its context on the server's go; a
+    // connection that comes first finds none made ahead (its session makes its own).
+    let early = if std::env::var_os(crate::worker_pool::GATE_ENV).is_some() {
+        match gate(&control, &mut message)? {
+            Gate::Closed => return Ok(()),
+            Gate::Go => None,
+            Gate::Session(first) => Some(first),
+        }
+    } else {
+        None
+    };
+    if early.is_none() {
+        backend.prewarm();
+    }
     tracing::debug!(
         target: "remora::startup",
         worker_pid = std::process::id(),
         backend = backend.kind(),
         driver_ms,
         prewarm_ms = t0.elapsed().as_millis() as u64 - driver_ms,
+        context_ahead = early.is_none(),
         "session worker ready; waiting for its connection"
     );
     // Tell the server: it starts this worker's replacement only now (see worker_pool.rs).
     let _ = std::io::Write::write_all(&mut &control, &[crate::worker_pool::READY]);
-    let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
-    let (fd, budget, peer, slot, origin) = match remora_shm::recv_with_fd(&control, &mut message) {
+    let received = match early {
+        Some(first) => Ok(first),
+        None => remora_shm::recv_with_fd(&control, &mut message),
+    };
+    let (fd, budget, peer, slot, origin) = match received {
         // The server closed the control socket: it is shutting down or shrinking its pool.
         Ok((0, _)) => return Ok(()),
         Ok((n, Some(fd))) => match crate::worker_pool::parse_message(&message[..n]) {
@@ -1614,6 +1670,47 @@ fn is_loopback(addr: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::private_dir;
+    use super::{Gate, gate};
+
+    #[test]
+    fn a_gated_worker_tells_a_go_from_a_hand_off() {
+        use std::os::fd::AsFd;
+        use std::os::unix::net::UnixStream;
+        let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
+        // The go, even with a hand-off queued right behind it: one byte only.
+        let (server, worker) = UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut &server, &[crate::worker_pool::GO]).unwrap();
+        let (conn, _peer) = UnixStream::pair().unwrap();
+        let handoff = crate::worker_pool::handoff_message(
+            7,
+            1,
+            &remora_oncrpc::Origin::default(),
+            "unix pid 1",
+        );
+        remora_shm::send_with_fd(&server, &handoff, conn.as_fd()).unwrap();
+        assert!(matches!(gate(&worker, &mut message), Ok(Gate::Go)));
+        let (n, fd) = remora_shm::recv_with_fd(&worker, &mut message).unwrap();
+        assert_eq!(&message[..n], &handoff[..]);
+        assert!(fd.is_some());
+        // A hand-off before any go: the whole message and its descriptor.
+        let (server, worker) = UnixStream::pair().unwrap();
+        remora_shm::send_with_fd(&server, &handoff, conn.as_fd()).unwrap();
+        match gate(&worker, &mut message) {
+            Ok(Gate::Session((n, Some(_)))) => {
+                let h = crate::worker_pool::parse_handoff(&message[..n]).unwrap();
+                assert_eq!((h.budget, h.slot, h.peer.as_str()), (7, 1, "unix pid 1"));
+            }
+            Ok(_) => panic!("expected the session"),
+            Err(e) => panic!("expected the session, got {e}"),
+        }
+        // The server closed the socket; or sent something else.
+        let (server, worker) = UnixStream::pair().unwrap();
+        drop(server);
+        assert!(matches!(gate(&worker, &mut message), Ok(Gate::Closed)));
+        let (server, worker) = UnixStream::pair().unwrap();
+        std::io::Write::write_all(&mut &server, b"x").unwrap();
+        assert!(gate(&worker, &mut message).is_err());
+    }
 
     /// The module cache and default socket directories: private directories only.
     #[test]

@@ -55,8 +55,23 @@ pub(crate) fn lock_budget(live: usize, area: u64, cap: u64) -> u64 {
 /// How long a session's worker may take to say it is ready before the pool starts its
 /// replacement anyway.
 const READY_WAIT: Duration = Duration::from_secs(10);
-/// The byte a worker writes on its control socket once its driver and context are ready.
+/// The byte a worker writes on its control socket once its driver and context are ready
+/// (or, for a gated one, once its session has come: see [`GATE_ENV`]).
 pub(crate) const READY: u8 = b'R';
+/// Set in the environment of a *gated* worker: a replacement started while a session runs.
+/// It loads and initialises its driver at once, but makes its context only when the server
+/// sends [`GO`] (or not at all, when a connection comes first: the session then makes its
+/// own). Making a context while a session runs slows that session's driver calls about
+/// twofold (H200, session 27: a short program's context release 137-142 ms against 59 ms,
+/// its `cuMemFree` 13 ms against 0.3 ms; two processes making contexts at once took
+/// 180-215 ms each against 113 ms alone), so a replacement makes its context when the
+/// session that took its predecessor ends, after [`GATE_AFTER`] of it, or at once when no
+/// other worker waits ungated for the next connection.
+pub(crate) const GATE_ENV: &str = "REMORA_WORKER_GATED";
+/// The byte the server sends a gated worker when it may make its context.
+pub(crate) const GO: u8 = b'G';
+/// How long a session may run before the replacement it caused makes its context anyway.
+const GATE_AFTER: Duration = Duration::from_secs(1);
 
 /// First line of the hand-off message.
 const HANDOFF_MAGIC: &str = "remora-session 3";
@@ -198,6 +213,9 @@ struct Worker {
     control: UnixStream,
     exit: Arc<Exit>,
     started: Instant,
+    /// A gated worker ([`GATE_ENV`]) not sent [`GO`] yet: the connection whose session's
+    /// hand-off started it.
+    gate: Option<u64>,
 }
 
 impl Worker {
@@ -303,10 +321,15 @@ impl WorkerPool {
         while exit.wait(Duration::from_millis(100)).is_none() && !conn.shutting_down() {}
     }
 
-    /// Starts a worker, with an MPS share of the GPU when `share` says so ([`crate::gpu_share`]).
-    /// The thread that starts it stays with it until it exits: the worker dies with that
-    /// thread (`PR_SET_PDEATHSIG`), and it reaps it.
-    fn start(&self, share: Option<crate::quota::GpuShare>) -> io::Result<Worker> {
+    /// Starts a worker, with an MPS share of the GPU when `share` says so ([`crate::gpu_share`]),
+    /// gated ([`GATE_ENV`]) for connection `gate`'s session when that is given. The thread
+    /// that starts it stays with it until it exits: the worker dies with that thread
+    /// (`PR_SET_PDEATHSIG`), and it reaps it.
+    fn start(
+        &self,
+        share: Option<crate::quota::GpuShare>,
+        gate: Option<u64>,
+    ) -> io::Result<Worker> {
         let Some((program, leading)) = self.command.split_first() else {
             return Err(io::Error::other("no worker command"));
         };
@@ -325,6 +348,10 @@ impl WorkerPool {
             // Not this server's own setting (if it has one) either: a worker without a share
             // has the whole GPU.
             None => cmd.env_remove(crate::gpu_share::MPS_PERCENT_ENV),
+        };
+        match gate {
+            Some(_) => cmd.env(GATE_ENV, "1"),
+            None => cmd.env_remove(GATE_ENV),
         };
         let exit = Arc::new(Exit::default());
         let (tx, rx) = std::sync::mpsc::channel();
@@ -356,11 +383,17 @@ impl WorkerPool {
             control: ours,
             exit,
             started: Instant::now(),
+            gate,
         })
     }
 
     /// Starts workers until `warm_target` wait (counting those being started).
     pub(crate) fn fill(&self) {
+        self.fill_for(None);
+    }
+
+    /// [`WorkerPool::fill`], the workers gated for connection `gate`'s session when given.
+    fn fill_for(&self, gate: Option<u64>) {
         loop {
             {
                 let mut warm = self.lock_warm();
@@ -369,17 +402,42 @@ impl WorkerPool {
                 }
                 warm.starting += 1;
             }
-            let started = self.start(None);
+            let started = self.start(None, gate);
             let mut warm = self.lock_warm();
             warm.starting -= 1;
             match started {
                 Ok(w) => {
-                    tracing::debug!(worker_pid = w.pid, "warm session worker started");
+                    tracing::debug!(
+                        worker_pid = w.pid,
+                        gated_for = gate,
+                        "warm session worker started"
+                    );
                     warm.waiting.push_back(w);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start a warm session worker");
                     return;
+                }
+            }
+        }
+    }
+
+    /// Sends [`GO`] to the waiting workers gated for connection `opener`'s session, or to
+    /// every gated one when `opener` is `None`.
+    fn open_gates(&self, opener: Option<u64>) {
+        let mut warm = self.lock_warm();
+        for w in warm.waiting.iter_mut() {
+            if w.gate.is_some() && (opener.is_none() || w.gate == opener) {
+                w.gate = None;
+                // A worker that is gone fails its hand-off later and is passed over then.
+                if let Err(e) = std::io::Write::write_all(&mut &w.control, &[GO]) {
+                    tracing::debug!(worker_pid = w.pid, error = %e, "cannot tell a gated worker to make its context");
+                } else {
+                    tracing::debug!(
+                        worker_pid = w.pid,
+                        ?opener,
+                        "gated worker told to make its context"
+                    );
                 }
             }
         }
@@ -405,7 +463,7 @@ impl WorkerPool {
             }
             return Ok(w);
         }
-        self.start(None)
+        self.start(None, None)
     }
 
     /// Ends the warm workers (server shutdown): each sees its control socket close and
@@ -472,7 +530,7 @@ impl ConnectionHandler for WorkerPool {
                 Some((tenant, s)) => {
                     tracing::info!(%peer, connection = id, %tenant, gpu_share = %s,
                         "starting a session worker with the tenant's share of the GPU (MPS)");
-                    self.start(Some(*s))
+                    self.start(Some(*s), None)
                 }
                 None => self.take(),
             };
@@ -522,16 +580,31 @@ impl ConnectionHandler for WorkerPool {
         // Replace it while the session runs, once its worker is ready (it says so on the
         // control socket): two workers making contexts at once slow both (254 ms instead
         // of ~150 ms on the H100 host), and the session's is the one a program waits for.
-        if self.refill && share.is_none() && !conn.shutting_down() {
+        // While another worker waits ungated for the next connection, the replacement is
+        // gated: its context waits until this session ends or has run GATE_AFTER
+        // (`GATE_ENV`). When none does, every gated worker makes its context now, and so does
+        // this replacement.
+        let refill = self.refill && share.is_none() && !conn.shutting_down();
+        let mut gated = false;
+        if refill {
+            gated = self.lock_warm().waiting.iter().any(|w| w.gate.is_none());
+            if !gated {
+                self.open_gates(None);
+            }
             let _ = worker.control.set_read_timeout(Some(READY_WAIT));
             let _ = std::io::Read::read(&mut &worker.control, &mut [0u8; 1]);
-            self.fill();
+            self.fill_for(gated.then_some(id));
         }
+        let session_start = Instant::now();
         let mut stopping_since: Option<Instant> = None;
         let mut termed = false;
         let status = loop {
             if let Some(status) = worker.exit.wait(Duration::from_millis(20)) {
                 break status;
+            }
+            if gated && session_start.elapsed() >= GATE_AFTER {
+                self.open_gates(Some(id));
+                gated = false;
             }
             if conn.shutting_down() {
                 let since = *stopping_since.get_or_insert_with(Instant::now);
@@ -547,6 +620,9 @@ impl ConnectionHandler for WorkerPool {
             }
         };
         self.workers.lock().remove(&id);
+        if gated {
+            self.open_gates(Some(id));
+        }
         match status {
             Some(s) if s.success() => {
                 tracing::info!(%peer, connection = id, worker_pid = pid, "session worker finished")
