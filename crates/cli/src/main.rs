@@ -487,7 +487,10 @@ enum Command {
         /// Under process isolation, session workers kept started ahead of their connections,
         /// with the driver initialised and a context made on the first GPU, so that a
         /// program's session starts at once (each holds one context's GPU memory while it
-        /// waits). 0: start each worker when its connection arrives.
+        /// waits). 0: start each worker when its connection arrives. A replacement started
+        /// while another still waits makes its context only once the session that took its
+        /// predecessor ends or has run 1 s (a context made beside a session slows its driver
+        /// calls about twofold).
         #[arg(long, value_name = "N", default_value_t = remora_server::DEFAULT_WARM_WORKERS)]
         warm_workers: usize,
         /// Start the --warm-workers once, at start, and do not replace those that sessions
