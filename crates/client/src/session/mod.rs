@@ -616,6 +616,7 @@ impl Session {
 
     /// [`Session::connect`] with explicit timeouts.
     pub fn connect_with(endpoint: &Endpoint, config: SessionConfig) -> CuResult<Session> {
+        let t0 = std::time::Instant::now();
         let hello = HelloArgs {
             min_revision: 2,
             max_revision: REMORA_PROTOCOL_REVISION,
@@ -659,6 +660,11 @@ impl Session {
             );
             CuError(cu::NO_DEVICE)
         })?;
+        // Start-up timeline (with `remora run`'s and the server's `remora::startup` lines):
+        // when the connection stood, and below when the session's worker answered HELLO
+        // (under process isolation it answers once its driver and context are ready).
+        let connected_us = t0.elapsed().as_micros() as u64;
+        tracing::debug!(target: "remora::startup", %endpoint, connected_us, shm = rpc.is_shm(), "client connected");
         let reply = match rpc.opening_reply() {
             Some(bytes) => {
                 let mut dec = remora_xdr::Decoder::new(bytes.clone());
@@ -701,6 +707,12 @@ impl Session {
                 return Err(CuError(cu::NOT_SUPPORTED));
             }
         };
+        tracing::debug!(
+            target: "remora::startup",
+            revision = welcome.revision,
+            hello_us = t0.elapsed().as_micros() as u64 - connected_us,
+            "client session ready (HELLO answered)"
+        );
         if let DriverReport::Default {
             discriminant,
             value,
