@@ -15,14 +15,19 @@
 #                                                        whole run of all of them
 #   bench-startup-vecadd-DATE-DEVICE-COMMIT.{json,png}  vecadd alone, 10 rounds: one program's
 #                                                        start-up
+#   bench-startup-torch-DATE-DEVICE-COMMIT.{json,png}   python3 gpu/torch/startup.py (import
+#                                                        torch, one small kernel), 3 rounds,
+#                                                        where python3 imports torch (skip it
+#                                                        with REMORA_STARTUP_TORCH=0)
 # Each run is a fresh process timed from spawn to exit, after an untimed warm-up of every
 # program in every mode; `remora bench plot --json F --png P` draws a report again.
 # Env: REMORA_COMMIT (recorded in the reports and in the file names; default: the commit
 #   `remora --version` names, else unknown),
 # REMORA_STARTUP_MODES (default native,embedded,standing), REMORA_STARTUP_TRANSPORTS (default
 # shm,unix,tcp), REMORA_DEVICE_TAG (the DEVICE of the file names; default from nvidia-smi, e.g.
-# h100). On the H100 the two benchmarks take about 5 minutes together (25 programs, 7 modes,
-# a warm-up and 3 rounds; then vecadd 11 times in 7 modes).
+# h100). On the H100 the first two benchmarks take about 5 minutes together (25 programs, 7
+# modes, a warm-up and 3 rounds; then vecadd 11 times in 7 modes); PyTorch's adds about a
+# minute and a half (4 runs of ~2-3 s in 7 modes).
 set -euo pipefail
 usage="usage: bench-startup.sh BIN_DIR BUILD_DIR [OUT_DIR]"
 bin=$(cd "${1:?$usage}" && pwd)
@@ -72,3 +77,15 @@ echo "== remora bench startup: $count programs, 3 rounds ($("$bin/remora" --vers
 echo "== remora bench startup: vecadd, 10 rounds"
 "$bin/remora" bench startup --program "$build/vecadd" --rounds 10 "${modes[@]}" \
   --json "$out/bench-startup-vecadd-$tag.json" --png "$out/bench-startup-vecadd-$tag.png"
+
+# A Python program's start-up (import torch, one small kernel): where PyTorch is installed,
+# unless REMORA_STARTUP_TORCH=0.
+if [ "${REMORA_STARTUP_TORCH:-1}" = 0 ]; then
+  echo "== PyTorch start-up skipped (REMORA_STARTUP_TORCH=0)"
+elif ! python3 -c "import torch" > /dev/null 2>&1; then
+  echo "== PyTorch start-up skipped: python3 cannot import torch here"
+else
+  echo "== remora bench startup: python3 gpu/torch/startup.py, 3 rounds"
+  "$bin/remora" bench startup --program "python3 $src/torch/startup.py" --rounds 3 "${modes[@]}" \
+    --json "$out/bench-startup-torch-$tag.json" --png "$out/bench-startup-torch-$tag.png"
+fi
