@@ -695,7 +695,11 @@ fn private_dir(dir: &Path, advice: &str) -> std::io::Result<()> {
 /// A running server.
 pub struct Running {
     handle: ServerHandle,
-    inventory: Inventory,
+    /// `None` while the accepting process's own driver probe runs beside the server
+    /// (process isolation without `--devices`: [`Running::probe`]).
+    inventory: Option<Inventory>,
+    /// That probe's thread, joined at shutdown.
+    probe: Option<std::thread::JoinHandle<()>>,
     /// The executor serving the sessions, under thread isolation.
     service: Option<Arc<RemoraService>>,
     /// The session workers, under process isolation.
@@ -712,9 +716,11 @@ impl Running {
         self.handle.local_endpoints()
     }
 
-    /// What the driver probe found.
-    pub fn inventory(&self) -> &Inventory {
-        &self.inventory
+    /// What the driver probe found; `None` when this process probes its driver beside the
+    /// running server (process isolation without `--devices`: only its log lines say what it
+    /// found, and the workers answer HELLO from their own probes).
+    pub fn inventory(&self) -> Option<&Inventory> {
+        self.inventory.as_ref()
     }
 
     /// The executor serving every session, under thread isolation (tests inspect its
@@ -752,11 +758,6 @@ impl Running {
         self.handle.connection_count()
     }
 
-    /// Stops accepting, lets calls in flight finish, and joins every thread. Under process
-    /// isolation each worker sees its connection end and exits; one still running after
-    /// [`WORKER_GRACE`] gets SIGTERM, then SIGKILL after as long again; warm workers without
-    /// a session see their control socket close. Returns once every worker has been reaped;
-    /// removes the module cache directory it made.
     /// Where `--metrics` answers (port 0 resolved), if it was asked for.
     pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
         self.metrics
@@ -764,7 +765,25 @@ impl Running {
             .map(crate::metrics::Metrics::local_addr)
     }
 
+    /// Stops accepting, lets calls in flight finish, and joins every thread. Under process
+    /// isolation each worker sees its connection end and exits; one still running after
+    /// [`WORKER_GRACE`] gets SIGTERM, then SIGKILL after as long again; warm workers without
+    /// a session see their control socket close. Returns once every worker has been reaped
+    /// (and this process's own driver probe has ended, waiting for it at most
+    /// [`WORKER_GRACE`]: a process that exits while a thread is inside `cuInit` may hang in
+    /// the driver's exit handlers); removes the module cache directory it made.
     pub fn shutdown(self) {
+        if let Some(probe) = self.probe {
+            let since = Instant::now();
+            while !probe.is_finished() && since.elapsed() < WORKER_GRACE {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if probe.is_finished() {
+                let _ = probe.join();
+            } else {
+                tracing::warn!("the driver probe is still running at shutdown; not waiting for it");
+            }
+        }
         drop(self.metrics);
         self.handle.shutdown();
         if let Some(pool) = &self.pool {
@@ -909,8 +928,9 @@ fn probe_inventory(devices: Option<&[i32]>, probe: Probe) -> Result<Inventory, S
     let inventory =
         driver::select_devices(driver::probe(), devices).map_err(ServeError::Devices)?;
     // How long loading the driver and asking it took: under process isolation the server's
-    // probe runs beside its warm workers' own start and comes before the endpoint is printed
-    // (what `remora run` waits for), so it is part of an embedded run's start-up.
+    // probe runs beside its warm workers' own start, and beside the listening server unless
+    // `--devices` asks for a selection to check first (then it comes before the endpoint is
+    // printed, what `remora run` waits for).
     let probe_ms = t0.elapsed().as_millis() as u64;
     tracing::debug!(target: "remora::startup", pid = std::process::id(), ?probe, probe_ms, "driver probed");
     match &inventory {
@@ -1017,16 +1037,26 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     ));
     // The warm workers load and initialise their drivers while this process probes its own.
     pool.fill();
+    // The probe checks the device selection and logs the inventory; this process never
+    // creates a context, and workers are started by exec, so its driver state reaches no one.
+    // With no selection to check it runs beside the listening server instead of before it:
+    // the endpoint (what `remora run` waits for before it starts the program) is then printed
+    // without waiting for this process's driver start (109-173 ms on an H200), which a
+    // program that takes longer than that to reach its first CUDA call (Python importing
+    // torch) no longer pays. HELLO is answered by the workers, from their own probes.
+    let probe_beside = config.backend == BackendChoice::Cuda && config.devices.is_none();
     let started = (|| {
-        // The probe checks the device selection and logs the inventory; this process never
-        // creates a context, and workers are started by exec, so its driver state reaches
-        // no one.
         let inventory = match config.backend {
-            BackendChoice::Cuda => probe_inventory(config.devices.as_deref(), Probe::Server)?,
+            BackendChoice::Cuda if probe_beside => None,
+            BackendChoice::Cuda => Some(probe_inventory(config.devices.as_deref(), Probe::Server)?),
             BackendChoice::Emulated => {
-                make_backend(config.backend, config.devices.as_deref(), Probe::Server)?.1
+                Some(make_backend(config.backend, config.devices.as_deref(), Probe::Server)?.1)
             }
         };
+        let unprobed = Inventory::NotFound(
+            "not probed yet: the accepting process answers no HELLO (its session workers do)"
+                .into(),
+        );
         tracing::info!(
             module_cache = %cache_dir.display(),
             warm_workers = pool.warm_target,
@@ -1036,7 +1066,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
         // program and version the workers answer.
         let placeholder = Arc::new(RemoraService::new(Executor::new(
             Arc::new(CudaBackend::unavailable()),
-            HelloService::new(&inventory),
+            HelloService::new(inventory.as_ref().unwrap_or(&unprobed)),
             0,
         )));
         let handle = listen_and_start(
@@ -1077,9 +1107,28 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             return Err(e);
         }
     };
+    let probe = if probe_beside {
+        let spawned = std::thread::Builder::new()
+            .name("remora-probe".into())
+            .spawn(|| {
+                if let Err(e) = probe_inventory(None, Probe::Server) {
+                    tracing::error!("driver probe: {e}");
+                }
+            });
+        match spawned {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start the driver probe's thread; the driver is not probed here (the workers probe their own)");
+                None
+            }
+        }
+    } else {
+        None
+    };
     Ok(Running {
         handle,
         inventory,
+        probe,
         service: None,
         pool: Some(pool),
         cache_dir: owned_dir,
@@ -1652,7 +1701,8 @@ pub fn start_with_backend(
     )?;
     Ok(Running {
         handle,
-        inventory,
+        inventory: Some(inventory),
+        probe: None,
         service: Some(service),
         pool: None,
         cache_dir: None,
