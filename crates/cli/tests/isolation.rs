@@ -247,8 +247,9 @@ fn handed(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
-#[test]
-fn warm_workers_wait_ahead_of_connections_and_each_serves_one_session() {
+/// A server under process isolation with two warm workers, both started before anyone
+/// connects: its directory (the log is `serve.log` there), the server and its pid.
+fn serve_with_two_warm_workers() -> (tempfile::TempDir, Serve, u32) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("tmp")).unwrap();
     let serve = Serve::start(
@@ -256,8 +257,13 @@ fn warm_workers_wait_ahead_of_connections_and_each_serves_one_session() {
         &["--isolation", "process", "--warm-workers", "2"],
     );
     let server_pid = serve.child.id();
-    // Two workers start before anyone connects.
     wait_until("two warm workers wait", || children(server_pid).len() == 2);
+    (dir, serve, server_pid)
+}
+
+#[test]
+fn warm_workers_wait_ahead_of_connections_and_each_serves_one_session() {
+    let (dir, serve, server_pid) = serve_with_two_warm_workers();
     let warm = children(server_pid);
 
     // A's session goes to one of them; the pool starts a replacement.
@@ -306,14 +312,7 @@ fn warm_workers_wait_ahead_of_connections_and_each_serves_one_session() {
 
 #[test]
 fn a_replacement_makes_its_context_once_the_session_that_caused_it_ends() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("tmp")).unwrap();
-    let serve = Serve::start(
-        dir.path(),
-        &["--isolation", "process", "--warm-workers", "2"],
-    );
-    let server_pid = serve.child.id();
-    wait_until("two warm workers wait", || children(server_pid).len() == 2);
+    let (dir, serve, server_pid) = serve_with_two_warm_workers();
     let log = || std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
     // The two started at start make their contexts at once (ungated).
     wait_until("both say they are ready", || {
