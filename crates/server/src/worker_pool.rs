@@ -447,10 +447,16 @@ impl WorkerPool {
         self.warm.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A worker for a new connection: the oldest warm one still alive, else a new one.
+    /// A worker for a new connection: the oldest warm one still alive that is not gated
+    /// (its context made, or being made), else the oldest gated one, else a new one.
     fn take(&self) -> io::Result<Worker> {
         loop {
-            let Some(w) = self.lock_warm().waiting.pop_front() else {
+            let next = {
+                let mut warm = self.lock_warm();
+                let ungated = warm.waiting.iter().position(|w| w.gate.is_none());
+                warm.waiting.remove(ungated.unwrap_or(0))
+            };
+            let Some(w) = next else {
                 break;
             };
             if let Some(status) = w.exit.get() {
