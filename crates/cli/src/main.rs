@@ -497,6 +497,13 @@ enum Command {
         /// take (what `remora run`'s embedded server does: one program, one session).
         #[arg(long)]
         no_warm_refill: bool,
+        /// Under process isolation, do not load the CUDA driver in this accepting process
+        /// to log the GPUs (each session worker loads its own and reports them in HELLO), so
+        /// that no second driver start runs beside the first worker's. What `remora run`'s
+        /// embedded server does. Ignored with --devices, whose selection is checked before
+        /// the server listens.
+        #[arg(long)]
+        no_driver_probe: bool,
         #[command(flatten)]
         session: SessionArgs,
     },
@@ -770,6 +777,13 @@ fn backend_choice(backend: &str) -> remora_server::BackendChoice {
 pub(crate) const SERVE_STOPPED_LINE: &str = "remora serve: stopped";
 
 fn serve(config: remora_server::ServeConfig) -> Result<()> {
+    // Installed before the endpoints are printed: a SIGTERM sent as soon as they are (a
+    // supervisor, `remora run`, a test) must stop the server cleanly, not kill it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .context("cannot install the Ctrl-C/SIGTERM handler")?;
     let running = remora_server::start(config).context("remora serve could not start")?;
     for endpoint in running.endpoints() {
         // Not outln!: a server whose reader took the first line and closed the pipe (a
@@ -780,11 +794,6 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
             "remora serve: listening on {endpoint}"
         );
     }
-    let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = tx.send(());
-    })
-    .context("cannot install the Ctrl-C/SIGTERM handler")?;
     let _ = rx.recv();
     tracing::info!("shutting down (letting calls in flight finish)");
     let stopping = std::time::Instant::now();
@@ -860,6 +869,7 @@ fn run(cli: Cli) -> Result<()> {
             gpu_share,
             warm_workers,
             no_warm_refill,
+            no_driver_probe,
             session: s,
         } => {
             init_logging("info");
@@ -912,6 +922,7 @@ fn run(cli: Cli) -> Result<()> {
                     }),
                 warm_workers: Some(warm_workers),
                 no_warm_refill,
+                no_driver_probe,
             })
         }
         Command::ServeWorker {

@@ -329,7 +329,9 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
             };
             // One program, one session (more only if it starts CUDA processes of its own,
             // whose workers then start on demand): one warm worker, started with the server
-            // and not replaced, instead of the standing server's default.
+            // and not replaced, instead of the standing server's default. Its log is quiet,
+            // so the server does not load the driver only to log the GPUs beside the worker's
+            // own driver start, which the program waits for.
             let mut serve_args = opts.serve_args.clone();
             if !serve_args
                 .iter()
@@ -340,6 +342,9 @@ pub(crate) fn run(opts: RunOptions) -> Result<ExitStatus> {
                     "1".into(),
                     "--no-warm-refill".into(),
                 ]);
+            }
+            if !serve_args.iter().any(|a| a == "--no-driver-probe") {
+                serve_args.push("--no-driver-probe".into());
             }
             let (server, endpoint) = EmbeddedServer::start(&listen, &serve_args, opts.profile)?;
             (Some(server), endpoint)

@@ -484,6 +484,49 @@ fn the_log_has_no_colour_codes_when_stderr_is_not_a_terminal() {
 }
 
 #[test]
+fn no_driver_probe_leaves_the_gpus_to_the_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("remora.sock");
+    let mut child = Command::new(REMORA)
+        .args(["serve", "--no-driver-probe", "--listen"])
+        .arg(format!("unix://{}", sock.display()))
+        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
+        .env("REMORA_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening on"), "{line}");
+    // A session's worker still probes its own driver and reports what it found.
+    let out = Command::new(REMORA)
+        .args(["info", "--server"])
+        .arg(format!("unix://{}", sock.display()))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("GPUs          0"), "{stdout}");
+    assert!(
+        stdout.contains("driver        none: could not load the CUDA driver"),
+        "{stdout}"
+    );
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    // The accepting process never loaded the driver: no inventory of its own in the log.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("serving zero GPUs"), "{stderr}");
+    assert!(!stderr.contains("driver probed"), "{stderr}");
+}
+
+#[test]
 fn version_names_the_build_commit_and_whether_the_sources_differed() {
     let out = Command::new(REMORA).arg("--version").output().unwrap();
     assert!(out.status.success());

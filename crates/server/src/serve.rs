@@ -288,6 +288,11 @@ pub struct ServeConfig {
     /// Start the warm workers once, at start, and do not replace those sessions take
     /// (`remora run`'s embedded server: one program, usually one session).
     pub no_warm_refill: bool,
+    /// Under process isolation without `devices`, do not load the driver in the accepting
+    /// process to log the GPUs (the session workers load their own): `remora run`'s embedded
+    /// server, whose log is quiet and whose worker's driver start is the program's to wait
+    /// for, so that no second driver start runs beside it.
+    pub no_driver_probe: bool,
     /// Limits per tenant and per session ([`crate::quota::QuotaConfig`], `--tenants FILE`).
     pub tenants_file: Option<PathBuf>,
     /// `--limit` settings over the file (`tenant.KEY=VALUE`, `session.KEY=VALUE`).
@@ -1045,6 +1050,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
     // program that takes longer than that to reach its first CUDA call (Python importing
     // torch) no longer pays. HELLO is answered by the workers, from their own probes.
     let probe_beside = config.backend == BackendChoice::Cuda && config.devices.is_none();
+    let probe_here = probe_beside && !config.no_driver_probe;
     let started = (|| {
         let inventory = match config.backend {
             BackendChoice::Cuda if probe_beside => None,
@@ -1107,7 +1113,7 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
             return Err(e);
         }
     };
-    let probe = if probe_beside {
+    let probe = if probe_here {
         let spawned = std::thread::Builder::new()
             .name("remora-probe".into())
             .spawn(|| {
