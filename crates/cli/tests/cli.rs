@@ -455,26 +455,34 @@ fn run_against_a_dead_server_fails_fast_without_starting_the_program() {
     assert!(marker.exists());
 }
 
-#[test]
-fn the_log_has_no_colour_codes_when_stderr_is_not_a_terminal() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(REMORA)
-        .args(["serve", "--listen"])
-        .arg(format!(
-            "unix://{}",
-            dir.path().join("remora.sock").display()
-        ))
+/// `remora serve EXTRA --listen unix://SOCK` with no driver to load (standard error piped, the
+/// log at `log` or the default), once it has printed that it listens.
+fn serve_without_driver(sock: &Path, extra: &[&str], log: Option<&str>) -> std::process::Child {
+    let mut cmd = Command::new(REMORA);
+    cmd.arg("serve")
+        .args(extra)
+        .arg("--listen")
+        .arg(format!("unix://{}", sock.display()))
         .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
-        .env_remove("REMORA_LOG")
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    match log {
+        Some(l) => cmd.env("REMORA_LOG", l),
+        None => cmd.env_remove("REMORA_LOG"),
+    };
+    let mut child = cmd.spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     assert!(line.contains("listening on"), "{line}");
+    child
+}
+
+#[test]
+fn the_log_has_no_colour_codes_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = serve_without_driver(&dir.path().join("remora.sock"), &[], None);
     let pid = child.id().to_string();
     Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     let out = child.wait_with_output().unwrap();
@@ -487,20 +495,7 @@ fn the_log_has_no_colour_codes_when_stderr_is_not_a_terminal() {
 fn no_driver_probe_leaves_the_gpus_to_the_workers() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("remora.sock");
-    let mut child = Command::new(REMORA)
-        .args(["serve", "--no-driver-probe", "--listen"])
-        .arg(format!("unix://{}", sock.display()))
-        .env("REMORA_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
-        .env("REMORA_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("listening on"), "{line}");
+    let child = serve_without_driver(&sock, &["--no-driver-probe"], Some("info"));
     // A session's worker still probes its own driver and reports what it found.
     let out = Command::new(REMORA)
         .args(["info", "--server"])
