@@ -1059,10 +1059,6 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
                 Some(make_backend(config.backend, config.devices.as_deref(), Probe::Server)?.1)
             }
         };
-        let unprobed = Inventory::NotFound(
-            "not probed yet: the accepting process answers no HELLO (its session workers do)"
-                .into(),
-        );
         tracing::info!(
             module_cache = %cache_dir.display(),
             warm_workers = pool.warm_target,
@@ -1072,7 +1068,10 @@ fn start_process_isolated(config: ServeConfig) -> Result<Running, ServeError> {
         // program and version the workers answer.
         let placeholder = Arc::new(RemoraService::new(Executor::new(
             Arc::new(CudaBackend::unavailable()),
-            HelloService::new(inventory.as_ref().unwrap_or(&unprobed)),
+            // Never asked: the accepting process answers no HELLO (its workers do).
+            HelloService::new(inventory.as_ref().unwrap_or(&Inventory::NotFound(
+                "not probed in the accepting process".into(),
+            ))),
             0,
         )));
         let handle = listen_and_start(
@@ -1398,8 +1397,8 @@ enum Gate {
     Closed,
     /// [`crate::worker_pool::GO`]: make the context now.
     Go,
-    /// Its session's hand-off, whole (bytes in the buffer, descriptor), before any go.
-    Session((usize, Option<std::os::fd::OwnedFd>)),
+    /// Its session's hand-off, whole (its length in the buffer, its descriptor), before any go.
+    Session(usize, std::os::fd::OwnedFd),
 }
 
 /// Waits for a gated worker's first message. It reads one byte first, so that a go is never
@@ -1422,7 +1421,7 @@ fn gate(
                 .map_err(ServeError::WorkerStdin)?;
             drop(extra);
             tracing::debug!(target: "remora::startup", "gated session worker: its session came before the go; no context made ahead");
-            Ok(Gate::Session((1 + rest, Some(fd))))
+            Ok(Gate::Session(1 + rest, fd))
         }
         (_, None) => Err(ServeError::WorkerStdin(std::io::Error::other(
             "the server sent a gated worker something other than its go or a hand-off",
@@ -1490,7 +1489,7 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         match gate(&control, &mut message)? {
             Gate::Closed => return Ok(()),
             Gate::Go => None,
-            Gate::Session(first) => Some(first),
+            Gate::Session(n, fd) => Some((n, Some(fd))),
         }
     } else {
         None
@@ -1752,7 +1751,7 @@ mod tests {
         let (server, worker) = UnixStream::pair().unwrap();
         remora_shm::send_with_fd(&server, &handoff, conn.as_fd()).unwrap();
         match gate(&worker, &mut message) {
-            Ok(Gate::Session((n, Some(_)))) => {
+            Ok(Gate::Session(n, _)) => {
                 let h = crate::worker_pool::parse_handoff(&message[..n]).unwrap();
                 assert_eq!((h.budget, h.slot, h.peer.as_str()), (7, 1, "unix pid 1"));
             }
