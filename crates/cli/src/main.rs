@@ -356,8 +356,9 @@ enum Command {
     /// The program loads the shim instead of NVIDIA's driver (it is put first on
     /// LD_LIBRARY_PATH) and reaches the server named by --server. With no --server, an embedded
     /// `remora serve` runs on a private Unix socket for the duration of the command: when the
-    /// program exits it is stopped, and the command returns once it has stopped serving (its
-    /// session ended, the GPU released). The exit status is the program's.
+    /// program exits it is stopped, and the command returns once the program's sessions have
+    /// released the GPU (their contexts destroyed; the session workers' own process exits
+    /// are not waited for). The exit status is the program's.
     #[command(after_long_help = RUN_EXAMPLES)]
     Run {
         /// The server: tcp://HOST:PORT, tls://HOST:PORT or unix:///PATH, which must answer
@@ -409,7 +410,9 @@ enum Command {
     /// certificates (which then authenticate clients; otherwise tokens or --insecure are
     /// still needed). Shared memory is never offered over TCP or TLS. Stop with Ctrl-C or SIGTERM: calls in flight finish
     /// first, and once every session has ended it prints "remora serve: stopped" on its
-    /// standard output before exiting. Log level: REMORA_LOG (e.g. REMORA_LOG=debug). With the CUDA backend the server
+    /// standard output before exiting (under process isolation with no warm worker left, as
+    /// in `remora run`'s embedded server, "remora serve: sessions released the GPU" comes
+    /// first, once every session's worker has destroyed its contexts). Log level: REMORA_LOG (e.g. REMORA_LOG=debug). With the CUDA backend the server
     /// re-executes itself once with the bottom-up address layout (as `setarch -L` does), so the
     /// driver's device ranges stay clear of clients' own mappings (unified addressing);
     /// REMORA_SERVE_LAYOUT=default keeps the usual layout. During a burst of kernel launches
@@ -775,6 +778,11 @@ fn backend_choice(backend: &str) -> remora_server::BackendChoice {
 /// What `remora serve` prints on its standard output once it has stopped serving (every
 /// session worker reaped), before its process exits.
 pub(crate) const SERVE_STOPPED_LINE: &str = "remora serve: stopped";
+/// What `remora serve` prints on its standard output, while it shuts down under process
+/// isolation with no warm worker left (`remora run`'s embedded server), once every session's
+/// worker has destroyed its contexts: before [`SERVE_STOPPED_LINE`], which waits for the
+/// workers' exits too (their driver teardown, ~50 ms on the H200 host).
+pub(crate) const SERVE_RELEASED_LINE: &str = "remora serve: sessions released the GPU";
 
 fn serve(config: remora_server::ServeConfig) -> Result<()> {
     // Installed before the endpoints are printed: a SIGTERM sent as soon as they are (a
@@ -797,7 +805,26 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
     let _ = rx.recv();
     tracing::info!("shutting down (letting calls in flight finish)");
     let stopping = std::time::Instant::now();
+    // Said as soon as it holds, from a thread of its own, while the shutdown waits for the
+    // workers' exits; joined after, so that it never follows the stopped line.
+    let released = running.release_watch().map(|watch| {
+        std::thread::spawn(move || {
+            watch.wait();
+            tracing::debug!(
+                target: "remora::startup",
+                released_ms = stopping.elapsed().as_millis() as u64,
+                "every session's worker released the GPU"
+            );
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{SERVE_RELEASED_LINE}");
+            let _ = out.flush();
+        })
+    });
     running.shutdown();
+    if let Some(thread) = released {
+        let _ = thread.join();
+    }
     tracing::debug!(
         target: "remora::startup",
         shutdown_ms = stopping.elapsed().as_millis() as u64,

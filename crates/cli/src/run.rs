@@ -68,8 +68,8 @@ pub(crate) fn find_shim(explicit: Option<&Path>) -> Result<PathBuf> {
 pub(crate) struct EmbeddedServer {
     /// `None` once dropped.
     child: Option<Child>,
-    /// Receives once the server has printed [`crate::SERVE_STOPPED_LINE`] or closed its
-    /// standard output (exited).
+    /// Receives once the server has printed [`crate::SERVE_RELEASED_LINE`] or
+    /// [`crate::SERVE_STOPPED_LINE`], or closed its standard output (exited).
     stopped: std::sync::mpsc::Receiver<()>,
 }
 
@@ -163,12 +163,14 @@ impl EmbeddedServer {
             }
         };
         // Keep draining its stdout so it never blocks on a full pipe, and tell the drop when
-        // it has stopped serving.
+        // its sessions have released the GPU or it has stopped serving.
         let (tx, stopped) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut line = String::new();
             while reader.read_line(&mut line).unwrap_or(0) > 0 {
-                if line.trim_end() == crate::SERVE_STOPPED_LINE {
+                let line_read = line.trim_end();
+                if line_read == crate::SERVE_RELEASED_LINE || line_read == crate::SERVE_STOPPED_LINE
+                {
                     let _ = tx.send(());
                 }
                 line.clear();
@@ -186,11 +188,12 @@ impl EmbeddedServer {
 }
 
 impl Drop for EmbeddedServer {
-    /// SIGTERM, then waits (at most 10 s, then kills it) until the server has stopped
-    /// serving: every session worker reaped, so the GPU holds nothing of the program's. Its
-    /// process's own exit after that (unloading the driver its probe initialised, 40-70 ms on
-    /// the H100 host) is not waited for; the process is reaped by a thread of ours if we
-    /// live on, else by init.
+    /// SIGTERM, then waits (at most 10 s, then kills it) until the GPU holds nothing of the
+    /// program's: the server says every session's worker has destroyed its contexts
+    /// ([`crate::SERVE_RELEASED_LINE`]), or it has stopped serving, every worker reaped
+    /// ([`crate::SERVE_STOPPED_LINE`]). What follows is not waited for: the workers' exits
+    /// (their driver teardown, ~50 ms on the H200 host) and the server's own; the process is
+    /// reaped by a thread of ours if we live on, else by init.
     fn drop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;

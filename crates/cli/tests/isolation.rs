@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use remora_oncrpc::xdr::Bytes;
@@ -58,6 +58,8 @@ fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
 struct Serve {
     child: Child,
     endpoint: Endpoint,
+    /// The rest of its standard output, after the listening line.
+    stdout: BufReader<ChildStdout>,
 }
 
 impl Serve {
@@ -77,14 +79,28 @@ impl Serve {
             .spawn()
             .unwrap();
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
         assert!(line.contains("listening on"), "{line}");
         Serve {
             child,
             endpoint: Endpoint::Unix(sock),
+            stdout,
         }
+    }
+
+    /// SIGTERM, then the lines the server prints on its standard output until it closes it
+    /// (exits), and its status.
+    fn terminate_with_output(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        let lines = (&mut self.stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>();
+        (self.terminate(), lines)
     }
 
     /// SIGTERM, then waits (at most 20 s) for the server to exit; its status.
@@ -436,4 +452,65 @@ fn serve_refuses_a_module_cache_directory_open_to_others() {
         err.contains("mode 777") && err.contains("chmod 700"),
         "{err}"
     );
+}
+
+/// Session 28: a server whose warm workers were all taken (`remora run`'s embedded one) says
+/// when every session's worker has destroyed its contexts, before the workers' exits (their
+/// driver teardown), so that `remora run` returns then; with a warm worker still waiting
+/// (a context of its own), it says only that it stopped.
+#[test]
+fn a_server_with_no_warm_worker_left_says_when_its_sessions_released_the_gpu() {
+    let released = "remora serve: sessions released the GPU";
+    let stopped = "remora serve: stopped";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    let args = [
+        "--isolation",
+        "process",
+        "--warm-workers",
+        "1",
+        "--no-warm-refill",
+    ];
+    let serve = Serve::start(dir.path(), &args);
+    let server_pid = serve.child.id();
+    let c = serve.client();
+    let ctx = primary(&c);
+    assert!(alloc_works(&c, ctx));
+    let worker = children(server_pid);
+    assert_eq!(worker.len(), 1, "one worker, its warm one not replaced");
+    // The program ends, then `remora run` stops the server.
+    drop(c);
+    let (status, lines) = serve.terminate_with_output();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(lines, [released, stopped], "released first, then stopped");
+    assert!(
+        !alive(worker[0]),
+        "the worker is reaped before the server stops"
+    );
+    let log = std::fs::read_to_string(dir.path().join("serve.log")).unwrap();
+    let worker_said = log
+        .find("session worker released the GPU; exiting")
+        .expect("the worker says it released the GPU");
+    let pool_saw = log[worker_said..]
+        .find("every session's worker released the GPU")
+        .map(|at| at + worker_said);
+    assert!(
+        pool_saw.is_some(),
+        "the server saw it after the worker said it:\n{log}"
+    );
+    assert!(
+        log.contains("session worker released the GPU") && log.contains(&worker[0].to_string()),
+        "{log}"
+    );
+
+    // Its warm worker never taken (a program that made no CUDA call): only stopped.
+    let dir2 = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir2.path().join("tmp")).unwrap();
+    let serve = Serve::start(dir2.path(), &args);
+    wait_until("its warm worker runs", || {
+        children(serve.child.id()).len() == 1
+    });
+    let (status, lines) = serve.terminate_with_output();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(lines, [stopped]);
 }

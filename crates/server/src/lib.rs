@@ -49,7 +49,7 @@ pub use hello::{HelloService, SERVER_VERSION};
 pub use module_cache::DEFAULT_CACHE_BYTES;
 pub use serve::{
     BackendChoice, DEFAULT_SHM_LOCK_MAX, DEFAULT_WARM_WORKERS, EMULATED_COPY_LATENCY_ENV,
-    EMULATED_DEVICE_PRINTF_ENV, Isolation, NO_GPU_LOG_TARGET, RemoraService, Running,
+    EMULATED_DEVICE_PRINTF_ENV, Isolation, NO_GPU_LOG_TARGET, ReleaseWatch, RemoraService, Running,
     SESSION_WORKER_THREAD, ServeConfig, ServeError, ShmConfig, TlsFiles, WORKER_GRACE,
     WorkerConfig, default_endpoint, inventory_of, serve_worker, start, start_with_backend,
     start_with_inventory,

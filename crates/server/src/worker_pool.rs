@@ -58,6 +58,12 @@ const READY_WAIT: Duration = Duration::from_secs(10);
 /// The byte a worker writes on its control socket once its driver and context are ready
 /// (or, for a gated one, once its session has come: see [`GATE_ENV`]).
 pub(crate) const READY: u8 = b'R';
+/// The byte a worker writes on its control socket once it has served its session and holds
+/// nothing on the GPU (its session's contexts destroyed, an unused warm context too): what
+/// is left is its process's exit, whose driver teardown took ~50 ms on the H200 host
+/// (session 28) and which a server shutting down need not wait for to say that the GPU is
+/// released ([`WorkerPool::wait_released`]).
+pub(crate) const RELEASED: u8 = b'F';
 /// Set in the environment of a *gated* worker: a replacement started while a session runs.
 /// It loads and initialises its driver at once, but makes its context only when the server
 /// sends [`GO`] (or not at all, when a connection comes first: the session then makes its
@@ -249,6 +255,93 @@ pub(crate) struct WorkerPool {
     /// Under `--gpu-share mps`, the limits whose `gpu-share` each session's worker is
     /// started with ([`crate::gpu_share`]).
     shares: Option<crate::quota::QuotaConfig>,
+    /// Sessions whose workers may still hold something on the GPU: counted from the
+    /// connection's hand-off until its worker says [`RELEASED`] or exits.
+    holding: Holding,
+}
+
+/// [`WorkerPool::holding`]: a count and the condition its waiters wait on.
+#[derive(Default)]
+struct Holding {
+    count: Mutex<usize>,
+    changed: Condvar,
+}
+
+/// One session counted in [`WorkerPool::holding`] until [`Hold::release`] or its drop.
+struct Hold<'a> {
+    holding: &'a Holding,
+    held: bool,
+}
+
+impl<'a> Hold<'a> {
+    fn new(holding: &'a Holding) -> Self {
+        *holding.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        Self {
+            holding,
+            held: true,
+        }
+    }
+
+    fn release(&mut self) {
+        if std::mem::take(&mut self.held) {
+            let mut count = self
+                .holding
+                .count
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            *count = count.saturating_sub(1);
+            self.holding.changed.notify_all();
+        }
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Watches a session worker's control socket for [`RELEASED`] while the pool waits for the
+/// worker's exit.
+struct ReleaseWatch {
+    /// Until the worker said [`RELEASED`] or closed its end.
+    open: bool,
+}
+
+impl ReleaseWatch {
+    fn new() -> Self {
+        Self { open: true }
+    }
+
+    /// Waits up to `timeout` for the worker to write on `control`, reads what it wrote (never
+    /// blocking: the socket's other users keep it blocking), and says whether that made it
+    /// [`RELEASED`] just now. The other bytes a worker writes ([`READY`], unread by a pool
+    /// that does not refill) are passed over. Once the worker has closed its end, or said
+    /// [`RELEASED`], this only sleeps: the caller waits on the exit.
+    fn poll(&mut self, control: &UnixStream, timeout: Duration) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        let timespec = Timespec::try_from(timeout).unwrap_or(Timespec {
+            tv_sec: 0,
+            tv_nsec: 20_000_000,
+        });
+        let mut fds = [PollFd::new(control, PollFlags::IN)];
+        if poll(&mut fds, Some(&timespec)).unwrap_or(0) == 0 {
+            return false;
+        }
+        let mut bytes = [0u8; 16];
+        match rustix::net::recv(control, &mut bytes, rustix::net::RecvFlags::DONTWAIT) {
+            Ok((0, _)) => self.open = false,
+            Ok((n, _)) => {
+                if bytes[..n.min(bytes.len())].contains(&RELEASED) {
+                    self.open = false;
+                    return true;
+                }
+            }
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+            Err(_) => self.open = false,
+        }
+        false
+    }
 }
 
 /// The waiting workers, and how many are being started (so that two sessions' refills
@@ -281,6 +374,7 @@ impl WorkerPool {
             refill,
             warm: Mutex::default(),
             shares,
+            holding: Holding::default(),
         }
     }
 
@@ -472,6 +566,32 @@ impl WorkerPool {
         self.start(None, None)
     }
 
+    /// Whether no warm worker waits or is being started: one holds a context of its own
+    /// until the shutdown ends it, as in a standing server's pool that refills. Only when
+    /// none does (`remora run`'s embedded server, whose program took its one warm worker)
+    /// does [`WorkerPool::wait_released`] say anything before the workers' exits.
+    pub(crate) fn no_warm_worker(&self) -> bool {
+        let warm = self.lock_warm();
+        warm.waiting.is_empty() && warm.starting == 0
+    }
+
+    /// Waits until no session's worker holds anything on the GPU: each said [`RELEASED`] or
+    /// exited.
+    pub(crate) fn wait_released(&self) {
+        let mut count = self
+            .holding
+            .count
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while *count > 0 {
+            count = self
+                .holding
+                .changed
+                .wait(count)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     /// Ends the warm workers (server shutdown): each sees its control socket close and
     /// exits; one still there after [`WORKER_GRACE`] is killed.
     pub(crate) fn drain(&self) {
@@ -497,6 +617,9 @@ impl ConnectionHandler for WorkerPool {
         if let Some(route) = conn.route() {
             return self.hand_lane(conn, route);
         }
+        // Counted from here, before its worker is chosen, so that a shutdown never sees a
+        // session between its acceptance and its hand-off as none.
+        let mut hold = Hold::new(&self.holding);
         let peer = conn.peer().clone();
         let id = conn.id();
         let fd: OwnedFd = match conn.try_clone_fd() {
@@ -604,8 +727,23 @@ impl ConnectionHandler for WorkerPool {
         let session_start = Instant::now();
         let mut stopping_since: Option<Instant> = None;
         let mut termed = false;
+        let mut watch = ReleaseWatch::new();
         let status = loop {
-            if let Some(status) = worker.exit.wait(Duration::from_millis(20)) {
+            let status = if watch.open {
+                if watch.poll(&worker.control, Duration::from_millis(20)) {
+                    hold.release();
+                    tracing::debug!(
+                        target: "remora::startup",
+                        connection = id,
+                        worker_pid = pid,
+                        "session worker released the GPU"
+                    );
+                }
+                worker.exit.get()
+            } else {
+                worker.exit.wait(Duration::from_millis(20))
+            };
+            if let Some(status) = status {
                 break status;
             }
             if gated && session_start.elapsed() >= GATE_AFTER {
@@ -654,6 +792,70 @@ impl ConnectionHandler for WorkerPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_release_byte_is_found_among_the_others_and_an_eof_ends_the_watch() {
+        let (pool_end, worker_end) = UnixStream::pair().unwrap();
+        let tick = Duration::from_millis(5);
+        let mut watch = ReleaseWatch::new();
+        assert!(!watch.poll(&pool_end, tick), "nothing written yet");
+        assert!(watch.open);
+        // A pool that does not refill never reads the ready byte: passed over.
+        std::io::Write::write_all(&mut &worker_end, &[READY]).unwrap();
+        assert!(!watch.poll(&pool_end, tick));
+        assert!(watch.open);
+        std::io::Write::write_all(&mut &worker_end, &[READY, RELEASED]).unwrap();
+        assert!(watch.poll(&pool_end, tick), "released");
+        assert!(!watch.open, "then the pool waits on the exit alone");
+
+        let (pool_end, worker_end) = UnixStream::pair().unwrap();
+        let mut watch = ReleaseWatch::new();
+        drop(worker_end);
+        assert!(!watch.poll(&pool_end, tick), "an exit without the byte");
+        assert!(!watch.open);
+    }
+
+    #[test]
+    fn wait_released_returns_once_every_hold_is_released_or_dropped() {
+        let pool = Arc::new(WorkerPool::new(
+            Vec::new(),
+            Vec::new(),
+            Arc::new(crate::quota::Ledger::new(2).unwrap()),
+            (0, 0),
+            0,
+            false,
+            None,
+        ));
+        assert!(pool.no_warm_worker());
+        pool.wait_released();
+        let mut first = Hold::new(&pool.holding);
+        let second = Hold::new(&pool.holding);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let pool = Arc::clone(&pool);
+            std::thread::spawn(move || {
+                pool.wait_released();
+                tx.send(()).unwrap();
+            })
+        };
+        first.release();
+        first.release();
+        assert!(
+            rx.recv_timeout(Duration::from_millis(100)).is_err(),
+            "one session still holds the GPU (a second release counts once)"
+        );
+        drop(second);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("released once the last hold goes");
+        waiter.join().unwrap();
+        drop(first);
+        assert_eq!(*pool.holding.count.lock().unwrap(), 0);
+        pool.lock_warm().starting = 1;
+        assert!(
+            !pool.no_warm_worker(),
+            "a worker being started holds a context"
+        );
+    }
 
     #[test]
     fn each_worker_gets_what_the_lock_cap_leaves() {

@@ -368,6 +368,10 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     /// [`Backend::ctx_create`] takes). Session workers of a warm pool call it while they wait
     /// for their connection. Best effort; the default does nothing.
     fn prewarm(&self) {}
+    /// Destroys the context [`Backend::prewarm`] made if no session took it: a session
+    /// worker that has served its session holds nothing on the GPU once it says so
+    /// (`worker_pool::RELEASED`). The default does nothing.
+    fn discard_warm(&self) {}
     /// `cuCtxDestroy`.
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()>;
     /// `cuCtxSynchronize` (blocks).

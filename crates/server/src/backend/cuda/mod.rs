@@ -582,6 +582,21 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn discard_warm(&self) {
+        let warm = self
+            .warm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let (Some((_, _, ctx)), Ok(d)) = (warm, self.d()) else {
+            return;
+        };
+        // SAFETY: a context this backend created and no session has used.
+        let _ = call!(d.t, ctx_destroy(ptr(ctx)));
+        CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
+        tracing::debug!(target: "remora::startup", "the context made ahead of the session was not used; destroyed");
+    }
+
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()> {
         let d = self.d()?;
         // Areas registered in this context are unregistered while it lives; their later
