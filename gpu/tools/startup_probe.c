@@ -5,7 +5,11 @@
 //   cc -O2 -I"$CUDA_INCLUDE" -o startup_probe gpu/tools/startup_probe.c -ldl
 //   ./startup_probe [AREA_MIB...]      (default: 16 64 256)
 //
-// Prints one line per step: "step milliseconds".
+// Prints one line per step: "step milliseconds", then "exit_at_ms T": CLOCK_MONOTONIC in
+// milliseconds just before main returns, so that a parent reading the same clock when its wait
+// returns sees how long the process's exit took (the driver's teardown at exit), e.g.
+//   python3 -c 'import subprocess,time; o=subprocess.run(["./startup_probe","16"],
+//     capture_output=True,text=True).stdout; print(time.monotonic()*1e3 - float(o.split()[-1]))'
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
@@ -109,5 +113,7 @@ int main(int argc, char **argv) {
   t = now_ms();
   CHECK("cuCtxDestroy", cuCtxDestroy_v2(ctx));
   printf("cuCtxDestroy %.2f\n", now_ms() - t);
+  printf("exit_at_ms %.3f\n", now_ms());
+  fflush(stdout);
   return 0;
 }
