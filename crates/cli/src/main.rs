@@ -794,13 +794,7 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
     .context("cannot install the Ctrl-C/SIGTERM handler")?;
     let running = remora_server::start(config).context("remora serve could not start")?;
     for endpoint in running.endpoints() {
-        // Not outln!: a server whose reader took the first line and closed the pipe (a
-        // supervisor, `remora serve | head -1`) goes on serving.
-        use std::io::Write as _;
-        let _ = writeln!(
-            std::io::stdout().lock(),
-            "remora serve: listening on {endpoint}"
-        );
+        say(&format!("remora serve: listening on {endpoint}"));
     }
     let _ = rx.recv();
     tracing::info!("shutting down (letting calls in flight finish)");
@@ -815,10 +809,7 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
                 released_ms = stopping.elapsed().as_millis() as u64,
                 "every session's worker released the GPU"
             );
-            use std::io::Write as _;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{SERVE_RELEASED_LINE}");
-            let _ = out.flush();
+            say(SERVE_RELEASED_LINE);
         })
     });
     running.shutdown();
@@ -831,15 +822,21 @@ fn serve(config: remora_server::ServeConfig) -> Result<()> {
         "server stopped"
     );
     // Every session worker has been reaped and the endpoints removed: what is left is this
-    // process's own exit, which unloads the driver its probe initialised (40-70 ms on the
-    // H100 host). `remora run` returns on this line instead of waiting for that.
-    {
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{SERVE_STOPPED_LINE}");
-        let _ = out.flush();
-    }
+    // process's own exit, which unloads the driver its probe initialised if it made one
+    // (40-70 ms on the H100 host). `remora run` returns on this line (or the released one)
+    // instead of waiting for that.
+    say(SERVE_STOPPED_LINE);
     Ok(())
+}
+
+/// Prints `line` on `remora serve`'s standard output at once, for whoever reads it (a
+/// supervisor, `remora run`). Not `outln!`: a server whose reader has gone (it took the
+/// first line and closed the pipe: `remora serve | head -1`) goes on serving.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
 }
 
 fn rpcgen(
