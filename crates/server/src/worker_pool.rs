@@ -256,7 +256,8 @@ pub(crate) struct WorkerPool {
     /// started with ([`crate::gpu_share`]).
     shares: Option<crate::quota::QuotaConfig>,
     /// Sessions whose workers may still hold something on the GPU: counted from the
-    /// connection's hand-off until its worker says [`RELEASED`] or exits.
+    /// connection's acceptance until its worker says [`RELEASED`] or exits (or the hand-off
+    /// fails).
     holding: Holding,
 }
 
@@ -325,8 +326,14 @@ impl ReleaseWatch {
             tv_nsec: 20_000_000,
         });
         let mut fds = [PollFd::new(control, PollFlags::IN)];
-        if poll(&mut fds, Some(&timespec)).unwrap_or(0) == 0 {
-            return false;
+        match poll(&mut fds, Some(&timespec)) {
+            Ok(0) | Err(rustix::io::Errno::INTR) => return false,
+            Ok(_) => {}
+            // Never expected; the caller then waits on the exit alone rather than spin here.
+            Err(_) => {
+                self.open = false;
+                return false;
+            }
         }
         let mut bytes = [0u8; 16];
         match rustix::net::recv(control, &mut bytes, rustix::net::RecvFlags::DONTWAIT) {
