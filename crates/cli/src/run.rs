@@ -70,7 +70,7 @@ pub(crate) struct EmbeddedServer {
     child: Option<Child>,
     /// Receives once the server has printed [`crate::SERVE_RELEASED_LINE`] or
     /// [`crate::SERVE_STOPPED_LINE`], or closed its standard output (exited).
-    stopped: std::sync::mpsc::Receiver<()>,
+    stopped: std::sync::mpsc::Receiver<&'static str>,
 }
 
 impl EmbeddedServer {
@@ -168,14 +168,18 @@ impl EmbeddedServer {
         std::thread::spawn(move || {
             let mut line = String::new();
             while reader.read_line(&mut line).unwrap_or(0) > 0 {
-                let line_read = line.trim_end();
-                if line_read == crate::SERVE_RELEASED_LINE || line_read == crate::SERVE_STOPPED_LINE
-                {
-                    let _ = tx.send(());
+                match line.trim_end() {
+                    l if l == crate::SERVE_RELEASED_LINE => {
+                        let _ = tx.send("sessions released the GPU");
+                    }
+                    l if l == crate::SERVE_STOPPED_LINE => {
+                        let _ = tx.send("stopped serving");
+                    }
+                    _ => {}
                 }
                 line.clear();
             }
-            let _ = tx.send(());
+            let _ = tx.send("exited");
         });
         Ok((
             Self {
@@ -201,13 +205,14 @@ impl Drop for EmbeddedServer {
         let stopping = Instant::now();
         let pid = rustix::process::Pid::from_child(&child);
         let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        match self.stopped.recv_timeout(Duration::from_secs(10)) {
-            Ok(()) => {
+        let on = match self.stopped.recv_timeout(Duration::from_secs(10)) {
+            Ok(what) => {
                 if !matches!(child.try_wait(), Ok(Some(_))) {
                     std::thread::spawn(move || {
                         let _ = child.wait();
                     });
                 }
+                what
             }
             Err(_) => {
                 tracing::warn!(
@@ -215,12 +220,15 @@ impl Drop for EmbeddedServer {
                 );
                 let _ = child.kill();
                 let _ = child.wait();
+                "killed after 10 s"
             }
-        }
-        // The embedded server's share of a program's run time after the program exits.
+        };
+        // The embedded server's share of a program's run time after the program exits, and
+        // what ended the wait.
         tracing::debug!(
             target: "remora::startup",
             stop_ms = stopping.elapsed().as_millis() as u64,
+            on,
             "embedded server stopped"
         );
     }
