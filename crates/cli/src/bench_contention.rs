@@ -156,6 +156,9 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     let mut notes = vec![format!(
         "{cores} cores; burn=Nx runs N CPU-burning processes per core beside the clients"
     )];
+    // The waiting knobs the servers and clients inherit (an experiment is measured by setting
+    // one for a run): each set one is named, so that a result file says what it measured.
+    notes.extend(wait_knobs(std::env::vars()));
     let mut device = String::new();
     let mut mix_noted = false;
     for &burn in &a.burn {
@@ -299,6 +302,17 @@ fn find<'a>(figs: &'a [Figure], mode: &str, clients: u32, metric: &str) -> Optio
 }
 
 /// Fills each remoted figure's ratio to native at the same burn level and client count, and
+/// The `REMORA_WAIT_*` variables among `vars` other than `REMORA_WAIT_TRACE` (the policy,
+/// `REMORA_WAIT`, is set per run by the benchmark itself), as notes, sorted.
+fn wait_knobs(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
+    let mut knobs: Vec<String> = vars
+        .filter(|(k, _)| k.starts_with("REMORA_WAIT_") && k != "REMORA_WAIT_TRACE")
+        .map(|(k, v)| format!("environment: {k}={v}"))
+        .collect();
+    knobs.sort();
+    knobs
+}
+
 /// notes, per (transport, burn, clients), adaptive against the better of spin and block.
 fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
     let snapshot = figures.to_vec();
@@ -363,7 +377,26 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
 
 #[cfg(test)]
 mod tests {
-    use super::spread;
+    use super::{spread, wait_knobs};
+
+    #[test]
+    fn the_waiting_knobs_set_are_named_in_the_notes() {
+        let vars = [
+            ("REMORA_WAIT_SPARE_SPIN_US", "0"),
+            ("PATH", "/bin"),
+            ("REMORA_WAIT_TRACE", "1"),
+            ("REMORA_WAIT", "spin"),
+            ("REMORA_WAIT_BLOCK_AT", "1.5"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        assert_eq!(
+            wait_knobs(vars.into_iter()),
+            [
+                "environment: REMORA_WAIT_BLOCK_AT=1.5",
+                "environment: REMORA_WAIT_SPARE_SPIN_US=0"
+            ]
+        );
+    }
 
     #[test]
     fn a_figure_of_several_rounds_shows_their_range() {
