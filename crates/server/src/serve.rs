@@ -787,7 +787,7 @@ impl Running {
     /// Stops accepting, lets calls in flight finish, and joins every thread. Under process
     /// isolation each worker sees its connection end and exits; one still running after
     /// [`WORKER_GRACE`] gets SIGTERM, then SIGKILL after as long again; warm workers without
-    /// a session see their control socket close. Returns once every worker has been reaped
+    /// a session are killed at once (they hold nothing of anyone's). Returns once every worker has been reaped
     /// (and this process's own driver probe has ended, waiting for it at most
     /// [`WORKER_GRACE`]: a process that exits while a thread is inside `cuInit` may hang in
     /// the driver's exit handlers); removes the module cache directory it made.

@@ -599,21 +599,27 @@ impl WorkerPool {
         }
     }
 
-    /// Ends the warm workers (server shutdown): each sees its control socket close and
-    /// exits; one still there after [`WORKER_GRACE`] is killed.
+    /// Ends the warm workers (server shutdown): each is killed at once and reaped (waiting at
+    /// most [`WORKER_GRACE`]). A warm worker holds no session, and one still starting its
+    /// driver would otherwise finish that (its driver start and context, ~240 ms on the H200
+    /// host) before it read the closed control socket, only to tear it all down: what
+    /// `remora run` of a program that never calls CUDA waited for.
     pub(crate) fn drain(&self) {
         let idle: Vec<Worker> = self.lock_warm().waiting.drain(..).collect();
         for w in &idle {
             let _ = w.control.shutdown(std::net::Shutdown::Both);
+            w.signal(rustix::process::Signal::KILL);
         }
         for w in idle {
-            if w.exit.wait(WORKER_GRACE).is_none() {
-                tracing::warn!(
+            match w.exit.wait(WORKER_GRACE) {
+                Some(_) => tracing::debug!(
                     worker_pid = w.pid,
-                    "warm session worker still running at shutdown; killed"
-                );
-                w.signal(rustix::process::Signal::KILL);
-                let _ = w.exit.wait(WORKER_GRACE);
+                    "warm session worker ended at shutdown (it held no session)"
+                ),
+                None => tracing::warn!(
+                    worker_pid = w.pid,
+                    "warm session worker killed at shutdown but not reaped within the grace"
+                ),
             }
         }
     }
