@@ -339,7 +339,7 @@ impl ReleaseWatch {
         match rustix::net::recv(control, &mut bytes, rustix::net::RecvFlags::DONTWAIT) {
             Ok((0, _)) => self.open = false,
             Ok((n, _)) => {
-                if bytes[..n.min(bytes.len())].contains(&RELEASED) {
+                if bytes[..n].contains(&RELEASED) {
                     self.open = false;
                     return true;
                 }
@@ -607,7 +607,6 @@ impl WorkerPool {
     pub(crate) fn drain(&self) {
         let idle: Vec<Worker> = self.lock_warm().waiting.drain(..).collect();
         for w in &idle {
-            let _ = w.control.shutdown(std::net::Shutdown::Both);
             w.signal(rustix::process::Signal::KILL);
         }
         for w in idle {
