@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU work, by name, for a session's short lease on a GPU host:
+#
+#   gpu/tools/device_calls.sh BIN_DIR STEP...
+#
+# BIN_DIR holds a release `remora` and the shim (libcuda.so) beside it. Every STEP writes into
+# $OUT (else ./device-out) as at most a few files: a device call brings back 8 files, two
+# folders down, so each step tars its raw outputs into one STEP.tar.gz beside a short STEP.txt.
+# The GPU programs are built once per machine into REMORA_CALLS_BUILD (default /tmp/gpubuild)
+# and reused by later calls on the same warm machine.
+#
+# Steps:
+#   suite     gpu/run-suite.sh, programs only (REMORA_SUITE_SKIP_BENCH=1): every GPU program
+#             natively and over shm, unix, tcp and embedded, compared byte for byte
+#   attrib    where a short program's time goes: native and embedded vecadd alternately
+#             (5 each) and the last embedded run's start-up timeline; `remora run -- true`
+#             against `true` (a program that never calls CUDA); a native process's exit after
+#             its context is destroyed (gpu/tools/startup_probe.c's exit_at_ms); stream_ordered,
+#             managed_memory and multithread natively and against a standing shm server with
+#             `remora run --profile`
+#   startup   gpu/bench-startup.sh over REMORA_STARTUP_TRANSPORTS (default here: shm), no torch
+#   block     `remora bench contention --burn 2` (1 and 4 clients, shm and tcp, spin, block and
+#             adaptive, 3 rounds), with REMORA_WAIT_BLOCK_AT unset and at REMORA_CALLS_BLOCK_AT
+#             (default 1.5)
+#   samples   NVIDIA's CUDA samples (a copy in BIN_DIR/cuda-samples) in
+#             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
+#   torch     gpu/torch/suite.sh over REMORA_CALLS_TORCH_MODES (default shm) with
+#             TORCH_CHECKS and TORCH_MODELS as set (default here: no checks, the cnn model)
+set -uo pipefail
+usage="usage: device_calls.sh BIN_DIR STEP..."
+bin=$(cd "${1:?$usage}" && pwd); shift
+[ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
+src=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$PWD/device-out}; mkdir -p "$out"; out=$(cd "$out" && pwd)
+build=${REMORA_CALLS_BUILD:-/tmp/gpubuild}
+work=$(mktemp -d)
+export PYTHONUNBUFFERED=1
+# shellcheck source=gpu/modes.sh
+. "$src/modes.sh"  # start_serve, remora_commit
+remora_commit "$bin"
+commit=${REMORA_COMMIT:-unknown}
+echo "device_calls $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1) $(nproc) cores, commit $commit"
+
+build_once() {
+  [ -f "$build/.built" ] && return 0
+  local t0=$SECONDS
+  mkdir -p "$build"
+  gpu_build_log=$work/build.log
+  if "$src/build.sh" "$build" > "$gpu_build_log" 2>&1; then
+    touch "$build/.built"; echo "built the GPU programs in $((SECONDS - t0)) s"
+  else
+    tail -n 30 "$gpu_build_log"; echo "gpu/build.sh failed"; return 1
+  fi
+}
+
+ms_now() { date +%s%3N; }
+# timed LABEL CMD...: runs CMD, prints "LABEL N ms rc=R"
+timed() {
+  local label=$1; shift
+  local t0 t1 rc
+  t0=$(ms_now); "$@" > "$work/timed.out" 2> "$work/timed.err"; rc=$?; t1=$(ms_now)
+  echo "$label $((t1 - t0)) ms rc=$rc"
+}
+
+step_suite() {
+  local d=$work/suite
+  REMORA_SUITE_SKIP_BENCH=1 REMORA_SUITE_BUILD=$build "$src/run-suite.sh" "$bin" "$d" > "$d.log" 2>&1
+  echo "run-suite rc=$?"
+  tail -n 3 "$d.log"
+  grep -E "\| (fail|skipped) \|" "$d/suite.md" | head -n 20
+  cp "$d/suite.md" "$out/suite.md"; cp "$d/suite.json" "$out/suite.json"
+  [ -f "$d/timing.json" ] && cp "$d/timing.json" "$out/suite-timing.json"
+  tar -C "$work" -czf "$out/suite.tar.gz" suite suite.log
+}
+
+step_attrib() {
+  build_once || return 1
+  local r=$out/attrib.txt
+  export REMORA_GPU_KERNELS=$build
+  {
+    echo "== vecadd cubin, native and embedded (shm) alternately; settle 0.5 s before each"
+    for i in 1 2 3 4 5; do
+      sleep 0.5; timed "native vecadd" "$build/vecadd" cubin
+      sleep 0.5
+      if [ "$i" = 5 ]; then
+        REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
+          timed "embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
+        cp "$work/timed.err" "$work/timeline.txt"
+      else
+        timed "embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
+      fi
+    done
+    echo; echo "== the last embedded run's timeline"
+    grep -E "remora::startup|worker_pool|client (connected|session)" "$work/timeline.txt" | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
+    echo; echo "== a program that never calls CUDA"
+    for _ in 1 2 3; do sleep 0.3; timed "native true" true; sleep 0.3; timed "embedded true" "$bin/remora" run -- true; done
+    echo; echo "== a native process's exit after cuCtxDestroy (startup_probe)"
+    local nvcc inc
+    nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+    inc=$(dirname "$(dirname "$nvcc")")/include
+    if cc -O2 -I"$inc" -o "$work/startup_probe" "$src/tools/startup_probe.c" -ldl; then
+      for _ in 1 2 3; do
+        python3 - "$work/startup_probe" <<'EOF'
+import subprocess, sys, time
+t0 = time.monotonic() * 1e3
+o = subprocess.run([sys.argv[1], "16"], capture_output=True, text=True).stdout
+t1 = time.monotonic() * 1e3
+steps = " ".join(l for l in o.splitlines() if not l.startswith("exit_at_ms"))
+print(f"startup_probe whole {t1 - t0:.1f} ms, exit after main returned {t1 - float(o.split()[-1]):.1f} ms | {steps}")
+EOF
+      done
+    fi
+    echo; echo "== stream_ordered, managed_memory, multithread: native and a standing shm server (--profile)"
+    start_serve "$bin" "$work"
+    for p in stream_ordered managed_memory multithread; do
+      for _ in 1 2; do
+        sleep 0.5; timed "native $p" "$build/$p"
+        sleep 0.5; timed "standing-shm $p" "$bin/remora" run --profile --transport shm --server "unix://$sock" -- "$build/$p"
+      done
+      { echo "== $p"; cat "$work/timed.err"; } >> "$work/profiles.txt"
+    done
+    kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; serve_pid=
+  } > "$r" 2>&1
+  cat "$r"
+  cp "$work/timeline.txt" "$work/profiles.txt" "$out/" 2>/dev/null
+}
+
+step_startup() {
+  build_once || return 1
+  local d=$work/startup; mkdir -p "$d"
+  REMORA_STARTUP_TRANSPORTS=${REMORA_STARTUP_TRANSPORTS:-shm} REMORA_STARTUP_TORCH=${REMORA_STARTUP_TORCH:-0} \
+    "$src/bench-startup.sh" "$bin" "$build" "$d" > "$work/startup.log" 2>&1
+  echo "bench-startup rc=$?"
+  grep -E "^(==|whole|mode|note)|x[0-9]" "$work/startup.log" | tail -n 60
+  cp "$d"/*.json "$out/" 2>/dev/null
+  tar -C "$work" -czf "$out/startup.tar.gz" startup startup.log
+}
+
+step_block() {
+  local at=${REMORA_CALLS_BLOCK_AT:-1.5}
+  for run in off "$at"; do
+    local tag=block-$run
+    echo "== bench contention --burn 2, REMORA_WAIT_BLOCK_AT=$run"
+    (
+      [ "$run" = off ] && unset REMORA_WAIT_BLOCK_AT || export REMORA_WAIT_BLOCK_AT=$run
+      timeout 280 "$bin/remora" bench contention --transports shm,tcp --clients 1,4 --burn 2 \
+        --policies spin,block,adaptive --syncs 1000 --rounds 3 \
+        --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
+      echo "exit $?"
+    )
+    grep -E "^note: .*launch_sync\.(p50|mean): adaptive|environment" "$work/$tag.txt"
+    cp "$work/$tag.json" "$out/" 2>/dev/null
+  done
+  tar -C "$work" -czf "$out/block.tar.gz" block-*
+}
+
+step_samples() {
+  local d=$work/samples
+  REMORA_SUITE_ONLY=none REMORA_SUITE_SKIP_BENCH=1 REMORA_SUITE_SAMPLES=$bin/cuda-samples \
+    REMORA_SUITE_SAMPLES_MODES=${REMORA_SUITE_SAMPLES_MODES:-tcp} \
+    "$src/run-suite.sh" "$bin" "$d" > "$work/samples.log" 2>&1
+  echo "samples rc=$?"
+  tail -n 3 "$work/samples.log"
+  cp "$d/cuda-samples.txt" "$out/" 2>/dev/null
+  tar -C "$work" -czf "$out/samples.tar.gz" samples samples.log
+}
+
+step_torch() {
+  local d=$work/torch
+  # shellcheck disable=SC2086  # the modes are words
+  TORCH_CHECKS=${TORCH_CHECKS-} TORCH_MODELS=${TORCH_MODELS-cnn} \
+    "$src/torch/suite.sh" "$bin" "$d" ${REMORA_CALLS_TORCH_MODES:-shm} > "$work/torch.log" 2>&1
+  echo "torch suite rc=$?"
+  tail -n 5 "$work/torch.log"
+  cp "$d/torch-suite.md" "$d/torch-suite.json" "$out/" 2>/dev/null
+  tar -C "$work" -czf "$out/torch.tar.gz" torch torch.log
+}
+
+for step in "$@"; do
+  t0=$SECONDS
+  echo "===== $step"
+  case $step in
+    suite|attrib|startup|block|samples|torch) "step_$step" ;;
+    *) echo "unknown step $step (suite, attrib, startup, block, samples, torch)"; exit 2 ;;
+  esac
+  echo "===== $step took $((SECONDS - t0)) s"
+done
