@@ -151,7 +151,7 @@ step_block() {
     grep -E "^note: .*launch_sync\.(p50|mean): adaptive|environment" "$work/$tag.txt"
     cp "$work/$tag.json" "$out/" 2>/dev/null
   done
-  tar -C "$work" -czf "$out/block.tar.gz" block-*
+  (cd "$work" && tar -czf "$out/block.tar.gz" block-*)
 }
 
 step_samples() {
