@@ -19,9 +19,10 @@
 #             managed_memory and multithread natively and against a standing shm server with
 #             `remora run --profile`
 #   startup   gpu/bench-startup.sh over REMORA_STARTUP_TRANSPORTS (default here: shm), no torch
-#   block     `remora bench contention --burn 2` (1 and 4 clients, shm and tcp, spin, block and
-#             adaptive, 3 rounds), with REMORA_WAIT_BLOCK_AT unset and at REMORA_CALLS_BLOCK_AT
-#             (default 1.5)
+#   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2; 1 and 4 clients,
+#             shm and tcp, spin, block and adaptive, 3 rounds), then, when
+#             REMORA_CALLS_EXPERIMENT=VAR=VALUE is set, once more with it exported (an
+#             experiment against the default in one call)
 #   samples   NVIDIA's CUDA samples (a copy in BIN_DIR/cuda-samples) in
 #             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
 #   torch     gpu/torch/suite.sh over REMORA_CALLS_TORCH_MODES (default shm) with
@@ -136,14 +137,15 @@ step_startup() {
   tar -C "$work" -czf "$out/startup.tar.gz" startup startup.log
 }
 
-step_block() {
-  local at=${REMORA_CALLS_BLOCK_AT:-1.5}
-  for run in off "$at"; do
-    local tag=block-$run
-    echo "== bench contention --burn 2, REMORA_WAIT_BLOCK_AT=$run"
+step_contention() {
+  local burn=${REMORA_CALLS_BURN:-2} runs=(default)
+  [ -n "${REMORA_CALLS_EXPERIMENT:-}" ] && runs+=("$REMORA_CALLS_EXPERIMENT")
+  for run in "${runs[@]}"; do
+    local tag=contention-${run//[^A-Za-z0-9._-]/_}
+    echo "== bench contention --burn $burn ($run)"
     (
-      [ "$run" = off ] && unset REMORA_WAIT_BLOCK_AT || export REMORA_WAIT_BLOCK_AT=$run
-      timeout 280 "$bin/remora" bench contention --transports shm,tcp --clients 1,4 --burn 2 \
+      [ "$run" = default ] || export "${run?}"
+      timeout 280 "$bin/remora" bench contention --transports shm,tcp --clients 1,4 --burn "$burn" \
         --policies spin,block,adaptive --syncs 1000 --rounds 3 \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
       echo "exit $?"
@@ -151,7 +153,7 @@ step_block() {
     grep -E "^note: .*launch_sync\.(p50|mean): adaptive|environment" "$work/$tag.txt"
     cp "$work/$tag.json" "$out/" 2>/dev/null
   done
-  (cd "$work" && tar -czf "$out/block.tar.gz" block-*)
+  (cd "$work" && tar -czf "$out/contention.tar.gz" contention-*)
 }
 
 step_samples() {
@@ -180,8 +182,8 @@ for step in "$@"; do
   t0=$SECONDS
   echo "===== $step"
   case $step in
-    suite|attrib|startup|block|samples|torch) "step_$step" ;;
-    *) echo "unknown step $step (suite, attrib, startup, block, samples, torch)"; exit 2 ;;
+    suite|attrib|startup|contention|samples|torch) "step_$step" ;;
+    *) echo "unknown step $step (suite, attrib, startup, contention, samples, torch)"; exit 2 ;;
   esac
   echo "===== $step took $((SECONDS - t0)) s"
 done

@@ -123,105 +123,38 @@ pub enum WaitPolicy {
 /// the usual wait is the costliest, a spin and then a sleep.
 const SPIN_FACTOR: f64 = 3.0;
 
-/// How loaded this host is now, for [`Waiter::plan`] ([`host_load`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostLoad {
-    /// Fewer runnable threads than CPUs: a spin holds a core no one else wants.
-    Spare,
-    /// No core to spare: an adaptive wait measures spinning against blocking.
-    Busy,
-    /// At least [`block_at`] runnable threads per CPU: an adaptive wait never spins.
-    Oversubscribed,
-}
-
-/// How loaded this host is now: the running count of `/proc/loadavg` (runnable threads, this
-/// one included) against the CPUs this process may use ([`HostLoad`]). Read again at most
-/// every 10 ms, by whichever wait comes first; [`HostLoad::Busy`] when it cannot be read (the
-/// choice between spinning and blocking is then measured).
-pub fn host_load() -> HostLoad {
+/// Whether this host has a core to spare now: fewer runnable threads (the running count of
+/// `/proc/loadavg`, this one included) than the CPUs this process may use. Read again at most
+/// every 10 ms, by whichever wait comes first; `false` when it cannot be read (the choice
+/// between spinning and blocking is then measured, as on a loaded host). The server's launch
+/// thread asks it too before it starts overlapping launches with reading them.
+pub fn cores_to_spare() -> bool {
     use std::sync::OnceLock;
-    use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     static CPUS: OnceLock<usize> = OnceLock::new();
     static LAST_MS: AtomicU64 = AtomicU64::new(0);
-    static LOAD: AtomicU8 = AtomicU8::new(HostLoad::Busy as u8);
-    let stored = || match LOAD.load(Ordering::Relaxed) {
-        0 => HostLoad::Spare,
-        2 => HostLoad::Oversubscribed,
-        _ => HostLoad::Busy,
-    };
+    static SPARE: AtomicBool = AtomicBool::new(false);
     // The coarse clock: asked on every launch and wait, where a precise read cost more than
     // the rest of this function, for a figure kept 10 ms.
     let now_ms = coarse_now().as_millis() as u64 + 1;
     let last = LAST_MS.load(Ordering::Relaxed);
     if last != 0 && now_ms < last + 10 {
-        return stored();
+        return SPARE.load(Ordering::Relaxed);
     }
     // One thread refreshes; the others use the figure they find.
     if LAST_MS
         .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
         .is_err()
     {
-        return stored();
+        return SPARE.load(Ordering::Relaxed);
     }
     let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let load = std::fs::read_to_string("/proc/loadavg")
+    let spare = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| running_threads(&s))
-        .map_or(HostLoad::Busy, |running| load_of(running, cpus, block_at()));
-    LOAD.store(load as u8, Ordering::Relaxed);
-    load
-}
-
-/// The load `running` runnable threads make on `cpus` CPUs, oversubscribed from `block_at`
-/// threads per CPU (never when `None`).
-fn load_of(running: usize, cpus: usize, block_at: Option<f64>) -> HostLoad {
-    if running < cpus {
-        HostLoad::Spare
-    } else if block_at.is_some_and(|per_cpu| running as f64 >= per_cpu * cpus as f64) {
-        HostLoad::Oversubscribed
-    } else {
-        HostLoad::Busy
-    }
-}
-
-/// Whether this host has a core to spare now ([`host_load`] is [`HostLoad::Spare`]). The
-/// server's launch thread asks it before it starts overlapping launches with reading them.
-pub fn cores_to_spare() -> bool {
-    host_load() == HostLoad::Spare
-}
-
-/// From how many runnable threads per CPU an adaptive wait never spins
-/// ([`HostLoad::Oversubscribed`]): `REMORA_WAIT_BLOCK_AT` (a number, at least 1; read once),
-/// unset by default (`None`: adaptive waits measure spinning against blocking at any load).
-///
-/// An experiment for issue 12 §4, not yet measured on a GPU: under 2x oversubscription
-/// (session 27 on an H200, `bench contention --burn 2`) blocking beat adaptive in 3 of 4
-/// cells by the mean (x1.60, x2.35, x1.05), and adaptive's clients used 20-36 µs of CPU per
-/// round trip against blocking's 7-12 and waited longer in run queues (shm, 1 client: 24
-/// against 8 µs the client, 127 against 59 the server): its spins cost the CPU share that
-/// later wake-ups need. 1.5 puts that load (32 burning processes on 16 CPUs) above the line
-/// and 1x load (16) below it.
-pub fn block_at() -> Option<f64> {
-    static AT: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
-    *AT.get_or_init(|| {
-        let v = std::env::var("REMORA_WAIT_BLOCK_AT").ok()?;
-        let parsed = parse_block_at(&v);
-        if parsed.is_none() && !matches!(v.trim(), "" | "0" | "off") {
-            tracing::warn!(
-                "REMORA_WAIT_BLOCK_AT={v:?} is not a number of runnable threads per CPU of at \
-                 least 1; adaptive waits measure spinning against blocking at any load"
-            );
-        }
-        parsed
-    })
-}
-
-/// `REMORA_WAIT_BLOCK_AT`'s value: a finite number of at least 1, else `None`.
-fn parse_block_at(v: &str) -> Option<f64> {
-    v.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|x| x.is_finite() && *x >= 1.0)
+        .is_some_and(|running| running < cpus);
+    SPARE.store(spare, Ordering::Relaxed);
+    spare
 }
 
 /// `CLOCK_MONOTONIC_COARSE` now: a millisecond-grained clock that costs a few nanoseconds (no
@@ -470,32 +403,24 @@ impl Waiter {
     /// that block; when they are not, spinning saves a wake-up. Measuring both, rather than
     /// predicting from the waits alone, makes the choice in either case (issue 12 §4). The
     /// fixed policies (`REMORA_WAIT=spin|block`, or equal bounds) spin for the budget always.
-    /// The host's load decides first ([`host_load`]): with a core to spare an adaptive wait
-    /// spins, at least [`spare_spin`]; oversubscribed ([`block_at`], off by default) it never
-    /// does.
     pub fn plan(&mut self) -> Duration {
-        self.plan_on(host_load, spare_spin())
+        self.plan_on(cores_to_spare, spare_spin())
     }
 
-    /// [`Waiter::plan`], asking `load` how loaded the host is; with a core to spare an
-    /// adaptive wait spins at least `spare_spin` ([`spare_spin`]), oversubscribed it blocks.
-    fn plan_on(&mut self, load: impl FnOnce() -> HostLoad, spare_spin: Duration) -> Duration {
+    /// [`Waiter::plan`], asking `spare` whether the host has a core to spare; with one, an
+    /// adaptive wait spins at least `spare_spin` ([`spare_spin`]).
+    fn plan_on(&mut self, spare: impl FnOnce() -> bool, spare_spin: Duration) -> Duration {
         let stretch = std::mem::take(&mut self.stretch);
         let mut floor = stretch;
         self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
             None
+        } else if spare() {
+            // With a core to spare, a spin cannot hold the core the peer needs: spinning
+            // first is never the slower way, and exploring would only cost wake-ups.
+            floor = floor.max(spare_spin);
+            Some(true)
         } else {
-            match load() {
-                // With a core to spare, a spin cannot hold the core the peer needs: spinning
-                // first is never the slower way, and exploring would only cost wake-ups.
-                HostLoad::Spare => {
-                    floor = floor.max(spare_spin);
-                    Some(true)
-                }
-                // Spinning there costs the CPU share later wake-ups need (see `block_at`).
-                HostLoad::Oversubscribed => Some(false),
-                HostLoad::Busy => Some(self.choose()),
-            }
+            Some(self.choose())
         };
         if self.arm == Some(false) {
             Duration::ZERO
@@ -647,7 +572,7 @@ mod tests {
         // tried now and then.
         let mut plans = Vec::new();
         for _ in 0..400 {
-            let spin = w.plan_on(|| HostLoad::Busy, Duration::ZERO);
+            let spin = w.plan_on(|| false, Duration::ZERO);
             w.settle(if spin.is_zero() { us(10) } else { us(40) });
             plans.push(spin);
         }
@@ -655,7 +580,7 @@ mod tests {
         assert!((1..=4).contains(&spun), "{spun} of 200 spun");
         // The other way round: spinning wins.
         for _ in 0..400 {
-            let spin = w.plan_on(|| HostLoad::Busy, Duration::ZERO);
+            let spin = w.plan_on(|| false, Duration::ZERO);
             w.settle(if spin.is_zero() { us(40) } else { us(10) });
             plans.push(spin);
         }
@@ -667,42 +592,23 @@ mod tests {
         assert!(spun >= 900, "{spun} of 1000 spun");
         // A one-shot stretch spins longer than the budget, at most max_spin.
         w.stretch_next(us(500));
-        let next = w.plan_on(|| HostLoad::Busy, Duration::ZERO);
+        let next = w.plan_on(|| false, Duration::ZERO);
         assert!(next == us(50) || next.is_zero(), "{next:?}");
         // With a core to spare every wait spins first, whatever the figures say.
-        assert!((0..100).all(|_| !w.plan_on(|| HostLoad::Spare, Duration::ZERO).is_zero()));
+        assert!((0..100).all(|_| !w.plan_on(|| true, Duration::ZERO).is_zero()));
         // ... and at least the spare spin when one is asked for, not without a spare core.
-        assert_eq!(w.plan_on(|| HostLoad::Spare, us(700)), us(700));
-        let without = w.plan_on(|| HostLoad::Busy, us(700));
+        assert_eq!(w.plan_on(|| true, us(700)), us(700));
+        let without = w.plan_on(|| false, us(700));
         assert!(without < us(700), "{without:?}");
         w.cancel_plan();
         // Fixed policies never choose: equal bounds always spin for the budget.
         let mut fixed = Waiter::with_bounds(us(7), us(7));
-        assert!((0..100).all(|_| fixed.plan_on(|| HostLoad::Busy, Duration::ZERO) == us(7)));
+        assert!((0..100).all(|_| fixed.plan_on(|| false, Duration::ZERO) == us(7)));
         assert_eq!(
-            fixed.plan_on(|| HostLoad::Spare, us(700)),
+            fixed.plan_on(|| true, us(700)),
             us(7),
             "not the fixed policies"
         );
-        // Oversubscribed, an adaptive wait never spins, whatever the figures say (spinning
-        // has been the faster way above), and a fixed policy is unaffected.
-        assert!((0..100).all(|_| w.plan_on(|| HostLoad::Oversubscribed, us(700)).is_zero()));
-        assert!((0..100).all(|_| fixed.plan_on(|| HostLoad::Oversubscribed, us(700)) == us(7)));
-    }
-
-    #[test]
-    fn the_host_is_oversubscribed_only_from_the_threshold_asked_for() {
-        assert_eq!(load_of(15, 16, Some(1.5)), HostLoad::Spare);
-        assert_eq!(load_of(16, 16, Some(1.5)), HostLoad::Busy);
-        assert_eq!(load_of(23, 16, Some(1.5)), HostLoad::Busy);
-        assert_eq!(load_of(24, 16, Some(1.5)), HostLoad::Oversubscribed);
-        assert_eq!(load_of(400, 16, None), HostLoad::Busy, "off by default");
-        assert_eq!(load_of(1, 1, Some(1.0)), HostLoad::Oversubscribed);
-        assert_eq!(parse_block_at(" 1.5 "), Some(1.5));
-        assert_eq!(parse_block_at("2"), Some(2.0));
-        for bad in ["0", "0.5", "off", "", "NaN", "inf", "-3"] {
-            assert_eq!(parse_block_at(bad), None, "{bad}");
-        }
     }
 
     #[test]
@@ -731,7 +637,7 @@ mod tests {
     ) -> usize {
         let (mut spins, mut first) = (0u32, 0);
         for i in 0..2000 {
-            let spin = w.plan_on(|| HostLoad::Busy, Duration::ZERO);
+            let spin = w.plan_on(|| false, Duration::ZERO);
             let took = if spin.is_zero() {
                 blocked
             } else {

@@ -694,15 +694,9 @@ impl Executor {
 
     /// Polling, then blocking (DESIGN decision 11): polls `query` (a stream or event query)
     /// for up to [`SYNC_POLL`]; true when the work finished within it, so that the synchronize
-    /// can be answered inline instead of through a waiter thread. On a host oversubscribed
-    /// past `REMORA_WAIT_BLOCK_AT` (an experiment, off by default: `remora_shm::block_at`) it
-    /// looks once: a spin there costs the CPU share the waiter thread's wake-up needs.
+    /// can be answered inline instead of through a waiter thread.
     fn poll_briefly(&self, query: impl Fn() -> CuResult<()>) -> bool {
-        let poll = match remora_shm::host_load() {
-            remora_shm::HostLoad::Oversubscribed => std::time::Duration::ZERO,
-            _ => SYNC_POLL,
-        };
-        let until = std::time::Instant::now() + poll;
+        let until = std::time::Instant::now() + SYNC_POLL;
         loop {
             match query() {
                 Ok(()) => return true,
