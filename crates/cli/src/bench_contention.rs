@@ -270,7 +270,8 @@ fn mix_figures(figures: Vec<Figure>, policy: &str, burn: u32) -> Vec<Figure> {
         .into_iter()
         .filter(|f| f.metric == "whole_run.total")
         .filter_map(|mut f| {
-            f.mode = if f.mode == "native" {
+            // Native runs beside the standing servers: bench_startup's native-held.
+            f.mode = if f.mode == "native" || f.mode == "native-held" {
                 format!("native burn={burn}x")
             } else {
                 let t = f.mode.strip_prefix("standing-")?;

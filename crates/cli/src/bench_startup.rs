@@ -3,19 +3,28 @@
 //!
 //! ```text
 //! remora bench startup --programs list.txt
-//!   ├─ standing servers (modes standing-*): started once, before anything is measured, on a
-//!   │  private Unix socket (shm, unix) and on TCP loopback (tcp)
-//!   ├─ warm-up: every program once in every mode, untimed
-//!   └─ each round, for each program: native, embedded-<t>…, standing-<t>…, each run a fresh
-//!      process timed from spawn to exit:
-//!        native        PROGRAM ARGS                                   (no LD_PRELOAD, REMORA_*)
-//!        embedded-<t>  remora run --transport <t> -- PROGRAM ARGS     (its own embedded server)
+//!   ├─ phase 1, no Remora server up (modes native, embedded-<t>): a warm-up (every program
+//!   │  once in every mode, untimed), then each round, for each program: native,
+//!   │  embedded-<t>…, each run a fresh process timed from spawn to exit:
+//!   │    native        PROGRAM ARGS                                 (no LD_PRELOAD, REMORA_*)
+//!   │    embedded-<t>  remora run --transport <t> -- PROGRAM ARGS   (its own embedded server)
+//!   └─ phase 2, standing servers up (modes standing-<t>): the servers started on a private
+//!      Unix socket (shm, unix) and on TCP loopback (tcp), a warm-up, then each round, for each
+//!      program: native-held, standing-<t>…:
+//!        native-held   PROGRAM ARGS, natively, while the standing servers hold the GPU
 //!        standing-<t>  remora run --server URL --transport <t> -- PROGRAM ARGS
 //! ```
 //!
+//! Two phases because a standing server holds the GPU open (its warm workers' driver and
+//! context), and a GPU some process holds starts a native program faster (on an H200, native
+//! vecadd 0.21 s held against 0.37 s idle, same machine and session): the native and embedded
+//! runs see the GPU as a user's program on an otherwise idle host does, and the standing
+//! runs are compared with native runs beside the same servers.
+//!
 //! Figures (the report of `bench launch|copy`, so `bench plot` draws it): `startup.<program>`
 //! per mode, the median over rounds, and `whole_run.total` per mode, the median over rounds
-//! of the sum of that round's program times; each with its ratio to native's.
+//! of the sum of that round's program times; each with its ratio to native's: embedded-<t>
+//! against native, standing-<t> against native-held (native when that was not measured).
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
@@ -96,6 +105,10 @@ pub(crate) struct Args {
     /// contention`'s `REMORA_WAIT`.
     #[arg(skip)]
     env: Vec<(String, String)>,
+    /// Native runs only beside the standing servers (no phase 1 of native runs alone):
+    /// `bench contention`'s program mix, which compares ways of waiting under load.
+    #[arg(skip)]
+    held_native_only: bool,
 }
 
 /// `--timeout-s` and `--settle-s` by default (also the program mix's).
@@ -140,6 +153,7 @@ impl Args {
             settle_s: secs(SETTLE_S),
             command: Vec::new(),
             env,
+            held_native_only: true,
         }
     }
 }
@@ -276,6 +290,8 @@ fn programs(args: &Args) -> Result<Vec<Program>> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Mode {
     Native,
+    /// The program natively while the standing servers are up (phase 2).
+    NativeHeld,
     /// `remora run --transport T`: a fresh embedded server per run.
     Embedded(String),
     /// `remora run --server URL --transport T` against a server started once.
@@ -286,6 +302,7 @@ impl std::fmt::Display for Mode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Mode::Native => f.write_str("native"),
+            Mode::NativeHeld => f.write_str("native-held"),
             Mode::Embedded(t) => write!(f, "embedded-{t}"),
             Mode::Standing(t) => write!(f, "standing-{t}"),
         }
@@ -397,7 +414,7 @@ impl Runner {
     /// The command that runs `program` in `mode`.
     fn command(&self, program: &Program, mode: &Mode) -> Result<Command> {
         let mut cmd = match mode {
-            Mode::Native => {
+            Mode::Native | Mode::NativeHeld => {
                 let mut cmd = Command::new(&program.argv[0]);
                 cmd.args(&program.argv[1..]);
                 // The program as users run it without Remora: nothing of Remora's reaches it.
@@ -567,16 +584,26 @@ fn figures(names: &[String], modes: &[String], times: &[Vec<Vec<f64>>]) -> Vec<F
             .collect();
         figs.push(figure(mode, "whole_run.total".into(), totals));
     }
-    let natives: Vec<(String, f64)> = figs
+    // The baseline of a mode's figure: native-held for the standing modes (measured beside
+    // the same servers), else native.
+    let value = |mode: &str, metric: &str| {
+        figs.iter()
+            .find(|f| f.mode == mode && f.metric == metric)
+            .map(|f| f.value)
+            .filter(|n| *n > 0.0 && n.is_finite())
+    };
+    let baselines: Vec<Option<f64>> = figs
         .iter()
-        .filter(|f| f.mode == "native")
-        .map(|f| (f.metric.clone(), f.value))
+        .map(|f| match f.mode.as_str() {
+            "native" => None,
+            m if m.starts_with("standing-") => {
+                value("native-held", &f.metric).or_else(|| value("native", &f.metric))
+            }
+            _ => value("native", &f.metric),
+        })
         .collect();
-    for f in figs.iter_mut().filter(|f| f.mode != "native") {
-        if let Some((_, n)) = natives.iter().find(|(m, _)| *m == f.metric)
-            && *n > 0.0
-            && n.is_finite()
-        {
+    for (f, n) in figs.iter_mut().zip(baselines) {
+        if let Some(n) = n {
             f.ratio_to_native = Some((f.value / n * 1000.0).round() / 1000.0);
         }
     }
@@ -675,18 +702,117 @@ pub(crate) fn measure(args: &Args) -> Result<Report> {
     } else {
         None
     };
-    let runner = Runner {
+    let mut runner = Runner {
         exe: std::env::current_exe().context("cannot find the remora executable")?,
         shim,
-        standing: Standing::start(&modes, &args.serve_arg, &args.env)?,
+        // Phase 2 starts them.
+        standing: Standing::start(&[], &args.serve_arg, &args.env)?,
         serve_args: args.serve_arg.clone(),
         timeout: args.timeout_s,
         env: args.env.clone(),
     };
     let mut notes = Vec::new();
+    // Asked before phase 1, of a server that stops before it.
     let device = device_name(&runner.standing, &args.serve_arg, &mut notes);
-    let labels: Vec<String> = modes.iter().map(Mode::to_string).collect();
+    let phases = phases(&modes, args.held_native_only);
+    let all: Vec<&Mode> = phases.iter().flatten().collect();
+    let labels: Vec<String> = all.iter().map(|m| m.to_string()).collect();
     let names: Vec<String> = programs.iter().map(|p| p.name.clone()).collect();
+    // times[program][mode][round], the modes of every phase in order
+    let mut times = vec![vec![Vec::new(); all.len()]; programs.len()];
+    let mut first = 0;
+    for (k, phase) in phases.iter().enumerate() {
+        let standing = phase.iter().any(|m| matches!(m, Mode::Standing(_)));
+        if standing {
+            runner.standing = Standing::start(phase, &args.serve_arg, &args.env)?;
+        }
+        eprintln!(
+            "phase {}/{}: {} ({})",
+            k + 1,
+            phases.len(),
+            if standing {
+                "standing servers up"
+            } else {
+                "no Remora server up"
+            },
+            phase
+                .iter()
+                .map(Mode::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        run_phase(args, &runner, &programs, phase, |p, m, secs| {
+            times[p][first + m].push(secs);
+        })?;
+        first += phase.len();
+    }
+    let figures = figures(&names, &labels, &times);
+    notes.extend(run_notes(args, &programs, &phases, &runner.standing));
+    let mut servers = Vec::new();
+    if modes.iter().any(|m| matches!(m, Mode::Embedded(_))) {
+        servers.push("embedded: a fresh one per run".to_owned());
+    }
+    for e in [&runner.standing.unix, &runner.standing.tcp]
+        .into_iter()
+        .flatten()
+    {
+        servers.push(format!("standing: {e}"));
+    }
+    let report = Report::now(
+        "startup",
+        device,
+        if servers.is_empty() {
+            "none (native only)".into()
+        } else {
+            servers.join("; ")
+        },
+        args.rounds,
+        None,
+        figures,
+        notes,
+    );
+    Ok(report)
+}
+
+/// The modes of each phase, in the order run: phase 1 the native and embedded modes, with no
+/// Remora server up; phase 2 the standing modes with native-held (when native is asked),
+/// while the standing servers are up. With `held_native_only`, native runs only in phase 2.
+/// A phase with no mode is left out.
+fn phases(modes: &[Mode], held_native_only: bool) -> Vec<Vec<Mode>> {
+    let native = modes.contains(&Mode::Native);
+    let standing: Vec<Mode> = modes
+        .iter()
+        .filter(|m| matches!(m, Mode::Standing(_)))
+        .cloned()
+        .collect();
+    let mut alone: Vec<Mode> = modes
+        .iter()
+        .filter(|m| matches!(m, Mode::Embedded(_)))
+        .cloned()
+        .collect();
+    if native && !(held_native_only && !standing.is_empty()) {
+        alone.insert(0, Mode::Native);
+    }
+    let mut held = standing;
+    if native && !held.is_empty() {
+        held.insert(0, Mode::NativeHeld);
+    }
+    [alone, held]
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+/// One phase: an untimed warm-up of every program in every mode of `modes`, then the rounds,
+/// each program in every mode one after another; `record(program, mode, seconds)` for each
+/// timed run (indices into `programs` and `modes`). Progress on stderr.
+fn run_phase(
+    args: &Args,
+    runner: &Runner,
+    programs: &[Program],
+    modes: &[Mode],
+    mut record: impl FnMut(usize, usize, f64),
+) -> Result<()> {
     // One line per program: `PREFIX: NAME: MODE T s, MODE T s, ...`.
     let line = |prefix: &str, p: &Program, times: &mut Vec<f64>| -> Result<()> {
         eprint!("{prefix}: {}:", p.name);
@@ -714,11 +840,9 @@ pub(crate) fn measure(args: &Args) -> Result<Report> {
         modes.len(),
         if modes.len() == 1 { "" } else { "s" }
     );
-    for p in &programs {
+    for p in programs {
         line("warm-up", p, &mut Vec::new())?;
     }
-    // times[program][mode][round]
-    let mut times = vec![vec![Vec::new(); modes.len()]; programs.len()];
     for round in 1..=args.rounds {
         let prefix = format!("round {round}/{}", args.rounds);
         let mut totals = vec![0.0; modes.len()];
@@ -726,7 +850,7 @@ pub(crate) fn measure(args: &Args) -> Result<Report> {
             let mut t = Vec::new();
             line(&prefix, program, &mut t)?;
             for (m, secs) in t.into_iter().enumerate() {
-                times[p][m].push(secs);
+                record(p, m, secs);
                 totals[m] += secs;
             }
         }
@@ -734,7 +858,7 @@ pub(crate) fn measure(args: &Args) -> Result<Report> {
             eprintln!(
                 "{prefix}: whole run of {} programs: {}",
                 programs.len(),
-                labels
+                modes
                     .iter()
                     .zip(&totals)
                     .map(|(m, t)| format!("{m} {t:.3} s"))
@@ -743,56 +867,46 @@ pub(crate) fn measure(args: &Args) -> Result<Report> {
             );
         }
     }
-    let figures = figures(&names, &labels, &times);
-    notes.extend(run_notes(args, &programs, &modes, &runner.standing));
-    let mut servers = Vec::new();
-    if modes.iter().any(|m| matches!(m, Mode::Embedded(_))) {
-        servers.push("embedded: a fresh one per run".to_owned());
-    }
-    for e in [&runner.standing.unix, &runner.standing.tcp]
-        .into_iter()
-        .flatten()
-    {
-        servers.push(format!("standing: {e}"));
-    }
-    let report = Report::now(
-        "startup",
-        device,
-        if servers.is_empty() {
-            "none (native only)".into()
-        } else {
-            servers.join("; ")
-        },
-        args.rounds,
-        None,
-        figures,
-        notes,
-    );
-    Ok(report)
+    Ok(())
 }
 
 /// The notes that say how the report's figures were measured.
 fn run_notes(
     args: &Args,
     programs: &[Program],
-    modes: &[Mode],
+    phases: &[Vec<Mode>],
     standing: &Standing,
 ) -> Vec<String> {
+    let modes: Vec<&Mode> = phases.iter().flatten().collect();
+    let shown_phases = phases
+        .iter()
+        .map(|p| {
+            let standing = p.iter().any(|m| matches!(m, Mode::Standing(_)));
+            format!(
+                "{} ({})",
+                if standing {
+                    "with the standing servers up"
+                } else {
+                    "with no Remora server up"
+                },
+                p.iter().map(Mode::to_string).collect::<Vec<_>>().join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", then ");
     let mut notes = vec![
         format!(
             "each figure: the wall time of a whole run, a fresh process timed from spawn to exit, \
-             median over {} round{}; every round runs each program in every mode, one after \
-             another ({})",
+             median over {} round{}; {} phase{}: {shown_phases}; every round of a phase runs \
+             each program in every mode of the phase, one after another",
             args.rounds,
             if args.rounds == 1 { "" } else { "s" },
-            modes
-                .iter()
-                .map(Mode::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            phases.len(),
+            if phases.len() == 1 { "" } else { "s" },
         ),
-        "warm-up: before the timed rounds every program ran once in every mode, untimed \
-         (fills the standing servers' module cache, pages in binaries and libraries)"
+        "warm-up: before a phase's timed rounds every program ran once in every mode of the \
+         phase, untimed (fills the standing servers' module cache, pages in binaries and \
+         libraries)"
             .to_owned(),
         format!(
             "whole_run.programs = {}: whole_run.total is, per mode, the median over rounds of \
@@ -800,13 +914,23 @@ fn run_notes(
             programs.len()
         ),
     ];
-    if modes.contains(&Mode::Native) {
+    if modes.contains(&&Mode::Native) {
         notes.push(
-            "native: the program as is, without LD_PRELOAD and REMORA_* variables; \
-             ratio_to_native: a mode's median over native's"
+            "native: the program as is, without LD_PRELOAD and REMORA_* variables, with no \
+             Remora server up; ratio_to_native: a mode's median over native's (standing-<t>: \
+             over native-held's)"
                 .to_owned(),
         );
-    } else {
+    }
+    if modes.contains(&&Mode::NativeHeld) {
+        notes.push(
+            "native-held: the program as natively, while the standing servers are up: they hold \
+             the GPU open (driver, warm workers' contexts), which starts a native program \
+             faster than on an idle GPU; the standing modes' ratios are against it"
+                .to_owned(),
+        );
+    }
+    if !modes.contains(&&Mode::Native) && !modes.contains(&&Mode::NativeHeld) {
         notes.push("native not measured: no ratios".to_owned());
     }
     if modes.iter().any(|m| matches!(m, Mode::Embedded(_))) {
@@ -819,7 +943,7 @@ fn run_notes(
     if standing.any().is_some() {
         notes.push(format!(
             "standing-<t>: `remora run --server URL --transport <t> -- PROGRAM` against servers \
-             started once before the warm-up (shm and unix: {}; tcp: {})",
+             started once before their phase's warm-up (shm and unix: {}; tcp: {})",
             standing
                 .unix
                 .as_ref()
@@ -1056,6 +1180,77 @@ mod tests {
         // No native: no ratios.
         let figs = figures(&names[..1], &modes[1..], &[vec![vec![1.0]]]);
         assert!(figs.iter().all(|f| f.ratio_to_native.is_none()));
+    }
+
+    #[test]
+    fn standing_modes_are_compared_with_native_beside_the_same_servers() {
+        let names = ["a".to_owned()];
+        let modes = [
+            "native".to_owned(),
+            "embedded-shm".to_owned(),
+            "native-held".to_owned(),
+            "standing-shm".to_owned(),
+        ];
+        let times = vec![vec![vec![4.0], vec![3.0], vec![2.0], vec![1.0]]];
+        let figs = figures(&names, &modes, &times);
+        let ratio = |mode: &str| {
+            figs.iter()
+                .find(|f| f.mode == mode && f.metric == "startup.a")
+                .unwrap()
+                .ratio_to_native
+        };
+        assert_eq!(ratio("native"), None);
+        assert_eq!(ratio("embedded-shm"), Some(0.75));
+        // How much faster a held GPU starts the program natively.
+        assert_eq!(ratio("native-held"), Some(0.5));
+        assert_eq!(ratio("standing-shm"), Some(0.5));
+        // Without native-held, standing is compared with native.
+        let figs = figures(
+            &names,
+            &[modes[0].clone(), modes[3].clone()],
+            &[vec![vec![4.0], vec![1.0]]],
+        );
+        assert_eq!(figs[1].mode, "standing-shm");
+        assert_eq!(figs[1].ratio_to_native, Some(0.25));
+    }
+
+    #[test]
+    fn native_and_embedded_runs_come_before_the_standing_servers_start() {
+        let all = modes(
+            &["native".into(), "embedded".into(), "standing".into()],
+            &["shm".into(), "tcp".into()],
+        )
+        .unwrap();
+        let shown = |phases: Vec<Vec<Mode>>| -> Vec<Vec<String>> {
+            phases
+                .iter()
+                .map(|p| p.iter().map(Mode::to_string).collect())
+                .collect()
+        };
+        assert_eq!(
+            shown(phases(&all, false)),
+            [
+                vec!["native", "embedded-shm", "embedded-tcp"],
+                vec!["native-held", "standing-shm", "standing-tcp"]
+            ]
+        );
+        // bench contention's mix: native only beside the standing servers.
+        let mix = modes(&["native".into(), "standing".into()], &["shm".into()]).unwrap();
+        assert_eq!(
+            shown(phases(&mix, true)),
+            [vec!["native-held", "standing-shm"]]
+        );
+        assert_eq!(
+            shown(phases(&mix, false)),
+            [vec!["native"], vec!["native-held", "standing-shm"]]
+        );
+        // Native alone; embedded alone.
+        assert_eq!(shown(phases(&all[..1], true)), [vec!["native"]]);
+        assert_eq!(shown(phases(&all[1..2], false)), [vec!["embedded-shm"]]);
+        assert_eq!(
+            shown(phases(&all[3..], false)),
+            [vec!["standing-shm", "standing-tcp"]]
+        );
     }
 
     fn native_runner(timeout: Duration) -> Runner {

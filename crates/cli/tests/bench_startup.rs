@@ -33,17 +33,32 @@ fn bench_startup_times_native_embedded_and_standing_runs() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    // Progress: a line per program for the warm-up and the round, and the round's whole run.
-    assert_eq!(stderr.matches("warm-up: true").count(), 2, "{stderr}");
+    // Progress: two phases (native and embedded runs with no server up, then the standing
+    // servers and native runs beside them), each with a line per program for the warm-up and
+    // the round, and the round's whole run.
+    let phase1 = stderr
+        .find("phase 1/2: no Remora server up (native, embedded-unix, embedded-tcp)")
+        .expect(&stderr);
+    let phase2 = stderr
+        .find("phase 2/2: standing servers up (native-held, standing-unix, standing-tcp)")
+        .expect(&stderr);
+    assert!(phase1 < phase2, "{stderr}");
+    assert_eq!(stderr.matches("warm-up: true").count(), 4, "{stderr}");
     assert!(
         stderr.contains("round 1/1: true_1: native ")
             && stderr.contains(", embedded-unix ")
+            && stderr.contains("round 1/1: true_1: native-held ")
             && stderr.contains(", standing-tcp "),
         "{stderr}"
     );
     assert!(
-        stderr.contains("round 1/1: whole run of 2 programs: native "),
+        stderr.contains("round 1/1: whole run of 2 programs: native ")
+            && stderr.contains("round 1/1: whole run of 2 programs: native-held "),
         "{stderr}"
+    );
+    assert!(
+        !stderr[phase1..phase2].contains("standing-"),
+        "no standing run before phase 2: {stderr}"
     );
     assert!(stdout.contains("vs native"), "{stdout}");
 
@@ -59,6 +74,7 @@ fn bench_startup_times_native_embedded_and_standing_runs() {
         "native",
         "embedded-unix",
         "embedded-tcp",
+        "native-held",
         "standing-unix",
         "standing-tcp",
     ];
@@ -97,6 +113,19 @@ fn bench_startup_times_native_embedded_and_standing_runs() {
             .as_f64()
             .unwrap()
     };
+    // The standing modes' ratios are against native-held.
+    let ratio = |mode: &str| {
+        figures
+            .iter()
+            .find(|f| f["mode"] == mode && f["metric"] == "whole_run.total")
+            .unwrap()["ratio_to_native"]
+            .as_f64()
+            .unwrap()
+    };
+    let expect = (whole("standing-tcp") / whole("native-held") * 1000.0).round() / 1000.0;
+    assert!((ratio("standing-tcp") - expect).abs() < 1e-9, "{report}");
+    let expect = (whole("embedded-tcp") / whole("native") * 1000.0).round() / 1000.0;
+    assert!((ratio("embedded-tcp") - expect).abs() < 1e-9, "{report}");
     // One round: the whole run is the sum of the programs.
     let sum = part("standing-tcp", "startup.true") + part("standing-tcp", "startup.true_1");
     assert!((whole("standing-tcp") - sum).abs() < 1e-9);
@@ -107,6 +136,10 @@ fn bench_startup_times_native_embedded_and_standing_runs() {
         .map(|n| n.as_str().unwrap())
         .collect();
     assert!(notes.iter().any(|n| n.starts_with("warm-up:")), "{notes:?}");
+    assert!(
+        notes.iter().any(|n| n.starts_with("native-held: ")),
+        "{notes:?}"
+    );
     assert!(
         notes
             .iter()
