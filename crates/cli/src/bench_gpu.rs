@@ -22,8 +22,9 @@ pub(crate) use remora_gpubench::{What, WorkerOptions, WorkerResult, Workload, wo
 use remora_oncrpc::Endpoint;
 use serde::{Deserialize, Serialize};
 
-use crate::proc_cpu::SchedNs;
+use crate::proc_cpu::TaskSched;
 use crate::run::{EmbeddedServer, find_shim};
+use remora_gpubench::sched::SchedNs;
 
 /// `remora bench launch|copy` options.
 #[derive(Debug, Clone)]
@@ -263,13 +264,13 @@ fn run_group(
         .collect();
     // The accepting processes and the session workers serving a connection; not warm
     // workers, which may be starting their driver in place of the ones sessions took.
-    let sample = || crate::proc_cpu::serving_sched_ns(&roots, remora_server::SESSION_WORKER_THREAD);
+    let sample = || crate::proc_cpu::serving_sched(&roots, remora_server::SESSION_WORKER_THREAD);
     let counted = launch && mode != "native" && !roots.is_empty() && opts.workload.syncs > 0;
     let (results, sched) = run_workers(
         commands,
         mode,
         launch,
-        counted.then_some(&sample as &dyn Fn() -> SchedNs),
+        counted.then_some(&sample as &dyn Fn() -> TaskSched),
     )?;
     let trips = f64::from(clients) * f64::from(opts.workload.syncs);
     let per = sched.map(|s| ServerSched {
@@ -299,7 +300,7 @@ pub(crate) fn run_workers(
     commands: Vec<Command>,
     label: &str,
     sync_barrier: bool,
-    server_sched: Option<&dyn Fn() -> SchedNs>,
+    server_sched: Option<&dyn Fn() -> TaskSched>,
 ) -> Result<(Vec<WorkerResult>, Option<SchedNs>)> {
     let mut group = Group {
         children: Vec::new(),
@@ -348,7 +349,9 @@ pub(crate) fn run_workers(
         }
         lines.push(line);
     }
-    let sched = sched0.zip(server_sched).map(|(s0, f)| f() - s0);
+    // Thread by thread: a server thread that exits during the loops (a waiter) takes none of
+    // the others' time with it.
+    let sched = sched0.zip(server_sched).map(|(s0, f)| f().since(&s0));
     let mut results = Vec::new();
     for (c, line) in group.children.iter_mut().zip(&lines) {
         // Closing its standard input lets a launch worker end its session and exit.

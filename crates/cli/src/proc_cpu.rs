@@ -2,29 +2,35 @@
 //! task's `schedstat` (time on a CPU and time runnable but waiting for one, in ns;
 //! `/proc/PID/stat` counts in 10 ms ticks, too coarse for a loop of 20 ms).
 
-pub(crate) use remora_gpubench::sched::SchedNs;
-use remora_gpubench::sched::process_sched_ns;
+#[cfg(test)]
+use remora_gpubench::sched::SchedNs;
+pub(crate) use remora_gpubench::sched::TaskSched;
 
-/// The scheduler's times so far of `roots` and of those of their descendants that have a
-/// thread named `marker` (session workers serving a connection; warm workers still starting
-/// their driver have none), summed over every thread. 0 for what cannot be read (a process
-/// gone, a kernel without `schedstat`).
-pub(crate) fn serving_sched_ns(roots: &[u32], marker: &str) -> SchedNs {
-    roots
-        .iter()
-        .map(|&pid| process_sched_ns(pid).unwrap_or_default())
-        .sum::<SchedNs>()
-        + marked_sched_ns(roots, marker)
+/// The scheduler's times so far of each thread of `roots` and of those of their descendants
+/// that have a thread named `marker` (session workers serving a connection; warm workers
+/// still starting their driver have none): take two readings' difference with
+/// [`TaskSched::since`]. Nothing for what cannot be read (a process gone, a kernel without
+/// `schedstat`).
+pub(crate) fn serving_sched(roots: &[u32], marker: &str) -> TaskSched {
+    let mut all = TaskSched::default();
+    for &pid in roots {
+        all.merge(TaskSched::of_process(pid).unwrap_or_default());
+    }
+    all.merge(marked_sched(roots, marker));
+    all
 }
 
-/// The scheduler's times so far of the descendants of `roots` that have a thread named
-/// `marker`.
-fn marked_sched_ns(roots: &[u32], marker: &str) -> SchedNs {
-    descendants(roots)
+/// The scheduler's times so far of the threads of the descendants of `roots` that have a
+/// thread named `marker`.
+fn marked_sched(roots: &[u32], marker: &str) -> TaskSched {
+    let mut all = TaskSched::default();
+    for pid in descendants(roots)
         .into_iter()
         .filter(|&pid| has_thread(pid, marker))
-        .map(|pid| process_sched_ns(pid).unwrap_or_default())
-        .sum()
+    {
+        all.merge(TaskSched::of_process(pid).unwrap_or_default());
+    }
+    all
 }
 
 /// Every descendant of `roots`, from each `/proc/PID/stat`'s parent field.
@@ -97,23 +103,23 @@ mod tests {
         assert!(descendants(&[me]).contains(&busy.id()));
         assert!(has_thread(busy.id(), "sh"));
         assert!(!has_thread(busy.id(), "no-such-thread"));
-        let before = marked_sched_ns(&[me], "sh").on_cpu;
+        let before = marked_sched(&[me], "sh");
         std::thread::sleep(Duration::from_millis(100));
         assert!(
-            marked_sched_ns(&[me], "sh").on_cpu > before,
+            marked_sched(&[me], "sh").since(&before).on_cpu > 0,
             "the busy child's work counts"
         );
         assert_eq!(
-            marked_sched_ns(&[me], "no-such-thread"),
+            marked_sched(&[me], "no-such-thread").total(),
             SchedNs::default(),
             "an unmarked child does not count"
         );
         assert!(
-            serving_sched_ns(&[me], "no-such-thread").on_cpu > 0,
+            serving_sched(&[me], "no-such-thread").total().on_cpu > 0,
             "the root counts"
         );
         let _ = busy.kill();
         let _ = busy.wait();
-        assert_eq!(serving_sched_ns(&[u32::MAX], "sh"), SchedNs::default());
+        assert_eq!(serving_sched(&[u32::MAX], "sh").total(), SchedNs::default());
     }
 }

@@ -566,7 +566,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                     t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
                 };
                 let cpu0 = cpu();
-                let runq0 = sched::process_sched_ns(std::process::id());
+                let runq0 = sched::TaskSched::of_process(std::process::id());
                 for _ in 0..o.workload.syncs {
                     let t = Instant::now();
                     check("cuLaunchKernel", launch())?;
@@ -576,8 +576,10 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                 if o.workload.syncs > 0 {
                     r.sync_cpu_us = Some((cpu() - cpu0) / f64::from(o.workload.syncs));
                     r.sync_runq_us = runq0
-                        .zip(sched::process_sched_ns(std::process::id()))
-                        .map(|(a, b)| (b - a).waiting as f64 / 1e3 / f64::from(o.workload.syncs));
+                        .zip(sched::TaskSched::of_process(std::process::id()))
+                        .map(|(a, b)| {
+                            b.since(&a).waiting as f64 / 1e3 / f64::from(o.workload.syncs)
+                        });
                     r.sync_mean_us = Some(lat.iter().sum::<f64>() / lat.len() as f64);
                 }
                 lat.sort_by(f64::total_cmp);

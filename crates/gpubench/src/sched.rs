@@ -3,6 +3,7 @@
 //! 10 ms ticks, too coarse for a loop of 20 ms): the benchmarks' CPU and run-queue figures,
 //! of a worker itself and of the servers around it.
 
+use std::collections::BTreeMap;
 use std::ops::{Add, Sub};
 
 /// What the scheduler says of a set of threads so far (sums of their `schedstat`s), in ns.
@@ -45,14 +46,66 @@ impl std::iter::Sum for SchedNs {
 /// The sum of the `schedstat`s of every live task of `pid`; None when none can be read (a
 /// process gone, a kernel without scheduler statistics, a sandbox).
 pub fn process_sched_ns(pid: u32) -> Option<SchedNs> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut read = tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| parse_schedstat(&s))
-        .peekable();
-    read.peek()?;
-    Some(read.sum())
+    TaskSched::of_process(pid).map(|t| t.total())
+}
+
+/// The `schedstat` of each live task of some processes, by (pid, tid): a reading to take the
+/// difference of task by task ([`TaskSched::since`]). A sum over the live tasks drops by a
+/// task's whole time when it exits, so the difference of two sums can lose the others' time
+/// (it read 0 once for a server whose waiter thread ended during the loop).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskSched(BTreeMap<(u32, u32), SchedNs>);
+
+impl TaskSched {
+    /// Every live task of `pid`; None when none can be read (a process gone, a kernel
+    /// without scheduler statistics, a sandbox).
+    pub fn of_process(pid: u32) -> Option<TaskSched> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        let read: BTreeMap<(u32, u32), SchedNs> = tasks
+            .flatten()
+            .filter_map(|t| {
+                let tid = t.file_name().to_str()?.parse::<u32>().ok()?;
+                let line = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+                Some(((pid, tid), parse_schedstat(&line)?))
+            })
+            .collect();
+        (!read.is_empty()).then_some(TaskSched(read))
+    }
+
+    /// Adds the tasks of another reading (of other processes).
+    pub fn merge(&mut self, other: TaskSched) {
+        self.0.extend(other.0);
+    }
+
+    /// The sum over the tasks read.
+    pub fn total(&self) -> SchedNs {
+        self.0.values().copied().sum()
+    }
+
+    /// What the tasks of this reading did since `earlier`, task by task: a task read both
+    /// times counts its difference, a task that started in between all of its time. A task
+    /// that exited in between counts nothing: its time after `earlier` is not known (a lower
+    /// bound, never a drop of the others' time).
+    pub fn since(&self, earlier: &TaskSched) -> SchedNs {
+        self.0
+            .iter()
+            .map(|(task, now)| match earlier.0.get(task) {
+                Some(before) => *now - *before,
+                None => *now,
+            })
+            .sum()
+    }
+
+    /// A reading of the given tasks, for tests.
+    #[cfg(test)]
+    fn of(tasks: &[((u32, u32), u64, u64)]) -> TaskSched {
+        TaskSched(
+            tasks
+                .iter()
+                .map(|&(k, on_cpu, waiting)| (k, SchedNs { on_cpu, waiting }))
+                .collect(),
+        )
+    }
 }
 
 /// A `schedstat` line ("on-CPU ns, waiting ns, timeslices").
@@ -69,6 +122,59 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
+
+    #[test]
+    fn differences_are_taken_task_by_task() {
+        let before = TaskSched::of(&[((1, 1), 100, 10), ((1, 2), 5_000, 500), ((2, 2), 50, 5)]);
+        // Task 1/2 (its time the largest) exited; 1/3 started; 1/1 and 2/2 went on.
+        let after = TaskSched::of(&[((1, 1), 160, 13), ((1, 3), 30, 3), ((2, 2), 70, 9)]);
+        assert_eq!(
+            after.since(&before),
+            SchedNs {
+                on_cpu: 60 + 30 + 20,
+                waiting: 3 + 3 + 4
+            }
+        );
+        // The sums' difference loses everything to the exited task.
+        assert_eq!(after.total() - before.total(), SchedNs::default());
+        let mut both = TaskSched::of(&[((1, 1), 1, 1)]);
+        both.merge(TaskSched::of(&[((2, 1), 2, 2)]));
+        assert_eq!(
+            both.total(),
+            SchedNs {
+                on_cpu: 3,
+                waiting: 3
+            }
+        );
+    }
+
+    #[test]
+    fn a_thread_that_exits_takes_nothing_from_the_others() {
+        let me = std::process::id();
+        let Some(before) = TaskSched::of_process(me) else {
+            eprintln!("skipped: this kernel's /proc has no schedstat");
+            return;
+        };
+        // A thread busy for a while, gone before the second reading; then this thread busy.
+        std::thread::spawn(|| {
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_millis(60) {
+                std::hint::spin_loop();
+            }
+        })
+        .join()
+        .unwrap();
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        let after = TaskSched::of_process(me).unwrap();
+        assert!(
+            after.since(&before).on_cpu >= 10_000_000,
+            "this thread's 20 ms count: {:?}",
+            after.since(&before)
+        );
+    }
 
     #[test]
     fn threads_that_outnumber_the_cores_wait_in_the_run_queue() {
