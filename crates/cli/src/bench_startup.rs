@@ -790,7 +790,8 @@ fn phases(modes: &[Mode], held_native_only: bool) -> Vec<Vec<Mode>> {
         .filter(|m| matches!(m, Mode::Embedded(_)))
         .cloned()
         .collect();
-    if native && !(held_native_only && !standing.is_empty()) {
+    // Native runs alone too, unless only beside the standing servers is asked for.
+    if native && (!held_native_only || standing.is_empty()) {
         alone.insert(0, Mode::Native);
     }
     let mut held = standing;
