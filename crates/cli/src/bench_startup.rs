@@ -23,8 +23,8 @@
 //!
 //! Figures (the report of `bench launch|copy`, so `bench plot` draws it): `startup.<program>`
 //! per mode, the median over rounds, and `whole_run.total` per mode, the median over rounds
-//! of the sum of that round's program times; each with its ratio to native's: embedded-<t>
-//! against native, standing-<t> against native-held (native when that was not measured).
+//! of the sum of that round's program times; each with its ratio to native's: `embedded-<t>`
+//! against native, `standing-<t>` against native-held (native when that was not measured).
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
