@@ -97,31 +97,19 @@ fn bench_startup_times_native_embedded_and_standing_runs() {
         }
     }
     assert_eq!(figures.len(), 3 * modes.len(), "{report}");
-    let whole = |mode: &str| {
-        figures
-            .iter()
-            .find(|f| f["mode"] == mode && f["metric"] == "whole_run.total")
-            .unwrap()["value"]
-            .as_f64()
-            .unwrap()
-    };
-    let part = |mode: &str, metric: &str| {
+    // A figure's field: its value, its ratio.
+    let field = |mode: &str, metric: &str, key: &str| {
         figures
             .iter()
             .find(|f| f["mode"] == mode && f["metric"] == metric)
-            .unwrap()["value"]
+            .unwrap()[key]
             .as_f64()
             .unwrap()
     };
+    let whole = |mode: &str| field(mode, "whole_run.total", "value");
+    let part = |mode: &str, metric: &str| field(mode, metric, "value");
     // The standing modes' ratios are against native-held.
-    let ratio = |mode: &str| {
-        figures
-            .iter()
-            .find(|f| f["mode"] == mode && f["metric"] == "whole_run.total")
-            .unwrap()["ratio_to_native"]
-            .as_f64()
-            .unwrap()
-    };
+    let ratio = |mode: &str| field(mode, "whole_run.total", "ratio_to_native");
     let expect = (whole("standing-tcp") / whole("native-held") * 1000.0).round() / 1000.0;
     assert!((ratio("standing-tcp") - expect).abs() < 1e-9, "{report}");
     let expect = (whole("embedded-tcp") / whole("native") * 1000.0).round() / 1000.0;
