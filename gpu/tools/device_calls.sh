@@ -22,7 +22,8 @@
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2; 1 and 4 clients,
 #             shm and tcp, spin, block and adaptive, 3 rounds), then, when
 #             REMORA_CALLS_EXPERIMENT=VAR=VALUE is set, once more with it exported (an
-#             experiment against the default in one call)
+#             experiment against the default in one call); REMORA_CALLS_TRACE=1 traces the
+#             waits (REMORA_WAIT_TRACE) into the tarred .txt files
 #   samples   NVIDIA's CUDA samples (a copy in BIN_DIR/cuda-samples) in
 #             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
 #   torch     gpu/torch/suite.sh over REMORA_CALLS_TORCH_MODES (default shm) with
@@ -145,6 +146,8 @@ step_contention() {
     echo "== bench contention --burn $burn ($run)"
     (
       [ "$run" = default ] || export "${run?}"
+      # Each waiter's counts and wait-time histogram (gpu/README.md), in the .txt.
+      [ "${REMORA_CALLS_TRACE:-0}" = 1 ] && export REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info
       timeout 280 "$bin/remora" bench contention --transports shm,tcp --clients 1,4 --burn "$burn" \
         --policies spin,block,adaptive --syncs 1000 --rounds 3 \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
