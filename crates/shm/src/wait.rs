@@ -38,6 +38,9 @@ pub struct Waiter {
     plans: u32,
     /// What this waiter waits for, for [`WaitStats`] lines.
     label: &'static str,
+    /// Its waits end without another thread of this host running: a word the GPU writes
+    /// ([`Waiter::ended_by_device`]).
+    device_ended: bool,
     stats: WaitStats,
 }
 
@@ -203,8 +206,32 @@ pub fn spare_spin() -> Duration {
     })
 }
 
-/// `REMORA_WAIT_SPARE_SPIN_US`'s value as a duration, capped at [`SPARE_SPIN_MAX`]; `None`
-/// when it is not a whole number of microseconds.
+/// An experiment, off by default (issue 12 §4, not yet measured on a GPU): how long at most a
+/// wait [`Waiter::ended_by_device`] that spins first keeps spinning for as long as blocking
+/// at once has lately taken, from `REMORA_WAIT_DEVICE_SPIN_US` (microseconds, at most
+/// [`SPARE_SPIN_MAX`]; unset or `0`: off; read once). Why: in session 27's traces of shm with
+/// 4 clients under 1x load, the completion-word waits spun 20-41 µs (three times their mean)
+/// and about one in four then made the full call, which waited 470-850 µs for its reply,
+/// where the words themselves came within 256 µs but for a handful; blocking at once took
+/// 280-340 µs there. At 2x load pure polling beat adaptive by x1.64 (session 29).
+pub fn device_spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let Ok(v) = std::env::var("REMORA_WAIT_DEVICE_SPIN_US") else {
+            return Duration::ZERO;
+        };
+        parse_spare_spin(&v).unwrap_or_else(|| {
+            tracing::warn!(
+                "REMORA_WAIT_DEVICE_SPIN_US={v:?} is not a number of microseconds; leaving the \
+                 experiment off"
+            );
+            Duration::ZERO
+        })
+    })
+}
+
+/// `REMORA_WAIT_SPARE_SPIN_US`'s (or `REMORA_WAIT_DEVICE_SPIN_US`'s) value as a duration,
+/// capped at [`SPARE_SPIN_MAX`]; `None` when it is not a whole number of microseconds.
 fn parse_spare_spin(v: &str) -> Option<Duration> {
     let us = v.trim().parse::<u64>().ok()?;
     Some(Duration::from_micros(us).min(SPARE_SPIN_MAX))
@@ -266,8 +293,18 @@ impl Waiter {
             arm_ns: [0.0; 2],
             plans: 0,
             label: "",
+            device_ended: false,
             stats: WaitStats::default(),
         }
+    }
+
+    /// Marks this waiter's waits as ended by the device itself (a completion word the GPU
+    /// writes), not by another thread: a spin then cannot hold a core their end needs, and
+    /// with [`device_spin`] set, a wait that spins first spins at least as long as blocking
+    /// at once has lately taken (see [`Waiter::plan`]).
+    pub fn ended_by_device(mut self) -> Self {
+        self.device_ended = true;
+        self
     }
 
     /// Names what this waiter waits for (in its [`WaitStats`] line).
@@ -403,13 +440,32 @@ impl Waiter {
     /// that block; when they are not, spinning saves a wake-up. Measuring both, rather than
     /// predicting from the waits alone, makes the choice in either case (issue 12 §4). The
     /// fixed policies (`REMORA_WAIT=spin|block`, or equal bounds) spin for the budget always.
+    ///
+    /// A waiter [`Waiter::ended_by_device`] that spins first spins, with [`device_spin`] set,
+    /// at least as long as blocking at once has lately taken (at most that setting): giving
+    /// up costs the blocking way's time (under load the full call and two wake-ups on a busy
+    /// host), while spinning on costs only this thread's core, and the classic spin-then-block
+    /// rule (spin for as long as blocking costs) is within 2x of the best choice made knowing
+    /// each wait in advance.
     pub fn plan(&mut self) -> Duration {
-        self.plan_on(cores_to_spare, spare_spin())
+        self.plan_with(cores_to_spare, spare_spin(), device_spin())
     }
 
     /// [`Waiter::plan`], asking `spare` whether the host has a core to spare; with one, an
-    /// adaptive wait spins at least `spare_spin` ([`spare_spin`]).
+    /// adaptive wait spins at least `spare_spin` ([`spare_spin`]); the device-ended floor off.
+    #[cfg(test)]
     fn plan_on(&mut self, spare: impl FnOnce() -> bool, spare_spin: Duration) -> Duration {
+        self.plan_with(spare, spare_spin, Duration::ZERO)
+    }
+
+    /// [`Waiter::plan_on`], and for a waiter ended by the device that spins first, at least
+    /// the blocking way's figure, at most `device_spin` ([`device_spin`]; zero: off).
+    fn plan_with(
+        &mut self,
+        spare: impl FnOnce() -> bool,
+        spare_spin: Duration,
+        device_spin: Duration,
+    ) -> Duration {
         let stretch = std::mem::take(&mut self.stretch);
         let mut floor = stretch;
         self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
@@ -422,6 +478,10 @@ impl Waiter {
         } else {
             Some(self.choose())
         };
+        if self.arm == Some(true) && self.device_ended && !device_spin.is_zero() {
+            let block = Duration::from_nanos(self.arm_ns[1] as u64);
+            floor = floor.max(block.min(device_spin));
+        }
         if self.arm == Some(false) {
             Duration::ZERO
         } else {
@@ -609,6 +669,56 @@ mod tests {
             us(7),
             "not the fixed policies"
         );
+    }
+
+    #[test]
+    fn a_device_ended_wait_that_spins_first_spins_as_long_as_blocking_takes() {
+        let us = Duration::from_micros;
+        let mut w = Waiter::with_bounds(us(20), us(200)).ended_by_device();
+        for _ in 0..50 {
+            w.observe(us(10));
+        }
+        assert_eq!(w.budget(), us(30));
+        // Blocking at once has taken 300 µs, spinning first 40: spinning first wins.
+        w.arm_ns = [40_000.0, 300_000.0];
+        let spin = w.plan_with(|| false, Duration::ZERO, us(1000));
+        assert_eq!(
+            spin,
+            us(300),
+            "the blocking way's figure, over the 200 µs max_spin"
+        );
+        w.cancel_plan();
+        // At most the setting.
+        assert_eq!(w.plan_with(|| false, Duration::ZERO, us(250)), us(250));
+        w.cancel_plan();
+        // Off (the default), or a waiter its peer ends: the budget.
+        assert_eq!(
+            w.plan_with(|| false, Duration::ZERO, Duration::ZERO),
+            us(30)
+        );
+        w.cancel_plan();
+        let mut peer = Waiter::with_bounds(us(20), us(200));
+        for _ in 0..50 {
+            peer.observe(us(10));
+        }
+        peer.arm_ns = [40_000.0, 300_000.0];
+        assert_eq!(peer.plan_with(|| false, Duration::ZERO, us(1000)), us(30));
+        peer.cancel_plan();
+        // Blocking not measured yet: no floor.
+        let mut fresh = Waiter::with_bounds(us(20), us(200)).ended_by_device();
+        fresh.arm_ns = [40_000.0, 0.0];
+        assert_eq!(fresh.plan_with(|| false, Duration::ZERO, us(1000)), us(200));
+        fresh.cancel_plan();
+        // Blocking at once chosen: no spin at all.
+        w.arm_ns = [300_000.0, 40_000.0];
+        let blocked = (0..10)
+            .filter(|_| {
+                let d = w.plan_with(|| false, Duration::ZERO, us(1000));
+                w.cancel_plan();
+                d.is_zero()
+            })
+            .count();
+        assert!(blocked >= 9, "{blocked} of 10 blocked");
     }
 
     #[test]

@@ -69,7 +69,11 @@ impl SignalSync {
             signals,
             free: Mutex::new((0..SIGNAL_SLOTS).rev().collect()),
             seq: AtomicU64::new(0),
-            waiter: Mutex::new(Waiter::new(MIN_SPIN, MAX_SPIN).labeled("completion word")),
+            waiter: Mutex::new(
+                Waiter::new(MIN_SPIN, MAX_SPIN)
+                    .labeled("completion word")
+                    .ended_by_device(),
+            ),
             seen: AtomicU64::new(0),
             full: AtomicU64::new(0),
             spun_first_ns: AtomicU64::new(0),
