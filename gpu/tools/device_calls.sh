@@ -17,7 +17,8 @@
 #             against `true` (a program that never calls CUDA); a native process's exit after
 #             its context is destroyed (gpu/tools/startup_probe.c's exit_at_ms); stream_ordered,
 #             managed_memory and multithread natively and against a standing shm server with
-#             `remora run --profile`
+#             `remora run --profile`; then vecadd native and embedded alternately while that
+#             standing server holds the GPU, with the last embedded run's timeline
 #   startup   gpu/bench-startup.sh over REMORA_STARTUP_TRANSPORTS (default here: shm), no torch
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2; 1 and 4 clients,
 #             shm and tcp, spin, block and adaptive, 3 rounds), then, when
@@ -121,6 +122,21 @@ EOF
       done
       { echo "== $p"; cat "$work/timed.err"; } >> "$work/profiles.txt"
     done
+    echo; echo "== vecadd cubin, native and embedded alternately while that standing server holds the GPU"
+    for i in 1 2 3 4 5; do
+      sleep 0.5; timed "held native vecadd" "$build/vecadd" cubin
+      sleep 0.5
+      if [ "$i" = 5 ]; then
+        REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
+          timed "held embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
+        { echo "== embedded vecadd beside a standing server"; cat "$work/timed.err"; } >> "$work/timeline.txt"
+      else
+        timed "held embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
+      fi
+    done
+    echo; echo "== that run's timeline"
+    sed -n '/^== embedded vecadd beside/,$p' "$work/timeline.txt" \
+      | grep -E "remora::startup|worker_pool|client (connected|session)" | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
     kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; serve_pid=
   } > "$r" 2>&1
   cat "$r"
