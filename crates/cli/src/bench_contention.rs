@@ -5,8 +5,9 @@
 //! spin budget that follows the waits seen). The policy is given to the servers the
 //! benchmark starts and to every client, so it holds in all the places Remora waits: the
 //! client for replies (socket reads, shared-memory rings, completion words) and the server for
-//! requests. Each (burn level, policy) pair is one `bench launch` run (`bench_gpu::measure`);
-//! native runs once per burn level. With `--program`/`--programs`, each pair also times a
+//! requests. Each round, each policy in turn is one `bench launch` round
+//! (`bench_gpu::measure`, its servers started for it), so that drift of the loaded machine
+//! hits every policy alike; native runs once per round and burn level. With `--program`/`--programs`, each pair also times a
 //! mix of whole CUDA programs against standing servers that wait that way
 //! (`bench_startup::measure`): the figure `mix.total`, the summed wall time of one pass.
 
@@ -164,8 +165,8 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     for &burn in &a.burn {
         let n = burn as usize * cores;
         let _burners = burners(n)?;
-        for (i, policy) in a.policies.iter().enumerate() {
-            if mix {
+        if mix {
+            for (i, policy) in a.policies.iter().enumerate() {
                 eprintln!(
                     "== burn={burn}x ({n} burning processes), {}: program mix",
                     shown_env(policy)
@@ -190,48 +191,62 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
                 }
                 figures.extend(mix_figures(r.figures, policy, burn));
             }
-            if !loops {
-                continue;
-            }
-            eprintln!(
-                "== burn={burn}x ({n} burning processes), {}",
-                shown_env(policy)
-            );
-            let opts = bench_gpu::Options {
-                what: What::Launch,
-                server: None,
-                transports: a.transports.clone(),
-                clients: a.clients.clone(),
-                rounds: a.rounds,
-                native: !a.no_native && i == 0,
-                workload: Workload {
-                    launches: a.launches,
-                    syncs: a.syncs,
-                    bytes: 0,
-                    reps: 1,
-                },
-                shim: a.shim.clone(),
-                serve_args: a.serve_arg.clone(),
-                json: None,
-                png: None,
-                raw_tcp: false,
-                env: policy_env(policy),
-            };
-            let r = bench_gpu::measure(&opts)?;
-            if device.is_empty() {
-                device = r.device;
-            }
-            notes.extend(r.notes);
-            for mut f in r.figures {
-                f.mode = if f.mode == "native" {
-                    format!("native burn={burn}x")
-                } else {
-                    format!("{} {policy} burn={burn}x", f.mode)
+        }
+        if !loops {
+            continue;
+        }
+        // Rounds outermost and the ways of waiting in turn within each, so that drift of the
+        // loaded machine (the burners settling, the clock) hits every way alike: one
+        // `bench launch` round per (round, way), its servers started for it.
+        let mut rounds: Vec<Figure> = Vec::new();
+        for round in 1..=a.rounds {
+            for (i, policy) in a.policies.iter().enumerate() {
+                eprintln!(
+                    "== burn={burn}x ({n} burning processes), {}, round {round}/{}",
+                    shown_env(policy),
+                    a.rounds
+                );
+                let opts = bench_gpu::Options {
+                    what: What::Launch,
+                    server: None,
+                    transports: a.transports.clone(),
+                    clients: a.clients.clone(),
+                    rounds: 1,
+                    native: !a.no_native && i == 0,
+                    workload: Workload {
+                        launches: a.launches,
+                        syncs: a.syncs,
+                        bytes: 0,
+                        reps: 1,
+                    },
+                    shim: a.shim.clone(),
+                    serve_args: a.serve_arg.clone(),
+                    json: None,
+                    png: None,
+                    raw_tcp: false,
+                    env: policy_env(policy),
                 };
-                f.ratio_to_native = None;
-                figures.push(f);
+                let r = bench_gpu::measure(&opts)?;
+                if device.is_empty() {
+                    device = r.device;
+                }
+                for note in r.notes {
+                    if !notes.contains(&note) {
+                        notes.push(note);
+                    }
+                }
+                for mut f in r.figures {
+                    f.mode = if f.mode == "native" {
+                        format!("native burn={burn}x")
+                    } else {
+                        format!("{} {policy} burn={burn}x", f.mode)
+                    };
+                    f.ratio_to_native = None;
+                    rounds.push(f);
+                }
             }
         }
+        figures.extend(merge_rounds(rounds));
     }
     compare(&mut figures, &mut notes, a);
     let report = Report::now(
@@ -282,6 +297,25 @@ fn mix_figures(figures: Vec<Figure>, policy: &str, burn: u32) -> Vec<Figure> {
             Some(f)
         })
         .collect()
+}
+
+/// One figure per (mode, clients, metric) of `figures` (one round each, or a few), its
+/// rounds those of all of them in order and its value their median; in the order first seen.
+fn merge_rounds(figures: Vec<Figure>) -> Vec<Figure> {
+    let mut merged: Vec<Figure> = Vec::new();
+    for f in figures {
+        match merged
+            .iter_mut()
+            .find(|m| m.mode == f.mode && m.clients == f.clients && m.metric == f.metric)
+        {
+            Some(m) => m.rounds.extend(f.rounds),
+            None => merged.push(f),
+        }
+    }
+    for m in &mut merged {
+        m.value = remora_gpubench::median(&m.rounds);
+    }
+    merged
 }
 
 /// ` [LOW-HIGH]`, the range of a figure's rounds, when it has more than one: one way's rounds
@@ -378,7 +412,66 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
 
 #[cfg(test)]
 mod tests {
-    use super::{spread, wait_knobs};
+    use super::{Figure, merge_rounds, spread, wait_knobs};
+
+    fn fig(mode: &str, clients: u32, metric: &str, rounds: &[f64]) -> Figure {
+        Figure {
+            mode: mode.into(),
+            clients,
+            metric: metric.into(),
+            unit: "us".into(),
+            value: rounds[0],
+            ratio_to_native: None,
+            ratio_to_raw_tcp: None,
+            rounds: rounds.to_vec(),
+        }
+    }
+
+    #[test]
+    fn rounds_measured_apart_become_one_figure_each() {
+        let merged = merge_rounds(vec![
+            fig("shm spin burn=2x", 1, "launch_sync.mean", &[10.0]),
+            fig("shm spin burn=2x", 4, "launch_sync.mean", &[40.0]),
+            fig("shm block burn=2x", 1, "launch_sync.mean", &[20.0]),
+            fig("shm spin burn=2x", 1, "launch_sync.mean", &[30.0]),
+            fig("shm block burn=2x", 1, "launch_sync.mean", &[5.0]),
+            fig("shm spin burn=2x", 1, "launch_sync.mean", &[12.0]),
+            fig("shm spin burn=2x", 1, "launch_sync.p50", &[7.0]),
+        ]);
+        let got: Vec<(&str, u32, &str, f64, Vec<f64>)> = merged
+            .iter()
+            .map(|f| {
+                (
+                    f.mode.as_str(),
+                    f.clients,
+                    f.metric.as_str(),
+                    f.value,
+                    f.rounds.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "shm spin burn=2x",
+                    1,
+                    "launch_sync.mean",
+                    12.0,
+                    vec![10.0, 30.0, 12.0]
+                ),
+                ("shm spin burn=2x", 4, "launch_sync.mean", 40.0, vec![40.0]),
+                (
+                    "shm block burn=2x",
+                    1,
+                    "launch_sync.mean",
+                    12.5,
+                    vec![20.0, 5.0]
+                ),
+                ("shm spin burn=2x", 1, "launch_sync.p50", 7.0, vec![7.0]),
+            ]
+        );
+    }
 
     #[test]
     fn the_waiting_knobs_set_are_named_in_the_notes() {
