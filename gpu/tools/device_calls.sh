@@ -76,25 +76,34 @@ step_suite() {
   tar -C "$work" -czf "$out/suite.tar.gz" suite suite.log
 }
 
+# alternate PREFIX HEADING: vecadd cubin natively and embedded (shm) 5 times each, 0.5 s idle
+# before each run; the last embedded run logs its start-up timeline, appended under HEADING to
+# $work/timeline.txt; then that timeline's lines, times as the seconds' fraction
+alternate() {
+  local prefix=$1 heading=$2
+  for i in 1 2 3 4 5; do
+    sleep 0.5; timed "${prefix}native vecadd" "$build/vecadd" cubin
+    sleep 0.5
+    if [ "$i" = 5 ]; then
+      REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
+        timed "${prefix}embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
+      { echo "== $heading"; cat "$work/timed.err"; } >> "$work/timeline.txt"
+    else
+      timed "${prefix}embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
+    fi
+  done
+  echo; echo "== that last embedded run's timeline"
+  sed -n "/^== $heading\$/,/^== /p" "$work/timeline.txt" \
+    | grep -E "remora::startup|worker_pool|client (connected|session)" | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
+}
+
 step_attrib() {
   build_once || return 1
   local r=$out/attrib.txt
   export REMORA_GPU_KERNELS=$build
   {
     echo "== vecadd cubin, native and embedded (shm) alternately; settle 0.5 s before each"
-    for i in 1 2 3 4 5; do
-      sleep 0.5; timed "native vecadd" "$build/vecadd" cubin
-      sleep 0.5
-      if [ "$i" = 5 ]; then
-        REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
-          timed "embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
-        cp "$work/timed.err" "$work/timeline.txt"
-      else
-        timed "embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
-      fi
-    done
-    echo; echo "== the last embedded run's timeline"
-    grep -E "remora::startup|worker_pool|client (connected|session)" "$work/timeline.txt" | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
+    alternate "" "embedded vecadd, no server up"
     echo; echo "== a program that never calls CUDA"
     for _ in 1 2 3; do sleep 0.3; timed "native true" true; sleep 0.3; timed "embedded true" "$bin/remora" run -- true; done
     echo; echo "== a native process's exit after cuCtxDestroy (startup_probe)"
@@ -123,20 +132,7 @@ EOF
       { echo "== $p"; cat "$work/timed.err"; } >> "$work/profiles.txt"
     done
     echo; echo "== vecadd cubin, native and embedded alternately while that standing server holds the GPU"
-    for i in 1 2 3 4 5; do
-      sleep 0.5; timed "held native vecadd" "$build/vecadd" cubin
-      sleep 0.5
-      if [ "$i" = 5 ]; then
-        REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
-          timed "held embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
-        { echo "== embedded vecadd beside a standing server"; cat "$work/timed.err"; } >> "$work/timeline.txt"
-      else
-        timed "held embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
-      fi
-    done
-    echo; echo "== that run's timeline"
-    sed -n '/^== embedded vecadd beside/,$p' "$work/timeline.txt" \
-      | grep -E "remora::startup|worker_pool|client (connected|session)" | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
+    alternate "held " "embedded vecadd beside a standing server"
     kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; serve_pid=
   } > "$r" 2>&1
   cat "$r"
