@@ -10,21 +10,24 @@
 //!   │    embedded-<t>  remora run --transport <t> -- PROGRAM ARGS   (its own embedded server)
 //!   └─ phase 2, standing servers up (modes standing-<t>): the servers started on a private
 //!      Unix socket (shm, unix) and on TCP loopback (tcp), a warm-up, then each round, for each
-//!      program: native-held, standing-<t>…:
-//!        native-held   PROGRAM ARGS, natively, while the standing servers hold the GPU
-//!        standing-<t>  remora run --server URL --transport <t> -- PROGRAM ARGS
+//!      program: native-held, embedded-held-<t>…, standing-<t>…:
+//!        native-held        PROGRAM ARGS, natively, while the standing servers hold the GPU
+//!        embedded-held-<t>  remora run --transport <t> -- PROGRAM ARGS, likewise
+//!        standing-<t>       remora run --server URL --transport <t> -- PROGRAM ARGS
 //! ```
 //!
 //! Two phases because a standing server holds the GPU open (its warm workers' driver and
 //! context), and a GPU some process holds starts a native program faster (on an H200, native
-//! vecadd 0.21 s held against 0.37 s idle, same machine and session): the native and embedded
-//! runs see the GPU as a user's program on an otherwise idle host does, and the standing
-//! runs are compared with native runs beside the same servers.
+//! vecadd 0.21 s held against 0.37 s idle, same machine and session): phase 1 sees the GPU as
+//! a program on an otherwise idle host does, phase 2 as on a host where something keeps it
+//! initialised (a standing server, another GPU process, or the driver's persistence mode,
+//! which many GPU hosts run), and each remoted mode is compared with native in its phase.
 //!
 //! Figures (the report of `bench launch|copy`, so `bench plot` draws it): `startup.<program>`
 //! per mode, the median over rounds, and `whole_run.total` per mode, the median over rounds
 //! of the sum of that round's program times; each with its ratio to native's: `embedded-<t>`
-//! against native, `standing-<t>` against native-held (native when that was not measured).
+//! against native, `embedded-held-<t>` and `standing-<t>` against native-held (native when that
+//! was not measured).
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
@@ -294,6 +297,8 @@ enum Mode {
     NativeHeld,
     /// `remora run --transport T`: a fresh embedded server per run.
     Embedded(String),
+    /// The same while the standing servers are up (phase 2).
+    EmbeddedHeld(String),
     /// `remora run --server URL --transport T` against a server started once.
     Standing(String),
 }
@@ -304,6 +309,7 @@ impl std::fmt::Display for Mode {
             Mode::Native => f.write_str("native"),
             Mode::NativeHeld => f.write_str("native-held"),
             Mode::Embedded(t) => write!(f, "embedded-{t}"),
+            Mode::EmbeddedHeld(t) => write!(f, "embedded-held-{t}"),
             Mode::Standing(t) => write!(f, "standing-{t}"),
         }
     }
@@ -425,7 +431,7 @@ impl Runner {
                 }
                 cmd
             }
-            Mode::Embedded(t) | Mode::Standing(t) => {
+            Mode::Embedded(t) | Mode::EmbeddedHeld(t) | Mode::Standing(t) => {
                 let mut cmd = Command::new(&self.exe);
                 cmd.arg("run");
                 if let Mode::Standing(_) = mode {
@@ -441,7 +447,7 @@ impl Runner {
                 if let Some(shim) = &self.shim {
                     cmd.arg("--shim").arg(shim);
                 }
-                if let Mode::Embedded(_) = mode {
+                if let Mode::Embedded(_) | Mode::EmbeddedHeld(_) = mode {
                     for a in &self.serve_args {
                         let mut arg = OsString::from("--serve-arg=");
                         arg.push(a);
@@ -596,7 +602,7 @@ fn figures(names: &[String], modes: &[String], times: &[Vec<Vec<f64>>]) -> Vec<F
         .iter()
         .map(|f| match f.mode.as_str() {
             "native" => None,
-            m if m.starts_with("standing-") => {
+            m if m.starts_with("standing-") || m.starts_with("embedded-held-") => {
                 value("native-held", &f.metric).or_else(|| value("native", &f.metric))
             }
             _ => value("native", &f.metric),
@@ -775,9 +781,9 @@ pub(crate) fn measure(args: &Args) -> Result<Report> {
 }
 
 /// The modes of each phase, in the order run: phase 1 the native and embedded modes, with no
-/// Remora server up; phase 2 the standing modes with native-held (when native is asked),
-/// while the standing servers are up. With `held_native_only`, native runs only in phase 2.
-/// A phase with no mode is left out.
+/// Remora server up; phase 2, while the standing servers are up, native-held (when native
+/// is asked), embedded-held (the embedded modes again) and the standing modes. With
+/// `held_native_only`, native runs only in phase 2. A phase with no mode is left out.
 fn phases(modes: &[Mode], held_native_only: bool) -> Vec<Vec<Mode>> {
     let native = modes.contains(&Mode::Native);
     let standing: Vec<Mode> = modes
@@ -794,9 +800,16 @@ fn phases(modes: &[Mode], held_native_only: bool) -> Vec<Vec<Mode>> {
     if native && (!held_native_only || standing.is_empty()) {
         alone.insert(0, Mode::Native);
     }
-    let mut held = standing;
-    if native && !held.is_empty() {
-        held.insert(0, Mode::NativeHeld);
+    let mut held = Vec::new();
+    if !standing.is_empty() {
+        if native {
+            held.push(Mode::NativeHeld);
+        }
+        held.extend(modes.iter().filter_map(|m| match m {
+            Mode::Embedded(t) => Some(Mode::EmbeddedHeld(t.clone())),
+            _ => None,
+        }));
+        held.extend(standing);
     }
     [alone, held]
         .into_iter()
@@ -918,8 +931,8 @@ fn run_notes(
     if modes.contains(&&Mode::Native) {
         notes.push(
             "native: the program as is, without LD_PRELOAD and REMORA_* variables, with no \
-             Remora server up; ratio_to_native: a mode's median over native's (standing-<t>: \
-             over native-held's)"
+             Remora server up; ratio_to_native: a mode's median over native's (embedded-held-<t> \
+             and standing-<t>: over native-held's)"
                 .to_owned(),
         );
     }
@@ -927,7 +940,15 @@ fn run_notes(
         notes.push(
             "native-held: the program as natively, while the standing servers are up: they hold \
              the GPU open (driver, warm workers' contexts), which starts a native program \
-             faster than on an idle GPU; the standing modes' ratios are against it"
+             faster than on an idle GPU, as on a host in persistence mode; the ratios of \
+             embedded-held-<t> and standing-<t> are against it"
+                .to_owned(),
+        );
+    }
+    if modes.iter().any(|m| matches!(m, Mode::EmbeddedHeld(_))) {
+        notes.push(
+            "embedded-held-<t>: embedded-<t> again while the standing servers are up (a \
+             fresh embedded server per run beside them)"
                 .to_owned(),
         );
     }
@@ -1190,9 +1211,10 @@ mod tests {
             "native".to_owned(),
             "embedded-shm".to_owned(),
             "native-held".to_owned(),
+            "embedded-held-shm".to_owned(),
             "standing-shm".to_owned(),
         ];
-        let times = vec![vec![vec![4.0], vec![3.0], vec![2.0], vec![1.0]]];
+        let times = vec![vec![vec![4.0], vec![3.0], vec![2.0], vec![3.0], vec![1.0]]];
         let figs = figures(&names, &modes, &times);
         let ratio = |mode: &str| {
             figs.iter()
@@ -1204,11 +1226,12 @@ mod tests {
         assert_eq!(ratio("embedded-shm"), Some(0.75));
         // How much faster a held GPU starts the program natively.
         assert_eq!(ratio("native-held"), Some(0.5));
+        assert_eq!(ratio("embedded-held-shm"), Some(1.5));
         assert_eq!(ratio("standing-shm"), Some(0.5));
         // Without native-held, standing is compared with native.
         let figs = figures(
             &names,
-            &[modes[0].clone(), modes[3].clone()],
+            &[modes[0].clone(), modes[4].clone()],
             &[vec![vec![4.0], vec![1.0]]],
         );
         assert_eq!(figs[1].mode, "standing-shm");
@@ -1232,7 +1255,13 @@ mod tests {
             shown(phases(&all, false)),
             [
                 vec!["native", "embedded-shm", "embedded-tcp"],
-                vec!["native-held", "standing-shm", "standing-tcp"]
+                vec![
+                    "native-held",
+                    "embedded-held-shm",
+                    "embedded-held-tcp",
+                    "standing-shm",
+                    "standing-tcp"
+                ]
             ]
         );
         // bench contention's mix: native only beside the standing servers.

@@ -626,9 +626,9 @@ enum BenchCommand {
     /// Modes: native, embedded (a fresh embedded server per run) and standing (servers
     /// started once), the last two per transport. Each run is a fresh process timed from
     /// spawn to exit, start-up included. Two phases: native and embedded with no Remora
-    /// server up, then the standing servers beside native-held (native runs while they hold
-    /// the GPU, the standing modes' baseline); each phase has an untimed warm-up, then rounds
-    /// that interleave its modes. Needs a GPU for CUDA programs. Prints a table; --json and
+    /// server up, then the standing servers beside native-held and embedded-held (native and
+    /// embedded runs while they hold the GPU, as persistence mode would; their baseline is
+    /// native-held); each phase has an untimed warm-up, then rounds that interleave its modes. Needs a GPU for CUDA programs. Prints a table; --json and
     /// --png write the report and a plot.
     Startup(bench_startup::Args),
     /// Launch + synchronize latency, the CPU time each round trip costs the clients and the

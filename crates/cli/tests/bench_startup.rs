@@ -40,10 +40,17 @@ fn bench_startup_times_native_embedded_and_standing_runs() {
         .find("phase 1/2: no Remora server up (native, embedded-unix, embedded-tcp)")
         .expect(&stderr);
     let phase2 = stderr
-        .find("phase 2/2: standing servers up (native-held, standing-unix, standing-tcp)")
+        .find(
+            "phase 2/2: standing servers up (native-held, embedded-held-unix, embedded-held-tcp, \
+             standing-unix, standing-tcp)",
+        )
         .expect(&stderr);
     assert!(phase1 < phase2, "{stderr}");
     assert_eq!(stderr.matches("warm-up: true").count(), 4, "{stderr}");
+    assert!(
+        stderr[phase2..].contains(", embedded-held-tcp "),
+        "embedded runs again beside the standing servers: {stderr}"
+    );
     assert!(
         stderr.contains("round 1/1: true_1: native ")
             && stderr.contains(", embedded-unix ")
@@ -75,6 +82,8 @@ fn bench_startup_times_native_embedded_and_standing_runs() {
         "embedded-unix",
         "embedded-tcp",
         "native-held",
+        "embedded-held-unix",
+        "embedded-held-tcp",
         "standing-unix",
         "standing-tcp",
     ];
@@ -114,6 +123,11 @@ fn bench_startup_times_native_embedded_and_standing_runs() {
     assert!((ratio("standing-tcp") - expect).abs() < 1e-9, "{report}");
     let expect = (whole("embedded-tcp") / whole("native") * 1000.0).round() / 1000.0;
     assert!((ratio("embedded-tcp") - expect).abs() < 1e-9, "{report}");
+    let expect = (whole("embedded-held-tcp") / whole("native-held") * 1000.0).round() / 1000.0;
+    assert!(
+        (ratio("embedded-held-tcp") - expect).abs() < 1e-9,
+        "{report}"
+    );
     // One round: the whole run is the sum of the programs.
     let sum = part("standing-tcp", "startup.true") + part("standing-tcp", "startup.true_1");
     assert!((whole("standing-tcp") - sum).abs() < 1e-9);
