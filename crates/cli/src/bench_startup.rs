@@ -590,8 +590,8 @@ fn figures(names: &[String], modes: &[String], times: &[Vec<Vec<f64>>]) -> Vec<F
             .collect();
         figs.push(figure(mode, "whole_run.total".into(), totals));
     }
-    // The baseline of a mode's figure: native-held for the standing modes (measured beside
-    // the same servers), else native.
+    // The baseline of a mode's figure: native-held for the modes run beside the standing
+    // servers (standing, embedded-held), else native.
     let value = |mode: &str, metric: &str| {
         figs.iter()
             .find(|f| f.mode == mode && f.metric == metric)
@@ -728,24 +728,19 @@ pub(crate) fn measure(args: &Args) -> Result<Report> {
     let mut times = vec![vec![Vec::new(); all.len()]; programs.len()];
     let mut first = 0;
     for (k, phase) in phases.iter().enumerate() {
-        let standing = phase.iter().any(|m| matches!(m, Mode::Standing(_)));
-        if standing {
+        if with_standing(phase) {
             runner.standing = Standing::start(phase, &args.serve_arg, &args.env)?;
         }
         eprintln!(
             "phase {}/{}: {} ({})",
             k + 1,
             phases.len(),
-            if standing {
+            if with_standing(phase) {
                 "standing servers up"
             } else {
                 "no Remora server up"
             },
-            phase
-                .iter()
-                .map(Mode::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            shown_modes(phase)
         );
         run_phase(args, &runner, &programs, phase, |p, m, secs| {
             times[p][first + m].push(secs);
@@ -815,6 +810,20 @@ fn phases(modes: &[Mode], held_native_only: bool) -> Vec<Vec<Mode>> {
         .into_iter()
         .filter(|p| !p.is_empty())
         .collect()
+}
+
+/// Whether `phase` is the one run beside the standing servers.
+fn with_standing(phase: &[Mode]) -> bool {
+    phase.iter().any(|m| matches!(m, Mode::Standing(_)))
+}
+
+/// The modes of a phase, comma-separated.
+fn shown_modes(phase: &[Mode]) -> String {
+    phase
+        .iter()
+        .map(Mode::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// One phase: an untimed warm-up of every program in every mode of `modes`, then the rounds,
@@ -895,15 +904,14 @@ fn run_notes(
     let shown_phases = phases
         .iter()
         .map(|p| {
-            let standing = p.iter().any(|m| matches!(m, Mode::Standing(_)));
             format!(
                 "{} ({})",
-                if standing {
+                if with_standing(p) {
                     "with the standing servers up"
                 } else {
                     "with no Remora server up"
                 },
-                p.iter().map(Mode::to_string).collect::<Vec<_>>().join(", ")
+                shown_modes(p)
             )
         })
         .collect::<Vec<_>>()

@@ -43,12 +43,6 @@ impl std::iter::Sum for SchedNs {
     }
 }
 
-/// The sum of the `schedstat`s of every live task of `pid`; None when none can be read (a
-/// process gone, a kernel without scheduler statistics, a sandbox).
-pub fn process_sched_ns(pid: u32) -> Option<SchedNs> {
-    TaskSched::of_process(pid).map(|t| t.total())
-}
-
 /// The `schedstat` of each live task of some processes, by (pid, tid): a reading to take the
 /// difference of task by task ([`TaskSched::since`]). A sum over the live tasks drops by a
 /// task's whole time when it exits, so the difference of two sums can lose the others' time
@@ -178,7 +172,8 @@ mod tests {
 
     #[test]
     fn threads_that_outnumber_the_cores_wait_in_the_run_queue() {
-        let Some(before) = process_sched_ns(std::process::id()).map(|s| s.waiting) else {
+        let Some(before) = TaskSched::of_process(std::process::id()).map(|t| t.total().waiting)
+        else {
             eprintln!("skipped: this kernel's /proc has no schedstat");
             return;
         };
@@ -195,7 +190,7 @@ mod tests {
                 });
             }
             std::thread::sleep(Duration::from_millis(200));
-            let during = process_sched_ns(std::process::id()).map(|s| s.waiting);
+            let during = TaskSched::of_process(std::process::id()).map(|t| t.total().waiting);
             stop.store(true, Ordering::Relaxed);
             during
         });

@@ -191,19 +191,7 @@ fn running_threads(loadavg: &str) -> Option<usize> {
 /// x0.98-1.02 (x1.07-1.25 in session 26) to x0.98-1.01 of the better fixed policy.
 pub fn spare_spin() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let Ok(v) = std::env::var("REMORA_WAIT_SPARE_SPIN_US") else {
-            return SPARE_SPIN_DEFAULT;
-        };
-        parse_spare_spin(&v).unwrap_or_else(|| {
-            tracing::warn!(
-                "REMORA_WAIT_SPARE_SPIN_US={v:?} is not a number of microseconds; using the \
-                 default, {} us",
-                SPARE_SPIN_DEFAULT.as_micros()
-            );
-            SPARE_SPIN_DEFAULT
-        })
-    })
+    *SPIN.get_or_init(|| spin_from_env("REMORA_WAIT_SPARE_SPIN_US", SPARE_SPIN_DEFAULT))
 }
 
 /// An experiment, off by default (issue 12 §4, not yet measured on a GPU): how long at most a
@@ -216,17 +204,21 @@ pub fn spare_spin() -> Duration {
 /// 280-340 µs there. At 2x load pure polling beat adaptive by x1.64 (session 29).
 pub fn device_spin() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        let Ok(v) = std::env::var("REMORA_WAIT_DEVICE_SPIN_US") else {
-            return Duration::ZERO;
-        };
-        parse_spare_spin(&v).unwrap_or_else(|| {
-            tracing::warn!(
-                "REMORA_WAIT_DEVICE_SPIN_US={v:?} is not a number of microseconds; leaving the \
-                 experiment off"
-            );
-            Duration::ZERO
-        })
+    *SPIN.get_or_init(|| spin_from_env("REMORA_WAIT_DEVICE_SPIN_US", Duration::ZERO))
+}
+
+/// The spin variable `name` ([`parse_spare_spin`]), `default` when it is unset or (with a
+/// warning) not a number of microseconds.
+fn spin_from_env(name: &str, default: Duration) -> Duration {
+    let Ok(v) = std::env::var(name) else {
+        return default;
+    };
+    parse_spare_spin(&v).unwrap_or_else(|| {
+        tracing::warn!(
+            "{name}={v:?} is not a number of microseconds; using the default, {} us",
+            default.as_micros()
+        );
+        default
     })
 }
 
