@@ -200,9 +200,50 @@ fn rows(panels: &[Panel]) -> Vec<Vec<usize>> {
     rows
 }
 
+/// Every other colour a mode may be given when its own is taken in a plot ([`colors`]).
+const PALETTE: [RGBColor; 12] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(230, 159, 0),
+    RGBColor(86, 180, 233),
+    RGBColor(40, 40, 40),
+    RGBColor(150, 60, 20),
+    RGBColor(100, 100, 220),
+    RGBColor(120, 160, 40),
+    RGBColor(130, 130, 130),
+    RGBColor(90, 30, 110),
+];
+
+/// The colours of `modes` in one plot: each mode's own ([`color`]), unless an earlier mode
+/// of the plot has it, then the first colour of [`PALETTE`] no earlier mode has (two modes
+/// of one plot never share a colour while the palette lasts).
+fn colors(modes: &[&str]) -> Vec<RGBColor> {
+    let mut taken: Vec<RGBColor> = Vec::with_capacity(modes.len());
+    for mode in modes {
+        let own = color(mode);
+        let c = if taken.contains(&own) {
+            PALETTE
+                .iter()
+                .copied()
+                .find(|c| !taken.contains(c))
+                .unwrap_or(own)
+        } else {
+            own
+        };
+        taken.push(c);
+    }
+    taken
+}
+
 fn color(mode: &str) -> RGBColor {
     match mode {
         "native" => RGBColor(40, 40, 40),
+        "native-held" => RGBColor(130, 130, 130),
+        "embedded-held-shm" => RGBColor(204, 121, 167),
+        "embedded-held-unix" => RGBColor(120, 160, 40),
+        "embedded-held-tcp" => RGBColor(150, 60, 20),
         "shm" | "standing-shm" => RGBColor(0, 114, 178),
         "unix" | "standing-unix" => RGBColor(0, 158, 115),
         "embedded-shm" => RGBColor(86, 180, 233),
@@ -212,18 +253,6 @@ fn color(mode: &str) -> RGBColor {
         // Other modes (`bench contention`'s "shm spin burn=1x" and the like): a colour of
         // their own from a fixed palette, the same for the same name in every plot.
         other => {
-            const PALETTE: [RGBColor; 10] = [
-                RGBColor(0, 114, 178),
-                RGBColor(213, 94, 0),
-                RGBColor(0, 158, 115),
-                RGBColor(204, 121, 167),
-                RGBColor(230, 159, 0),
-                RGBColor(86, 180, 233),
-                RGBColor(40, 40, 40),
-                RGBColor(150, 60, 20),
-                RGBColor(100, 100, 220),
-                RGBColor(120, 160, 40),
-            ];
             let h = other.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
                 (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
             });
@@ -257,6 +286,7 @@ pub(crate) fn plot(r: &Report, path: &Path) -> Result<()> {
             modes.push(&f.mode);
         }
     }
+    let palette = colors(&modes);
     let rows = rows(&panels);
     // Two columns, unless every panel is a narrow one alone.
     let cols: u32 = if rows.iter().any(|r| r.len() > 1 || panels[r[0]].wide()) {
@@ -325,8 +355,15 @@ pub(crate) fn plot(r: &Report, path: &Path) -> Result<()> {
             row_area.split_evenly((1, cols as usize))
         };
         for (&i, area) in row.iter().zip(areas) {
-            draw_panel(r, &panels[i], &modes, &area, label_room(&panels[i]))
-                .map_err(|e| err(&e))?;
+            draw_panel(
+                r,
+                &panels[i],
+                &modes,
+                &palette,
+                &area,
+                label_room(&panels[i]),
+            )
+            .map_err(|e| err(&e))?;
         }
     }
     root.present()
@@ -343,6 +380,7 @@ fn draw_panel<'a>(
     r: &Report,
     panel: &Panel,
     modes: &[&str],
+    palette: &[RGBColor],
     area: &Area<'a>,
     label_room: u32,
 ) -> DrawResult<'a> {
@@ -433,7 +471,7 @@ fn draw_panel<'a>(
         if p.is_empty() {
             continue;
         }
-        let c = color(mode);
+        let c = palette[j];
         if panel.bars {
             let x0 = -0.4 + j as f64 * width;
             chart
@@ -567,6 +605,40 @@ mod tests {
             figures,
             notes: vec![],
         }
+    }
+
+    #[test]
+    fn the_modes_of_one_plot_never_share_a_colour() {
+        // standing-shm has shm's colour; the hashed colours of bench contention's modes
+        // collide among a dozen names.
+        let startup = [
+            "native",
+            "embedded-shm",
+            "native-held",
+            "embedded-held-shm",
+            "standing-shm",
+            "shm",
+        ];
+        let contention: Vec<String> = ["shm", "tcp"]
+            .iter()
+            .flat_map(|t| {
+                ["spin", "block", "adaptive"]
+                    .iter()
+                    .flat_map(move |p| (1..=2).map(move |b| format!("{t} {p} burn={b}x")))
+            })
+            .collect();
+        let contention: Vec<&str> = contention.iter().map(String::as_str).collect();
+        for modes in [&startup[..], &contention[..]] {
+            let c = colors(modes);
+            assert_eq!(c.len(), modes.len());
+            for i in 0..c.len() {
+                for j in 0..i {
+                    assert_ne!(c[i], c[j], "{} and {} share a colour", modes[i], modes[j]);
+                }
+            }
+        }
+        // A mode keeps its own colour when it is free.
+        assert_eq!(colors(&["native", "shm"]), [color("native"), color("shm")]);
     }
 
     #[test]

@@ -194,18 +194,23 @@ pub fn spare_spin() -> Duration {
     *SPIN.get_or_init(|| spin_from_env("REMORA_WAIT_SPARE_SPIN_US", SPARE_SPIN_DEFAULT))
 }
 
-/// An experiment, off by default (issue 12 §4, not yet measured on a GPU): how long at most a
-/// wait [`Waiter::ended_by_device`] that spins first keeps spinning for as long as blocking
-/// at once has lately taken, from `REMORA_WAIT_DEVICE_SPIN_US` (microseconds, at most
-/// [`SPARE_SPIN_MAX`]; unset or `0`: off; read once). Why: in session 27's traces of shm with
-/// 4 clients under 1x load, the completion-word waits spun 20-41 µs (three times their mean)
-/// and about one in four then made the full call, which waited 470-850 µs for its reply,
-/// where the words themselves came within 256 µs but for a handful; blocking at once took
-/// 280-340 µs there. At 2x load pure polling beat adaptive by x1.64 (session 29).
+/// How long at most a wait [`Waiter::ended_by_device`] that spins first keeps spinning for as
+/// long as blocking at once has lately taken: [`DEVICE_SPIN_DEFAULT`], or
+/// `REMORA_WAIT_DEVICE_SPIN_US` (microseconds, at most [`SPARE_SPIN_MAX`]; `0` turns it off;
+/// read once). Why: in session 27's traces of shm with 4 clients under 1x load, the
+/// completion-word waits spun 20-41 µs (three times their mean) and about one in four then
+/// made the full call, which waited 470-850 µs for its reply, where the words themselves came
+/// within 256 µs but for a handful; blocking at once took 280-340 µs there. Measured on an
+/// H200 (session 30, `bench contention --burn 1,2`, off and at 1 ms in one call): adaptive's
+/// launch + synchronize mean over shm went from 284 to 241 µs (4 clients, 1x load), 72 to 62
+/// (1 client, 2x) and 294 to 231 (4 clients, 2x), and stayed at 39-40 µs (1 client, 1x).
 pub fn device_spin() -> Duration {
     static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| spin_from_env("REMORA_WAIT_DEVICE_SPIN_US", Duration::ZERO))
+    *SPIN.get_or_init(|| spin_from_env("REMORA_WAIT_DEVICE_SPIN_US", DEVICE_SPIN_DEFAULT))
 }
+
+/// [`device_spin`] when `REMORA_WAIT_DEVICE_SPIN_US` is not set.
+pub const DEVICE_SPIN_DEFAULT: Duration = Duration::from_millis(1);
 
 /// The spin variable `name` ([`parse_spare_spin`]), `default` when it is unset or (with a
 /// warning) not a number of microseconds.
@@ -292,8 +297,8 @@ impl Waiter {
 
     /// Marks this waiter's waits as ended by the device itself (a completion word the GPU
     /// writes), not by another thread: a spin then cannot hold a core their end needs, and
-    /// with [`device_spin`] set, a wait that spins first spins at least as long as blocking
-    /// at once has lately taken (see [`Waiter::plan`]).
+    /// unless [`device_spin`] is off, a wait that spins first spins at least as long as
+    /// blocking at once has lately taken (see [`Waiter::plan`]).
     pub fn ended_by_device(mut self) -> Self {
         self.device_ended = true;
         self
@@ -433,8 +438,8 @@ impl Waiter {
     /// predicting from the waits alone, makes the choice in either case (issue 12 §4). The
     /// fixed policies (`REMORA_WAIT=spin|block`, or equal bounds) spin for the budget always.
     ///
-    /// A waiter [`Waiter::ended_by_device`] that spins first spins, with [`device_spin`] set,
-    /// at least as long as blocking at once has lately taken (at most that setting): giving
+    /// A waiter [`Waiter::ended_by_device`] that spins first spins, unless [`device_spin`] is
+    /// off, at least as long as blocking at once has lately taken (at most that setting): giving
     /// up costs the blocking way's time (under load the full call and two wake-ups on a busy
     /// host), while spinning on costs only this thread's core, and the classic spin-then-block
     /// rule (spin for as long as blocking costs) is within 2x of the best choice made knowing
@@ -683,7 +688,7 @@ mod tests {
         // At most the setting.
         assert_eq!(w.plan_with(|| false, Duration::ZERO, us(250)), us(250));
         w.cancel_plan();
-        // Off (the default), or a waiter its peer ends: the budget.
+        // Off (`REMORA_WAIT_DEVICE_SPIN_US=0`), or a waiter its peer ends: the budget.
         assert_eq!(
             w.plan_with(|| false, Duration::ZERO, Duration::ZERO),
             us(30)
