@@ -20,8 +20,9 @@
 #             `remora run --profile`; then vecadd native and embedded alternately while that
 #             standing server holds the GPU, with the last embedded run's timeline
 #   startup   gpu/bench-startup.sh over REMORA_STARTUP_TRANSPORTS (default here: shm), no torch
-#   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2; 1 and 4 clients,
-#             shm and tcp, spin, block and adaptive, 3 rounds), then, when
+#   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
+#             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
+#             clients, spin, block and adaptive, 3 rounds, then, when
 #             REMORA_CALLS_EXPERIMENT=VAR=VALUE is set, once more with it exported (an
 #             experiment against the default in one call); REMORA_CALLS_TRACE=1 traces the
 #             waits (REMORA_WAIT_TRACE) into the tarred .txt files
@@ -152,15 +153,16 @@ step_startup() {
 
 step_contention() {
   local burn=${REMORA_CALLS_BURN:-2} runs=(default)
+  local transports=${REMORA_CALLS_TRANSPORTS:-shm,tcp} clients=${REMORA_CALLS_CLIENTS:-1,4}
   [ -n "${REMORA_CALLS_EXPERIMENT:-}" ] && runs+=("$REMORA_CALLS_EXPERIMENT")
   for run in "${runs[@]}"; do
     local tag=contention-${run//[^A-Za-z0-9._-]/_}
-    echo "== bench contention --burn $burn ($run)"
+    echo "== bench contention --transports $transports --clients $clients --burn $burn ($run)"
     (
       [ "$run" = default ] || export "${run?}"
       # Each waiter's counts and wait-time histogram (gpu/README.md), in the .txt.
       [ "${REMORA_CALLS_TRACE:-0}" = 1 ] && export REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info
-      timeout 280 "$bin/remora" bench contention --transports shm,tcp --clients 1,4 --burn "$burn" \
+      timeout 280 "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
         --policies spin,block,adaptive --syncs 1000 --rounds 3 \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
       echo "exit $?"

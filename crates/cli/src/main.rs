@@ -652,7 +652,7 @@ enum BenchCommand {
     /// Keep one core busy until killed (`bench contention`'s CPU burner).
     #[command(hide = true)]
     Burn,
-    /// Draw the PNG plot of a `bench launch|copy|startup` JSON report again.
+    /// Draw the PNG plot of a `bench launch|copy|startup|contention` JSON report again.
     Plot {
         /// The JSON report (`bench launch|copy|startup --json`).
         #[arg(long, value_name = "FILE")]
