@@ -33,6 +33,7 @@ mod printf_scan;
 pub mod quota;
 mod serve;
 mod session;
+mod sync_trace;
 pub mod tokens;
 mod waiters;
 mod worker_pool;

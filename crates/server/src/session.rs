@@ -1245,6 +1245,8 @@ pub(crate) struct Session {
     /// The asynchronous copies not yet delivered (also reachable from the state).
     pub(crate) copies: Arc<PendingCopies>,
     pub(crate) waiters: WaiterPool,
+    /// How the session's synchronizes waited (`REMORA_WAIT_TRACE`, [`crate::sync_trace`]).
+    pub(crate) sync_trace: crate::sync_trace::SyncTrace,
     /// Host callbacks reached by their streams and waiting for the client.
     pub(crate) callbacks: Arc<HostCallbacks>,
     /// Where calls run once the session uses host callbacks.
@@ -1310,6 +1312,7 @@ impl Session {
             }),
             copies,
             waiters: WaiterPool::new(format!("remora-wait-{connection}"), MAX_WAITERS),
+            sync_trace: Default::default(),
             callbacks: Arc::default(),
             ordered: Ordered::default(),
             launcher,

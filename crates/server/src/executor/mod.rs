@@ -721,10 +721,31 @@ impl Executor {
     ) -> ProcResult<T> {
         let session = self.session(call);
         let target = resolve(&session.lock());
+        let polled_from = remora_shm::tracing_waits().then(std::time::Instant::now);
         if target.is_ok_and(|x| self.poll_briefly(|| idle(&*self.inner.backend, &x))) {
-            return Ok(job(&self.inner, &session));
+            let out = job(&self.inner, &session);
+            if let Some(t0) = polled_from {
+                session.sync_trace.inline(t0.elapsed());
+            }
+            return Ok(out);
         }
-        self.blocking(call, job)
+        match polled_from {
+            None => self.blocking(call, job),
+            Some(t0) => {
+                let polled = t0.elapsed();
+                let deferred_at = std::time::Instant::now();
+                self.blocking(call, move |inner, session: &Session| {
+                    let started = std::time::Instant::now();
+                    let out = job(inner, session);
+                    session.sync_trace.deferred(
+                        polled,
+                        started.duration_since(deferred_at),
+                        started.elapsed(),
+                    );
+                    out
+                })
+            }
+        }
     }
 
     /// Runs `job` on a waiter thread and replies from there, or inline when the connection
