@@ -20,6 +20,11 @@
 #             `remora run --profile`; then vecadd native and embedded alternately while that
 #             standing server holds the GPU, with the last embedded run's timeline
 #   startup   gpu/bench-startup.sh over REMORA_STARTUP_TRANSPORTS (default here: shm), no torch
+#   programs  REMORA_CALLS_PROGRAMS (default: managed_memory stream_ordered cublas_simple, the
+#             three programs over 30 ms slower embedded than native in session 30's bench
+#             startup) natively and embedded alternately, twice each, the embedded runs with
+#             `remora run --profile` and their start-up timeline: where an embedded run's
+#             extra time goes beyond start-up
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, 3 rounds, then, when
@@ -140,6 +145,26 @@ EOF
   cp "$work/timeline.txt" "$work/profiles.txt" "$out/" 2>/dev/null
 }
 
+step_programs() {
+  build_once || return 1
+  local r=$out/programs.txt p
+  export REMORA_GPU_KERNELS=$build
+  {
+    for p in ${REMORA_CALLS_PROGRAMS:-managed_memory stream_ordered cublas_simple}; do
+      for _ in 1 2; do
+        sleep 0.5; timed "native $p" "$build/$p"
+        sleep 0.5
+        REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
+          timed "embedded-shm $p" "$bin/remora" run --profile -- "$build/$p"
+      done
+      echo "== $p: the last embedded run's timeline and profile"
+      grep -E "remora::startup|worker_pool|client (connected|session)|^procedure|^rm_|^\(within|profile:" "$work/timed.err" \
+        | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
+    done
+  } > "$r" 2>&1
+  cat "$r"
+}
+
 step_startup() {
   build_once || return 1
   local d=$work/startup; mkdir -p "$d"
@@ -199,8 +224,8 @@ for step in "$@"; do
   t0=$SECONDS
   echo "===== $step"
   case $step in
-    suite|attrib|startup|contention|samples|torch) "step_$step" ;;
-    *) echo "unknown step $step (suite, attrib, startup, contention, samples, torch)"; exit 2 ;;
+    suite|attrib|startup|programs|contention|samples|torch) "step_$step" ;;
+    *) echo "unknown step $step (suite, attrib, startup, programs, contention, samples, torch)"; exit 2 ;;
   esac
   echo "===== $step took $((SECONDS - t0)) s"
 done
