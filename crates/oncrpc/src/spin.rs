@@ -25,6 +25,9 @@ pub(crate) const MAX_SPIN: Duration = Duration::from_micros(50);
 pub(crate) struct Spinning<S> {
     pub(crate) inner: S,
     waiter: Waiter,
+    /// With [`block_when_loaded`] on: whether the host has no core to spare now (then a
+    /// read that must wait blocks at once).
+    loaded: Option<fn() -> bool>,
 }
 
 impl<S: Transport> Spinning<S> {
@@ -33,6 +36,40 @@ impl<S: Transport> Spinning<S> {
         Self {
             inner,
             waiter: Waiter::new(Duration::ZERO, MAX_SPIN).labeled("socket: readable"),
+            loaded: block_when_loaded().then_some(|| !remora_shm::cores_to_spare()),
+        }
+    }
+}
+
+/// An experiment for issue 12 §4, off by default: with `REMORA_WAIT_SOCKET_LOADED=block`, a
+/// socket read that must wait blocks at once, without spinning or exploring, while the host
+/// has no core to spare ([`remora_shm::cores_to_spare`]); the server's brief synchronize poll,
+/// the rings and the completion words are unchanged. Why: over tcp with 4 clients under 1x
+/// and 2x load (session 30, H200), adaptive's launch + synchronize p50 (46-96 µs) was worse
+/// than both fixed ways' (spin 25-26, block 35-46), and each round trip spent 104-142 µs
+/// runnable but not running in the client against blocking's 55-90. A fair scheduler charges
+/// a thread for the CPU it spun, so one that spins and then sleeps wakes later than one that
+/// slept at once; the spin's cost lands on the waits after it, where measuring each way's own
+/// waits (`Waiter::plan`) does not see it.
+fn block_when_loaded() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let v = std::env::var("REMORA_WAIT_SOCKET_LOADED").ok();
+        socket_loaded_setting(v.as_deref())
+    })
+}
+
+/// `REMORA_WAIT_SOCKET_LOADED`'s value: `block` turns the experiment on; unset, empty or
+/// `adaptive` leaves it off; anything else is logged and leaves it off.
+fn socket_loaded_setting(v: Option<&str>) -> bool {
+    match v.map(str::trim) {
+        Some("block") => true,
+        None | Some("" | "adaptive") => false,
+        Some(other) => {
+            tracing::warn!(
+                "REMORA_WAIT_SOCKET_LOADED={other:?} is not block or adaptive; socket reads wait adaptively"
+            );
+            false
         }
     }
 }
@@ -54,7 +91,10 @@ impl<S: Transport> Read for Spinning<S> {
             }
         }
         let start = Instant::now();
-        let budget = self.waiter.plan();
+        let budget = match self.loaded {
+            Some(loaded) if loaded() => Duration::ZERO,
+            _ => self.waiter.plan(),
+        };
         while start.elapsed() < budget {
             std::hint::spin_loop();
             match self.inner.try_read(buf) {
@@ -167,5 +207,38 @@ mod tests {
         // End of file reads as 0, as a blocking read would.
         drop(b);
         assert_eq!(r.read(&mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn on_a_loaded_host_the_experiment_blocks_at_once() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut r = Spinning::new(crate::endpoint::Stream::Unix(a));
+        r.loaded = Some(|| true);
+        let t = std::thread::spawn(move || {
+            for i in 0..10u8 {
+                std::thread::sleep(Duration::from_micros(200));
+                b.write_all(&[i]).unwrap();
+            }
+            b
+        });
+        let mut buf = [0u8; 1];
+        for i in 0..10u8 {
+            assert_eq!(r.read(&mut buf).unwrap(), 1);
+            assert_eq!(buf[0], i);
+        }
+        let _b = t.join().unwrap();
+        let st = r.waiter.stats();
+        assert_eq!(st.spun, 0, "no wait spun: {st:?}");
+        assert_eq!(st.slept + st.at_once, 10, "{st:?}");
+    }
+
+    #[test]
+    fn socket_loaded_values() {
+        assert!(socket_loaded_setting(Some("block")));
+        assert!(socket_loaded_setting(Some(" block ")));
+        assert!(!socket_loaded_setting(None));
+        assert!(!socket_loaded_setting(Some("")));
+        assert!(!socket_loaded_setting(Some("adaptive")));
+        assert!(!socket_loaded_setting(Some("spin")));
     }
 }
