@@ -46,11 +46,11 @@ impl<S: Transport> Spinning<S> {
 /// has no core to spare ([`remora_shm::cores_to_spare`]); the server's brief synchronize poll,
 /// the rings and the completion words are unchanged. Why: over tcp with 4 clients under 1x
 /// and 2x load (session 30, H200), adaptive's launch + synchronize p50 (46-96 µs) was worse
-/// than both fixed ways' (spin 25-26, block 35-46), and each round trip spent 104-142 µs
-/// runnable but not running in the client against blocking's 55-90. A fair scheduler charges
-/// a thread for the CPU it spun, so one that spins and then sleeps wakes later than one that
-/// slept at once; the spin's cost lands on the waits after it, where measuring each way's own
-/// waits (`Waiter::plan`) does not see it.
+/// than both fixed ways' (spin 25-26, block 35-46), and at 2x each round trip spent 103-124
+/// µs runnable but not running in the client against blocking's 55-91 (medians of three
+/// runs). A fair scheduler charges a thread for the CPU it spun, so one that spins and then
+/// sleeps wakes later than one that slept at once; the spin's cost lands on the waits after
+/// it, where measuring each way's own waits (`Waiter::plan`) does not see it.
 fn block_when_loaded() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
