@@ -12,7 +12,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use remora_shm::{WAIT_BUCKETS, WaitStats};
+use remora_shm::{WaitOutcome, WaitStats};
 
 /// A session's synchronize figures (see the module's documentation).
 #[derive(Debug, Default)]
@@ -27,9 +27,8 @@ struct SyncStats {
     /// driver and reply).
     took: WaitStats,
     /// The deferred synchronizes' time from the end of the poll to the waiter thread's
-    /// start (its wake-up), by powers of two of a microsecond.
-    wake_us_log2: [u32; WAIT_BUCKETS],
-    wake_ns: u64,
+    /// start (its wake-up): `slept`, `slept_ns` and the histogram.
+    wake: WaitStats,
     /// The deferred synchronizes' time on the waiter thread, up to the reply (the driver's
     /// wait, then what the call does after it).
     driver_ns: u64,
@@ -39,11 +38,6 @@ fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-fn bump(h: &mut [u32; WAIT_BUCKETS], d: Duration) {
-    let b = &mut h[WaitStats::bucket(ns(d))];
-    *b = b.saturating_add(1);
-}
-
 impl SyncTrace {
     fn with(&self, f: impl FnOnce(&mut SyncStats)) {
         f(&mut self.stats.lock().unwrap_or_else(PoisonError::into_inner));
@@ -51,11 +45,7 @@ impl SyncTrace {
 
     /// A synchronize answered inline, `took` after its poll began.
     pub(crate) fn inline(&self, took: Duration) {
-        self.with(|s| {
-            s.took.spun += 1;
-            s.took.spun_ns = s.took.spun_ns.saturating_add(ns(took));
-            bump(&mut s.took.took_us_log2, took);
-        });
+        self.with(|s| s.took.count(WaitOutcome::Spun, took));
     }
 
     /// A synchronize sent to a waiter thread: it polled for `polled`, waited `wake` for the
@@ -63,11 +53,8 @@ impl SyncTrace {
     pub(crate) fn deferred(&self, polled: Duration, wake: Duration, driver: Duration) {
         let took = polled + wake + driver;
         self.with(|s| {
-            s.took.slept += 1;
-            s.took.slept_ns = s.took.slept_ns.saturating_add(ns(took));
-            bump(&mut s.took.took_us_log2, took);
-            bump(&mut s.wake_us_log2, wake);
-            s.wake_ns = s.wake_ns.saturating_add(ns(wake));
+            s.took.count(WaitOutcome::Slept, took);
+            s.wake.count(WaitOutcome::Slept, wake);
             s.driver_ns = s.driver_ns.saturating_add(ns(driver));
         });
     }
@@ -89,19 +76,15 @@ impl SyncTrace {
                 ns as f64 / n as f64 / 1e3
             }
         };
-        let wake = WaitStats {
-            took_us_log2: s.wake_us_log2,
-            ..WaitStats::default()
-        };
         Some(Summary {
             inline: s.took.spun,
             deferred: s.took.slept,
             inline_mean_us: mean(s.took.spun_ns, s.took.spun),
             deferred_mean_us: mean(s.took.slept_ns, s.took.slept),
-            wake_mean_us: mean(s.wake_ns, s.took.slept),
+            wake_mean_us: mean(s.wake.slept_ns, s.wake.slept),
             driver_mean_us: mean(s.driver_ns, s.took.slept),
             took_us: s.took.histogram(),
-            wake_us: wake.histogram(),
+            wake_us: s.wake.histogram(),
         })
     }
 }

@@ -77,6 +77,19 @@ impl WaitStats {
         ((u64::BITS - us.leading_zeros()) as usize).min(WAIT_BUCKETS - 1)
     }
 
+    /// Counts one wait that took `took` and ended as `outcome`.
+    pub fn count(&mut self, outcome: WaitOutcome, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let b = &mut self.took_us_log2[Self::bucket(ns)];
+        *b = b.saturating_add(1);
+        let (n, sum) = match outcome {
+            WaitOutcome::Spun => (&mut self.spun, &mut self.spun_ns),
+            WaitOutcome::Slept => (&mut self.slept, &mut self.slept_ns),
+        };
+        *n += 1;
+        *sum = sum.saturating_add(ns);
+    }
+
     /// The histogram as `<1:N <2:N <4:N ... >=1024:N`, buckets with no wait left out.
     pub fn histogram(&self) -> String {
         let mut out = String::new();
@@ -532,19 +545,7 @@ impl Waiter {
     /// Counts one wait that took `took` and ended as `outcome` in [`Waiter::stats`] (done by
     /// [`Waiter::wait`]; for a caller that spins and blocks by itself).
     pub fn count(&mut self, outcome: WaitOutcome, took: Duration) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        let b = &mut self.stats.took_us_log2[WaitStats::bucket(ns)];
-        *b = b.saturating_add(1);
-        match outcome {
-            WaitOutcome::Spun => {
-                self.stats.spun += 1;
-                self.stats.spun_ns = self.stats.spun_ns.saturating_add(ns);
-            }
-            WaitOutcome::Slept => {
-                self.stats.slept += 1;
-                self.stats.slept_ns = self.stats.slept_ns.saturating_add(ns);
-            }
-        }
+        self.stats.count(outcome, took);
     }
 
     /// Counts a wait whose value was there at the first look (see [`WaitStats::at_once`]).

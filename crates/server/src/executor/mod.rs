@@ -733,7 +733,7 @@ impl Executor {
             None => self.blocking(call, job),
             Some(t0) => {
                 let polled = t0.elapsed();
-                let deferred_at = std::time::Instant::now();
+                let deferred_at = t0 + polled;
                 self.blocking(call, move |inner, session: &Session| {
                     let started = std::time::Instant::now();
                     let out = job(inner, session);
