@@ -25,32 +25,40 @@ pub(crate) const MAX_SPIN: Duration = Duration::from_micros(50);
 pub(crate) struct Spinning<S> {
     pub(crate) inner: S,
     waiter: Waiter,
-    /// With [`block_when_loaded`] on: whether the host has no core to spare now (then a
-    /// read that must wait blocks at once).
+    /// With [`block_when_loaded`] on and the adaptive policy: whether the host has no core
+    /// to spare now (then a read that must wait blocks at once).
     loaded: Option<fn() -> bool>,
 }
 
 impl<S: Transport> Spinning<S> {
     pub(crate) fn new(inner: S) -> Self {
         inner.stamp_arrivals();
+        // The fixed policies (`REMORA_WAIT=spin|block`, what `bench contention` measures
+        // adaptive against) wait as they say, loaded or not.
+        let adaptive = remora_shm::WaitPolicy::from_env() == remora_shm::WaitPolicy::Adaptive;
         Self {
             inner,
             waiter: Waiter::new(Duration::ZERO, MAX_SPIN).labeled("socket: readable"),
-            loaded: block_when_loaded().then_some(|| !remora_shm::cores_to_spare()),
+            loaded: (adaptive && block_when_loaded()).then_some(|| !remora_shm::cores_to_spare()),
         }
     }
 }
 
-/// An experiment for issue 12 §4, off by default: with `REMORA_WAIT_SOCKET_LOADED=block`, a
-/// socket read that must wait blocks at once, without spinning or exploring, while the host
-/// has no core to spare ([`remora_shm::cores_to_spare`]); the server's brief synchronize poll,
-/// the rings and the completion words are unchanged. Why: over tcp with 4 clients under 1x
-/// and 2x load (session 30, H200), adaptive's launch + synchronize p50 (46-96 µs) was worse
-/// than both fixed ways' (spin 25-26, block 35-46), and at 2x each round trip spent 103-124
-/// µs runnable but not running in the client against blocking's 55-91 (medians of three
-/// runs). A fair scheduler charges a thread for the CPU it spun, so one that spins and then
-/// sleeps wakes later than one that slept at once; the spin's cost lands on the waits after
-/// it, where measuring each way's own waits (`Waiter::plan`) does not see it.
+/// Whether an adaptive socket read that must wait blocks at once, without spinning or
+/// exploring, while the host has no core to spare ([`remora_shm::cores_to_spare`]): on by
+/// default; `REMORA_WAIT_SOCKET_LOADED=adaptive` turns it off (the choice between spinning and
+/// blocking is then measured on a loaded host too). The server's brief synchronize poll, the
+/// rings and the completion words are unchanged, and so is a host with a core to spare.
+///
+/// Why (issue 12 §4, H200, tcp, `bench contention --burn 1,2`): in session 30 adaptive's
+/// launch + synchronize p50 with 4 clients (46-96 µs) was worse than both fixed ways' (spin
+/// 25-26, block 35-46), and at 2x each round trip spent 103-124 µs runnable but not running in
+/// the client against blocking's 55-91. A fair scheduler charges a thread for the CPU it spun,
+/// so one that spins and then sleeps wakes later than one that slept at once; the spin's cost
+/// lands on the waits after it, where measuring each way's own waits (`Waiter::plan`) does not
+/// see it. In session 31, blocking at once under load took adaptive's tcp means from 58, 337,
+/// 85 and 413 µs (1 and 4 clients at 1x, then at 2x) to 49, 359, 64 and 313: within 2% of the
+/// better fixed way at 2x, where it had been 33-35% above it.
 fn block_when_loaded() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -59,17 +67,17 @@ fn block_when_loaded() -> bool {
     })
 }
 
-/// `REMORA_WAIT_SOCKET_LOADED`'s value: `block` turns the experiment on; unset, empty or
-/// `adaptive` leaves it off; anything else is logged and leaves it off.
+/// `REMORA_WAIT_SOCKET_LOADED`'s value: unset, empty or `block` leaves blocking under load on;
+/// `adaptive` turns it off; anything else is logged and leaves it on.
 fn socket_loaded_setting(v: Option<&str>) -> bool {
     match v.map(str::trim) {
-        Some("block") => true,
-        None | Some("" | "adaptive") => false,
+        None | Some("" | "block") => true,
+        Some("adaptive") => false,
         Some(other) => {
             tracing::warn!(
-                "REMORA_WAIT_SOCKET_LOADED={other:?} is not block or adaptive; socket reads wait adaptively"
+                "REMORA_WAIT_SOCKET_LOADED={other:?} is not block or adaptive; socket reads block at once while the host has no core to spare (the default)"
             );
-            false
+            true
         }
     }
 }
@@ -210,7 +218,7 @@ mod tests {
     }
 
     #[test]
-    fn on_a_loaded_host_the_experiment_blocks_at_once() {
+    fn on_a_loaded_host_an_adaptive_read_blocks_at_once() {
         let (a, mut b) = UnixStream::pair().unwrap();
         let mut r = Spinning::new(crate::endpoint::Stream::Unix(a));
         r.loaded = Some(|| true);
@@ -236,9 +244,10 @@ mod tests {
     fn socket_loaded_values() {
         assert!(socket_loaded_setting(Some("block")));
         assert!(socket_loaded_setting(Some(" block ")));
-        assert!(!socket_loaded_setting(None));
-        assert!(!socket_loaded_setting(Some("")));
+        assert!(socket_loaded_setting(None));
+        assert!(socket_loaded_setting(Some("")));
         assert!(!socket_loaded_setting(Some("adaptive")));
-        assert!(!socket_loaded_setting(Some("spin")));
+        assert!(!socket_loaded_setting(Some(" adaptive")));
+        assert!(socket_loaded_setting(Some("spin")));
     }
 }
