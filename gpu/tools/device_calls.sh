@@ -29,7 +29,9 @@
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, 3 rounds, then, when
 #             REMORA_CALLS_EXPERIMENT=VAR=VALUE is set, once more with it exported (an
-#             experiment against the default in one call); REMORA_CALLS_TRACE=1 traces the
+#             experiment against the default in one call), or with
+#             REMORA_CALLS_EXPERIMENT=serve:ARG... once more with each ARG given to the
+#             servers it starts (e.g. serve:--isolation=thread); REMORA_CALLS_TRACE=1 traces the
 #             waits (REMORA_WAIT_TRACE) into the tarred .txt files
 #   samples   NVIDIA's CUDA samples (a copy in BIN_DIR/cuda-samples) in
 #             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
@@ -183,12 +185,19 @@ step_contention() {
   for run in "${runs[@]}"; do
     local tag=contention-${run//[^A-Za-z0-9._-]/_}
     echo "== bench contention --transports $transports --clients $clients --burn $burn ($run)"
+    local extra=()
     (
-      [ "$run" = default ] || export "${run?}"
+      # serve:ARG... passes each ARG to the servers the bench starts (--serve-arg), e.g.
+      # serve:--isolation=thread; anything else is VAR=VALUE, exported.
+      case $run in
+        default) ;;
+        serve:*) for a in ${run#serve:}; do extra+=("--serve-arg=$a"); done ;;
+        *) export "${run?}" ;;
+      esac
       # Each waiter's counts and wait-time histogram (gpu/README.md), in the .txt.
       [ "${REMORA_CALLS_TRACE:-0}" = 1 ] && export REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info
       timeout 280 "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
-        --policies spin,block,adaptive --syncs 1000 --rounds 3 \
+        --policies spin,block,adaptive --syncs 1000 --rounds 3 "${extra[@]}" \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
       echo "exit $?"
     )
