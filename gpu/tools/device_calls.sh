@@ -24,7 +24,8 @@
 #             three programs over 30 ms slower embedded than native in session 30's bench
 #             startup) natively and embedded alternately, twice each, the embedded runs with
 #             `remora run --profile` and their start-up timeline: where an embedded run's
-#             extra time goes beyond start-up
+#             extra time goes beyond start-up; then gpu/tools/pool_probe.cu (stream_ordered's
+#             pattern, each call timed) natively and embedded, twice
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, 3 rounds, then, when
@@ -163,6 +164,18 @@ step_programs() {
       grep -E "remora::startup|worker_pool|client (connected|session)|^procedure|^rm_|^\(within|profile:" "$work/timed.err" \
         | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
     done
+    # stream_ordered's pattern with every call timed, natively and embedded: which calls
+    # carry a remoted run's extra time (session 31: cuMemFreeAsync 445 µs mean remoted).
+    echo "== pool_probe (gpu/tools/pool_probe.cu): native, then embedded, twice"
+    local nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+    if "$nvcc" -O2 -o "$work/pool_probe" "$src/tools/pool_probe.cu" > "$work/pool_probe.log" 2>&1; then
+      for _ in 1 2; do
+        echo "-- native"; "$work/pool_probe"
+        echo "-- embedded-shm"; "$bin/remora" run -- "$work/pool_probe"
+      done
+    else
+      echo "pool_probe did not build:"; cat "$work/pool_probe.log"
+    fi
   } > "$r" 2>&1
   cat "$r"
 }
