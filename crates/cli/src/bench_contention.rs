@@ -330,13 +330,28 @@ fn spread(rounds: &[f64], digits: usize) -> String {
     }
 }
 
+/// ` (per round x.. x..)`: adaptive against the better of spin and block round by round, when
+/// there are several rounds. The rounds run the three ways back to back (rounds outermost),
+/// so a round's ratio compares ways measured minutes apart at most: where the medians' ratio
+/// hides rounds that disagree (a loaded cell whose GPU or scheduler changed regime between
+/// rounds), these show it.
+fn per_round(adaptive: &[f64], spin: &[f64], block: &[f64]) -> String {
+    let n = adaptive.len().min(spin.len()).min(block.len());
+    if n < 2 {
+        return String::new();
+    }
+    let ratios: Vec<String> = (0..n)
+        .map(|i| format!("x{:.2}", adaptive[i] / spin[i].min(block[i])))
+        .collect();
+    format!(" (per round {})", ratios.join(" "))
+}
+
 /// The figure of `mode` with `clients` clients named `metric`.
 fn find<'a>(figs: &'a [Figure], mode: &str, clients: u32, metric: &str) -> Option<&'a Figure> {
     figs.iter()
         .find(|f| f.mode == mode && f.clients == clients && f.metric == metric)
 }
 
-/// Fills each remoted figure's ratio to native at the same burn level and client count, and
 /// The `REMORA_WAIT_*` variables among `vars` other than `REMORA_WAIT_TRACE` (the policy,
 /// `REMORA_WAIT`, is set per run by the benchmark itself), as notes, sorted.
 fn wait_knobs(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
@@ -348,6 +363,7 @@ fn wait_knobs(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
     knobs
 }
 
+/// Fills each remoted figure's ratio to native at the same burn level and client count, and
 /// notes, per (transport, burn, clients), adaptive against the better of spin and block.
 fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
     let snapshot = figures.to_vec();
@@ -395,7 +411,7 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
                     ("us", 2)
                 };
                 notes.push(format!(
-                    "{t} burn={burn}x {clients} client(s) {metric}: adaptive {:.digits$} {unit}{}, spin {:.digits$}{}, block {:.digits$}{}: adaptive / better = x{:.2}, spin / adaptive = x{:.2}",
+                    "{t} burn={burn}x {clients} client(s) {metric}: adaptive {:.digits$} {unit}{}, spin {:.digits$}{}, block {:.digits$}{}: adaptive / better = x{:.2}{}, spin / adaptive = x{:.2}",
                     ad.value,
                     spread(&ad.rounds, digits),
                     sp.value,
@@ -403,6 +419,7 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
                     bl.value,
                     spread(&bl.rounds, digits),
                     ad.value / sp.value.min(bl.value),
+                    per_round(&ad.rounds, &sp.rounds, &bl.rounds),
                     sp.value / ad.value
                 ));
             }
@@ -412,7 +429,18 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Figure, merge_rounds, spread, wait_knobs};
+    use super::{Figure, merge_rounds, per_round, spread, wait_knobs};
+
+    #[test]
+    fn per_round_ratios_pair_the_ways_round_by_round() {
+        assert_eq!(
+            per_round(&[10.0, 30.0, 22.0], &[20.0, 10.0, 11.0], &[8.0, 40.0, 44.0]),
+            " (per round x1.25 x3.00 x2.00)"
+        );
+        // One round, or a way with none: nothing to add.
+        assert_eq!(per_round(&[10.0], &[20.0], &[8.0]), "");
+        assert_eq!(per_round(&[10.0, 11.0], &[], &[8.0, 9.0]), "");
+    }
 
     fn fig(mode: &str, clients: u32, metric: &str, rounds: &[f64]) -> Figure {
         Figure {
