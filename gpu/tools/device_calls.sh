@@ -28,7 +28,7 @@
 #             pattern, each call timed) natively and embedded, twice
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
-#             clients, spin, block and adaptive, 3 rounds, then, when
+#             clients, spin, block and adaptive, REMORA_CALLS_ROUNDS rounds (default 3), then, when
 #             REMORA_CALLS_EXPERIMENT=VAR=VALUE is set, once more with it exported (an
 #             experiment against the default in one call), or with
 #             REMORA_CALLS_EXPERIMENT=serve:ARG... once more with each ARG given to the
@@ -210,7 +210,7 @@ step_contention() {
       # Each waiter's counts and wait-time histogram (gpu/README.md), in the .txt.
       [ "${REMORA_CALLS_TRACE:-0}" = 1 ] && export REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info
       timeout 280 "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
-        --policies spin,block,adaptive --syncs 1000 --rounds 3 "${extra[@]}" \
+        --policies spin,block,adaptive --syncs 1000 --rounds "${REMORA_CALLS_ROUNDS:-3}" "${extra[@]}" \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
       echo "exit $?"
     )
