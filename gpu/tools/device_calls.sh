@@ -209,7 +209,8 @@ step_contention() {
       esac
       # Each waiter's counts and wait-time histogram (gpu/README.md), in the .txt.
       [ "${REMORA_CALLS_TRACE:-0}" = 1 ] && export REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info
-      # About 95 s a round for shm and tcp, 1 and 4 clients, 1x and 2x load.
+      # 95 s a round at most: a round of shm and tcp, 1 and 4 clients, 1x and 2x load took
+      # about 50 s in session 31.
       timeout $((95 * ${REMORA_CALLS_ROUNDS:-3})) "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
         --policies spin,block,adaptive --syncs 1000 --rounds "${REMORA_CALLS_ROUNDS:-3}" "${extra[@]}" \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
