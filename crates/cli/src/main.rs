@@ -639,7 +639,8 @@ enum BenchCommand {
     /// client; with --program or --programs, also the wall time of a mix of whole CUDA
     /// programs run against standing servers under each load and way.
     /// Ratios against native at the same load; notes compare adaptive with the better of
-    /// spin and block. Needs a GPU.
+    /// spin and block, by the rounds' medians and round by round (the ways run back to back
+    /// within a round). Needs a GPU.
     Contention(bench_contention::Args),
     /// Two tenants on one GPU, one greedy (kernels that fill every SM, always queued) and
     /// one latency-sensitive (launch + synchronize), natively and through `remora serve`
