@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Compare `remora bench contention` reports cell by cell, e.g. a default run against an
+experiment's run of the same call (gpu/tools/device_calls.sh's contention step):
+
+    python3 gpu/tools/contention_compare.py contention-default.json contention-EXPERIMENT.json
+
+For each (transport, load, clients) cell and each report: adaptive's launch + synchronize mean
+and p50 (medians of the rounds), adaptive against the better of spin and block by the mean
+(from the medians, then round by round), and the CPU per round trip (client + server) of
+polling against adaptive. With --traces FILE.txt... (the step's .txt files, written with
+REMORA_CALLS_TRACE=1), also each policy's server synchronizes from the `server: synchronize`
+lines: how many were deferred to a waiter thread and their mean wake-up and driver times.
+"""
+
+import argparse
+import json
+import re
+import sys
+
+
+def figures(path):
+    with open(path) as f:
+        report = json.load(f)
+    out = {}
+    for x in report["figures"]:
+        out[(x["mode"], x["clients"], x["metric"])] = x
+    return report, out
+
+
+def cells(figs):
+    """(transport, burn, clients) of every adaptive launch + synchronize figure, sorted."""
+    found = set()
+    for mode, clients, metric in figs:
+        m = re.match(r"(\w+) adaptive burn=(\S+)$", mode)
+        if m and metric == "launch_sync.mean":
+            found.add((m.group(1), m.group(2), clients))
+    return sorted(found)
+
+
+def value(figs, transport, policy, burn, clients, metric):
+    f = figs.get((f"{transport} {policy} burn={burn}", clients, metric))
+    return f and f["value"], f and f["rounds"]
+
+
+def cpu(figs, transport, policy, burn, clients):
+    total = 0.0
+    for side in ("client_cpu", "server_cpu"):
+        v, _ = value(figs, transport, policy, burn, clients, f"launch_sync.{side}")
+        total += v or 0.0
+    return total
+
+
+def describe(figs, cell):
+    t, burn, c = cell
+    mean, a_rounds = value(figs, t, "adaptive", burn, c, "launch_sync.mean")
+    p50, _ = value(figs, t, "adaptive", burn, c, "launch_sync.p50")
+    spin, s_rounds = value(figs, t, "spin", burn, c, "launch_sync.mean")
+    block, b_rounds = value(figs, t, "block", burn, c, "launch_sync.mean")
+    parts = [f"mean {mean:7.1f}", f"p50 {p50:6.1f}"]
+    if spin and block:
+        parts.append(f"/better x{mean / min(spin, block):.2f}")
+        n = min(len(a_rounds), len(s_rounds), len(b_rounds))
+        per = " ".join(f"x{a_rounds[i] / min(s_rounds[i], b_rounds[i]):.2f}" for i in range(n))
+        parts.append(f"(rounds {per})")
+        a_cpu = cpu(figs, t, "adaptive", burn, c)
+        if a_cpu > 0:
+            parts.append(f"poll cpu x{cpu(figs, t, 'spin', burn, c) / a_cpu:.2f}")
+    return "  ".join(parts)
+
+
+SYNC = re.compile(
+    r'waiter="server: synchronize" inline=(\d+) deferred=(\d+) .*?wake_mean_us=([\d.]+) '
+    r"driver_mean_us=([\d.]+)"
+)
+
+
+def traces(path):
+    """Per `== burn=...` section of a contention .txt: (section, deferred, total, wake, driver)
+    summed over its server synchronize lines."""
+    sections = {}
+    order = []
+    section = None
+    with open(path) as f:
+        for line in f:
+            if line.startswith("== burn="):
+                m = re.match(r"== burn=(\S+) .*REMORA_WAIT=(\w+)", line)
+                section = m and f"{m.group(1)} {m.group(2)}"
+                if section and section not in sections:
+                    sections[section] = [0, 0, 0.0, 0.0]
+                    order.append(section)
+                continue
+            m = SYNC.search(line)
+            if m and section:
+                inline, deferred = int(m.group(1)), int(m.group(2))
+                s = sections[section]
+                s[0] += deferred
+                s[1] += inline + deferred
+                s[2] += deferred * float(m.group(3))
+                s[3] += deferred * float(m.group(4))
+    return [(k, *sections[k]) for k in order]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("reports", nargs="+", help="bench contention --json reports")
+    ap.add_argument("--traces", nargs="*", default=[], help="the step's traced .txt files")
+    args = ap.parse_args()
+    loaded = [(p, *figures(p)) for p in args.reports]
+    all_cells = sorted({c for _, _, figs in loaded for c in cells(figs)})
+    for p, report, _ in loaded:
+        env = [n for n in report.get("notes", []) if n.startswith("environment:")]
+        print(f"# {p}: commit {report.get('commit')}, {report.get('device')}; {' '.join(env) or 'defaults'}")
+    for cell in all_cells:
+        t, burn, c = cell
+        print(f"{t} {burn} {c} client(s)")
+        for p, _, figs in loaded:
+            if (f"{t} adaptive burn={burn}", c, "launch_sync.mean") in figs:
+                print(f"  {describe(figs, cell)}  [{p}]")
+    for path in args.traces:
+        print(f"# server synchronizes in {path} (deferred / all, mean wake-up and driver us)")
+        for section, deferred, total, wake, driver in traces(path):
+            if total:
+                print(
+                    f"  {section:16} {deferred:6}/{total:<6} wake {wake / max(deferred, 1):6.0f}"
+                    f" driver {driver / max(deferred, 1):6.0f}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
