@@ -198,10 +198,10 @@ step_contention() {
   for run in "${runs[@]}"; do
     local tag=contention-${run//[^A-Za-z0-9._-]/_}
     echo "== bench contention --transports $transports --clients $clients --burn $burn ($run)"
-    local extra=()
     (
       # serve:ARG... passes each ARG to the servers the bench starts (--serve-arg), e.g.
       # serve:--isolation=thread; anything else is VAR=VALUE, exported.
+      extra=()
       case $run in
         default) ;;
         serve:*) for a in ${run#serve:}; do extra+=("--serve-arg=$a"); done ;;

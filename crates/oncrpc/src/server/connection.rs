@@ -186,15 +186,13 @@ impl Transport for Stream {
     }
 
     fn input_probe(&self) -> Option<InputProbe> {
+        // A second descriptor of the socket, polled without waiting.
+        fn polled(fd: impl std::os::fd::AsFd + Send + Sync + 'static) -> InputProbe {
+            Arc::new(move || readable_now(&fd))
+        }
         match self {
-            Stream::Tcp(s) => {
-                let s = s.try_clone().ok()?;
-                Some(Arc::new(move || readable_now(&s)))
-            }
-            Stream::Unix(s) => {
-                let s = s.try_clone().ok()?;
-                Some(Arc::new(move || readable_now(&s)))
-            }
+            Stream::Tcp(s) => s.try_clone().ok().map(polled),
+            Stream::Unix(s) => s.try_clone().ok().map(polled),
             Stream::Shm(s) => Some(Arc::new(s.input_probe())),
         }
     }
