@@ -151,17 +151,19 @@ EOF
 step_programs() {
   build_once || return 1
   local r=$out/programs.txt p
+  # The embedded server's profiles too: its per-procedure table (remora_oncrpc) and its
+  # launch and copy lines (remora_server::profile).
+  local profile_log=warn,remora::startup=debug,remora_server::worker_pool=info,remora_oncrpc::server::profile=info,remora_server::profile=info
   export REMORA_GPU_KERNELS=$build
   {
     for p in ${REMORA_CALLS_PROGRAMS:-managed_memory stream_ordered cublas_simple}; do
       for _ in 1 2; do
         sleep 0.5; timed "native $p" "$build/$p"
         sleep 0.5
-        REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
-          timed "embedded-shm $p" "$bin/remora" run --profile -- "$build/$p"
+        REMORA_LOG=$profile_log timed "embedded-shm $p" "$bin/remora" run --profile -- "$build/$p"
       done
-      echo "== $p: the last embedded run's timeline and profile"
-      grep -E "remora::startup|worker_pool|client (connected|session)|^procedure|^rm_|^\(within|profile:" "$work/timed.err" \
+      echo "== $p: the last embedded run's timeline and profiles (client, then server)"
+      grep -E "remora::startup|worker_pool|client (connected|session)|^procedure|^rm_|^ +RM_|^\(within|profile:" "$work/timed.err" \
         | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
     done
     # stream_ordered's pattern with every call timed, natively and embedded: which calls
@@ -173,6 +175,9 @@ step_programs() {
         echo "-- native"; "$work/pool_probe"
         echo "-- embedded-shm"; "$bin/remora" run -- "$work/pool_probe"
       done
+      echo "-- embedded-shm, profiled (client, then server)"
+      REMORA_LOG=$profile_log "$bin/remora" run --profile -- "$work/pool_probe" 2> "$work/pool_probe.err"
+      grep -E "^procedure|^rm_|^ +RM_|profile:" "$work/pool_probe.err"
     else
       echo "pool_probe did not build:"; cat "$work/pool_probe.log"
     fi

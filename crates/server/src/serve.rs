@@ -1272,8 +1272,6 @@ fn server_config(config: &ServeConfig, tokens: Option<&Tokens>) -> ServerConfig 
     }
     server_config.idle_timeout = config.idle_timeout;
     server_config.max_first_record_size = Some(MAX_HELLO_RECORD);
-    // A synchronize's longer poll asks whether another call has come (REMORA_WAIT_SERVER_SYNC_US).
-    server_config.input_probes = !remora_shm::server_sync_spin().is_zero();
     server_config
 }
 
@@ -1632,7 +1630,6 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     server_config.idle_timeout = config.idle_timeout;
     server_config.max_first_record_size = Some(MAX_HELLO_RECORD);
     server_config.auth_open_procedures = auth_open_procedures(tokens.as_deref());
-    server_config.input_probes = !remora_shm::server_sync_spin().is_zero();
     Server::builder(server_config)
         .service(Arc::new(RemoraService::new(executor)) as Arc<dyn Service>)
         .serve_fds_as(fd, origin, lane_rx)?;

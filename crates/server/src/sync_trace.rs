@@ -32,9 +32,6 @@ struct SyncStats {
     /// The deferred synchronizes' time on the waiter thread, up to the reply (the driver's
     /// wait, then what the call does after it).
     driver_ns: u64,
-    /// Polls past the first 50 µs (`REMORA_WAIT_SERVER_SYNC_US`) that another call on the
-    /// connection cut short (those synchronizes were deferred).
-    cut_by_input: u64,
 }
 
 fn ns(d: Duration) -> u64 {
@@ -62,20 +59,6 @@ impl SyncTrace {
         });
     }
 
-    /// A poll past the first 50 µs ended because another call came on the connection.
-    pub(crate) fn cut_by_input(&self) {
-        self.with(|s| s.cut_by_input += 1);
-    }
-
-    /// How many polls another call cut short ([`SyncTrace::cut_by_input`]).
-    #[cfg(test)]
-    pub(crate) fn cut_by_input_count(&self) -> u64 {
-        self.stats
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .cut_by_input
-    }
-
     /// The log line's fields; `None` with nothing counted.
     fn summary(&self) -> Option<Summary> {
         let s = self
@@ -100,7 +83,6 @@ impl SyncTrace {
             deferred_mean_us: mean(s.took.slept_ns, s.took.slept),
             wake_mean_us: mean(s.wake.slept_ns, s.wake.slept),
             driver_mean_us: mean(s.driver_ns, s.took.slept),
-            cut_by_input: s.cut_by_input,
             took_us: s.took.histogram(),
             wake_us: s.wake.histogram(),
         })
@@ -115,7 +97,6 @@ struct Summary {
     deferred_mean_us: f64,
     wake_mean_us: f64,
     driver_mean_us: f64,
-    cut_by_input: u64,
     took_us: String,
     wake_us: String,
 }
@@ -134,7 +115,6 @@ impl Drop for SyncTrace {
             deferred_mean_us = s.deferred_mean_us,
             wake_mean_us = s.wake_mean_us,
             driver_mean_us = s.driver_mean_us,
-            cut_by_input = s.cut_by_input,
             took_us = %s.took_us,
             wake_us = %s.wake_us,
             "waits"

@@ -516,13 +516,6 @@ impl Consumer {
         self.ends.capacity
     }
 
-    /// Whether no byte waits in the ring (a corrupt producer index counts as something
-    /// there: the next pop reports it).
-    pub fn is_empty(&self) -> bool {
-        // Acquire, as in a pop: what it says is what a pop would find.
-        self.ends.header().tail.tail.load(Ordering::Acquire) == self.head
-    }
-
     /// Takes the next message into `out` (replacing its contents) if one is there.
     pub fn try_pop(&mut self, out: &mut Vec<u8>) -> Result<bool, RingError> {
         self.ends.pop(&mut self.head, out)

@@ -279,26 +279,6 @@ impl ShmStream {
         Ok(())
     }
 
-    /// Something that tells, from any thread, whether input waits to be read on this end:
-    /// the rest of a message a read began, or a message in the ring. It holds the end weakly:
-    /// once every [`ShmStream`] of it is gone it says yes (nothing to wait for there). A
-    /// reader that holds the end's read lock at that moment makes it say yes too.
-    pub fn input_probe(&self) -> impl Fn() -> bool + Send + Sync + 'static {
-        let conn = Arc::downgrade(&self.conn);
-        move || {
-            let Some(conn) = conn.upgrade() else {
-                return true;
-            };
-            if conn.read_closed.load(Ordering::Relaxed) {
-                return true;
-            }
-            match conn.rx.try_lock() {
-                Ok(rx) => rx.failed || rx.pos < rx.msg.len() || !rx.ring.is_empty(),
-                Err(_) => true,
-            }
-        }
-    }
-
     /// Shuts this end down like a socket: reads then end (end of file) and/or writes fail, in
     /// this process within one sleep slice. `Both` also shuts the Unix socket down, which
     /// ends the session for the peer.
@@ -616,24 +596,6 @@ mod tests {
         c.read_exact(&mut done).unwrap();
         assert_eq!(&done, b"done");
         t.join().unwrap();
-    }
-
-    #[test]
-    fn the_input_probe_sees_messages_and_leftovers_until_the_end_is_gone() {
-        let (mut c, mut s) = pair(4096);
-        let probe = s.input_probe();
-        assert!(!probe(), "nothing sent yet");
-        c.write_all(b"hello").unwrap();
-        assert!(probe(), "a message in the ring");
-        let mut two = [0u8; 2];
-        s.read_exact(&mut two).unwrap();
-        assert!(probe(), "the rest of the message a read began");
-        let mut three = [0u8; 3];
-        s.read_exact(&mut three).unwrap();
-        assert_eq!(&three, b"llo");
-        assert!(!probe(), "all read");
-        drop(s);
-        assert!(probe(), "the end is gone: nothing to wait for");
     }
 
     #[test]

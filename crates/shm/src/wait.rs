@@ -225,27 +225,6 @@ pub fn device_spin() -> Duration {
 /// [`device_spin`] when `REMORA_WAIT_DEVICE_SPIN_US` is not set.
 pub const DEVICE_SPIN_DEFAULT: Duration = Duration::from_millis(1);
 
-/// How long past its first 50 µs a server's synchronize may keep polling the device on its
-/// connection's thread while no other call has come on that connection, instead of handing
-/// the wait to a waiter thread: `REMORA_WAIT_SERVER_SYNC_US` (microseconds, at most
-/// [`SPARE_SPIN_MAX`]; read once); zero, the default, and under `REMORA_WAIT=spin|block`
-/// (which the fixed policies' measurements compare against): off. An experiment for issue 12
-/// §4, to be measured on a GPU. Why: in session 31's contention traces (H200, 4 clients
-/// beside 1x and 2x load), 240-590 of each session's 1000 synchronizes outlasted the first
-/// poll, and each then waited 20-320 µs on average for its waiter thread to start before the
-/// driver's own wait (220-320 µs), where one client's connection thread had nothing else to
-/// do. The wait ends on the device, so the poll holds no core the peer needs; another call
-/// on the connection ends it at once (the connection's thread goes back to reading).
-pub fn server_sync_spin() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        if WaitPolicy::from_env() != WaitPolicy::Adaptive {
-            return Duration::ZERO;
-        }
-        spin_from_env("REMORA_WAIT_SERVER_SYNC_US", Duration::ZERO)
-    })
-}
-
 /// The spin variable `name` ([`parse_spare_spin`]), `default` when it is unset or (with a
 /// warning) not a number of microseconds.
 fn spin_from_env(name: &str, default: Duration) -> Duration {

@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 
 use remora_xdr::{Bytes, Encoder, XdrEncode};
 
-use super::dispatch::{
-    ConnectionAuth, ConnectionInfo, InputState, Outcome, Registry, admitted, process_call,
-};
+use super::dispatch::{ConnectionAuth, ConnectionInfo, Outcome, Registry, admitted, process_call};
 use super::profile::{Profile, ProfileReport};
 use super::{Origin, ServerConfig, lock};
 use crate::endpoint::Stream;
@@ -75,31 +73,6 @@ pub(crate) trait Transport: Read + Write {
     fn read_stamped(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
         self.read(buf).map(|n| (n, None))
     }
-
-    /// Something that tells, from any thread and without waiting, whether bytes have arrived
-    /// to be read ([`CallContext::input_waiting`]); `None` when this stream cannot tell (in
-    /// memory).
-    fn input_probe(&self) -> Option<InputProbe> {
-        None
-    }
-}
-
-/// See [`Transport::input_probe`].
-pub(crate) type InputProbe = Arc<dyn Fn() -> bool + Send + Sync>;
-
-/// Whether `fd` has input, or an end or error a read would see, now (`poll` without
-/// waiting); `true` when `poll` fails (the caller then stops waiting for the device).
-fn readable_now(fd: &impl std::os::fd::AsFd) -> bool {
-    use rustix::event::{PollFd, PollFlags, Timespec};
-    let mut fds = [PollFd::new(fd, PollFlags::IN | PollFlags::RDHUP)];
-    let zero = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    match rustix::event::poll(&mut fds, Some(&zero)) {
-        Ok(0) => false,
-        Ok(_) | Err(_) => true,
-    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
@@ -133,10 +106,6 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     fn read_stamped(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
         (**self).read_stamped(buf)
-    }
-
-    fn input_probe(&self) -> Option<InputProbe> {
-        (**self).input_probe()
     }
 }
 
@@ -182,18 +151,6 @@ impl Transport for Stream {
         match self {
             Stream::Tcp(s) => remora_sockstamp::read(s, buf),
             _ => self.read(buf).map(|n| (n, None)),
-        }
-    }
-
-    fn input_probe(&self) -> Option<InputProbe> {
-        // A second descriptor of the socket, polled without waiting.
-        fn polled(fd: impl std::os::fd::AsFd + Send + Sync + 'static) -> InputProbe {
-            Arc::new(move || readable_now(&fd))
-        }
-        match self {
-            Stream::Tcp(s) => s.try_clone().ok().map(polled),
-            Stream::Unix(s) => s.try_clone().ok().map(polled),
-            Stream::Shm(s) => Some(Arc::new(s.input_probe())),
         }
     }
 }
@@ -490,11 +447,6 @@ fn serve_records<S: Transport>(
         },
     )
     .with_budget(std::sync::Arc::clone(&config.record_budget));
-    // Owned here, lent to calls weakly: it ends with this loop.
-    let input_probe = config
-        .input_probes
-        .then(|| reader.get_ref().inner.inner.input_probe())
-        .flatten();
     let mut last_progress = Instant::now();
     let mut seen = 0u64;
     // Where the record in progress began: the bytes read when the last record ended, and
@@ -569,10 +521,6 @@ fn serve_records<S: Transport>(
                             area: area.as_ref(),
                             auth: &opened.auth,
                             open,
-                            input: InputState {
-                                buffered: reader.in_record(),
-                                probe: input_probe.as_ref().map(Arc::downgrade),
-                            },
                         };
                         let outcome = process_call(record, &info, registry);
                         if !opened.first_call

@@ -41,27 +41,6 @@ pub struct CallContext {
     /// Who the connection authenticated as ([`CallContext::authenticate`]), shared by every
     /// call of the connection.
     pub(crate) auth: ConnectionAuth,
-    /// What [`CallContext::input_waiting`] asks.
-    pub(crate) input: InputState,
-}
-
-/// Whether a connection has more input than the call being served: what its reader held
-/// beyond the call's record when the call was dispatched, and, with
-/// [`ServerConfig::input_probes`](crate::ServerConfig), a probe of what has arrived since
-/// (held weakly: the connection owns it, and it ends with the connection).
-#[derive(Clone, Default)]
-pub(crate) struct InputState {
-    pub(crate) buffered: bool,
-    pub(crate) probe: Option<std::sync::Weak<dyn Fn() -> bool + Send + Sync>>,
-}
-
-impl fmt::Debug for InputState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InputState")
-            .field("buffered", &self.buffered)
-            .field("probe", &self.probe.is_some())
-            .finish()
-    }
 }
 
 /// A connection's authentication: empty until a service authenticates it, then the tenant's
@@ -90,7 +69,6 @@ impl CallContext {
             reply_sink: None,
             data_area: None,
             auth: ConnectionAuth::default(),
-            input: InputState::default(),
         }
     }
 
@@ -128,24 +106,6 @@ impl CallContext {
     pub fn close_connection(&self) {
         if let Some(sink) = &self.reply_sink {
             sink.shut_down();
-        }
-    }
-
-    /// Whether another call may be waiting on this call's connection while this one is
-    /// served: bytes its reader already holds beyond this call's record, or bytes that have
-    /// arrived since (asked of the connection without waiting, a `poll` of its socket or a
-    /// look at its ring). `true` whenever it cannot tell: without
-    /// [`ServerConfig::input_probes`](crate::ServerConfig), on in-memory streams, and once
-    /// the connection has ended. A handler that keeps the connection's thread busy waiting
-    /// (a synchronize polling the device) asks it so as to give the thread back to the
-    /// connection's next call at once.
-    pub fn input_waiting(&self) -> bool {
-        if self.input.buffered {
-            return true;
-        }
-        match self.input.probe.as_ref().and_then(std::sync::Weak::upgrade) {
-            Some(probe) => probe(),
-            None => true,
         }
     }
 
@@ -351,8 +311,6 @@ pub(crate) struct ConnectionInfo<'a> {
     pub(crate) auth: &'a ConnectionAuth,
     /// [`ServerConfig::auth_open_procedures`](crate::ServerConfig).
     pub(crate) open: Option<&'a [(u32, u32)]>,
-    /// See [`CallContext::input_waiting`].
-    pub(crate) input: InputState,
 }
 
 /// Turns one call record into the reply to send (or none).
@@ -368,7 +326,6 @@ pub(crate) fn process_call(
         area,
         auth,
         open,
-        ref input,
     } = *conn;
     let mut dec = Decoder::new(record);
     let Ok(xid) = dec.get_u32() else {
@@ -456,7 +413,6 @@ pub(crate) fn process_call(
         reply_sink: sink.cloned(),
         data_area: area.cloned(),
         auth: Arc::clone(auth),
-        input: input.clone(),
     };
     // In this thread's encoding buffer, shared with its other replies (crate::scratch): a
     // one-way call, which sends none, gives the room straight back.

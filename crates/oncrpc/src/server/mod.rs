@@ -94,11 +94,6 @@ pub struct ServerConfig {
     /// AUTH_ERROR with the returned status and the connection closed, and no handler runs.
     /// Not asked for connections a TLS client certificate authenticated.
     pub first_call_gate: Option<std::sync::Arc<dyn FirstCallGate>>,
-    /// Let handlers ask whether more input has arrived on their call's connection while they
-    /// serve it ([`CallContext::input_waiting`]). Costs a second descriptor of each socket
-    /// connection, for a `poll` from the handler's thread. Default off (`input_waiting` then
-    /// says yes unless the reader already holds the next call).
-    pub input_probes: bool,
 }
 
 impl Default for ServerConfig {
@@ -119,7 +114,6 @@ impl Default for ServerConfig {
             auth_open_procedures: None,
             record_budget: crate::record::RecordBudget::new(DEFAULT_RECORD_BUDGET),
             first_call_gate: None,
-            input_probes: false,
         }
     }
 }

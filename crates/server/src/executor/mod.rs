@@ -45,53 +45,6 @@ mod vmm;
 
 /// How long a stream or event synchronize polls before it waits on a waiter thread.
 const SYNC_POLL: std::time::Duration = std::time::Duration::from_micros(50);
-/// How often a synchronize's poll past [`SYNC_POLL`] asks whether another call has come on
-/// its connection (a `poll` of the socket, or a look at the ring).
-const INPUT_LOOK: std::time::Duration = std::time::Duration::from_micros(5);
-
-/// Polls `query` until it says done (true), fails otherwise or `first` has passed (false);
-/// then, with a non-zero `more`, goes on until `first + more` has passed, asking
-/// `input_waiting` every [`INPUT_LOOK`] and giving up (false) as soon as it says yes. A poll
-/// cut short so is counted in `trace`.
-fn poll_until_idle(
-    query: impl Fn() -> CuResult<()>,
-    first: std::time::Duration,
-    more: std::time::Duration,
-    input_waiting: impl Fn() -> bool,
-    trace: &crate::sync_trace::SyncTrace,
-) -> bool {
-    let start = std::time::Instant::now();
-    let mut until = start + first;
-    // When the poll last asked about input; `None` until it goes past `first`.
-    let mut looked: Option<std::time::Instant> = None;
-    loop {
-        match query() {
-            Ok(()) => return true,
-            Err(CuError(cu::NOT_READY)) => {}
-            _ => return false,
-        }
-        let now = std::time::Instant::now();
-        match looked {
-            None if now < until => {}
-            None if more.is_zero() || input_waiting() => return false,
-            None => {
-                until = start + first + more;
-                looked = Some(now);
-            }
-            Some(_) if now >= until => return false,
-            Some(at) if now.duration_since(at) >= INPUT_LOOK => {
-                if input_waiting() {
-                    trace.cut_by_input();
-                    return false;
-                }
-                looked = Some(now);
-            }
-            Some(_) => {}
-        }
-        std::hint::spin_loop();
-    }
-}
-
 /// How long RM_COPIES_COLLECT polls the copies a client names before it answers without them
 /// (the client asks again).
 const COLLECT_POLL: std::time::Duration = std::time::Duration::from_millis(2);
@@ -741,23 +694,18 @@ impl Executor {
 
     /// Polling, then blocking (DESIGN decision 11): polls `query` (a stream or event query)
     /// for up to [`SYNC_POLL`]; true when the work finished within it, so that the synchronize
-    /// can be answered inline instead of through a waiter thread. With
-    /// [`remora_shm::server_sync_spin`] set, it goes on polling for up to that much longer
-    /// while no other call has come on the connection ([`CallContext::input_waiting`],
-    /// asked every [`INPUT_LOOK`]).
-    fn poll_briefly(
-        &self,
-        call: &CallContext,
-        session: &Session,
-        query: impl Fn() -> CuResult<()>,
-    ) -> bool {
-        poll_until_idle(
-            query,
-            SYNC_POLL,
-            remora_shm::server_sync_spin(),
-            || call.input_waiting(),
-            &session.sync_trace,
-        )
+    /// can be answered inline instead of through a waiter thread.
+    fn poll_briefly(&self, query: impl Fn() -> CuResult<()>) -> bool {
+        let until = std::time::Instant::now() + SYNC_POLL;
+        loop {
+            match query() {
+                Ok(()) => return true,
+                Err(CuError(cu::NOT_READY)) if std::time::Instant::now() < until => {
+                    std::hint::spin_loop();
+                }
+                _ => return false,
+            }
+        }
     }
 
     /// A synchronizing call: `resolve` finds what it waits for under the session lock and
@@ -774,9 +722,7 @@ impl Executor {
         let session = self.session(call);
         let target = resolve(&session.lock());
         let polled_from = remora_shm::tracing_waits().then(std::time::Instant::now);
-        if target
-            .is_ok_and(|x| self.poll_briefly(call, &session, || idle(&*self.inner.backend, &x)))
-        {
+        if target.is_ok_and(|x| self.poll_briefly(|| idle(&*self.inner.backend, &x))) {
             let out = job(&self.inner, &session);
             if let Some(t0) = polled_from {
                 session.sync_trace.inline(t0.elapsed());
@@ -1095,124 +1041,5 @@ impl Executor {
         // A worker process ends with its session: its images reach the shared directory
         // first, for the next session's worker.
         self.inner.cache.flush();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::cell::Cell;
-    use std::time::{Duration, Instant};
-
-    /// A query that says done once `after` has passed since it was made.
-    fn done_after(after: Duration) -> impl Fn() -> CuResult<()> {
-        let at = Instant::now() + after;
-        move || {
-            if Instant::now() >= at {
-                Ok(())
-            } else {
-                Err(CuError(cu::NOT_READY))
-            }
-        }
-    }
-
-    #[test]
-    fn the_first_poll_answers_work_that_ends_within_it() {
-        let t = crate::sync_trace::SyncTrace::default();
-        let us = Duration::from_micros;
-        assert!(poll_until_idle(
-            done_after(us(0)),
-            us(50),
-            us(0),
-            || true,
-            &t
-        ));
-        assert!(poll_until_idle(
-            done_after(us(20)),
-            us(200),
-            us(0),
-            || true,
-            &t
-        ));
-        // Longer work, no extension: given up after the first poll.
-        let start = Instant::now();
-        assert!(!poll_until_idle(
-            done_after(Duration::from_secs(5)),
-            us(50),
-            us(0),
-            || false,
-            &t
-        ));
-        assert!(start.elapsed() < Duration::from_secs(1));
-        // A failing query ends the poll at once.
-        assert!(!poll_until_idle(
-            || Err(CuError(cu::INVALID_HANDLE)),
-            us(50),
-            us(1000),
-            || false,
-            &t
-        ));
-    }
-
-    #[test]
-    fn past_the_first_poll_it_goes_on_while_no_call_comes() {
-        let t = crate::sync_trace::SyncTrace::default();
-        let ms = Duration::from_millis;
-        // Work that ends after the first poll but within the extension: answered inline.
-        let asked = Cell::new(0u32);
-        let input = || {
-            asked.set(asked.get() + 1);
-            false
-        };
-        assert!(poll_until_idle(
-            done_after(ms(20)),
-            ms(1),
-            ms(200),
-            input,
-            &t
-        ));
-        assert!(asked.get() > 1, "asked about input {} times", asked.get());
-        // Work that outlasts the extension: given up once it has passed.
-        let start = Instant::now();
-        assert!(!poll_until_idle(
-            done_after(ms(5000)),
-            ms(1),
-            ms(20),
-            || false,
-            &t
-        ));
-        let took = start.elapsed();
-        assert!(took >= ms(21) && took < ms(2000), "{took:?}");
-        assert_eq!(t.cut_by_input_count(), 0);
-    }
-
-    #[test]
-    fn another_call_on_the_connection_ends_the_extension() {
-        let t = crate::sync_trace::SyncTrace::default();
-        let ms = Duration::from_millis;
-        // A call already waiting when the first poll ends: no extension at all.
-        let start = Instant::now();
-        assert!(!poll_until_idle(
-            done_after(ms(5000)),
-            ms(1),
-            ms(3000),
-            || true,
-            &t
-        ));
-        assert!(start.elapsed() < ms(1000));
-        assert_eq!(t.cut_by_input_count(), 0);
-        // A call that comes during the extension: given up at the next look.
-        let comes = Instant::now() + ms(10);
-        let start = Instant::now();
-        assert!(!poll_until_idle(
-            done_after(ms(5000)),
-            ms(1),
-            ms(3000),
-            || Instant::now() >= comes,
-            &t
-        ));
-        let took = start.elapsed();
-        assert!(took >= ms(10) && took < ms(1000), "{took:?}");
-        assert_eq!(t.cut_by_input_count(), 1);
     }
 }
