@@ -191,7 +191,12 @@ pub(crate) struct PendingCopy {
     pub(crate) stream: u64,
     pub(crate) copy: std::sync::Arc<dyn StagedCopy>,
     /// Where the bytes go instead of the reply: the session's data area at this offset
-    /// (`RM_AREA_MEMCPY_DTOH_ASYNC`, bounds checked when the copy was issued).
+    /// (`RM_AREA_MEMCPY_DTOH_ASYNC` through a staging buffer, bounds checked when the copy
+    /// was issued). `None` for a copy whose bytes the reply carries, and for one the backend
+    /// made straight into the area ([`Backend::memcpy_dtoh_async_in_area`]: no bytes of its
+    /// own, so its reply entry is empty too).
+    ///
+    /// [`Backend::memcpy_dtoh_async_in_area`]: crate::backend::Backend::memcpy_dtoh_async_in_area
     pub(crate) area: Option<AreaTarget>,
     /// Set by whoever delivers it: a synchronizing reply or a host function that follows it
     /// (exactly one of them).
@@ -211,6 +216,7 @@ impl PendingCopy {
         if self.taken.swap(true, std::sync::atomic::Ordering::AcqRel) {
             return None;
         }
+        self.copy.delivering();
         Some(match &self.area {
             Some((area, offset)) => {
                 if area.write(*offset, self.copy.data()).is_err() && *status == cu::SUCCESS {

@@ -27,6 +27,12 @@ const SMALL: [usize; 2] = [SIZES[0], SIZES[1]];
 const NON_BLOCKING: u32 = 1;
 
 fn server() -> Server {
+    server_with(true)
+}
+
+/// [`server`], its data area's copies landing there by themselves (`area_dma`, as the CUDA
+/// backend's DMA) or staged and written when delivered.
+fn server_with(area_dma: bool) -> Server {
     serve_emulated(
         ShmConfig {
             enabled: true,
@@ -39,6 +45,7 @@ fn server() -> Server {
             // As the real driver may: a server that queries a copy on a host callback's way
             // (instead of having the host function publish it) deadlocks here.
             driver_busy_during_host_functions: true,
+            area_dma,
             ..EmulatedConfig::default()
         },
     )
@@ -119,6 +126,37 @@ fn an_event_on_the_legacy_stream_covers_copies_on_blocking_streams() {
         s.mem_free(ctx, dev).unwrap();
         s.event_destroy(ev).unwrap();
         for st in streams {
+            s.stream_destroy(st).unwrap();
+        }
+    }
+}
+
+#[test]
+fn copies_into_program_memory_arrive_whole_at_synchronize() {
+    // The shim's path (`memcpy_dtoh_async_into`: the bytes go straight to the program's
+    // memory, from the reply or from the area lease), with the area's copies landing there
+    // by themselves when they complete, and staged.
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for area_dma in [true, false] {
+        let server = server_with(area_dma);
+        for (t, s) in sessions(&server) {
+            let ctx = s.primary_ctx_retain(0).unwrap();
+            let st = s.stream_create(ctx, 0, 0).unwrap();
+            for (k, &n) in SIZES.iter().enumerate() {
+                let seed = 500 + k as u32;
+                let dev = filled(&s, ctx, n, seed);
+                let mut out = vec![0xABu8; n];
+                // SAFETY: `out` lives past the synchronize that delivers the copy, and
+                // nothing touches it before.
+                unsafe { s.memcpy_dtoh_async_into(ctx, st, dev, out.as_mut_ptr(), n as u64) }
+                    .unwrap();
+                s.stream_synchronize(ctx, st).unwrap();
+                let want = pattern(n, seed);
+                let bad = out.iter().zip(&want).filter(|(a, b)| a != b).count();
+                assert_eq!(bad, 0, "{t}, area_dma {area_dma}, {n} bytes: {bad} stale");
+                s.mem_free(ctx, dev).unwrap();
+            }
+            assert_eq!(s.pending_copies(), 0, "{t}, area_dma {area_dma}");
             s.stream_destroy(st).unwrap();
         }
     }

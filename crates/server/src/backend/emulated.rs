@@ -102,6 +102,11 @@ pub struct EmulatedConfig {
     /// call), so that launches queue on the session's launch thread and a call that overtook
     /// them would see the device's memory before them.
     pub launch_delay: Duration,
+    /// Asynchronous device-to-host copies into a session's data area land there themselves
+    /// when they complete, as the CUDA backend's DMA does where the area is page-locked
+    /// (`Backend::memcpy_dtoh_async_in_area`); off, they are staged and written into the
+    /// area when delivered, the CUDA backend's way elsewhere. Default on.
+    pub area_dma: bool,
 }
 
 impl Default for EmulatedConfig {
@@ -114,6 +119,7 @@ impl Default for EmulatedConfig {
             copy_latency: Duration::ZERO,
             driver_busy_during_host_functions: false,
             launch_delay: Duration::ZERO,
+            area_dma: true,
         }
     }
 }
@@ -596,6 +602,26 @@ impl Backend for EmulatedBackend {
     ) -> CuResult<u64> {
         self.lock().ctx(ctx)?;
         Ok(area.base() as u64 + offset)
+    }
+
+    fn memcpy_dtoh_async_in_area(
+        &self,
+        ctx: u64,
+        stream: u64,
+        copy: super::AreaCopy<'_>,
+    ) -> Option<StagedResult> {
+        if !self.config.area_dma {
+            return None;
+        }
+        let landing = (|| {
+            let mut st = self.lock();
+            st.stream(ctx, stream)?;
+            st.refuse_in_capture(ctx, stream)?;
+            let data = st.range(copy.dev, copy.span.size)?.to_vec();
+            let target = (copy.span.area.clone(), copy.span.offset);
+            Ok(Box::new(self.landing(data, target)) as Box<dyn StagedCopy>)
+        })();
+        Some(landing)
     }
 
     fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult {

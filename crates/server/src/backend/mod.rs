@@ -303,6 +303,10 @@ pub trait StagedCopy: Send + Sync {
     fn wait(&self) -> CuResult<()>;
     /// The copied bytes; meaningful once [`StagedCopy::query`] says complete.
     fn data(&self) -> &[u8];
+    /// The copy is taken for delivery, complete (by a query, a wait, or the stream order a
+    /// host function follows). The emulated backend's copies into a data area land there
+    /// now at the latest; the default does nothing.
+    fn delivering(&self) {}
 }
 
 /// An asynchronous device-to-host copy into a staging buffer, once issued.
@@ -448,6 +452,20 @@ pub trait Backend: MemPools + Graphs + Vmm + Send + Sync + 'static {
     /// for the GPU in `ctx` (checked to lie inside it) and answers the device address of the
     /// byte at `offset`.
     fn area_map(&self, ctx: u64, area: &DataArea, offset: u64, size: u64) -> CuResult<u64>;
+    /// `cuMemcpyDtoHAsync` straight into `copy.span` of a session's shared data area, for a
+    /// copy delivered like a staged one (`RM_AREA_MEMCPY_DTOH_ASYNC`): the copy, whose
+    /// [`StagedCopy::data`] is empty (its bytes land in the area), to query and wait for;
+    /// `None` when the area cannot take the DMA here (not page-locked for `ctx`), and the
+    /// caller stages the copy with [`Backend::memcpy_dtoh_async`] instead. The default says
+    /// `None`.
+    fn memcpy_dtoh_async_in_area(
+        &self,
+        _ctx: u64,
+        _stream: u64,
+        _copy: AreaCopy<'_>,
+    ) -> Option<StagedResult> {
+        None
+    }
     /// `cuMemcpyDtoHAsync` into a staging buffer.
     fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult;
     /// `cuMemcpyDtoD` (`stream` `None`) or `cuMemcpyDtoDAsync`.

@@ -1060,6 +1060,36 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn memcpy_dtoh_async_in_area(
+        &self,
+        ctx: u64,
+        stream: u64,
+        copy: AreaCopy<'_>,
+    ) -> Option<StagedResult> {
+        let len = copy.span.len_usize().ok().filter(|&n| n > 0)?;
+        self.area_dma(ctx, copy.span.area, copy.span.offset, len)?;
+        let p: *mut u8 = copy.span.ptr().ok()?;
+        let pieces = self.pieces(copy.span.area.len(), copy.span.offset, len);
+        Some(self.in_area(ctx, stream, |d| {
+            for (skip, n) in pieces {
+                // SAFETY: as in `memcpy_dtoh_async_area`: the DMA on `stream` writes inside
+                // one registered chunk of the area (split by `pieces`, made DMA-ready by
+                // `area_dma`), which outlives it (synchronized before unregister); the
+                // client leaves the span alone until the copy is delivered.
+                call!(
+                    d.t,
+                    memcpy_dtoh_async(
+                        p.wrapping_add(skip).cast(),
+                        copy.dev + skip as u64,
+                        n,
+                        ptr(stream)
+                    )
+                )?;
+            }
+            Ok(())
+        }))
+    }
+
     fn memcpy_dtoh_async(&self, ctx: u64, stream: u64, src: u64, size: usize) -> StagedResult {
         self.stage(ctx, stream, size, |d, host| {
             // SAFETY: `host` holds `size` bytes of pinned memory that outlive the copy (see

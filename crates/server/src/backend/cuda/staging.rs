@@ -283,21 +283,31 @@ unsafe impl Send for CudaStaged {}
 // only time callers read it).
 unsafe impl Sync for CudaStaged {}
 
+/// Whether the copy that `event` (of `ctx`, live) follows has completed.
+fn event_done(driver: &Driver, ctx: u64, event: Ptr) -> CuResult<bool> {
+    driver.enter(ctx)?;
+    // SAFETY: the callers pass an event they created and have not destroyed.
+    match call!(driver.t, event_query(event)) {
+        Ok(()) => Ok(true),
+        Err(CuError(cu::NOT_READY)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Blocks until the copy that `event` (of `ctx`, live) follows has completed.
+fn event_wait(driver: &Driver, ctx: u64, event: Ptr) -> CuResult<()> {
+    driver.enter(ctx)?;
+    // SAFETY: as in event_done.
+    call!(driver.t, event_synchronize(event))
+}
+
 impl StagedCopy for CudaStaged {
     fn query(&self) -> CuResult<bool> {
-        self.driver.enter(self.ctx)?;
-        // SAFETY: `event` is an event this object created and has not destroyed.
-        match call!(self.driver.t, event_query(self.event)) {
-            Ok(()) => Ok(true),
-            Err(CuError(cu::NOT_READY)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        event_done(&self.driver, self.ctx, self.event)
     }
 
     fn wait(&self) -> CuResult<()> {
-        self.driver.enter(self.ctx)?;
-        // SAFETY: as in query.
-        call!(self.driver.t, event_synchronize(self.event))
+        event_wait(&self.driver, self.ctx, self.event)
     }
 
     fn data(&self) -> &[u8] {
@@ -318,6 +328,47 @@ impl Drop for CudaStaged {
             self.host,
             self.event,
             (self.class, self.generation),
+        );
+    }
+}
+
+/// An asynchronous device-to-host copy straight into a session's shared data area
+/// ([`CudaBackend::in_area`]): its bytes land there, so it holds only the event recorded after
+/// it.
+pub(super) struct CudaInArea {
+    driver: Arc<Driver>,
+    ctx: u64,
+    event: Ptr,
+}
+
+// SAFETY: the event handle may be used from any thread (the context is made current first).
+unsafe impl Send for CudaInArea {}
+// SAFETY: shared use only queries and synchronizes the event, thread-safe driver calls.
+unsafe impl Sync for CudaInArea {}
+
+impl StagedCopy for CudaInArea {
+    fn query(&self) -> CuResult<bool> {
+        event_done(&self.driver, self.ctx, self.event)
+    }
+
+    fn wait(&self) -> CuResult<()> {
+        event_wait(&self.driver, self.ctx, self.event)
+    }
+
+    fn data(&self) -> &[u8] {
+        &[]
+    }
+}
+
+impl Drop for CudaInArea {
+    /// Calls no driver function (see [`CudaStaged`]'s drop): the reaper destroys the event.
+    fn drop(&mut self) {
+        reap(
+            Arc::clone(&self.driver),
+            self.ctx,
+            std::ptr::null_mut(),
+            self.event,
+            (0, 0),
         );
     }
 }
@@ -348,7 +399,8 @@ fn reap(driver: Arc<Driver>, ctx: u64, host: Ptr, event: Ptr, pooling: (usize, u
                         // SAFETY: as above.
                         let _ = call!(driver.t, event_destroy(event as Ptr));
                     }
-                    if !pool_put(ctx, addr, class, generation) {
+                    // No buffer: a copy into a data area ([`CudaInArea`]).
+                    if addr != 0 && !pool_put(ctx, addr, class, generation) {
                         free_pinned(&driver, ctx, addr, class);
                     }
                 }
@@ -414,6 +466,49 @@ impl CudaBackend {
         // SAFETY: the event and stream are live.
         call!(driver.t, event_record(event, ptr(stream)))?;
         Ok(Box::new(staged))
+    }
+}
+
+impl CudaBackend {
+    /// An asynchronous device-to-host copy that `issue` queues on `stream` of `ctx` straight
+    /// into a session's data area, and the event recorded after it. When `issue` fails after
+    /// queueing part of the copy, this waits for that part before answering the error: the
+    /// client gives the area's bytes back once the error is delivered, and no DMA may land
+    /// in them after that.
+    pub(super) fn in_area(
+        &self,
+        ctx: u64,
+        stream: u64,
+        issue: impl FnOnce(&Driver) -> CuResult<()>,
+    ) -> CuResult<Box<dyn StagedCopy>> {
+        let driver = Arc::clone(self.driver.as_ref().ok_or(CuError(cu::NO_DEVICE))?);
+        driver.enter(ctx)?;
+        let mut event: Ptr = std::ptr::null_mut();
+        // SAFETY: writes one CUevent.
+        call!(driver.t, event_create(&mut event, EVENT_DISABLE_TIMING))?;
+        // From here the event is destroyed with `copy`, by the reaper.
+        let copy = CudaInArea {
+            driver: Arc::clone(&driver),
+            ctx,
+            event,
+        };
+        let issued = issue(&driver);
+        // SAFETY: the event and stream are live.
+        let recorded = call!(driver.t, event_record(event, ptr(stream)));
+        match (issued, recorded) {
+            (Ok(()), Ok(())) => Ok(Box::new(copy)),
+            (Err(e), Ok(())) => {
+                let _ = copy.wait();
+                Err(e)
+            }
+            // Not recorded: whatever was queued is waited for with the whole context (which
+            // returns at once after a sticky error, when nothing runs).
+            (issued, Err(e)) => {
+                // SAFETY: synchronizes the current context (`ctx`, entered above).
+                let _ = call!(driver.t, ctx_synchronize());
+                Err(issued.err().unwrap_or(e))
+            }
+        }
     }
 }
 

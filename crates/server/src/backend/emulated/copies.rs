@@ -1,12 +1,13 @@
 //! Copies of the emulated **test** backend: the rows of 2-D and 3-D copies, and asynchronous
 //! device-to-host copies staged when issued.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use remora_proto::cuda::{CuError, CuResult, cu};
 
 use super::host_functions::HostPending;
 use super::{Copy3d, CopyPlace, EmulatedBackend, StagedCopy, State};
+use crate::session::AreaTarget;
 
 impl State {
     /// The rows of a 2-D or 3-D copy's source, packed.
@@ -54,7 +55,62 @@ impl State {
 /// host functions its queries wait for (`EmulatedConfig::driver_busy_during_host_functions`).
 pub(super) struct ReadyCopy(Vec<u8>, std::time::Instant, Option<Arc<HostPending>>);
 
+/// An emulated asynchronous copy into a session's data area: its bytes, taken when issued,
+/// land in the area once the copy completes (the first query that says so, or its wait), as
+/// a DMA would; it has no bytes of its own to deliver.
+pub(super) struct LandingCopy {
+    done: ReadyCopy,
+    bytes: Mutex<Option<Vec<u8>>>,
+    target: AreaTarget,
+}
+
+impl LandingCopy {
+    fn land(&self) {
+        let bytes = self
+            .bytes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(bytes) = bytes {
+            let (area, offset) = &self.target;
+            if area.write(*offset, &bytes).is_err() {
+                tracing::error!(offset, "an emulated copy's bytes do not fit the data area");
+            }
+        }
+    }
+}
+
+impl StagedCopy for LandingCopy {
+    fn query(&self) -> CuResult<bool> {
+        let done = self.done.query()?;
+        if done {
+            self.land();
+        }
+        Ok(done)
+    }
+    fn wait(&self) -> CuResult<()> {
+        self.done.wait()?;
+        self.land();
+        Ok(())
+    }
+    fn data(&self) -> &[u8] {
+        &[]
+    }
+    fn delivering(&self) {
+        self.land();
+    }
+}
+
 impl EmulatedBackend {
+    /// A copy of `data` into `target` that lands there when it completes.
+    pub(super) fn landing(&self, data: Vec<u8>, target: AreaTarget) -> LandingCopy {
+        LandingCopy {
+            done: self.staged(Vec::new()),
+            bytes: Mutex::new(Some(data)),
+            target,
+        }
+    }
+
     pub(super) fn staged(&self, data: Vec<u8>) -> ReadyCopy {
         ReadyCopy(
             data,
