@@ -23,9 +23,10 @@
 #   programs  REMORA_CALLS_PROGRAMS (default: managed_memory stream_ordered cublas_simple, the
 #             three programs over 30 ms slower embedded than native in session 30's bench
 #             startup) natively and embedded alternately, twice each, the embedded runs with
-#             `remora run --profile` and their start-up timeline: where an embedded run's
-#             extra time goes beyond start-up; then gpu/tools/pool_probe.cu (stream_ordered's
-#             pattern, each call timed) natively and embedded, twice
+#             `remora run --profile` and their start-up timeline, client and server profiles:
+#             where an embedded run's extra time goes beyond start-up; then
+#             gpu/tools/pool_probe.cu (stream_ordered's pattern, each call timed) natively and
+#             embedded, twice, and once more embedded with both profiles
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, REMORA_CALLS_ROUNDS rounds (default 3), then, when
@@ -167,7 +168,8 @@ step_programs() {
         | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
     done
     # stream_ordered's pattern with every call timed, natively and embedded: which calls
-    # carry a remoted run's extra time (session 31: cuMemFreeAsync 445 µs mean remoted).
+    # carry a remoted run's extra time (session 32: a pageable copy's synchronize, 1431 µs
+    # per 4 MiB before 861064a, 420-456 after).
     echo "== pool_probe (gpu/tools/pool_probe.cu): native, then embedded, twice"
     local nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
     if "$nvcc" -O2 -o "$work/pool_probe" "$src/tools/pool_probe.cu" > "$work/pool_probe.log" 2>&1; then
