@@ -119,6 +119,21 @@ impl Mirror {
     /// changed keeps them (they are pushed next time). The snapshot becomes `device`. Returns
     /// how many pages kept host bytes.
     pub(crate) fn merge_pulled(&mut self, host: &mut [u8], device: &[u8]) -> usize {
+        let kept = self.merge_pages(host, device);
+        self.snapshot.copy_from_slice(device);
+        kept
+    }
+
+    /// [`Mirror::merge_pulled`] of bytes the caller gives up: they become the snapshot as
+    /// they are, without another pass over them.
+    pub(crate) fn merge_pulled_owned(&mut self, host: &mut [u8], device: Vec<u8>) -> usize {
+        let kept = self.merge_pages(host, &device);
+        self.snapshot = device;
+        kept
+    }
+
+    /// The page-by-page merge of [`Mirror::merge_pulled`], leaving the snapshot as it was.
+    fn merge_pages(&self, host: &mut [u8], device: &[u8]) -> usize {
         let mut kept = 0;
         for start in (0..host.len()).step_by(MIRROR_PAGE) {
             let end = (start + MIRROR_PAGE).min(host.len());
@@ -133,7 +148,6 @@ impl Mirror {
                 kept += 1;
             }
         }
-        self.snapshot.copy_from_slice(device);
         kept
     }
 }
@@ -452,6 +466,26 @@ mod tests {
         assert!(host[2 * MIRROR_PAGE..].iter().all(|&b| b == 3));
         // The kept page is dirty against the new snapshot, so it is pushed next.
         assert_eq!(m.dirty_runs(&host), vec![(MIRROR_PAGE..2 * MIRROR_PAGE)]);
+    }
+
+    #[test]
+    fn an_owned_pull_merges_and_snapshots_as_a_borrowed_one() {
+        let mut a = mirror(3 * MIRROR_PAGE);
+        let mut b = mirror(3 * MIRROR_PAGE);
+        let mut host_a = vec![0u8; a.size as usize];
+        host_a[2 * MIRROR_PAGE + 7] = 9; // changed by the host since the last agreement
+        let mut host_b = host_a.clone();
+        let mut device = vec![4u8; a.size as usize];
+        device[1] = 1;
+        assert_eq!(a.merge_pulled(&mut host_a, &device), 1);
+        assert_eq!(b.merge_pulled_owned(&mut host_b, device.clone()), 1);
+        assert_eq!(host_a, host_b);
+        assert_eq!(a.snapshot, device);
+        assert_eq!(b.snapshot, device);
+        assert_eq!(
+            b.dirty_runs(&host_b),
+            vec![(2 * MIRROR_PAGE..3 * MIRROR_PAGE)]
+        );
     }
 
     #[test]

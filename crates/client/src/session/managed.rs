@@ -605,7 +605,8 @@ impl Session {
             .into_iter()
             .filter_map(|c| {
                 let dev = *devs.get(&c.copy_id)?;
-                Some((c.copy_id & !MIRROR_READ_ID, dev, c.data))
+                // A copy out of the reply record, which the snapshot then keeps.
+                Some((c.copy_id & !MIRROR_READ_ID, dev, Vec::from(c.data)))
             })
             .collect();
         let complete = args.ranges.len();
@@ -622,15 +623,14 @@ impl Session {
 /// into the mirrors still there at that address; marks the pull done up to `epoch` when
 /// given (every mirror was read); logs, once, host changes of managed memory made while
 /// device work was outstanding.
-fn merge_pulled<B: AsRef<[u8]>>(
+fn merge_pulled(
     st: &mut mirror::MirrorState,
     why: &str,
-    pulled: Vec<(u64, u64, B)>,
+    pulled: Vec<(u64, u64, Vec<u8>)>,
     epoch: Option<u64>,
 ) {
     let mut kept = 0;
     for (key, dev, device) in pulled {
-        let device = device.as_ref();
         let Some(m) = st.list.get_mut(&key) else {
             continue;
         };
@@ -642,7 +642,8 @@ fn merge_pulled<B: AsRef<[u8]>>(
         // synchronizing call.
         let host =
             unsafe { std::slice::from_raw_parts_mut(m.host as usize as *mut u8, m.size as usize) };
-        let k = m.merge_pulled(host, device);
+        // The device's bytes become the snapshot as they are (no second pass over them).
+        let k = m.merge_pulled_owned(host, device);
         // Mapped host memory may change while kernels run (copies land in it, and natively
         // the program may write it): only managed memory breaks a rule.
         if !m.mapped_host {
