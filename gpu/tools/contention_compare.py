@@ -6,7 +6,9 @@ experiment's run of the same call (gpu/tools/device_calls.sh's contention step):
 
 For each (transport, load, clients) cell and each report: adaptive's launch + synchronize mean
 and p50 (medians of the rounds), adaptive against the better of spin and block by the mean
-(from the medians, then round by round), and the CPU per round trip (client + server) of
+(from the medians, then round by round, with the verdict the rounds allow on the goal of
+x1.10: the distribution-free interval of their median, as `bench contention`'s notes give it),
+and the CPU per round trip (client + server) of
 polling against adaptive. With --traces FILE.txt... (the step's .txt files, written with
 REMORA_CALLS_TRACE=1), also each policy's server synchronizes from the `server: synchronize`
 lines: how many were deferred to a waiter thread and their mean wake-up and driver times.
@@ -50,6 +52,36 @@ def cpu(figs, transport, policy, burn, clients):
     return total
 
 
+GOAL = 1.10
+
+
+def median_interval(n):
+    """(k, coverage): the 1-based order statistics k and n + 1 - k bounding the median of n
+    rounds' ratios, distribution-free; the narrowest interval covering at least 90%, or
+    min-max when even that covers less (as `remora bench contention`'s notes)."""
+    from math import comb
+
+    def cover(k):
+        return 1.0 - 2.0 * sum(comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k < n // 2 and cover(k + 1) >= 0.9:
+        k += 1
+    return k, cover(k)
+
+
+def verdict(ratios):
+    """Whether the rounds decide issue 12 §4's goal (adaptive within 10% of the better way)."""
+    n = len(ratios)
+    if n < 3:
+        return ""
+    r = sorted(ratios)
+    k, c = median_interval(n)
+    lo, hi = r[k - 1], r[n - k]
+    word = "met" if hi <= GOAL else "missed" if lo > GOAL else "undecided"
+    return f"{c:.0%} x{lo:.2f}-x{hi:.2f}: {word}"
+
+
 def describe(figs, cell):
     t, burn, c = cell
     mean, a_rounds = value(figs, t, "adaptive", burn, c, "launch_sync.mean")
@@ -60,8 +92,11 @@ def describe(figs, cell):
     if spin and block:
         parts.append(f"/better x{mean / min(spin, block):.2f}")
         n = min(len(a_rounds), len(s_rounds), len(b_rounds))
-        per = " ".join(f"x{a_rounds[i] / min(s_rounds[i], b_rounds[i]):.2f}" for i in range(n))
+        ratios = [a_rounds[i] / min(s_rounds[i], b_rounds[i]) for i in range(n)]
+        per = " ".join(f"x{r:.2f}" for r in ratios)
         parts.append(f"(rounds {per})")
+        if verdict(ratios):
+            parts.append(f"[{verdict(ratios)}]")
         a_cpu = cpu(figs, t, "adaptive", burn, c)
         if a_cpu > 0:
             parts.append(f"poll cpu x{cpu(figs, t, 'spin', burn, c) / a_cpu:.2f}")

@@ -336,14 +336,63 @@ fn spread(rounds: &[f64], digits: usize) -> String {
 /// hides rounds that disagree (a loaded cell whose GPU or scheduler changed regime between
 /// rounds), these show it.
 fn per_round(adaptive: &[f64], spin: &[f64], block: &[f64]) -> String {
-    let n = adaptive.len().min(spin.len()).min(block.len());
-    if n < 2 {
+    let ratios = round_ratios(adaptive, spin, block);
+    if ratios.len() < 2 {
         return String::new();
     }
-    let ratios: Vec<String> = (0..n)
-        .map(|i| format!("x{:.2}", adaptive[i] / spin[i].min(block[i])))
-        .collect();
+    let ratios: Vec<String> = ratios.iter().map(|r| format!("x{r:.2}")).collect();
     format!(" (per round {})", ratios.join(" "))
+}
+
+/// Adaptive against the better of spin and block, round by round.
+fn round_ratios(adaptive: &[f64], spin: &[f64], block: &[f64]) -> Vec<f64> {
+    let n = adaptive.len().min(spin.len()).min(block.len());
+    (0..n)
+        .map(|i| adaptive[i] / spin[i].min(block[i]))
+        .collect()
+}
+
+/// Issue 12 §4's goal: adaptive within 10% of the better fixed way.
+const GOAL_RATIO: f64 = 1.10;
+
+/// The 1-based order statistics `k` and `n + 1 - k` that bound the median of `n` rounds'
+/// ratios, distribution-free, with the interval's coverage `1 - 2 P(Binomial(n, 1/2) < k)`:
+/// the narrowest such interval whose coverage is still at least 90%, or the widest (`k` = 1)
+/// when even that covers less (fewer than 5 rounds).
+fn median_interval(n: usize) -> (usize, f64) {
+    let choose = |i: usize| (0..i).fold(1.0, |acc, j| acc * (n - j) as f64 / (j + 1) as f64);
+    let cover = |k: usize| 1.0 - 2.0 * (0..k).map(choose).sum::<f64>() / 2f64.powi(n as i32);
+    let mut k = 1;
+    while k < n / 2 && cover(k + 1) >= 0.9 {
+        k += 1;
+    }
+    (k, cover(k))
+}
+
+/// `; NN% interval of the rounds' median xLO-xHI: met|missed|undecided at x1.10`: whether the
+/// rounds decide §4's goal. Met when the interval lies at or below the goal, missed when it
+/// lies above, undecided otherwise (the rounds disagree more than the goal's margin). Empty
+/// with fewer than 3 rounds.
+fn verdict(ratios: &[f64]) -> String {
+    let n = ratios.len();
+    if n < 3 {
+        return String::new();
+    }
+    let mut r = ratios.to_vec();
+    r.sort_by(f64::total_cmp);
+    let (k, cover) = median_interval(n);
+    let (lo, hi) = (r[k - 1], r[n - k]);
+    let word = if hi <= GOAL_RATIO {
+        "met"
+    } else if lo > GOAL_RATIO {
+        "missed"
+    } else {
+        "undecided"
+    };
+    format!(
+        "; {:.0}% interval of the rounds' median x{lo:.2}-x{hi:.2}: {word} at x{GOAL_RATIO:.2}",
+        cover * 100.0
+    )
 }
 
 /// The figure of `mode` with `clients` clients named `metric`.
@@ -410,8 +459,12 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
                 } else {
                     ("us", 2)
                 };
+                // The goal is about latency: the verdict goes with those figures only.
+                let judged = matches!(metric, "launch_sync.mean" | "launch_sync.p50" | "mix.total")
+                    .then(|| verdict(&round_ratios(&ad.rounds, &sp.rounds, &bl.rounds)))
+                    .unwrap_or_default();
                 notes.push(format!(
-                    "{t} burn={burn}x {clients} client(s) {metric}: adaptive {:.digits$} {unit}{}, spin {:.digits$}{}, block {:.digits$}{}: adaptive / better = x{:.2}{}, spin / adaptive = x{:.2}",
+                    "{t} burn={burn}x {clients} client(s) {metric}: adaptive {:.digits$} {unit}{}, spin {:.digits$}{}, block {:.digits$}{}: adaptive / better = x{:.2}{}, spin / adaptive = x{:.2}{judged}",
                     ad.value,
                     spread(&ad.rounds, digits),
                     sp.value,
@@ -429,7 +482,33 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
 
 #[cfg(test)]
 mod tests {
-    use super::{Figure, merge_rounds, per_round, spread, wait_knobs};
+    use super::{Figure, median_interval, merge_rounds, per_round, spread, verdict, wait_knobs};
+
+    #[test]
+    fn the_median_interval_is_the_narrowest_covering_90_percent() {
+        // 4 rounds: only min-max, which covers 87.5%.
+        let (k, c) = median_interval(4);
+        assert_eq!(k, 1);
+        assert!((c - 0.875).abs() < 1e-9);
+        // 8 rounds: the 2nd and 7th cover 1 - 2 * 9/256.
+        let (k, c) = median_interval(8);
+        assert_eq!(k, 2);
+        assert!((c - (1.0 - 18.0 / 256.0)).abs() < 1e-9);
+        // 12 rounds: the 3rd and 10th (96.1%); the 4th and 9th would cover 85.4%.
+        assert_eq!(median_interval(12).0, 3);
+    }
+
+    #[test]
+    fn the_verdict_says_met_missed_or_undecided() {
+        assert_eq!(
+            verdict(&[0.9, 1.05, 0.8, 1.0]),
+            "; 88% interval of the rounds' median x0.80-x1.05: met at x1.10"
+        );
+        assert!(verdict(&[1.2, 1.5, 1.3, 1.11]).ends_with("x1.11-x1.50: missed at x1.10"));
+        assert!(verdict(&[0.82, 3.27, 0.99, 1.53]).ends_with("undecided at x1.10"));
+        // Too few rounds to say anything.
+        assert_eq!(verdict(&[1.0, 1.0]), "");
+    }
 
     #[test]
     fn per_round_ratios_pair_the_ways_round_by_round() {
