@@ -640,7 +640,8 @@ enum BenchCommand {
     /// programs run against standing servers under each load and way.
     /// Ratios against native at the same load; notes compare adaptive with the better of
     /// spin and block, by the rounds' medians and round by round (the ways run back to back
-    /// within a round). Needs a GPU.
+    /// within a round), and say whether the rounds decide the goal of x1.10 (met, missed or
+    /// undecided, from an interval of the per-round ratios' median). Needs a GPU.
     Contention(bench_contention::Args),
     /// Two tenants on one GPU, one greedy (kernels that fill every SM, always queued) and
     /// one latency-sensitive (launch + synchronize), natively and through `remora serve`
