@@ -199,27 +199,28 @@ impl Session {
             // The server writes the bytes into the lease; the delivery says they are there.
             let offset = lease.offset();
             let len = size as usize;
-            let from_area: CopySink = match target {
-                // Straight from the lease into the program's memory: one pass, no buffer
-                // (a fresh buffer of the copy's size, zeroed and faulted in, then a second
-                // pass, cost about 1 ms per 4 MiB on the H200 host).
-                DtohTarget::Place(place) => Box::new(move |_: &[u8]| {
-                    let place = place;
-                    // SAFETY: see Place: writable for its length until delivered, now, and
-                    // touched by nothing else meanwhile.
-                    let out = unsafe { std::slice::from_raw_parts_mut(place.0, place.1.min(len)) };
+            let from_area: CopySink = Box::new(move |_: &[u8]| {
+                let read = |out: &mut [u8]| {
                     if !lease.get(out) {
                         tracing::error!("remora: an area copy's lease is smaller than the copy");
                     }
-                }),
-                DtohTarget::Sink(sink) => Box::new(move |_: &[u8]| {
-                    let mut buf = vec![0u8; len];
-                    if !lease.get(&mut buf) {
-                        tracing::error!("remora: an area copy's lease is smaller than the copy");
+                };
+                match target {
+                    // Straight from the lease into the program's memory: one pass, no buffer
+                    // (a fresh buffer of the copy's size, zeroed and faulted in, then a
+                    // second pass, cost about 1 ms per 4 MiB on the H200 host).
+                    DtohTarget::Place(place) => {
+                        // SAFETY: see Place: writable for its length until delivered, now,
+                        // and touched by nothing else meanwhile.
+                        read(unsafe { std::slice::from_raw_parts_mut(place.0, place.1.min(len)) });
                     }
-                    sink(&buf);
-                }),
-            };
+                    DtohTarget::Sink(sink) => {
+                        let mut buf = vec![0u8; len];
+                        read(&mut buf);
+                        sink(&buf);
+                    }
+                }
+            });
             return self
                 .delivery
                 .issue((ctx, stream, size), from_area, |copy_id| {

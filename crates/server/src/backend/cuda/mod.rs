@@ -262,6 +262,34 @@ impl CudaBackend {
     /// the chunks it touches that are not yet. `None`: use the private-buffer path. Callers
     /// split their copies at chunk boundaries ([`CudaBackend::pieces`]), so that no driver
     /// call spans two registrations.
+    /// Queues `cuMemcpyDtoHAsync` of `copy` (`len` bytes) into its span of the area on
+    /// `stream`, split at the area's chunk boundaries, once [`CudaBackend::area_dma`] has
+    /// made them DMA-ready for the stream's context (`d`).
+    fn dtoh_async_into_area(
+        &self,
+        d: &Driver,
+        stream: u64,
+        copy: AreaCopy<'_>,
+        len: usize,
+    ) -> CuResult<()> {
+        let p: *mut u8 = copy.span.ptr()?;
+        for (skip, n) in self.pieces(copy.span.area.len(), copy.span.offset, len) {
+            // SAFETY: as in `memcpy_htod_area`'s pinned form: the DMA on `stream` writes
+            // inside one registered chunk of the area (split by `pieces`), which outlives it
+            // (synchronized before unregister).
+            call!(
+                d.t,
+                memcpy_dtoh_async(
+                    p.wrapping_add(skip).cast(),
+                    copy.dev + skip as u64,
+                    n,
+                    ptr(stream)
+                )
+            )?;
+        }
+        Ok(())
+    }
+
     fn area_dma(&self, ctx: u64, area: &DataArea, offset: u64, len: usize) -> Option<&Driver> {
         let base = area.base() as usize;
         let chunk = self.chunk(area.len());
@@ -1042,22 +1070,7 @@ impl Backend for CudaBackend {
         let Some(d) = self.area_dma(ctx, copy.span.area, copy.span.offset, len) else {
             return staged_dtoh_area(self, ctx, stream, copy);
         };
-        let p: *mut u8 = copy.span.ptr()?;
-        for (skip, n) in self.pieces(copy.span.area.len(), copy.span.offset, len) {
-            // SAFETY: as in `memcpy_htod_area`'s pinned form: the DMA on `stream` writes
-            // inside one registered chunk of the area, which outlives it (synchronized
-            // before unregister).
-            call!(
-                d.t,
-                memcpy_dtoh_async(
-                    p.wrapping_add(skip).cast(),
-                    copy.dev + skip as u64,
-                    n,
-                    ptr(stream)
-                )
-            )?;
-        }
-        Ok(())
+        self.dtoh_async_into_area(d, stream, copy, len)
     }
 
     fn memcpy_dtoh_async_in_area(
@@ -1068,25 +1081,9 @@ impl Backend for CudaBackend {
     ) -> Option<StagedResult> {
         let len = copy.span.len_usize().ok().filter(|&n| n > 0)?;
         self.area_dma(ctx, copy.span.area, copy.span.offset, len)?;
-        let p: *mut u8 = copy.span.ptr().ok()?;
-        let pieces = self.pieces(copy.span.area.len(), copy.span.offset, len);
+        // The client leaves the span alone until the copy is delivered.
         Some(self.in_area(ctx, stream, |d| {
-            for (skip, n) in pieces {
-                // SAFETY: as in `memcpy_dtoh_async_area`: the DMA on `stream` writes inside
-                // one registered chunk of the area (split by `pieces`, made DMA-ready by
-                // `area_dma`), which outlives it (synchronized before unregister); the
-                // client leaves the span alone until the copy is delivered.
-                call!(
-                    d.t,
-                    memcpy_dtoh_async(
-                        p.wrapping_add(skip).cast(),
-                        copy.dev + skip as u64,
-                        n,
-                        ptr(stream)
-                    )
-                )?;
-            }
-            Ok(())
+            self.dtoh_async_into_area(d, stream, copy, len)
         }))
     }
 
