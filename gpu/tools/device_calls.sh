@@ -20,6 +20,8 @@
 #             `remora run --profile`; then vecadd native and embedded alternately while that
 #             standing server holds the GPU, with the last embedded run's timeline
 #   startup   gpu/bench-startup.sh over REMORA_STARTUP_TRANSPORTS (default here: shm), no torch
+#             (more than 4 min: give the call 8; its log grows in $OUT/startup-progress.log,
+#             so a call cut short still brings back how far it got)
 #   programs  REMORA_CALLS_PROGRAMS (default: managed_memory stream_ordered cublas_simple, the
 #             three programs over 30 ms slower embedded than native in session 30's bench
 #             startup) natively and embedded alternately, twice each, the embedded runs with
@@ -191,11 +193,13 @@ step_startup() {
   build_once || return 1
   local d=$work/startup; mkdir -p "$d"
   REMORA_STARTUP_TRANSPORTS=${REMORA_STARTUP_TRANSPORTS:-shm} REMORA_STARTUP_TORCH=${REMORA_STARTUP_TORCH:-0} \
-    "$src/bench-startup.sh" "$bin" "$build" "$d" > "$work/startup.log" 2>&1
-  echo "bench-startup rc=$?"
+    "$src/bench-startup.sh" "$bin" "$build" "$d" 2>&1 | tee "$out/startup-progress.log" > "$work/startup.log"
+  echo "bench-startup rc=${PIPESTATUS[0]}"
   grep -E "^(==|whole|mode|note)|x[0-9]" "$work/startup.log" | tail -n 60
   cp "$d"/*.json "$out/" 2>/dev/null
   tar -C "$work" -czf "$out/startup.tar.gz" startup startup.log
+  # The progress log is what comes back of a call cut short; a finished step has it tarred.
+  rm -f "$out/startup-progress.log"
 }
 
 step_contention() {

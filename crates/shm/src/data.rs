@@ -125,6 +125,47 @@ impl DataArea {
         Ok(())
     }
 
+    /// Faults the pages holding `len` bytes at `offset` in as writable, without changing a
+    /// byte of them (`MADV_POPULATE_WRITE`): a fresh shared mapping otherwise zero-fills each
+    /// page on its first touch, one fault at a time, and page-locking it for a device pays for
+    /// that. The range is widened to whole pages. `Unsupported` on a kernel without
+    /// `MADV_POPULATE_WRITE` (before Linux 5.14).
+    pub fn populate(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        let r = self
+            .check(offset, len)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        if r.is_empty() {
+            return Ok(());
+        }
+        let page = rustix::param::page_size();
+        let start = self.base().wrapping_add(r.start);
+        let lead = start as usize % page;
+        let first = start.wrapping_sub(lead);
+        // SAFETY: `start..start + r.len()` lies inside this live mapping (checked above), and
+        // the mapping begins on a page boundary (mmap), so `first`, `start` rounded down to
+        // its page, lies inside it too (perhaps before the area: harmless, see below); the
+        // kernel widens the length to whole pages, which the mapping has.
+        // MADV_POPULATE_WRITE only faults pages in and changes no byte, so the peer's and
+        // this process's concurrent accesses see the same contents.
+        unsafe {
+            rustix::mm::madvise(
+                first.cast(),
+                lead + r.len(),
+                rustix::mm::Advice::LinuxPopulateWrite,
+            )
+        }
+        .map_err(|e| {
+            if e == rustix::io::Errno::INVAL {
+                std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "MADV_POPULATE_WRITE is not supported by this kernel (Linux 5.14 or later has it)",
+                )
+            } else {
+                e.into()
+            }
+        })
+    }
+
     /// Copies `data` into the area at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), OutOfArea> {
         let p = self.ptr(offset, data.len() as u64)?;
@@ -156,6 +197,74 @@ mod tests {
         let mut buf = [0u8; 4];
         assert!(a.read(8190, &mut buf).is_err());
         assert!(a.write(8190, &buf).is_err());
+    }
+
+    /// Resident bytes of the mapping of this process that holds `addr` (`Rss` in
+    /// /proc/self/smaps).
+    fn resident_bytes(addr: *mut u8) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let addr = addr as usize;
+        let holds = |l: &str| {
+            let range = l.split_whitespace().next().unwrap_or("");
+            let Some((a, b)) = range.split_once('-') else {
+                return false;
+            };
+            match (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                (Ok(a), Ok(b)) => (a..b).contains(&addr),
+                _ => false,
+            }
+        };
+        let rss = smaps
+            .lines()
+            .skip_while(|l| !holds(l))
+            .skip(1)
+            .find_map(|l| l.strip_prefix("Rss:"))
+            .expect("the mapping is in /proc/self/smaps");
+        rss.trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    }
+
+    #[test]
+    fn populate_faults_pages_in_and_keeps_their_bytes() {
+        let region = crate::Region::create(
+            "remora-populate-test",
+            crate::Layout {
+                ring_capacity: 4096,
+                data_size: 1 << 20,
+            },
+        )
+        .unwrap();
+        let a = region.data_area();
+        a.write(70_000, b"kept").unwrap();
+        let before = resident_bytes(a.base());
+        match a.populate(65_536 + 100, 256 << 10) {
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            r => r.unwrap(),
+        }
+        let after = resident_bytes(a.base());
+        // The 256 KiB range, widened to whole pages, is resident now (it was not: only the
+        // header and the page written are).
+        assert!(
+            after >= before + (256 << 10) - 4096,
+            "resident {before} -> {after} bytes"
+        );
+        let mut buf = [0u8; 4];
+        a.read(70_000, &mut buf).unwrap();
+        assert_eq!(&buf, b"kept");
+        a.read(200_000, &mut buf).unwrap();
+        assert_eq!(buf, [0; 4]);
+        assert_eq!(
+            a.populate(1 << 20, 1).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidInput
+        );
+        a.populate(1 << 20, 0).unwrap();
     }
 
     #[test]
