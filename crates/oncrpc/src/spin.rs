@@ -28,6 +28,8 @@ pub(crate) struct Spinning<S> {
     /// With [`block_when_loaded`] on and the adaptive policy: whether the host has no core
     /// to spare now (then a read that must wait blocks at once).
     loaded: Option<fn() -> bool>,
+    /// The next read that must wait spins first at least this long ([`Spinning::hold_next`]).
+    hold: Duration,
 }
 
 impl<S: Transport> Spinning<S> {
@@ -40,7 +42,16 @@ impl<S: Transport> Spinning<S> {
             inner,
             waiter: Waiter::new(Duration::ZERO, MAX_SPIN).labeled("socket: readable"),
             loaded: (adaptive && block_when_loaded()).then_some(|| !remora_shm::cores_to_spare()),
+            hold: Duration::ZERO,
         }
+    }
+
+    /// Has the next read that must wait spin first for at least `spin`, loaded host or not
+    /// ([`remora_shm::Waiter::hold_next`]; a shared-memory stream's own waiter for those):
+    /// a service that knows the next call comes soon while its client spins asks for it
+    /// ([`crate::CallContext::hold_next_read`]).
+    pub(crate) fn hold_next(&mut self, spin: Duration) {
+        self.hold = spin;
     }
 }
 
@@ -86,9 +97,15 @@ impl<S: Transport> Read for Spinning<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         // Bytes already there (the rest of a large record, a request that came during the
         // last one) need no clock and say nothing about how long waits are.
+        let hold = std::mem::take(&mut self.hold);
         loop {
             match self.inner.try_read(buf) {
-                None => return self.inner.read(buf),
+                None => {
+                    if !hold.is_zero() {
+                        self.inner.hold_next_read(hold);
+                    }
+                    return self.inner.read(buf);
+                }
                 Some(Ok(n)) => {
                     self.waiter.count_at_once();
                     return Ok(n);
@@ -100,6 +117,10 @@ impl<S: Transport> Read for Spinning<S> {
         }
         let start = Instant::now();
         let budget = match self.loaded {
+            _ if !hold.is_zero() => {
+                self.waiter.hold_next(hold);
+                self.waiter.plan()
+            }
             Some(loaded) if loaded() => Duration::ZERO,
             _ => self.waiter.plan(),
         };
@@ -238,6 +259,38 @@ mod tests {
         let st = r.waiter.stats();
         assert_eq!(st.spun, 0, "no wait spun: {st:?}");
         assert_eq!(st.slept + st.at_once, 10, "{st:?}");
+    }
+
+    #[test]
+    fn a_held_read_spins_first_on_a_loaded_host() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut r = Spinning::new(crate::endpoint::Stream::Unix(a));
+        r.loaded = Some(|| true);
+        let mut buf = [0u8; 1];
+        // Held (for 10 ms, the most a hold spins): a byte 2 ms later is caught spinning,
+        // though the host is loaded.
+        r.hold_next(Duration::from_millis(200));
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2));
+            b.write_all(b"h").unwrap();
+            b
+        });
+        assert_eq!(r.read(&mut buf).unwrap(), 1);
+        assert_eq!(buf[0], b'h');
+        let mut b = t.join().unwrap();
+        let st = r.waiter.stats();
+        assert_eq!((st.spun, st.slept), (1, 0), "{st:?}");
+        // The hold was for that read only: the next one blocks at once again.
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2));
+            b.write_all(b"i").unwrap();
+            b
+        });
+        assert_eq!(r.read(&mut buf).unwrap(), 1);
+        assert_eq!(buf[0], b'i');
+        let _b = t.join().unwrap();
+        let st = r.waiter.stats();
+        assert_eq!((st.spun, st.slept), (1, 1), "{st:?}");
     }
 
     #[test]

@@ -83,6 +83,9 @@ struct Conn {
     /// How late the last read noticed its message; said with the next write only
     /// ([`Producer::set_next_lag`]).
     answer_lag: AtomicU64,
+    /// Nanoseconds the next read that must wait spins first at least
+    /// ([`ShmStream::hold_next_read`]); 0: none.
+    read_hold_ns: AtomicU64,
 }
 
 impl Drop for Conn {
@@ -163,6 +166,7 @@ impl ShmStream {
                 woke_peer: AtomicBool::new(false),
                 peer_lag_ns: AtomicU64::new(0),
                 answer_lag: AtomicU64::new(0),
+                read_hold_ns: AtomicU64::new(0),
             }),
         }
     }
@@ -223,6 +227,15 @@ impl ShmStream {
         }
         let lag = Duration::from_nanos(self.conn.peer_lag_ns.load(Ordering::Relaxed));
         Some(if lag.is_zero() { MAX_SPIN / 2 } else { lag })
+    }
+
+    /// Has the next read that must wait spin first for at least `spin`, whatever its waiter
+    /// prefers ([`Waiter::hold_next`]): for a side that knows its next message comes soon
+    /// while its peer spins (a server that has queued a completion-word signal). From any
+    /// clone; a later call replaces an unused hold.
+    pub fn hold_next_read(&self, spin: Duration) {
+        let ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
+        self.conn.read_hold_ns.store(ns, Ordering::Relaxed);
     }
 
     /// The shared region.
@@ -386,6 +399,10 @@ impl Read for &ShmStream {
                 // through that once rather than sleep (see `Waiter::stretch_next`).
                 let spin = rx.waiter.wake_stretch(lag);
                 rx.waiter.stretch_next(spin);
+            }
+            let hold = conn.read_hold_ns.swap(0, Ordering::Relaxed);
+            if hold != 0 {
+                rx.waiter.hold_next(Duration::from_nanos(hold));
             }
             match rx
                 .ring
@@ -596,6 +613,33 @@ mod tests {
         c.read_exact(&mut done).unwrap();
         assert_eq!(&done, b"done");
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_held_read_spins_first_once() {
+        let (mut c, mut s) = pair(4096);
+        let stats = |s: &ShmStream| lock(&s.conn.rx).waiter.stats();
+        // Held for 10 ms (the most a hold spins): a request 2 ms later (past any budget or
+        // spare spin) is caught spinning; one 20 ms after that, unheld, is slept for.
+        s.hold_next_read(Duration::from_millis(500));
+        let t = std::thread::spawn(move || {
+            for (m, ms) in [(b"one", 2), (b"two", 20)] {
+                std::thread::sleep(Duration::from_millis(ms));
+                c.write_all(m).unwrap();
+            }
+            c
+        });
+        let mut buf = [0u8; 3];
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"one");
+        let st = stats(&s);
+        assert_eq!((st.spun, st.slept), (1, 0), "{st:?}");
+        // The hold was for one wait: the next one sleeps.
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"two");
+        let st = stats(&s);
+        assert_eq!((st.spun, st.slept), (1, 1), "{st:?}");
+        let _c = t.join().unwrap();
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub struct Waiter {
     max_spin: Duration,
     /// The next wait spins at least this long ([`Waiter::stretch_next`]).
     stretch: Duration,
+    /// The next wait spins first, at least this long, whatever the way preferred
+    /// ([`Waiter::hold_next`]).
+    hold: Duration,
     /// The way the wait in progress was planned ([`Waiter::plan`]): `Some(true)` spinning
     /// first, `Some(false)` blocking at once; `None` outside a wait or with a fixed policy.
     arm: Option<bool>,
@@ -222,6 +225,24 @@ pub fn device_spin() -> Duration {
     *SPIN.get_or_init(|| spin_from_env("REMORA_WAIT_DEVICE_SPIN_US", DEVICE_SPIN_DEFAULT))
 }
 
+/// How long the server's next wait for a request spins at least, after a completion-word
+/// signal (`RM_STREAM_SIGNAL`) it has queued: [`SIGNAL_HOLD_DEFAULT`], or
+/// `REMORA_WAIT_SIGNAL_HOLD_US` (microseconds, at most [`SPARE_SPIN_MAX`]; `0` turns it off;
+/// read once). The client watches the word, spinning, and sends its next request as soon as
+/// the GPU writes it. Under load the server's request waiter, left to itself, learns to block
+/// at once (its spins there compete for cores with its own client), and every next request
+/// then pays its wake-up: in session 32's traces of shm with 4 clients at 1x load, adaptive's
+/// launch + synchronize p50 sat at 17-21 µs against spin's 11-12. Holding the server spinning
+/// while the word is outstanding keeps the pair spinning together (issue 12 §4).
+pub fn signal_hold() -> Duration {
+    static HOLD: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *HOLD.get_or_init(|| spin_from_env("REMORA_WAIT_SIGNAL_HOLD_US", SIGNAL_HOLD_DEFAULT))
+}
+
+/// [`signal_hold`] when `REMORA_WAIT_SIGNAL_HOLD_US` is not set: off, until measured
+/// (an experiment of `bench contention`).
+pub const SIGNAL_HOLD_DEFAULT: Duration = Duration::ZERO;
+
 /// [`device_spin`] when `REMORA_WAIT_DEVICE_SPIN_US` is not set.
 pub const DEVICE_SPIN_DEFAULT: Duration = Duration::from_millis(1);
 
@@ -299,6 +320,7 @@ impl Waiter {
             min_spin,
             max_spin,
             stretch: Duration::ZERO,
+            hold: Duration::ZERO,
             arm: None,
             arm_ns: [0.0; 2],
             plans: 0,
@@ -365,6 +387,16 @@ impl Waiter {
     /// the block policy (`max_spin` 0).
     pub fn stretch_next(&mut self, spin: Duration) {
         self.stretch = spin.min(self.max_spin);
+    }
+
+    /// Has the next wait spin first, for at least `spin` (at most [`SPARE_SPIN_MAX`]), even
+    /// where blocking at once has lately been the faster way: for a side told that its
+    /// answer comes soon and that its peer spins for it meanwhile (a server whose client
+    /// watches a completion word, [`signal_hold`]). Such a wait goes to the spinning way's
+    /// figure. Nothing under the block policy (`max_spin` 0) or the spin policy (which spins
+    /// anyway).
+    pub fn hold_next(&mut self, spin: Duration) {
+        self.hold = spin.min(SPARE_SPIN_MAX);
     }
 
     /// How long to spin for an answer from a peer that had to be woken first, whose usual
@@ -477,9 +509,13 @@ impl Waiter {
         device_spin: Duration,
     ) -> Duration {
         let stretch = std::mem::take(&mut self.stretch);
+        let hold = std::mem::take(&mut self.hold);
         let mut floor = stretch;
         self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
             None
+        } else if !hold.is_zero() {
+            floor = floor.max(hold);
+            Some(true)
         } else if spare() {
             // With a core to spare, a spin cannot hold the core the peer needs: spinning
             // first is never the slower way, and exploring would only cost wake-ups.
@@ -607,6 +643,46 @@ mod tests {
             w.observe(Duration::from_micros(4));
         }
         assert!(w.budget() >= Duration::from_micros(5), "{:?}", w.budget());
+    }
+
+    #[test]
+    fn a_held_wait_spins_first_where_blocking_has_been_faster() {
+        let us = Duration::from_micros;
+        let mut w = Waiter::with_bounds(us(2), us(50));
+        for _ in 0..50 {
+            w.observe(us(5));
+        }
+        // Blocking at once has been the faster way: waits block, but for the explored few.
+        for _ in 0..200 {
+            let spin = w.plan_on(|| false, Duration::ZERO);
+            w.settle(if spin.is_zero() { us(10) } else { us(40) });
+        }
+        let blocked = (0..16)
+            .filter(|_| {
+                let spin = w.plan_on(|| false, Duration::ZERO);
+                w.settle(if spin.is_zero() { us(10) } else { us(40) });
+                spin.is_zero()
+            })
+            .count();
+        assert!(blocked >= 15, "{blocked} of 16 blocked");
+        let before = w.arm_ns[0];
+        // A held wait spins first, for the hold (beyond max_spin), once.
+        w.hold_next(us(300));
+        assert_eq!(w.plan_on(|| false, Duration::ZERO), us(300));
+        // It counts for the spinning way: a held wait that took 12 µs lowers its figure.
+        w.settle(us(12));
+        assert!(w.arm_ns[0] < before, "{} !< {before}", w.arm_ns[0]);
+        // The next wait is planned as before, and a hold is capped at SPARE_SPIN_MAX.
+        let next = w.plan_on(|| false, Duration::ZERO);
+        w.cancel_plan();
+        assert!(next < us(300), "{next:?}");
+        w.hold_next(Duration::from_secs(5));
+        assert_eq!(w.plan_on(|| false, Duration::ZERO), SPARE_SPIN_MAX);
+        w.cancel_plan();
+        // The block policy (no spin at all) ignores a hold.
+        let mut block = Waiter::with_bounds(Duration::ZERO, Duration::ZERO);
+        block.hold_next(us(300));
+        assert_eq!(block.plan_on(|| false, Duration::ZERO), Duration::ZERO);
     }
 
     #[test]

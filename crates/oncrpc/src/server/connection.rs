@@ -73,6 +73,11 @@ pub(crate) trait Transport: Read + Write {
     fn read_stamped(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
         self.read(buf).map(|n| (n, None))
     }
+
+    /// Has the next read that must wait spin first for at least `spin`, for streams that wait
+    /// their own way (shared memory: [`ShmStream::hold_next_read`]); others ignore it (socket
+    /// reads are held by [`crate::spin::Spinning`] itself).
+    fn hold_next_read(&self, _spin: Duration) {}
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
@@ -106,6 +111,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     fn read_stamped(&mut self, buf: &mut [u8]) -> io::Result<(usize, Option<Duration>)> {
         (**self).read_stamped(buf)
+    }
+
+    fn hold_next_read(&self, spin: Duration) {
+        (**self).hold_next_read(spin)
     }
 }
 
@@ -153,6 +162,12 @@ impl Transport for Stream {
             _ => self.read(buf).map(|n| (n, None)),
         }
     }
+
+    fn hold_next_read(&self, spin: Duration) {
+        if let Stream::Shm(s) = self {
+            s.hold_next_read(spin);
+        }
+    }
 }
 
 /// The writing half of a connection, shared by its thread and its deferred replies. Every
@@ -177,6 +192,10 @@ pub(crate) struct SinkShared {
     /// Deferred replies not yet sent: calls in flight, which keep the connection from being
     /// idle.
     in_flight: std::sync::atomic::AtomicUsize,
+    /// Nanoseconds the connection's next wait for a call spins first at least, asked by a
+    /// service ([`CallContext::hold_next_read`]) and taken by the connection thread before
+    /// its next read; 0: none.
+    pub(crate) read_hold_ns: std::sync::atomic::AtomicU64,
 }
 
 impl std::ops::Deref for ReplySink {
@@ -331,6 +350,7 @@ pub(crate) fn serve_connection<S: Transport>(
             max_fragment_size: config.max_fragment_size,
             closer: stream.closer(),
             in_flight: Default::default(),
+            read_hold_ns: Default::default(),
         }))
     });
     let auth = ConnectionAuth::default();
@@ -468,6 +488,11 @@ fn serve_records<S: Transport>(
         }
         let read_start = profile.as_ref().map(|_| Instant::now());
         reader.get_mut().yield_at = remora_shm::coarse_now() + tick;
+        if let Some(hold) = sink.map(|s| s.read_hold_ns.swap(0, Ordering::Relaxed))
+            && hold != 0
+        {
+            reader.get_mut().inner.hold_next(Duration::from_nanos(hold));
+        }
         let read = reader.read_record();
         if let (Some(p), Some(t)) = (profile.as_mut(), read_start) {
             p.reading += t.elapsed();

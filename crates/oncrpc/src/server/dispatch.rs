@@ -86,6 +86,20 @@ impl CallContext {
         self.auth.get().map(String::as_str)
     }
 
+    /// Has the connection's next wait for a call spin first for at least `spin` (at most
+    /// 10 ms), whatever its waiter has learned to prefer: for a call after which the client
+    /// is known to send its next one soon while it spins itself (a completion-word signal,
+    /// which the client watches and answers with its next call). On a loaded host a lone
+    /// waiter learns to block at once, and each next call then pays its wake-up. Ignored by
+    /// in-memory streams; a later call replaces a hold not used yet.
+    pub fn hold_next_read(&self, spin: std::time::Duration) {
+        if let Some(sink) = &self.reply_sink {
+            let ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
+            sink.read_hold_ns
+                .store(ns, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// The data area of the connection's shared-memory region (`None` on a socket, or when
     /// the region has no data area). The client may write it at any time: bound every
     /// offset and length with [`DataArea::check`] before use.

@@ -99,15 +99,25 @@ impl Executor {
                     "the stream cannot write the word"
                 })
         });
-        if let Err(why) = r {
-            tracing::trace!(
-                why,
-                "RM_STREAM_SIGNAL: the client makes the full synchronize"
-            );
-            word.store(
-                seq | remora_shm::SIGNAL_FALLBACK,
-                std::sync::atomic::Ordering::Release,
-            );
+        match r {
+            Ok(()) => {
+                // The client watches the word, spinning, and its next call comes as soon as
+                // the stream gets there: wait for it spinning too (`signal_hold`).
+                let hold = remora_shm::signal_hold();
+                if !hold.is_zero() {
+                    call.hold_next_read(hold);
+                }
+            }
+            Err(why) => {
+                tracing::trace!(
+                    why,
+                    "RM_STREAM_SIGNAL: the client makes the full synchronize"
+                );
+                word.store(
+                    seq | remora_shm::SIGNAL_FALLBACK,
+                    std::sync::atomic::Ordering::Release,
+                );
+            }
         }
         Ok(())
     }
