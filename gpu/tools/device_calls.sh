@@ -32,7 +32,7 @@
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, REMORA_CALLS_ROUNDS rounds (default 3), then, when
-#             REMORA_CALLS_EXPERIMENT=VAR=VALUE is set, once more with it exported (an
+#             REMORA_CALLS_EXPERIMENT="VAR=VALUE..." is set, once more with them exported (an
 #             experiment against the default in one call), or with
 #             REMORA_CALLS_EXPERIMENT=serve:ARG... once more with each ARG given to the
 #             servers it starts (e.g. serve:--isolation=thread); REMORA_CALLS_TRACE=1 traces the
@@ -211,12 +211,12 @@ step_contention() {
     echo "== bench contention --transports $transports --clients $clients --burn $burn ($run)"
     (
       # serve:ARG... passes each ARG to the servers the bench starts (--serve-arg), e.g.
-      # serve:--isolation=thread; anything else is VAR=VALUE, exported.
+      # serve:--isolation=thread; anything else is one or more VAR=VALUE words, exported.
       extra=()
       case $run in
         default) ;;
         serve:*) for a in ${run#serve:}; do extra+=("--serve-arg=$a"); done ;;
-        *) export "${run?}" ;;
+        *) for kv in $run; do export "${kv?}"; done ;;
       esac
       # Each waiter's counts and wait-time histogram (gpu/README.md), in the .txt.
       [ "${REMORA_CALLS_TRACE:-0}" = 1 ] && export REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info

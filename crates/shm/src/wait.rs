@@ -31,6 +31,12 @@ pub struct Waiter {
     /// The next wait spins first, at least this long, whatever the way preferred
     /// ([`Waiter::hold_next`]).
     hold: Duration,
+    /// How [`Waiter::hold`] is spun ([`HoldRule`]).
+    hold_rule: HoldRule,
+    /// The wait in progress was held (its time goes to `held_ns` too).
+    held: Option<Duration>,
+    /// How long held waits took lately (nanoseconds, each at most its hold); 0: none yet.
+    held_ns: f64,
     /// The way the wait in progress was planned ([`Waiter::plan`]): `Some(true)` spinning
     /// first, `Some(false)` blocking at once; `None` outside a wait or with a fixed policy.
     arm: Option<bool>,
@@ -239,8 +245,50 @@ pub fn signal_hold() -> Duration {
     *HOLD.get_or_init(|| spin_from_env("REMORA_WAIT_SIGNAL_HOLD_US", SIGNAL_HOLD_DEFAULT))
 }
 
-/// [`signal_hold`] when `REMORA_WAIT_SIGNAL_HOLD_US` is not set: off, until measured
-/// (an experiment of `bench contention`).
+/// How a held wait ([`Waiter::hold_next`]) spins, from `REMORA_WAIT_HOLD_RULE` (read once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldRule {
+    /// The whole hold, unless the answer comes first (`fixed`, the default: what session
+    /// 34 measured).
+    Fixed,
+    /// Three times (the spin factor) what held waits have lately taken, at most the hold and
+    /// at least the budget (`learned`): the waits that outlast the usual one by that much
+    /// (a client preempted by a busy host) then sleep instead of spinning out the hold.
+    /// Why: in session 34's call the fixed 1 ms hold raised the server's CPU per round trip
+    /// of 1 client at 2x load from 14.4 to 20.7 µs without changing its latency.
+    Learned,
+}
+
+impl HoldRule {
+    /// `REMORA_WAIT_HOLD_RULE` of this process: `fixed` (or unset, empty) or `learned`;
+    /// anything else is logged and taken as `fixed`.
+    pub fn from_env() -> Self {
+        static RULE: std::sync::OnceLock<HoldRule> = std::sync::OnceLock::new();
+        *RULE.get_or_init(|| {
+            let v = std::env::var("REMORA_WAIT_HOLD_RULE").ok();
+            Self::parse(v.as_deref())
+        })
+    }
+
+    fn parse(v: Option<&str>) -> Self {
+        match v.map(str::trim) {
+            None | Some("" | "fixed") => HoldRule::Fixed,
+            Some("learned") => HoldRule::Learned,
+            Some(other) => {
+                tracing::warn!(
+                    "REMORA_WAIT_HOLD_RULE={other:?} is not fixed or learned; a held wait spins for the whole hold (fixed)"
+                );
+                HoldRule::Fixed
+            }
+        }
+    }
+}
+
+/// [`signal_hold`] when `REMORA_WAIT_SIGNAL_HOLD_US` is not set: off. In session 34's calls
+/// (H200, shm) a fixed 1 ms hold brought adaptive's 4-client p50s from 21-27 µs to 13-18
+/// (spin's: 12-13) and its 4-client means down by a third or more, but raised the server's
+/// CPU per round trip of 1 client at 2x load from 14.4 to 20.7 µs; [`HoldRule::Learned`] is
+/// the candidate to keep the first without the second (docs/architecture.md).
 pub const SIGNAL_HOLD_DEFAULT: Duration = Duration::ZERO;
 
 /// [`device_spin`] when `REMORA_WAIT_DEVICE_SPIN_US` is not set.
@@ -321,6 +369,9 @@ impl Waiter {
             max_spin,
             stretch: Duration::ZERO,
             hold: Duration::ZERO,
+            hold_rule: HoldRule::Fixed,
+            held: None,
+            held_ns: 0.0,
             arm: None,
             arm_ns: [0.0; 2],
             plans: 0,
@@ -395,8 +446,17 @@ impl Waiter {
     /// watches a completion word, [`signal_hold`]). Such a wait goes to the spinning way's
     /// figure. Nothing under the block policy (`max_spin` 0) or the spin policy (which spins
     /// anyway).
+    ///
+    /// How long it spins follows [`HoldRule::from_env`]: the whole hold (`fixed`), or three
+    /// times what held waits have lately taken, at most the hold (`learned`).
     pub fn hold_next(&mut self, spin: Duration) {
+        self.hold_next_as(spin, HoldRule::from_env());
+    }
+
+    /// [`Waiter::hold_next`] by `rule`.
+    pub fn hold_next_as(&mut self, spin: Duration, rule: HoldRule) {
         self.hold = spin.min(SPARE_SPIN_MAX);
+        self.hold_rule = rule;
     }
 
     /// How long to spin for an answer from a peer that had to be woken first, whose usual
@@ -514,7 +574,14 @@ impl Waiter {
         self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
             None
         } else if !hold.is_zero() {
-            floor = floor.max(hold);
+            let spin = match self.hold_rule {
+                HoldRule::Learned if self.held_ns > 0.0 => {
+                    Duration::from_nanos((self.held_ns * SPIN_FACTOR) as u64).min(hold)
+                }
+                _ => hold,
+            };
+            floor = floor.max(spin);
+            self.held = Some(hold);
             Some(true)
         } else if spare() {
             // With a core to spare, a spin cannot hold the core the peer needs: spinning
@@ -554,10 +621,20 @@ impl Waiter {
     /// Forgets the wait [`Waiter::plan`] started (it did not happen).
     pub fn cancel_plan(&mut self) {
         self.arm = None;
+        self.held = None;
     }
 
     /// Ends the planned wait: its time goes to the figure of the way it took.
     fn settle(&mut self, took: Duration) {
+        if let Some(hold) = self.held.take() {
+            // A held wait longer than its hold says only that: it outlasted the hold.
+            let t = took.min(hold).as_nanos() as f64;
+            self.held_ns = if self.held_ns == 0.0 {
+                t
+            } else {
+                0.8 * self.held_ns + 0.2 * t
+            };
+        }
         let Some(spin) = self.arm.take() else {
             return;
         };
@@ -667,7 +744,7 @@ mod tests {
         assert!(blocked >= 15, "{blocked} of 16 blocked");
         let before = w.arm_ns[0];
         // A held wait spins first, for the hold (beyond max_spin), once.
-        w.hold_next(us(300));
+        w.hold_next_as(us(300), HoldRule::Fixed);
         assert_eq!(w.plan_on(|| false, Duration::ZERO), us(300));
         // It counts for the spinning way: a held wait that took 12 µs lowers its figure.
         w.settle(us(12));
@@ -676,13 +753,64 @@ mod tests {
         let next = w.plan_on(|| false, Duration::ZERO);
         w.cancel_plan();
         assert!(next < us(300), "{next:?}");
-        w.hold_next(Duration::from_secs(5));
+        w.hold_next_as(Duration::from_secs(5), HoldRule::Fixed);
         assert_eq!(w.plan_on(|| false, Duration::ZERO), SPARE_SPIN_MAX);
         w.cancel_plan();
         // The block policy (no spin at all) ignores a hold.
         let mut block = Waiter::with_bounds(Duration::ZERO, Duration::ZERO);
-        block.hold_next(us(300));
+        block.hold_next_as(us(300), HoldRule::Fixed);
         assert_eq!(block.plan_on(|| false, Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_learned_hold_spins_three_times_the_held_waits_at_most_the_hold() {
+        let us = Duration::from_micros;
+        let mut w = Waiter::with_bounds(us(2), us(50));
+        for _ in 0..50 {
+            w.observe(us(5));
+        }
+        assert_eq!(w.budget(), us(15));
+        // No held wait seen yet: the whole hold.
+        w.hold_next_as(us(1000), HoldRule::Learned);
+        assert_eq!(w.plan_on(|| false, Duration::ZERO), us(1000));
+        w.settle(us(40));
+        // Held waits of 40 µs: spin 120 µs of a 1000 µs hold.
+        for _ in 0..30 {
+            w.hold_next_as(us(1000), HoldRule::Learned);
+            w.plan_on(|| false, Duration::ZERO);
+            w.settle(us(40));
+        }
+        w.hold_next_as(us(1000), HoldRule::Learned);
+        let spin = w.plan_on(|| false, Duration::ZERO);
+        assert!(spin >= us(119) && spin <= us(121), "{spin:?}");
+        // A held wait far longer than the hold counts as the hold: waits of 5 s bring the
+        // figure up to the hold, not beyond.
+        w.settle(Duration::from_secs(5));
+        for _ in 0..40 {
+            w.hold_next_as(us(1000), HoldRule::Learned);
+            w.plan_on(|| false, Duration::ZERO);
+            w.settle(Duration::from_secs(5));
+        }
+        assert!(w.held_ns <= 1_000_000.0, "{}", w.held_ns);
+        w.hold_next_as(us(1000), HoldRule::Learned);
+        assert_eq!(w.plan_on(|| false, Duration::ZERO), us(1000));
+        w.cancel_plan();
+        // Never less than the budget; the fixed rule spins the whole hold whatever was seen.
+        for _ in 0..60 {
+            w.hold_next_as(us(1000), HoldRule::Learned);
+            w.plan_on(|| false, Duration::ZERO);
+            w.settle(us(1));
+        }
+        w.hold_next_as(us(1000), HoldRule::Learned);
+        assert_eq!(w.plan_on(|| false, Duration::ZERO), w.budget().max(us(3)));
+        w.cancel_plan();
+        w.hold_next_as(us(1000), HoldRule::Fixed);
+        assert_eq!(w.plan_on(|| false, Duration::ZERO), us(1000));
+        w.cancel_plan();
+        assert_eq!(HoldRule::parse(None), HoldRule::Fixed);
+        assert_eq!(HoldRule::parse(Some(" learned ")), HoldRule::Learned);
+        assert_eq!(HoldRule::parse(Some("fixed")), HoldRule::Fixed);
+        assert_eq!(HoldRule::parse(Some("always")), HoldRule::Fixed);
     }
 
     #[test]
