@@ -234,8 +234,9 @@ impl ShmStream {
     /// while its peer spins (a server that has queued a completion-word signal). From any
     /// clone; a later call replaces an unused hold.
     pub fn hold_next_read(&self, spin: Duration) {
-        let ns = u64::try_from(spin.as_nanos()).unwrap_or(u64::MAX);
-        self.conn.read_hold_ns.store(ns, Ordering::Relaxed);
+        self.conn
+            .read_hold_ns
+            .store(to_nanos(Some(spin)), Ordering::Relaxed);
     }
 
     /// The shared region.
@@ -400,8 +401,9 @@ impl Read for &ShmStream {
                 let spin = rx.waiter.wake_stretch(lag);
                 rx.waiter.stretch_next(spin);
             }
-            let hold = conn.read_hold_ns.swap(0, Ordering::Relaxed);
-            if hold != 0 {
+            // A plain load first: most reads have no hold, and a swap would write the line.
+            if conn.read_hold_ns.load(Ordering::Relaxed) != 0 {
+                let hold = conn.read_hold_ns.swap(0, Ordering::Relaxed);
                 rx.waiter.hold_next(Duration::from_nanos(hold));
             }
             match rx

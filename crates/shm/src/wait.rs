@@ -628,12 +628,7 @@ impl Waiter {
     fn settle(&mut self, took: Duration) {
         if let Some(hold) = self.held.take() {
             // A held wait longer than its hold says only that: it outlasted the hold.
-            let t = took.min(hold).as_nanos() as f64;
-            self.held_ns = if self.held_ns == 0.0 {
-                t
-            } else {
-                0.8 * self.held_ns + 0.2 * t
-            };
+            self.held_ns = running_mean(self.held_ns, took.min(hold).as_nanos() as f64, 0.8);
         }
         let Some(spin) = self.arm.take() else {
             return;
@@ -652,7 +647,7 @@ impl Waiter {
         if *m > 0.0 {
             t = t.min(2.0 * *m);
         }
-        *m = if *m == 0.0 { t } else { 0.85 * *m + 0.15 * t };
+        *m = running_mean(*m, t, 0.85);
     }
 
     /// Counts one wait that took `took` and ended as `outcome` in [`Waiter::stats`] (done by
@@ -675,18 +670,23 @@ impl Waiter {
 
     /// Folds one wait into the budget only.
     fn learn(&mut self, took: Duration) {
-        let t = took.as_nanos() as f64;
-        self.mean_ns = if self.mean_ns == 0.0 {
-            t
-        } else {
-            0.8 * self.mean_ns + 0.2 * t
-        };
+        self.mean_ns = running_mean(self.mean_ns, took.as_nanos() as f64, 0.8);
         let max = self.max_spin.as_nanos() as f64;
         self.budget = if self.mean_ns <= max {
             Duration::from_nanos((self.mean_ns * SPIN_FACTOR).min(max) as u64).max(self.min_spin)
         } else {
             self.min_spin
         };
+    }
+}
+
+/// An exponentially weighted mean `mean` (0: no sample yet) with sample `t` folded in,
+/// keeping `keep` of the old mean.
+fn running_mean(mean: f64, t: f64, keep: f64) -> f64 {
+    if mean == 0.0 {
+        t
+    } else {
+        keep * mean + (1.0 - keep) * t
     }
 }
 
@@ -699,6 +699,15 @@ impl Drop for Waiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A waiter bounded to [`min`, `max`] µs that has seen 50 waits of `each` µs.
+    fn trained(min: u64, max: u64, each: u64) -> Waiter {
+        let mut w = Waiter::with_bounds(Duration::from_micros(min), Duration::from_micros(max));
+        for _ in 0..50 {
+            w.observe(Duration::from_micros(each));
+        }
+        w
+    }
 
     #[test]
     fn budget_follows_short_waits_and_drops_for_long_ones() {
@@ -725,10 +734,7 @@ mod tests {
     #[test]
     fn a_held_wait_spins_first_where_blocking_has_been_faster() {
         let us = Duration::from_micros;
-        let mut w = Waiter::with_bounds(us(2), us(50));
-        for _ in 0..50 {
-            w.observe(us(5));
-        }
+        let mut w = trained(2, 50, 5);
         // Blocking at once has been the faster way: waits block, but for the explored few.
         for _ in 0..200 {
             let spin = w.plan_on(|| false, Duration::ZERO);
@@ -765,10 +771,7 @@ mod tests {
     #[test]
     fn a_learned_hold_spins_three_times_the_held_waits_at_most_the_hold() {
         let us = Duration::from_micros;
-        let mut w = Waiter::with_bounds(us(2), us(50));
-        for _ in 0..50 {
-            w.observe(us(5));
-        }
+        let mut w = trained(2, 50, 5);
         assert_eq!(w.budget(), us(15));
         // No held wait seen yet: the whole hold.
         w.hold_next_as(us(1000), HoldRule::Learned);
@@ -823,11 +826,8 @@ mod tests {
     #[test]
     fn a_wait_takes_the_way_that_has_been_faster_and_now_and_then_the_other() {
         let us = Duration::from_micros;
-        let mut w = Waiter::with_bounds(us(2), us(50));
         // Learn short waits: the budget is 3x their mean.
-        for _ in 0..50 {
-            w.observe(us(5));
-        }
+        let mut w = trained(2, 50, 5);
         assert_eq!(w.budget(), us(15));
         // Spinning first takes 40 µs a wait, blocking at once 10 µs (as when a spin holds the
         // core the peer needs): after both were tried, blocking wins, the other way is still
@@ -899,10 +899,7 @@ mod tests {
             us(30)
         );
         w.cancel_plan();
-        let mut peer = Waiter::with_bounds(us(20), us(200));
-        for _ in 0..50 {
-            peer.observe(us(10));
-        }
+        let mut peer = trained(20, 200, 10);
         peer.arm_ns = [40_000.0, 300_000.0];
         assert_eq!(peer.plan_with(|| false, Duration::ZERO, us(1000)), us(30));
         peer.cancel_plan();

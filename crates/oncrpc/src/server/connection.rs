@@ -488,9 +488,11 @@ fn serve_records<S: Transport>(
         }
         let read_start = profile.as_ref().map(|_| Instant::now());
         reader.get_mut().yield_at = remora_shm::coarse_now() + tick;
-        if let Some(hold) = sink.map(|s| s.read_hold_ns.swap(0, Ordering::Relaxed))
-            && hold != 0
+        // A plain load first: most calls ask no hold, and a swap would write the line.
+        if let Some(s) = sink
+            && s.read_hold_ns.load(Ordering::Relaxed) != 0
         {
+            let hold = s.read_hold_ns.swap(0, Ordering::Relaxed);
             reader.get_mut().inner.hold_next(Duration::from_nanos(hold));
         }
         let read = reader.read_record();
