@@ -248,20 +248,20 @@ pub fn signal_hold() -> Duration {
 /// How a held wait ([`Waiter::hold_next`]) spins, from `REMORA_WAIT_HOLD_RULE` (read once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldRule {
-    /// The whole hold, unless the answer comes first (`fixed`, the default: what session
-    /// 34 measured).
+    /// The whole hold, unless the answer comes first (`fixed`: what session 34 measured).
     Fixed,
     /// Three times (the spin factor) what held waits have lately taken, at most the hold and
-    /// at least the budget (`learned`): the waits that outlast the usual one by that much
-    /// (a client preempted by a busy host) then sleep instead of spinning out the hold.
-    /// Why: in session 34's call the fixed 1 ms hold raised the server's CPU per round trip
-    /// of 1 client at 2x load from 14.4 to 20.7 µs without changing its latency.
+    /// at least the budget (`learned`, the default): the waits that outlast the usual one by
+    /// that much (a client preempted by a busy host) then sleep instead of spinning out the
+    /// hold. Why: in session 34's call the fixed 1 ms hold raised the server's CPU per round
+    /// trip of 1 client at 2x load from 14.4 to 20.7 µs without changing its latency; in
+    /// session 35's two calls the learned hold's was 11.7-12.0 µs (off: 13.6-14.4).
     Learned,
 }
 
 impl HoldRule {
-    /// `REMORA_WAIT_HOLD_RULE` of this process: `fixed` (or unset, empty) or `learned`;
-    /// anything else is logged and taken as `fixed`.
+    /// `REMORA_WAIT_HOLD_RULE` of this process: `learned` (or unset, empty) or `fixed`;
+    /// anything else is logged and taken as `learned`.
     pub fn from_env() -> Self {
         static RULE: std::sync::OnceLock<HoldRule> = std::sync::OnceLock::new();
         *RULE.get_or_init(|| {
@@ -272,24 +272,27 @@ impl HoldRule {
 
     fn parse(v: Option<&str>) -> Self {
         match v.map(str::trim) {
-            None | Some("" | "fixed") => HoldRule::Fixed,
-            Some("learned") => HoldRule::Learned,
+            None | Some("" | "learned") => HoldRule::Learned,
+            Some("fixed") => HoldRule::Fixed,
             Some(other) => {
                 tracing::warn!(
-                    "REMORA_WAIT_HOLD_RULE={other:?} is not fixed or learned; a held wait spins for the whole hold (fixed)"
+                    "REMORA_WAIT_HOLD_RULE={other:?} is not learned or fixed; a held wait spins as long as held waits have lately taken (learned)"
                 );
-                HoldRule::Fixed
+                HoldRule::Learned
             }
         }
     }
 }
 
-/// [`signal_hold`] when `REMORA_WAIT_SIGNAL_HOLD_US` is not set: off. In session 34's calls
-/// (H200, shm) a fixed 1 ms hold brought adaptive's 4-client p50s from 21-27 µs to 13-18
-/// (spin's: 12-13) and its 4-client means down by a third or more, but raised the server's
-/// CPU per round trip of 1 client at 2x load from 14.4 to 20.7 µs; [`HoldRule::Learned`] is
-/// the candidate to keep the first without the second (docs/architecture.md).
-pub const SIGNAL_HOLD_DEFAULT: Duration = Duration::ZERO;
+/// [`signal_hold`] when `REMORA_WAIT_SIGNAL_HOLD_US` is not set: 1 ms, spun by the
+/// [`HoldRule::Learned`] rule. In session 34's calls (H200, shm) a fixed 1 ms hold brought
+/// adaptive's 4-client p50s from 21-27 µs to 13-18 (spin's: 12-13) and its 4-client means down
+/// by a third or more, but raised the server's CPU per round trip of 1 client at 2x load from
+/// 14.4 to 20.7 µs. In session 35's two calls the learned 1 ms hold brought the 4-client p50s
+/// from 18.2-18.3 to 11.8-11.9 µs at 1x load (spin's: 11.4-13.2) and from 16.9-17.1 to
+/// 12.9-15.3 at 2x (spin's: 11.0-11.9), and the server's CPU per round trip of 1 client at 2x
+/// load was 11.7-12.0 µs against 13.6-14.4 with the hold off (docs/architecture.md).
+pub const SIGNAL_HOLD_DEFAULT: Duration = Duration::from_millis(1);
 
 /// [`device_spin`] when `REMORA_WAIT_DEVICE_SPIN_US` is not set.
 pub const DEVICE_SPIN_DEFAULT: Duration = Duration::from_millis(1);
@@ -810,10 +813,11 @@ mod tests {
         w.hold_next_as(us(1000), HoldRule::Fixed);
         assert_eq!(w.plan_on(|| false, Duration::ZERO), us(1000));
         w.cancel_plan();
-        assert_eq!(HoldRule::parse(None), HoldRule::Fixed);
+        assert_eq!(HoldRule::parse(None), HoldRule::Learned);
+        assert_eq!(HoldRule::parse(Some("")), HoldRule::Learned);
         assert_eq!(HoldRule::parse(Some(" learned ")), HoldRule::Learned);
-        assert_eq!(HoldRule::parse(Some("fixed")), HoldRule::Fixed);
-        assert_eq!(HoldRule::parse(Some("always")), HoldRule::Fixed);
+        assert_eq!(HoldRule::parse(Some(" fixed")), HoldRule::Fixed);
+        assert_eq!(HoldRule::parse(Some("always")), HoldRule::Learned);
     }
 
     #[test]
