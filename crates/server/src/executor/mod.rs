@@ -1014,6 +1014,7 @@ impl Executor {
                 );
             }
             // Before the contexts go: a backend may need one to undo its registration.
+            let detaching = std::time::Instant::now();
             if let Some(area) = session.area.get()
                 && session
                     .area_locked
@@ -1027,6 +1028,7 @@ impl Executor {
                     .unwrap_or_else(PoisonError::into_inner);
                 *budget = budget.saturating_add(area.len() as u64);
             }
+            let area_us = detaching.elapsed().as_micros() as u64;
             session.close(&*self.inner.backend);
             self.inner.sessions().remove(&connection);
             // Part of a short program's run time under `remora run` (its end): the session's
@@ -1035,6 +1037,7 @@ impl Executor {
                 target: "remora::startup",
                 connection,
                 free_us = freeing.elapsed().as_micros() as u64,
+                area_us,
                 "session closed and its resources freed"
             );
         }

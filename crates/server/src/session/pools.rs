@@ -37,12 +37,18 @@ impl SessionState {
     }
 
     /// Frees the stream-ordered allocations of context handle `ctx` (backend context
-    /// `raw_ctx`), after synchronizing it.
-    pub(crate) fn free_stream_ordered(&mut self, backend: &dyn Backend, ctx: u64, raw_ctx: u64) {
+    /// `raw_ctx`), after synchronizing it; answers how many it freed.
+    pub(crate) fn free_stream_ordered(
+        &mut self,
+        backend: &dyn Backend,
+        ctx: u64,
+        raw_ctx: u64,
+    ) -> u32 {
         let left = self.ranges_of(ctx, RangeKind::StreamOrdered);
         if left.is_empty() {
-            return;
+            return 0;
         }
+        let n = u32::try_from(left.len()).unwrap_or(u32::MAX);
         if let Err(e) = backend.ctx_synchronize(raw_ctx) {
             tracing::debug!(
                 error = e.0,
@@ -59,6 +65,7 @@ impl SessionState {
                 );
             }
         }
+        n
     }
 
     /// At session end: every stream-ordered allocation left, then the pools the session
@@ -74,7 +81,12 @@ impl SessionState {
         contexts.dedup();
         for ctx in contexts {
             match self.ctx(ctx) {
-                Ok(raw) => self.free_stream_ordered(backend, ctx, raw),
+                Ok(raw) => {
+                    let t0 = std::time::Instant::now();
+                    let n = self.free_stream_ordered(backend, ctx, raw);
+                    self.free_times
+                        .add(super::FreePart::StreamOrdered, n, t0.elapsed());
+                }
                 // Its context is gone (and its memory with it).
                 Err(_) => self
                     .ranges
@@ -92,8 +104,13 @@ impl SessionState {
         pools.sort_unstable();
         for (h, raw, created) in pools {
             self.remove(h);
-            if created && let Err(e) = backend.mem_pool_destroy(raw) {
-                tracing::debug!(handle = h, error = e.0, "cleanup: cuMemPoolDestroy refused");
+            if created {
+                let t0 = std::time::Instant::now();
+                let rc = backend.mem_pool_destroy(raw);
+                self.free_times.add(super::FreePart::Pools, 1, t0.elapsed());
+                if let Err(e) = rc {
+                    tracing::debug!(handle = h, error = e.0, "cleanup: cuMemPoolDestroy refused");
+                }
             }
         }
     }

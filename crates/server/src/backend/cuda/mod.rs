@@ -658,6 +658,7 @@ impl Backend for CudaBackend {
 
     fn ctx_destroy(&self, ctx: u64) -> CuResult<()> {
         let d = self.d()?;
+        let t0 = std::time::Instant::now();
         // Areas registered in this context are unregistered while it lives; their later
         // copies go through private buffers.
         for (base, reg) in self.areas().iter_mut() {
@@ -687,11 +688,26 @@ impl Backend for CudaBackend {
             });
         }
         CTX_GENERATION.fetch_add(1, Ordering::AcqRel);
-        for (host, class) in staging::forget_ctx(ctx) {
+        let registrations = t0.elapsed();
+        let staged = staging::forget_ctx(ctx);
+        let (buffers, bytes) = (staged.len(), staged.iter().map(|&(_, c)| c).sum::<usize>());
+        for (host, class) in staged {
             staging::free_pinned(d, ctx, host, class);
         }
+        let staging = t0.elapsed() - registrations;
         // SAFETY: a context this backend created.
-        call!(d.t, ctx_destroy(ptr(ctx)))
+        let rc = call!(d.t, ctx_destroy(ptr(ctx)));
+        // Part of a session's end (see `FreeTimes`): which of its steps took the time.
+        tracing::debug!(
+            target: "remora::startup",
+            registrations_us = registrations.as_micros() as u64,
+            staging_buffers = buffers,
+            staging_bytes = bytes,
+            staging_us = staging.as_micros() as u64,
+            destroy_us = (t0.elapsed() - registrations - staging).as_micros() as u64,
+            "context destroyed"
+        );
+        rc
     }
 
     // The calls that make `ctx` current and pass their objects to one entry point.
