@@ -368,11 +368,20 @@ fn median_interval(n: usize) -> (usize, f64) {
     (k, cover(k))
 }
 
+/// Issue 12 §4's second goal: under 2x oversubscription, pure polling costs at least twice
+/// adaptive's CPU per round trip (client and server together).
+const POLLING_CPU_GOAL: f64 = 2.0;
+
 /// `; NN% interval of the rounds' median xLO-xHI: met|missed|undecided at x1.10`: whether the
 /// rounds decide §4's goal. Met when the interval lies at or below the goal, missed when it
 /// lies above, undecided otherwise (the rounds disagree more than the goal's margin). Empty
 /// with fewer than 3 rounds.
 fn verdict(ratios: &[f64]) -> String {
+    verdict_on(ratios, GOAL_RATIO, false)
+}
+
+/// [`verdict`] against `goal`, met at or below it, or with `at_least`, met at or above it.
+fn verdict_on(ratios: &[f64], goal: f64, at_least: bool) -> String {
     let n = ratios.len();
     if n < 3 {
         return String::new();
@@ -381,17 +390,64 @@ fn verdict(ratios: &[f64]) -> String {
     r.sort_by(f64::total_cmp);
     let (k, cover) = median_interval(n);
     let (lo, hi) = (r[k - 1], r[n - k]);
-    let word = if hi <= GOAL_RATIO {
+    let (met, missed) = if at_least {
+        (lo >= goal, hi < goal)
+    } else {
+        (hi <= goal, lo > goal)
+    };
+    let word = if met {
         "met"
-    } else if lo > GOAL_RATIO {
+    } else if missed {
         "missed"
     } else {
         "undecided"
     };
     format!(
-        "; {:.0}% interval of the rounds' median x{lo:.2}-x{hi:.2}: {word} at x{GOAL_RATIO:.2}",
+        "; {:.0}% interval of the rounds' median x{lo:.2}-x{hi:.2}: {word} at x{goal:.2}",
         cover * 100.0
     )
+}
+
+/// Client plus server CPU per round trip, round by round, of one way's figures.
+fn cpu_rounds(client: &Figure, server: &Figure) -> Vec<f64> {
+    client
+        .rounds
+        .iter()
+        .zip(&server.rounds)
+        .map(|(c, s)| c + s)
+        .collect()
+}
+
+/// The note on §4's second goal for one cell: pure polling's CPU per round trip (client and
+/// server) against adaptive's, from the per-round sums; judged (`verdict_on`, at least
+/// [`POLLING_CPU_GOAL`]) under 2x load and more, where the goal applies. None without both
+/// ways' client and server figures.
+fn polling_cpu_note(
+    cell: &str,
+    burn: u32,
+    spin: (&Figure, &Figure),
+    adaptive: (&Figure, &Figure),
+) -> Option<String> {
+    let sp = cpu_rounds(spin.0, spin.1);
+    let ad = cpu_rounds(adaptive.0, adaptive.1);
+    if sp.is_empty() || ad.is_empty() {
+        return None;
+    }
+    let (sp_med, ad_med) = (remora_gpubench::median(&sp), remora_gpubench::median(&ad));
+    // Polling over adaptive, round by round (the ways of a round run back to back).
+    let ratios = round_ratios(&sp, &ad);
+    let judged = if burn >= 2 {
+        verdict_on(&ratios, POLLING_CPU_GOAL, true)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{cell} CPU per round trip (client + server): spin {sp_med:.2} us{}, adaptive {ad_med:.2}{}: spin / adaptive = x{:.2}{}{judged}",
+        spread(&sp, 2),
+        spread(&ad, 2),
+        sp_med / ad_med.max(f64::MIN_POSITIVE),
+        per_round(&sp, &ad),
+    ))
 }
 
 /// The figure of `mode` with `clients` clients named `metric`.
@@ -481,13 +537,32 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
                     sp.value / ad.value
                 ));
             }
+            for &clients in &a.clients {
+                let get = |p: &str, metric: &str| {
+                    find(&snapshot, &format!("{t} {p} burn={burn}x"), clients, metric)
+                };
+                let pair = |p: &str| {
+                    Some((
+                        get(p, "launch_sync.client_cpu")?,
+                        get(p, "launch_sync.server_cpu")?,
+                    ))
+                };
+                let (Some(spin), Some(adaptive)) = (pair("spin"), pair("adaptive")) else {
+                    continue;
+                };
+                let cell = format!("{t} burn={burn}x {clients} client(s)");
+                notes.extend(polling_cpu_note(&cell, burn, spin, adaptive));
+            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Figure, median_interval, merge_rounds, per_round, spread, verdict, wait_knobs};
+    use super::{
+        Figure, median_interval, merge_rounds, per_round, polling_cpu_note, spread, verdict,
+        verdict_on, wait_knobs,
+    };
 
     #[test]
     fn the_median_interval_is_the_narrowest_covering_90_percent() {
@@ -513,6 +588,53 @@ mod tests {
         assert!(verdict(&[0.82, 3.27, 0.99, 1.53]).ends_with("undecided at x1.10"));
         // Too few rounds to say anything.
         assert_eq!(verdict(&[1.0, 1.0]), "");
+    }
+
+    #[test]
+    fn the_polling_cpu_goal_is_met_at_or_above_twice_adaptives() {
+        assert!(verdict_on(&[2.5, 3.0, 2.0, 4.0, 2.2], 2.0, true).ends_with(": met at x2.00"));
+        assert!(verdict_on(&[1.5, 1.9, 1.2, 1.0], 2.0, true).ends_with(": missed at x2.00"));
+        assert!(verdict_on(&[1.5, 9.0, 3.0, 2.5], 2.0, true).ends_with(": undecided at x2.00"));
+    }
+
+    #[test]
+    fn the_polling_cpu_note_sums_client_and_server_round_by_round() {
+        let sc = fig(
+            "shm spin burn=2x",
+            1,
+            "launch_sync.client_cpu",
+            &[20.0, 30.0, 200.0],
+        );
+        let ss = fig(
+            "shm spin burn=2x",
+            1,
+            "launch_sync.server_cpu",
+            &[20.0, 30.0, 200.0],
+        );
+        let ac = fig(
+            "shm adaptive burn=2x",
+            1,
+            "launch_sync.client_cpu",
+            &[10.0, 12.0, 10.0],
+        );
+        let asv = fig(
+            "shm adaptive burn=2x",
+            1,
+            "launch_sync.server_cpu",
+            &[10.0, 13.0, 10.0],
+        );
+        let note = polling_cpu_note("shm burn=2x 1 client(s)", 2, (&sc, &ss), (&ac, &asv));
+        assert_eq!(
+            note.as_deref(),
+            Some(
+                "shm burn=2x 1 client(s) CPU per round trip (client + server): spin 60.00 us \
+                 [40.00-400.00], adaptive 20.00 [20.00-25.00]: spin / adaptive = x3.00 (per round \
+                 x2.00 x2.40 x20.00); 75% interval of the rounds' median x2.00-x20.00: met at x2.00"
+            )
+        );
+        // Under 1x load the goal does not apply: the figures without a verdict.
+        let note = polling_cpu_note("shm burn=1x 1 client(s)", 1, (&sc, &ss), (&ac, &asv));
+        assert!(note.unwrap().ends_with("(per round x2.00 x2.40 x20.00)"));
     }
 
     #[test]
