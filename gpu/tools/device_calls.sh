@@ -15,7 +15,8 @@
 #   attrib    where a short program's time goes: native and embedded vecadd alternately
 #             (5 each) and the last embedded run's start-up timeline; `remora run -- true`
 #             against `true` (a program that never calls CUDA); a native process's exit after
-#             its context is destroyed (gpu/tools/startup_probe.c's exit_at_ms); stream_ordered,
+#             its context is destroyed and with it alive (gpu/tools/startup_probe.c's
+#             exit_at_ms, STARTUP_PROBE_LIVE), on the idle GPU and held; stream_ordered,
 #             managed_memory and multithread natively and against a standing shm server with
 #             `remora run --profile`; then vecadd native and embedded alternately while that
 #             standing server holds the GPU, with the last embedded run's timeline
@@ -109,6 +110,27 @@ alternate() {
     | grep -E "remora::startup|worker_pool|client (connected|session)" | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
 }
 
+# probe_runs PREFIX: startup_probe (built by step_attrib) 3 times with cuCtxDestroy and 3
+# times exiting with its context alive (STARTUP_PROBE_LIVE=1), alternately: each step's
+# milliseconds and how long the exit took after main returned.
+probe_runs() {
+  local i live
+  for i in 1 2 3; do
+    for live in 0 1; do
+      sleep 0.3
+      STARTUP_PROBE_LIVE=$live python3 - "$work/startup_probe" "$1" <<'EOF'
+import os, subprocess, sys, time
+t0 = time.monotonic() * 1e3
+o = subprocess.run([sys.argv[1], "16"], capture_output=True, text=True).stdout
+t1 = time.monotonic() * 1e3
+steps = " ".join(l for l in o.splitlines() if not l.startswith("exit_at_ms"))
+how = "context alive" if os.environ.get("STARTUP_PROBE_LIVE") == "1" else "context destroyed"
+print(f"{sys.argv[2]}startup_probe ({how}) whole {t1 - t0:.1f} ms, exit after main returned {t1 - float(o.split()[-1]):.1f} ms | {steps}")
+EOF
+    done
+  done
+}
+
 step_attrib() {
   build_once || return 1
   local r=$out/attrib.txt
@@ -118,22 +140,12 @@ step_attrib() {
     alternate "" "embedded vecadd, no server up"
     echo; echo "== a program that never calls CUDA"
     for _ in 1 2 3; do sleep 0.3; timed "native true" true; sleep 0.3; timed "embedded true" "$bin/remora" run -- true; done
-    echo; echo "== a native process's exit after cuCtxDestroy (startup_probe)"
-    local nvcc inc
+    echo; echo "== a native process's exit after cuCtxDestroy, and with its context alive (startup_probe)"
+    local nvcc inc probe_ok=0
     nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
     inc=$(dirname "$(dirname "$nvcc")")/include
-    if cc -O2 -I"$inc" -o "$work/startup_probe" "$src/tools/startup_probe.c" -ldl; then
-      for _ in 1 2 3; do
-        python3 - "$work/startup_probe" <<'EOF'
-import subprocess, sys, time
-t0 = time.monotonic() * 1e3
-o = subprocess.run([sys.argv[1], "16"], capture_output=True, text=True).stdout
-t1 = time.monotonic() * 1e3
-steps = " ".join(l for l in o.splitlines() if not l.startswith("exit_at_ms"))
-print(f"startup_probe whole {t1 - t0:.1f} ms, exit after main returned {t1 - float(o.split()[-1]):.1f} ms | {steps}")
-EOF
-      done
-    fi
+    cc -O2 -I"$inc" -o "$work/startup_probe" "$src/tools/startup_probe.c" -ldl && probe_ok=1
+    [ $probe_ok = 1 ] && probe_runs ""
     echo; echo "== stream_ordered, managed_memory, multithread: native and a standing shm server (--profile)"
     start_serve "$bin" "$work"
     for p in stream_ordered managed_memory multithread; do
@@ -145,6 +157,10 @@ EOF
     done
     echo; echo "== vecadd cubin, native and embedded alternately while that standing server holds the GPU"
     alternate "held " "embedded vecadd beside a standing server"
+    if [ $probe_ok = 1 ]; then
+      echo; echo "== startup_probe while that standing server holds the GPU"
+      probe_runs "held "
+    fi
     kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; serve_pid=
   } > "$r" 2>&1
   cat "$r"

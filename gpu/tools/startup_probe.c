@@ -5,6 +5,10 @@
 //   cc -O2 -I"$CUDA_INCLUDE" -o startup_probe gpu/tools/startup_probe.c -ldl
 //   ./startup_probe [AREA_MIB...]      (default: 16 64 256)
 //
+// With STARTUP_PROBE_LIVE=1 in the environment the context is not destroyed: the process
+// exits with it alive, and the exit's time is the driver's whole teardown (what a session
+// worker's exit would cost if it left its context to the exit).
+//
 // Prints one line per step: "step milliseconds", then "exit_at_ms T": CLOCK_MONOTONIC in
 // milliseconds just before main returns, so that a parent reading the same clock when its wait
 // returns sees how long the process's exit took (the driver's teardown at exit), e.g.
@@ -110,9 +114,14 @@ int main(int argc, char **argv) {
       printf("area_%dMiB_%s_unmap %.2f\n", sizes[i], populate ? "populated" : "lazy", now_ms() - t);
     }
   }
-  t = now_ms();
-  CHECK("cuCtxDestroy", cuCtxDestroy_v2(ctx));
-  printf("cuCtxDestroy %.2f\n", now_ms() - t);
+  const char *live = getenv("STARTUP_PROBE_LIVE");
+  if (live && strcmp(live, "1") == 0) {
+    printf("cuCtxDestroy skipped\n");
+  } else {
+    t = now_ms();
+    CHECK("cuCtxDestroy", cuCtxDestroy_v2(ctx));
+    printf("cuCtxDestroy %.2f\n", now_ms() - t);
+  }
   printf("exit_at_ms %.3f\n", now_ms());
   fflush(stdout);
   return 0;
