@@ -277,6 +277,53 @@ fn bench_contention_compares_the_waiting_policies_on_the_emulated_backend() {
 }
 
 #[test]
+fn spinning_session_workers_end_with_their_clients() {
+    // Under the spin policy a wait spins a second; the server's read tick is a second at
+    // most. Until session 35 every timed-out wait spun out its second and timed out without
+    // looking at the peer, so a worker whose client had exited spun until its server's
+    // shutdown grace (5 s) ran out and it was killed (50 times in one device call).
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    let start = std::time::Instant::now();
+    let out = Command::new(REMORA)
+        .env(
+            "REMORA_BENCH_IMAGE",
+            "REMORA-EMU-MODULE\nfunc remora_bench_empty\n",
+        )
+        .env("REMORA_BENCH_KERNEL", "remora_bench_empty")
+        .args(["bench", "contention", "--shim"])
+        .arg(&shim)
+        .args([
+            "--serve-arg=--backend",
+            "--serve-arg=emulated",
+            "--serve-arg=--isolation=process",
+            "--no-native",
+            "--clients=2",
+            "--burn=0",
+            "--transports=shm",
+            "--launches=20",
+            "--syncs=50",
+            "--policies=spin",
+        ])
+        .env("REMORA_LOG", "warn")
+        .output()
+        .expect("run remora bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("still running after shutdown began"),
+        "a spinning worker outlived its client: {stderr}"
+    );
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}: {stderr}",
+        start.elapsed()
+    );
+}
+
+#[test]
 fn bench_contention_times_a_program_mix_under_each_way_of_waiting() {
     use std::os::unix::fs::PermissionsExt as _;
     let Some(shim) = shim() else {

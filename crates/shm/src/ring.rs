@@ -304,12 +304,21 @@ fn wait_for(
     judge: impl FnOnce(bool, WaitOutcome, Duration) -> Duration,
 ) -> Result<bool, RingError> {
     waiter
-        .wait_judged(
+        .wait_judged_until(
+            deadline,
             |sleep| {
                 if !sleep {
                     return Ok(attempt()?.then_some(true));
                 }
                 let Some(slice) = sleep_slice(deadline) else {
+                    // Timed out, but a gone peer is said as such: a caller that reads again
+                    // after each timeout (a server's tick) must not wait on a dead peer.
+                    if attempt()? {
+                        return Ok(Some(true));
+                    }
+                    if !alive() {
+                        return Err(RingError::PeerGone);
+                    }
                     return Ok(Some(false));
                 };
                 sleeping.store(1, Ordering::SeqCst);
@@ -821,6 +830,35 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(c.pop(&mut out, &mut w, || false), Err(RingError::PeerGone));
         assert!(start.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_spinning_consumer_keeps_its_deadline_and_notices_a_dead_peer() {
+        let (_p, mut c) = pair(64);
+        // The spin policy's bounds: a second of spinning per wait.
+        let mut w = Waiter::with_bounds(Duration::from_secs(1), Duration::from_secs(1));
+        let mut out = Vec::new();
+        // A live peer: the wait ends at its deadline, not after the second's spin.
+        let start = std::time::Instant::now();
+        let deadline = Some(start + Duration::from_millis(30));
+        assert_eq!(c.pop_until(&mut out, &mut w, || true, deadline), Ok(false));
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
+        // A dead one, with the deadline already passed at the sleep: said as gone.
+        let start = std::time::Instant::now();
+        let deadline = Some(start + Duration::from_millis(30));
+        assert_eq!(
+            c.pop_until(&mut out, &mut w, || false, deadline),
+            Err(RingError::PeerGone)
+        );
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]

@@ -492,6 +492,22 @@ impl Waiter {
     /// both sides asleep (the "slow mode" of adaptive waiting under load).
     pub fn wait_judged<T, E>(
         &mut self,
+        poll: impl FnMut(bool) -> Result<Option<T>, E>,
+        judge: impl FnOnce(&T, WaitOutcome, Duration) -> Duration,
+    ) -> Result<(T, WaitOutcome), E> {
+        self.wait_judged_until(None, poll, judge)
+    }
+
+    /// [`Waiter::wait_judged`] for a wait that ends at `deadline` (a read timeout): it spins
+    /// no later than that, whatever the plan, and then calls `poll(true)`, which is where a
+    /// caller notices the deadline (and a dead peer). Without the cap a spin budget longer
+    /// than the deadline (the spin policy's second, against a server's tick of at most a
+    /// second) made every timed-out wait spin it out and time out without ever looking
+    /// whether the peer was still there: a session worker whose client had exited spun on
+    /// until its server killed it.
+    pub fn wait_judged_until<T, E>(
+        &mut self,
+        deadline: Option<Instant>,
         mut poll: impl FnMut(bool) -> Result<Option<T>, E>,
         judge: impl FnOnce(&T, WaitOutcome, Duration) -> Duration,
     ) -> Result<(T, WaitOutcome), E> {
@@ -502,7 +518,10 @@ impl Waiter {
             return Ok((v, WaitOutcome::Spun));
         }
         let start = Instant::now();
-        let spin_until = start + self.plan();
+        let mut spin_until = start + self.plan();
+        if let Some(d) = deadline {
+            spin_until = spin_until.min(d);
+        }
         let mut outcome = WaitOutcome::Spun;
         loop {
             if outcome == WaitOutcome::Spun {
