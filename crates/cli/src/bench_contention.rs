@@ -599,30 +599,14 @@ mod tests {
 
     #[test]
     fn the_polling_cpu_note_sums_client_and_server_round_by_round() {
-        let sc = fig(
-            "shm spin burn=2x",
-            1,
-            "launch_sync.client_cpu",
-            &[20.0, 30.0, 200.0],
-        );
-        let ss = fig(
-            "shm spin burn=2x",
-            1,
-            "launch_sync.server_cpu",
-            &[20.0, 30.0, 200.0],
-        );
-        let ac = fig(
-            "shm adaptive burn=2x",
-            1,
-            "launch_sync.client_cpu",
-            &[10.0, 12.0, 10.0],
-        );
-        let asv = fig(
-            "shm adaptive burn=2x",
-            1,
-            "launch_sync.server_cpu",
-            &[10.0, 13.0, 10.0],
-        );
+        let cpu = |way: &str, side: &str, rounds: &[f64]| {
+            let metric = format!("launch_sync.{side}_cpu");
+            fig(&format!("shm {way} burn=2x"), 1, &metric, rounds)
+        };
+        let sc = cpu("spin", "client", &[20.0, 30.0, 200.0]);
+        let ss = cpu("spin", "server", &[20.0, 30.0, 200.0]);
+        let ac = cpu("adaptive", "client", &[10.0, 12.0, 10.0]);
+        let asv = cpu("adaptive", "server", &[10.0, 13.0, 10.0]);
         let note = polling_cpu_note("shm burn=2x 1 client(s)", 2, (&sc, &ss), (&ac, &asv));
         assert_eq!(
             note.as_deref(),
