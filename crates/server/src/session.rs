@@ -773,7 +773,8 @@ pub(crate) struct SessionState {
     /// The session's place in the limits ledger ([`crate::quota`]): objects and memory are
     /// charged to it when made and taken back when they go.
     pub(crate) quota: Option<Arc<crate::quota::SessionQuota>>,
-    /// Where the frees of this session's resources went (see [`FreeTimes`]).
+    /// Where the frees of this session's resources went (see [`FreeTimes`]); reset when
+    /// the session ends, so that its line counts the end's frees alone.
     pub(crate) free_times: FreeTimes,
 }
 
@@ -1604,6 +1605,9 @@ impl Session {
         let threads = t0.elapsed();
         let mut st = self.lock();
         let objects = st.len();
+        // Only the end's frees: those made during the session (a context the program
+        // destroyed) are not part of it.
+        st.free_times = FreeTimes::default();
         st.free_times.add(FreePart::Threads, 0, threads);
         st.release_all(backend);
         // Part of a short program's run under `remora run`: what its end's frees took.
