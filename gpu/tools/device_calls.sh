@@ -15,8 +15,9 @@
 #   attrib    where a short program's time goes: native and embedded vecadd alternately
 #             (5 each) and the last embedded run's start-up timeline; `remora run -- true`
 #             against `true` (a program that never calls CUDA); a native process's exit after
-#             its context is destroyed and with it alive (gpu/tools/startup_probe.c's
-#             exit_at_ms, STARTUP_PROBE_LIVE), on the idle GPU and held; stream_ordered,
+#             its context is destroyed and with it alive, by exit and by _exit
+#             (gpu/tools/startup_probe.c's exit_at_ms, STARTUP_PROBE_LIVE), on the idle GPU
+#             and held; stream_ordered,
 #             managed_memory and multithread natively and against a standing shm server with
 #             `remora run --profile`; then vecadd native and embedded alternately while that
 #             standing server holds the GPU, with the last embedded run's timeline
@@ -110,13 +111,14 @@ alternate() {
     | grep -E "remora::startup|worker_pool|client (connected|session)" | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
 }
 
-# probe_runs PREFIX: startup_probe (built by step_attrib) 3 times with cuCtxDestroy and 3
-# times exiting with its context alive (STARTUP_PROBE_LIVE=1), alternately: each step's
-# milliseconds and how long the exit took after main returned.
+# probe_runs PREFIX: startup_probe (built by step_attrib) 3 times each, in turn: with
+# cuCtxDestroy, exiting with its context alive (STARTUP_PROBE_LIVE=1), and leaving by _exit(2)
+# with it alive (no atexit handler runs): each step's milliseconds and how long the exit took
+# after main returned.
 probe_runs() {
   local i live
   for i in 1 2 3; do
-    for live in 0 1; do
+    for live in 0 1 _exit; do
       sleep 0.3
       STARTUP_PROBE_LIVE=$live python3 - "$work/startup_probe" "$1" <<'EOF'
 import os, subprocess, sys, time
@@ -124,7 +126,7 @@ t0 = time.monotonic() * 1e3
 o = subprocess.run([sys.argv[1], "16"], capture_output=True, text=True).stdout
 t1 = time.monotonic() * 1e3
 steps = " ".join(l for l in o.splitlines() if not l.startswith("exit_at_ms"))
-how = "context alive" if os.environ.get("STARTUP_PROBE_LIVE") == "1" else "context destroyed"
+how = {"1": "context alive", "_exit": "context alive, _exit"}.get(os.environ.get("STARTUP_PROBE_LIVE"), "context destroyed")
 print(f"{sys.argv[2]}startup_probe ({how}) whole {t1 - t0:.1f} ms, exit after main returned {t1 - float(o.split()[-1]):.1f} ms | {steps}")
 EOF
     done
