@@ -30,7 +30,9 @@
 #             `remora run --profile` and their start-up timeline, client and server profiles:
 #             where an embedded run's extra time goes beyond start-up; then
 #             gpu/tools/pool_probe.cu (stream_ordered's pattern, each call timed) natively and
-#             embedded, twice, and once more embedded with both profiles
+#             embedded, twice, and once more embedded with both profiles; with
+#             REMORA_CALLS_PROGRAMS_EXPERIMENT="VAR=VALUE..." each program also runs embedded
+#             twice more with those set (e.g. REMORA_WORKER_TEARDOWN=_exit), against native
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, REMORA_CALLS_ROUNDS rounds (default 3), then, when
@@ -186,6 +188,20 @@ step_programs() {
       echo "== $p: the last embedded run's timeline and profiles (client, then server)"
       grep -E "remora::startup|worker_pool|client (connected|session)|^procedure|^rm_|^ +RM_|^\(within|profile:" "$work/timed.err" \
         | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
+      if [ -n "${REMORA_CALLS_PROGRAMS_EXPERIMENT:-}" ]; then
+        # The same embedded run with the experiment's variables, against a native run
+        # beside each (word-split on purpose: VAR=VALUE words).
+        for _ in 1 2; do
+          sleep 0.5; timed "native $p" "$build/$p"
+          sleep 0.5
+          # shellcheck disable=SC2086
+          REMORA_LOG=$profile_log timed "embedded-shm $p ($REMORA_CALLS_PROGRAMS_EXPERIMENT)" \
+            env $REMORA_CALLS_PROGRAMS_EXPERIMENT "$bin/remora" run -- "$build/$p"
+        done
+        echo "== $p ($REMORA_CALLS_PROGRAMS_EXPERIMENT): the last run's end"
+        grep -E "remora::startup" "$work/timed.err" | grep -E "exited|freed|destroyed|left to|leaves|released|stopped" \
+          | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
+      fi
     done
     # stream_ordered's pattern with every call timed, natively and embedded: which calls
     # carry a remoted run's extra time (session 32: a pageable copy's synchronize, 1431 µs
