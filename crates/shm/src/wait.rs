@@ -250,12 +250,15 @@ pub fn signal_hold() -> Duration {
 pub enum HoldRule {
     /// The whole hold, unless the answer comes first (`fixed`: what session 34 measured).
     Fixed,
-    /// Three times (the spin factor) what held waits have lately taken, at most the hold and
-    /// at least the budget (`learned`, the default): the waits that outlast the usual one by
-    /// that much (a client preempted by a busy host) then sleep instead of spinning out the
-    /// hold. Why: in session 34's call the fixed 1 ms hold raised the server's CPU per round
-    /// trip of 1 client at 2x load from 14.4 to 20.7 µs without changing its latency; in
-    /// session 35's two calls the learned hold's was 11.7-12.0 µs (off: 13.6-14.4).
+    /// Three times (the spin factor) what held waits have lately taken, at least the budget
+    /// (`learned`, the default), or no hold at all when that is more than the hold: the waits
+    /// that outlast the usual one by that much (a client preempted by a busy host) then sleep
+    /// instead of spinning out the hold, and a program whose next call usually comes later
+    /// than a third of the hold (work between a synchronize and its next call) is not held
+    /// for (session 35, after its calls; see `Waiter::hold_spin`). Why: in session 34's call
+    /// the fixed 1 ms hold raised the server's CPU per round trip of 1 client at 2x load from
+    /// 14.4 to 20.7 µs without changing its latency; in session 35's two calls the learned
+    /// hold's was 11.7-12.0 µs (off: 13.6-14.4).
     Learned,
 }
 
@@ -593,17 +596,15 @@ impl Waiter {
         let stretch = std::mem::take(&mut self.stretch);
         let hold = std::mem::take(&mut self.hold);
         let mut floor = stretch;
-        self.arm = if self.max_spin.is_zero() || self.min_spin == self.max_spin {
-            None
-        } else if !hold.is_zero() {
-            let spin = match self.hold_rule {
-                HoldRule::Learned if self.held_ns > 0.0 => {
-                    Duration::from_nanos((self.held_ns * SPIN_FACTOR) as u64).min(hold)
-                }
-                _ => hold,
-            };
-            floor = floor.max(spin);
+        let fixed = self.max_spin.is_zero() || self.min_spin == self.max_spin;
+        if !fixed && !hold.is_zero() {
+            // A held wait is counted as such whether or not it spins for the hold.
             self.held = Some(hold);
+        }
+        self.arm = if fixed {
+            None
+        } else if let Some(spin) = self.hold_spin(hold) {
+            floor = floor.max(spin);
             Some(true)
         } else if spare() {
             // With a core to spare, a spin cannot hold the core the peer needs: spinning
@@ -621,6 +622,27 @@ impl Waiter {
             Duration::ZERO
         } else {
             self.budget.max(floor)
+        }
+    }
+
+    /// How long a wait asked to hold `hold` ([`Waiter::hold_next`]) spins at least: none
+    /// without a hold; the whole hold by the fixed rule, or while no held wait has been seen;
+    /// by the learned rule three times what held waits have lately taken (each counted at
+    /// most as the hold), or no hold at all when that is more than the hold: where the next
+    /// request usually comes later than a third of the hold (a program that computes between
+    /// a synchronize and its next call), holding would spin most of the hold for each one to
+    /// save a wake-up, and the wait is planned as any other. Held waits are still counted
+    /// then, so the hold comes back once requests come soon again.
+    fn hold_spin(&self, hold: Duration) -> Option<Duration> {
+        if hold.is_zero() {
+            return None;
+        }
+        match self.hold_rule {
+            HoldRule::Learned if self.held_ns > 0.0 => {
+                let spin = Duration::from_nanos((self.held_ns * SPIN_FACTOR) as u64);
+                (spin <= hold).then_some(spin)
+            }
+            _ => Some(hold),
         }
     }
 
@@ -809,7 +831,8 @@ mod tests {
         let spin = w.plan_on(|| false, Duration::ZERO);
         assert!(spin >= us(119) && spin <= us(121), "{spin:?}");
         // A held wait far longer than the hold counts as the hold: waits of 5 s bring the
-        // figure up to the hold, not beyond.
+        // figure up to the hold, not beyond. Requests that late are not held for: the wait is
+        // planned as any other (here, with the budget of 15 µs).
         w.settle(Duration::from_secs(5));
         for _ in 0..40 {
             w.hold_next_as(us(1000), HoldRule::Learned);
@@ -818,7 +841,17 @@ mod tests {
         }
         assert!(w.held_ns <= 1_000_000.0, "{}", w.held_ns);
         w.hold_next_as(us(1000), HoldRule::Learned);
-        assert_eq!(w.plan_on(|| false, Duration::ZERO), us(1000));
+        assert!(w.plan_on(|| false, Duration::ZERO) < us(100));
+        w.cancel_plan();
+        // Held waits of 300 µs (a third of the hold would be 333): held for three times that.
+        for _ in 0..40 {
+            w.hold_next_as(us(1000), HoldRule::Learned);
+            w.plan_on(|| false, Duration::ZERO);
+            w.settle(us(300));
+        }
+        w.hold_next_as(us(1000), HoldRule::Learned);
+        let spin = w.plan_on(|| false, Duration::ZERO);
+        assert!(spin >= us(899) && spin <= us(901), "{spin:?}");
         w.cancel_plan();
         // Never less than the budget; the fixed rule spins the whole hold whatever was seen.
         for _ in 0..60 {
