@@ -1028,33 +1028,37 @@ impl SessionState {
         });
         for (h, r) in handles {
             self.remove(h);
-            let part = match r {
-                Resource::Event { .. } => FreePart::Events,
-                Resource::Stream { .. } => FreePart::Streams,
-                Resource::GraphExec { .. } | Resource::Graph { .. } => FreePart::Graphs,
-                Resource::Module { .. } => FreePart::Modules,
-                _ => FreePart::Allocations,
-            };
             let t0 = std::time::Instant::now();
-            let rc = match r {
-                Resource::Event { raw, .. } => backend.event_destroy(raw_ctx, raw),
-                Resource::Stream { raw, .. } => backend.stream_destroy(raw_ctx, raw),
-                Resource::GraphExec { raw, .. } => backend.graph_exec_destroy(raw_ctx, raw),
-                Resource::Graph { raw, capture, .. } => match capture {
-                    None => backend.graph_destroy(raw_ctx, raw),
-                    // Still capturing: end the capture, then free what it made.
-                    Some(stream) => backend
-                        .stream_end_capture(raw_ctx, stream)
-                        .and_then(|g| backend.graph_destroy(raw_ctx, g)),
-                },
+            // Functions free nothing of their own: not counted.
+            let (part, rc) = match r {
+                Resource::Event { raw, .. } => {
+                    (Some(FreePart::Events), backend.event_destroy(raw_ctx, raw))
+                }
+                Resource::Stream { raw, .. } => (
+                    Some(FreePart::Streams),
+                    backend.stream_destroy(raw_ctx, raw),
+                ),
+                Resource::GraphExec { raw, .. } => (
+                    Some(FreePart::Graphs),
+                    backend.graph_exec_destroy(raw_ctx, raw),
+                ),
+                Resource::Graph { raw, capture, .. } => (
+                    Some(FreePart::Graphs),
+                    match capture {
+                        None => backend.graph_destroy(raw_ctx, raw),
+                        // Still capturing: end the capture, then free what it made.
+                        Some(stream) => backend
+                            .stream_end_capture(raw_ctx, stream)
+                            .and_then(|g| backend.graph_destroy(raw_ctx, g)),
+                    },
+                ),
                 Resource::Module { raw, .. } => {
                     self.ranges.retain(|_, g| g.module() != Some(h));
-                    backend.module_unload(raw_ctx, raw)
+                    (Some(FreePart::Modules), backend.module_unload(raw_ctx, raw))
                 }
-                _ => Ok(()),
+                _ => (None, Ok(())),
             };
-            // Functions free nothing of their own: not counted.
-            if !matches!(r, Resource::Function { .. }) {
+            if let Some(part) = part {
                 self.free_times.add(part, 1, t0.elapsed());
             }
             if let Err(e) = rc {

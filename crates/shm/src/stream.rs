@@ -83,9 +83,6 @@ struct Conn {
     /// How late the last read noticed its message; said with the next write only
     /// ([`Producer::set_next_lag`]).
     answer_lag: AtomicU64,
-    /// Nanoseconds the next read that must wait spins first at least
-    /// ([`ShmStream::hold_next_read`]); 0: none.
-    read_hold_ns: AtomicU64,
 }
 
 impl Drop for Conn {
@@ -166,7 +163,6 @@ impl ShmStream {
                 woke_peer: AtomicBool::new(false),
                 peer_lag_ns: AtomicU64::new(0),
                 answer_lag: AtomicU64::new(0),
-                read_hold_ns: AtomicU64::new(0),
             }),
         }
     }
@@ -232,11 +228,9 @@ impl ShmStream {
     /// Has the next read that must wait spin first for at least `spin`, whatever its waiter
     /// prefers ([`Waiter::hold_next`]): for a side that knows its next message comes soon
     /// while its peer spins (a server that has queued a completion-word signal). From any
-    /// clone; a later call replaces an unused hold.
+    /// clone (it waits for a read in progress); a later call replaces an unused hold.
     pub fn hold_next_read(&self, spin: Duration) {
-        self.conn
-            .read_hold_ns
-            .store(to_nanos(Some(spin)), Ordering::Relaxed);
+        lock(&self.conn.rx).waiter.hold_next(spin);
     }
 
     /// The shared region.
@@ -400,11 +394,6 @@ impl Read for &ShmStream {
                 // through that once rather than sleep (see `Waiter::stretch_next`).
                 let spin = rx.waiter.wake_stretch(lag);
                 rx.waiter.stretch_next(spin);
-            }
-            // A plain load first: most reads have no hold, and a swap would write the line.
-            if conn.read_hold_ns.load(Ordering::Relaxed) != 0 {
-                let hold = conn.read_hold_ns.swap(0, Ordering::Relaxed);
-                rx.waiter.hold_next(Duration::from_nanos(hold));
             }
             match rx
                 .ring

@@ -815,6 +815,14 @@ mod tests {
     #[test]
     fn a_learned_hold_spins_three_times_the_held_waits_at_most_the_hold() {
         let us = Duration::from_micros;
+        // `n` held waits (of a 1000 µs hold, learned) that each took `took`.
+        let held = |w: &mut Waiter, n: usize, took: Duration| {
+            for _ in 0..n {
+                w.hold_next_as(us(1000), HoldRule::Learned);
+                w.plan_on(|| false, Duration::ZERO);
+                w.settle(took);
+            }
+        };
         let mut w = trained(2, 50, 5);
         assert_eq!(w.budget(), us(15));
         // No held wait seen yet: the whole hold.
@@ -822,11 +830,7 @@ mod tests {
         assert_eq!(w.plan_on(|| false, Duration::ZERO), us(1000));
         w.settle(us(40));
         // Held waits of 40 µs: spin 120 µs of a 1000 µs hold.
-        for _ in 0..30 {
-            w.hold_next_as(us(1000), HoldRule::Learned);
-            w.plan_on(|| false, Duration::ZERO);
-            w.settle(us(40));
-        }
+        held(&mut w, 30, us(40));
         w.hold_next_as(us(1000), HoldRule::Learned);
         let spin = w.plan_on(|| false, Duration::ZERO);
         assert!(spin >= us(119) && spin <= us(121), "{spin:?}");
@@ -834,31 +838,19 @@ mod tests {
         // figure up to the hold, not beyond. Requests that late are not held for: the wait is
         // planned as any other (here, with the budget of 15 µs).
         w.settle(Duration::from_secs(5));
-        for _ in 0..40 {
-            w.hold_next_as(us(1000), HoldRule::Learned);
-            w.plan_on(|| false, Duration::ZERO);
-            w.settle(Duration::from_secs(5));
-        }
+        held(&mut w, 40, Duration::from_secs(5));
         assert!(w.held_ns <= 1_000_000.0, "{}", w.held_ns);
         w.hold_next_as(us(1000), HoldRule::Learned);
         assert!(w.plan_on(|| false, Duration::ZERO) < us(100));
         w.cancel_plan();
         // Held waits of 300 µs (a third of the hold would be 333): held for three times that.
-        for _ in 0..40 {
-            w.hold_next_as(us(1000), HoldRule::Learned);
-            w.plan_on(|| false, Duration::ZERO);
-            w.settle(us(300));
-        }
+        held(&mut w, 40, us(300));
         w.hold_next_as(us(1000), HoldRule::Learned);
         let spin = w.plan_on(|| false, Duration::ZERO);
         assert!(spin >= us(899) && spin <= us(901), "{spin:?}");
         w.cancel_plan();
         // Never less than the budget; the fixed rule spins the whole hold whatever was seen.
-        for _ in 0..60 {
-            w.hold_next_as(us(1000), HoldRule::Learned);
-            w.plan_on(|| false, Duration::ZERO);
-            w.settle(us(1));
-        }
+        held(&mut w, 60, us(1));
         w.hold_next_as(us(1000), HoldRule::Learned);
         assert_eq!(w.plan_on(|| false, Duration::ZERO), w.budget().max(us(3)));
         w.cancel_plan();
