@@ -32,7 +32,7 @@
 #             gpu/tools/pool_probe.cu (stream_ordered's pattern, each call timed) natively and
 #             embedded, twice, and once more embedded with both profiles; with
 #             REMORA_CALLS_PROGRAMS_EXPERIMENT="VAR=VALUE..." each program also runs embedded
-#             twice more with those set (e.g. REMORA_WORKER_TEARDOWN=_exit), against native
+#             twice more with those set (e.g. REMORA_WAIT_SIGNAL_HOLD_US=0), against native
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, REMORA_CALLS_ROUNDS rounds (default 3), then, when

@@ -1455,47 +1455,6 @@ fn gate(
     }
 }
 
-/// How a session worker gives its GPU resources back when its session ends
-/// (`REMORA_WORKER_TEARDOWN`, read as the worker gets its session; an experiment of session
-/// 35, `destroy` by default).
-/// `destroy` frees them one by one and destroys the contexts (`cuCtxDestroy`, 58-74 ms on the
-/// H200 host), then tells the server the GPU is released and exits, the exit's own teardown
-/// (~50 ms) not waited for. `exit` and `_exit` free nothing: the worker exits with its
-/// contexts alive, normally (the driver's exit handlers run) or by `_exit(2)` (only the
-/// kernel's teardown of its files), and the server counts the GPU released when it reaps the
-/// process, so that `remora run` still returns only once the memory is free. Which is
-/// faster is what gpu/tools/startup_probe.c measures (`STARTUP_PROBE_LIVE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WorkerTeardown {
-    /// Free and destroy, then say released (the default).
-    Destroy,
-    /// Exit with the contexts alive.
-    Exit,
-    /// `_exit(2)` with the contexts alive.
-    QuickExit,
-}
-
-impl WorkerTeardown {
-    /// `REMORA_WORKER_TEARDOWN` of this process (anything else: `destroy`, with a warning).
-    pub(crate) fn from_env() -> Self {
-        Self::parse(std::env::var("REMORA_WORKER_TEARDOWN").ok().as_deref())
-    }
-
-    fn parse(v: Option<&str>) -> Self {
-        match v.map(str::trim) {
-            None | Some("" | "destroy") => WorkerTeardown::Destroy,
-            Some("exit") => WorkerTeardown::Exit,
-            Some("_exit") => WorkerTeardown::QuickExit,
-            Some(other) => {
-                tracing::warn!(
-                    "REMORA_WORKER_TEARDOWN={other:?} is not destroy, exit or _exit; contexts are destroyed (destroy)"
-                );
-                WorkerTeardown::Destroy
-            }
-        }
-    }
-}
-
 pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     use std::os::fd::AsFd;
     // Die with the server: SIGTERM when the thread that started us ends. If the server is
@@ -1637,10 +1596,6 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     if let Some(out) = &device_output {
         executor.deliver_device_output(Arc::clone(out));
     }
-    let teardown = WorkerTeardown::from_env();
-    if teardown != WorkerTeardown::Destroy {
-        executor.leave_resources_to_exit();
-    }
     if let Some(why) = share_problem {
         executor.refuse_sessions(why);
     }
@@ -1684,19 +1639,6 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
             dropped,
             "bytes of device printf output were dropped because the client did not synchronize in time"
         );
-    }
-    if teardown != WorkerTeardown::Destroy {
-        // The server counts the GPU released when it reaps this process (no RELEASED).
-        tracing::debug!(target: "remora::startup", how = ?teardown, "session worker leaves its contexts to its exit");
-        if teardown == WorkerTeardown::QuickExit {
-            use std::io::Write as _;
-            let _ = std::io::stdout().flush();
-            let _ = std::io::stderr().flush();
-            // SAFETY: _exit ends the process at once, running no handler of this process's
-            // (the driver's included); nothing runs after it.
-            unsafe { libc::_exit(0) };
-        }
-        return Ok(());
     }
     // The session's contexts were destroyed when it closed; a context made ahead that it
     // never took goes too. Then the GPU holds nothing of this worker's but its process's
@@ -1822,17 +1764,6 @@ fn is_loopback(addr: &str) -> bool {
 mod tests {
     use super::private_dir;
     use super::{Gate, gate};
-
-    #[test]
-    fn the_worker_teardown_is_destroy_unless_an_exit_is_asked() {
-        use super::WorkerTeardown as T;
-        assert_eq!(T::parse(None), T::Destroy);
-        assert_eq!(T::parse(Some("")), T::Destroy);
-        assert_eq!(T::parse(Some("destroy")), T::Destroy);
-        assert_eq!(T::parse(Some(" exit ")), T::Exit);
-        assert_eq!(T::parse(Some("_exit")), T::QuickExit);
-        assert_eq!(T::parse(Some("kill")), T::Destroy);
-    }
 
     #[test]
     fn a_gated_worker_tells_a_go_from_a_hand_off() {

@@ -1596,22 +1596,16 @@ impl Session {
         })
     }
 
-    /// Makes the queued launches, releases the host functions blocked for the client and
-    /// waits for the calls in flight: every thread of the session stopped, nothing freed.
-    pub(crate) fn stop_threads(&self) {
-        self.launcher.close();
-        self.callbacks.close();
-        self.ordered.close();
-        self.waiters.close();
-    }
-
     /// Releases the host functions blocked for the client, waits for the calls in flight,
     /// then frees everything. The order matters: a call in flight (a synchronize) may wait for
     /// a stream that a host function blocks, and streams are destroyed only after their host
     /// functions are released.
     pub(crate) fn close(&self, backend: &dyn Backend) {
         let t0 = std::time::Instant::now();
-        self.stop_threads();
+        self.launcher.close();
+        self.callbacks.close();
+        self.ordered.close();
+        self.waiters.close();
         let threads = t0.elapsed();
         let mut st = self.lock();
         let objects = st.len();

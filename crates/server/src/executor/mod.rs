@@ -189,9 +189,6 @@ struct Inner {
     live_lanes: std::sync::atomic::AtomicUsize,
     /// Why every session is refused at HELLO, when one is ([`Executor::refuse_sessions`]).
     refusal: std::sync::OnceLock<String>,
-    /// A session's end leaves its GPU resources to this process's exit
-    /// ([`Executor::leave_resources_to_exit`]).
-    leave_to_exit: std::sync::atomic::AtomicBool,
 }
 
 /// The limits an executor applies and where it counts ([`crate::quota`]).
@@ -258,19 +255,8 @@ impl Executor {
                 lanes: Mutex::default(),
                 live_lanes: std::sync::atomic::AtomicUsize::new(0),
                 refusal: std::sync::OnceLock::new(),
-                leave_to_exit: std::sync::atomic::AtomicBool::new(false),
             }),
         }
-    }
-
-    /// From now on a session's end stops its threads but frees nothing on the GPU: a
-    /// session worker about to exit leaves its contexts and what they hold to the exit's
-    /// teardown (`REMORA_WORKER_TEARDOWN`, an experiment of session 35; see
-    /// `serve::WorkerTeardown`).
-    pub fn leave_resources_to_exit(&self) {
-        self.inner
-            .leave_to_exit
-            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Refuses every session at HELLO with `reason` (a session worker that cannot give its
@@ -996,22 +982,7 @@ impl Executor {
         // `session_count` counts what still holds GPU resources (the connection is closing:
         // no call of it arrives meanwhile).
         let session = self.inner.sessions().get(&connection).cloned();
-        if let Some(session) = &session
-            && self
-                .inner
-                .leave_to_exit
-                .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            // Its queued launches are made and its threads stopped; its contexts, and all
-            // they hold, go with this process (it stays in the table: nothing of it is
-            // dropped before the exit).
-            session.stop_threads();
-            tracing::debug!(
-                target: "remora::startup",
-                connection,
-                "session closed; its GPU resources are left to the worker's exit"
-            );
-        } else if let Some(session) = session {
+        if let Some(session) = session {
             // Its queued launches are made before anything of it is freed.
             session.launcher.close();
             let freeing = std::time::Instant::now();
