@@ -539,17 +539,18 @@ impl Session {
             }
             let mut pulled = Vec::new();
             let mut failed = false;
-            for (&key, m) in &st.list {
-                let mut device = vec![0u8; m.size as usize];
+            for (&key, m) in st.list.iter_mut() {
+                let mut device = m.pull_buffer();
                 let legacy = u64::from(RM_STREAM_LEGACY);
                 match self.memcpy_dtoh_unsettled(m.ctx, legacy, m.dev, &mut device) {
-                    Ok(()) => pulled.push((key, m.dev, device)),
+                    Ok(()) => pulled.push((key, m.dev, Pulled::Buffer(device))),
                     Err(e) => {
                         tracing::error!(
                             "remora: {why}: reading managed memory {:#x}+{:#x} back from the device failed: {e}; the host keeps its bytes",
                             m.dev,
                             m.size
                         );
+                        m.return_buffer(device);
                         failed = true;
                     }
                 }
@@ -605,8 +606,7 @@ impl Session {
             .into_iter()
             .filter_map(|c| {
                 let dev = *devs.get(&c.copy_id)?;
-                // A copy out of the reply record, which the snapshot then keeps.
-                Some((c.copy_id & !MIRROR_READ_ID, dev, Vec::from(c.data)))
+                Some((c.copy_id & !MIRROR_READ_ID, dev, Pulled::Reply(c.data)))
             })
             .collect();
         let complete = args.ranges.len();
@@ -619,6 +619,23 @@ impl Session {
     }
 }
 
+/// A mirror's bytes read back from the device.
+enum Pulled {
+    /// Into a [`Mirror::pull_buffer`].
+    Buffer(Vec<u8>),
+    /// In a reply (`RM_CTX_SYNCHRONIZE_READ`).
+    Reply(remora_proto::remora::RmBytes),
+}
+
+impl Pulled {
+    fn len(&self) -> usize {
+        match self {
+            Pulled::Buffer(b) => b.len(),
+            Pulled::Reply(b) => b.len(),
+        }
+    }
+}
+
 /// Merges device bytes read back (mirror key, the device address they were read from, bytes)
 /// into the mirrors still there at that address; marks the pull done up to `epoch` when
 /// given (every mirror was read); logs, once, host changes of managed memory made while
@@ -626,7 +643,7 @@ impl Session {
 fn merge_pulled(
     st: &mut mirror::MirrorState,
     why: &str,
-    pulled: Vec<(u64, u64, Vec<u8>)>,
+    pulled: Vec<(u64, u64, Pulled)>,
     epoch: Option<u64>,
 ) {
     let mut kept = 0;
@@ -642,8 +659,12 @@ fn merge_pulled(
         // synchronizing call.
         let host =
             unsafe { std::slice::from_raw_parts_mut(m.host as usize as *mut u8, m.size as usize) };
-        // The device's bytes become the snapshot as they are (no second pass over them).
-        let k = m.merge_pulled_owned(host, device);
+        let k = match device {
+            // The pull's buffer becomes the snapshot as it is (no second pass over it).
+            Pulled::Buffer(device) => m.merge_pulled_owned(host, device),
+            // Copied into the snapshot's pages, which are mapped already.
+            Pulled::Reply(device) => m.merge_pulled(host, &device),
+        };
         // Mapped host memory may change while kernels run (copies land in it, and natively
         // the program may write it): only managed memory breaks a rule.
         if !m.mapped_host {
