@@ -32,7 +32,10 @@
 #             gpu/tools/pool_probe.cu (stream_ordered's pattern, each call timed) natively and
 #             embedded, twice, and once more embedded with both profiles; with
 #             REMORA_CALLS_PROGRAMS_EXPERIMENT="VAR=VALUE..." each program also runs embedded
-#             twice more with those set (e.g. REMORA_WAIT_SIGNAL_HOLD_US=0), against native
+#             twice more with those set (e.g. REMORA_WAIT_SIGNAL_HOLD_US=0), against native;
+#             with REMORA_CALLS_PROGRAMS_HELD=1 all of it runs while a standing shm server
+#             holds the GPU (as bench startup's held phase: the driver and contexts kept open),
+#             each line marked "held"
 #   contention `remora bench contention --burn REMORA_CALLS_BURN` (default 2) over
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, REMORA_CALLS_ROUNDS rounds (default 3), then, when
@@ -174,28 +177,34 @@ step_attrib() {
 step_programs() {
   build_once || return 1
   local r=$out/programs.txt p
+  : > "$r"
   # The embedded server's profiles too: its per-procedure table (remora_oncrpc) and its
   # launch and copy lines (remora_server::profile).
   local profile_log=warn,remora::startup=debug,remora_server::worker_pool=info,remora_oncrpc::server::profile=info,remora_server::profile=info
   export REMORA_GPU_KERNELS=$build
+  local held=
+  if [ "${REMORA_CALLS_PROGRAMS_HELD:-0}" = 1 ]; then
+    start_serve "$bin" "$work"; held="held "
+    echo "a standing shm server holds the GPU (pid $serve_pid): every run below is held" > "$r"
+  fi
   {
     for p in ${REMORA_CALLS_PROGRAMS:-managed_memory stream_ordered cublas_simple}; do
       for _ in 1 2; do
-        sleep 0.5; timed "native $p" "$build/$p"
+        sleep 0.5; timed "${held}native $p" "$build/$p"
         sleep 0.5
-        REMORA_LOG=$profile_log timed "embedded-shm $p" "$bin/remora" run --profile -- "$build/$p"
+        REMORA_LOG=$profile_log timed "${held}embedded-shm $p" "$bin/remora" run --profile -- "$build/$p"
       done
-      echo "== $p: the last embedded run's timeline and profiles (client, then server)"
+      echo "== $held$p: the last embedded run's timeline and profiles (client, then server)"
       grep -E "remora::startup|worker_pool|client (connected|session)|^procedure|^rm_|^ +RM_|^\(within|profile:" "$work/timed.err" \
         | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
       if [ -n "${REMORA_CALLS_PROGRAMS_EXPERIMENT:-}" ]; then
         # The same embedded run with the experiment's variables, against a native run
         # beside each (word-split on purpose: VAR=VALUE words).
         for _ in 1 2; do
-          sleep 0.5; timed "native $p" "$build/$p"
+          sleep 0.5; timed "${held}native $p" "$build/$p"
           sleep 0.5
           # shellcheck disable=SC2086
-          REMORA_LOG=$profile_log timed "embedded-shm $p ($REMORA_CALLS_PROGRAMS_EXPERIMENT)" \
+          REMORA_LOG=$profile_log timed "${held}embedded-shm $p ($REMORA_CALLS_PROGRAMS_EXPERIMENT)" \
             env $REMORA_CALLS_PROGRAMS_EXPERIMENT "$bin/remora" run -- "$build/$p"
         done
         echo "== $p ($REMORA_CALLS_PROGRAMS_EXPERIMENT): the last run's end"
@@ -206,7 +215,7 @@ step_programs() {
     # stream_ordered's pattern with every call timed, natively and embedded: which calls
     # carry a remoted run's extra time (session 32: a pageable copy's synchronize, 1431 µs
     # per 4 MiB before 861064a, 420-456 after).
-    echo "== pool_probe (gpu/tools/pool_probe.cu): native, then embedded, twice"
+    echo "== ${held}pool_probe (gpu/tools/pool_probe.cu): native, then embedded, twice"
     local nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
     if "$nvcc" -O2 -o "$work/pool_probe" "$src/tools/pool_probe.cu" > "$work/pool_probe.log" 2>&1; then
       for _ in 1 2; do
@@ -219,7 +228,8 @@ step_programs() {
     else
       echo "pool_probe did not build:"; cat "$work/pool_probe.log"
     fi
-  } > "$r" 2>&1
+  } >> "$r" 2>&1
+  if [ -n "$held" ]; then kill "$serve_pid" 2>/dev/null; wait "$serve_pid" 2>/dev/null; serve_pid=; fi
   cat "$r"
 }
 
