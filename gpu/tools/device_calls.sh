@@ -96,20 +96,18 @@ step_suite() {
 }
 
 # alternate PREFIX HEADING: vecadd cubin natively and embedded (shm) 5 times each, 0.5 s idle
-# before each run; the last embedded run logs its start-up timeline, appended under HEADING to
-# $work/timeline.txt; then that timeline's lines, times as the seconds' fraction
+# before each run, each embedded run with its steps in one line (tools/run_summary.py); the
+# last embedded run's start-up timeline is appended under HEADING to $work/timeline.txt; then
+# that timeline's lines, times as the seconds' fraction
 alternate() {
   local prefix=$1 heading=$2
   for i in 1 2 3 4 5; do
     sleep 0.5; timed "${prefix}native vecadd" "$build/vecadd" cubin
     sleep 0.5
-    if [ "$i" = 5 ]; then
-      REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
-        timed "${prefix}embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
-      { echo "== $heading"; cat "$work/timed.err"; } >> "$work/timeline.txt"
-    else
+    REMORA_LOG=warn,remora::startup=debug,remora_server::worker_pool=info \
       timed "${prefix}embedded-shm vecadd" "$bin/remora" run -- "$build/vecadd" cubin
-    fi
+    python3 "$src/tools/run_summary.py" "$work/timed.err"
+    [ "$i" = 5 ] && { echo "== $heading"; cat "$work/timed.err"; } >> "$work/timeline.txt"
   done
   echo; echo "== that last embedded run's timeline"
   sed -n "/^== $heading\$/,/^== /p" "$work/timeline.txt" \
@@ -193,6 +191,7 @@ step_programs() {
         sleep 0.5; timed "${held}native $p" "$build/$p"
         sleep 0.5
         REMORA_LOG=$profile_log timed "${held}embedded-shm $p" "$bin/remora" run --profile -- "$build/$p"
+        python3 "$src/tools/run_summary.py" "$work/timed.err"
       done
       echo "== $held$p: the last embedded run's timeline and profiles (client, then server)"
       grep -E "remora::startup|worker_pool|client (connected|session)|^procedure|^rm_|^ +RM_|^\(within|profile:" "$work/timed.err" \
@@ -206,6 +205,7 @@ step_programs() {
           # shellcheck disable=SC2086
           REMORA_LOG=$profile_log timed "${held}embedded-shm $p ($REMORA_CALLS_PROGRAMS_EXPERIMENT)" \
             env $REMORA_CALLS_PROGRAMS_EXPERIMENT "$bin/remora" run -- "$build/$p"
+          python3 "$src/tools/run_summary.py" "$work/timed.err"
         done
         echo "== $p ($REMORA_CALLS_PROGRAMS_EXPERIMENT): the last run's end"
         grep -E "remora::startup" "$work/timed.err" | grep -E "exited|freed|destroyed|left to|leaves|released|stopped" \
