@@ -178,7 +178,7 @@ step_programs() {
   : > "$r"
   # The embedded server's profiles too: its per-procedure table (remora_oncrpc) and its
   # launch and copy lines (remora_server::profile).
-  local profile_log=warn,remora::startup=debug,remora_server::worker_pool=info,remora_oncrpc::server::profile=info,remora_server::profile=info
+  local profile_log=warn,remora::startup=debug,remora::module_load=debug,remora_server::worker_pool=info,remora_oncrpc::server::profile=info,remora_server::profile=info
   export REMORA_GPU_KERNELS=$build
   local held=
   if [ "${REMORA_CALLS_PROGRAMS_HELD:-0}" = 1 ]; then
@@ -196,6 +196,8 @@ step_programs() {
       echo "== $held$p: the last embedded run's timeline and profiles (client, then server)"
       grep -E "remora::startup|worker_pool|client (connected|session)|^procedure|^rm_|^ +RM_|^\(within|profile:" "$work/timed.err" \
         | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/'
+      # Each module's image: its size, the server's SHA-256 check, the driver's load.
+      grep -E "remora::module_load" "$work/timed.err" | sed -E 's/^[0-9T:-]+\.([0-9]+)Z/\1/; s/ DEBUG remora::module_load://'
       if [ -n "${REMORA_CALLS_PROGRAMS_EXPERIMENT:-}" ]; then
         # The same embedded run with the experiment's variables, against a native run
         # beside each (word-split on purpose: VAR=VALUE words).
