@@ -127,7 +127,8 @@ impl ModuleCache {
         }
         let dir = self.dir.as_ref()?;
         let image = disk_get(dir, &key, hash, self.capacity)?;
-        self.insert_memory(key, &image);
+        // Read from the file into memory of its own.
+        self.insert_memory(key, &image, true);
         Some(image)
     }
 
@@ -144,6 +145,16 @@ impl ModuleCache {
     /// Adds an image (whose hash the caller has verified), evicting the least recently used
     /// ones to stay within the bound. An image larger than the whole cache is not kept.
     pub(crate) fn insert(&self, scope: &str, hash: [u8; 32], image: Bytes) {
+        self.insert_image(scope, hash, image, false);
+    }
+
+    /// [`ModuleCache::insert`] of an image already copied into memory of its own (not a view
+    /// of a received record), which the cache keeps as it is.
+    pub(crate) fn insert_own(&self, scope: &str, hash: [u8; 32], image: Bytes) {
+        self.insert_image(scope, hash, image, true);
+    }
+
+    fn insert_image(&self, scope: &str, hash: [u8; 32], image: Bytes, own: bool) {
         if image.len() as u64 > self.capacity {
             return;
         }
@@ -158,10 +169,12 @@ impl ModuleCache {
                 write_entry(dir, &key, &image, self.capacity);
             }
         }
-        self.insert_memory(key, &image);
+        self.insert_memory(key, &image, own);
     }
 
-    fn insert_memory(&self, hash: [u8; 32], image: &Bytes) {
+    /// Keeps `image` in memory under `hash`: as it is when it is `own` (memory of its own),
+    /// else a copy of it.
+    fn insert_memory(&self, hash: [u8; 32], image: &Bytes, own: bool) {
         let size = image.len() as u64;
         if size > self.capacity {
             return;
@@ -183,7 +196,12 @@ impl ModuleCache {
         }
         st.total += size;
         // Keep a copy of its own, not a view that pins the whole received record.
-        st.map.insert(hash, (Bytes::copy_from_slice(image), tick));
+        let image = if own {
+            image.clone()
+        } else {
+            Bytes::copy_from_slice(image)
+        };
+        st.map.insert(hash, (image, tick));
     }
 }
 

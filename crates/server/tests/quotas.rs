@@ -488,3 +488,72 @@ fn the_tenant_map_makes_a_local_user_a_named_tenant() {
     drop(c);
     running.shutdown();
 }
+
+#[test]
+fn a_large_image_that_fails_its_hash_is_refused_and_leaves_no_module() {
+    // Images from 1 MiB on are checked against their SHA-256 beside the driver's load: a
+    // mismatch must still refuse the load, unload what the driver loaded (with `modules = 1`
+    // a module left behind would refuse the next load) and cache nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let (running, endpoint) = serve(&dir, Some("[session]\nmodules = 1\n"), &[]);
+    let c = client(&endpoint);
+    let ctx = ctx(&c);
+    // Blank lines pad the emulated module past the threshold.
+    let text = format!(
+        "REMORA-EMU-MODULE\nfunc big 8,4\nfunc other\n{}",
+        "\n".repeat(3 << 20)
+    );
+    let image = Bytes::from(text.into_bytes());
+    let hash: [u8; 32] = Sha256::digest(&image).into();
+    let mut bad = hash;
+    bad[31] ^= 0x80;
+    let cache = || running.executor().unwrap().cached_modules();
+    assert_eq!(
+        c.rm_module_load(&RmModuleLoadArgs {
+            ctx,
+            hash: bad,
+            image: image.clone()
+        })
+        .unwrap(),
+        RmLoadReply::RmLoadFailed(1), // CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(cache(), 0);
+    let RmLoadReply::RmLoaded(m) = c
+        .rm_module_load(&RmModuleLoadArgs {
+            ctx,
+            hash,
+            image: image.clone(),
+        })
+        .unwrap()
+    else {
+        panic!("the refused load left its module behind (modules = 1)")
+    };
+    let names: Vec<_> = m.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names.contains(&"big") && names.contains(&"other"),
+        "{names:?}"
+    );
+    let big = m.functions.iter().find(|f| f.name == "big").unwrap();
+    assert_eq!(
+        big.params
+            .iter()
+            .map(|p| (p.offset, p.size))
+            .collect::<Vec<_>>(),
+        [(0, 8), (8, 4)]
+    );
+    assert_eq!(cache(), 1);
+    // The cached copy serves a load by hash alone, once the first module is unloaded.
+    assert_eq!(c.rm_module_unload(&m.module).unwrap(), 0);
+    let RmLoadReply::RmLoaded(again) = c
+        .rm_module_load(&RmModuleLoadArgs {
+            ctx,
+            hash,
+            image: Bytes::new(),
+        })
+        .unwrap()
+    else {
+        panic!("the image was not cached")
+    };
+    assert_eq!(again.functions.len(), 2);
+}
