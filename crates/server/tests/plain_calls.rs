@@ -359,3 +359,56 @@ fn pooled_events_work_and_destruction_errors_stay_synchronous() {
     s.event_destroy(fresh).unwrap();
     s.ctx_synchronize(ctx).unwrap();
 }
+
+#[test]
+fn images_go_unnamed_over_unix_and_by_hash_first_over_tcp() {
+    use remora_client::proto::{RmLoadReply, RmModuleLoadArgs};
+    use remora_oncrpc::TransportChoice;
+    use sha2::{Digest, Sha256};
+    // Revision 20: over a Unix socket (or shared memory) the client sends an image whole with
+    // an all-zero hash, and the server names it by its SHA-256, so that a hash-first load of
+    // the same image (another session, a TCP client of the same scope) finds it cached.
+    let t = unix_session();
+    let s = &t.s;
+    let cached = || t.server.executor().cached_modules();
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    // A small image (hashed on the call's thread) and one past 1 MiB (hashed beside the load).
+    let small = b"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n".to_vec();
+    let mut large = b"REMORA-EMU-MODULE\nfunc big 8\nfunc other 4\n".to_vec();
+    large.resize(large.len() + (2 << 20), b'\n');
+    for (image, functions, n) in [(&small, 1, 1), (&large, 2, 2)] {
+        let m = s.module_load(ctx, image).unwrap();
+        assert_eq!(m.functions.len(), functions);
+        assert_eq!(cached(), n, "the server named and cached the image");
+        let hash: [u8; 32] = Sha256::digest(image).into();
+        let by_hash = s
+            .rpc()
+            .rm_module_load(&RmModuleLoadArgs {
+                ctx,
+                hash,
+                image: Default::default(),
+            })
+            .unwrap();
+        let RmLoadReply::RmLoaded(again) = by_hash else {
+            panic!("not cached under its SHA-256: {by_hash:?}")
+        };
+        assert_eq!(again.functions.len(), functions);
+    }
+    // An all-zero hash with no image names nothing: the server asks for the image.
+    assert_eq!(
+        s.rpc()
+            .rm_module_load(&RmModuleLoadArgs {
+                ctx,
+                hash: [0; 32],
+                image: Default::default(),
+            })
+            .unwrap(),
+        RmLoadReply::RmNeedImage
+    );
+    // Over TCP the hash goes first: the server asks for a new image, then caches it.
+    let tcp = session(&t.server.tcp(), TransportChoice::Tcp);
+    let tctx = tcp.primary_ctx_retain(0).unwrap();
+    let other = b"REMORA-EMU-MODULE\nfunc saxpy 4,8,8\n";
+    assert_eq!(tcp.module_load(tctx, other).unwrap().functions.len(), 1);
+    assert_eq!(cached(), 3);
+}
