@@ -371,6 +371,7 @@ fn images_go_unnamed_over_unix_and_by_hash_first_over_tcp() {
     let t = unix_session();
     let s = &t.s;
     let cached = || t.server.executor().cached_modules();
+    let asked = || t.server.executor().images_asked_for();
     let ctx = s.primary_ctx_retain(0).unwrap();
     // A small image (hashed on the call's thread) and one past 1 MiB (hashed beside the load).
     let small = b"REMORA-EMU-MODULE\nfunc vecadd 8,8,8,4\n".to_vec();
@@ -380,6 +381,7 @@ fn images_go_unnamed_over_unix_and_by_hash_first_over_tcp() {
         let m = s.module_load(ctx, image).unwrap();
         assert_eq!(m.functions.len(), functions);
         assert_eq!(cached(), n, "the server named and cached the image");
+        assert_eq!(asked(), 0, "the client sent the hash first");
         let hash: [u8; 32] = Sha256::digest(image).into();
         let by_hash = s
             .rpc()
@@ -405,10 +407,12 @@ fn images_go_unnamed_over_unix_and_by_hash_first_over_tcp() {
             .unwrap(),
         RmLoadReply::RmNeedImage
     );
+    assert_eq!(asked(), 1);
     // Over TCP the hash goes first: the server asks for a new image, then caches it.
     let tcp = session(&t.server.tcp(), TransportChoice::Tcp);
     let tctx = tcp.primary_ctx_retain(0).unwrap();
     let other = b"REMORA-EMU-MODULE\nfunc saxpy 4,8,8\n";
     assert_eq!(tcp.module_load(tctx, other).unwrap().functions.len(), 1);
+    assert_eq!(asked(), 2, "over TCP the hash goes first");
     assert_eq!(cached(), 3);
 }

@@ -178,6 +178,8 @@ struct Inner {
     /// By connection number (server-assigned).
     sessions: Mutex<rustc_hash::FxHashMap<u64, Arc<Session>>>,
     cache: ModuleCache,
+    /// `RM_NEED_IMAGE` answers given (hash-first loads of images not cached).
+    images_asked: std::sync::atomic::AtomicU64,
     /// This process's captured standard output (a session worker: one session), whose
     /// device-side printf output synchronizing replies carry.
     device_output: std::sync::OnceLock<Arc<DeviceOutput>>,
@@ -250,6 +252,7 @@ impl Executor {
                 hello,
                 sessions: Mutex::default(),
                 cache: ModuleCache::with_dir(cache_bytes, cache_dir),
+                images_asked: std::sync::atomic::AtomicU64::new(0),
                 device_output: std::sync::OnceLock::new(),
                 quotas: std::sync::OnceLock::new(),
                 lanes: Mutex::default(),
@@ -447,6 +450,11 @@ impl Executor {
     /// Number of objects in the module cache.
     pub fn cached_modules(&self) -> usize {
         self.inner.cache.len()
+    }
+
+    /// How many `RM_MODULE_LOAD` calls were answered `RM_NEED_IMAGE` (a hash not cached).
+    pub fn images_asked_for(&self) -> u64 {
+        self.inner.images_asked.load(Ordering::Relaxed)
     }
 
     /// The tenants of the live sessions that authenticated (by token or TLS client

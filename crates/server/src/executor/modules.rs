@@ -39,7 +39,10 @@ impl Executor {
         let image = if a.image.is_empty() {
             match self.inner.cache.get(&scope, &a.hash) {
                 Some(image) => image,
-                None => return Ok(RmLoadReply::RmNeedImage),
+                None => {
+                    self.inner.images_asked.fetch_add(1, Ordering::Relaxed);
+                    return Ok(RmLoadReply::RmNeedImage);
+                }
             }
         } else if a.image.len() >= CHECK_BESIDE_LOAD_MIN {
             return Ok(self.load_checking_beside(&session, &scope, a, unnamed));
