@@ -142,9 +142,7 @@ impl Mirror {
     pub(crate) fn merge_pulled_owned(&mut self, host: &mut [u8], device: Vec<u8>) -> usize {
         let kept = self.merge_pages(host, &device);
         let old = std::mem::replace(&mut self.snapshot, device);
-        if self.size <= SPARE_MAX_BYTES {
-            self.spare = old;
-        }
+        self.return_buffer(old);
         kept
     }
 
@@ -161,7 +159,8 @@ impl Mirror {
         }
     }
 
-    /// Keeps a [`Mirror::pull_buffer`] that a failed pull did not fill, for the next pull.
+    /// Keeps `buffer` of the mirror's size (a [`Mirror::pull_buffer`] that a failed pull did
+    /// not fill, or a replaced snapshot) for the next pull, up to [`SPARE_MAX_BYTES`].
     pub(crate) fn return_buffer(&mut self, buffer: Vec<u8>) {
         if buffer.len() == self.size as usize && self.size <= SPARE_MAX_BYTES {
             self.spare = buffer;

@@ -6,12 +6,12 @@ use sha2::{Digest, Sha256};
 
 use super::*;
 
-/// The module-cache scope of a session: its authenticated tenant; without authentication,
-/// its Unix user (from SO_PEERCRED), or one scope for all anonymous TCP clients.
 /// Images from this size on are checked and copied for the cache beside the driver's load
 /// ([`Executor::load_checking_beside`]); below it, two threads cost more than they save.
 const CHECK_BESIDE_LOAD_MIN: usize = 1 << 20;
 
+/// The module-cache scope of a session: its authenticated tenant; without authentication,
+/// its Unix user (from SO_PEERCRED), or one scope for all anonymous TCP clients.
 fn cache_scope(call: &CallContext, session: &Session) -> String {
     if let Some(t) = session.tenant.get() {
         return format!("tenant:{t}");
