@@ -1288,7 +1288,9 @@ impl ReaderState {
             _ => false,
         };
         if !keep {
-            self.records.get_ref().inner.set_read_timeout(remaining)?;
+            let spinning = self.records.get_ref();
+            spinning.inner.set_read_timeout(remaining)?;
+            spinning.note_read_timeout(remaining);
             self.timeout = remaining;
         }
         Ok(())

@@ -10,6 +10,7 @@
 //! Shared-memory streams wait in their rings with their own waiter and are read directly.
 
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use remora_shm::Waiter;
@@ -30,6 +31,9 @@ pub(crate) struct Spinning<S> {
     loaded: Option<fn() -> bool>,
     /// The next read that must wait spins first at least this long ([`Spinning::hold_next`]).
     hold: Duration,
+    /// The stream's read timeout in nanoseconds, 0 for none ([`Spinning::note_read_timeout`]):
+    /// a read spins no longer than that before it blocks (within the timeout) or times out.
+    timeout_ns: AtomicU64,
 }
 
 impl<S: Transport> Spinning<S> {
@@ -43,6 +47,24 @@ impl<S: Transport> Spinning<S> {
             waiter: Waiter::new(Duration::ZERO, MAX_SPIN).labeled("socket: readable"),
             loaded: (adaptive && block_when_loaded()).then_some(|| !remora_shm::cores_to_spare()),
             hold: Duration::ZERO,
+            timeout_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes the read timeout the stream was given (its owner sets it on the stream), which
+    /// also bounds how long a read spins: without the bound the spin policy's budget (a
+    /// second) outlasted a shorter timeout, so a read asked to give up after a server's tick
+    /// or a call's deadline spun on past it before it looked again.
+    pub(crate) fn note_read_timeout(&self, timeout: Option<Duration>) {
+        let ns = timeout.map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1));
+        self.timeout_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// The read timeout last noted ([`Spinning::note_read_timeout`]).
+    fn read_timeout(&self) -> Option<Duration> {
+        match self.timeout_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
         }
     }
 
@@ -124,6 +146,7 @@ impl<S: Transport> Read for Spinning<S> {
             Some(loaded) if loaded() => Duration::ZERO,
             _ => self.waiter.plan(),
         };
+        let budget = self.read_timeout().map_or(budget, |t| budget.min(t));
         while start.elapsed() < budget {
             std::hint::spin_loop();
             match self.inner.try_read(buf) {
@@ -291,6 +314,26 @@ mod tests {
         let _b = t.join().unwrap();
         let st = r.waiter.stats();
         assert_eq!((st.spun, st.slept), (1, 1), "{st:?}");
+    }
+
+    #[test]
+    fn a_spinning_read_gives_up_at_its_read_timeout() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let mut r = Spinning::new(crate::endpoint::Stream::Unix(a));
+        // The spin policy's budget: a second of spinning before a read blocks.
+        r.waiter = Waiter::with_bounds(remora_shm::SPIN_FOREVER, remora_shm::SPIN_FOREVER);
+        r.loaded = None;
+        r.inner
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        r.note_read_timeout(Some(Duration::from_millis(20)));
+        let mut buf = [0u8; 1];
+        let start = Instant::now();
+        let e = r.read(&mut buf).unwrap_err();
+        assert!(crate::record::is_timeout_kind(e.kind()), "{e}");
+        // 20 ms of spinning, then at most the 20 ms timeout blocked: far from the second.
+        let took = start.elapsed();
+        assert!(took < Duration::from_millis(500), "{took:?}");
     }
 
     #[test]

@@ -454,9 +454,11 @@ fn serve_records<S: Transport>(
     let first_max = config
         .max_first_record_size
         .map_or(config.max_record_size, |m| m.min(config.max_record_size));
+    let spinning = Spinning::new(stream);
+    spinning.note_read_timeout(Some(tick));
     let mut reader = RecordReader::new(
         Paced {
-            inner: Spinning::new(stream),
+            inner: spinning,
             yield_at: remora_shm::coarse_now() + tick,
             forced: false,
         },
