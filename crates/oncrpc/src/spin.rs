@@ -56,7 +56,9 @@ impl<S: Transport> Spinning<S> {
     /// second) outlasted a shorter timeout, so a read asked to give up after a server's tick
     /// or a call's deadline spun on past it before it looked again.
     pub(crate) fn note_read_timeout(&self, timeout: Option<Duration>) {
-        let ns = timeout.map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1));
+        let ns = timeout.map_or(0, |t| {
+            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1)
+        });
         self.timeout_ns.store(ns, Ordering::Relaxed);
     }
 
