@@ -270,6 +270,8 @@ fn created_pools_keep_attributes_reuse_memory_and_trim() {
     for p in [a[2], b, c] {
         s.mem_free_async(ctx, LEGACY, p).unwrap();
     }
+    // One-way frees (revision 21): made once the stream gets there.
+    s.stream_synchronize(ctx, LEGACY).unwrap();
     assert_eq!(fx.backend.live().allocations, 0);
     assert_eq!(fx.backend.live_pools(), 0);
     // Shareable handles (IPC) are refused.
@@ -317,4 +319,139 @@ fn a_session_end_frees_its_allocations_then_its_pools() {
         s.device_get_mem_pool(0),
         Ok(s.device_get_default_mem_pool(0).unwrap())
     );
+}
+
+/// `RM_MEM_FREE_ASYNC_ONEWAY` (revision 21) from a hand-made client: the free is made in
+/// order with the calls after it, and a failed one's error comes with the next synchronize.
+#[test]
+fn a_one_way_free_is_ordered_and_its_error_is_deferred() {
+    use remora_client::proto::*;
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fx = serve();
+    let rpc = remora_oncrpc::Client::connect_with(
+        &fx.endpoint,
+        remora_oncrpc::ClientConfig {
+            transport: TransportChoice::Unix,
+            ..remora_oncrpc::ClientConfig::default()
+        },
+    )
+    .unwrap();
+    let c = RemoraV1Client::new(rpc);
+    let hello = c
+        .remora_hello(&HelloArgs {
+            min_revision: 21,
+            max_revision: REMORA_PROTOCOL_REVISION,
+            client_name: "one-way free".into(),
+            capabilities: u64::from(REMORA_CAP_ONEWAY),
+        })
+        .unwrap();
+    assert!(matches!(hello, HelloReply::True(_)), "{hello:?}");
+    let RmHandleReply::Case0(ctx) = c.rm_primary_ctx_retain(&0).unwrap() else {
+        panic!("no context")
+    };
+    let RmU64Reply::Case0(p) = c
+        .rm_mem_alloc_async(&RmAllocAsyncArgs {
+            ctx,
+            stream: LEGACY,
+            bytesize: 4096,
+            pool: 0,
+        })
+        .unwrap()
+    else {
+        panic!("no allocation")
+    };
+    let RmHandleReply::Case0(dp) = c.rm_device_get_default_mem_pool(&0).unwrap() else {
+        panic!("no default pool")
+    };
+    let used = |c: &RemoraV1Client| {
+        let r = c
+            .rm_mem_pool_get_attribute(&RmPoolAttrArgs {
+                pool: dp,
+                attribute: USED_MEM_CURRENT,
+                value: 0,
+            })
+            .unwrap();
+        let RmU64Reply::Case0(v) = r else {
+            panic!("{r:?}")
+        };
+        v
+    };
+    assert_eq!(used(&c), 4096);
+    let free = RmFreeAsyncArgs {
+        ctx,
+        stream: LEGACY,
+        ptr: p,
+    };
+    c.rm_mem_free_async_oneway(&free).unwrap();
+    // The next call (synchronous, no synchronize between) sees the free made.
+    assert_eq!(used(&c), 0);
+    assert_eq!(fx.backend.live().allocations, 0);
+    let sync = c
+        .rm_stream_synchronize(&RmStreamArgs {
+            ctx,
+            stream: LEGACY,
+        })
+        .unwrap();
+    assert_eq!(sync.status, 0, "nothing failed");
+    // Freed twice: no answer now, the error at the next synchronize, then cleared.
+    c.rm_mem_free_async_oneway(&free).unwrap();
+    let sync = c
+        .rm_stream_synchronize(&RmStreamArgs {
+            ctx,
+            stream: LEGACY,
+        })
+        .unwrap();
+    assert_eq!(sync.status, cu::INVALID_VALUE, "the second free's error");
+    let sync = c
+        .rm_stream_synchronize(&RmStreamArgs {
+            ctx,
+            stream: LEGACY,
+        })
+        .unwrap();
+    assert_eq!(sync.status, 0, "reported once");
+}
+
+/// Through the client: live stream-ordered allocations are freed one-way (their frees still
+/// ordered), anything else waits for the server's verdict.
+#[test]
+fn the_client_frees_live_stream_allocations_one_way_and_others_with_a_verdict() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fx = serve();
+    let s = fx.session();
+    let ctx = s.primary_ctx_retain(0).unwrap();
+    let stream = s.stream_create(ctx, 1, 0).unwrap();
+    let dp = s.device_get_default_mem_pool(0).unwrap();
+    let ptrs: Vec<u64> = (0..8)
+        .map(|i| s.mem_alloc_async(ctx, stream, 4096 << i, 0).unwrap())
+        .collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        let data = pattern(64, i as u32);
+        s.memcpy_htod_async(ctx, stream, p, &data).unwrap();
+        s.mem_free_async(ctx, stream, p).unwrap();
+    }
+    // Made, in order, before the next synchronous call.
+    assert_eq!(s.mem_pool_get_attribute(dp, USED_MEM_CURRENT), Ok(0));
+    assert_eq!(fx.backend.live().allocations, 0);
+    s.stream_synchronize(ctx, stream).unwrap();
+    // A pointer no longer live is asked about, and refused at once.
+    assert_eq!(
+        s.mem_free_async(ctx, stream, ptrs[0]),
+        Err(CuError(cu::INVALID_VALUE)),
+        "freed twice"
+    );
+    let plain = s.mem_alloc(ctx, 256).unwrap();
+    assert_eq!(
+        s.mem_free_async(ctx, LEGACY, plain),
+        Err(CuError(cu::INVALID_VALUE)),
+        "not a stream-ordered allocation"
+    );
+    s.mem_free(ctx, plain).unwrap();
+    // Freed with cuMemFree, an allocation is no longer live: cuMemFreeAsync of it is refused.
+    let q = s.mem_alloc_async(ctx, stream, 512, 0).unwrap();
+    s.mem_free(ctx, q).unwrap();
+    assert_eq!(
+        s.mem_free_async(ctx, stream, q),
+        Err(CuError(cu::INVALID_VALUE))
+    );
+    s.stream_synchronize(ctx, stream).unwrap();
 }

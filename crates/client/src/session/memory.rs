@@ -113,6 +113,7 @@ impl Session {
             return r;
         }
         CuError::check(call!(self.rm_mem_free(&RmPtrArgs { ctx, ptr }))?)?;
+        lock(&self.stream_allocs).remove(&ptr);
         if !self.is_graph_alloc(ptr) {
             self.va.release(ptr);
         }

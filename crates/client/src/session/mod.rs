@@ -74,6 +74,10 @@ const EVENT_BATCH: u32 = 16;
 /// for it to hash ([`Session::module_load`]).
 const UNNAMED_IMAGE_REVISION: u32 = 20;
 
+/// The protocol revision whose servers take `cuMemFreeAsync` of a live stream-ordered
+/// allocation one-way (`RM_MEM_FREE_ASYNC_ONEWAY`).
+const ONEWAY_FREE_REVISION: u32 = 21;
+
 /// A session's events (revision 13).
 #[derive(Default)]
 struct EventPool {
@@ -457,6 +461,9 @@ pub struct Session {
     loads_asked: Mutex<std::collections::HashSet<RmHandle>>,
     /// Fresh events made ahead and events handed out ([`Session::event_create`]).
     events: Mutex<EventPool>,
+    /// Stream-ordered allocations made outside a capture and not freed since, with their
+    /// context: a server of revision 21 frees them one-way ([`Session::mem_free_async`]).
+    stream_allocs: Mutex<FxHashMap<u64, RmHandle>>,
     func_sets: Mutex<FxHashMap<(RmHandle, i32), i32>>,
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` answers by (function, block size,
     /// dynamic shared memory, flags): the occupancy calculator's answer depends only on them
@@ -760,6 +767,7 @@ impl Session {
             func_attrs: Mutex::default(),
             func_sets: Mutex::default(),
             events: Mutex::default(),
+            stream_allocs: Mutex::default(),
             loads_asked: Mutex::default(),
             occupancy: Mutex::default(),
             libraries: Libraries::default(),

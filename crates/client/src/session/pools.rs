@@ -49,20 +49,33 @@ impl Session {
             super::memory::Reserved::Alloc,
         )
         .map(|(ptr, ())| {
-            self.note_stream_alloc(stream, ptr);
+            if self.stream_may_capture(stream) {
+                self.note_stream_alloc(stream, ptr);
+            } else {
+                lock(&self.stream_allocs).insert(ptr, ctx);
+            }
             ptr
         })
     }
 
     /// `cuMemFreeAsync` on protocol stream `stream` of context `ctx`: frees on the server (in
-    /// stream order there), then releases the reservation.
+    /// stream order there), then releases the reservation. A live stream-ordered allocation
+    /// of this session freed on a stream that is not capturing goes one-way to a server of
+    /// revision 21, its error kept for the next synchronizing call as a launch's is (the
+    /// pointer is known good; what could fail is the stream); anything else waits for the
+    /// server's verdict. Why: a free that waits for its reply also waits for every one-way
+    /// call queued before it to be made, 44-71 µs a free in pool_probe on the H200 against
+    /// 1.6-2.1 natively, and PyTorch's `cudaMallocAsync` allocator frees every tensor so.
     pub fn mem_free_async(&self, ctx: RmHandle, stream: RmHandle, ptr: u64) -> CuResult<()> {
         self.need_revision(10, "cuMemFreeAsync")?;
-        CuError::check(call!(self.rm_mem_free_async(&RmFreeAsyncArgs {
-            ctx,
-            stream,
-            ptr
-        }))?)?;
+        let args = RmFreeAsyncArgs { ctx, stream, ptr };
+        let live = lock(&self.stream_allocs).remove(&ptr).is_some();
+        if live && self.welcome.revision >= ONEWAY_FREE_REVISION && !self.stream_may_capture(stream)
+        {
+            call!(self.rm_mem_free_async_oneway(&args))?;
+        } else {
+            CuError::check(call!(self.rm_mem_free_async(&args))?)?;
+        }
         if !self.is_graph_alloc(ptr) {
             self.va.release(ptr);
         }

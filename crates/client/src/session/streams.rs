@@ -245,12 +245,16 @@ impl Session {
         Ok(())
     }
 
-    /// Forgets the pooled and live events of the contexts `gone` says are gone (destroyed,
-    /// or a primary context released or reset): the server dropped them with the context.
+    /// Forgets the pooled and live events and the live stream-ordered allocations of the
+    /// contexts `gone` says are gone (destroyed, or a primary context released or reset):
+    /// the server dropped them with the context, so a later use must get its verdict.
     pub(super) fn forget_events_of(&self, gone: impl Fn(RmHandle) -> bool) {
-        let mut events = lock(&self.events);
-        events.fresh.retain(|(ctx, _), _| !gone(*ctx));
-        events.live.retain(|_, ctx| !gone(*ctx));
+        {
+            let mut events = lock(&self.events);
+            events.fresh.retain(|(ctx, _), _| !gone(*ctx));
+            events.live.retain(|_, ctx| !gone(*ctx));
+        }
+        lock(&self.stream_allocs).retain(|_, ctx| !gone(*ctx));
     }
 
     /// `cuEventRecord`: one-way.

@@ -55,6 +55,26 @@ impl Executor {
     }
 
     pub(super) fn mem_free_async(&self, session: &Session, a: RmFreeAsyncArgs) -> CuResult_ {
+        code("RM_MEM_FREE_ASYNC", self.free_async(session, &a))
+    }
+
+    /// `RM_MEM_FREE_ASYNC_ONEWAY` (revision 21): the same free, its error kept for the next
+    /// synchronizing call.
+    pub(super) fn mem_free_async_oneway(
+        &self,
+        call: &CallContext,
+        a: RmFreeAsyncArgs,
+    ) -> ProcResult<()> {
+        self.oneway_on(
+            call,
+            "RM_MEM_FREE_ASYNC_ONEWAY",
+            Some((a.ctx, a.stream)),
+            |_, session| self.free_async(session, &a),
+        )
+    }
+
+    /// `cuMemFreeAsync` of `a.ptr` on `a.stream`, and the session's record of the range.
+    fn free_async(&self, session: &Session, a: &RmFreeAsyncArgs) -> CuResult<()> {
         // The lock is held across the (non-blocking) driver call, as for RM_MEM_FREE: two
         // threads freeing one pointer must not both reach the driver.
         let mut st = session.lock();
@@ -80,7 +100,7 @@ impl Executor {
                 _ => st.range_freed(a.ptr),
             }
         }
-        code("RM_MEM_FREE_ASYNC", r)
+        r
     }
 
     /// The graph handle stream (`ctx`, `stream`) is capturing into, if it is capturing

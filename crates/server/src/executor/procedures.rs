@@ -510,6 +510,14 @@ impl RemoraV1Server for Executor {
         })
     }
 
+    fn rm_mem_free_async_oneway(
+        &self,
+        call: &CallContext,
+        a: RmFreeAsyncArgs,
+    ) -> ProcResult<()> {
+        self.mem_free_async_oneway(call, a)
+    }
+
     fn rm_event_destroy_async(&self, call: &CallContext, h: RmHandle) -> ProcResult<()> {
         self.oneway_on(call, "RM_EVENT_DESTROY_ASYNC", None, |inner, session| {
             let mut st = session.lock();
