@@ -510,11 +510,7 @@ impl RemoraV1Server for Executor {
         })
     }
 
-    fn rm_mem_free_async_oneway(
-        &self,
-        call: &CallContext,
-        a: RmFreeAsyncArgs,
-    ) -> ProcResult<()> {
+    fn rm_mem_free_async_oneway(&self, call: &CallContext, a: RmFreeAsyncArgs) -> ProcResult<()> {
         self.mem_free_async_oneway(call, a)
     }
 
