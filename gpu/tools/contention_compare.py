@@ -10,8 +10,10 @@ and p50 (medians of the rounds), adaptive against the better of spin and block b
 x1.10: the distribution-free interval of their median, as `bench contention`'s notes give it),
 and the CPU per round trip (client + server) of
 polling against adaptive. With --traces FILE.txt... (the step's .txt files, written with
-REMORA_CALLS_TRACE=1), also each policy's server synchronizes from the `server: synchronize`
-lines: how many were deferred to a waiter thread and their mean wake-up and driver times.
+REMORA_CALLS_TRACE=1), also, round by round, how many of adaptive's clients had settled on
+the full call (their completion-word waiter's `spin_first_us` above its `block_at_once_us`),
+and each policy's server synchronizes from the `server: synchronize` lines: how many were
+deferred to a waiter thread and their mean wake-up and driver times.
 """
 
 import argparse
@@ -138,6 +140,38 @@ def traces(path):
     return [(k, *sections[k]) for k in order]
 
 
+CELL = re.compile(r"^\[\d+/\d+\] round (\d+): (\w+), (\d+) client")
+WORD = re.compile(r'waiter="completion word" .*?spin_first_us=([\d.]+) block_at_once_us=([\d.]+)')
+
+
+def settled(path):
+    """Per (burn, policy, transport, clients) of a traced contention .txt, round by round:
+    (clients whose completion-word waiter had settled on the full call, completion-word
+    waiters). Settled: watching the word first has lately taken longer than making the full
+    call at once (`spin_first_us` > `block_at_once_us` > 0), so its synchronizes make the
+    full call but for the explored few (session 38: the 4-client p50 at 2x load followed how
+    many had)."""
+    out = {}
+    burn = policy = cell = None
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"== burn=(\S+) .*REMORA_WAIT=(\w+)", line)
+            if m:
+                burn, policy, cell = m.group(1), m.group(2), None
+                continue
+            m = CELL.match(line)
+            if m:
+                cell = (burn, policy, m.group(2), int(m.group(3)))
+                out.setdefault(cell, []).append([0, 0])
+            m = WORD.search(line)
+            if m and cell:
+                first, block = float(m.group(1)), float(m.group(2))
+                tally = out[cell][-1]
+                tally[0] += first > block > 0
+                tally[1] += 1
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", nargs="+", help="bench contention --json reports")
@@ -155,6 +189,11 @@ def main():
             if (f"{t} adaptive burn={burn}", c, "launch_sync.mean") in figs:
                 print(f"  {describe(figs, cell)}  [{p}]")
     for path in args.traces:
+        print(f"# clients settled on the full call in {path}, round by round (settled/traced)")
+        for (burn, policy, t, c), rounds in sorted(settled(path).items()):
+            if policy == "adaptive" and any(n for _, n in rounds):
+                per = " ".join(f"{k}/{n}" for k, n in rounds)
+                print(f"  {t} {burn} {c} client(s): {per}")
         print(f"# server synchronizes in {path} (deferred / all, mean wake-up and driver us)")
         for section, deferred, total, wake, driver in traces(path):
             if total:
