@@ -20,8 +20,11 @@ pub(crate) struct Range {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Allocations by base address.
-    ranges: BTreeMap<u64, Range>,
+    /// Allocations by base address, oldest first. Two at one base only for a moment: once
+    /// the server has freed an allocation, another thread's allocation may get the same
+    /// address and be reserved before the freeing thread releases the first one here; that
+    /// release then takes the older entry, not the live one (see [`VaSpace::release`]).
+    ranges: BTreeMap<u64, Vec<Range>>,
     /// Reserved chunks of pages: start -> (end, number of allocations touching it). Device
     /// allocations can share a page (the driver sub-allocates), so chunks are counted.
     chunks: BTreeMap<u64, (u64, u32)>,
@@ -142,22 +145,31 @@ impl VaSpace {
         }
         st.last_buffer_id += 1;
         let buffer_id = st.last_buffer_id;
-        st.ranges.insert(
-            base,
-            Range {
-                size,
-                ctx,
-                buffer_id,
-                outlives_context: outlives,
-            },
-        );
+        st.ranges.entry(base).or_default().push(Range {
+            size,
+            ctx,
+            buffer_id,
+            outlives_context: outlives,
+        });
         Ok(())
     }
 
-    /// Forgets the allocation at `base` and releases the pages no other allocation uses.
+    /// Forgets the allocation at `base` and releases the pages no other allocation uses. With
+    /// two allocations at `base` (one freed on the server and since handed out again), the
+    /// older one: the caller freed it before the newer one could exist.
     pub(crate) fn release(&self, base: u64) -> Option<Range> {
+        self.release_where(base, |_| true)
+    }
+
+    /// [`VaSpace::release`] of the oldest allocation at `base` that `pick` accepts.
+    fn release_where(&self, base: u64, pick: impl Fn(&Range) -> bool) -> Option<Range> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let r = st.ranges.remove(&base)?;
+        let at = st.ranges.get_mut(&base)?;
+        let i = at.iter().position(&pick)?;
+        let r = at.remove(i);
+        if at.is_empty() {
+            st.ranges.remove(&base);
+        }
         if let Some((start, end)) = page_span(base, r.size) {
             for (cs, ce) in st.overlapping(start, end) {
                 let Some(c) = st.chunks.get_mut(&cs) else {
@@ -203,18 +215,28 @@ impl VaSpace {
     /// The allocation containing `ptr`, as (base, range).
     pub(crate) fn find(&self, ptr: u64) -> Option<(u64, Range)> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let (&base, &r) = st.ranges.range(..=ptr).next_back()?;
+        let (&base, at) = st.ranges.range(..=ptr).next_back()?;
+        // The newest at a base is the live one.
+        let r = *at.last()?;
         (ptr < base + r.size.max(1)).then_some((base, r))
     }
 
-    /// Every allocation of context `ctx` that goes with it (for context teardown).
-    pub(crate) fn of_context(&self, ctx: u64) -> Vec<u64> {
+    /// Every allocation of context `ctx` that goes with it (for context teardown), as (base,
+    /// buffer id) for [`VaSpace::release_buffer`].
+    pub(crate) fn of_context(&self, ctx: u64) -> Vec<(u64, u64)> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.ranges
             .iter()
+            .flat_map(|(&b, at)| at.iter().map(move |r| (b, r)))
             .filter(|(_, r)| r.ctx == ctx && !r.outlives_context)
-            .map(|(&b, _)| b)
+            .map(|(b, r)| (b, r.buffer_id))
             .collect()
+    }
+
+    /// Forgets the allocation at `base` with buffer id `id` (one [`VaSpace::of_context`]
+    /// listed), whatever else is at `base`.
+    pub(crate) fn release_buffer(&self, base: u64, id: u64) -> Option<Range> {
+        self.release_where(base, |r| r.buffer_id == id)
     }
 }
 
@@ -273,11 +295,46 @@ mod tests {
             other.reserve(base, 4096, 1),
             Err(ReserveError::Collision(_))
         ));
-        assert_eq!(va.of_context(7), vec![base]);
+        assert_eq!(va.of_context(7).len(), 1);
+        assert_eq!(va.of_context(7)[0].0, base);
         va.release(base).unwrap();
         assert!(va.find(base).is_none());
         // Released: it can be reserved again.
         other.reserve(base, 4096, 1).unwrap();
+    }
+
+    #[test]
+    fn an_address_handed_out_again_before_its_release_keeps_the_new_allocation() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let va = VaSpace::default();
+        let base = free_range(1 << 20);
+        va.reserve(base, 1 << 20, 7).unwrap();
+        let first = va.find(base).unwrap().1.buffer_id;
+        // The server freed it and gave the address to another thread's allocation, reserved
+        // before the first thread's release.
+        va.reserve(base, 4096, 8).unwrap();
+        let (b, r) = va.find(base + 10).unwrap();
+        assert_eq!(
+            (b, r.ctx),
+            (base, 8),
+            "the newer allocation is the live one"
+        );
+        assert_eq!(va.release(base).map(|r| r.buffer_id), Some(first));
+        // The newer one stays, classified and reserved.
+        assert_eq!(va.find(base + 10).map(|(_, r)| r.ctx), Some(8));
+        let other = VaSpace::default();
+        assert!(matches!(
+            other.reserve(base, 4096, 1),
+            Err(ReserveError::Collision(_))
+        ));
+        // A context's teardown releases its own allocation by buffer id.
+        let listed = va.of_context(8);
+        assert_eq!(listed.len(), 1);
+        assert!(va.release_buffer(listed[0].0, listed[0].1).is_some());
+        assert!(va.find(base).is_none());
+        // Nothing is left reserved: the first one's pages went with the last allocation on
+        // them.
+        other.reserve(base, 1 << 20, 1).unwrap();
     }
 
     #[test]

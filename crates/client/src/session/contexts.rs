@@ -168,8 +168,8 @@ impl Session {
         let r = call!(self.rm_ctx_destroy(&ctx))?;
         self.take_device_output();
         CuError::check(r)?;
-        for base in self.va.of_context(ctx) {
-            self.va.release(base);
+        for (base, id) in self.va.of_context(ctx) {
+            self.va.release_buffer(base, id);
         }
         lock(&self.per_thread).retain(|(_, c), _| *c != ctx);
         self.forget_events_of(|c| c == ctx);

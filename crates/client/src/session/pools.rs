@@ -72,10 +72,15 @@ impl Session {
         let live = lock(&self.stream_allocs).remove(&ptr).is_some();
         if live && self.welcome.revision >= ONEWAY_FREE_REVISION && !self.stream_may_capture(stream)
         {
+            // The reservation goes first: once the free is sent, the pool may hand the same
+            // address to another thread's allocation, whose reservation must not meet ours.
+            if !self.is_graph_alloc(ptr) {
+                self.va.release(ptr);
+            }
             call!(self.rm_mem_free_async_oneway(&args))?;
-        } else {
-            CuError::check(call!(self.rm_mem_free_async(&args))?)?;
+            return Ok(());
         }
+        CuError::check(call!(self.rm_mem_free_async(&args))?)?;
         if !self.is_graph_alloc(ptr) {
             self.va.release(ptr);
         }
