@@ -1288,9 +1288,7 @@ impl ReaderState {
             _ => false,
         };
         if !keep {
-            let spinning = self.records.get_ref();
-            spinning.inner.set_read_timeout(remaining)?;
-            spinning.note_read_timeout(remaining);
+            self.records.get_ref().set_read_timeout(remaining)?;
             self.timeout = remaining;
         }
         Ok(())

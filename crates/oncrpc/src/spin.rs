@@ -79,6 +79,15 @@ impl<S: Transport> Spinning<S> {
     }
 }
 
+impl Spinning<crate::endpoint::Stream> {
+    /// Sets the stream's read timeout and notes it ([`Spinning::note_read_timeout`]).
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_read_timeout(timeout)?;
+        self.note_read_timeout(timeout);
+        Ok(())
+    }
+}
+
 /// Whether an adaptive socket read that must wait blocks at once, without spinning or
 /// exploring, while the host has no core to spare ([`remora_shm::cores_to_spare`]): on by
 /// default; `REMORA_WAIT_SOCKET_LOADED=adaptive` turns it off (the choice between spinning and
@@ -325,10 +334,7 @@ mod tests {
         // The spin policy's budget: a second of spinning before a read blocks.
         r.waiter = Waiter::with_bounds(remora_shm::SPIN_FOREVER, remora_shm::SPIN_FOREVER);
         r.loaded = None;
-        r.inner
-            .set_read_timeout(Some(Duration::from_millis(20)))
-            .unwrap();
-        r.note_read_timeout(Some(Duration::from_millis(20)));
+        r.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
         let mut buf = [0u8; 1];
         let start = Instant::now();
         let e = r.read(&mut buf).unwrap_err();

@@ -605,14 +605,15 @@ impl Waiter {
         let hold = std::mem::take(&mut self.hold);
         let mut floor = stretch;
         let fixed = self.max_spin.is_zero() || self.min_spin == self.max_spin;
+        let mut hold_spin = None;
         if !fixed && !hold.is_zero() {
             // A held wait is counted as such whether or not it spins for the hold.
             self.held = Some(hold);
             self.stats.held += 1;
-        }
-        let hold_spin = if fixed { None } else { self.hold_spin(hold) };
-        if !fixed && !hold.is_zero() && hold_spin.is_none() {
-            self.stats.hold_dropped += 1;
+            hold_spin = self.hold_spin(hold);
+            if hold_spin.is_none() {
+                self.stats.hold_dropped += 1;
+            }
         }
         self.arm = if fixed {
             None
@@ -721,8 +722,7 @@ impl Waiter {
     /// Folds one observed wait into the budget, and into the figure of the way it was
     /// planned ([`Waiter::plan`]).
     pub fn observe(&mut self, took: Duration) {
-        self.learn(took);
-        self.settle(took);
+        self.observe_judged(took, took);
     }
 
     /// [`Waiter::observe`], with the planned way judged by `judged` rather than `took`: for a

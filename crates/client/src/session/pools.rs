@@ -74,9 +74,8 @@ impl Session {
         {
             // The reservation goes first: once the free is sent, the pool may hand the same
             // address to another thread's allocation, whose reservation must not meet ours.
-            if !self.is_graph_alloc(ptr) {
-                self.va.release(ptr);
-            }
+            // (A live allocation was made outside a capture: never a graph allocation.)
+            self.va.release(ptr);
             call!(self.rm_mem_free_async_oneway(&args))?;
             return Ok(());
         }

@@ -177,12 +177,10 @@ impl SignalSync {
     /// planned is judged by `took` less `woke_lag` (the server's usual wake-up lag when its
     /// signal had to wake it and [`judge_woken_as_spinning`] is on; else zero).
     fn observe(&self, took: Duration, woke_lag: Duration) {
-        let mut w = self.waiter.lock().unwrap_or_else(PoisonError::into_inner);
-        if woke_lag.is_zero() {
-            w.observe(took);
-        } else {
-            w.observe_judged(took, judged_without_wake(took, woke_lag));
-        }
+        self.waiter
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .observe_judged(took, judged_without_wake(took, woke_lag));
     }
 }
 
