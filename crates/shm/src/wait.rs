@@ -722,16 +722,8 @@ impl Waiter {
     /// Folds one observed wait into the budget, and into the figure of the way it was
     /// planned ([`Waiter::plan`]).
     pub fn observe(&mut self, took: Duration) {
-        self.observe_judged(took, took);
-    }
-
-    /// [`Waiter::observe`], with the planned way judged by `judged` rather than `took`: for a
-    /// wait whose time includes a cost that the way it took would not pay once both sides
-    /// keep to it (a completion word whose signal had to wake the sleeping server, see
-    /// `REMORA_WAIT_SIGNAL_JUDGE` in the client).
-    pub fn observe_judged(&mut self, took: Duration, judged: Duration) {
         self.learn(took);
-        self.settle(judged);
+        self.settle(took);
     }
 
     /// Folds one wait into the budget only.
@@ -884,33 +876,6 @@ mod tests {
         assert_eq!(HoldRule::parse(Some(" learned ")), HoldRule::Learned);
         assert_eq!(HoldRule::parse(Some(" fixed")), HoldRule::Fixed);
         assert_eq!(HoldRule::parse(Some("always")), HoldRule::Learned);
-    }
-
-    #[test]
-    fn a_way_judged_without_a_cost_it_would_not_pay_is_chosen_by_that() {
-        let us = Duration::from_micros;
-        // Watching first takes 300 µs, 280 of them the woken peer's lag; blocking at once
-        // takes 60. Judged by what they took, blocking wins; judged without the lag, watching.
-        let run = |judged: bool| {
-            let mut w = trained(2, 50, 5);
-            for _ in 0..400 {
-                let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
-                match (spin, judged) {
-                    (true, true) => w.observe_judged(us(300), us(20)),
-                    (true, false) => w.observe(us(300)),
-                    (false, _) => w.observe(us(60)),
-                }
-            }
-            (0..32)
-                .filter(|_| {
-                    let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
-                    w.cancel_plan();
-                    spin
-                })
-                .count()
-        };
-        assert!(run(false) <= 2, "took: blocking preferred");
-        assert!(run(true) >= 30, "judged: watching preferred");
     }
 
     #[test]

@@ -49,44 +49,6 @@ pub(super) struct SignalSync {
     full: AtomicU64,
     /// How long the last synchronize looked at its word before it made the full call.
     spun_first_ns: AtomicU64,
-    /// The server's usual wake-up lag when the last synchronize's signal had to wake it and
-    /// [`judge_woken_as_spinning`] is on (nanoseconds; 0: not woken or off), taken out of
-    /// the spinning way's figure when its full call ends.
-    woke_lag_ns: AtomicU64,
-    /// [`judge_woken_as_spinning`], read once.
-    judge_woken: bool,
-}
-
-/// Whether a synchronize that watched its word after its signal had to wake the sleeping
-/// server is judged, for the choice between watching the word and making the full call at
-/// once ([`Waiter::plan`]), without the server's usual wake-up lag: what watching costs once
-/// client and server are both back to spinning (`REMORA_WAIT_SIGNAL_JUDGE=spinning`, an
-/// experiment; `took`, the default, judges it by what it took).
-///
-/// Why (issue 12 §4, session 38's traces at cb515df, H200, shm, 4 clients under 2x load): in
-/// the rounds where adaptive's p50 was x1.66-x1.75 of spinning's, two or three of the four
-/// clients' completion-word waiters had settled on the full call (watching first 141-498 µs
-/// against the full call's 12-66), and in the round with none settled so it was x0.90. A
-/// client that makes full calls leaves its server's request waiter unheld and asleep, so
-/// every explored watch (one in 128 waits once one way is clearly ahead) pays the server's
-/// wake-up under load, and the watching way's figure stays too high to come back to.
-fn judge_woken_as_spinning() -> bool {
-    signal_judge_setting(std::env::var("REMORA_WAIT_SIGNAL_JUDGE").ok().as_deref())
-}
-
-/// `REMORA_WAIT_SIGNAL_JUDGE`'s value: `spinning` turns the judging of woken watches without
-/// the wake-up on; unset, empty or `took` leaves it off; anything else is logged and off.
-fn signal_judge_setting(v: Option<&str>) -> bool {
-    match v.map(str::trim) {
-        None | Some("" | "took") => false,
-        Some("spinning") => true,
-        Some(other) => {
-            tracing::warn!(
-                "REMORA_WAIT_SIGNAL_JUDGE={other:?} is not took or spinning; synchronizes are judged by what they took"
-            );
-            false
-        }
-    }
 }
 
 impl SignalSync {
@@ -115,8 +77,6 @@ impl SignalSync {
             seen: AtomicU64::new(0),
             full: AtomicU64::new(0),
             spun_first_ns: AtomicU64::new(0),
-            woke_lag_ns: AtomicU64::new(0),
-            judge_woken: judge_woken_as_spinning(),
         })
     }
 
@@ -173,14 +133,12 @@ impl SignalSync {
             .cancel_plan();
     }
 
-    /// Folds a synchronize's time, however it ended, into the spin budget; the way it was
-    /// planned is judged by `took` less `woke_lag` (the server's usual wake-up lag when its
-    /// signal had to wake it and [`judge_woken_as_spinning`] is on; else zero).
-    fn observe(&self, took: Duration, woke_lag: Duration) {
+    /// Folds a synchronize's time, however it ended, into the spin budget.
+    fn observe(&self, took: Duration) {
         self.waiter
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .observe_judged(took, judged_without_wake(took, woke_lag));
+            .observe(took);
     }
 }
 
@@ -244,12 +202,10 @@ impl Session {
         // When the call had to wake the sleeping server, the word comes a wake-up late:
         // spin through that too (as the rings do), or the pair stays asleep under load.
         // (`REMORA_WAIT=spin`'s budget stays as it is.)
-        let woken = self.rpc.rpc().take_peer_woken();
-        let budget = match woken {
+        let budget = match self.rpc.rpc().take_peer_woken() {
             Some(lag) => budget.max(sig.wake_stretch(lag)),
             None => budget,
         };
-        let woke_lag = woken.filter(|_| sig.judge_woken).unwrap_or_default();
         let done = sent
             && sig.signals.word(slot).is_some_and(|word| {
                 let until = start + budget;
@@ -270,7 +226,7 @@ impl Session {
             // A wait for the server, as a reply is: the next launch goes out at once.
             self.rpc.rpc().note_waited();
             sig.seen.fetch_add(1, Ordering::Relaxed);
-            sig.observe(start.elapsed(), woke_lag);
+            sig.observe(start.elapsed());
             if let Some(p) = &self.profile {
                 p.record(
                     "(stream synchronize seen in shared memory)",
@@ -282,10 +238,6 @@ impl Session {
             // The full call's time is added to this when it ends (`observe_sync`).
             sig.spun_first_ns.store(
                 u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
-                Ordering::Relaxed,
-            );
-            sig.woke_lag_ns.store(
-                u64::try_from(woke_lag.as_nanos()).unwrap_or(u64::MAX),
                 Ordering::Relaxed,
             );
         }
@@ -309,37 +261,7 @@ impl Session {
     pub(super) fn observe_sync(&self, took: Duration) {
         if let Some(sig) = &self.signals {
             let spun = Duration::from_nanos(sig.spun_first_ns.swap(0, Ordering::Relaxed));
-            let lag = Duration::from_nanos(sig.woke_lag_ns.swap(0, Ordering::Relaxed));
-            sig.observe(took + spun, lag);
+            sig.observe(took + spun);
         }
-    }
-}
-
-/// A woken synchronize's time less the server's usual wake-up lag, never below a tenth of
-/// what it took (a lag larger than the wait says the estimate was off, not that the wait
-/// cost nothing).
-fn judged_without_wake(took: Duration, lag: Duration) -> Duration {
-    took.saturating_sub(lag).max(took / 10)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signal_judge_values() {
-        assert!(!signal_judge_setting(None));
-        assert!(!signal_judge_setting(Some("")));
-        assert!(!signal_judge_setting(Some("took")));
-        assert!(signal_judge_setting(Some(" spinning ")));
-        assert!(!signal_judge_setting(Some("always")));
-    }
-
-    #[test]
-    fn a_woken_wait_is_judged_without_the_wake_up() {
-        let us = Duration::from_micros;
-        assert_eq!(judged_without_wake(us(350), us(300)), us(50));
-        assert_eq!(judged_without_wake(us(100), us(300)), us(10));
-        assert_eq!(judged_without_wake(us(100), Duration::ZERO), us(100));
     }
 }
