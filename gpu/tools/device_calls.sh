@@ -43,7 +43,8 @@
 #             experiment against the default in one call), or with
 #             REMORA_CALLS_EXPERIMENT=serve:ARG... once more with each ARG given to the
 #             servers it starts (e.g. serve:--isolation=thread); REMORA_CALLS_TRACE=1 traces the
-#             waits (REMORA_WAIT_TRACE) into the tarred .txt files
+#             waits (REMORA_WAIT_TRACE) into the tarred .txt files; each round may take
+#             REMORA_CALLS_ROUND_S seconds (default 95; give 16 clients 150 a transport and load)
 #   samples   NVIDIA's CUDA samples (a copy in BIN_DIR/cuda-samples) in
 #             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
 #   torch     gpu/torch/suite.sh over REMORA_CALLS_TORCH_MODES (default shm) with
@@ -266,9 +267,10 @@ step_contention() {
       esac
       # Each waiter's counts and wait-time histogram (gpu/README.md), in the .txt.
       [ "${REMORA_CALLS_TRACE:-0}" = 1 ] && export REMORA_WAIT_TRACE=1 REMORA_LOG=warn,remora::wait=info
-      # 95 s a round at most: a round of shm and tcp, 1 and 4 clients, 1x and 2x load took
-      # about 50 s in session 31.
-      timeout $((95 * ${REMORA_CALLS_ROUNDS:-3})) "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
+      # 95 s a round at most (REMORA_CALLS_ROUND_S): a round of shm and tcp, 1 and 4 clients,
+      # 1x and 2x load took about 50 s in session 31; one of shm, unix and tcp with 4 and 16
+      # clients at 2x load alone took over 95 s in session 39 (16 clients: 6-12 s a cell).
+      timeout $((${REMORA_CALLS_ROUND_S:-95} * ${REMORA_CALLS_ROUNDS:-3})) "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
         --policies spin,block,adaptive --syncs 1000 --rounds "${REMORA_CALLS_ROUNDS:-3}" "${extra[@]}" \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
       echo "exit $?"
