@@ -44,7 +44,8 @@
 #             REMORA_CALLS_EXPERIMENT=serve:ARG... once more with each ARG given to the
 #             servers it starts (e.g. serve:--isolation=thread); REMORA_CALLS_TRACE=1 traces the
 #             waits (REMORA_WAIT_TRACE) into the tarred .txt files; each round may take
-#             REMORA_CALLS_ROUND_S seconds (default 95; give 16 clients 150 a transport and load)
+#             REMORA_CALLS_ROUND_S seconds (default 95; give 16 clients 150 a transport and load);
+#             a run cut short still brings back its JSON of the rounds it finished
 #   samples   NVIDIA's CUDA samples (a copy in BIN_DIR/cuda-samples) in
 #             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
 #   torch     gpu/torch/suite.sh over REMORA_CALLS_TORCH_MODES (default shm) with

@@ -245,6 +245,9 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
                     rounds.push(f);
                 }
             }
+            if let Some(path) = &a.json {
+                write_partial(path, &device, &figures, &rounds, &notes, a, burn, round)?;
+            }
         }
         figures.extend(merge_rounds(rounds));
     }
@@ -261,6 +264,49 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     outln!("{}", bench_gpu::table(&report));
     bench_gpu::write_report(&report, a.json.as_deref(), a.png.as_deref())?;
     Ok(report)
+}
+
+/// Writes the report so far to `path` (the JSON only), after round `round` of burn level
+/// `burn`: `figures` the earlier burn levels', `rounds` this level's rounds so far. The full
+/// report replaces it at the end; until then a run cut short (a device call's time limit)
+/// still leaves the rounds it finished, marked partial in its notes.
+#[allow(clippy::too_many_arguments)]
+fn write_partial(
+    path: &std::path::Path,
+    device: &str,
+    figures: &[Figure],
+    rounds: &[Figure],
+    notes: &[String],
+    a: &Args,
+    burn: u32,
+    round: u32,
+) -> Result<()> {
+    let mut figs = figures.to_vec();
+    figs.extend(merge_rounds(rounds.to_vec()));
+    let mut notes = notes.to_vec();
+    notes.push(format!(
+        "partial: written after round {round}/{} at burn={burn}x (burn levels {:?}); the whole run was not over",
+        a.rounds, a.burn
+    ));
+    compare(&mut figs, &mut notes, a);
+    let report = Report::now(
+        "contention",
+        device.to_owned(),
+        "embedded".into(),
+        round,
+        None,
+        figs,
+        notes,
+    );
+    let text = serde_json::to_string_pretty(&report)?;
+    std::fs::write(path, text + "\n")
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!(
+        "   (the report so far written to {}: round {round}/{} at burn={burn}x)",
+        path.display(),
+        a.rounds
+    );
+    Ok(())
 }
 
 /// The variables that set `policy` in the servers and the clients: `REMORA_WAIT`.
@@ -560,9 +606,65 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
 #[cfg(test)]
 mod tests {
     use super::{
-        Figure, median_interval, merge_rounds, per_round, polling_cpu_note, spread, verdict,
-        verdict_on, wait_knobs,
+        Args, Figure, median_interval, merge_rounds, per_round, polling_cpu_note, spread, verdict,
+        verdict_on, wait_knobs, write_partial,
     };
+
+    #[test]
+    fn a_partial_report_holds_the_rounds_so_far_and_says_so() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: Args,
+        }
+        let a = <Cli as clap::Parser>::parse_from([
+            "contention",
+            "--transports=shm",
+            "--clients=1",
+            "--burn=1,2",
+            "--rounds=3",
+        ])
+        .a;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("partial.json");
+        let earlier = [fig(
+            "shm spin burn=1x",
+            1,
+            "launch_sync.mean",
+            &[10.0, 11.0, 12.0],
+        )];
+        let rounds = [
+            fig("shm spin burn=2x", 1, "launch_sync.mean", &[20.0]),
+            fig("shm block burn=2x", 1, "launch_sync.mean", &[30.0]),
+            fig("shm adaptive burn=2x", 1, "launch_sync.mean", &[25.0]),
+        ];
+        let notes = vec!["environment: REMORA_WAIT_HOLD_RULE=fixed".to_owned()];
+        write_partial(&path, "H200", &earlier, &rounds, &notes, &a, 2, 1).unwrap();
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let notes = report["notes"].as_array().unwrap();
+        assert!(
+            notes.iter().any(|n| n
+                .as_str()
+                .unwrap()
+                .starts_with("partial: written after round 1/3 at burn=2x")),
+            "{notes:?}"
+        );
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.as_str().unwrap().contains("environment:"))
+        );
+        // This level's round compared (adaptive against the better of spin and block).
+        assert!(
+            notes.iter().any(|n| n
+                .as_str()
+                .unwrap()
+                .contains("burn=2x 1 client(s) launch_sync.mean: adaptive 25.00")),
+            "{notes:?}"
+        );
+        assert_eq!(report["figures"].as_array().unwrap().len(), 4);
+    }
 
     #[test]
     fn the_median_interval_is_the_narrowest_covering_90_percent() {

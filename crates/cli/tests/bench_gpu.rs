@@ -236,6 +236,9 @@ fn bench_contention_compares_the_waiting_policies_on_the_emulated_backend() {
         eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
         return;
     };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("contention.json");
+    let json_arg = format!("--json={}", json.display());
     let out = bench(
         "contention",
         &shim,
@@ -247,14 +250,21 @@ fn bench_contention_compares_the_waiting_policies_on_the_emulated_backend() {
             "--launches=50",
             "--syncs=50",
             "--rounds=2",
+            &json_arg,
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // The report so far is written after each round (a run cut short keeps its rounds), and
+    // the whole report replaces it at the end.
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr.contains("the report so far written to") && stderr.contains("round 1/2"),
+        "{stderr}"
     );
+    let report = std::fs::read_to_string(&json).unwrap();
+    assert!(!report.contains("partial:"), "{report}");
+    assert!(report.contains("adaptive / better"), "{report}");
     // Two rounds: each way's figure in a note carries its rounds' range.
     let note = stdout
         .lines()
