@@ -298,15 +298,7 @@ fn write_partial(
         figs,
         notes,
     );
-    let text = serde_json::to_string_pretty(&report)?;
-    std::fs::write(path, text + "\n")
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    eprintln!(
-        "   (the report so far written to {}: round {round}/{} at burn={burn}x)",
-        path.display(),
-        a.rounds
-    );
-    Ok(())
+    bench_gpu::write_report(&report, Some(path), None)
 }
 
 /// The variables that set `policy` in the servers and the clients: `REMORA_WAIT`.

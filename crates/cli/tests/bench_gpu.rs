@@ -258,9 +258,10 @@ fn bench_contention_compares_the_waiting_policies_on_the_emulated_backend() {
     assert!(out.status.success(), "{stderr}");
     // The report so far is written after each round (a run cut short keeps its rounds), and
     // the whole report replaces it at the end.
-    assert!(
-        stderr.contains("the report so far written to") && stderr.contains("round 1/2"),
-        "{stderr}"
+    assert_eq!(
+        stdout.matches("report written to").count(),
+        3,
+        "after each of 2 rounds and at the end: {stdout}"
     );
     let report = std::fs::read_to_string(&json).unwrap();
     assert!(!report.contains("partial:"), "{report}");
