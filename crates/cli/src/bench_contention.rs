@@ -251,16 +251,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
         }
         figures.extend(merge_rounds(rounds));
     }
-    compare(&mut figures, &mut notes, a);
-    let report = Report::now(
-        "contention",
-        device,
-        "embedded".into(),
-        a.rounds,
-        None,
-        figures,
-        notes,
-    );
+    let report = contention_report(device, figures, notes, a.rounds, a);
     outln!("{}", bench_gpu::table(&report));
     bench_gpu::write_report(&report, a.json.as_deref(), a.png.as_deref())?;
     Ok(report)
@@ -288,17 +279,29 @@ fn write_partial(
         "partial: written after round {round}/{} at burn={burn}x (burn levels {:?}); the whole run was not over",
         a.rounds, a.burn
     ));
-    compare(&mut figs, &mut notes, a);
-    let report = Report::now(
-        "contention",
-        device.to_owned(),
-        "embedded".into(),
-        round,
-        None,
-        figs,
-        notes,
-    );
+    let report = contention_report(device.to_owned(), figs, notes, round, a);
     bench_gpu::write_report(&report, Some(path), None)
+}
+
+/// The report of `figures` (ratios and the comparison notes filled in by [`compare`]) over
+/// `rounds` rounds.
+fn contention_report(
+    device: String,
+    mut figures: Vec<Figure>,
+    mut notes: Vec<String>,
+    rounds: u32,
+    a: &Args,
+) -> Report {
+    compare(&mut figures, &mut notes, a);
+    Report::now(
+        "contention",
+        device,
+        "embedded".into(),
+        rounds,
+        None,
+        figures,
+        notes,
+    )
 }
 
 /// The variables that set `policy` in the servers and the clients: `REMORA_WAIT`.
