@@ -40,7 +40,8 @@
 #             REMORA_CALLS_TRANSPORTS (default shm,tcp) with REMORA_CALLS_CLIENTS (default 1,4)
 #             clients, spin, block and adaptive, REMORA_CALLS_ROUNDS rounds (default 3), then, when
 #             REMORA_CALLS_EXPERIMENT="VAR=VALUE..." is set, once more with them exported (an
-#             experiment against the default in one call), or with
+#             experiment against the default in one call; several, separated by ';', run
+#             one after another; REMORA_CALLS_NO_DEFAULT=1 leaves the default run out), or with
 #             REMORA_CALLS_EXPERIMENT=serve:ARG... once more with each ARG given to the
 #             servers it starts (e.g. serve:--isolation=thread); REMORA_CALLS_TRACE=1 traces the
 #             waits (REMORA_WAIT_TRACE) into the tarred .txt files; each round may take
@@ -251,9 +252,16 @@ step_startup() {
 }
 
 step_contention() {
-  local burn=${REMORA_CALLS_BURN:-2} runs=(default)
+  local burn=${REMORA_CALLS_BURN:-2} runs=() exp
   local transports=${REMORA_CALLS_TRANSPORTS:-shm,tcp} clients=${REMORA_CALLS_CLIENTS:-1,4}
-  [ -n "${REMORA_CALLS_EXPERIMENT:-}" ] && runs+=("$REMORA_CALLS_EXPERIMENT")
+  [ "${REMORA_CALLS_NO_DEFAULT:-0}" = 1 ] || runs+=(default)
+  # Several experiments, one run each, separated by ';'.
+  IFS=';' read -r -a exps <<< "${REMORA_CALLS_EXPERIMENT:-}"
+  for exp in "${exps[@]}"; do
+    exp=$(echo "$exp" | xargs)
+    [ -n "$exp" ] && runs+=("$exp")
+  done
+  [ ${#runs[@]} -gt 0 ] || { echo "contention: nothing to run (REMORA_CALLS_NO_DEFAULT=1 and no experiment)"; return 1; }
   for run in "${runs[@]}"; do
     local tag=contention-${run//[^A-Za-z0-9._-]/_}
     echo "== bench contention --transports $transports --clients $clients --burn $burn ($run)"

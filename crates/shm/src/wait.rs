@@ -54,6 +54,9 @@ pub struct Waiter {
     last_way: Option<bool>,
     /// What a held wait's figure learns ([`HeldFigure::from_env`]).
     held_figure: HeldFigure,
+    /// The most one wait adds to a way's figure, when not four times `max_spin`
+    /// ([`device_cap`]; only for a waiter [`Waiter::ended_by_device`]).
+    figure_cap: Option<Duration>,
     /// What this waiter waits for, for [`WaitStats`] lines.
     label: &'static str,
     /// Its waits end without another thread of this host running: a word the GPU writes
@@ -381,6 +384,32 @@ impl HeldFigure {
     }
 }
 
+/// The cap on one wait's share of a way's figure for waiters [`Waiter::ended_by_device`], from
+/// `REMORA_WAIT_DEVICE_CAP` (read once; an experiment of session 40): unset, empty or `max`,
+/// four times the waiter's `max_spin` as for every waiter (`None`); `device`, four times
+/// [`device_spin`] (at least `max_spin`'s four times). Why: the completion-word waiter's
+/// `max_spin` is 200 µs, so no wait counted for more than 800 µs, and under heavy load
+/// (session 40's traces of 16 clients over shm at 2x on an H200) the full call, the blocking
+/// way, took 2-2.5 ms while its figure read 30-740 µs: a word spin gave up after at most that
+/// and then paid the full call too, so spinning first looked no better, and adaptive waited
+/// like blocking (p50 ~960 µs) where spinning took 12.
+pub fn device_cap() -> Option<Duration> {
+    static CAP: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        let v = std::env::var("REMORA_WAIT_DEVICE_CAP").ok();
+        match v.as_deref().map(str::trim) {
+            None | Some("" | "max") => None,
+            Some("device") => Some(device_spin() * 4),
+            Some(other) => {
+                tracing::warn!(
+                    "REMORA_WAIT_DEVICE_CAP={other:?} is not max or device; capping a wait's share of a figure at four times the waiter's longest spin (max)"
+                );
+                None
+            }
+        }
+    })
+}
+
 /// [`signal_hold`] when `REMORA_WAIT_SIGNAL_HOLD_US` is not set: 1 ms, spun by the
 /// [`HoldRule::Learned`] rule. In session 34's calls (H200, shm) a fixed 1 ms hold brought
 /// adaptive's 4-client p50s from 21-27 µs to 13-18 (spin's: 12-13) and its 4-client means down
@@ -479,6 +508,7 @@ impl Waiter {
             stint: None,
             last_way: None,
             held_figure: HeldFigure::from_env(),
+            figure_cap: None,
             label: "",
             device_ended: false,
             stats: WaitStats::default(),
@@ -491,6 +521,7 @@ impl Waiter {
     /// blocking at once has lately taken (see [`Waiter::plan`]).
     pub fn ended_by_device(mut self) -> Self {
         self.device_ended = true;
+        self.figure_cap = device_cap();
         self
     }
 
@@ -828,7 +859,8 @@ impl Waiter {
         // hundreds of waits (the H100's loaded shm cells settled on spinning in some rounds,
         // 14.5-15.6 µs, and on blocking in others, 22-29 µs). A lasting change still comes
         // through: a way twice as slow as its figure doubles it in five waits.
-        let cap = (self.max_spin * 4).as_nanos() as f64;
+        let four = self.max_spin * 4;
+        let cap = self.figure_cap.map_or(four, |c| c.max(four)).as_nanos() as f64;
         let m = &mut self.arm_ns[usize::from(!spin)];
         let mut t = (took.as_nanos() as f64).min(cap);
         if *m > 0.0 {
@@ -1187,6 +1219,36 @@ mod tests {
         assert_eq!(HeldFigure::parse(None), HeldFigure::Took);
         assert_eq!(HeldFigure::parse(Some("judged")), HeldFigure::Judged);
         assert_eq!(HeldFigure::parse(Some("x")), HeldFigure::Took);
+    }
+
+    #[test]
+    fn a_device_cap_lets_a_slow_blocking_way_show_what_it_costs() {
+        let us = Duration::from_micros;
+        // Blocking at once takes 2.2 ms (the full call under load), spinning first 600 µs:
+        // capped at four times max_spin (800 µs) both read alike; capped at 4 ms the blocking
+        // way reads what it costs, and spinning first wins.
+        let run = |cap: Option<Duration>| {
+            let mut w = Waiter::with_bounds(us(20), us(200)).ended_by_device();
+            w.figure_cap = cap;
+            w.arm_ns = [600_000.0, 600_000.0];
+            for _ in 0..300 {
+                let spin = !w.plan_with(|| false, Duration::ZERO, us(1000)).is_zero();
+                w.settle(if spin { us(600) } else { us(2200) });
+            }
+            w.arm_ns
+        };
+        let [spin, block] = run(None);
+        assert!(block <= 800_000.0 && spin <= 800_000.0, "{spin} {block}");
+        let [spin, block] = run(Some(us(4000)));
+        assert!(block > 1_000_000.0 && spin < 700_000.0, "{spin} {block}");
+        // Never under four times max_spin.
+        let mut w = Waiter::with_bounds(us(20), us(2000)).ended_by_device();
+        w.figure_cap = Some(us(100));
+        for _ in 0..100 {
+            w.plan_with(|| false, Duration::ZERO, us(1000));
+            w.settle(us(5000));
+        }
+        assert!(w.arm_ns.iter().all(|&t| t <= 8_000_000.0 && t != 100_000.0));
     }
 
     #[test]
