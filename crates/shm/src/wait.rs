@@ -45,18 +45,6 @@ pub struct Waiter {
     arm_ns: [f64; 2],
     /// Waits planned, for exploring the way not taken.
     plans: u32,
-    /// How the way not taken is explored ([`Explore::from_env`]).
-    explore: Explore,
-    /// An exploration stint in progress ([`Explore::Stint`]): its way and the waits left.
-    stint: Option<(bool, u32)>,
-    /// The way of the last planned wait whose time went to a figure ([`Explore::Stint`]:
-    /// the first wait after a change of way measures the change, not the way).
-    last_way: Option<bool>,
-    /// What a held wait's figure learns ([`HeldFigure::from_env`]).
-    held_figure: HeldFigure,
-    /// The most one wait adds to a way's figure, when not four times `max_spin`
-    /// ([`device_cap`]; only for a waiter [`Waiter::ended_by_device`]).
-    figure_cap: Option<Duration>,
     /// What this waiter waits for, for [`WaitStats`] lines.
     label: &'static str,
     /// Its waits end without another thread of this host running: a word the GPU writes
@@ -304,112 +292,6 @@ impl HoldRule {
     }
 }
 
-/// How [`Waiter::plan`] tries the way it does not prefer, from `REMORA_WAIT_EXPLORE` (read
-/// once; an experiment of session 40, see docs/architecture.md "Adaptive waiting").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Explore {
-    /// One wait the other way every [`EXPLORE_EVERY`] plans (eight times as rarely when
-    /// that way has been more than 1.5 times as slow): `single`, the default.
-    Single,
-    /// [`EXPLORE_STINT`] waits in a row the other way, every `EXPLORE_EVERY * 8` plans (16
-    /// times when it has been clearly slower), the first wait after each change of way kept
-    /// out of the figures: `stint`. Why: a way's time depends on how the peer waits, and the
-    /// peer follows this side. A single spinning wait beside a peer that has learned to
-    /// block measures the peer's wake-up, so two adaptive sides that both block never see
-    /// that both spinning would be faster (session 40's traces of 16 clients over shm at 2x
-    /// load on an H200: spin's p50 was 9.9 µs, adaptive's and block's ~955).
-    Stint,
-}
-
-/// Waits in a row of one [`Explore::Stint`].
-pub const EXPLORE_STINT: u32 = 8;
-
-impl Explore {
-    /// `REMORA_WAIT_EXPLORE` of this process: `single` (or unset, empty) or `stint`;
-    /// anything else is logged and taken as `single`.
-    pub fn from_env() -> Self {
-        static EXPLORE: std::sync::OnceLock<Explore> = std::sync::OnceLock::new();
-        *EXPLORE.get_or_init(|| Self::parse(std::env::var("REMORA_WAIT_EXPLORE").ok().as_deref()))
-    }
-
-    fn parse(v: Option<&str>) -> Self {
-        match v.map(str::trim) {
-            None | Some("" | "single") => Explore::Single,
-            Some("stint") => Explore::Stint,
-            Some(other) => {
-                tracing::warn!(
-                    "REMORA_WAIT_EXPLORE={other:?} is not single or stint; exploring one wait at a time (single)"
-                );
-                Explore::Single
-            }
-        }
-    }
-}
-
-/// What the figure of held waits ([`HoldRule::Learned`]) learns, from
-/// `REMORA_WAIT_HELD_FIGURE` (read once; an experiment of session 40).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeldFigure {
-    /// How long the wait took (`took`, the default).
-    Took,
-    /// The judged time ([`Waiter::wait_judged`]: for a ring, when the peer posted the
-    /// request, its own lag and this side's wake-up left out): `judged`. Why: a held wait
-    /// planned as any other once the hold was dropped sleeps, and its time then holds the
-    /// waiter's own wake-up, which keeps the figure above the hold for good: under load the
-    /// learned hold, once dropped, never came back (session 40's traces: 180-360 held waits
-    /// per server connection, all but a few dropped, the figure at 320-760 µs).
-    Judged,
-}
-
-impl HeldFigure {
-    /// `REMORA_WAIT_HELD_FIGURE` of this process: `took` (or unset, empty) or `judged`;
-    /// anything else is logged and taken as `took`.
-    pub fn from_env() -> Self {
-        static FIGURE: std::sync::OnceLock<HeldFigure> = std::sync::OnceLock::new();
-        *FIGURE
-            .get_or_init(|| Self::parse(std::env::var("REMORA_WAIT_HELD_FIGURE").ok().as_deref()))
-    }
-
-    fn parse(v: Option<&str>) -> Self {
-        match v.map(str::trim) {
-            None | Some("" | "took") => HeldFigure::Took,
-            Some("judged") => HeldFigure::Judged,
-            Some(other) => {
-                tracing::warn!(
-                    "REMORA_WAIT_HELD_FIGURE={other:?} is not took or judged; held waits learn how long they took (took)"
-                );
-                HeldFigure::Took
-            }
-        }
-    }
-}
-
-/// The cap on one wait's share of a way's figure for waiters [`Waiter::ended_by_device`], from
-/// `REMORA_WAIT_DEVICE_CAP` (read once; an experiment of session 40): unset, empty or `max`,
-/// four times the waiter's `max_spin` as for every waiter (`None`); `device`, four times
-/// [`device_spin`] (at least `max_spin`'s four times). Why: the completion-word waiter's
-/// `max_spin` is 200 µs, so no wait counted for more than 800 µs, and under heavy load
-/// (session 40's traces of 16 clients over shm at 2x on an H200) the full call, the blocking
-/// way, took 2-2.5 ms while its figure read 30-740 µs: a word spin gave up after at most that
-/// and then paid the full call too, so spinning first looked no better, and adaptive waited
-/// like blocking (p50 ~960 µs) where spinning took 12.
-pub fn device_cap() -> Option<Duration> {
-    static CAP: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| {
-        let v = std::env::var("REMORA_WAIT_DEVICE_CAP").ok();
-        match v.as_deref().map(str::trim) {
-            None | Some("" | "max") => None,
-            Some("device") => Some(device_spin() * 4),
-            Some(other) => {
-                tracing::warn!(
-                    "REMORA_WAIT_DEVICE_CAP={other:?} is not max or device; capping a wait's share of a figure at four times the waiter's longest spin (max)"
-                );
-                None
-            }
-        }
-    })
-}
-
 /// [`signal_hold`] when `REMORA_WAIT_SIGNAL_HOLD_US` is not set: 1 ms, spun by the
 /// [`HoldRule::Learned`] rule. In session 34's calls (H200, shm) a fixed 1 ms hold brought
 /// adaptive's 4-client p50s from 21-27 µs to 13-18 (spin's: 12-13) and its 4-client means down
@@ -504,11 +386,6 @@ impl Waiter {
             arm: None,
             arm_ns: [0.0; 2],
             plans: 0,
-            explore: Explore::from_env(),
-            stint: None,
-            last_way: None,
-            held_figure: HeldFigure::from_env(),
-            figure_cap: None,
             label: "",
             device_ended: false,
             stats: WaitStats::default(),
@@ -521,7 +398,6 @@ impl Waiter {
     /// blocking at once has lately taken (see [`Waiter::plan`]).
     pub fn ended_by_device(mut self) -> Self {
         self.device_ended = true;
-        self.figure_cap = device_cap();
         self
     }
 
@@ -686,7 +562,7 @@ impl Waiter {
     /// planned is judged by `took`, what the caller really waited.
     pub fn record_judged(&mut self, outcome: WaitOutcome, took: Duration, learned: Duration) {
         self.learn(learned);
-        self.settle_judged(took, learned);
+        self.settle(took);
         self.count(outcome, took);
     }
 
@@ -787,38 +663,17 @@ impl Waiter {
     /// Whether this wait spins first (see [`Waiter::plan`]), counting it among the plans.
     fn choose(&mut self) -> bool {
         self.plans = self.plans.wrapping_add(1);
-        if let Some((way, left)) = self.stint {
-            self.stint = (left > 1).then_some((way, left - 1));
-            return way;
-        }
         let [spin_ns, block_ns] = self.arm_ns;
         let prefer_spin = block_ns == 0.0 || spin_ns <= block_ns;
         // A way clearly slower than the other (by half as much again) is looked at again
         // less often: exploring costs that way's time.
         let clear = spin_ns > 1.5 * block_ns || block_ns > 1.5 * spin_ns;
-        match self.explore {
-            Explore::Single => {
-                let every = if clear {
-                    EXPLORE_EVERY * 8
-                } else {
-                    EXPLORE_EVERY
-                };
-                prefer_spin != self.plans.is_multiple_of(every)
-            }
-            Explore::Stint => {
-                let every = if clear {
-                    EXPLORE_EVERY * 16
-                } else {
-                    EXPLORE_EVERY * 8
-                };
-                if self.plans.is_multiple_of(every) {
-                    self.stint = Some((!prefer_spin, EXPLORE_STINT - 1));
-                    !prefer_spin
-                } else {
-                    prefer_spin
-                }
-            }
-        }
+        let every = if clear {
+            EXPLORE_EVERY * 8
+        } else {
+            EXPLORE_EVERY
+        };
+        prefer_spin != self.plans.is_multiple_of(every)
     }
 
     /// Forgets the wait [`Waiter::plan`] started (it did not happen).
@@ -829,28 +684,13 @@ impl Waiter {
 
     /// Ends the planned wait: its time goes to the figure of the way it took.
     fn settle(&mut self, took: Duration) {
-        self.settle_judged(took, took);
-    }
-
-    /// [`Waiter::settle`] for a wait judged to have lasted `learned` had both sides been
-    /// spinning (what a held wait's figure learns with [`HeldFigure::Judged`]).
-    fn settle_judged(&mut self, took: Duration, learned: Duration) {
         if let Some(hold) = self.held.take() {
-            let t = match self.held_figure {
-                HeldFigure::Took => took,
-                HeldFigure::Judged => learned,
-            };
             // A held wait longer than its hold says only that: it outlasted the hold.
-            self.held_ns = running_mean(self.held_ns, t.min(hold).as_nanos() as f64, 0.8);
+            self.held_ns = running_mean(self.held_ns, took.min(hold).as_nanos() as f64, 0.8);
         }
         let Some(spin) = self.arm.take() else {
             return;
         };
-        if self.explore == Explore::Stint && self.last_way.replace(spin) != Some(spin) {
-            // The first wait after a change of way: the peer still waits as it did for the
-            // other way.
-            return;
-        }
         // Capped: a rare long wait (a preemption, a long kernel) says little about which
         // way is faster, and would take the figure away from it for long. Also clipped at
         // twice the way's figure (a winsorized mean, so each sample moves it by 15% at
@@ -859,8 +699,7 @@ impl Waiter {
         // hundreds of waits (the H100's loaded shm cells settled on spinning in some rounds,
         // 14.5-15.6 µs, and on blocking in others, 22-29 µs). A lasting change still comes
         // through: a way twice as slow as its figure doubles it in five waits.
-        let four = self.max_spin * 4;
-        let cap = self.figure_cap.map_or(four, |c| c.max(four)).as_nanos() as f64;
+        let cap = (self.max_spin * 4).as_nanos() as f64;
         let m = &mut self.arm_ns[usize::from(!spin)];
         let mut t = (took.as_nanos() as f64).min(cap);
         if *m > 0.0 {
@@ -1116,139 +955,6 @@ mod tests {
             us(7),
             "not the fixed policies"
         );
-    }
-
-    #[test]
-    fn stints_explore_the_other_way_for_waits_in_a_row_and_leave_the_first_out() {
-        let us = Duration::from_micros;
-        let mut w = trained(2, 50, 5);
-        w.explore = Explore::Stint;
-        w.arm_ns = [40_000.0, 10_000.0];
-        // Blocking at once 10 µs, spinning first 40: blocking is preferred, and spinning is
-        // tried in stints of EXPLORE_STINT waits in a row, 1 in 32 waits in all.
-        let mut plans = Vec::new();
-        for _ in 0..1024 {
-            let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
-            w.settle(if spin { us(40) } else { us(10) });
-            plans.push(spin);
-        }
-        // Plans 201-1000: the stints that start at plans 256, 512 and 768.
-        let spun = plans[200..1000].iter().filter(|&&s| s).count();
-        assert_eq!(spun, 3 * EXPLORE_STINT as usize);
-        let first = plans[200..].iter().position(|&s| s).expect("a stint");
-        assert!(
-            plans[200 + first..200 + first + EXPLORE_STINT as usize]
-                .iter()
-                .all(|&s| s),
-            "a stint is waits in a row"
-        );
-        // The way not taken pays off only once the peer follows: a stint's first spinning
-        // wait takes the peer's wake-up (500 µs), the others 5 µs. Leaving the first out of
-        // the figure, one stint hands the choice to spinning.
-        let mut w = trained(2, 50, 5);
-        w.explore = Explore::Stint;
-        w.arm_ns = [100_000.0, 60_000.0];
-        let mut last = None;
-        let mut switched_at = None;
-        for i in 0..600 {
-            let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
-            let took = match (spin, last == Some(true)) {
-                (false, _) => us(60),
-                (true, false) => us(500),
-                (true, true) => us(5),
-            };
-            w.settle(took);
-            last = Some(spin);
-            if spin && switched_at.is_none() && w.arm_ns[0] < w.arm_ns[1] {
-                switched_at = Some(i);
-            }
-        }
-        assert!(switched_at.is_some(), "{:?}", w.arm_ns);
-        let tail = (0..100)
-            .filter(|_| {
-                let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
-                w.settle(if spin { us(5) } else { us(60) });
-                spin
-            })
-            .count();
-        assert!(tail >= 90, "{tail} of 100 spun");
-        // The same waits explored one at a time never get past the first: blocking stays.
-        let mut w = trained(2, 50, 5);
-        w.arm_ns = [100_000.0, 60_000.0];
-        let mut last = None;
-        let mut spun = 0;
-        for _ in 0..600 {
-            let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
-            w.settle(match (spin, last == Some(true)) {
-                (false, _) => us(60),
-                (true, false) => us(500),
-                (true, true) => us(5),
-            });
-            last = Some(spin);
-            spun += usize::from(spin);
-        }
-        assert!(spun <= 600 / (EXPLORE_EVERY as usize * 8) + 1, "{spun}");
-        assert_eq!(Explore::parse(None), Explore::Single);
-        assert_eq!(Explore::parse(Some(" stint ")), Explore::Stint);
-        assert_eq!(Explore::parse(Some("runs")), Explore::Single);
-    }
-
-    #[test]
-    fn a_judged_held_figure_leaves_the_waiters_own_wake_up_out() {
-        let us = Duration::from_micros;
-        // Held waits whose request came 10 µs after the wait began, but that slept and took
-        // 600 µs with the wake-up: by what they took, the learned hold stays dropped; by the
-        // judged time, it comes back.
-        let run = |figure: HeldFigure| {
-            let mut w = trained(2, 50, 5);
-            w.held_figure = figure;
-            w.held_ns = 600_000.0;
-            for _ in 0..30 {
-                w.hold_next_as(us(1000), HoldRule::Learned);
-                w.plan_on(|| false, Duration::ZERO);
-                w.record_judged(WaitOutcome::Slept, us(600), us(10));
-            }
-            w.hold_next_as(us(1000), HoldRule::Learned);
-            let spin = w.plan_on(|| false, Duration::ZERO);
-            w.cancel_plan();
-            spin
-        };
-        assert!(run(HeldFigure::Took) < us(100));
-        let judged = run(HeldFigure::Judged);
-        assert!(judged >= us(29) && judged <= us(60), "{judged:?}");
-        assert_eq!(HeldFigure::parse(None), HeldFigure::Took);
-        assert_eq!(HeldFigure::parse(Some("judged")), HeldFigure::Judged);
-        assert_eq!(HeldFigure::parse(Some("x")), HeldFigure::Took);
-    }
-
-    #[test]
-    fn a_device_cap_lets_a_slow_blocking_way_show_what_it_costs() {
-        let us = Duration::from_micros;
-        // Blocking at once takes 2.2 ms (the full call under load), spinning first 600 µs:
-        // capped at four times max_spin (800 µs) both read alike; capped at 4 ms the blocking
-        // way reads what it costs, and spinning first wins.
-        let run = |cap: Option<Duration>| {
-            let mut w = Waiter::with_bounds(us(20), us(200)).ended_by_device();
-            w.figure_cap = cap;
-            w.arm_ns = [600_000.0, 600_000.0];
-            for _ in 0..300 {
-                let spin = !w.plan_with(|| false, Duration::ZERO, us(1000)).is_zero();
-                w.settle(if spin { us(600) } else { us(2200) });
-            }
-            w.arm_ns
-        };
-        let [spin, block] = run(None);
-        assert!(block <= 800_000.0 && spin <= 800_000.0, "{spin} {block}");
-        let [spin, block] = run(Some(us(4000)));
-        assert!(block > 1_000_000.0 && spin < 700_000.0, "{spin} {block}");
-        // Never under four times max_spin.
-        let mut w = Waiter::with_bounds(us(20), us(2000)).ended_by_device();
-        w.figure_cap = Some(us(100));
-        for _ in 0..100 {
-            w.plan_with(|| false, Duration::ZERO, us(1000));
-            w.settle(us(5000));
-        }
-        assert!(w.arm_ns.iter().all(|&t| t <= 8_000_000.0 && t != 100_000.0));
     }
 
     #[test]
