@@ -114,9 +114,17 @@ SYNC = re.compile(
 )
 
 
+SCHED = re.compile(
+    r"missed_poll_cpu_mean_us=([\d.]+) missed_poll_runq_mean_us=([\d.]+) "
+    r"driver_cpu_mean_us=([\d.]+) driver_runq_mean_us=([\d.]+)"
+)
+
+
 def traces(path):
-    """Per `== burn=...` section of a contention .txt: (section, deferred, total, wake, driver)
-    summed over its server synchronize lines."""
+    """Per `== burn=...` section of a contention .txt: (section, deferred, total, wake, driver,
+    sched) summed over its server synchronize lines; sched, where the lines have them (session
+    40 on), the deferred-weighted sums of the missed polls' and the waiter threads' on-CPU
+    and run-queue means, else None."""
     sections = {}
     order = []
     section = None
@@ -126,7 +134,7 @@ def traces(path):
                 m = re.match(r"== burn=(\S+) .*REMORA_WAIT=(\w+)", line)
                 section = m and f"{m.group(1)} {m.group(2)}"
                 if section and section not in sections:
-                    sections[section] = [0, 0, 0.0, 0.0]
+                    sections[section] = [0, 0, 0.0, 0.0, None]
                     order.append(section)
                 continue
             m = SYNC.search(line)
@@ -137,6 +145,10 @@ def traces(path):
                 s[1] += inline + deferred
                 s[2] += deferred * float(m.group(3))
                 s[3] += deferred * float(m.group(4))
+                sm = SCHED.search(line)
+                if sm:
+                    prev = s[4] or [0.0, 0.0, 0.0, 0.0]
+                    s[4] = [p + deferred * float(v) for p, v in zip(prev, sm.groups())]
     return [(k, *sections[k]) for k in order]
 
 
@@ -195,12 +207,20 @@ def main():
                 per = " ".join(f"{k}/{n}" for k, n in rounds)
                 print(f"  {t} {burn} {c} client(s): {per}")
         print(f"# server synchronizes in {path} (deferred / all, mean wake-up and driver us)")
-        for section, deferred, total, wake, driver in traces(path):
+        for section, deferred, total, wake, driver, sched in traces(path):
             if total:
-                print(
-                    f"  {section:16} {deferred:6}/{total:<6} wake {wake / max(deferred, 1):6.0f}"
-                    f" driver {driver / max(deferred, 1):6.0f}"
+                n = max(deferred, 1)
+                line = (
+                    f"  {section:16} {deferred:6}/{total:<6} wake {wake / n:6.0f}"
+                    f" driver {driver / n:6.0f}"
                 )
+                if sched:
+                    # Missed polls and waiter threads: on-CPU / run-queue µs (GPU or host).
+                    line += (
+                        f"  missed poll ran {sched[0] / n:.0f} queued {sched[1] / n:.0f}"
+                        f"  driver ran {sched[2] / n:.0f} queued {sched[3] / n:.0f}"
+                    )
+                print(line)
     return 0
 
 
