@@ -6,8 +6,10 @@
 //! first be woken and get a core, then waits in the driver and replies. On a loaded
 //! host that wake-up is where a deferred synchronize can lose its time; this line shows it.
 //!
-//! Where the scheduler lets it, the line also says how much of those times the thread
-//! ran and how much it waited for a core (`/proc/thread-self/schedstat`): a poll that missed
+//! The line also says how much of those times the threads ran and how much they waited
+//! for a core (the poll: its thread's CPU clock, the rest of the poll counted as waiting,
+//! since a poll never sleeps; the waiter thread: `/proc/thread-self/schedstat`, where the
+//! kernel keeps it): a poll that missed
 //! the end of the work while its thread ran the whole time says the GPU had not finished (an
 //! empty kernel's end delayed by the GPU's time-slicing between contexts, say), where one
 //! that waited for a core says the host did not let the thread look.
@@ -86,6 +88,18 @@ impl Sched {
         parse_schedstat(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)
     }
 
+    /// A span of `wall` of which the calling thread ran from `cpu_before`
+    /// ([`thread_cpu`]) on, the rest counted as waiting for a core: for a span in which the
+    /// thread never blocks (a poll), where reading `schedstat` twice would cost more than
+    /// the span's own looks.
+    pub(crate) fn polled(wall: Duration, cpu_before: Duration) -> Self {
+        let ran = thread_cpu().saturating_sub(cpu_before).min(wall);
+        Self {
+            on_cpu_ns: ns(ran),
+            runq_ns: ns(wall - ran),
+        }
+    }
+
     /// What the thread ran and waited since `earlier` (both `None`-safe).
     pub(crate) fn since(earlier: Option<Self>) -> Option<Self> {
         let (a, b) = (earlier?, Self::now()?);
@@ -94,6 +108,12 @@ impl Sched {
             runq_ns: b.runq_ns.saturating_sub(a.runq_ns),
         })
     }
+}
+
+/// The calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`).
+pub(crate) fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// A `schedstat` line ("on-CPU ns, run-queue ns, timeslices").
@@ -280,5 +300,13 @@ mod tests {
         let d = Sched::since(Some(before)).expect("read again");
         assert!(d.on_cpu_ns >= 1_000_000, "{d:?}");
         assert_eq!(Sched::since(None), None);
+        // A spin of 5 ms measured by the thread's CPU clock: it ran most of it.
+        let (cpu0, t0) = (thread_cpu(), std::time::Instant::now());
+        while t0.elapsed() < Duration::from_millis(5) {
+            std::hint::spin_loop();
+        }
+        let p = Sched::polled(t0.elapsed(), cpu0);
+        assert!(p.on_cpu_ns + p.runq_ns >= 5_000_000, "{p:?}");
+        assert!(p.on_cpu_ns > 0, "{p:?}");
     }
 }

@@ -730,7 +730,7 @@ impl Executor {
         let session = self.session(call);
         let target = resolve(&session.lock());
         let polled_from = remora_shm::tracing_waits().then(std::time::Instant::now);
-        let poll_sched = polled_from.and_then(|_| crate::sync_trace::Sched::now());
+        let poll_cpu = polled_from.map(|_| crate::sync_trace::thread_cpu());
         if target.is_ok_and(|x| self.poll_briefly(|| idle(&*self.inner.backend, &x))) {
             let out = job(&self.inner, &session);
             if let Some(t0) = polled_from {
@@ -742,7 +742,7 @@ impl Executor {
             None => self.blocking(call, job),
             Some(t0) => {
                 let polled = t0.elapsed();
-                let poll_sched = crate::sync_trace::Sched::since(poll_sched);
+                let poll_sched = poll_cpu.map(|c| crate::sync_trace::Sched::polled(polled, c));
                 let deferred_at = t0 + polled;
                 self.blocking(call, move |inner, session: &Session| {
                     let started = std::time::Instant::now();
