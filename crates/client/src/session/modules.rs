@@ -9,29 +9,21 @@ impl Session {
     /// the bytes unnamed (an all-zero hash) in one call, for the server to hash; else its
     /// SHA-256 first and the bytes only if the server asks (`RM_NEED_IMAGE`), which saves
     /// sending an image the server has cached where moving it costs more than hashing it. The
-    /// function list and parameter layouts are cached.
+    /// function list and parameter layouts are cached. The image goes from the program's
+    /// memory to the connection as it is, never copied first ([`Session::rm_module_load_from`]).
     pub fn module_load(&self, ctx: RmHandle, image: &[u8]) -> CuResult<Arc<ModuleInfo>> {
         if image.is_empty() || image.len() > RM_MAX_IMAGE as usize {
             return Err(CuError(cu::INVALID_IMAGE));
         }
-        let mut args = if self.unnamed_images {
-            RmModuleLoadArgs {
-                ctx,
-                hash: [0; 32],
-                image: Bytes::copy_from_slice(image),
-            }
+        let reply = if self.unnamed_images {
+            self.rm_module_load_from(ctx, [0; 32], image)?
         } else {
-            RmModuleLoadArgs {
-                ctx,
-                hash: Sha256::digest(image).into(),
-                image: Bytes::new(),
+            let hash = Sha256::digest(image).into();
+            match self.rm_module_load_from(ctx, hash, &[])? {
+                RmLoadReply::RmNeedImage => self.rm_module_load_from(ctx, hash, image)?,
+                r => r,
             }
         };
-        let mut reply = call!(self.rm_module_load(&args))?;
-        if reply == RmLoadReply::RmNeedImage && args.image.is_empty() {
-            args.image = Bytes::copy_from_slice(image);
-            reply = call!(self.rm_module_load(&args))?;
-        }
         let m = match reply {
             RmLoadReply::RmLoaded(m) => m,
             RmLoadReply::RmLoadFailed(e) => return Err(CuError(nonzero(e))),
@@ -62,6 +54,34 @@ impl Session {
         });
         lock(&self.modules).insert(m.module, Arc::clone(&info));
         Ok(info)
+    }
+
+    /// `RM_MODULE_LOAD` of `image` (empty: by `hash` alone), the image written from the
+    /// caller's memory after the encoded head (`ctx`, `hash`, the image's length) and before
+    /// its XDR padding, as the bulk copies are: the same record as
+    /// [`RmModuleLoadArgs`]'s encoding, without a copy of an image that can be tens of
+    /// megabytes (a library's fat binary).
+    fn rm_module_load_from(
+        &self,
+        ctx: RmHandle,
+        hash: [u8; 32],
+        image: &[u8],
+    ) -> CuResult<RmLoadReply> {
+        let len = image.len();
+        self.coherent("rm_module_load", || {
+            self.rpc
+                .rpc()
+                .start_call(
+                    REMORA_PROG,
+                    REMORA_V1,
+                    RM_MODULE_LOAD,
+                    self.rpc.timeout(),
+                    |enc| module_load_head(enc, ctx, &hash, len),
+                    &[image, super::socket_copies::pad(len)],
+                )
+                .and_then(|p| p.finish(<RmLoadReply as remora_xdr::XdrDecode>::decode))
+        })
+        .map_err(|e| from_rpc("rm_module_load", e))
     }
 
     /// `cuModuleUnload`; forgets the cached functions.
@@ -343,5 +363,49 @@ impl Session {
     pub fn library_get_global(&self, lib: u64, name: &str, ctx: RmHandle) -> CuResult<(u64, u64)> {
         let m = self.library_module(lib, ctx)?;
         self.module_get_global(m.handle, name)
+    }
+}
+
+/// `rm_module_load_args` up to the image's bytes: `ctx`, `hash` and the image's length. The
+/// bytes and their padding follow as raw slices ([`Session::rm_module_load_from`]).
+fn module_load_head(
+    enc: &mut remora_xdr::Encoder,
+    ctx: RmHandle,
+    hash: &[u8; 32],
+    len: usize,
+) -> remora_xdr::Result<()> {
+    enc.put_u64(ctx);
+    enc.put_fixed_opaque(hash);
+    enc.put_len(len, RM_MAX_IMAGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use remora_xdr::XdrEncode as _;
+
+    #[test]
+    fn the_head_and_raw_image_encode_as_rm_module_load_args() {
+        for len in [0usize, 1, 2, 3, 4, 5, 4097, 70_000] {
+            let image: Vec<u8> = (0..len).map(|i| (i * 7) as u8 ^ 0x3c).collect();
+            let hash = [0xabu8; 32];
+            let mut want = remora_xdr::Encoder::new();
+            RmModuleLoadArgs {
+                ctx: 11,
+                hash,
+                image: Bytes::copy_from_slice(&image),
+            }
+            .encode(&mut want)
+            .unwrap();
+            let mut got = remora_xdr::Encoder::new();
+            module_load_head(&mut got, 11, &hash, len).unwrap();
+            let mut got = got.to_bytes().to_vec();
+            got.extend_from_slice(&image);
+            got.extend_from_slice(super::super::socket_copies::pad(len));
+            assert_eq!(got, want.to_bytes().to_vec(), "len {len}");
+        }
+        // An image past the bound is refused by the head, as by the generated encoder.
+        let mut enc = remora_xdr::Encoder::new();
+        assert!(module_load_head(&mut enc, 1, &[0; 32], RM_MAX_IMAGE as usize + 1).is_err());
     }
 }

@@ -39,7 +39,7 @@ fn socket_chunks(len: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// The XDR padding after `len` bytes of opaque data.
-fn pad(len: usize) -> &'static [u8] {
+pub(super) fn pad(len: usize) -> &'static [u8] {
     const ZEROS: [u8; 3] = [0; 3];
     &ZEROS[..(4 - len % 4) % 4]
 }
