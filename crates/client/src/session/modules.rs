@@ -10,7 +10,8 @@ impl Session {
     /// SHA-256 first and the bytes only if the server asks (`RM_NEED_IMAGE`), which saves
     /// sending an image the server has cached where moving it costs more than hashing it. The
     /// function list and parameter layouts are cached. The image goes from the program's
-    /// memory to the connection as it is, never copied first ([`Session::rm_module_load_from`]).
+    /// memory to the connection as it is, never copied first (written after the call's encoded
+    /// head, as the bulk copies' chunks are).
     pub fn module_load(&self, ctx: RmHandle, image: &[u8]) -> CuResult<Arc<ModuleInfo>> {
         if image.is_empty() || image.len() > RM_MAX_IMAGE as usize {
             return Err(CuError(cu::INVALID_IMAGE));
