@@ -46,7 +46,10 @@
 #             servers it starts (e.g. serve:--isolation=thread); REMORA_CALLS_TRACE=1 traces the
 #             waits (REMORA_WAIT_TRACE) into the tarred .txt files; each round may take
 #             REMORA_CALLS_ROUND_S seconds (default 95; give 16 clients 150 a transport and load);
-#             a run cut short still brings back its JSON of the rounds it finished
+#             a run cut short still brings back its JSON of the rounds it finished;
+#             REMORA_CALLS_SHARING=off,mps (default off) measures every cell again under MPS
+#             (bench contention --sharing: the MPS control daemon started when none runs,
+#             native clients under it too, servers with --gpu-share mps; modes TRANSPORT/mps)
 #   samples   NVIDIA's CUDA samples (a copy in BIN_DIR/cuda-samples) in
 #             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
 #   torch     gpu/torch/suite.sh over REMORA_CALLS_TORCH_MODES (default shm) with
@@ -254,6 +257,8 @@ step_startup() {
 step_contention() {
   local burn=${REMORA_CALLS_BURN:-2} runs=() exp
   local transports=${REMORA_CALLS_TRANSPORTS:-shm,tcp} clients=${REMORA_CALLS_CLIENTS:-1,4}
+  local sharing=${REMORA_CALLS_SHARING:-off} ways
+  ways=$(echo "$sharing" | tr ',' '\n' | grep -c .)
   [ "${REMORA_CALLS_NO_DEFAULT:-0}" = 1 ] || runs+=(default)
   # Several experiments, one run each, separated by ';'.
   IFS=';' read -r -a exps <<< "${REMORA_CALLS_EXPERIMENT:-}"
@@ -264,7 +269,7 @@ step_contention() {
   [ ${#runs[@]} -gt 0 ] || { echo "contention: nothing to run (REMORA_CALLS_NO_DEFAULT=1 and no experiment)"; return 1; }
   for run in "${runs[@]}"; do
     local tag=contention-${run//[^A-Za-z0-9._-]/_}
-    echo "== bench contention --transports $transports --clients $clients --burn $burn ($run)"
+    echo "== bench contention --transports $transports --clients $clients --burn $burn --sharing $sharing ($run)"
     (
       # serve:ARG... passes each ARG to the servers the bench starts (--serve-arg), e.g.
       # serve:--isolation=thread; anything else is one or more VAR=VALUE words, exported.
@@ -279,8 +284,8 @@ step_contention() {
       # 95 s a round at most (REMORA_CALLS_ROUND_S): a round of shm and tcp, 1 and 4 clients,
       # 1x and 2x load took about 50 s in session 31; one of shm, unix and tcp with 4 and 16
       # clients at 2x load alone took over 95 s in session 39 (16 clients: 6-12 s a cell).
-      timeout $((${REMORA_CALLS_ROUND_S:-95} * ${REMORA_CALLS_ROUNDS:-3})) "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
-        --policies spin,block,adaptive --syncs 1000 --rounds "${REMORA_CALLS_ROUNDS:-3}" "${extra[@]}" \
+      timeout $((${REMORA_CALLS_ROUND_S:-95} * ${REMORA_CALLS_ROUNDS:-3} * ways)) "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
+        --sharing "$sharing" --policies spin,block,adaptive --syncs 1000 --rounds "${REMORA_CALLS_ROUNDS:-3}" "${extra[@]}" \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
       echo "exit $?"
     )

@@ -10,6 +10,14 @@
 //! hits every policy alike; native runs once per round and burn level. With `--program`/`--programs`, each pair also times a
 //! mix of whole CUDA programs against standing servers that wait that way
 //! (`bench_startup::measure`): the figure `mix.total`, the summed wall time of one pass.
+//!
+//! With `--sharing mps` every cell runs again under MPS (natively too: the benchmark starts
+//! the MPS control daemon when none runs, and its servers run with `--gpu-share mps`), as
+//! modes `native/mps` and `TRANSPORT/mps`. Without MPS each client, native or remoted, has a
+//! GPU context of its own, and the GPU time-slices between the contexts that have work
+//! queued; with many clients that, not the waiting, sets a round trip (bench/results,
+//! session 41: 16 native clients' empty-kernel launch + synchronize p50 822 µs, 8.9 under
+//! MPS).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -19,6 +27,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::bench_gpu::{self, Figure, Report, What, Workload};
 use crate::bench_startup;
+use crate::mps::{MpsDaemon, find_mps_control};
 
 /// `remora bench contention`'s options.
 #[derive(Debug, clap::Args)]
@@ -83,6 +92,21 @@ pub(crate) struct Args {
     /// Remora's shim (default: beside this executable, or REMORA_SHIM).
     #[arg(long, value_name = "PATH")]
     shim: Option<PathBuf>,
+    /// Ways of sharing the GPU, comma-separated: off (the driver's time-slicing between the
+    /// clients' contexts) and mps (every cell again under MPS, native clients too: the MPS
+    /// control daemon is started when none runs and stopped afterwards, and the servers run
+    /// with --gpu-share mps; modes native/mps and TRANSPORT/mps).
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "off"
+    )]
+    sharing: Vec<String>,
+    /// The MPS control program for --sharing mps (default: nvidia-cuda-mps-control on PATH,
+    /// else /usr/local/nvidia/bin/nvidia-cuda-mps-control).
+    #[arg(long, value_name = "PATH")]
+    mps_control: Option<PathBuf>,
     /// An extra argument for the embedded servers (repeatable).
     #[arg(long = "serve-arg", value_name = "ARG", allow_hyphen_values = true)]
     serve_arg: Vec<OsString>,
@@ -152,6 +176,13 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     if a.rounds == 0 {
         bail!("--rounds must be at least 1");
     }
+    if a.sharing.is_empty()
+        || a.sharing
+            .iter()
+            .any(|s| !["off", "mps"].contains(&s.as_str()))
+    {
+        bail!("--sharing takes off and mps (comma-separated), e.g. off,mps");
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut figures: Vec<Figure> = Vec::new();
     let mut notes = vec![format!(
@@ -160,7 +191,66 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     // The waiting knobs the servers and clients inherit (an experiment is measured by setting
     // one for a run): each set one is named, so that a result file says what it measured.
     notes.extend(wait_knobs(std::env::vars()));
+    if MpsDaemon::running() {
+        notes.push(
+            "an MPS control daemon was running before the benchmark: the `off` rows ran under \
+             MPS too (their clients' contexts shared as under mps, only the servers' \
+             --gpu-share differs)"
+                .into(),
+        );
+    }
     let mut device = String::new();
+    for sharing in &a.sharing {
+        let mut serve_args = a.serve_arg.clone();
+        let mut _daemon = None;
+        let suffix = if sharing == "mps" {
+            serve_args.extend(["--gpu-share".into(), "mps".into()]);
+            if !MpsDaemon::running() {
+                _daemon = Some(MpsDaemon::start(&find_mps_control(
+                    a.mps_control.as_deref(),
+                )?)?);
+            }
+            notes.push(
+                "sharing mps: native/mps is the native clients under the MPS control daemon, \
+                 TRANSPORT/mps the servers with --gpu-share mps (every session's context in the \
+                 one MPS server, the whole GPU each)"
+                    .into(),
+            );
+            "/mps"
+        } else {
+            ""
+        };
+        measure_sharing(
+            a,
+            suffix,
+            &serve_args,
+            &mut figures,
+            &mut notes,
+            &mut device,
+        )?;
+    }
+    let report = contention_report(device, figures, notes, a.rounds, a);
+    outln!("{}", bench_gpu::table(&report));
+    bench_gpu::write_report(&report, a.json.as_deref(), a.png.as_deref())?;
+    Ok(report)
+}
+
+/// Every (burn level, round, policy) of one way of sharing the GPU, its modes' names ending
+/// in `suffix` (`/mps`, or nothing for off), its servers started with `serve_args`; figures
+/// and notes added to `figures` and `notes` (the report so far, written after each round
+/// with --json).
+fn measure_sharing(
+    a: &Args,
+    suffix: &str,
+    serve_args: &[OsString],
+    figures: &mut Vec<Figure>,
+    notes: &mut Vec<String>,
+    device: &mut String,
+) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mix = !a.program.is_empty() || a.programs.is_some();
+    let loops = a.launches > 0 || a.syncs > 0;
+    let shared = if suffix.is_empty() { "" } else { " under MPS" };
     let mut mix_noted = false;
     for &burn in &a.burn {
         let n = burn as usize * cores;
@@ -168,7 +258,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
         if mix {
             for (i, policy) in a.policies.iter().enumerate() {
                 eprintln!(
-                    "== burn={burn}x ({n} burning processes), {}: program mix",
+                    "== burn={burn}x ({n} burning processes){shared}, {}: program mix",
                     shown_env(policy)
                 );
                 let r = bench_startup::measure(&bench_startup::Args::for_mix(
@@ -178,18 +268,18 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
                     !a.no_native && i == 0,
                     a.rounds,
                     a.shim.clone(),
-                    a.serve_arg.clone(),
+                    serve_args.to_vec(),
                     policy_env(policy),
                 ))?;
                 if device.is_empty() {
-                    device = r.device;
+                    *device = r.device;
                 }
                 if !mix_noted {
                     // How the mix was run (programs, servers' arguments), once.
                     notes.extend(r.notes.into_iter().map(|n| format!("mix: {n}")));
                     mix_noted = true;
                 }
-                figures.extend(mix_figures(r.figures, policy, burn));
+                figures.extend(mix_figures(r.figures, policy, burn, suffix));
             }
         }
         if !loops {
@@ -202,7 +292,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
         for round in 1..=a.rounds {
             for (i, policy) in a.policies.iter().enumerate() {
                 eprintln!(
-                    "== burn={burn}x ({n} burning processes), {}, round {round}/{}",
+                    "== burn={burn}x ({n} burning processes){shared}, {}, round {round}/{}",
                     shown_env(policy),
                     a.rounds
                 );
@@ -220,7 +310,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
                         reps: 1,
                     },
                     shim: a.shim.clone(),
-                    serve_args: a.serve_arg.clone(),
+                    serve_args: serve_args.to_vec(),
                     json: None,
                     png: None,
                     raw_tcp: false,
@@ -228,7 +318,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
                 };
                 let r = bench_gpu::measure(&opts)?;
                 if device.is_empty() {
-                    device = r.device;
+                    *device = r.device;
                 }
                 for note in r.notes {
                     if !notes.contains(&note) {
@@ -237,24 +327,21 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
                 }
                 for mut f in r.figures {
                     f.mode = if f.mode == "native" {
-                        format!("native burn={burn}x")
+                        format!("native{suffix} burn={burn}x")
                     } else {
-                        format!("{} {policy} burn={burn}x", f.mode)
+                        format!("{}{suffix} {policy} burn={burn}x", f.mode)
                     };
                     f.ratio_to_native = None;
                     rounds.push(f);
                 }
             }
             if let Some(path) = &a.json {
-                write_partial(path, &device, &figures, &rounds, &notes, a, burn, round)?;
+                write_partial(path, device, figures, &rounds, notes, a, burn, round)?;
             }
         }
         figures.extend(merge_rounds(rounds));
     }
-    let report = contention_report(device, figures, notes, a.rounds, a);
-    outln!("{}", bench_gpu::table(&report));
-    bench_gpu::write_report(&report, a.json.as_deref(), a.png.as_deref())?;
-    Ok(report)
+    Ok(())
 }
 
 /// Writes the report so far to `path` (the JSON only), after round `round` of burn level
@@ -319,19 +406,20 @@ fn shown_env(policy: &str) -> String {
 }
 
 /// The mix's figures of one (burn level, policy) run of `bench startup`: its
-/// `whole_run.total` per mode, as `mix.total` of "native burn=Nx" or "TRANSPORT POLICY
-/// burn=Nx" (the standing modes).
-fn mix_figures(figures: Vec<Figure>, policy: &str, burn: u32) -> Vec<Figure> {
+/// `whole_run.total` per mode, as `mix.total` of "nativeSUFFIX burn=Nx" or
+/// "TRANSPORTSUFFIX POLICY burn=Nx" (the standing modes; `suffix` names the sharing, as
+/// [`sharing_suffix`] reads it back).
+fn mix_figures(figures: Vec<Figure>, policy: &str, burn: u32, suffix: &str) -> Vec<Figure> {
     figures
         .into_iter()
         .filter(|f| f.metric == "whole_run.total")
         .filter_map(|mut f| {
             // Native runs beside the standing servers: bench_startup's native-held.
             f.mode = if f.mode == "native" || f.mode == "native-held" {
-                format!("native burn={burn}x")
+                format!("native{suffix} burn={burn}x")
             } else {
                 let t = f.mode.strip_prefix("standing-")?;
-                format!("{t} {policy} burn={burn}x")
+                format!("{t}{suffix} {policy} burn={burn}x")
             };
             f.metric = "mix.total".into();
             f.ratio_to_native = None;
@@ -491,6 +579,21 @@ fn polling_cpu_note(
     ))
 }
 
+/// The sharing a mode's name ends its first word with: `/mps` for "shm/mps adaptive
+/// burn=2x" and "native/mps burn=2x", nothing for the rows without MPS.
+fn sharing_suffix(mode: &str) -> &str {
+    let first = mode.split(' ').next().unwrap_or_default();
+    first.find('/').map_or("", |i| &first[i..])
+}
+
+/// The suffix of each way of sharing in `sharing` (`off`, `mps`), as the modes' names carry it.
+fn suffixes(sharing: &[String]) -> Vec<&'static str> {
+    sharing
+        .iter()
+        .map(|s| if s == "mps" { "/mps" } else { "" })
+        .collect()
+}
+
 /// The figure of `mode` with `clients` clients named `metric`.
 fn find<'a>(figs: &'a [Figure], mode: &str, clients: u32, metric: &str) -> Option<&'a Figure> {
     figs.iter()
@@ -519,8 +622,14 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
         if f.mode.starts_with("native") {
             continue;
         }
-        let native =
-            find(&snapshot, &format!("native {burn}"), f.clients, &f.metric).map(|n| n.value);
+        let sfx = sharing_suffix(&f.mode);
+        let native = find(
+            &snapshot,
+            &format!("native{sfx} {burn}"),
+            f.clients,
+            &f.metric,
+        )
+        .map(|n| n.value);
         f.ratio_to_native = native
             .filter(|n| *n > 0.0)
             .map(|n| (f.value / n * 1000.0).round() / 1000.0);
@@ -541,7 +650,11 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
         }
     }
     cells.push((1, "mix.total"));
-    for t in &a.transports {
+    let labels: Vec<String> = suffixes(&a.sharing)
+        .into_iter()
+        .flat_map(|sfx| a.transports.iter().map(move |t| format!("{t}{sfx}")))
+        .collect();
+    for t in &labels {
         for &burn in &a.burn {
             for &(clients, metric) in &cells {
                 let get =
@@ -601,25 +714,100 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
 #[cfg(test)]
 mod tests {
     use super::{
-        Args, Figure, median_interval, merge_rounds, per_round, polling_cpu_note, spread, verdict,
-        verdict_on, wait_knobs, write_partial,
+        Args, Figure, compare, median_interval, merge_rounds, mix_figures, per_round,
+        polling_cpu_note, sharing_suffix, spread, verdict, verdict_on, wait_knobs, write_partial,
     };
 
-    #[test]
-    fn a_partial_report_holds_the_rounds_so_far_and_says_so() {
+    fn args(extra: &[&str]) -> Args {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
             a: Args,
         }
-        let a = <Cli as clap::Parser>::parse_from([
-            "contention",
+        let mut argv = vec!["contention"];
+        argv.extend(extra);
+        <Cli as clap::Parser>::parse_from(argv).a
+    }
+
+    #[test]
+    fn the_mps_rows_compare_with_native_under_mps_and_apart_from_the_others() {
+        let a = args(&[
+            "--transports=shm",
+            "--clients=16",
+            "--burn=2",
+            "--sharing=off,mps",
+        ]);
+        let m = "launch_sync.p50";
+        let mut figures = vec![
+            fig("native burn=2x", 16, m, &[800.0]),
+            fig("native/mps burn=2x", 16, m, &[9.0]),
+            fig("shm spin burn=2x", 16, m, &[10.0]),
+            fig("shm block burn=2x", 16, m, &[900.0]),
+            fig("shm adaptive burn=2x", 16, m, &[950.0]),
+            fig("shm/mps spin burn=2x", 16, m, &[9.0]),
+            fig("shm/mps block burn=2x", 16, m, &[36.0]),
+            fig("shm/mps adaptive burn=2x", 16, m, &[18.0]),
+        ];
+        let mut notes = Vec::new();
+        compare(&mut figures, &mut notes, &a);
+        let ratio = |mode: &str| {
+            figures
+                .iter()
+                .find(|f| f.mode == mode)
+                .unwrap()
+                .ratio_to_native
+        };
+        // Each against native in its own way of sharing.
+        assert_eq!(ratio("shm adaptive burn=2x"), Some(1.188));
+        assert_eq!(ratio("shm/mps adaptive burn=2x"), Some(2.0));
+        assert_eq!(ratio("native/mps burn=2x"), None);
+        let note = |prefix: &str| {
+            notes
+                .iter()
+                .find(|n| n.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no note {prefix:?} in {notes:?}"))
+                .clone()
+        };
+        // Adaptive against the better of its own sharing's fixed ways.
+        assert!(note("shm burn=2x 16 client(s) launch_sync.p50").contains("x95.00"));
+        assert!(note("shm/mps burn=2x 16 client(s) launch_sync.p50").contains("x2.00"));
+        assert_eq!(sharing_suffix("shm/mps adaptive burn=2x"), "/mps");
+        assert_eq!(sharing_suffix("native burn=1x"), "");
+    }
+
+    #[test]
+    fn the_mix_of_a_sharing_is_named_for_it() {
+        let mut total = fig("standing-shm", 1, "whole_run.total", &[2.0]);
+        total.value = 2.0;
+        let held = fig("native-held", 1, "whole_run.total", &[1.5]);
+        let modes: Vec<String> = mix_figures(vec![total, held], "block", 1, "/mps")
+            .into_iter()
+            .map(|f| format!("{} {}", f.mode, f.metric))
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                "shm/mps block burn=1x mix.total",
+                "native/mps burn=1x mix.total"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unknown_sharing_is_refused_before_anything_starts() {
+        let a = args(&["--sharing=off,vgpu", "--no-native"]);
+        let e = super::run(&a).unwrap_err().to_string();
+        assert!(e.contains("--sharing takes off and mps"), "{e}");
+    }
+
+    #[test]
+    fn a_partial_report_holds_the_rounds_so_far_and_says_so() {
+        let a = args(&[
             "--transports=shm",
             "--clients=1",
             "--burn=1,2",
             "--rounds=3",
-        ])
-        .a;
+        ]);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("partial.json");
         let earlier = [fig(

@@ -195,6 +195,7 @@ mod bench_null;
 mod bench_plot;
 mod bench_startup;
 mod info;
+mod mps;
 mod proc_cpu;
 mod run;
 mod status;
