@@ -514,3 +514,44 @@ fn a_server_with_no_warm_worker_left_says_when_its_sessions_released_the_gpu() {
     assert!(status.success(), "{status:?}");
     assert_eq!(lines, [stopped]);
 }
+
+/// Four sessions at once, each with a context of its own and no MPS: the server says once
+/// what the GPU's time-slicing between contexts costs and what to run instead (bench/results,
+/// session 41), under process isolation (the accepting process counts the workers) and
+/// thread isolation (the executor counts its sessions); three sessions say nothing.
+#[test]
+fn four_sessions_at_once_without_mps_hear_once_about_time_slicing() {
+    let hint = "sessions are open at once, each with a GPU context of its own and no MPS";
+    for isolation in ["process", "thread"] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("tmp")).unwrap();
+        // No MPS control daemon where the server would look for one.
+        let serve = Serve::start(
+            dir.path(),
+            &["--isolation", isolation, "--warm-workers", "1"],
+        );
+        let log = dir.path().join("serve.log");
+        let said = || std::fs::read_to_string(&log).unwrap().matches(hint).count();
+        let open = |n: usize| -> Vec<RemoraV1Client> {
+            (0..n)
+                .map(|_| {
+                    let c = serve.client();
+                    // A call makes the session (and, under process isolation, its worker's).
+                    assert!(alloc_works(&c, primary(&c)));
+                    c
+                })
+                .collect()
+        };
+        let three = open(3);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(said(), 0, "{isolation}: said with three sessions");
+        let mut more = open(2);
+        wait_until("the hint", || said() == 1);
+        more.extend(open(1));
+        std::thread::sleep(Duration::from_millis(300));
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(said(), 1, "{isolation}: said more than once:\n{text}");
+        assert!(text.contains("--gpu-share mps"), "{text}");
+        drop((three, more));
+    }
+}

@@ -98,6 +98,62 @@ pub fn mps_daemon_listening(dir: &std::path::Path) -> Result<(), String> {
     }
 }
 
+/// Sessions open at once from which a server whose sessions each have a GPU context of their
+/// own says, once, what the GPU's time-slicing between contexts costs ([`note_sessions`]):
+/// with 4 clients the unloaded H200 already took ~550 µs for an empty kernel's launch +
+/// synchronize, natively as through Remora (bench/results, session 27).
+pub(crate) const SLICING_HINT_SESSIONS: usize = 4;
+
+/// The line [`note_sessions`] logs, for `sessions` open at once.
+pub(crate) fn slicing_hint(sessions: usize) -> String {
+    format!(
+        "{sessions} sessions are open at once, each with a GPU context of its own and no MPS. \
+         When several keep the GPU busy together, the GPU time-slices between their contexts \
+         and a short kernel waits for the others' slices: with 16 clients on an H200 an \
+         empty kernel's launch + synchronize took 822 us (p50), natively as through Remora, \
+         and 9 us under MPS (bench/results, session 41). For many concurrent sessions start \
+         the MPS control daemon (nvidia-cuda-mps-control -d) and run remora serve \
+         --gpu-share mps (process isolation); under MPS a fault in one session reaches the \
+         others on that GPU (docs/threat-model.md)"
+    )
+}
+
+/// Says once per process ([`slicing_hint`], INFO), when `sessions` sessions are open at once
+/// and reach [`SLICING_HINT_SESSIONS`], that the GPU time-slices between their contexts;
+/// not when an MPS control daemon is running (the driver then puts every context of this
+/// user in its MPS server, `--gpu-share mps` or not). Called by the accepting process of
+/// process isolation as each session is handed to its worker, and by the executor as each
+/// session begins (thread isolation; a session worker's executor has one session only).
+/// Answers whether it logged.
+pub(crate) fn note_sessions(sessions: usize) -> bool {
+    static HINT: SlicingHint = SlicingHint::new();
+    HINT.note(sessions, || mps_daemon_listening(&mps_pipe_dir()).is_ok())
+}
+
+/// Whether [`slicing_hint`] was said ([`note_sessions`]'s state, one per process).
+struct SlicingHint(std::sync::atomic::AtomicBool);
+
+impl SlicingHint {
+    const fn new() -> Self {
+        Self(std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// Logs the hint the first time `sessions` reaches [`SLICING_HINT_SESSIONS`] while
+    /// `mps_running` says no MPS control daemon runs (asked only then); answers whether it
+    /// logged.
+    fn note(&self, sessions: usize, mps_running: impl FnOnce() -> bool) -> bool {
+        use std::sync::atomic::Ordering;
+        if sessions < SLICING_HINT_SESSIONS || self.0.load(Ordering::Relaxed) || mps_running() {
+            return false;
+        }
+        if self.0.swap(true, Ordering::Relaxed) {
+            return false;
+        }
+        tracing::info!(sessions, "{}", slicing_hint(sessions));
+        true
+    }
+}
+
 /// Checks, before anything starts, that `mode` can enforce what `quota` asks for.
 pub(crate) fn check_start(
     mode: GpuShareMode,
@@ -137,10 +193,10 @@ pub(crate) fn check_start(
                     "GPU shares enforced through MPS: each tenant's sessions run with its \
                      gpu-share as their active thread percentage"
                 ),
-                None => tracing::warn!(
-                    "--gpu-share mps, but no tenant has a gpu-share below 100 (--tenants, \
-                     --limit tenant.gpu-share=N): sessions run side by side under MPS with \
-                     the whole GPU each"
+                None => tracing::info!(
+                    "--gpu-share mps with no tenant's gpu-share below 100 (--tenants, --limit \
+                     tenant.gpu-share=N): sessions run side by side in the MPS server with the \
+                     whole GPU each, with no time-slicing between their contexts"
                 ),
             }
             Ok(())
@@ -179,6 +235,20 @@ pub(crate) fn worker_share_problem() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slicing_hint_is_said_once_from_four_sessions_and_never_under_mps() {
+        let hint = SlicingHint::new();
+        assert!(!hint.note(3, || panic!("MPS is not asked below the threshold")));
+        // A running MPS daemon puts every context in its server: nothing to say.
+        assert!(!hint.note(4, || true));
+        assert!(hint.note(4, || false));
+        assert!(!hint.note(16, || false));
+        let line = slicing_hint(16);
+        assert!(line.starts_with("16 sessions are open at once"), "{line}");
+        assert!(line.contains("--gpu-share mps"), "{line}");
+        assert!(line.contains("nvidia-cuda-mps-control -d"), "{line}");
+    }
 
     #[test]
     fn a_control_pipe_counts_only_with_a_daemon_at_its_end() {

@@ -705,14 +705,22 @@ impl ConnectionHandler for WorkerPool {
                 tracing::warn!(worker_pid = pid, error = %e, "the session's lanes cannot be handed to its worker");
             })
             .ok();
-        self.workers.lock().insert(
-            id,
-            LiveWorker {
-                pid,
-                control,
-                exit: Arc::clone(&worker.exit),
-            },
-        );
+        let live = {
+            let mut workers = self.workers.lock();
+            workers.insert(
+                id,
+                LiveWorker {
+                    pid,
+                    control,
+                    exit: Arc::clone(&worker.exit),
+                },
+            );
+            workers.len()
+        };
+        // Without --gpu-share mps every session's worker has a context of its own.
+        if self.shares.is_none() {
+            crate::gpu_share::note_sessions(live);
+        }
         tracing::info!(
             %peer, connection = id, worker_pid = pid,
             warm_ms = worker.started.elapsed().as_millis() as u64,

@@ -471,8 +471,10 @@ impl Executor {
     }
 
     fn session(&self, call: &CallContext) -> Arc<Session> {
+        let mut began = false;
         let session = Arc::clone(self.inner.sessions().entry(call.connection).or_insert_with(
             || {
+                began = true;
                 let max = self
                     .inner
                     .max_pending_copy_bytes
@@ -506,6 +508,10 @@ impl Executor {
                 session
             },
         ));
+        if began {
+            // Thread isolation: this executor holds every session of the server.
+            crate::gpu_share::note_sessions(self.session_count());
+        }
         let mapped = match call.peer {
             remora_oncrpc::Peer::Unix { uid, .. } if call.tenant().is_none() => self
                 .inner
