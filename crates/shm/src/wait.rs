@@ -33,6 +33,8 @@ pub struct Waiter {
     hold: Duration,
     /// How [`Waiter::hold`] is spun ([`HoldRule`]).
     hold_rule: HoldRule,
+    /// How the first waits choose before both ways have a figure ([`StartRule`]).
+    start: StartRule,
     /// The wait in progress was held (its time goes to `held_ns` too).
     held: Option<Duration>,
     /// How long held waits took lately (nanoseconds, each at most its hold); 0: none yet.
@@ -250,6 +252,46 @@ pub fn signal_hold() -> Duration {
     *HOLD.get_or_init(|| spin_from_env("REMORA_WAIT_SIGNAL_HOLD_US", SIGNAL_HOLD_DEFAULT))
 }
 
+/// How a [`Waiter`] with no core to spare chooses before both ways have a figure, from
+/// `REMORA_WAIT_START` (read once). An experiment of session 41, not yet measured on a GPU
+/// (docs/architecture.md, "Adaptive waiting").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartRule {
+    /// Spinning first until blocking is explored (the [`EXPLORE_EVERY`]th plan), as any
+    /// other way not preferred (`preferred`, the default).
+    Preferred,
+    /// Blocking at once on the first plan and spinning first on the next (`both`), so that
+    /// each way's figure starts from a wait of its own. Why: the figures move by at most 15% a
+    /// wait (winsorized), so a spinning figure started from one lucky
+    /// short wait stays below blocking's for dozens of waits that each spin out their budget;
+    /// on the 2-core development machine (emulated backend, 16 clients of 300 synchronizes
+    /// over shm beside 2x load) adaptive's launch + synchronize mean was 1725 µs against
+    /// block's 223, and 443 against 231 with `both`.
+    Both,
+}
+
+impl StartRule {
+    /// `REMORA_WAIT_START` of this process: `preferred` (or unset, empty) or `both`; anything
+    /// else is logged and taken as `preferred`.
+    pub fn from_env() -> Self {
+        static RULE: std::sync::OnceLock<StartRule> = std::sync::OnceLock::new();
+        *RULE.get_or_init(|| Self::parse(std::env::var("REMORA_WAIT_START").ok().as_deref()))
+    }
+
+    fn parse(v: Option<&str>) -> Self {
+        match v.map(str::trim) {
+            None | Some("" | "preferred") => StartRule::Preferred,
+            Some("both") => StartRule::Both,
+            Some(other) => {
+                tracing::warn!(
+                    "REMORA_WAIT_START={other:?} is not preferred or both; the first waits spin first until blocking is explored (preferred)"
+                );
+                StartRule::Preferred
+            }
+        }
+    }
+}
+
 /// How a held wait ([`Waiter::hold_next`]) spins, from `REMORA_WAIT_HOLD_RULE` (read once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldRule {
@@ -381,6 +423,7 @@ impl Waiter {
             stretch: Duration::ZERO,
             hold: Duration::ZERO,
             hold_rule: HoldRule::Fixed,
+            start: StartRule::from_env(),
             held: None,
             held_ns: 0.0,
             arm: None,
@@ -664,6 +707,15 @@ impl Waiter {
     fn choose(&mut self) -> bool {
         self.plans = self.plans.wrapping_add(1);
         let [spin_ns, block_ns] = self.arm_ns;
+        if self.start == StartRule::Both {
+            // Each way's first figure from a wait of its own: blocking first, then spinning.
+            if block_ns == 0.0 {
+                return false;
+            }
+            if spin_ns == 0.0 {
+                return true;
+            }
+        }
         let prefer_spin = block_ns == 0.0 || spin_ns <= block_ns;
         // A way clearly slower than the other (by half as much again) is looked at again
         // less often: exploring costs that way's time.
@@ -787,6 +839,35 @@ mod tests {
             w.observe(Duration::from_micros(4));
         }
         assert!(w.budget() >= Duration::from_micros(5), "{:?}", w.budget());
+    }
+
+    #[test]
+    fn the_both_start_takes_each_way_once_before_choosing() {
+        let us = Duration::from_micros;
+        let ways = |start: StartRule| -> Vec<bool> {
+            let mut w = Waiter::with_bounds(us(2), us(50));
+            w.start = start;
+            (0..4)
+                .map(|_| {
+                    let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
+                    // Spinning first is the slower way here.
+                    w.observe(if spin { us(40) } else { us(10) });
+                    spin
+                })
+                .collect()
+        };
+        // Blocking, then spinning, then the faster way (blocking).
+        assert_eq!(ways(StartRule::Both), [false, true, false, false]);
+        // The default spins until blocking is explored.
+        assert_eq!(ways(StartRule::Preferred), [true, true, true, true]);
+        // With a core to spare every wait spins first, whatever the rule.
+        let mut w = Waiter::with_bounds(us(2), us(50));
+        w.start = StartRule::Both;
+        assert!(!w.plan_on(|| true, Duration::ZERO).is_zero());
+        assert_eq!(StartRule::parse(None), StartRule::Preferred);
+        assert_eq!(StartRule::parse(Some(" both")), StartRule::Both);
+        assert_eq!(StartRule::parse(Some("preferred")), StartRule::Preferred);
+        assert_eq!(StartRule::parse(Some("first")), StartRule::Preferred);
     }
 
     #[test]
