@@ -45,6 +45,8 @@ pub struct Waiter {
     /// How long waits took lately (nanoseconds, capped), spinning first and blocking at once;
     /// 0: not tried yet.
     arm_ns: [f64; 2],
+    /// Waits each way's figure has learned (counted up to [`PLAIN_SAMPLES`]).
+    arm_n: [u32; 2],
     /// Waits planned, for exploring the way not taken.
     plans: u32,
     /// What this waiter waits for, for [`WaitStats`] lines.
@@ -268,10 +270,18 @@ pub enum StartRule {
     /// over shm beside 2x load) adaptive's launch + synchronize mean was 1725 µs against
     /// block's 223, and 443 against 231 with `both`.
     Both,
+    /// `both`, and each way's first [`PLAIN_SAMPLES`] waits make its figure as their plain
+    /// mean, unclipped (`both-plain`): the winsorizing clip then starts from a figure of
+    /// several waits rather than of one.
+    BothPlain,
 }
 
+/// Waits whose plain mean starts a way's figure under [`StartRule::BothPlain`].
+pub const PLAIN_SAMPLES: u32 = 8;
+
 impl StartRule {
-    /// `REMORA_WAIT_START` of this process: `preferred` (or unset, empty) or `both`; anything
+    /// `REMORA_WAIT_START` of this process: `preferred` (or unset, empty), `both` or
+    /// `both-plain`; anything
     /// else is logged and taken as `preferred`.
     pub fn from_env() -> Self {
         static RULE: std::sync::OnceLock<StartRule> = std::sync::OnceLock::new();
@@ -282,9 +292,10 @@ impl StartRule {
         match v.map(str::trim) {
             None | Some("" | "preferred") => StartRule::Preferred,
             Some("both") => StartRule::Both,
+            Some("both-plain") => StartRule::BothPlain,
             Some(other) => {
                 tracing::warn!(
-                    "REMORA_WAIT_START={other:?} is not preferred or both; the first waits spin first until blocking is explored (preferred)"
+                    "REMORA_WAIT_START={other:?} is not preferred, both or both-plain; the first waits spin first until blocking is explored (preferred)"
                 );
                 StartRule::Preferred
             }
@@ -428,6 +439,7 @@ impl Waiter {
             held_ns: 0.0,
             arm: None,
             arm_ns: [0.0; 2],
+            arm_n: [0; 2],
             plans: 0,
             label: "",
             device_ended: false,
@@ -707,7 +719,7 @@ impl Waiter {
     fn choose(&mut self) -> bool {
         self.plans = self.plans.wrapping_add(1);
         let [spin_ns, block_ns] = self.arm_ns;
-        if self.start == StartRule::Both {
+        if matches!(self.start, StartRule::Both | StartRule::BothPlain) {
             // Each way's first figure from a wait of its own: blocking first, then spinning.
             if block_ns == 0.0 {
                 return false;
@@ -752,8 +764,16 @@ impl Waiter {
         // 14.5-15.6 µs, and on blocking in others, 22-29 µs). A lasting change still comes
         // through: a way twice as slow as its figure doubles it in five waits.
         let cap = (self.max_spin * 4).as_nanos() as f64;
-        let m = &mut self.arm_ns[usize::from(!spin)];
+        let way = usize::from(!spin);
+        let m = &mut self.arm_ns[way];
+        let n = &mut self.arm_n[way];
         let mut t = (took.as_nanos() as f64).min(cap);
+        if self.start == StartRule::BothPlain && *n < PLAIN_SAMPLES {
+            // The first waits of a way: their plain mean, unclipped.
+            *n += 1;
+            *m += (t - *m) / f64::from(*n);
+            return;
+        }
         if *m > 0.0 {
             t = t.min(2.0 * *m);
         }
@@ -864,6 +884,23 @@ mod tests {
         let mut w = Waiter::with_bounds(us(2), us(50));
         w.start = StartRule::Both;
         assert!(!w.plan_on(|| true, Duration::ZERO).is_zero());
+        // both-plain: a way's first PLAIN_SAMPLES waits make its figure as their plain mean.
+        let mut w = Waiter::with_bounds(us(2), us(50));
+        w.start = StartRule::BothPlain;
+        assert!(w.plan_on(|| false, Duration::ZERO).is_zero());
+        w.observe(us(10));
+        for i in 0..PLAIN_SAMPLES {
+            w.plan_on(|| false, Duration::ZERO);
+            w.arm = Some(true);
+            w.observe(if i == 0 { us(1) } else { us(100) });
+        }
+        let plain = (1.0 + 100.0 * f64::from(PLAIN_SAMPLES - 1)) / f64::from(PLAIN_SAMPLES);
+        assert!((w.arm_ns[0] / 1e3 - plain).abs() < 1e-6, "{}", w.arm_ns[0]);
+        // Then clipped as ever: at most twice the figure a wait.
+        w.arm = Some(true);
+        w.observe(us(10_000));
+        assert!(w.arm_ns[0] / 1e3 <= plain * 1.15 + 1e-6, "{}", w.arm_ns[0]);
+        assert_eq!(StartRule::parse(Some("both-plain")), StartRule::BothPlain);
         assert_eq!(StartRule::parse(None), StartRule::Preferred);
         assert_eq!(StartRule::parse(Some(" both")), StartRule::Both);
         assert_eq!(StartRule::parse(Some("preferred")), StartRule::Preferred);
