@@ -30,7 +30,9 @@ mod wait;
 pub use data::{DataArea, OutOfArea};
 pub use region::{Layout, Region, RegionError};
 pub use ring::{Consumer, MAX_MESSAGE, Producer, RingError, RingWaker};
-pub use signal::{SIGNAL_FALLBACK, SIGNAL_OFFSET, SIGNAL_PAGE, SIGNAL_SLOTS, Signals};
+pub use signal::{
+    SIGNAL_FALLBACK, SIGNAL_FLAGS, SIGNAL_OFFSET, SIGNAL_PAGE, SIGNAL_QUEUED, SIGNAL_SLOTS, Signals,
+};
 pub use stream::{ShmStream, Side, recv_with_fd, send_with_fd};
 pub use wait::{
     DEVICE_SPIN_DEFAULT, EXPLORE_EVERY, HoldRule, PLAIN_SAMPLES, SIGNAL_HOLD_DEFAULT,

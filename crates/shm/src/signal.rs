@@ -7,7 +7,9 @@
 //! server (one-way) to have the stream write that number into the slot when it gets there
 //! (`cuStreamWriteValue64` into the page, registered for the device), and polls the slot. The
 //! server may instead write the number with [`SIGNAL_FALLBACK`] set, at once, when the client
-//! must make the full synchronizing call (an error to report, output to deliver). The client
+//! must make the full synchronizing call (an error to report, output to deliver); when it has
+//! the stream write the number, it first writes the number with [`SIGNAL_QUEUED`] set itself,
+//! so that the client knows the server has got to its request. The client
 //! only ever acts on its own exact number: a slot's stale value from an earlier use never
 //! matches.
 
@@ -22,6 +24,13 @@ pub const SIGNAL_OFFSET: usize = 2048;
 pub const SIGNAL_SLOTS: usize = 256;
 /// Set in a word by the server instead of the stream: make the full synchronizing call.
 pub const SIGNAL_FALLBACK: u64 = 1 << 63;
+/// Set in a word by the server, with the number, just before it queues the stream's write
+/// (session 41): from then on the word's end is the device's alone, with no host thread of
+/// the server's left to run. A client that does not know it sees a number not its own and
+/// goes on looking, as before.
+pub const SIGNAL_QUEUED: u64 = 1 << 62;
+/// The bits of a word that are not the number.
+pub const SIGNAL_FLAGS: u64 = SIGNAL_FALLBACK | SIGNAL_QUEUED;
 /// Bytes of the page holding the words (from the region's start).
 pub const SIGNAL_PAGE: usize = 4096;
 

@@ -15,15 +15,23 @@
 //!
 //! The budget follows the waits seen ([`remora_shm::Waiter`]), so long kernels cost a
 //! short spin, not a core.
+//!
+//! The server marks the word (`SIGNAL_QUEUED`) when it queues the stream's write, so the
+//! client can tell a wait for the server (a host thread, which may need the core the client
+//! spins on) from a wait for the device. With `REMORA_WAIT_WORD_ACK=wait` (an experiment of
+//! session 41, not yet measured on a GPU) a synchronize whose server has marked its words
+//! before looks for the mark only about three times as long as marks have lately taken (20
+//! to 200 µs), and makes the full call when it does not come; once marked, the wait spins on
+//! for its whole budget.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use remora_proto::remora::{
     REMORA_PROG, REMORA_V1, RM_STREAM_SIGNAL, RmHandle, RmStreamSignalArgs,
 };
-use remora_shm::{SIGNAL_FALLBACK, SIGNAL_SLOTS, Signals, Waiter};
+use remora_shm::{SIGNAL_FALLBACK, SIGNAL_FLAGS, SIGNAL_QUEUED, SIGNAL_SLOTS, Signals, Waiter};
 use remora_xdr::XdrEncode as _;
 
 use super::Session;
@@ -49,14 +57,72 @@ pub(super) struct SignalSync {
     full: AtomicU64,
     /// How long the last synchronize looked at its word before it made the full call.
     spun_first_ns: AtomicU64,
+    /// The server marks its words when it queues them (`SIGNAL_QUEUED`): seen once.
+    marks_seen: AtomicBool,
+    /// How long marks took to come lately (ns, a running mean; 0: none yet).
+    mark_ns: AtomicU64,
+    /// Synchronizes that saw their mark, and those sent to the full call for want of one
+    /// (`REMORA_WAIT_WORD_ACK=wait`).
+    marked: AtomicU64,
+    unmarked: AtomicU64,
+}
+
+/// `REMORA_WAIT_WORD_ACK=wait`: look for the server's mark only briefly (see the module's
+/// documentation); anything else, or unset: as before, the whole budget.
+fn wait_for_mark_briefly() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let v = std::env::var("REMORA_WAIT_WORD_ACK").unwrap_or_default();
+        match v.trim() {
+            "" | "off" => false,
+            "wait" => true,
+            other => {
+                tracing::warn!(
+                    "REMORA_WAIT_WORD_ACK={other:?} is not wait or off; a synchronize looks at its word for its whole budget (off)"
+                );
+                false
+            }
+        }
+    })
+}
+
+/// How long to look for the server's mark: three times marks' recent figure `mark_ns`, from
+/// `MIN_SPIN` to `MAX_SPIN` (`MAX_SPIN` before any was timed).
+fn mark_budget(mark_ns: u64) -> Duration {
+    if mark_ns == 0 {
+        return MAX_SPIN;
+    }
+    Duration::from_nanos(mark_ns.saturating_mul(3)).clamp(MIN_SPIN, MAX_SPIN)
 }
 
 impl SignalSync {
-    /// Logs the completion-word waiter's line (`REMORA_WAIT_TRACE`), unless a wait holds it.
+    /// Logs the completion-word waiter's line (`REMORA_WAIT_TRACE`), unless a wait holds it,
+    /// and how the server's marks went.
     pub(super) fn trace_waits(&self) {
         if let Ok(w) = self.waiter.try_lock() {
             w.trace();
         }
+        if remora_shm::tracing_waits() && self.marks_seen.load(Ordering::Relaxed) {
+            tracing::info!(
+                target: "remora::wait",
+                waiter = "completion word mark",
+                marked = self.marked.load(Ordering::Relaxed),
+                unmarked = self.unmarked.load(Ordering::Relaxed),
+                mark_mean_us = self.mark_ns.load(Ordering::Relaxed) as f64 / 1e3,
+                brief = wait_for_mark_briefly(),
+                "waits"
+            );
+        }
+    }
+
+    /// Folds how long a mark took into its figure.
+    fn learn_mark(&self, took: Duration) {
+        let t = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let m = self.mark_ns.load(Ordering::Relaxed);
+        let next = if m == 0 { t } else { (m / 5) * 4 + t / 5 };
+        self.mark_ns.store(next, Ordering::Relaxed);
+        self.marks_seen.store(true, Ordering::Relaxed);
+        self.marked.fetch_add(1, Ordering::Relaxed);
     }
 
     /// For a session in shared memory whose server speaks revision 14 or later.
@@ -77,6 +143,10 @@ impl SignalSync {
             seen: AtomicU64::new(0),
             full: AtomicU64::new(0),
             spun_first_ns: AtomicU64::new(0),
+            marks_seen: AtomicBool::new(false),
+            mark_ns: AtomicU64::new(0),
+            marked: AtomicU64::new(0),
+            unmarked: AtomicU64::new(0),
         })
     }
 
@@ -142,6 +212,59 @@ impl SignalSync {
     }
 }
 
+/// How [`watch`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watched {
+    /// The stream wrote the number.
+    Seen,
+    /// The server wrote the fallback: make the full call.
+    Fallback,
+    /// Nothing within the budget.
+    Late,
+    /// No mark from the server by `mark_until`.
+    Unmarked,
+}
+
+/// Looks at `word` for `seq` from `start` until `until`, and, with `mark_until`, until then
+/// only while the server has not marked it (`seq | SIGNAL_QUEUED`). `on_mark` learns how
+/// long the mark took: when it is seen, or, where the server is known to mark
+/// (`marks_known`), when the number comes with the mark missed between two looks.
+fn watch(
+    word: &AtomicU64,
+    seq: u64,
+    start: Instant,
+    until: Instant,
+    mark_until: Option<Instant>,
+    marks_known: bool,
+    mut on_mark: impl FnMut(Duration),
+) -> Watched {
+    let mut marked = false;
+    loop {
+        let v = word.load(Ordering::Acquire);
+        if v == seq {
+            if !marked && marks_known {
+                on_mark(start.elapsed());
+            }
+            return Watched::Seen;
+        }
+        if v == seq | SIGNAL_FALLBACK {
+            return Watched::Fallback;
+        }
+        if !marked && v == seq | SIGNAL_QUEUED {
+            marked = true;
+            on_mark(start.elapsed());
+        }
+        let now = Instant::now();
+        if now >= until {
+            return Watched::Late;
+        }
+        if !marked && mark_until.is_some_and(|t| now >= t) {
+            return Watched::Unmarked;
+        }
+        std::hint::spin_loop();
+    }
+}
+
 impl Session {
     /// `cuStreamSynchronize` through a completion word: `true` when the stream was seen
     /// complete in shared memory (nothing else to do), `false` when the full
@@ -173,7 +296,7 @@ impl Session {
             sig.cancel_plan();
             return false;
         };
-        let seq = sig.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & !SIGNAL_FALLBACK;
+        let seq = sig.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & !SIGNAL_FLAGS;
         let start = Instant::now();
         let args = RmStreamSignalArgs {
             ctx,
@@ -202,23 +325,38 @@ impl Session {
         // When the call had to wake the sleeping server, the word comes a wake-up late:
         // spin through that too (as the rings do), or the pair stays asleep under load.
         // (`REMORA_WAIT=spin`'s budget stays as it is.)
-        let budget = match self.rpc.rpc().take_peer_woken() {
+        let woken = self.rpc.rpc().take_peer_woken();
+        let budget = match woken {
             Some(lag) => budget.max(sig.wake_stretch(lag)),
             None => budget,
         };
+        // Until the server's mark, the wait is for a host thread: with the experiment on and
+        // a server that marks, only briefly (the module's documentation).
+        let mark_until =
+            (wait_for_mark_briefly() && sig.marks_seen.load(Ordering::Relaxed)).then(|| {
+                let brief = mark_budget(sig.mark_ns.load(Ordering::Relaxed));
+                let brief = match woken {
+                    Some(lag) => brief.max(sig.wake_stretch(lag)),
+                    None => brief,
+                };
+                start + brief.min(budget)
+            });
         let done = sent
             && sig.signals.word(slot).is_some_and(|word| {
-                let until = start + budget;
-                loop {
-                    let v = word.load(Ordering::Acquire);
-                    if v == seq || v == seq | SIGNAL_FALLBACK {
-                        break v == seq;
-                    }
-                    if Instant::now() >= until {
-                        break false;
-                    }
-                    std::hint::spin_loop();
+                let marks_known = sig.marks_seen.load(Ordering::Relaxed);
+                let end = watch(
+                    word,
+                    seq,
+                    start,
+                    start + budget,
+                    mark_until,
+                    marks_known,
+                    |t| sig.learn_mark(t),
+                );
+                if end == Watched::Unmarked {
+                    sig.unmarked.fetch_add(1, Ordering::Relaxed);
                 }
+                end == Watched::Seen
             });
         sig.give_slot(slot);
         sig.count(done, start.elapsed());
@@ -263,5 +401,79 @@ impl Session {
             let spun = Duration::from_nanos(sig.spun_first_ns.swap(0, Ordering::Relaxed));
             sig.observe(took + spun);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SIGNAL_FALLBACK, SIGNAL_QUEUED, Watched, mark_budget, watch};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_watch_ends_on_its_number_the_fallback_the_budget_or_a_missing_mark() {
+        let ms = Duration::from_millis;
+        let word = AtomicU64::new(0);
+        let t0 = Instant::now();
+        // The number: seen, and with a server known to mark, its mark learned then.
+        word.store(7, Ordering::Release);
+        let mut marks = Vec::new();
+        let end = watch(&word, 7, t0, t0 + ms(100), None, true, |t| marks.push(t));
+        assert_eq!((end, marks.len()), (Watched::Seen, 1));
+        // A server not known to mark teaches nothing.
+        assert_eq!(
+            watch(&word, 7, t0, t0 + ms(100), None, false, |_| panic!()),
+            Watched::Seen
+        );
+        word.store(8 | SIGNAL_FALLBACK, Ordering::Release);
+        assert_eq!(
+            watch(&word, 8, t0, t0 + ms(100), None, false, |_| {}),
+            Watched::Fallback
+        );
+        // Another number (a stale one, or a mark of another) is not ours: late.
+        let t1 = Instant::now();
+        assert_eq!(
+            watch(&word, 9, t1, t1 + ms(2), None, false, |_| {}),
+            Watched::Late
+        );
+        // No mark by its time: given up then, long before the budget.
+        let t2 = Instant::now();
+        let end = watch(
+            &word,
+            9,
+            t2,
+            t2 + ms(10_000),
+            Some(t2 + ms(2)),
+            true,
+            |_| {},
+        );
+        assert_eq!(end, Watched::Unmarked);
+        assert!(t2.elapsed() < ms(5_000));
+        // Marked in time: the watch goes on past the mark's time until the number comes.
+        word.store(10 | SIGNAL_QUEUED, Ordering::Release);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(ms(20));
+                word.store(10, Ordering::Release);
+            });
+            let t3 = Instant::now();
+            let mut marks = 0;
+            let end = watch(
+                &word,
+                10,
+                t3,
+                t3 + ms(10_000),
+                Some(t3 + ms(1)),
+                true,
+                |_| marks += 1,
+            );
+            assert_eq!((end, marks), (Watched::Seen, 1));
+        });
+        // The mark's look: three times its figure, 20 to 200 µs, 200 before any.
+        let us = Duration::from_micros;
+        assert_eq!(mark_budget(0), us(200));
+        assert_eq!(mark_budget(1_000), us(20));
+        assert_eq!(mark_budget(30_000), us(90));
+        assert_eq!(mark_budget(1_000_000), us(200));
     }
 }

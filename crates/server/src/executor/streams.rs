@@ -41,8 +41,10 @@ impl Executor {
 
     /// RM_STREAM_SIGNAL (revision 14): the stream writes `a.seq` into completion word
     /// `a.slot` of the session's region when it gets there; or, when the client must make
-    /// the full synchronize instead, the word gets `a.seq | SIGNAL_FALLBACK` at once. Never
-    /// an error of its own (nothing is deferred).
+    /// the full synchronize instead, the word gets `a.seq | SIGNAL_FALLBACK` at once. Before
+    /// it queues the stream's write it stores `a.seq | SIGNAL_QUEUED`, which tells the client
+    /// that what is left of its wait is the device's. Never an error of its own (nothing is
+    /// deferred).
     pub(super) fn stream_signal(
         &self,
         call: &CallContext,
@@ -65,7 +67,7 @@ impl Executor {
             tracing::debug!(slot, "RM_STREAM_SIGNAL names no completion word; ignored");
             return Ok(());
         };
-        let seq = a.seq & !remora_shm::SIGNAL_FALLBACK;
+        let seq = a.seq & !remora_shm::SIGNAL_FLAGS;
         // One look under the session lock: what would send the client to the full call,
         // else the stream.
         let target = {
@@ -88,6 +90,12 @@ impl Executor {
             if self.inner.device_output.get().is_some_and(|o| o.pending()) {
                 return Err("device output waits to be delivered");
             }
+            // Before the stream's write is queued, so that the stream's number, which may
+            // come at once (an idle stream), is never overwritten by it.
+            word.store(
+                seq | remora_shm::SIGNAL_QUEUED,
+                std::sync::atomic::Ordering::Release,
+            );
             self.inner
                 .backend
                 .stream_signal(t.ctx, t.stream, &signals, slot, seq)
