@@ -33,8 +33,6 @@ pub struct Waiter {
     hold: Duration,
     /// How [`Waiter::hold`] is spun ([`HoldRule`]).
     hold_rule: HoldRule,
-    /// How the first waits choose before both ways have a figure ([`StartRule`]).
-    start: StartRule,
     /// The wait in progress was held (its time goes to `held_ns` too).
     held: Option<Duration>,
     /// How long held waits took lately (nanoseconds, each at most its hold); 0: none yet.
@@ -45,8 +43,6 @@ pub struct Waiter {
     /// How long waits took lately (nanoseconds, capped), spinning first and blocking at once;
     /// 0: not tried yet.
     arm_ns: [f64; 2],
-    /// Waits each way's figure has learned (counted up to [`PLAIN_SAMPLES`]).
-    arm_n: [u32; 2],
     /// Waits planned, for exploring the way not taken.
     plans: u32,
     /// What this waiter waits for, for [`WaitStats`] lines.
@@ -254,55 +250,6 @@ pub fn signal_hold() -> Duration {
     *HOLD.get_or_init(|| spin_from_env("REMORA_WAIT_SIGNAL_HOLD_US", SIGNAL_HOLD_DEFAULT))
 }
 
-/// How a [`Waiter`] with no core to spare chooses before both ways have a figure, from
-/// `REMORA_WAIT_START` (read once). An experiment of session 41, not yet measured on a GPU
-/// (docs/architecture.md, "Adaptive waiting").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartRule {
-    /// Spinning first until blocking is explored (the [`EXPLORE_EVERY`]th plan), as any
-    /// other way not preferred (`preferred`, the default).
-    Preferred,
-    /// Blocking at once on the first plan and spinning first on the next (`both`), so that
-    /// each way's figure starts from a wait of its own. Why: the figures move by at most 15% a
-    /// wait (winsorized), so a spinning figure started from one lucky
-    /// short wait stays below blocking's for dozens of waits that each spin out their budget;
-    /// on the 2-core development machine (emulated backend, 16 clients of 300 synchronizes
-    /// over shm beside 2x load) adaptive's launch + synchronize mean was 1725 µs against
-    /// block's 223, and 443 against 231 with `both`.
-    Both,
-    /// `both`, and each way's first [`PLAIN_SAMPLES`] waits make its figure as their plain
-    /// mean, unclipped (`both-plain`): the winsorizing clip then starts from a figure of
-    /// several waits rather than of one.
-    BothPlain,
-}
-
-/// Waits whose plain mean starts a way's figure under [`StartRule::BothPlain`].
-pub const PLAIN_SAMPLES: u32 = 8;
-
-impl StartRule {
-    /// `REMORA_WAIT_START` of this process: `preferred` (or unset, empty), `both` or
-    /// `both-plain`; anything
-    /// else is logged and taken as `preferred`.
-    pub fn from_env() -> Self {
-        static RULE: std::sync::OnceLock<StartRule> = std::sync::OnceLock::new();
-        *RULE.get_or_init(|| Self::parse(std::env::var("REMORA_WAIT_START").ok().as_deref()))
-    }
-
-    fn parse(v: Option<&str>) -> Self {
-        match v.map(str::trim) {
-            None | Some("" | "preferred") => StartRule::Preferred,
-            Some("both") => StartRule::Both,
-            Some("both-plain") => StartRule::BothPlain,
-            Some(other) => {
-                tracing::warn!(
-                    "REMORA_WAIT_START={other:?} is not preferred, both or both-plain; the first waits spin first until blocking is explored (preferred)"
-                );
-                StartRule::Preferred
-            }
-        }
-    }
-}
-
 /// How a held wait ([`Waiter::hold_next`]) spins, from `REMORA_WAIT_HOLD_RULE` (read once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldRule {
@@ -434,12 +381,10 @@ impl Waiter {
             stretch: Duration::ZERO,
             hold: Duration::ZERO,
             hold_rule: HoldRule::Fixed,
-            start: StartRule::from_env(),
             held: None,
             held_ns: 0.0,
             arm: None,
             arm_ns: [0.0; 2],
-            arm_n: [0; 2],
             plans: 0,
             label: "",
             device_ended: false,
@@ -719,19 +664,15 @@ impl Waiter {
     fn choose(&mut self) -> bool {
         self.plans = self.plans.wrapping_add(1);
         let [spin_ns, block_ns] = self.arm_ns;
-        if matches!(self.start, StartRule::Both | StartRule::BothPlain) {
-            // Each way's first figure from a wait of its own: blocking first, then spinning.
-            if block_ns == 0.0 {
-                return false;
-            }
-            if spin_ns == 0.0 {
-                return true;
-            }
-        }
         let prefer_spin = block_ns == 0.0 || spin_ns <= block_ns;
         // A way clearly slower than the other (by half as much again) is looked at again
-        // less often: exploring costs that way's time.
-        let clear = spin_ns > 1.5 * block_ns || block_ns > 1.5 * spin_ns;
+        // less often: exploring costs that way's time. A way not tried yet is not slower:
+        // until session 41 an untried blocking way counted as clearly slower (any figure is
+        // more than 1.5 times zero), so a fresh waiter first blocked at its 128th plan, not
+        // its 16th.
+        let clear = spin_ns > 0.0
+            && block_ns > 0.0
+            && (spin_ns > 1.5 * block_ns || block_ns > 1.5 * spin_ns);
         let every = if clear {
             EXPLORE_EVERY * 8
         } else {
@@ -764,16 +705,8 @@ impl Waiter {
         // 14.5-15.6 µs, and on blocking in others, 22-29 µs). A lasting change still comes
         // through: a way twice as slow as its figure doubles it in five waits.
         let cap = (self.max_spin * 4).as_nanos() as f64;
-        let way = usize::from(!spin);
-        let m = &mut self.arm_ns[way];
-        let n = &mut self.arm_n[way];
+        let m = &mut self.arm_ns[usize::from(!spin)];
         let mut t = (took.as_nanos() as f64).min(cap);
-        if self.start == StartRule::BothPlain && *n < PLAIN_SAMPLES {
-            // The first waits of a way: their plain mean, unclipped.
-            *n += 1;
-            *m += (t - *m) / f64::from(*n);
-            return;
-        }
         if *m > 0.0 {
             t = t.min(2.0 * *m);
         }
@@ -862,49 +795,18 @@ mod tests {
     }
 
     #[test]
-    fn the_both_start_takes_each_way_once_before_choosing() {
+    fn an_untried_way_is_explored_within_explore_every_plans() {
         let us = Duration::from_micros;
-        let ways = |start: StartRule| -> Vec<bool> {
-            let mut w = Waiter::with_bounds(us(2), us(50));
-            w.start = start;
-            (0..4)
-                .map(|_| {
-                    let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
-                    // Spinning first is the slower way here.
-                    w.observe(if spin { us(40) } else { us(10) });
-                    spin
-                })
-                .collect()
-        };
-        // Blocking, then spinning, then the faster way (blocking).
-        assert_eq!(ways(StartRule::Both), [false, true, false, false]);
-        // The default spins until blocking is explored.
-        assert_eq!(ways(StartRule::Preferred), [true, true, true, true]);
-        // With a core to spare every wait spins first, whatever the rule.
         let mut w = Waiter::with_bounds(us(2), us(50));
-        w.start = StartRule::Both;
-        assert!(!w.plan_on(|| true, Duration::ZERO).is_zero());
-        // both-plain: a way's first PLAIN_SAMPLES waits make its figure as their plain mean.
-        let mut w = Waiter::with_bounds(us(2), us(50));
-        w.start = StartRule::BothPlain;
-        assert!(w.plan_on(|| false, Duration::ZERO).is_zero());
-        w.observe(us(10));
-        for i in 0..PLAIN_SAMPLES {
-            w.plan_on(|| false, Duration::ZERO);
-            w.arm = Some(true);
-            w.observe(if i == 0 { us(1) } else { us(100) });
-        }
-        let plain = (1.0 + 100.0 * f64::from(PLAIN_SAMPLES - 1)) / f64::from(PLAIN_SAMPLES);
-        assert!((w.arm_ns[0] / 1e3 - plain).abs() < 1e-6, "{}", w.arm_ns[0]);
-        // Then clipped as ever: at most twice the figure a wait.
-        w.arm = Some(true);
-        w.observe(us(10_000));
-        assert!(w.arm_ns[0] / 1e3 <= plain * 1.15 + 1e-6, "{}", w.arm_ns[0]);
-        assert_eq!(StartRule::parse(Some("both-plain")), StartRule::BothPlain);
-        assert_eq!(StartRule::parse(None), StartRule::Preferred);
-        assert_eq!(StartRule::parse(Some(" both")), StartRule::Both);
-        assert_eq!(StartRule::parse(Some("preferred")), StartRule::Preferred);
-        assert_eq!(StartRule::parse(Some("first")), StartRule::Preferred);
+        // Spinning first is tried, and takes long; blocking has no figure yet.
+        let first_block = (1..=EXPLORE_EVERY * 8)
+            .find(|_| {
+                let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
+                w.observe(if spin { us(400) } else { us(10) });
+                !spin
+            })
+            .unwrap();
+        assert_eq!(first_block, EXPLORE_EVERY);
     }
 
     #[test]
