@@ -201,24 +201,26 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     }
     let mut device = String::new();
     for sharing in &a.sharing {
+        let suffix = sharing_label(sharing);
         let mut serve_args = a.serve_arg.clone();
-        let mut _daemon = None;
-        let suffix = if sharing == "mps" {
+        // Stopped (when this benchmark started it) once this sharing's rows are done.
+        let _daemon = if suffix.is_empty() {
+            None
+        } else {
             serve_args.extend(["--gpu-share".into(), "mps".into()]);
-            if !MpsDaemon::running() {
-                _daemon = Some(MpsDaemon::start(&find_mps_control(
-                    a.mps_control.as_deref(),
-                )?)?);
-            }
             notes.push(
                 "sharing mps: native/mps is the native clients under the MPS control daemon, \
                  TRANSPORT/mps the servers with --gpu-share mps (every session's context in the \
                  one MPS server, the whole GPU each)"
                     .into(),
             );
-            "/mps"
-        } else {
-            ""
+            if MpsDaemon::running() {
+                None
+            } else {
+                Some(MpsDaemon::start(&find_mps_control(
+                    a.mps_control.as_deref(),
+                )?)?)
+            }
         };
         measure_sharing(
             a,
@@ -586,12 +588,10 @@ fn sharing_suffix(mode: &str) -> &str {
     first.find('/').map_or("", |i| &first[i..])
 }
 
-/// The suffix of each way of sharing in `sharing` (`off`, `mps`), as the modes' names carry it.
-fn suffixes(sharing: &[String]) -> Vec<&'static str> {
-    sharing
-        .iter()
-        .map(|s| if s == "mps" { "/mps" } else { "" })
-        .collect()
+/// The suffix a way of sharing (`off`, `mps`) gives its modes' names, as [`sharing_suffix`]
+/// reads it back.
+fn sharing_label(sharing: &str) -> &'static str {
+    if sharing == "mps" { "/mps" } else { "" }
 }
 
 /// The figure of `mode` with `clients` clients named `metric`.
@@ -650,9 +650,13 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
         }
     }
     cells.push((1, "mix.total"));
-    let labels: Vec<String> = suffixes(&a.sharing)
-        .into_iter()
-        .flat_map(|sfx| a.transports.iter().map(move |t| format!("{t}{sfx}")))
+    let labels: Vec<String> = a
+        .sharing
+        .iter()
+        .flat_map(|s| {
+            let sfx = sharing_label(s);
+            a.transports.iter().map(move |t| format!("{t}{sfx}"))
+        })
         .collect();
     for t in &labels {
         for &burn in &a.burn {
