@@ -61,7 +61,8 @@ pub(super) struct SignalSync {
     marks_seen: AtomicBool,
     /// How long marks took to come lately (ns, a running mean; 0: none yet).
     mark_ns: AtomicU64,
-    /// Synchronizes that saw their mark, and those sent to the full call for want of one
+    /// Synchronizes whose mark was learned (seen, or implied by the number where the server
+    /// is known to mark), and those sent to the full call for want of one
     /// (`REMORA_WAIT_WORD_ACK=wait`).
     marked: AtomicU64,
     unmarked: AtomicU64,
