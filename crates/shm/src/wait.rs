@@ -338,6 +338,18 @@ pub const SPARE_SPIN_MAX: Duration = Duration::from_millis(10);
 /// many when that way has been more than 1.5 times as slow).
 pub const EXPLORE_EVERY: u32 = 16;
 
+/// Whether a way not tried yet counts as clearly slower when [`Waiter::plan`] chooses, from
+/// `REMORA_WAIT_EXPLORE_UNTRIED` (read once): `late` restores the rule before session 41's
+/// fix (a fresh waiter first blocks at its 128th plan, not its 16th), to measure that fix on
+/// a GPU against the default in one call; anything else (or unset) is the default. An
+/// experiment of session 42.
+fn explore_untried_late() -> bool {
+    static LATE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LATE.get_or_init(|| {
+        std::env::var("REMORA_WAIT_EXPLORE_UNTRIED").is_ok_and(|v| v.trim() == "late")
+    })
+}
+
 /// The spin budget of [`WaitPolicy::Spin`].
 pub const SPIN_FOREVER: Duration = Duration::from_secs(1);
 
@@ -670,9 +682,8 @@ impl Waiter {
         // until session 41 an untried blocking way counted as clearly slower (any figure is
         // more than 1.5 times zero), so a fresh waiter first blocked at its 128th plan, not
         // its 16th.
-        let clear = spin_ns > 0.0
-            && block_ns > 0.0
-            && (spin_ns > 1.5 * block_ns || block_ns > 1.5 * spin_ns);
+        let tried = (spin_ns > 0.0 && block_ns > 0.0) || explore_untried_late();
+        let clear = tried && (spin_ns > 1.5 * block_ns || block_ns > 1.5 * spin_ns);
         let every = if clear {
             EXPLORE_EVERY * 8
         } else {
