@@ -45,6 +45,11 @@ pub struct Waiter {
     arm_ns: [f64; 2],
     /// Waits planned, for exploring the way not taken.
     plans: u32,
+    /// Planned waits that spun first, and those of them that gave up spinning and blocked
+    /// (for [`UntriedRule::Failing`]).
+    spin_first: [u32; 2],
+    /// When blocking at once is first tried ([`UntriedRule`]).
+    untried: UntriedRule,
     /// What this waiter waits for, for [`WaitStats`] lines.
     label: &'static str,
     /// Its waits end without another thread of this host running: a word the GPU writes
@@ -338,16 +343,49 @@ pub const SPARE_SPIN_MAX: Duration = Duration::from_millis(10);
 /// many when that way has been more than 1.5 times as slow).
 pub const EXPLORE_EVERY: u32 = 16;
 
-/// Whether a way not tried yet counts as clearly slower when [`Waiter::plan`] chooses, from
-/// `REMORA_WAIT_EXPLORE_UNTRIED` (read once): `late` restores the rule before session 41's
-/// fix (a fresh waiter first blocks at its 128th plan, not its 16th), to measure that fix on
-/// a GPU against the default in one call; anything else (or unset) is the default. An
-/// experiment of session 42.
-fn explore_untried_late() -> bool {
-    static LATE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *LATE.get_or_init(|| {
-        std::env::var("REMORA_WAIT_EXPLORE_UNTRIED").is_ok_and(|v| v.trim() == "late")
-    })
+/// When a [`Waiter`] with no core to spare first tries blocking at once, from
+/// `REMORA_WAIT_EXPLORE_UNTRIED` (read once; docs/architecture.md, "Adaptive waiting").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UntriedRule {
+    /// At the [`EXPLORE_EVERY`]th plan when at least one in [`GIVE_UP_SHARE`] of the waits
+    /// that spun first gave up (blocked), else at the eight-fold one (`failing`, the default).
+    Failing,
+    /// Always at the [`EXPLORE_EVERY`]th plan (`early`: a884805's rule).
+    Early,
+    /// Always at the eight-fold plan (`late`: the rule before a884805).
+    Late,
+}
+
+/// Under [`UntriedRule::Failing`], blocking is tried early once this share (one in this
+/// many) of the waits that spun first gave up: one in two. In session 42's traces the waits
+/// that settled into spinning had given up 9-27% of their first 22 spins on the H200 (1
+/// client at 2x load), while those that never would gave up 60-90% there (4 clients) and
+/// 97-100% on the 2-core development machine (16 clients' reply waits).
+pub const GIVE_UP_SHARE: u32 = 2;
+
+impl UntriedRule {
+    /// `REMORA_WAIT_EXPLORE_UNTRIED` of this process: `failing` (or unset, empty), `early`
+    /// or `late`; anything else is logged and taken as `failing`.
+    pub fn from_env() -> Self {
+        static RULE: std::sync::OnceLock<UntriedRule> = std::sync::OnceLock::new();
+        *RULE.get_or_init(|| {
+            Self::parse(std::env::var("REMORA_WAIT_EXPLORE_UNTRIED").ok().as_deref())
+        })
+    }
+
+    fn parse(v: Option<&str>) -> Self {
+        match v.map(str::trim) {
+            None | Some("" | "failing") => UntriedRule::Failing,
+            Some("early") => UntriedRule::Early,
+            Some("late") => UntriedRule::Late,
+            Some(other) => {
+                tracing::warn!(
+                    "REMORA_WAIT_EXPLORE_UNTRIED={other:?} is not failing, early or late; blocking is tried early only where spinning first gives up (failing)"
+                );
+                UntriedRule::Failing
+            }
+        }
+    }
 }
 
 /// The spin budget of [`WaitPolicy::Spin`].
@@ -398,6 +436,8 @@ impl Waiter {
             arm: None,
             arm_ns: [0.0; 2],
             plans: 0,
+            spin_first: [0; 2],
+            untried: UntriedRule::from_env(),
             label: "",
             device_ended: false,
             stats: WaitStats::default(),
@@ -449,6 +489,8 @@ impl Waiter {
             learned_mean_us = self.mean_ns / 1e3,
             spin_first_us = self.arm_ns[0] / 1e3,
             block_at_once_us = self.arm_ns[1] / 1e3,
+            spin_first = self.spin_first[0],
+            spin_first_gave_up = self.spin_first[1],
             held = st.held,
             hold_dropped = st.hold_dropped,
             held_mean_us = self.held_ns / 1e3,
@@ -574,8 +616,8 @@ impl Waiter {
     /// planned is judged by `took`, what the caller really waited.
     pub fn record_judged(&mut self, outcome: WaitOutcome, took: Duration, learned: Duration) {
         self.learn(learned);
-        self.settle(took);
         self.count(outcome, took);
+        self.settle(took);
     }
 
     /// Starts a wait: how long to spin before blocking. Between spinning first (for the
@@ -678,12 +720,26 @@ impl Waiter {
         let [spin_ns, block_ns] = self.arm_ns;
         let prefer_spin = block_ns == 0.0 || spin_ns <= block_ns;
         // A way clearly slower than the other (by half as much again) is looked at again
-        // less often: exploring costs that way's time. A way not tried yet is not slower:
-        // until session 41 an untried blocking way counted as clearly slower (any figure is
-        // more than 1.5 times zero), so a fresh waiter first blocked at its 128th plan, not
-        // its 16th.
-        let tried = (spin_ns > 0.0 && block_ns > 0.0) || explore_untried_late();
-        let clear = tried && (spin_ns > 1.5 * block_ns || block_ns > 1.5 * spin_ns);
+        // less often: exploring costs that way's time.
+        let clear = if spin_ns > 0.0 && block_ns > 0.0 {
+            spin_ns > 1.5 * block_ns || block_ns > 1.5 * spin_ns
+        } else {
+            // A way not tried yet (blocking, as waits spin first until it is): tried early
+            // only where spinning first keeps giving up. Under load a pair of spinning sides
+            // needs a few dozen waits to settle into answering each other at once: on the
+            // H200 (session 42, 1 and 4 clients at 2x load over shm) a first block at the
+            // 16th plan, against a spinning figure still holding the first waits' give-ups
+            // (3 of 22), set the pair on blocking for the round, p50 x1.83-2.22 of spinning's;
+            // tried at the 128th, x1.05-1.16. Where nearly every spin gives up (16 clients
+            // on the 2-core development machine) the 128 spins cost adaptive's mean 3x
+            // (1404 µs against 418-518).
+            let [spun, gave_up] = self.spin_first;
+            match self.untried {
+                UntriedRule::Early => false,
+                UntriedRule::Late => true,
+                UntriedRule::Failing => spun == 0 || gave_up.saturating_mul(GIVE_UP_SHARE) < spun,
+            }
+        };
         let every = if clear {
             EXPLORE_EVERY * 8
         } else {
@@ -725,9 +781,18 @@ impl Waiter {
     }
 
     /// Counts one wait that took `took` and ended as `outcome` in [`Waiter::stats`] (done by
-    /// [`Waiter::wait`]; for a caller that spins and blocks by itself).
+    /// [`Waiter::wait`]; for a caller that spins and blocks by itself, before the wait's
+    /// [`Waiter::observe`], so that a planned wait that spun first and gave up is counted as
+    /// one: [`UntriedRule::Failing`]).
     pub fn count(&mut self, outcome: WaitOutcome, took: Duration) {
         self.stats.count(outcome, took);
+        if self.arm == Some(true) {
+            let [spun, gave_up] = &mut self.spin_first;
+            *spun = spun.saturating_add(1);
+            if outcome == WaitOutcome::Slept {
+                *gave_up = gave_up.saturating_add(1);
+            }
+        }
     }
 
     /// Counts a wait whose value was there at the first look (see [`WaitStats::at_once`]).
@@ -805,19 +870,56 @@ mod tests {
         assert!(w.budget() >= Duration::from_micros(5), "{:?}", w.budget());
     }
 
-    #[test]
-    fn an_untried_way_is_explored_within_explore_every_plans() {
+    /// The plan at which `w` first blocks at once, each wait that spun first taking 400 µs
+    /// and giving up (blocking) when `gives_up` says so for its number (from 1).
+    fn first_block(w: &mut Waiter, gives_up: impl Fn(u32) -> bool) -> Option<u32> {
         let us = Duration::from_micros;
-        let mut w = Waiter::with_bounds(us(2), us(50));
-        // Spinning first is tried, and takes long; blocking has no figure yet.
-        let first_block = (1..=EXPLORE_EVERY * 8)
-            .find(|_| {
-                let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
-                w.observe(if spin { us(400) } else { us(10) });
-                !spin
-            })
-            .unwrap();
-        assert_eq!(first_block, EXPLORE_EVERY);
+        (1..=EXPLORE_EVERY * 8).find(|&i| {
+            let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
+            let outcome = if !spin || gives_up(i) {
+                WaitOutcome::Slept
+            } else {
+                WaitOutcome::Spun
+            };
+            w.count(outcome, us(400));
+            w.observe(if spin { us(400) } else { us(10) });
+            !spin
+        })
+    }
+
+    #[test]
+    fn blocking_untried_is_tried_early_only_where_spinning_first_gives_up() {
+        let fresh = |rule| {
+            let mut w = Waiter::with_bounds(Duration::from_micros(2), Duration::from_micros(50));
+            w.untried = rule;
+            w
+        };
+        // Every spin gives up: blocking is tried at the 16th plan.
+        let mut w = fresh(UntriedRule::Failing);
+        assert_eq!(first_block(&mut w, |_| true), Some(EXPLORE_EVERY));
+        assert_eq!(w.spin_first, [EXPLORE_EVERY - 1, EXPLORE_EVERY - 1]);
+        // Every other one does (8 of the first 15): still early.
+        let mut w = fresh(UntriedRule::Failing);
+        assert_eq!(first_block(&mut w, |i| i % 2 == 1), Some(EXPLORE_EVERY));
+        // One in three (a spinning pair settling, as in session 42's H200 traces): at the
+        // 128th plan.
+        let mut w = fresh(UntriedRule::Failing);
+        assert_eq!(first_block(&mut w, |i| i % 3 == 0), Some(EXPLORE_EVERY * 8));
+        // The fixed rules, whatever the waits.
+        let mut w = fresh(UntriedRule::Early);
+        assert_eq!(first_block(&mut w, |_| false), Some(EXPLORE_EVERY));
+        let mut w = fresh(UntriedRule::Late);
+        assert_eq!(first_block(&mut w, |_| true), Some(EXPLORE_EVERY * 8));
+    }
+
+    #[test]
+    fn untried_rule_values() {
+        assert_eq!(UntriedRule::parse(None), UntriedRule::Failing);
+        assert_eq!(UntriedRule::parse(Some(" ")), UntriedRule::Failing);
+        assert_eq!(UntriedRule::parse(Some("failing")), UntriedRule::Failing);
+        assert_eq!(UntriedRule::parse(Some("early")), UntriedRule::Early);
+        assert_eq!(UntriedRule::parse(Some("late")), UntriedRule::Late);
+        assert_eq!(UntriedRule::parse(Some("soon")), UntriedRule::Failing);
     }
 
     #[test]

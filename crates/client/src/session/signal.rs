@@ -18,11 +18,10 @@
 //!
 //! The server marks the word (`SIGNAL_QUEUED`) when it queues the stream's write, so the
 //! client can tell a wait for the server (a host thread, which may need the core the client
-//! spins on) from a wait for the device. With `REMORA_WAIT_WORD_ACK=wait` (an experiment of
-//! session 41, not yet measured on a GPU) a synchronize whose server has marked its words
-//! before looks for the mark only about three times as long as marks have lately taken (20
-//! to 200 µs), and makes the full call when it does not come; once marked, the wait spins on
-//! for its whole budget.
+//! spins on) from a wait for the device: how long marks take is traced
+//! (`waiter="completion word mark"`). Session 41's experiment of looking for the mark only
+//! briefly before the full call (`REMORA_WAIT_WORD_ACK=wait`) lost the 1-client cells on the
+//! H200 in session 42 and was removed (bench/results/README.md, session 42).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -62,38 +61,8 @@ pub(super) struct SignalSync {
     /// How long marks took to come lately (ns, a running mean; 0: none yet).
     mark_ns: AtomicU64,
     /// Synchronizes whose mark was learned (seen, or implied by the number where the server
-    /// is known to mark), and those sent to the full call for want of one
-    /// (`REMORA_WAIT_WORD_ACK=wait`).
+    /// is known to mark).
     marked: AtomicU64,
-    unmarked: AtomicU64,
-}
-
-/// `REMORA_WAIT_WORD_ACK=wait`: look for the server's mark only briefly (see the module's
-/// documentation); anything else, or unset: as before, the whole budget.
-fn wait_for_mark_briefly() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let v = std::env::var("REMORA_WAIT_WORD_ACK").unwrap_or_default();
-        match v.trim() {
-            "" | "off" => false,
-            "wait" => true,
-            other => {
-                tracing::warn!(
-                    "REMORA_WAIT_WORD_ACK={other:?} is not wait or off; a synchronize looks at its word for its whole budget (off)"
-                );
-                false
-            }
-        }
-    })
-}
-
-/// How long to look for the server's mark: three times marks' recent figure `mark_ns`, from
-/// `MIN_SPIN` to `MAX_SPIN` (`MAX_SPIN` before any was timed).
-fn mark_budget(mark_ns: u64) -> Duration {
-    if mark_ns == 0 {
-        return MAX_SPIN;
-    }
-    Duration::from_nanos(mark_ns.saturating_mul(3)).clamp(MIN_SPIN, MAX_SPIN)
 }
 
 impl SignalSync {
@@ -108,9 +77,7 @@ impl SignalSync {
                 target: "remora::wait",
                 waiter = "completion word mark",
                 marked = self.marked.load(Ordering::Relaxed),
-                unmarked = self.unmarked.load(Ordering::Relaxed),
                 mark_mean_us = self.mark_ns.load(Ordering::Relaxed) as f64 / 1e3,
-                brief = wait_for_mark_briefly(),
                 "waits"
             );
         }
@@ -147,7 +114,6 @@ impl SignalSync {
             marks_seen: AtomicBool::new(false),
             mark_ns: AtomicU64::new(0),
             marked: AtomicU64::new(0),
-            unmarked: AtomicU64::new(0),
         })
     }
 
@@ -222,20 +188,16 @@ enum Watched {
     Fallback,
     /// Nothing within the budget.
     Late,
-    /// No mark from the server by `mark_until`.
-    Unmarked,
 }
 
-/// Looks at `word` for `seq` from `start` until `until`, and, with `mark_until`, until then
-/// only while the server has not marked it (`seq | SIGNAL_QUEUED`). `on_mark` learns how
-/// long the mark took: when it is seen, or, where the server is known to mark
-/// (`marks_known`), when the number comes with the mark missed between two looks.
+/// Looks at `word` for `seq` from `start` until `until`. `on_mark` learns how long the
+/// server's mark (`seq | SIGNAL_QUEUED`) took: when it is seen, or, where the server is known
+/// to mark (`marks_known`), when the number comes with the mark missed between two looks.
 fn watch(
     word: &AtomicU64,
     seq: u64,
     start: Instant,
     until: Instant,
-    mark_until: Option<Instant>,
     marks_known: bool,
     mut on_mark: impl FnMut(Duration),
 ) -> Watched {
@@ -258,9 +220,6 @@ fn watch(
         let now = Instant::now();
         if now >= until {
             return Watched::Late;
-        }
-        if !marked && mark_until.is_some_and(|t| now >= t) {
-            return Watched::Unmarked;
         }
         std::hint::spin_loop();
     }
@@ -331,33 +290,12 @@ impl Session {
             Some(lag) => budget.max(sig.wake_stretch(lag)),
             None => budget,
         };
-        // Until the server's mark, the wait is for a host thread: with the experiment on and
-        // a server that marks, only briefly (the module's documentation).
-        let mark_until =
-            (wait_for_mark_briefly() && sig.marks_seen.load(Ordering::Relaxed)).then(|| {
-                let brief = mark_budget(sig.mark_ns.load(Ordering::Relaxed));
-                let brief = match woken {
-                    Some(lag) => brief.max(sig.wake_stretch(lag)),
-                    None => brief,
-                };
-                start + brief.min(budget)
-            });
         let done = sent
             && sig.signals.word(slot).is_some_and(|word| {
                 let marks_known = sig.marks_seen.load(Ordering::Relaxed);
-                let end = watch(
-                    word,
-                    seq,
-                    start,
-                    start + budget,
-                    mark_until,
-                    marks_known,
-                    |t| sig.learn_mark(t),
-                );
-                if end == Watched::Unmarked {
-                    sig.unmarked.fetch_add(1, Ordering::Relaxed);
-                }
-                end == Watched::Seen
+                watch(word, seq, start, start + budget, marks_known, |t| {
+                    sig.learn_mark(t)
+                }) == Watched::Seen
             });
         sig.give_slot(slot);
         sig.count(done, start.elapsed());
@@ -407,50 +345,37 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use super::{SIGNAL_FALLBACK, SIGNAL_QUEUED, Watched, mark_budget, watch};
+    use super::{SIGNAL_FALLBACK, SIGNAL_QUEUED, Watched, watch};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
 
     #[test]
-    fn a_watch_ends_on_its_number_the_fallback_the_budget_or_a_missing_mark() {
+    fn a_watch_ends_on_its_number_the_fallback_or_the_budget_and_learns_the_mark() {
         let ms = Duration::from_millis;
         let word = AtomicU64::new(0);
         let t0 = Instant::now();
         // The number: seen, and with a server known to mark, its mark learned then.
         word.store(7, Ordering::Release);
         let mut marks = Vec::new();
-        let end = watch(&word, 7, t0, t0 + ms(100), None, true, |t| marks.push(t));
+        let end = watch(&word, 7, t0, t0 + ms(100), true, |t| marks.push(t));
         assert_eq!((end, marks.len()), (Watched::Seen, 1));
         // A server not known to mark teaches nothing.
         assert_eq!(
-            watch(&word, 7, t0, t0 + ms(100), None, false, |_| panic!()),
+            watch(&word, 7, t0, t0 + ms(100), false, |_| panic!()),
             Watched::Seen
         );
         word.store(8 | SIGNAL_FALLBACK, Ordering::Release);
         assert_eq!(
-            watch(&word, 8, t0, t0 + ms(100), None, false, |_| {}),
+            watch(&word, 8, t0, t0 + ms(100), false, |_| {}),
             Watched::Fallback
         );
         // Another number (a stale one, or a mark of another) is not ours: late.
         let t1 = Instant::now();
         assert_eq!(
-            watch(&word, 9, t1, t1 + ms(2), None, false, |_| {}),
+            watch(&word, 9, t1, t1 + ms(2), false, |_| {}),
             Watched::Late
         );
-        // No mark by its time: given up then, long before the budget.
-        let t2 = Instant::now();
-        let end = watch(
-            &word,
-            9,
-            t2,
-            t2 + ms(10_000),
-            Some(t2 + ms(2)),
-            true,
-            |_| {},
-        );
-        assert_eq!(end, Watched::Unmarked);
-        assert!(t2.elapsed() < ms(5_000));
-        // Marked in time: the watch goes on past the mark's time until the number comes.
+        // Marked: the mark is learned once, and the watch goes on until the number comes.
         word.store(10 | SIGNAL_QUEUED, Ordering::Release);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -459,22 +384,8 @@ mod tests {
             });
             let t3 = Instant::now();
             let mut marks = 0;
-            let end = watch(
-                &word,
-                10,
-                t3,
-                t3 + ms(10_000),
-                Some(t3 + ms(1)),
-                true,
-                |_| marks += 1,
-            );
+            let end = watch(&word, 10, t3, t3 + ms(10_000), true, |_| marks += 1);
             assert_eq!((end, marks), (Watched::Seen, 1));
         });
-        // The mark's look: three times its figure, 20 to 200 µs, 200 before any.
-        let us = Duration::from_micros;
-        assert_eq!(mark_budget(0), us(200));
-        assert_eq!(mark_budget(1_000), us(20));
-        assert_eq!(mark_budget(30_000), us(90));
-        assert_eq!(mark_budget(1_000_000), us(200));
     }
 }
