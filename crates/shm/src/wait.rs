@@ -45,6 +45,13 @@ pub struct Waiter {
     arm_ns: [f64; 2],
     /// Waits planned, for exploring the way not taken.
     plans: u32,
+    /// The plan at which the way not preferred was last taken, and where between half and
+    /// 1.5 times [`EXPLORE_EVERY`] (or its eight-fold) after it the next comes, in 1/65536ths
+    /// of that range, drawn after each ([`Waiter::choose`]).
+    explored_at: u32,
+    explore_jitter: u32,
+    /// The state of the draws (xorshift32, never 0).
+    rng: u32,
     /// Planned waits that spun first, and those of them that gave up spinning and blocked
     /// (for [`UntriedRule::Failing`]).
     spin_first: [u32; 2],
@@ -339,8 +346,10 @@ pub const SPARE_SPIN_DEFAULT: Duration = Duration::from_millis(1);
 /// The most [`spare_spin`] may be.
 pub const SPARE_SPIN_MAX: Duration = Duration::from_millis(10);
 
-/// Every this many waits, [`Waiter::plan`] takes the way it does not prefer (eight times as
-/// many when that way has been more than 1.5 times as slow).
+/// Every this many waits on average, [`Waiter::plan`] takes the way it does not prefer (eight
+/// times as many when that way has been more than 1.5 times as slow): the first time at that
+/// plan, then each time half to 1.5 times as many plans after the last, drawn, so that the
+/// way is not always looked at in the same place of a program's cycle.
 pub const EXPLORE_EVERY: u32 = 16;
 
 /// When a [`Waiter`] with no core to spare first tries blocking at once, from
@@ -386,6 +395,13 @@ impl UntriedRule {
             }
         }
     }
+}
+
+/// A fresh waiter's first draw state: a process-wide count of waiters, spread (never 0).
+fn seed() -> u32 {
+    static WAITERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = WAITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    n.wrapping_mul(0x9E37_79B9) | 1
 }
 
 /// The spin budget of [`WaitPolicy::Spin`].
@@ -436,6 +452,9 @@ impl Waiter {
             arm: None,
             arm_ns: [0.0; 2],
             plans: 0,
+            explored_at: 0,
+            explore_jitter: 1 << 15,
+            rng: seed(),
             spin_first: [0; 2],
             untried: UntriedRule::from_env(),
             label: "",
@@ -745,7 +764,31 @@ impl Waiter {
         } else {
             EXPLORE_EVERY
         };
-        prefer_spin != self.plans.is_multiple_of(every)
+        // Not every `every`th plan exactly: a program's waits come in cycles (a step of so
+        // many launches and a synchronize, a request and its follow-up), and a fixed period
+        // that a cycle divides would take the other way only at the same point of each
+        // cycle, so that its figure said how long that one kind of wait takes. With waits
+        // alternating 10 and 100 µs whichever way was taken, blocking's figure read 100 µs
+        // against spinning's 12-58, and it was looked at every 128th plan (test
+        // `exploring_is_not_locked_to_a_programs_cycle`). The first is the `every`th plan;
+        // each later one comes half to 1.5 times `every` after the last.
+        let gap = every / 2 + ((u64::from(every) * u64::from(self.explore_jitter)) >> 16) as u32;
+        let explore = self.plans.wrapping_sub(self.explored_at) >= gap;
+        if explore {
+            self.explored_at = self.plans;
+            self.explore_jitter = self.draw() & 0xFFFF;
+        }
+        prefer_spin != explore
+    }
+
+    /// The next of this waiter's draws (xorshift32).
+    fn draw(&mut self) -> u32 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        self.rng = x;
+        x
     }
 
     /// Forgets the wait [`Waiter::plan`] started (it did not happen).
@@ -910,6 +953,41 @@ mod tests {
         assert_eq!(first_block(&mut w, |_| false), Some(EXPLORE_EVERY));
         let mut w = fresh(UntriedRule::Late);
         assert_eq!(first_block(&mut w, |_| true), Some(EXPLORE_EVERY * 8));
+    }
+
+    #[test]
+    fn exploring_is_not_locked_to_a_programs_cycle() {
+        let us = Duration::from_micros;
+        for period in [2u32, 4, 8] {
+            let mut w = Waiter::with_bounds(us(2), us(50));
+            w.untried = UntriedRule::Early;
+            let mut blocked = 0;
+            for i in 0..4000u32 {
+                let spin = !w.plan_on(|| false, Duration::ZERO).is_zero();
+                blocked += u32::from(!spin);
+                // How long a wait takes depends on where in the cycle it falls, not on the way.
+                let t = if i % period == period - 1 {
+                    us(100)
+                } else {
+                    us(10)
+                };
+                w.count(WaitOutcome::Spun, t);
+                w.observe(t);
+            }
+            // Both ways saw the whole cycle: neither figure is clearly above the other, and
+            // blocking was not left to every 128th plan (with a fixed period of 16 it was
+            // taken 28-33 times, its figure 100 µs against spinning's 12-58).
+            let [spin_ns, block_ns] = w.arm_ns;
+            assert!(
+                spin_ns < 1.5 * block_ns && block_ns < 1.5 * spin_ns,
+                "period {period}: figures {:?}",
+                w.arm_ns
+            );
+            assert!(
+                blocked > 4000 / EXPLORE_EVERY,
+                "period {period}: {blocked} blocked"
+            );
+        }
     }
 
     #[test]
