@@ -13,7 +13,10 @@ polling against adaptive. With --traces FILE.txt... (the step's .txt files, writ
 REMORA_CALLS_TRACE=1), also, round by round, how many of adaptive's clients had settled on
 the full call (their completion-word waiter's `spin_first_us` above its `block_at_once_us`),
 and each policy's server synchronizes from the `server: synchronize` lines: how many were
-deferred to a waiter thread and their mean wake-up and driver times.
+deferred to a waiter thread and their mean wake-up and driver times; and (traces of session
+42 on) for adaptive's client-side waiters, per cell and kind of waiter: how many of their
+planned waits spun first, how many of those gave up and blocked, and how many waiters had
+given up at least half (`Waiter`'s rule for trying blocking early).
 """
 
 import argparse
@@ -184,6 +187,39 @@ def settled(path):
     return out
 
 
+GAVE_UP = re.compile(
+    r'waiter="((?:completion word|shm client: a reply|socket: readable)[^"]*)" .*?'
+    r"spin_first=(\d+) spin_first_gave_up=(\d+)"
+)
+
+
+def gave_up(path):
+    """Per (burn, policy, transport, clients) and client-side waiter label of a traced
+    contention .txt, over all rounds: [waiters, planned waits that spun first, those that gave
+    up and blocked, waiters that gave up at least half of theirs]. Server lines are left out:
+    a server logs its waiters when a connection ends, which may fall in the next cell."""
+    out = {}
+    burn = policy = cell = None
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"== burn=(\S+) .*REMORA_WAIT=(\w+)", line)
+            if m:
+                burn, policy, cell = m.group(1), m.group(2), None
+                continue
+            m = CELL.match(line)
+            if m:
+                cell = (burn, policy, m.group(2), int(m.group(3)))
+            m = GAVE_UP.search(line)
+            if m and cell:
+                spun, gave = int(m.group(2)), int(m.group(3))
+                t = out.setdefault((*cell, m.group(1)), [0, 0, 0, 0])
+                t[0] += 1
+                t[1] += spun
+                t[2] += gave
+                t[3] += spun > 0 and 2 * gave >= spun
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", nargs="+", help="bench contention --json reports")
@@ -206,6 +242,16 @@ def main():
             if policy == "adaptive" and any(n for _, n in rounds):
                 per = " ".join(f"{k}/{n}" for k, n in rounds)
                 print(f"  {t} {burn} {c} client(s): {per}")
+        given = sorted(gave_up(path).items())
+        if given:
+            print(f"# adaptive's client waiters in {path}: spins first given up (waiters at half or more)")
+            for (burn, policy, t, c, label), (n, spun, gave, half) in given:
+                if policy == "adaptive":
+                    share = gave / spun if spun else 0.0
+                    print(
+                        f"  {t} {burn} {c} client(s) {label:22} {gave}/{spun} ({share:.0%}),"
+                        f" {half} of {n} waiters at half or more"
+                    )
         print(f"# server synchronizes in {path} (deferred / all, mean wake-up and driver us)")
         for section, deferred, total, wake, driver, sched in traces(path):
             if total:
