@@ -159,14 +159,9 @@ CELL = re.compile(r"^\[\d+/\d+\] round (\d+): (\w+), (\d+) client")
 WORD = re.compile(r'waiter="completion word" .*?spin_first_us=([\d.]+) block_at_once_us=([\d.]+)')
 
 
-def settled(path):
-    """Per (burn, policy, transport, clients) of a traced contention .txt, round by round:
-    (clients whose completion-word waiter had settled on the full call, completion-word
-    waiters). Settled: watching the word first has lately taken longer than making the full
-    call at once (`spin_first_us` > `block_at_once_us` > 0), so its synchronizes make the
-    full call but for the explored few (session 38: the 4-client p50 at 2x load followed how
-    many had)."""
-    out = {}
+def cell_lines(path):
+    """The lines of a traced contention .txt, each with its cell (burn, policy, transport,
+    clients), None before a section's first cell, and whether the line starts a cell."""
     burn = policy = cell = None
     with open(path) as f:
         for line in f:
@@ -177,13 +172,26 @@ def settled(path):
             m = CELL.match(line)
             if m:
                 cell = (burn, policy, m.group(2), int(m.group(3)))
-                out.setdefault(cell, []).append([0, 0])
-            m = WORD.search(line)
-            if m and cell:
-                first, block = float(m.group(1)), float(m.group(2))
-                tally = out[cell][-1]
-                tally[0] += first > block > 0
-                tally[1] += 1
+            yield line, cell, bool(m)
+
+
+def settled(path):
+    """Per (burn, policy, transport, clients) of a traced contention .txt, round by round:
+    (clients whose completion-word waiter had settled on the full call, completion-word
+    waiters). Settled: watching the word first has lately taken longer than making the full
+    call at once (`spin_first_us` > `block_at_once_us` > 0), so its synchronizes make the
+    full call but for the explored few (session 38: the 4-client p50 at 2x load followed how
+    many had)."""
+    out = {}
+    for line, cell, starts in cell_lines(path):
+        if starts:
+            out.setdefault(cell, []).append([0, 0])
+        m = WORD.search(line)
+        if m and cell:
+            first, block = float(m.group(1)), float(m.group(2))
+            tally = out[cell][-1]
+            tally[0] += first > block > 0
+            tally[1] += 1
     return out
 
 
@@ -199,24 +207,15 @@ def gave_up(path):
     up and blocked, waiters that gave up at least half of theirs]. Server lines are left out:
     a server logs its waiters when a connection ends, which may fall in the next cell."""
     out = {}
-    burn = policy = cell = None
-    with open(path) as f:
-        for line in f:
-            m = re.match(r"== burn=(\S+) .*REMORA_WAIT=(\w+)", line)
-            if m:
-                burn, policy, cell = m.group(1), m.group(2), None
-                continue
-            m = CELL.match(line)
-            if m:
-                cell = (burn, policy, m.group(2), int(m.group(3)))
-            m = GAVE_UP.search(line)
-            if m and cell:
-                spun, gave = int(m.group(2)), int(m.group(3))
-                t = out.setdefault((*cell, m.group(1)), [0, 0, 0, 0])
-                t[0] += 1
-                t[1] += spun
-                t[2] += gave
-                t[3] += spun > 0 and 2 * gave >= spun
+    for line, cell, _ in cell_lines(path):
+        m = GAVE_UP.search(line)
+        if m and cell:
+            spun, gave = int(m.group(2)), int(m.group(3))
+            t = out.setdefault((*cell, m.group(1)), [0, 0, 0, 0])
+            t[0] += 1
+            t[1] += spun
+            t[2] += gave
+            t[3] += spun > 0 and 2 * gave >= spun
     return out
 
 
