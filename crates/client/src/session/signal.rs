@@ -18,8 +18,8 @@
 //!
 //! The server marks the word (`SIGNAL_QUEUED`) when it queues the stream's write, so the
 //! client can tell a wait for the server (a host thread, which may need the core the client
-//! spins on) from a wait for the device: how long marks take is traced
-//! (`waiter="completion word mark"`). Session 41's experiment of looking for the mark only
+//! spins on) from a wait for the device: how long marks take is learned and traced with
+//! `REMORA_WAIT_TRACE` (`waiter="completion word mark"`). Session 41's experiment of looking for the mark only
 //! briefly before the full call (`REMORA_WAIT_WORD_ACK=wait`) lost the 1-client cells on the
 //! H200 in session 42 and was removed (bench/results/README.md, session 42).
 
@@ -292,9 +292,14 @@ impl Session {
         };
         let done = sent
             && sig.signals.word(slot).is_some_and(|word| {
-                let marks_known = sig.marks_seen.load(Ordering::Relaxed);
+                // Marks' time is only traced: learned only when waits are
+                // (`REMORA_WAIT_TRACE`), so a synchronize does no shared writes for it otherwise.
+                let tracing = remora_shm::tracing_waits();
+                let marks_known = tracing && sig.marks_seen.load(Ordering::Relaxed);
                 watch(word, seq, start, start + budget, marks_known, |t| {
-                    sig.learn_mark(t)
+                    if tracing {
+                        sig.learn_mark(t);
+                    }
                 }) == Watched::Seen
             });
         sig.give_slot(slot);
