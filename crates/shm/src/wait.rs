@@ -291,16 +291,12 @@ impl HoldRule {
     }
 
     fn parse(v: Option<&str>) -> Self {
-        match v.map(str::trim) {
-            None | Some("" | "learned") => HoldRule::Learned,
-            Some("fixed") => HoldRule::Fixed,
-            Some(other) => {
-                tracing::warn!(
-                    "REMORA_WAIT_HOLD_RULE={other:?} is not learned or fixed; a held wait spins as long as held waits have lately taken (learned)"
-                );
-                HoldRule::Learned
-            }
-        }
+        parse_rule(
+            "REMORA_WAIT_HOLD_RULE",
+            v,
+            &[("learned", HoldRule::Learned), ("fixed", HoldRule::Fixed)],
+            "a held wait spins as long as held waits have lately taken",
+        )
     }
 }
 
@@ -352,6 +348,31 @@ pub const SPARE_SPIN_MAX: Duration = Duration::from_millis(10);
 /// way is not always looked at in the same place of a program's cycle.
 pub const EXPLORE_EVERY: u32 = 16;
 
+/// The value of environment variable `name`, `v`, as one of `choices` by name (trimmed): the
+/// first, the default, when unset or empty, and, logged with what the default does
+/// (`default_does`), when it names none.
+fn parse_rule<T: Copy>(
+    name: &str,
+    v: Option<&str>,
+    choices: &[(&str, T)],
+    default_does: &str,
+) -> T {
+    let (default_name, default) = choices[0];
+    let v = v.map_or("", str::trim);
+    if v.is_empty() {
+        return default;
+    }
+    if let Some(&(_, rule)) = choices.iter().find(|(n, _)| *n == v) {
+        return rule;
+    }
+    let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+    tracing::warn!(
+        "{name}={v:?} is not {}; {default_does} ({default_name})",
+        names.join(", ")
+    );
+    default
+}
+
 /// When a [`Waiter`] with no core to spare first tries blocking at once, from
 /// `REMORA_WAIT_EXPLORE_UNTRIED` (read once; docs/architecture.md, "Adaptive waiting").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -383,17 +404,16 @@ impl UntriedRule {
     }
 
     fn parse(v: Option<&str>) -> Self {
-        match v.map(str::trim) {
-            None | Some("" | "failing") => UntriedRule::Failing,
-            Some("early") => UntriedRule::Early,
-            Some("late") => UntriedRule::Late,
-            Some(other) => {
-                tracing::warn!(
-                    "REMORA_WAIT_EXPLORE_UNTRIED={other:?} is not failing, early or late; blocking is tried early only where spinning first gives up (failing)"
-                );
-                UntriedRule::Failing
-            }
-        }
+        parse_rule(
+            "REMORA_WAIT_EXPLORE_UNTRIED",
+            v,
+            &[
+                ("failing", UntriedRule::Failing),
+                ("early", UntriedRule::Early),
+                ("late", UntriedRule::Late),
+            ],
+            "blocking is tried early only where spinning first gives up",
+        )
     }
 }
 
