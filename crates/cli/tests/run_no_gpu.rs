@@ -219,3 +219,92 @@ fn run_profile_prints_both_tables() {
     assert!(stderr.contains("ONC RPC server profile:"), "{stderr}");
     assert!(stderr.contains("REMORA_HELLO"), "{stderr}");
 }
+
+/// A driver whose `cuInit` answers `CUDA_ERROR_MPS_CONNECTION_FAILED`, as one does while an
+/// MPS server starts or stops.
+const MPS_DOWN_DRIVER: &str = r#"
+int cuInit(unsigned flags) { (void)flags; return 805; }
+int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+"#;
+
+/// A standing server's warm workers started while the driver could not initialise withdraw
+/// (they would hand every later session that moment's failure): a session gets a worker
+/// started for it, which tries the driver then, and the program is told why it has no GPU.
+/// The program's own exit, with waits traced, prints no panic.
+#[test]
+fn warm_workers_whose_driver_failed_withdraw() {
+    let Some(shim) = common::shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built beside {REMORA}");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("mps_down.c");
+    std::fs::write(&source, MPS_DOWN_DRIVER).unwrap();
+    let driver = dir.path().join("libcuda.so.1");
+    let cc = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&driver)
+        .arg(&source)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let socket = dir.path().join("s.sock");
+    let mut serve = Command::new(REMORA);
+    serve
+        .args(["serve", "--warm-workers", "2", "--listen"])
+        .arg(format!("unix://{}", socket.display()))
+        .env("REMORA_REAL_LIBCUDA", &driver)
+        .env("REMORA_LOG", "info,remora_server::worker_pool=debug");
+    let log = dir.path().join("serve.log");
+    let served = common::Served::start(serve, &log);
+    let withdrawn = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("failed to initialise in a warm session worker")
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while withdrawn() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the warm workers did not withdraw: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = Command::new(REMORA)
+        .args(["bench", "gpu-worker", "launch", "--driver"])
+        .arg(&shim)
+        .env("REMORA_SERVER", served.endpoint.to_string())
+        .env("REMORA_TRANSPORT", "shm")
+        .env("REMORA_WAIT_TRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("cuInit failed with CUDA error 100")
+            && stderr.contains("CUDA_ERROR_MPS_CONNECTION_FAILED"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log_text = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("session worker finished") || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        log_text.contains("a warm session worker had withdrawn; not used")
+            && log_text.contains("session handed to a worker")
+            && log_text.contains("session worker finished"),
+        "{log_text}"
+    );
+    assert!(!log_text.contains("had exited; not used"), "{log_text}");
+}

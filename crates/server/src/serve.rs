@@ -1508,6 +1508,17 @@ pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
         }
     };
     let driver_ms = t0.elapsed().as_millis() as u64;
+    if let Inventory::InitFailed(reason) = &inventory
+        && std::env::var_os(crate::worker_pool::WARM_ENV).is_some()
+        && crate::worker_pool::withdraw(&control)
+    {
+        tracing::info!(
+            "the CUDA driver failed to initialise in a warm session worker ({reason}); it exits, \
+             and the next session gets a worker started for it (an MPS server that is starting \
+             or stopping answers so for a moment)"
+        );
+        return Ok(());
+    }
     let mut message = [0u8; crate::worker_pool::MAX_HANDOFF];
     // A gated replacement (worker_pool::GATE_ENV) makes its context on the server's go; a
     // connection that comes first finds none made ahead (its session makes its own).

@@ -76,6 +76,33 @@ pub(crate) const RELEASED: u8 = b'F';
 pub(crate) const GATE_ENV: &str = "REMORA_WORKER_GATED";
 /// The byte the server sends a gated worker when it may make its context.
 pub(crate) const GO: u8 = b'G';
+/// Set in the environment of a *warm* worker, one started ahead of the session it will get
+/// (not one started for a session that found none waiting). A warm worker whose driver failed
+/// to initialise withdraws ([`withdraw`]): its `cuInit` ran at some earlier moment (an MPS
+/// server that is starting or stopping answers `CUDA_ERROR_MPS_CONNECTION_FAILED` for a
+/// moment), and the session it would get deserves a worker that tries now.
+pub(crate) const WARM_ENV: &str = "REMORA_WORKER_WARM";
+
+/// Withdraws a warm worker from the pool: after this, the server's hand-off to it fails
+/// (`EPIPE`), and the server takes another worker. `true` when no hand-off had come before
+/// (the worker may exit); `false` when one had, which it then serves.
+pub(crate) fn withdraw(control: &UnixStream) -> bool {
+    // A stream socket shut for reading makes the peer's sends fail; what was queued before
+    // stays readable.
+    if let Err(e) = rustix::net::shutdown(control, rustix::net::Shutdown::Read) {
+        tracing::warn!(error = %e, "cannot withdraw this warm worker from the pool; it stays");
+        return false;
+    }
+    let mut byte = [0u8; 1];
+    !matches!(
+        rustix::net::recv(
+            control,
+            &mut byte,
+            rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
+        ),
+        Ok((n, _)) if n > 0
+    )
+}
 /// How long a session may run before the replacement it caused makes its context anyway.
 const GATE_AFTER: Duration = Duration::from_secs(1);
 
@@ -423,13 +450,15 @@ impl WorkerPool {
     }
 
     /// Starts a worker, with an MPS share of the GPU when `share` says so ([`crate::gpu_share`]),
-    /// gated ([`GATE_ENV`]) for connection `gate`'s session when that is given. The thread
+    /// gated ([`GATE_ENV`]) for connection `gate`'s session when that is given, warm
+    /// ([`WARM_ENV`]) when started ahead of its session. The thread
     /// that starts it stays with it until it exits: the worker dies with that thread
     /// (`PR_SET_PDEATHSIG`), and it reaps it.
     fn start(
         &self,
         share: Option<crate::quota::GpuShare>,
         gate: Option<u64>,
+        warm: bool,
     ) -> io::Result<Worker> {
         let Some((program, leading)) = self.command.split_first() else {
             return Err(io::Error::other("no worker command"));
@@ -453,6 +482,10 @@ impl WorkerPool {
         match gate {
             Some(_) => cmd.env(GATE_ENV, "1"),
             None => cmd.env_remove(GATE_ENV),
+        };
+        match warm {
+            true => cmd.env(WARM_ENV, "1"),
+            false => cmd.env_remove(WARM_ENV),
         };
         let exit = Arc::new(Exit::default());
         let (tx, rx) = std::sync::mpsc::channel();
@@ -503,7 +536,7 @@ impl WorkerPool {
                 }
                 warm.starting += 1;
             }
-            let started = self.start(None, gate);
+            let started = self.start(None, gate, true);
             let mut warm = self.lock_warm();
             warm.starting -= 1;
             match started {
@@ -561,16 +594,24 @@ impl WorkerPool {
                 break;
             };
             if let Some(status) = w.exit.get() {
-                tracing::warn!(
-                    worker_pid = w.pid,
-                    ?status,
-                    "a warm session worker had exited; not used"
-                );
+                // One that exited cleanly withdrew (`withdraw`) and said why.
+                if status.is_some_and(|s| s.success()) {
+                    tracing::debug!(
+                        worker_pid = w.pid,
+                        "a warm session worker had withdrawn; not used"
+                    );
+                } else {
+                    tracing::warn!(
+                        worker_pid = w.pid,
+                        ?status,
+                        "a warm session worker had exited; not used"
+                    );
+                }
                 continue;
             }
             return Ok(w);
         }
-        self.start(None, None)
+        self.start(None, None, false)
     }
 
     /// Whether no warm worker waits or is being started: one holds a context of its own
@@ -671,7 +712,7 @@ impl ConnectionHandler for WorkerPool {
                 Some((tenant, s)) => {
                     tracing::info!(%peer, connection = id, %tenant, gpu_share = %s,
                         "starting a session worker with the tenant's share of the GPU (MPS)");
-                    self.start(Some(*s), None)
+                    self.start(Some(*s), None, false)
                 }
                 None => self.take(),
             };

@@ -191,7 +191,7 @@ fn trap_called(table: usize, slot: usize) -> i32 {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert((table, slot));
-    if first && crate::log::usable() {
+    if first {
         crate::log::init();
         let name = TABLES.get(table).map_or("?", |t| t.1);
         match DECLINED
@@ -269,19 +269,15 @@ const fn build<const N: usize>(
 /// Runs a table function body: no panic crosses the ABI, errors become their code.
 fn call(table: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
     entry(table, || {
-        if crate::log::usable() {
-            tracing::debug!("remora: private table call {table}");
-        }
+        tracing::debug!("remora: private table call {table}");
         f()
     })
 }
 
 /// Logs at debug level without ever unwinding (the runtime calls some slots from exit
-/// handlers, when the log subscriber's thread-local storage is gone).
+/// handlers).
 fn note(what: &str) {
-    if crate::log::usable() {
-        let _ = std::panic::catch_unwind(|| tracing::debug!("remora: private table call {what}"));
-    }
+    let _ = std::panic::catch_unwind(|| tracing::debug!("remora: private table call {what}"));
 }
 
 // CUDART_INTERFACE ---------------------------------------------------------------------------

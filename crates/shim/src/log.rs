@@ -1,6 +1,19 @@
 //! Logging: tracing to stderr, filtered by `REMORA_LOG` (default `warn`).
+//!
+//! The CUDA runtime and libraries call the driver from exit handlers and thread-local
+//! destructors, and the shim's own waiters' report runs from `atexit`. By then the thread's
+//! locals may be gone, among them the buffer `tracing_subscriber`'s formatter writes each
+//! line into (using it then panics). [`Guarded`] tells that apart and writes those lines
+//! itself, so logging is safe on any thread at any time and no line is lost.
 
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::sync::Once;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// Installs the subscriber once (a host program's own subscriber wins).
 pub(crate) fn init() {
@@ -8,11 +21,13 @@ pub(crate) fn init() {
     ONCE.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("REMORA_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
+        let fmt = tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_target(false)
-            .with_ansi(colours())
+            .with_ansi(colours());
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(Guarded(fmt))
             .try_init();
     });
 }
@@ -24,19 +39,101 @@ fn colours() -> bool {
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
-struct Alive;
-
-impl Drop for Alive {
-    fn drop(&mut self) {}
-}
+/// Where this thread's formatter stands: [`FRESH`], [`FORMATTING`] or [`GONE`]. A `Cell`
+/// made at compile time has no destructor, so it can be read on any thread at any time.
+const FRESH: u8 = 0;
+/// The thread's [`Formatted`] marker exists, and so does its formatter's buffer.
+const FORMATTING: u8 = 1;
+/// The marker was destroyed: the buffer may be gone too.
+const GONE: u8 = 2;
 
 thread_local! {
-    static ALIVE: Alive = const { Alive };
+    static STATE: Cell<u8> = const { Cell::new(FRESH) };
+    static FORMATTED: Formatted = const { Formatted };
 }
 
-/// Whether this thread may log: false once its thread-local storage is being destroyed (the
-/// CUDA runtime calls the driver from exit handlers, after the main thread's thread-local
-/// destructors ran, and the log subscriber's thread-local buffer is gone by then).
-pub(crate) fn usable() -> bool {
-    ALIVE.try_with(|_| ()).is_ok()
+/// Made on a thread right after its formatter first wrote a line, and so after the
+/// formatter's thread-local buffer: a thread's locals are destroyed in the reverse order
+/// they were made, so this one goes first, and marks the thread [`GONE`] as it does.
+struct Formatted;
+
+impl Drop for Formatted {
+    fn drop(&mut self) {
+        let _ = STATE.try_with(|s| s.set(GONE));
+    }
+}
+
+/// The formatting layer `L`, handed only events it can format: on a thread whose locals are
+/// being (or have been) destroyed, [`write_plain`] writes the line instead.
+struct Guarded<L>(L);
+
+impl<S: Subscriber, L: Layer<S>> Layer<S> for Guarded<L> {
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        match STATE.try_with(Cell::get) {
+            Ok(FORMATTING) => self.0.on_event(event, ctx),
+            Ok(FRESH) => {
+                self.0.on_event(event, ctx);
+                // After the buffer that line made (a thread that never logged until its
+                // locals were gone makes both anew, and they work).
+                if FORMATTED.try_with(|_| ()).is_ok() {
+                    let _ = STATE.try_with(|s| s.set(FORMATTING));
+                }
+            }
+            _ => write_plain(event),
+        }
+    }
+}
+
+/// Writes `event` as one line, `LEVEL message field=value ...`, to standard error without
+/// thread-local state.
+fn write_plain(event: &Event<'_>) {
+    struct Line(String);
+    impl Visit for Line {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            let _ = if field.name() == "message" {
+                write!(self.0, " {value:?}")
+            } else {
+                write!(self.0, " {}={value:?}", field.name())
+            };
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            let _ = if field.name() == "message" {
+                write!(self.0, " {value}")
+            } else {
+                write!(self.0, " {}={value:?}", field.name())
+            };
+        }
+    }
+    let mut line = Line(format!("{:>5}", event.metadata().level()));
+    event.record(&mut line);
+    line.0.push('\n');
+    let _ = std::io::stderr().write_all(line.0.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line logged from a thread's last destructor (as the CUDA runtime's teardown calls
+    /// the driver) neither panics nor is lost.
+    #[test]
+    fn logging_from_a_dying_thread_is_safe() {
+        struct LogsOnDrop;
+        impl Drop for LogsOnDrop {
+            fn drop(&mut self) {
+                tracing::warn!(field = 7, "from a destructor");
+            }
+        }
+        thread_local! {
+            static LATE: LogsOnDrop = const { LogsOnDrop };
+        }
+        init();
+        let t = std::thread::spawn(|| {
+            // Made first, so destroyed after the formatter's buffer and the marker.
+            LATE.with(|_| ());
+            tracing::warn!("a first line, which makes the formatter's buffer");
+            assert_eq!(STATE.with(Cell::get), FORMATTING);
+        });
+        assert!(t.join().is_ok(), "the thread panicked while logging");
+    }
 }

@@ -322,29 +322,23 @@ pub fn stream_props(s: StreamRef) -> CuResult<(u32, i32)> {
 
 /// Runs an export body: panics become CUDA_ERROR_UNKNOWN, errors their code.
 ///
-/// Logging happens inside the unwind guard too: the CUDA runtime calls the driver from exit
-/// handlers, after thread-local storage (which the log subscriber uses) is gone, and a panic
-/// there must not abort the process.
+/// Logging is safe from exit handlers too (see [`crate::log`]); it stays inside the unwind
+/// guard all the same.
 pub fn entry(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
-    let log = crate::log::usable();
     if remora_client::in_host_callback() {
         // CUDA forbids CUDA calls from a host callback; here one that waited for the stream
         // the callback blocks would never return.
-        if log {
-            let _ = catch_unwind(|| {
-                tracing::warn!(
-                    "remora: {name} called from a host callback; returning CUDA_ERROR_NOT_PERMITTED"
-                )
-            });
-        }
+        let _ = catch_unwind(|| {
+            tracing::warn!(
+                "remora: {name} called from a host callback; returning CUDA_ERROR_NOT_PERMITTED"
+            )
+        });
         return cu::NOT_PERMITTED;
     }
     let r = catch_unwind(AssertUnwindSafe(|| {
-        if log {
-            tracing::trace!("{name}");
-        }
+        tracing::trace!("{name}");
         let r = f();
-        if let (Err(e), true) = (&r, log) {
+        if let Err(e) = &r {
             tracing::debug!("{name} -> {e}");
         }
         r
@@ -353,11 +347,9 @@ pub fn entry(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
         Ok(Ok(())) => cu::SUCCESS,
         Ok(Err(e)) => e.code(),
         Err(_) => {
-            if log {
-                let _ = catch_unwind(|| {
-                    tracing::error!("remora: {name} panicked; returning CUDA_ERROR_UNKNOWN")
-                });
-            }
+            let _ = catch_unwind(|| {
+                tracing::error!("remora: {name} panicked; returning CUDA_ERROR_UNKNOWN")
+            });
             cu::UNKNOWN
         }
     }

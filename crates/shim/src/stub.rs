@@ -40,11 +40,11 @@ pub fn not_supported(index: usize) -> i32 {
     let first = LOGGED
         .get(index)
         .is_some_and(|f| !f.swap(true, Ordering::Relaxed));
-    if first && crate::log::usable() {
+    if first {
         crate::log::init();
         LOG_LINES.fetch_add(1, Ordering::Relaxed);
         let name = STUBS.get(index).copied().unwrap_or("?");
-        // Never unwinds out of the extern "C" stub (logging from an exit handler can panic).
+        // Never unwinds out of the extern "C" stub.
         let _ = std::panic::catch_unwind(|| {
             tracing::warn!(
                 "remora: {name} is not implemented by the Remora shim yet; returning CUDA_ERROR_NOT_SUPPORTED"
