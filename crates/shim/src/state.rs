@@ -322,7 +322,7 @@ pub fn stream_props(s: StreamRef) -> CuResult<(u32, i32)> {
 
 /// Runs an export body: panics become CUDA_ERROR_UNKNOWN, errors their code.
 ///
-/// Logging is safe from exit handlers too (see [`crate::log`]); it stays inside the unwind
+/// Logging is safe from exit handlers too (see `crates/shim/src/log.rs`); it stays inside the unwind
 /// guard all the same.
 pub fn entry(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> i32 {
     if remora_client::in_host_callback() {
