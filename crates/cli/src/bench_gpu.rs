@@ -15,7 +15,7 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 pub(crate) use remora_gpubench::{What, WorkerOptions, WorkerResult, Workload, worker};
@@ -532,7 +532,22 @@ pub(crate) fn measure(opts: &Options) -> Result<Report> {
                 let measured = if mode == RAW_TCP {
                     raw_tcp_group(clients, &opts.workload).map(|r| (r, None))
                 } else {
-                    run_group(opts, mode, clients, &endpoints, &shim)
+                    match run_group(opts, mode, clients, &endpoints, &shim) {
+                        // Once more, said in the report: a long run is not lost to a moment's
+                        // failure (an MPS server starting or stopping refused a session's
+                        // driver on the H200, session 43).
+                        Err(e) if mode != "native" => {
+                            eprintln!("failed ({e:#}); trying it once more in 2 s");
+                            notes.push(format!(
+                                "round {round}, {mode}, {clients} client(s): the first try failed ({e:#}); the figures are the second's"
+                            ));
+                            std::thread::sleep(Duration::from_secs(2));
+                            eprint!("[{step}/{total}] round {round}: {mode}, again ... ");
+                            let _ = std::io::stderr().flush();
+                            run_group(opts, mode, clients, &endpoints, &shim)
+                        }
+                        m => m,
+                    }
                 };
                 let (results, server_sched) = match measured {
                     Ok(r) => r,

@@ -172,6 +172,8 @@ fn bench_launch_on_a_backend_that_cannot_launch_fails_clearly() {
         stderr.contains("unix benchmark worker failed to set up") && stderr.contains("801"),
         "{stderr}"
     );
+    // Tried once more (a moment's failure does not end a long run), then given up.
+    assert_eq!(stderr.matches("trying it once more").count(), 1, "{stderr}");
 }
 
 #[test]
