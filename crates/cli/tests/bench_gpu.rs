@@ -411,3 +411,61 @@ fn bench_contention_times_a_program_mix_under_each_way_of_waiting() {
         String::from_utf8_lossy(&none.stderr)
     );
 }
+
+/// `REMORA_WAIT_SYNC_HOLD_US` (an experiment): after a full synchronize over shared memory
+/// the server's next wait for a request is held (its traced line counts it); unset, only
+/// completion-word signals hold it, and a client that makes no signals gets no holds.
+#[test]
+fn a_sync_hold_holds_the_servers_next_wait_after_a_full_synchronize() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    let held = |hold: &str| {
+        let out = Command::new(REMORA)
+            .env(
+                "REMORA_BENCH_IMAGE",
+                "REMORA-EMU-MODULE\nfunc remora_bench_empty\n",
+            )
+            .env("REMORA_BENCH_KERNEL", "remora_bench_empty")
+            // Every synchronize is the full call.
+            .env("REMORA_NO_SIGNAL_SYNC", "1")
+            .env("REMORA_WAIT_SYNC_HOLD_US", hold)
+            .env("REMORA_WAIT_TRACE", "1")
+            .env("REMORA_LOG", "error,remora::wait=info")
+            .args(["bench", "launch", "--shim"])
+            .arg(&shim)
+            .args(["--serve-arg=--backend", "--serve-arg=emulated"])
+            .args([
+                "--no-native",
+                "--transports=shm",
+                "--clients=1",
+                "--rounds=1",
+                "--launches=10",
+                "--syncs=200",
+            ])
+            .output()
+            .expect("run remora bench");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let held: u64 = stderr
+            .lines()
+            .filter(|l| l.contains("waiter=\"shm server: a request\""))
+            .filter_map(|l| {
+                l.split(" held=")
+                    .nth(1)?
+                    .split(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        (held, stderr)
+    };
+    let (without, stderr) = held("0");
+    assert_eq!(without, 0, "{stderr}");
+    let (with, stderr) = held("1000");
+    // A request already there when the server looks is no wait, held or not: how many
+    // of the 200 are held depends on the host's load.
+    assert!(with > 0, "{with} held waits: {stderr}");
+}

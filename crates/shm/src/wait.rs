@@ -262,6 +262,20 @@ pub fn signal_hold() -> Duration {
     *HOLD.get_or_init(|| spin_from_env("REMORA_WAIT_SIGNAL_HOLD_US", SIGNAL_HOLD_DEFAULT))
 }
 
+/// How long the server's next wait for a request spins first after it answered a full
+/// synchronize over shared memory (`REMORA_WAIT_SYNC_HOLD_US`, microseconds, at most 10 ms;
+/// unset or 0: no such hold, the default). An experiment (session 43): in the H200's traces
+/// the pairs whose client settled on the full call had the server asleep whenever the
+/// client looked at a completion word again, and the server's wake-up then waited behind the
+/// client's own spin (the marks came 60-780 µs after the signal, against 6-11 where the pair
+/// spun); nearly all of those looks gave up, so the pair stayed on the full call. Held after
+/// the full call's reply, the server is awake for the client's next call, a signal
+/// included. Spun as [`signal_hold`]'s holds are ([`HoldRule`]).
+pub fn sync_hold() -> Duration {
+    static HOLD: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *HOLD.get_or_init(|| spin_from_env("REMORA_WAIT_SYNC_HOLD_US", Duration::ZERO))
+}
+
 /// How a held wait ([`Waiter::hold_next`]) spins, from `REMORA_WAIT_HOLD_RULE` (read once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldRule {
