@@ -267,8 +267,9 @@ pub fn signal_hold() -> Duration {
 /// unset or 0: no such hold, the default). An experiment (session 43): in the H200's traces
 /// the pairs whose client settled on the full call had the server asleep whenever the
 /// client looked at a completion word again, and the server's wake-up then waited behind the
-/// client's own spin (the marks came 60-780 µs after the signal, against 6-11 where the pair
-/// spun); nearly all of those looks gave up, so the pair stayed on the full call. Held after
+/// client's own spin (the marks came 14-777 µs after the signal, most over 60, against 6-12
+/// where the pair spun); half to all of those looks gave up, so the pair stayed on the full
+/// call. Held after
 /// the full call's reply, the server is awake for the client's next call, a signal
 /// included. Spun as [`signal_hold`]'s holds are ([`HoldRule`]).
 pub fn sync_hold() -> Duration {
