@@ -117,16 +117,16 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// Builds [`CU_INIT_C`] in `dir`.
-fn cu_init_program(dir: &Path) -> PathBuf {
-    let source = dir.join("cu_init.c");
-    std::fs::write(&source, CU_INIT_C).unwrap();
-    let program = dir.join("cu_init");
+/// Builds the C source `text` in `dir` as `dir/name`, with `args` (before `-o`).
+fn build_c(dir: &Path, text: &str, name: &str, args: &[&str]) -> PathBuf {
+    let source = dir.join(format!("{name}.c"));
+    std::fs::write(&source, text).unwrap();
+    let built = dir.join(name);
     let cc = Command::new("cc")
         .arg(&source)
+        .args(args)
         .arg("-o")
-        .arg(&program)
-        .arg("-ldl")
+        .arg(&built)
         .output()
         .expect("run cc");
     assert!(
@@ -134,7 +134,12 @@ fn cu_init_program(dir: &Path) -> PathBuf {
         "cc failed: {}",
         String::from_utf8_lossy(&cc.stderr)
     );
-    program
+    built
+}
+
+/// Builds [`CU_INIT_C`] in `dir`.
+fn cu_init_program(dir: &Path) -> PathBuf {
+    build_c(dir, CU_INIT_C, "cu_init", &["-ldl"])
 }
 
 #[test]
@@ -238,19 +243,11 @@ fn warm_workers_whose_driver_failed_withdraw() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let source = dir.path().join("mps_down.c");
-    std::fs::write(&source, MPS_DOWN_DRIVER).unwrap();
-    let driver = dir.path().join("libcuda.so.1");
-    let cc = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&driver)
-        .arg(&source)
-        .output()
-        .expect("run cc");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
+    let driver = build_c(
+        dir.path(),
+        MPS_DOWN_DRIVER,
+        "libcuda.so.1",
+        &["-shared", "-fPIC"],
     );
     let socket = dir.path().join("s.sock");
     let mut serve = Command::new(REMORA);

@@ -1190,48 +1190,35 @@ mod tests {
     #[test]
     fn a_learned_hold_learns_when_requests_came_not_this_sides_wake_ups() {
         let us = Duration::from_micros;
-        // Held waits (of a 1000 µs hold) whose request came after 10 µs but that took 400
-        // µs: this side slept, or was preempted while it spun. The hold stays, three times
-        // the arrivals.
+        // 100 held waits (of a 1000 µs hold, by `rule`) that took `took`, their request there
+        // after `arrival`; then the spin of the next held wait.
+        let held = |w: &mut Waiter, rule: HoldRule, took: u64, arrival: u64| {
+            for _ in 0..100 {
+                w.hold_next_as(us(1000), rule);
+                w.plan_on(|| false, Duration::ZERO);
+                w.record_judged(WaitOutcome::Slept, us(took), us(arrival));
+            }
+            w.hold_next_as(us(1000), rule);
+            let spin = w.plan_on(|| false, Duration::ZERO);
+            w.cancel_plan();
+            spin
+        };
+        // Requests that came after 10 µs, in waits that took 400: this side slept, or was
+        // preempted while it spun. The hold stays, three times the arrivals.
         let mut w = trained(2, 50, 5);
-        for _ in 0..100 {
-            w.hold_next_as(us(1000), HoldRule::Learned);
-            w.plan_on(|| false, Duration::ZERO);
-            w.record_judged(WaitOutcome::Slept, us(400), us(10));
-        }
-        w.hold_next_as(us(1000), HoldRule::Learned);
-        let spin = w.plan_on(|| false, Duration::ZERO);
-        w.cancel_plan();
+        let spin = held(&mut w, HoldRule::Learned, 400, 10);
         assert!(spin >= us(29) && spin <= us(31), "{spin:?}");
         assert_eq!(w.stats().hold_dropped, 0);
         // By the rule before (`took`), the same waits dropped the hold.
         let mut old = trained(2, 50, 5);
-        for _ in 0..100 {
-            old.hold_next_as(us(1000), HoldRule::LearnedByTook);
-            old.plan_on(|| false, Duration::ZERO);
-            old.record_judged(WaitOutcome::Slept, us(400), us(10));
-        }
+        held(&mut old, HoldRule::LearnedByTook, 400, 10);
         assert!(old.stats().hold_dropped > 90, "{:?}", old.stats());
-        // Requests that come late (400 µs after the hold began) still drop it.
-        for _ in 0..100 {
-            w.hold_next_as(us(1000), HoldRule::Learned);
-            w.plan_on(|| false, Duration::ZERO);
-            w.record_judged(WaitOutcome::Slept, us(420), us(400));
-        }
-        w.hold_next_as(us(1000), HoldRule::Learned);
-        let spin = w.plan_on(|| false, Duration::ZERO);
-        w.cancel_plan();
+        // Requests that come late (400 µs after the hold began) still drop it,
+        let spin = held(&mut w, HoldRule::Learned, 420, 400);
         assert!(spin < us(100), "{spin:?}");
         assert!(w.stats().hold_dropped > 50);
-        // And come back once requests come soon again, the hold dropped or not.
-        for _ in 0..100 {
-            w.hold_next_as(us(1000), HoldRule::Learned);
-            w.plan_on(|| false, Duration::ZERO);
-            w.record_judged(WaitOutcome::Slept, us(300), us(8));
-        }
-        w.hold_next_as(us(1000), HoldRule::Learned);
-        let spin = w.plan_on(|| false, Duration::ZERO);
-        w.cancel_plan();
+        // and it comes back once they come soon again.
+        let spin = held(&mut w, HoldRule::Learned, 300, 8);
         assert!(spin >= us(23) && spin <= us(25), "{spin:?}");
     }
 
