@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::sync::Once;
 use tracing::field::{Field, Visit};
-use tracing::{Event, Subscriber};
+use tracing::{Event, Subscriber, span};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -68,6 +68,33 @@ impl Drop for Formatted {
 struct Guarded<L>(L);
 
 impl<S: Subscriber, L: Layer<S>> Layer<S> for Guarded<L> {
+    // What spans carry is the formatter's as before (none of its span calls uses the
+    // buffer): the lines inside a span show its fields.
+    fn on_layer(&mut self, subscriber: &mut S) {
+        self.0.on_layer(subscriber);
+    }
+    fn on_new_span(&self, attrs: &span::Attributes<'_>, id: &span::Id, ctx: Context<'_, S>) {
+        self.0.on_new_span(attrs, id, ctx);
+    }
+    fn on_record(&self, id: &span::Id, values: &span::Record<'_>, ctx: Context<'_, S>) {
+        self.0.on_record(id, values, ctx);
+    }
+    fn on_follows_from(&self, id: &span::Id, follows: &span::Id, ctx: Context<'_, S>) {
+        self.0.on_follows_from(id, follows, ctx);
+    }
+    fn on_enter(&self, id: &span::Id, ctx: Context<'_, S>) {
+        self.0.on_enter(id, ctx);
+    }
+    fn on_exit(&self, id: &span::Id, ctx: Context<'_, S>) {
+        self.0.on_exit(id, ctx);
+    }
+    fn on_close(&self, id: span::Id, ctx: Context<'_, S>) {
+        self.0.on_close(id, ctx);
+    }
+    fn on_id_change(&self, old: &span::Id, new: &span::Id, ctx: Context<'_, S>) {
+        self.0.on_id_change(old, new, ctx);
+    }
+
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         match STATE.try_with(Cell::get) {
             Ok(FORMATTING) => self.0.on_event(event, ctx),
@@ -128,6 +155,8 @@ mod tests {
             static LATE: LogsOnDrop = const { LogsOnDrop };
         }
         init();
+        // Lines inside a span still format (the span's calls reach the formatter).
+        tracing::warn_span!("a span", id = 3).in_scope(|| tracing::warn!("inside a span"));
         let t = std::thread::spawn(|| {
             // Made first, so destroyed after the formatter's buffer and the marker.
             LATE.with(|_| ());
