@@ -38,7 +38,8 @@ def cells(figs):
     """(transport, burn, clients) of every adaptive launch + synchronize figure, sorted."""
     found = set()
     for mode, clients, metric in figs:
-        m = re.match(r"(\w+) adaptive burn=(\S+)$", mode)
+        # The transport as the report names it: "shm", or "shm/mps" for the MPS rows.
+        m = re.match(r"(\S+) adaptive burn=(\S+)$", mode)
         if m and metric == "launch_sync.mean":
             found.add((m.group(1), m.group(2), clients))
     return sorted(found)
@@ -135,7 +136,8 @@ def traces(path):
         for line in f:
             if line.startswith("== burn="):
                 m = re.match(r"== burn=(\S+) .*REMORA_WAIT=(\w+)", line)
-                section = m and f"{m.group(1)} {m.group(2)}"
+                mps = "/mps" if " under MPS" in line else ""
+                section = m and f"{m.group(1)}{mps} {m.group(2)}"
                 if section and section not in sections:
                     sections[section] = [0, 0, 0.0, 0.0, None]
                     order.append(section)
@@ -163,15 +165,18 @@ def cell_lines(path):
     """The lines of a traced contention .txt, each with its cell (burn, policy, transport,
     clients), None before a section's first cell, and whether the line starts a cell."""
     burn = policy = cell = None
+    mps = ""
     with open(path) as f:
         for line in f:
             m = re.match(r"== burn=(\S+) .*REMORA_WAIT=(\w+)", line)
             if m:
                 burn, policy, cell = m.group(1), m.group(2), None
+                # The MPS sections' cells, named as the report names them ("shm/mps").
+                mps = "/mps" if " under MPS" in line else ""
                 continue
             m = CELL.match(line)
             if m:
-                cell = (burn, policy, m.group(2), int(m.group(3)))
+                cell = (burn, policy, m.group(2) + mps, int(m.group(3)))
             yield line, cell, bool(m)
 
 
