@@ -49,7 +49,9 @@
 #             a run cut short still brings back its JSON of the rounds it finished;
 #             REMORA_CALLS_SHARING=off,mps (default off) measures every cell again under MPS
 #             (bench contention --sharing: the MPS control daemon started when none runs,
-#             native clients under it too, servers with --gpu-share mps; modes TRANSPORT/mps)
+#             native clients under it too, servers with --gpu-share mps; modes TRANSPORT/mps);
+#             REMORA_CALLS_BENCH_ARGS adds words to every run's bench contention command
+#             line (e.g. "--long-every 4": a long kernel every 4th launch + synchronize)
 #   samples   NVIDIA's CUDA samples (a copy in BIN_DIR/cuda-samples) in
 #             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
 #   torch     gpu/torch/suite.sh over REMORA_CALLS_TORCH_MODES (default shm) with
@@ -286,6 +288,7 @@ step_contention() {
       # clients at 2x load alone took over 95 s in session 39 (16 clients: 6-12 s a cell).
       timeout $((${REMORA_CALLS_ROUND_S:-95} * ${REMORA_CALLS_ROUNDS:-3} * ways)) "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
         --sharing "$sharing" --policies spin,block,adaptive --syncs 1000 --rounds "${REMORA_CALLS_ROUNDS:-3}" "${extra[@]}" \
+        ${REMORA_CALLS_BENCH_ARGS:-} \
         --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
       echo "exit $?"
     )

@@ -76,6 +76,15 @@ pub(crate) struct Args {
     /// the program mix is measured).
     #[arg(long, default_value_t = 1_000)]
     syncs: u32,
+    /// Every Nth launch + synchronize launches a long kernel instead (0: never): one block
+    /// spinning `--long-cycles` SM clock cycles, so that the waits alternate between short
+    /// and long ones (whether one learned figure per waiter then costs time, issue 12 §4).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    long_every: u32,
+    /// SM clock cycles the long kernel of `--long-every` spins (2,000,000: about 1 ms at
+    /// 2 GHz).
+    #[arg(long, default_value_t = remora_gpubench::LONG_CYCLES, value_name = "CYCLES")]
+    long_cycles: u64,
     /// A CUDA program of the mix: its command line, split on spaces (repeatable), e.g.
     /// --program "./vecadd cubin". The mix runs, under each load and way of waiting, every
     /// program once natively (at the first way) and against a standing server per
@@ -310,6 +319,8 @@ fn measure_sharing(
                         syncs: a.syncs,
                         bytes: 0,
                         reps: 1,
+                        long_every: a.long_every,
+                        long_cycles: a.long_cycles,
                     },
                     shim: a.shim.clone(),
                     serve_args: serve_args.to_vec(),

@@ -886,7 +886,8 @@ mod tests {
                     launches: 1,
                     syncs: 1,
                     bytes: 1,
-                    reps: 1
+                    reps: 1,
+                    ..Default::default()
                 }),
                 figures: figs.clone(),
                 notes: Vec::new(),
@@ -904,6 +905,7 @@ mod tests {
                 syncs: 1,
                 bytes: 1 << 20,
                 reps: 3,
+                ..Default::default()
             },
         )
         .unwrap();

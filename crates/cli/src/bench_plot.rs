@@ -536,6 +536,7 @@ mod tests {
                 syncs: 1,
                 bytes: 0,
                 reps: 1,
+                ..Default::default()
             }),
             figures: vec![
                 fig("native", 1, "launch.per_launch", 3.6),

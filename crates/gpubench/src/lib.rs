@@ -357,6 +357,39 @@ pub struct Workload {
     /// Timed copies per kind (bench copy); the median counts.
     #[arg(long, default_value_t = 10)]
     pub reps: u32,
+    /// Every Nth launch + synchronize launches a long kernel instead of the empty one (bench
+    /// launch; 0: never): one block spinning `--long-cycles` SM clock cycles, so that the
+    /// waits alternate between short and long ones, as a program's do whose kernels differ
+    /// between its synchronizes.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[serde(default)]
+    pub long_every: u32,
+    /// SM clock cycles the long kernel of `--long-every` spins (2,000,000: about 1 ms at
+    /// 2 GHz).
+    #[arg(long, default_value_t = LONG_CYCLES, value_name = "CYCLES")]
+    #[serde(default = "long_cycles")]
+    pub long_cycles: u64,
+}
+
+/// `--long-cycles`' default.
+pub const LONG_CYCLES: u64 = 2_000_000;
+
+fn long_cycles() -> u64 {
+    LONG_CYCLES
+}
+
+impl Default for Workload {
+    /// The command line's defaults.
+    fn default() -> Self {
+        Self {
+            launches: 20_000,
+            syncs: 2_000,
+            bytes: 64 << 20,
+            reps: 10,
+            long_every: 0,
+            long_cycles: LONG_CYCLES,
+        }
+    }
 }
 
 impl Workload {
@@ -371,6 +404,10 @@ impl Workload {
             self.bytes.to_string(),
             "--reps".into(),
             self.reps.to_string(),
+            "--long-every".into(),
+            self.long_every.to_string(),
+            "--long-cycles".into(),
+            self.long_cycles.to_string(),
         ]
     }
 }
@@ -412,7 +449,8 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
         // tests against the emulated backend).
         let mut f = std::ptr::null_mut();
         let mut spin = std::ptr::null_mut();
-        if o.what == What::Greedy {
+        let long = o.what == What::Launch && o.workload.long_every > 0;
+        if o.what == What::Greedy || long {
             let image = CString::new(SPIN_KERNEL_PTX)?;
             let mut module = std::ptr::null_mut();
             check(
@@ -421,7 +459,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
             )?;
             let name = CString::new(SPIN_KERNEL)?;
             check(
-                "cuModuleGetFunction",
+                "cuModuleGetFunction (the spin kernel)",
                 (api.module_get_function)(&mut spin, module, name.as_ptr()),
             )?;
         }
@@ -565,11 +603,34 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
                     t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
                 };
+                // The long kernel (`--long-every`): one block spinning `--long-cycles`.
+                let mut long_cycles = o.workload.long_cycles;
+                let mut long_params = [(&raw mut long_cycles).cast::<c_void>()];
+                let every = o.workload.long_every;
                 let cpu0 = cpu();
                 let runq0 = sched::TaskSched::of_process(std::process::id());
-                for _ in 0..o.workload.syncs {
+                for i in 0..o.workload.syncs {
                     let t = Instant::now();
-                    check("cuLaunchKernel", launch())?;
+                    if every > 0 && i % every == every - 1 {
+                        check(
+                            "cuLaunchKernel (the long kernel)",
+                            (api.launch)(
+                                spin,
+                                1,
+                                1,
+                                1,
+                                SPIN_BLOCK,
+                                1,
+                                1,
+                                0,
+                                stream,
+                                long_params.as_mut_ptr(),
+                                std::ptr::null_mut(),
+                            ),
+                        )?;
+                    } else {
+                        check("cuLaunchKernel", launch())?;
+                    }
                     check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
                     lat.push(t.elapsed().as_secs_f64() * 1e6);
                 }
@@ -725,7 +786,32 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{Workload, median};
+
+    /// `Workload::default` is what the command line gives without options, and a report
+    /// written before `--long-every` reads as without it.
+    #[test]
+    fn the_default_workload_is_the_command_lines() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            w: Workload,
+        }
+        let parsed = <Cli as clap::Parser>::try_parse_from(["bench"]).unwrap();
+        assert_eq!(parsed.w, Workload::default());
+        let old: Workload =
+            serde_json::from_str(r#"{"launches":1,"syncs":2,"bytes":3,"reps":4}"#).unwrap();
+        assert_eq!((old.long_every, old.long_cycles), (0, super::LONG_CYCLES));
+        let args = Workload {
+            long_every: 4,
+            ..Workload::default()
+        }
+        .to_args();
+        let mut with = vec!["bench".to_string()];
+        with.extend(args);
+        let round = <Cli as clap::Parser>::try_parse_from(with).unwrap();
+        assert_eq!(round.w.long_every, 4);
+    }
 
     #[test]
     fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
