@@ -399,11 +399,16 @@ impl Session {
     pub(super) fn observe_sync(&self, took: Duration) {
         if let Some(sig) = &self.signals {
             let spun = Duration::from_nanos(sig.spun_first_ns.swap(0, Ordering::Relaxed));
-            let key = sig.pending_key.swap(0, Ordering::Relaxed);
-            if let (Some(k), true) = (&sig.kernels, key != 0) {
-                k.learn(key, took + spun);
-            }
-            if !sig.by_prediction.swap(false, Ordering::Relaxed) {
+            // With the per-kernel prediction on: the kernel learns the time, and a full call
+            // it sent at once does not teach the shared figure.
+            let by_prediction = sig.kernels.as_ref().is_some_and(|k| {
+                let key = sig.pending_key.swap(0, Ordering::Relaxed);
+                if key != 0 {
+                    k.learn(key, took + spun);
+                }
+                sig.by_prediction.swap(false, Ordering::Relaxed)
+            });
+            if !by_prediction {
                 sig.observe(took + spun);
             }
         }
