@@ -529,10 +529,12 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
         let mut cycles = o.fair.spin_cycles;
         let mut spin_params = [(&raw mut cycles).cast::<c_void>()];
         let spin_grid = 2 * sms.max(1) as c_uint;
-        let launch_spin = |params: *mut Ptr| {
+        // The spin kernel in `grid` blocks: the greedy client's fill every SM, the long
+        // kernel of `--long-every` is one block.
+        let launch_spin = |grid: c_uint, params: *mut Ptr| {
             (api.launch)(
                 spin,
-                spin_grid,
+                grid,
                 1,
                 1,
                 SPIN_BLOCK,
@@ -551,7 +553,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
             }
             check(
                 "cuLaunchKernel (spin)",
-                launch_spin(spin_params.as_mut_ptr()),
+                launch_spin(spin_grid, spin_params.as_mut_ptr()),
             )?;
             check("cuStreamSynchronize", (api.stream_synchronize)(stream))?;
         }
@@ -614,19 +616,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                     if every > 0 && i % every == every - 1 {
                         check(
                             "cuLaunchKernel (the long kernel)",
-                            (api.launch)(
-                                spin,
-                                1,
-                                1,
-                                1,
-                                SPIN_BLOCK,
-                                1,
-                                1,
-                                0,
-                                stream,
-                                long_params.as_mut_ptr(),
-                                std::ptr::null_mut(),
-                            ),
+                            launch_spin(1, long_params.as_mut_ptr()),
                         )?;
                     } else {
                         check("cuLaunchKernel", launch())?;
@@ -667,7 +657,7 @@ pub fn worker(o: &WorkerOptions) -> Result<()> {
                         for _ in 0..SPIN_BATCH {
                             check(
                                 "cuLaunchKernel (spin)",
-                                launch_spin(spin_params.as_mut_ptr()),
+                                launch_spin(spin_grid, spin_params.as_mut_ptr()),
                             )?;
                         }
                         launched += u64::from(SPIN_BATCH);
