@@ -1,7 +1,13 @@
 //! The per-kernel wait prediction (`REMORA_WAIT_PER_KERNEL=1`, an experiment) against the
-//! emulated backend with one slow kernel: after a few synchronizes the long kernel's make the
-//! full call at once, the short kernel's are still seen in shared memory, and every result
-//! is right. One test in this binary: the variable is read once per process.
+//! emulated backend with one slow kernel: after the first, the long kernel's synchronizes make
+//! the full call at once, the short kernel's are left to the shared waiter, and every result
+//! is right. One test in this binary: the variables are read once per process.
+//!
+//! What the shared waiter then does with a short kernel's synchronize (spin on the word, or
+//! block at once because that has lately been faster) depends on the host's load: on CI's
+//! two busy cores it may rightly learn to block at once, so the test does not ask for words
+//! seen. The longest word spin is 10 ms (`REMORA_WAIT_DEVICE_SPIN_US`), so "long" is over
+//! 5 ms: far above a short kernel's synchronize, far below the slow kernel's 30 ms.
 
 mod common;
 
@@ -11,9 +17,12 @@ use remora_oncrpc::TransportChoice;
 use remora_server::{EmulatedConfig, ShmConfig};
 
 #[test]
-fn long_kernels_make_the_full_call_at_once_and_short_ones_still_watch_the_word() {
-    // SAFETY: set before this binary's only test makes its session, the variable's one reader.
-    unsafe { std::env::set_var("REMORA_WAIT_PER_KERNEL", "1") };
+fn long_kernels_make_the_full_call_at_once_and_short_ones_are_left_to_the_shared_waiter() {
+    // SAFETY: set before this binary's only test makes its session, the variables' one reader.
+    unsafe {
+        std::env::set_var("REMORA_WAIT_PER_KERNEL", "1");
+        std::env::set_var("REMORA_WAIT_DEVICE_SPIN_US", "10000");
+    }
     let server = common::serve_emulated(
         ShmConfig {
             enabled: true,
@@ -21,7 +30,7 @@ fn long_kernels_make_the_full_call_at_once_and_short_ones_still_watch_the_word()
             ..ShmConfig::default()
         },
         EmulatedConfig {
-            slow_kernel: Some(("iota_u64", Duration::from_millis(2))),
+            slow_kernel: Some(("iota_u64", Duration::from_millis(30))),
             ..EmulatedConfig::default()
         },
     );
@@ -34,7 +43,7 @@ fn long_kernels_make_the_full_call_at_once_and_short_ones_still_watch_the_word()
         .unwrap();
     let fill = kit.function("fill_i32");
     let iota = &module.functions["iota_u64"];
-    let rounds = 100;
+    let rounds = 40;
     for v in 0..rounds {
         common::fill_i32(&s, ctx, fill, p, v, stream);
         s.stream_synchronize(ctx, stream).unwrap();
@@ -46,16 +55,18 @@ fn long_kernels_make_the_full_call_at_once_and_short_ones_still_watch_the_word()
         assert_eq!(got[0], 1000 + v, "{got:?}");
         assert_eq!(got[2], 1003 + v, "{got:?}");
     }
-    // Every long kernel's synchronize after the first made the full call at once (and a
-    // short one may have, for a few synchronizes after one of its own took long: a busy
-    // host's hiccup).
+    // Every long kernel's synchronize after the first made the full call at once. A short
+    // one may have too, for a few synchronizes after one of its own took long (a busy host's
+    // hiccup), but most were the shared waiter's to decide.
     let at_once = s.kernel_predicted_full_calls().unwrap();
     let rounds = u64::try_from(rounds).unwrap();
     assert!(at_once >= rounds - 1, "{at_once} full calls at once");
-    let (seen, full) = s.signal_sync_counts().unwrap();
-    assert_eq!(seen + full, 2 * rounds);
     assert!(
-        seen > 0,
-        "no short kernel's synchronize was seen in shared memory"
+        at_once <= rounds + rounds / 4,
+        "{at_once} of {} synchronizes made the full call at once: short kernels' too",
+        2 * rounds
     );
+    let (seen, full) = s.signal_sync_counts().unwrap();
+    assert_eq!(seen + full, 2 * rounds, "every synchronize counted once");
+    assert!(full >= at_once, "{full} full calls, {at_once} of them at once");
 }
