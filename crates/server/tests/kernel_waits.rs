@@ -68,5 +68,8 @@ fn long_kernels_make_the_full_call_at_once_and_short_ones_are_left_to_the_shared
     );
     let (seen, full) = s.signal_sync_counts().unwrap();
     assert_eq!(seen + full, 2 * rounds, "every synchronize counted once");
-    assert!(full >= at_once, "{full} full calls, {at_once} of them at once");
+    assert!(
+        full >= at_once,
+        "{full} full calls, {at_once} of them at once"
+    );
 }
