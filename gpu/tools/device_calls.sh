@@ -46,7 +46,10 @@
 #             servers it starts (e.g. serve:--isolation=thread); REMORA_CALLS_TRACE=1 traces the
 #             waits (REMORA_WAIT_TRACE) into the tarred .txt files; each round may take
 #             REMORA_CALLS_ROUND_S seconds (default 95; give 16 clients 150 a transport and load);
-#             a run cut short still brings back its JSON of the rounds it finished;
+#             a call cut short still brings back each run's JSON of the rounds it finished
+#             (written into $OUT after every round) and contention.tar.gz of the runs that
+#             ended; REMORA_CALLS_RUN_S bounds each run (default ROUND_S x ROUNDS x ways):
+#             keep it under what is left of the call, so the last run's texts come back too;
 #             REMORA_CALLS_SHARING=off,mps (default off) measures every cell again under MPS
 #             (bench contention --sharing: the MPS control daemon started when none runs,
 #             native clients under it too, servers with --gpu-share mps; modes TRANSPORT/mps);
@@ -286,16 +289,21 @@ step_contention() {
       # 95 s a round at most (REMORA_CALLS_ROUND_S): a round of shm and tcp, 1 and 4 clients,
       # 1x and 2x load took about 50 s in session 31; one of shm, unix and tcp with 4 and 16
       # clients at 2x load alone took over 95 s in session 39 (16 clients: 6-12 s a cell).
-      timeout $((${REMORA_CALLS_ROUND_S:-95} * ${REMORA_CALLS_ROUNDS:-3} * ways)) "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
+      # REMORA_CALLS_RUN_S bounds one run as a whole instead (set it below the call's limit
+      # so that a run cut short ends here, and its report and traces still come back).
+      timeout "${REMORA_CALLS_RUN_S:-$((${REMORA_CALLS_ROUND_S:-95} * ${REMORA_CALLS_ROUNDS:-3} * ways))}" "$bin/remora" bench contention --transports "$transports" --clients "$clients" --burn "$burn" \
         --sharing "$sharing" --policies spin,block,adaptive --syncs 1000 --rounds "${REMORA_CALLS_ROUNDS:-3}" "${extra[@]}" \
         ${REMORA_CALLS_BENCH_ARGS:-} \
-        --json "$work/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
+        --json "$out/$tag.json" --png "$work/$tag.png" > "$work/$tag.txt" 2>&1
       echo "exit $?"
     )
     grep -E "^note: .*launch_sync\.(p50|mean): adaptive|environment" "$work/$tag.txt"
-    cp "$work/$tag.json" "$out/" 2>/dev/null
+    # The report is written into $OUT after each round (a call cut short keeps the rounds
+    # it finished); the texts, traces and plots of every run so far are tarred as each run
+    # ends, so a later run cut short does not take the earlier ones' with it.
+    cp "$out/$tag.json" "$work/" 2>/dev/null
+    (cd "$work" && tar -czf "$out/contention.tar.gz.part" contention-* && mv "$out/contention.tar.gz.part" "$out/contention.tar.gz")
   done
-  (cd "$work" && tar -czf "$out/contention.tar.gz" contention-*)
 }
 
 step_samples() {

@@ -146,6 +146,7 @@ fn burners(n: usize) -> Result<Burners> {
         b.0.push(
             Command::new(&exe)
                 .args(["bench", "burn"])
+                .env(BURN_PARENT, std::process::id().to_string())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .spawn()
@@ -155,8 +156,28 @@ fn burners(n: usize) -> Result<Burners> {
     Ok(b)
 }
 
-/// `remora bench burn`: keeps one core busy until killed.
+/// The benchmark's pid, given to its burners: a burner whose parent is no longer that one
+/// (the benchmark killed before the burner asked to die with it) stops at once.
+const BURN_PARENT: &str = "REMORA_BURN_PARENT";
+
+/// `remora bench burn`: keeps one core busy until killed, or until the benchmark that
+/// started it is gone (a benchmark killed by a time limit must not leave its burners
+/// taking the host's cores from whatever runs next).
 pub(crate) fn burn() -> ! {
+    // Die with the benchmark: SIGKILL when the thread that started us ends (burners are
+    // started by the benchmark's main thread, which lives as long as the benchmark does).
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    let parent = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
+    if let Some(want) = std::env::var(BURN_PARENT)
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+        && parent != Some(want)
+    {
+        eprintln!(
+            "remora bench burn: the benchmark that started this burner (pid {want}) is gone; exiting"
+        );
+        std::process::exit(0);
+    }
     let mut x = 0u64;
     loop {
         x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));

@@ -469,3 +469,63 @@ fn a_sync_hold_holds_the_servers_next_wait_after_a_full_synchronize() {
     // of the 200 are held depends on the host's load.
     assert!(with > 0, "{with} held waits: {stderr}");
 }
+
+/// Whether process `pid` still runs (a zombie, killed and not yet reaped, does not).
+fn runs(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// `bench contention`'s CPU burners die with the benchmark that started them: a benchmark
+/// killed by a time limit (a device call's) must not leave its burners spinning on the
+/// host's cores under whatever runs next. And a burner whose benchmark is gone before it
+/// started stops at once.
+#[test]
+fn a_cpu_burner_dies_with_its_benchmark() {
+    // A stand-in benchmark: a shell that starts a burner, says its pid and waits.
+    let mut parent = Command::new("sh")
+        .arg("-c")
+        .arg(r#"REMORA_BURN_PARENT=$$ "$0" bench burn & echo $!; wait"#)
+        .arg(REMORA)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start sh");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(parent.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let burner: u32 = line.trim().parse().expect("the burner's pid");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(runs(burner), "the burner runs while its benchmark does");
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while runs(burner) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let alive = runs(burner);
+    if alive {
+        let _ = Command::new("kill")
+            .args(["-9", &burner.to_string()])
+            .status();
+    }
+    assert!(!alive, "burner {burner} outlived its benchmark by 10 s");
+
+    // Started for a benchmark that is not its parent: it stops at once, saying why.
+    let out = Command::new(REMORA)
+        .args(["bench", "burn"])
+        .env("REMORA_BURN_PARENT", "1")
+        .output()
+        .expect("run remora bench burn");
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is gone; exiting"), "{stderr}");
+}
