@@ -59,6 +59,11 @@
 #             REMORA_SUITE_SAMPLES_MODES (default here: tcp)
 #   torch     gpu/torch/suite.sh over REMORA_CALLS_TORCH_MODES (default shm) with
 #             TORCH_CHECKS and TORCH_MODELS as set (default here: no checks, the cnn model)
+#   goals     issue 12's §2, §3 and §5 figures: `bench launch` (1 client, shm, unix and tcp)
+#             and `bench copy --raw-tcp` (1 client, 64 MiB, tcp and unix), 3 rounds each
+#             (REMORA_CALLS_ROUNDS), about 2 minutes; then gpu/tools/issue12_goals.py over
+#             every report in $OUT (a `startup` or `contention` step earlier in the same call
+#             adds §1 and §4) into goals.md
 set -uo pipefail
 usage="usage: device_calls.sh BIN_DIR STEP..."
 bin=$(cd "${1:?$usage}" && pwd); shift
@@ -328,12 +333,27 @@ step_torch() {
   tar -C "$work" -czf "$out/torch.tar.gz" torch torch.log
 }
 
+step_goals() {
+  local rounds=${REMORA_CALLS_ROUNDS:-3} what
+  for what in launch copy; do
+    local extra=(--transports shm,unix,tcp)
+    [ $what = copy ] && extra=(--transports tcp,unix --raw-tcp --reps 5)
+    echo "== bench $what --clients 1 --rounds $rounds ${extra[*]}"
+    timeout 240 "$bin/remora" bench $what --clients 1 --rounds "$rounds" "${extra[@]}" \
+      --json "$out/bench-$what.json" --png "$work/bench-$what.png" > "$work/bench-$what.txt" 2>&1
+    echo "exit $?"
+    grep -E " x[0-9]" "$work/bench-$what.txt" | head -n 30
+  done
+  python3 "$src/tools/issue12_goals.py" --md "$out/goals.md" "$out"/*.json
+  (cd "$work" && tar -czf "$out/goals.tar.gz" bench-*)
+}
+
 for step in "$@"; do
   t0=$SECONDS
   echo "===== $step"
   case $step in
-    suite|attrib|startup|programs|contention|samples|torch) "step_$step" ;;
-    *) echo "unknown step $step (suite, attrib, startup, programs, contention, samples, torch)"; exit 2 ;;
+    suite|attrib|startup|programs|contention|samples|torch|goals) "step_$step" ;;
+    *) echo "unknown step $step (suite, attrib, startup, programs, contention, samples, torch, goals)"; exit 2 ;;
   esac
   echo "===== $step took $((SECONDS - t0)) s"
 done

@@ -221,6 +221,7 @@ pub(crate) fn run(a: &Args) -> Result<Report> {
     // The waiting knobs the servers and clients inherit (an experiment is measured by setting
     // one for a run): each set one is named, so that a result file says what it measured.
     notes.extend(wait_knobs(std::env::vars()));
+    notes.extend(workload_note(a.long_every, a.long_cycles));
     if MpsDaemon::running() {
         notes.push(
             "an MPS control daemon was running before the benchmark: the `off` rows ran under \
@@ -747,11 +748,23 @@ fn compare(figures: &mut [Figure], notes: &mut Vec<String>, a: &Args) {
     }
 }
 
+/// The report's note on a workload other than the plain loop (`--long-every`), which
+/// `gpu/tools/issue12_goals.py` keeps apart from the plain loop's cells.
+fn workload_note(long_every: u32, long_cycles: u64) -> Option<String> {
+    (long_every > 0).then(|| {
+        format!(
+            "workload: every {long_every}th launch + synchronize launches the long kernel \
+             (--long-every {long_every}, one block spinning {long_cycles} SM clock cycles)"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::{
         Args, Figure, compare, median_interval, merge_rounds, mix_figures, per_round,
-        polling_cpu_note, sharing_suffix, spread, verdict, verdict_on, wait_knobs, write_partial,
+        polling_cpu_note, sharing_suffix, spread, verdict, verdict_on, wait_knobs, workload_note,
+        write_partial,
     };
 
     fn args(extra: &[&str]) -> Args {
@@ -763,6 +776,20 @@ mod tests {
         let mut argv = vec!["contention"];
         argv.extend(extra);
         <Cli as clap::Parser>::parse_from(argv).a
+    }
+
+    #[test]
+    fn a_long_kernel_workload_is_named_in_the_notes() {
+        assert_eq!(workload_note(0, 2_000_000), None);
+        let note = workload_note(4, 2_000_000).unwrap();
+        assert!(
+            note.starts_with("workload: every 4th launch + synchronize"),
+            "{note}"
+        );
+        assert!(
+            note.contains("--long-every 4") && note.contains("2000000"),
+            "{note}"
+        );
     }
 
     #[test]

@@ -412,64 +412,6 @@ fn bench_contention_times_a_program_mix_under_each_way_of_waiting() {
     );
 }
 
-/// `REMORA_WAIT_SYNC_HOLD_US` (an experiment): after a full synchronize over shared memory
-/// the server's next wait for a request is held (its traced line counts it); unset, only
-/// completion-word signals hold it, and a client that makes no signals gets no holds.
-#[test]
-fn a_sync_hold_holds_the_servers_next_wait_after_a_full_synchronize() {
-    let Some(shim) = shim() else {
-        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
-        return;
-    };
-    let held = |hold: &str| {
-        let out = Command::new(REMORA)
-            .env(
-                "REMORA_BENCH_IMAGE",
-                "REMORA-EMU-MODULE\nfunc remora_bench_empty\n",
-            )
-            .env("REMORA_BENCH_KERNEL", "remora_bench_empty")
-            // Every synchronize is the full call.
-            .env("REMORA_NO_SIGNAL_SYNC", "1")
-            .env("REMORA_WAIT_SYNC_HOLD_US", hold)
-            .env("REMORA_WAIT_TRACE", "1")
-            .env("REMORA_LOG", "error,remora::wait=info")
-            .args(["bench", "launch", "--shim"])
-            .arg(&shim)
-            .args(["--serve-arg=--backend", "--serve-arg=emulated"])
-            .args([
-                "--no-native",
-                "--transports=shm",
-                "--clients=1",
-                "--rounds=1",
-                "--launches=10",
-                "--syncs=200",
-            ])
-            .output()
-            .expect("run remora bench");
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stderr}");
-        let held: u64 = stderr
-            .lines()
-            .filter(|l| l.contains("waiter=\"shm server: a request\""))
-            .filter_map(|l| {
-                l.split(" held=")
-                    .nth(1)?
-                    .split(' ')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum();
-        (held, stderr)
-    };
-    let (without, stderr) = held("0");
-    assert_eq!(without, 0, "{stderr}");
-    let (with, stderr) = held("1000");
-    // A request already there when the server looks is no wait, held or not: how many
-    // of the 200 are held depends on the host's load.
-    assert!(with > 0, "{with} held waits: {stderr}");
-}
-
 /// Whether process `pid` still runs (a zombie, killed and not yet reaped, does not).
 fn runs(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -528,4 +470,122 @@ fn a_cpu_burner_dies_with_its_benchmark() {
     assert!(out.status.success(), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("is gone; exiting"), "{stderr}");
+}
+
+/// `gpu/tools/issue12_goals.py` over the reports of `bench launch`, `bench copy --raw-tcp`
+/// and `bench contention`: a row per goal each report holds, "not measured" for those no
+/// report holds (start-up here, and native's ratios, which the emulated backend has no
+/// baseline for). A contention report of another workload (`--long-every`, whose long kernel
+/// the emulated backend cannot run: the report is the first one with the note such a run
+/// writes) is judged apart.
+#[test]
+fn the_issue_12_goals_are_judged_from_the_bench_reports() {
+    let Some(shim) = shim() else {
+        eprintln!("SKIPPED: the shim libcuda.so is not built (cargo build -p remora-shim)");
+        return;
+    };
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no python3 to run gpu/tools/issue12_goals.py");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let runs: [(&str, Vec<String>); 3] = [
+        (
+            "launch",
+            vec![
+                "--clients=1".into(),
+                "--rounds=1".into(),
+                "--syncs=100".into(),
+            ],
+        ),
+        (
+            "copy",
+            vec![
+                "--clients=1".into(),
+                "--rounds=1".into(),
+                "--transports=tcp".into(),
+                "--raw-tcp".into(),
+                "--bytes=262144".into(),
+                "--reps=2".into(),
+            ],
+        ),
+        (
+            "contention",
+            vec![
+                "--clients=1".into(),
+                "--burn=0".into(),
+                "--transports=unix".into(),
+                "--launches=20".into(),
+                "--syncs=40".into(),
+                "--rounds=1".into(),
+            ],
+        ),
+    ];
+    let mut reports = Vec::new();
+    for (i, (what, args)) in runs.iter().enumerate() {
+        let json = path(&format!("{what}-{i}.json"));
+        let mut all: Vec<&str> = vec!["--no-native"];
+        all.extend(args.iter().map(String::as_str));
+        let arg = format!("--json={json}");
+        all.push(&arg);
+        let out = bench(what, &shim, &all);
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        reports.push(json);
+    }
+    let first = std::fs::read_to_string(&reports[2]).unwrap();
+    let long = first.replacen(
+        "\"notes\": [",
+        "\"notes\": [\"workload: every 4th launch + synchronize launches the long kernel \
+         (--long-every 4, one block spinning 2000000 SM clock cycles)\",",
+        1,
+    );
+    assert_ne!(long, first, "no notes in {first}");
+    reports.push(path("contention-long.json"));
+    std::fs::write(&reports[3], long).unwrap();
+    let md = path("goals.md");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../gpu/tools/issue12_goals.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--md", &md])
+        .args(&reports)
+        .output()
+        .expect("run issue12_goals.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = std::fs::read_to_string(&md).unwrap();
+    for row in [
+        "| 1 | embedded within 30 ms of native (vecadd) | (bench startup: vecadd) | not measured |",
+        "| 1 | 25-program whole run <= 1.10x native |",
+        "| 3 | launch + synchronize p50 <= 12 µs over shm |",
+        "| 3 | launch + synchronize p50 <= 32 µs over tcp |",
+        "| 5 | launch throughput within 1.1x of native over shm | (bench launch) | not measured |",
+        "| 2 | tcp pinned htod >= 5 GB/s and >= 60% of raw |",
+        "| 4 | unix 0x 1 client(s): adaptive mean within 10% of the better way |",
+        "| 4 | unix 0x 1 client(s) (workload: every 4th launch + synchronize launches the long kernel): adaptive p50",
+    ] {
+        assert!(table.contains(row), "{row}\n{table}");
+    }
+    // The emulated backend's tcp copies are far from 5 GB/s of a 256 KiB copy or not: the
+    // row is judged either way, never left unjudged.
+    let copy_row = table
+        .lines()
+        .find(|l| l.starts_with("| 2 | tcp pinned htod"))
+        .unwrap();
+    assert!(
+        copy_row.ends_with("| met |") || copy_row.ends_with("| missed |"),
+        "{copy_row}"
+    );
+    assert!(
+        stdout.contains(" met, ") && stdout.contains(" not measured"),
+        "{stdout}"
+    );
 }

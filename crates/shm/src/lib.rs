@@ -38,7 +38,7 @@ pub use wait::{
     DEVICE_SPIN_DEFAULT, EXPLORE_EVERY, GIVE_UP_SHARE, HoldRule, SIGNAL_HOLD_DEFAULT,
     SPARE_SPIN_DEFAULT, SPARE_SPIN_MAX, SPIN_FOREVER, UntriedRule, WAIT_BUCKETS, WaitOutcome,
     WaitPolicy, WaitStats, Waiter, coarse_now, cores_to_spare, device_spin, signal_hold,
-    spare_spin, sync_hold, tracing_waits,
+    spare_spin, tracing_waits,
 };
 
 /// Fuzzing hooks: drive a consumer with arbitrary ring contents and index values.

@@ -262,21 +262,6 @@ pub fn signal_hold() -> Duration {
     *HOLD.get_or_init(|| spin_from_env("REMORA_WAIT_SIGNAL_HOLD_US", SIGNAL_HOLD_DEFAULT))
 }
 
-/// How long the server's next wait for a request spins first after it answered a full
-/// synchronize over shared memory (`REMORA_WAIT_SYNC_HOLD_US`, microseconds, at most 10 ms;
-/// unset or 0: no such hold, the default). An experiment (session 43): in the H200's traces
-/// the pairs whose client settled on the full call had the server asleep whenever the
-/// client looked at a completion word again, and the server's wake-up then waited behind the
-/// client's own spin (the marks came 14-777 µs after the signal, most over 60, against 6-12
-/// where the pair spun); half to all of those looks gave up, so the pair stayed on the full
-/// call. Held after
-/// the full call's reply, the server is awake for the client's next call, a signal
-/// included. Spun as [`signal_hold`]'s holds are ([`HoldRule`]).
-pub fn sync_hold() -> Duration {
-    static HOLD: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *HOLD.get_or_init(|| spin_from_env("REMORA_WAIT_SYNC_HOLD_US", Duration::ZERO))
-}
-
 /// How a held wait ([`Waiter::hold_next`]) spins, from `REMORA_WAIT_HOLD_RULE` (read once).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HoldRule {
@@ -290,19 +275,17 @@ pub enum HoldRule {
     /// for (session 35, after its calls; see `Waiter::hold_spin`). Why: in session 34's call
     /// the fixed 1 ms hold raised the server's CPU per round trip of 1 client at 2x load from
     /// 14.4 to 20.7 µs without changing its latency; in session 35's two calls the learned
-    /// hold's was 11.7-12.0 µs (off: 13.6-14.4). What a held wait teaches is when its
-    /// request came, not how long this side took to see it (`Waiter::settle_judged`,
-    /// session 43).
+    /// hold's was 11.7-12.0 µs (off: 13.6-14.4). A held wait teaches how long it took, this
+    /// side's wake-up or preemption included: session 43's rule, teaching when the request
+    /// came instead, measured against it on the H100 in session 44 and removed (1 client at
+    /// 2x load, p50 x1.76 of spinning's against x1.04; as many 4-client pairs settled on the
+    /// full call either way).
     Learned,
-    /// [`HoldRule::Learned`] learning how long held waits took, this side's wake-ups and
-    /// preemptions included (`took`: the learned rule until session 43, kept to measure
-    /// against).
-    LearnedByTook,
 }
 
 impl HoldRule {
-    /// `REMORA_WAIT_HOLD_RULE` of this process: `learned` (or unset, empty), `took` or
-    /// `fixed`; anything else is logged and taken as `learned`.
+    /// `REMORA_WAIT_HOLD_RULE` of this process: `learned` (or unset, empty) or `fixed`;
+    /// anything else is logged and taken as `learned`.
     pub fn from_env() -> Self {
         static RULE: std::sync::OnceLock<HoldRule> = std::sync::OnceLock::new();
         *RULE.get_or_init(|| {
@@ -315,11 +298,7 @@ impl HoldRule {
         parse_rule(
             "REMORA_WAIT_HOLD_RULE",
             v,
-            &[
-                ("learned", HoldRule::Learned),
-                ("took", HoldRule::LearnedByTook),
-                ("fixed", HoldRule::Fixed),
-            ],
+            &[("learned", HoldRule::Learned), ("fixed", HoldRule::Fixed)],
             "a held wait spins as long as held waits have lately taken",
         )
     }
@@ -681,7 +660,7 @@ impl Waiter {
     pub fn record_judged(&mut self, outcome: WaitOutcome, took: Duration, learned: Duration) {
         self.learn(learned);
         self.count(outcome, took);
-        self.settle_judged(took, learned);
+        self.settle(took);
     }
 
     /// Starts a wait: how long to spin before blocking. Between spinning first (for the
@@ -770,7 +749,7 @@ impl Waiter {
             return None;
         }
         match self.hold_rule {
-            HoldRule::Learned | HoldRule::LearnedByTook if self.held_ns > 0.0 => {
+            HoldRule::Learned if self.held_ns > 0.0 => {
                 let spin = Duration::from_nanos((self.held_ns * SPIN_FACTOR) as u64);
                 (spin <= hold).then_some(spin)
             }
@@ -844,26 +823,9 @@ impl Waiter {
 
     /// Ends the planned wait: its time goes to the figure of the way it took.
     fn settle(&mut self, took: Duration) {
-        self.settle_judged(took, took);
-    }
-
-    /// [`Waiter::settle`] for a wait whose answer was there after `arrival` (the judged wait
-    /// of [`Waiter::record_judged`]): what a held wait teaches the hold. Whether holding pays
-    /// is whether the next request comes within the hold; a held wait planned as any other
-    /// (the hold dropped) that slept took the request's arrival *and* this side's wake-up, and
-    /// one preempted while it spun took the preemption: learned from `took`, such waits kept
-    /// the figure above the hold, and the hold dropped, for the rest of the session (the H200's
-    /// traces, session 43: held waits of 4-14 µs in the sessions whose pair spun, 140-560 µs
-    /// with the hold dropped in nearly every held wait where it blocked).
-    fn settle_judged(&mut self, took: Duration, arrival: Duration) {
         if let Some(hold) = self.held.take() {
-            let seen = match self.hold_rule {
-                HoldRule::LearnedByTook => took,
-                HoldRule::Learned | HoldRule::Fixed => arrival.min(took),
-            };
             // A held wait longer than its hold says only that: it outlasted the hold.
-            let t = seen.min(hold);
-            self.held_ns = running_mean(self.held_ns, t.as_nanos() as f64, 0.8);
+            self.held_ns = running_mean(self.held_ns, took.min(hold).as_nanos() as f64, 0.8);
         }
         let Some(spin) = self.arm.take() else {
             return;
@@ -1161,7 +1123,6 @@ mod tests {
         assert_eq!(HoldRule::parse(Some("")), HoldRule::Learned);
         assert_eq!(HoldRule::parse(Some(" learned ")), HoldRule::Learned);
         assert_eq!(HoldRule::parse(Some(" fixed")), HoldRule::Fixed);
-        assert_eq!(HoldRule::parse(Some("took")), HoldRule::LearnedByTook);
         assert_eq!(HoldRule::parse(Some("always")), HoldRule::Learned);
     }
 
@@ -1188,37 +1149,30 @@ mod tests {
     }
 
     #[test]
-    fn a_learned_hold_learns_when_requests_came_not_this_sides_wake_ups() {
+    fn a_learned_hold_learns_how_long_held_waits_took() {
         let us = Duration::from_micros;
-        // 100 held waits (of a 1000 µs hold, by `rule`) that took `took`, their request there
-        // after `arrival`; then the spin of the next held wait.
-        let held = |w: &mut Waiter, rule: HoldRule, took: u64, arrival: u64| {
+        // 100 held waits (of a 1000 µs hold) that took `took`, however soon their request
+        // came (`arrival`, what session 43's removed rule learned); then the next held
+        // wait's spin.
+        let held = |w: &mut Waiter, took: u64, arrival: u64| {
             for _ in 0..100 {
-                w.hold_next_as(us(1000), rule);
+                w.hold_next_as(us(1000), HoldRule::Learned);
                 w.plan_on(|| false, Duration::ZERO);
                 w.record_judged(WaitOutcome::Slept, us(took), us(arrival));
             }
-            w.hold_next_as(us(1000), rule);
+            w.hold_next_as(us(1000), HoldRule::Learned);
             let spin = w.plan_on(|| false, Duration::ZERO);
             w.cancel_plan();
             spin
         };
-        // Requests that came after 10 µs, in waits that took 400: this side slept, or was
-        // preempted while it spun. The hold stays, three times the arrivals.
+        // Held waits of 400 µs (this side slept or was preempted, the request there after
+        // 10): three times that passes the hold, which is dropped.
         let mut w = trained(2, 50, 5);
-        let spin = held(&mut w, HoldRule::Learned, 400, 10);
-        assert!(spin >= us(29) && spin <= us(31), "{spin:?}");
-        assert_eq!(w.stats().hold_dropped, 0);
-        // By the rule before (`took`), the same waits dropped the hold.
-        let mut old = trained(2, 50, 5);
-        held(&mut old, HoldRule::LearnedByTook, 400, 10);
-        assert!(old.stats().hold_dropped > 90, "{:?}", old.stats());
-        // Requests that come late (400 µs after the hold began) still drop it,
-        let spin = held(&mut w, HoldRule::Learned, 420, 400);
+        let spin = held(&mut w, 400, 10);
         assert!(spin < us(100), "{spin:?}");
-        assert!(w.stats().hold_dropped > 50);
-        // and it comes back once they come soon again.
-        let spin = held(&mut w, HoldRule::Learned, 300, 8);
+        assert!(w.stats().hold_dropped > 90, "{:?}", w.stats());
+        // It comes back once held waits are short again.
+        let spin = held(&mut w, 8, 8);
         assert!(spin >= us(23) && spin <= us(25), "{spin:?}");
     }
 

@@ -216,10 +216,6 @@ impl Session {
     /// `cuLaunchKernel`: one-way; `args` already checked and packed (see
     /// [`Session::launch_kernel`], which does both).
     pub fn launch(&self, args: &RmLaunchArgs) -> CuResult<()> {
-        if let Some(k) = self.signals.as_ref().and_then(|s| s.kernels.as_ref()) {
-            let key = super::kernel_waits::key(args.function, &args.grid, &args.block);
-            k.launched(args.ctx, args.stream, key);
-        }
         call!(self.rm_launch_kernel(args))
     }
 }

@@ -589,7 +589,6 @@ mod copies;
 mod copies_3d;
 mod graph_host;
 mod graphs;
-mod kernel_waits;
 mod lanes;
 pub use graph_host::StagedSide;
 pub use graphs::{ExecUpdateInfo, NodeList};

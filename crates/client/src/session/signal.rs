@@ -63,17 +63,6 @@ pub(super) struct SignalSync {
     /// Synchronizes whose mark was learned (seen, or implied by the number where the server
     /// is known to mark).
     marked: AtomicU64,
-    /// Each kernel's own waits (`REMORA_WAIT_PER_KERNEL=1`, an experiment; see
-    /// [`super::kernel_waits`]).
-    pub(super) kernels: Option<super::kernel_waits::KernelWaits>,
-    /// The kernel key of the synchronize now making its full call (0: none), whose time
-    /// [`Session::observe_sync`] teaches that key.
-    pending_key: AtomicU64,
-    /// That full call was made at once because its kernel's waits are long: its time does
-    /// not teach the shared figure.
-    by_prediction: AtomicBool,
-    /// Synchronizes sent to the full call at once by their kernel's waits.
-    predicted_long: AtomicU64,
 }
 
 impl SignalSync {
@@ -82,14 +71,6 @@ impl SignalSync {
     pub(super) fn trace_waits(&self) {
         if let Ok(w) = self.waiter.try_lock() {
             w.trace();
-        }
-        if remora_shm::tracing_waits() && self.kernels.is_some() {
-            tracing::info!(
-                target: "remora::wait",
-                waiter = "completion word by kernel",
-                full_at_once = self.predicted_long.load(Ordering::Relaxed),
-                "waits"
-            );
         }
         if remora_shm::tracing_waits() && self.marks_seen.load(Ordering::Relaxed) {
             tracing::info!(
@@ -133,10 +114,6 @@ impl SignalSync {
             marks_seen: AtomicBool::new(false),
             mark_ns: AtomicU64::new(0),
             marked: AtomicU64::new(0),
-            kernels: super::kernel_waits::enabled().then(Default::default),
-            pending_key: AtomicU64::new(0),
-            by_prediction: AtomicBool::new(false),
-            predicted_long: AtomicU64::new(0),
         })
     }
 
@@ -268,28 +245,9 @@ impl Session {
         {
             return false;
         }
-        // The last kernel's own waits (`REMORA_WAIT_PER_KERNEL=1`): one whose synchronizes
-        // take long makes the full call at once, and does not teach the shared figure.
-        let key = sig
-            .kernels
-            .as_ref()
-            .and_then(|k| Some((k, k.last(ctx, stream)?)));
-        if let Some((k, key)) = key
-            && k.predicted(key)
-                .is_some_and(|t| t > super::kernel_waits::long(MAX_SPIN))
-        {
-            sig.pending_key.store(key, Ordering::Relaxed);
-            sig.by_prediction.store(true, Ordering::Relaxed);
-            sig.predicted_long.fetch_add(1, Ordering::Relaxed);
-            sig.full.fetch_add(1, Ordering::Relaxed);
-            return false;
-        }
         // Blocking at once, as waiting has been faster that way lately (see `Waiter::plan`):
         // the full call, with no word.
         let budget = sig.plan();
-        if let Some((_, key)) = key {
-            sig.pending_key.store(key, Ordering::Relaxed);
-        }
         if budget.is_zero() {
             sig.full.fetch_add(1, Ordering::Relaxed);
             return false;
@@ -351,10 +309,6 @@ impl Session {
             self.rpc.rpc().note_waited();
             sig.seen.fetch_add(1, Ordering::Relaxed);
             sig.observe(start.elapsed());
-            if let Some((k, key)) = key {
-                sig.pending_key.store(0, Ordering::Relaxed);
-                k.learn(key, start.elapsed());
-            }
             if let Some(p) = &self.profile {
                 p.record(
                     "(stream synchronize seen in shared memory)",
@@ -384,33 +338,12 @@ impl Session {
         })
     }
 
-    /// Stream synchronizes that made the full call at once because the kernel before them
-    /// has lately taken long (`REMORA_WAIT_PER_KERNEL=1`); `None` with that off or without
-    /// completion words.
-    pub fn kernel_predicted_full_calls(&self) -> Option<u64> {
-        let s = self.signals.as_ref()?;
-        s.kernels
-            .as_ref()
-            .map(|_| s.predicted_long.load(Ordering::Relaxed))
-    }
-
     /// After a full synchronize that a signal did not catch (or that did not try): its time
     /// teaches the spin budget.
     pub(super) fn observe_sync(&self, took: Duration) {
         if let Some(sig) = &self.signals {
             let spun = Duration::from_nanos(sig.spun_first_ns.swap(0, Ordering::Relaxed));
-            // With the per-kernel prediction on: the kernel learns the time, and a full call
-            // it sent at once does not teach the shared figure.
-            let by_prediction = sig.kernels.as_ref().is_some_and(|k| {
-                let key = sig.pending_key.swap(0, Ordering::Relaxed);
-                if key != 0 {
-                    k.learn(key, took + spun);
-                }
-                sig.by_prediction.swap(false, Ordering::Relaxed)
-            });
-            if !by_prediction {
-                sig.observe(took + spun);
-            }
+            sig.observe(took + spun);
         }
     }
 }

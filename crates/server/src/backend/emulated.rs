@@ -102,10 +102,6 @@ pub struct EmulatedConfig {
     /// call), so that launches queue on the session's launch thread and a call that overtook
     /// them would see the device's memory before them.
     pub launch_delay: Duration,
-    /// TEST ONLY: launches of the kernel of this name take this long (as a long kernel on
-    /// a GPU: what comes after it on the stream gets there that much later), so that tests
-    /// can mix short and long waits.
-    pub slow_kernel: Option<(&'static str, Duration)>,
     /// Asynchronous device-to-host copies into a session's data area land there themselves
     /// when they complete, as the CUDA backend's DMA does where the area is page-locked
     /// (`Backend::memcpy_dtoh_async_in_area`); off, they are staged and written into the
@@ -123,7 +119,6 @@ impl Default for EmulatedConfig {
             copy_latency: Duration::ZERO,
             driver_busy_during_host_functions: false,
             launch_delay: Duration::ZERO,
-            slow_kernel: None,
             area_dma: true,
         }
     }
@@ -882,13 +877,6 @@ impl Backend for EmulatedBackend {
         let mut st = self.lock();
         st.stream(ctx, spec.stream)?;
         let (name, _) = st.function(spec.function)?.clone();
-        if let Some((slow, took)) = self.config.slow_kernel
-            && name == slow
-        {
-            drop(st);
-            std::thread::sleep(took);
-            st = self.lock();
-        }
         let op = EmuOp::Launch {
             function: spec.function,
             name,

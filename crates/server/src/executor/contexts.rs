@@ -139,7 +139,6 @@ impl Executor {
         call: &CallContext,
         h: RmHandle,
     ) -> ProcResult<RmSyncReply> {
-        self.hold_after_sync(call);
         self.ctx_synchronize_then(call, h, "RM_CTX_SYNCHRONIZE", |_, _, _| Ok(Vec::new()))
     }
 

@@ -20,7 +20,6 @@ impl Executor {
         call: &CallContext,
         a: RmStreamArgs,
     ) -> ProcResult<RmSyncReply> {
-        self.hold_after_sync(call);
         self.synchronizing(
             call,
             |st| stream_target(st, a.ctx, a.stream),
@@ -38,23 +37,6 @@ impl Executor {
                 inner.sync_reply("RM_STREAM_SYNCHRONIZE", &mut st, own, scope)
             },
         )
-    }
-
-    /// With `REMORA_WAIT_SYNC_HOLD_US` set (an experiment, `remora_shm::sync_hold`): the
-    /// connection's next wait for a request, after this synchronize's reply, spins first
-    /// for that long, on a session whose client can watch completion words.
-    pub(super) fn hold_after_sync(&self, call: &CallContext) {
-        let hold = remora_shm::sync_hold();
-        if !hold.is_zero()
-            && self
-                .session(call)
-                .area
-                .get()
-                .and_then(remora_oncrpc::DataArea::signals)
-                .is_some()
-        {
-            call.hold_next_read(hold);
-        }
     }
 
     /// RM_STREAM_SIGNAL (revision 14): the stream writes `a.seq` into completion word
