@@ -16,7 +16,10 @@ and each policy's server synchronizes from the `server: synchronize` lines: how 
 deferred to a waiter thread and their mean wake-up and driver times; and (traces of session
 42 on) for adaptive's client-side waiters, per cell and kind of waiter: how many of their
 planned waits spun first, how many of those gave up and blocked, and how many waiters had
-given up at least half (`Waiter`'s rule for trying blocking early).
+given up at least half (`Waiter`'s rule for trying blocking early); and (traces of session
+44 on) for adaptive's clients, settled on the full call or not, their completion-word
+synchronizes by how they ended and how many of each had the server last seen on the client's
+own CPU (whether a server that answers late waited for the core the client held).
 """
 
 import argparse
@@ -224,6 +227,39 @@ def gave_up(path):
     return out
 
 
+CPUS = re.compile(
+    r'waiter="completion word cpus" fast=(\d+) fast_same_cpu=(\d+) slow=(\d+) '
+    r"slow_same_cpu=(\d+) gave_up=(\d+) gave_up_same_cpu=(\d+) at_once=(\d+) "
+    r"at_once_same_cpu=(\d+)"
+)
+ENDINGS = ("fast", "slow", "gave_up", "at_once")
+
+
+def cpus(path):
+    """Per (burn, policy, transport, clients) of a traced contention .txt (session 44 on) and
+    whether the client had settled on the full call (its `completion word` line just before):
+    its completion-word synchronizes by how they ended (a word within 32 µs, a later word, a
+    watch given up, the full call at once), each [all, with the server last seen on the
+    client's own CPU], summed over the rounds."""
+    out = {}
+    was_settled = None
+    for line, cell, _ in cell_lines(path):
+        m = WORD.search(line)
+        if m:
+            first, block = float(m.group(1)), float(m.group(2))
+            was_settled = first > block > 0
+            continue
+        m = CPUS.search(line)
+        if m and cell and was_settled is not None:
+            v = [int(x) for x in m.groups()]
+            t = out.setdefault((*cell, was_settled), [[0, 0] for _ in ENDINGS])
+            for i in range(len(ENDINGS)):
+                t[i][0] += v[2 * i]
+                t[i][1] += v[2 * i + 1]
+            was_settled = None
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", nargs="+", help="bench contention --json reports")
@@ -256,6 +292,20 @@ def main():
                         f"  {t} {burn} {c} client(s) {label:22} {gave}/{spun} ({share:.0%}),"
                         f" {half} of {n} waiters at half or more"
                     )
+        where = sorted(cpus(path).items())
+        if where:
+            print(
+                f"# adaptive's clients in {path}, settled on the full call or not: their synchronizes"
+                " by how they ended, with the server on the client's CPU / all"
+            )
+            for (burn, policy, t, c, was), ends in where:
+                if policy == "adaptive":
+                    parts = [
+                        f"{name} {same}/{n}" + (f" ({same / n:.0%})" if n else "")
+                        for name, (n, same) in zip(ENDINGS, ends)
+                    ]
+                    kind = "settled" if was else "spinning"
+                    print(f"  {t} {burn} {c} client(s) {kind:8} " + ", ".join(parts))
         print(f"# server synchronizes in {path} (deferred / all, mean wake-up and driver us)")
         for section, deferred, total, wake, driver, sched in traces(path):
             if total:

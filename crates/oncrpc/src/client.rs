@@ -585,6 +585,15 @@ impl Client {
         }
     }
 
+    /// Over shared memory, the CPU the server ran on when it last took a call of ours, as it
+    /// says while waits are traced ([`remora_shm::ShmStream::peer_cpu`]); `None` otherwise.
+    pub fn server_cpu(&self) -> Option<u32> {
+        match &self.inner.control {
+            Stream::Shm(s) => s.peer_cpu(),
+            _ => None,
+        }
+    }
+
     /// The data area of the connection's shared-memory region: `None` on a socket or when the
     /// server gave none. The server may write it at any time.
     pub fn data_area(&self) -> Option<DataArea> {

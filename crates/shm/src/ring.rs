@@ -66,13 +66,24 @@ struct TailLine {
     lag_ns: AtomicU64,
 }
 
+/// The consumer's cache line: its index, and where it last ran.
+#[repr(C, align(64))]
+struct HeadLine {
+    /// Bytes ever consumed (Release after the bytes are copied out).
+    head: AtomicU32,
+    /// 1 + the CPU the consumer ran on when it last took a message, written only while waits
+    /// are traced (`REMORA_WAIT_TRACE`; 0: not said, or an older Remora). Advisory, for the
+    /// producer's trace alone ([`Producer::consumer_cpu`]): whether a peer that answers late
+    /// was waiting for the producer's own core.
+    cpu: AtomicU32,
+}
+
 /// The shared header of a ring. Each index sits on its own cache line, so that the
 /// producer's and the consumer's stores do not invalidate each other's lines.
 #[repr(C)]
 struct RingHeader {
     tail: TailLine,
-    /// Bytes ever consumed (Release after the bytes are copied out).
-    head: Line,
+    head: HeadLine,
     /// 1 while the consumer sleeps (or is about to) on the futex at `tail`.
     consumer_sleeping: Line,
     /// 1 while the producer sleeps (or is about to) on the futex at `head`, waiting for room.
@@ -147,7 +158,7 @@ impl Ends {
     fn free(&self, tail: u32) -> Result<usize, RingError> {
         // Acquire: pairs with the consumer's Release store of `head`, so that its copy-out of
         // the bytes it released happened before we overwrite them.
-        let head = self.header().head.0.load(Ordering::Acquire);
+        let head = self.header().head.head.load(Ordering::Acquire);
         let used = tail.wrapping_sub(head);
         if used > self.capacity || !used.is_multiple_of(4) {
             return Err(RingError::Corrupt("the consumer index is out of range"));
@@ -230,7 +241,11 @@ impl Ends {
         *head = head.wrapping_add(padded(len) as u32);
         let h = self.header();
         // Our copy-out is complete before the producer may reuse the bytes.
-        publish(&h.head.0, *head, &h.producer_sleeping.0);
+        publish(&h.head.head, *head, &h.producer_sleeping.0);
+        if crate::wait::tracing_waits() {
+            let cpu = crate::wait::current_cpu().saturating_add(1);
+            h.head.cpu.store(cpu, Ordering::Relaxed);
+        }
         Ok(true)
     }
 }
@@ -392,7 +407,7 @@ impl RingWaker {
     pub fn wake(&self) {
         let h = self.0.header();
         futex_wake(&h.tail.tail);
-        futex_wake(&h.head.0);
+        futex_wake(&h.head.head);
     }
 }
 
@@ -449,6 +464,17 @@ impl Producer {
         self.woke
     }
 
+    /// The CPU the consumer ran on when it last took a message, as it says while waits are
+    /// traced (`None`: not said). Advisory: the peer writes it, so it serves traces only.
+    pub fn consumer_cpu(&self) -> Option<u32> {
+        self.ends
+            .header()
+            .head
+            .cpu
+            .load(Ordering::Relaxed)
+            .checked_sub(1)
+    }
+
     /// Publishes one message, waiting for room (spin, then futex) while `alive()` holds.
     pub fn push(
         &mut self,
@@ -480,7 +506,7 @@ impl Producer {
             deadline,
             alive,
             &h.producer_sleeping.0,
-            &h.head.0,
+            &h.head.head,
             |head| {
                 let used = seen_tail.wrapping_sub(head) as usize;
                 used <= capacity && capacity - used < need
@@ -511,7 +537,7 @@ impl Consumer {
 
     pub(crate) fn new(map: Arc<Mapping>, off: usize, capacity: u32) -> Self {
         let ends = Ends::new(map, off, capacity);
-        let head = ends.header().head.0.load(Ordering::Acquire);
+        let head = ends.header().head.head.load(Ordering::Acquire);
         Self {
             ends,
             head,
@@ -644,7 +670,7 @@ pub fn fuzz_consumer(data: &[u8]) {
             }
             3 => {
                 let v = arg(&mut it);
-                prod.ends.header().head.0.store(v, Ordering::Release);
+                prod.ends.header().head.head.store(v, Ordering::Release);
             }
             4 => {
                 let pos = it.next().unwrap_or(0) as u32;
@@ -669,6 +695,21 @@ mod tests {
             Producer::new(Arc::clone(&map), 0, cap),
             Consumer::new(map, 0, cap),
         )
+    }
+
+    #[test]
+    fn the_consumer_cpu_is_what_the_consumer_said_or_none() {
+        let (p, c) = pair(64);
+        assert_eq!(
+            p.consumer_cpu(),
+            None,
+            "not said: an older peer, or waits not traced"
+        );
+        c.ends.header().head.cpu.store(1, Ordering::Relaxed);
+        assert_eq!(p.consumer_cpu(), Some(0));
+        // Whatever a hostile peer writes is only a number for traces.
+        c.ends.header().head.cpu.store(u32::MAX, Ordering::Relaxed);
+        assert_eq!(p.consumer_cpu(), Some(u32::MAX - 1));
     }
 
     #[test]
@@ -719,7 +760,7 @@ mod tests {
         c.ends.header().tail.tail.store(8, Ordering::Release);
         assert!(matches!(c.try_pop(&mut out), Err(RingError::Corrupt(_))));
         // A consumer index moved past the producer's.
-        p.ends.header().head.0.store(100, Ordering::Release);
+        p.ends.header().head.head.store(100, Ordering::Release);
         assert!(matches!(p.try_push(&[b"x"]), Err(RingError::Corrupt(_))));
     }
 

@@ -225,6 +225,12 @@ impl ShmStream {
         Some(if lag.is_zero() { MAX_SPIN / 2 } else { lag })
     }
 
+    /// Where the peer last took a message of ours: its CPU, as it says while waits are traced
+    /// ([`Producer::consumer_cpu`]); `None` when not said, or while another thread writes.
+    pub fn peer_cpu(&self) -> Option<u32> {
+        self.conn.tx.try_lock().ok()?.ring.consumer_cpu()
+    }
+
     /// Has the next read that must wait spin first for at least `spin`, whatever its waiter
     /// prefers ([`Waiter::hold_next`]): for a side that knows its next message comes soon
     /// while its peer spins (a server that has queued a completion-word signal). From any

@@ -144,6 +144,12 @@ pub fn tracing_waits() -> bool {
     *TRACE.get_or_init(|| std::env::var_os("REMORA_WAIT_TRACE").is_some_and(|v| !v.is_empty()))
 }
 
+/// The CPU this thread runs on now (`sched_getcpu`), for traces that ask whether two peers
+/// shared a core.
+pub fn current_cpu() -> u32 {
+    u32::try_from(rustix::thread::sched_getcpu()).unwrap_or(u32::MAX)
+}
+
 /// How every [`Waiter`] of this process waits, from `REMORA_WAIT` (read once): `adaptive`
 /// (the default: each wait spins first or blocks at once, whichever has been faster lately,
 /// and the spin budget follows the waits), `spin` (pure polling: a budget of

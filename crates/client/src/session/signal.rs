@@ -63,6 +63,72 @@ pub(super) struct SignalSync {
     /// Synchronizes whose mark was learned (seen, or implied by the number where the server
     /// is known to mark).
     marked: AtomicU64,
+    /// Where the server ran against where this thread ran, by how synchronizes ended (traced
+    /// waits only).
+    cpus: CpuTally,
+    /// The synchronize now making its full call planned it at once (for [`CpuTally`]).
+    at_once: AtomicBool,
+}
+
+/// How a synchronize ended, for [`CpuTally`].
+#[derive(Debug, Clone, Copy)]
+enum Ended {
+    /// The word came within [`FAST`].
+    Fast,
+    /// The word came later.
+    Slow,
+    /// No word within the budget (or the server's fallback): the full call followed.
+    GaveUp,
+    /// The full call at once, with no word.
+    AtOnce,
+}
+
+/// A word within this came as quickly as a spinning pair's do (11-13 µs on the H100 under
+/// load).
+const FAST: Duration = Duration::from_micros(32);
+
+/// Traced synchronizes by how they ended, each counted again where the server's CPU (where it
+/// last took a call of this session, [`remora_oncrpc::Client::server_cpu`]) was this
+/// thread's own at the end: whether a server that answers late was waiting for the core the
+/// client held (issue 12 §4's pairs settled on the full call).
+#[derive(Default)]
+struct CpuTally {
+    /// `[all, same CPU]` for [`Ended::Fast`], `Slow`, `GaveUp`, `AtOnce`.
+    ended: [[AtomicU64; 2]; 4],
+    /// Synchronizes whose server said no CPU.
+    unknown: AtomicU64,
+}
+
+impl CpuTally {
+    fn count(&self, ended: Ended, server: Option<u32>) {
+        let Some(server) = server else {
+            self.unknown.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let [all, same] = &self.ended[ended as usize];
+        all.fetch_add(1, Ordering::Relaxed);
+        if server == remora_shm::current_cpu() {
+            same.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn trace(&self) {
+        let n = |e: Ended, i: usize| self.ended[e as usize][i].load(Ordering::Relaxed);
+        tracing::info!(
+            target: "remora::wait",
+            waiter = "completion word cpus",
+            fast = n(Ended::Fast, 0),
+            fast_same_cpu = n(Ended::Fast, 1),
+            slow = n(Ended::Slow, 0),
+            slow_same_cpu = n(Ended::Slow, 1),
+            gave_up = n(Ended::GaveUp, 0),
+            gave_up_same_cpu = n(Ended::GaveUp, 1),
+            at_once = n(Ended::AtOnce, 0),
+            at_once_same_cpu = n(Ended::AtOnce, 1),
+            unknown = self.unknown.load(Ordering::Relaxed),
+            "waits"
+        );
+    }
 }
 
 impl SignalSync {
@@ -71,6 +137,9 @@ impl SignalSync {
     pub(super) fn trace_waits(&self) {
         if let Ok(w) = self.waiter.try_lock() {
             w.trace();
+        }
+        if remora_shm::tracing_waits() {
+            self.cpus.trace();
         }
         if remora_shm::tracing_waits() && self.marks_seen.load(Ordering::Relaxed) {
             tracing::info!(
@@ -114,6 +183,8 @@ impl SignalSync {
             marks_seen: AtomicBool::new(false),
             mark_ns: AtomicU64::new(0),
             marked: AtomicU64::new(0),
+            cpus: CpuTally::default(),
+            at_once: AtomicBool::new(false),
         })
     }
 
@@ -250,6 +321,10 @@ impl Session {
         let budget = sig.plan();
         if budget.is_zero() {
             sig.full.fetch_add(1, Ordering::Relaxed);
+            // Counted when the full call has ended (`observe_sync`): no word was watched.
+            if remora_shm::tracing_waits() {
+                sig.at_once.store(true, Ordering::Relaxed);
+            }
             return false;
         }
         let Some(slot) = sig.take_slot() else {
@@ -304,6 +379,14 @@ impl Session {
             });
         sig.give_slot(slot);
         sig.count(done, start.elapsed());
+        if remora_shm::tracing_waits() {
+            let ended = match (done, start.elapsed() <= FAST) {
+                (true, true) => Ended::Fast,
+                (true, false) => Ended::Slow,
+                (false, _) => Ended::GaveUp,
+            };
+            sig.cpus.count(ended, self.rpc.rpc().server_cpu());
+        }
         if done {
             // A wait for the server, as a reply is: the next launch goes out at once.
             self.rpc.rpc().note_waited();
@@ -338,12 +421,26 @@ impl Session {
         })
     }
 
+    /// With waits traced (`REMORA_WAIT_TRACE`): the completion-word synchronizes by how they
+    /// ended, `[all, with the server on this thread's CPU]` for a word within 32 µs, a later
+    /// word, a watch given up for the full call and the full call at once, and those whose
+    /// server said no CPU; `None` without completion words.
+    pub fn signal_cpu_counts(&self) -> Option<([[u64; 2]; 4], u64)> {
+        let c = &self.signals.as_ref()?.cpus;
+        let ended =
+            std::array::from_fn(|e| std::array::from_fn(|i| c.ended[e][i].load(Ordering::Relaxed)));
+        Some((ended, c.unknown.load(Ordering::Relaxed)))
+    }
+
     /// After a full synchronize that a signal did not catch (or that did not try): its time
     /// teaches the spin budget.
     pub(super) fn observe_sync(&self, took: Duration) {
         if let Some(sig) = &self.signals {
             let spun = Duration::from_nanos(sig.spun_first_ns.swap(0, Ordering::Relaxed));
             sig.observe(took + spun);
+            if remora_shm::tracing_waits() && sig.at_once.swap(false, Ordering::Relaxed) {
+                sig.cpus.count(Ended::AtOnce, self.rpc.rpc().server_cpu());
+            }
         }
     }
 }
