@@ -233,6 +233,7 @@ CPUS = re.compile(
     r"at_once_same_cpu=(\d+)"
 )
 ENDINGS = ("fast", "slow", "gave_up", "at_once")
+YIELDS = re.compile(r"waiter=\"completion word cpus\" .*? yields=(\d+)")
 
 
 def cpus(path):
@@ -240,7 +241,8 @@ def cpus(path):
     whether the client had settled on the full call (its `completion word` line just before):
     its completion-word synchronizes by how they ended (a word within 32 µs, a later word, a
     watch given up, the full call at once), each [all, with the server last seen on the
-    client's own CPU], summed over the rounds."""
+    client's own CPU], summed over the rounds, then the watches' yields of their core
+    (`REMORA_WAIT_WATCH_YIELD=1`) as a last [count, 0]."""
     out = {}
     was_settled = None
     for line, cell, _ in cell_lines(path):
@@ -252,10 +254,12 @@ def cpus(path):
         m = CPUS.search(line)
         if m and cell and was_settled is not None:
             v = [int(x) for x in m.groups()]
-            t = out.setdefault((*cell, was_settled), [[0, 0] for _ in ENDINGS])
+            t = out.setdefault((*cell, was_settled), [[0, 0] for _ in range(len(ENDINGS) + 1)])
             for i in range(len(ENDINGS)):
                 t[i][0] += v[2 * i]
                 t[i][1] += v[2 * i + 1]
+            y = YIELDS.search(line)
+            t[-1][0] += int(y.group(1)) if y else 0
             was_settled = None
     return out
 
@@ -304,6 +308,8 @@ def main():
                         f"{name} {same}/{n}" + (f" ({same / n:.0%})" if n else "")
                         for name, (n, same) in zip(ENDINGS, ends)
                     ]
+                    if ends[-1][0]:
+                        parts.append(f"yields {ends[-1][0]}")
                     kind = "settled" if was else "spinning"
                     print(f"  {t} {burn} {c} client(s) {kind:8} " + ", ".join(parts))
         print(f"# server synchronizes in {path} (deferred / all, mean wake-up and driver us)")

@@ -72,9 +72,9 @@ struct HeadLine {
     /// Bytes ever consumed (Release after the bytes are copied out).
     head: AtomicU32,
     /// 1 + the CPU the consumer ran on when it last took a message, written only while waits
-    /// are traced (`REMORA_WAIT_TRACE`; 0: not said, or an older Remora). Advisory, for the
-    /// producer's trace alone ([`Producer::consumer_cpu`]): whether a peer that answers late
-    /// was waiting for the producer's own core.
+    /// are traced (`REMORA_WAIT_TRACE`) or for the `REMORA_WAIT_WATCH_YIELD` experiment (0:
+    /// not said, or an older Remora). Advisory ([`Producer::consumer_cpu`]): whether a peer
+    /// that answers late was waiting for the producer's own core.
     cpu: AtomicU32,
 }
 
@@ -242,7 +242,7 @@ impl Ends {
         let h = self.header();
         // Our copy-out is complete before the producer may reuse the bytes.
         publish(&h.head.head, *head, &h.producer_sleeping.0);
-        if crate::wait::tracing_waits() {
+        if crate::wait::say_cpu() {
             let cpu = crate::wait::current_cpu().saturating_add(1);
             h.head.cpu.store(cpu, Ordering::Relaxed);
         }
@@ -465,7 +465,8 @@ impl Producer {
     }
 
     /// The CPU the consumer ran on when it last took a message, as it says while waits are
-    /// traced (`None`: not said). Advisory: the peer writes it, so it serves traces only.
+    /// traced or for the watch-yield experiment (`None`: not said). Advisory: the peer writes
+    /// it, so it serves traces and a yield at most.
     pub fn consumer_cpu(&self) -> Option<u32> {
         self.ends
             .header()

@@ -144,10 +144,40 @@ pub fn tracing_waits() -> bool {
     *TRACE.get_or_init(|| std::env::var_os("REMORA_WAIT_TRACE").is_some_and(|v| !v.is_empty()))
 }
 
-/// The CPU this thread runs on now (`sched_getcpu`), for traces that ask whether two peers
-/// shared a core.
+/// The CPU this thread runs on now (`sched_getcpu`): whether two peers share a core.
 pub fn current_cpu() -> u32 {
     u32::try_from(rustix::thread::sched_getcpu()).unwrap_or(u32::MAX)
+}
+
+/// Gives this thread's core to another runnable thread on it, if there is one
+/// (`sched_yield`).
+pub fn yield_cpu() {
+    rustix::thread::sched_yield();
+}
+
+/// Whether a completion-word watch yields its core while its server, not yet at the signal,
+/// was last seen on that core (`REMORA_WAIT_WATCH_YIELD=1`, an experiment, off unless set;
+/// read once). Session 44's traces: clients settled on the full call had watches of 349 µs
+/// (their figures' median) with the server's marks 196 µs after the signal, while their full
+/// calls took 20 µs, which fits a server woken onto the core its client then spins on.
+pub fn watch_yield() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("REMORA_WAIT_WATCH_YIELD") {
+        Ok(v) if v.trim() == "1" => true,
+        Ok(v) if v.trim().is_empty() || v.trim() == "0" => false,
+        Ok(v) => {
+            tracing::warn!("REMORA_WAIT_WATCH_YIELD={v:?} is neither 1 nor 0; it stays off");
+            false
+        }
+        Err(_) => false,
+    })
+}
+
+/// Whether this process says, in the header of each ring it consumes, the CPU it last took a
+/// message on: while its waits are traced, or for [`watch_yield`] (the bench sets both sides'
+/// variables alike).
+pub fn say_cpu() -> bool {
+    tracing_waits() || watch_yield()
 }
 
 /// How every [`Waiter`] of this process waits, from `REMORA_WAIT` (read once): `adaptive`
