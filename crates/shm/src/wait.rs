@@ -162,14 +162,14 @@ pub fn yield_cpu() {
 /// calls took 20 µs, which fits a server woken onto the core its client then spins on.
 pub fn watch_yield() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("REMORA_WAIT_WATCH_YIELD") {
-        Ok(v) if v.trim() == "1" => true,
-        Ok(v) if v.trim().is_empty() || v.trim() == "0" => false,
-        Ok(v) => {
-            tracing::warn!("REMORA_WAIT_WATCH_YIELD={v:?} is neither 1 nor 0; it stays off");
-            false
-        }
-        Err(_) => false,
+    *ON.get_or_init(|| {
+        let v = std::env::var("REMORA_WAIT_WATCH_YIELD").ok();
+        parse_rule(
+            "REMORA_WAIT_WATCH_YIELD",
+            v.as_deref(),
+            &[("0", false), ("1", true)],
+            "watches do not yield",
+        )
     })
 }
 

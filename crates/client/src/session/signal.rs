@@ -409,9 +409,11 @@ impl Session {
                 ) == Watched::Seen
             });
         sig.give_slot(slot);
-        sig.count(done, start.elapsed());
+        // One reading of the clock for everything this synchronize teaches and counts.
+        let took = start.elapsed();
+        sig.count(done, took);
         if remora_shm::tracing_waits() {
-            let ended = match (done, start.elapsed() <= FAST) {
+            let ended = match (done, took <= FAST) {
                 (true, true) => Ended::Fast,
                 (true, false) => Ended::Slow,
                 (false, _) => Ended::GaveUp,
@@ -422,18 +424,15 @@ impl Session {
             // A wait for the server, as a reply is: the next launch goes out at once.
             self.rpc.rpc().note_waited();
             sig.seen.fetch_add(1, Ordering::Relaxed);
-            sig.observe(start.elapsed());
+            sig.observe(took);
             if let Some(p) = &self.profile {
-                p.record(
-                    "(stream synchronize seen in shared memory)",
-                    start.elapsed(),
-                );
+                p.record("(stream synchronize seen in shared memory)", took);
             }
         } else {
             sig.full.fetch_add(1, Ordering::Relaxed);
             // The full call's time is added to this when it ends (`observe_sync`).
             sig.spun_first_ns.store(
-                u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
                 Ordering::Relaxed,
             );
         }
