@@ -37,8 +37,9 @@ pub use stream::{ShmStream, Side, recv_with_fd, send_with_fd};
 pub use wait::{
     DEVICE_SPIN_DEFAULT, EXPLORE_EVERY, GIVE_UP_SHARE, HoldRule, SIGNAL_HOLD_DEFAULT,
     SPARE_SPIN_DEFAULT, SPARE_SPIN_MAX, SPIN_FOREVER, UntriedRule, WAIT_BUCKETS, WaitOutcome,
-    WaitPolicy, WaitStats, Waiter, coarse_now, cores_to_spare, current_cpu, device_spin, say_cpu,
-    signal_hold, spare_spin, tracing_waits, watch_yield, yield_cpu,
+    WaitPolicy, WaitStats, Waiter, avoid_cpu, avoid_peer_cpu, coarse_now, cores_to_spare,
+    current_cpu, device_spin, say_cpu, signal_hold, spare_spin, tracing_waits, watch_yield,
+    yield_cpu,
 };
 
 /// Fuzzing hooks: drive a consumer with arbitrary ring contents and index values.

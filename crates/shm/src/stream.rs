@@ -226,7 +226,7 @@ impl ShmStream {
     }
 
     /// Where the peer last took a message of ours: its CPU, as it says while waits are traced
-    /// or for the watch-yield experiment ([`Producer::consumer_cpu`]); `None` when not said,
+    /// or for the CPU experiments ([`Producer::consumer_cpu`]); `None` when not said,
     /// or while another thread writes.
     pub fn peer_cpu(&self) -> Option<u32> {
         self.conn.tx.try_lock().ok()?.ring.consumer_cpu()

@@ -173,11 +173,101 @@ pub fn watch_yield() -> bool {
     })
 }
 
+/// Whether a server's connection thread moves off the core its shared-memory client last
+/// took a reply on, when it finds itself there (`REMORA_SERVE_AVOID_PEER_CPU=1`, an
+/// experiment, off unless set; read once; [`avoid_cpu`]). The other remedy for the same
+/// trace as [`watch_yield`]: the server leaves the core instead of the client lending it.
+pub fn avoid_peer_cpu() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let v = std::env::var("REMORA_SERVE_AVOID_PEER_CPU").ok();
+        parse_rule(
+            "REMORA_SERVE_AVOID_PEER_CPU",
+            v.as_deref(),
+            &[("0", false), ("1", true)],
+            "servers stay where the scheduler puts them",
+        )
+    })
+}
+
 /// Whether this process says, in the header of each ring it consumes, the CPU it last took a
-/// message on: while its waits are traced, or for [`watch_yield`] (the bench sets both sides'
-/// variables alike).
+/// message on: while its waits are traced, or for [`watch_yield`] or [`avoid_peer_cpu`] (the
+/// bench sets both sides' variables alike).
 pub fn say_cpu() -> bool {
-    tracing_waits() || watch_yield()
+    tracing_waits() || watch_yield() || avoid_peer_cpu()
+}
+
+thread_local! {
+    /// This thread's CPU mask before [`avoid_cpu`] first narrowed it, the CPU it left out
+    /// last (`None`: not narrowed) and how many times it moved.
+    static AVOIDING: std::cell::RefCell<Option<(rustix::thread::CpuSet, Option<u32>, u64)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// For [`avoid_peer_cpu`] (a no-op otherwise): when this thread runs on `peer`, the CPU its
+/// peer last said, it leaves that CPU out of its affinity (the mask it had first, less
+/// `peer`; one CPU left out at a time, so it can run wherever it could before but there)
+/// and moves. Returns whether it moved. A thread whose mask holds no other CPU stays.
+/// Meant for a server's own connection threads only: a client never changes its program's
+/// threads' placement.
+pub fn avoid_cpu(peer: Option<u32>) -> bool {
+    if !avoid_peer_cpu() {
+        return false;
+    }
+    let Some(peer) = peer else {
+        return false;
+    };
+    if current_cpu() != peer {
+        return false;
+    }
+    let Ok(cpu) = usize::try_from(peer) else {
+        return false;
+    };
+    AVOIDING.with(|a| {
+        let mut a = a.borrow_mut();
+        if a.is_none() {
+            match rustix::thread::sched_getaffinity(None) {
+                Ok(mask) => *a = Some((mask, None, 0)),
+                Err(e) => {
+                    tracing::debug!(error = %e, "sched_getaffinity failed; this thread stays where it runs");
+                    return false;
+                }
+            }
+        }
+        let Some((first, left_out, moves)) = a.as_mut() else {
+            return false;
+        };
+        if *left_out == Some(peer)
+            || cpu >= rustix::thread::CpuSet::MAX_CPU
+            || !first.is_set(cpu)
+            || first.count() < 2
+        {
+            return false;
+        }
+        let mut mask = *first;
+        mask.unset(cpu);
+        match rustix::thread::sched_setaffinity(None, &mask) {
+            Ok(()) => {
+                *left_out = Some(peer);
+                *moves += 1;
+                // Traced at the 1st, 2nd, 4th, 8th... move: bounded however often it chases.
+                if tracing_waits() && moves.is_power_of_two() {
+                    tracing::info!(
+                        target: "remora::wait",
+                        waiter = "server avoids its client's cpu",
+                        moves = *moves,
+                        cpu,
+                        "moved off the client's CPU"
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, cpu, "sched_setaffinity failed; this thread stays where it runs");
+                false
+            }
+        }
+    })
 }
 
 /// How every [`Waiter`] of this process waits, from `REMORA_WAIT` (read once): `adaptive`

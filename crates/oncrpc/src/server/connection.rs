@@ -78,6 +78,12 @@ pub(crate) trait Transport: Read + Write {
     /// their own way (shared memory: [`ShmStream::hold_next_read`]); others ignore it (socket
     /// reads are held by [`crate::spin::Spinning`] itself).
     fn hold_next_read(&self, _spin: Duration) {}
+
+    /// The CPU the peer last took a reply on, where it says it (shared memory, for traces and
+    /// experiments: [`ShmStream::peer_cpu`]); `None` otherwise.
+    fn peer_cpu(&self) -> Option<u32> {
+        None
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for &mut T {
@@ -115,6 +121,10 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     fn hold_next_read(&self, spin: Duration) {
         (**self).hold_next_read(spin)
+    }
+
+    fn peer_cpu(&self) -> Option<u32> {
+        (**self).peer_cpu()
     }
 }
 
@@ -166,6 +176,13 @@ impl Transport for Stream {
     fn hold_next_read(&self, spin: Duration) {
         if let Stream::Shm(s) = self {
             s.hold_next_read(spin);
+        }
+    }
+
+    fn peer_cpu(&self) -> Option<u32> {
+        match self {
+            Stream::Shm(s) => s.peer_cpu(),
+            _ => None,
         }
     }
 }
@@ -503,6 +520,11 @@ fn serve_records<S: Transport>(
         }
         match read {
             Ok(Some(record)) => {
+                // REMORA_SERVE_AVOID_PEER_CPU=1 (an experiment): off the core the client
+                // said it last ran on, before serving what it asked.
+                if remora_shm::avoid_peer_cpu() {
+                    remora_shm::avoid_cpu(reader.get_ref().inner.inner.peer_cpu());
+                }
                 last_progress = Instant::now();
                 seen = reader.bytes_read();
                 record_base = seen;
