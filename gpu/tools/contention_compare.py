@@ -264,6 +264,25 @@ def cpus(path):
     return out
 
 
+MOVES = re.compile(r'waiter="server avoids its client\'s cpu" moves=(\d+)')
+
+
+def moves(path):
+    """Per (burn, policy, transport, clients) of a traced contention .txt: the server
+    connection threads' moves off their client's CPU (`REMORA_SERVE_AVOID_PEER_CPU=1`, each
+    thread traced at its 1st, 2nd, 4th... move), as (threads that moved, the most moves one
+    thread traced)."""
+    out = {}
+    for line, cell, _ in cell_lines(path):
+        m = MOVES.search(line)
+        if m and cell:
+            n = int(m.group(1))
+            t = out.setdefault(cell, [0, 0])
+            t[0] += n == 1
+            t[1] = max(t[1], n)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", nargs="+", help="bench contention --json reports")
@@ -312,6 +331,11 @@ def main():
                         parts.append(f"yields {ends[-1][0]}")
                     kind = "settled" if was else "spinning"
                     print(f"  {t} {burn} {c} client(s) {kind:8} " + ", ".join(parts))
+        moved = sorted(moves(path).items())
+        if moved:
+            print(f"# server threads moved off their client's CPU in {path} (threads, most moves of one)")
+            for (burn, policy, t, c), (threads, most) in moved:
+                print(f"  {t} {burn} {policy} {c} client(s): {threads} threads, up to {most}+ moves")
         print(f"# server synchronizes in {path} (deferred / all, mean wake-up and driver us)")
         for section, deferred, total, wake, driver, sched in traces(path):
             if total:
