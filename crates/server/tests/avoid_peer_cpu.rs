@@ -16,15 +16,8 @@ fn a_server_that_avoids_its_clients_cpu_still_answers_right() {
     assert!(remora_shm::say_cpu());
     let server = common::serve(64 << 20);
     let s = common::session(&server.endpoint, TransportChoice::Shm);
-    let kit = common::FillKit::new(&s, 1);
-    let (ctx, stream, p) = (kit.ctx, kit.stream, kit.p);
-    let f = kit.function("fill_i32");
     let rounds = 200;
-    for v in 0..rounds {
-        common::fill_i32(&s, ctx, f, p, v, stream);
-        s.stream_synchronize(ctx, stream).unwrap();
-        assert_eq!(common::ints(&s, ctx, p), (v..v + 64).collect::<Vec<_>>());
-    }
+    common::fill_sync_rounds(&s, rounds);
     // Every synchronize either way: a word seen or the full call.
     let (seen, full) = s.signal_sync_counts().unwrap();
     assert_eq!(seen + full, u64::try_from(rounds).unwrap());

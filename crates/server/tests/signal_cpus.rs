@@ -22,15 +22,8 @@ fn traced_synchronizes_are_counted_with_where_the_server_ran() {
     let server = common::serve(64 << 20);
     let s = common::session(&server.endpoint, TransportChoice::Shm);
     assert_eq!(s.signal_cpu_counts(), Some(([[0; 2]; 4], 0, 0)));
-    let kit = common::FillKit::new(&s, 1);
-    let (ctx, stream, p) = (kit.ctx, kit.stream, kit.p);
-    let f = kit.function("fill_i32");
     let rounds = 200;
-    for v in 0..rounds {
-        common::fill_i32(&s, ctx, f, p, v, stream);
-        s.stream_synchronize(ctx, stream).unwrap();
-        assert_eq!(common::ints(&s, ctx, p), (v..v + 64).collect::<Vec<_>>());
-    }
+    common::fill_sync_rounds(&s, rounds);
     // How many watches gave their core up depends on where the host ran the two threads.
     let (ended, unknown, _yields) = s.signal_cpu_counts().unwrap();
     // Every synchronize once: a word seen (soon or late), a watch given up, or the full call

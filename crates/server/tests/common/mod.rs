@@ -210,6 +210,19 @@ pub fn fill_i32(
     launch_u64s(s, ctx, f, stream, &[p, v as u32 as u64, 64]);
 }
 
+/// `rounds` launch + stream synchronize round trips of `fill_i32` in a fresh [`FillKit`]
+/// (stream flags 1), each result read back and checked: `p[i] = v + i` for round `v`.
+pub fn fill_sync_rounds(s: &Session, rounds: i32) {
+    let kit = FillKit::new(s, 1);
+    let (ctx, stream, p) = (kit.ctx, kit.stream, kit.p);
+    let f = kit.function("fill_i32");
+    for v in 0..rounds {
+        fill_i32(s, ctx, f, p, v, stream);
+        s.stream_synchronize(ctx, stream).unwrap();
+        assert_eq!(ints(s, ctx, p), (v..v + 64).collect::<Vec<_>>());
+    }
+}
+
 /// The 64 ints at `p`, read with a synchronous copy on the legacy stream.
 pub fn ints(s: &Session, ctx: u64, p: u64) -> Vec<i32> {
     let mut back = vec![0u8; 256];
