@@ -162,15 +162,19 @@ pub fn yield_cpu() {
 /// calls took 20 µs, which fits a server woken onto the core its client then spins on.
 pub fn watch_yield() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        let v = std::env::var("REMORA_WAIT_WATCH_YIELD").ok();
-        parse_rule(
-            "REMORA_WAIT_WATCH_YIELD",
-            v.as_deref(),
-            &[("0", false), ("1", true)],
-            "watches do not yield",
-        )
-    })
+    *ON.get_or_init(|| switch("REMORA_WAIT_WATCH_YIELD", "watches do not yield"))
+}
+
+/// An experiment's switch: `name` is `1` (on) or `0` (off, as when unset); anything else is
+/// refused with a warning naming what the default does.
+fn switch(name: &str, default_does: &str) -> bool {
+    let v = std::env::var(name).ok();
+    parse_rule(
+        name,
+        v.as_deref(),
+        &[("0", false), ("1", true)],
+        default_does,
+    )
 }
 
 /// Whether a server's connection thread moves off the core its shared-memory client last
@@ -180,11 +184,8 @@ pub fn watch_yield() -> bool {
 pub fn avoid_peer_cpu() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        let v = std::env::var("REMORA_SERVE_AVOID_PEER_CPU").ok();
-        parse_rule(
+        switch(
             "REMORA_SERVE_AVOID_PEER_CPU",
-            v.as_deref(),
-            &[("0", false), ("1", true)],
             "servers stay where the scheduler puts them",
         )
     })
