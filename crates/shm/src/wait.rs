@@ -193,9 +193,10 @@ pub fn avoid_peer_cpu() -> bool {
 
 /// Whether this process says, in the header of each ring it consumes, the CPU it last took a
 /// message on: while its waits are traced, or for [`watch_yield`] or [`avoid_peer_cpu`] (the
-/// bench sets both sides' variables alike).
+/// bench sets both sides' variables alike). Read once: every ring pop asks.
 pub fn say_cpu() -> bool {
-    tracing_waits() || watch_yield() || avoid_peer_cpu()
+    static SAY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAY.get_or_init(|| tracing_waits() || watch_yield() || avoid_peer_cpu())
 }
 
 thread_local! {
