@@ -241,8 +241,9 @@ def cpus(path):
     whether the client had settled on the full call (its `completion word` line just before):
     its completion-word synchronizes by how they ended (a word within 32 µs, a later word, a
     watch given up, the full call at once), each [all, with the server last seen on the
-    client's own CPU], summed over the rounds, then the watches' yields of their core
-    (`REMORA_WAIT_WATCH_YIELD=1`) as a last [count, 0]."""
+    client's own CPU], summed over the rounds, then the watches' yields of their core as a
+    last [count, 0] (session 44's `REMORA_WAIT_WATCH_YIELD=1`, removed in session 46: only
+    its traces have them)."""
     out = {}
     was_settled = None
     for line, cell, _ in cell_lines(path):
@@ -269,9 +270,9 @@ MOVES = re.compile(r'waiter="server avoids its client\'s cpu" moves=(\d+)')
 
 def moves(path):
     """Per (burn, policy, transport, clients) of a traced contention .txt: the server
-    connection threads' moves off their client's CPU (`REMORA_SERVE_AVOID_PEER_CPU=1`, each
-    thread traced at its 1st, 2nd, 4th... move), as (threads that moved, the most moves one
-    thread traced)."""
+    connection threads' moves off their client's CPU (the default since session 46, unless
+    `REMORA_SERVE_AVOID_PEER_CPU=0`; each thread traced at its 1st, 2nd, 4th... move), as
+    (threads that moved, the most moves one thread traced)."""
     out = {}
     for line, cell, _ in cell_lines(path):
         m = MOVES.search(line)

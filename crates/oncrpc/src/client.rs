@@ -586,8 +586,7 @@ impl Client {
     }
 
     /// Over shared memory, the CPU the server ran on when it last took a call of ours, as it
-    /// says while waits are traced or for the CPU experiments ([`remora_shm::say_cpu`],
-    /// [`remora_shm::ShmStream::peer_cpu`]); `None` otherwise.
+    /// says ([`remora_shm::say_cpu`], [`remora_shm::ShmStream::peer_cpu`]); `None` otherwise.
     pub fn server_cpu(&self) -> Option<u32> {
         match &self.inner.control {
             Stream::Shm(s) => s.peer_cpu(),

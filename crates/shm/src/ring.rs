@@ -71,11 +71,11 @@ struct TailLine {
 struct HeadLine {
     /// Bytes ever consumed (Release after the bytes are copied out).
     head: AtomicU32,
-    /// 1 + the CPU the consumer ran on when it last took a message, written only while waits
-    /// are traced (`REMORA_WAIT_TRACE`) or for the `REMORA_WAIT_WATCH_YIELD` and
-    /// `REMORA_SERVE_AVOID_PEER_CPU` experiments ([`crate::wait::say_cpu`]; 0:
-    /// not said, or an older Remora). Advisory ([`Producer::consumer_cpu`]): whether a peer
-    /// that answers late was waiting for the producer's own core.
+    /// 1 + the CPU the consumer ran on when it last took a message, written unless
+    /// `REMORA_SERVE_AVOID_PEER_CPU=0` (without tracing, [`crate::wait::say_cpu`]; 0: not
+    /// said, or an older Remora). Advisory ([`Producer::consumer_cpu`]): a server's
+    /// connection thread leaves that core ([`crate::wait::avoid_cpu`]), and traces tell
+    /// whether a peer that answers late was waiting for the producer's own core.
     cpu: AtomicU32,
 }
 
@@ -465,9 +465,9 @@ impl Producer {
         self.woke
     }
 
-    /// The CPU the consumer ran on when it last took a message, as it says while waits are
-    /// traced or for the CPU experiments ([`crate::wait::say_cpu`]; `None`: not said). Advisory: the peer writes
-    /// it, so it serves traces and a yield at most.
+    /// The CPU the consumer ran on when it last took a message, as it says
+    /// ([`crate::wait::say_cpu`]; `None`: not said). Advisory: the peer writes it, so it
+    /// serves traces and placement at most (a server thread leaving its client's core).
     pub fn consumer_cpu(&self) -> Option<u32> {
         self.ends
             .header()

@@ -225,9 +225,9 @@ impl ShmStream {
         Some(if lag.is_zero() { MAX_SPIN / 2 } else { lag })
     }
 
-    /// Where the peer last took a message of ours: its CPU, as it says while waits are traced
-    /// or for the CPU experiments ([`Producer::consumer_cpu`]); `None` when not said,
-    /// or while another thread writes.
+    /// Where the peer last took a message of ours: its CPU, as it says
+    /// ([`Producer::consumer_cpu`], [`crate::wait::say_cpu`]); `None` when not said, or while
+    /// another thread writes.
     pub fn peer_cpu(&self) -> Option<u32> {
         self.conn.tx.try_lock().ok()?.ring.consumer_cpu()
     }

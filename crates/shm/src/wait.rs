@@ -149,54 +149,51 @@ pub fn current_cpu() -> u32 {
     u32::try_from(rustix::thread::sched_getcpu()).unwrap_or(u32::MAX)
 }
 
-/// Gives this thread's core to another runnable thread on it, if there is one
-/// (`sched_yield`).
-pub fn yield_cpu() {
-    rustix::thread::sched_yield();
-}
-
-/// Whether a completion-word watch yields its core while its server, not yet at the signal,
-/// was last seen on that core (`REMORA_WAIT_WATCH_YIELD=1`, an experiment, off unless set;
-/// read once). Session 44's traces: clients settled on the full call had watches of 349 µs
-/// (their figures' median) with the server's marks 196 µs after the signal, while their full
-/// calls took 20 µs, which fits a server woken onto the core its client then spins on.
-pub fn watch_yield() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| switch("REMORA_WAIT_WATCH_YIELD", "watches do not yield"))
-}
-
-/// An experiment's switch: `name` is `1` (on) or `0` (off, as when unset); anything else is
+/// A switch: `name` is `1` (on) or `0` (off); unset or empty, `default`; anything else is
 /// refused with a warning naming what the default does.
-fn switch(name: &str, default_does: &str) -> bool {
+fn switch(name: &str, default: bool, default_does: &str) -> bool {
     let v = std::env::var(name).ok();
-    parse_rule(
-        name,
-        v.as_deref(),
-        &[("0", false), ("1", true)],
-        default_does,
-    )
+    let choices = if default {
+        [("1", true), ("0", false)]
+    } else {
+        [("0", false), ("1", true)]
+    };
+    parse_rule(name, v.as_deref(), &choices, default_does)
 }
 
 /// Whether a server's connection thread moves off the core its shared-memory client last
-/// took a reply on, when it finds itself there (`REMORA_SERVE_AVOID_PEER_CPU=1`, an
-/// experiment, off unless set; read once; [`avoid_cpu`]). The other remedy for the same
-/// trace as [`watch_yield`]: the server leaves the core instead of the client lending it.
+/// took a reply on, when it finds itself there ([`avoid_cpu`]): on unless
+/// `REMORA_SERVE_AVOID_PEER_CPU=0` (read once; the client reads it too, and says its CPU for
+/// it, [`say_cpu`]).
+///
+/// Why (issue 12 §4): under CPU contention an adaptive pair whose two threads the scheduler
+/// put on one core measures spinning as slow (the spin holds the core the server needs to
+/// take the launch) and settles on the full call, and a pair on two cores measures blocking
+/// as slow: which way each pair settles follows its placement, not the load (session 44 on
+/// the H100: 2-3 of 4 clients settled, p50 x1.6 of spinning's). With the server leaving the
+/// client's core, no pair settled on the development machine (emulated, 2 vCPUs, 0x-2x
+/// load, two runs of 5 rounds: 0 of 4 clients in every round against 2-4 of 4) and
+/// adaptive's p50 was spinning's in every cell (x1.00-x1.02 against x1.05-x15.8), its 4-client
+/// mean x0.27-x0.44 of the better way's (x0.86-x1.72 before); pure blocking, which a pair
+/// sharing a core serves best, lost (its mean up to 2x), and adaptive's own figure held or
+/// fell in every cell. `bench/results/README.md`, session 46.
 pub fn avoid_peer_cpu() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         switch(
             "REMORA_SERVE_AVOID_PEER_CPU",
-            "servers stay where the scheduler puts them",
+            true,
+            "servers move off their shared-memory client's CPU",
         )
     })
 }
 
 /// Whether this process says, in the header of each ring it consumes, the CPU it last took a
-/// message on: while its waits are traced, or for [`watch_yield`] or [`avoid_peer_cpu`] (the
-/// bench sets both sides' variables alike). Read once: every ring pop asks.
+/// message on: for [`avoid_peer_cpu`] (the default) and while its waits are traced. Read
+/// once: every ring pop asks.
 pub fn say_cpu() -> bool {
     static SAY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SAY.get_or_init(|| tracing_waits() || watch_yield() || avoid_peer_cpu())
+    *SAY.get_or_init(|| tracing_waits() || avoid_peer_cpu())
 }
 
 thread_local! {

@@ -1,15 +1,15 @@
-//! The server-placement experiment (`REMORA_SERVE_AVOID_PEER_CPU=1`): a thread that finds
-//! itself on the CPU its peer said leaves that one CPU out of the mask it had first, and
-//! moves; one CPU is left out at a time. One test in this binary: the variable is read once
-//! per process.
+//! Server placement (on unless `REMORA_SERVE_AVOID_PEER_CPU=0`): a thread that finds itself
+//! on the CPU its peer said leaves that one CPU out of the mask it had first, and moves; one
+//! CPU is left out at a time. One test in this binary: the variable is read once per process,
+//! and here it is left unset (the default).
 
 use rustix::thread::{CpuSet, sched_getaffinity, sched_setaffinity};
 
 #[test]
 fn a_thread_on_its_peers_cpu_leaves_that_cpu_and_only_that_one() {
-    // SAFETY: set before this binary's only test reads it, its one reader.
-    unsafe { std::env::set_var("REMORA_SERVE_AVOID_PEER_CPU", "1") };
-    assert!(remora_shm::avoid_peer_cpu());
+    // SAFETY: removed before this binary's only test reads it, its one reader: the default.
+    unsafe { std::env::remove_var("REMORA_SERVE_AVOID_PEER_CPU") };
+    assert!(remora_shm::avoid_peer_cpu(), "on by default");
     assert!(
         remora_shm::say_cpu(),
         "a client must say its CPU for the server to avoid it"

@@ -97,8 +97,6 @@ struct CpuTally {
     ended: [[AtomicU64; 2]; 4],
     /// Synchronizes whose server said no CPU.
     unknown: AtomicU64,
-    /// Times a watch gave up its core to the server (`REMORA_WAIT_WATCH_YIELD=1`).
-    yields: AtomicU64,
 }
 
 impl CpuTally {
@@ -128,7 +126,6 @@ impl CpuTally {
             at_once = n(Ended::AtOnce, 0),
             at_once_same_cpu = n(Ended::AtOnce, 1),
             unknown = self.unknown.load(Ordering::Relaxed),
-            yields = self.yields.load(Ordering::Relaxed),
             "waits"
         );
     }
@@ -267,8 +264,6 @@ enum Watched {
 /// Looks at `word` for `seq` from `start` until `until`. `on_mark` learns how long the
 /// server's mark (`seq | SIGNAL_QUEUED`) took: when it is seen, or, where the server is known
 /// to mark (`marks_known`), when the number comes with the mark missed between two looks.
-/// `unmarked` is called every [`UNMARKED_EVERY`] looks until the mark (a server not yet at
-/// the signal: the watch-yield experiment's moment).
 fn watch(
     word: &AtomicU64,
     seq: u64,
@@ -276,10 +271,8 @@ fn watch(
     until: Instant,
     marks_known: bool,
     mut on_mark: impl FnMut(Duration),
-    mut unmarked: impl FnMut(),
 ) -> Watched {
     let mut marked = false;
-    let mut looks = 0u32;
     loop {
         let v = word.load(Ordering::Acquire);
         if v == seq {
@@ -299,16 +292,9 @@ fn watch(
         if now >= until {
             return Watched::Late;
         }
-        looks = looks.wrapping_add(1);
-        if !marked && looks.is_multiple_of(UNMARKED_EVERY) {
-            unmarked();
-        }
         std::hint::spin_loop();
     }
 }
-
-/// How often (in looks at the word, ~25 ns each) a watch not yet marked calls its `unmarked`.
-const UNMARKED_EVERY: u32 = 8;
 
 impl Session {
     /// `cuStreamSynchronize` through a completion word: `true` when the stream was seen
@@ -385,28 +371,11 @@ impl Session {
                 // (`REMORA_WAIT_TRACE`), so a synchronize does no shared writes for it otherwise.
                 let tracing = remora_shm::tracing_waits();
                 let marks_known = tracing && sig.marks_seen.load(Ordering::Relaxed);
-                // REMORA_WAIT_WATCH_YIELD=1 (an experiment): while the server, not yet at
-                // the signal, was last seen on this thread's core, give the core up.
-                let yielding = remora_shm::watch_yield();
-                let rpc = self.rpc.rpc();
-                watch(
-                    word,
-                    seq,
-                    start,
-                    start + budget,
-                    marks_known,
-                    |t| {
-                        if tracing {
-                            sig.learn_mark(t);
-                        }
-                    },
-                    || {
-                        if yielding && rpc.server_cpu() == Some(remora_shm::current_cpu()) {
-                            remora_shm::yield_cpu();
-                            sig.cpus.yields.fetch_add(1, Ordering::Relaxed);
-                        }
-                    },
-                ) == Watched::Seen
+                watch(word, seq, start, start + budget, marks_known, |t| {
+                    if tracing {
+                        sig.learn_mark(t);
+                    }
+                }) == Watched::Seen
             });
         sig.give_slot(slot);
         // One reading of the clock for everything this synchronize teaches and counts.
@@ -453,18 +422,13 @@ impl Session {
 
     /// With waits traced (`REMORA_WAIT_TRACE`): the completion-word synchronizes by how they
     /// ended, `[all, with the server on this thread's CPU]` for a word within 32 µs, a later
-    /// word, a watch given up for the full call and the full call at once; those whose
-    /// server said no CPU; and the times a watch gave its core up
-    /// (`REMORA_WAIT_WATCH_YIELD=1`). `None` without completion words.
-    pub fn signal_cpu_counts(&self) -> Option<([[u64; 2]; 4], u64, u64)> {
+    /// word, a watch given up for the full call and the full call at once, and those whose
+    /// server said no CPU; `None` without completion words.
+    pub fn signal_cpu_counts(&self) -> Option<([[u64; 2]; 4], u64)> {
         let c = &self.signals.as_ref()?.cpus;
         let ended =
             std::array::from_fn(|e| std::array::from_fn(|i| c.ended[e][i].load(Ordering::Relaxed)));
-        Some((
-            ended,
-            c.unknown.load(Ordering::Relaxed),
-            c.yields.load(Ordering::Relaxed),
-        ))
+        Some((ended, c.unknown.load(Ordering::Relaxed)))
     }
 
     /// After a full synchronize that a signal did not catch (or that did not try): its time
@@ -494,22 +458,22 @@ mod tests {
         // The number: seen, and with a server known to mark, its mark learned then.
         word.store(7, Ordering::Release);
         let mut marks = Vec::new();
-        let end = watch(&word, 7, t0, t0 + ms(100), true, |t| marks.push(t), || {});
+        let end = watch(&word, 7, t0, t0 + ms(100), true, |t| marks.push(t));
         assert_eq!((end, marks.len()), (Watched::Seen, 1));
         // A server not known to mark teaches nothing.
         assert_eq!(
-            watch(&word, 7, t0, t0 + ms(100), false, |_| panic!(), || {}),
+            watch(&word, 7, t0, t0 + ms(100), false, |_| panic!()),
             Watched::Seen
         );
         word.store(8 | SIGNAL_FALLBACK, Ordering::Release);
         assert_eq!(
-            watch(&word, 8, t0, t0 + ms(100), false, |_| {}, || {}),
+            watch(&word, 8, t0, t0 + ms(100), false, |_| {}),
             Watched::Fallback
         );
         // Another number (a stale one, or a mark of another) is not ours: late.
         let t1 = Instant::now();
         assert_eq!(
-            watch(&word, 9, t1, t1 + ms(2), false, |_| {}, || {}),
+            watch(&word, 9, t1, t1 + ms(2), false, |_| {}),
             Watched::Late
         );
         // Marked: the mark is learned once, and the watch goes on until the number comes.
@@ -521,44 +485,8 @@ mod tests {
             });
             let t3 = Instant::now();
             let mut marks = 0;
-            let mut unmarked = 0;
-            let end = watch(
-                &word,
-                10,
-                t3,
-                t3 + ms(10_000),
-                true,
-                |_| marks += 1,
-                || unmarked += 1,
-            );
+            let end = watch(&word, 10, t3, t3 + ms(10_000), true, |_| marks += 1);
             assert_eq!((end, marks), (Watched::Seen, 1));
-            // Marked from the first look: never a server not yet at the signal.
-            assert_eq!(unmarked, 0);
-        });
-        // Unmarked until the number comes: `unmarked` every few looks meanwhile (where the
-        // watch-yield experiment gives the core up), however often it yields.
-        word.store(0, Ordering::Release);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                std::thread::sleep(ms(20));
-                word.store(11, Ordering::Release);
-            });
-            let t4 = Instant::now();
-            let mut unmarked = 0u64;
-            let end = watch(
-                &word,
-                11,
-                t4,
-                t4 + ms(10_000),
-                false,
-                |_| {},
-                || {
-                    unmarked += 1;
-                    remora_shm::yield_cpu();
-                },
-            );
-            assert_eq!(end, Watched::Seen);
-            assert!(unmarked > 10, "{unmarked}");
         });
     }
 }

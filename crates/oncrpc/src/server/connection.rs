@@ -79,8 +79,8 @@ pub(crate) trait Transport: Read + Write {
     /// reads are held by [`crate::spin::Spinning`] itself).
     fn hold_next_read(&self, _spin: Duration) {}
 
-    /// The CPU the peer last took a reply on, where it says it (shared memory, for traces and
-    /// experiments: [`ShmStream::peer_cpu`]); `None` otherwise.
+    /// The CPU the peer last took a reply on, where it says it (shared memory, for placement
+    /// and traces: [`ShmStream::peer_cpu`]); `None` otherwise.
     fn peer_cpu(&self) -> Option<u32> {
         None
     }
@@ -520,8 +520,8 @@ fn serve_records<S: Transport>(
         }
         match read {
             Ok(Some(record)) => {
-                // REMORA_SERVE_AVOID_PEER_CPU=1 (an experiment): off the core the client
-                // said it last ran on, before serving what it asked.
+                // Off the core the client said it last ran on, before serving what it
+                // asked (unless REMORA_SERVE_AVOID_PEER_CPU=0; issue 12 §4).
                 if remora_shm::avoid_peer_cpu() {
                     remora_shm::avoid_cpu(reader.get_ref().inner.inner.peer_cpu());
                 }
