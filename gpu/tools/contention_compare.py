@@ -20,6 +20,9 @@ given up at least half (`Waiter`'s rule for trying blocking early); and (traces 
 44 on) for adaptive's clients, settled on the full call or not, their completion-word
 synchronizes by how they ended and how many of each had the server last seen on the client's
 own CPU (whether a server that answers late waited for the core the client held).
+With --table, a markdown table instead of the per-cell lines: a row per cell, and for each
+report adaptive's p50 and mean with each over the better of spin and block by the same
+figure (the rounds' medians), for bench/results/README.md.
 """
 
 import argparse
@@ -89,6 +92,41 @@ def verdict(ratios):
     lo, hi = r[k - 1], r[n - k]
     word = "met" if hi <= GOAL else "missed" if lo > GOAL else "undecided"
     return f"{c:.0%} x{lo:.2f}-x{hi:.2f}: {word}"
+
+
+def over_better(figs, cell, metric):
+    """Adaptive's `metric` and its ratio to the better of spin's and block's (None: absent)."""
+    t, burn, c = cell
+    a, _ = value(figs, t, "adaptive", burn, c, metric)
+    spin, _ = value(figs, t, "spin", burn, c, metric)
+    block, _ = value(figs, t, "block", burn, c, metric)
+    if a is None:
+        return None, None
+    return a, (a / min(spin, block) if spin and block else None)
+
+
+def label(report, path):
+    """What a report measured, for a table's column: its environment note, else the file."""
+    env = [n.split(":", 1)[1].strip() for n in report.get("notes", []) if n.startswith("environment:")]
+    return " ".join(env) or f"defaults ({path})"
+
+
+def table(loaded, all_cells):
+    """The markdown table of --table (see the module's doc)."""
+    head = ["cell"]
+    for p, report, _ in loaded:
+        name = label(report, p)
+        head += [f"{name} p50 (µs)", "/better", "mean (µs)", "/better"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell in all_cells:
+        t, burn, c = cell
+        row = [f"{t} {burn} {c} client{'s' if c != 1 else ''}"]
+        for _, _, figs in loaded:
+            for metric in ("launch_sync.p50", "launch_sync.mean"):
+                v, r = over_better(figs, cell, metric)
+                row += ["-" if v is None else f"{v:.2f}", "-" if r is None else f"x{r:.2f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def describe(figs, cell):
@@ -288,9 +326,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", nargs="+", help="bench contention --json reports")
     ap.add_argument("--traces", nargs="*", default=[], help="the step's traced .txt files")
+    ap.add_argument(
+        "--table",
+        action="store_true",
+        help="a markdown table of adaptive's p50 and mean against the better way, per cell and report",
+    )
     args = ap.parse_args()
     loaded = [(p, *figures(p)) for p in args.reports]
     all_cells = sorted({c for _, _, figs in loaded for c in cells(figs)})
+    if args.table:
+        print(table(loaded, all_cells))
+        return
     for p, report, _ in loaded:
         env = [n for n in report.get("notes", []) if n.startswith("environment:")]
         print(f"# {p}: commit {report.get('commit')}, {report.get('device')}; {' '.join(env) or 'defaults'}")
