@@ -247,21 +247,28 @@ GAVE_UP = re.compile(
 )
 
 
+WAITER_LAST_LOOK = re.compile(r'waiter="([^"]+)" [^"]*? last_look=(\d+)')
+
+
 def gave_up(path):
     """Per (burn, policy, transport, clients) and client-side waiter label of a traced
     contention .txt, over all rounds: [waiters, planned waits that spun first, those that gave
-    up and blocked, waiters that gave up at least half of theirs]. Server lines are left out:
+    up and blocked, waiters that gave up at least half of theirs, waits whose value the look
+    after the spin's deadline found (`last_look`, session 47 on)]. Server lines are left out:
     a server logs its waiters when a connection ends, which may fall in the next cell."""
     out = {}
     for line, cell, _ in cell_lines(path):
         m = GAVE_UP.search(line)
         if m and cell:
             spun, gave = int(m.group(2)), int(m.group(3))
-            t = out.setdefault((*cell, m.group(1)), [0, 0, 0, 0])
+            t = out.setdefault((*cell, m.group(1)), [0, 0, 0, 0, 0])
             t[0] += 1
             t[1] += spun
             t[2] += gave
             t[3] += spun > 0 and 2 * gave >= spun
+            last = WAITER_LAST_LOOK.search(line, m.start())
+            if last and last.group(1) == m.group(1):
+                t[4] += int(last.group(2))
     return out
 
 
@@ -272,6 +279,7 @@ CPUS = re.compile(
 )
 ENDINGS = ("fast", "slow", "gave_up", "at_once")
 YIELDS = re.compile(r"waiter=\"completion word cpus\" .*? yields=(\d+)")
+LAST_LOOK = re.compile(r"waiter=\"completion word cpus\" .*? last_look=(\d+)")
 
 
 def cpus(path):
@@ -279,9 +287,11 @@ def cpus(path):
     whether the client had settled on the full call (its `completion word` line just before):
     its completion-word synchronizes by how they ended (a word within 32 µs, a later word, a
     watch given up, the full call at once), each [all, with the server last seen on the
-    client's own CPU], summed over the rounds, then the watches' yields of their core as a
-    last [count, 0] (session 44's `REMORA_WAIT_WATCH_YIELD=1`, removed in session 46: only
-    its traces have them)."""
+    client's own CPU], summed over the rounds, then the watches' yields of their core as
+    [count, 0] (session 44's `REMORA_WAIT_WATCH_YIELD=1`, removed in session 46: only its
+    traces have them), then as a last [count, 0] the words seen only by the look a watch
+    makes after its deadline (session 47 on: before, such a watch gave up and made the full
+    call)."""
     out = {}
     was_settled = None
     for line, cell, _ in cell_lines(path):
@@ -293,12 +303,14 @@ def cpus(path):
         m = CPUS.search(line)
         if m and cell and was_settled is not None:
             v = [int(x) for x in m.groups()]
-            t = out.setdefault((*cell, was_settled), [[0, 0] for _ in range(len(ENDINGS) + 1)])
+            t = out.setdefault((*cell, was_settled), [[0, 0] for _ in range(len(ENDINGS) + 2)])
             for i in range(len(ENDINGS)):
                 t[i][0] += v[2 * i]
                 t[i][1] += v[2 * i + 1]
             y = YIELDS.search(line)
-            t[-1][0] += int(y.group(1)) if y else 0
+            t[-2][0] += int(y.group(1)) if y else 0
+            last = LAST_LOOK.search(line)
+            t[-1][0] += int(last.group(1)) if last else 0
             was_settled = None
     return out
 
@@ -355,12 +367,13 @@ def main():
         given = sorted(gave_up(path).items())
         if given:
             print(f"# adaptive's client waiters in {path}: spins first given up (waiters at half or more)")
-            for (burn, policy, t, c, label), (n, spun, gave, half) in given:
+            for (burn, policy, t, c, label), (n, spun, gave, half, last) in given:
                 if policy == "adaptive":
                     share = gave / spun if spun else 0.0
                     print(
                         f"  {t} {burn} {c} client(s) {label:22} {gave}/{spun} ({share:.0%}),"
                         f" {half} of {n} waiters at half or more"
+                        + (f", {last} found at the last look" if last else "")
                     )
         where = sorted(cpus(path).items())
         if where:
@@ -374,8 +387,10 @@ def main():
                         f"{name} {same}/{n}" + (f" ({same / n:.0%})" if n else "")
                         for name, (n, same) in zip(ENDINGS, ends)
                     ]
+                    if ends[-2][0]:
+                        parts.append(f"yields {ends[-2][0]}")
                     if ends[-1][0]:
-                        parts.append(f"yields {ends[-1][0]}")
+                        parts.append(f"seen at the last look {ends[-1][0]}")
                     kind = "settled" if was else "spinning"
                     print(f"  {t} {burn} {c} client(s) {kind:8} " + ", ".join(parts))
         moved = sorted(moves(path).items())

@@ -90,6 +90,12 @@ pub struct WaitStats {
     /// Of those, the waits planned as any other because the held waits had lately taken too
     /// long for the hold ([`HoldRule::Learned`]).
     pub hold_dropped: u64,
+    /// Spun waits whose value was found by the look made after the spin's deadline had been
+    /// seen passed ([`Waiter::wait_judged_until`]): a spin preempted across its deadline (a
+    /// loaded host) that found the value there when it ran again, or a value that came just
+    /// then. Before that look such a wait went to `poll(true)` on a look from before the
+    /// preemption and was counted as given up.
+    pub last_look: u64,
 }
 
 /// Buckets of [`WaitStats::took_us_log2`]: under 1 µs, then up to 1024 µs by doubling, then
@@ -662,6 +668,7 @@ impl Waiter {
             held = st.held,
             hold_dropped = st.hold_dropped,
             held_mean_us = self.held_ns / 1e3,
+            last_look = st.last_look,
             took_us = %st.histogram(),
             "waits"
         );
@@ -756,15 +763,28 @@ impl Waiter {
             spin_until = spin_until.min(d);
         }
         let mut outcome = WaitOutcome::Spun;
+        // A spin that ran past its deadline looks once more before it gives up, with the
+        // deadline already seen passed: the look before may have been made before a
+        // preemption (a loaded host takes the core for milliseconds), and a value that came
+        // meanwhile is there at once, with no sleep to plan and no wake-up to pay. No spin
+        // planned (blocking at once), no second look.
+        let mut looked_late = spin_until <= start;
         loop {
+            let mut last_look = false;
             if outcome == WaitOutcome::Spun {
                 if Instant::now() < spin_until {
                     std::hint::spin_loop();
+                } else if !looked_late {
+                    looked_late = true;
+                    last_look = true;
                 } else {
                     outcome = WaitOutcome::Slept;
                 }
             }
             if let Some(v) = poll(outcome == WaitOutcome::Slept)? {
+                if last_look {
+                    self.stats.last_look += 1;
+                }
                 let took = start.elapsed();
                 let learned = judge(&v, outcome, took);
                 self.record_judged(outcome, took, learned);
@@ -1514,5 +1534,61 @@ mod tests {
             }
         });
         assert_eq!(r.unwrap_err(), "gone");
+    }
+
+    #[test]
+    fn a_spin_preempted_past_its_deadline_looks_again_before_it_blocks() {
+        let us = Duration::from_micros;
+        // A spin whose last look came just before it lost its core (the poll itself sleeps
+        // past the 50 µs budget, as a preemption would) and whose value came meanwhile: the
+        // look after the deadline finds it, a spun wait, with no blocking poll.
+        let mut w = Waiter::with_bounds(us(50), us(50));
+        let mut polls = Vec::new();
+        let (v, outcome) = w
+            .wait(|block| {
+                polls.push(block);
+                match polls.len() {
+                    1 => Ok::<_, ()>(None),
+                    2 => {
+                        std::thread::sleep(Duration::from_millis(2));
+                        Ok(None)
+                    }
+                    _ => Ok(Some(7)),
+                }
+            })
+            .unwrap();
+        assert_eq!((v, outcome), (7, WaitOutcome::Spun));
+        assert_eq!(polls, [false, false, false]);
+        let st = w.stats();
+        assert_eq!((st.last_look, st.spun, st.slept), (1, 1, 0));
+        // A value that does not come: one look after the deadline, then the blocking poll.
+        polls.clear();
+        let (_, outcome) = w
+            .wait(|block| {
+                polls.push(block);
+                if block {
+                    return Ok::<_, ()>(Some(()));
+                }
+                std::thread::sleep(us(100));
+                Ok(None)
+            })
+            .unwrap();
+        assert_eq!(outcome, WaitOutcome::Slept);
+        assert_eq!(polls, [false, false, false, true]);
+        assert_eq!(w.stats().last_look, 1);
+        // Blocking at once (no spin planned): no second look before the blocking poll.
+        let mut block = Waiter::with_bounds(Duration::ZERO, Duration::ZERO);
+        polls.clear();
+        let (_, outcome) = block
+            .wait(|b| {
+                polls.push(b);
+                Ok::<_, ()>(b.then_some(()))
+            })
+            .unwrap();
+        assert_eq!(
+            (outcome, polls.as_slice()),
+            (WaitOutcome::Slept, &[false, true][..])
+        );
+        assert_eq!(block.stats().last_look, 0);
     }
 }

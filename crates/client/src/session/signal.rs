@@ -68,6 +68,9 @@ pub(super) struct SignalSync {
     cpus: CpuTally,
     /// The synchronize now making its full call planned it at once (for [`CpuTally`]).
     at_once: AtomicBool,
+    /// Synchronizes whose word was found by the watch's look after its deadline
+    /// ([`Watched::SeenLast`]), which gave up and made the full call before that look.
+    last_look: AtomicU64,
 }
 
 /// How a synchronize ended, for [`CpuTally`].
@@ -112,7 +115,7 @@ impl CpuTally {
         }
     }
 
-    fn trace(&self) {
+    fn trace(&self, last_look: u64) {
         let n = |e: Ended, i: usize| self.ended[e as usize][i].load(Ordering::Relaxed);
         tracing::info!(
             target: "remora::wait",
@@ -126,6 +129,7 @@ impl CpuTally {
             at_once = n(Ended::AtOnce, 0),
             at_once_same_cpu = n(Ended::AtOnce, 1),
             unknown = self.unknown.load(Ordering::Relaxed),
+            last_look = last_look,
             "waits"
         );
     }
@@ -139,7 +143,7 @@ impl SignalSync {
             w.trace();
         }
         if remora_shm::tracing_waits() {
-            self.cpus.trace();
+            self.cpus.trace(self.last_look.load(Ordering::Relaxed));
         }
         if remora_shm::tracing_waits() && self.marks_seen.load(Ordering::Relaxed) {
             tracing::info!(
@@ -185,6 +189,7 @@ impl SignalSync {
             marked: AtomicU64::new(0),
             cpus: CpuTally::default(),
             at_once: AtomicBool::new(false),
+            last_look: AtomicU64::new(0),
         })
     }
 
@@ -255,6 +260,9 @@ impl SignalSync {
 enum Watched {
     /// The stream wrote the number.
     Seen,
+    /// The stream wrote the number, found by the look made after the deadline was seen
+    /// passed (a watch preempted across its deadline, or a word that came just then).
+    SeenLast,
     /// The server wrote the fallback: make the full call.
     Fallback,
     /// Nothing within the budget.
@@ -274,12 +282,21 @@ fn watch(
 ) -> Watched {
     let mut marked = false;
     loop {
+        // The clock before the look: the watch gives up only on a look made after it saw its
+        // deadline pass. Looking first, a watch preempted between its look and the clock (a
+        // loaded host takes the core for milliseconds) gave up on a look from before the
+        // preemption and made the full call for a word that had come meanwhile.
+        let late = Instant::now() >= until;
         let v = word.load(Ordering::Acquire);
         if v == seq {
             if !marked && marks_known {
                 on_mark(start.elapsed());
             }
-            return Watched::Seen;
+            return if late {
+                Watched::SeenLast
+            } else {
+                Watched::Seen
+            };
         }
         if v == seq | SIGNAL_FALLBACK {
             return Watched::Fallback;
@@ -288,8 +305,7 @@ fn watch(
             marked = true;
             on_mark(start.elapsed());
         }
-        let now = Instant::now();
-        if now >= until {
+        if late {
             return Watched::Late;
         }
         std::hint::spin_loop();
@@ -365,8 +381,8 @@ impl Session {
             Some(lag) => budget.max(sig.wake_stretch(lag)),
             None => budget,
         };
-        let done = sent
-            && sig.signals.word(slot).is_some_and(|word| {
+        let watched = if sent {
+            sig.signals.word(slot).map(|word| {
                 // Marks' time is only traced: learned only when waits are
                 // (`REMORA_WAIT_TRACE`), so a synchronize does no shared writes for it otherwise.
                 let tracing = remora_shm::tracing_waits();
@@ -375,8 +391,15 @@ impl Session {
                     if tracing {
                         sig.learn_mark(t);
                     }
-                }) == Watched::Seen
-            });
+                })
+            })
+        } else {
+            None
+        };
+        if watched == Some(Watched::SeenLast) {
+            sig.last_look.fetch_add(1, Ordering::Relaxed);
+        }
+        let done = matches!(watched, Some(Watched::Seen | Watched::SeenLast));
         sig.give_slot(slot);
         // One reading of the clock for everything this synchronize teaches and counts.
         let took = start.elapsed();
@@ -488,5 +511,17 @@ mod tests {
             let end = watch(&word, 10, t3, t3 + ms(10_000), true, |_| marks += 1);
             assert_eq!((end, marks), (Watched::Seen, 1));
         });
+        // A watch that runs again only after its deadline (preempted across it) looks once
+        // more before it gives up: a word that came meanwhile is seen, as such.
+        word.store(11, Ordering::Release);
+        let t4 = Instant::now() - ms(5);
+        assert_eq!(
+            watch(&word, 11, t4, t4 + ms(1), false, |_| {}),
+            Watched::SeenLast
+        );
+        assert_eq!(
+            watch(&word, 12, t4, t4 + ms(1), false, |_| {}),
+            Watched::Late
+        );
     }
 }
