@@ -280,6 +280,11 @@ CPUS = re.compile(
 ENDINGS = ("fast", "slow", "gave_up", "at_once")
 YIELDS = re.compile(r"waiter=\"completion word cpus\" .*? yields=(\d+)")
 LAST_LOOK = re.compile(r"waiter=\"completion word cpus\" .*? last_look=(\d+)")
+FULL = re.compile(
+    r"waiter=\"completion word cpus\" .*? gave_up_full=(\d+) gave_up_full_mean_us=([\d.]+) "
+    r"gave_up_full_1ms=(\d+) at_once_full=(\d+) at_once_full_mean_us=([\d.]+) "
+    r"at_once_full_1ms=(\d+)"
+)
 
 
 def cpus(path):
@@ -289,9 +294,10 @@ def cpus(path):
     watch given up, the full call at once), each [all, with the server last seen on the
     client's own CPU], summed over the rounds, then the watches' yields of their core as
     [count, 0] (session 44's `REMORA_WAIT_WATCH_YIELD=1`, removed in session 46: only its
-    traces have them), then as a last [count, 0] the words seen only by the look a watch
-    makes after its deadline (session 47 on: before, such a watch gave up and made the full
-    call)."""
+    traces have them), then as [count, 0] the words seen only by the look a watch makes
+    after its deadline (session 47 on: before, such a watch gave up and made the full call),
+    then as a last entry the full calls after a watch without its word and at once: [count,
+    µs in all, count of 1 ms or more] for each (session 47 on)."""
     out = {}
     was_settled = None
     for line, cell, _ in cell_lines(path):
@@ -303,14 +309,22 @@ def cpus(path):
         m = CPUS.search(line)
         if m and cell and was_settled is not None:
             v = [int(x) for x in m.groups()]
-            t = out.setdefault((*cell, was_settled), [[0, 0] for _ in range(len(ENDINGS) + 2)])
+            t = out.setdefault((*cell, was_settled), [[0, 0] for _ in range(len(ENDINGS) + 2)] + [[0, 0.0, 0, 0, 0.0, 0]])
             for i in range(len(ENDINGS)):
                 t[i][0] += v[2 * i]
                 t[i][1] += v[2 * i + 1]
             y = YIELDS.search(line)
             t[-2][0] += int(y.group(1)) if y else 0
             last = LAST_LOOK.search(line)
-            t[-1][0] += int(last.group(1)) if last else 0
+            t[-2][0] += int(last.group(1)) if last else 0
+            full = FULL.search(line)
+            if full:
+                f = t[-1]
+                for i, (n, mean, slow) in enumerate(((1, 2, 3), (4, 5, 6))):
+                    count = int(full.group(n))
+                    f[3 * i] += count
+                    f[3 * i + 1] += count * float(full.group(mean))
+                    f[3 * i + 2] += int(full.group(slow))
             was_settled = None
     return out
 
@@ -385,12 +399,19 @@ def main():
                 if policy == "adaptive":
                     parts = [
                         f"{name} {same}/{n}" + (f" ({same / n:.0%})" if n else "")
-                        for name, (n, same) in zip(ENDINGS, ends)
+                        for name, (n, same) in zip(ENDINGS, ends[: len(ENDINGS)])
                     ]
+                    if ends[-3][0]:
+                        parts.append(f"yields {ends[-3][0]}")
                     if ends[-2][0]:
-                        parts.append(f"yields {ends[-2][0]}")
-                    if ends[-1][0]:
-                        parts.append(f"seen at the last look {ends[-1][0]}")
+                        parts.append(f"seen at the last look {ends[-2][0]}")
+                    full = ends[-1]
+                    for i, name in enumerate(("after a watch", "at once")):
+                        n, us, slow = full[3 * i : 3 * i + 3]
+                        if n:
+                            parts.append(
+                                f"full calls {name} {n} (mean {us / n:.0f} us, {slow} of 1 ms or more)"
+                            )
                     kind = "settled" if was else "spinning"
                     print(f"  {t} {burn} {c} client(s) {kind:8} " + ", ".join(parts))
         moved = sorted(moves(path).items())

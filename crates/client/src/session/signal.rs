@@ -100,6 +100,44 @@ struct CpuTally {
     ended: [[AtomicU64; 2]; 4],
     /// Synchronizes whose server said no CPU.
     unknown: AtomicU64,
+    /// The full calls after a watch that ended without its word (`[0]`: given up, or the
+    /// server's fallback) and at once (`[1]`): how many, their nanoseconds in all, and how
+    /// many took 1 ms or more (where a loaded host's wake-ups show: what a given-up watch
+    /// costs beyond its spin). Traced waits only.
+    full: [FullCalls; 2],
+}
+
+/// One kind of full synchronize's count and time, for [`CpuTally`].
+#[derive(Default)]
+struct FullCalls {
+    n: AtomicU64,
+    ns: AtomicU64,
+    over_1ms: AtomicU64,
+}
+
+impl FullCalls {
+    fn count(&self, took: Duration) {
+        self.n.fetch_add(1, Ordering::Relaxed);
+        self.ns.fetch_add(
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        if took >= Duration::from_millis(1) {
+            self.over_1ms.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// (count, mean µs, count of 1 ms or more).
+    fn figures(&self) -> (u64, f64, u64) {
+        let n = self.n.load(Ordering::Relaxed);
+        let ns = self.ns.load(Ordering::Relaxed);
+        let mean = if n == 0 {
+            0.0
+        } else {
+            ns as f64 / n as f64 / 1e3
+        };
+        (n, mean, self.over_1ms.load(Ordering::Relaxed))
+    }
 }
 
 impl CpuTally {
@@ -117,6 +155,8 @@ impl CpuTally {
 
     fn trace(&self, last_look: u64) {
         let n = |e: Ended, i: usize| self.ended[e as usize][i].load(Ordering::Relaxed);
+        let (gave_up_full, gave_up_full_mean_us, gave_up_full_1ms) = self.full[0].figures();
+        let (at_once_full, at_once_full_mean_us, at_once_full_1ms) = self.full[1].figures();
         tracing::info!(
             target: "remora::wait",
             waiter = "completion word cpus",
@@ -130,6 +170,12 @@ impl CpuTally {
             at_once_same_cpu = n(Ended::AtOnce, 1),
             unknown = self.unknown.load(Ordering::Relaxed),
             last_look = last_look,
+            gave_up_full,
+            gave_up_full_mean_us,
+            gave_up_full_1ms,
+            at_once_full,
+            at_once_full_mean_us,
+            at_once_full_1ms,
             "waits"
         );
     }
@@ -460,8 +506,13 @@ impl Session {
         if let Some(sig) = &self.signals {
             let spun = Duration::from_nanos(sig.spun_first_ns.swap(0, Ordering::Relaxed));
             sig.observe(took + spun);
-            if remora_shm::tracing_waits() && sig.at_once.swap(false, Ordering::Relaxed) {
-                sig.cpus.count(Ended::AtOnce, self.rpc.rpc().server_cpu());
+            if remora_shm::tracing_waits() {
+                if sig.at_once.swap(false, Ordering::Relaxed) {
+                    sig.cpus.count(Ended::AtOnce, self.rpc.rpc().server_cpu());
+                    sig.cpus.full[1].count(took);
+                } else if !spun.is_zero() {
+                    sig.cpus.full[0].count(took);
+                }
             }
         }
     }
