@@ -309,7 +309,8 @@ def cpus(path):
         m = CPUS.search(line)
         if m and cell and was_settled is not None:
             v = [int(x) for x in m.groups()]
-            t = out.setdefault((*cell, was_settled), [[0, 0] for _ in range(len(ENDINGS) + 2)] + [[0, 0.0, 0, 0, 0.0, 0]])
+            fresh = [[0, 0] for _ in range(len(ENDINGS) + 2)] + [[0, 0.0, 0, 0, 0.0, 0]]
+            t = out.setdefault((*cell, was_settled), fresh)
             for i in range(len(ENDINGS)):
                 t[i][0] += v[2 * i]
                 t[i][1] += v[2 * i + 1]

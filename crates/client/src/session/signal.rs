@@ -68,9 +68,6 @@ pub(super) struct SignalSync {
     cpus: CpuTally,
     /// The synchronize now making its full call planned it at once (for [`CpuTally`]).
     at_once: AtomicBool,
-    /// Synchronizes whose word was found by the watch's look after its deadline
-    /// ([`Watched::SeenLast`]), which gave up and made the full call before that look.
-    last_look: AtomicU64,
 }
 
 /// How a synchronize ended, for [`CpuTally`].
@@ -100,6 +97,9 @@ struct CpuTally {
     ended: [[AtomicU64; 2]; 4],
     /// Synchronizes whose server said no CPU.
     unknown: AtomicU64,
+    /// Synchronizes whose word was found by the watch's look after its deadline
+    /// ([`Watched::SeenLast`]), which gave up and made the full call before that look.
+    last_look: AtomicU64,
     /// The full calls after a watch that ended without its word (`[0]`: given up, or the
     /// server's fallback) and at once (`[1]`): how many, their nanoseconds in all, and how
     /// many took 1 ms or more (where a loaded host's wake-ups show: what a given-up watch
@@ -153,7 +153,7 @@ impl CpuTally {
         }
     }
 
-    fn trace(&self, last_look: u64) {
+    fn trace(&self) {
         let n = |e: Ended, i: usize| self.ended[e as usize][i].load(Ordering::Relaxed);
         let (gave_up_full, gave_up_full_mean_us, gave_up_full_1ms) = self.full[0].figures();
         let (at_once_full, at_once_full_mean_us, at_once_full_1ms) = self.full[1].figures();
@@ -169,7 +169,7 @@ impl CpuTally {
             at_once = n(Ended::AtOnce, 0),
             at_once_same_cpu = n(Ended::AtOnce, 1),
             unknown = self.unknown.load(Ordering::Relaxed),
-            last_look = last_look,
+            last_look = self.last_look.load(Ordering::Relaxed),
             gave_up_full,
             gave_up_full_mean_us,
             gave_up_full_1ms,
@@ -189,7 +189,7 @@ impl SignalSync {
             w.trace();
         }
         if remora_shm::tracing_waits() {
-            self.cpus.trace(self.last_look.load(Ordering::Relaxed));
+            self.cpus.trace();
         }
         if remora_shm::tracing_waits() && self.marks_seen.load(Ordering::Relaxed) {
             tracing::info!(
@@ -235,7 +235,6 @@ impl SignalSync {
             marked: AtomicU64::new(0),
             cpus: CpuTally::default(),
             at_once: AtomicBool::new(false),
-            last_look: AtomicU64::new(0),
         })
     }
 
@@ -443,7 +442,7 @@ impl Session {
             None
         };
         if watched == Some(Watched::SeenLast) {
-            sig.last_look.fetch_add(1, Ordering::Relaxed);
+            sig.cpus.last_look.fetch_add(1, Ordering::Relaxed);
         }
         let done = matches!(watched, Some(Watched::Seen | Watched::SeenLast));
         sig.give_slot(slot);
