@@ -64,6 +64,10 @@
 #             (REMORA_CALLS_ROUNDS), about 2 minutes; then gpu/tools/issue12_goals.py over
 #             every report in $OUT (a `startup` or `contention` step earlier in the same call
 #             adds §1 and §4) into goals.md
+#   sched     the host's scheduler and idle facts (kernel, cpuidle driver and governor) and
+#             gpu/tools/slice_probe.c: a futex-woken thread's wait for a core among 1x and 2x
+#             cores' worth of burners, with the default slice and a 100 µs one, its peer
+#             sleeping at once or after 15 µs of spinning (about 20 s; no GPU)
 set -uo pipefail
 usage="usage: device_calls.sh BIN_DIR STEP..."
 bin=$(cd "${1:?$usage}" && pwd); shift
@@ -348,12 +352,26 @@ step_goals() {
   (cd "$work" && tar -czf "$out/goals.tar.gz" bench-*)
 }
 
+step_sched() {
+  echo "kernel $(uname -r); cpuidle driver $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), governor $(cat /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null || cat /sys/devices/system/cpu/cpuidle/current_governor_ro 2>/dev/null || echo none); base slice $(cat /sys/kernel/debug/sched/base_slice_ns 2>/dev/null || echo unknown) ns"
+  cc -O2 -pthread -o "$work/slice_probe" "$src/tools/slice_probe.c" || return 1
+  local n b s p
+  n=$(nproc)
+  for b in "$n" $((2 * n)); do
+    for p in 0 15; do
+      for s in 0 100; do
+        timeout 60 "$work/slice_probe" "$b" "$s" "$p" 20000
+      done
+    done
+  done | tee "$out/sched.txt"
+}
+
 for step in "$@"; do
   t0=$SECONDS
   echo "===== $step"
   case $step in
-    suite|attrib|startup|programs|contention|samples|torch|goals) "step_$step" ;;
-    *) echo "unknown step $step (suite, attrib, startup, programs, contention, samples, torch, goals)"; exit 2 ;;
+    suite|attrib|startup|programs|contention|samples|torch|goals|sched) "step_$step" ;;
+    *) echo "unknown step $step (suite, attrib, startup, programs, contention, samples, torch, goals, sched)"; exit 2 ;;
   esac
   echo "===== $step took $((SECONDS - t0)) s"
 done
