@@ -43,7 +43,9 @@
 #             experiment against the default in one call; several, separated by ';', run
 #             one after another; REMORA_CALLS_NO_DEFAULT=1 leaves the default run out), or with
 #             REMORA_CALLS_EXPERIMENT=serve:ARG... once more with each ARG given to the
-#             servers it starts (e.g. serve:--isolation=thread); REMORA_CALLS_TRACE=1 traces the
+#             servers it starts (e.g. serve:--isolation=thread), or with idle:N once more
+#             beside N spinners under SCHED_IDLE (idle cores kept out of their idle state,
+#             given way to at once); REMORA_CALLS_TRACE=1 traces the
 #             waits (REMORA_WAIT_TRACE) into the tarred .txt files; each round may take
 #             REMORA_CALLS_ROUND_S seconds (default 95; give 16 clients 150 a transport and load);
 #             a call cut short still brings back each run's JSON of the rounds it finished
@@ -291,6 +293,16 @@ step_contention() {
       case $run in
         default) ;;
         serve:*) for a in ${run#serve:}; do extra+=("--serve-arg=$a"); done ;;
+        idle:*)
+          # idle:N: N spinners under SCHED_IDLE beside the run, which keep idle cores out of
+          # their idle state (a halted vCPU wakes slowly) and give way at once to any other
+          # thread: what waking on an idle core costs the cell.
+          fillers=()
+          for _ in $(seq "${run#idle:}"); do
+            chrt --idle 0 sh -c 'while :; do :; done' & fillers+=($!)
+          done
+          trap 'kill "${fillers[@]}" 2>/dev/null' EXIT
+          echo "idle fillers: ${#fillers[@]} (SCHED_IDLE)" ;;
         *) for kv in $run; do export "${kv?}"; done ;;
       esac
       # Each waiter's counts and wait-time histogram (gpu/README.md), in the .txt.
