@@ -349,10 +349,48 @@ def moves(path):
     return out
 
 
+BUCKETS = ["<1", "<2", "<4", "<8", "<16", "<32", "<64", "<128", "<256", "<512", "<1024", ">=1024"]
+HIST = re.compile(r'waiter="([^"]+)" .*?took_us=(\S+(?: \S+:\d+)*)')
+MARK = re.compile(r'waiter="completion word mark" marked=(\d+) mark_mean_us=([\d.]+)')
+
+
+def waits_by_policy(path):
+    """Per (burn, policy, transport, clients) and waiter label of a traced contention .txt, over
+    all rounds: the waits' time histogram summed (bucket label -> count), and the completion
+    words' marks (count, summed µs: how long the server took to take a synchronize's request
+    and mark its word). Spin, block and adaptive side by side: where in the round trip
+    adaptive's extra microseconds are (session 48: the server's request waits and the
+    words)."""
+    hist, marks = {}, {}
+    for line, cell, _ in cell_lines(path):
+        if not cell:
+            continue
+        m = MARK.search(line)
+        if m:
+            n, mean = int(m.group(1)), float(m.group(2))
+            t = marks.setdefault(cell, [0, 0.0])
+            t[0] += n
+            t[1] += n * mean
+            continue
+        m = HIST.search(line)
+        if m:
+            h = hist.setdefault((*cell, m.group(1)), dict.fromkeys(BUCKETS, 0))
+            for part in m.group(2).split():
+                k, _, v = part.partition(":")
+                if k in h:
+                    h[k] += int(v)
+    return hist, marks
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("reports", nargs="+", help="bench contention --json reports")
     ap.add_argument("--traces", nargs="*", default=[], help="the step's traced .txt files")
+    ap.add_argument(
+        "--waits",
+        action="store_true",
+        help="with --traces: each waiter's wait times by policy (share of waits per power-of-two bucket of µs) and the words' mark means",
+    )
     ap.add_argument(
         "--table",
         action="store_true",
@@ -420,6 +458,17 @@ def main():
             print(f"# server threads moved off their client's CPU in {path} (threads, most moves of one)")
             for (burn, policy, t, c), (threads, most) in moved:
                 print(f"  {t} {burn} {policy} {c} client(s): {threads} threads, up to {most}+ moves")
+        if args.waits:
+            hist, marks = waits_by_policy(path)
+            print(f"# waits by policy in {path}: share of waits by time (us), waits")
+            for (burn, policy, t, c, label), h in sorted(hist.items()):
+                total = sum(h.values())
+                if total:
+                    shares = " ".join(f"{k}:{100 * v / total:.0f}%" for k, v in h.items() if v)
+                    print(f"  {t} {burn} {c} client(s) {policy:8} {label:24} {shares} ({total})")
+            for (burn, policy, t, c), (n, us) in sorted(marks.items()):
+                if n:
+                    print(f"  {t} {burn} {c} client(s) {policy:8} completion word marks: {n}, mean {us / n:.2f} us")
         print(f"# server synchronizes in {path} (deferred / all, mean wake-up and driver us)")
         for section, deferred, total, wake, driver, sched in traces(path):
             if total:
