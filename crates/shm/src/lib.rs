@@ -24,7 +24,6 @@ mod data;
 mod region;
 mod ring;
 mod signal;
-mod slice;
 mod stream;
 mod wait;
 
@@ -33,9 +32,6 @@ pub use region::{Layout, Region, RegionError};
 pub use ring::{Consumer, MAX_MESSAGE, Producer, RingError, RingWaker};
 pub use signal::{
     SIGNAL_FALLBACK, SIGNAL_FLAGS, SIGNAL_OFFSET, SIGNAL_PAGE, SIGNAL_QUEUED, SIGNAL_SLOTS, Signals,
-};
-pub use slice::{
-    SLICE_MAX, SLICE_MIN, ask_slice, serve_slice, slice_now, take_serve_slice, wait_slice,
 };
 pub use stream::{ShmStream, Side, recv_with_fd, send_with_fd};
 pub use wait::{

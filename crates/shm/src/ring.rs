@@ -270,7 +270,6 @@ fn sleep_slice(deadline: Option<Instant>) -> Option<Duration> {
 /// Sleeps on the futex word `word` while it still holds `seen`, for at most `slice` (below
 /// one second).
 fn futex_sleep(word: &AtomicU32, seen: u32, slice: Duration) {
-    crate::slice::before_sleep();
     let timeout = rustix::thread::futex::Timespec {
         tv_sec: 0,
         tv_nsec: slice.min(Duration::from_millis(999)).as_nanos() as _,

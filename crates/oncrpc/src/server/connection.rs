@@ -399,9 +399,6 @@ pub(crate) fn serve_connection<S: Transport>(
         tracing::debug!(%peer, connection, "ONC RPC server: connection moved into shared memory");
         // Same connection, same services and sink (already writing to the rings).
         let area = Some(shm.region().data_area()).filter(|a| !a.is_empty());
-        // A woken connection thread preempts sooner with a short slice
-        // (REMORA_SERVE_SLICE_US; unset: the kernel's default).
-        remora_shm::take_serve_slice();
         serve!(Stream::Shm(shm), area);
     }
     for versions in registry.programs.values() {
