@@ -66,7 +66,8 @@
 #             (REMORA_CALLS_ROUNDS), about 2 minutes; then gpu/tools/issue12_goals.py over
 #             every report in $OUT (a `startup` or `contention` step earlier in the same call
 #             adds §1 and §4) into goals.md
-#   sched     the host's scheduler and idle facts (kernel, cpuidle driver and governor) and
+#   sched     the host's scheduler, idle and SMT facts (kernel, cpuidle driver and governor,
+#             threads per core) and
 #             gpu/tools/slice_probe.c: a futex-woken thread's wait for a core among 1x and 2x
 #             cores' worth of burners, with the default slice and a 100 µs one, its peer
 #             sleeping at once or after 15 µs of spinning (about 20 s; no GPU)
@@ -366,6 +367,9 @@ step_goals() {
 
 step_sched() {
   echo "kernel $(uname -r); cpuidle driver $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none), governor $(cat /sys/devices/system/cpu/cpuidle/current_governor 2>/dev/null || cat /sys/devices/system/cpu/cpuidle/current_governor_ro 2>/dev/null || echo none); base slice $(cat /sys/kernel/debug/sched/base_slice_ns 2>/dev/null || echo unknown) ns"
+  # SMT: which CPUs share a core (a client and its server on two threads of one core share
+  # its pipeline while both spin).
+  echo "threads per core $(lscpu 2>/dev/null | awk -F: '/^Thread\(s\) per core/ {gsub(/ /, "", $2); print $2}'); core siblings of cpu0: $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list 2>/dev/null || echo unknown)"
   cc -O2 -pthread -o "$work/slice_probe" "$src/tools/slice_probe.c" || return 1
   local n b s p
   n=$(nproc)
