@@ -634,13 +634,15 @@ fn find<'a>(figs: &'a [Figure], mode: &str, clients: u32, metric: &str) -> Optio
 }
 
 /// The `REMORA_WAIT_*` variables among `vars` other than `REMORA_WAIT_TRACE` (the policy,
-/// `REMORA_WAIT`, is set per run by the benchmark itself), and `REMORA_SERVE_AVOID_PEER_CPU`
-/// (server placement, which the servers and clients it starts read too), as notes, sorted.
+/// `REMORA_WAIT`, is set per run by the benchmark itself), `REMORA_SERVE_AVOID_PEER_CPU`
+/// (server placement, which the servers and clients it starts read too) and
+/// `REMORA_SERVE_WAIT` (the servers' way of waiting over the run's), as notes, sorted.
 fn wait_knobs(vars: impl Iterator<Item = (String, String)>) -> Vec<String> {
     let mut knobs: Vec<String> = vars
         .filter(|(k, _)| {
             (k.starts_with("REMORA_WAIT_") && k != "REMORA_WAIT_TRACE")
                 || k == "REMORA_SERVE_AVOID_PEER_CPU"
+                || k == "REMORA_SERVE_WAIT"
         })
         .map(|(k, v)| format!("environment: {k}={v}"))
         .collect();
@@ -1053,12 +1055,14 @@ mod tests {
             ("REMORA_WAIT_BLOCK_AT", "1.5"),
             ("REMORA_SERVE_AVOID_PEER_CPU", "0"),
             ("REMORA_SERVE_OTHER", "x"),
+            ("REMORA_SERVE_WAIT", "spin"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));
         assert_eq!(
             wait_knobs(vars.into_iter()),
             [
                 "environment: REMORA_SERVE_AVOID_PEER_CPU=0",
+                "environment: REMORA_SERVE_WAIT=spin",
                 "environment: REMORA_WAIT_BLOCK_AT=1.5",
                 "environment: REMORA_WAIT_SPARE_SPIN_US=0"
             ]

@@ -869,6 +869,8 @@ impl Drop for PrivateDir {
 /// Probes the driver (or sets up the emulated test backend), then starts serving, with the
 /// sessions in threads or worker processes as `config` says.
 pub fn start(config: ServeConfig) -> Result<Running, ServeError> {
+    // Before anything waits: this process's waiters follow REMORA_SERVE_WAIT where set.
+    remora_shm::mark_serving();
     match config.effective_isolation() {
         Isolation::Thread => {
             let (backend, inventory) =
@@ -1457,6 +1459,7 @@ fn gate(
 
 pub fn serve_worker(config: WorkerConfig) -> Result<(), ServeError> {
     use std::os::fd::AsFd;
+    remora_shm::mark_serving();
     // Die with the server: SIGTERM when the thread that started us ends. If the server is
     // already gone (we were re-parented before this took effect), stop now.
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM));

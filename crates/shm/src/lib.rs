@@ -38,7 +38,7 @@ pub use wait::{
     DEVICE_SPIN_DEFAULT, EXPLORE_EVERY, GIVE_UP_SHARE, HoldRule, SIGNAL_HOLD_DEFAULT,
     SPARE_SPIN_DEFAULT, SPARE_SPIN_MAX, SPIN_FOREVER, UntriedRule, WAIT_BUCKETS, WaitOutcome,
     WaitPolicy, WaitStats, Waiter, avoid_cpu, avoid_peer_cpu, coarse_now, cores_to_spare,
-    current_cpu, device_spin, say_cpu, signal_hold, spare_spin, tracing_waits,
+    current_cpu, device_spin, mark_serving, say_cpu, signal_hold, spare_spin, tracing_waits,
 };
 
 /// Fuzzing hooks: drive a consumer with arbitrary ring contents and index values.

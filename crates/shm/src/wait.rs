@@ -562,21 +562,52 @@ fn seed() -> u32 {
 /// The spin budget of [`WaitPolicy::Spin`].
 pub const SPIN_FOREVER: Duration = Duration::from_secs(1);
 
+/// This process serves (`remora serve` and its workers): [`WaitPolicy::from_env`] reads
+/// `REMORA_SERVE_WAIT` before `REMORA_WAIT`.
+static SERVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks this process as a server, before anything waits: its waiters then follow
+/// `REMORA_SERVE_WAIT` where it is set (`spin`, `block` or `adaptive`), over `REMORA_WAIT`.
+/// For measurements only: `remora bench contention` sets `REMORA_WAIT` for its clients and
+/// the servers it starts alike, and `REMORA_SERVE_WAIT` splits the two sides (e.g. adaptive
+/// clients against spinning servers: which side's waiting a cell's figure follows).
+pub fn mark_serving() {
+    SERVING.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 impl WaitPolicy {
-    /// `REMORA_WAIT` of this process (unknown values: adaptive, with a warning).
+    /// `REMORA_WAIT` of this process, or `REMORA_SERVE_WAIT` in a server's where that is
+    /// set ([`mark_serving`]); unknown values: adaptive, with a warning.
     pub fn from_env() -> Self {
         static POLICY: std::sync::OnceLock<WaitPolicy> = std::sync::OnceLock::new();
-        *POLICY.get_or_init(|| match std::env::var("REMORA_WAIT").as_deref() {
-            Err(_) | Ok("" | "adaptive") => WaitPolicy::Adaptive,
-            Ok("spin") => WaitPolicy::Spin,
-            Ok("block") => WaitPolicy::Block,
-            Ok(other) => {
+        *POLICY.get_or_init(|| {
+            let serve = SERVING
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .then(|| std::env::var("REMORA_SERVE_WAIT").ok())
+                .flatten()
+                .filter(|v| !v.is_empty());
+            let (name, v) = match serve {
+                Some(v) => ("REMORA_SERVE_WAIT", Ok(v)),
+                None => ("REMORA_WAIT", std::env::var("REMORA_WAIT")),
+            };
+            Self::parse(name, v.ok().as_deref())
+        })
+    }
+
+    /// A policy's name as `name` gave it (`None`, empty: adaptive; unknown: adaptive, with a
+    /// warning).
+    fn parse(name: &str, v: Option<&str>) -> Self {
+        match v {
+            None | Some("" | "adaptive") => WaitPolicy::Adaptive,
+            Some("spin") => WaitPolicy::Spin,
+            Some("block") => WaitPolicy::Block,
+            Some(other) => {
                 tracing::warn!(
-                    "REMORA_WAIT={other:?} is not adaptive, spin or block; waiting adaptively"
+                    "{name}={other:?} is not adaptive, spin or block; waiting adaptively"
                 );
                 WaitPolicy::Adaptive
             }
-        })
+        }
     }
 }
 
@@ -1050,6 +1081,31 @@ impl Drop for Waiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policies_parse_by_name_and_unknown_ones_wait_adaptively() {
+        assert_eq!(WaitPolicy::parse("REMORA_WAIT", None), WaitPolicy::Adaptive);
+        assert_eq!(
+            WaitPolicy::parse("REMORA_WAIT", Some("")),
+            WaitPolicy::Adaptive
+        );
+        assert_eq!(
+            WaitPolicy::parse("REMORA_WAIT", Some("adaptive")),
+            WaitPolicy::Adaptive
+        );
+        assert_eq!(
+            WaitPolicy::parse("REMORA_SERVE_WAIT", Some("spin")),
+            WaitPolicy::Spin
+        );
+        assert_eq!(
+            WaitPolicy::parse("REMORA_SERVE_WAIT", Some("block")),
+            WaitPolicy::Block
+        );
+        assert_eq!(
+            WaitPolicy::parse("REMORA_WAIT", Some("poll")),
+            WaitPolicy::Adaptive
+        );
+    }
 
     /// A waiter bounded to [`min`, `max`] µs that has seen 50 waits of `each` µs.
     fn trained(min: u64, max: u64, each: u64) -> Waiter {
