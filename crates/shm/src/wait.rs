@@ -1084,27 +1084,16 @@ mod tests {
 
     #[test]
     fn policies_parse_by_name_and_unknown_ones_wait_adaptively() {
-        assert_eq!(WaitPolicy::parse("REMORA_WAIT", None), WaitPolicy::Adaptive);
-        assert_eq!(
-            WaitPolicy::parse("REMORA_WAIT", Some("")),
-            WaitPolicy::Adaptive
-        );
-        assert_eq!(
-            WaitPolicy::parse("REMORA_WAIT", Some("adaptive")),
-            WaitPolicy::Adaptive
-        );
-        assert_eq!(
-            WaitPolicy::parse("REMORA_SERVE_WAIT", Some("spin")),
-            WaitPolicy::Spin
-        );
-        assert_eq!(
-            WaitPolicy::parse("REMORA_SERVE_WAIT", Some("block")),
-            WaitPolicy::Block
-        );
-        assert_eq!(
-            WaitPolicy::parse("REMORA_WAIT", Some("poll")),
-            WaitPolicy::Adaptive
-        );
+        for (name, v, policy) in [
+            ("REMORA_WAIT", None, WaitPolicy::Adaptive),
+            ("REMORA_WAIT", Some(""), WaitPolicy::Adaptive),
+            ("REMORA_WAIT", Some("adaptive"), WaitPolicy::Adaptive),
+            ("REMORA_SERVE_WAIT", Some("spin"), WaitPolicy::Spin),
+            ("REMORA_SERVE_WAIT", Some("block"), WaitPolicy::Block),
+            ("REMORA_WAIT", Some("poll"), WaitPolicy::Adaptive),
+        ] {
+            assert_eq!(WaitPolicy::parse(name, v), policy, "{name}={v:?}");
+        }
     }
 
     /// A waiter bounded to [`min`, `max`] µs that has seen 50 waits of `each` µs.
