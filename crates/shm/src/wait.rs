@@ -587,27 +587,26 @@ impl WaitPolicy {
                 .flatten()
                 .filter(|v| !v.is_empty());
             let (name, v) = match serve {
-                Some(v) => ("REMORA_SERVE_WAIT", Ok(v)),
-                None => ("REMORA_WAIT", std::env::var("REMORA_WAIT")),
+                Some(v) => ("REMORA_SERVE_WAIT", Some(v)),
+                None => ("REMORA_WAIT", std::env::var("REMORA_WAIT").ok()),
             };
-            Self::parse(name, v.ok().as_deref())
+            Self::parse(name, v.as_deref())
         })
     }
 
     /// A policy's name as `name` gave it (`None`, empty: adaptive; unknown: adaptive, with a
     /// warning).
     fn parse(name: &str, v: Option<&str>) -> Self {
-        match v {
-            None | Some("" | "adaptive") => WaitPolicy::Adaptive,
-            Some("spin") => WaitPolicy::Spin,
-            Some("block") => WaitPolicy::Block,
-            Some(other) => {
-                tracing::warn!(
-                    "{name}={other:?} is not adaptive, spin or block; waiting adaptively"
-                );
-                WaitPolicy::Adaptive
-            }
-        }
+        parse_rule(
+            name,
+            v,
+            &[
+                ("adaptive", WaitPolicy::Adaptive),
+                ("spin", WaitPolicy::Spin),
+                ("block", WaitPolicy::Block),
+            ],
+            "waiting adaptively",
+        )
     }
 }
 

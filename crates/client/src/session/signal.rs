@@ -441,9 +441,6 @@ impl Session {
         } else {
             None
         };
-        if watched == Some(Watched::SeenLast) {
-            sig.cpus.last_look.fetch_add(1, Ordering::Relaxed);
-        }
         let done = matches!(watched, Some(Watched::Seen | Watched::SeenLast));
         sig.give_slot(slot);
         // One reading of the clock for everything this synchronize teaches and counts.
@@ -456,6 +453,9 @@ impl Session {
                 (false, _) => Ended::GaveUp,
             };
             sig.cpus.count(ended, self.rpc.rpc().server_cpu());
+            if watched == Some(Watched::SeenLast) {
+                sig.cpus.last_look.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if done {
             // A wait for the server, as a reply is: the next launch goes out at once.
