@@ -420,6 +420,11 @@ enum Command {
     /// a session's launches are made by a thread of its own while its connection thread reads
     /// the next (only while the host has a core to spare); REMORA_LAUNCH_THREAD=off keeps
     /// every launch on the connection thread, =on sends every launch through that thread.
+    /// Waiting: the server's threads wait for requests and for the GPU adaptively (spinning
+    /// while answers have come quickly, blocking otherwise; REMORA_WAIT, as clients do);
+    /// REMORA_SERVE_WAIT=spin|block|adaptive gives the server a way of its own. With many
+    /// shared-memory clients under MPS, spin takes ~3 us off a launch + synchronize's median
+    /// for 4-20 times the server's CPU (bench/results/README.md, session 49).
     Serve {
         /// Where to listen: tcp://HOST:PORT, tls://HOST:PORT (needs --tls-cert and
         /// --tls-key) or unix:///PATH. Repeat for several listeners.
