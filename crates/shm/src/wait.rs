@@ -568,9 +568,11 @@ static SERVING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 
 /// Marks this process as a server, before anything waits: its waiters then follow
 /// `REMORA_SERVE_WAIT` where it is set (`spin`, `block` or `adaptive`), over `REMORA_WAIT`.
-/// For measurements only: `remora bench contention` sets `REMORA_WAIT` for its clients and
-/// the servers it starts alike, and `REMORA_SERVE_WAIT` splits the two sides (e.g. adaptive
-/// clients against spinning servers: which side's waiting a cell's figure follows).
+/// `remora bench contention` sets `REMORA_WAIT` for its clients and the servers it starts
+/// alike, and `REMORA_SERVE_WAIT` splits the two sides (adaptive clients against spinning
+/// servers: which side's waiting a cell's figure follows); operators may set it on `remora
+/// serve` too (`spin`: a lower median with many shared-memory clients for several times the
+/// server's CPU; `remora serve --help`, bench/results/README.md session 49).
 pub fn mark_serving() {
     SERVING.store(true, std::sync::atomic::Ordering::Relaxed);
 }
